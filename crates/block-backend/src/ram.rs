@@ -1,0 +1,315 @@
+//! The RAM backend: a sparse in-memory disk shared by all queues.
+//!
+//! Storage is split into fixed chunks, each behind its own mutex and allocated on first
+//! write, so a large namespace costs nothing until used and queues on different chunks
+//! never contend. Unallocated chunks read as zeroes; discarding a whole chunk frees it.
+
+use std::sync::{Arc, Mutex};
+
+use guest_mem::GuestMemory;
+
+use crate::{
+    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, Segment, SyncExec,
+    SyncQueue,
+};
+
+const CHUNK: u64 = 1 << 20;
+
+#[derive(Debug)]
+struct Store {
+    size: u64,
+    chunks: Vec<Mutex<Option<Box<[u8]>>>>,
+}
+
+/// An in-memory disk.
+#[derive(Clone, Debug)]
+pub struct RamBackend {
+    store: Arc<Store>,
+}
+
+impl RamBackend {
+    pub fn new(size: u64) -> Self {
+        let n = size.div_ceil(CHUNK) as usize;
+        let chunks = (0..n).map(|_| Mutex::new(None)).collect();
+        RamBackend { store: Arc::new(Store { size, chunks }) }
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (for tests and checks from the host side).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        check_range(offset, buf.len() as u64, self.store.size)?;
+        self.store.walk(
+            offset,
+            buf.len() as u64,
+            |chunk, coff, boff, n| {
+                match chunk {
+                    Some(c) => buf[boff..boff + n].copy_from_slice(&c[coff..coff + n]),
+                    None => buf[boff..boff + n].fill(0),
+                }
+                Ok(())
+            },
+            false,
+        )
+    }
+}
+
+impl Store {
+    /// Visits `[offset, offset+len)` chunk by chunk: `f(chunk, offset_in_chunk,
+    /// offset_in_transfer, n)`. With `alloc`, missing chunks are allocated first.
+    fn walk(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&mut Option<Box<[u8]>>, usize, usize, usize) -> Result<(), BackendError>,
+        alloc: bool,
+    ) -> Result<(), BackendError> {
+        let mut done = 0u64;
+        while done < len {
+            let pos = offset + done;
+            let idx = (pos / CHUNK) as usize;
+            let coff = pos % CHUNK;
+            let n = (CHUNK - coff).min(len - done);
+            let mut guard = self.chunks[idx].lock().unwrap_or_else(|p| p.into_inner());
+            if alloc && guard.is_none() {
+                let csize = CHUNK.min(self.size - idx as u64 * CHUNK) as usize;
+                *guard = Some(vec![0u8; csize].into_boxed_slice());
+            }
+            f(&mut guard, coff as usize, done as usize, n as usize)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn zero(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.walk(
+            offset,
+            len,
+            |chunk, coff, _, n| {
+                if let Some(c) = chunk {
+                    if coff == 0 && n == c.len() {
+                        *chunk = None;
+                    } else {
+                        c[coff..coff + n].fill(0);
+                    }
+                }
+                Ok(())
+            },
+            false,
+        )
+    }
+}
+
+impl Backend for RamBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "ram".into(),
+            size: self.store.size,
+            volatile_cache: false,
+            discard: true,
+            discard_zeroes: true,
+            write_zeroes: true,
+        }
+    }
+    fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
+        Ok(Box::new(SyncQueue::new(self.clone())))
+    }
+}
+
+/// Copies between one chunk and a transfer's buffer. `to_chunk` is the direction.
+fn copy_chunk(
+    mem: &GuestMemory,
+    data: &mut DataBuf,
+    chunk: &mut Option<Box<[u8]>>,
+    coff: usize,
+    boff: usize,
+    n: usize,
+    to_chunk: bool,
+) -> Result<(), BackendError> {
+    match data {
+        DataBuf::None => Ok(()),
+        DataBuf::Host(buf) => {
+            match (to_chunk, chunk) {
+                (true, Some(c)) => c[coff..coff + n].copy_from_slice(&buf[boff..boff + n]),
+                (false, Some(c)) => buf[boff..boff + n].copy_from_slice(&c[coff..coff + n]),
+                (false, None) => buf[boff..boff + n].fill(0),
+                (true, None) => unreachable!("writes allocate"),
+            }
+            Ok(())
+        }
+        DataBuf::Guest(segs) => {
+            // Find the segments covering [boff, boff+n) of the transfer.
+            let mut seg_start = 0usize;
+            for s in segs.iter() {
+                let slen = s.len() as usize;
+                let (lo, hi) = (seg_start.max(boff), (seg_start + slen).min(boff + n));
+                if lo < hi {
+                    let c_lo = coff + (lo - boff);
+                    let c_hi = c_lo + (hi - lo);
+                    if let Segment::Guest { gpa, .. } = *s {
+                        let g = gpa + (lo - seg_start) as u64;
+                        match (to_chunk, &mut *chunk) {
+                            (true, Some(c)) => mem.read(g, &mut c[c_lo..c_hi])?,
+                            (false, Some(c)) => mem.write(g, &c[c_lo..c_hi])?,
+                            (false, None) => mem.fill(g, (hi - lo) as u64, 0)?,
+                            (true, None) => unreachable!("writes allocate"),
+                        }
+                    }
+                }
+                seg_start += slen;
+                if seg_start >= boff + n {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+impl SyncExec for RamBackend {
+    fn exec(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<(), BackendError> {
+        check_range(req.offset, req.len, self.store.size)?;
+        let data = &mut req.data;
+        match req.op {
+            Op::Read => self.store.walk(
+                req.offset,
+                req.len,
+                |c, coff, boff, n| copy_chunk(mem, data, c, coff, boff, n, false),
+                false,
+            ),
+            Op::Write { .. } => self.store.walk(
+                req.offset,
+                req.len,
+                |c, coff, boff, n| copy_chunk(mem, data, c, coff, boff, n, true),
+                true,
+            ),
+            Op::Flush => Ok(()),
+            Op::WriteZeroes { .. } | Op::Discard => self.store.zero(req.offset, req.len),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(q: &mut Box<dyn BackendQueue>, mem: &GuestMemory, req: Request) -> Result<(), BackendError> {
+        q.submit(mem, req);
+        let mut out = Vec::new();
+        assert_eq!(q.reap(&mut out), 1);
+        out.pop().unwrap().result
+    }
+
+    #[test]
+    fn write_read_across_chunks_and_segments() {
+        let mem = GuestMemory::anonymous(&[(0, 4 << 20)]).unwrap();
+        let be = RamBackend::new(8 << 20);
+        let mut q = be.open_queue().unwrap();
+        let pattern: Vec<u8> = (0..(2 << 20) as u32).map(|i| (i * 7 + 3) as u8).collect();
+        mem.write(0x1000, &pattern[..0x3000]).unwrap();
+        mem.write(0x100000, &pattern[0x3000..]).unwrap();
+        let segs = vec![
+            Segment::Guest { gpa: 0x1000, len: 0x3000 },
+            Segment::Guest { gpa: 0x100000, len: (2 << 20) - 0x3000 },
+        ];
+        let off = CHUNK - 0x2000; // straddles chunks 0, 1 and 2
+        run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 1,
+                op: Op::Write { fua: false },
+                offset: off,
+                len: 2 << 20,
+                data: DataBuf::Guest(segs),
+            },
+        )
+        .unwrap();
+        let mut back = vec![0u8; 2 << 20];
+        be.read_at(off, &mut back).unwrap();
+        assert!(back == pattern);
+        mem.fill(0x200000, 2 << 20, 0xff).unwrap();
+        let segs =
+            vec![Segment::Discard { len: 0x800 }, Segment::Guest { gpa: 0x200000, len: (2 << 20) - 0x800 }];
+        run(
+            &mut q,
+            &mem,
+            Request { tag: 2, op: Op::Read, offset: off, len: 2 << 20, data: DataBuf::Guest(segs) },
+        )
+        .unwrap();
+        let mut got = vec![0u8; (2 << 20) - 0x800];
+        mem.read(0x200000, &mut got).unwrap();
+        assert!(got[..] == pattern[0x800..]);
+    }
+
+    #[test]
+    fn zeroes_and_range_checks() {
+        let mem = GuestMemory::anonymous(&[(0, 0x10000)]).unwrap();
+        let be = RamBackend::new(3 * CHUNK + 512);
+        let mut q = be.open_queue().unwrap();
+        run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 1,
+                op: Op::Write { fua: true },
+                offset: 0,
+                len: 512,
+                data: DataBuf::Host(vec![9; 512]),
+            },
+        )
+        .unwrap();
+        run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 2,
+                op: Op::Write { fua: false },
+                offset: 3 * CHUNK,
+                len: 512,
+                data: DataBuf::Host(vec![5; 512]),
+            },
+        )
+        .unwrap();
+        run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 3,
+                op: Op::WriteZeroes { deallocate: false },
+                offset: 256,
+                len: 256,
+                data: DataBuf::None,
+            },
+        )
+        .unwrap();
+        let mut b = [0u8; 512];
+        be.read_at(0, &mut b).unwrap();
+        assert_eq!(&b[..256], &[9; 256][..]);
+        assert_eq!(&b[256..], &[0; 256][..]);
+        be.read_at(3 * CHUNK, &mut b).unwrap();
+        assert_eq!(b, [5; 512]);
+        let r = run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 4,
+                op: Op::Read,
+                offset: 3 * CHUNK,
+                len: 1024,
+                data: DataBuf::Host(vec![0; 1024]),
+            },
+        );
+        assert!(matches!(r, Err(BackendError::OutOfRange { .. })));
+        let r = run(
+            &mut q,
+            &mem,
+            Request {
+                tag: 5,
+                op: Op::Read,
+                offset: 0,
+                len: 512,
+                data: DataBuf::Guest(vec![Segment::Guest { gpa: 0x20000, len: 512 }]),
+            },
+        );
+        assert!(matches!(r, Err(BackendError::Memory(_))));
+    }
+}

@@ -1,0 +1,344 @@
+//! Guest physical memory, mapped into this process: the only crate that touches raw
+//! guest memory.
+//!
+//! A [`GuestMemory`] is an immutable snapshot of the guest's address map: a sorted set
+//! of regions, each a guest physical range backed by an mmap of anonymous memory or of
+//! a file descriptor (a memfd the VMM shares with us). Every access is bounds checked
+//! against the map and fails with [`MemError`] instead of touching memory outside it.
+//! Mappings are reference counted, so a region removed from the map (vfio-user
+//! DMA_UNMAP) stays mapped until the last snapshot that holds it is dropped: a worker
+//! in the middle of a transfer never sees its memory vanish.
+//!
+//! The guest may write its memory at any time, including while we read it. Copies
+//! therefore go through a local buffer and callers validate what they copied, never
+//! the guest's live bytes; the shadow doorbell protocol uses [`GuestMemory::load_u32`]
+//! and [`GuestMemory::store_u32`], which are single atomic accesses.
+
+mod mmap;
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+pub use mmap::Mapping;
+
+/// Why a guest memory access failed.
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum MemError {
+    /// Some part of `[gpa, gpa + len)` is not backed by any region.
+    #[error("guest range {gpa:#x}+{len:#x} is not mapped")]
+    Unmapped { gpa: u64, len: u64 },
+    /// An atomic access was not naturally aligned.
+    #[error("guest address {gpa:#x} is not {align}-byte aligned")]
+    Misaligned { gpa: u64, align: u64 },
+    /// A new region overlaps an existing one.
+    #[error("region {gpa:#x}+{len:#x} overlaps an existing region")]
+    Overlap { gpa: u64, len: u64 },
+    /// A region is empty or its end overflows the address space.
+    #[error("region {gpa:#x}+{len:#x} is invalid")]
+    InvalidRegion { gpa: u64, len: u64 },
+    /// mmap failed.
+    #[error("mmap of {len:#x} bytes failed: {source}")]
+    Map { len: u64, source: Arc<std::io::Error> },
+}
+
+impl From<MemError> for std::io::Error {
+    fn from(e: MemError) -> Self {
+        std::io::Error::other(e)
+    }
+}
+
+/// One guest physical range and where it lives in this process.
+#[derive(Clone, Debug)]
+struct Region {
+    gpa: u64,
+    len: u64,
+    map: Arc<Mapping>,
+    /// Offset of `gpa` within `map`.
+    map_offset: u64,
+}
+
+impl Region {
+    fn end(&self) -> u64 {
+        self.gpa + self.len
+    }
+}
+
+/// A snapshot of the guest's physical memory map. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct GuestMemory {
+    regions: Arc<[Region]>,
+}
+
+impl GuestMemory {
+    /// A map with no memory at all: every access fails.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Anonymous, zero-filled memory for each `(gpa, len)` range: what tests and the
+    /// in-process benchmark use as guest RAM.
+    pub fn anonymous(ranges: &[(u64, u64)]) -> Result<Self, MemError> {
+        let mut mem = Self::empty();
+        for &(gpa, len) in ranges {
+            let map = Mapping::anonymous(len)?;
+            mem = mem.with_region(gpa, len, Arc::new(map), 0)?;
+        }
+        Ok(mem)
+    }
+
+    /// A new snapshot with `[gpa, gpa+len)` backed by `fd` at `offset`
+    /// (vfio-user DMA_MAP with a file descriptor).
+    pub fn with_fd_region(
+        &self,
+        gpa: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        writable: bool,
+    ) -> Result<Self, MemError> {
+        let map = Mapping::from_fd(fd, offset, len, writable)?;
+        self.with_region(gpa, len, Arc::new(map), 0)
+    }
+
+    /// A new snapshot with `[gpa, gpa+len)` backed by `map` starting at `map_offset`.
+    pub fn with_region(
+        &self,
+        gpa: u64,
+        len: u64,
+        map: Arc<Mapping>,
+        map_offset: u64,
+    ) -> Result<Self, MemError> {
+        let end = gpa.checked_add(len).ok_or(MemError::InvalidRegion { gpa, len })?;
+        if len == 0 || map_offset.checked_add(len).is_none_or(|e| e > map.len()) {
+            return Err(MemError::InvalidRegion { gpa, len });
+        }
+        if self.regions.iter().any(|r| gpa < r.end() && r.gpa < end) {
+            return Err(MemError::Overlap { gpa, len });
+        }
+        let mut v: Vec<Region> = self.regions.to_vec();
+        v.push(Region { gpa, len, map, map_offset });
+        v.sort_by_key(|r| r.gpa);
+        Ok(GuestMemory { regions: v.into() })
+    }
+
+    /// A new snapshot without the region that starts at `gpa` with length `len`.
+    /// Returns `None` if no region matches exactly.
+    pub fn without_region(&self, gpa: u64, len: u64) -> Option<Self> {
+        let idx = self.regions.iter().position(|r| r.gpa == gpa && r.len == len)?;
+        let mut v = self.regions.to_vec();
+        v.remove(idx);
+        Some(GuestMemory { regions: v.into() })
+    }
+
+    /// The regions, as `(gpa, len)`, in address order.
+    pub fn regions(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.regions.iter().map(|r| (r.gpa, r.len))
+    }
+
+    /// Total bytes mapped.
+    pub fn size(&self) -> u64 {
+        self.regions.iter().map(|r| r.len).sum()
+    }
+
+    fn region_for(&self, gpa: u64) -> Option<&Region> {
+        let idx = self.regions.partition_point(|r| r.gpa <= gpa);
+        let r = self.regions.get(idx.checked_sub(1)?)?;
+        (gpa < r.end()).then_some(r)
+    }
+
+    /// Splits `[gpa, gpa+len)` into pieces that each lie in one region, calling `f`
+    /// with the host pointer and length of each, after checking the whole range first.
+    fn for_each_chunk(
+        &self,
+        gpa: u64,
+        len: u64,
+        mut f: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), MemError> {
+        let err = MemError::Unmapped { gpa, len };
+        gpa.checked_add(len).ok_or(err.clone())?;
+        // Check first, so a failed access has no partial effect.
+        let mut cur = gpa;
+        let end = gpa + len;
+        while cur < end {
+            let r = self.region_for(cur).ok_or(err.clone())?;
+            cur = r.end().min(end);
+        }
+        let mut cur = gpa;
+        let mut done = 0usize;
+        while cur < end {
+            let r = self.region_for(cur).expect("checked above");
+            let n = (r.end().min(end) - cur) as usize;
+            let ptr = r.map.ptr_at(r.map_offset + (cur - r.gpa));
+            f(ptr, n, done);
+            done += n;
+            cur += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Checks that `[gpa, gpa+len)` is entirely mapped.
+    pub fn check_range(&self, gpa: u64, len: u64) -> Result<(), MemError> {
+        self.for_each_chunk(gpa, len, |_, _, _| {})
+    }
+
+    /// Copies guest memory at `gpa` into `buf`.
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let dst = buf.as_mut_ptr();
+        self.for_each_chunk(gpa, buf.len() as u64, |src, n, done| {
+            // SAFETY: `src..src+n` lies inside a live mapping (checked by
+            // for_each_chunk, kept alive by the Arc in `self`), and `dst+done..+n` lies
+            // inside `buf`. The two cannot overlap: `buf` is a Rust allocation, never
+            // part of a guest mapping handed out by this crate.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.add(done), n) }
+        })
+    }
+
+    /// Copies `buf` into guest memory at `gpa`.
+    pub fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        let src = buf.as_ptr();
+        self.for_each_chunk(gpa, buf.len() as u64, |dst, n, done| {
+            // SAFETY: as in `read`, with source and destination swapped; writable
+            // mappings are the only kind this crate creates for guest RAM (a read-only
+            // fd mapping faults, which is the VMM's contract to avoid).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst, n) }
+        })
+    }
+
+    /// Fills `[gpa, gpa+len)` with `byte`.
+    pub fn fill(&self, gpa: u64, len: u64, byte: u8) -> Result<(), MemError> {
+        self.for_each_chunk(gpa, len, |dst, n, _| {
+            // SAFETY: `dst..dst+n` lies inside a live, writable mapping (see `write`).
+            unsafe { std::ptr::write_bytes(dst, byte, n) }
+        })
+    }
+
+    /// Reads a plain-data object (an SQE, a PRP list entry, an SGL descriptor...).
+    pub fn read_obj<T: FromBytes + IntoBytes>(&self, gpa: u64) -> Result<T, MemError> {
+        let mut v = T::new_zeroed();
+        self.read(gpa, v.as_mut_bytes())?;
+        Ok(v)
+    }
+
+    /// Writes a plain-data object.
+    pub fn write_obj<T: IntoBytes + Immutable>(&self, gpa: u64, v: &T) -> Result<(), MemError> {
+        self.write(gpa, v.as_bytes())
+    }
+
+    fn atomic_u32(&self, gpa: u64) -> Result<&AtomicU32, MemError> {
+        if !gpa.is_multiple_of(4) {
+            return Err(MemError::Misaligned { gpa, align: 4 });
+        }
+        let r = self.region_for(gpa).ok_or(MemError::Unmapped { gpa, len: 4 })?;
+        if gpa + 4 > r.end() {
+            return Err(MemError::Unmapped { gpa, len: 4 });
+        }
+        let ptr = r.map.ptr_at(r.map_offset + (gpa - r.gpa));
+        if !(ptr as usize).is_multiple_of(4) {
+            return Err(MemError::Misaligned { gpa, align: 4 });
+        }
+        // SAFETY: `ptr` is 4-byte aligned and the 4 bytes behind it lie in a live
+        // mapping owned by `self` (through the region's Arc), so the reference lives no
+        // longer than the mapping. AtomicU32 has the layout of u32 and any bit pattern
+        // is valid; the guest's concurrent accesses are what atomics exist for.
+        Ok(unsafe { &*(ptr as *const AtomicU32) })
+    }
+
+    /// Atomically loads a little-endian u32 with acquire ordering (shadow doorbells).
+    pub fn load_u32(&self, gpa: u64) -> Result<u32, MemError> {
+        Ok(u32::from_le(self.atomic_u32(gpa)?.load(Ordering::Acquire)))
+    }
+
+    /// Atomically stores a little-endian u32 with release ordering (EventIdx, the
+    /// completion dword that carries the phase tag).
+    pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
+        self.atomic_u32(gpa)?.store(v.to_le(), Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_within_and_across_regions() {
+        let mem = GuestMemory::anonymous(&[(0, 0x1000), (0x1000, 0x1000), (0x10000, 0x1000)]).unwrap();
+        let data: Vec<u8> = (0..0x200u32).map(|i| i as u8).collect();
+        mem.write(0xf00, &data).unwrap(); // spans two adjacent regions
+        let mut back = vec![0u8; 0x200];
+        mem.read(0xf00, &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn out_of_range_access_fails_without_partial_effect() {
+        let mem = GuestMemory::anonymous(&[(0, 0x1000), (0x2000, 0x1000)]).unwrap();
+        mem.fill(0, 0x1000, 0xaa).unwrap();
+        // Crosses into the hole at 0x1000.
+        assert!(matches!(mem.write(0xff0, &[0u8; 0x20]), Err(MemError::Unmapped { .. })));
+        let mut b = [0u8; 0x10];
+        mem.read(0xff0, &mut b).unwrap();
+        assert_eq!(b, [0xaa; 0x10], "failed write must not write the mapped part");
+        assert!(mem.read(u64::MAX - 3, &mut [0u8; 8]).is_err());
+        assert!(mem.read(0x3000, &mut [0u8; 1]).is_err());
+        assert!(mem.check_range(0x2000, 0x1000).is_ok());
+        assert!(mem.check_range(0x2000, 0x1001).is_err());
+    }
+
+    #[test]
+    fn atomics_check_alignment_and_bounds() {
+        let mem = GuestMemory::anonymous(&[(0x1000, 0x1000)]).unwrap();
+        mem.store_u32(0x1004, 0xdead_beef).unwrap();
+        assert_eq!(mem.load_u32(0x1004).unwrap(), 0xdead_beef);
+        let mut b = [0u8; 4];
+        mem.read(0x1004, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 0xdead_beef);
+        assert!(matches!(mem.load_u32(0x1002), Err(MemError::Misaligned { .. })));
+        assert!(mem.load_u32(0x2000).is_err());
+        assert!(mem.load_u32(0xffc).is_err());
+    }
+
+    #[test]
+    fn overlapping_regions_are_rejected_and_removal_works() {
+        let mem = GuestMemory::anonymous(&[(0x1000, 0x2000)]).unwrap();
+        let map = Arc::new(Mapping::anonymous(0x1000).unwrap());
+        assert!(matches!(mem.with_region(0x2000, 0x1000, map.clone(), 0), Err(MemError::Overlap { .. })));
+        assert!(mem.with_region(0x3000, 0x2000, map.clone(), 0).is_err(), "beyond the mapping");
+        let m2 = mem.with_region(0x3000, 0x1000, map, 0).unwrap();
+        assert_eq!(m2.size(), 0x3000);
+        let m3 = m2.without_region(0x1000, 0x2000).unwrap();
+        assert_eq!(m3.regions().collect::<Vec<_>>(), vec![(0x3000, 0x1000)]);
+        assert!(m2.without_region(0x1000, 0x1000).is_none());
+    }
+
+    #[test]
+    fn fd_regions_share_memory() {
+        use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+        // SAFETY: memfd_create with a valid C string; the result is checked below.
+        let fd = unsafe { libc::memfd_create(c"guest-mem-test".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own fd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_fd().as_raw_fd_compat(), 0x4000) }, 0);
+        let a = GuestMemory::empty().with_fd_region(0, 0x4000, fd.as_fd(), 0, true).unwrap();
+        let b = GuestMemory::empty().with_fd_region(0x10000, 0x2000, fd.as_fd(), 0x2000, true).unwrap();
+        a.write(0x2010, b"shared").unwrap();
+        let mut buf = [0u8; 6];
+        b.read(0x10010, &mut buf).unwrap();
+        assert_eq!(&buf, b"shared");
+    }
+
+    trait RawCompat {
+        fn as_raw_fd_compat(&self) -> i32;
+    }
+    impl RawCompat for BorrowedFd<'_> {
+        fn as_raw_fd_compat(&self) -> i32 {
+            use std::os::fd::AsRawFd;
+            self.as_raw_fd()
+        }
+    }
+}

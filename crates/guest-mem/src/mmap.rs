@@ -1,0 +1,83 @@
+//! An owned mmap: the one place guest-mem calls mmap and munmap.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+
+use crate::MemError;
+
+/// A shared mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: *mut u8,
+    len: u64,
+}
+
+// SAFETY: the mapping is plain memory; all access goes through GuestMemory, whose
+// accessors copy in and out (or use atomics), so sharing the pointer between threads
+// is as safe as sharing the memory itself.
+unsafe impl Send for Mapping {}
+// SAFETY: see Send.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(len: u64, flags: i32, fd: i32, offset: u64, prot: i32) -> Result<Self, MemError> {
+        let size = usize::try_from(len).map_err(|_| MemError::InvalidRegion { gpa: 0, len })?;
+        if size == 0 {
+            return Err(MemError::InvalidRegion { gpa: 0, len });
+        }
+        let off = libc::off_t::try_from(offset).map_err(|_| MemError::InvalidRegion { gpa: 0, len })?;
+        // SAFETY: a fresh mapping at an address the kernel chooses; it cannot alias
+        // any Rust object. The result is checked for MAP_FAILED.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), size, prot, flags, fd, off) };
+        if ptr == libc::MAP_FAILED {
+            return Err(MemError::Map { len, source: Arc::new(std::io::Error::last_os_error()) });
+        }
+        Ok(Mapping { ptr: ptr.cast(), len })
+    }
+
+    /// Private anonymous memory, zero filled, read-write.
+    pub fn anonymous(len: u64) -> Result<Self, MemError> {
+        Self::map(
+            len,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    }
+
+    /// A shared mapping of `len` bytes of `fd` from `offset`.
+    pub fn from_fd(fd: BorrowedFd<'_>, offset: u64, len: u64, writable: bool) -> Result<Self, MemError> {
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset, prot)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Host address of byte `off` of the mapping. Callers check `off < len`.
+    pub(crate) fn ptr_at(&self, off: u64) -> *mut u8 {
+        debug_assert!(off < self.len);
+        self.ptr.wrapping_add(off as usize)
+    }
+
+    /// The host address and length of the whole mapping, for handing to the kernel
+    /// (io_uring buffers, VFIO DMA maps). The caller must not outlive `self`.
+    pub fn as_raw(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len as usize)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from a successful mmap and are unmapped once, here.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len as usize);
+        }
+    }
+}

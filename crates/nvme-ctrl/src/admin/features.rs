@@ -1,0 +1,273 @@
+//! Set Features and Get Features (Base §5.1.25, §5.1.11), and the feature values
+//! the controller honours.
+
+use std::sync::Arc;
+
+use nvme_spec::admin::{FeatureSelect, Features};
+use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
+use nvme_spec::features::{
+    capability, fid, Arbitration, AsyncEventConfig, ErrorRecovery, InterruptCoalescing,
+    InterruptVectorConfig, NumberOfQueues, PowerManagement, TemperatureThreshold,
+};
+use nvme_spec::log::{critical_warning, lid};
+use nvme_spec::{Sqe, Status};
+
+use super::{status, AdminDone};
+use crate::config::ControllerConfig;
+use crate::controller::Controller;
+use crate::engine::IoEngine;
+use crate::error::{CmdResult, CommandError};
+use crate::interrupt::Coalescing;
+use crate::namespace::Namespace;
+
+/// Default over-temperature threshold: the warning composite temperature (WCTEMP).
+pub(crate) const WCTEMP_K: u16 = 343;
+pub(crate) const CCTEMP_K: u16 = 358;
+
+/// Current feature values (all volatile: nothing is saveable).
+#[derive(Clone, Debug)]
+pub(crate) struct FeatureState {
+    defaults: Box<FeatureValues>,
+    cur: FeatureValues,
+    pub(crate) nsq_granted_z: u16,
+    pub(crate) ncq_granted_z: u16,
+    pub(crate) aec: AsyncEventConfig,
+    /// A volatile write cache exists behind some namespace.
+    pub(crate) vwc_present: bool,
+    /// Host-set timestamp (ms) and the clock reading when it was set.
+    pub(crate) timestamp: Option<(u64, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FeatureValues {
+    arbitration: u32,
+    power_management: u32,
+    /// Over and under thresholds of the composite temperature.
+    temp_over: u16,
+    temp_under: u16,
+    error_recovery: u32,
+    write_cache: bool,
+    coalescing: u32,
+    write_atomicity: u32,
+    aec: u32,
+}
+
+impl FeatureState {
+    pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Arc<Namespace>]) -> Self {
+        let vwc_present = namespaces.iter().any(|n| n.info.volatile_cache);
+        let defaults = FeatureValues {
+            // AB = 7: no burst limit.
+            arbitration: 7,
+            power_management: 0,
+            temp_over: WCTEMP_K,
+            temp_under: 0,
+            error_recovery: 0,
+            write_cache: vwc_present,
+            coalescing: 0,
+            write_atomicity: 0,
+            aec: 0,
+        };
+        let z = cfg.max_io_queues - 1;
+        FeatureState {
+            cur: defaults.clone(),
+            defaults: Box::new(defaults),
+            nsq_granted_z: z,
+            ncq_granted_z: z,
+            aec: AsyncEventConfig(0),
+            vwc_present,
+            timestamp: None,
+        }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.cur = (*self.defaults).clone();
+        self.aec = AsyncEventConfig(self.cur.aec);
+        self.timestamp = None;
+    }
+
+    /// Pushes the values the data path honours into the engine.
+    pub(crate) fn apply(&self, engine: &mut IoEngine) {
+        engine.burst = Arbitration(self.cur.arbitration).burst();
+        let ic = InterruptCoalescing(self.cur.coalescing);
+        engine.coalescing = Coalescing { thr_z: ic.thr_z(), time: ic.time() };
+        engine.write_cache = !self.vwc_present || self.cur.write_cache;
+    }
+}
+
+impl Controller {
+    pub(crate) fn set_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let f = Features(sqe);
+        if f.sv() {
+            return status(Status::FEATURE_NOT_SAVEABLE);
+        }
+        let v = f.value();
+        let cur = &mut self.admin.features.cur;
+        let mut dw0 = 0;
+        match f.fid() {
+            fid::ARBITRATION => cur.arbitration = v,
+            fid::POWER_MANAGEMENT => {
+                // NPSS = 0: power state 0 is the only one.
+                if PowerManagement(v).ps() != 0 {
+                    return Err(CommandError::InvalidField("power state above NPSS"));
+                }
+                cur.power_management = v;
+            }
+            fid::TEMPERATURE_THRESHOLD => {
+                let t = TemperatureThreshold(v);
+                if !matches!(t.tmpsel(), 0 | 0xf) {
+                    return Err(CommandError::InvalidField("only the composite temperature has a sensor"));
+                }
+                match t.thsel() {
+                    0 => cur.temp_over = t.tmpth(),
+                    1 => cur.temp_under = t.tmpth(),
+                    _ => return Err(CommandError::InvalidField("THSEL reserved value")),
+                }
+                self.check_temperature();
+            }
+            fid::ERROR_RECOVERY => {
+                if ErrorRecovery(v).dulbe() {
+                    // NSFEAT.DAE = 0: deallocated block errors are not supported.
+                    return Err(CommandError::InvalidField("DULBE is not supported"));
+                }
+                cur.error_recovery = v;
+            }
+            fid::VOLATILE_WRITE_CACHE => {
+                if !self.admin.features.vwc_present {
+                    return Err(CommandError::InvalidField("no volatile write cache is present"));
+                }
+                cur.write_cache = v & 1 != 0;
+            }
+            fid::NUMBER_OF_QUEUES => {
+                let n = NumberOfQueues(v);
+                if n.nsqr_z() == u16::MAX || n.ncqr_z() == u16::MAX {
+                    return Err(CommandError::InvalidField("65535 queues requested"));
+                }
+                if self.admin.io_queues_created {
+                    return Err(CommandError::Sequence("Number of Queues set after I/O queues were created"));
+                }
+                // Allocated counts: all we have (the host uses min(requested, allocated)).
+                let max_z = self.cfg.max_io_queues - 1;
+                self.admin.features.nsq_granted_z = max_z;
+                self.admin.features.ncq_granted_z = max_z;
+                dw0 = NumberOfQueues::new(max_z, max_z).0;
+            }
+            fid::INTERRUPT_COALESCING => cur.coalescing = v & 0xffff,
+            fid::INTERRUPT_VECTOR_CONFIG => {
+                let c = InterruptVectorConfig(v);
+                if c.iv() >= self.cfg.msix_vectors {
+                    return Err(CommandError::InvalidField("interrupt vector out of range"));
+                }
+                if c.iv() == 0 && c.cd() {
+                    // The admin vector is never coalesced; CD is accepted and moot.
+                }
+                self.engine.set_vector_coalescing_disabled(c.iv(), c.cd());
+            }
+            fid::WRITE_ATOMICITY_NORMAL => cur.write_atomicity = v & 1,
+            fid::ASYNC_EVENT_CONFIG => {
+                cur.aec = v;
+                self.admin.features.aec = AsyncEventConfig(v);
+            }
+            fid::TIMESTAMP => {
+                let data = self.copy_from_host(sqe, 8)?;
+                let mut ms = [0u8; 8];
+                ms[..6].copy_from_slice(&data[..6]);
+                self.admin.features.timestamp = Some((u64::from_le_bytes(ms), self.clock.now_ns()));
+            }
+            _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
+        }
+        self.admin.features.apply(&mut self.engine);
+        Ok(AdminDone::Complete(dw0))
+    }
+
+    pub(crate) fn get_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let f = Features(sqe);
+        let fid_ = f.fid();
+        let vals = match f.sel() {
+            FeatureSelect::Current => self.admin.features.cur.clone(),
+            FeatureSelect::Default | FeatureSelect::Saved => (*self.admin.features.defaults).clone(),
+            FeatureSelect::SupportedCapabilities => {
+                return match fid_ {
+                    fid::ARBITRATION
+                    | fid::POWER_MANAGEMENT
+                    | fid::TEMPERATURE_THRESHOLD
+                    | fid::ERROR_RECOVERY
+                    | fid::NUMBER_OF_QUEUES
+                    | fid::INTERRUPT_COALESCING
+                    | fid::INTERRUPT_VECTOR_CONFIG
+                    | fid::WRITE_ATOMICITY_NORMAL
+                    | fid::ASYNC_EVENT_CONFIG
+                    | fid::TIMESTAMP => Ok(AdminDone::Complete(capability::CHANGEABLE)),
+                    fid::VOLATILE_WRITE_CACHE if self.admin.features.vwc_present => {
+                        Ok(AdminDone::Complete(capability::CHANGEABLE))
+                    }
+                    fid::VOLATILE_WRITE_CACHE => Ok(AdminDone::Complete(0)),
+                    _ => Err(CommandError::InvalidField("unsupported feature identifier")),
+                };
+            }
+            FeatureSelect::Reserved(_) => return Err(CommandError::InvalidField("SEL reserved value")),
+        };
+        let dw0 = match fid_ {
+            fid::ARBITRATION => vals.arbitration,
+            fid::POWER_MANAGEMENT => vals.power_management,
+            fid::TEMPERATURE_THRESHOLD => {
+                let t = TemperatureThreshold(f.value());
+                if !matches!(t.tmpsel(), 0 | 0xf) {
+                    return Err(CommandError::InvalidField("only the composite temperature has a sensor"));
+                }
+                let th = match t.thsel() {
+                    0 => vals.temp_over,
+                    1 => vals.temp_under,
+                    _ => return Err(CommandError::InvalidField("THSEL reserved value")),
+                };
+                th as u32 | (f.value() & 0x003f_0000)
+            }
+            fid::ERROR_RECOVERY => vals.error_recovery,
+            fid::VOLATILE_WRITE_CACHE => (self.admin.features.vwc_present && vals.write_cache) as u32,
+            fid::NUMBER_OF_QUEUES => {
+                NumberOfQueues::new(self.admin.features.nsq_granted_z, self.admin.features.ncq_granted_z).0
+            }
+            fid::INTERRUPT_COALESCING => vals.coalescing,
+            fid::INTERRUPT_VECTOR_CONFIG => {
+                let iv = InterruptVectorConfig(f.value()).iv();
+                if iv >= self.cfg.msix_vectors {
+                    return Err(CommandError::InvalidField("interrupt vector out of range"));
+                }
+                iv as u32 | ((self.engine.vector_coalescing_disabled(iv) as u32) << 16)
+            }
+            fid::WRITE_ATOMICITY_NORMAL => vals.write_atomicity,
+            fid::ASYNC_EVENT_CONFIG => vals.aec,
+            fid::TIMESTAMP => {
+                let now = self.clock.now_ns();
+                let (ms, origin) = match self.admin.features.timestamp {
+                    Some((ms, at)) => (ms + (now - at) / 1_000_000, 1u8),
+                    // Not set since reset: time since the controller was reset (origin 0).
+                    None => ((now - self.admin.created_ns) / 1_000_000, 0u8),
+                };
+                let mut data = [0u8; 8];
+                data[..6].copy_from_slice(&ms.to_le_bytes()[..6]);
+                data[6] = origin << 1;
+                self.copy_to_host(sqe, &data)?;
+                0
+            }
+            _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
+        };
+        Ok(AdminDone::Complete(dw0))
+    }
+
+    /// Compares the composite temperature with the thresholds; sets or clears the
+    /// SMART temperature warning and raises the SMART / Health event when enabled.
+    pub(crate) fn check_temperature(&mut self) {
+        let t = self.cfg.temperature_k;
+        let cur = &self.admin.features.cur;
+        let over = t > cur.temp_over || (cur.temp_under != 0 && t < cur.temp_under);
+        let was = self.events.critical_warning() & critical_warning::TEMPERATURE != 0;
+        self.events.set_critical_warning(critical_warning::TEMPERATURE, over);
+        if over && !was && self.admin.features.aec.critical_warnings() & critical_warning::TEMPERATURE != 0 {
+            self.events.raise(AsyncEvent {
+                kind: EventType::SmartHealth,
+                info: smart_info::TEMPERATURE_THRESHOLD,
+                log_page: lid::SMART_HEALTH,
+            });
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Identify (Base §5.1.13): controller, namespace, active namespace lists and
+//! namespace identification descriptors, plus the NVM command set specific
+//! structures (CNS 05h, 06h) a Linux host asks for.
+
+use nvme_spec::admin::Identify;
+use nvme_spec::identify::{
+    active_ns_list, ascii_pad, cns, cntrltype, dlfeat, frmw, lpa, nidt, ns_descriptor_list, nul_pad, oacs,
+    oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace, IoCommandSetNvmController, LbaFormat,
+};
+use nvme_spec::regs::NVME_VERSION_1_4;
+use nvme_spec::{Sqe, NSID_ALL};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromZeros, IntoBytes};
+
+use super::features::{CCTEMP_K, WCTEMP_K};
+use super::AdminDone;
+use crate::controller::Controller;
+use crate::error::{CmdResult, CommandError};
+use crate::events::ERROR_LOG_ENTRIES;
+use crate::namespace::{Namespace, LBA_FORMATS};
+
+/// Command set identifier of the NVM command set.
+const CSI_NVM: u8 = 0;
+
+impl Controller {
+    pub(crate) fn identify(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let id = Identify(sqe);
+        let nsid = id.nsid();
+        let data: Vec<u8> = match id.cns() {
+            cns::NAMESPACE => self.identify_namespace(nsid)?.as_bytes().to_vec(),
+            cns::CONTROLLER => self.identify_controller().as_bytes().to_vec(),
+            cns::ACTIVE_NAMESPACE_LIST => self.active_list(nsid)?,
+            cns::NS_DESCRIPTOR_LIST => {
+                let ns = self.active_ns(nsid)?;
+                ns_descriptor_list(&[
+                    (nidt::EUI64, &ns.eui64[..]),
+                    (nidt::NGUID, &ns.nguid[..]),
+                    (nidt::UUID, &ns.uuid[..]),
+                    (nidt::CSI, &[CSI_NVM][..]),
+                ])
+                .to_vec()
+            }
+            cns::CSI_NAMESPACE => {
+                if id.csi() != CSI_NVM {
+                    return Err(CommandError::InvalidField("unsupported command set"));
+                }
+                self.active_ns(nsid)?;
+                // The NVM command set specific namespace structure: nothing beyond
+                // the defaults (no extended LBA formats, no PI) to report.
+                vec![0u8; 4096]
+            }
+            cns::CSI_CONTROLLER => {
+                if id.csi() != CSI_NVM {
+                    return Err(CommandError::InvalidField("unsupported command set"));
+                }
+                let mut c = IoCommandSetNvmController::new_zeroed();
+                // Verify Size Limit = MDTS; Write Zeroes and DSM without extra limits.
+                c.vsl = self.cfg.mdts;
+                c.as_bytes().to_vec()
+            }
+            cns::CSI_ACTIVE_NAMESPACE_LIST => {
+                if id.csi() != CSI_NVM {
+                    return Err(CommandError::InvalidField("unsupported command set"));
+                }
+                self.active_list(nsid)?
+            }
+            _ => return Err(CommandError::InvalidField("unsupported CNS value")),
+        };
+        self.copy_to_host(sqe, &data)?;
+        Ok(AdminDone::Complete(0))
+    }
+
+    fn active_list(&self, after: u32) -> CmdResult<Vec<u8>> {
+        if after >= 0xffff_fffe {
+            return Err(CommandError::InvalidNamespace(after));
+        }
+        Ok(active_ns_list(after, self.namespaces.iter().map(|n| n.nsid)).to_vec())
+    }
+
+    pub(crate) fn identify_controller(&self) -> IdentifyController {
+        let cfg = &self.cfg;
+        let mut c = IdentifyController::new_zeroed();
+        c.vid = U16::new(cfg.vid);
+        c.ssvid = U16::new(cfg.ssvid);
+        c.sn = ascii_pad(&cfg.serial);
+        c.mn = ascii_pad(&cfg.model);
+        c.fr = ascii_pad(&cfg.firmware);
+        c.rab = 6;
+        c.mdts = cfg.mdts;
+        c.cntlid = U16::new(0);
+        c.ver = U32::new(NVME_VERSION_1_4);
+        // Namespace attribute notices: Linux only sends AERs if OAES has a bit it knows.
+        c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED);
+        c.cntrltype = cntrltype::IO;
+        c.oacs = U16::new(oacs::FORMAT | oacs::DOORBELL_BUFFER_CONFIG);
+        c.acl = cfg.acl_z;
+        c.aerl = cfg.aerl_z;
+        c.frmw = frmw::SLOT1_READ_ONLY | frmw::num_slots(1);
+        c.lpa = lpa::COMMANDS_EFFECTS | lpa::EXTENDED_DATA;
+        c.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
+        c.npss = 0;
+        c.wctemp = U16::new(WCTEMP_K);
+        c.cctemp = U16::new(CCTEMP_K);
+        c.sqes = 0x66;
+        c.cqes = 0x44;
+        c.nn = U32::new(self.namespaces.len() as u32);
+        c.oncs = U16::new(
+            oncs::COMPARE
+                | oncs::DSM
+                | oncs::WRITE_ZEROES
+                | oncs::SAVE_SELECT
+                | oncs::TIMESTAMP
+                | oncs::VERIFY,
+        );
+        c.fna = 0;
+        c.vwc =
+            if self.admin.features.vwc_present { vwc::PRESENT | vwc::FLUSH_BROADCAST_SUPPORTED } else { 0 };
+        c.sgls = U32::new(sgls::SUPPORTED_NO_ALIGN | sgls::BIT_BUCKET);
+        c.subnqn = nul_pad(&format!("nqn.2024-01.io.vnvme:{}", cfg.serial));
+        // Power state 0: 9 W maximum, entry/exit latencies of a fast device.
+        c.psd[0].mp = U16::new(900);
+        c.psd[0].enlat = U32::new(10);
+        c.psd[0].exlat = U32::new(10);
+        c
+    }
+
+    fn identify_namespace(&self, nsid: u32) -> CmdResult<IdentifyNamespace> {
+        if nsid == NSID_ALL {
+            // Namespace Management is not supported, so there are no common capabilities.
+            return Err(CommandError::InvalidNamespace(nsid));
+        }
+        let ns = self.active_ns(nsid)?;
+        Ok(namespace_data(&ns))
+    }
+}
+
+/// The Identify Namespace structure of `ns` in its current LBA format.
+pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
+    let mut d = IdentifyNamespace::new_zeroed();
+    let nsze = ns.nsze();
+    d.nsze = U64::new(nsze);
+    d.ncap = U64::new(nsze);
+    d.nuse = U64::new(nsze);
+    d.nlbaf = (LBA_FORMATS.len() - 1) as u8;
+    d.flbas = ns.lba_format();
+    if ns.info.discard && ns.info.discard_zeroes {
+        d.dlfeat = dlfeat::READ_ZEROES | dlfeat::WRITE_ZEROES_DEALLOC;
+    }
+    for (i, &lbads) in LBA_FORMATS.iter().enumerate() {
+        // Relative performance: 4 KiB is "better" (0), 512 B "good" (1).
+        d.lbaf[i] = LbaFormat { ms: U16::new(0), lbads, rp: if lbads == 12 { 0 } else { 1 } };
+    }
+    d.nguid = ns.nguid;
+    d.eui64 = ns.eui64;
+    d
+}

@@ -1,0 +1,115 @@
+//! Get Log Page (Base §5.1.12): Error Information, SMART / Health, Firmware Slot,
+//! Changed Namespace List, Commands Supported and Effects.
+
+use nvme_spec::admin::GetLogPage;
+use nvme_spec::log::{
+    effects, lid, u128_le, ChangedNamespaceList, CommandsSupportedAndEffects, ErrorInformationEntry,
+    FirmwareSlotLog, SmartHealthLog,
+};
+use nvme_spec::opcode::{admin as aop, nvm as iop};
+use nvme_spec::{Sqe, Status};
+use zerocopy::little_endian::{U16, U32};
+use zerocopy::{FromZeros, IntoBytes};
+
+use super::{status, AdminDone};
+use crate::controller::Controller;
+use crate::error::{CmdResult, CommandError};
+use crate::events::ERROR_LOG_ENTRIES;
+
+impl Controller {
+    pub(crate) fn get_log_page(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let g = GetLogPage(sqe);
+        if g.ot() {
+            return Err(CommandError::InvalidField("index offsets are not supported"));
+        }
+        let page: Vec<u8> = match g.lid() {
+            lid::ERROR_INFORMATION => {
+                let mut v = self.events.error_log();
+                v.resize(ERROR_LOG_ENTRIES, ErrorInformationEntry::new_zeroed());
+                v.as_bytes().to_vec()
+            }
+            lid::SMART_HEALTH => self.smart_log().as_bytes().to_vec(),
+            lid::FIRMWARE_SLOT => {
+                let mut f = FirmwareSlotLog::new_zeroed();
+                f.afi = 1;
+                f.frs[0] = nvme_spec::identify::ascii_pad(&self.cfg.firmware);
+                f.as_bytes().to_vec()
+            }
+            lid::CHANGED_NAMESPACE_LIST => {
+                ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
+            }
+            lid::COMMANDS_SUPPORTED_AND_EFFECTS => command_effects().as_bytes().to_vec(),
+            _ => return status(Status::INVALID_LOG_PAGE),
+        };
+        let off = g.offset();
+        if off % 4 != 0 || off > page.len() as u64 {
+            return Err(CommandError::InvalidField("log page offset"));
+        }
+        let len = g.transfer_len();
+        if len > self.engine.mdts_bytes {
+            return Err(CommandError::TooLarge(len));
+        }
+        // Bytes past the end of the log read as zero.
+        let mut out = vec![0u8; len as usize];
+        let avail = &page[off as usize..];
+        let n = avail.len().min(out.len());
+        out[..n].copy_from_slice(&avail[..n]);
+        self.copy_to_host(sqe, &out)?;
+        if !g.rae() {
+            self.events.log_read(g.lid());
+        }
+        Ok(AdminDone::Complete(0))
+    }
+
+    fn smart_log(&self) -> SmartHealthLog {
+        let s = self.stats.snapshot();
+        let mut l = SmartHealthLog::new_zeroed();
+        l.critical_warning = self.events.critical_warning();
+        l.composite_temperature = U16::new(self.cfg.temperature_k);
+        l.temp_sensor[0] = U16::new(self.cfg.temperature_k);
+        l.available_spare = 100;
+        l.available_spare_threshold = 10;
+        // Data units are thousands of 512-byte units, rounded up (Base SMART log).
+        l.data_units_read = u128_le((s.bytes_read as u128).div_ceil(512_000));
+        l.data_units_written = u128_le((s.bytes_written as u128).div_ceil(512_000));
+        l.host_read_commands = u128_le(s.read_commands as u128);
+        l.host_write_commands = u128_le(s.write_commands as u128);
+        l.power_cycles = u128_le(1);
+        let hours = self.clock.now_ns().saturating_sub(self.admin.created_ns) / 3_600_000_000_000;
+        l.power_on_hours = u128_le(hours as u128);
+        l.media_errors = u128_le(s.media_errors as u128);
+        l.num_err_log_entries = u128_le(self.events.error_count() as u128);
+        l
+    }
+}
+
+/// Commands Supported and Effects: what each supported opcode may change, so the host
+/// knows to quiesce around Format NVM.
+fn command_effects() -> CommandsSupportedAndEffects {
+    let mut e = CommandsSupportedAndEffects::new_zeroed();
+    let s = effects::CSUPP;
+    for op in [
+        aop::DELETE_IO_SQ,
+        aop::CREATE_IO_SQ,
+        aop::GET_LOG_PAGE,
+        aop::DELETE_IO_CQ,
+        aop::CREATE_IO_CQ,
+        aop::IDENTIFY,
+        aop::ABORT,
+        aop::SET_FEATURES,
+        aop::GET_FEATURES,
+        aop::ASYNC_EVENT_REQUEST,
+        aop::DOORBELL_BUFFER_CONFIG,
+    ] {
+        e.acs[op as usize] = U32::new(s);
+    }
+    e.acs[aop::FORMAT_NVM as usize] =
+        U32::new(s | effects::LBCC | effects::NCC | effects::NIC | effects::CSE_ALL);
+    for op in [iop::FLUSH, iop::READ, iop::COMPARE, iop::VERIFY] {
+        e.iocs[op as usize] = U32::new(s);
+    }
+    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT] {
+        e.iocs[op as usize] = U32::new(s | effects::LBCC);
+    }
+    e
+}

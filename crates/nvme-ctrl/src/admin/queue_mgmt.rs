@@ -1,0 +1,96 @@
+//! Create and Delete I/O Submission and Completion Queues (Base §5.2.4 - §5.2.7)
+//! with every check the spec names for them.
+
+use nvme_spec::admin::{CreateIoCq, CreateIoSq, DeleteIoQueue};
+use nvme_spec::{Sqe, Status};
+use tracing::debug;
+
+use super::{done, status, AdminDone};
+use crate::controller::Controller;
+use crate::error::{CmdResult, CommandError};
+
+impl Controller {
+    /// An I/O queue identifier the controller can allocate: 1..=max, within the number
+    /// of queues granted by Set Features (Number of Queues).
+    fn io_qid_ok(&self, qid: u16, granted_z: u16) -> bool {
+        qid != 0 && qid <= self.cfg.max_io_queues && qid - 1 <= granted_z
+    }
+
+    /// Checks a queue's size and base address common to both creates.
+    fn check_queue_memory(&self, qsize_z: u16, pc: bool, base: u64, entry: u64) -> CmdResult {
+        if qsize_z == 0 || qsize_z > self.cap().mqes_z() {
+            return status(Status::INVALID_QUEUE_SIZE);
+        }
+        if !pc {
+            // CAP.CQR = 1: only physically contiguous queues are supported.
+            return Err(CommandError::InvalidField("PC = 0 but CAP.CQR requires contiguous queues"));
+        }
+        if !base.is_multiple_of(self.engine.page_size) {
+            return status(Status::PRP_OFFSET_INVALID);
+        }
+        let len = (qsize_z as u64 + 1) * entry;
+        if self.engine.mem.check_range(base, len).is_err() {
+            return Err(CommandError::InvalidField("queue memory is not in guest memory"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let c = CreateIoCq(sqe);
+        let qid = c.qid();
+        if !self.io_qid_ok(qid, self.admin.features.ncq_granted_z) || self.engine.cq_exists(qid) {
+            return status(Status::INVALID_QUEUE_IDENTIFIER);
+        }
+        self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::CQE_SIZE as u64)?;
+        if c.ien() && c.iv() >= self.cfg.msix_vectors {
+            return status(Status::INVALID_INTERRUPT_VECTOR);
+        }
+        self.engine.create_cq(qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
+        self.admin.io_queues_created = true;
+        debug!(qid, size = c.qsize_z() as u32 + 1, iv = c.iv(), ien = c.ien(), "created I/O CQ");
+        done()
+    }
+
+    pub(crate) fn create_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let c = CreateIoSq(sqe);
+        let qid = c.qid();
+        if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.engine.sq_exists(qid) {
+            return status(Status::INVALID_QUEUE_IDENTIFIER);
+        }
+        let cqid = c.cqid();
+        if cqid == 0 || !self.engine.cq_exists(cqid) {
+            return status(Status::COMPLETION_QUEUE_INVALID);
+        }
+        self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::SQE_SIZE as u64)?;
+        if c.nvmsetid() != 0 {
+            return Err(CommandError::InvalidField("NVM Sets are not supported"));
+        }
+        self.engine.create_sq(qid, cqid, c.base(), c.qsize_z() as u32 + 1);
+        self.admin.io_queues_created = true;
+        debug!(qid, cqid, size = c.qsize_z() as u32 + 1, "created I/O SQ");
+        done()
+    }
+
+    pub(crate) fn delete_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let qid = DeleteIoQueue(sqe).qid();
+        if qid == 0 || !self.engine.sq_exists(qid) {
+            return status(Status::INVALID_QUEUE_IDENTIFIER);
+        }
+        self.engine.delete_sq(qid);
+        debug!(qid, "deleted I/O SQ");
+        done()
+    }
+
+    pub(crate) fn delete_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        let qid = DeleteIoQueue(sqe).qid();
+        if qid == 0 || !self.engine.cq_exists(qid) {
+            return status(Status::INVALID_QUEUE_IDENTIFIER);
+        }
+        if self.engine.cq_users(qid) > 0 {
+            return status(Status::INVALID_QUEUE_DELETION);
+        }
+        self.engine.delete_cq(qid);
+        debug!(qid, "deleted I/O CQ");
+        done()
+    }
+}

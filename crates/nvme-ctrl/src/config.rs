@@ -1,0 +1,65 @@
+//! What a controller is built from.
+
+use std::sync::Arc;
+
+use block_backend::Backend;
+
+/// One namespace to attach at start.
+#[derive(Clone, Debug)]
+pub struct NamespaceConfig {
+    pub backend: Arc<dyn Backend>,
+    /// Index into [`crate::namespace::LBA_FORMATS`] (0 = 512 B, 1 = 4 KiB).
+    pub lba_format: u8,
+}
+
+/// Static controller parameters. [`ControllerConfig::default`] gives what a Linux
+/// guest expects of a modern emulated controller.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    /// PCI vendor and subsystem vendor IDs, also reported in Identify.
+    pub vid: u16,
+    pub ssvid: u16,
+    /// Highest I/O queue identifier the controller accepts (queue pairs).
+    pub max_io_queues: u16,
+    /// Maximum Queue Entries Supported, 0's based (CAP.MQES).
+    pub mqes_z: u16,
+    /// Maximum Data Transfer Size as a power of two in units of the minimum page size.
+    pub mdts: u8,
+    /// MSI-X vectors (the admin queue uses vector 0).
+    pub msix_vectors: u16,
+    /// CAP.DSTRD: doorbells are `4 << dstrd` bytes apart.
+    pub dstrd: u8,
+    /// Asynchronous Event Request Limit, 0's based.
+    pub aerl_z: u8,
+    /// Abort Command Limit, 0's based.
+    pub acl_z: u8,
+    /// Composite temperature the controller reports, in kelvins.
+    pub temperature_k: u16,
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            serial: "VNVME0001".into(),
+            model: "vnvme emulated NVMe controller".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            // 0x1b36 is the Red Hat / QEMU "generic" PCI vendor ID used by emulated
+            // devices that have no vendor of their own.
+            vid: 0x1b36,
+            ssvid: 0x1af4,
+            max_io_queues: 64,
+            mqes_z: 1023,
+            mdts: 8,
+            msix_vectors: 65,
+            dstrd: 0,
+            aerl_z: 3,
+            acl_z: 3,
+            temperature_k: 313,
+            namespaces: Vec::new(),
+        }
+    }
+}

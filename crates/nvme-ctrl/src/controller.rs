@@ -1,0 +1,405 @@
+//! The controller: BAR0 registers and the lifecycle behind CC and CSTS
+//! (Base §3.1.4, §3.5.1 controller initialization, §3.6 shutdown, §3.7 reset).
+
+use std::sync::Arc;
+
+use guest_mem::GuestMemory;
+use nvme_spec::regs::{
+    doorbell_from_offset, offset, Aqa, Cap, Cc, Csts, ShutdownNotification, ShutdownStatus, NVME_VERSION_1_4,
+};
+use tracing::{debug, info, warn};
+
+use crate::admin::AdminState;
+use crate::config::ControllerConfig;
+use crate::engine::{EngineContext, IoEngine};
+use crate::events::Events;
+use crate::interrupt::{Clock, InterruptSink, MonotonicClock};
+use crate::namespace::Namespace;
+use crate::stats::{Stats, StatsSnapshot};
+
+/// Where the controller is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// CC.EN = 0: registers may be programmed, no queues exist.
+    Disabled,
+    /// CSTS.RDY = 1: the admin queue (and any I/O queues) run.
+    Ready,
+    /// A shutdown notification was processed; CSTS.SHST = complete. Only a reset
+    /// (CC.EN = 0) leaves this state.
+    ShutDown,
+    /// CSTS.CFS = 1: something the host did (or the memory it gave us) made the
+    /// controller unable to go on. Only a reset leaves this state.
+    Fatal,
+}
+
+/// An NVMe controller.
+#[derive(Debug)]
+pub struct Controller {
+    pub(crate) cfg: ControllerConfig,
+    cap: Cap,
+    cc: Cc,
+    csts: Csts,
+    aqa: Aqa,
+    asq: u64,
+    acq: u64,
+    intms: u32,
+    state: Lifecycle,
+    pub(crate) engine: IoEngine,
+    pub(crate) admin: AdminState,
+    pub(crate) namespaces: Arc<[Arc<Namespace>]>,
+    pub(crate) events: Arc<Events>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Controller {
+    /// Builds a controller over `mem`, signalling interrupts through `irq`.
+    pub fn new(
+        cfg: ControllerConfig,
+        mem: GuestMemory,
+        irq: Arc<dyn InterruptSink>,
+    ) -> std::io::Result<Self> {
+        Self::with_clock(cfg, mem, irq, Arc::new(MonotonicClock::default()))
+    }
+
+    /// As [`Controller::new`], with an explicit clock (tests drive time by hand).
+    pub fn with_clock(
+        cfg: ControllerConfig,
+        mem: GuestMemory,
+        irq: Arc<dyn InterruptSink>,
+        clock: Arc<dyn Clock>,
+    ) -> std::io::Result<Self> {
+        if cfg.max_io_queues == 0 || cfg.max_io_queues > 511 {
+            // 511 queue pairs keep the shadow doorbell slots within one 4 KiB page,
+            // which Doorbell Buffer Config requires.
+            return Err(std::io::Error::other("max_io_queues must be 1..=511"));
+        }
+        if cfg.msix_vectors == 0 || cfg.msix_vectors > 2048 {
+            return Err(std::io::Error::other("msix_vectors must be 1..=2048"));
+        }
+        let namespaces: Arc<[Arc<Namespace>]> = cfg
+            .namespaces
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                Arc::new(Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial))
+            })
+            .collect();
+        let stats = Arc::new(Stats::default());
+        let events = Arc::new(Events::default());
+        let ctx = EngineContext {
+            namespaces: namespaces.clone(),
+            irq,
+            clock: clock.clone(),
+            stats: stats.clone(),
+            events: events.clone(),
+            max_qid: cfg.max_io_queues,
+            vectors: cfg.msix_vectors,
+        };
+        let engine = IoEngine::new(ctx, mem)?;
+        // TO = 20 (10 s): generous for a loaded host; MPSMIN 4 KiB, MPSMAX 64 KiB.
+        let cap = Cap::new(cfg.mqes_z, 20, cfg.dstrd, 0, 4);
+        let admin = AdminState::new(&cfg, &namespaces)?;
+        Ok(Controller {
+            cap,
+            cc: Cc(0),
+            csts: Csts(0),
+            aqa: Aqa(0),
+            asq: 0,
+            acq: 0,
+            intms: 0,
+            state: Lifecycle::Disabled,
+            engine,
+            admin,
+            namespaces,
+            events,
+            stats,
+            clock,
+            cfg,
+        })
+    }
+
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.state
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// The shared live counters (for a transport that reports them elsewhere).
+    pub fn stats_handle(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    pub fn namespaces(&self) -> &[Arc<Namespace>] {
+        &self.namespaces
+    }
+
+    /// Replaces the guest memory map (vfio-user DMA map/unmap).
+    pub fn set_memory(&mut self, mem: GuestMemory) {
+        self.engine.set_memory(mem);
+    }
+
+    pub fn memory(&self) -> &GuestMemory {
+        &self.engine.mem
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// Bytes of BAR0 the controller decodes: registers plus every doorbell.
+    pub fn bar0_len(&self) -> u64 {
+        let end = offset::DOORBELL_BASE
+            + nvme_spec::regs::doorbell_offset(
+                self.cfg.max_io_queues,
+                nvme_spec::regs::DoorbellKind::CqHead,
+                self.cfg.dstrd,
+            )
+            + 4;
+        end.next_power_of_two().max(0x4000)
+    }
+
+    /// Interrupt Mask (INTMS), for transports that use pin-based or MSI interrupts.
+    pub fn intms(&self) -> u32 {
+        self.intms
+    }
+
+    // ---- register access
+
+    fn reg64(&self, off: u64) -> Option<u64> {
+        Some(match off {
+            offset::CAP => self.cap.0,
+            offset::VS => NVME_VERSION_1_4 as u64,
+            offset::INTMS | offset::INTMC => self.intms as u64,
+            offset::CC => self.cc.0 as u64,
+            offset::CSTS => self.csts.0 as u64,
+            offset::NSSR => 0,
+            offset::AQA => self.aqa.0 as u64,
+            offset::ASQ => self.asq,
+            offset::ACQ => self.acq,
+            _ => return None,
+        })
+    }
+
+    /// Reads `data.len()` (1, 2, 4 or 8) bytes of BAR0 at `off`. Unimplemented and
+    /// write-only registers (doorbells) read as zero.
+    pub fn mmio_read(&self, off: u64, data: &mut [u8]) {
+        data.fill(0);
+        if !matches!(data.len(), 1 | 2 | 4 | 8) || off >= offset::DOORBELL_BASE {
+            return;
+        }
+        // Find the register containing `off`: 64-bit registers at 0x00, 0x28, 0x30.
+        let (base, width) = match off & !3 {
+            o @ (offset::CAP | offset::ASQ | offset::ACQ) => (o, 8),
+            o if matches!(o, 0x04 | 0x2c | 0x34) => (o - 4, 8),
+            o => (o, 4),
+        };
+        let Some(v) = self.reg64(base) else { return };
+        let bytes = v.to_le_bytes();
+        let start = (off - base) as usize;
+        for (i, b) in data.iter_mut().enumerate() {
+            if start + i < width {
+                *b = bytes[start + i];
+            }
+        }
+    }
+
+    /// Handles a write of `data` (4 or 8 bytes) to BAR0 at `off`.
+    pub fn mmio_write(&mut self, off: u64, data: &[u8]) {
+        let v = match data.len() {
+            4 => u32::from_le_bytes(data.try_into().expect("len 4")) as u64,
+            8 => u64::from_le_bytes(data.try_into().expect("len 8")),
+            n => {
+                warn!(target: "vnvme::guest", off, n, "BAR0 write of unsupported size ignored");
+                return;
+            }
+        };
+        if off >= offset::DOORBELL_BASE {
+            self.doorbell_write(off - offset::DOORBELL_BASE, v as u32);
+            return;
+        }
+        match (off, data.len()) {
+            (offset::CC, 4) => self.write_cc(Cc(v as u32)),
+            (offset::AQA, 4) => self.write_when_disabled("AQA", |c| c.aqa = Aqa(v as u32 & 0x0fff_0fff)),
+            (offset::ASQ, 8) => self.write_when_disabled("ASQ", |c| c.asq = v),
+            (offset::ACQ, 8) => self.write_when_disabled("ACQ", |c| c.acq = v),
+            (offset::ASQ, 4) => self.write_when_disabled("ASQ", |c| c.asq = (c.asq & !0xffff_ffff) | v),
+            (0x2c, 4) => self.write_when_disabled("ASQ", |c| c.asq = (c.asq & 0xffff_ffff) | (v << 32)),
+            (offset::ACQ, 4) => self.write_when_disabled("ACQ", |c| c.acq = (c.acq & !0xffff_ffff) | v),
+            (0x34, 4) => self.write_when_disabled("ACQ", |c| c.acq = (c.acq & 0xffff_ffff) | (v << 32)),
+            (offset::INTMS, 4) => self.intms |= v as u32,
+            (offset::INTMC, 4) => self.intms &= !(v as u32),
+            // NVM Subsystem Reset is not supported (CAP.NSSRS = 0): writes are ignored.
+            (offset::NSSR, 4) => {}
+            _ => debug!(target: "vnvme::guest", off, v, "write to read-only or reserved register ignored"),
+        }
+    }
+
+    fn write_when_disabled(&mut self, name: &str, f: impl FnOnce(&mut Self)) {
+        if self.state == Lifecycle::Disabled {
+            f(self);
+        } else {
+            warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
+        }
+    }
+
+    fn doorbell_write(&mut self, rel: u64, value: u32) {
+        if !matches!(self.state, Lifecycle::Ready) {
+            debug!(target: "vnvme::guest", rel, value, "doorbell write while not ready ignored");
+            return;
+        }
+        match doorbell_from_offset(rel, self.cfg.dstrd) {
+            Some((qid, kind)) if qid <= self.cfg.max_io_queues => self.engine.doorbell(qid, kind, value),
+            _ => {
+                // Not a doorbell of any queue the controller can have.
+                self.stats.doorbell_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.engine.doorbell(u16::MAX, nvme_spec::regs::DoorbellKind::SqTail, value);
+            }
+        }
+    }
+
+    fn write_cc(&mut self, new: Cc) {
+        let new = Cc(new.0 & Cc::WRITABLE);
+        let old = self.cc;
+        self.cc = new;
+        if old.en() && !new.en() {
+            self.reset();
+            return;
+        }
+        if !old.en() && new.en() {
+            self.enable();
+        }
+        if new.shn() != ShutdownNotification::None && old.shn() == ShutdownNotification::None {
+            self.shutdown(new.shn());
+        }
+    }
+
+    /// CC.EN 0 -> 1 (Base §3.5.1): validate the configuration, create the admin queue.
+    fn enable(&mut self) {
+        if self.state == Lifecycle::Fatal || self.csts.cfs() {
+            return;
+        }
+        let cc = self.cc;
+        let page = 1u64 << (12 + cc.mps() as u32);
+        let problem = if cc.mps() < self.cap.mpsmin() || cc.mps() > self.cap.mpsmax() {
+            Some("CC.MPS outside CAP.MPSMIN..MPSMAX")
+        } else if cc.css() != 0 {
+            Some("CC.CSS selects an I/O command set other than NVM")
+        } else if cc.ams() != 0 {
+            Some("CC.AMS selects an arbitration mechanism other than round robin")
+        } else if self.aqa.asqs_z() == 0 || self.aqa.acqs_z() == 0 {
+            Some("AQA: admin queues must have at least 2 entries")
+        } else if !self.asq.is_multiple_of(page) || !self.acq.is_multiple_of(page) {
+            Some("ASQ/ACQ not aligned to the memory page size")
+        } else {
+            None
+        };
+        if let Some(why) = problem {
+            warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
+            self.csts = Csts(Csts::CFS);
+            self.state = Lifecycle::Fatal;
+            return;
+        }
+        self.engine.page_size = page;
+        self.engine.mdts_bytes = (1u64 << self.cfg.mdts) * (1 << (12 + self.cap.mpsmin() as u32));
+        let (asqs, acqs) = (self.aqa.asqs_z() as u32 + 1, self.aqa.acqs_z() as u32 + 1);
+        self.engine.create_cq(0, self.acq, acqs, true, 0);
+        self.engine.create_sq(0, 0, self.asq, asqs);
+        self.admin.on_enable(&mut self.engine);
+        self.csts = Csts(Csts::RDY);
+        self.state = Lifecycle::Ready;
+        info!(
+            asq = format_args!("{:#x}", self.asq),
+            acq = format_args!("{:#x}", self.acq),
+            asqs,
+            acqs,
+            "controller enabled"
+        );
+    }
+
+    /// Controller Level Reset (CC.EN 1 -> 0, Base §3.7.2): delete every queue, forget
+    /// the Doorbell Buffer Config and volatile feature settings, clear CSTS.
+    fn reset(&mut self) {
+        self.engine.reset();
+        self.admin.reset(&mut self.engine);
+        self.events.reset();
+        self.csts = Csts(0);
+        self.state = Lifecycle::Disabled;
+        self.cc = Cc(self.cc.0 & !1);
+        info!("controller reset");
+    }
+
+    /// CC.SHN (Base §3.6.1): finish outstanding work, then report shutdown complete.
+    /// Normal and abrupt notifications both complete every command already fetched;
+    /// nothing is lost because the backends complete or fail each request.
+    fn shutdown(&mut self, kind: ShutdownNotification) {
+        self.csts = self.csts.with_shst(ShutdownStatus::Occurring);
+        let mut spins = 0u32;
+        while self.engine.busy() && self.engine.fatal().is_none() {
+            if !self.engine.poll() {
+                spins += 1;
+                if spins > 1_000_000 {
+                    warn!("shutdown: backends did not drain; reporting complete anyway");
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        for ns in self.namespaces.iter() {
+            if ns.info.volatile_cache {
+                self.admin.flush_namespace(ns, &self.engine.mem);
+            }
+        }
+        self.csts = self.csts.with_shst(ShutdownStatus::Complete);
+        if self.state == Lifecycle::Ready {
+            self.state = Lifecycle::ShutDown;
+        }
+        info!(?kind, "controller shut down");
+    }
+
+    // ---- running
+
+    /// Does all work that is ready: admin commands, I/O, completions, interrupts,
+    /// coalescing timers. Returns true if anything happened. Transports call this when
+    /// a doorbell was written or a backend notifier fired; the in-process host calls
+    /// it whenever it waits.
+    pub fn process(&mut self) -> bool {
+        if self.state != Lifecycle::Ready {
+            return false;
+        }
+        let mut any = false;
+        for _ in 0..64 {
+            let mut progress = self.engine.poll();
+            let inbox = std::mem::take(&mut self.engine.admin_inbox);
+            for sqe in inbox {
+                progress = true;
+                self.execute_admin(sqe);
+            }
+            progress |= self.deliver_events();
+            if let Some(f) = self.engine.fatal().cloned() {
+                warn!(target: "vnvme::guest", "controller fatal status: {}", f.0);
+                self.csts = Csts(self.csts.0 | Csts::CFS);
+                self.state = Lifecycle::Fatal;
+                return true;
+            }
+            any |= progress;
+            if !progress {
+                break;
+            }
+        }
+        self.engine.fire_timers();
+        any
+    }
+
+    /// The next time (clock ns) `process` must run for a coalesced interrupt.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.engine.next_deadline()
+    }
+
+    /// Gives polling transports control over EventIdx re-arming (see `IoEngine`).
+    pub fn set_arm_eventidx(&mut self, arm: bool) {
+        self.engine.arm_eventidx = arm;
+    }
+}

@@ -1,0 +1,143 @@
+//! Shadow doorbells and EventIdx (Base §5.2.1 Doorbell Buffer Config, and the host
+//! usage it describes): the one place their memory ordering is written down.
+//!
+//! # The protocol
+//!
+//! After a Doorbell Buffer Config command the host keeps two one-page buffers:
+//! the *Shadow Doorbell* buffer, where it writes every new SQ tail and CQ head before
+//! (maybe) writing the real doorbell register, and the *EventIdx* buffer, where the
+//! controller says how far it has seen. Both use the doorbell register layout
+//! ([`nvme_spec::regs::doorbell_offset`]). The host writes the register only when
+//! its update moves the value past EventIdx (Linux `nvme_dbbuf_need_event`):
+//!
+//! ```text
+//! host:        shadow[q] = new;  full barrier;  ei = eventidx[q];
+//!              if (u16)(new - ei - 1) < (u16)(new - old): write doorbell register
+//! controller:  eventidx[q] = seen;  full barrier;  now = shadow[q];
+//!              if now != seen: keep working (the host may have skipped the ring)
+//! ```
+//!
+//! This is a Dekker pair: with a full barrier on both sides, either the host reads our
+//! new EventIdx (and rings), or we read its new shadow value (and keep going). Neither
+//! side can miss both, so no submission is ever stranded. [`ShadowBuffers::rearm`] is
+//! the controller half; nothing else in the crate writes EventIdx.
+//!
+//! The loads of shadow values are acquire loads: the host writes the SQ entry, then
+//! (after its write barrier) the shadow tail, so after reading a tail we may read every
+//! entry before it.
+//!
+//! # What EventIdx values we publish
+//!
+//! - SQ tail: once the controller has consumed everything up to `tail` and is about to
+//!   stop looking, EventIdx = `tail`, so the host's next submission rings. While a
+//!   poller is still spinning on the queue it leaves EventIdx stale, so the host does
+//!   not ring at all.
+//! - CQ head: the controller only needs the host's CQ head when the CQ is full, and it
+//!   can read the shadow copy whenever it likes. So EventIdx trails the known head by
+//!   one entry (the host rings only when it laps it, about once per queue wrap), and
+//!   only a controller waiting for CQ space re-arms it to the current head.
+//!
+//! # Admin queue
+//!
+//! Linux and SPDK never write the admin queue's shadow slots; they always ring the
+//! register. A trapped admin doorbell write is therefore copied into its shadow slot
+//! (the fix QEMU made to its first implementation), so reading the shadow is correct
+//! for every queue. I/O queue writes are not copied: the host updates the shadow slot
+//! first, and an older trapped value written over a newer shadow value would roll the
+//! tail back.
+
+use std::sync::atomic::{fence, Ordering};
+
+use guest_mem::{GuestMemory, MemError};
+use nvme_spec::regs::{doorbell_offset, DoorbellKind};
+
+/// The two buffers of an active Doorbell Buffer Config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShadowBuffers {
+    /// Guest address of the Shadow Doorbell buffer.
+    pub shadow: u64,
+    /// Guest address of the EventIdx buffer.
+    pub eventidx: u64,
+    pub dstrd: u8,
+}
+
+impl ShadowBuffers {
+    /// Bytes each buffer must hold for queue identifiers `0..=max_qid`.
+    pub fn required_len(max_qid: u16, dstrd: u8) -> u64 {
+        doorbell_offset(max_qid, DoorbellKind::CqHead, dstrd) + 4
+    }
+
+    fn slot(&self, base: u64, qid: u16, kind: DoorbellKind) -> u64 {
+        base + doorbell_offset(qid, kind, self.dstrd)
+    }
+
+    /// The host's latest value for a doorbell (acquire: entries before it are visible).
+    pub fn load(&self, mem: &GuestMemory, qid: u16, kind: DoorbellKind) -> Result<u32, MemError> {
+        mem.load_u32(self.slot(self.shadow, qid, kind))
+    }
+
+    /// Writes a shadow doorbell slot: at attach time (the controller's current value,
+    /// so a zeroed buffer is not mistaken for a new tail) and for trapped admin
+    /// doorbell writes (see the module docs).
+    pub fn store_shadow(
+        &self,
+        mem: &GuestMemory,
+        qid: u16,
+        kind: DoorbellKind,
+        v: u32,
+    ) -> Result<(), MemError> {
+        mem.store_u32(self.slot(self.shadow, qid, kind), v)
+    }
+
+    /// Publishes an EventIdx value without re-checking (queue setup, and CQ EventIdx
+    /// when the controller does not need a ring).
+    pub fn publish(&self, mem: &GuestMemory, qid: u16, kind: DoorbellKind, v: u32) -> Result<(), MemError> {
+        mem.store_u32(self.slot(self.eventidx, qid, kind), v)
+    }
+
+    /// The controller half of the protocol: publish `seen` as EventIdx, full barrier,
+    /// re-read the shadow doorbell. Returns the value read after the barrier; if it
+    /// differs from `seen` the host moved on and may not ring, so the caller must
+    /// keep working.
+    pub fn rearm(&self, mem: &GuestMemory, qid: u16, kind: DoorbellKind, seen: u32) -> Result<u32, MemError> {
+        self.publish(mem, qid, kind, seen)?;
+        // Pairs with the host's full barrier between its shadow store and its
+        // EventIdx load (Linux `mb()` in nvme_dbbuf_update_and_check_event).
+        fence(Ordering::SeqCst);
+        self.load(mem, qid, kind)
+    }
+}
+
+/// The host's EventIdx test (Linux `nvme_dbbuf_need_event`), used by the mock host and
+/// the userspace driver: should moving a doorbell from `old` to `new` write the register?
+pub fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn need_event_rings_when_crossing_eventidx() {
+        assert!(need_event(5, 6, 5), "moving just past EventIdx rings");
+        assert!(need_event(5, 9, 3), "jumping over EventIdx rings");
+        assert!(!need_event(5, 5, 3), "stopping at EventIdx does not ring");
+        assert!(!need_event(10, 9, 3), "not reaching EventIdx does not ring");
+        assert!(need_event(65535, 2, 65534), "wraps like u16");
+    }
+
+    #[test]
+    fn slots_use_the_doorbell_layout() {
+        let mem = GuestMemory::anonymous(&[(0, 0x3000)]).unwrap();
+        let b = ShadowBuffers { shadow: 0x1000, eventidx: 0x2000, dstrd: 0 };
+        b.store_shadow(&mem, 3, DoorbellKind::CqHead, 77).unwrap();
+        assert_eq!(mem.load_u32(0x1000 + 7 * 4).unwrap(), 77);
+        b.publish(&mem, 2, DoorbellKind::SqTail, 5).unwrap();
+        assert_eq!(mem.load_u32(0x2000 + 4 * 4).unwrap(), 5);
+        mem.store_u32(0x1000 + 4 * 4, 9).unwrap();
+        assert_eq!(b.rearm(&mem, 2, DoorbellKind::SqTail, 8).unwrap(), 9);
+        assert_eq!(mem.load_u32(0x2000 + 4 * 4).unwrap(), 8);
+        assert_eq!(ShadowBuffers::required_len(64, 0), 65 * 8);
+    }
+}

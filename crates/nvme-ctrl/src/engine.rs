@@ -1,0 +1,760 @@
+//! The I/O engine: owns I/O completion and submission queues, their backend queues and
+//! their interrupt state, and moves commands through them.
+//!
+//! An engine has one owner and takes no locks on its hot path. The controller drives
+//! one engine inline today; a transport with worker threads gives each thread its own
+//! engine and the queues assigned to it (see `vnvme-q*` threads in the vfio-user
+//! server). Everything the admin side asks of an engine is a method call here.
+
+use std::sync::Arc;
+
+use block_backend::{BackendQueue, Completion, DataBuf, Segment};
+use guest_mem::GuestMemory;
+use nvme_spec::aer::{error_info, AsyncEvent, EventType};
+use nvme_spec::log::lid;
+use nvme_spec::regs::DoorbellKind;
+use nvme_spec::{Cqe, Sqe, Status};
+use tracing::warn;
+use zerocopy::little_endian::{U16, U32};
+
+use crate::doorbell::ShadowBuffers;
+use crate::events::Events;
+use crate::interrupt::{Clock, Coalescing, InterruptSink, VectorState};
+use crate::namespace::Namespace;
+use crate::queue::{CompletionQueue, SubmissionQueue};
+use crate::stats::Stats;
+
+/// Shared, read-mostly context an engine is built with.
+#[derive(Clone, Debug)]
+pub struct EngineContext {
+    pub namespaces: Arc<[Arc<Namespace>]>,
+    pub irq: Arc<dyn InterruptSink>,
+    pub clock: Arc<dyn Clock>,
+    pub stats: Arc<Stats>,
+    pub events: Arc<Events>,
+    pub max_qid: u16,
+    pub vectors: u16,
+}
+
+/// What an in-flight command does when its backend requests finish.
+#[derive(Debug)]
+pub(crate) enum Finish {
+    /// Complete with the collected status.
+    Plain,
+    /// Compare the data read (a host buffer) with these guest segments.
+    Compare(Vec<Segment>),
+}
+
+/// A command whose backend requests have not all completed.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub sqid: u16,
+    pub cid: u16,
+    pub nsid: u32,
+    pub slba: u64,
+    /// Backend requests still outstanding.
+    pub remaining: u32,
+    pub status: Status,
+    pub finish: Finish,
+}
+
+/// Why the engine cannot go on: the controller sets Controller Fatal Status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fatal(pub String);
+
+/// The I/O side of a controller.
+#[derive(Debug)]
+pub struct IoEngine {
+    pub(crate) ctx: EngineContext,
+    pub(crate) mem: GuestMemory,
+    sqs: Vec<Option<SubmissionQueue>>,
+    cqs: Vec<Option<CompletionQueue>>,
+    /// Identifiers of existing SQs, ascending: the arbitration order.
+    active_sqs: Vec<u16>,
+    rr_next: usize,
+    shadow: Option<ShadowBuffers>,
+    /// One backend queue per namespace, indexed by nsid - 1.
+    pub(crate) backends: Vec<Box<dyn BackendQueue>>,
+    inflight: Vec<Option<InFlight>>,
+    free_tags: Vec<u32>,
+    reaped: Vec<Completion>,
+    pub(crate) seg_pool: Vec<Vec<Segment>>,
+    /// Admin commands fetched from SQ 0, for the admin side to execute.
+    pub(crate) admin_inbox: Vec<Sqe>,
+    vectors: Vec<VectorState>,
+    pub(crate) coalescing: Coalescing,
+    /// Arbitration Burst: commands taken from one SQ per turn (None = no limit).
+    pub(crate) burst: Option<u32>,
+    pub(crate) page_size: u64,
+    pub(crate) mdts_bytes: u64,
+    /// Volatile Write Cache enabled (writes need not be durable until Flush).
+    pub(crate) write_cache: bool,
+    /// When false, a poller is spinning and EventIdx is left stale so the host does
+    /// not ring; when true, emptied SQs re-arm EventIdx.
+    pub arm_eventidx: bool,
+    fatal: Option<Fatal>,
+}
+
+/// How many commands one `poll` takes at most, so a busy guest cannot starve the
+/// caller's other work (admin queue, timers).
+const POLL_BUDGET: u32 = 512;
+
+impl IoEngine {
+    pub fn new(ctx: EngineContext, mem: GuestMemory) -> std::io::Result<Self> {
+        let backends = ctx.namespaces.iter().map(|ns| ns.backend.open_queue()).collect::<Result<_, _>>()?;
+        let n = ctx.max_qid as usize + 1;
+        Ok(IoEngine {
+            sqs: (0..n).map(|_| None).collect(),
+            cqs: (0..n).map(|_| None).collect(),
+            active_sqs: Vec::new(),
+            rr_next: 0,
+            shadow: None,
+            backends,
+            inflight: Vec::new(),
+            free_tags: Vec::new(),
+            reaped: Vec::new(),
+            seg_pool: Vec::new(),
+            admin_inbox: Vec::new(),
+            vectors: vec![VectorState::default(); ctx.vectors as usize],
+            coalescing: Coalescing::default(),
+            burst: None,
+            page_size: 4096,
+            mdts_bytes: 1 << 20,
+            write_cache: true,
+            arm_eventidx: true,
+            fatal: None,
+            mem,
+            ctx,
+        })
+    }
+
+    pub fn set_memory(&mut self, mem: GuestMemory) {
+        self.mem = mem;
+    }
+
+    /// The reason the engine stopped, if it hit a fault it cannot report per command.
+    pub fn fatal(&self) -> Option<&Fatal> {
+        self.fatal.as_ref()
+    }
+
+    fn set_fatal(&mut self, why: String) {
+        warn!(target: "vnvme::guest", "controller fatal: {why}");
+        if self.fatal.is_none() {
+            self.fatal = Some(Fatal(why));
+        }
+    }
+
+    // ---- queue management (called by the admin side after it validated the command)
+
+    pub fn sq_exists(&self, qid: u16) -> bool {
+        self.sqs.get(qid as usize).is_some_and(|q| q.is_some())
+    }
+
+    pub fn cq_exists(&self, qid: u16) -> bool {
+        self.cqs.get(qid as usize).is_some_and(|q| q.is_some())
+    }
+
+    /// Number of SQs posting to CQ `qid`.
+    pub fn cq_users(&self, qid: u16) -> u32 {
+        self.cqs.get(qid as usize).and_then(|q| q.as_ref()).map_or(0, |q| q.sq_count)
+    }
+
+    pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
+        self.cqs[qid as usize] = Some(CompletionQueue::new(qid, base, size, ien, iv));
+        self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
+    }
+
+    pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
+        self.sqs[qid as usize] = Some(SubmissionQueue::new(qid, cqid, base, size));
+        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
+            cq.sq_count += 1;
+        }
+        let pos = self.active_sqs.partition_point(|&q| q < qid);
+        self.active_sqs.insert(pos, qid);
+        self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
+    }
+
+    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.6:
+    /// the Delete completes after outstanding commands are completed or aborted).
+    pub fn delete_sq(&mut self, qid: u16) {
+        let mut spins = 0u32;
+        while self.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0) {
+            self.reap();
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            }
+        }
+        if let Some(sq) = self.sqs[qid as usize].take() {
+            if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
+                cq.sq_count -= 1;
+            }
+        }
+        self.active_sqs.retain(|&q| q != qid);
+    }
+
+    /// Queue parameters, for the admin side's checks.
+    pub fn sq_info(&self, qid: u16) -> Option<(u16, u32)> {
+        self.sqs.get(qid as usize)?.as_ref().map(|q| (q.cqid, q.in_flight))
+    }
+
+    pub fn delete_cq(&mut self, qid: u16) {
+        self.cqs[qid as usize] = None;
+    }
+
+    /// Drops every I/O queue (controller reset), letting in-flight requests finish.
+    pub fn reset(&mut self) {
+        for qid in self.active_sqs.clone() {
+            self.delete_sq(qid);
+        }
+        for q in self.cqs.iter_mut() {
+            *q = None;
+        }
+        self.shadow = None;
+        self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
+        self.coalescing = Coalescing::default();
+        self.burst = None;
+        self.arm_eventidx = true;
+        self.fatal = None;
+    }
+
+    pub fn set_vector_coalescing_disabled(&mut self, iv: u16, disabled: bool) {
+        if let Some(v) = self.vectors.get_mut(iv as usize) {
+            v.coalescing_disabled = disabled;
+        }
+    }
+
+    pub fn vector_coalescing_disabled(&self, iv: u16) -> bool {
+        self.vectors.get(iv as usize).is_some_and(|v| v.coalescing_disabled)
+    }
+
+    // ---- shadow doorbells
+
+    /// Attaches Doorbell Buffer Config buffers to every existing I/O queue.
+    ///
+    /// For each queue the shadow slot either already holds the host's current value
+    /// or stale bytes. Linux 6.1 restarts its I/O queues after a reset *before* it
+    /// sends Doorbell Buffer Config, writing shadow tails (and ringing only on the
+    /// first submission, since EventIdx reads 0): there the shadow slot is newer than
+    /// anything we trapped, and overwriting it would strand those commands. So a
+    /// queue the host has already rung adopts a valid shadow value; any other queue
+    /// gets our value written into its slot, so a zeroed or stale buffer is never
+    /// read as new work. EventIdx is then published for each queue.
+    pub fn attach_shadow(&mut self, buffers: ShadowBuffers) {
+        self.shadow = Some(buffers);
+        for qid in 0..=self.ctx.max_qid {
+            if let Some(sq) = self.sqs[qid as usize].as_ref() {
+                let (tail, size, rung) = (sq.tail, sq.size, sq.rung && qid != 0);
+                let adopt = match buffers.load(&self.mem, qid, DoorbellKind::SqTail) {
+                    Ok(v) => rung && v < size,
+                    Err(_) => false,
+                };
+                if adopt {
+                    // Leave the host's value; EventIdx = what we consumed.
+                    let head = sq.head;
+                    if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::SqTail, head) {
+                        self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    }
+                } else {
+                    self.init_shadow_slots(qid, DoorbellKind::SqTail, tail);
+                }
+            }
+            if let Some(cq) = self.cqs[qid as usize].as_ref() {
+                let head = cq.head;
+                let adopt = match buffers.load(&self.mem, qid, DoorbellKind::CqHead) {
+                    Ok(v) => qid != 0 && cq.valid_head(v),
+                    Err(_) => false,
+                };
+                if adopt {
+                    self.refresh_cq_head(qid);
+                    let h = self.cqs[qid as usize].as_ref().expect("exists").head;
+                    let ei = self.cq_idle_eventidx(qid, h);
+                    if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::CqHead, ei) {
+                        self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    }
+                } else {
+                    self.init_shadow_slots(qid, DoorbellKind::CqHead, head);
+                }
+            }
+        }
+    }
+
+    pub fn shadow(&self) -> Option<ShadowBuffers> {
+        self.shadow
+    }
+
+    fn init_shadow_slots(&mut self, qid: u16, kind: DoorbellKind, v: u32) {
+        let Some(b) = self.shadow else { return };
+        let ei = match kind {
+            DoorbellKind::SqTail => v,
+            DoorbellKind::CqHead => self.cq_idle_eventidx(qid, v),
+        };
+        let r = b.store_shadow(&self.mem, qid, kind, v).and_then(|_| b.publish(&self.mem, qid, kind, ei));
+        if let Err(e) = r {
+            self.set_fatal(format!("shadow doorbell buffer became inaccessible: {e}"));
+        }
+    }
+
+    /// The CQ EventIdx when the controller needs no ring: one entry behind the head.
+    fn cq_idle_eventidx(&self, qid: u16, head: u32) -> u32 {
+        let size = self.cqs[qid as usize].as_ref().map_or(1, |q| q.size);
+        (head + size - 1) % size
+    }
+
+    // ---- doorbells
+
+    /// A trapped doorbell register write for I/O queue `qid`.
+    pub fn doorbell(&mut self, qid: u16, kind: DoorbellKind, value: u32) {
+        Stats::add(&self.ctx.stats.doorbell_writes, 1);
+        if qid != 0 {
+            Stats::add(&self.ctx.stats.io_doorbell_writes, 1);
+        }
+        let (exists, valid) = match kind {
+            DoorbellKind::SqTail => match self.sqs.get(qid as usize).and_then(|q| q.as_ref()) {
+                Some(sq) => (true, value < sq.size),
+                None => (false, false),
+            },
+            DoorbellKind::CqHead => match self.cqs.get(qid as usize).and_then(|q| q.as_ref()) {
+                Some(cq) => (true, cq.valid_head(value)),
+                None => (false, false),
+            },
+        };
+        if !exists {
+            self.doorbell_error(error_info::INVALID_DOORBELL_REGISTER, qid, kind, value);
+            return;
+        }
+        if !valid {
+            self.doorbell_error(error_info::INVALID_DOORBELL_WRITE_VALUE, qid, kind, value);
+            return;
+        }
+        // Hosts never write the admin queue's shadow slots: copy the trapped value there
+        // so the shadow is right for every queue (see doorbell.rs).
+        if let (0, Some(b)) = (qid, self.shadow) {
+            if let Err(e) = b.store_shadow(&self.mem, 0, kind, value) {
+                self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                return;
+            }
+        }
+        // With shadow doorbells the shadow slot already holds this value or a newer
+        // one (the host writes it first), so the trapped value only wakes us up.
+        if self.shadow.is_some() && qid != 0 {
+            if let (DoorbellKind::SqTail, Some(sq)) = (kind, self.sqs[qid as usize].as_mut()) {
+                sq.rung = true;
+            }
+            return;
+        }
+        match kind {
+            DoorbellKind::SqTail => {
+                let sq = self.sqs[qid as usize].as_mut().expect("checked");
+                sq.tail = value;
+                sq.rung = true;
+            }
+            DoorbellKind::CqHead => {
+                self.cqs[qid as usize].as_mut().expect("checked").head = value;
+                self.drain_overflow(qid);
+            }
+        }
+    }
+
+    fn doorbell_error(&mut self, info: u8, qid: u16, kind: DoorbellKind, value: u32) {
+        warn!(target: "vnvme::guest", ?kind, qid, value, "invalid doorbell write (event info {info:#x})");
+        self.ctx.events.raise(AsyncEvent {
+            kind: EventType::ErrorStatus,
+            info,
+            log_page: lid::ERROR_INFORMATION,
+        });
+    }
+
+    // ---- the data path
+
+    /// Does whatever work is ready: reaps backend completions, fetches and starts new
+    /// commands (round robin with the arbitration burst), posts completions and
+    /// signals interrupts. Returns true if it did anything.
+    pub fn poll(&mut self) -> bool {
+        if self.fatal.is_some() {
+            return false;
+        }
+        let mut progress = self.reap();
+        let mut budget = POLL_BUDGET;
+        let mut idle_turns = 0;
+        while budget > 0 && !self.active_sqs.is_empty() && idle_turns < self.active_sqs.len() {
+            if self.rr_next >= self.active_sqs.len() {
+                self.rr_next = 0;
+            }
+            let qid = self.active_sqs[self.rr_next];
+            self.rr_next += 1;
+            let limit = self.burst.unwrap_or(u32::MAX).min(budget);
+            let n = self.service_sq(qid, limit);
+            if n == 0 {
+                idle_turns += 1;
+            } else {
+                idle_turns = 0;
+                budget -= n;
+                progress = true;
+            }
+            if self.fatal.is_some() {
+                return true;
+            }
+        }
+        progress |= self.reap();
+        self.signal_interrupts();
+        progress
+    }
+
+    /// Fetches and starts up to `limit` commands from one SQ. Returns how many.
+    fn service_sq(&mut self, qid: u16, limit: u32) -> u32 {
+        let Some(sq) = self.sqs[qid as usize].as_ref() else { return 0 };
+        let cqid = sq.cqid;
+        // Back-pressure: while the CQ has completions waiting for room, fetch nothing.
+        if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+            self.drain_overflow(cqid);
+            if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+                return 0;
+            }
+        }
+        if let Some(b) = self.shadow {
+            if !self.refresh_sq_tail(qid, b) {
+                return 0;
+            }
+        }
+        let mut done = 0;
+        loop {
+            while done < limit {
+                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                if sq.is_empty() {
+                    break;
+                }
+                let sqe = match sq.fetch(&self.mem) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.set_fatal(format!("cannot fetch from SQ {qid}: {e}"));
+                        return done;
+                    }
+                };
+                sq.in_flight += 1;
+                done += 1;
+                if qid == 0 {
+                    self.admin_inbox.push(sqe);
+                } else {
+                    self.execute(qid, sqe);
+                }
+            }
+            if done >= limit || !self.arm_eventidx {
+                return done;
+            }
+            // Empty: re-arm EventIdx, then look again (see doorbell.rs).
+            let Some(b) = self.shadow else { return done };
+            let head = self.sqs[qid as usize].as_ref().expect("exists").head;
+            Stats::add(&self.ctx.stats.shadow_reads, 1);
+            match b.rearm(&self.mem, qid, DoorbellKind::SqTail, head) {
+                Ok(t) if t == head => return done,
+                Ok(t) if t < self.sqs[qid as usize].as_ref().expect("exists").size => {
+                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                    self.sqs[qid as usize].as_mut().expect("exists").tail = t;
+                }
+                Ok(t) => {
+                    self.doorbell_error(
+                        error_info::INVALID_DOORBELL_WRITE_VALUE,
+                        qid,
+                        DoorbellKind::SqTail,
+                        t,
+                    );
+                    return done;
+                }
+                Err(e) => {
+                    self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    return done;
+                }
+            }
+        }
+    }
+
+    /// Reads SQ `qid`'s shadow tail. False if it is invalid (the event is raised and
+    /// the queue is left alone until the host writes a valid value).
+    fn refresh_sq_tail(&mut self, qid: u16, b: ShadowBuffers) -> bool {
+        Stats::add(&self.ctx.stats.shadow_reads, 1);
+        match b.load(&self.mem, qid, DoorbellKind::SqTail) {
+            Ok(t) => {
+                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                if t < sq.size {
+                    sq.tail = t;
+                    true
+                } else {
+                    self.doorbell_error(
+                        error_info::INVALID_DOORBELL_WRITE_VALUE,
+                        qid,
+                        DoorbellKind::SqTail,
+                        t,
+                    );
+                    false
+                }
+            }
+            Err(e) => {
+                self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Refreshes CQ `qid`'s head from its shadow slot.
+    fn refresh_cq_head(&mut self, qid: u16) {
+        let Some(b) = self.shadow else { return };
+        Stats::add(&self.ctx.stats.shadow_reads, 1);
+        match b.load(&self.mem, qid, DoorbellKind::CqHead) {
+            Ok(h) => {
+                let cq = self.cqs[qid as usize].as_mut().expect("exists");
+                if cq.valid_head(h) {
+                    cq.head = h;
+                } else if h != cq.head {
+                    self.doorbell_error(
+                        error_info::INVALID_DOORBELL_WRITE_VALUE,
+                        qid,
+                        DoorbellKind::CqHead,
+                        h,
+                    );
+                }
+            }
+            Err(e) => self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}")),
+        }
+    }
+
+    /// Allocates a tag for an in-flight command.
+    pub(crate) fn track(&mut self, f: InFlight) -> u64 {
+        match self.free_tags.pop() {
+            Some(t) => {
+                self.inflight[t as usize] = Some(f);
+                t as u64
+            }
+            None => {
+                self.inflight.push(Some(f));
+                (self.inflight.len() - 1) as u64
+            }
+        }
+    }
+
+    /// Moves finished backend requests to their commands; completes commands whose
+    /// requests are all done.
+    fn reap(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.backends.len() {
+            if self.backends[i].in_flight() > 0 {
+                any |= self.backends[i].reap(&mut self.reaped) > 0;
+            }
+        }
+        let mut reaped = std::mem::take(&mut self.reaped);
+        for c in reaped.drain(..) {
+            self.backend_done(c);
+        }
+        self.reaped = reaped;
+        any
+    }
+
+    fn backend_done(&mut self, c: Completion) {
+        let tag = c.tag as usize;
+        let Some(f) = self.inflight.get_mut(tag).and_then(|f| f.as_mut()) else {
+            warn!("backend completion for unknown tag {tag}");
+            return;
+        };
+        f.remaining -= 1;
+        if let Err(e) = c.result {
+            if f.status.is_success() {
+                let write = !matches!(c.data, DataBuf::Host(_)) && matches!(f.finish, Finish::Plain);
+                f.status = crate::error::CommandError::Backend { write, source: e }.status();
+            }
+        } else if let (Finish::Compare(segs), DataBuf::Host(buf)) = (&f.finish, &c.data) {
+            if f.status.is_success() {
+                f.status = match compare(&self.mem, segs, buf) {
+                    Ok(true) => Status::SUCCESS,
+                    Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
+                    Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+                };
+            }
+        }
+        if let DataBuf::Guest(mut v) = c.data {
+            v.clear();
+            self.seg_pool.push(v);
+        }
+        if f.remaining == 0 {
+            let f = self.inflight[tag].take().expect("present");
+            self.free_tags.push(tag as u32);
+            if let Finish::Compare(mut v) = f.finish {
+                v.clear();
+                self.seg_pool.push(v);
+            }
+            self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
+        }
+    }
+
+    /// Stops counting a fetched command as in flight without completing it (an
+    /// Asynchronous Event Request parked until an event arrives).
+    pub(crate) fn release(&mut self, sqid: u16) {
+        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+            sq.in_flight = sq.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Completes a command earlier [`IoEngine::release`]d.
+    pub(crate) fn complete_deferred(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32) {
+        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+            sq.in_flight += 1;
+            self.complete(sqid, cid, status, dw0, 0, 0);
+        }
+    }
+
+    /// Posts the completion of a command fetched from SQ `sqid`.
+    pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
+        let Some(sq) = self.sqs[sqid as usize].as_mut() else { return };
+        sq.in_flight = sq.in_flight.saturating_sub(1);
+        let cqe = Cqe {
+            dw0: U32::new(dw0),
+            dw1: U32::new(0),
+            sqhd: U16::new(sq.head as u16),
+            sqid: U16::new(sqid),
+            cid: U16::new(cid),
+            status: U16::new(status.raw() << 1),
+        };
+        let cqid = sq.cqid;
+        if sqid == 0 {
+            Stats::add(&self.ctx.stats.admin_commands, 1);
+        } else {
+            Stats::add(&self.ctx.stats.io_commands, 1);
+        }
+        if !status.is_success() {
+            Stats::add(&self.ctx.stats.errors, 1);
+            self.ctx.events.record_error(sqid, cid, status, nsid, slba);
+        }
+        self.post(cqid, cqe);
+    }
+
+    fn post(&mut self, cqid: u16, cqe: Cqe) {
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        if !cq.overflow.is_empty() {
+            cq.overflow.push_back(cqe);
+            return;
+        }
+        if cq.is_full() {
+            self.refresh_cq_head(cqid);
+        }
+        let cq = self.cqs[cqid as usize].as_mut().expect("exists");
+        if cq.is_full() {
+            cq.overflow.push_back(cqe);
+            self.wait_for_cq_space(cqid);
+            return;
+        }
+        if let Err(e) = cq.post(&self.mem, cqe) {
+            self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+        }
+    }
+
+    /// The CQ is full: ask the host to ring when it consumes entries, then look once
+    /// more in case it already did.
+    fn wait_for_cq_space(&mut self, cqid: u16) {
+        let Some(b) = self.shadow else { return };
+        let cq = self.cqs[cqid as usize].as_mut().expect("exists");
+        cq.waiting_for_space = true;
+        let head = cq.head;
+        match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
+            Ok(h) if h != head => {
+                Stats::add(&self.ctx.stats.eventidx_races, 1);
+                self.drain_overflow(cqid);
+            }
+            Ok(_) => {}
+            Err(e) => self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}")),
+        }
+    }
+
+    /// Posts completions that were waiting for room in CQ `cqid`.
+    fn drain_overflow(&mut self, cqid: u16) {
+        self.refresh_cq_head(cqid);
+        let mem = self.mem.clone();
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        while !cq.is_full() {
+            let Some(cqe) = cq.overflow.pop_front() else { break };
+            if let Err(e) = cq.post(&mem, cqe) {
+                self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+                return;
+            }
+        }
+        if cq.overflow.is_empty() && cq.waiting_for_space {
+            cq.waiting_for_space = false;
+            let (head, size) = (cq.head, cq.size);
+            if let Some(b) = self.shadow {
+                let _ = b.publish(&self.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size);
+            }
+        }
+    }
+
+    /// Signals each vector whose CQs received entries, subject to coalescing.
+    fn signal_interrupts(&mut self) {
+        let now = self.ctx.clock.now_ns();
+        for i in 0..self.cqs.len() {
+            let Some(cq) = self.cqs[i].as_mut() else { continue };
+            if cq.unsignalled == 0 {
+                continue;
+            }
+            let n = std::mem::take(&mut cq.unsignalled);
+            if !cq.ien {
+                continue;
+            }
+            let iv = cq.iv;
+            if let Some(v) = self.vectors.get_mut(iv as usize) {
+                if v.post(iv, n, self.coalescing, now) {
+                    v.fired();
+                    Stats::add(&self.ctx.stats.interrupts, 1);
+                    self.ctx.irq.signal(iv);
+                }
+            }
+        }
+    }
+
+    /// Fires coalesced interrupts whose aggregation time has passed.
+    pub fn fire_timers(&mut self) {
+        let now = self.ctx.clock.now_ns();
+        let c = self.coalescing;
+        for (iv, v) in self.vectors.iter_mut().enumerate() {
+            if v.due(c, now) {
+                v.fired();
+                Stats::add(&self.ctx.stats.interrupts, 1);
+                self.ctx.irq.signal(iv as u16);
+            }
+        }
+    }
+
+    /// The earliest time (clock ns) a coalesced interrupt must fire.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).min()
+    }
+
+    /// True if commands are in flight in the backends or SQs hold unfetched entries.
+    pub fn busy(&self) -> bool {
+        self.inflight.iter().any(|f| f.is_some())
+            || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
+    }
+}
+
+fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, guest_mem::MemError> {
+    let mut off = 0usize;
+    let mut chunk = vec![0u8; 4096];
+    for s in segs {
+        if let Segment::Guest { gpa, len } = *s {
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(chunk.len() as u64) as usize;
+                mem.read(gpa + done, &mut chunk[..n])?;
+                if chunk[..n] != data[off..off + n] {
+                    return Ok(false);
+                }
+                off += n;
+                done += n as u64;
+            }
+        } else {
+            off += s.len() as usize;
+        }
+    }
+    Ok(true)
+}
+
+/// The command a submission queue entry carries, for logs.
+pub(crate) fn describe(sqe: &Sqe) -> String {
+    format!("opcode {:#04x} cid {} nsid {}", sqe.opcode(), sqe.cid(), sqe.nsid.get())
+}

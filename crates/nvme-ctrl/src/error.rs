@@ -1,0 +1,84 @@
+//! Why a command failed, and the one place that turns it into an NVMe status.
+
+use block_backend::BackendError;
+use guest_mem::MemError;
+use nvme_spec::Status;
+
+/// Everything that can go wrong while executing a command. Handlers return these;
+/// [`CommandError::status`] maps each to the status the spec names.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("opcode {0:#04x} is not supported")]
+    InvalidOpcode(u8),
+    #[error("invalid field: {0}")]
+    InvalidField(&'static str),
+    #[error("namespace {0} is not valid for this command")]
+    InvalidNamespace(u32),
+    #[error("command sequence error: {0}")]
+    Sequence(&'static str),
+    #[error("guest memory access failed: {0}")]
+    Memory(#[from] MemError),
+    #[error("a PRP entry has an offset where the spec forbids one ({0:#x})")]
+    PrpOffset(u64),
+    #[error("SGL segment descriptor invalid: {0}")]
+    SglSegment(&'static str),
+    #[error("SGL has too many descriptors or an empty segment")]
+    SglDescriptorCount,
+    #[error("SGL data length {sgl} does not match the transfer length {xfer}")]
+    SglLength { sgl: u64, xfer: u64 },
+    #[error("SGL descriptor type {0:#x} is not supported here")]
+    SglType(u8),
+    #[error("SGL descriptor uses an offset sub type")]
+    SglOffset,
+    #[error("LBA range {slba}+{nlb} is outside the namespace")]
+    LbaOutOfRange { slba: u64, nlb: u64 },
+    #[error("transfer of {0} bytes exceeds MDTS")]
+    TooLarge(u64),
+    #[error("compare failed")]
+    CompareFailure,
+    #[error("backend failed (write: {write}): {source}")]
+    Backend { write: bool, source: BackendError },
+    /// A status already decided by the handler (queue management and features, whose
+    /// errors are named per field by the spec).
+    #[error("{0:?}")]
+    Status(Status),
+}
+
+impl CommandError {
+    /// The completion status for this error (DNR set where retrying cannot help).
+    pub fn status(&self) -> Status {
+        match self {
+            CommandError::InvalidOpcode(_) => Status::INVALID_OPCODE.with_dnr(),
+            CommandError::InvalidField(_) => Status::INVALID_FIELD.with_dnr(),
+            CommandError::InvalidNamespace(_) => Status::INVALID_NAMESPACE.with_dnr(),
+            CommandError::Sequence(_) => Status::COMMAND_SEQUENCE_ERROR.with_dnr(),
+            CommandError::Memory(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+            CommandError::PrpOffset(_) => Status::PRP_OFFSET_INVALID.with_dnr(),
+            CommandError::SglSegment(_) => Status::INVALID_SGL_SEGMENT_DESCRIPTOR.with_dnr(),
+            CommandError::SglDescriptorCount => Status::INVALID_SGL_DESCRIPTOR_COUNT.with_dnr(),
+            CommandError::SglLength { .. } => Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+            CommandError::SglType(_) => Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(),
+            CommandError::SglOffset => Status::SGL_OFFSET_INVALID.with_dnr(),
+            CommandError::LbaOutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
+            CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
+            CommandError::CompareFailure => Status::COMPARE_FAILURE.with_dnr(),
+            CommandError::Backend { write, source } => match source {
+                BackendError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
+                BackendError::Memory(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+                BackendError::NoSpace => Status::CAPACITY_EXCEEDED.with_dnr(),
+                BackendError::Unsupported => Status::INVALID_OPCODE.with_dnr(),
+                // Media errors: the host may retry, so no DNR.
+                BackendError::Io(_) | BackendError::Short { .. } if *write => Status::WRITE_FAULT,
+                BackendError::Io(_) | BackendError::Short { .. } => Status::UNRECOVERED_READ_ERROR,
+            },
+            CommandError::Status(s) => *s,
+        }
+    }
+}
+
+pub type CmdResult<T = ()> = Result<T, CommandError>;
+
+/// Shorthand for handlers that fail with a status the spec names for a field.
+pub fn fail<T>(status: Status) -> CmdResult<T> {
+    Err(CommandError::Status(status.with_dnr()))
+}

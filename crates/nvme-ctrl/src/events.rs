@@ -1,0 +1,137 @@
+//! Asynchronous events and the Error Information log, shared by the admin side
+//! (which answers Asynchronous Event Requests and Get Log Page) and the I/O side
+//! (which reports invalid doorbells and failed commands). Off the hot path: a mutex.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use nvme_spec::aer::{AsyncEvent, EventType};
+use nvme_spec::log::{lid, ErrorInformationEntry};
+use nvme_spec::Status;
+use zerocopy::little_endian::{U16, U32, U64};
+
+/// Entries the Error Information log keeps (Identify ELPE + 1).
+pub const ERROR_LOG_ENTRIES: usize = 64;
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Newest first, as Get Log Page returns them.
+    errors: VecDeque<ErrorInformationEntry>,
+    error_count: u64,
+    /// Events raised and not yet reported.
+    queued: VecDeque<AsyncEvent>,
+    /// Event types reported and not yet cleared by reading their log page (bit = type).
+    masked: u8,
+    /// Namespaces whose attributes changed since the host last read the list.
+    changed_ns: Vec<u32>,
+    /// SMART / Health critical warning bits currently set.
+    critical_warning: u8,
+}
+
+/// Shared event state.
+#[derive(Debug, Default)]
+pub struct Events {
+    inner: Mutex<Inner>,
+}
+
+impl Events {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an Error Information log entry for a failed command.
+    pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
+        let mut g = self.lock();
+        g.error_count += 1;
+        let e = ErrorInformationEntry {
+            error_count: U64::new(g.error_count),
+            sqid: U16::new(sqid),
+            cid: U16::new(cid),
+            status: U16::new(status.raw() << 1),
+            parameter_error_location: U16::new(0xffff),
+            lba: U64::new(lba),
+            nsid: U32::new(nsid),
+            ..Default::default()
+        };
+        g.errors.push_front(e);
+        g.errors.truncate(ERROR_LOG_ENTRIES);
+    }
+
+    /// Total errors recorded since reset (the newest entry's Error Count).
+    pub fn error_count(&self) -> u64 {
+        self.lock().error_count
+    }
+
+    /// The Error Information log, newest first.
+    pub fn error_log(&self) -> Vec<ErrorInformationEntry> {
+        self.lock().errors.iter().copied().collect()
+    }
+
+    /// Queues an event for the next Asynchronous Event Request (duplicates of an event
+    /// already waiting are dropped).
+    pub fn raise(&self, ev: AsyncEvent) {
+        let mut g = self.lock();
+        if !g.queued.contains(&ev) {
+            g.queued.push_back(ev);
+        }
+    }
+
+    /// Takes the oldest event whose type is not masked, and masks its type until the
+    /// host reads the log page (Base §5.1.2: events of a type are not reported again
+    /// until the associated log page is read).
+    pub fn take_deliverable(&self) -> Option<AsyncEvent> {
+        let mut g = self.lock();
+        let masked = g.masked;
+        let idx = g.queued.iter().position(|e| masked & (1 << e.kind as u8) == 0)?;
+        let ev = g.queued.remove(idx)?;
+        g.masked |= 1 << ev.kind as u8;
+        Some(ev)
+    }
+
+    /// The host read log page `log_id` without Retain Asynchronous Event: unmask the
+    /// event type that page clears.
+    pub fn log_read(&self, log_id: u8) {
+        let kind = match log_id {
+            lid::ERROR_INFORMATION => EventType::ErrorStatus,
+            lid::SMART_HEALTH => EventType::SmartHealth,
+            lid::CHANGED_NAMESPACE_LIST => EventType::Notice,
+            _ => return,
+        };
+        let mut g = self.lock();
+        g.masked &= !(1 << kind as u8);
+        if log_id == lid::CHANGED_NAMESPACE_LIST {
+            g.changed_ns.clear();
+        }
+    }
+
+    pub fn namespace_changed(&self, nsid: u32) {
+        let mut g = self.lock();
+        if !g.changed_ns.contains(&nsid) {
+            g.changed_ns.push(nsid);
+        }
+    }
+
+    pub fn changed_namespaces(&self) -> Vec<u32> {
+        self.lock().changed_ns.clone()
+    }
+
+    pub fn set_critical_warning(&self, bits: u8, on: bool) {
+        let mut g = self.lock();
+        if on {
+            g.critical_warning |= bits;
+        } else {
+            g.critical_warning &= !bits;
+        }
+    }
+
+    pub fn critical_warning(&self) -> u8 {
+        self.lock().critical_warning
+    }
+
+    /// Forgets queued events and masks (controller reset). The error log survives.
+    pub fn reset(&self) {
+        let mut g = self.lock();
+        g.queued.clear();
+        g.masked = 0;
+    }
+}

@@ -1,0 +1,74 @@
+//! Dataset Management (NVM §3.2.3): only the Deallocate attribute has an effect; the
+//! others are hints the controller may ignore.
+
+use block_backend::{DataBuf, Op, Request};
+use nvme_spec::nvm::{DatasetManagement, DsmRange};
+use nvme_spec::{Sqe, Status};
+use zerocopy::FromBytes;
+
+use super::Started;
+use crate::dptr::Direction;
+use crate::engine::{Finish, InFlight, IoEngine};
+use crate::error::{CmdResult, CommandError};
+
+impl IoEngine {
+    pub(crate) fn dataset_management(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+        let ns = self.namespace(sqe.nsid.get())?;
+        let dsm = DatasetManagement(sqe);
+        let n = dsm.ranges();
+        let len = (n * size_of::<DsmRange>()) as u64;
+        let segs = self.data_segments(sqe, len, Direction::FromHost)?;
+        let mut raw = vec![0u8; len as usize];
+        let mut off = 0usize;
+        let mut result = Ok(());
+        for s in &segs {
+            if let block_backend::Segment::Guest { gpa, len } = *s {
+                if let Err(e) = self.mem.read(gpa, &mut raw[off..off + len as usize]) {
+                    result = Err(CommandError::Memory(e));
+                    break;
+                }
+            }
+            off += s.len() as usize;
+        }
+        let mut segs = segs;
+        segs.clear();
+        self.seg_pool.push(segs);
+        result?;
+        let ranges = <[DsmRange]>::ref_from_bytes(&raw).expect("length is a multiple of 16");
+        let nsze = ns.nsze();
+        for r in ranges {
+            let (slba, nlb) = (r.slba.get(), r.nlb.get() as u64);
+            if slba.checked_add(nlb).is_none_or(|end| end > nsze) {
+                return Err(CommandError::LbaOutOfRange { slba, nlb });
+            }
+        }
+        let work: Vec<(u64, u64)> = if dsm.ad() && ns.info.discard {
+            let shift = ns.lba_shift();
+            ranges
+                .iter()
+                .filter(|r| r.nlb.get() > 0)
+                .map(|r| (r.slba.get() << shift, (r.nlb.get() as u64) << shift))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if work.is_empty() {
+            return Ok(Started::Done(Status::SUCCESS));
+        }
+        let tag = self.track(InFlight {
+            sqid,
+            cid: sqe.cid(),
+            nsid: ns.nsid,
+            slba: ranges[0].slba.get(),
+            remaining: work.len() as u32,
+            status: Status::SUCCESS,
+            finish: Finish::Plain,
+        });
+        let mem = self.mem.clone();
+        for (offset, len) in work {
+            let req = Request { tag, op: Op::Discard, offset, len, data: DataBuf::None };
+            self.backends[ns.nsid as usize - 1].submit(&mem, req);
+        }
+        Ok(Started::Pending)
+    }
+}

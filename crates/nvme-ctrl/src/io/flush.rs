@@ -1,0 +1,38 @@
+//! Flush (NVM §3.2.4): make every completed write durable. NSID FFFFFFFFh flushes
+//! every namespace (Identify VWC reports broadcast support).
+
+use block_backend::{DataBuf, Op, Request};
+use nvme_spec::{Sqe, Status, NSID_ALL};
+
+use super::Started;
+use crate::engine::{Finish, InFlight, IoEngine};
+use crate::error::CmdResult;
+
+impl IoEngine {
+    pub(crate) fn flush(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+        let nsid = sqe.nsid.get();
+        let targets: Vec<u32> = if nsid == NSID_ALL {
+            self.ctx.namespaces.iter().map(|n| n.nsid).collect()
+        } else {
+            vec![self.namespace(nsid)?.nsid]
+        };
+        if targets.is_empty() {
+            return Ok(Started::Done(Status::SUCCESS));
+        }
+        let tag = self.track(InFlight {
+            sqid,
+            cid: sqe.cid(),
+            nsid,
+            slba: 0,
+            remaining: targets.len() as u32,
+            status: Status::SUCCESS,
+            finish: Finish::Plain,
+        });
+        let mem = self.mem.clone();
+        for n in targets {
+            let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
+            self.backends[n as usize - 1].submit(&mem, req);
+        }
+        Ok(Started::Pending)
+    }
+}

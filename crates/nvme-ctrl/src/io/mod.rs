@@ -1,0 +1,111 @@
+//! NVM command set I/O commands (NVM §3): one file per command family.
+
+mod dsm;
+mod flush;
+mod rw;
+
+use block_backend::{DataBuf, Op, Request, Segment};
+use nvme_spec::command::Psdt;
+use nvme_spec::opcode::nvm as op;
+use nvme_spec::{Sqe, Status};
+use tracing::debug;
+
+use crate::dptr::{prp_segments, sgl_segments, Direction};
+use crate::engine::{describe, Finish, InFlight, IoEngine};
+use crate::error::{CmdResult, CommandError};
+use crate::namespace::Namespace;
+use std::sync::Arc;
+
+/// How a started command goes on.
+pub(crate) enum Started {
+    /// Requests were submitted; the completion comes when they finish.
+    Pending,
+    /// Done already (nothing to transfer), with this status.
+    Done(Status),
+}
+
+impl IoEngine {
+    /// Runs one I/O command fetched from SQ `sqid`.
+    pub(crate) fn execute(&mut self, sqid: u16, sqe: Sqe) {
+        let cid = sqe.cid();
+        match self.start(sqid, &sqe) {
+            Ok(Started::Pending) => {}
+            Ok(Started::Done(status)) => self.complete(sqid, cid, status, 0, sqe.nsid.get(), 0),
+            Err(e) => {
+                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(&sqe));
+                let slba = rw::ReadWriteView::slba_of(&sqe);
+                self.complete(sqid, cid, e.status(), 0, sqe.nsid.get(), slba);
+            }
+        }
+    }
+
+    fn start(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+        if sqe.fuse() != 0 {
+            // FUSES = 0: fused operations are not supported.
+            return Err(CommandError::InvalidField("fused operation"));
+        }
+        match sqe.opcode() {
+            op::FLUSH => self.flush(sqid, sqe),
+            op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => self.read_write(sqid, sqe),
+            op::DATASET_MANAGEMENT => self.dataset_management(sqid, sqe),
+            other => Err(CommandError::InvalidOpcode(other)),
+        }
+    }
+
+    /// The active namespace `nsid`, or Invalid Namespace or Format.
+    pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
+        nsid.checked_sub(1)
+            .and_then(|i| self.ctx.namespaces.get(i as usize))
+            .cloned()
+            .ok_or(CommandError::InvalidNamespace(nsid))
+    }
+
+    /// The guest segments of a command's data pointer for a `len`-byte transfer.
+    pub(crate) fn data_segments(&mut self, sqe: &Sqe, len: u64, dir: Direction) -> CmdResult<Vec<Segment>> {
+        let mut segs = self.seg_pool.pop().unwrap_or_default();
+        let r = match sqe.psdt() {
+            Psdt::Prp => prp_segments(&self.mem, sqe.prp1(), sqe.prp2(), len, self.page_size, &mut segs),
+            // No metadata is supported, so MPTR's form does not matter.
+            Psdt::SglMptrContiguous | Psdt::SglMptrSgl => {
+                sgl_segments(&self.mem, sqe.sgl1(), len, dir, &mut segs)
+            }
+            Psdt::Reserved => Err(CommandError::InvalidField("PSDT 11b is reserved")),
+        };
+        match r {
+            Ok(()) => Ok(segs),
+            Err(e) => {
+                segs.clear();
+                self.seg_pool.push(segs);
+                Err(e)
+            }
+        }
+    }
+
+    /// Submits one backend request for a command and tracks it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_one(
+        &mut self,
+        sqid: u16,
+        sqe: &Sqe,
+        ns: &Namespace,
+        slba: u64,
+        op: Op,
+        offset: u64,
+        len: u64,
+        data: DataBuf,
+        finish: Finish,
+    ) -> Started {
+        let tag = self.track(InFlight {
+            sqid,
+            cid: sqe.cid(),
+            nsid: ns.nsid,
+            slba,
+            remaining: 1,
+            status: Status::SUCCESS,
+            finish,
+        });
+        let mem = self.mem.clone();
+        self.backends[ns.nsid as usize - 1].submit(&mem, Request { tag, op, offset, len, data });
+        Started::Pending
+    }
+}

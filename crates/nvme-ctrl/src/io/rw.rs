@@ -1,0 +1,96 @@
+//! Read, Write, Compare, Verify and Write Zeroes (NVM §3.2.6, §3.2.8, §3.2.1,
+//! §3.2.7, §3.2.9): the commands addressed by SLBA and NLB.
+
+use block_backend::{DataBuf, Op};
+use nvme_spec::nvm::ReadWrite;
+use nvme_spec::opcode::nvm as op;
+use nvme_spec::Sqe;
+
+use super::Started;
+use crate::dptr::Direction;
+use crate::engine::{Finish, IoEngine};
+use crate::error::{CmdResult, CommandError};
+use crate::stats::Stats;
+
+pub(crate) struct ReadWriteView;
+
+impl ReadWriteView {
+    /// The SLBA of commands that carry one (for the Error Information log).
+    pub fn slba_of(sqe: &Sqe) -> u64 {
+        match sqe.opcode() {
+            op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => ReadWrite(sqe).slba(),
+            _ => 0,
+        }
+    }
+}
+
+impl IoEngine {
+    pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+        let ns = self.namespace(sqe.nsid.get())?;
+        let rw = ReadWrite(sqe);
+        let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
+        match slba.checked_add(nlb) {
+            Some(end) if end <= ns.nsze() => {}
+            _ => return Err(CommandError::LbaOutOfRange { slba, nlb }),
+        }
+        let shift = ns.lba_shift();
+        let (offset, len) = (slba << shift, nlb << shift);
+        let opcode = sqe.opcode();
+        // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
+        // by their own limits (WZSL = 0: none; VSL = MDTS) rather than MDTS.
+        if opcode != op::WRITE_ZEROES && len > self.mdts_bytes {
+            return Err(CommandError::TooLarge(len));
+        }
+        let fua = rw.fua() || !self.write_cache;
+        let started = match opcode {
+            op::READ => {
+                let segs = self.data_segments(sqe, len, Direction::ToHost)?;
+                Stats::add(&self.ctx.stats.bytes_read, len);
+                Stats::add(&self.ctx.stats.read_commands, 1);
+                self.submit_one(
+                    sqid,
+                    sqe,
+                    &ns,
+                    slba,
+                    Op::Read,
+                    offset,
+                    len,
+                    DataBuf::Guest(segs),
+                    Finish::Plain,
+                )
+            }
+            op::WRITE => {
+                let segs = self.data_segments(sqe, len, Direction::FromHost)?;
+                Stats::add(&self.ctx.stats.bytes_written, len);
+                Stats::add(&self.ctx.stats.write_commands, 1);
+                self.submit_one(
+                    sqid,
+                    sqe,
+                    &ns,
+                    slba,
+                    Op::Write { fua },
+                    offset,
+                    len,
+                    DataBuf::Guest(segs),
+                    Finish::Plain,
+                )
+            }
+            op::COMPARE => {
+                let segs = self.data_segments(sqe, len, Direction::FromHost)?;
+                let buf = DataBuf::Host(vec![0; len as usize]);
+                self.submit_one(sqid, sqe, &ns, slba, Op::Read, offset, len, buf, Finish::Compare(segs))
+            }
+            op::VERIFY => {
+                // Verify checks the media can be read; the data goes nowhere.
+                let buf = DataBuf::Host(vec![0; len as usize]);
+                self.submit_one(sqid, sqe, &ns, slba, Op::Read, offset, len, buf, Finish::Plain)
+            }
+            op::WRITE_ZEROES => {
+                let op = Op::WriteZeroes { deallocate: rw.deac() };
+                self.submit_one(sqid, sqe, &ns, slba, op, offset, len, DataBuf::None, Finish::Plain)
+            }
+            _ => unreachable!("dispatched by opcode"),
+        };
+        Ok(started)
+    }
+}

@@ -1,0 +1,35 @@
+//! An emulated NVMe controller that knows no transport.
+//!
+//! A transport (the vfio-user server, the in-process test host) feeds it BAR0 register
+//! accesses and guest memory, and gives it somewhere to send interrupts; the
+//! controller does the rest: the CC/CSTS state machine, admin and I/O queues, shadow
+//! doorbells with EventIdx, and the NVM command set over pluggable block backends.
+//!
+//! Module map:
+//! - `controller`: BAR0 register file and lifecycle (enable, reset, shutdown, fatal).
+//! - `engine`: queues and the data path, owned by one thread.
+//! - `doorbell`: shadow doorbells and EventIdx — every memory-ordering rule.
+//! - `queue`: SQ fetch and CQ post (phase tag last).
+//! - `dptr`: PRP and SGL walks.
+//! - `admin`, `io`: one file per command group.
+//! - `error`: internal errors and their mapping to NVMe status, in one place.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod controller;
+pub mod doorbell;
+pub mod dptr;
+pub mod engine;
+pub mod error;
+pub mod events;
+pub mod interrupt;
+mod io;
+pub mod namespace;
+pub mod queue;
+pub mod stats;
+
+pub use config::{ControllerConfig, NamespaceConfig};
+pub use controller::Controller;
+pub use interrupt::{Clock, InterruptSink, MonotonicClock};
+pub use stats::{Stats, StatsSnapshot};

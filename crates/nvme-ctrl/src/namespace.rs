@@ -1,0 +1,72 @@
+//! Namespaces: a backend plus the LBA format the host chose.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use block_backend::{Backend, BackendInfo};
+
+/// Supported LBA data sizes as log2, indexed by LBA format (Identify Namespace LBAF).
+pub const LBA_FORMATS: [u8; 2] = [9, 12];
+
+/// An active namespace.
+#[derive(Debug)]
+pub struct Namespace {
+    pub nsid: u32,
+    pub backend: Arc<dyn Backend>,
+    pub info: BackendInfo,
+    /// Current LBA format index (changes only through Format NVM).
+    lba_format: AtomicU8,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    pub uuid: [u8; 16],
+}
+
+impl Namespace {
+    pub fn new(nsid: u32, backend: Arc<dyn Backend>, lba_format: u8, serial: &str) -> Self {
+        let info = backend.info();
+        // Stable identifiers derived from the serial number and nsid, so a namespace
+        // keeps its identity across restarts with the same configuration.
+        let h = fnv1a(serial.as_bytes()) ^ (nsid as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let h2 = fnv1a(&h.to_le_bytes());
+        let mut nguid = [0u8; 16];
+        nguid[..8].copy_from_slice(&h.to_be_bytes());
+        nguid[8..].copy_from_slice(&h2.to_be_bytes());
+        let mut uuid = nguid;
+        uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4 layout
+        uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&h2.to_be_bytes());
+        eui64[0] = 0x52; // locally administered OUI space
+        Namespace {
+            nsid,
+            backend,
+            info,
+            lba_format: AtomicU8::new(lba_format.min(LBA_FORMATS.len() as u8 - 1)),
+            nguid,
+            eui64,
+            uuid,
+        }
+    }
+
+    pub fn lba_format(&self) -> u8 {
+        self.lba_format.load(Ordering::Acquire)
+    }
+
+    pub fn set_lba_format(&self, f: u8) {
+        self.lba_format.store(f, Ordering::Release);
+    }
+
+    /// log2 of the LBA data size.
+    pub fn lba_shift(&self) -> u32 {
+        LBA_FORMATS[self.lba_format() as usize] as u32
+    }
+
+    /// Namespace size in logical blocks.
+    pub fn nsze(&self) -> u64 {
+        self.info.size >> self.lba_shift()
+    }
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}

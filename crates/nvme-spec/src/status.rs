@@ -1,0 +1,145 @@
+//! Status field of a completion (Base §4.2.3).
+
+/// Status Code Type (Base §4.2.3, Figure 100).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StatusCodeType {
+    Generic = 0,
+    CommandSpecific = 1,
+    MediaAndDataIntegrity = 2,
+    PathRelated = 3,
+    VendorSpecific = 7,
+}
+
+/// The 15-bit status field of a completion queue entry (without the phase tag):
+/// SC in 7:0, SCT in 10:8, CRD in 12:11, M (More) in 13, DNR in 14.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Status(u16);
+
+impl Status {
+    pub const fn new(sct: StatusCodeType, sc: u8) -> Self {
+        Status(((sct as u16) << 8) | sc as u16)
+    }
+    pub const fn from_raw(raw: u16) -> Self {
+        Status(raw & 0x7fff)
+    }
+    pub const fn raw(self) -> u16 {
+        self.0
+    }
+    pub const fn sc(self) -> u8 {
+        self.0 as u8
+    }
+    pub const fn sct(self) -> u8 {
+        ((self.0 >> 8) & 7) as u8
+    }
+    pub const fn dnr(self) -> bool {
+        self.0 & (1 << 14) != 0
+    }
+    pub const fn more(self) -> bool {
+        self.0 & (1 << 13) != 0
+    }
+    /// The same status with Do Not Retry set.
+    pub const fn with_dnr(self) -> Self {
+        Status(self.0 | (1 << 14))
+    }
+    /// The same status with More set (an Error Information log entry exists).
+    pub const fn with_more(self) -> Self {
+        Status(self.0 | (1 << 13))
+    }
+    pub const fn is_success(self) -> bool {
+        self.0 & 0x7ff == 0
+    }
+    /// SCT and SC only, without DNR/More/CRD: for comparing what went wrong.
+    pub const fn code(self) -> Self {
+        Status(self.0 & 0x7ff)
+    }
+
+    // Generic Command Status (Base §4.2.3.1, Figure 101).
+    pub const SUCCESS: Status = Status::new(StatusCodeType::Generic, 0x00);
+    pub const INVALID_OPCODE: Status = Status::new(StatusCodeType::Generic, 0x01);
+    pub const INVALID_FIELD: Status = Status::new(StatusCodeType::Generic, 0x02);
+    pub const CID_CONFLICT: Status = Status::new(StatusCodeType::Generic, 0x03);
+    pub const DATA_TRANSFER_ERROR: Status = Status::new(StatusCodeType::Generic, 0x04);
+    pub const POWER_LOSS_ABORT: Status = Status::new(StatusCodeType::Generic, 0x05);
+    pub const INTERNAL_ERROR: Status = Status::new(StatusCodeType::Generic, 0x06);
+    pub const ABORT_REQUESTED: Status = Status::new(StatusCodeType::Generic, 0x07);
+    pub const ABORT_SQ_DELETION: Status = Status::new(StatusCodeType::Generic, 0x08);
+    pub const ABORT_FUSED_FAILED: Status = Status::new(StatusCodeType::Generic, 0x09);
+    pub const ABORT_FUSED_MISSING: Status = Status::new(StatusCodeType::Generic, 0x0a);
+    pub const INVALID_NAMESPACE: Status = Status::new(StatusCodeType::Generic, 0x0b);
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status::new(StatusCodeType::Generic, 0x0c);
+    pub const INVALID_SGL_SEGMENT_DESCRIPTOR: Status = Status::new(StatusCodeType::Generic, 0x0d);
+    pub const INVALID_SGL_DESCRIPTOR_COUNT: Status = Status::new(StatusCodeType::Generic, 0x0e);
+    pub const DATA_SGL_LENGTH_INVALID: Status = Status::new(StatusCodeType::Generic, 0x0f);
+    pub const METADATA_SGL_LENGTH_INVALID: Status = Status::new(StatusCodeType::Generic, 0x10);
+    pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = Status::new(StatusCodeType::Generic, 0x11);
+    pub const INVALID_CMB_USE: Status = Status::new(StatusCodeType::Generic, 0x12);
+    pub const PRP_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x13);
+    pub const ATOMIC_WRITE_UNIT_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x14);
+    pub const OPERATION_DENIED: Status = Status::new(StatusCodeType::Generic, 0x15);
+    pub const SGL_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x16);
+    pub const COMMAND_INTERRUPTED: Status = Status::new(StatusCodeType::Generic, 0x21);
+    // Generic Command Status, NVM command set values (Base Figure 102).
+    pub const LBA_OUT_OF_RANGE: Status = Status::new(StatusCodeType::Generic, 0x80);
+    pub const CAPACITY_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x81);
+    pub const NAMESPACE_NOT_READY: Status = Status::new(StatusCodeType::Generic, 0x82);
+    pub const FORMAT_IN_PROGRESS: Status = Status::new(StatusCodeType::Generic, 0x84);
+
+    // Command Specific Status (Base §4.2.3.2, Figure 103).
+    pub const COMPLETION_QUEUE_INVALID: Status = Status::new(StatusCodeType::CommandSpecific, 0x00);
+    pub const INVALID_QUEUE_IDENTIFIER: Status = Status::new(StatusCodeType::CommandSpecific, 0x01);
+    pub const INVALID_QUEUE_SIZE: Status = Status::new(StatusCodeType::CommandSpecific, 0x02);
+    pub const ABORT_COMMAND_LIMIT_EXCEEDED: Status = Status::new(StatusCodeType::CommandSpecific, 0x03);
+    pub const AER_LIMIT_EXCEEDED: Status = Status::new(StatusCodeType::CommandSpecific, 0x05);
+    pub const INVALID_INTERRUPT_VECTOR: Status = Status::new(StatusCodeType::CommandSpecific, 0x08);
+    pub const INVALID_LOG_PAGE: Status = Status::new(StatusCodeType::CommandSpecific, 0x09);
+    pub const INVALID_FORMAT: Status = Status::new(StatusCodeType::CommandSpecific, 0x0a);
+    pub const INVALID_QUEUE_DELETION: Status = Status::new(StatusCodeType::CommandSpecific, 0x0c);
+    pub const FEATURE_NOT_SAVEABLE: Status = Status::new(StatusCodeType::CommandSpecific, 0x0d);
+    pub const FEATURE_NOT_CHANGEABLE: Status = Status::new(StatusCodeType::CommandSpecific, 0x0e);
+    pub const FEATURE_NOT_NS_SPECIFIC: Status = Status::new(StatusCodeType::CommandSpecific, 0x0f);
+    // Command Specific Status, NVM command set values (NVM Figure "Status Code -
+    // Command Specific Status Values").
+    pub const CONFLICTING_ATTRIBUTES: Status = Status::new(StatusCodeType::CommandSpecific, 0x80);
+    pub const INVALID_PROTECTION_INFORMATION: Status = Status::new(StatusCodeType::CommandSpecific, 0x81);
+
+    // Media and Data Integrity Errors (Base §4.2.3.3, Figure 104; NVM values).
+    pub const WRITE_FAULT: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x80);
+    pub const UNRECOVERED_READ_ERROR: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x81);
+    pub const COMPARE_FAILURE: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x85);
+    pub const ACCESS_DENIED: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x86);
+    pub const DEALLOCATED_OR_UNWRITTEN: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x87);
+
+    /// Internal Path Error (Base §4.2.3.4).
+    pub const INTERNAL_PATH_ERROR: Status = Status::new(StatusCodeType::PathRelated, 0x00);
+}
+
+impl core::fmt::Debug for Status {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Status(sct={:#x}, sc={:#04x}", self.sct(), self.sc())?;
+        if self.dnr() {
+            f.write_str(", dnr")?;
+        }
+        if self.more() {
+            f.write_str(", more")?;
+        }
+        f.write_str(")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_bits() {
+        let s = Status::INVALID_QUEUE_IDENTIFIER.with_dnr();
+        assert_eq!(s.sct(), 1);
+        assert_eq!(s.sc(), 1);
+        assert!(s.dnr());
+        assert_eq!(s.code(), Status::INVALID_QUEUE_IDENTIFIER);
+        assert!(!s.is_success());
+        assert!(Status::SUCCESS.is_success());
+        assert_eq!(Status::from_raw(s.raw()), s);
+    }
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Build a guest initramfs per kernel: busybox, fio, nvme-cli, e2fsprogs (with
+# their shared libraries, from bookworm packages), the kernel's modules and
+# the /init of scripts/guest/rootfs.
+set -euo pipefail
+# shellcheck source=scripts/guest/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() {
+    cat <<EOF
+Usage: ${0##*/} [--rebuild] [--help] [KERNEL...]
+
+KERNEL: bookworm, newest (see fetch-kernels.sh) or a kernel release fetched
+into \$VNVME_CACHE/kernels. Default: bookworm newest.
+
+1. Once: downloads busybox-static, fio, nvme-cli, e2fsprogs and their
+   dependency closure from bookworm, extracts them, and stages the binaries
+   plus exactly the shared libraries they need (ELF NEEDED entries resolved by
+   the packaged ld-linux --list) into \$VNVME_CACHE/userland/bookworm.
+2. Per kernel: userland + kernel modules (+ modules.load, the insmod order)
+   + scripts/guest/rootfs (/init, helpers) -> newc cpio, zstd-compressed:
+   \$VNVME_CACHE/initramfs/KVER.cpio.zst. Rebuilt only when an input changed.
+
+/init loads the modules, waits for NVMe controllers, runs /guest-run.sh (which
+boot.sh appends as a second cpio archive), prints VNVME_GUEST_EXIT=<status>
+and powers off.
+  --rebuild   rebuild the userland and the initramfs even if up to date
+EOF
+}
+
+rebuild=0
+kernels=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --rebuild) rebuild=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) usage >&2; exit 2 ;;
+    *) kernels+=("$1"); shift ;;
+    esac
+done
+[[ ${#kernels[@]} -gt 0 ]] || kernels=(bookworm newest)
+
+USERLAND_PKGS=(busybox-static fio nvme-cli e2fsprogs)
+# Binaries taken from the packages (path inside the extracted tree).
+USERLAND_BINS=(bin/busybox usr/bin/fio usr/sbin/nvme sbin/mke2fs sbin/e2fsck
+    sbin/tune2fs sbin/dumpe2fs sbin/resize2fs sbin/debugfs)
+uldir="$VNVME_CACHE/userland/bookworm"
+rootfs_src="$VNVME_GUEST_DIR/rootfs"
+
+stage_userland() {
+    if [[ $rebuild -eq 0 && -e $uldir/.complete ]]; then
+        log "userland: cached ($uldir)"
+        return 0
+    fi
+    papt_init bookworm "$(suite_sources bookworm)"
+    papt_update bookworm
+    local list tmp x st loader b f
+    tmp="$uldir.tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    list="$tmp/packages.list"
+    papt_fetch_closure bookworm "$list" "${USERLAND_PKGS[@]}"
+    x="$tmp/x"
+    st="$tmp/root"
+    extract_debs "$x" "$list"
+    relativize_symlinks "$x"
+    loader=$(find_loader "$x") || die "no ld-linux in bookworm packages"
+
+    log "staging binaries and their libraries"
+    mkdir -p "$st/lib64" "$st/lib/x86_64-linux-gnu" "$st/etc" "$st/bin" "$st/sbin" "$st/usr/bin" "$st/usr/sbin"
+    cp -L "$loader" "$st/lib64/ld-linux-x86-64.so.2"
+    for b in "${USERLAND_BINS[@]}"; do
+        [[ -f $x/$b ]] || die "$b not found in the extracted packages"
+        cp -L "$x/$b" "$st/$b"
+    done
+    ln -s mke2fs "$st/sbin/mkfs.ext4"
+    ln -s e2fsck "$st/sbin/fsck.ext4"
+    cp "$x/etc/mke2fs.conf" "$st/etc/"
+    # glibc dlopens libgcc_s for thread cancellation/unwinding.
+    cp -L "$x/lib/x86_64-linux-gnu/libgcc_s.so.1" "$st/lib/x86_64-linux-gnu/"
+    # Standard dirs first, then any other dir holding libraries (RUNPATHs like
+    # /usr/lib/x86_64-linux-gnu/ceph point at the host, not at the tree).
+    local libs lp
+    lp="$(lib_path "$x")$(find "$x" -name '*.so*' -printf ':%h' | tr ':' '\n' | sort -u | tr '\n' ':')"
+    for b in "${USERLAND_BINS[@]}"; do
+        "$loader" --verify "$x/$b" >/dev/null 2>&1 || continue # static
+        libs=$("$loader" --inhibit-cache --library-path "${lp%:}" --list "$x/$b")
+        if grep 'not found' <<<"$libs" >&2; then die "$b: unresolved libraries"; fi
+        while read -r f; do
+            [[ $f == "$x"/* ]] || die "$b: library outside the package tree: $f"
+            [[ ${f##*/} == ld-linux-x86-64.so.2 ]] && continue
+            cp -L "$f" "$st/lib/x86_64-linux-gnu/${f##*/}"
+        done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$libs")
+    done
+    # Re-check inside the staged tree alone.
+    for b in "${USERLAND_BINS[@]}"; do
+        "$loader" --verify "$x/$b" >/dev/null 2>&1 || continue
+        libs=$("$st/lib64/ld-linux-x86-64.so.2" --inhibit-cache --library-path "$st/lib/x86_64-linux-gnu" --list "$st/$b")
+        if grep -E 'not found' <<<"$libs" >&2; then die "staged $b: unresolved libraries"; fi
+    done
+    # busybox applets for everything the packages do not provide.
+    local a
+    while read -r a; do
+        [[ -e $st/$a || -L $st/$a ]] && continue
+        mkdir -p "$st/$(dirname "$a")"
+        ln -s "$(realpath -m --relative-to="$st/$(dirname "$a")" "$st/bin/busybox")" "$st/$a"
+    done < <("$st/bin/busybox" --list-full)
+    sed 's|.*/||' "$list" >"$st/.packages"
+    rm -rf "$x"
+    rm -rf "$uldir"
+    mv "$tmp" "$uldir"
+    sha256sum "$uldir/root/.packages" | cut -d' ' -f1 >"$uldir/.complete"
+    papt bookworm apt-get clean # the .debs are no longer needed
+    log "userland: staged $(du -sh "$uldir/root" | cut -f1) ($(find "$uldir/root" -type f | wc -l) files)"
+}
+
+build_one() {
+    local k=$1 kd kver out stamp want work
+    kd=$(kernel_dir "$k")
+    [[ -e $kd/.complete ]] || die "kernel $k not fetched; run fetch-kernels.sh"
+    kver=$(cat "$kd/KVER")
+    out="$VNVME_CACHE/initramfs/$kver.cpio.zst"
+    stamp="$out.inputs"
+    want=$({
+        cat "$uldir/.complete" "$kd/PACKAGE" "$kd/lib/modules/$kver/modules.load"
+        (cd "$rootfs_src" && find . -type f | LC_ALL=C sort | xargs sha256sum)
+    } | sha256sum | cut -d' ' -f1)
+    if [[ $rebuild -eq 0 && -s $out && -f $stamp && $(cat "$stamp") == "$want" ]] && zstd -q -t "$out"; then
+        log "initramfs for $kver: up to date ($out)"
+        return 0
+    fi
+    log "building initramfs for $kver"
+    mkdir -p "$VNVME_CACHE/initramfs"
+    work=$(mktemp -d "$VNVME_CACHE/initramfs/.work.XXXXXX")
+    # shellcheck disable=SC2064
+    trap "rm -rf '$work'" RETURN
+    cp -a "$uldir/root/." "$work/"
+    rm -f "$work/.packages"
+    mkdir -p "$work/lib/modules"
+    cp -a "$kd/lib/modules/$kver" "$work/lib/modules/"
+    cp -a "$rootfs_src/." "$work/"
+    mkdir -p "$work/proc" "$work/sys" "$work/dev" "$work/tmp" "$work/run" "$work/mnt" "$work/root"
+    (cd "$work" && find . -mindepth 1 | LC_ALL=C sort |
+        cpio -o -H newc -R 0:0 --reproducible --quiet) | zstd -q -T0 -12 >"$out.tmp"
+    # Pad to 4 bytes so that another cpio archive can be appended.
+    local size
+    size=$(stat -c %s "$out.tmp")
+    if ((size % 4)); then head -c $((4 - size % 4)) /dev/zero >>"$out.tmp"; fi
+    mv "$out.tmp" "$out"
+    printf '%s\n' "$want" >"$stamp"
+    log "initramfs for $kver: $out ($(du -h "$out" | cut -f1))"
+}
+
+need_cmds cpio:cpio zstd:zstd dpkg-deb:dpkg apt-get:apt realpath:coreutils
+stage_userland
+for k in "${kernels[@]}"; do build_one "$k"; done
