@@ -135,7 +135,8 @@ cmdline="console=ttyS0 panic=-1 mitigations=off"
 [[ $shell -eq 1 ]] && cmdline+=" vnvme.shell=1"
 [[ -n $append ]] && cmdline+=" $append"
 
-cmd=("$qemu" -accel "$accel" -cpu "$cpu" -smp "$smp"
+# process=: the thread name shown by ps (otherwise ld-linux-x86-64, see GUEST.md).
+cmd=("$qemu" -name "vnvme-guest,process=qemu-vnvme" -accel "$accel" -cpu "$cpu" -smp "$smp"
     -object "memory-backend-memfd,id=mem,size=$mem,share=on"
     -machine "q35,memory-backend=mem" -m "$mem"
     -nographic -no-reboot -nic none
@@ -151,7 +152,9 @@ if [[ $shell -eq 1 ]]; then
     timeout -k 10 "$timeout_s" "${cmd[@]}" | tee "$serial"
     qrc=${PIPESTATUS[0]}
 else
-    timeout -k 10 "$timeout_s" "${cmd[@]}" </dev/null 2>&1 | sed -u 's/\r$//' | tee "$serial"
+    # Drop CRs and the firmware's terminal control sequences (reset, no-wrap).
+    timeout -k 10 "$timeout_s" "${cmd[@]}" </dev/null 2>&1 |
+        sed -u -e 's/\r$//' -e 's/\x1bc//g' -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tee "$serial"
     qrc=${PIPESTATUS[0]}
 fi
 set -e

@@ -20,7 +20,8 @@ Default: both.
 
 Modules: \$VNVME_GUEST_MODULES (default: $DEFAULT_MODULES),
 plus, when the kernel has them: $OPTIONAL_MODULES.
-Modules are stored uncompressed, with modules.load (insmod order).
+Modules are stored uncompressed, with modules.load (insmod order) and a
+modules.dep for that subset.
 
 Cache: \$VNVME_CACHE/kernels/KVER/{vmlinuz,lib/modules/KVER,KVER,PACKAGE}
        \$VNVME_CACHE/kernels/{bookworm,newest} -> KVER
@@ -48,7 +49,7 @@ verify() {
     local d=$1 kver m
     [[ -e $d/.complete && -s $d/vmlinuz && -s $d/KVER ]] || return 1
     kver=$(cat "$d/KVER")
-    [[ -s $d/lib/modules/$kver/modules.load ]] || return 1
+    [[ -s $d/lib/modules/$kver/modules.load && -s $d/lib/modules/$kver/modules.dep ]] || return 1
     while read -r m; do
         [[ -s $d/lib/modules/$kver/$m ]] || { log "missing $m"; return 1; }
     done <"$d/lib/modules/$kver/modules.load"
@@ -116,7 +117,7 @@ kernel_pkgs() {
         seen+="$p "
         printf '%s\n' "$p"
         for d in $(papt "$name" apt-cache show "$p" | sed -n '/^\(Pre-\)\?Depends: /{s/^[^:]*: //;p}' |
-            tr ',|' '\n\n' | awk '{print $1}'); do
+            sed 's/[,|]/\n/g' | awk '{print $1}'); do
             [[ $d == linux-*-"$abi" ]] && queue+=("$d")
         done
     done
@@ -145,7 +146,7 @@ fetch_one() {
     log "$alias: downloading ${pkgs[*]}"
     papt_download "$name" "$dl" "${pkgs[@]}"
     for p in "${pkgs[@]}"; do
-        debs+=("$(ls -t "$dl/${p}_"*.deb | head -1)")
+        debs+=("$(find "$dl" -name "${p}_*.deb" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)")
     done
 
     tmp="$kroot/.tmp-$alias"
@@ -186,6 +187,11 @@ fetch_one() {
         esac
         printf '%s\n' "${f%.ko*}.ko" >>"$out/lib/modules/$kver/modules.load"
     done <<<"$order"
+    # modules.dep for the kept (uncompressed) subset, so modprobe works too.
+    awk 'NR == FNR { keep[$1 ":"] = 1; next }
+         { gsub(/\.ko\.(xz|zst|gz)/, ".ko") }
+         $1 in keep' "$out/lib/modules/$kver/modules.load" "$mdir/modules.dep" \
+        >"$out/lib/modules/$kver/modules.dep"
     printf '%s\n' "$kver" >"$out/KVER"
     printf '%s\n' "${debs[@]##*/}" >"$out/PACKAGE"
     touch "$out/.complete"

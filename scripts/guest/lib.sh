@@ -11,6 +11,7 @@ VNVME_CACHE="${VNVME_CACHE:-${HOME:?HOME is not set}/.cache/vnvme}"
 VNVME_DEBIAN_MIRROR="${VNVME_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 VNVME_KEYRING="${VNVME_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
+# shellcheck disable=SC2034 # used by the scripts that source this file
 VNVME_GUEST_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf '[%s] %s\n' "${0##*/}" "$*" >&2; }

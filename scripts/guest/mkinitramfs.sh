@@ -122,7 +122,7 @@ build_one() {
     out="$VNVME_CACHE/initramfs/$kver.cpio.zst"
     stamp="$out.inputs"
     want=$({
-        cat "$uldir/.complete" "$kd/PACKAGE" "$kd/lib/modules/$kver/modules.load"
+        cat "$uldir/.complete" "$kd/PACKAGE" "$kd/lib/modules/$kver/modules.load" "${BASH_SOURCE[0]}"
         (cd "$rootfs_src" && find . -type f | LC_ALL=C sort | xargs sha256sum)
     } | sha256sum | cut -d' ' -f1)
     if [[ $rebuild -eq 0 && -s $out && -f $stamp && $(cat "$stamp") == "$want" ]] && zstd -q -t "$out"; then
@@ -142,10 +142,8 @@ build_one() {
     mkdir -p "$work/proc" "$work/sys" "$work/dev" "$work/tmp" "$work/run" "$work/mnt" "$work/root"
     (cd "$work" && find . -mindepth 1 | LC_ALL=C sort |
         cpio -o -H newc -R 0:0 --reproducible --quiet) | zstd -q -T0 -12 >"$out.tmp"
-    # Pad to 4 bytes so that another cpio archive can be appended.
-    local size
-    size=$(stat -c %s "$out.tmp")
-    if ((size % 4)); then head -c $((4 - size % 4)) /dev/zero >>"$out.tmp"; fi
+    # Extra archives go *before* this one (boot.sh does so): an uncompressed
+    # cpio is padded to 512 bytes by cpio, so the concatenation stays aligned.
     mv "$out.tmp" "$out"
     printf '%s\n' "$want" >"$stamp"
     log "initramfs for $kver: $out ($(du -h "$out" | cut -f1))"

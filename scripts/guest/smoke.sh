@@ -37,6 +37,10 @@ if [[ $fetch -eq 1 ]]; then
     "$g/fetch-qemu.sh"
     "$g/fetch-kernels.sh" "${kernels[@]}"
     "$g/mkinitramfs.sh" "${kernels[@]}"
+    # Decide the accelerator before timing the boots (the KVM probe is cached).
+    if [[ $accel == auto ]]; then
+        "$g/boot.sh" --kernel "${kernels[0]}" --cmd true >/dev/null 2>&1 || true
+    fi
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-smoke.XXXXXX")
@@ -53,7 +57,7 @@ nvme id-ctrl /dev/nvme0 | head
 echo "== fio 4k randread, 5 s"
 fio_job() {
     fio --name=randread --filename=/dev/nvme0n1 --rw=randread --bs=4k --direct=1 \
-        --ioengine="$1" --iodepth=16 --runtime=5 --time_based --group_reporting
+        --ioengine="$1" --iodepth=16 --runtime=5 --time_based --group_reporting --eta=never
 }
 fio_job io_uring || { echo "io_uring failed, trying libaio"; fio_job libaio; }
 echo "== ext4"
