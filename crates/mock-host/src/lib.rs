@@ -11,6 +11,8 @@
 //!
 //! Tests, the fuzz target and the microbenchmark are all built on this.
 
+mod admin_helpers;
+pub mod io_helpers;
 mod irq;
 
 use std::collections::VecDeque;
@@ -98,7 +100,13 @@ pub struct InitOptions {
 
 impl Default for InitOptions {
     fn default() -> Self {
-        InitOptions { io_queues: 4, queue_size: 256, admin_queue_size: 32, shadow_doorbells: true, interrupts: true }
+        InitOptions {
+            io_queues: 4,
+            queue_size: 256,
+            admin_queue_size: 32,
+            shadow_doorbells: true,
+            interrupts: true,
+        }
     }
 }
 
@@ -513,7 +521,14 @@ impl MockHost {
     }
 
     /// Reads `nlb` blocks from `nsid` at `slba` through queue `qid`.
-    pub fn read_blocks(&mut self, qid: u16, nsid: u32, slba: u64, nlb: u32, lba_size: u32) -> (Status, Vec<u8>) {
+    pub fn read_blocks(
+        &mut self,
+        qid: u16,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        lba_size: u32,
+    ) -> (Status, Vec<u8>) {
         let len = nlb as u64 * lba_size as u64;
         let buf = self.alloc.alloc(len, PAGE);
         let s = self.rw_sqe(iop::READ, nsid, slba, nlb, buf, len);

@@ -103,7 +103,8 @@ fn large_transfers_use_chained_prp_lists() {
 fn shadow_doorbells_cut_trapped_writes() {
     let run = |shadow: bool, qd: u32| -> f64 {
         let (mut h, _) = ram_host(16 << 20, 0);
-        h.init(InitOptions { io_queues: 1, queue_size: 256, shadow_doorbells: shadow, ..Default::default() }).unwrap();
+        h.init(InitOptions { io_queues: 1, queue_size: 256, shadow_doorbells: shadow, ..Default::default() })
+            .unwrap();
         let buf = h.alloc.alloc_pages(1);
         let before = h.ctrl.stats();
         let total = 2048u32;

@@ -99,7 +99,9 @@ impl Controller {
         let engine = IoEngine::new(ctx, mem)?;
         // TO = 20 (10 s): generous for a loaded host; MPSMIN 4 KiB, MPSMAX 64 KiB.
         let cap = Cap::new(cfg.mqes_z, 20, cfg.dstrd, 0, 4);
-        let admin = AdminState::new(&cfg, &namespaces)?;
+        let mut admin = AdminState::new(&cfg, &namespaces)?;
+        admin.created_ns = clock.now_ns();
+        admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             cap,
             cc: Cc(0),
@@ -323,7 +325,9 @@ impl Controller {
     /// the Doorbell Buffer Config and volatile feature settings, clear CSTS.
     fn reset(&mut self) {
         self.engine.reset();
-        self.admin.reset(&mut self.engine);
+        // Admin commands fetched and not executed belong to the queue being deleted.
+        self.engine.admin_inbox.clear();
+        self.admin.reset(&mut self.engine, self.clock.now_ns());
         self.events.reset();
         self.csts = Csts(0);
         self.state = Lifecycle::Disabled;
@@ -336,9 +340,17 @@ impl Controller {
     /// nothing is lost because the backends complete or fail each request.
     fn shutdown(&mut self, kind: ShutdownNotification) {
         self.csts = self.csts.with_shst(ShutdownStatus::Occurring);
+        // Run the whole controller, not just the engine: an admin command fetched here
+        // must execute now, or it would sit in the inbox and complete after the next
+        // enable with a stale command identifier. `process` also reads shadow tails,
+        // so submissions the host made without ringing finish like rung ones do.
         let mut spins = 0u32;
-        while self.engine.busy() && self.engine.fatal().is_none() {
-            if !self.engine.poll() {
+        loop {
+            let progress = self.process();
+            if !self.engine.busy() || self.state != Lifecycle::Ready {
+                break;
+            }
+            if !progress {
                 spins += 1;
                 if spins > 1_000_000 {
                     warn!("shutdown: backends did not drain; reporting complete anyway");

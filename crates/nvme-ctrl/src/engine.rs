@@ -246,7 +246,9 @@ impl IoEngine {
             if let Some(sq) = self.sqs[qid as usize].as_ref() {
                 let (tail, size, rung) = (sq.tail, sq.size, sq.rung && qid != 0);
                 let adopt = match buffers.load(&self.mem, qid, DoorbellKind::SqTail) {
-                    Ok(v) => rung && v < size,
+                    // Never adopt a value behind our own tail: that is a stale or zeroed
+                    // slot, and adopting it would fetch old entries as new commands.
+                    Ok(v) => rung && v < size && v >= tail,
                     Err(_) => false,
                 };
                 if adopt {
@@ -310,8 +312,12 @@ impl IoEngine {
             Stats::add(&self.ctx.stats.io_doorbell_writes, 1);
         }
         let (exists, valid) = match kind {
+            // With shadow doorbells an I/O queue's tail may already be newer than this
+            // (late) register value, so only the ring bounds apply to it; the shadow
+            // value gets the full check when it is read.
             DoorbellKind::SqTail => match self.sqs.get(qid as usize).and_then(|q| q.as_ref()) {
-                Some(sq) => (true, value < sq.size),
+                Some(sq) if self.shadow.is_some() && qid != 0 => (true, value < sq.size),
+                Some(sq) => (true, sq.valid_tail(value)),
                 None => (false, false),
             },
             DoorbellKind::CqHead => match self.cqs.get(qid as usize).and_then(|q| q.as_ref()) {
@@ -338,8 +344,15 @@ impl IoEngine {
         // With shadow doorbells the shadow slot already holds this value or a newer
         // one (the host writes it first), so the trapped value only wakes us up.
         if self.shadow.is_some() && qid != 0 {
-            if let (DoorbellKind::SqTail, Some(sq)) = (kind, self.sqs[qid as usize].as_mut()) {
-                sq.rung = true;
+            match kind {
+                DoorbellKind::SqTail => self.sqs[qid as usize].as_mut().expect("checked").rung = true,
+                // The host rang because it made room we asked for. Drain here rather
+                // than only when servicing an SQ: the CQ may have no SQ left.
+                DoorbellKind::CqHead => {
+                    if self.cqs[qid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+                        self.drain_overflow(qid);
+                    }
+                }
             }
             return;
         }
@@ -448,17 +461,14 @@ impl IoEngine {
             Stats::add(&self.ctx.stats.shadow_reads, 1);
             match b.rearm(&self.mem, qid, DoorbellKind::SqTail, head) {
                 Ok(t) if t == head => return done,
-                Ok(t) if t < self.sqs[qid as usize].as_ref().expect("exists").size => {
+                Ok(t) if self.sqs[qid as usize].as_ref().expect("exists").valid_tail(t) => {
                     Stats::add(&self.ctx.stats.eventidx_races, 1);
-                    self.sqs[qid as usize].as_mut().expect("exists").tail = t;
+                    let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                    sq.tail = t;
+                    sq.reported_bad_tail = None;
                 }
                 Ok(t) => {
-                    self.doorbell_error(
-                        error_info::INVALID_DOORBELL_WRITE_VALUE,
-                        qid,
-                        DoorbellKind::SqTail,
-                        t,
-                    );
+                    self.bad_shadow_tail(qid, t);
                     return done;
                 }
                 Err(e) => {
@@ -476,16 +486,12 @@ impl IoEngine {
         match b.load(&self.mem, qid, DoorbellKind::SqTail) {
             Ok(t) => {
                 let sq = self.sqs[qid as usize].as_mut().expect("exists");
-                if t < sq.size {
+                if sq.valid_tail(t) {
                     sq.tail = t;
+                    sq.reported_bad_tail = None;
                     true
                 } else {
-                    self.doorbell_error(
-                        error_info::INVALID_DOORBELL_WRITE_VALUE,
-                        qid,
-                        DoorbellKind::SqTail,
-                        t,
-                    );
+                    self.bad_shadow_tail(qid, t);
                     false
                 }
             }
@@ -493,6 +499,15 @@ impl IoEngine {
                 self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                 false
             }
+        }
+    }
+
+    /// SQ `qid`'s shadow tail holds `t`, which it may not: report it once (the
+    /// queue is left alone until the host writes a valid value).
+    fn bad_shadow_tail(&mut self, qid: u16, t: u32) {
+        let sq = self.sqs[qid as usize].as_mut().expect("exists");
+        if sq.reported_bad_tail.replace(t) != Some(t) {
+            self.doorbell_error(error_info::INVALID_DOORBELL_WRITE_VALUE, qid, DoorbellKind::SqTail, t);
         }
     }
 
@@ -505,7 +520,8 @@ impl IoEngine {
                 let cq = self.cqs[qid as usize].as_mut().expect("exists");
                 if cq.valid_head(h) {
                     cq.head = h;
-                } else if h != cq.head {
+                    cq.reported_bad_head = None;
+                } else if cq.reported_bad_head.replace(h) != Some(h) {
                     self.doorbell_error(
                         error_info::INVALID_DOORBELL_WRITE_VALUE,
                         qid,
@@ -638,7 +654,7 @@ impl IoEngine {
         let cq = self.cqs[cqid as usize].as_mut().expect("exists");
         if cq.is_full() {
             cq.overflow.push_back(cqe);
-            self.wait_for_cq_space(cqid);
+            self.drain_overflow(cqid);
             return;
         }
         if let Err(e) = cq.post(&self.mem, cqe) {
@@ -646,40 +662,49 @@ impl IoEngine {
         }
     }
 
-    /// The CQ is full: ask the host to ring when it consumes entries, then look once
-    /// more in case it already did.
-    fn wait_for_cq_space(&mut self, cqid: u16) {
-        let Some(b) = self.shadow else { return };
-        let cq = self.cqs[cqid as usize].as_mut().expect("exists");
-        cq.waiting_for_space = true;
-        let head = cq.head;
-        match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
-            Ok(h) if h != head => {
-                Stats::add(&self.ctx.stats.eventidx_races, 1);
-                self.drain_overflow(cqid);
-            }
-            Ok(_) => {}
-            Err(e) => self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}")),
-        }
-    }
-
-    /// Posts completions that were waiting for room in CQ `cqid`.
+    /// Posts completions that were waiting for room in CQ `cqid`, as many as fit.
+    ///
+    /// While some still wait (and shadow doorbells are on), CQ EventIdx is re-armed at
+    /// the head just read, so the host's next consumption rings, and the shadow head is
+    /// read again after the fence in case that consumption already happened (see
+    /// doorbell.rs). The re-arm follows *every* partial drain: an EventIdx left at an
+    /// older head can fall outside the host's next head update, which then does not
+    /// ring, stranding the waiting completions. Each further lap of the loop starts
+    /// from a head the host moved, so it posts at least one entry: the loop ends.
     fn drain_overflow(&mut self, cqid: u16) {
-        self.refresh_cq_head(cqid);
-        let mem = self.mem.clone();
-        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
-        while !cq.is_full() {
-            let Some(cqe) = cq.overflow.pop_front() else { break };
-            if let Err(e) = cq.post(&mem, cqe) {
-                self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+        loop {
+            self.refresh_cq_head(cqid);
+            let mem = self.mem.clone();
+            let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+            while !cq.is_full() {
+                let Some(cqe) = cq.overflow.pop_front() else { break };
+                if let Err(e) = cq.post(&mem, cqe) {
+                    self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+                    return;
+                }
+            }
+            let Some(b) = self.shadow else { return };
+            let (head, size) = (cq.head, cq.size);
+            if cq.overflow.is_empty() {
+                if cq.waiting_for_space {
+                    cq.waiting_for_space = false;
+                    if let Err(e) = b.publish(&mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size) {
+                        self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    }
+                }
                 return;
             }
-        }
-        if cq.overflow.is_empty() && cq.waiting_for_space {
-            cq.waiting_for_space = false;
-            let (head, size) = (cq.head, cq.size);
-            if let Some(b) = self.shadow {
-                let _ = b.publish(&self.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size);
+            cq.waiting_for_space = true;
+            match b.rearm(&mem, cqid, DoorbellKind::CqHead, head) {
+                Ok(h) if h != head && cq.valid_head(h) => {
+                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                }
+                // Unchanged (the host will ring), or invalid (reported by the refresh).
+                Ok(_) => return,
+                Err(e) => {
+                    self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    return;
+                }
             }
         }
     }

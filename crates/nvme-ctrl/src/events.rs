@@ -104,10 +104,12 @@ impl Events {
         }
     }
 
+    /// Records that namespace `nsid` changed. The list stays in increasing order, as
+    /// the Changed Namespace List log page reports it (Base §5.1.12.1.5).
     pub fn namespace_changed(&self, nsid: u32) {
         let mut g = self.lock();
-        if !g.changed_ns.contains(&nsid) {
-            g.changed_ns.push(nsid);
+        if let Err(pos) = g.changed_ns.binary_search(&nsid) {
+            g.changed_ns.insert(pos, nsid);
         }
     }
 

@@ -28,6 +28,7 @@ mod io;
 pub mod namespace;
 pub mod queue;
 pub mod stats;
+pub mod workers;
 
 pub use config::{ControllerConfig, NamespaceConfig};
 pub use controller::Controller;

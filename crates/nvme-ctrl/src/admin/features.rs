@@ -36,6 +36,9 @@ pub(crate) struct FeatureState {
     pub(crate) vwc_present: bool,
     /// Host-set timestamp (ms) and the clock reading when it was set.
     pub(crate) timestamp: Option<(u64, u64)>,
+    /// Clock reading at the last Controller Level Reset: an unset Timestamp counts
+    /// from here (Base §5.1.25.1.13, Timestamp Origin 000b).
+    pub(crate) reset_ns: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,13 +79,17 @@ impl FeatureState {
             aec: AsyncEventConfig(0),
             vwc_present,
             timestamp: None,
+            reset_ns: 0,
         }
     }
 
-    pub(crate) fn reset(&mut self) {
+    /// Controller Level Reset at clock reading `now_ns`: every feature is volatile, so
+    /// all return to their defaults.
+    pub(crate) fn reset(&mut self, now_ns: u64) {
         self.cur = (*self.defaults).clone();
         self.aec = AsyncEventConfig(self.cur.aec);
         self.timestamp = None;
+        self.reset_ns = now_ns;
     }
 
     /// Pushes the values the data path honours into the engine.
@@ -182,6 +189,7 @@ impl Controller {
     pub(crate) fn get_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let f = Features(sqe);
         let fid_ = f.fid();
+        let current = f.sel() == FeatureSelect::Current;
         let vals = match f.sel() {
             FeatureSelect::Current => self.admin.features.cur.clone(),
             FeatureSelect::Default | FeatureSelect::Saved => (*self.admin.features.defaults).clone(),
@@ -232,16 +240,19 @@ impl Controller {
                 if iv >= self.cfg.msix_vectors {
                     return Err(CommandError::InvalidField("interrupt vector out of range"));
                 }
-                iv as u32 | ((self.engine.vector_coalescing_disabled(iv) as u32) << 16)
+                // The admin vector is never coalesced, so it always reads CD = 1; the
+                // other vectors default to CD = 0.
+                let cd = iv == 0 || (current && self.engine.vector_coalescing_disabled(iv));
+                iv as u32 | ((cd as u32) << 16)
             }
             fid::WRITE_ATOMICITY_NORMAL => vals.write_atomicity,
             fid::ASYNC_EVENT_CONFIG => vals.aec,
             fid::TIMESTAMP => {
                 let now = self.clock.now_ns();
                 let (ms, origin) = match self.admin.features.timestamp {
-                    Some((ms, at)) => (ms + (now - at) / 1_000_000, 1u8),
+                    Some((ms, at)) => (ms + now.saturating_sub(at) / 1_000_000, 1u8),
                     // Not set since reset: time since the controller was reset (origin 0).
-                    None => ((now - self.admin.created_ns) / 1_000_000, 0u8),
+                    None => (now.saturating_sub(self.admin.features.reset_ns) / 1_000_000, 0u8),
                 };
                 let mut data = [0u8; 8];
                 data[..6].copy_from_slice(&ms.to_le_bytes()[..6]);

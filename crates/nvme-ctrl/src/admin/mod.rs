@@ -64,10 +64,10 @@ impl AdminState {
     }
 
     /// Controller Level Reset: outstanding AERs vanish, features return to defaults.
-    pub(crate) fn reset(&mut self, engine: &mut IoEngine) {
+    pub(crate) fn reset(&mut self, engine: &mut IoEngine, now_ns: u64) {
         self.aers.clear();
         self.io_queues_created = false;
-        self.features.reset();
+        self.features.reset(now_ns);
         self.features.apply(engine);
     }
 

@@ -15,7 +15,7 @@
 //! Keyed and Transport SGL Data Blocks are fabrics-only and, like reserved types, fail
 //! with SGL Descriptor Type Invalid; the Offset sub type (also fabrics-only) fails
 //! with SGL Offset Invalid. The controller does not report support for SGLs longer
-//! than the transfer (SGLS bit 19), so the descriptors must describe exactly the
+//! than the transfer (SGLS bit 18), so the descriptors must describe exactly the
 //! transfer length, else Data SGL Length Invalid.
 //!
 //! A guest controls every segment pointer, so the walk is bounded by a descriptor

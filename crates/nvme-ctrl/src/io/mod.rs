@@ -71,6 +71,15 @@ impl IoEngine {
             }
             Psdt::Reserved => Err(CommandError::InvalidField("PSDT 11b is reserved")),
         };
+        // The walks leave data addresses to the copy; checking them here instead means
+        // a command with a bad data page fails before the backend sees it, so a Write
+        // never lands partly (and a Read never fills half a buffer) before failing.
+        let r = r.and_then(|()| {
+            segs.iter().try_for_each(|s| match *s {
+                Segment::Guest { gpa, len } => self.mem.check_range(gpa, len).map_err(CommandError::Memory),
+                Segment::Discard { .. } => Ok(()),
+            })
+        });
         match r {
             Ok(()) => Ok(segs),
             Err(e) => {

@@ -33,6 +33,8 @@ pub struct CompletionQueue {
     pub unsignalled: u32,
     /// The controller asked for a CQ head doorbell (EventIdx armed) because it is full.
     pub waiting_for_space: bool,
+    /// An invalid shadow head already reported (one event per bad value, not per poll).
+    pub reported_bad_head: Option<u32>,
 }
 
 impl CompletionQueue {
@@ -50,6 +52,7 @@ impl CompletionQueue {
             overflow: VecDeque::new(),
             unsignalled: 0,
             waiting_for_space: false,
+            reported_bad_head: None,
         }
     }
 

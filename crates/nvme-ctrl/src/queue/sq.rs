@@ -20,11 +20,24 @@ pub struct SubmissionQueue {
     pub in_flight: u32,
     /// The host has written this queue's tail doorbell register at least once.
     pub rung: bool,
+    /// An invalid shadow tail already reported, so a value the host leaves in place
+    /// raises one event, not one per poll.
+    pub reported_bad_tail: Option<u32>,
 }
 
 impl SubmissionQueue {
     pub fn new(qid: u16, cqid: u16, base: u64, size: u32) -> Self {
-        SubmissionQueue { qid, cqid, base, size, head: 0, tail: 0, in_flight: 0, rung: false }
+        SubmissionQueue {
+            qid,
+            cqid,
+            base,
+            size,
+            head: 0,
+            tail: 0,
+            in_flight: 0,
+            rung: false,
+            reported_bad_tail: None,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -34,6 +47,16 @@ impl SubmissionQueue {
     /// Entries between head and tail.
     pub fn pending(&self) -> u32 {
         (self.tail + self.size - self.head) % self.size
+    }
+
+    /// Whether the host may move the tail to `new_tail`: inside the ring, and adding
+    /// no more entries than there are free slots (Base 2.1, Asynchronous Event
+    /// Information – Error Status, Invalid Doorbell Write Value: "attempted to add a
+    /// command to a full Submission Queue"). A tail equal to the current one adds
+    /// nothing and is valid.
+    pub fn valid_tail(&self, new_tail: u32) -> bool {
+        let free = self.size - 1 - self.pending();
+        new_tail < self.size && (new_tail + self.size - self.tail) % self.size <= free
     }
 
     /// Fetches the entry at head and advances head.
@@ -46,5 +69,26 @@ impl SubmissionQueue {
     /// Bytes of guest memory the ring occupies.
     pub fn ring_len(&self) -> u64 {
         self.size as u64 * SQE_SIZE as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_may_add_at_most_the_free_slots() {
+        let mut sq = SubmissionQueue::new(1, 1, 0, 16);
+        assert!(sq.valid_tail(0) && sq.valid_tail(15));
+        assert!(!sq.valid_tail(16));
+        sq.tail = 5;
+        // 5 pending, 10 free: up to tail 15, and not round to 0 (16 pending).
+        assert!(sq.valid_tail(5) && sq.valid_tail(15));
+        assert!(!sq.valid_tail(0) && !sq.valid_tail(4));
+        sq.head = 3;
+        assert!(sq.valid_tail(0) && sq.valid_tail(2));
+        assert!(!sq.valid_tail(3) && !sq.valid_tail(4));
+        sq.head = 5;
+        assert!(sq.valid_tail(4) && !sq.valid_tail(5 + 16));
     }
 }

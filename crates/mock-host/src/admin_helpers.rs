@@ -1,0 +1,213 @@
+//! Raw admin-command helpers for the admin test tier: each builds one command with
+//! exactly the fields a test wants to get wrong, runs it, and returns the completion
+//! (never failing on an error status), so tests can assert the status the spec names.
+
+use nvme_spec::command::Psdt;
+use nvme_spec::opcode::admin as aop;
+use nvme_spec::{Cqe, Sqe, Status};
+use zerocopy::little_endian::U32;
+
+use crate::{HostDbbuf, MockHost, PAGE};
+
+impl MockHost {
+    /// Submits an admin command, lets the device run, and returns its completion
+    /// together with every other admin completion reaped meanwhile (for example an
+    /// Asynchronous Event Request that an event completed).
+    pub fn admin_exec(&mut self, sqe: Sqe) -> (Option<Cqe>, Vec<Cqe>) {
+        let cid = self.submit(0, sqe).expect("admin queue has room");
+        self.process();
+        let (mine, others): (Vec<Cqe>, Vec<Cqe>) =
+            self.reap_queue(0).into_iter().partition(|c| c.cid.get() == cid);
+        (mine.into_iter().next(), others)
+    }
+
+    /// Runs an admin command that must complete; returns its completion.
+    pub fn admin_raw(&mut self, sqe: Sqe) -> Cqe {
+        let (c, others) = self.admin_exec(sqe);
+        assert!(others.is_empty(), "unexpected admin completions: {others:?}");
+        c.expect("admin command completed")
+    }
+
+    /// The status of an admin command that must complete.
+    pub fn admin_status(&mut self, sqe: Sqe) -> Status {
+        self.admin_raw(sqe).status()
+    }
+
+    /// Submits an admin command without waiting for it (Asynchronous Event Request).
+    pub fn admin_submit_only(&mut self, sqe: Sqe) -> u16 {
+        let cid = self.submit(0, sqe).expect("admin queue has room");
+        self.process();
+        cid
+    }
+
+    /// An Asynchronous Event Request, left outstanding. Returns its command identifier.
+    pub fn submit_aer(&mut self) -> u16 {
+        self.admin_submit_only(admin_sqe(aop::ASYNC_EVENT_REQUEST))
+    }
+
+    /// Lets the device run and returns every new admin completion.
+    pub fn reap_admin(&mut self) -> Vec<Cqe> {
+        self.process();
+        self.reap_queue(0)
+    }
+
+    /// Create I/O Completion Queue with every field given.
+    pub fn create_cq_raw(
+        &mut self,
+        qid: u16,
+        qsize_z: u16,
+        base: u64,
+        pc: bool,
+        ien: bool,
+        iv: u16,
+    ) -> Status {
+        let mut c = admin_sqe(aop::CREATE_IO_CQ);
+        c.set_prps(base, 0);
+        c.cdw10 = U32::new(qid as u32 | ((qsize_z as u32) << 16));
+        c.cdw11 = U32::new(pc as u32 | ((ien as u32) << 1) | ((iv as u32) << 16));
+        self.admin_status(c)
+    }
+
+    /// Create I/O Submission Queue with every field given.
+    pub fn create_sq_raw(&mut self, qid: u16, qsize_z: u16, base: u64, pc: bool, cqid: u16) -> Status {
+        let mut c = admin_sqe(aop::CREATE_IO_SQ);
+        c.set_prps(base, 0);
+        c.cdw10 = U32::new(qid as u32 | ((qsize_z as u32) << 16));
+        c.cdw11 = U32::new(pc as u32 | ((cqid as u32) << 16));
+        self.admin_status(c)
+    }
+
+    pub fn delete_sq(&mut self, qid: u16) -> Status {
+        let mut c = admin_sqe(aop::DELETE_IO_SQ);
+        c.cdw10 = U32::new(qid as u32);
+        self.admin_status(c)
+    }
+
+    pub fn delete_cq(&mut self, qid: u16) -> Status {
+        let mut c = admin_sqe(aop::DELETE_IO_CQ);
+        c.cdw10 = U32::new(qid as u32);
+        self.admin_status(c)
+    }
+
+    /// Identify with CNS, NSID and CDW11 (CSI in 31:24) given; the data on success.
+    pub fn identify_raw(&mut self, cns: u8, nsid: u32, cdw11: u32) -> Result<Vec<u8>, Status> {
+        let mut c = admin_sqe(aop::IDENTIFY);
+        c.nsid = U32::new(nsid);
+        c.set_prps(self.admin_buf, 0);
+        c.cdw10 = U32::new(cns as u32);
+        c.cdw11 = U32::new(cdw11);
+        self.mem.fill(self.admin_buf, PAGE, 0xa5).expect("admin buf");
+        let st = self.admin_status(c);
+        if !st.is_success() {
+            return Err(st);
+        }
+        let mut v = vec![0u8; PAGE as usize];
+        self.mem.read(self.admin_buf, &mut v).expect("admin buf");
+        Ok(v)
+    }
+
+    /// Get Log Page with every field given: `numd_z` dwords (0's based) from byte
+    /// `offset`, into the admin buffer (PRP1, PRP2 = next page). Returns the
+    /// completion status and the first `min(len, 8 KiB)` bytes of the buffer.
+    pub fn get_log_raw(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        numd_z: u32,
+        offset: u64,
+        rae: bool,
+    ) -> (Status, Vec<u8>) {
+        let (st, v, others) = self.get_log_exec(lid, nsid, numd_z, offset, rae);
+        assert!(others.is_empty(), "unexpected admin completions: {others:?}");
+        (st, v)
+    }
+
+    /// As [`MockHost::get_log_raw`], also returning the other admin completions reaped
+    /// meanwhile (an Asynchronous Event Request that reading the log unmasked).
+    pub fn get_log_exec(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        numd_z: u32,
+        offset: u64,
+        rae: bool,
+    ) -> (Status, Vec<u8>, Vec<Cqe>) {
+        let mut c = admin_sqe(aop::GET_LOG_PAGE);
+        c.nsid = U32::new(nsid);
+        c.set_prps(self.admin_buf, self.admin_buf + PAGE);
+        c.cdw10 = U32::new(lid as u32 | ((rae as u32) << 15) | ((numd_z & 0xffff) << 16));
+        c.cdw11 = U32::new(numd_z >> 16);
+        c.cdw12 = U32::new(offset as u32);
+        c.cdw13 = U32::new((offset >> 32) as u32);
+        let len = ((numd_z as u64 + 1) * 4).min(2 * PAGE);
+        self.mem.fill(self.admin_buf, 2 * PAGE, 0xa5).expect("admin buf");
+        let (c, others) = self.admin_exec(c);
+        let st = c.expect("get log page completed").status();
+        let mut v = vec![0u8; len as usize];
+        self.mem.read(self.admin_buf, &mut v).expect("admin buf");
+        (st, v, others)
+    }
+
+    /// Get Log Page of `len` bytes from `offset` that must succeed.
+    pub fn log_at(&mut self, lid: u8, len: u32, offset: u64, rae: bool) -> Vec<u8> {
+        let (st, v) = self.get_log_raw(lid, 0xffff_ffff, len / 4 - 1, offset, rae);
+        assert_eq!(st, Status::SUCCESS, "get log page {lid:#x}");
+        v
+    }
+
+    /// Get Features with SEL and CDW11 given; PRP1 is the admin buffer.
+    pub fn get_features_raw(&mut self, fid: u8, sel: u8, cdw11: u32) -> Cqe {
+        let mut c = admin_sqe(aop::GET_FEATURES);
+        c.cdw10 = U32::new(fid as u32 | ((sel as u32 & 7) << 8));
+        c.cdw11 = U32::new(cdw11);
+        c.set_prps(self.admin_buf, 0);
+        self.admin_raw(c)
+    }
+
+    /// Set Features with SV and CDW11 given; PRP1 is the admin buffer.
+    pub fn set_features_raw(&mut self, fid: u8, cdw11: u32, sv: bool) -> Cqe {
+        let mut c = admin_sqe(aop::SET_FEATURES);
+        c.cdw10 = U32::new(fid as u32 | ((sv as u32) << 31));
+        c.cdw11 = U32::new(cdw11);
+        c.set_prps(self.admin_buf, 0);
+        self.admin_raw(c)
+    }
+
+    /// Format NVM of `nsid` with CDW10 given.
+    pub fn format_raw(&mut self, nsid: u32, cdw10: u32) -> Status {
+        let mut c = admin_sqe(aop::FORMAT_NVM);
+        c.nsid = U32::new(nsid);
+        c.cdw10 = U32::new(cdw10);
+        self.admin_status(c)
+    }
+
+    /// Abort of command `cid` on SQ `sqid`; returns the completion.
+    pub fn abort_raw(&mut self, sqid: u16, cid: u16) -> Cqe {
+        let mut c = admin_sqe(aop::ABORT);
+        c.cdw10 = U32::new(sqid as u32 | ((cid as u32) << 16));
+        self.admin_raw(c)
+    }
+
+    /// Doorbell Buffer Config with PRP1 and PRP2 given. On success the host starts
+    /// using these buffers for its shadow doorbells.
+    pub fn dbbuf_raw(&mut self, shadow: u64, eventidx: u64) -> Status {
+        let mut c = admin_sqe(aop::DOORBELL_BUFFER_CONFIG);
+        c.set_prps(shadow, eventidx);
+        let st = self.admin_status(c);
+        if st.is_success() {
+            self.dbbuf = Some(HostDbbuf { shadow, eventidx });
+        }
+        st
+    }
+
+    /// An admin SQE with `opcode`, PRPs used for data, everything else zero.
+    pub fn admin_sqe(opcode: u8) -> Sqe {
+        admin_sqe(opcode)
+    }
+}
+
+fn admin_sqe(opcode: u8) -> Sqe {
+    let mut c = Sqe::default();
+    c.set_cdw0(opcode, 0, Psdt::Prp);
+    c
+}

@@ -1,0 +1,269 @@
+//! I/O worker threads. Each worker (`vnvme-q<N>`) owns one [`IoEngine`] and the queue
+//! pairs assigned to it, and runs it without locks. Everything else reaches a worker
+//! through its mailbox: trapped doorbell writes (cheap, fire and forget) and control
+//! calls (a closure run on the worker's engine, with the caller waiting for the
+//! result). A sleeping worker is woken through an eventfd.
+//!
+//! # Polling
+//!
+//! - [`PollMode::Off`]: when the engine finds no work it re-arms EventIdx (the host
+//!   rings on its next submission) and sleeps until a doorbell, a control call or a
+//!   coalescing timer wakes it.
+//! - [`PollMode::Adaptive`]: after the last work it keeps polling with EventIdx left
+//!   stale (so the host does not ring at all) for a spin budget, then re-arms and sleeps.
+//!   The budget adapts: it doubles (up to a cap) when spinning found new work and
+//!   halves when it did not, so a worker whose spins never pay off converges to
+//!   `Off` and costs no CPU.
+//! - [`PollMode::Always`]: never sleeps; EventIdx stays stale. For doorbell pages mapped
+//!   into the guest, which produce no notification at all.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvme_spec::regs::DoorbellKind;
+use tracing::{debug, warn};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::engine::IoEngine;
+
+/// How workers wait for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PollMode {
+    Off,
+    #[default]
+    Adaptive,
+    Always,
+}
+
+impl std::str::FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(PollMode::Off),
+            "adaptive" => Ok(PollMode::Adaptive),
+            "always" => Ok(PollMode::Always),
+            _ => Err(format!("unknown poll mode {s:?} (expected off, adaptive or always)")),
+        }
+    }
+}
+
+/// The longest an adaptive worker spins before sleeping.
+const MAX_SPIN: Duration = Duration::from_micros(200);
+const MIN_SPIN: Duration = Duration::from_micros(0);
+const START_SPIN: Duration = Duration::from_micros(20);
+
+type Call = Box<dyn FnOnce(&mut IoEngine) + Send>;
+
+enum Msg {
+    Doorbell(u16, DoorbellKind, u32),
+    Call(Call),
+    Stop,
+}
+
+/// Per-worker counters, readable from any thread.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Times the worker went to sleep.
+    pub sleeps: AtomicU64,
+    /// Wake-up eventfd writes (doorbells or calls that found it asleep).
+    pub wakeups: AtomicU64,
+    /// Spin phases that found new work before the budget ran out.
+    pub spin_hits: AtomicU64,
+    /// Spin phases that ran out.
+    pub spin_misses: AtomicU64,
+    /// Nanoseconds spent polling with no work found.
+    pub idle_poll_ns: AtomicU64,
+    /// Current adaptive spin budget in nanoseconds.
+    pub spin_budget_ns: AtomicU64,
+}
+
+struct Shared {
+    wake: EventFd,
+    sleeping: AtomicBool,
+    /// Messages sent and not yet taken (so a worker about to sleep can see them).
+    pending: AtomicUsize,
+    stats: WorkerStats,
+}
+
+/// A handle to one worker thread.
+pub struct Worker {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    pub index: usize,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("index", &self.index).finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Starts a worker thread that owns `engine`.
+    pub fn spawn(index: usize, engine: IoEngine, mode: PollMode) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            sleeping: AtomicBool::new(false),
+            pending: AtomicUsize::new(0),
+            stats: WorkerStats::default(),
+        });
+        let (tx, rx) = mpsc::channel();
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("vnvme-q{index}"))
+            .spawn(move || run(engine, rx, s, mode))?;
+        Ok(Worker { tx, shared, thread: Some(thread), index })
+    }
+
+    fn send(&self, m: Msg) {
+        self.shared.pending.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(m).is_err() {
+            self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+            warn!(worker = self.index, "worker is gone; message dropped");
+            return;
+        }
+        // Pairs with the worker's SeqCst store of `sleeping` before its last check
+        // of `pending`: either it sees our message, or we see it asleep and wake it.
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+            let _ = self.shared.wake.write(1);
+        }
+    }
+
+    /// A trapped doorbell write for one of this worker's queues.
+    pub fn doorbell(&self, qid: u16, kind: DoorbellKind, value: u32) {
+        self.send(Msg::Doorbell(qid, kind, value));
+    }
+
+    /// Runs `f` on the worker's engine and returns its result.
+    pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut IoEngine) -> R + Send + 'static) -> R {
+        let (rtx, rrx) = mpsc::sync_channel(1);
+        self.send(Msg::Call(Box::new(move |e| {
+            let _ = rtx.send(f(e));
+        })));
+        rrx.recv().expect("worker thread died")
+    }
+
+    pub fn stats(&self) -> &WorkerStats {
+        &self.shared.stats
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(mut engine: IoEngine, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>, mode: PollMode) {
+    let epoll = match Epoll::new() {
+        Ok(e) => e,
+        Err(e) => {
+            warn!("worker cannot create epoll: {e}");
+            return;
+        }
+    };
+    let mut timer = TimerFd::new().ok();
+    let _ =
+        epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 0));
+    if let Some(t) = &timer {
+        let _ = epoll.ctl(ControlOperation::Add, t.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 1));
+    }
+    let mut budget = START_SPIN;
+    let mut events = [EpollEvent::default(); 8];
+    loop {
+        // Mailbox first: doorbells and control calls.
+        while let Ok(m) = rx.try_recv() {
+            shared.pending.fetch_sub(1, Ordering::SeqCst);
+            match m {
+                Msg::Doorbell(q, k, v) => engine.doorbell(q, k, v),
+                Msg::Call(f) => f(&mut engine),
+                Msg::Stop => return,
+            }
+        }
+        engine.arm_eventidx = mode == PollMode::Off;
+        if engine.poll() {
+            continue;
+        }
+        // Idle. Spin (adaptive/always) with EventIdx stale, so the host does not ring.
+        if mode != PollMode::Off {
+            let start = Instant::now();
+            let limit = if mode == PollMode::Always { Duration::MAX } else { budget };
+            let mut found = false;
+            while start.elapsed() < limit {
+                if shared.pending.load(Ordering::Acquire) > 0 || engine.poll() {
+                    found = true;
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            shared.stats.idle_poll_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            if mode == PollMode::Always {
+                continue;
+            }
+            if found {
+                shared.stats.spin_hits.fetch_add(1, Ordering::Relaxed);
+                budget = (budget * 2).max(Duration::from_micros(1)).min(MAX_SPIN);
+            } else {
+                shared.stats.spin_misses.fetch_add(1, Ordering::Relaxed);
+                budget = (budget / 2).max(MIN_SPIN);
+                if budget < Duration::from_micros(1) {
+                    budget = MIN_SPIN;
+                }
+            }
+            shared.stats.spin_budget_ns.store(budget.as_nanos() as u64, Ordering::Relaxed);
+            if found {
+                continue;
+            }
+        }
+        // Re-arm EventIdx and look once more (doorbell.rs explains why that closes the race).
+        engine.arm_eventidx = true;
+        if engine.poll() {
+            continue;
+        }
+        shared.sleeping.store(true, Ordering::SeqCst);
+        if shared.pending.load(Ordering::SeqCst) > 0 {
+            shared.sleeping.store(false, Ordering::SeqCst);
+            continue;
+        }
+        if let (Some(t), Some(deadline)) = (timer.as_mut(), engine.next_deadline()) {
+            let now = engine.ctx.clock.now_ns();
+            let _ = t.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
+        }
+        shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
+        match epoll.wait(-1, &mut events) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                warn!("worker epoll_wait failed: {e}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        shared.sleeping.store(false, Ordering::SeqCst);
+        let _ = shared.wake.read();
+        if let Some(t) = timer.as_mut() {
+            let _ = t.clear();
+        }
+        engine.fire_timers();
+        debug!(target: "vnvme::worker", "woke");
+    }
+}
+
+/// `AsRawFd` for the vmm-sys-util types, which implement it.
+trait RawFdCompat {
+    fn as_raw_fd_compat(&self) -> i32;
+}
+
+impl<T: std::os::fd::AsRawFd> RawFdCompat for T {
+    fn as_raw_fd_compat(&self) -> i32 {
+        self.as_raw_fd()
+    }
+}

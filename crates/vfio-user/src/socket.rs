@@ -1,0 +1,244 @@
+//! Framing: one message = header + payload, file descriptors as SCM_RIGHTS attached
+//! to the first byte. The one place in the crate with `unsafe` (sendmsg/recvmsg).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::proto::{Header, HEADER_SIZE, MAX_MESSAGE};
+
+/// Most file descriptors we accept with one message (we advertise `max_msg_fds`).
+pub const MAX_FDS: usize = 16;
+
+/// Why a message could not be read or was malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("message size {0} is outside 16..={MAX_MESSAGE}")]
+    BadSize(u32),
+    #[error("too many file descriptors ({0})")]
+    TooManyFds(usize),
+}
+
+/// A received message.
+#[derive(Debug)]
+pub struct Message {
+    pub header: Header,
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+impl Message {
+    /// The payload read as `T`, if it is at least that long.
+    pub fn payload_as<T: FromBytes>(&self) -> Option<T> {
+        T::read_from_prefix(&self.payload).ok().map(|(v, _)| v)
+    }
+}
+
+/// One end of a vfio-user socket.
+#[derive(Debug)]
+pub struct Connection {
+    sock: UnixStream,
+}
+
+impl Connection {
+    pub fn new(sock: UnixStream) -> Self {
+        Connection { sock }
+    }
+
+    pub fn stream(&self) -> &UnixStream {
+        &self.sock
+    }
+
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Connection { sock: self.sock.try_clone()? })
+    }
+
+    /// Reads one whole message. Blocks until it has arrived.
+    pub fn recv(&mut self) -> Result<Message, ProtoError> {
+        let mut hdr = [0u8; HEADER_SIZE];
+        let (n, fds) = recv_with_fds(self.sock.as_raw_fd(), &mut hdr)?;
+        if n == 0 {
+            return Err(ProtoError::Closed);
+        }
+        if n < HEADER_SIZE {
+            self.read_exact(&mut hdr[n..])?;
+        }
+        let header = Header::read_from_bytes(&hdr).expect("16 bytes");
+        let size = header.size.get();
+        if (size as usize) < HEADER_SIZE || size as usize > MAX_MESSAGE {
+            return Err(ProtoError::BadSize(size));
+        }
+        let mut payload = vec![0u8; size as usize - HEADER_SIZE];
+        self.read_exact(&mut payload)?;
+        Ok(Message { header, payload, fds })
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ProtoError> {
+        self.sock.read_exact(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => ProtoError::Closed,
+            _ => ProtoError::Io(e),
+        })
+    }
+
+    /// Sends `header` (its size is filled in) followed by `parts`, with `fds`.
+    pub fn send(&mut self, mut header: Header, parts: &[&[u8]], fds: &[RawFd]) -> io::Result<()> {
+        let len = HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+        header.size.set(len as u32);
+        let mut buf = Vec::with_capacity(len);
+        buf.extend_from_slice(header.as_bytes());
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        if fds.is_empty() {
+            return self.sock.write_all(&buf);
+        }
+        let n = send_with_fds(self.sock.as_raw_fd(), &buf, fds)?;
+        self.sock.write_all(&buf[n..])
+    }
+}
+
+const CMSG_SPACE: usize = 64 + MAX_FDS * 4;
+
+/// recvmsg into `buf`, collecting any SCM_RIGHTS descriptors (close-on-exec).
+fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), ProtoError> {
+    let mut cmsg = [0u64; CMSG_SPACE / 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; zero is a valid initial value for every field.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    msg.msg_controllen = CMSG_SPACE;
+    let n = loop {
+        // SAFETY: `msg` points at `iov` (covering `buf`) and `cmsg`, both live and
+        // writable for the duration of the call, with their true lengths.
+        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e.into());
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled in,
+    // bounded by msg_controllen; each SCM_RIGHTS payload is an array of ints the
+    // kernel installed in our fd table, so taking ownership of them is sound.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
+        return Err(ProtoError::TooManyFds(fds.len()));
+    }
+    Ok((n, fds))
+}
+
+/// sendmsg of `buf` with `fds` attached. Returns the bytes sent.
+fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::other("too many file descriptors"));
+    }
+    let mut cmsg = [0u64; CMSG_SPACE / 8];
+    let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; zero is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of_val(fds) as u32) } as usize;
+    // SAFETY: the control buffer is large enough for one header plus `fds` (checked
+    // against MAX_FDS above); we write exactly one SCM_RIGHTS message into it, and
+    // sendmsg only reads `buf` (the kernel does not write through iov_base).
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of_val(fds) as u32) as usize;
+        let data = libc::CMSG_DATA(c) as *mut RawFd;
+        for (i, f) in fds.iter().enumerate() {
+            data.add(i).write_unaligned(*f);
+        }
+        loop {
+            let r = libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL);
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Command;
+    use std::fs::File;
+    use std::io::Seek;
+    use zerocopy::little_endian::{U16, U32};
+
+    #[test]
+    fn messages_and_fds_round_trip() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut a, mut b) = (Connection::new(a), Connection::new(b));
+        let mut f = tempfile();
+        f.write_all(b"hello").unwrap();
+        let h = Header {
+            msg_id: U16::new(7),
+            command: U16::new(Command::DmaMap as u16),
+            flags: U32::new(0),
+            ..Default::default()
+        };
+        a.send(h, &[b"abc", b"defg"], &[f.as_raw_fd()]).unwrap();
+        let m = b.recv().unwrap();
+        assert_eq!(m.header.msg_id.get(), 7);
+        assert_eq!(m.header.size.get(), 16 + 7);
+        assert_eq!(m.payload, b"abcdefg");
+        assert_eq!(m.fds.len(), 1);
+        let mut g = File::from(m.fds.into_iter().next().unwrap());
+        g.rewind().unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        drop(a);
+        assert!(matches!(b.recv(), Err(ProtoError::Closed)));
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut b = Connection::new(b);
+        let mut h = Header::default();
+        h.size.set(8);
+        a.write_all(h.as_bytes()).unwrap();
+        assert!(matches!(b.recv(), Err(ProtoError::BadSize(8))));
+    }
+
+    fn tempfile() -> File {
+        // SAFETY: memfd_create with a valid name; result checked.
+        let fd = unsafe { libc::memfd_create(c"vfio-user-test".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: fresh fd we own.
+        unsafe { File::from_raw_fd(fd) }
+    }
+}
