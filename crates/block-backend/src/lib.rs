@@ -4,6 +4,7 @@
 //! asynchronous ones, which expose a notifier).
 #![forbid(unsafe_code)]
 
+mod file;
 mod null;
 mod ram;
 
@@ -12,6 +13,7 @@ use std::os::fd::BorrowedFd;
 
 use guest_mem::{GuestMemory, MemError};
 
+pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
 

@@ -44,8 +44,14 @@ pub struct Controller {
     acq: u64,
     intms: u32,
     state: Lifecycle,
+    /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,
+    /// I/O worker threads (empty: everything runs in `process`).
+    pub(crate) workers: Vec<crate::workers::Worker>,
+    pub(crate) book: crate::routing::QueueBook,
     pub(crate) admin: AdminState,
+    /// Memory page size from CC.MPS (valid while enabled).
+    pub(crate) page_size: u64,
     pub(crate) namespaces: Arc<[Arc<Namespace>]>,
     pub(crate) events: Arc<Events>,
     pub(crate) stats: Arc<Stats>,
@@ -95,6 +101,7 @@ impl Controller {
             events: events.clone(),
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
+            fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let engine = IoEngine::new(ctx, mem)?;
         // TO = 20 (10 s): generous for a loaded host; MPSMIN 4 KiB, MPSMAX 64 KiB.
@@ -112,6 +119,9 @@ impl Controller {
             intms: 0,
             state: Lifecycle::Disabled,
             engine,
+            workers: Vec::new(),
+            page_size: 4096,
+            book: Default::default(),
             admin,
             namespaces,
             events,
@@ -129,6 +139,14 @@ impl Controller {
         self.stats.snapshot()
     }
 
+    /// Calls `n` whenever an I/O worker raises an asynchronous event, so a transport
+    /// whose admin side sleeps can wake up and run [`Controller::process`].
+    pub fn set_event_notifier(&self, n: crate::events::Notifier) {
+        if self.events.set_notifier(n).is_err() {
+            warn!("event notifier already set; keeping the first");
+        }
+    }
+
     /// The shared live counters (for a transport that reports them elsewhere).
     pub fn stats_handle(&self) -> Arc<Stats> {
         self.stats.clone()
@@ -140,7 +158,7 @@ impl Controller {
 
     /// Replaces the guest memory map (vfio-user DMA map/unmap).
     pub fn set_memory(&mut self, mem: GuestMemory) {
-        self.engine.set_memory(mem);
+        self.io_set_memory(mem);
     }
 
     pub fn memory(&self) -> &GuestMemory {
@@ -176,7 +194,10 @@ impl Controller {
             offset::VS => NVME_VERSION_1_4 as u64,
             offset::INTMS | offset::INTMC => self.intms as u64,
             offset::CC => self.cc.0 as u64,
-            offset::CSTS => self.csts.0 as u64,
+            offset::CSTS => {
+                let fatal = self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire);
+                (self.csts.0 | if fatal { Csts::CFS } else { 0 }) as u64
+            }
             offset::NSSR => 0,
             offset::AQA => self.aqa.0 as u64,
             offset::ASQ => self.asq,
@@ -253,7 +274,7 @@ impl Controller {
             return;
         }
         match doorbell_from_offset(rel, self.cfg.dstrd) {
-            Some((qid, kind)) if qid <= self.cfg.max_io_queues => self.engine.doorbell(qid, kind, value),
+            Some((qid, kind)) if qid <= self.cfg.max_io_queues => self.io_doorbell(qid, kind, value),
             _ => {
                 // Not a doorbell of any queue the controller can have.
                 self.stats.doorbell_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -304,12 +325,11 @@ impl Controller {
             self.state = Lifecycle::Fatal;
             return;
         }
-        self.engine.page_size = page;
-        self.engine.mdts_bytes = (1u64 << self.cfg.mdts) * (1 << (12 + self.cap.mpsmin() as u32));
+        self.page_size = page;
         let (asqs, acqs) = (self.aqa.asqs_z() as u32 + 1, self.aqa.acqs_z() as u32 + 1);
         self.engine.create_cq(0, self.acq, acqs, true, 0);
         self.engine.create_sq(0, 0, self.asq, asqs);
-        self.admin.on_enable(&mut self.engine);
+        self.io_apply_settings();
         self.csts = Csts(Csts::RDY);
         self.state = Lifecycle::Ready;
         info!(
@@ -324,10 +344,12 @@ impl Controller {
     /// Controller Level Reset (CC.EN 1 -> 0, Base §3.7.2): delete every queue, forget
     /// the Doorbell Buffer Config and volatile feature settings, clear CSTS.
     fn reset(&mut self) {
-        self.engine.reset();
+        self.io_reset();
         // Admin commands fetched and not executed belong to the queue being deleted.
         self.engine.admin_inbox.clear();
-        self.admin.reset(&mut self.engine, self.clock.now_ns());
+        self.admin.reset(self.clock.now_ns());
+        self.io_apply_settings();
+        self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
         self.csts = Csts(0);
         self.state = Lifecycle::Disabled;
@@ -349,6 +371,9 @@ impl Controller {
             let progress = self.process();
             if !self.engine.busy() || self.state != Lifecycle::Ready {
                 break;
+            }
+            if !self.workers.is_empty() {
+                self.io_drain_workers();
             }
             if !progress {
                 spins += 1;
@@ -390,8 +415,9 @@ impl Controller {
                 self.execute_admin(sqe);
             }
             progress |= self.deliver_events();
-            if let Some(f) = self.engine.fatal().cloned() {
-                warn!(target: "vnvme::guest", "controller fatal status: {}", f.0);
+            if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
+                let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
+                warn!(target: "vnvme::guest", "controller fatal status: {why}");
                 self.csts = Csts(self.csts.0 | Csts::CFS);
                 self.state = Lifecycle::Fatal;
                 return true;
@@ -403,6 +429,35 @@ impl Controller {
         }
         self.engine.fire_timers();
         any
+    }
+
+    /// The data-path settings every engine honours.
+    pub(crate) fn settings(&self) -> crate::routing::EngineSettings {
+        let f = &self.admin.features;
+        let mut s = f.engine_settings();
+        s.page_size = self.page_size;
+        s.mdts_bytes = self.mdts_bytes();
+        s
+    }
+
+    /// MDTS in bytes (MDTS is in units of the minimum memory page size).
+    pub(crate) fn mdts_bytes(&self) -> u64 {
+        (1u64 << self.cfg.mdts) * (1 << (12 + self.cap.mpsmin() as u32))
+    }
+
+    /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a
+    /// client going away): a Controller Level Reset plus the admin queue registers.
+    pub fn device_reset(&mut self) {
+        if self.state != Lifecycle::Disabled || self.csts.0 != 0 {
+            self.reset();
+        }
+        self.cc = Cc(0);
+        self.aqa = Aqa(0);
+        self.asq = 0;
+        self.acq = 0;
+        self.intms = 0;
+        self.csts = Csts(0);
+        self.state = Lifecycle::Disabled;
     }
 
     /// The next time (clock ns) `process` must run for a coalesced interrupt.

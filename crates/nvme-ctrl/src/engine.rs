@@ -34,6 +34,9 @@ pub struct EngineContext {
     pub events: Arc<Events>,
     pub max_qid: u16,
     pub vectors: u16,
+    /// Set by any engine that hit a fault it cannot report per command; the controller
+    /// turns it into CSTS.CFS.
+    pub fatal: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What an in-flight command does when its backend requests finish.
@@ -142,6 +145,7 @@ impl IoEngine {
         if self.fatal.is_none() {
             self.fatal = Some(Fatal(why));
         }
+        self.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
     }
 
     // ---- queue management (called by the admin side after it validated the command)

@@ -28,10 +28,20 @@ struct Inner {
     critical_warning: u8,
 }
 
+/// Called when an event is raised, so a transport can wake its admin side.
+pub type Notifier = Box<dyn Fn() + Send + Sync>;
+
 /// Shared event state.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Events {
     inner: Mutex<Inner>,
+    notifier: std::sync::OnceLock<Notifier>,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
 }
 
 impl Events {
@@ -70,10 +80,21 @@ impl Events {
     /// Queues an event for the next Asynchronous Event Request (duplicates of an event
     /// already waiting are dropped).
     pub fn raise(&self, ev: AsyncEvent) {
-        let mut g = self.lock();
-        if !g.queued.contains(&ev) {
+        {
+            let mut g = self.lock();
+            if g.queued.contains(&ev) {
+                return;
+            }
             g.queued.push_back(ev);
         }
+        if let Some(n) = self.notifier.get() {
+            n();
+        }
+    }
+
+    /// Installs the function called whenever an event is raised (once).
+    pub fn set_notifier(&self, n: Notifier) -> Result<(), Notifier> {
+        self.notifier.set(n)
     }
 
     /// Takes the oldest event whose type is not masked, and masks its type until the

@@ -27,10 +27,13 @@ pub mod interrupt;
 mod io;
 pub mod namespace;
 pub mod queue;
+mod routing;
 pub mod stats;
 pub mod workers;
 
 pub use config::{ControllerConfig, NamespaceConfig};
 pub use controller::Controller;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
+pub use routing::WorkerConfig;
 pub use stats::{Stats, StatsSnapshot};
+pub use workers::PollMode;

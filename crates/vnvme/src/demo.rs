@@ -21,8 +21,8 @@ pub fn run(
     let cfg = ControllerConfig {
         namespaces: specs
             .iter()
-            .map(|s| NamespaceConfig { backend: s.backend(), lba_format: s.lba_format })
-            .collect(),
+            .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
+            .collect::<std::io::Result<_>>()?,
         ..Default::default()
     };
     if !(1..=cfg.max_io_queues).contains(&queues) {

@@ -2,6 +2,7 @@
 
 mod demo;
 mod nsspec;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -21,9 +22,35 @@ enum Cmd {
     /// Serve a controller to a VMM over vfio-user (QEMU -device vfio-user-pci,
     /// Cloud Hypervisor --user-device).
     Serve {
-        /// UNIX socket path to listen on.
+        /// UNIX socket path to listen on (a stale socket file is replaced).
         #[arg(long)]
-        socket: Option<std::path::PathBuf>,
+        socket: std::path::PathBuf,
+        /// Namespaces: ram:SIZE, null:SIZE or file:PATH:SIZE, each with an optional
+        /// :lba=512 or :lba=4096. Repeat for several namespaces.
+        #[arg(long = "ns", default_value = "ram:1G")]
+        namespaces: Vec<nsspec::NsSpec>,
+        /// I/O worker threads; each owns the queues assigned to it.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// How idle workers wait: off (sleep until a doorbell), adaptive (spin for an
+        /// adapting budget, then sleep), always (spin).
+        #[arg(long, default_value = "adaptive")]
+        poll: nvme_ctrl::PollMode,
+        /// Most I/O queue pairs the controller offers (MSI-X vectors = this + 1).
+        #[arg(long, default_value_t = 64)]
+        queues: u16,
+        /// Controller serial number.
+        #[arg(long, default_value = "VNVME0001")]
+        serial: String,
+        /// PCI vendor:device ID in hex.
+        #[arg(long, default_value = "1b36:0010", value_parser = serve::parse_pci_id)]
+        pci_id: (u16, u16),
+        /// Exit after the first client disconnects.
+        #[arg(long)]
+        once: bool,
+        /// Write the controller's counters (JSON) here twice a second and at exit.
+        #[arg(long)]
+        stats_file: Option<std::path::PathBuf>,
     },
     /// Run the controller in this process against a built-in host that drives it
     /// the way Linux's nvme driver does, and show it working: bring-up, Identify,
@@ -51,9 +78,24 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let r = match cli.cmd {
-        Cmd::Serve { .. } => Err("`vnvme serve` (vfio-user) is not yet implemented: it lands with the \
-                                  vfio-user issue. Try `vnvme demo` to see the controller run in-process."
-            .to_string()),
+        Cmd::Serve { socket, namespaces, workers, poll, queues, serial, pci_id, once, stats_file } => {
+            if workers == 0 || !(1..=511).contains(&queues) {
+                Err("--workers must be at least 1 and --queues 1..=511".to_string())
+            } else {
+                serve::run(serve::ServeArgs {
+                    socket,
+                    namespaces,
+                    workers,
+                    poll,
+                    queues,
+                    serial,
+                    pci_id,
+                    once,
+                    stats_file,
+                })
+                .map_err(|e| e.to_string())
+            }
+        }
         Cmd::Demo { namespaces, queues, commands, no_shadow } => {
             demo::run(&namespaces, queues, commands, !no_shadow).map_err(|e| e.to_string())
         }

@@ -3,9 +3,9 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use block_backend::{Backend, NullBackend, RamBackend};
+use block_backend::{Backend, FileBackend, NullBackend, RamBackend};
 
-/// `KIND:SIZE[:lba=512|4096]`.
+/// `ram:SIZE[:lba=512|4096]`, `null:SIZE[:...]` or `file:PATH:SIZE[:...]`.
 #[derive(Clone, Debug)]
 pub struct NsSpec {
     pub kind: Kind,
@@ -14,18 +14,24 @@ pub struct NsSpec {
     pub lba_format: u8,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
     Ram,
     Null,
+    /// A file (created at the given size if it does not exist).
+    File(std::path::PathBuf),
 }
 
 impl NsSpec {
-    pub fn backend(&self) -> Arc<dyn Backend> {
-        match self.kind {
+    pub fn backend(&self) -> std::io::Result<Arc<dyn Backend>> {
+        Ok(match &self.kind {
             Kind::Ram => Arc::new(RamBackend::new(self.size)),
             Kind::Null => Arc::new(NullBackend::new(self.size)),
-        }
+            Kind::File(p) => Arc::new(
+                FileBackend::open(p, Some(self.size))
+                    .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?,
+            ),
+        })
     }
 }
 
@@ -56,7 +62,10 @@ impl FromStr for NsSpec {
         let kind = match parts.next().unwrap_or_default() {
             "ram" => Kind::Ram,
             "null" => Kind::Null,
-            k => return Err(format!("unknown namespace kind {k:?} (expected ram or null)")),
+            "file" => Kind::File(
+                parts.next().filter(|p| !p.is_empty()).ok_or("file needs a path: file:PATH:SIZE")?.into(),
+            ),
+            k => return Err(format!("unknown namespace kind {k:?} (expected ram, null or file)")),
         };
         let size = parse_size(parts.next().ok_or("missing size, e.g. ram:64M")?)?;
         let mut lba_format = 0;
@@ -90,5 +99,8 @@ mod tests {
         assert!("ram:1000".parse::<NsSpec>().is_err(), "not a multiple of 512");
         assert!("ram:1M:lba=1024".parse::<NsSpec>().is_err());
         assert!("ram:12Q".parse::<NsSpec>().is_err());
+        let n: NsSpec = "file:disk.img:8M".parse().unwrap();
+        assert_eq!(n.kind, Kind::File("disk.img".into()));
+        assert!("file::8M".parse::<NsSpec>().is_err());
     }
 }

@@ -16,7 +16,7 @@ impl Controller {
     pub(crate) fn doorbell_buffer_config(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = DoorbellBufferConfig(sqe);
         let (shadow, eventidx) = (c.shadow_doorbell(), c.eventidx());
-        let page = self.engine.page_size;
+        let page = self.page_size;
         if shadow % page != 0 || eventidx % page != 0 {
             return Err(CommandError::InvalidField("Doorbell Buffer Config buffers must be page aligned"));
         }
@@ -31,7 +31,7 @@ impl Controller {
                 "Doorbell Buffer Config buffers are outside guest memory",
             ));
         }
-        self.engine.attach_shadow(ShadowBuffers { shadow, eventidx, dstrd: self.cfg.dstrd });
+        self.io_attach_shadow(ShadowBuffers { shadow, eventidx, dstrd: self.cfg.dstrd });
         info!(
             shadow = format_args!("{shadow:#x}"),
             eventidx = format_args!("{eventidx:#x}"),

@@ -15,10 +15,10 @@ use nvme_spec::{Sqe, Status};
 use super::{status, AdminDone};
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
-use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
 use crate::interrupt::Coalescing;
 use crate::namespace::Namespace;
+use crate::routing::EngineSettings;
 
 /// Default over-temperature threshold: the warning composite temperature (WCTEMP).
 pub(crate) const WCTEMP_K: u16 = 343;
@@ -92,12 +92,17 @@ impl FeatureState {
         self.reset_ns = now_ns;
     }
 
-    /// Pushes the values the data path honours into the engine.
-    pub(crate) fn apply(&self, engine: &mut IoEngine) {
-        engine.burst = Arbitration(self.cur.arbitration).burst();
+    /// The values the data path honours (page size and MDTS are filled in by the
+    /// controller).
+    pub(crate) fn engine_settings(&self) -> EngineSettings {
         let ic = InterruptCoalescing(self.cur.coalescing);
-        engine.coalescing = Coalescing { thr_z: ic.thr_z(), time: ic.time() };
-        engine.write_cache = !self.vwc_present || self.cur.write_cache;
+        EngineSettings {
+            page_size: 4096,
+            mdts_bytes: 0,
+            burst: Arbitration(self.cur.arbitration).burst(),
+            coalescing: Coalescing { thr_z: ic.thr_z(), time: ic.time() },
+            write_cache: !self.vwc_present || self.cur.write_cache,
+        }
     }
 }
 
@@ -167,7 +172,7 @@ impl Controller {
                 if c.iv() == 0 && c.cd() {
                     // The admin vector is never coalesced; CD is accepted and moot.
                 }
-                self.engine.set_vector_coalescing_disabled(c.iv(), c.cd());
+                self.io_set_vector_coalescing_disabled(c.iv(), c.cd());
             }
             fid::WRITE_ATOMICITY_NORMAL => cur.write_atomicity = v & 1,
             fid::ASYNC_EVENT_CONFIG => {
@@ -182,7 +187,7 @@ impl Controller {
             }
             _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
         }
-        self.admin.features.apply(&mut self.engine);
+        self.io_apply_settings();
         Ok(AdminDone::Complete(dw0))
     }
 

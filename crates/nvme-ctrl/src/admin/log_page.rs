@@ -46,7 +46,7 @@ impl Controller {
             return Err(CommandError::InvalidField("log page offset"));
         }
         let len = g.transfer_len();
-        if len > self.engine.mdts_bytes {
+        if len > self.mdts_bytes() {
             return Err(CommandError::TooLarge(len));
         }
         // Bytes past the end of the log read as zero.

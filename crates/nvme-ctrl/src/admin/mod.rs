@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
 use crate::dptr::prp_segments;
-use crate::engine::{describe, IoEngine};
+use crate::engine::describe;
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 
@@ -59,16 +59,11 @@ impl AdminState {
         })
     }
 
-    pub(crate) fn on_enable(&mut self, engine: &mut IoEngine) {
-        self.features.apply(engine);
-    }
-
     /// Controller Level Reset: outstanding AERs vanish, features return to defaults.
-    pub(crate) fn reset(&mut self, engine: &mut IoEngine, now_ns: u64) {
+    pub(crate) fn reset(&mut self, now_ns: u64) {
         self.aers.clear();
         self.io_queues_created = false;
         self.features.reset(now_ns);
-        self.features.apply(engine);
     }
 
     /// Runs one request on the admin backend queue of `ns` and waits for it.
@@ -163,11 +158,11 @@ impl Controller {
         len: u64,
         mut f: impl FnMut(&GuestMemory, u64, usize, usize) -> Result<(), guest_mem::MemError>,
     ) -> CmdResult {
-        if len > self.engine.mdts_bytes {
+        if len > self.mdts_bytes() {
             return Err(CommandError::TooLarge(len));
         }
         let mut segs = Vec::new();
-        prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.engine.page_size, &mut segs)?;
+        prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.page_size, &mut segs)?;
         let mut off = 0usize;
         for s in segs {
             if let block_backend::Segment::Guest { gpa, len } = s {

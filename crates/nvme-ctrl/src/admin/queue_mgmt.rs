@@ -25,7 +25,7 @@ impl Controller {
             // CAP.CQR = 1: only physically contiguous queues are supported.
             return Err(CommandError::InvalidField("PC = 0 but CAP.CQR requires contiguous queues"));
         }
-        if !base.is_multiple_of(self.engine.page_size) {
+        if !base.is_multiple_of(self.page_size) {
             return status(Status::PRP_OFFSET_INVALID);
         }
         let len = (qsize_z as u64 + 1) * entry;
@@ -38,14 +38,14 @@ impl Controller {
     pub(crate) fn create_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = CreateIoCq(sqe);
         let qid = c.qid();
-        if !self.io_qid_ok(qid, self.admin.features.ncq_granted_z) || self.engine.cq_exists(qid) {
+        if !self.io_qid_ok(qid, self.admin.features.ncq_granted_z) || self.io_cq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
         self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::CQE_SIZE as u64)?;
         if c.ien() && c.iv() >= self.cfg.msix_vectors {
             return status(Status::INVALID_INTERRUPT_VECTOR);
         }
-        self.engine.create_cq(qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
+        self.io_create_cq(qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
         self.admin.io_queues_created = true;
         debug!(qid, size = c.qsize_z() as u32 + 1, iv = c.iv(), ien = c.ien(), "created I/O CQ");
         done()
@@ -54,18 +54,18 @@ impl Controller {
     pub(crate) fn create_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = CreateIoSq(sqe);
         let qid = c.qid();
-        if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.engine.sq_exists(qid) {
+        if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.io_sq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
         let cqid = c.cqid();
-        if cqid == 0 || !self.engine.cq_exists(cqid) {
+        if cqid == 0 || !self.io_cq_exists(cqid) {
             return status(Status::COMPLETION_QUEUE_INVALID);
         }
         self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::SQE_SIZE as u64)?;
         if c.nvmsetid() != 0 {
             return Err(CommandError::InvalidField("NVM Sets are not supported"));
         }
-        self.engine.create_sq(qid, cqid, c.base(), c.qsize_z() as u32 + 1);
+        self.io_create_sq(qid, cqid, c.base(), c.qsize_z() as u32 + 1);
         self.admin.io_queues_created = true;
         debug!(qid, cqid, size = c.qsize_z() as u32 + 1, "created I/O SQ");
         done()
@@ -73,23 +73,23 @@ impl Controller {
 
     pub(crate) fn delete_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let qid = DeleteIoQueue(sqe).qid();
-        if qid == 0 || !self.engine.sq_exists(qid) {
+        if qid == 0 || !self.io_sq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
-        self.engine.delete_sq(qid);
+        self.io_delete_sq(qid);
         debug!(qid, "deleted I/O SQ");
         done()
     }
 
     pub(crate) fn delete_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let qid = DeleteIoQueue(sqe).qid();
-        if qid == 0 || !self.engine.cq_exists(qid) {
+        if qid == 0 || !self.io_cq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
-        if self.engine.cq_users(qid) > 0 {
+        if self.io_cq_users(qid) > 0 {
             return status(Status::INVALID_QUEUE_DELETION);
         }
-        self.engine.delete_cq(qid);
+        self.io_delete_cq(qid);
         debug!(qid, "deleted I/O CQ");
         done()
     }

@@ -1,0 +1,190 @@
+//! Where I/O queues live. Without workers every queue is in the controller's own
+//! engine (the in-process host, tests). With workers, each CQ — and every SQ posting
+//! to it — lives in one worker's engine, chosen by CQ id; the admin queue stays with
+//! the controller. The controller keeps its own book of which queues exist, so admin
+//! commands are validated without asking a worker.
+
+use std::collections::BTreeMap;
+
+use guest_mem::GuestMemory;
+use nvme_spec::regs::DoorbellKind;
+
+use crate::controller::Controller;
+use crate::doorbell::ShadowBuffers;
+use crate::engine::IoEngine;
+use crate::interrupt::Coalescing;
+use crate::workers::{PollMode, Worker};
+
+/// The data-path settings that admin commands change and every engine honours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EngineSettings {
+    pub page_size: u64,
+    pub mdts_bytes: u64,
+    pub burst: Option<u32>,
+    pub coalescing: Coalescing,
+    pub write_cache: bool,
+}
+
+impl EngineSettings {
+    pub fn apply(self, e: &mut IoEngine) {
+        e.page_size = self.page_size;
+        e.mdts_bytes = self.mdts_bytes;
+        e.burst = self.burst;
+        e.coalescing = self.coalescing;
+        e.write_cache = self.write_cache;
+    }
+}
+
+/// Which I/O queues exist.
+#[derive(Debug, Default)]
+pub(crate) struct QueueBook {
+    /// CQ id -> number of SQs posting to it.
+    cqs: BTreeMap<u16, u32>,
+    /// SQ id -> its CQ id.
+    sqs: BTreeMap<u16, u16>,
+}
+
+impl Controller {
+    fn worker_for_cq(&self, cqid: u16) -> Option<&Worker> {
+        if self.workers.is_empty() || cqid == 0 {
+            None
+        } else {
+            Some(&self.workers[(cqid as usize - 1) % self.workers.len()])
+        }
+    }
+
+    /// Starts `n` I/O worker threads; I/O queues created from now on run on them.
+    /// Must be called while no I/O queue exists.
+    pub fn spawn_workers(&mut self, n: usize, mode: PollMode) -> std::io::Result<()> {
+        if !self.book.cqs.is_empty() || !self.workers.is_empty() {
+            return Err(std::io::Error::other("workers must be started before any I/O queue exists"));
+        }
+        for i in 0..n {
+            let mut e = IoEngine::new(self.engine.ctx.clone(), self.engine.mem.clone())?;
+            self.settings().apply(&mut e);
+            self.workers.push(Worker::spawn(i, e, mode)?);
+        }
+        Ok(())
+    }
+
+    /// The worker threads (for their statistics).
+    pub fn workers(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    /// Runs `f` on every engine: the controller's own and each worker's.
+    pub(crate) fn on_all_engines(&mut self, f: impl Fn(&mut IoEngine) + Clone + Send + 'static) {
+        f(&mut self.engine);
+        for w in &self.workers {
+            let g = f.clone();
+            w.call(move |e| g(e));
+        }
+    }
+
+    pub(crate) fn io_cq_exists(&self, qid: u16) -> bool {
+        self.book.cqs.contains_key(&qid)
+    }
+
+    pub(crate) fn io_sq_exists(&self, qid: u16) -> bool {
+        self.book.sqs.contains_key(&qid)
+    }
+
+    pub(crate) fn io_cq_users(&self, qid: u16) -> u32 {
+        self.book.cqs.get(&qid).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn io_create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
+        self.book.cqs.insert(qid, 0);
+        match self.worker_for_cq(qid) {
+            Some(w) => w.call(move |e| e.create_cq(qid, base, size, ien, iv)),
+            None => self.engine.create_cq(qid, base, size, ien, iv),
+        }
+    }
+
+    pub(crate) fn io_create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
+        self.book.sqs.insert(qid, cqid);
+        *self.book.cqs.entry(cqid).or_default() += 1;
+        match self.worker_for_cq(cqid) {
+            Some(w) => w.call(move |e| e.create_sq(qid, cqid, base, size)),
+            None => self.engine.create_sq(qid, cqid, base, size),
+        }
+    }
+
+    pub(crate) fn io_delete_sq(&mut self, qid: u16) {
+        let Some(cqid) = self.book.sqs.remove(&qid) else { return };
+        if let Some(n) = self.book.cqs.get_mut(&cqid) {
+            *n = n.saturating_sub(1);
+        }
+        match self.worker_for_cq(cqid) {
+            Some(w) => w.call(move |e| e.delete_sq(qid)),
+            None => self.engine.delete_sq(qid),
+        }
+    }
+
+    pub(crate) fn io_delete_cq(&mut self, qid: u16) {
+        self.book.cqs.remove(&qid);
+        match self.worker_for_cq(qid) {
+            Some(w) => w.call(move |e| e.delete_cq(qid)),
+            None => self.engine.delete_cq(qid),
+        }
+    }
+
+    /// Routes a trapped doorbell write to the engine that owns the queue.
+    pub(crate) fn io_doorbell(&mut self, qid: u16, kind: DoorbellKind, value: u32) {
+        let cqid = match kind {
+            DoorbellKind::SqTail => self.book.sqs.get(&qid).copied(),
+            DoorbellKind::CqHead => self.book.cqs.contains_key(&qid).then_some(qid),
+        };
+        match cqid.and_then(|c| self.worker_for_cq(c)) {
+            Some(w) => w.doorbell(qid, kind, value),
+            // Admin queue, inline mode, or a queue that does not exist (the engine
+            // raises Invalid Doorbell Register).
+            None => self.engine.doorbell(qid, kind, value),
+        }
+    }
+
+    pub(crate) fn io_attach_shadow(&mut self, b: ShadowBuffers) {
+        self.on_all_engines(move |e| e.attach_shadow(b));
+    }
+
+    pub(crate) fn io_set_vector_coalescing_disabled(&mut self, iv: u16, cd: bool) {
+        self.on_all_engines(move |e| e.set_vector_coalescing_disabled(iv, cd));
+    }
+
+    pub(crate) fn io_apply_settings(&mut self) {
+        let s = self.settings();
+        self.on_all_engines(move |e| s.apply(e));
+    }
+
+    pub(crate) fn io_set_memory(&mut self, mem: GuestMemory) {
+        self.on_all_engines(move |e| e.set_memory(mem.clone()));
+    }
+
+    /// Controller Level Reset of the data path: every queue goes.
+    pub(crate) fn io_reset(&mut self) {
+        self.book = QueueBook::default();
+        self.on_all_engines(|e| e.reset());
+    }
+
+    /// Lets every worker finish the commands it has (shutdown).
+    pub(crate) fn io_drain_workers(&mut self) {
+        for w in &self.workers {
+            w.call(|e| {
+                let mut idle = 0u32;
+                while e.busy() && e.fatal().is_none() && idle < 1_000_000 {
+                    if !e.poll() {
+                        idle += 1;
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// How to run the data path (`vnvme serve --workers N --poll MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub workers: usize,
+    pub poll: PollMode,
+}

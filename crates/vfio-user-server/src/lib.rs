@@ -1,0 +1,17 @@
+//! Serves an emulated NVMe controller to a VMM over vfio-user: QEMU's
+//! `-device vfio-user-pci` and Cloud Hypervisor's `--user-device`.
+//!
+//! - `pci`: the PCI function's config space (class 01-08-02, PM, MSI-X, PCIe).
+//! - `device`: answers protocol messages: regions, DMA maps, interrupts, reset.
+//! - `dma`: the client's shared memory as a guest memory map.
+//! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
+//! - `server`: the socket loop.
+
+pub mod device;
+pub mod dma;
+pub mod irq;
+pub mod pci;
+pub mod server;
+
+pub use device::{Device, DeviceOptions};
+pub use irq::EventFdInterrupts;

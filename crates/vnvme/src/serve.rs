@@ -1,0 +1,118 @@
+//! `vnvme serve`: the controller as a vfio-user device.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
+use tracing::info;
+use vfio_user_server::pci::PciIds;
+use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
+
+use crate::nsspec::NsSpec;
+
+/// Everything `serve` needs.
+#[derive(Debug)]
+pub struct ServeArgs {
+    pub socket: PathBuf,
+    pub namespaces: Vec<NsSpec>,
+    pub workers: usize,
+    pub poll: PollMode,
+    pub queues: u16,
+    pub serial: String,
+    pub pci_id: (u16, u16),
+    pub once: bool,
+    pub stats_file: Option<PathBuf>,
+}
+
+pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = ControllerConfig {
+        serial: a.serial.clone(),
+        max_io_queues: a.queues,
+        msix_vectors: a.queues + 1,
+        namespaces: a
+            .namespaces
+            .iter()
+            .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
+            .collect::<std::io::Result<_>>()?,
+        ..Default::default()
+    };
+    let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
+    let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
+    ctrl.spawn_workers(a.workers, a.poll)?;
+    let stats = ctrl.stats_handle();
+    let opts = DeviceOptions {
+        ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
+    };
+    let mut dev = Device::new(ctrl, irqs, opts)?;
+    let listener = server::bind(&a.socket)?;
+    for (i, ns) in a.namespaces.iter().enumerate() {
+        info!(nsid = i + 1, kind = ?ns.kind, size = ns.size, "namespace");
+    }
+    eprintln!(
+        "vnvme: serving {} namespace(s) on {} ({} worker(s), polling {:?}, {} queue pairs)",
+        a.namespaces.len(),
+        a.socket.display(),
+        a.workers,
+        a.poll,
+        a.queues
+    );
+    if let Some(path) = a.stats_file.clone() {
+        let stats = stats.clone();
+        std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
+            let _ = write_stats(&path, &stats.snapshot());
+            std::thread::sleep(Duration::from_millis(500));
+        })?;
+    }
+    let r = server::serve(&listener, &mut dev, if a.once { Some(1) } else { None });
+    let s = stats.snapshot();
+    eprintln!("vnvme: {}", summary(&s));
+    if let Some(p) = &a.stats_file {
+        write_stats(p, &s)?;
+    }
+    let _ = std::fs::remove_file(&a.socket);
+    r.map_err(Into::into)
+}
+
+fn summary(s: &StatsSnapshot) -> String {
+    let per = |n: u64| if s.io_commands == 0 { 0.0 } else { n as f64 / s.io_commands as f64 };
+    format!(
+        "{} I/O commands, {} admin; trapped I/O doorbell writes {} ({:.3}/cmd), interrupts {} ({:.3}/cmd)",
+        s.io_commands,
+        s.admin_commands,
+        s.io_doorbell_writes,
+        per(s.io_doorbell_writes),
+        s.interrupts,
+        per(s.interrupts)
+    )
+}
+
+/// Writes the counters as one JSON object (atomically, via a rename).
+fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let v = serde_json::json!({
+        "io_commands": s.io_commands,
+        "admin_commands": s.admin_commands,
+        "doorbell_writes": s.doorbell_writes,
+        "io_doorbell_writes": s.io_doorbell_writes,
+        "interrupts": s.interrupts,
+        "shadow_reads": s.shadow_reads,
+        "eventidx_races": s.eventidx_races,
+        "errors": s.errors,
+        "read_commands": s.read_commands,
+        "write_commands": s.write_commands,
+        "bytes_read": s.bytes_read,
+        "bytes_written": s.bytes_written,
+    });
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{v}")?;
+    std::fs::rename(tmp, path)
+}
+
+/// Parses `VVVV:DDDD` (hex).
+pub fn parse_pci_id(s: &str) -> Result<(u16, u16), String> {
+    let (v, d) = s.split_once(':').ok_or("expected VENDOR:DEVICE in hex, e.g. 1b36:0010")?;
+    let p = |x: &str| u16::from_str_radix(x, 16).map_err(|_| format!("bad hex id {x:?}"));
+    Ok((p(v)?, p(d)?))
+}
