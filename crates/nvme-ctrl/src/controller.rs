@@ -49,6 +49,8 @@ pub struct Controller {
     /// I/O worker threads (empty: everything runs in `process`).
     pub(crate) workers: Vec<crate::workers::Worker>,
     pub(crate) book: crate::routing::QueueBook,
+    /// Wakes every worker (see `doorbell_kick`).
+    pub(crate) kick: Arc<vmm_sys_util::eventfd::EventFd>,
     pub(crate) admin: AdminState,
     /// Memory page size from CC.MPS (valid while enabled).
     pub(crate) page_size: u64,
@@ -101,6 +103,7 @@ impl Controller {
             events: events.clone(),
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
+            dstrd: cfg.dstrd,
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let engine = IoEngine::new(ctx, mem)?;
@@ -122,6 +125,7 @@ impl Controller {
             workers: Vec::new(),
             page_size: 4096,
             book: Default::default(),
+            kick: Arc::new(vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?),
             admin,
             namespaces,
             events,

@@ -34,6 +34,8 @@ pub struct EngineContext {
     pub events: Arc<Events>,
     pub max_qid: u16,
     pub vectors: u16,
+    /// CAP.DSTRD.
+    pub dstrd: u8,
     /// Set by any engine that hit a fault it cannot report per command; the controller
     /// turns it into CSTS.CFS.
     pub fatal: Arc<std::sync::atomic::AtomicBool>,
@@ -82,6 +84,11 @@ pub struct IoEngine {
     free_tags: Vec<u32>,
     reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
+    /// A doorbell page mapped into the guest (BAR0 0x1000..), polled for doorbell
+    /// values the guest stores with no exit; addressed by BAR0 offset.
+    doorbell_page: Option<GuestMemory>,
+    /// Last value seen in each doorbell page slot: [sq tail, cq head] per queue.
+    page_seen: Vec<[u32; 2]>,
     /// Admin commands fetched from SQ 0, for the admin side to execute.
     pub(crate) admin_inbox: Vec<Sqe>,
     vectors: Vec<VectorState>,
@@ -118,6 +125,8 @@ impl IoEngine {
             reaped: Vec::new(),
             seg_pool: Vec::new(),
             admin_inbox: Vec::new(),
+            doorbell_page: None,
+            page_seen: vec![[0; 2]; n],
             vectors: vec![VectorState::default(); ctx.vectors as usize],
             coalescing: Coalescing::default(),
             burst: None,
@@ -165,11 +174,13 @@ impl IoEngine {
 
     pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
         self.cqs[qid as usize] = Some(CompletionQueue::new(qid, base, size, ien, iv));
+        self.clear_page_slot(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
 
     pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
         self.sqs[qid as usize] = Some(SubmissionQueue::new(qid, cqid, base, size));
+        self.clear_page_slot(qid, DoorbellKind::SqTail);
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.sq_count += 1;
         }
@@ -210,6 +221,12 @@ impl IoEngine {
     pub fn reset(&mut self) {
         for qid in self.active_sqs.clone() {
             self.delete_sq(qid);
+        }
+        if self.doorbell_page.is_some() {
+            for qid in 0..=self.ctx.max_qid {
+                self.clear_page_slot(qid, DoorbellKind::SqTail);
+                self.clear_page_slot(qid, DoorbellKind::CqHead);
+            }
         }
         for q in self.cqs.iter_mut() {
             *q = None;
@@ -315,6 +332,50 @@ impl IoEngine {
         if qid != 0 {
             Stats::add(&self.ctx.stats.io_doorbell_writes, 1);
         }
+        self.apply_doorbell(qid, kind, value);
+    }
+
+    /// Uses a mapped doorbell page (or stops using one).
+    pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) {
+        self.doorbell_page = page;
+        self.page_seen.iter_mut().for_each(|s| *s = [0; 2]);
+    }
+
+    fn page_slot(&self, qid: u16, kind: DoorbellKind) -> u64 {
+        nvme_spec::regs::offset::DOORBELL_BASE + nvme_spec::regs::doorbell_offset(qid, kind, self.ctx.dstrd)
+    }
+
+    /// Picks up a value the guest stored in the mapped doorbell page, as if it had been
+    /// a trapped write (without counting it as one). With shadow doorbells the shadow
+    /// slot is the source for I/O queues, but the admin queue's value only ever
+    /// arrives here (hosts never write its shadow slot).
+    fn sync_page(&mut self, qid: u16, kind: DoorbellKind) {
+        let Some(page) = &self.doorbell_page else { return };
+        if self.shadow.is_some() && qid != 0 {
+            return;
+        }
+        let Ok(v) = page.load_u32(self.page_slot(qid, kind)) else { return };
+        let seen = &mut self.page_seen[qid as usize][kind as usize];
+        if *seen == v {
+            return;
+        }
+        *seen = v;
+        self.apply_doorbell(qid, kind, v);
+    }
+
+    /// Zeroes a queue's doorbell page slot (queue created or controller reset), so a
+    /// value left by an earlier queue is not read as new work.
+    fn clear_page_slot(&mut self, qid: u16, kind: DoorbellKind) {
+        let slot = self.page_slot(qid, kind);
+        if let Some(page) = &self.doorbell_page {
+            let _ = page.store_u32(slot, 0);
+        }
+        if let Some(s) = self.page_seen.get_mut(qid as usize) {
+            s[kind as usize] = 0;
+        }
+    }
+
+    fn apply_doorbell(&mut self, qid: u16, kind: DoorbellKind, value: u32) {
         let (exists, valid) = match kind {
             // With shadow doorbells an I/O queue's tail may already be newer than this
             // (late) register value, so only the ring bounds apply to it; the shadow
@@ -429,6 +490,7 @@ impl IoEngine {
                 return 0;
             }
         }
+        self.sync_page(qid, DoorbellKind::SqTail);
         if let Some(b) = self.shadow {
             if !self.refresh_sq_tail(qid, b) {
                 return 0;
@@ -517,6 +579,7 @@ impl IoEngine {
 
     /// Refreshes CQ `qid`'s head from its shadow slot.
     fn refresh_cq_head(&mut self, qid: u16) {
+        self.sync_page(qid, DoorbellKind::CqHead);
         let Some(b) = self.shadow else { return };
         Stats::add(&self.ctx.stats.shadow_reads, 1);
         match b.load(&self.mem, qid, DoorbellKind::CqHead) {

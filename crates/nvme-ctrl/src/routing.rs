@@ -62,7 +62,7 @@ impl Controller {
         for i in 0..n {
             let mut e = IoEngine::new(self.engine.ctx.clone(), self.engine.mem.clone())?;
             self.settings().apply(&mut e);
-            self.workers.push(Worker::spawn(i, e, mode)?);
+            self.workers.push(Worker::spawn(i, e, mode, Some(self.kick.clone()))?);
         }
         Ok(())
     }
@@ -141,6 +141,22 @@ impl Controller {
             // raises Invalid Doorbell Register).
             None => self.engine.doorbell(qid, kind, value),
         }
+    }
+
+    /// Polls a doorbell page mapped into the guest (BAR0 offsets, starting at the first
+    /// doorbell) on every engine. The guest's stores there produce no notification, so
+    /// workers must poll ([`PollMode::Always`]) and the admin side must call
+    /// [`Controller::process`] periodically.
+    pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) {
+        self.on_all_engines(move |e| e.set_doorbell_page(page.clone()));
+    }
+
+    /// The eventfd that wakes every worker to look at its queues' shadow doorbells:
+    /// what a VMM wires to the doorbell registers as an ioeventfd (vfio-user
+    /// DEVICE_GET_REGION_IO_FDS). The written value is lost, so this only carries
+    /// notifications for hosts that use shadow doorbells.
+    pub fn doorbell_kick(&self) -> std::sync::Arc<vmm_sys_util::eventfd::EventFd> {
+        self.kick.clone()
     }
 
     pub(crate) fn io_attach_shadow(&mut self, b: ShadowBuffers) {

@@ -105,7 +105,14 @@ impl std::fmt::Debug for Worker {
 
 impl Worker {
     /// Starts a worker thread that owns `engine`.
-    pub fn spawn(index: usize, engine: IoEngine, mode: PollMode) -> std::io::Result<Self> {
+    /// `kick`, if given, is an eventfd shared by all workers (watched edge-triggered,
+    /// so one write wakes every worker and nobody needs to drain it).
+    pub fn spawn(
+        index: usize,
+        engine: IoEngine,
+        mode: PollMode,
+        kick: Option<Arc<EventFd>>,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             wake: EventFd::new(EFD_NONBLOCK)?,
             sleeping: AtomicBool::new(false),
@@ -116,7 +123,7 @@ impl Worker {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vnvme-q{index}"))
-            .spawn(move || run(engine, rx, s, mode))?;
+            .spawn(move || run(engine, rx, s, mode, kick))?;
         Ok(Worker { tx, shared, thread: Some(thread), index })
     }
 
@@ -163,7 +170,13 @@ impl Drop for Worker {
     }
 }
 
-fn run(mut engine: IoEngine, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>, mode: PollMode) {
+fn run(
+    mut engine: IoEngine,
+    rx: mpsc::Receiver<Msg>,
+    shared: Arc<Shared>,
+    mode: PollMode,
+    kick: Option<Arc<EventFd>>,
+) {
     let epoll = match Epoll::new() {
         Ok(e) => e,
         Err(e) => {
@@ -176,6 +189,10 @@ fn run(mut engine: IoEngine, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>, mode:
         epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 0));
     if let Some(t) = &timer {
         let _ = epoll.ctl(ControlOperation::Add, t.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 1));
+    }
+    if let Some(k) = &kick {
+        let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, 2);
+        let _ = epoll.ctl(ControlOperation::Add, k.as_raw_fd_compat(), ev);
     }
     let mut budget = START_SPIN;
     let mut events = [EpollEvent::default(); 8];

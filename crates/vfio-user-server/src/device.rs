@@ -15,6 +15,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::dma::{DmaError, DmaRegions, MAX_DMA_MAPS};
+use crate::doorbells::{DoorbellMode, DoorbellPage, DOORBELL_PAGE, DOORBELL_PAGE_LEN};
 use crate::irq::EventFdInterrupts;
 use crate::pci::{ConfigSpace, PciIds, PBA_OFFSET};
 
@@ -60,6 +61,7 @@ impl DeviceError {
             DeviceError::Dma(DmaError::Map(_)) => libc::EFAULT,
             DeviceError::Dma(DmaError::Invalid(..)) => libc::EINVAL,
             DeviceError::Dma(DmaError::TooMany(_)) => libc::ENOSPC,
+            DeviceError::Dma(DmaError::BeyondFile { .. }) => libc::EINVAL,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
             DeviceError::NoVersion => libc::EPROTO,
         }
@@ -70,6 +72,7 @@ impl DeviceError {
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceOptions {
     pub ids: PciIds,
+    pub doorbells: DoorbellMode,
 }
 
 impl Default for DeviceOptions {
@@ -84,6 +87,7 @@ impl Default for DeviceOptions {
                 subsystem: 0x1100,
                 revision: 2,
             },
+            doorbells: DoorbellMode::Trapped,
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct Device {
     irqs: Arc<EventFdInterrupts>,
     dma: DmaRegions,
     negotiated: bool,
+    doorbells: DoorbellMode,
+    page: Option<DoorbellPage>,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -112,6 +118,15 @@ impl Device {
             let _ = e.write(1);
         }));
         let bar0_len = ctrl.bar0_len();
+        let mut ctrl = ctrl;
+        let page = match opts.doorbells {
+            DoorbellMode::Mapped => {
+                let p = DoorbellPage::new(bar0_len)?;
+                ctrl.set_doorbell_page(Some(p.mem.clone()));
+                Some(p)
+            }
+            _ => None,
+        };
         let vectors = irqs.vectors() as u16;
         let config = ConfigSpace::new(opts.ids, bar0_len, BAR4_LEN, vectors);
         Ok(Device {
@@ -123,7 +138,15 @@ impl Device {
             irqs,
             dma: DmaRegions::default(),
             negotiated: false,
+            doorbells: opts.doorbells,
+            page,
         })
+    }
+
+    /// How often the server loop must run the admin side without a message (the
+    /// admin doorbell is not trapped in `Mapped` mode).
+    pub fn admin_poll_interval(&self) -> Option<std::time::Duration> {
+        self.page.as_ref().map(|_| std::time::Duration::from_millis(1))
     }
 
     /// The eventfd the controller signals when an asynchronous event is raised.
@@ -185,7 +208,7 @@ impl Device {
         };
         self.negotiated = true;
         info!(client_caps = ?caps, "vfio-user version negotiated");
-        Ok(Reply::ok(version::encode(version::MAJOR, version::MINOR.min(minor), &ours)))
+        Ok(Reply::ok(version::encode(version::MAJOR, version::MINOR, &ours)))
     }
 
     fn dma_map(&mut self, msg: Message) -> Result<Reply, DeviceError> {
@@ -249,7 +272,7 @@ impl Device {
         let index = req.index.get();
         let (size, flags) =
             self.region_size(index).ok_or_else(|| DeviceError::Invalid(format!("region index {index}")))?;
-        let info = RegionInfo {
+        let mut info = RegionInfo {
             argsz: U32::new(size_of::<RegionInfo>() as u32),
             flags: U32::new(flags),
             index: U32::new(index),
@@ -257,7 +280,32 @@ impl Device {
             size: U64::new(size),
             offset: U64::new(0),
         };
-        Ok(Reply::ok(info.as_bytes()))
+        let Some(page) = self.page.as_ref().filter(|_| index == REGION_BAR0) else {
+            return Ok(Reply::ok(info.as_bytes()));
+        };
+        // BAR0 with its doorbell page mappable: one sparse-mmap area.
+        let mut caps = Vec::new();
+        caps.extend_from_slice(
+            CapHeader { id: CAP_SPARSE_MMAP.into(), version: 1.into(), next: U32::new(0) }.as_bytes(),
+        );
+        caps.extend_from_slice(SparseMmapHeader { nr_areas: U32::new(1), reserved: U32::new(0) }.as_bytes());
+        caps.extend_from_slice(
+            SparseMmapArea { offset: U64::new(DOORBELL_PAGE), size: U64::new(DOORBELL_PAGE_LEN) }.as_bytes(),
+        );
+        let need = (size_of::<RegionInfo>() + caps.len()) as u32;
+        info.argsz.set(need);
+        info.flags.set(flags | REGION_FLAG_MMAP);
+        if req.argsz.get() < need {
+            // Too small for the capabilities: the client asks again with `need`. No
+            // CAPS flag here: QEMU rejects CAPS with a cap_offset outside the reply.
+            return Ok(Reply::ok(info.as_bytes()));
+        }
+        info.flags.set(flags | REGION_FLAG_MMAP | REGION_FLAG_CAPS);
+        info.cap_offset.set(size_of::<RegionInfo>() as u32);
+        let mut payload = info.as_bytes().to_vec();
+        payload.extend_from_slice(&caps);
+        let fd = page.fd().map_err(|e| DeviceError::Invalid(e.to_string()))?;
+        Ok(Reply::Ok(payload, vec![fd]))
     }
 
     fn region_io_fds(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
@@ -265,14 +313,49 @@ impl Device {
             msg.payload_as().ok_or(DeviceError::Malformed(Command::DeviceGetRegionIoFds, "short payload"))?;
         let index = req.index.get();
         self.region_size(index).ok_or_else(|| DeviceError::Invalid(format!("region index {index}")))?;
-        // No region has ioeventfd-capable sub-regions yet: an empty list.
-        let reply = RegionIoFds {
+        let mut reply = RegionIoFds {
             argsz: U32::new(size_of::<RegionIoFds>() as u32),
             flags: U32::new(0),
             index: U32::new(index),
             count: U32::new(0),
         };
-        Ok(Reply::ok(reply.as_bytes()))
+        if index != REGION_BAR0 || self.doorbells != DoorbellMode::EventFd {
+            return Ok(Reply::ok(reply.as_bytes()));
+        }
+        // Every I/O queue doorbell, never the admin queue's: hosts do not use shadow
+        // doorbells for it, so its values must arrive as trapped writes.
+        let dstrd = self.ctrl.cap().dstrd();
+        let max_qid = (self.irqs.vectors() as u16).saturating_sub(1);
+        let mut subs = Vec::new();
+        for qid in 1..=max_qid {
+            for kind in [nvme_spec::regs::DoorbellKind::SqTail, nvme_spec::regs::DoorbellKind::CqHead] {
+                let off = DOORBELL_PAGE + nvme_spec::regs::doorbell_offset(qid, kind, dstrd);
+                if off + 4 > self.bar0_len {
+                    continue;
+                }
+                subs.push(IoFdSubRegion { offset: U64::new(off), size: U64::new(4), ..Default::default() });
+            }
+        }
+        let need = (size_of::<RegionIoFds>() + subs.len() * size_of::<IoFdSubRegion>()) as u32;
+        reply.argsz.set(need);
+        reply.count.set(subs.len() as u32);
+        if req.argsz.get() < need {
+            return Ok(Reply::ok(reply.as_bytes()));
+        }
+        let mut payload = reply.as_bytes().to_vec();
+        for s in &subs {
+            payload.extend_from_slice(s.as_bytes());
+        }
+        let kick = self.ctrl.doorbell_kick();
+        // SAFETY: dup of a descriptor the EventFd keeps open for as long as `kick`
+        // lives; the result is checked and owned exclusively by the new OwnedFd.
+        let raw = unsafe { libc::dup(kick.as_raw_fd()) };
+        if raw < 0 {
+            return Err(DeviceError::Invalid(std::io::Error::last_os_error().to_string()));
+        }
+        // SAFETY: `raw` is a fresh descriptor returned by dup above.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        Ok(Reply::Ok(payload, vec![fd]))
     }
 
     fn irq_count(&self, index: u32) -> Option<(u32, u32)> {
@@ -385,13 +468,11 @@ impl Device {
                 }
                 self.ctrl.mmio_read(off, &mut data);
             }
-            REGION_BAR4 => {
-                // The MSI-X table is storage; the PBA reads as zero (pending bits live
-                // with whoever owns masking, i.e. the client).
-                if off < PBA_OFFSET {
-                    let end = (off + count as u64).min(PBA_OFFSET) as usize;
-                    data[..end - off as usize].copy_from_slice(&self.bar4[off as usize..end]);
-                }
+            // The MSI-X table is storage; the PBA reads as zero (pending bits live with
+            // whoever owns masking, i.e. the client).
+            REGION_BAR4 if off < PBA_OFFSET => {
+                let end = (off + count as u64).min(PBA_OFFSET) as usize;
+                data[..end - off as usize].copy_from_slice(&self.bar4[off as usize..end]);
             }
             _ => {}
         }
@@ -415,15 +496,18 @@ impl Device {
                 if !matches!(count, 4 | 8) {
                     warn!(target: "vnvme::guest", off, count, "BAR0 write of unsupported size ignored");
                 } else {
+                    if let Some(p) = &self.page {
+                        if (DOORBELL_PAGE..DOORBELL_PAGE + DOORBELL_PAGE_LEN).contains(&off) {
+                            let _ = p.mem.write(off, data);
+                        }
+                    }
                     self.ctrl.mmio_write(off, data);
                     self.ctrl.process();
                 }
             }
-            REGION_BAR4 => {
-                if off < PBA_OFFSET {
-                    let end = (off + count as u64).min(PBA_OFFSET) as usize;
-                    self.bar4[off as usize..end].copy_from_slice(&data[..end - off as usize]);
-                }
+            REGION_BAR4 if off < PBA_OFFSET => {
+                let end = (off + count as u64).min(PBA_OFFSET) as usize;
+                self.bar4[off as usize..end].copy_from_slice(&data[..end - off as usize]);
             }
             _ => {}
         }

@@ -9,9 +9,11 @@
 
 pub mod device;
 pub mod dma;
+pub mod doorbells;
 pub mod irq;
 pub mod pci;
 pub mod server;
 
 pub use device::{Device, DeviceOptions};
+pub use doorbells::DoorbellMode;
 pub use irq::EventFdInterrupts;

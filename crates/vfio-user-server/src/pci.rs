@@ -44,7 +44,7 @@ impl ConfigSpace {
     /// Builds the config space for an NVMe function with `bar0` bytes of registers and
     /// `vectors` MSI-X vectors (table and PBA in BAR4 of `bar4` bytes).
     pub fn new(ids: PciIds, bar0: u64, bar4: u64, vectors: u16) -> Self {
-        assert!(bar0.is_power_of_two() && bar4.is_power_of_two() && vectors >= 1 && vectors <= 2048);
+        assert!(bar0.is_power_of_two() && bar4.is_power_of_two() && (1..=2048).contains(&vectors));
         let mut c = ConfigSpace {
             data: [0; CONFIG_SIZE],
             wmask: [0; CONFIG_SIZE],

@@ -66,8 +66,9 @@ pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), Proto
     epoll.ctl(ControlOperation::Add, events.as_raw_fd(), EpollEvent::new(EventSet::IN, 1))?;
     let mut conn = Connection::new(stream);
     let mut ready = [EpollEvent::default(); 2];
+    let timeout = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
     loop {
-        let n = match epoll.wait(-1, &mut ready) {
+        let n = match epoll.wait(timeout, &mut ready) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
@@ -80,6 +81,11 @@ pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), Proto
             } else {
                 socket_ready = true;
             }
+        }
+        if n == 0 {
+            // Admin poll tick (mapped doorbells: the admin doorbell is not trapped).
+            device.ctrl.process();
+            continue;
         }
         if !socket_ready {
             continue;

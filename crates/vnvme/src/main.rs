@@ -51,6 +51,11 @@ enum Cmd {
         /// Write the controller's counters (JSON) here twice a second and at exit.
         #[arg(long)]
         stats_file: Option<std::path::PathBuf>,
+        /// How doorbell writes arrive: trapped (REGION_WRITE messages), eventfd (IO FDs
+        /// offered for I/O queue doorbells; needs a guest using shadow doorbells) or
+        /// mapped (doorbell page mapped into the guest; workers poll it).
+        #[arg(long, default_value = "trapped")]
+        doorbells: vfio_user_server::DoorbellMode,
     },
     /// Run the controller in this process against a built-in host that drives it
     /// the way Linux's nvme driver does, and show it working: bring-up, Identify,
@@ -78,7 +83,18 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let r = match cli.cmd {
-        Cmd::Serve { socket, namespaces, workers, poll, queues, serial, pci_id, once, stats_file } => {
+        Cmd::Serve {
+            socket,
+            namespaces,
+            workers,
+            poll,
+            queues,
+            serial,
+            pci_id,
+            once,
+            stats_file,
+            doorbells,
+        } => {
             if workers == 0 || !(1..=511).contains(&queues) {
                 Err("--workers must be at least 1 and --queues 1..=511".to_string())
             } else {
@@ -92,6 +108,7 @@ fn main() -> std::process::ExitCode {
                     pci_id,
                     once,
                     stats_file,
+                    doorbells,
                 })
                 .map_err(|e| e.to_string())
             }

@@ -24,6 +24,7 @@ pub struct ServeArgs {
     pub pci_id: (u16, u16),
     pub once: bool,
     pub stats_file: Option<PathBuf>,
+    pub doorbells: vfio_user_server::DoorbellMode,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -40,10 +41,18 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
     let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
-    ctrl.spawn_workers(a.workers, a.poll)?;
+    // A mapped doorbell page produces no notification: workers must poll it.
+    let poll = if a.doorbells == vfio_user_server::DoorbellMode::Mapped { PollMode::Always } else { a.poll };
+    if poll != a.poll {
+        eprintln!(
+            "vnvme: --doorbells mapped: workers poll always (the guest's doorbell stores do not notify)"
+        );
+    }
+    ctrl.spawn_workers(a.workers, poll)?;
     let stats = ctrl.stats_handle();
     let opts = DeviceOptions {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
+        doorbells: a.doorbells,
     };
     let mut dev = Device::new(ctrl, irqs, opts)?;
     let listener = server::bind(&a.socket)?;
@@ -51,11 +60,12 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         info!(nsid = i + 1, kind = ?ns.kind, size = ns.size, "namespace");
     }
     eprintln!(
-        "vnvme: serving {} namespace(s) on {} ({} worker(s), polling {:?}, {} queue pairs)",
+        "vnvme: serving {} namespace(s) on {} ({} worker(s), polling {:?}, doorbells {:?}, {} queue pairs)",
         a.namespaces.len(),
         a.socket.display(),
         a.workers,
-        a.poll,
+        poll,
+        a.doorbells,
         a.queues
     );
     if let Some(path) = a.stats_file.clone() {
