@@ -30,6 +30,9 @@ into a small cpio archive that is prepended to the kernel's initramfs.
   --log FILE       also write the serial output to FILE
   --verbose        kernel messages on the console (no 'quiet')
   --print-cmd      print the QEMU command line before running it
+  --reboot         let a guest reboot reset the machine (default: QEMU exits,
+                   -no-reboot); the guest script then runs again after the
+                   reboot and must tell the passes apart itself
   -- ARGS...       passed to QEMU as is, e.g.
                    -drive file=d.img,if=none,id=d0,format=raw -device nvme,serial=x,drive=d0
 
@@ -39,7 +42,7 @@ EOF
 }
 
 kernel=bookworm initrd="" script="" shell=0 accel="${VNVME_ACCEL:-auto}"
-mem=1G smp=2 timeout_s=600 append="" logfile="" verbose=0 print_cmd=0
+mem=1G smp=2 timeout_s=600 append="" logfile="" verbose=0 print_cmd=0 reboot=0
 adds=() qemu_extra=()
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -57,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --log) logfile=$2; shift 2 ;;
     --verbose) verbose=1; shift ;;
     --print-cmd) print_cmd=1; shift ;;
+    --reboot) reboot=1; shift ;;
     -h | --help) usage; exit 0 ;;
     --) shift; qemu_extra=("$@"); break ;;
     *) usage >&2; exit 2 ;;
@@ -136,10 +140,14 @@ cmdline="console=ttyS0 panic=-1 mitigations=off"
 [[ -n $append ]] && cmdline+=" $append"
 
 # process=: the thread name shown by ps (otherwise ld-linux-x86-64, see GUEST.md).
-cmd=("$qemu" -name "vnvme-guest,process=qemu-vnvme" -accel "$accel" -cpu "$cpu" -smp "$smp"
+# debug-threads=on names the vCPU threads "CPU n/TCG" (or /KVM), so that
+# bench-guest.sh can tell vCPU time from device-side time in /proc/PID/task.
+noreboot=(-no-reboot)
+[[ $reboot -eq 1 ]] && noreboot=()
+cmd=("$qemu" -name "vnvme-guest,process=qemu-vnvme,debug-threads=on" -accel "$accel" -cpu "$cpu" -smp "$smp"
     -object "memory-backend-memfd,id=mem,size=$mem,share=on"
     -machine "q35,memory-backend=mem" -m "$mem"
-    -nographic -no-reboot -nic none
+    -nographic "${noreboot[@]}" -nic none
     -kernel "$vmlinuz" -initrd "$work/initrd" -append "$cmdline"
     "${qemu_extra[@]}")
 if [[ $print_cmd -eq 1 ]]; then log "qemu command: ${cmd[*]}"; fi

@@ -3,6 +3,12 @@
 //! unmaps match) but are not reachable: we never use DMA_READ/DMA_WRITE messages,
 //! which QEMU serves from its main loop and which would deadlock against a vCPU
 //! waiting on us.
+//!
+//! Read-only regions (QEMU maps ROMs without DMA_MAP_FLAG_WRITE) are not reachable
+//! either: a guest memory map has no per-region permissions, so a controller write
+//! aimed at one (a completion queue placed in ROM) would hit a PROT_READ mapping and
+//! kill the server with SIGSEGV. An NVMe controller only ever reads guest ROM as the
+//! source of a Write command, which no driver does.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,12 +35,27 @@ pub enum DmaError {
     Map(#[from] guest_mem::MemError),
     #[error("too many DMA regions (limit {0})")]
     TooMany(usize),
+    #[error("file range {offset:#x}+{size:#x} extends past the end of the file ({file_len:#x} bytes)")]
+    BeyondFile { offset: u64, size: u64, file_len: u64 },
 }
 
 /// The DMA map of one client.
 #[derive(Debug, Default)]
 pub struct DmaRegions {
     regions: BTreeMap<u64, Region>,
+}
+
+/// Refuses a mapping of a regular file (a memfd, a hugetlbfs or tmpfs file) that
+/// reaches past its end: mmap would succeed, and the first access there would kill
+/// the server with SIGBUS. (A client that shrinks the file after mapping can still do
+/// that; QEMU never does.) Other kinds of file (device memory) have no length to check.
+fn check_file_range(fd: &OwnedFd, offset: u64, size: u64) -> Result<(), DmaError> {
+    let unreadable = |e| DmaError::Map(guest_mem::MemError::Map { len: size, source: Arc::new(e) });
+    let meta = std::fs::File::from(fd.try_clone().map_err(unreadable)?).metadata().map_err(unreadable)?;
+    if meta.file_type().is_file() && offset.checked_add(size).is_none_or(|end| end > meta.len()) {
+        return Err(DmaError::BeyondFile { offset, size, file_len: meta.len() });
+    }
+    Ok(())
 }
 
 /// Most simultaneous DMA regions we accept (we advertise `max_dma_maps`).
@@ -57,7 +78,11 @@ impl DmaRegions {
             return Err(DmaError::TooMany(MAX_DMA_MAPS));
         }
         let map = match fd {
-            Some(fd) => Some(Arc::new(Mapping::from_fd(fd.as_fd(), offset, size, writable)?)),
+            Some(_) if !writable => None,
+            Some(fd) => {
+                check_file_range(&fd, offset, size)?;
+                Some(Arc::new(Mapping::from_fd(fd.as_fd(), offset, size, true)?))
+            }
             None => None,
         };
         self.regions.insert(iova, Region { size, map });
@@ -95,5 +120,40 @@ impl DmaRegions {
             }
         }
         mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(tag: &str, len: u64) -> OwnedFd {
+        let p = std::env::temp_dir().join(format!("vnvme-dma-{tag}-{}", std::process::id()));
+        let f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        f.set_len(len).unwrap();
+        f.into()
+    }
+
+    #[test]
+    fn mappings_past_the_end_of_the_file_are_refused() {
+        let mut d = DmaRegions::default();
+        let e = d.map(0x10000, 0x2000, Some(file("eof1", 0x1000)), 0, true).unwrap_err();
+        assert!(matches!(e, DmaError::BeyondFile { file_len: 0x1000, .. }), "{e}");
+        let e = d.map(0x10000, 0x1000, Some(file("eof2", 0x1000)), 0x1000, true).unwrap_err();
+        assert!(matches!(e, DmaError::BeyondFile { .. }), "{e}");
+        assert!(d.map(0x10000, 0x1000, Some(file("eof3", 0x2000)), 0x1000, true).is_ok());
+        assert_eq!(d.memory().size(), 0x1000);
+    }
+
+    #[test]
+    fn read_only_regions_are_remembered_but_unreachable() {
+        let mut d = DmaRegions::default();
+        d.map(0x10000, 0x1000, Some(file("ro", 0x1000)), 0, false).unwrap();
+        assert_eq!(d.len(), 1);
+        assert!(d.memory().check_range(0x10000, 1).is_err(), "a controller write there would fault");
+        assert!(matches!(d.map(0x10000, 0x1000, None, 0, true), Err(DmaError::Overlap(..))));
+        d.unmap(0x10000, 0x1000).unwrap();
+        assert!(d.is_empty());
     }
 }

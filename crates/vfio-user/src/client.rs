@@ -2,7 +2,7 @@
 //! server's cross-process tests use to talk to a server.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -67,6 +67,18 @@ impl Client {
         parts: &[&[u8]],
         fds: &[BorrowedFd<'_>],
     ) -> Result<crate::Message, ClientError> {
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        self.request_raw(cmd, parts, &raw)
+    }
+
+    /// [`Client::request`] with descriptors given as raw numbers (they are only
+    /// passed to the kernel, which checks them; an invalid one fails the send).
+    pub fn request_raw(
+        &mut self,
+        cmd: Command,
+        parts: &[&[u8]],
+        fds: &[RawFd],
+    ) -> Result<crate::Message, ClientError> {
         let id = self.send(cmd, parts, fds, false)?;
         let m = self.conn.recv()?;
         let f = MsgFlags(m.header.flags.get());
@@ -83,7 +95,7 @@ impl Client {
         &mut self,
         cmd: Command,
         parts: &[&[u8]],
-        fds: &[BorrowedFd<'_>],
+        fds: &[RawFd],
         no_reply: bool,
     ) -> Result<u16, ClientError> {
         let id = self.next_id;
@@ -95,8 +107,7 @@ impl Client {
             flags: U32::new(flags),
             ..Default::default()
         };
-        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        self.conn.send(h, parts, &raw)?;
+        self.conn.send(h, parts, fds)?;
         Ok(id)
     }
 
@@ -131,11 +142,11 @@ impl Client {
     }
 
     /// Installs eventfds for `index` vectors `start..start+fds.len()`.
-    pub fn set_irq_eventfds(
+    pub fn set_irq_eventfds<F: AsRawFd>(
         &mut self,
         index: u32,
         start: u32,
-        fds: &[BorrowedFd<'_>],
+        fds: &[F],
     ) -> Result<(), ClientError> {
         let s = SetIrqs {
             argsz: U32::new(20),
@@ -149,7 +160,8 @@ impl Client {
             let mut s = s;
             s.start.set(start + chunk_start as u32);
             s.count.set(chunk.len() as u32);
-            self.request(Command::DeviceSetIrqs, &[s.as_bytes()], chunk)?;
+            let raw: Vec<RawFd> = chunk.iter().map(|f| f.as_raw_fd()).collect();
+            self.request_raw(Command::DeviceSetIrqs, &[s.as_bytes()], &raw)?;
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! The vnvme command-line program.
 
 mod demo;
+mod identify;
 mod nsspec;
+mod perf;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -74,6 +76,53 @@ enum Cmd {
         #[arg(long)]
         no_shadow: bool,
     },
+    /// Connect to a vfio-user NVMe device with the userspace driver and print what
+    /// Identify says: controller, capabilities, namespaces.
+    Identify {
+        /// UNIX socket of the vfio-user server (e.g. `vnvme serve --socket`).
+        #[arg(long)]
+        socket: std::path::PathBuf,
+    },
+    /// Load generator: drive a vfio-user NVMe device with the userspace driver and
+    /// report IOPS, bandwidth, latency percentiles, CPU per I/O and doorbell counters.
+    Perf {
+        /// UNIX socket of the vfio-user server.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// randread, randwrite, read, write or randrw.
+        #[arg(long, default_value = "randread")]
+        rw: perf::Workload,
+        /// Read percentage for randrw.
+        #[arg(long, default_value_t = 70)]
+        mix: u8,
+        /// Block size per I/O (e.g. 4k, 128k).
+        #[arg(long, default_value = "4k", value_parser = nsspec::parse_size)]
+        bs: u64,
+        /// Commands in flight per queue.
+        #[arg(long, default_value_t = 16)]
+        qd: u16,
+        /// I/O queue pairs, one thread each.
+        #[arg(long, default_value_t = 1)]
+        queues: u16,
+        /// How long to run (e.g. 5s, 500ms).
+        #[arg(long, default_value = "5s", value_parser = perf::parse_duration)]
+        runtime: std::time::Duration,
+        /// Namespace ID.
+        #[arg(long = "ns", default_value_t = 1)]
+        nsid: u32,
+        /// trapped, shadow (EventIdx), sync, eventfd or mapped.
+        #[arg(long, default_value = "shadow")]
+        doorbells: perf::Doorbells,
+        /// poll (spin on the CQ) or irq (sleep on the MSI-X eventfd).
+        #[arg(long, default_value = "poll", value_parser = perf::parse_completion)]
+        completion: nvme_driver::CompletionMode,
+        /// Write the results and every knob as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// The server's --stats-file, read before and after the run.
+        #[arg(long)]
+        server_stats: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -116,6 +165,35 @@ fn main() -> std::process::ExitCode {
         Cmd::Demo { namespaces, queues, commands, no_shadow } => {
             demo::run(&namespaces, queues, commands, !no_shadow).map_err(|e| e.to_string())
         }
+        Cmd::Identify { socket } => identify::run(&socket).map_err(|e| e.to_string()),
+        Cmd::Perf {
+            socket,
+            rw,
+            mix,
+            bs,
+            qd,
+            queues,
+            runtime,
+            nsid,
+            doorbells,
+            completion,
+            json,
+            server_stats,
+        } => perf::run(perf::PerfArgs {
+            socket,
+            rw,
+            mix,
+            bs,
+            qd,
+            queues,
+            runtime,
+            nsid,
+            doorbells,
+            completion,
+            json,
+            server_stats,
+        })
+        .map_err(|e| e.to_string()),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,516 @@
+//! Bring-up and ownership of the queues: [`NvmeDriver`].
+//!
+//! Bring-up follows Linux `drivers/nvme/host/pci.c`: disable (CC.EN = 0, wait for
+//! CSTS.RDY = 0 within CAP.TO), program AQA/ASQ/ACQ, write CC (IOSQES 6, IOCQES 4,
+//! MPS 0) then CC.EN = 1, wait for RDY; Identify the controller and the active
+//! namespaces; Set Features Number of Queues; create the I/O queue pairs (CQ with
+//! interrupt vector = qid); then Doorbell Buffer Config, *after* the queues exist,
+//! when OACS bit 8 says the controller has it and shadow doorbells are wanted.
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvme_spec::command::Psdt;
+use nvme_spec::features::{fid, NumberOfQueues};
+use nvme_spec::identify::{cns, IdentifyController, IdentifyNamespace};
+use nvme_spec::opcode::admin as aop;
+use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind, ShutdownStatus};
+use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
+use tracing::{debug, info};
+use zerocopy::little_endian::U32;
+use zerocopy::FromBytes;
+
+use crate::command::{Completion, IoCommand, LbaRange, Prepared};
+use crate::dma::{DmaBuf, DmaPool, PAGE};
+use crate::doorbell::{lock, Doorbell, ShadowBuffers, SharedTransport};
+use crate::error::{DriverError, Result};
+use crate::identify::{ControllerInfo, NamespaceInfo, NsGeometry};
+use crate::queue::{IoQueue, QueueParts};
+use crate::transport::{DmaRegion, Transport};
+
+/// How the host learns that commands completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionMode {
+    /// Spin on the CQ; I/O CQs are created with interrupts disabled.
+    Polling,
+    /// Sleep on the CQ's MSI-X eventfd, then reap.
+    Interrupts,
+}
+
+/// What [`NvmeDriver::new`] sets up.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverOptions {
+    /// I/O queue pairs to create (fewer if the controller grants fewer; 0: admin only).
+    pub io_queues: u16,
+    /// Entries per I/O queue (capped by CAP.MQES); depth is one less.
+    pub queue_size: u16,
+    /// Use Doorbell Buffer Config when the controller supports it.
+    pub shadow_doorbells: bool,
+    pub completion: CompletionMode,
+    /// DMA buffer pool of each I/O queue, in bytes.
+    pub pool_bytes: u64,
+    /// Bound on every wait: controller state changes and command completions.
+    pub timeout: Duration,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        DriverOptions {
+            io_queues: 1,
+            queue_size: 256,
+            shadow_doorbells: true,
+            completion: CompletionMode::Polling,
+            pool_bytes: 8 << 20,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+const ADMIN_ENTRIES: u16 = 32;
+/// Admin DMA memory: ASQ, ACQ, then the buffers for admin data and DBBUF.
+const ADMIN_BYTES: u64 = 1 << 20;
+
+/// A userspace NVMe driver bound to one controller through a [`Transport`].
+#[derive(Debug)]
+pub struct NvmeDriver {
+    transport: SharedTransport,
+    admin: IoQueue,
+    admin_pool: DmaPool,
+    controller: ControllerInfo,
+    namespaces: Vec<NamespaceInfo>,
+    /// I/O queues by qid - 1; None once taken out.
+    queues: Vec<Option<IoQueue>>,
+    dbbuf: Option<ShadowBuffers>,
+    opts: DriverOptions,
+}
+
+impl NvmeDriver {
+    /// Brings the controller up and creates the I/O queues.
+    pub fn new(transport: Box<dyn Transport>, opts: DriverOptions) -> Result<Self> {
+        if opts.queue_size < 2 {
+            return Err(DriverError::Invalid("I/O queues need at least 2 entries".into()));
+        }
+        let t: SharedTransport = Arc::new(Mutex::new(transport));
+        let (cap, vs) = {
+            let mut g = lock(&t);
+            (Cap(g.read64(offset::CAP)?), g.read32(offset::VS)?)
+        };
+        if cap.css() & 1 == 0 {
+            return Err(DriverError::Unsupported("CAP.CSS: no NVM command set".into()));
+        }
+        if cap.mpsmin() != 0 {
+            return Err(DriverError::Unsupported(format!(
+                "CAP.MPSMIN {}: 4 KiB pages required",
+                cap.mpsmin()
+            )));
+        }
+        let ready_timeout = Duration::from_millis(500 * cap.to().max(1) as u64);
+        let dstrd = cap.dstrd();
+
+        // Disable, like nvme_disable_ctrl.
+        let cc = Cc(lock(&t).read32(offset::CC)?);
+        let csts = Csts(lock(&t).read32(offset::CSTS)?);
+        if cc.en() || csts.rdy() {
+            lock(&t).write32(offset::CC, cc.with_en(false).0)?;
+        }
+        wait_ready(&t, false, ready_timeout)?;
+
+        // Admin queue.
+        let admin_mem = lock(&t).dma_alloc(ADMIN_BYTES)?;
+        let asq = admin_mem.iova;
+        let acq = asq + PAGE;
+        let dbbuf_pages = ShadowPages::pages(opts.io_queues, dstrd);
+        let shadow = acq + PAGE;
+        let eventidx = shadow + dbbuf_pages * PAGE;
+        let pool_start = eventidx + dbbuf_pages * PAGE;
+        let admin_pool = DmaPool::new(DmaRegion {
+            iova: pool_start,
+            len: admin_mem.iova + admin_mem.len - pool_start,
+            mem: admin_mem.mem.clone(),
+        })?;
+        {
+            let mut g = lock(&t);
+            g.write32(offset::AQA, Aqa::new(ADMIN_ENTRIES - 1, ADMIN_ENTRIES - 1).0)?;
+            g.write64(offset::ASQ, asq)?;
+            g.write64(offset::ACQ, acq)?;
+            // CSS 0 (NVM), MPS 0 (4 KiB), AMS 0 (round robin), IOSQES 6, IOCQES 4:
+            // written without EN, then with EN (Linux nvme_enable_ctrl).
+            let cc = (6 << 16) | (4 << 20);
+            g.write32(offset::CC, cc)?;
+            g.write32(offset::CC, cc | 1)?;
+        }
+        wait_ready(&t, true, ready_timeout)?;
+        // The admin queue never uses shadow doorbells (nor does Linux's). With eventfd
+        // doorbells, which carry no value, its doorbells are register writes.
+        let admin_db = |kind| -> Result<Doorbell> {
+            if lock(&t).doorbell_needs_shadow() {
+                Ok(Doorbell::register(&t, 0, kind, dstrd))
+            } else {
+                Ok(Doorbell::new(&t, 0, kind, dstrd, None)?)
+            }
+        };
+        let admin = IoQueue::new(QueueParts {
+            qid: 0,
+            entries: ADMIN_ENTRIES,
+            mem: admin_mem.mem.clone(),
+            sq_iova: asq,
+            cq_iova: acq,
+            sq_db: admin_db(DoorbellKind::SqTail)?,
+            cq_db: admin_db(DoorbellKind::CqHead)?,
+            pool: admin_pool.clone(),
+            namespaces: Arc::from(Vec::new()),
+            mdts: None,
+            irq: None,
+            timeout: opts.timeout,
+        })?;
+
+        let placeholder = ControllerInfo::new(Box::default(), cap, vs);
+        let mut d = NvmeDriver {
+            transport: t.clone(),
+            admin,
+            admin_pool,
+            controller: placeholder,
+            namespaces: Vec::new(),
+            queues: Vec::new(),
+            dbbuf: None,
+            opts,
+        };
+        d.identify_all(cap, vs)?;
+        d.create_queues(dstrd, ShadowBuffers { mem: admin_mem.mem.clone(), shadow, eventidx })?;
+        info!(
+            transport = %lock(&t).describe(),
+            queues = d.queues.len(),
+            shadow = d.dbbuf.is_some(),
+            "NVMe controller ready"
+        );
+        Ok(d)
+    }
+
+    fn identify_all(&mut self, cap: Cap, vs: u32) -> Result<()> {
+        let id = self.identify(cns::CONTROLLER, 0)?;
+        let id =
+            IdentifyController::read_from_bytes(&id).map_err(|_| DriverError::Invalid("identify".into()))?;
+        self.controller = ControllerInfo::new(Box::new(id), cap, vs);
+        let list = self.identify(cns::ACTIVE_NAMESPACE_LIST, 0)?;
+        let nsids: Vec<u32> = list
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .take_while(|&n| n != 0)
+            .collect();
+        for nsid in nsids {
+            let b = self.identify(cns::NAMESPACE, nsid)?;
+            let id = IdentifyNamespace::read_from_bytes(&b)
+                .map_err(|_| DriverError::Invalid("identify".into()))?;
+            if id.nsze.get() == 0 {
+                continue;
+            }
+            self.namespaces.push(NamespaceInfo { nsid, id: Box::new(id) });
+        }
+        Ok(())
+    }
+
+    fn create_queues(&mut self, dstrd: u8, dbbuf: ShadowBuffers) -> Result<()> {
+        let want = self.opts.io_queues;
+        if want == 0 {
+            // Admin only (e.g. `vnvme identify`): nothing to create.
+            return Ok(());
+        }
+        let c = self.set_features(fid::NUMBER_OF_QUEUES, NumberOfQueues::new(want - 1, want - 1).0)?;
+        let granted = NumberOfQueues(c.dw0);
+        let n = want.min(granted.nsqr_z() + 1).min(granted.ncqr_z() + 1);
+        self.controller.granted_queues = granted.nsqr_z().min(granted.ncqr_z()) + 1;
+        let entries = self.opts.queue_size.min(self.controller.cap.mqes_z().saturating_add(1)).max(2);
+        let interrupts = self.opts.completion == CompletionMode::Interrupts;
+        let mut irqs = if interrupts {
+            lock(&self.transport).enable_interrupts(n + 1)?.into_iter().map(Some).collect()
+        } else {
+            Vec::new()
+        };
+        let sq_bytes = (entries as u64 * SQE_SIZE as u64).next_multiple_of(PAGE);
+        let cq_bytes = (entries as u64 * CQE_SIZE as u64).next_multiple_of(PAGE);
+        let mut layouts = Vec::new();
+        for qid in 1..=n {
+            let region = lock(&self.transport).dma_alloc(sq_bytes + cq_bytes + self.opts.pool_bytes)?;
+            let (sq, cq) = (region.iova, region.iova + sq_bytes);
+            region.mem.fill(cq, cq_bytes, 0)?;
+            self.admin_raw(create_cq(qid, cq, entries, interrupts), None, "Create I/O Completion Queue")?;
+            self.admin_raw(create_sq(qid, sq, entries), None, "Create I/O Submission Queue")?;
+            layouts.push((qid, region, sq, cq));
+        }
+        let needs_shadow = lock(&self.transport).doorbell_needs_shadow();
+        if self.opts.shadow_doorbells && self.controller.supports_dbbuf() {
+            let len = ShadowPages::pages(self.opts.io_queues, dstrd) * PAGE;
+            dbbuf.mem.fill(dbbuf.shadow, len, 0)?;
+            dbbuf.mem.fill(dbbuf.eventidx, len, 0)?;
+            let mut s = Sqe::default();
+            s.set_cdw0(aop::DOORBELL_BUFFER_CONFIG, 0, Psdt::Prp);
+            s.set_prps(dbbuf.shadow, dbbuf.eventidx);
+            self.admin_raw(s, None, "Doorbell Buffer Config")?;
+            self.dbbuf = Some(dbbuf);
+        } else if needs_shadow {
+            return Err(DriverError::Unsupported(
+                "eventfd doorbells need shadow doorbells (the value travels in the shadow buffer), \
+                 and they are off or the controller lacks Doorbell Buffer Config"
+                    .into(),
+            ));
+        }
+        let geos: Arc<[NsGeometry]> = self.namespaces.iter().map(NamespaceInfo::geometry).collect();
+        for (qid, region, sq, cq) in layouts {
+            let pool_start = cq + cq_bytes;
+            let pool = DmaPool::new(DmaRegion {
+                iova: pool_start,
+                len: region.iova + region.len - pool_start,
+                mem: region.mem.clone(),
+            })?;
+            let shadow = self.dbbuf.as_ref();
+            let q = IoQueue::new(QueueParts {
+                qid,
+                entries,
+                mem: region.mem.clone(),
+                sq_iova: sq,
+                cq_iova: cq,
+                sq_db: Doorbell::new(&self.transport, qid, DoorbellKind::SqTail, dstrd, shadow)?,
+                cq_db: Doorbell::new(&self.transport, qid, DoorbellKind::CqHead, dstrd, shadow)?,
+                pool,
+                namespaces: geos.clone(),
+                mdts: self.controller.mdts_bytes,
+                irq: irqs.get_mut(qid as usize).and_then(Option::take),
+                timeout: self.opts.timeout,
+            })?;
+            debug!(
+                qid,
+                entries,
+                sq = format_args!("{sq:#x}"),
+                cq = format_args!("{cq:#x}"),
+                "I/O queue pair created"
+            );
+            self.queues.push(Some(q));
+        }
+        Ok(())
+    }
+
+    // ---- admin commands
+
+    /// Runs an admin command with an optional data buffer; fails on an error status.
+    pub fn admin_command(&mut self, sqe: Sqe, data: Option<DmaBuf>) -> Result<Completion> {
+        self.admin_raw(sqe, data, "admin command")
+    }
+
+    fn admin_raw(&mut self, sqe: Sqe, data: Option<DmaBuf>, op: &'static str) -> Result<Completion> {
+        let opcode = sqe.opcode();
+        let cid = self.admin.submit_prepared(Prepared { sqe, data, aux: None }, opcode)?;
+        let c = self.admin.wait_for(cid, opcode)?;
+        IoQueue::check(c, op)
+    }
+
+    /// A DMA buffer for admin data.
+    pub fn admin_buf(&self, len: u64) -> Result<DmaBuf> {
+        self.admin_pool.alloc(len)
+    }
+
+    /// Identify with CNS `cns` for `nsid`: the 4096 bytes returned.
+    pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
+        let buf = self.admin_pool.alloc(4096)?;
+        let mut s = Sqe::default();
+        s.set_cdw0(aop::IDENTIFY, 0, Psdt::Prp);
+        s.nsid = U32::new(nsid);
+        s.set_prps(buf.iova(), 0);
+        s.cdw10 = U32::new(cns as u32);
+        let c = self.admin_raw(s, Some(buf), "Identify")?;
+        Ok(c.buf.expect("identify carries its buffer").to_vec()?)
+    }
+
+    /// Set Features `fid` with CDW11 `value`.
+    pub fn set_features(&mut self, fid: u8, value: u32) -> Result<Completion> {
+        let mut s = Sqe::default();
+        s.set_cdw0(aop::SET_FEATURES, 0, Psdt::Prp);
+        s.cdw10 = U32::new(fid as u32);
+        s.cdw11 = U32::new(value);
+        self.admin_raw(s, None, "Set Features")
+    }
+
+    /// Get Features `fid` (current value) with CDW11 `cdw11`: the completion's DW0.
+    pub fn get_features(&mut self, fid: u8, cdw11: u32) -> Result<u32> {
+        let mut s = Sqe::default();
+        s.set_cdw0(aop::GET_FEATURES, 0, Psdt::Prp);
+        s.cdw10 = U32::new(fid as u32);
+        s.cdw11 = U32::new(cdw11);
+        Ok(self.admin_raw(s, None, "Get Features")?.dw0)
+    }
+
+    /// Normal shutdown (CC.SHN = 01b, wait for CSTS.SHST = complete). Queues taken
+    /// out of the driver must no longer be used afterwards.
+    pub fn shutdown(self) -> Result<()> {
+        let t = self.transport.clone();
+        let cc = Cc(lock(&t).read32(offset::CC)?);
+        lock(&t).write32(offset::CC, (cc.0 & !(3 << 14)) | (1 << 14))?;
+        let deadline = Instant::now() + self.opts.timeout;
+        loop {
+            let csts = Csts(lock(&t).read32(offset::CSTS)?);
+            if csts.shst() == ShutdownStatus::Complete {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DriverError::Timeout {
+                    what: "shutdown",
+                    ms: self.opts.timeout.as_millis() as u64,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    // ---- what we found
+
+    pub fn controller(&self) -> &ControllerInfo {
+        &self.controller
+    }
+
+    pub fn namespaces(&self) -> &[NamespaceInfo] {
+        &self.namespaces
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// Whether Doorbell Buffer Config is in effect.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.dbbuf.is_some()
+    }
+
+    /// I/O queue pairs created (qids 1..=n).
+    pub fn io_queue_count(&self) -> u16 {
+        self.queues.len() as u16
+    }
+
+    pub fn options(&self) -> &DriverOptions {
+        &self.opts
+    }
+
+    /// The transport's one-line description.
+    pub fn describe_transport(&self) -> String {
+        lock(&self.transport).describe()
+    }
+
+    // ---- queues
+
+    /// I/O queue `qid`, if it is in the driver.
+    pub fn queue(&mut self, qid: u16) -> Result<&mut IoQueue> {
+        qid.checked_sub(1)
+            .and_then(|i| self.queues.get_mut(i as usize))
+            .and_then(Option::as_mut)
+            .ok_or(DriverError::NoQueue(qid))
+    }
+
+    /// Moves I/O queue `qid` out of the driver, e.g. to the thread that will drive it.
+    pub fn take_queue(&mut self, qid: u16) -> Result<IoQueue> {
+        qid.checked_sub(1)
+            .and_then(|i| self.queues.get_mut(i as usize))
+            .and_then(Option::take)
+            .ok_or(DriverError::NoQueue(qid))
+    }
+
+    /// Moves every I/O queue still in the driver out of it.
+    pub fn take_queues(&mut self) -> Vec<IoQueue> {
+        self.queues.iter_mut().filter_map(Option::take).collect()
+    }
+
+    /// Puts a queue taken with [`NvmeDriver::take_queue`] back.
+    pub fn return_queue(&mut self, q: IoQueue) {
+        let i = q.qid() as usize - 1;
+        self.queues[i] = Some(q);
+    }
+
+    /// Submits `cmd` on queue `qid`; see [`IoQueue::submit`].
+    pub fn submit(&mut self, qid: u16, cmd: IoCommand) -> Result<u16> {
+        self.queue(qid)?.submit(cmd)
+    }
+
+    /// Appends queue `qid`'s available completions to `out`.
+    pub fn poll_completions(&mut self, qid: u16, out: &mut Vec<Completion>) -> Result<usize> {
+        self.queue(qid)?.poll_completions(out)
+    }
+
+    /// Waits for at least one completion on queue `qid`.
+    pub fn wait_completions(&mut self, qid: u16, out: &mut Vec<Completion>) -> Result<usize> {
+        self.queue(qid)?.wait_completions(out)
+    }
+
+    fn first_queue(&mut self) -> Result<&mut IoQueue> {
+        self.queues.iter_mut().find_map(Option::as_mut).ok_or(DriverError::NoQueue(1))
+    }
+
+    /// Blocking read through the first I/O queue in the driver.
+    pub fn read(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<()> {
+        self.first_queue()?.read(nsid, slba, out)
+    }
+
+    /// Blocking write through the first I/O queue in the driver.
+    pub fn write(&mut self, nsid: u32, slba: u64, data: &[u8]) -> Result<()> {
+        self.first_queue()?.write(nsid, slba, data, false)
+    }
+
+    pub fn flush(&mut self, nsid: u32) -> Result<()> {
+        self.first_queue()?.flush(nsid)
+    }
+
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32, deallocate: bool) -> Result<()> {
+        self.first_queue()?.write_zeroes(nsid, slba, nlb, deallocate)
+    }
+
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[LbaRange]) -> Result<()> {
+        self.first_queue()?.deallocate(nsid, ranges)
+    }
+}
+
+/// Sizing of the Shadow Doorbell and EventIdx buffers.
+struct ShadowPages;
+
+impl ShadowPages {
+    /// Pages each buffer needs for qids `0..=io_queues` with stride `dstrd`.
+    fn pages(io_queues: u16, dstrd: u8) -> u64 {
+        (doorbell_offset(io_queues, DoorbellKind::CqHead, dstrd) + 4).div_ceil(PAGE)
+    }
+}
+
+fn wait_ready(t: &SharedTransport, rdy: bool, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let csts = Csts(lock(t).read32(offset::CSTS)?);
+        if csts.cfs() && rdy {
+            return Err(DriverError::ControllerFatal { csts: csts.0 });
+        }
+        if csts.rdy() == rdy {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(DriverError::Timeout {
+                what: if rdy { "CSTS.RDY = 1" } else { "CSTS.RDY = 0" },
+                ms: timeout.as_millis() as u64,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn create_cq(qid: u16, base: u64, entries: u16, ien: bool) -> Sqe {
+    let mut c = Sqe::default();
+    c.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
+    c.set_prps(base, 0);
+    c.cdw10 = U32::new(qid as u32 | ((entries as u32 - 1) << 16));
+    // PC = 1, IEN, IV = qid (vector 0 is the admin queue's).
+    c.cdw11 = U32::new(1 | ((ien as u32) << 1) | ((qid as u32) << 16));
+    c
+}
+
+fn create_sq(qid: u16, base: u64, entries: u16) -> Sqe {
+    let mut s = Sqe::default();
+    s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
+    s.set_prps(base, 0);
+    s.cdw10 = U32::new(qid as u32 | ((entries as u32 - 1) << 16));
+    // PC = 1, QPRIO 0, CQID = qid.
+    s.cdw11 = U32::new(1 | ((qid as u32) << 16));
+    s
+}

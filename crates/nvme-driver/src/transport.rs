@@ -1,0 +1,63 @@
+//! What the driver needs from the bus: BAR0 register access, doorbell writes, DMA
+//! memory the device can reach, and interrupt eventfds. Two transports implement it:
+//! [`crate::vfio_user`] (a vfio-user client) and [`crate::vfio`] (kernel VFIO).
+#![forbid(unsafe_code)]
+
+use std::io;
+
+use guest_mem::GuestMemory;
+use vmm_sys_util::eventfd::EventFd;
+
+/// DMA memory shared with the device.
+#[derive(Clone, Debug)]
+pub struct DmaRegion {
+    /// Where the device sees the region (its I/O virtual address).
+    pub iova: u64,
+    pub len: u64,
+    /// The host's view of the same memory, addressed by IOVA: `mem.read(iova, ..)`
+    /// reads the first byte of the region.
+    pub mem: GuestMemory,
+}
+
+/// A doorbell writer a queue can own outright, so ringing needs neither the shared
+/// transport nor its lock (a mapped doorbell page, an eventfd per doorbell).
+pub trait DirectDoorbell: Send + std::fmt::Debug {
+    /// Rings the doorbell this writer was made for with `value`.
+    fn ring(&mut self, value: u32) -> io::Result<()>;
+}
+
+/// A way to reach one NVMe PCI function.
+pub trait Transport: Send + std::fmt::Debug {
+    /// Reads a 32-bit BAR0 register.
+    fn read32(&mut self, off: u64) -> io::Result<u32>;
+    /// Reads a 64-bit BAR0 register.
+    fn read64(&mut self, off: u64) -> io::Result<u64>;
+    /// Writes a 32-bit BAR0 register and waits until the device has taken it.
+    fn write32(&mut self, off: u64, value: u32) -> io::Result<()>;
+    /// Writes a 64-bit BAR0 register and waits until the device has taken it.
+    fn write64(&mut self, off: u64, value: u64) -> io::Result<()>;
+    /// A doorbell register write at BAR0 offset `off` (the hot path; transports may
+    /// post it without waiting). Writes are seen by the device in the order issued.
+    fn doorbell(&mut self, off: u64, value: u32) -> io::Result<()>;
+    /// A writer for the doorbell at BAR0 offset `off` that works without `&mut self`,
+    /// if the transport's doorbell mode has one (None: use [`Transport::doorbell`]).
+    fn direct_doorbell(&mut self, off: u64) -> io::Result<Option<Box<dyn DirectDoorbell>>> {
+        let _ = off;
+        Ok(None)
+    }
+    /// Whether doorbell writes carry no value and the device reads the value from the
+    /// shadow doorbell buffer instead (an eventfd per doorbell): the driver must then
+    /// use shadow doorbells.
+    fn doorbell_needs_shadow(&self) -> bool {
+        false
+    }
+    /// DMA memory shared with the device: a region the device can reach at `iova`,
+    /// zero filled, at least `len` bytes, page aligned.
+    fn dma_alloc(&mut self, len: u64) -> io::Result<DmaRegion>;
+    /// One eventfd per interrupt vector `0..n` (MSI-X), signalled by the device.
+    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<EventFd>>;
+    /// A function-level reset of the device.
+    fn reset(&mut self) -> io::Result<()>;
+    /// One line saying what this transport is connected to, for logs and reports.
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,469 @@
+//! Mostly-valid commands: built the way a correct host builds them (valid opcode,
+//! namespace, LBA range, PRPs or SGLs over the data area), then one field mutated.
+
+use mock_host::PAGE;
+use nvme_spec::command::Psdt;
+use nvme_spec::opcode::{admin as aop, nvm as iop};
+use nvme_spec::sgl::{SglDescriptor, SglType};
+use nvme_spec::{Sqe, CQE_SIZE, NSID_ALL, SQE_SIZE};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::IntoBytes;
+
+use crate::exec::{Fuzzer, LIST_PAGES, MEM_BYTES};
+use crate::program::{AdminCmd, Burst, IoCmd, Mutation};
+
+/// Mutation kinds below this leave the command valid.
+const MUTATE_FROM: u8 = 12;
+
+/// What a mutation did, to decide whether it may break host/controller agreement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mutated {
+    None,
+    /// Anything that can make the controller write somewhere the host did not intend.
+    Pointer,
+    /// Fields that change what the command does within its own buffers.
+    Field,
+}
+
+impl Fuzzer<'_> {
+    /// An address chosen to be interesting: inside or just outside guest memory,
+    /// inside a queue ring, a shadow doorbell page or a PRP list page, or raw.
+    pub(crate) fn wild(&self, v: u64) -> u64 {
+        let r = v >> 8;
+        let ring = |cq: bool| {
+            let qs: Vec<&mock_host::HostQueue> =
+                self.h.admin.iter().chain(self.h.io.iter().filter(|q| q.qid != 0)).collect();
+            if qs.is_empty() {
+                return r % MEM_BYTES;
+            }
+            let q = qs[r as usize % qs.len()];
+            let (base, entry) = if cq { (q.cq_base, CQE_SIZE) } else { (q.sq_base, SQE_SIZE) };
+            base + (((r >> 8) % (q.size as u64 * entry as u64)) & !3)
+        };
+        match v as u8 % 12 {
+            0 => v,
+            1 => r % MEM_BYTES,
+            2 => (r % MEM_BYTES) & !3,
+            3 => (r % MEM_BYTES) & !(PAGE - 1),
+            4 => ring(false),
+            5 => ring(true),
+            6 => match self.h.dbbuf {
+                Some(b) => (if r & 1 == 0 { b.shadow } else { b.eventidx }) + (((r >> 1) % PAGE) & !3),
+                None => self.h.admin_buf,
+            },
+            7 => (MEM_BYTES - (r % 8192 + 4)) & !3,
+            8 => MEM_BYTES + r % (1 << 30),
+            9 => u64::MAX - r % 8192,
+            10 => self.lists + ((r % (LIST_PAGES * PAGE)) & !7),
+            _ => 0,
+        }
+    }
+
+    /// The next list page. If the command that last used it may still be
+    /// outstanding, its list is about to change under it: taint.
+    fn list_page(&mut self) -> (usize, u64) {
+        let i = self.list_next as usize;
+        self.list_next = (self.list_next + 1) % LIST_PAGES;
+        if let Some((q, cid)) = self.list_owner[i].take() {
+            if self.outstanding.get(&q).is_some_and(|s| s.contains(&cid)) {
+                self.tainted = true;
+            }
+        }
+        (i, self.lists + i as u64 * PAGE)
+    }
+
+    fn write_mem(&self, addr: u64, bytes: &[u8]) {
+        self.h.mem.write(addr, bytes).expect("harness buffers are in guest memory");
+    }
+
+    /// PRP1/PRP2 for `len` bytes at `buf`, with a PRP list (optionally starting
+    /// near the end of its page, so it chains into a second one) when needed.
+    fn prps(&mut self, buf: u64, len: u64, chain: u8, pages: &mut Vec<usize>) -> (u64, u64) {
+        let first = PAGE - buf % PAGE;
+        if len <= first {
+            return (buf, 0);
+        }
+        if len <= first + PAGE {
+            return (buf, buf + first);
+        }
+        let entries: Vec<u64> =
+            (0..).map(|i| buf + first + i * PAGE).take_while(|&p| p < buf + len).collect();
+        let (i, page) = self.list_page();
+        pages.push(i);
+        let slots = if chain & 1 != 0 { 2 + (chain as usize >> 1) % 8 } else { 512 };
+        let start = page + PAGE - slots as u64 * 8;
+        if entries.len() <= slots {
+            self.write_mem(start, entries.as_bytes());
+        } else {
+            let (j, next) = self.list_page();
+            pages.push(j);
+            let mut head: Vec<u64> = entries[..slots - 1].to_vec();
+            head.push(next);
+            self.write_mem(start, head.as_bytes());
+            self.write_mem(next, entries[slots - 1..].as_bytes());
+        }
+        (buf, start)
+    }
+
+    /// SGL Descriptor 1 for `len` bytes at `buf`: one data block (form 1), a last
+    /// segment of `pieces` descriptors (form 2) or a segment chaining to a last
+    /// segment (form 3). Reads may turn a piece into a bit bucket.
+    fn sgl(
+        &mut self,
+        buf: u64,
+        len: u64,
+        form: u8,
+        pieces: u8,
+        read: bool,
+        pages: &mut Vec<usize>,
+    ) -> SglDescriptor {
+        if form == 1 {
+            return SglDescriptor::new(SglType::DataBlock, buf, len as u32);
+        }
+        let k = (1 + pieces as u64 % 8).min(len);
+        let mut descs: Vec<SglDescriptor> = (0..k)
+            .map(|i| {
+                let lo = len * i / k;
+                let hi = len * (i + 1) / k;
+                SglDescriptor::new(SglType::DataBlock, buf + lo, (hi - lo) as u32)
+            })
+            .collect();
+        if read && pieces & 0x80 != 0 && k > 2 {
+            let l = descs[1].len.get();
+            descs[1] = SglDescriptor::new(SglType::BitBucket, 0, l);
+        }
+        let (i, page) = self.list_page();
+        pages.push(i);
+        if form == 2 || k < 2 {
+            self.write_mem(page, descs.as_bytes());
+            return SglDescriptor::new(SglType::LastSegment, page, k as u32 * 16);
+        }
+        let rest = page + PAGE / 2;
+        let first = [descs[0], SglDescriptor::new(SglType::LastSegment, rest, (k as u32 - 1) * 16)];
+        self.write_mem(page, first.as_bytes());
+        self.write_mem(rest, descs[1..].as_bytes());
+        SglDescriptor::new(SglType::Segment, page, 32)
+    }
+
+    /// Applies `m` to `sqe`. `pages` are the list pages the command uses.
+    fn mutate(&mut self, sqe: &mut Sqe, m: Mutation, pages: &[usize]) -> Mutated {
+        let v = m.value;
+        let kind = m.kind % 24;
+        if kind < MUTATE_FROM {
+            return Mutated::None;
+        }
+        let cdw0 = sqe.cdw0.get();
+        match kind {
+            12 => sqe.dptr[0] = U64::new(self.wild(v)),
+            13 => sqe.dptr[1] = U64::new(self.wild(v)),
+            14 => sqe.cdw12 = U32::new((sqe.cdw12.get() & !0xffff) | (v as u32 & 0xffff)),
+            15 => {
+                sqe.cdw10 = U32::new(v as u32);
+                sqe.cdw11 = U32::new((v >> 32) as u32);
+            }
+            16 => {
+                let n = self.h.ctrl.namespaces().len() as u32;
+                sqe.nsid = U32::new([0, NSID_ALL, v as u32 >> 8, n + 1][v as usize % 4]);
+            }
+            17 => sqe.cdw0 = U32::new((cdw0 & !(3 << 14)) | ((v as u32 & 3) << 14)),
+            18 => {
+                let val = U32::new((v >> 8) as u32);
+                match v % 6 {
+                    0 => sqe.cdw10 = val,
+                    1 => sqe.cdw11 = val,
+                    2 => sqe.cdw12 = val,
+                    3 => sqe.cdw13 = val,
+                    4 => sqe.cdw14 = val,
+                    _ => sqe.cdw15 = val,
+                }
+            }
+            19 => sqe.cdw0 = U32::new((cdw0 & !(3 << 8)) | ((v as u32 & 3) << 8)),
+            20 => sqe.cdw0 = U32::new((cdw0 & !0xff) | (v as u32 & 0xff)),
+            21 => match pages.first() {
+                Some(&i) => {
+                    let at = self.lists + i as u64 * PAGE + (v >> 56) * 8 % PAGE;
+                    let w = self.wild(v);
+                    self.write_mem(at, &w.to_le_bytes());
+                }
+                None => sqe.dptr[1] = U64::new(self.wild(v)),
+            },
+            22 => {
+                sqe.cdw2 = U32::new(v as u32);
+                sqe.cdw3 = U32::new((v >> 32) as u32);
+                sqe.mptr = U64::new(v.rotate_left(13));
+            }
+            _ => sqe.dptr = [U64::new(v), U64::new(v.rotate_left(32))],
+        }
+        match kind {
+            14 | 15 | 16 | 18 | 22 => Mutated::Field,
+            _ => Mutated::Pointer,
+        }
+    }
+
+    /// Builds a valid NVM command from `c`. Returns it, the list pages it uses and
+    /// whether it writes guest memory.
+    fn build_io(&mut self, c: &IoCmd) -> (Sqe, Vec<usize>, bool) {
+        let nss = self.h.ctrl.namespaces().to_vec();
+        let ns = &nss[c.nsid as usize % nss.len()];
+        let (shift, nsze) = (ns.lba_shift(), ns.nsze());
+        let max_nlb = (self.p.mdts_bytes >> shift).clamp(1, nsze.min(65536));
+        let nlb = 1 + c.nlb as u64 % max_nlb;
+        let slba = c.slba as u64 % (nsze - nlb + 1);
+        let len = nlb << shift;
+        let buf = self.data + (c.buf as u64 * 4) % 0x10000;
+        let opcode = [
+            iop::READ,
+            iop::WRITE,
+            iop::COMPARE,
+            iop::VERIFY,
+            iop::WRITE_ZEROES,
+            iop::FLUSH,
+            iop::DATASET_MANAGEMENT,
+            iop::FLUSH,
+        ][c.op as usize % 8];
+        let mut s = Sqe::default();
+        let mut pages = Vec::new();
+        s.nsid = U32::new(if c.op % 8 == 7 { NSID_ALL } else { ns.nsid });
+        let form = c.flags & 3;
+        let writes_host = opcode == iop::READ;
+        match opcode {
+            iop::READ | iop::WRITE | iop::COMPARE => {
+                if form == 0 {
+                    s.set_cdw0(opcode, 0, Psdt::Prp);
+                    let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
+                    s.set_prps(p1, p2);
+                } else {
+                    s.set_cdw0(opcode, 0, Psdt::SglMptrContiguous);
+                    let d = self.sgl(buf, len, form, c.flags >> 3, opcode == iop::READ, &mut pages);
+                    s.set_sgl1(&d);
+                }
+            }
+            iop::DATASET_MANAGEMENT => {
+                s.set_cdw0(opcode, 0, Psdt::Prp);
+                let n = 1 + c.nlb as u64 % 8;
+                let (i, page) = self.list_page();
+                pages.push(i);
+                let mut raw = Vec::new();
+                for k in 0..n {
+                    let nlb = (c.slba as u64 >> (k * 4)) % 64 % nsze;
+                    let slba = (c.slba as u64).wrapping_mul(k + 7) % (nsze - nlb + 1);
+                    raw.extend_from_slice(&0u32.to_le_bytes());
+                    raw.extend_from_slice(&(nlb as u32).to_le_bytes());
+                    raw.extend_from_slice(&slba.to_le_bytes());
+                }
+                self.write_mem(page, &raw);
+                s.set_prps(page, 0);
+                s.cdw10 = U32::new(n as u32 - 1);
+                s.cdw11 = U32::new(if c.flags & 4 != 0 { 1 << 2 } else { 0 });
+                return (s, pages, false);
+            }
+            _ => s.set_cdw0(opcode, 0, Psdt::Prp),
+        }
+        if opcode != iop::FLUSH {
+            s.cdw10 = U32::new(slba as u32);
+            s.cdw11 = U32::new((slba >> 32) as u32);
+            let fua = if c.flags & 4 != 0 { 1 << 30 } else { 0 };
+            let deac = if opcode == iop::WRITE_ZEROES && c.flags & 8 != 0 { 1 << 25 } else { 0 };
+            s.cdw12 = U32::new((nlb as u32 - 1) | fua | deac);
+        }
+        (s, pages, writes_host)
+    }
+
+    pub(crate) fn io_cmd(&mut self, c: &IoCmd) {
+        let Some(qid) = self.io_queue(c.queue) else {
+            self.stats.skipped += 1;
+            return;
+        };
+        let (mut sqe, pages, writes_host) = self.build_io(c);
+        let m = self.mutate(&mut sqe, c.mutation, &pages);
+        // A read whose pointers or length changed may write anywhere (a longer PRP
+        // walk reads stale list entries); any command may become a read by opcode.
+        let kind = c.mutation.kind % 24;
+        if m != Mutated::None && ((writes_host && !matches!(kind, 15 | 16 | 22)) || kind == 20) {
+            self.tainted = true;
+        }
+        self.submit_owning(qid, sqe, &pages);
+    }
+
+    fn submit_owning(&mut self, qid: u16, sqe: Sqe, pages: &[usize]) {
+        match self.submit(qid, sqe) {
+            Some(cid) => pages.iter().for_each(|&i| self.list_owner[i] = Some((qid, cid))),
+            None => self.stats.skipped += 1,
+        }
+    }
+
+    pub(crate) fn burst(&mut self, b: &Burst) {
+        let mut seed = b.seed as u64 | 1;
+        for i in 0..1 + b.n % 32 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let c = IoCmd {
+                queue: b.queue,
+                op: b.op.wrapping_add(i) % 3,
+                nsid: seed as u8,
+                slba: (seed >> 8) as u32,
+                nlb: (seed >> 40) as u16 % 64,
+                buf: (seed >> 24) as u16,
+                flags: (seed >> 56) as u8,
+                mutation: Mutation::default(),
+            };
+            let Some(qid) = self.io_queue(c.queue) else {
+                self.stats.skipped += 1;
+                return;
+            };
+            let (sqe, pages, _) = self.build_io(&c);
+            self.submit_owning(qid, sqe, &pages);
+        }
+    }
+
+    /// A pool page for the ring of a queue created by a fuzzed admin command.
+    fn pool_page(&mut self) -> u64 {
+        self.pool_next = (self.pool_next + 1) % 64;
+        self.pool + self.pool_next * PAGE
+    }
+
+    pub(crate) fn admin_cmd(&mut self, c: &AdminCmd) {
+        if self.h.admin.is_none() {
+            self.stats.skipped += 1;
+            return;
+        }
+        let (a, b, cc) = (c.a, c.b, c.c);
+        let nns = self.h.ctrl.namespaces().len() as u32;
+        let nsid = |v: u32| match v % 8 {
+            0..=3 => 1 + v % nns,
+            4 => 0,
+            5 => NSID_ALL,
+            6 => nns + 1,
+            _ => v,
+        };
+        let maxq = self.p.max_io_queues as u32;
+        let buf = self.h.admin_buf;
+        let mut s = Sqe::default();
+        let mut aer = false;
+        let mut deletes_host_queue = false;
+        let op = c.op % 14;
+        match op {
+            0 => {
+                s.set_cdw0(aop::IDENTIFY, 0, Psdt::Prp);
+                let cns = [0u32, 1, 2, 3, 5, 6, a >> 8][a as usize % 7] & 0xff;
+                s.nsid = U32::new(nsid(b));
+                s.cdw10 = U32::new(cns);
+                s.cdw11 = U32::new(if cc & 1 != 0 { cc & 0xff00_0000 } else { 0 });
+                s.set_prps(buf, 0);
+            }
+            1 => {
+                s.set_cdw0(aop::GET_LOG_PAGE, 0, Psdt::Prp);
+                let lid = [1u32, 2, 3, 4, 5, a >> 8][a as usize % 6] & 0xff;
+                let numd_z = b % 2048;
+                let rae = (a >> 31) << 15;
+                s.nsid = U32::new(if cc & 0x10 != 0 { NSID_ALL } else { 0 });
+                s.cdw10 = U32::new(lid | rae | (numd_z << 16));
+                s.cdw12 = U32::new(((cc >> 8) % 1024) & !3);
+                s.set_prps(buf, buf + PAGE);
+            }
+            2 | 3 => {
+                let fid = [1u32, 2, 4, 5, 6, 7, 8, 9, 0xa, 0xb, 0xe, a >> 8][a as usize % 12] & 0xff;
+                if op == 2 {
+                    s.set_cdw0(aop::GET_FEATURES, 0, Psdt::Prp);
+                    s.cdw10 = U32::new(fid | ((b % 8) << 8));
+                } else {
+                    s.set_cdw0(aop::SET_FEATURES, 0, Psdt::Prp);
+                    s.cdw10 = U32::new(fid | (b & (1 << 31)));
+                }
+                s.cdw11 = U32::new(cc);
+                s.set_prps(buf, 0);
+            }
+            4 => {
+                s.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
+                let qid = 1 + a % (maxq + 1);
+                let size_z = 1 + b % 255;
+                let base = self.pool_page();
+                s.set_prps(base, 0);
+                s.cdw10 = U32::new(qid | (size_z << 16));
+                s.cdw11 = U32::new(1 | (cc & 2) | ((cc >> 16) % 20) << 16);
+            }
+            5 => {
+                s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
+                let qid = 1 + a % (maxq + 1);
+                let size_z = 1 + b % 63;
+                let base = self.pool_page();
+                s.set_prps(base, 0);
+                s.cdw10 = U32::new(qid | (size_z << 16));
+                s.cdw11 = U32::new(1 | ((cc % (maxq + 2)) << 16));
+            }
+            6 | 7 => {
+                s.set_cdw0(if op == 6 { aop::DELETE_IO_SQ } else { aop::DELETE_IO_CQ }, 0, Psdt::Prp);
+                let qid = a % (maxq + 2);
+                deletes_host_queue = self.h.io.iter().any(|q| q.qid != 0 && q.qid as u32 == qid);
+                s.cdw10 = U32::new(qid);
+            }
+            8 => {
+                s.set_cdw0(aop::ASYNC_EVENT_REQUEST, 0, Psdt::Prp);
+                aer = true;
+            }
+            9 => {
+                s.set_cdw0(aop::ABORT, 0, Psdt::Prp);
+                s.cdw10 = U32::new(a);
+            }
+            10 => {
+                self.fresh_dbbuf();
+                return;
+            }
+            11 => {
+                // Doorbell Buffer Config with addresses the host will not use.
+                self.tainted = true;
+                s.set_cdw0(aop::DOORBELL_BUFFER_CONFIG, 0, Psdt::Prp);
+                let pick = |f: &Self, v: u32| match v % 4 {
+                    0 => f.pool + (v as u64 >> 2) % 64 * PAGE,
+                    1 => f.wild(v as u64 * 0x0100_0001) & !(PAGE - 1),
+                    2 => f.wild((v as u64) << 8 | 4),
+                    _ => f.h.dbbuf.map_or(f.pool, |d| d.shadow),
+                };
+                let shadow = pick(self, a);
+                let ei = if b % 5 == 0 { shadow } else { pick(self, b) };
+                s.set_prps(shadow, ei);
+            }
+            12 => {
+                s.set_cdw0(aop::FORMAT_NVM, 0, Psdt::Prp);
+                s.nsid = U32::new(nsid(a));
+                // LBAF 0/1 mostly; SES 0/1 mostly; MSET/PI rarely.
+                let lbaf = if b & 0x80 != 0 { b & 0xf } else { b & 1 };
+                let ses = if b & 0x100 != 0 { (b >> 9) & 7 } else { (b >> 9) & 1 };
+                let extra = if cc % 8 == 0 { cc & 0x1f0 } else { 0 };
+                s.cdw10 = U32::new(lbaf | (ses << 9) | extra);
+            }
+            _ => {
+                let opc = [
+                    aop::KEEP_ALIVE,
+                    aop::NAMESPACE_MANAGEMENT,
+                    aop::FIRMWARE_COMMIT,
+                    aop::SANITIZE,
+                    aop::DEVICE_SELF_TEST,
+                    0xc0,
+                    0xff,
+                    a as u8,
+                ][b as usize % 8];
+                // A random opcode may be one that changes queues or shadow doorbells.
+                if b % 8 == 7 {
+                    self.tainted = true;
+                }
+                s.set_cdw0(opc, 0, Psdt::Prp);
+                s.nsid = U32::new(nsid(cc));
+                s.set_prps(buf, 0);
+                s.cdw10 = U32::new(a);
+            }
+        }
+        let m = self.mutate(&mut s, c.mutation, &[]);
+        if m != Mutated::None || deletes_host_queue {
+            self.tainted = true;
+        }
+        match self.submit(0, s) {
+            Some(cid) if aer && m == Mutated::None => {
+                self.aers.insert(cid);
+            }
+            Some(_) => {}
+            None => self.stats.skipped += 1,
+        }
+    }
+}

@@ -1,0 +1,746 @@
+//! Runs a [`Program`] against a controller driven by the mock host and checks the
+//! invariants after every action.
+//!
+//! # What is checked, and when it is sound
+//!
+//! - Nothing panics: not the controller, not a BAR0 read, not the mock host.
+//! - The lifecycle agrees with CSTS: Ready has RDY=1, Disabled has RDY=0,
+//!   Fatal has CFS=1, ShutDown reports shutdown processing complete.
+//! - No invented completions: every completion the host reaps while CSTS.RDY=1 and
+//!   CFS=0 carries a CID the host had outstanding on that queue, the queue's own SQID
+//!   and an SQ head inside the ring.
+//! - Nothing stranded: after a drain, a Ready controller has completed every
+//!   command the host submitted (Asynchronous Event Requests excepted).
+//!
+//! The last two only hold while the host and the controller agree on what is in the
+//! rings. Actions that may break that agreement — raw doorbell values, writes into
+//! rings or shadow doorbells, random SQEs, mutated data pointers on commands that
+//! write guest memory, CC toggles — *taint* the run, and the two checks are skipped
+//! until a Linux-like reset and bring-up makes host and controller agree again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use block_backend::{NullBackend, RamBackend};
+use guest_mem::{GuestMemory, Mapping};
+use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
+use nvme_ctrl::controller::Lifecycle;
+use nvme_ctrl::{ControllerConfig, NamespaceConfig};
+use nvme_spec::regs::{doorbell_offset, offset, Aqa, DoorbellKind, ShutdownStatus};
+use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
+use zerocopy::FromBytes;
+
+use crate::program::{
+    Action, CcOp, ClockAdvance, Doorbell, InitSpec, MemoryOp, Process, Program, ReadReg, RegWrite, RingWrite,
+    Scribble, Setup, ShadowWrite, ACTION_NAMES,
+};
+
+/// Guest memory of every run.
+pub const MEM_BYTES: u64 = 8 << 20;
+/// Data buffers: transfers start in the first 64 KiB and are at most 1 MiB (MDTS).
+const DATA_PAGES: u64 = 512;
+/// PRP lists, SGL segments and DSM ranges, one page per command, reused in turn.
+pub(crate) const LIST_PAGES: u64 = 256;
+/// Rings of queues created by fuzzed admin commands (the host never uses them).
+const POOL_PAGES: u64 = 64;
+/// Bring-ups per run (each allocates fresh queue memory from the mock allocator).
+const MAX_INITS: u32 = 4;
+/// Linux's CC: IOSQES 6, IOCQES 4, MPS 0, round robin, NVM command set.
+pub(crate) const LINUX_CC: u32 = (6 << 16) | (4 << 20);
+
+/// What the runs did, for the runner's summary.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub runs: u64,
+    /// Actions executed, by kind ([`ACTION_NAMES`]).
+    pub actions: [u64; ACTION_NAMES.len()],
+    /// Actions skipped because the state did not allow them (no queue to use...).
+    pub skipped: u64,
+    /// Completions checked against the host's outstanding commands.
+    pub checked_completions: u64,
+    /// Of those, completions with an error status.
+    pub error_completions: u64,
+    /// Drains after which "nothing stranded" was checked.
+    pub checked_drains: u64,
+    pub init_ok: u64,
+    pub init_failed: u64,
+    /// Runs that ended tainted, and runs that ended with CSTS.CFS set.
+    pub tainted_runs: u64,
+    pub fatal_runs: u64,
+}
+
+impl Stats {
+    pub fn merge(&mut self, o: &Stats) {
+        self.runs += o.runs;
+        for (a, b) in self.actions.iter_mut().zip(o.actions) {
+            *a += b;
+        }
+        self.skipped += o.skipped;
+        self.checked_completions += o.checked_completions;
+        self.error_completions += o.error_completions;
+        self.checked_drains += o.checked_drains;
+        self.init_ok += o.init_ok;
+        self.init_failed += o.init_failed;
+        self.tainted_runs += o.tainted_runs;
+        self.fatal_runs += o.fatal_runs;
+    }
+
+    /// One line of per-action counts.
+    pub fn action_line(&self) -> String {
+        let parts: Vec<String> =
+            ACTION_NAMES.iter().zip(self.actions).map(|(n, c)| format!("{n}={c}")).collect();
+        parts.join(" ")
+    }
+}
+
+/// Fails the run: an invariant of the controller does not hold.
+macro_rules! violated {
+    ($($t:tt)*) => { panic!("invariant violated: {}", format!($($t)*)) };
+}
+
+/// The controller setup values a [`Setup`] maps to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    pub max_io_queues: u16,
+    pub mdts_bytes: u64,
+    pub dstrd: u8,
+}
+
+/// One run's state: the host, the controller inside it, and what the host believes.
+#[derive(Debug)]
+pub(crate) struct Fuzzer<'s> {
+    pub h: MockHost,
+    pub clock: Arc<ManualClock>,
+    pub map: Arc<Mapping>,
+    pub p: Params,
+    /// Guest addresses of the data, list and pool areas.
+    pub data: u64,
+    pub lists: u64,
+    pub pool: u64,
+    pub list_next: u64,
+    /// The command that last used each list page, while it may still be outstanding.
+    pub list_owner: Vec<Option<(u16, u16)>>,
+    pub pool_next: u64,
+    /// Commands submitted and not yet reaped: qid -> CIDs.
+    pub outstanding: BTreeMap<u16, BTreeSet<u16>>,
+    /// Asynchronous Event Requests among the admin queue's outstanding commands.
+    pub aers: BTreeSet<u16>,
+    /// The host and controller may disagree about the rings (see the module docs).
+    pub tainted: bool,
+    pub inits: u32,
+    /// The controller's memory map is not the whole of guest memory.
+    pub memory_reduced: bool,
+    /// The admin host queue survived a reset: the mock host's free CID list may have
+    /// lost CIDs (commands the reset ended) or gained some (garbage completions), so
+    /// its helpers, which assume a free CID, are not used.
+    pub admin_reused: bool,
+    pub stats: &'s mut Stats,
+}
+
+/// Runs one program, adding what it did to `stats`. Panics when an invariant fails.
+pub fn run_program(prog: &Program, stats: &mut Stats) {
+    let mut f = Fuzzer::new(&prog.setup, stats);
+    f.stats.runs += 1;
+    if prog.setup.do_init & 1 != 0 {
+        f.init(prog.setup.init);
+    }
+    f.check_state();
+    let trace = trace_enabled();
+    for (i, a) in prog.actions.iter().enumerate() {
+        f.stats.actions[a.kind()] += 1;
+        let t = std::time::Instant::now();
+        f.step(a);
+        if trace {
+            eprintln!("[{i}] {a:?} ({:?})\n    {}", t.elapsed(), f.describe());
+        }
+        f.check_state();
+    }
+    if f.tainted {
+        f.stats.tainted_runs += 1;
+    }
+    if f.h.csts().cfs() {
+        f.stats.fatal_runs += 1;
+    }
+}
+
+/// `NVME_FUZZ_TRACE=1` prints every action and the host's view after it.
+fn trace_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("NVME_FUZZ_TRACE").is_some_and(|v| v != "0"))
+}
+
+impl<'s> Fuzzer<'s> {
+    /// The host's view, for tracing: lifecycle, CSTS, and per queue the host's SQ
+    /// tail and CQ head, the shadow and EventIdx slots, and outstanding CIDs.
+    fn describe(&self) -> String {
+        let mut s =
+            format!("{:?} csts={:#x} tainted={} ", self.h.ctrl.lifecycle(), self.h.csts().0, self.tainted);
+        for qid in self.host_qids() {
+            let q = self.host_queue(qid).expect("listed");
+            let slots = self.h.dbbuf.map(|b| {
+                let rd = |base: u64, k| {
+                    self.h.mem.load_u32(base + doorbell_offset(qid, k, self.p.dstrd)).unwrap_or(!0)
+                };
+                format!(
+                    " shadow={}/{} ei={}/{}",
+                    rd(b.shadow, DoorbellKind::SqTail),
+                    rd(b.shadow, DoorbellKind::CqHead),
+                    rd(b.eventidx, DoorbellKind::SqTail),
+                    rd(b.eventidx, DoorbellKind::CqHead)
+                )
+            });
+            let out: Vec<u16> =
+                self.outstanding.get(&qid).map(|c| c.iter().copied().collect()).unwrap_or_default();
+            s += &format!(
+                "\n    q{qid}: size={} sq_tail={} cq_head={} phase={}{} outstanding={out:?}",
+                q.size,
+                q.sq_tail,
+                q.cq_head,
+                q.phase as u8,
+                slots.unwrap_or_default()
+            );
+        }
+        s
+    }
+
+    fn new(s: &Setup, stats: &'s mut Stats) -> Self {
+        let namespaces = (0..1 + s.ns_count as usize % 3)
+            .map(|i| {
+                let n = s.ns[i];
+                let size = (1 + n.mib as u64 % 8) << 20;
+                let backend: Arc<dyn block_backend::Backend> = if n.kind & 1 == 0 {
+                    Arc::new(RamBackend::new(size))
+                } else {
+                    Arc::new(NullBackend::new(size))
+                };
+                NamespaceConfig { backend, lba_format: n.lba_format % 2 }
+            })
+            .collect();
+        let mdts = 1 + s.mdts % 8;
+        let cfg = ControllerConfig {
+            max_io_queues: 1 + s.max_io_queues as u16 % 16,
+            msix_vectors: 1 + s.msix_vectors as u16 % 17,
+            dstrd: s.dstrd % 4,
+            mdts,
+            mqes_z: 1 + s.mqes_z % 1023,
+            aerl_z: s.aerl_z % 8,
+            namespaces,
+            ..Default::default()
+        };
+        let p =
+            Params { max_io_queues: cfg.max_io_queues, mdts_bytes: (1u64 << mdts) * PAGE, dstrd: cfg.dstrd };
+        let clock = Arc::new(ManualClock::default());
+        let mut h = MockHost::with_clock(cfg, MEM_BYTES, clock.clone());
+        // Our own mapping, so the memory map can later be cut into pieces of it.
+        let map = Arc::new(Mapping::anonymous(MEM_BYTES).expect("mmap guest memory"));
+        let mem = GuestMemory::empty().with_region(0, MEM_BYTES, map.clone(), 0).expect("guest memory map");
+        h.mem = mem.clone();
+        h.ctrl.set_memory(mem);
+        let data = h.alloc.alloc_pages(DATA_PAGES);
+        let lists = h.alloc.alloc_pages(LIST_PAGES);
+        let pool = h.alloc.alloc_pages(POOL_PAGES);
+        Fuzzer {
+            h,
+            clock,
+            map,
+            p,
+            data,
+            lists,
+            pool,
+            list_next: 0,
+            list_owner: vec![None; LIST_PAGES as usize],
+            pool_next: 0,
+            outstanding: BTreeMap::new(),
+            aers: BTreeSet::new(),
+            tainted: false,
+            inits: 0,
+            memory_reduced: false,
+            admin_reused: false,
+            stats,
+        }
+    }
+
+    fn step(&mut self, a: &Action) {
+        match *a {
+            Action::AdminRaw(r) => {
+                self.tainted = true;
+                let sqe = Sqe::read_from_bytes(&r.sqe.0).expect("64 bytes");
+                if self.submit(0, sqe).is_none() {
+                    self.stats.skipped += 1;
+                }
+            }
+            Action::IoRaw(r) => {
+                self.tainted = true;
+                let sqe = Sqe::read_from_bytes(&r.sqe.0).expect("64 bytes");
+                match self.io_queue(r.queue) {
+                    Some(q) if self.submit(q, sqe).is_some() => {}
+                    _ => self.stats.skipped += 1,
+                }
+            }
+            Action::Io(c) => self.io_cmd(&c),
+            Action::Admin(c) => self.admin_cmd(&c),
+            Action::Reg(r) => self.reg_write(r),
+            Action::Cc(c) => self.cc_op(c),
+            Action::Doorbell(d) => self.doorbell(d),
+            Action::Shadow(s) => self.shadow_write(s),
+            Action::Ring(r) => self.ring_write(r),
+            Action::Scribble(s) => self.scribble(s),
+            Action::Memory(m) => self.memory_op(m),
+            Action::Reap(r) => {
+                let qids = self.host_qids();
+                match (r.queue as usize).checked_rem(qids.len() + 1) {
+                    Some(i) if i < qids.len() => self.reap(qids[i]),
+                    _ => self.reap_all(),
+                };
+            }
+            Action::Process(p) => self.process(p),
+            Action::Clock(ClockAdvance { us }) => self.clock.advance_us(us as u64 % 5000),
+            Action::Init(spec) => self.init(spec),
+            Action::ReadReg(r) => self.read_reg(r),
+            Action::Burst(b) => self.burst(&b),
+            Action::CreatePair(c) => self.create_pair(c.qid, c.size, c.ien),
+            Action::Drain(d) => self.drain(d.rounds),
+        }
+    }
+
+    // ---- what the host believes
+
+    /// Host queues that exist: 0 (admin, once enabled) and the I/O queues.
+    pub fn host_qids(&self) -> Vec<u16> {
+        let mut v: Vec<u16> = self.h.admin.iter().map(|_| 0).collect();
+        v.extend(self.h.io.iter().filter(|q| q.qid != 0).map(|q| q.qid));
+        v
+    }
+
+    pub fn io_queue(&self, sel: u8) -> Option<u16> {
+        let qs: Vec<u16> = self.h.io.iter().filter(|q| q.qid != 0).map(|q| q.qid).collect();
+        (!qs.is_empty()).then(|| qs[sel as usize % qs.len()])
+    }
+
+    fn host_queue(&self, qid: u16) -> Option<&mock_host::HostQueue> {
+        if qid == 0 {
+            self.h.admin.as_ref()
+        } else {
+            self.h.io.iter().find(|q| q.qid == qid)
+        }
+    }
+
+    /// Submits through the mock host (which assigns the CID and rings the Linux way).
+    /// At most size - 1 tracked commands are outstanding per queue, whatever the
+    /// mock host's CID list says, so the host never overruns its own ring.
+    pub fn submit(&mut self, qid: u16, sqe: Sqe) -> Option<u16> {
+        let size = self.host_queue(qid)?.size as usize;
+        if self.outstanding.get(&qid).map_or(0, |s| s.len()) + 1 >= size {
+            return None;
+        }
+        let cid = self.h.submit(qid, sqe)?;
+        self.outstanding.entry(qid).or_default().insert(cid);
+        Some(cid)
+    }
+
+    /// Forgets every outstanding command: a reset ended them without completions.
+    fn forget_all(&mut self) {
+        self.outstanding.clear();
+        self.aers.clear();
+        self.list_owner.iter_mut().for_each(|o| *o = None);
+    }
+
+    /// Reaps host queue `qid`, checking each completion. Returns how many.
+    pub fn reap(&mut self, qid: u16) -> usize {
+        let Some(size) = self.host_queue(qid).map(|q| q.size) else { return 0 };
+        let cqes = self.h.reap_queue(qid);
+        let n = cqes.len();
+        if n == 0 {
+            return 0;
+        }
+        let csts = self.h.csts();
+        let check = !self.tainted && csts.rdy() && !csts.cfs();
+        for c in cqes {
+            let cid = c.cid.get();
+            let known = self.outstanding.get_mut(&qid).is_some_and(|s| s.remove(&cid));
+            if qid == 0 {
+                self.aers.remove(&cid);
+            }
+            if check {
+                self.stats.checked_completions += 1;
+                if !c.status().is_success() {
+                    self.stats.error_completions += 1;
+                }
+                if !known {
+                    violated!("queue {qid} completed cid {cid}, which was not outstanding: {c:?}");
+                }
+                if c.sqid.get() != qid {
+                    violated!("completion on CQ {qid} names SQ {}: {c:?}", c.sqid.get());
+                }
+                if c.sqhd.get() as u32 >= size {
+                    violated!("SQ head {} outside a {size}-entry queue: {c:?}", c.sqhd.get());
+                }
+            }
+        }
+        n
+    }
+
+    pub fn reap_all(&mut self) -> usize {
+        self.host_qids().into_iter().map(|q| self.reap(q)).sum()
+    }
+
+    /// Calls `process` a bounded number of times; true if it ever made progress.
+    pub fn run_device(&mut self, calls: u32) -> bool {
+        let mut any = false;
+        for _ in 0..calls {
+            if !self.h.ctrl.process() {
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
+    // ---- invariants
+
+    /// CSTS is readable and agrees with the lifecycle.
+    fn check_state(&self) {
+        let csts = self.h.csts();
+        match self.h.ctrl.lifecycle() {
+            // CSTS.CFS shows an engine fault at once; the lifecycle follows at the
+            // next `process`, so Ready may briefly read CFS = 1.
+            Lifecycle::Ready if !csts.rdy() => violated!("Ready but CSTS = {:#x}", csts.0),
+            Lifecycle::Disabled if csts.rdy() => violated!("Disabled but CSTS.RDY = 1 ({:#x})", csts.0),
+            Lifecycle::Fatal if !csts.cfs() => violated!("Fatal but CSTS.CFS = 0 ({:#x})", csts.0),
+            Lifecycle::ShutDown if csts.shst() != ShutdownStatus::Complete => {
+                violated!("ShutDown but CSTS.SHST = {:?}", csts.shst())
+            }
+            _ => {}
+        }
+        let _ = self.h.ctrl.next_deadline();
+    }
+
+    /// Lets the device run and the host reap until quiet; then, if host and
+    /// controller agree and the controller is Ready, nothing may be left outstanding.
+    fn drain(&mut self, rounds: u8) {
+        for _ in 0..3 + rounds % 8 {
+            // `process` may post completions (from a CQ overflow) and still report
+            // no progress, so a quiet round is one that also reaped nothing.
+            let progress = self.run_device(16);
+            if self.reap_all() == 0 && !progress {
+                break;
+            }
+        }
+        let csts = self.h.csts();
+        if self.tainted || !csts.rdy() || csts.cfs() || self.h.ctrl.lifecycle() != Lifecycle::Ready {
+            return;
+        }
+        self.stats.checked_drains += 1;
+        for (qid, cids) in &self.outstanding {
+            let stuck: Vec<u16> =
+                cids.iter().copied().filter(|c| *qid != 0 || !self.aers.contains(c)).collect();
+            if !stuck.is_empty() {
+                violated!(
+                    "commands never completed on queue {qid}: cids {stuck:?} (memory map reduced: {})",
+                    self.memory_reduced
+                );
+            }
+        }
+    }
+
+    /// Drains the admin queue so a mock host helper (which reaps every admin
+    /// completion itself) cannot swallow one we track. False if that failed.
+    fn quiesce_admin(&mut self) -> bool {
+        if self.tainted
+            || self.admin_reused
+            || self.h.admin.is_none()
+            || self.h.ctrl.lifecycle() != Lifecycle::Ready
+        {
+            return false;
+        }
+        for _ in 0..4 {
+            self.run_device(16);
+            self.reap(0);
+        }
+        let out = self.outstanding.get(&0);
+        let busy = out.is_some_and(|s| s.iter().any(|c| !self.aers.contains(c)));
+        let free = self.h.admin.as_ref().is_some_and(|q| out.map_or(0, |s| s.len()) as u32 + 3 < q.size);
+        !busy && free
+    }
+
+    // ---- bring-up
+
+    /// Zeroes the guest memory the mock host's allocator hands out next, as a real
+    /// host's DMA allocations are zeroed (earlier scribbles or wild DMA may have
+    /// written there). One bring-up allocates well under 64 KiB.
+    fn zero_next_allocations(&mut self) {
+        let next = self.h.alloc.alloc(0, 1);
+        let len = (64 << 10).min(MEM_BYTES - next);
+        self.h.mem.fill(next, len, 0).expect("allocator memory is guest memory");
+    }
+
+    fn init(&mut self, s: InitSpec) {
+        if self.inits >= MAX_INITS {
+            self.stats.skipped += 1;
+            return;
+        }
+        self.inits += 1;
+        let opts = InitOptions {
+            io_queues: 1 + s.io_queues as u16 % 4,
+            queue_size: 2 + s.queue_size as u32 % 63,
+            admin_queue_size: 2 + s.admin_size as u32 % 63,
+            shadow_doorbells: s.flags & 1 != 0,
+            interrupts: s.flags & 2 != 0,
+        };
+        self.forget_all();
+        self.zero_next_allocations();
+        // Bring-up starts with CC.EN = 0, so every queue before it is gone.
+        match self.h.init(opts) {
+            Ok(()) => {
+                self.stats.init_ok += 1;
+                self.tainted = false;
+                self.admin_reused = false;
+            }
+            Err(_) => {
+                self.stats.init_failed += 1;
+                self.tainted = true;
+            }
+        }
+    }
+
+    /// Creates an I/O queue pair with the mock host's Linux-like helper.
+    fn create_pair(&mut self, qid: u8, size: u8, ien: u8) {
+        if self.inits >= MAX_INITS * 4 || !self.quiesce_admin() {
+            self.stats.skipped += 1;
+            return;
+        }
+        self.inits += 1;
+        let qid = 1 + qid as u16 % self.p.max_io_queues;
+        if self.h.io.iter().any(|q| q.qid == qid) {
+            self.stats.skipped += 1;
+            return;
+        }
+        self.zero_next_allocations();
+        let _ = self.h.create_queue_pair(qid, 2 + size as u32 % 63, ien & 1 != 0);
+    }
+
+    /// Sends Doorbell Buffer Config with fresh (zeroed) pages, as Linux does, though
+    /// possibly after I/O queues were used (which Linux does not do, but a host may:
+    /// `corpus/regress-late-dbbuf-zeroed-shadow` once made the controller adopt the
+    /// zeroed shadow tail and re-execute stale SQ entries). Replacing buffers already
+    /// in use is a known bug (`corpus/known-bugs/`), taken only when exploring those.
+    pub fn fresh_dbbuf(&mut self) {
+        let replaces = self.h.dbbuf.is_some() && !crate::explore_known_bugs();
+        if replaces || self.inits >= MAX_INITS * 4 || !self.quiesce_admin() {
+            self.stats.skipped += 1;
+            return;
+        }
+        self.inits += 1;
+        self.zero_next_allocations();
+        let _ = self.h.doorbell_buffer_config();
+    }
+
+    // ---- registers
+
+    fn reg_write(&mut self, r: RegWrite) {
+        let v = r.value;
+        let (off, taints) = match r.reg % 12 {
+            0 | 11 => (offset::CC, true),
+            1 => (offset::AQA, true),
+            2 => (offset::ASQ + 4 * (r.size as u64 >> 7), true),
+            3 => (offset::ACQ + 4 * (r.size as u64 >> 7), true),
+            4 => (offset::INTMS, false),
+            5 => (offset::INTMC, false),
+            6 => (offset::NSSR, false),
+            7 => (
+                [
+                    offset::CAP,
+                    offset::VS,
+                    offset::CSTS,
+                    offset::CMBLOC,
+                    offset::CMBSZ,
+                    offset::BPINFO,
+                    offset::CRTO,
+                ][(v >> 56) as usize % 7],
+                false,
+            ),
+            8 => ((v >> 40) % offset::DOORBELL_BASE, true),
+            9 => (offset::DOORBELL_BASE + (v >> 32) % 0x1000, true),
+            _ => (v.rotate_left(17), true),
+        };
+        if taints {
+            self.tainted = true;
+        }
+        let len = [4usize, 8, 4, 8, 1, 2, 3, 16][r.size as usize % 8];
+        let mut data = [0u8; 16];
+        data[..8].copy_from_slice(&v.to_le_bytes());
+        self.h.ctrl.mmio_write(off, &data[..len]);
+    }
+
+    fn read_reg(&mut self, r: ReadReg) {
+        let off = if r.size & 0x80 != 0 { (r.off as u64) << 8 } else { r.off as u64 % 0x1100 };
+        let len = [4usize, 8, 1, 2, 3, 16, 0, 4][r.size as usize % 8];
+        let mut b = [0u8; 16];
+        self.h.ctrl.mmio_read(off, &mut b[..len]);
+    }
+
+    fn cc_op(&mut self, c: CcOp) {
+        let cur = self.h.read32(offset::CC);
+        match c.op % 8 {
+            0 => {
+                self.tainted = true;
+                self.h.write32(offset::CC, 0);
+            }
+            1 => {
+                self.tainted = true;
+                self.h.write32(offset::CC, LINUX_CC | 1);
+            }
+            // Shutdown: completions posted while shutting down are real ones, and
+            // nothing runs afterwards, so the host's view stays valid.
+            2 => self.h.write32(offset::CC, cur | (1 << 14)),
+            3 => self.h.write32(offset::CC, cur | (2 << 14)),
+            4 => {
+                self.tainted = true;
+                self.h.write32(offset::CC, c.value | 1);
+            }
+            5 => self.reset_and_reenable(),
+            6 => {
+                if self.inits >= MAX_INITS {
+                    self.stats.skipped += 1;
+                    return;
+                }
+                self.inits += 1;
+                self.forget_all();
+                self.zero_next_allocations();
+                self.tainted = self.h.enable(2 + c.value % 63).is_err();
+                self.admin_reused = false;
+            }
+            _ => self.h.write32(offset::CC, cur & !(3 << 14)),
+        }
+    }
+
+    /// A controller reset and re-enable on the same admin queue memory, as Linux's
+    /// reset work does it: CC.EN = 0, clear the CQ, program the admin queue, enable.
+    fn reset_and_reenable(&mut self) {
+        let Some(q) = self.h.admin.as_ref() else {
+            self.stats.skipped += 1;
+            return;
+        };
+        let (sq, cq, size) = (q.sq_base, q.cq_base, q.size);
+        self.h.write32(offset::CC, 0);
+        self.forget_all();
+        self.admin_reused = true;
+        self.h.io.clear();
+        self.h.dbbuf = None;
+        self.h.mem.fill(cq, size as u64 * CQE_SIZE as u64, 0).expect("admin CQ");
+        self.h.mem.fill(sq, size as u64 * SQE_SIZE as u64, 0).expect("admin SQ");
+        let q = self.h.admin.as_mut().expect("checked");
+        q.sq_tail = 0;
+        q.cq_head = 0;
+        q.phase = true;
+        self.h.write32(offset::AQA, Aqa::new(size as u16 - 1, size as u16 - 1).0);
+        self.h.write64(offset::ASQ, sq);
+        self.h.write64(offset::ACQ, cq);
+        self.h.write32(offset::CC, LINUX_CC);
+        self.h.write32(offset::CC, LINUX_CC | 1);
+        let csts = self.h.csts();
+        self.tainted = !csts.rdy() || csts.cfs();
+    }
+
+    // ---- doorbells and guest memory
+
+    fn doorbell(&mut self, d: Doorbell) {
+        let kind = if d.kind & 1 == 0 { DoorbellKind::SqTail } else { DoorbellKind::CqHead };
+        if d.kind & 0x10 != 0 {
+            // A repeated ring of the host's current value: harmless, so not tainting.
+            let qids = self.host_qids();
+            if qids.is_empty() {
+                self.stats.skipped += 1;
+                return;
+            }
+            let qid = qids[d.qid as usize % qids.len()];
+            let q = self.host_queue(qid).expect("listed");
+            let v = if kind == DoorbellKind::SqTail { q.sq_tail } else { q.cq_head };
+            self.h.ring(qid, kind, v);
+            return;
+        }
+        self.tainted = true;
+        let qid = if d.kind & 2 != 0 { d.qid } else { d.qid % (self.p.max_io_queues + 3) };
+        let value = if d.kind & 0x20 != 0 { d.value } else { d.value % 80 };
+        let extra = [0u64, 0, 0, 1, 2, 3, 4, 0x2000][(d.kind >> 2) as usize & 7];
+        let off = offset::DOORBELL_BASE + doorbell_offset(qid, kind, self.p.dstrd) + extra;
+        self.h.ctrl.mmio_write(off, &value.to_le_bytes());
+    }
+
+    fn shadow_write(&mut self, s: ShadowWrite) {
+        let Some(b) = self.h.dbbuf else {
+            self.stats.skipped += 1;
+            return;
+        };
+        let kind = if s.which & 1 == 0 { DoorbellKind::SqTail } else { DoorbellKind::CqHead };
+        let eventidx = s.which & 2 != 0;
+        // The controller never reads EventIdx, so only shadow stores break agreement.
+        if !eventidx {
+            self.tainted = true;
+        }
+        let qid = s.qid % (self.p.max_io_queues + 2);
+        let base = if eventidx { b.eventidx } else { b.shadow };
+        let value = if s.which & 4 != 0 { s.value } else { s.value % 80 };
+        let addr = base + doorbell_offset(qid, kind, self.p.dstrd);
+        let _ = self.h.mem.store_u32(addr, value);
+    }
+
+    fn ring_write(&mut self, r: RingWrite) {
+        let qids = self.host_qids();
+        if qids.is_empty() {
+            self.stats.skipped += 1;
+            return;
+        }
+        self.tainted = true;
+        let q = self.host_queue(qids[r.queue as usize % qids.len()]).expect("listed");
+        let (base, entry) = if r.which & 1 == 0 { (q.sq_base, SQE_SIZE) } else { (q.cq_base, CQE_SIZE) };
+        let idx = r.index as u64 % q.size as u64;
+        let within = (r.which as u64 >> 1) % (entry as u64 / 16) * 16;
+        let _ = self.h.mem.write(base + idx * entry as u64 + within, &r.bytes);
+    }
+
+    fn scribble(&mut self, s: Scribble) {
+        self.tainted = true;
+        let addr = self.wild(s.addr) % MEM_BYTES;
+        let len = (1 + s.len as u64 % 64).min(MEM_BYTES - addr);
+        let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(s.seed).wrapping_add(s.seed)).collect();
+        let _ = self.h.mem.write(addr, &bytes);
+    }
+
+    /// Changes the controller's memory map (vfio-user DMA unmap / map); the host
+    /// keeps all of it.
+    fn memory_op(&mut self, m: MemoryOp) {
+        let pages = MEM_BYTES / PAGE;
+        let (a, b) = (m.a as u64 % pages, 1 + m.b as u64 % pages);
+        let mut regions: Vec<(u64, u64)> = Vec::new();
+        match m.op % 5 {
+            0 => {}
+            1 => {
+                // A hole of b pages at page a.
+                let end = (a + b).min(pages);
+                regions.push((0, a));
+                regions.push((end, pages - end));
+            }
+            2 => regions.push((0, a)),
+            3 => {
+                // Two pieces mapped at their own addresses, split at page a.
+                regions.push((0, a));
+                regions.push((a, pages - a));
+            }
+            _ => regions.push((0, pages)),
+        }
+        let mut mem = GuestMemory::empty();
+        for (start, n) in regions.into_iter().filter(|r| r.1 > 0) {
+            mem = mem.with_region(start * PAGE, n * PAGE, self.map.clone(), start * PAGE).expect("region");
+        }
+        self.memory_reduced = mem.size() != MEM_BYTES;
+        self.h.ctrl.set_memory(mem);
+    }
+
+    fn process(&mut self, p: Process) {
+        if p.n & 0x80 != 0 {
+            self.h.ctrl.set_arm_eventidx(p.n & 0x40 != 0);
+        }
+        self.run_device(1 + p.n as u32 % 8);
+    }
+}

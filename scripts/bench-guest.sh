@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# Guest benchmark: the same guest kernel + initramfs booted on QEMU's nvme
+# (with and without ioeventfd), virtio-blk (with and without an iothread),
+# vnvme over vfio-user-pci in each doorbell and polling mode, and the guest's
+# own null_blk (the ceiling). fio 4 KiB randread at QD 1, 4, 16, 64 and
+# randwrite at QD 16, each repeated. Writes JSON, markdown and an SVG chart
+# under results/guest-bench/<UTC timestamp>/. A benchmark, not a test: never
+# run by scripts/test.sh.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/guest/lib.sh
+source "$here/guest/lib.sh"
+# shellcheck source=scripts/guest/host-lib.sh
+source "$here/guest/host-lib.sh"
+
+ALL_QEMU="qemu-nvme qemu-nvme-ioeventfd virtio-blk virtio-blk-iothread"
+
+usage() {
+    cat <<EOF
+Usage: ${0##*/} [--kernel K] [--accel A] [--runtime S] [--reps N] [--size SIZE]
+                [--devices LIST] [--points LIST] [--out DIR] [--no-fetch] [--no-build]
+
+Devices (--devices, comma separated; default: all of them):
+  qemu-nvme             -device nvme (QEMU's NVMe; ioeventfd=off, its default)
+  qemu-nvme-ioeventfd   -device nvme,ioeventfd=on
+  virtio-blk            -device virtio-blk-pci (ioeventfd on, 1 queue per vCPU)
+  virtio-blk-iothread   the same with -object iothread (iothread=iot0)
+    all four on -drive file=/dev/shm/<tmp>.img,format=raw,cache=none,aio=io_uring:
+    a RAM-backed file (tmpfs). If the host's tmpfs refuses O_DIRECT, cache=writeback
+    is used instead, and the JSON says so.
+  vnvme-<doorbells>-<poll>  \`vnvme serve --ns ram:SIZE --workers 1\` (sparse RAM
+    namespace) over -device vfio-user-pci, for every --doorbells mode the binary
+    offers (trapped, eventfd, mapped; mapped polls, so only with --poll always)
+    and every --poll mode (off, adaptive, always). The guest enables shadow
+    doorbells in every case: Linux has no knob to turn DBBUF off, and serve
+    has no option to hide OACS bit 8, so "shadow off" is not measured.
+  null_blk              no device: modprobe null_blk queue_mode=2 irqmode=0
+                        (completes in the submitting context; the guest's ceiling)
+
+Every device is filled first with sequential 128 KiB writes (so reads hit
+allocated memory), except null_blk. Points (--points): randread:1 randread:4
+randread:16 randread:64 randwrite:16 (4 KiB, direct, io_uring, --runtime
+seconds each, --reps times, interleaved). Collected per point: fio's IOPS,
+mean and p99 completion latency (lat_ns, JSON), guest CPU busy (/proc/stat in
+the guest, all vCPUs), guest interrupts per I/O (/proc/interrupts), CPU time
+per I/O of the vnvme process and of QEMU's non-vCPU threads
+(/proc/PID/task/*/schedstat between marks), and for vnvme its own counters
+(--stats-file: trapped doorbell writes and interrupts per I/O).
+
+  --kernel K     guest kernel (default newest)
+  --accel A      auto | kvm | tcg (default: \$VNVME_ACCEL or auto)
+  --runtime S    seconds per point (default 3)
+  --reps N       repetitions of every point (default 2)
+  --size SIZE    device size (default 256M)
+  --out DIR      output directory (default results/guest-bench/<UTC timestamp>)
+EOF
+}
+
+kernel=newest accel="${VNVME_ACCEL:-auto}" runtime=3 reps=2 size=256M devices="" out="" fetch=1 build=1
+points="randread:1 randread:4 randread:16 randread:64 randwrite:16"
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --kernel) kernel=$2; shift 2 ;;
+    --accel) accel=$2; shift 2 ;;
+    --runtime) runtime=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --devices) devices=${2//,/ }; shift 2 ;;
+    --points) points=${2//,/ }; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-fetch) fetch=0; shift ;;
+    --no-build) build=0; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+    esac
+done
+need_cmds python3:python3
+
+T0=$(date +%s)
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+[[ -n $out ]] || out="$VNVME_ROOT/results/guest-bench/$stamp"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-bench.XXXXXX")
+img="/dev/shm/vnvme-bench.$$.img"
+VN_PID="" cur_qemu_pidfile=""
+cleanup() {
+    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
+        local qp
+        qp=$(cat "$cur_qemu_pidfile")
+        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
+    fi
+    vn_serve_stop "$VN_PID"
+    rm -f "$img" "$work"/*/vnvme.sock
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "bench-guest: results in $out (work files in $work)"
+if [[ $fetch -eq 1 ]]; then
+    "$VNVME_GUEST_DIR/fetch-qemu.sh"
+    "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
+    "$VNVME_GUEST_DIR/mkinitramfs.sh" "$kernel"
+fi
+[[ $build -eq 0 ]] || vn_build
+[[ -x $VNVME_BIN ]] || die "no vnvme binary at $VNVME_BIN"
+if [[ $accel == auto ]]; then
+    "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel auto --timeout 120 --cmd true >"$work/accel.log" 2>&1 || true
+    accel=$(grep -o 'accel [a-z]*' "$work/accel.log" | head -1 | cut -d' ' -f2)
+    [[ -n $accel ]] || accel=tcg
+fi
+
+# vnvme modes this binary offers.
+help=$("$VNVME_BIN" serve --help)
+db_modes=(trapped)
+if grep -q -- '--doorbells' <<<"$help"; then
+    db_modes=()
+    for m in trapped eventfd mapped; do grep -q -- "$m" <<<"$(grep -A3 -- '--doorbells' <<<"$help")" && db_modes+=("$m"); done
+fi
+vnvme_devs=()
+for d in "${db_modes[@]}"; do
+    for p in off adaptive always; do
+        [[ $d == mapped && $p != always ]] && continue
+        vnvme_devs+=("vnvme-$d-$p")
+    done
+done
+[[ -n $devices ]] || devices="$ALL_QEMU ${vnvme_devs[*]} null_blk"
+
+# QEMU's drive: a tmpfs file; O_DIRECT if tmpfs takes it.
+bytes=$(numfmt --from=iec "$size")
+truncate -s "$bytes" "$img"
+if dd if=/dev/zero of="$img" bs=4096 count=1 oflag=direct conv=notrunc status=none 2>/dev/null; then
+    drive_cache="cache=none,aio=io_uring"
+else
+    drive_cache="cache=writeback,aio=io_uring"
+fi
+drive="file=$img,if=none,id=d0,format=raw,$drive_cache"
+
+qemu_ver=$("$VNVME_GUEST_DIR/qemu" --version | head -1)
+kver=$(cat "$(kernel_dir "$kernel")/KVER")
+cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+python3 - "$out/meta.json" <<EOF
+import json, sys
+json.dump({
+    "timestamp_utc": "$stamp",
+    "qemu": "$qemu_ver",
+    "accel": "$accel",
+    "guest_kernel": "$kver",
+    "guest": "2 vCPUs, 1 GiB (memory-backend-memfd, share=on), q35",
+    "host_cpu": "$cpu_model",
+    "host_cpus": $(nproc),
+    "host_kernel": "$(uname -r)",
+    "vnvme": "$("$VNVME_BIN" --version)",
+    "runtime_s": $runtime,
+    "reps": $reps,
+    "size": "$size",
+    "points": "$points".split(),
+    "qemu_drive": "$drive".replace("$img", "/dev/shm/<tmp>.img"),
+    "note": "TCG: the guest's CPUs are emulated, so these numbers mostly measure TCG, not the devices." if "$accel" == "tcg" else "",
+}, open(sys.argv[1], "w"), indent=2)
+EOF
+echo "QEMU: $qemu_ver; accel $accel; guest kernel $kver; host CPU: $cpu_model ($(nproc) cpus)"
+[[ $accel != tcg ]] || echo "NOTE: TCG (no usable KVM here): the guest CPUs are emulated; these numbers mostly measure TCG."
+echo "devices: $devices"
+
+run_device() { # NAME
+    local dev=$1 d="$work/$1" kind=nvme desc backing qargs=() serve=() t0 rc
+    mkdir -p "$d"
+    t0=$(date +%s)
+    qargs=(-device pcie-root-port,id=rp0,chassis=1)
+    case $dev in
+    qemu-nvme)
+        qargs+=(-drive "$drive" -device nvme,serial=bench,drive=d0,bus=rp0)
+        desc="QEMU nvme" backing="$drive_cache, tmpfs file" ;;
+    qemu-nvme-ioeventfd)
+        qargs+=(-drive "$drive" -device nvme,serial=bench,drive=d0,bus=rp0,ioeventfd=on)
+        desc="QEMU nvme, ioeventfd=on" backing="$drive_cache, tmpfs file" ;;
+    virtio-blk)
+        qargs+=(-drive "$drive" -device virtio-blk-pci,drive=d0,bus=rp0)
+        kind=virtio desc="QEMU virtio-blk-pci" backing="$drive_cache, tmpfs file" ;;
+    virtio-blk-iothread)
+        qargs+=(-object iothread,id=iot0 -drive "$drive" -device virtio-blk-pci,drive=d0,bus=rp0,iothread=iot0)
+        kind=virtio desc="QEMU virtio-blk-pci, iothread" backing="$drive_cache, tmpfs file" ;;
+    vnvme-*)
+        local rest=${dev#vnvme-} dbm poll
+        dbm=${rest%-*} poll=${rest##*-}
+        serve=(--ns "ram:$size" --workers 1 --poll "$poll" --stats-file "$d/stats.json" --log info)
+        grep -q -- '--doorbells' <<<"$help" && serve+=(--doorbells "$dbm")
+        vn_device_args "$d/vnvme.sock"
+        qargs=("${VN_DEV_ARGS[@]}")
+        desc="vnvme, doorbells $dbm, poll $poll" backing="ram:$size (vnvme RAM namespace)" ;;
+    null_blk)
+        kind=nullb desc="guest null_blk (irqmode=0)" backing="none (in-guest null_blk)" ;;
+    *) die "unknown device $dev" ;;
+    esac
+    local prefill=1
+    [[ $kind == nullb ]] && prefill=0
+    cat >"$d/config.sh" <<EOF
+KIND=$kind
+RUNTIME=$runtime
+REPS=$reps
+POINTS="$points"
+PREFILL=$prefill
+EOF
+    python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "desc": sys.argv[2], "backing": sys.argv[3], "qemu_args": sys.argv[4:]}))' \
+        "$dev" "$desc" "$backing" "${qargs[@]}" >"$d/device.json"
+    if [[ $dev == vnvme-* ]]; then
+        vn_serve_start "$d/serve.log" "$d/vnvme.sock" "${serve[@]}" || { echo "FAILED: $dev: server did not start"; return 1; }
+        echo "$VN_PID" >"$d/vnvme.pid"
+        grep -a '^vnvme: serving' "$d/serve.log" | sed 's/^/  /'
+    else
+        # A fresh (sparse) image for every QEMU device; the guest fills it first.
+        rm -f "$img"
+        truncate -s "$bytes" "$img"
+    fi
+    echo
+    echo "== $dev: $desc [$backing]"
+    cur_qemu_pidfile="$d/qemu.pid"
+    set +e
+    "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 1200 \
+        --append "vnvme.skip=null_blk" --run "$VNVME_GUEST_DIR/bench/guest-bench.sh" \
+        --add "$d/config.sh:/bench/config.sh" -- -pidfile "$d/qemu.pid" "${qargs[@]}" 2>&1 |
+        vn_watch "$d/marks" "$d/stats.json" "$d/qemu.pid" "$d/vnvme.pid" >"$d/serial.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    cur_qemu_pidfile=""
+    if [[ $dev == vnvme-* ]]; then
+        vn_serve_wait "$VN_PID" 10 || vn_serve_stop "$VN_PID"
+        VN_PID=""
+        sed -n 's/^vnvme: //p' "$d/serve.log" | tail -1 | sed 's/^/  server: /'
+    fi
+    grep -a '@@RESULT' "$d/serial.log" | sed 's/^/  /; s/@@//g' || true
+    if [[ $rc -ne 0 ]] || ! grep -qa '@@BENCH-DONE@@' "$d/serial.log"; then
+        echo "  FAILED: $dev (boot.sh status $rc; serial log $d/serial.log)"
+        grep -a 'BENCH-ERROR' "$d/serial.log" || tail -n 20 "$d/serial.log"
+    fi
+    echo "  $dev: $(($(date +%s) - t0)) s"
+    mkdir -p "$out/raw/$dev"
+    cp -r "$d/serial.log" "$d/device.json" "$d/marks" "$out/raw/$dev/" 2>/dev/null || true
+    cp "$d/qemu.pid" "$out/raw/$dev/" 2>/dev/null || true
+    [[ -f $d/vnvme.pid ]] && cp "$d/vnvme.pid" "$d/serve.log" "$out/raw/$dev/"
+    return 0
+}
+
+for dev in $devices; do
+    run_device "$dev"
+done
+python3 "$VNVME_GUEST_DIR/bench/report.py" "$out"
+echo
+echo "bench-guest: $(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"

@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# Guest tests: boot real Linux guests (bookworm 6.1 and the newest Debian
+# kernel) under QEMU with -device vfio-user-pci on `vnvme serve`, and check
+# the controller from the guest's side (nvme-cli, fio verify, ext4, several
+# namespaces, reset, driver reload, guest reboot, shadow doorbell counters).
+# Ends with: guest-tests: N passed, N failed, N skipped
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/guest/lib.sh
+source "$here/guest/lib.sh"
+# shellcheck source=scripts/guest/host-lib.sh
+source "$here/guest/host-lib.sh"
+
+usage() {
+    cat <<EOF
+Usage: ${0##*/} [--kernel K]... [--accel auto|kvm|tcg] [--no-fetch] [--no-build]
+                [--max-db-ratio R] [--help]
+
+For each guest kernel (default: bookworm newest) two boots, each against its
+own \`vnvme serve\` (built with cargo build --release first):
+
+ main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M --poll off
+         guest (scripts/guest/tests/main.sh): nvme-cli id-ctrl (serial, nn,
+         OACS bits 1 and 8), id-ns, list-ns, smart-log, error-log,
+         get/set-feature (arbitration, temperature threshold), the three
+         namespaces' sizes, nvme write/read/dsm --ad and blkdiscard read back
+         zeroes, fio verify=crc32c with bs 512 B..128 KiB at QD 1/16/64 on the
+         512 B and 4 KiB namespaces, format 4 KiB -> 512 B -> 4 KiB with id-ns
+         and the block size checked, ext4 on the file namespace + fsck,
+         reset_controller, rmmod/modprobe nvme, then 2 s of 4k randread at
+         QD 64, 16 and 1 between marks.
+         host: trapped doorbells per I/O at QD 64 below --max-db-ratio (from
+         the server's --stats-file), e2fsck -fn and debugfs checksum of the
+         ext4 image, server log (shadow doorbells re-enabled after reset and
+         reload, clean shutdown), server exit status.
+ reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
+         guest (scripts/guest/tests/reboot.sh): doorbell counters under
+         adaptive polling (QD 64 below 1, QD 16 and 1 reported), fio verify with 2 jobs, 8 MiB of data
+         + checksum, reboot -f, then the data and I/O again after the reboot.
+
+  --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
+  --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
+  --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
+  --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
+  --max-db-ratio R  pass limit for trapped doorbells per I/O (default 0.5)
+
+If fetching QEMU or the kernels fails (no network), everything is skipped
+loudly (also recorded in \$VNVME_SKIP_LOG when set) and the exit status is 0.
+Logs: a directory printed at the start and end (\${TMPDIR:-/tmp}/vnvme-guest-tests.*).
+Exit status: 0 if nothing failed.
+EOF
+}
+
+kernels=() accel="${VNVME_ACCEL:-auto}" fetch=1 build=1 max_db=0.5
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --kernel) kernels+=("$2"); shift 2 ;;
+    --accel) accel=$2; shift 2 ;;
+    --no-fetch) fetch=0; shift ;;
+    --no-build) build=0; shift ;;
+    --max-db-ratio) max_db=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+    esac
+done
+[[ ${#kernels[@]} -gt 0 ]] || kernels=(bookworm newest)
+
+T0=$(date +%s)
+work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
+tests_dir="$here/guest/tests"
+n_pass=0 n_fail=0 n_skip=0
+VN_PID="" cur_qemu_pidfile=""
+
+cleanup() {
+    # Stop what we started, by PID: the server, and QEMU if we were interrupted.
+    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
+        local qp
+        qp=$(cat "$cur_qemu_pidfile")
+        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
+    fi
+    vn_serve_stop "$VN_PID"
+    rm -f "$work"/*/vnvme.sock "$work"/*/*.img
+}
+trap cleanup EXIT
+trap 'echo "guest-tests: interrupted" >&2; exit 130' INT TERM
+
+result() { # KIND KERNEL TEXT
+    case $1 in
+    PASS) n_pass=$((n_pass + 1)) ;;
+    FAIL) n_fail=$((n_fail + 1)) ;;
+    SKIP) n_skip=$((n_skip + 1)) ;;
+    esac
+    printf '%s: %s: %s\n' "$1" "$2" "$3" | tee -a "$work/results.txt"
+}
+
+summary() {
+    echo
+    if grep -q '^FAIL' "$work/results.txt" 2>/dev/null; then
+        echo "failures:"
+        grep '^FAIL' "$work/results.txt" | sed 's/^/  /'
+    fi
+    echo "logs: $work (serial console, server logs, counter snapshots)"
+    echo "wall time: $(($(date +%s) - T0)) s"
+    echo "guest-tests: $n_pass passed, $n_fail failed, $n_skip skipped"
+}
+
+skip_all() { # REASON
+    echo
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+    echo "!!! SKIPPING ALL GUEST TESTS: $1"
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+    [[ -n ${VNVME_SKIP_LOG:-} ]] && echo "guest-tests (real Linux guests on vnvme serve): $1" >>"$VNVME_SKIP_LOG"
+    result SKIP all "$1"
+    summary
+    exit 0
+}
+
+echo "guest-tests: kernels ${kernels[*]}, logs in $work"
+if [[ $fetch -eq 1 ]]; then
+    echo "== fetching QEMU, kernels and initramfs (cached after the first run)"
+    "$here/guest/fetch-qemu.sh" || skip_all "could not fetch QEMU 11.1 (network?)"
+    "$here/guest/fetch-kernels.sh" "${kernels[@]}" || skip_all "could not fetch the guest kernels (network?)"
+    "$here/guest/mkinitramfs.sh" "${kernels[@]}" || skip_all "could not build the guest initramfs (network?)"
+fi
+if [[ $build -eq 1 ]]; then
+    echo "== cargo build --release -p vnvme"
+    vn_build || { result FAIL host "cargo build --release -p vnvme"; summary; exit 1; }
+fi
+[[ -x $VNVME_BIN ]] || { result FAIL host "no vnvme binary at $VNVME_BIN"; summary; exit 1; }
+if [[ $accel == auto ]]; then
+    # Decide once (boot.sh caches its KVM probe per host kernel and QEMU).
+    "$here/guest/boot.sh" --kernel "${kernels[0]}" --accel auto --timeout 120 --cmd true >"$work/accel-probe.log" 2>&1
+    accel=$(grep -o 'accel [a-z]*' "$work/accel-probe.log" | head -1 | cut -d' ' -f2)
+    [[ -n $accel ]] || accel=tcg
+fi
+echo "accelerator: $accel"
+
+# guest_adds: boot.sh --add arguments for every file in scripts/guest/tests
+# plus the generated config.
+guest_adds() { # CONFIGFILE
+    local f
+    GUEST_ADDS=(--add "$1:/tests/config.sh")
+    for f in "$tests_dir"/*.sh; do GUEST_ADDS+=(--add "$f:/tests/${f##*/}"); done
+}
+
+# run_boot KERNEL DIR SCRIPT [BOOT.SH ARGS...]: boot with the server already
+# listening on DIR/vnvme.sock; serial console -> DIR/guest.log, result lines
+# echoed live. Sets BOOT_RC.
+run_boot() {
+    local k=$1 d=$2 script=$3
+    shift 3
+    guest_adds "$d/config.sh"
+    vn_device_args "$d/vnvme.sock"
+    cur_qemu_pidfile="$d/qemu.pid"
+    "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/$script" \
+        "${GUEST_ADDS[@]}" "$@" -- -pidfile "$d/qemu.pid" "${VN_DEV_ARGS[@]}" 2>&1 |
+        vn_watch "$d/marks" "$d/stats.json" | tee "$d/guest.log" |
+        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[boot.sh\]|^doorbell run' |
+        sed -u "s/^\(PASS\|FAIL\|SKIP\): /  guest \1: /; s/^/  [$k] /"
+    BOOT_RC=${PIPESTATUS[0]}
+    cur_qemu_pidfile=""
+}
+
+# guest_results KERNEL DIR: count the guest's PASS/FAIL/SKIP lines.
+guest_results() {
+    local k=$1 d=$2 kind text
+    while IFS= read -r line; do
+        kind=${line%%:*}
+        text=${line#*: }
+        case $kind in
+        PASS) n_pass=$((n_pass + 1)) ;;
+        FAIL) n_fail=$((n_fail + 1)) ;;
+        SKIP) n_skip=$((n_skip + 1)) ;;
+        esac
+        printf '%s: %s: guest: %s\n' "$kind" "$k" "$text" >>"$work/results.txt"
+    done < <(grep -aE '^(PASS|FAIL|SKIP): ' "$d/guest.log")
+}
+
+# db_ratio DIR NAME: "doorbells/IO interrupts/IO I/Os" between NAME-start and NAME-end.
+db_ratio() {
+    local io db irq
+    io=$(vn_delta "$1/marks" "$2-start" "$2-end" io_commands) || return 1
+    db=$(vn_delta "$1/marks" "$2-start" "$2-end" io_doorbell_writes) || return 1
+    irq=$(vn_delta "$1/marks" "$2-start" "$2-end" interrupts) || return 1
+    [[ $io -gt 0 ]] || return 1
+    echo "$(vn_ratio "$db" "$io") $(vn_ratio "$irq" "$io") $io"
+}
+
+# db_check KERNEL DIR PREFIX POLLMODE LIMIT: the fio runs between the marks
+# PREFIX-qd{64,16,1}-{start,end}; QD 64 must stay below LIMIT trapped doorbell
+# writes per I/O, QD 16 and QD 1 are reported.
+db_check() {
+    local k=$1 d=$2 p=$3 mode=$4 limit=$5 q s db irq io
+    for q in 64 16 1; do
+        if ! s=$(db_ratio "$d" "$p-qd$q"); then
+            result FAIL "$k" "shadow doorbells (--poll $mode): no counter snapshots for the QD$q run ($d/marks)"
+            continue
+        fi
+        read -r db irq io <<<"$s"
+        if [[ $q -ne 64 ]]; then
+            echo "  [$k] info: --poll $mode, fio 4k randread QD$q: $db trapped doorbells/IO, $irq interrupts/IO, $io I/Os"
+        elif awk -v r="$db" -v m="$limit" 'BEGIN { exit !(r < m) }'; then
+            result PASS "$k" "shadow doorbells (--poll $mode), fio 4k randread QD64: $db trapped doorbells/IO (< $limit), $irq interrupts/IO, $io I/Os"
+        else
+            result FAIL "$k" "shadow doorbells (--poll $mode), fio 4k randread QD64: $db trapped doorbells/IO, want < $limit ($irq interrupts/IO, $io I/Os)"
+        fi
+    done
+}
+
+# server_done KERNEL DIR: wait for the --once server to exit; check its status.
+server_done() {
+    local k=$1 d=$2 rc=0
+    vn_serve_wait "$VN_PID" 20 || rc=$?
+    if [[ $rc -eq 124 ]]; then
+        result FAIL "$k" "vnvme serve --once still running 20 s after QEMU exited (stopped)"
+        vn_serve_stop "$VN_PID"
+    elif [[ $rc -eq 0 ]]; then
+        result PASS "$k" "vnvme serve --once exited 0 after QEMU disconnected ($(grep -a 'I/O commands' "$d/serve.log" | sed 's/^vnvme: //'))"
+    else
+        result FAIL "$k" "vnvme serve exited with status $rc (log: $d/serve.log)"
+        tail -n 20 "$d/serve.log" | sed 's/^/    | /'
+    fi
+    VN_PID=""
+    if grep -qa 'panicked' "$d/serve.log"; then
+        result FAIL "$k" "vnvme serve panicked (log: $d/serve.log)"
+    fi
+}
+
+write_config() { # FILE SERIAL N1 L1 N2 L2 N3 L3
+    cat >"$1" <<EOF
+SERIAL=$2
+N1_BYTES=$3
+N1_LBA=$4
+N2_BYTES=$5
+N2_LBA=$6
+N3_BYTES=$7
+N3_LBA=$8
+EOF
+}
+
+suite_main() {
+    local k=$1 d="$work/$k-main" t0 img line sum_guest sum_host path
+    mkdir -p "$d"
+    t0=$(date +%s)
+    img="$d/ext4.img"
+    echo
+    echo "== [$k] main suite: 3 namespaces, --poll off"
+    write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
+    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns ram:64M --ns ram:32M:lba=4096 \
+        --ns "file:$img:128M" --poll off --serial VNVMEGT0001 --once \
+        --stats-file "$d/stats.json" --log info; then
+        result FAIL "$k" "vnvme serve did not start (main suite)"
+        return
+    fi
+    run_boot "$k" "$d" main.sh --timeout 360
+    guest_results "$k" "$d"
+    if [[ $BOOT_RC -eq 0 ]]; then
+        result PASS "$k" "main suite guest script exited 0"
+    else
+        result FAIL "$k" "main suite guest script exit status $BOOT_RC (124 timeout, 125 no status; serial log: $d/guest.log)"
+    fi
+    server_done "$k" "$d"
+
+    # Shadow doorbells, from the server's own counters (--poll off).
+    db_check "$k" "$d" db off "$max_db"
+    local enables
+    enables=$(grep -ac 'shadow doorbells enabled' "$d/serve.log")
+    if [[ $enables -ge 3 ]]; then
+        result PASS "$k" "server log: Doorbell Buffer Config accepted $enables times (probe, after reset, after reload)"
+    else
+        result FAIL "$k" "server log: Doorbell Buffer Config accepted $enables times, want >= 3 (probe, reset, reload)"
+    fi
+    if grep -qa 'controller shut down' "$d/serve.log"; then
+        result PASS "$k" "server log: controller shut down by the guest ($(grep -a 'controller shut down' "$d/serve.log" | tail -1 | grep -o 'kind=[A-Za-z]*'))"
+    else
+        result FAIL "$k" "server log: no CC.SHN shutdown seen"
+    fi
+
+    # ext4 image, from the host, after the server is gone.
+    line=$(grep -a -o '@@VNVME-EXT4 [^@]*@@' "$d/guest.log" | tail -1)
+    if [[ -z $line ]]; then
+        result FAIL "$k" "host ext4 check: the guest printed no checksum"
+    elif ! (need_cmds e2fsck:e2fsprogs debugfs:e2fsprogs) >"$d/apt.log" 2>&1; then
+        result SKIP "$k" "host ext4 check: e2fsprogs missing and could not be installed ($d/apt.log)"
+    else
+        line=${line#@@VNVME-EXT4 }
+        line=${line%@@}
+        path=${line%% *}
+        sum_guest=${line#* }
+        if e2fsck -fn "$img" >"$d/e2fsck.log" 2>&1; then
+            result PASS "$k" "host: e2fsck -fn on the file namespace image is clean"
+        else
+            result FAIL "$k" "host: e2fsck -fn on the image reports problems ($d/e2fsck.log)"
+        fi
+        sum_host=$(debugfs -R "cat $path" "$img" 2>/dev/null | sha256sum | cut -d' ' -f1)
+        if [[ $sum_host == "$sum_guest" ]]; then
+            result PASS "$k" "host: debugfs cat $path matches the guest's sha256 ${sum_guest:0:16}..."
+        else
+            result FAIL "$k" "host: debugfs cat $path sha256 $sum_host != guest $sum_guest"
+        fi
+    fi
+    rm -f "$img"
+    echo "  [$k] main suite: $(($(date +%s) - t0)) s"
+}
+
+suite_reboot() {
+    local k=$1 d="$work/$k-reboot" t0 n
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] reboot suite: --poll adaptive, 2 workers, guest reboot"
+    write_config "$d/config.sh" VNVMEGT0002 $((64 << 20)) 512 0 512 0 512
+    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns ram:64M --poll adaptive --workers 2 \
+        --serial VNVMEGT0002 --once --stats-file "$d/stats.json" --log info; then
+        result FAIL "$k" "vnvme serve did not start (reboot suite)"
+        return
+    fi
+    run_boot "$k" "$d" reboot.sh --reboot --timeout 240
+    guest_results "$k" "$d"
+    if [[ $BOOT_RC -eq 0 ]]; then
+        result PASS "$k" "reboot suite guest script exited 0 after the reboot"
+    else
+        result FAIL "$k" "reboot suite guest script exit status $BOOT_RC (serial log: $d/guest.log)"
+    fi
+    server_done "$k" "$d"
+    n=$(grep -ac 'controller enabled' "$d/serve.log")
+    if [[ $n -ge 2 ]] && grep -qa 'pass 2 (after the guest reboot)' "$d/guest.log"; then
+        result PASS "$k" "guest reboot: same server, controller enabled $n times, $(grep -ac 'shadow doorbells enabled' "$d/serve.log") Doorbell Buffer Configs"
+    else
+        result FAIL "$k" "guest reboot: controller enabled $n times, or pass 2 never ran"
+    fi
+    db_check "$k" "$d" ad adaptive 1
+    echo "  [$k] reboot suite: $(($(date +%s) - t0)) s"
+}
+
+for k in "${kernels[@]}"; do
+    if [[ ! -e $(kernel_dir "$k")/.complete ]]; then
+        result FAIL "$k" "kernel $k is not fetched (run scripts/guest/setup.sh or drop --no-fetch)"
+        continue
+    fi
+    suite_main "$k"
+    suite_reboot "$k"
+done
+summary
+[[ $n_fail -eq 0 ]]

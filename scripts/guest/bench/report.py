@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Turn a scripts/bench-guest.sh run into results.json, results.md and chart.svg.
+
+Usage: report.py RESULTS_DIR
+
+RESULTS_DIR holds meta.json and raw/<device>/ with serial.log (the guest's
+@@RESULT lines and fio JSON), device.json, marks/ (CPU samples and vnvme
+counter snapshots taken at the guest's marks, see scripts/guest/host-lib.sh),
+qemu.pid and, for vnvme, vnvme.pid. Standard library only.
+"""
+
+import json
+import math
+import os
+import re
+import sys
+from statistics import mean
+
+POINT_ORDER = ["randread-qd1", "randread-qd4", "randread-qd16", "randread-qd64", "randwrite-qd16"]
+DEVICE_ORDER = [
+    "qemu-nvme", "qemu-nvme-ioeventfd", "virtio-blk", "virtio-blk-iothread",
+    "vnvme-trapped-off", "vnvme-trapped-adaptive", "vnvme-trapped-always",
+    "vnvme-eventfd-off", "vnvme-eventfd-adaptive", "vnvme-eventfd-always",
+    "vnvme-mapped-always", "null_blk",
+]
+VCPU_RE = re.compile(r"^CPU \d+/(TCG|KVM)")
+
+
+def read_cpu(path):
+    """{(pid, tid): (ns, comm)} from a NAME.cpu sample."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.rstrip("\n").split(" ", 3)
+                if len(parts) == 4:
+                    out[(parts[0], parts[1])] = (int(parts[2]), parts[3])
+    except FileNotFoundError:
+        return None
+    return out
+
+
+def cpu_delta(a, b, pid, vcpu=None):
+    """ns of CPU used by PID's threads between samples a and b. vcpu=True/False
+    selects only vCPU / only non-vCPU threads (by thread name)."""
+    if a is None or b is None or not pid:
+        return None
+    total = 0
+    for key, (ns, comm) in b.items():
+        if key[0] != pid:
+            continue
+        if vcpu is not None and bool(VCPU_RE.match(comm)) != vcpu:
+            continue
+        total += ns - a.get(key, (0, comm))[0]
+    return total
+
+
+def read_stats(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def read_pid(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def parse_serial(path):
+    results, fio, info = {}, {}, {}
+    with open(path, errors="replace") as f:
+        text = f.read()
+    for m in re.finditer(r"@@RESULT (\S+) (\d+) ([^@]*)@@", text):
+        kv = dict(x.split("=", 1) for x in m.group(3).split())
+        results[(m.group(1), int(m.group(2)))] = kv
+    for m in re.finditer(r"@@FIO-BEGIN (\S+) (\d+)@@\n(.*?)@@FIO-END@@", text, re.S):
+        body = m.group(3)
+        try:
+            fio[(m.group(1), int(m.group(2)))] = json.loads(body[body.index("{"): body.rindex("}") + 1])
+        except (ValueError, json.JSONDecodeError):
+            pass
+    m = re.search(r"@@INFO ([^@]*)@@", text)
+    if m:
+        info = dict(x.split("=", 1) for x in m.group(1).split())
+    return results, fio, info
+
+
+def per_io(x, ios, scale=1.0):
+    if x is None or not ios:
+        return None
+    return x * scale / ios
+
+
+def analyse_device(ddir):
+    dev = json.load(open(os.path.join(ddir, "device.json")))
+    results, fio, info = parse_serial(os.path.join(ddir, "serial.log"))
+    qpid = read_pid(os.path.join(ddir, "qemu.pid"))
+    vpid = read_pid(os.path.join(ddir, "vnvme.pid"))
+    marks = os.path.join(ddir, "marks")
+    runs = []
+    for (name, rep), j in sorted(fio.items()):
+        job = j["jobs"][0]
+        side = job["write"] if name.startswith("randwrite") else job["read"]
+        ios = side.get("total_ios") or 0
+        pct = side.get("lat_ns", {}).get("percentile", {})
+        a = read_cpu(os.path.join(marks, f"p-{name}-{rep}-start.cpu"))
+        b = read_cpu(os.path.join(marks, f"p-{name}-{rep}-end.cpu"))
+        s0 = read_stats(os.path.join(marks, f"p-{name}-{rep}-start.stats0"))
+        s1 = read_stats(os.path.join(marks, f"p-{name}-{rep}-end.stats1"))
+        r = results.get((name, rep), {})
+        run = {
+            "point": name,
+            "rep": rep,
+            "iops": side.get("iops"),
+            "ios": ios,
+            "lat_mean_us": side.get("lat_ns", {}).get("mean", 0) / 1000,
+            "lat_p99_us": pct.get("99.000000", 0) / 1000 if pct else None,
+            "fio_usr_pct": job.get("usr_cpu"),
+            "fio_sys_pct": job.get("sys_cpu"),
+            "guest_busy_pct": float(r["busy"]) if r.get("busy", "nan") != "nan" else None,
+            "guest_irq_per_io": per_io(int(r["irqs"]), ios) if "irqs" in r else None,
+            "qemu_non_vcpu_us_per_io": per_io(cpu_delta(a, b, qpid, vcpu=False), ios, 1e-3),
+            "qemu_vcpu_us_per_io": per_io(cpu_delta(a, b, qpid, vcpu=True), ios, 1e-3),
+            "vnvme_us_per_io": per_io(cpu_delta(a, b, vpid), ios, 1e-3) if vpid else None,
+        }
+        if s0 and s1:
+            dio = s1["io_commands"] - s0["io_commands"]
+            run["vnvme_io_commands"] = dio
+            run["vnvme_doorbells_per_io"] = per_io(s1["io_doorbell_writes"] - s0["io_doorbell_writes"], dio)
+            run["vnvme_irq_per_io"] = per_io(s1["interrupts"] - s0["interrupts"], dio)
+        runs.append(run)
+    agg = {}
+    for name in sorted({r["point"] for r in runs}, key=lambda n: POINT_ORDER.index(n) if n in POINT_ORDER else 99):
+        rs = [r for r in runs if r["point"] == name]
+        a = {"point": name, "reps": len(rs), "iops_reps": [r["iops"] for r in rs]}
+        for k in rs[0]:
+            if k in ("point", "rep"):
+                continue
+            vals = [r[k] for r in rs if isinstance(r.get(k), (int, float))]
+            a[k] = mean(vals) if vals else None
+        agg[name] = a
+    return {**dev, "engine": info.get("engine"), "fio": info.get("fio"), "runs": runs, "points": agg}
+
+
+def fmt(v, nd=1, none="n/a"):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return none
+    return f"{v:.{nd}f}"
+
+
+def markdown(meta, devs):
+    L = []
+    L.append(f"# Guest benchmark {meta['timestamp_utc']}\n")
+    if meta.get("note"):
+        L.append(f"**{meta['note']}**\n")
+    L.append(f"- QEMU: {meta['qemu']}, accelerator **{meta['accel']}**; guest: {meta['guest']}, "
+             f"kernel {meta['guest_kernel']}")
+    L.append(f"- host: {meta['host_cpu']} ({meta['host_cpus']} CPUs), Linux {meta['host_kernel']}; {meta['vnvme']}")
+    eng = next((d["engine"] for d in devs if d.get("engine")), "?")
+    fiov = next((d["fio"] for d in devs if d.get("fio")), "?")
+    L.append(f"- fio {fiov}, 4 KiB, direct, {eng}, {meta['runtime_s']} s per point, {meta['reps']} reps "
+             f"(interleaved; values are means over the reps), device size {meta['size']}, filled first")
+    L.append(f"- QEMU devices: `-drive {meta['qemu_drive']}` (tmpfs file = RAM); vnvme: `--ns ram:{meta['size']}` "
+             "(sparse RAM namespace, --workers 1); null_blk: in-guest, irqmode=0\n")
+    pts = [p for p in POINT_ORDER if any(p in d["points"] for d in devs)]
+    L.append("## KIOPS\n")
+    L.append("| device | " + " | ".join(pts) + " |")
+    L.append("| --- | " + " | ".join("---:" for _ in pts) + " |")
+    for d in devs:
+        row = [fmt(d["points"][p]["iops"] / 1000, 1) if p in d["points"] and d["points"][p]["iops"] else "n/a" for p in pts]
+        L.append(f"| {d['device']} | " + " | ".join(row) + " |")
+    L.append("\n## Details\n")
+    L.append("device CPU µs/IO: the vnvme process for vnvme; QEMU's non-vCPU threads (main loop, iothreads, "
+             "io_uring) for QEMU's devices (under TCG, the QEMU process also runs the guest CPUs, so the whole "
+             "process would measure TCG); n/a for null_blk. QEMU I/O µs/IO: QEMU's non-vCPU threads for every "
+             "device (for vnvme: the vfio-user client side, MSI injection). irq/IO: vnvme's own count for vnvme, "
+             "the guest's /proc/interrupts for the others. doorbells/IO: doorbell writes that reached vnvme "
+             "(trapped REGION_WRITEs, or eventfd kicks); not measurable for QEMU's devices (n/a).\n")
+    L.append("| device | test | KIOPS (reps) | mean µs | p99 µs | guest CPU % | device CPU µs/IO | QEMU I/O µs/IO | irq/IO | doorbells/IO |")
+    L.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for d in devs:
+        for p in pts:
+            a = d["points"].get(p)
+            if not a:
+                continue
+            reps = "/".join(fmt(x / 1000, 1) for x in a["iops_reps"] if x is not None)
+            vn = d["device"].startswith("vnvme")
+            devcpu = a.get("vnvme_us_per_io") if vn else (None if d["device"] == "null_blk" else a.get("qemu_non_vcpu_us_per_io"))
+            irq = a.get("vnvme_irq_per_io") if vn else a.get("guest_irq_per_io")
+            if d["device"] == "null_blk":
+                irq = None
+            db = a.get("vnvme_doorbells_per_io") if vn else None
+            L.append(f"| {d['device']} | {p} | {fmt(a['iops'] / 1000 if a['iops'] else None, 1)} ({reps}) | "
+                     f"{fmt(a['lat_mean_us'])} | {fmt(a['lat_p99_us'])} | {fmt(a['guest_busy_pct'])} | "
+                     f"{fmt(devcpu, 2)} | {fmt(a['qemu_non_vcpu_us_per_io'], 2)} | {fmt(irq, 3)} | {fmt(db, 3)} |")
+    L.append("\nDevices:\n")
+    for d in devs:
+        L.append(f"- **{d['device']}**: {d['desc']}; backing: {d['backing']}")
+    return "\n".join(L) + "\n"
+
+
+PALETTE = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d",
+           "#499894", "#86bcb6", "#e15759", "#ff9d9a", "#79706e", "#d37295", "#b07aa1"]
+
+
+def svg_chart(meta, devs):
+    pts = [p for p in POINT_ORDER if any(p in d["points"] for d in devs)]
+    panels = [("KIOPS (higher is better)", lambda a: (a["iops"] or 0) / 1000),
+              ("p99 latency, µs (lower is better)", lambda a: a["lat_p99_us"] or 0)]
+    W, PH, top, left, legend_w = 1180, 300, 60, 70, 230
+    H = top + len(panels) * (PH + 60) + 20
+    plot_w = W - left - legend_w - 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    title = f"vnvme guest benchmark {meta['timestamp_utc']}: fio 4 KiB, {meta['guest_kernel']}, QEMU {meta['qemu'].split()[3] if len(meta['qemu'].split()) > 3 else ''}, accel {meta['accel']}"
+    out.append(f'<text x="{left}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>')
+    if meta.get("note"):
+        out.append(f'<text x="{left}" y="42" fill="#b00">{esc(meta["note"])}</text>')
+    for pi, (label, getv) in enumerate(panels):
+        y0 = top + pi * (PH + 60)
+        vals = [getv(d["points"][p]) for d in devs for p in pts if p in d["points"]]
+        vmax = nice_max(max(vals) if vals else 1)
+        out.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{esc(label)}</text>')
+        for t in range(5):
+            v = vmax * t / 4
+            y = y0 + PH - PH * t / 4
+            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+        gw = plot_w / len(pts)
+        bw = (gw - 14) / max(1, len(devs))
+        for gi, p in enumerate(pts):
+            gx = left + gi * gw + 7
+            out.append(f'<text x="{gx + (gw - 14) / 2:.1f}" y="{y0 + PH + 16}" text-anchor="middle">{p}</text>')
+            for di, d in enumerate(devs):
+                if p not in d["points"]:
+                    continue
+                v = getv(d["points"][p])
+                h = PH * v / vmax if vmax else 0
+                x = gx + di * bw
+                out.append(f'<rect x="{x:.1f}" y="{y0 + PH - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
+                           f'fill="{PALETTE[di % len(PALETTE)]}"><title>{esc(d["device"])} {p}: {v:.1f}</title></rect>')
+        out.append(f'<line x1="{left}" y1="{y0 + PH}" x2="{left + plot_w}" y2="{y0 + PH}" stroke="#333"/>')
+    lx = W - legend_w + 10
+    for di, d in enumerate(devs):
+        y = top + di * 18
+        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{PALETTE[di % len(PALETTE)]}"/>')
+        out.append(f'<text x="{lx + 18}" y="{y + 10}">{esc(d["device"])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def nice_max(v):
+    if v <= 0:
+        return 1
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * e >= v:
+            return m * e
+    return 10 * e
+
+
+def esc(s):
+    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def main():
+    root = sys.argv[1]
+    meta = json.load(open(os.path.join(root, "meta.json")))
+    raw = os.path.join(root, "raw")
+    names = [n for n in os.listdir(raw) if os.path.isfile(os.path.join(raw, n, "device.json"))]
+    names.sort(key=lambda n: (DEVICE_ORDER.index(n) if n in DEVICE_ORDER else 50, n))
+    devs = [analyse_device(os.path.join(raw, n)) for n in names]
+    devs = [d for d in devs if d["points"]]
+    with open(os.path.join(root, "results.json"), "w") as f:
+        json.dump({"meta": meta, "devices": devs}, f, indent=1)
+    md = markdown(meta, devs)
+    with open(os.path.join(root, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(root, "chart.svg"), "w") as f:
+        f.write(svg_chart(meta, devs))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

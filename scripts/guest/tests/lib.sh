@@ -1,0 +1,95 @@
+# shellcheck shell=dash
+# Guest-side helpers for the vnvme guest tests (busybox sh). Sourced by the
+# suite scripts in this directory, which boot.sh places under /tests.
+#
+# Result lines, parsed by scripts/guest-tests.sh on the host:
+#   PASS: name[: detail]    FAIL: name[: detail]    SKIP: name: reason
+# Marks ("@@VNVME-MARK NAME@@", see scripts/guest/host-lib.sh) make the host
+# snapshot the server's counters.
+
+T_FAILED=0
+
+t_pass() { echo "PASS: $*"; }
+t_fail() { echo "FAIL: $*"; T_FAILED=$((T_FAILED + 1)); }
+t_skip() { echo "SKIP: $*"; }
+
+# t_run NAME CMD...: PASS if CMD succeeds, else FAIL with the tail of its output.
+t_run() {
+    _n=$1
+    shift
+    if "$@" >/tmp/t_run.out 2>&1; then
+        t_pass "$_n"
+    else
+        t_fail "$_n (exit $?: $*)"
+        tail -n 25 /tmp/t_run.out | sed 's/^/    | /'
+    fi
+}
+
+# t_eq NAME GOT WANT: PASS if the two strings are equal.
+t_eq() {
+    if [ "$2" = "$3" ]; then t_pass "$1: $2"; else t_fail "$1: got '$2', want '$3'"; fi
+}
+
+# mark NAME [SECS]: ask the host for a counter snapshot, then stay idle SECS
+# (default 1.5, enough for the host's delayed copy of the stats file).
+mark() {
+    echo "@@VNVME-MARK $1@@"
+    sleep "${2:-1.5}"
+}
+
+# ctrl_live CTRL [SECS]: wait until /sys/class/nvme/CTRL/state is "live".
+ctrl_live() {
+    _i=0
+    while [ "$_i" -lt "$((${2:-15} * 10))" ]; do
+        [ "$(cat "/sys/class/nvme/$1/state" 2>/dev/null)" = live ] && return 0
+        usleep 100000
+        _i=$((_i + 1))
+    done
+    echo "controller $1 state: $(cat "/sys/class/nvme/$1/state" 2>/dev/null || echo missing)"
+    return 1
+}
+
+# fio_engine DEV: io_uring if it works in this guest, else libaio (sets ENGINE).
+fio_engine() {
+    ENGINE=io_uring
+    fio --name=probe --filename="$1" --ioengine=io_uring --direct=1 --rw=read --bs=4k \
+        --size=4k >/dev/null 2>&1 || ENGINE=libaio
+    echo "fio engine: $ENGINE"
+}
+
+# fio_json_field FILE KEY: first numeric value of "KEY" in fio's JSON output.
+fio_json_field() {
+    grep -o "\"$2\" : [0-9.e+-]*" "$1" | head -1 | awk '{print $3}'
+}
+
+# field NAME: the value of "NAME : VALUE" in nvme-cli output on stdin.
+field() { awk -F: -v k="$1" '{ gsub(/[ \t]+$/, "", $1) } $1 == k { gsub(/^[ \t]+|[ \t]+$/, "", $2); print $2; exit }'; }
+
+# ns_dev NSID: the block device of namespace NSID on nvme0. Linux names block
+# devices by instance, not by NSID, and newer kernels scan namespaces in
+# parallel, so /dev/nvme0n2 need not be NSID 2.
+ns_dev() {
+    for _b in /sys/block/nvme0n*; do
+        [ "$(cat "$_b/nsid" 2>/dev/null)" = "$1" ] && { echo "/dev/${_b##*/}"; return 0; }
+    done
+    return 1
+}
+
+# wait_ns COUNT [SECS]: wait until NSIDs 1..COUNT have block devices, then set
+# D1, D2, ... to them.
+wait_ns() {
+    _i=0
+    while [ "$_i" -lt "$((${2:-15} * 10))" ]; do
+        _ok=1 _n=1
+        while [ "$_n" -le "$1" ]; do
+            _d=$(ns_dev "$_n") && [ -b "$_d" ] || _ok=0
+            eval "D$_n=\$_d"
+            _n=$((_n + 1))
+        done
+        [ "$_ok" = 1 ] && return 0
+        usleep 100000
+        _i=$((_i + 1))
+    done
+    echo "namespaces present: $(ls /sys/block | grep nvme | tr '\n' ' ')"
+    return 1
+}

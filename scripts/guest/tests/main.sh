@@ -1,0 +1,28 @@
+# shellcheck shell=dash
+# The main guest suite (scripts/guest-tests.sh, one boot per kernel). The host
+# serves one controller with three namespaces (see config.sh, written by the
+# host): n1 RAM with 512 B LBAs, n2 RAM with 4 KiB LBAs, n3 file-backed, and
+# runs the server with --poll off so the doorbell counters reflect EventIdx.
+. /tests/lib.sh
+. /tests/config.sh
+echo "== guest-tests main suite: Linux $(uname -r)"
+if ! ctrl_live nvme0 15 || ! wait_ns 3 15; then
+    t_fail "controller probe: namespaces 1-3 did not appear"
+    dmesg | grep -i nvme | tail -20
+    exit 1
+fi
+t_pass "controller probe: nvme0 live, NSID 1/2/3 = $D1 $D2 $D3"
+fio_engine "$D1"
+for t in nvme-cli multi-ns dsm fio-verify format ext4 reset reload doorbells; do
+    echo "== $t"
+    . "/tests/$t.sh"
+done
+echo "== kernel messages (nvme)"
+dmesg | grep -iE 'nvme|blk_update|I/O error' | tail -30
+if dmesg | grep -qiE 'I/O error|timeout|blk_update_request|Buffer I/O'; then
+    t_fail "guest kernel log: I/O errors or timeouts (see above)"
+else
+    t_pass "guest kernel log: no I/O errors or timeouts"
+fi
+echo "== main suite: $T_FAILED failure(s)"
+[ "$T_FAILED" -eq 0 ]

@@ -1,0 +1,91 @@
+# shellcheck shell=dash
+# nvme-cli admin commands against the controller (sourced by main.sh).
+
+# Identify Controller: serial, namespace count, OACS with Doorbell Buffer Config.
+if nvme id-ctrl /dev/nvme0 >/tmp/idctrl 2>&1; then
+    t_pass "nvme id-ctrl"
+    t_eq "id-ctrl sn" "$(field sn </tmp/idctrl)" "$SERIAL"
+    t_eq "id-ctrl nn" "$(field nn </tmp/idctrl)" 3
+    oacs=$(field oacs </tmp/idctrl)
+    if [ $(((oacs >> 8) & 1)) = 1 ]; then
+        t_pass "id-ctrl oacs $oacs: Doorbell Buffer Config (bit 8) set"
+    else
+        t_fail "id-ctrl oacs $oacs: Doorbell Buffer Config (bit 8) not set"
+    fi
+    if [ $(((oacs >> 1) & 1)) = 1 ]; then
+        t_pass "id-ctrl oacs $oacs: Format NVM (bit 1) set"
+    else
+        t_fail "id-ctrl oacs $oacs: Format NVM (bit 1) not set"
+    fi
+else
+    t_fail "nvme id-ctrl"
+    cat /tmp/idctrl
+fi
+
+# Identify Namespace: size in blocks and the LBA format in use.
+# check_ns NSID BYTES LBA: nsze and the in-use lbaf (Identify Namespace for NSID).
+check_ns() {
+    if ! nvme id-ns /dev/nvme0 --namespace-id="$1" >/tmp/idns 2>&1; then
+        t_fail "nvme id-ns n$1"
+        cat /tmp/idns
+        return
+    fi
+    want_nsze=$(printf '0x%x' $(($2 / $3)))
+    case $3 in 512) want_ds=9 ;; 4096) want_ds=12 ;; esac
+    got_ds=$(grep '(in use)' /tmp/idns | sed -n 's/.*lbads:\([0-9]*\).*/\1/p')
+    if [ "$(field nsze </tmp/idns)" = "$want_nsze" ] && [ "$got_ds" = "$want_ds" ]; then
+        t_pass "nvme id-ns n$1: nsze $want_nsze, in-use LBA format lbads:$got_ds ($3 B)"
+    else
+        t_fail "nvme id-ns n$1: nsze $(field nsze </tmp/idns) lbads:$got_ds, want $want_nsze lbads:$want_ds"
+        grep -E 'nsze|flbas|lbaf' /tmp/idns
+    fi
+}
+check_ns 1 "$N1_BYTES" "$N1_LBA"
+check_ns 2 "$N2_BYTES" "$N2_LBA"
+check_ns 3 "$N3_BYTES" "$N3_LBA"
+
+# Active namespace list.
+if nvme list-ns /dev/nvme0 >/tmp/listns 2>&1; then
+    t_eq "nvme list-ns" "$(sed 's/.*://' /tmp/listns | tr '\n' ' ')" "0x1 0x2 0x3 "
+else
+    t_fail "nvme list-ns"
+    cat /tmp/listns
+fi
+
+# SMART / Health and Error Information logs.
+if nvme smart-log /dev/nvme0 >/tmp/smart 2>&1; then
+    t_eq "nvme smart-log critical_warning" "$(field critical_warning </tmp/smart)" 0
+    reads=$(field host_read_commands </tmp/smart)
+    if [ "${reads:-0}" -gt 0 ] 2>/dev/null; then
+        t_pass "nvme smart-log host_read_commands: $reads"
+    else
+        t_fail "nvme smart-log host_read_commands: '$reads'"
+    fi
+else
+    t_fail "nvme smart-log"
+    cat /tmp/smart
+fi
+t_run "nvme error-log" nvme error-log /dev/nvme0 -e 4
+
+# Features: read, change, read back, restore.
+# feature FID VALUE NAME
+feature() {
+    if ! nvme get-feature /dev/nvme0 -f "$1" >/tmp/gf 2>&1; then
+        t_fail "nvme get-feature $3"
+        cat /tmp/gf
+        return
+    fi
+    old=$(sed -n 's/.*Current value:\(0x[0-9a-fA-F]*\).*/\1/p' /tmp/gf)
+    t_pass "nvme get-feature $3: $old"
+    if ! nvme set-feature /dev/nvme0 -f "$1" -v "$2" >/tmp/sf 2>&1; then
+        t_fail "nvme set-feature $3 $2"
+        cat /tmp/sf
+        return
+    fi
+    new=$(nvme get-feature /dev/nvme0 -f "$1" 2>&1 | sed -n 's/.*Current value:\(0x[0-9a-fA-F]*\).*/\1/p')
+    t_eq "nvme set-feature $3 $2, read back" "$((new))" "$(($2))"
+    nvme set-feature /dev/nvme0 -f "$1" -v "$old" >/dev/null 2>&1 || t_fail "nvme set-feature $3: restore $old"
+}
+feature 1 0x03020103 arbitration
+feature 4 0x160 temperature-threshold
+t_run "nvme get-feature number-of-queues" nvme get-feature /dev/nvme0 -f 7

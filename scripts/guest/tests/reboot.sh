@@ -1,0 +1,73 @@
+# shellcheck shell=dash
+# The second guest suite (scripts/guest-tests.sh): the server runs with
+# --poll adaptive and 2 workers, and QEMU is started with boot.sh --reboot, so
+# this script runs twice. Pass 1 measures the doorbell counters under adaptive
+# polling, runs a verify job, writes 8 MiB with a known checksum and a marker
+# block, then reboots the guest (QEMU system reset: the device is reset and
+# the controller re-enabled; the server and its RAM namespace stay). Pass 2
+# finds the marker and checks the data and the controller.
+. /tests/lib.sh
+. /tests/config.sh
+if ! ctrl_live nvme0 15 || ! wait_ns 1 15; then
+    t_fail "controller probe: "$D1" did not appear"
+    dmesg | grep -i nvme | tail -20
+    exit 1
+fi
+fio_engine "$D1"
+magic=$(dd if="$D1" bs=512 count=1 iflag=direct 2>/dev/null | head -c 80)
+case $magic in
+VNVME-REBOOT\ *)
+    echo "== reboot suite, pass 2 (after the guest reboot): Linux $(uname -r)"
+    t_pass "after guest reboot: nvme0 live again"
+    want=$(echo "$magic" | cut -d' ' -f2)
+    got=$(dd if="$D1" bs=65536 skip=128 count=128 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+    t_eq "after guest reboot: 8 MiB written before the reboot, sha256" "$got" "$want"
+    if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k \
+        --iodepth=16 --offset=32M --size=4M --verify=crc32c --verify_fatal=1 --name=r \
+        --eta=never >/tmp/o 2>&1; then
+        t_pass "after guest reboot: fio write + verify"
+    else
+        t_fail "after guest reboot: fio write + verify"
+        tail -n 10 /tmp/o
+    fi
+    dd if=/dev/zero of="$D1" bs=512 count=1 oflag=direct 2>/dev/null
+    echo "== reboot suite: $T_FAILED failure(s)"
+    [ "$T_FAILED" -eq 0 ]
+    exit
+    ;;
+esac
+
+echo "== reboot suite, pass 1: Linux $(uname -r), server polling adaptive"
+t_pass "controller probe: nvme0 live"
+for qd in 64 16 1; do
+    sleep 1
+    mark "ad-qd$qd-start" 0
+    fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randread --bs=4k \
+        --iodepth=$qd --runtime=2 --time_based --norandommap --randrepeat=0 --name=db \
+        --eta=never >/tmp/o 2>&1 || { t_fail "doorbell run QD$qd: fio"; tail -n 10 /tmp/o; }
+    mark "ad-qd$qd-end"
+    echo "doorbell run QD$qd (adaptive): $(grep -E '^ +read:' /tmp/o | sed 's/,.*//; s/^ *//')"
+done
+if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite \
+    --bssplit=512/10:4k/40:32k/25:128k/25 --verify=crc32c --verify_fatal=1 --runtime=3 \
+    --randrepeat=0 --eta=never --numjobs=2 --iodepth=32 --offset=16M --size=16M \
+    --offset_increment=16M --name=w2 >/tmp/o 2>&1; then
+    t_pass "fio verify, 2 jobs at QD32, bs 512B-128K (adaptive polling, 2 workers)"
+else
+    t_fail "fio verify, 2 jobs at QD32 (adaptive polling, 2 workers)"
+    tail -n 20 /tmp/o
+fi
+dd if=/dev/urandom of=/tmp/pat bs=65536 count=128 2>/dev/null
+dd if=/tmp/pat of="$D1" bs=65536 seek=128 oflag=direct 2>/dev/null
+sum=$(sha256sum </tmp/pat | cut -d' ' -f1)
+printf 'VNVME-REBOOT %s \n' "$sum" >/tmp/m
+dd if=/tmp/m of="$D1" bs=512 count=1 conv=sync oflag=direct 2>/dev/null
+if [ "$T_FAILED" -ne 0 ]; then
+    echo "== reboot suite: $T_FAILED failure(s) before the reboot"
+    exit 1
+fi
+echo "== rebooting the guest (reboot -f)"
+reboot -f
+sleep 30
+t_fail "guest reboot: reboot -f returned"
+exit 1
