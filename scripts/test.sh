@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, every test tier that runs on this
-# machine, and a bounded fuzz run. Prints one summary line at the end:
+# machine, the guest tests (real Linux guests under QEMU on `vnvme serve`,
+# scripts/guest-tests.sh) and a bounded fuzz run. Prints one summary line at the end:
 #   vnvme-tests: N passed, N failed, N skipped
 # Skips are tests that need something this machine lacks; each prints its reason.
 set -euo pipefail
@@ -26,11 +27,33 @@ cargo test --workspace --locked 2>&1 | tee "$LOG/test.out"
 test_rc=${PIPESTATUS[0]}
 set -e
 
+# Guest tests: they fetch QEMU + kernels (cached after the first run; a failed
+# fetch, e.g. no network, is a loud skip recorded in $VNVME_SKIP_LOG) and build
+# vnvme in release. VNVME_GUEST_TESTS=0 skips them (also recorded).
+guest_rc=0 guest_passed=0 guest_failed=0
+if [ "${VNVME_GUEST_TESTS:-1}" = 0 ]; then
+    echo "guest tests (scripts/guest-tests.sh): disabled by VNVME_GUEST_TESTS=0" >>"$VNVME_SKIP_LOG"
+else
+    step "guest tests: Linux guests under QEMU 11.1 on vnvme serve (scripts/guest-tests.sh)"
+    set +e
+    scripts/guest-tests.sh 2>&1 | tee "$LOG/guest.out"
+    guest_rc=${PIPESTATUS[0]}
+    set -e
+    line=$(grep -E '^guest-tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/guest.out" | tail -1 || true)
+    if [ -n "$line" ]; then
+        read -r guest_passed guest_failed < <(sed -E 's/^guest-tests: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
+        # Its skips are already lines in $VNVME_SKIP_LOG, counted below.
+    fi
+    if [ "$guest_rc" -ne 0 ] && [ "$guest_failed" -eq 0 ]; then
+        guest_failed=1 # it failed without a summary line
+    fi
+fi
+
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
     step "fuzz: ${FUZZ_SECONDS}s of structured controller fuzzing (release)"
     set +e
-    cargo run --release --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS"
+    cargo run --release --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS" --quiet
     fuzz_rc=$?
     set -e
 fi
@@ -54,8 +77,13 @@ if [ "$fuzz_rc" -ne 0 ]; then
     echo "fuzz run FAILED (exit $fuzz_rc): see fuzz-artifacts/"
     failed=$((failed + 1))
 fi
+if [ "$guest_rc" -ne 0 ]; then
+    echo "guest tests FAILED (exit $guest_rc): $guest_failed failure(s), see the FAIL lines above"
+fi
+passed=$((passed + guest_passed))
+failed=$((failed + guest_failed))
 echo
 echo "vnvme-tests: ${passed} passed, ${failed} failed, $((ignored + skips)) skipped"
-if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ]; then
+if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ]; then
     exit 1
 fi

@@ -74,7 +74,7 @@ impl HostQueue {
         HostQueue { qid, sq_base, cq_base, size, sq_tail: 0, cq_head: 0, phase: true, free_cids }
     }
     pub fn outstanding(&self) -> u32 {
-        self.size - 1 - self.free_cids.len() as u32
+        (self.size - 1).saturating_sub(self.free_cids.len() as u32)
     }
 }
 

@@ -370,23 +370,19 @@ impl Controller {
         // must execute now, or it would sit in the inbox and complete after the next
         // enable with a stale command identifier. `process` also reads shadow tails,
         // so submissions the host made without ringing finish like rung ones do.
-        let mut spins = 0u32;
-        loop {
-            let progress = self.process();
-            if !self.engine.busy() || self.state != Lifecycle::Ready {
+        // Bounded by progress: once a round does nothing, what is left cannot move
+        // (e.g. a queue whose doorbell value is invalid) and waiting would not help.
+        for _ in 0..10_000 {
+            if !self.process() || self.state != Lifecycle::Ready {
                 break;
             }
+        }
+        if self.state == Lifecycle::Ready {
+            crate::routing::drain_engine(&mut self.engine);
             if !self.workers.is_empty() {
                 self.io_drain_workers();
             }
-            if !progress {
-                spins += 1;
-                if spins > 1_000_000 {
-                    warn!("shutdown: backends did not drain; reporting complete anyway");
-                    break;
-                }
-                std::thread::yield_now();
-            }
+            self.process();
         }
         for ns in self.namespaces.iter() {
             if ns.info.volatile_cache {

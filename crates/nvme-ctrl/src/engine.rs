@@ -262,6 +262,28 @@ impl IoEngine {
     /// gets our value written into its slot, so a zeroed or stale buffer is never
     /// read as new work. EventIdx is then published for each queue.
     pub fn attach_shadow(&mut self, buffers: ShadowBuffers) {
+        if let Some(old) = self.shadow {
+            // Replacing buffers in use: the host's latest values are in the old ones.
+            // Pick them up, then carry them into the new slots.
+            for qid in self.active_sqs.clone() {
+                self.refresh_sq_tail(qid, old);
+            }
+            for qid in 0..=self.ctx.max_qid {
+                if self.cqs[qid as usize].is_some() {
+                    self.refresh_cq_head(qid);
+                }
+            }
+            self.shadow = Some(buffers);
+            for qid in 0..=self.ctx.max_qid {
+                if let Some(t) = self.sqs[qid as usize].as_ref().map(|q| q.tail) {
+                    self.init_shadow_slots(qid, DoorbellKind::SqTail, t);
+                }
+                if let Some(h) = self.cqs[qid as usize].as_ref().map(|q| q.head) {
+                    self.init_shadow_slots(qid, DoorbellKind::CqHead, h);
+                }
+            }
+            return;
+        }
         self.shadow = Some(buffers);
         for qid in 0..=self.ctx.max_qid {
             if let Some(sq) = self.sqs[qid as usize].as_ref() {
@@ -815,6 +837,11 @@ impl IoEngine {
     /// The earliest time (clock ns) a coalesced interrupt must fire.
     pub fn next_deadline(&self) -> Option<u64> {
         self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).min()
+    }
+
+    /// True if commands fetched from a queue are still with a backend.
+    pub fn backend_busy(&self) -> bool {
+        self.inflight.iter().any(|f| f.is_some())
     }
 
     /// True if commands are in flight in the backends or SQs hold unfetched entries.

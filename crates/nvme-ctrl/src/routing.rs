@@ -185,16 +185,28 @@ impl Controller {
     /// Lets every worker finish the commands it has (shutdown).
     pub(crate) fn io_drain_workers(&mut self) {
         for w in &self.workers {
-            w.call(|e| {
-                let mut idle = 0u32;
-                while e.busy() && e.fatal().is_none() && idle < 1_000_000 {
-                    if !e.poll() {
-                        idle += 1;
-                        std::thread::yield_now();
-                    }
-                }
-            });
+            w.call(drain_engine);
         }
+    }
+}
+
+/// Runs an engine until nothing more can happen: work that can progress is done, then
+/// requests already with a backend are waited for (bounded, so a stuck backend or a
+/// queue whose doorbell value is invalid cannot hang a shutdown).
+pub(crate) fn drain_engine(e: &mut IoEngine) {
+    for _ in 0..10_000 {
+        if !e.poll() {
+            break;
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while e.backend_busy() && e.fatal().is_none() && std::time::Instant::now() < deadline {
+        if !e.poll() {
+            std::thread::yield_now();
+        }
+    }
+    if e.backend_busy() {
+        tracing::warn!("shutdown: backend requests still in flight after 5 s");
     }
 }
 

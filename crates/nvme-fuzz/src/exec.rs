@@ -520,13 +520,12 @@ impl<'s> Fuzzer<'s> {
     }
 
     /// Sends Doorbell Buffer Config with fresh (zeroed) pages, as Linux does, though
-    /// possibly after I/O queues were used (which Linux does not do, but a host may:
-    /// `corpus/regress-late-dbbuf-zeroed-shadow` once made the controller adopt the
-    /// zeroed shadow tail and re-execute stale SQ entries). Replacing buffers already
-    /// in use is a known bug (`corpus/known-bugs/`), taken only when exploring those.
+    /// possibly after I/O queues were used (which Linux does not do, but a host may;
+    /// the controller once adopted the zeroed shadow tails and re-executed stale SQ
+    /// entries: `corpus/seed-late-dbbuf`), or replacing buffers already in use (the
+    /// controller once lost the CQ head doing that: `corpus/regress-dbbuf-reconfig-*`).
     pub fn fresh_dbbuf(&mut self) {
-        let replaces = self.h.dbbuf.is_some() && !crate::explore_known_bugs();
-        if replaces || self.inits >= MAX_INITS * 4 || !self.quiesce_admin() {
+        if self.inits >= MAX_INITS * 4 || !self.quiesce_admin() {
             self.stats.skipped += 1;
             return;
         }

@@ -24,8 +24,8 @@ pub use exec::Stats;
 static EXPLORE_KNOWN_BUGS: AtomicBool = AtomicBool::new(false);
 
 /// Lets programs take paths that reach controller bugs already reported and not yet
-/// fixed (`corpus/known-bugs/README.md`). Off by default, so that a run (and CI) fails
-/// only on something new.
+/// fixed (`corpus/known-bugs/README.md`, empty today). Off by default, so that a run
+/// (and CI) fails only on something new.
 pub fn set_explore_known_bugs(on: bool) {
     EXPLORE_KNOWN_BUGS.store(on, Ordering::Relaxed);
 }

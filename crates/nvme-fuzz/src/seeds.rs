@@ -168,6 +168,24 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
             },
         ),
         (
+            // Doorbell Buffer Config after I/O went through MMIO doorbells (Linux sends
+            // it before any I/O): the zeroed shadow tail must not be adopted, or the
+            // controller re-executes stale SQ entries (it once did).
+            "seed-late-dbbuf",
+            Program {
+                setup: setup(2, 8, false),
+                actions: vec![
+                    Action::Burst(Burst { queue: 0, n: 4, op: 1, seed: 5 }),
+                    Action::Burst(Burst { queue: 1, n: 6, op: 0, seed: 6 }),
+                    DRAIN,
+                    admin(10, 0, 0, 0),
+                    Action::Burst(Burst { queue: 0, n: 5, op: 1, seed: 7 }),
+                    Action::Burst(Burst { queue: 1, n: 3, op: 0, seed: 8 }),
+                    DRAIN,
+                ],
+            },
+        ),
+        (
             // DMA unmap and remap while I/O runs.
             "seed-memory-map",
             Program {

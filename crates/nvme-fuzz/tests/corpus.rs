@@ -86,27 +86,3 @@ fn seeded_random_programs_run_clean() {
     assert_eq!(stats.runs, RANDOM_RUNS);
     assert!(stats.checked_completions > 100, "random programs reach checked completions: {stats:?}");
 }
-
-/// Reproducers of reported controller bugs that are not fixed yet (a panic, or a
-/// run far slower than it should be). Run with
-/// `cargo test -p nvme-fuzz -- --ignored`; once one passes, move it up into the corpus
-/// (and drop its gate in the harness).
-#[test]
-#[ignore = "known controller bugs, see crates/nvme-fuzz/corpus/known-bugs/README.md"]
-fn known_bugs_are_fixed() {
-    nvme_fuzz::set_explore_known_bugs(true);
-    let wd = watchdog();
-    for f in files(&Path::new(CORPUS).join("known-bugs")) {
-        if f.extension().is_some_and(|e| e == "md") {
-            continue;
-        }
-        let data = std::fs::read(&f).unwrap();
-        eprintln!("replaying {}", f.display());
-        wd.arm(&data);
-        let t = std::time::Instant::now();
-        run_one_counted(&data, &mut Stats::default());
-        wd.disarm();
-        // Some of these fail by being slow: a handful of actions take well under this.
-        assert!(t.elapsed() < Duration::from_millis(250), "{} took {:?}", f.display(), t.elapsed());
-    }
-}
