@@ -8,8 +8,20 @@
 # never touched (except for a few host tools, installed only when missing).
 
 VNVME_CACHE="${VNVME_CACHE:-${HOME:?HOME is not set}/.cache/vnvme}"
-VNVME_DEBIAN_MIRROR="${VNVME_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
+# The Debian archive the host's own apt uses (first "debian" and "debian-security"
+# URIs in its sources), unless given explicitly.
+host_apt_uri() { # SUFFIX: "debian" or "debian-security"
+    local want=$1
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
+        grep -oE '(https?|ftp)://[^ ]+' | sed 's:/*$::' | grep -E "/${want}\$" | head -n1
+}
+VNVME_DEBIAN_MIRROR="${VNVME_DEBIAN_MIRROR:-$(host_apt_uri debian)}"
+VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-$(host_apt_uri debian-security)}"
+if [[ -z $VNVME_DEBIAN_MIRROR ]]; then
+    printf '[%s] error: no Debian archive found in /etc/apt sources; set VNVME_DEBIAN_MIRROR\n' "${0##*/}" >&2
+    exit 1
+fi
+VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-$VNVME_DEBIAN_MIRROR-security}"
 VNVME_KEYRING="${VNVME_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 # shellcheck disable=SC2034 # used by the scripts that source this file
 VNVME_GUEST_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -342,7 +342,7 @@ struct SeedReference {
 const SEED: SeedReference = SeedReference {
     label: SEED_LABEL,
     source: "QEMU hw/nvme shadow doorbell buffer series cover letter (Jinhao Fan, 2022), \
-             /work/shared/seeds/004_*.txt",
+             the project's seed document 004",
     setup: "fio libaio randread bs=4k numjobs=1, Ubuntu 22.04 guest (Linux 5.15.0-33), \
             KVM, null-co drive, Xeon Gold 6248R; MMIO per I/O measured with perf-kvm",
     qd: SEED_QD,
