@@ -407,7 +407,10 @@ impl IoEngine {
                 Some(sq) => (true, sq.valid_tail(value)),
                 None => (false, false),
             },
+            // Likewise a late CQ head register write may be older than the head already
+            // taken from the shadow slot.
             DoorbellKind::CqHead => match self.cqs.get(qid as usize).and_then(|q| q.as_ref()) {
+                Some(cq) if self.shadow.is_some() && qid != 0 => (true, value < cq.size),
                 Some(cq) => (true, cq.valid_head(value)),
                 None => (false, false),
             },

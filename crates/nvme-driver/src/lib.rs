@@ -1,5 +1,6 @@
 //! A userspace NVMe driver over a [`Transport`]: a vfio-user client
-//! ([`vfio_user::VfioUserTransport`]) or kernel VFIO ([`vfio`]).
+//! ([`vfio_user::VfioUserTransport`]), kernel VFIO ([`vfio`]), or a controller in the
+//! same process (`in_process::InProcessTransport`, feature `in-process`).
 //!
 //! [`NvmeDriver::new`] brings a controller up the way Linux does and creates I/O
 //! queue pairs; each [`IoQueue`] can be moved to the thread that drives it and offers
@@ -19,6 +20,8 @@ pub mod doorbell;
 pub mod driver;
 pub mod error;
 pub mod identify;
+#[cfg(feature = "in-process")]
+pub mod in_process;
 pub mod prp;
 pub mod queue;
 pub mod transport;
@@ -30,6 +33,8 @@ pub use dma::{DmaBuf, DmaPool};
 pub use driver::{CompletionMode, DriverOptions, NvmeDriver};
 pub use error::DriverError;
 pub use identify::{ControllerInfo, NamespaceInfo, NsGeometry};
+#[cfg(feature = "in-process")]
+pub use in_process::{InProcessOptions, InProcessTransport};
 pub use queue::{IoQueue, QueueStats};
 pub use transport::{DirectDoorbell, DmaRegion, Transport};
 pub use vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};

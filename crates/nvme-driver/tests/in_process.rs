@@ -1,101 +1,23 @@
-//! The driver against the controller in the same process (STYLE tier 2): a transport
-//! that calls `nvme_ctrl::Controller` directly, with I/O worker threads so the device
-//! runs while the driver waits. Exercises bring-up, shadow doorbells, PRP lists,
-//! interrupts and the command set without a socket.
+//! The driver against the controller in the same process (STYLE tier 2), through the
+//! library's `InProcessTransport` (calls `nvme_ctrl::Controller` directly, with I/O
+//! worker threads so the device runs while the driver waits). Exercises bring-up,
+//! shadow doorbells, PRP lists, interrupts and the command set without a socket.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use block_backend::RamBackend;
-use guest_mem::{GuestMemory, Mapping};
-use nvme_ctrl::{Controller, ControllerConfig, InterruptSink, NamespaceConfig, PollMode};
-use nvme_driver::{CompletionMode, DmaRegion, DriverOptions, IoCommand, LbaRange, NvmeDriver, Transport};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
+use nvme_driver::{
+    CompletionMode, DriverOptions, InProcessOptions, InProcessTransport, IoCommand, LbaRange, NvmeDriver,
+};
 
-/// MSI-X vectors as eventfds (what the vfio-user server's interrupts do).
-#[derive(Debug, Default)]
-struct Irqs(Mutex<Vec<EventFd>>);
-
-impl InterruptSink for Irqs {
-    fn signal(&self, vector: u16) {
-        if let Some(f) = self.0.lock().unwrap().get(vector as usize) {
-            let _ = f.write(1);
-        }
-    }
-}
-
-#[derive(Debug)]
-struct InProcess {
-    ctrl: Controller,
-    mem: GuestMemory,
-    irqs: Arc<Irqs>,
-    next: u64,
-    doorbells: u64,
-}
-
-impl InProcess {
-    fn new() -> Self {
-        let irqs = Arc::new(Irqs::default());
-        let cfg = ControllerConfig {
-            namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(16 << 20)), lba_format: 0 }],
-            ..Default::default()
-        };
-        let mut ctrl = Controller::new(cfg, GuestMemory::empty(), irqs.clone()).unwrap();
-        ctrl.spawn_workers(1, PollMode::Adaptive).unwrap();
-        InProcess { ctrl, mem: GuestMemory::empty(), irqs, next: 1 << 32, doorbells: 0 }
-    }
-}
-
-impl Transport for InProcess {
-    fn read32(&mut self, off: u64) -> std::io::Result<u32> {
-        let mut b = [0u8; 4];
-        self.ctrl.mmio_read(off, &mut b);
-        Ok(u32::from_le_bytes(b))
-    }
-    fn read64(&mut self, off: u64) -> std::io::Result<u64> {
-        let mut b = [0u8; 8];
-        self.ctrl.mmio_read(off, &mut b);
-        Ok(u64::from_le_bytes(b))
-    }
-    fn write32(&mut self, off: u64, value: u32) -> std::io::Result<()> {
-        self.ctrl.mmio_write(off, &value.to_le_bytes());
-        self.ctrl.process();
-        Ok(())
-    }
-    fn write64(&mut self, off: u64, value: u64) -> std::io::Result<()> {
-        self.ctrl.mmio_write(off, &value.to_le_bytes());
-        self.ctrl.process();
-        Ok(())
-    }
-    fn doorbell(&mut self, off: u64, value: u32) -> std::io::Result<()> {
-        self.doorbells += 1;
-        self.write32(off, value)
-    }
-    fn dma_alloc(&mut self, len: u64) -> std::io::Result<DmaRegion> {
-        let len = len.next_multiple_of(2 << 20);
-        let iova = self.next;
-        self.next += 2 * len;
-        // One mapping, seen by the driver as this region and by the controller as
-        // part of its whole address map.
-        let map = Arc::new(Mapping::anonymous(len).map_err(std::io::Error::other)?);
-        let region =
-            GuestMemory::empty().with_region(iova, len, map.clone(), 0).map_err(std::io::Error::other)?;
-        self.mem = self.mem.with_region(iova, len, map, 0).map_err(std::io::Error::other)?;
-        self.ctrl.set_memory(self.mem.clone());
-        Ok(DmaRegion { iova, len, mem: region })
-    }
-    fn enable_interrupts(&mut self, n: u16) -> std::io::Result<Vec<EventFd>> {
-        let fds = (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<std::io::Result<Vec<_>>>()?;
-        *self.irqs.0.lock().unwrap() = fds.iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>()?;
-        Ok(fds)
-    }
-    fn reset(&mut self) -> std::io::Result<()> {
-        self.ctrl.device_reset();
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "in-process controller".into()
-    }
+fn in_process() -> InProcessTransport {
+    let cfg = ControllerConfig {
+        namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(16 << 20)), lba_format: 0 }],
+        ..Default::default()
+    };
+    InProcessTransport::new(cfg, InProcessOptions { workers: 1, poll: PollMode::Adaptive }).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -111,7 +33,7 @@ fn driver(shadow: bool, completion: CompletionMode) -> NvmeDriver {
         pool_bytes: 4 << 20,
         timeout: Duration::from_secs(10),
     };
-    NvmeDriver::new(Box::new(InProcess::new()), opts).unwrap()
+    NvmeDriver::new(Box::new(in_process()), opts).unwrap()
 }
 
 #[test]

@@ -157,11 +157,13 @@ impl Device {
     /// Forgets the client: DMA maps and interrupt eventfds go, the controller is reset
     /// (vfio-user.rst: a disconnect drops maps and IRQs; our next client is a new VM).
     pub fn disconnect(&mut self) {
+        // Reset first, so no worker is still using queues in memory we are about to
+        // unmap (that would read as a guest fault and set Controller Fatal Status).
+        self.ctrl.device_reset();
         self.dma.clear();
         self.ctrl.set_memory(self.dma.memory());
         self.irqs.clear_msix();
         self.irqs.set_intx(None);
-        self.ctrl.device_reset();
         self.negotiated = false;
     }
 

@@ -85,10 +85,28 @@ enum Cmd {
     },
     /// Load generator: drive a vfio-user NVMe device with the userspace driver and
     /// report IOPS, bandwidth, latency percentiles, CPU per I/O and doorbell counters.
+    /// With --in-process, drive a controller in this process instead (no socket, no
+    /// server process): the ceiling for a vfio-user transport.
     Perf {
         /// UNIX socket of the vfio-user server.
+        #[arg(long, required_unless_present = "in_process", conflicts_with = "in_process")]
+        socket: Option<std::path::PathBuf>,
+        /// Run the controller in this process (the driver's in-process transport):
+        /// doorbells are function calls (--doorbells trapped or shadow).
         #[arg(long)]
-        socket: std::path::PathBuf,
+        in_process: bool,
+        /// --in-process namespaces, as `vnvme serve --ns` takes them [default:
+        /// null:64G:lba=4096].
+        #[arg(long = "in-process-ns")]
+        in_process_ns: Vec<nsspec::NsSpec>,
+        /// --in-process: controller I/O worker threads, as `vnvme serve --workers`
+        /// [default: 1].
+        #[arg(long)]
+        workers: Option<usize>,
+        /// --in-process: how idle workers wait, as `vnvme serve --poll` [default:
+        /// adaptive].
+        #[arg(long)]
+        poll: Option<nvme_ctrl::PollMode>,
         /// randread, randwrite, read, write or randrw.
         #[arg(long, default_value = "randread")]
         rw: perf::Workload,
@@ -122,6 +140,10 @@ enum Cmd {
         /// The server's --stats-file, read before and after the run.
         #[arg(long)]
         server_stats: Option<std::path::PathBuf>,
+        /// The server's process ID: report its CPU time (/proc/PID/stat utime+stime)
+        /// over the run, per I/O.
+        #[arg(long)]
+        server_pid: Option<u32>,
     },
 }
 
@@ -168,6 +190,10 @@ fn main() -> std::process::ExitCode {
         Cmd::Identify { socket } => identify::run(&socket).map_err(|e| e.to_string()),
         Cmd::Perf {
             socket,
+            in_process,
+            in_process_ns,
+            workers,
+            poll,
             rw,
             mix,
             bs,
@@ -179,8 +205,25 @@ fn main() -> std::process::ExitCode {
             completion,
             json,
             server_stats,
+            server_pid,
         } => perf::run(perf::PerfArgs {
-            socket,
+            target: match socket {
+                Some(_) if workers.is_some() || poll.is_some() || !in_process_ns.is_empty() => {
+                    return fail("--workers, --poll and --in-process-ns need --in-process")
+                }
+                Some(s) => perf::Target::Socket(s),
+                None if !in_process => return fail("perf needs --socket or --in-process"),
+                None if workers.unwrap_or(1) > 64 => return fail("--in-process: --workers must be 0..=64"),
+                None => perf::Target::InProcess {
+                    namespaces: if in_process_ns.is_empty() {
+                        vec!["null:64G:lba=4096".parse().expect("valid default namespace")]
+                    } else {
+                        in_process_ns
+                    },
+                    workers: workers.unwrap_or(1),
+                    poll: poll.unwrap_or_default(),
+                },
+            },
             rw,
             mix,
             bs,
@@ -192,14 +235,17 @@ fn main() -> std::process::ExitCode {
             completion,
             json,
             server_stats,
+            server_pid,
         })
         .map_err(|e| e.to_string()),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vnvme: {e}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => fail(&e),
     }
+}
+
+fn fail(e: &str) -> std::process::ExitCode {
+    eprintln!("vnvme: {e}");
+    std::process::ExitCode::FAILURE
 }

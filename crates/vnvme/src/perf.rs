@@ -2,16 +2,28 @@
 //! device. One thread per I/O queue, each owning its queue and keeping `qd` commands
 //! in flight; latency in a log-linear histogram; client CPU time from
 //! CLOCK_PROCESS_CPUTIME_ID (user + system, what getrusage sums, at ns resolution);
-//! optionally the server's counters from its `--stats-file`, read before and after.
+//! optionally the server's counters from its `--stats-file`, read before and after,
+//! and the server's CPU time from `/proc/<pid>/stat` (`--server-pid`) over the same
+//! window as the client's.
+//!
+//! `--in-process` runs the controller in this process instead (the driver's
+//! `InProcessTransport`: no socket, no second process), the ceiling a vfio-user
+//! transport can approach. Its "server" counters come straight from the controller and
+//! its "server" CPU is that of the controller's I/O worker threads (`vnvme-q*`), the
+//! client's the rest of the process.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode, Stats};
 use nvme_driver::{
-    CompletionMode, DoorbellMode, DriverOptions, IoCommand, IoQueue, NvmeDriver, QueueStats, VfioUserOptions,
-    VfioUserTransport,
+    CompletionMode, DoorbellMode, DriverOptions, InProcessOptions, InProcessTransport, IoCommand, IoQueue,
+    NvmeDriver, QueueStats, Transport, VfioUserOptions, VfioUserTransport,
 };
 use serde_json::json;
+
+use crate::nsspec::NsSpec;
 
 mod histogram;
 pub use histogram::Histogram;
@@ -133,10 +145,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * mul_ms / 1000.0))
 }
 
+/// Where the controller is.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A vfio-user server on this socket.
+    Socket(PathBuf),
+    /// A controller in this process with these namespaces, workers and polling.
+    InProcess { namespaces: Vec<NsSpec>, workers: usize, poll: PollMode },
+}
+
 /// Everything `perf` is told.
 #[derive(Debug, Clone)]
 pub struct PerfArgs {
-    pub socket: PathBuf,
+    pub target: Target,
     pub rw: Workload,
     /// Read percentage for randrw.
     pub mix: u8,
@@ -149,6 +170,8 @@ pub struct PerfArgs {
     pub completion: CompletionMode,
     pub json: Option<PathBuf>,
     pub server_stats: Option<PathBuf>,
+    /// The server's process ID: its CPU time (utime + stime) over the run.
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -272,6 +295,33 @@ fn cpu_time() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// `/proc/<pid>/stat` and `/proc/self/task/<tid>/stat` count CPU time in USER_HZ
+/// ticks, which Linux fixes at 100 on every architecture for this interface.
+const USER_HZ: f64 = 100.0;
+
+/// utime + stime of a process (all its threads) or a task, in seconds.
+fn proc_cpu(stat_path: &Path) -> Option<f64> {
+    let s = std::fs::read_to_string(stat_path).ok()?;
+    // The command name may contain spaces and parentheses: fields resume after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ... utime(14) stime(15), i.e. indices 11 and 12 here.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / USER_HZ)
+}
+
+/// CPU seconds of this process's controller worker threads (`vnvme-q*`, in-process).
+fn worker_threads_cpu() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end().starts_with("vnvme-q"))
+        })
+        .filter_map(|e| proc_cpu(&e.path().join("stat")))
+        .sum()
+}
+
 fn read_server_stats(p: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
 }
@@ -317,7 +367,38 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--qd and --queues must be at least 1, --mix 0..=100, --bs non-zero".into());
     }
     let (mode, shadow) = a.doorbells.transport();
-    let t = VfioUserTransport::connect(&a.socket, VfioUserOptions { doorbells: mode, ..Default::default() })?;
+    let (t, ctrl_stats): (Box<dyn Transport>, Option<Arc<Stats>>) = match &a.target {
+        Target::Socket(socket) => (
+            Box::new(VfioUserTransport::connect(
+                socket,
+                VfioUserOptions { doorbells: mode, ..Default::default() },
+            )?),
+            None,
+        ),
+        Target::InProcess { namespaces, workers, poll } => {
+            if !matches!(a.doorbells, Doorbells::Trapped | Doorbells::Shadow) {
+                return Err(format!(
+                    "--in-process: --doorbells {} needs a vfio-user server; doorbells here are function calls \
+                     (trapped, or shadow with EventIdx)",
+                    a.doorbells.name()
+                )
+                .into());
+            }
+            if a.server_stats.is_some() || a.server_pid.is_some() {
+                return Err("--in-process: --server-stats and --server-pid need a server process".into());
+            }
+            let cfg = ControllerConfig {
+                namespaces: namespaces
+                    .iter()
+                    .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
+                    .collect::<std::io::Result<_>>()?,
+                ..Default::default()
+            };
+            let t = InProcessTransport::new(cfg, InProcessOptions { workers: *workers, poll: *poll })?;
+            let stats = t.stats_handle();
+            (Box::new(t), Some(stats))
+        }
+    };
     let list_pages = a.bs.div_ceil(4096) / 511 + 1;
     let opts = DriverOptions {
         io_queues: a.queues,
@@ -331,7 +412,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             + (2 << 20),
         timeout: Duration::from_secs(10),
     };
-    let mut d = NvmeDriver::new(Box::new(t), opts)?;
+    let mut d = NvmeDriver::new(t, opts)?;
     if shadow && !d.shadow_doorbells() {
         return Err("--doorbells shadow: the controller does not offer Doorbell Buffer Config".into());
     }
@@ -352,7 +433,11 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let transport = d.describe_transport();
     let server_before = a.server_stats.as_deref().and_then(read_server_stats);
+    let ctrl_before = ctrl_stats.as_ref().map(|s| s.snapshot());
+    let server_stat_path = a.server_pid.map(|p| PathBuf::from(format!("/proc/{p}/stat")));
     let queues = d.take_queues();
+    let server_cpu0 = server_stat_path.as_deref().and_then(proc_cpu);
+    let workers_cpu0 = worker_threads_cpu();
     let cpu0 = cpu_time();
     let t0 = Instant::now();
     let deadline = t0 + a.runtime;
@@ -370,7 +455,12 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         hs.into_iter().map(|h| h.join().expect("perf thread")).collect()
     });
     let elapsed = t0.elapsed();
-    let cpu = cpu_time() - cpu0;
+    let process_cpu = cpu_time() - cpu0;
+    let server_cpu1 = server_stat_path.as_deref().and_then(proc_cpu);
+    // In-process, the controller's workers are ours: split them out as the "server".
+    let workers_cpu = if ctrl_stats.is_some() { (worker_threads_cpu() - workers_cpu0).max(0.0) } else { 0.0 };
+    let cpu = process_cpu.saturating_sub(Duration::from_secs_f64(workers_cpu));
+    let ctrl_after = ctrl_stats.as_ref().map(|s| s.snapshot());
     let mut hist = Histogram::default();
     let (mut reads, mut writes, mut bytes, mut errors) = (0, 0, 0, 0);
     let mut first_error = None;
@@ -387,7 +477,11 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         wakeups += r.stats.interrupt_wakeups;
         d.return_queue(q);
     }
-    drop(d);
+    // A normal shutdown before going away (what Linux does), so the controller is idle
+    // when the connection and its DMA mappings go.
+    if let Err(e) = d.shutdown() {
+        eprintln!("vnvme perf: controller shutdown: {e}");
+    }
     let ios = reads + writes;
     let secs = elapsed.as_secs_f64();
     let per_io = |n: u64| if ios == 0 { 0.0 } else { n as f64 / ios as f64 };
@@ -396,29 +490,59 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mbps = bytes as f64 / secs / 1e6;
     let cpu_us_per_io = if ios == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / ios as f64 };
 
-    let server = match (&a.server_stats, &server_before) {
-        (Some(p), Some(before)) => server_stats_after(p, before, ios).map(|after| {
-            let delta =
-                |k: &str| after[k].as_u64().unwrap_or(0).saturating_sub(before[k].as_u64().unwrap_or(0));
-            let (sio, sdb, sirq) = (delta("io_commands"), delta("io_doorbell_writes"), delta("interrupts"));
-            let per = |n: u64| if sio == 0 { 0.0 } else { n as f64 / sio as f64 };
-            json!({
-                "path": p,
-                "io_commands": sio,
-                "io_doorbell_writes": sdb,
-                "interrupts": sirq,
-                "shadow_reads": delta("shadow_reads"),
-                "eventidx_races": delta("eventidx_races"),
-                "trapped_doorbells_per_io": per(sdb),
-                "interrupts_per_io": per(sirq),
+    let counters = |source: serde_json::Value, delta: &dyn Fn(&str) -> u64| {
+        let (sio, sdb, sirq) = (delta("io_commands"), delta("io_doorbell_writes"), delta("interrupts"));
+        let per = |n: u64| if sio == 0 { 0.0 } else { n as f64 / sio as f64 };
+        json!({
+            "source": source,
+            "io_commands": sio,
+            "io_doorbell_writes": sdb,
+            "interrupts": sirq,
+            "shadow_reads": delta("shadow_reads"),
+            "eventidx_races": delta("eventidx_races"),
+            "trapped_doorbells_per_io": per(sdb),
+            "interrupts_per_io": per(sirq),
+        })
+    };
+    let mut server = match (&a.server_stats, &server_before, ctrl_before, ctrl_after) {
+        (_, _, Some(b), Some(f)) => {
+            let field = |s: &nvme_ctrl::StatsSnapshot, k: &str| match k {
+                "io_commands" => s.io_commands,
+                "io_doorbell_writes" => s.io_doorbell_writes,
+                "interrupts" => s.interrupts,
+                "shadow_reads" => s.shadow_reads,
+                "eventidx_races" => s.eventidx_races,
+                _ => 0,
+            };
+            Some(counters(json!("in-process controller"), &|k| field(&f, k).saturating_sub(field(&b, k))))
+        }
+        (Some(p), Some(before), _, _) => server_stats_after(p, before, ios).map(|after| {
+            counters(json!(p), &|k| {
+                after[k].as_u64().unwrap_or(0).saturating_sub(before[k].as_u64().unwrap_or(0))
             })
         }),
-        (Some(p), None) => {
+        (Some(p), None, _, _) => {
             eprintln!("vnvme perf: cannot read server stats from {}", p.display());
             None
         }
         _ => None,
     };
+    // Server CPU over the same window as the client's: the server process, or the
+    // controller's worker threads in-process.
+    let server_cpu_s = match (server_cpu0, server_cpu1) {
+        (Some(b), Some(f)) => Some(f - b),
+        _ if ctrl_stats.is_some() => Some(workers_cpu),
+        _ => None,
+    };
+    if let Some(c) = server_cpu_s {
+        let v = server.get_or_insert_with(|| json!({}));
+        v["cpu_s"] = json!(c);
+        v["cpu_us_per_io"] = json!(if ios == 0 { 0.0 } else { c * 1e6 / ios as f64 });
+        v["cpu_source"] = json!(match a.server_pid {
+            Some(p) => format!("/proc/{p}/stat utime+stime (USER_HZ {USER_HZ})"),
+            None => format!("/proc/self/task/*/stat of vnvme-q* threads (USER_HZ {USER_HZ})"),
+        });
+    }
 
     println!(
         "vnvme perf: {} | rw={} mix={} bs={} qd={} queues={} runtime={:?} ns={} doorbells={} completion={}",
@@ -453,12 +577,20 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         per_io(cq_db),
         per_io(wakeups)
     );
-    if let Some(s) = &server {
+    if let Some(s) = server.as_ref().filter(|s| s.get("io_commands").is_some()) {
         println!(
             "  server: trapped I/O doorbells {:.4}/IO, interrupts {:.4}/IO ({} I/O commands counted)",
             s["trapped_doorbells_per_io"].as_f64().unwrap_or(0.0),
             s["interrupts_per_io"].as_f64().unwrap_or(0.0),
             s["io_commands"]
+        );
+    }
+    if let Some(c) = server_cpu_s {
+        println!(
+            "  server CPU: {c:.2} s = {:.0} % of one core, {:.2} us per I/O{}",
+            c / secs * 100.0,
+            if ios == 0 { 0.0 } else { c * 1e6 / ios as f64 },
+            if ctrl_stats.is_some() { " (in-process worker threads; client CPU excludes them)" } else { "" }
         );
     }
     if let Some(e) = &first_error {
@@ -470,7 +602,18 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             "machine": machine(),
             "transport": transport,
             "knobs": {
-                "socket": a.socket,
+                "target": match &a.target {
+                    Target::Socket(p) => json!({ "socket": p }),
+                    Target::InProcess { namespaces, workers, poll } => json!({
+                        "in_process": true,
+                        "namespaces": namespaces
+                            .iter()
+                            .map(|n| json!({ "kind": format!("{:?}", n.kind), "bytes": n.size, "lba_format": n.lba_format }))
+                            .collect::<Vec<_>>(),
+                        "workers": workers,
+                        "poll": format!("{poll:?}").to_lowercase(),
+                    }),
+                },
                 "rw": a.rw.name(),
                 "mix_read_percent": a.mix,
                 "bs": a.bs,
@@ -500,6 +643,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
                     "max": us(hist.max()),
                 },
                 "client_cpu_s": cpu.as_secs_f64(),
+                "process_cpu_s": process_cpu.as_secs_f64(),
                 "client_cpu_us_per_io": cpu_us_per_io,
                 "driver_sq_doorbell_writes_per_io": per_io(sq_db),
                 "driver_cq_doorbell_writes_per_io": per_io(cq_db),

@@ -1,0 +1,638 @@
+#!/usr/bin/env python3
+"""Aggregates a scripts/bench-vfio-user.sh run: reads runs/manifest.tsv and the
+per-run `vnvme perf --json` files, and writes results.json, table.md and chart.svg
+(hand-written SVG, no plotting library) into the run folder, then prints the table.
+
+Standard library only. Run by bench-vfio-user.sh; can be re-run on a folder:
+  python3 scripts/bench-vfio-user.py --dir results/vfio-user-perf/<stamp> --root . ...
+"""
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from xml.sax.saxutils import escape
+
+# The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
+# guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
+# Optimization", KVM Forum 2022). KIOPS. A reference, not a measurement of ours.
+SEED_SOURCE = "seed 002 (Jinhao Fan, QEMU hw/nvme, KVM Forum 2022): fio randread 4 KiB, KVM guest, Xeon Gold 6248R"
+SEED_QD = [1, 4, 16, 64]
+SEED_KIOPS = [
+    ("QEMU nvme", [31, 30, 30, 30]),
+    ("+shadow db", [35, 121, 176, 153]),
+    ("+ioeventfd", [41, 133, 258, 313]),
+    ("+irqfd", [41, 136, 242, 338]),
+    ("+iothread", [53, 155, 245, 309]),
+    ("nvme+polling", [123, 165, 189, 191]),
+    ("virtio-blk", [59, 185, 260, 256]),
+]
+
+COLORS = {
+    "trapped": "#d62728",
+    "shadow": "#1f77b4",
+    "eventfd": "#2ca02c",
+    "mapped": "#9467bd",
+    "mapped-poll": "#ff7f0e",
+    "shadow-poll": "#17becf",
+    "eventfd-poll": "#8c564b",
+    "inproc": "#555555",
+    "inproc-poll": "#000000",
+    "inproc-inline": "#bcbd22",
+}
+FALLBACK = ["#e377c2", "#7f7f7f", "#aec7e8", "#98df8a"]
+
+METRICS = {
+    "iops": "I/Os completed / elapsed seconds (vnvme perf)",
+    "p50_us": "median submit-to-reap latency, us (log-linear histogram)",
+    "p99_us": "99th percentile latency, us",
+    "trapped_db_per_io": "server --stats-file delta io_doorbell_writes / io_commands: I/O doorbell writes that "
+    "reached the controller as trapped register writes (REGION_WRITE; in-process: function calls)",
+    "irq_per_io": "server --stats-file delta interrupts / io_commands",
+    "driver_db_per_io": "driver's own SQ+CQ doorbell rings / I/O: REGION_WRITE messages (trapped/shadow), "
+    "eventfd signals (eventfd), stores into the mapped page (mapped)",
+    "client_cpu_us_per_io": "perf process CPU time (CLOCK_PROCESS_CPUTIME_ID) over the run / I/Os; in-process "
+    "minus the controller worker threads",
+    "server_cpu_us_per_io": "serve process utime+stime (/proc/PID/stat, USER_HZ ticks) over the same window / "
+    "I/Os; in-process: the vnvme-q* worker threads",
+    "cores_busy": "(client CPU + server CPU) / elapsed: how many of the machine's CPUs the point kept busy",
+    "other_cpus": "CPUs busy system-wide (/proc/stat) minus client and server, over the perf command's wall "
+    "time: load from anything else on the machine (includes perf start-up and shutdown, so slightly high)",
+}
+
+
+def sh(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+        return line if out.returncode == 0 and line else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def git_commit(root):
+    """HEAD's commit from .git files (no git binary is run)."""
+    gitdir = os.path.join(root, ".git")
+    try:
+        if os.path.isfile(gitdir):  # a worktree: "gitdir: PATH"
+            with open(gitdir) as f:
+                gitdir = os.path.join(root, f.read().split(":", 1)[1].strip())
+        with open(os.path.join(gitdir, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref:"):
+            return head, "detached"
+        ref = head.split(None, 1)[1]
+        common = gitdir
+        cd = os.path.join(gitdir, "commondir")
+        if os.path.exists(cd):
+            with open(cd) as f:
+                common = os.path.join(gitdir, f.read().strip())
+        for base in (gitdir, common):
+            p = os.path.join(base, ref)
+            if os.path.exists(p):
+                with open(p) as f:
+                    return f.read().strip(), ref
+        with open(os.path.join(common, "packed-refs")) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == ref:
+                    return parts[0], ref
+        return "unknown", ref
+    except OSError:
+        return "unknown", "unknown"
+
+
+def machine(root, started=None):
+    cpu = "unknown"
+    online = 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k.strip() in ("model name", "Model", "cpu model") and cpu == "unknown":
+                    cpu = v.strip()
+                if k.strip() == "processor":
+                    online += 1
+    except OSError:
+        pass
+    commit, ref = git_commit(root)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    vnvme = os.path.join(root, "target", "release", "vnvme")
+    return {
+        "git_commit": commit,
+        "git_ref": ref,
+        "git_note": "read from .git (HEAD); uncommitted changes are not detected",
+        "vnvme": sh([vnvme, "--version"]),
+        "build": "cargo build --release (opt-level 3, debug = 1)",
+        "rustc": sh(["rustc", "--version"]),
+        "cargo": sh(["cargo", "--version"]),
+        "cpu_model": cpu,
+        "cpus_online": online,
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "os": f"{platform.system()}-{platform.machine()}",
+        "clk_tck": os.sysconf("SC_CLK_TCK"),
+        "taskset": sh(["sh", "-c", "command -v taskset"]),
+        "python": platform.python_version(),
+        "date_utc": started or now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "report_written_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+
+
+def spread(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "runs": vals}
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def load(dirpath, matrix):
+    rows = []
+    with open(os.path.join(dirpath, "runs", "manifest.tsv")) as f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            rows.append(r)
+    points = {}
+    for r in rows:
+        key = (r["config"], int(r["qd"]))
+        p = points.setdefault(key, {"runs": [], "errors": [], "serve_cmd": r["serve_cmd"], "perf_cmd": r["perf_cmd"]})
+        path = os.path.join(dirpath, r["json"])
+        if r["rc"] != "0" or not os.path.exists(path):
+            p["errors"].append(f"run {r['rep']}: exit {r['rc']} (logs/perf-{r['config']}-qd{r['qd']}-r{r['rep']}.log)")
+            continue
+        with open(path) as f:
+            j = json.load(f)
+        res, srv = j["results"], j.get("server") or {}
+        el = res["elapsed_s"]
+        ccpu, scpu = res.get("client_cpu_s"), srv.get("cpu_s")
+        other = None
+        if r.get("sys_busy_ticks") and r.get("wall_s") and ccpu is not None and scpu is not None:
+            wall = float(r["wall_s"])
+            other = max(0.0, (int(r["sys_busy_ticks"]) / CLK_TCK - ccpu - scpu) / wall) if wall > 0 else None
+        p["runs"].append(
+            {
+                "rep": int(r["rep"]),
+                "json": r["json"],
+                "transport": j.get("transport"),
+                "iops": res["iops"],
+                "p50_us": res["latency_us"]["p50"],
+                "p99_us": res["latency_us"]["p99"],
+                "p99_9_us": res["latency_us"]["p99_9"],
+                "trapped_db_per_io": srv.get("trapped_doorbells_per_io"),
+                "irq_per_io": srv.get("interrupts_per_io"),
+                "driver_db_per_io": res["driver_sq_doorbell_writes_per_io"] + res["driver_cq_doorbell_writes_per_io"],
+                "driver_sq_db_per_io": res["driver_sq_doorbell_writes_per_io"],
+                "driver_cq_db_per_io": res["driver_cq_doorbell_writes_per_io"],
+                "irq_wakeups_per_io": res["interrupt_wakeups_per_io"],
+                "client_cpu_us_per_io": res["client_cpu_us_per_io"],
+                "server_cpu_us_per_io": srv.get("cpu_us_per_io"),
+                "cores_busy": (ccpu + scpu) / el if ccpu is not None and scpu is not None and el > 0 else None,
+                "other_cpus": other,
+                "ios": res["ios"],
+                "errors": res["errors"],
+                "eventidx_races": srv.get("eventidx_races"),
+            }
+        )
+    out = []
+    for m in matrix:
+        for qd in sorted({k[1] for k in points if k[0] == m["id"]}):
+            p = points[(m["id"], qd)]
+            agg = {k: spread([r[k] for r in p["runs"]]) for k in METRICS}
+            out.append({"config": m["id"], "qd": qd, **agg, "errors": p["errors"], "runs": p["runs"],
+                        "serve_command": p["serve_cmd"], "perf_command": p["perf_cmd"]})
+    return out
+
+
+def parse_matrix(text, workers):
+    ms = []
+    for line in text.strip().splitlines():
+        id_, label, sdb, spoll, pdb, compl, inproc = line.split("|")
+        inp = inproc != ""
+        ms.append(
+            {
+                "id": id_,
+                "label": label,
+                "transport": "in-process (no socket, no server process)" if inp else "vfio-user socket",
+                "serve_doorbells": None if inp else sdb,
+                "server_poll": spoll if spoll != "-" else "n/a (no worker threads: I/O runs inline in the doorbell call)",
+                "perf_doorbells": pdb,
+                "shadow_doorbells": pdb in ("shadow", "eventfd"),
+                "completion": compl,
+                "workers": (workers if inproc == "W" else int(inproc)) if inp else workers,
+                "in_process": inp,
+            }
+        )
+    return ms
+
+
+def fmt_iops(v):
+    if v is None:
+        return "–"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} M"
+    return f"{v / 1e3:.1f} k"
+
+
+def fmt(s, f):
+    if s is None:
+        return "–"
+    if len(s["runs"]) < 2 or f(s["min"]) == f(s["max"]):
+        return f(s["mean"])
+    return f"{f(s['mean'])} [{f(s['min'])}–{f(s['max'])}]"
+
+
+def num(d):
+    return lambda v: f"{v:.{d}f}"
+
+
+def get(points, cfg, qd):
+    for p in points:
+        if p["config"] == cfg and p["qd"] == qd:
+            return p
+    return None
+
+
+def mean(p, k):
+    return p[k]["mean"] if p and p.get(k) else None
+
+
+def targets(points, matrix):
+    t = []
+    tr, sh16 = get(points, "trapped", 16), get(points, "shadow", 16)
+    a, b = mean(tr, "iops"), mean(sh16, "iops")
+    if a and b:
+        ratio = b / a
+        t.append({"target": "shadow doorbells >= 4x trapped IOPS at QD 16", "met": ratio >= 4,
+                  "measured": f"shadow {fmt_iops(b)} / trapped {fmt_iops(a)} = {ratio:.2f}x"})
+    else:
+        t.append({"target": "shadow doorbells >= 4x trapped IOPS at QD 16", "met": None, "measured": "not run"})
+    for cfg in ("shadow", "shadow-poll", "eventfd"):
+        rows = [p for p in points if p["config"] == cfg and p["qd"] >= 16 and p.get("trapped_db_per_io")]
+        if not rows:
+            continue
+        worst = max(p["trapped_db_per_io"]["max"] for p in rows)
+        t.append({"target": f"trapped doorbells per I/O <= 0.1 at QD >= 16 ({cfg})", "met": worst <= 0.1,
+                  "measured": ", ".join(f"QD {p['qd']}: {fmt(p['trapped_db_per_io'], num(4))}" for p in rows)
+                  + f" (worst run {worst:.4f})"})
+    inproc64 = [(m["id"], mean(get(points, m["id"], 64), "iops")) for m in matrix if m["in_process"]]
+    inproc64 = [(i, v) for i, v in inproc64 if v]
+    ceiling = max(inproc64, key=lambda x: x[1]) if inproc64 else None
+    for cfg in ("mapped-poll", "eventfd-poll", "shadow-poll"):
+        v = mean(get(points, cfg, 64), "iops")
+        if v is None:
+            continue
+        primary = " (the polling variant)" if cfg == "mapped-poll" else ""
+        t.append({"target": f"polling >= 1 M IOPS at QD 64: {cfg}{primary}", "met": v >= 1e6,
+                  "measured": fmt_iops(v)})
+        if ceiling:
+            t.append({"target": f"polling >= 50 % of the in-process ceiling at QD 64: {cfg}{primary}",
+                      "met": v >= 0.5 * ceiling[1],
+                      "measured": f"{fmt_iops(v)} / {fmt_iops(ceiling[1])} ({ceiling[0]}, the best in-process "
+                      f"configuration) = {100 * v / ceiling[1]:.0f} %"})
+    return t
+
+
+def header_lines(mach, knobs):
+    L = [
+        f"- date: {mach['date_utc']}",
+        f"- git commit: {mach['git_commit']} ({mach['git_ref']}; {mach['git_note']})",
+        f"- vnvme: {mach['vnvme']}, {mach['build']}",
+        f"- rustc: {mach['rustc']}; {mach['cargo']}",
+        f"- CPU: {mach['cpu_model']}",
+        f"- cores: {mach['cpus_online']} online, {mach['cpus_usable']} usable; kernel {mach['kernel']} "
+        f"({mach['os']}), USER_HZ {mach['clk_tck']}",
+        f"- workload: vnvme perf --rw randread --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
+        f"thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
+        f"(mean [min–max] shown)",
+        f"- namespace: {knobs['ns']} (null backend: no data copied, so this measures the doorbell / interrupt / "
+        f"queue path, not a disk)",
+        f"- server: vnvme serve --workers {knobs['workers']}; one server per configuration; "
+        f"pinning: {'server on CPU 1, client on CPU 0 (taskset)' if knobs['pin'] else 'none (scheduler decides)'}",
+        f"- command: `{knobs['command']}`",
+    ]
+    if mach["cpus_usable"] <= 2:
+        L.append(
+            f"- **note: this machine has {mach['cpus_usable']} usable CPU(s).** The client thread, the server's main "
+            f"(socket) thread and its {knobs['workers']} worker thread(s) compete for them; polling on either side "
+            f"takes a whole CPU, so polling configurations are CPU-bound here and differ from a many-core host. "
+            f"Knobs: `--workers N`, `--pin` (taskset: server CPU 1, client CPU 0)."
+        )
+    return L
+
+
+def table_md(mach, knobs, matrix, points, tgts):
+    L = ["## vnvme over vfio-user: doorbell modes, `vnvme perf` vs `vnvme serve`", ""]
+    L += header_lines(mach, knobs)
+    disturbed = [p for p in points if p.get("other_cpus") and p["other_cpus"]["max"] > 0.2]
+    if disturbed:
+        worst = max(p["other_cpus"]["max"] for p in disturbed)
+        L.append(f"- **disturbed: {len(disturbed)} of {len(points)} points ran while something else on the machine "
+                 f"kept up to {worst:.2f} CPUs busy** (column \"other load\"; runs/environment.txt lists the top "
+                 f"processes at start and end). Their numbers, polling ones above all, are low.")
+    L += ["", "### Configurations", "",
+          "| config | what | serve --doorbells | server --poll | perf --doorbells | shadow | completion |",
+          "|---|---|---|---|---|---|---|"]
+    for m in matrix:
+        L.append(f"| {m['id']} | {m['label']} | {m['serve_doorbells'] or 'in-process'} | "
+                 f"{m['server_poll'] if not m['server_poll'].startswith('n/a') else 'n/a (inline)'} | "
+                 f"{m['perf_doorbells']} | {'on' if m['shadow_doorbells'] else 'off'} | {m['completion']} |")
+    L += ["", "`mapped` forces the server's workers to poll always (mapped stores notify nobody), so it has no "
+          "irq+adaptive point; its irq row is irq+always. In-process doorbells are function calls "
+          "(`mmio_write` + `process`, routed to the worker's mailbox), counted as trapped.", ""]
+    L += ["### IOPS (mean of runs)", "", "| config | " + " | ".join(f"QD {q}" for q in knobs["qd_list"]) + " |",
+          "|---|" + "--:|" * len(knobs["qd_list"])]
+    for m in matrix:
+        cells = [fmt_iops(mean(get(points, m["id"], q), "iops")) for q in knobs["qd_list"]]
+        if any(c != "–" for c in cells):
+            L.append(f"| {m['id']} | " + " | ".join(cells) + " |")
+    L += ["", "### Every point", "",
+          "| config | QD | IOPS | p50 µs | p99 µs | trapped db/IO (server) | driver db/IO | irq/IO | "
+          "client CPU µs/IO | server CPU µs/IO | CPUs busy | other load |",
+          "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for p in points:
+        L.append(
+            f"| {p['config']} | {p['qd']} | {fmt(p['iops'], fmt_iops)} | {fmt(p['p50_us'], num(1))} | "
+            f"{fmt(p['p99_us'], num(1))} | {fmt(p['trapped_db_per_io'], num(4))} | "
+            f"{fmt(p['driver_db_per_io'], num(4))} | {fmt(p['irq_per_io'], num(4))} | "
+            f"{fmt(p['client_cpu_us_per_io'], num(2))} | {fmt(p['server_cpu_us_per_io'], num(2))} | "
+            f"{fmt(p['cores_busy'], num(2))} | {fmt(p['other_cpus'], num(2))} |"
+            + (f" ⚠ {'; '.join(p['errors'])}" if p["errors"] else "")
+        )
+    L += ["", "driver db/IO: the driver's own SQ+CQ doorbell rings per I/O — REGION_WRITE messages for "
+          "trapped/shadow, eventfd signals for eventfd, page stores for mapped. CPUs busy: (client + server CPU "
+          "time) / elapsed. Other load: CPUs kept busy by anything else on the machine meanwhile (/proc/stat "
+          "minus client and server; > 0.2 means the point was disturbed).", ""]
+    L += ["### Targets (issue 3)", "", "| target | measured | met |", "|---|---|---|"]
+    for t in tgts:
+        met = "n/a" if t["met"] is None else ("**yes**" if t["met"] else "**no**")
+        L.append(f"| {t['target']} | {t['measured']} | {met} |")
+    L += ["", f"### Seed reference — NOT measured here", "", SEED_SOURCE + ". KIOPS.", "",
+          "| | " + " | ".join(f"QD {q}" for q in SEED_QD) + " |", "|---|" + "--:|" * len(SEED_QD)]
+    for name, v in SEED_KIOPS:
+        L.append(f"| {name} | " + " | ".join(str(x) for x in v) + " |")
+    return "\n".join(L) + "\n"
+
+
+# ---- the chart
+
+FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
+
+
+def text(x, y, s, size=12, anchor="start", weight="normal", fill="#222", extra=""):
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f'font-weight="{weight}" fill="{fill}" {extra}>{escape(str(s))}</text>')
+
+
+def log_ticks(lo, hi):
+    ticks = []
+    e = math.floor(math.log10(lo))
+    while 10**e <= hi * 1.0001:
+        for m in (1, 2, 5):
+            v = m * 10**e
+            if lo * 0.9999 <= v <= hi * 1.0001:
+                ticks.append(v)
+        e += 1
+    return ticks
+
+
+def tick_label(v, unit):
+    if unit == "iops":
+        return f"{v / 1e6:g}M" if v >= 1e6 else (f"{v / 1e3:g}k" if v >= 1e3 else f"{v:g}")
+    return f"{v:g}"
+
+
+def panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None, floor_label=None, note=None):
+    """A log-y line chart: x = queue depth (categorical), one line per series."""
+    o = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="#ffffff" stroke="#cccccc"/>']
+    o.append(text(x0 + 12, y0 + 24, title, 15, weight="bold"))
+    if note:
+        o.append(text(x0 + 12, y0 + 42, note, 11, fill="#555"))
+    L, R, T, B = x0 + 78, x0 + w - 24, y0 + 56, y0 + h - 48
+    lo_l, hi_l = math.log10(lo), math.log10(hi)
+
+    def ypos(v):
+        v = min(max(v, lo), hi)
+        return B - (math.log10(v) - lo_l) / (hi_l - lo_l) * (B - T)
+
+    def xpos(i):
+        return L + (i + 0.5) * (R - L) / len(qds)
+
+    for v in log_ticks(lo, hi):
+        y = ypos(v)
+        major = abs(math.log10(v) - round(math.log10(v))) < 1e-9
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="{"#d0d0d0" if major else "#eeeeee"}"/>')
+        lab = floor_label if (floor_label and abs(v - lo) < 1e-12) else tick_label(v, unit)
+        o.append(text(L - 6, y + 4, lab, 12 if major else 10, "end", fill="#333" if major else "#777"))
+    o.append(f'<line x1="{L}" y1="{B}" x2="{R}" y2="{B}" stroke="#444"/>')
+    o.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{B}" stroke="#444"/>')
+    for i, q in enumerate(qds):
+        o.append(text(xpos(i), B + 18, f"QD {q}", 13, "middle"))
+    o.append(text(x0 + 16, (T + B) / 2, ylabel, 12, "middle", extra=f'transform="rotate(-90 {x0 + 16} {(T + B) / 2:.1f})"'))
+    if guide:
+        gv, gl, where = guide if len(guide) == 3 else (*guide, "right")
+        y = ypos(gv)
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="#c00" stroke-width="1.5" stroke-dasharray="7,4"/>')
+        # A white halo keeps the label readable where lines cross it.
+        gx, gy, anchor = (L + 6, y + 17, "start") if where == "left-below" else (R - 4, y - 6, "end")
+        o.append(text(gx, gy, gl, 12, anchor, "bold", "#c00",
+                      extra='paint-order="stroke" stroke="#ffffff" stroke-width="5" stroke-linejoin="round"'))
+    for s in series:
+        pts = [(xpos(i), ypos(v)) for i, v in enumerate(s["values"]) if v is not None]
+        dash = ' stroke-dasharray="6,3"' if s.get("dashed") else ""
+        if len(pts) > 1:
+            d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            o.append(f'<polyline points="{d}" fill="none" stroke="{s["color"]}" stroke-width="2.2"{dash}/>')
+        for (x, y) in pts:
+            if s.get("dashed"):
+                o.append(f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="{s["color"]}"/>')
+            else:
+                o.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{s["color"]}"/>')
+        # whiskers: min–max of the runs
+        for i, r in enumerate(s.get("ranges", [])):
+            if r and r[0] != r[1]:
+                x = xpos(i)
+                o.append(f'<line x1="{x:.1f}" y1="{ypos(r[0]):.1f}" x2="{x:.1f}" y2="{ypos(r[1]):.1f}" '
+                         f'stroke="{s["color"]}" stroke-width="1" opacity="0.6"/>')
+    return "\n".join(o)
+
+
+def bounds(values, floor=None, pad=1.6):
+    vs = [v for v in values if v is not None and v > 0]
+    if floor is not None:
+        vs = [max(v, floor) for v in vs] + [floor]
+    if not vs:
+        return 1, 10
+    lo, hi = min(vs) / pad, max(vs) * pad
+    lo = floor if floor is not None else 10 ** math.floor(math.log10(lo))
+    hi = 10 ** math.ceil(math.log10(hi))
+    return lo, hi
+
+
+def chart(mach, knobs, matrix, points):
+    qds = knobs["qd_list"]
+    cfgs = [m for m in matrix if any(p["config"] == m["id"] for p in points)]
+
+    def series(metric, transform=None):
+        out = []
+        for i, m in enumerate(cfgs):
+            vals, ranges = [], []
+            for q in qds:
+                p = get(points, m["id"], q)
+                s = p.get(metric) if p else None
+                if transform and p:
+                    s = transform(p)
+                vals.append(s["mean"] if s else None)
+                ranges.append((s["min"], s["max"]) if s else None)
+            out.append({"name": m["id"], "color": COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)]),
+                        "values": vals, "ranges": ranges, "dashed": m["in_process"]})
+        return out
+
+    def total_cpu(p):
+        c, s = p.get("client_cpu_us_per_io"), p.get("server_cpu_us_per_io")
+        if not c or not s:
+            return None
+        tot = [a + b for a, b in zip(c["runs"], s["runs"])]
+        return spread(tot)
+
+    W, PW, PH, GAP = 1500, 730, 430, 14
+    legend_rows = math.ceil(len(cfgs) / 3)
+    top = 112 + legend_rows * 22 + 12
+    seed_h = 300
+    H = top + 2 * (PH + GAP) + seed_h + 30
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
+         f'<rect width="100%" height="100%" fill="#f7f7f7"/>']
+    o.append(text(20, 32, "vnvme over vfio-user: doorbell modes — vnvme perf vs vnvme serve, null namespace, "
+                  "4 KiB random reads", 21, weight="bold"))
+    sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
+           f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']} · {mach['rustc']}")
+    o.append(text(20, 56, sub, 13, fill="#444"))
+    sub2 = (f"{knobs['seconds']} s × {knobs['repeat']} runs per point (line = mean, whisker = min–max) · "
+            f"serve --workers {knobs['workers']} · pinning {'on' if knobs['pin'] else 'off'} · 1 I/O queue, "
+            f"1 client thread · squares/dashed = in-process (no socket)")
+    o.append(text(20, 76, sub2, 13, fill="#444"))
+    notes = []
+    if mach["cpus_usable"] <= 2:
+        notes.append(f"only {mach['cpus_usable']} CPUs: client, server main thread and workers compete "
+                     f"(a polling side takes a whole CPU)")
+    disturbed = [p for p in points if p.get("other_cpus") and p["other_cpus"]["max"] > 0.2]
+    if disturbed:
+        notes.append(f"{len(disturbed)} of {len(points)} points disturbed by other load on the machine (up to "
+                     f"{max(p['other_cpus']['max'] for p in disturbed):.1f} CPUs; see table.md)")
+    o.append(text(20, 96, " · ".join(notes), 13, weight="bold", fill="#b00"))
+    for i, m in enumerate(cfgs):
+        col, row = i % 3, i // 3
+        x, y = 30 + col * 490, 122 + row * 22
+        c = COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])
+        if m["in_process"]:
+            o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5" stroke-dasharray="6,3"/>')
+            o.append(f'<rect x="{x + 11}" y="{y - 4}" width="8" height="8" fill="{c}"/>')
+        else:
+            o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5"/>')
+            o.append(f'<circle cx="{x + 15}" cy="{y}" r="4" fill="{c}"/>')
+        o.append(text(x + 38, y + 5, f"{m['id']}: {m['label']}", 13))
+
+    s_iops = series("iops")
+    lo, hi = bounds([v for s in s_iops for v in s["values"]])
+    o.append(panel(20, top, PW, PH, "IOPS (higher is better)", "IOPS (log scale)", s_iops, qds, "iops",
+                   lo, max(hi, 2e6), guide=(1e6, "target: polling ≥ 1 M at QD 64", "left-below")))
+    s_db = series("trapped_db_per_io")
+    lo, hi = bounds([v for s in s_db for v in s["values"]], floor=1e-4)
+    o.append(panel(20 + PW + GAP, top, PW, PH, "Trapped I/O doorbell writes per I/O (server)",
+                   "doorbell writes / I/O (log)", s_db, qds, "", 1e-4, max(hi, 10),
+                   guide=(0.1, "target with shadow doorbells at QD ≥ 16: ≤ 0.1"), floor_label="≤1e-4 (0)",
+                   note="0 (eventfd, mapped: no trapped writes) is drawn at the floor"))
+    s_cpu = series("total_cpu", total_cpu)
+    lo, hi = bounds([v for s in s_cpu for v in s["values"]])
+    o.append(panel(20, top + PH + GAP, PW, PH, "CPU per I/O, client + server (lower is better)",
+                   "µs of CPU / I/O (log)", s_cpu, qds, "", lo, hi,
+                   note="client: process CPU time; server: /proc/PID/stat (in-process: worker threads)"))
+    s_p99 = series("p99_us")
+    lo, hi = bounds([v for s in s_p99 for v in s["values"]])
+    o.append(panel(20 + PW + GAP, top + PH + GAP, PW, PH, "p99 latency (lower is better)", "µs (log)",
+                   s_p99, qds, "", lo, hi))
+
+    # the seed reference, apart and grey
+    y0 = top + 2 * (PH + GAP)
+    o.append(f'<rect x="20" y="{y0}" width="{W - 40}" height="{seed_h}" fill="#ececec" stroke="#bbbbbb"/>')
+    o.append(text(32, y0 + 24, "Seed reference — NOT measured here: QEMU hw/nvme ablation (KIOPS), " + SEED_SOURCE,
+                  13, weight="bold", fill="#444"))
+    greys = ["#bdbdbd", "#969696", "#737373", "#525252", "#252525", "#6a51a3", "#d9a066"]
+    bx0, by0, bw, bh = 80, y0 + 58, W - 360, seed_h - 96
+    maxv = max(max(v) for _, v in SEED_KIOPS)
+    for t in range(0, int(maxv) + 100, 100):
+        yy = by0 + bh - t / (maxv * 1.1) * bh
+        o.append(f'<line x1="{bx0}" y1="{yy:.1f}" x2="{bx0 + bw}" y2="{yy:.1f}" stroke="#d6d6d6"/>')
+        o.append(text(bx0 - 6, yy + 4, f"{t}k", 11, "end", fill="#555"))
+    gw = bw / len(SEED_QD)
+    nb = len(SEED_KIOPS)
+    for gi, q in enumerate(SEED_QD):
+        o.append(text(bx0 + gi * gw + gw / 2, by0 + bh + 18, f"QD {q}", 12, "middle", fill="#444"))
+        for si, (name, vals) in enumerate(SEED_KIOPS):
+            v = vals[gi]
+            x = bx0 + gi * gw + 10 + si * (gw - 20) / nb
+            hh = v / (maxv * 1.1) * bh
+            bwid = (gw - 20) / nb - 3
+            o.append(f'<rect x="{x:.1f}" y="{by0 + bh - hh:.1f}" width="{bwid:.1f}" height="{hh:.1f}" '
+                     f'fill="{greys[si]}"/>')
+            o.append(text(x + bwid / 2, by0 + bh - hh - 4, v, 10, "middle", fill="#333"))
+    for si, (name, _) in enumerate(SEED_KIOPS):
+        ly = by0 + 8 + si * 20
+        o.append(f'<rect x="{bx0 + bw + 30}" y="{ly - 10}" width="14" height="12" fill="{greys[si]}"/>')
+        o.append(text(bx0 + bw + 50, ly, name, 12, fill="#333"))
+    o.append("</svg>")
+    return "\n".join(o) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--seconds", default="3")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--qd", default="1,4,16,64")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--pin", type=int, default=0)
+    ap.add_argument("--ns", default="null:64G:lba=4096")
+    ap.add_argument("--matrix", required=True)
+    ap.add_argument("--command", default="scripts/bench-vfio-user.sh")
+    ap.add_argument("--started", help="run start, UTC, as YYYYmmddTHHMMSSZ")
+    a = ap.parse_args()
+    knobs = {"seconds": float(a.seconds), "repeat": a.repeat, "qd": a.qd,
+             "qd_list": [int(q) for q in a.qd.split(",")], "workers": a.workers, "pin": bool(a.pin), "ns": a.ns,
+             "command": a.command, "rw": "randread", "bs": 4096, "queues": 1,
+             "queue_entries": "1024 (perf: max(qd + 1, 1024))"}
+    started = None
+    if a.started:
+        started = datetime.datetime.strptime(a.started, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M:%S UTC")
+    mach = machine(a.root, started)
+    matrix = parse_matrix(a.matrix, a.workers)
+    points = load(a.dir, matrix)
+    tgts = targets(points, matrix)
+    md = table_md(mach, knobs, matrix, points, tgts)
+    env_path = os.path.join(a.dir, "runs", "environment.txt")
+    mach["environment"] = open(env_path).read() if os.path.exists(env_path) else None
+    report = {"benchmark": "scripts/bench-vfio-user.sh", "machine": mach, "knobs": knobs,
+              "configurations": matrix, "metrics": METRICS, "points": points, "targets": tgts,
+              "seed_reference": {"source": SEED_SOURCE, "qd": SEED_QD, "kiops": dict(SEED_KIOPS),
+                                 "note": "not measured here"}}
+    with open(os.path.join(a.dir, "results.json"), "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(a.dir, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(a.dir, "chart.svg"), "w") as f:
+        f.write(chart(mach, knobs, matrix, points))
+    print(md)
+    print(f"wrote {a.dir}/{{results.json,table.md,chart.svg}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
