@@ -92,13 +92,17 @@ fn spec_5_1_2_invalid_doorbell_write_value_posts_error_event_and_is_ignored() {
         assert!(read_error_log(&mut h, false).is_empty());
         assert_alive(&mut h);
 
-        // CQ head beyond the tail: consuming entries that were never posted.
-        let aer = h.submit_aer();
-        let q = &h.io[1];
-        let bad_head = (q.cq_head + 5) % q.size;
-        h.ring(2, DoorbellKind::CqHead, bad_head);
-        one_event(&h.reap_admin(), aer, error_event(INVALID_DOORBELL_WRITE_VALUE));
-        assert!(read_error_log(&mut h, false).is_empty());
+        // CQ head beyond the tail: consuming entries that were never posted. With
+        // shadow doorbells a register value is only a wake-up (a late write may be
+        // older than the shadow value), so only the ring bound applies to it there.
+        if !shadow {
+            let aer = h.submit_aer();
+            let q = &h.io[1];
+            let bad_head = (q.cq_head + 5) % q.size;
+            h.ring(2, DoorbellKind::CqHead, bad_head);
+            one_event(&h.reap_admin(), aer, error_event(INVALID_DOORBELL_WRITE_VALUE));
+            assert!(read_error_log(&mut h, false).is_empty());
+        }
         let aer = h.submit_aer();
         h.ring(2, DoorbellKind::CqHead, 0xffff);
         one_event(&h.reap_admin(), aer, error_event(INVALID_DOORBELL_WRITE_VALUE));
