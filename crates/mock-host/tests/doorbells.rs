@@ -128,8 +128,11 @@ fn aer_cq_head_beyond_tail_raises_invalid_value() {
             let s = one_read(&mut h);
             h.io_cmd(1, s);
         }
-        // Head past the tail (nothing there to consume), and past the ring.
-        for bad in [4u32, 15, 16, 1000] {
+        // Head past the tail (nothing there to consume), and past the ring. With shadow
+        // doorbells a register value is only a wake-up (a late write may be older than
+        // the shadow value), so only the ring bound applies to it.
+        let bad_heads: &[u32] = if shadow { &[16, 1000] } else { &[4, 15, 16, 1000] };
+        for &bad in bad_heads {
             let aer = arm_aer(&mut h);
             h.ring(1, CqHead, bad);
             h.process();
