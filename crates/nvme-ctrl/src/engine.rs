@@ -294,9 +294,10 @@ impl IoEngine {
                     Ok(v) => rung && v < size && v >= tail,
                     Err(_) => false,
                 };
+                let head = sq.head;
+                self.sqs[qid as usize].as_mut().expect("exists").eventidx = None;
                 if adopt {
                     // Leave the host's value; EventIdx = what we consumed.
-                    let head = sq.head;
                     if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::SqTail, head) {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                     }
@@ -334,6 +335,11 @@ impl IoEngine {
             DoorbellKind::SqTail => v,
             DoorbellKind::CqHead => self.cq_idle_eventidx(qid, v),
         };
+        if kind == DoorbellKind::SqTail {
+            if let Some(sq) = self.sqs[qid as usize].as_mut() {
+                sq.eventidx = None;
+            }
+        }
         let r = b.store_shadow(&self.mem, qid, kind, v).and_then(|_| b.publish(&self.mem, qid, kind, ei));
         if let Err(e) = r {
             self.set_fatal(format!("shadow doorbell buffer became inaccessible: {e}"));

@@ -10,7 +10,7 @@ use super::{fmt_rate, Knobs, Point, Workload, SEED_LABEL, SEED_MMIO_DBBUF, SEED_
 const WIDTH: f64 = 1100.0;
 const PANEL_H: f64 = 380.0;
 const SEED_PANEL_H: f64 = 300.0;
-const TOP: f64 = 70.0;
+const TOP: f64 = 80.0;
 const FONT: &str = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\"";
 
 /// One bar per group: its value, and the min/max whisker when the runs differ.
@@ -28,6 +28,7 @@ struct Panel<'a> {
     groups: Vec<String>,
     series: Vec<Series>,
     value: &'a dyn Fn(f64) -> String,
+    tick: &'a dyn Fn(f64) -> String,
     /// A dashed horizontal guide: value and label.
     guide: Option<(f64, &'a str)>,
     background: &'static str,
@@ -53,11 +54,7 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
                     })
                     .collect();
                 out.push(Series {
-                    name: format!(
-                        "{} {}",
-                        w.name(),
-                        if shadow { "with shadow doorbells" } else { "without" }
-                    ),
+                    name: format!("{}, {}", w.name(), if shadow { "shadow doorbells" } else { "no shadow" }),
                     color,
                     values: pts.iter().map(|p| metric(p).median).collect(),
                     ranges: pts
@@ -75,6 +72,8 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
     let per_cmd = |v: f64| format!("{v:.3}");
     let rate = |v: f64| fmt_rate(v).replace(' ', "");
     let two = |v: f64| format!("{v:.2}");
+    let plain = |v: f64| format!("{v}");
+    let millions = |v: f64| if v == 0.0 { "0".to_string() } else { format!("{}M", v / 1e6) };
     let panels = [
         (
             Panel {
@@ -84,6 +83,7 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
                 groups: groups.clone(),
                 series: series(&|p| p.trapped_io_doorbells_per_cmd),
                 value: &per_cmd,
+                tick: &plain,
                 guide: Some((0.1, "issue target at QD ≥ 16: < 0.1")),
                 background: "#ffffff",
             },
@@ -100,6 +100,7 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
                 groups,
                 series: series(&|p| p.commands_per_sec),
                 value: &rate,
+                tick: &millions,
                 guide: None,
                 background: "#ffffff",
             },
@@ -128,6 +129,7 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
                     },
                 ],
                 value: &two,
+                tick: &plain,
                 guide: None,
                 background: "#f3f3f3",
             },
@@ -144,10 +146,16 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
     let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>");
     text(&mut s, 20.0, 28.0, 20, "start", "bold", "vnvme: shadow doorbells in the mock-host microbenchmark");
     let sub = format!(
-        "mock-host {} @ {} · {} · {} · {} · {} commands × {} runs per point · null namespace, 4 KiB I/O, 1 I/O queue",
-        m.crate_version, m.git_commit, m.date_utc, m.cpu_model, m.rustc, k.commands, k.repeat
+        "mock-host {} @ git {} · {} · {} · CPU {} ({} online) · kernel {}",
+        m.crate_version, m.git_commit, m.date_utc, m.rustc, m.cpu_model, m.cpus_online, m.kernel
     );
-    text(&mut s, 20.0, 50.0, 12, "start", "normal", &sub);
+    text(&mut s, 20.0, 48.0, 12, "start", "normal", &sub);
+    let knobs = format!(
+        "{} commands × {} runs per point · null namespace · 4 KiB I/O · 1 I/O queue of {} entries · \
+         host and device in one thread (no VM exits)",
+        k.commands, k.repeat, k.queue_entries
+    );
+    text(&mut s, 20.0, 64.0, 12, "start", "normal", &knobs);
     let mut y = TOP;
     for (p, h) in &panels {
         panel(&mut s, 10.0, y, WIDTH - 20.0, *h, p);
@@ -174,7 +182,18 @@ fn panel(s: &mut String, x: f64, y: f64, w: f64, h: f64, p: &Panel) {
             se.color
         );
         text(s, lx + 19.0, y + 46.0, 12, "start", "normal", &se.name);
-        lx += 19.0 + 7.0 * se.name.chars().count() as f64 + 24.0;
+        lx += 19.0 + 6.6 * se.name.chars().count() as f64 + 18.0;
+    }
+    if let Some((_, label)) = p.guide {
+        let _ = writeln!(
+            s,
+            "<line x1=\"{lx}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"2\" \
+             stroke-dasharray=\"6 4\"/>",
+            y + 41.0,
+            lx + 28.0,
+            y + 41.0
+        );
+        text(s, lx + 34.0, y + 46.0, 12, "start", "normal", label);
     }
     let (px, py) = (x + 80.0, y + 64.0);
     let (pw, ph) = (w - 100.0, h - 64.0 - 52.0);
@@ -192,7 +211,8 @@ fn panel(s: &mut String, x: f64, y: f64, w: f64, h: f64, p: &Panel) {
         let ty = ys(t);
         let _ =
             writeln!(s, "<line x1=\"{px}\" y1=\"{ty}\" x2=\"{}\" y2=\"{ty}\" stroke=\"#e0e0e0\"/>", px + pw);
-        text(s, px - 6.0, ty + 4.0, 11, "end", "normal", &(p.value)(t));
+        // Round so that steps like 0.1 print as 0.3, not 0.30000000000000004.
+        text(s, px - 6.0, ty + 4.0, 11, "end", "normal", &(p.tick)(round_sig(t)));
         t += step;
     }
     let _ = writeln!(
@@ -237,7 +257,14 @@ fn panel(s: &mut String, x: f64, y: f64, w: f64, h: f64, p: &Panel) {
                 );
                 label_y = label_y.min(ys(*hi) - 4.0);
             }
-            text(s, bx + bw / 2.0, label_y, 11, "middle", "normal", &(p.value)(v));
+            // A white halo keeps the value legible where it crosses a grid or guide line.
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{label_y:.1}\" font-size=\"11\" text-anchor=\"middle\" \
+                 stroke=\"#fff\" stroke-width=\"3\" paint-order=\"stroke\">{}</text>",
+                bx + bw / 2.0,
+                esc(&(p.value)(v))
+            );
         }
         text(s, px + gi as f64 * gw + gw / 2.0, py + ph + 18.0, 13, "middle", "bold", g);
     }
@@ -249,16 +276,20 @@ fn panel(s: &mut String, x: f64, y: f64, w: f64, h: f64, p: &Panel) {
         py + ph
     );
     let _ = writeln!(s, "<line x1=\"{px}\" y1=\"{py}\" x2=\"{px}\" y2=\"{}\" stroke=\"#333\"/>", py + ph);
-    if let Some((v, label)) = p.guide {
+    if let Some((v, _)) = p.guide {
         let gy = ys(v);
         let _ = writeln!(
             s,
             "<line x1=\"{px}\" y1=\"{gy}\" x2=\"{}\" y2=\"{gy}\" stroke=\"#c00\" stroke-dasharray=\"6 4\"/>",
             px + pw
         );
-        text(s, px + pw - 4.0, gy - 5.0, 11, "end", "normal", label);
     }
     text(s, px + pw / 2.0, py + ph + 40.0, 12, "middle", "normal", p.x_label);
+}
+
+/// `v` with at most 6 significant digits, so tick arithmetic does not show.
+fn round_sig(v: f64) -> f64 {
+    format!("{v:.6e}").parse().unwrap_or(v)
 }
 
 /// A round axis maximum at or above `top`, and its tick step (1, 2 or 5 × 10^n).

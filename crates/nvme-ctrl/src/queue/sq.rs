@@ -23,6 +23,9 @@ pub struct SubmissionQueue {
     /// An invalid shadow tail already reported, so a value the host leaves in place
     /// raises one event, not one per poll.
     pub reported_bad_tail: Option<u32>,
+    /// The SQ EventIdx value this controller last published and fenced (None: none
+    /// since creation or since the shadow buffers changed).
+    pub eventidx: Option<u32>,
 }
 
 impl SubmissionQueue {
@@ -37,6 +40,7 @@ impl SubmissionQueue {
             in_flight: 0,
             rung: false,
             reported_bad_tail: None,
+            eventidx: None,
         }
     }
 
