@@ -81,7 +81,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 [[ -n $out ]] || out="$VNVME_ROOT/results/guest-bench/$stamp"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-bench.XXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-bench.XXXXXX")
 img="/dev/shm/vnvme-bench.$$.img"
 VN_PID="" cur_qemu_pidfile=""
 cleanup() {
@@ -91,12 +91,13 @@ cleanup() {
         if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
     fi
     vn_serve_stop "$VN_PID"
-    rm -f "$img" "$work"/*/vnvme.sock
+    rm -f "$img"
+    rm -rf "$work" # raw data is copied to $out/raw per device
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "bench-guest: results in $out (work files in $work)"
+echo "bench-guest: results in $out (work files in $work, removed at exit)"
 if [[ $fetch -eq 1 ]]; then
     "$VNVME_GUEST_DIR/fetch-qemu.sh"
     "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
@@ -184,7 +185,7 @@ run_device() { # NAME
     vnvme-*)
         local rest=${dev#vnvme-} dbm poll
         dbm=${rest%-*} poll=${rest##*-}
-        serve=(--ns "ram:$size" --workers 1 --poll "$poll" --stats-file "$d/stats.json" --log info)
+        serve=(--ns "ram:$size" --workers 1 --poll "$poll" --once --stats-file "$d/stats.json" --log info)
         grep -q -- '--doorbells' <<<"$help" && serve+=(--doorbells "$dbm")
         vn_device_args "$d/vnvme.sock"
         qargs=("${VN_DEV_ARGS[@]}")
@@ -237,8 +238,7 @@ EOF
     echo "  $dev: $(($(date +%s) - t0)) s"
     mkdir -p "$out/raw/$dev"
     cp -r "$d/serial.log" "$d/device.json" "$d/marks" "$out/raw/$dev/" 2>/dev/null || true
-    cp "$d/qemu.pid" "$out/raw/$dev/" 2>/dev/null || true
-    [[ -f $d/vnvme.pid ]] && cp "$d/vnvme.pid" "$d/serve.log" "$out/raw/$dev/"
+    [[ ! -f $d/serve.log ]] || cp "$d/serve.log" "$out/raw/$dev/"
     return 0
 }
 
@@ -246,5 +246,11 @@ for dev in $devices; do
     run_device "$dev"
 done
 python3 "$VNVME_GUEST_DIR/bench/report.py" "$out"
+# Keep the raw data small: gzip the logs, one tarball per device for the marks.
+gzip -9 "$out"/raw/*/serial.log "$out"/raw/*/serve.log 2>/dev/null || true
+for m in "$out"/raw/*/marks; do
+    [[ -d $m ]] && tar -C "$(dirname "$m")" -czf "$m.tar.gz" marks && rm -r "$m"
+done
+python3 "$VNVME_GUEST_DIR/bench/report.py" "$out" >/dev/null # still readable
 echo
 echo "bench-guest: $(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"

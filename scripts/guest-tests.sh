@@ -27,31 +27,35 @@ own \`vnvme serve\` (built with cargo build --release first):
          zeroes, fio verify=crc32c with bs 512 B..128 KiB at QD 1/16/64 on the
          512 B and 4 KiB namespaces, format 4 KiB -> 512 B -> 4 KiB with id-ns
          and the block size checked, ext4 on the file namespace + fsck,
-         reset_controller, rmmod/modprobe nvme, then 2 s of 4k randread at
-         QD 64, 16 and 1 between marks.
-         host: trapped doorbells per I/O at QD 64 below --max-db-ratio (from
-         the server's --stats-file), e2fsck -fn and debugfs checksum of the
-         ext4 image, server log (shadow doorbells re-enabled after reset and
-         reload, clean shutdown), server exit status.
+         reset_controller, rmmod/modprobe nvme, then 2 s runs of 4k randread
+         between marks: 2 jobs x QD 32, then 1 job x QD 64, 16, 1.
+         host: trapped doorbells per I/O over the 2 x QD 32 run below
+         --max-db-ratio, the others reported (from the server's
+         --stats-file), e2fsck -fn and debugfs checksum of the ext4 image,
+         server log (shadow doorbells re-enabled after reset and reload,
+         clean shutdown), server exit status.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
-         adaptive polling (QD 64 below 1, QD 16 and 1 reported), fio verify with 2 jobs, 8 MiB of data
-         + checksum, reboot -f, then the data and I/O again after the reboot.
+         adaptive polling (2 x QD 32 below 1, the others reported), fio
+         verify with 2 jobs, 8 MiB of data + checksum, reboot -f, then the
+         data and I/O again after the reboot.
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
-  --max-db-ratio R  pass limit for trapped doorbells per I/O (default 0.5)
+  --max-db-ratio R  pass limit for trapped doorbells per I/O (default 1: under TCG
+                    the slow guest finds the device idle at most submissions)
 
 If fetching QEMU or the kernels fails (no network), everything is skipped
-loudly (also recorded in \$VNVME_SKIP_LOG when set) and the exit status is 0.
+loudly and the exit status is 0. Every SKIP is also appended to
+\$VNVME_SKIP_LOG when it is set (scripts/test.sh sets it).
 Logs: a directory printed at the start and end (\${TMPDIR:-/tmp}/vnvme-guest-tests.*).
 Exit status: 0 if nothing failed.
 EOF
 }
 
-kernels=() accel="${VNVME_ACCEL:-auto}" fetch=1 build=1 max_db=0.5
+kernels=() accel="${VNVME_ACCEL:-auto}" fetch=1 build=1 max_db=1
 while [[ $# -gt 0 ]]; do
     case $1 in
     --kernel) kernels+=("$2"); shift 2 ;;
@@ -88,7 +92,10 @@ result() { # KIND KERNEL TEXT
     case $1 in
     PASS) n_pass=$((n_pass + 1)) ;;
     FAIL) n_fail=$((n_fail + 1)) ;;
-    SKIP) n_skip=$((n_skip + 1)) ;;
+    SKIP)
+        n_skip=$((n_skip + 1))
+        [[ -z ${VNVME_SKIP_LOG:-} ]] || echo "guest-tests: $2: $3" >>"$VNVME_SKIP_LOG"
+        ;;
     esac
     printf '%s: %s: %s\n' "$1" "$2" "$3" | tee -a "$work/results.txt"
 }
@@ -109,8 +116,7 @@ skip_all() { # REASON
     echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
     echo "!!! SKIPPING ALL GUEST TESTS: $1"
     echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
-    [[ -n ${VNVME_SKIP_LOG:-} ]] && echo "guest-tests (real Linux guests on vnvme serve): $1" >>"$VNVME_SKIP_LOG"
-    result SKIP all "$1"
+    result SKIP all "every guest test (real Linux guests on vnvme serve): $1"
     summary
     exit 0
 }
@@ -170,39 +176,52 @@ guest_results() {
         case $kind in
         PASS) n_pass=$((n_pass + 1)) ;;
         FAIL) n_fail=$((n_fail + 1)) ;;
-        SKIP) n_skip=$((n_skip + 1)) ;;
+        SKIP)
+            n_skip=$((n_skip + 1))
+            [[ -z ${VNVME_SKIP_LOG:-} ]] || echo "guest-tests: $k: guest: $text" >>"$VNVME_SKIP_LOG"
+            ;;
         esac
         printf '%s: %s: guest: %s\n' "$kind" "$k" "$text" >>"$work/results.txt"
     done < <(grep -aE '^(PASS|FAIL|SKIP): ' "$d/guest.log")
 }
 
-# db_ratio DIR NAME: "doorbells/IO interrupts/IO I/Os" between NAME-start and NAME-end.
+# db_ratio DIR NAME: "doorbells/IO interrupts/IO I/Os cq-doorbells/IO" between
+# NAME-start and NAME-end.
 db_ratio() {
-    local io db irq
+    local io db irq cq
     io=$(vn_delta "$1/marks" "$2-start" "$2-end" io_commands) || return 1
     db=$(vn_delta "$1/marks" "$2-start" "$2-end" io_doorbell_writes) || return 1
     irq=$(vn_delta "$1/marks" "$2-start" "$2-end" interrupts) || return 1
+    cq=$(vn_delta "$1/marks" "$2-start" "$2-end" io_cq_doorbell_writes) || return 1
     [[ $io -gt 0 ]] || return 1
-    echo "$(vn_ratio "$db" "$io") $(vn_ratio "$irq" "$io") $io"
+    echo "$(vn_ratio "$db" "$io") $(vn_ratio "$irq" "$io") $io $(vn_ratio "$cq" "$io")"
 }
 
 # db_check KERNEL DIR PREFIX POLLMODE LIMIT: the fio runs between the marks
-# PREFIX-qd{64,16,1}-{start,end}; QD 64 must stay below LIMIT trapped doorbell
-# writes per I/O, QD 16 and QD 1 are reported.
+# PREFIX-{2x32,1x64,1x16,1x1}-{start,end} (jobs x QD, see tests/doorbells.sh).
+# Over 2 jobs x QD 32, trapped doorbell writes per I/O must stay below LIMIT, and
+# trapped CQ-head writes below 0.05 per I/O: the controller keeps CQ EventIdx one
+# entry behind the head, so a guest following the EventIdx rule writes the CQ head
+# register about once per queue wrap, where without shadow doorbells it writes it
+# after every interrupt. The total depends on how fast the device drains the SQ
+# compared to the guest (under TCG the guest is slow and most submissions find the
+# device idle), so it is checked only against LIMIT; the CQ figure does not depend
+# on timing. The single-job runs are reported.
 db_check() {
-    local k=$1 d=$2 p=$3 mode=$4 limit=$5 q s db irq io
-    for q in 64 16 1; do
-        if ! s=$(db_ratio "$d" "$p-qd$q"); then
-            result FAIL "$k" "shadow doorbells (--poll $mode): no counter snapshots for the QD$q run ($d/marks)"
+    local k=$1 d=$2 p=$3 mode=$4 limit=$5 spec s db irq io cq what
+    for spec in 2x32 1x64 1x16 1x1; do
+        what="fio 4k randread, ${spec%x*} job(s) x QD${spec#*x}"
+        if ! s=$(db_ratio "$d" "$p-$spec"); then
+            result FAIL "$k" "shadow doorbells (--poll $mode): no counter snapshots for the $spec run ($d/marks)"
             continue
         fi
-        read -r db irq io <<<"$s"
-        if [[ $q -ne 64 ]]; then
-            echo "  [$k] info: --poll $mode, fio 4k randread QD$q: $db trapped doorbells/IO, $irq interrupts/IO, $io I/Os"
-        elif awk -v r="$db" -v m="$limit" 'BEGIN { exit !(r < m) }'; then
-            result PASS "$k" "shadow doorbells (--poll $mode), fio 4k randread QD64: $db trapped doorbells/IO (< $limit), $irq interrupts/IO, $io I/Os"
+        read -r db irq io cq <<<"$s"
+        if [[ $spec != 2x32 ]]; then
+            echo "  [$k] info: --poll $mode, $what: $db trapped doorbells/IO ($cq CQ head), $irq interrupts/IO, $io I/Os"
+        elif awk -v r="$db" -v m="$limit" -v c="$cq" 'BEGIN { exit !(r < m && c < 0.05) }'; then
+            result PASS "$k" "shadow doorbells (--poll $mode), $what: $db trapped doorbells/IO (< $limit), of which CQ head $cq (< 0.05), $irq interrupts/IO, $io I/Os"
         else
-            result FAIL "$k" "shadow doorbells (--poll $mode), fio 4k randread QD64: $db trapped doorbells/IO, want < $limit ($irq interrupts/IO, $io I/Os)"
+            result FAIL "$k" "shadow doorbells (--poll $mode), $what: $db trapped doorbells/IO (want < $limit), CQ head $cq (want < 0.05), $irq interrupts/IO, $io I/Os"
         fi
     done
 }
@@ -239,7 +258,8 @@ EOF
 }
 
 suite_main() {
-    local k=$1 d="$work/$k-main" t0 img line sum_guest sum_host path
+    local k=$1
+    local d="$work/$k-main" t0 img line sum_guest sum_host path
     mkdir -p "$d"
     t0=$(date +%s)
     img="$d/ext4.img"
@@ -304,7 +324,8 @@ suite_main() {
 }
 
 suite_reboot() {
-    local k=$1 d="$work/$k-reboot" t0 n
+    local k=$1
+    local d="$work/$k-reboot" t0 n
     mkdir -p "$d"
     t0=$(date +%s)
     echo

@@ -70,7 +70,11 @@ run=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-run.XXXXXX")
 chmod 700 "$run"
 VN_PID=""
 finish() {
-    local rc=$?
+    local rc=$? qp
+    if [[ -s $run/qemu.pid ]]; then
+        qp=$(cat "$run/qemu.pid")
+        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
+    fi
     vn_serve_stop "$VN_PID"
     rm -f "$run/vnvme.sock"
     echo
@@ -163,12 +167,15 @@ EOF
 
 step 4/5 "boot the guest (kernel $kernel) with -device vfio-user-pci"
 vn_device_args "$sock"
-set +e
-"$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 300 --run "$run/guest.sh" \
-    -- "${VN_DEV_ARGS[@]}" 2>&1 | vn_watch "$run/marks" "$run/stats.json" | tee "$run/guest.log" |
-    grep -av '@@VNVME-MARK'
-guest_rc=${PIPESTATUS[0]}
-set -e
+# In the background + wait, so that INT/TERM run the trap at once.
+{
+    rc=0
+    "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 300 --run "$run/guest.sh" \
+        -- -pidfile "$run/qemu.pid" "${VN_DEV_ARGS[@]}" || rc=$?
+    echo "$rc" >"$run/boot.rc"
+} 2>&1 | vn_watch "$run/marks" "$run/stats.json" | tee "$run/guest.log" | grep -av '@@VNVME-MARK' &
+wait $! || true
+guest_rc=$(cat "$run/boot.rc" 2>/dev/null || echo 125)
 
 step 5/5 "server counters"
 src=0
@@ -185,7 +192,8 @@ fi
 if io=$(vn_delta "$run/marks" fio-start fio-end io_commands) && [[ $io -gt 0 ]]; then
     db=$(vn_delta "$run/marks" fio-start fio-end io_doorbell_writes)
     irq=$(vn_delta "$run/marks" fio-start fio-end interrupts)
-    echo "during the fio run: $io I/O commands, $db trapped I/O doorbell writes = $(vn_ratio "$db" "$io") per I/O, $irq interrupts = $(vn_ratio "$irq" "$io") per I/O (--poll $poll)"
+    modes=$(grep -ao 'polling [A-Za-z]*\(, doorbells [A-Za-z]*\)\?' "$run/serve.log" | head -1)
+    echo "during the fio run: $io I/O commands, $db trapped I/O doorbell writes = $(vn_ratio "$db" "$io") per I/O, $irq interrupts = $(vn_ratio "$irq" "$io") per I/O (${modes:-polling $poll})"
 fi
 echo
 if [[ $guest_rc -eq 0 && $src -eq 0 ]]; then

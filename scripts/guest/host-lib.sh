@@ -8,6 +8,8 @@
 # vn_watch (reading boot.sh's output) save, into its directory:
 #   NAME.cpu     right away: "PID TID NS COMM" per thread of the watched
 #                processes (NS = CPU time in ns, from /proc/PID/task/TID/schedstat)
+#   NAME.pids    "LABEL PID" per watched process (LABEL: its pid file's name
+#                without .pid; QEMU removes its -pidfile when it exits)
 #   NAME.stats0  right away: a copy of the --stats-file
 #   NAME.stats1  0.7 s later: another copy (the server rewrites the file every
 #                0.5 s, so this one includes everything done before the mark)
@@ -133,12 +135,20 @@ vn_watch() {
         [[ $line =~ @@VNVME-MARK\ ([A-Za-z0-9_.-]+)@@ ]] || continue
         name=${BASH_REMATCH[1]}
         pids=()
-        for f in "$@"; do [[ -s $f ]] && pids+=("$(cat "$f")"); done
+        : >"$dir/$name.pids"
+        for f in "$@"; do
+            [[ -s $f ]] || continue
+            pids+=("$(cat "$f")")
+            printf '%s %s\n' "$(basename "$f" .pid)" "${pids[-1]}" >>"$dir/$name.pids"
+        done
         vn_cpu_snapshot "${pids[@]}" >"$dir/$name.cpu"
         if [[ -n $stats && -f $stats ]]; then
-            cp "$stats" "$dir/$name.stats0"
+            # cat, not cp: the server replaces the file by rename twice a
+            # second, and GNU cp refuses a source replaced while copying.
+            # An open file is always a complete old or new version.
+            cat "$stats" >"$dir/$name.stats0"
             sleep 0.7
-            cp "$stats" "$dir/$name.stats1"
+            cat "$stats" >"$dir/$name.stats1"
         fi
     done
 }

@@ -11,9 +11,16 @@ VNVME_CACHE="${VNVME_CACHE:-${HOME:?HOME is not set}/.cache/vnvme}"
 # The Debian archive the host's own apt uses (first "debian" and "debian-security"
 # URIs in its sources), unless given explicitly.
 host_apt_uri() { # SUFFIX: "debian" or "debian-security"
-    local want=$1
-    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        grep -oE '(https?|ftp)://[^ ]+' | sed 's:/*$::' | grep -E "/${want}\$" | head -n1
+    local want=$1 f
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+        [[ -r $f ]] || continue
+        awk -v want="/$want" '{
+            for (i = 1; i <= NF; i++) if ($i ~ /^(https?|ftp):\/\//) {
+                u = $i; sub(/\/+$/, "", u)
+                if (substr(u, length(u) - length(want) + 1) == want) { print u; exit }
+            }
+        }' "$f"
+    done | { read -r first || true; printf '%s' "$first"; }
 }
 VNVME_DEBIAN_MIRROR="${VNVME_DEBIAN_MIRROR:-$(host_apt_uri debian)}"
 VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-$(host_apt_uri debian-security)}"

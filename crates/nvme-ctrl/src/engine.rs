@@ -359,6 +359,9 @@ impl IoEngine {
         Stats::add(&self.ctx.stats.doorbell_writes, 1);
         if qid != 0 {
             Stats::add(&self.ctx.stats.io_doorbell_writes, 1);
+            if kind == DoorbellKind::CqHead {
+                Stats::add(&self.ctx.stats.io_cq_doorbell_writes, 1);
+            }
         }
         self.apply_doorbell(qid, kind, value);
     }

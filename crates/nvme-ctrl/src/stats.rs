@@ -10,6 +10,10 @@ pub struct Stats {
     pub doorbell_writes: AtomicU64,
     /// Trapped doorbell writes to I/O queues only.
     pub io_doorbell_writes: AtomicU64,
+    /// Of those, writes to I/O completion queue head doorbells. With shadow doorbells
+    /// the controller keeps CQ EventIdx one entry behind the head, so a host following
+    /// the EventIdx rule writes these about once per queue wrap.
+    pub io_cq_doorbell_writes: AtomicU64,
     /// Interrupts signalled.
     pub interrupts: AtomicU64,
     /// Admin commands completed.
@@ -37,6 +41,7 @@ pub struct Stats {
 pub struct StatsSnapshot {
     pub doorbell_writes: u64,
     pub io_doorbell_writes: u64,
+    pub io_cq_doorbell_writes: u64,
     pub interrupts: u64,
     pub admin_commands: u64,
     pub io_commands: u64,
@@ -56,6 +61,7 @@ impl Stats {
         StatsSnapshot {
             doorbell_writes: g(&self.doorbell_writes),
             io_doorbell_writes: g(&self.io_doorbell_writes),
+            io_cq_doorbell_writes: g(&self.io_cq_doorbell_writes),
             interrupts: g(&self.interrupts),
             admin_commands: g(&self.admin_commands),
             io_commands: g(&self.io_commands),
@@ -81,6 +87,7 @@ impl std::ops::Sub for StatsSnapshot {
         StatsSnapshot {
             doorbell_writes: self.doorbell_writes - o.doorbell_writes,
             io_doorbell_writes: self.io_doorbell_writes - o.io_doorbell_writes,
+            io_cq_doorbell_writes: self.io_cq_doorbell_writes - o.io_cq_doorbell_writes,
             interrupts: self.interrupts - o.interrupts,
             admin_commands: self.admin_commands - o.admin_commands,
             io_commands: self.io_commands - o.io_commands,

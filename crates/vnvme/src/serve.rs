@@ -106,6 +106,7 @@ fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
         "admin_commands": s.admin_commands,
         "doorbell_writes": s.doorbell_writes,
         "io_doorbell_writes": s.io_doorbell_writes,
+        "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
         "interrupts": s.interrupts,
         "shadow_reads": s.shadow_reads,
         "eventidx_races": s.eventidx_races,

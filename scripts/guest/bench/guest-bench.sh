@@ -66,6 +66,7 @@ while [ $rep -le "$REPS" ]; do
         rw=${p%%:*} qd=${p#*:}
         name="$rw-qd$qd"
         sleep 1
+        # shellcheck disable=SC2046 # two numbers
         set -- $(cpu_ticks)
         b0=$1 t0=$2 i0=$(irq_sum) c0=$(ctx)
         mark "p-$name-$rep-start" 0
@@ -73,6 +74,7 @@ while [ $rep -le "$REPS" ]; do
             --iodepth="$qd" --runtime="$RUNTIME" --time_based --norandommap --randrepeat=0 \
             --lat_percentiles=1 --output-format=json --output=/tmp/fio.json >/tmp/fio.err 2>&1
         frc=$?
+        # shellcheck disable=SC2046 # two numbers
         set -- $(cpu_ticks)
         b1=$1 t1=$2 i1=$(irq_sum) c1=$(ctx)
         mark "p-$name-$rep-end"

@@ -3,17 +3,20 @@
 
 Usage: report.py RESULTS_DIR
 
-RESULTS_DIR holds meta.json and raw/<device>/ with serial.log (the guest's
-@@RESULT lines and fio JSON), device.json, marks/ (CPU samples and vnvme
-counter snapshots taken at the guest's marks, see scripts/guest/host-lib.sh),
-qemu.pid and, for vnvme, vnvme.pid. Standard library only.
+RESULTS_DIR holds meta.json and raw/<device>/ with serial.log[.gz] (the guest's
+@@RESULT lines and fio JSON), device.json and marks/ or marks.tar.gz (CPU
+samples, process ids and vnvme counter snapshots taken at the guest's marks,
+see scripts/guest/host-lib.sh). Standard library only.
 """
 
+import gzip
+import io
 import json
 import math
 import os
 import re
 import sys
+import tarfile
 from statistics import mean
 
 POINT_ORDER = ["randread-qd1", "randread-qd4", "randread-qd16", "randread-qd64", "randwrite-qd16"]
@@ -26,17 +29,41 @@ DEVICE_ORDER = [
 VCPU_RE = re.compile(r"^CPU \d+/(TCG|KVM)")
 
 
-def read_cpu(path):
+class Marks:
+    """The files the host's watcher wrote at the marks: raw/<device>/marks/ or,
+    once packed by bench-guest.sh, raw/<device>/marks.tar.gz."""
+
+    def __init__(self, ddir):
+        self.files = {}
+        d = os.path.join(ddir, "marks")
+        if os.path.isdir(d):
+            for n in os.listdir(d):
+                with open(os.path.join(d, n), "rb") as f:
+                    self.files[n] = f.read()
+        elif os.path.exists(d + ".tar.gz"):
+            with tarfile.open(d + ".tar.gz") as t:
+                for m in t.getmembers():
+                    if m.isfile():
+                        self.files[os.path.basename(m.name)] = t.extractfile(m).read()
+
+    def text(self, name):
+        b = self.files.get(name)
+        return None if b is None else b.decode(errors="replace")
+
+    def names(self):
+        return sorted(self.files)
+
+
+def read_cpu(marks, name):
     """{(pid, tid): (ns, comm)} from a NAME.cpu sample."""
-    out = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.rstrip("\n").split(" ", 3)
-                if len(parts) == 4:
-                    out[(parts[0], parts[1])] = (int(parts[2]), parts[3])
-    except FileNotFoundError:
+    text = marks.text(name)
+    if text is None:
         return None
+    out = {}
+    for line in io.StringIO(text):
+        parts = line.rstrip("\n").split(" ", 3)
+        if len(parts) == 4:
+            out[(parts[0], parts[1])] = (int(parts[2]), parts[3])
     return out
 
 
@@ -55,26 +82,34 @@ def cpu_delta(a, b, pid, vcpu=None):
     return total
 
 
-def read_stats(path):
+def read_stats(marks, name):
+    text = marks.text(name)
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
         return None
 
 
-def read_pid(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return None
+def read_pids(marks):
+    """{label: pid} from the NAME.pids files the host's watcher wrote at the marks."""
+    out = {}
+    for n in marks.names():
+        if n.endswith(".pids"):
+            for line in io.StringIO(marks.text(n)):
+                parts = line.split()
+                if len(parts) == 2:
+                    out.setdefault(parts[0], parts[1])
+    return out
 
 
 def parse_serial(path):
     results, fio, info = {}, {}, {}
-    with open(path, errors="replace") as f:
-        text = f.read()
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt", errors="replace") as f:
+            text = f.read()
+    else:
+        with open(path, errors="replace") as f:
+            text = f.read()
     for m in re.finditer(r"@@RESULT (\S+) (\d+) ([^@]*)@@", text):
         kv = dict(x.split("=", 1) for x in m.group(3).split())
         results[(m.group(1), int(m.group(2)))] = kv
@@ -99,19 +134,19 @@ def per_io(x, ios, scale=1.0):
 def analyse_device(ddir):
     dev = json.load(open(os.path.join(ddir, "device.json")))
     results, fio, info = parse_serial(os.path.join(ddir, "serial.log"))
-    qpid = read_pid(os.path.join(ddir, "qemu.pid"))
-    vpid = read_pid(os.path.join(ddir, "vnvme.pid"))
-    marks = os.path.join(ddir, "marks")
+    marks = Marks(ddir)
+    pids = read_pids(marks)
+    qpid, vpid = pids.get("qemu"), pids.get("vnvme")
     runs = []
     for (name, rep), j in sorted(fio.items()):
         job = j["jobs"][0]
         side = job["write"] if name.startswith("randwrite") else job["read"]
         ios = side.get("total_ios") or 0
         pct = side.get("lat_ns", {}).get("percentile", {})
-        a = read_cpu(os.path.join(marks, f"p-{name}-{rep}-start.cpu"))
-        b = read_cpu(os.path.join(marks, f"p-{name}-{rep}-end.cpu"))
-        s0 = read_stats(os.path.join(marks, f"p-{name}-{rep}-start.stats0"))
-        s1 = read_stats(os.path.join(marks, f"p-{name}-{rep}-end.stats1"))
+        a = read_cpu(marks, f"p-{name}-{rep}-start.cpu")
+        b = read_cpu(marks, f"p-{name}-{rep}-end.cpu")
+        s0 = read_stats(marks, f"p-{name}-{rep}-start.stats0")
+        s1 = read_stats(marks, f"p-{name}-{rep}-end.stats1")
         r = results.get((name, rep), {})
         run = {
             "point": name,
@@ -175,14 +210,17 @@ def markdown(meta, devs):
         row = [fmt(d["points"][p]["iops"] / 1000, 1) if p in d["points"] and d["points"][p]["iops"] else "n/a" for p in pts]
         L.append(f"| {d['device']} | " + " | ".join(row) + " |")
     L.append("\n## Details\n")
-    L.append("device CPU µs/IO: the vnvme process for vnvme; QEMU's non-vCPU threads (main loop, iothreads, "
-             "io_uring) for QEMU's devices (under TCG, the QEMU process also runs the guest CPUs, so the whole "
-             "process would measure TCG); n/a for null_blk. QEMU I/O µs/IO: QEMU's non-vCPU threads for every "
-             "device (for vnvme: the vfio-user client side, MSI injection). irq/IO: vnvme's own count for vnvme, "
+    L.append("CPU µs/IO, from /proc/PID/task/*/schedstat between the marks around each fio run, divided by "
+             "fio's I/O count: *vnvme* = the vnvme process (all threads); *QEMU non-vCPU* = QEMU's threads other "
+             "than the vCPUs (main loop, iothreads, io_uring workers, the vfio-user client), because under TCG the "
+             "QEMU process also runs the guest CPUs; *device* = their sum, the device-side cost outside the "
+             "vCPUs (MMIO handled synchronously in a vCPU thread, e.g. QEMU nvme doorbells without ioeventfd, is "
+             "not in it). guest CPU %: /proc/stat in the guest, all vCPUs. irq/IO: vnvme's own count for vnvme, "
              "the guest's /proc/interrupts for the others. doorbells/IO: doorbell writes that reached vnvme "
-             "(trapped REGION_WRITEs, or eventfd kicks); not measurable for QEMU's devices (n/a).\n")
-    L.append("| device | test | KIOPS (reps) | mean µs | p99 µs | guest CPU % | device CPU µs/IO | QEMU I/O µs/IO | irq/IO | doorbells/IO |")
-    L.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+             "(trapped REGION_WRITEs, or eventfd kicks; shadow doorbells are on in every vnvme run); not "
+             "measurable for QEMU's devices (n/a).\n")
+    L.append("| device | test | KIOPS (reps) | mean µs | p99 µs | guest CPU % | vnvme µs/IO | QEMU non-vCPU µs/IO | device µs/IO | irq/IO | doorbells/IO |")
+    L.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for d in devs:
         for p in pts:
             a = d["points"].get(p)
@@ -190,14 +228,16 @@ def markdown(meta, devs):
                 continue
             reps = "/".join(fmt(x / 1000, 1) for x in a["iops_reps"] if x is not None)
             vn = d["device"].startswith("vnvme")
-            devcpu = a.get("vnvme_us_per_io") if vn else (None if d["device"] == "null_blk" else a.get("qemu_non_vcpu_us_per_io"))
+            q = a.get("qemu_non_vcpu_us_per_io")
+            v = a.get("vnvme_us_per_io") if vn else None
+            devcpu = None if d["device"] == "null_blk" else (q or 0) + (v or 0) if q is not None or v is not None else None
             irq = a.get("vnvme_irq_per_io") if vn else a.get("guest_irq_per_io")
             if d["device"] == "null_blk":
                 irq = None
             db = a.get("vnvme_doorbells_per_io") if vn else None
             L.append(f"| {d['device']} | {p} | {fmt(a['iops'] / 1000 if a['iops'] else None, 1)} ({reps}) | "
                      f"{fmt(a['lat_mean_us'])} | {fmt(a['lat_p99_us'])} | {fmt(a['guest_busy_pct'])} | "
-                     f"{fmt(devcpu, 2)} | {fmt(a['qemu_non_vcpu_us_per_io'], 2)} | {fmt(irq, 3)} | {fmt(db, 3)} |")
+                     f"{fmt(v, 2)} | {fmt(q, 2)} | {fmt(devcpu, 2)} | {fmt(irq, 3)} | {fmt(db, 3)} |")
     L.append("\nDevices:\n")
     for d in devs:
         L.append(f"- **{d['device']}**: {d['desc']}; backing: {d['backing']}")
@@ -208,11 +248,16 @@ PALETTE = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b
            "#499894", "#86bcb6", "#e15759", "#ff9d9a", "#79706e", "#d37295", "#b07aa1"]
 
 
+def color(d):
+    n = d["device"]
+    return PALETTE[(DEVICE_ORDER.index(n) if n in DEVICE_ORDER else len(DEVICE_ORDER)) % len(PALETTE)]
+
+
 def svg_chart(meta, devs):
     pts = [p for p in POINT_ORDER if any(p in d["points"] for d in devs)]
     panels = [("KIOPS (higher is better)", lambda a: (a["iops"] or 0) / 1000),
               ("p99 latency, µs (lower is better)", lambda a: a["lat_p99_us"] or 0)]
-    W, PH, top, left, legend_w = 1180, 300, 60, 70, 230
+    W, PH, top, left, legend_w = 1180, 300, 72, 70, 230
     H = top + len(panels) * (PH + 60) + 20
     plot_w = W - left - legend_w - 20
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
@@ -243,12 +288,12 @@ def svg_chart(meta, devs):
                 h = PH * v / vmax if vmax else 0
                 x = gx + di * bw
                 out.append(f'<rect x="{x:.1f}" y="{y0 + PH - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
-                           f'fill="{PALETTE[di % len(PALETTE)]}"><title>{esc(d["device"])} {p}: {v:.1f}</title></rect>')
+                           f'fill="{color(d)}"><title>{esc(d["device"])} {p}: {v:.1f}</title></rect>')
         out.append(f'<line x1="{left}" y1="{y0 + PH}" x2="{left + plot_w}" y2="{y0 + PH}" stroke="#333"/>')
     lx = W - legend_w + 10
     for di, d in enumerate(devs):
         y = top + di * 18
-        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{PALETTE[di % len(PALETTE)]}"/>')
+        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{color(d)}"/>')
         out.append(f'<text x="{lx + 18}" y="{y + 10}">{esc(d["device"])}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

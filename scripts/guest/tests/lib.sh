@@ -90,6 +90,6 @@ wait_ns() {
         usleep 100000
         _i=$((_i + 1))
     done
-    echo "namespaces present: $(ls /sys/block | grep nvme | tr '\n' ' ')"
+    echo "namespaces present: $(echo /sys/block/nvme*)"
     return 1
 }

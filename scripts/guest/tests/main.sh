@@ -15,6 +15,7 @@ t_pass "controller probe: nvme0 live, NSID 1/2/3 = $D1 $D2 $D3"
 fio_engine "$D1"
 for t in nvme-cli multi-ns dsm fio-verify format ext4 reset reload doorbells; do
     echo "== $t"
+    # shellcheck disable=SC1090
     . "/tests/$t.sh"
 done
 echo "== kernel messages (nvme)"

@@ -1,7 +1,9 @@
 # shellcheck shell=dash
 # Several namespaces: each block device has the size and block size the host gave.
 for spec in "1 $N1_BYTES $N1_LBA" "2 $N2_BYTES $N2_LBA" "3 $N3_BYTES $N3_LBA"; do
+    # shellcheck disable=SC2086 # split into NSID BYTES LBA
     set -- $spec
+    dev=""
     eval "dev=\$D$1"
     got="$(blockdev --getsize64 "$dev") $(blockdev --getss "$dev")"
     t_eq "namespace NSID $1 ($dev) size and logical block size" "$got" "$2 $3"

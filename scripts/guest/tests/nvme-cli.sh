@@ -83,7 +83,7 @@ feature() {
         return
     fi
     new=$(nvme get-feature /dev/nvme0 -f "$1" 2>&1 | sed -n 's/.*Current value:\(0x[0-9a-fA-F]*\).*/\1/p')
-    t_eq "nvme set-feature $3 $2, read back" "$((new))" "$(($2))"
+    t_eq "nvme set-feature $3 $2, read back" "$(printf 0x%x $((new)))" "$(printf 0x%x $(($2)))"
     nvme set-feature /dev/nvme0 -f "$1" -v "$old" >/dev/null 2>&1 || t_fail "nvme set-feature $3: restore $old"
 }
 feature 1 0x03020103 arbitration

@@ -9,7 +9,7 @@
 . /tests/lib.sh
 . /tests/config.sh
 if ! ctrl_live nvme0 15 || ! wait_ns 1 15; then
-    t_fail "controller probe: "$D1" did not appear"
+    t_fail "controller probe: namespace 1 did not appear"
     dmesg | grep -i nvme | tail -20
     exit 1
 fi
@@ -39,15 +39,9 @@ esac
 
 echo "== reboot suite, pass 1: Linux $(uname -r), server polling adaptive"
 t_pass "controller probe: nvme0 live"
-for qd in 64 16 1; do
-    sleep 1
-    mark "ad-qd$qd-start" 0
-    fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randread --bs=4k \
-        --iodepth=$qd --runtime=2 --time_based --norandommap --randrepeat=0 --name=db \
-        --eta=never >/tmp/o 2>&1 || { t_fail "doorbell run QD$qd: fio"; tail -n 10 /tmp/o; }
-    mark "ad-qd$qd-end"
-    echo "doorbell run QD$qd (adaptive): $(grep -E '^ +read:' /tmp/o | sed 's/,.*//; s/^ *//')"
-done
+# shellcheck disable=SC2034 # read by doorbells.sh
+DB_PREFIX=ad
+. /tests/doorbells.sh
 if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite \
     --bssplit=512/10:4k/40:32k/25:128k/25 --verify=crc32c --verify_fatal=1 --runtime=3 \
     --randrepeat=0 --eta=never --numjobs=2 --iodepth=32 --offset=16M --size=16M \
