@@ -217,13 +217,16 @@ EOF
     echo
     echo "== $dev: $desc [$backing]"
     cur_qemu_pidfile="$d/qemu.pid"
-    set +e
-    "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 1200 \
-        --append "vnvme.skip=null_blk" --run "$VNVME_GUEST_DIR/bench/guest-bench.sh" \
-        --add "$d/config.sh:/bench/config.sh" -- -pidfile "$d/qemu.pid" "${qargs[@]}" 2>&1 |
-        vn_watch "$d/marks" "$d/stats.json" "$d/qemu.pid" "$d/vnvme.pid" >"$d/serial.log"
-    rc=${PIPESTATUS[0]}
-    set -e
+    # In the background + wait, so that INT/TERM run the trap at once.
+    {
+        brc=0
+        "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 1200 \
+            --append "vnvme.skip=null_blk" --run "$VNVME_GUEST_DIR/bench/guest-bench.sh" \
+            --add "$d/config.sh:/bench/config.sh" -- -pidfile "$d/qemu.pid" "${qargs[@]}" || brc=$?
+        echo "$brc" >"$d/boot.rc"
+    } 2>&1 | vn_watch "$d/marks" "$d/stats.json" "$d/qemu.pid" "$d/vnvme.pid" >"$d/serial.log" &
+    wait $! || true
+    rc=$(cat "$d/boot.rc" 2>/dev/null || echo 125)
     cur_qemu_pidfile=""
     if [[ $dev == vnvme-* ]]; then
         vn_serve_wait "$VN_PID" 10 || vn_serve_stop "$VN_PID"

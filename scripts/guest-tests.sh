@@ -158,12 +158,17 @@ run_boot() {
     guest_adds "$d/config.sh"
     vn_device_args "$d/vnvme.sock"
     cur_qemu_pidfile="$d/qemu.pid"
-    "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/$script" \
-        "${GUEST_ADDS[@]}" "$@" -- -pidfile "$d/qemu.pid" "${VN_DEV_ARGS[@]}" 2>&1 |
-        vn_watch "$d/marks" "$d/stats.json" | tee "$d/guest.log" |
+    # In the background + wait, so that INT/TERM run the trap at once.
+    {
+        brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/$script" \
+            "${GUEST_ADDS[@]}" "$@" -- -pidfile "$d/qemu.pid" "${VN_DEV_ARGS[@]}" || brc=$?
+        echo "$brc" >"$d/boot.rc"
+    } 2>&1 | vn_watch "$d/marks" "$d/stats.json" | tee "$d/guest.log" |
         grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[boot.sh\]|^doorbell run' |
-        sed -u "s/^\(PASS\|FAIL\|SKIP\): /  guest \1: /; s/^/  [$k] /"
-    BOOT_RC=${PIPESTATUS[0]}
+        sed -u "s/^\(PASS\|FAIL\|SKIP\): /  guest \1: /; s/^/  [$k] /" &
+    wait $! || true
+    BOOT_RC=$(cat "$d/boot.rc" 2>/dev/null || echo 125)
     cur_qemu_pidfile=""
 }
 

@@ -173,7 +173,7 @@ vn_device_args "$sock"
     "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel "$accel" --timeout 300 --run "$run/guest.sh" \
         -- -pidfile "$run/qemu.pid" "${VN_DEV_ARGS[@]}" || rc=$?
     echo "$rc" >"$run/boot.rc"
-} 2>&1 | vn_watch "$run/marks" "$run/stats.json" | tee "$run/guest.log" | grep -av '@@VNVME-MARK' &
+} 2>&1 | vn_watch "$run/marks" "$run/stats.json" | tee "$run/guest.log" | grep --line-buffered -av '@@VNVME-MARK' &
 wait $! || true
 guest_rc=$(cat "$run/boot.rc" 2>/dev/null || echo 125)
 

@@ -39,6 +39,9 @@ pub struct ControllerConfig {
     /// Composite temperature the controller reports, in kelvins.
     pub temperature_k: u16,
     pub namespaces: Vec<NamespaceConfig>,
+    /// Offer Doorbell Buffer Config (OACS bit 8). Off only to measure what shadow
+    /// doorbells save: the host then writes every doorbell register.
+    pub shadow_doorbells: bool,
 }
 
 impl Default for ControllerConfig {
@@ -60,6 +63,7 @@ impl Default for ControllerConfig {
             acl_z: 3,
             temperature_k: 313,
             namespaces: Vec::new(),
+            shadow_doorbells: true,
         }
     }
 }

@@ -58,6 +58,10 @@ enum Cmd {
         /// mapped (doorbell page mapped into the guest; workers poll it).
         #[arg(long, default_value = "trapped")]
         doorbells: vfio_user_server::DoorbellMode,
+        /// Do not offer Doorbell Buffer Config (OACS bit 8), so the guest writes every
+        /// doorbell register: the baseline for measuring what shadow doorbells save.
+        #[arg(long)]
+        no_shadow_doorbells: bool,
     },
     /// Run the controller in this process against a built-in host that drives it
     /// the way Linux's nvme driver does, and show it working: bring-up, Identify,
@@ -165,6 +169,7 @@ fn main() -> std::process::ExitCode {
             once,
             stats_file,
             doorbells,
+            no_shadow_doorbells,
         } => {
             if workers == 0 || !(1..=511).contains(&queues) {
                 Err("--workers must be at least 1 and --queues 1..=511".to_string())
@@ -180,6 +185,7 @@ fn main() -> std::process::ExitCode {
                     once,
                     stats_file,
                     doorbells,
+                    no_shadow_doorbells,
                 })
                 .map_err(|e| e.to_string())
             }

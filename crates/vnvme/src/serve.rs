@@ -25,6 +25,7 @@ pub struct ServeArgs {
     pub once: bool,
     pub stats_file: Option<PathBuf>,
     pub doorbells: vfio_user_server::DoorbellMode,
+    pub no_shadow_doorbells: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -32,6 +33,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         serial: a.serial.clone(),
         max_io_queues: a.queues,
         msix_vectors: a.queues + 1,
+        shadow_doorbells: !a.no_shadow_doorbells,
         namespaces: a
             .namespaces
             .iter()

@@ -92,7 +92,8 @@ impl Controller {
         // Namespace attribute notices: Linux only sends AERs if OAES has a bit it knows.
         c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED);
         c.cntrltype = cntrltype::IO;
-        c.oacs = U16::new(oacs::FORMAT | oacs::DOORBELL_BUFFER_CONFIG);
+        let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
+        c.oacs = U16::new(oacs::FORMAT | dbbuf);
         c.acl = cfg.acl_z;
         c.aerl = cfg.aerl_z;
         c.frmw = frmw::SLOT1_READ_ONLY | frmw::num_slots(1);

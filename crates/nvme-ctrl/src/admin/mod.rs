@@ -134,7 +134,7 @@ impl Controller {
             op::SET_FEATURES => self.set_features(sqe),
             op::GET_FEATURES => self.get_features(sqe),
             op::ASYNC_EVENT_REQUEST => self.async_event_request(sqe),
-            op::DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
+            op::DOORBELL_BUFFER_CONFIG if self.cfg.shadow_doorbells => self.doorbell_buffer_config(sqe),
             op::FORMAT_NVM => self.format_nvm(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
