@@ -125,6 +125,8 @@ for d in "${db_modes[@]}"; do
         vnvme_devs+=("vnvme-$d-$p")
     done
 done
+# Shadow doorbells hidden (OACS bit 8 clear): the guest writes every doorbell register.
+grep -q -- '--no-shadow-doorbells' <<<"$help" && vnvme_devs=(vnvme-noshadow-off "${vnvme_devs[@]}")
 [[ -n $devices ]] || devices="$ALL_QEMU ${vnvme_devs[*]} null_blk"
 
 # QEMU's drive: a tmpfs file; O_DIRECT if tmpfs takes it.
@@ -186,10 +188,15 @@ run_device() { # NAME
         local rest=${dev#vnvme-} dbm poll
         dbm=${rest%-*} poll=${rest##*-}
         serve=(--ns "ram:$size" --workers 1 --poll "$poll" --once --stats-file "$d/stats.json" --log info)
+        local shadow=""
+        if [[ $dbm == noshadow ]]; then
+            serve+=(--no-shadow-doorbells)
+            dbm=trapped shadow=", shadow doorbells off"
+        fi
         grep -q -- '--doorbells' <<<"$help" && serve+=(--doorbells "$dbm")
         vn_device_args "$d/vnvme.sock"
         qargs=("${VN_DEV_ARGS[@]}")
-        desc="vnvme, doorbells $dbm, poll $poll" backing="ram:$size (vnvme RAM namespace)" ;;
+        desc="vnvme, doorbells $dbm, poll $poll$shadow" backing="ram:$size (vnvme RAM namespace)" ;;
     null_blk)
         kind=nullb desc="guest null_blk (irqmode=0)" backing="none (in-guest null_blk)" ;;
     *) die "unknown device $dev" ;;
