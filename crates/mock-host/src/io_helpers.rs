@@ -10,7 +10,6 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{fence, Ordering};
 
-use nvme_ctrl::doorbell::need_event;
 use nvme_spec::command::Psdt;
 use nvme_spec::opcode::admin as aop;
 use nvme_spec::regs::{doorbell_offset, DoorbellKind};
@@ -102,25 +101,6 @@ impl MockHost {
         self.admin_cmd(c)
     }
 
-    /// As [`MockHost::update_doorbell`], but says whether the register was written
-    /// (a trapped write, which is what wakes a real device).
-    pub fn update_doorbell_counted(&mut self, qid: u16, kind: DoorbellKind, v: u32) -> bool {
-        if let (Some(b), true) = (self.dbbuf, qid != 0) {
-            let off = doorbell_offset(qid, kind, self.dstrd);
-            let old = self.mem.load_u32(b.shadow + off).expect("shadow");
-            self.mem.store_u32(b.shadow + off, v).expect("shadow");
-            // Pairs with the controller's fence between publishing EventIdx and
-            // re-reading the shadow slot (nvme_ctrl::doorbell).
-            fence(Ordering::SeqCst);
-            let ei = self.mem.load_u32(b.eventidx + off).expect("eventidx");
-            if !need_event(ei as u16, v as u16, old as u16) {
-                return false;
-            }
-        }
-        self.ring(qid, kind, v);
-        true
-    }
-
     /// Writes `sqe` into `sq` with a fresh command identifier and updates the tail
     /// doorbell. Returns the identifier and whether the doorbell trapped, or None if
     /// the queue is full as far as the host knows.
@@ -140,7 +120,7 @@ impl MockHost {
         fence(Ordering::Release);
         sq.tail = (sq.tail + 1) % sq.size;
         sq.in_flight.insert(cid);
-        let rang = self.update_doorbell_counted(sq.qid, DoorbellKind::SqTail, sq.tail);
+        let rang = self.update_doorbell(sq.qid, DoorbellKind::SqTail, sq.tail);
         Some((cid, rang))
     }
 
@@ -159,7 +139,7 @@ impl MockHost {
                 cq.phase = !cq.phase;
             }
         }
-        let rang = !out.is_empty() && self.update_doorbell_counted(cq.qid, DoorbellKind::CqHead, cq.head);
+        let rang = !out.is_empty() && self.update_doorbell(cq.qid, DoorbellKind::CqHead, cq.head);
         (out, rang)
     }
 
@@ -184,7 +164,7 @@ impl MockHost {
         let new_tail = q.sq_tail;
         self.mem.write_obj(base + tail as u64 * SQE_SIZE as u64, &sqe).expect("sq");
         fence(Ordering::Release);
-        let rang = self.update_doorbell_counted(qid, DoorbellKind::SqTail, new_tail);
+        let rang = self.update_doorbell(qid, DoorbellKind::SqTail, new_tail);
         Some((cid, rang))
     }
 
@@ -210,7 +190,7 @@ impl MockHost {
             out.push(c);
         }
         let head = self.io[qid as usize - 1].cq_head;
-        let rang = !out.is_empty() && self.update_doorbell_counted(qid, DoorbellKind::CqHead, head);
+        let rang = !out.is_empty() && self.update_doorbell(qid, DoorbellKind::CqHead, head);
         (out, rang)
     }
 

@@ -367,19 +367,23 @@ impl MockHost {
     /// Updates a doorbell the way Linux's `nvme_dbbuf_update_and_check_event` does:
     /// with shadow doorbells, store the new value in the shadow slot, full barrier,
     /// read EventIdx, and write the register only if the update crossed it. The admin
-    /// queue never uses the shadow buffer.
-    pub fn update_doorbell(&mut self, qid: u16, kind: DoorbellKind, v: u32) {
+    /// queue never uses the shadow buffer. Returns true if the register was written
+    /// (a trapped write, which is what wakes a real device).
+    pub fn update_doorbell(&mut self, qid: u16, kind: DoorbellKind, v: u32) -> bool {
         if let (Some(b), true) = (self.dbbuf, qid != 0) {
             let off = doorbell_offset(qid, kind, self.dstrd);
             let old = self.mem.load_u32(b.shadow + off).expect("shadow");
             self.mem.store_u32(b.shadow + off, v).expect("shadow");
+            // Pairs with the controller's fence between publishing EventIdx and
+            // re-reading the shadow slot (nvme_ctrl::doorbell).
             fence(Ordering::SeqCst);
             let ei = self.mem.load_u32(b.eventidx + off).expect("eventidx");
             if !need_event(ei as u16, v as u16, old as u16) {
-                return;
+                return false;
             }
         }
         self.ring(qid, kind, v);
+        true
     }
 
     fn queue_mut(&mut self, qid: u16) -> &mut HostQueue {

@@ -670,10 +670,10 @@ impl Drop for KernelVfioTransport {
                 size: d.size,
                 ..Default::default()
             };
+            let what = "VFIO_IOMMU_UNMAP_DMA";
             // SAFETY: `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names
             // (no dirty bitmap requested, so no trailing data).
-            let r =
-                unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, "VFIO_IOMMU_UNMAP_DMA") };
+            let r = unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, what) };
             if let Err(e) = r {
                 warn!("{}: {e}", self.bdf);
             }
