@@ -775,11 +775,10 @@ impl IoEngine {
     fn drain_overflow(&mut self, cqid: u16) {
         loop {
             self.refresh_cq_head(cqid);
-            let mem = self.mem.clone();
             let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
             while !cq.is_full() {
                 let Some(cqe) = cq.overflow.pop_front() else { break };
-                if let Err(e) = cq.post(&mem, cqe) {
+                if let Err(e) = cq.post(&self.mem, cqe) {
                     self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
                     return;
                 }
@@ -789,14 +788,15 @@ impl IoEngine {
             if cq.overflow.is_empty() {
                 if cq.waiting_for_space {
                     cq.waiting_for_space = false;
-                    if let Err(e) = b.publish(&mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size) {
+                    if let Err(e) = b.publish(&self.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size)
+                    {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                     }
                 }
                 return;
             }
             cq.waiting_for_space = true;
-            match b.rearm(&mem, cqid, DoorbellKind::CqHead, head) {
+            match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
                 Ok(h) if h != head && cq.valid_head(h) => {
                     Stats::add(&self.ctx.stats.eventidx_races, 1);
                 }

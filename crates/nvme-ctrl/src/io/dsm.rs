@@ -64,10 +64,9 @@ impl IoEngine {
             status: Status::SUCCESS,
             finish: Finish::Plain,
         });
-        let mem = self.mem.clone();
         for (offset, len) in work {
             let req = Request { tag, op: Op::Discard, offset, len, data: DataBuf::None };
-            self.backends[ns.nsid as usize - 1].submit(&mem, req);
+            self.backends[ns.nsid as usize - 1].submit(&self.mem, req);
         }
         Ok(Started::Pending)
     }

@@ -28,10 +28,9 @@ impl IoEngine {
             status: Status::SUCCESS,
             finish: Finish::Plain,
         });
-        let mem = self.mem.clone();
         for n in targets {
             let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
-            self.backends[n as usize - 1].submit(&mem, req);
+            self.backends[n as usize - 1].submit(&self.mem, req);
         }
         Ok(Started::Pending)
     }

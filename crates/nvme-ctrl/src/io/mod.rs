@@ -113,8 +113,7 @@ impl IoEngine {
             status: Status::SUCCESS,
             finish,
         });
-        let mem = self.mem.clone();
-        self.backends[ns.nsid as usize - 1].submit(&mem, Request { tag, op, offset, len, data });
+        self.backends[ns.nsid as usize - 1].submit(&self.mem, Request { tag, op, offset, len, data });
         Started::Pending
     }
 }
