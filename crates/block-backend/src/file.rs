@@ -57,7 +57,10 @@ impl Backend for FileBackend {
             volatile_cache: true,
             discard: false,
             discard_zeroes: false,
-            write_zeroes: true,
+            // Zeroes are written as buffers: not worth advertising.
+            write_zeroes: false,
+            block_size: 1,
+            ..Default::default()
         }
     }
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {

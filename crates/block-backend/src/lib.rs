@@ -80,21 +80,56 @@ pub struct Request {
     pub data: DataBuf,
 }
 
-/// Why a request failed.
+/// Why a request failed. The controller maps each to the NVMe status that fits
+/// (Base "Generic Command Status" and "Media and Data Integrity Errors").
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("range {offset:#x}+{len:#x} is outside the backend (size {size:#x})")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("guest memory: {0}")]
     Memory(#[from] MemError),
+    /// A media error or an I/O error with no better class (EIO and the rest).
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The storage is full (ENOSPC, EDQUOT).
     #[error("no space left on the backend")]
     NoSpace,
+    /// Fewer bytes moved than asked, with no error to say why (a file shrunk under us).
     #[error("short transfer: {done} of {len} bytes")]
     Short { done: u64, len: u64 },
     #[error("operation not supported by this backend")]
     Unsupported,
+    /// The storage is unreachable: the file was removed, the device vanished, the
+    /// downstream controller is down. Retrying later may work.
+    #[error("backend not ready: {0}")]
+    NotReady(String),
+    /// The storage refuses writes (EROFS, or permission lost).
+    #[error("backend is read-only")]
+    ReadOnly,
+    /// A status from a downstream NVMe controller (nvme://), passed through.
+    #[error("downstream NVMe status: type {sct:#x} code {sc:#04x}{}", if *dnr { " (DNR)" } else { "" })]
+    Nvme { sct: u8, sc: u8, dnr: bool },
+}
+
+impl BackendError {
+    /// Classifies an OS error number.
+    pub fn from_errno(errno: i32) -> Self {
+        std::io::Error::from_raw_os_error(errno).into()
+    }
+}
+
+impl From<std::io::Error> for BackendError {
+    fn from(e: std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => BackendError::NoSpace,
+            Some(libc::EROFS | libc::EPERM | libc::EACCES) => BackendError::ReadOnly,
+            Some(libc::ENODEV | libc::ENXIO | libc::ESTALE | libc::ENOMEDIUM | libc::ENOTCONN) => {
+                BackendError::NotReady(e.to_string())
+            }
+            Some(libc::EOPNOTSUPP) => BackendError::Unsupported,
+            _ => BackendError::Io(e),
+        }
+    }
 }
 
 /// A finished request.
@@ -107,17 +142,27 @@ pub struct Completion {
 }
 
 /// What a backend can do, asked once when a namespace is created.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendInfo {
     /// A short description for logs ("ram", "null", "file:disk.img").
     pub kind: String,
     pub size: u64,
+    /// The smallest unit the backend transfers: request offsets and lengths are
+    /// multiples of it, so the namespace's LBA size must be too (1 = any).
+    pub block_size: u32,
     /// The backend has a volatile write cache that Flush (or FUA) must drain.
     pub volatile_cache: bool,
+    /// Deallocation is supported (Dataset Management AD, Write Zeroes DEAC).
     pub discard: bool,
     /// Discarded ranges read back as zeroes.
     pub discard_zeroes: bool,
+    /// The largest single discard in bytes (0: no limit beyond the namespace).
+    pub discard_max: u64,
+    /// Write Zeroes is done by the storage itself (fallocate, BLKZEROOUT, a
+    /// downstream Write Zeroes) rather than by writing zero buffers.
     pub write_zeroes: bool,
+    /// The largest single write-zeroes in bytes (0: no limit).
+    pub write_zeroes_max: u64,
 }
 
 /// A block device behind a namespace.

@@ -107,6 +107,8 @@ impl Backend for RamBackend {
             discard: true,
             discard_zeroes: true,
             write_zeroes: true,
+            block_size: 1,
+            ..Default::default()
         }
     }
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {

@@ -66,6 +66,28 @@ impl Region {
     }
 }
 
+/// A piece of guest memory as this process sees it: a host address and a length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRange {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a HostRange is an address, not access: dereferencing it is unsafe and its
+// users document why the memory is alive and theirs to touch at that moment.
+unsafe impl Send for HostRange {}
+
+/// One region of a [`GuestMemory`], as [`GuestMemory::region_sources`] reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct RegionSource<'a> {
+    pub gpa: u64,
+    pub len: u64,
+    /// Host address of the region's first byte.
+    pub host: *mut u8,
+    /// The descriptor backing the region and the offset of its first byte in it.
+    pub fd: Option<(BorrowedFd<'a>, u64)>,
+}
+
 /// A snapshot of the guest's physical memory map. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct GuestMemory {
@@ -136,6 +158,44 @@ impl GuestMemory {
     /// The regions, as `(gpa, len)`, in address order.
     pub fn regions(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.regions.iter().map(|r| (r.gpa, r.len))
+    }
+
+    /// Where each region lives: its host address and, for fd-backed regions, the
+    /// descriptor and offset, so a backend can hand the same memory to another device
+    /// (zero copy). The host addresses stay valid while `self` (or any clone) lives.
+    pub fn region_sources(&self) -> impl Iterator<Item = RegionSource<'_>> + '_ {
+        self.regions.iter().map(|r| RegionSource {
+            gpa: r.gpa,
+            len: r.len,
+            host: r.map.ptr_at(r.map_offset),
+            fd: r.map.source().map(|(fd, off)| (fd, off + r.map_offset)),
+        })
+    }
+
+    /// True if both snapshots share the same region list (nothing mapped or unmapped
+    /// in between), so state derived from one is still valid for the other.
+    pub fn same_map(&self, other: &GuestMemory) -> bool {
+        Arc::ptr_eq(&self.regions, &other.regions)
+    }
+
+    /// Appends the host address ranges behind `[gpa, gpa+len)` to `out` (merging
+    /// pieces that happen to be contiguous), for I/O the kernel performs directly
+    /// on guest memory (io_uring, O_DIRECT). Fails without appending anything if any
+    /// part is unmapped. The pointers stay valid while `self` (or a clone) lives; the
+    /// caller that dereferences them, or lets the kernel do so, must keep one alive
+    /// until the I/O is over.
+    pub fn host_ranges(&self, gpa: u64, len: u64, out: &mut Vec<HostRange>) -> Result<(), MemError> {
+        let start = out.len();
+        self.for_each_chunk(gpa, len, |ptr, n, _| {
+            if out.len() > start {
+                let last = out.last_mut().expect("non-empty");
+                if last.ptr.wrapping_add(last.len) == ptr {
+                    last.len += n;
+                    return;
+                }
+            }
+            out.push(HostRange { ptr, len: n });
+        })
     }
 
     /// Total bytes mapped.
@@ -315,6 +375,27 @@ mod tests {
     }
 
     #[test]
+    fn host_ranges_merge_within_a_region_and_split_across() {
+        let mem = GuestMemory::anonymous(&[(0, 0x2000), (0x2000, 0x1000)]).unwrap();
+        let mut out = Vec::new();
+        mem.host_ranges(0x100, 0x200, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].len, 0x200);
+        out.clear();
+        // Two separate anonymous mappings: two ranges, lengths adding up.
+        mem.host_ranges(0x1f00, 0x200, &mut out).unwrap();
+        assert_eq!(out.iter().map(|r| r.len).sum::<usize>(), 0x200);
+        assert!(out.len() <= 2);
+        // Writing through the range is what reading through GuestMemory sees.
+        mem.write(0x1f00, &[0xab; 0x100]).unwrap();
+        let before = out.len();
+        assert!(mem.host_ranges(0x2f00, 0x200, &mut out).is_err());
+        assert_eq!(out.len(), before, "a failed lookup appends nothing");
+        assert!(mem.same_map(&mem.clone()));
+        assert!(!mem.same_map(&GuestMemory::anonymous(&[(0, 0x1000)]).unwrap()));
+    }
+
+    #[test]
     fn fd_regions_share_memory() {
         use std::os::fd::{AsFd, FromRawFd, OwnedFd};
         // SAFETY: memfd_create with a valid C string; the result is checked below.
@@ -330,6 +411,11 @@ mod tests {
         let mut buf = [0u8; 6];
         b.read(0x10010, &mut buf).unwrap();
         assert_eq!(&buf, b"shared");
+        // The region remembers its descriptor and offset for re-export.
+        let src: Vec<_> = b.region_sources().collect();
+        assert_eq!(src.len(), 1);
+        assert_eq!((src[0].gpa, src[0].len), (0x10000, 0x2000));
+        assert_eq!(src[0].fd.map(|(_, off)| off), Some(0x2000));
     }
 
     trait RawCompat {

@@ -1,6 +1,6 @@
 //! An owned mmap: the one place guest-mem calls mmap and munmap.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::MemError;
@@ -10,6 +10,9 @@ use crate::MemError;
 pub struct Mapping {
     ptr: *mut u8,
     len: u64,
+    /// For fd mappings: a duplicate of the descriptor and the offset mapped, so the
+    /// same memory can be handed on (a downstream vfio-user DMA_MAP, zero copy).
+    source: Option<(OwnedFd, u64)>,
 }
 
 // SAFETY: the mapping is plain memory; all access goes through GuestMemory, whose
@@ -32,7 +35,7 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(MemError::Map { len, source: Arc::new(std::io::Error::last_os_error()) });
         }
-        Ok(Mapping { ptr: ptr.cast(), len })
+        Ok(Mapping { ptr: ptr.cast(), len, source: None })
     }
 
     /// Private anonymous memory, zero filled, read-write.
@@ -49,7 +52,16 @@ impl Mapping {
     /// A shared mapping of `len` bytes of `fd` from `offset`.
     pub fn from_fd(fd: BorrowedFd<'_>, offset: u64, len: u64, writable: bool) -> Result<Self, MemError> {
         let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset, prot)
+        let mut m = Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset, prot)?;
+        // Keep a duplicate for re-export; a failure here only loses that ability.
+        m.source = fd.try_clone_to_owned().ok().map(|fd| (fd, offset));
+        Ok(m)
+    }
+
+    /// The descriptor this mapping was made from and the file offset of its first
+    /// byte, if it was made from one.
+    pub fn source(&self) -> Option<(BorrowedFd<'_>, u64)> {
+        self.source.as_ref().map(|(fd, off)| (fd.as_fd(), *off))
     }
 
     pub fn len(&self) -> u64 {

@@ -70,6 +70,18 @@ impl CommandError {
                 // Media errors: the host may retry, so no DNR.
                 BackendError::Io(_) | BackendError::Short { .. } if *write => Status::WRITE_FAULT,
                 BackendError::Io(_) | BackendError::Short { .. } => Status::UNRECOVERED_READ_ERROR,
+                // Storage unreachable: the host may retry once it is back (no DNR).
+                BackendError::NotReady(_) => Status::NAMESPACE_NOT_READY,
+                BackendError::ReadOnly if *write => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
+                BackendError::ReadOnly => Status::INTERNAL_ERROR,
+                BackendError::Nvme { sct, sc, dnr } => {
+                    let s = Status::from_parts(*sct, *sc);
+                    if *dnr {
+                        s.with_dnr()
+                    } else {
+                        s
+                    }
+                }
             },
             CommandError::Status(s) => *s,
         }

@@ -20,6 +20,11 @@ impl Status {
     pub const fn new(sct: StatusCodeType, sc: u8) -> Self {
         Status(((sct as u16) << 8) | sc as u16)
     }
+    /// From a raw Status Code Type (3 bits) and Status Code, as another controller
+    /// reported them.
+    pub const fn from_parts(sct: u8, sc: u8) -> Self {
+        Status((((sct & 7) as u16) << 8) | sc as u16)
+    }
     pub const fn from_raw(raw: u16) -> Self {
         Status(raw & 0x7fff)
     }
@@ -80,6 +85,7 @@ impl Status {
     pub const SGL_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x16);
     pub const COMMAND_INTERRUPTED: Status = Status::new(StatusCodeType::Generic, 0x21);
     // Generic Command Status, NVM command set values (Base Figure 102).
+    pub const NAMESPACE_WRITE_PROTECTED: Status = Status::new(StatusCodeType::Generic, 0x20);
     pub const LBA_OUT_OF_RANGE: Status = Status::new(StatusCodeType::Generic, 0x80);
     pub const CAPACITY_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x81);
     pub const NAMESPACE_NOT_READY: Status = Status::new(StatusCodeType::Generic, 0x82);
