@@ -4,6 +4,7 @@
 //! asynchronous ones, which expose a notifier).
 #![forbid(unsafe_code)]
 
+mod fault;
 mod file;
 mod null;
 mod ram;
@@ -13,6 +14,7 @@ use std::os::fd::BorrowedFd;
 
 use guest_mem::{GuestMemory, MemError};
 
+pub use fault::{FaultBackend, FaultError, FaultOp, FaultRule};
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
@@ -174,14 +176,22 @@ pub trait Backend: Send + Sync + Debug {
 
 /// One queue of a backend, owned by one thread.
 pub trait BackendQueue: Send + Debug {
-    /// Starts a request. Failures are reported as completions, never here.
+    /// Starts a request (or queues it until [`BackendQueue::commit`]). Failures are
+    /// reported as completions, never here.
     fn submit(&mut self, mem: &GuestMemory, req: Request);
+    /// Hands every request queued by `submit` to the storage. The queue's owner calls
+    /// it after each batch of submissions (before it reaps or sleeps), so a backend
+    /// can start a batch with one system call. Backends that start requests in
+    /// `submit` need not implement it.
+    fn commit(&mut self) {}
     /// Moves finished requests into `out`; returns how many were added.
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize;
     /// Requests submitted and not yet reaped.
     fn in_flight(&self) -> usize;
     /// A file descriptor that becomes readable when completions are ready, for
-    /// backends that complete asynchronously.
+    /// backends that complete asynchronously. The owner watches it (level
+    /// triggered) while requests are in flight and calls `reap` when it fires;
+    /// `reap` drains it, so it stops being readable once everything ready is reaped.
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
         None
     }

@@ -85,6 +85,26 @@ impl Controller {
         if cfg.msix_vectors == 0 || cfg.msix_vectors > 2048 {
             return Err(std::io::Error::other("msix_vectors must be 1..=2048"));
         }
+        for (i, n) in cfg.namespaces.iter().enumerate() {
+            let info = n.backend.info();
+            let Some(&lbads) = crate::namespace::LBA_FORMATS.get(n.lba_format as usize) else {
+                return Err(std::io::Error::other(format!(
+                    "namespace {}: no LBA format {}",
+                    i + 1,
+                    n.lba_format
+                )));
+            };
+            if !lba_fits(1 << lbads, &info) {
+                return Err(std::io::Error::other(format!(
+                    "namespace {} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
+                    i + 1,
+                    info.kind,
+                    1u32 << lbads,
+                    info.block_size,
+                    info.size
+                )));
+            }
+        }
         let namespaces: Arc<[Arc<Namespace>]> = cfg
             .namespaces
             .iter()
@@ -469,4 +489,11 @@ impl Controller {
     pub fn set_arm_eventidx(&mut self, arm: bool) {
         self.engine.arm_eventidx = arm;
     }
+}
+
+/// True if `lba`-byte blocks work on a backend: a multiple of its block size that
+/// divides its capacity.
+pub(crate) fn lba_fits(lba: u64, info: &block_backend::BackendInfo) -> bool {
+    let bs = u64::from(info.block_size.max(1));
+    lba.is_multiple_of(bs) && info.size.is_multiple_of(lba) && info.size >= lba
 }

@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use block_backend::{BackendQueue, Completion, DataBuf, Segment};
+use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Segment};
 use guest_mem::GuestMemory;
 use nvme_spec::aer::{error_info, AsyncEvent, EventType};
-use nvme_spec::log::lid;
+use nvme_spec::log::{critical_warning, lid};
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Cqe, Sqe, Status};
 use tracing::warn;
@@ -60,6 +60,8 @@ pub(crate) struct InFlight {
     /// Backend requests still outstanding.
     pub remaining: u32,
     pub status: Status,
+    /// What the backend requests do (all of one command's requests do the same).
+    pub op: Op,
     pub finish: Finish,
 }
 
@@ -655,6 +657,7 @@ impl IoEngine {
         let mut any = false;
         for i in 0..self.backends.len() {
             if self.backends[i].in_flight() > 0 {
+                self.backends[i].commit();
                 any |= self.backends[i].reap(&mut self.reaped) > 0;
             }
         }
@@ -673,25 +676,34 @@ impl IoEngine {
             return;
         };
         f.remaining -= 1;
-        if let Err(e) = c.result {
-            if f.status.is_success() {
-                let write = !matches!(c.data, DataBuf::Host(_)) && matches!(f.finish, Finish::Plain);
-                f.status = crate::error::CommandError::Backend { write, source: e }.status();
+        let mut failed = None;
+        match &c.result {
+            Err(e) if f.status.is_success() => {
+                f.status = crate::error::backend_status(!matches!(f.op, Op::Read), e);
+                failed = Some((f.nsid, f.slba, f.op, f.status));
             }
-        } else if let (Finish::Compare(segs), DataBuf::Host(buf)) = (&f.finish, &c.data) {
-            if f.status.is_success() {
-                f.status = match compare(&self.mem, segs, buf) {
-                    Ok(true) => Status::SUCCESS,
-                    Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
-                    Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
-                };
+            Err(_) => {}
+            Ok(()) => {
+                if let (Finish::Compare(segs), DataBuf::Host(buf)) = (&f.finish, &c.data) {
+                    if f.status.is_success() {
+                        f.status = match compare(&self.mem, segs, buf) {
+                            Ok(true) => Status::SUCCESS,
+                            Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
+                            Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+                        };
+                    }
+                }
             }
+        }
+        let done = f.remaining == 0;
+        if let (Some((nsid, slba, op, status)), Err(e)) = (failed, &c.result) {
+            self.backend_failed(nsid, slba, op, status, e);
         }
         if let DataBuf::Guest(mut v) = c.data {
             v.clear();
             self.seg_pool.push(v);
         }
-        if f.remaining == 0 {
+        if done {
             let f = self.inflight[tag].take().expect("present");
             self.free_tags.push(tag as u32);
             if let Finish::Compare(mut v) = f.finish {
@@ -699,6 +711,36 @@ impl IoEngine {
                 self.seg_pool.push(v);
             }
             self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
+        }
+    }
+
+    /// Side effects of a failed backend request, besides its status: the log line,
+    /// the SMART media error count and critical warnings (Base SMART / Health log:
+    /// bit 2 for media and internal errors that degrade reliability, bit 3 when the
+    /// storage became read-only), which raise a SMART / Health event when the host
+    /// enabled it.
+    fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
+        let n = self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        // The first few failures in full, then one in a thousand: a dying disk must
+        // not flood the log.
+        if n <= 16 || n.is_multiple_of(1000) {
+            warn!(
+                target: "vnvme::backend",
+                nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),
+                "backend request failed ({n} so far): {e}"
+            );
+        }
+        let warning = match e {
+            BackendError::Io(_) | BackendError::Short { .. } => {
+                Stats::add(&self.ctx.stats.media_errors, 1);
+                critical_warning::RELIABILITY
+            }
+            BackendError::NotReady(_) => critical_warning::RELIABILITY,
+            BackendError::ReadOnly => critical_warning::READ_ONLY,
+            _ => 0,
+        };
+        if warning != 0 {
+            self.ctx.events.raise_critical_warning(warning);
         }
     }
 
@@ -854,6 +896,19 @@ impl IoEngine {
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
         self.inflight.iter().any(|f| f.is_some())
+    }
+
+    /// The descriptors of backend queues that complete asynchronously: the owner
+    /// sleeps on them (level triggered) alongside its doorbells.
+    pub fn backend_notifiers(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.backends.iter().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
+    }
+
+    /// True if a backend queue with requests in flight has no notifier, so only
+    /// polling finds its completions: the owner must not sleep for long.
+    pub fn backend_needs_polling(&self) -> bool {
+        self.backends.iter().any(|b| b.in_flight() > 0 && b.notifier().is_none())
     }
 
     /// True if commands are in flight in the backends or SQs hold unfetched entries.

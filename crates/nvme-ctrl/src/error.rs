@@ -62,28 +62,34 @@ impl CommandError {
             CommandError::LbaOutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
             CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
             CommandError::CompareFailure => Status::COMPARE_FAILURE.with_dnr(),
-            CommandError::Backend { write, source } => match source {
-                BackendError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
-                BackendError::Memory(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
-                BackendError::NoSpace => Status::CAPACITY_EXCEEDED.with_dnr(),
-                BackendError::Unsupported => Status::INVALID_OPCODE.with_dnr(),
-                // Media errors: the host may retry, so no DNR.
-                BackendError::Io(_) | BackendError::Short { .. } if *write => Status::WRITE_FAULT,
-                BackendError::Io(_) | BackendError::Short { .. } => Status::UNRECOVERED_READ_ERROR,
-                // Storage unreachable: the host may retry once it is back (no DNR).
-                BackendError::NotReady(_) => Status::NAMESPACE_NOT_READY,
-                BackendError::ReadOnly if *write => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
-                BackendError::ReadOnly => Status::INTERNAL_ERROR,
-                BackendError::Nvme { sct, sc, dnr } => {
-                    let s = Status::from_parts(*sct, *sc);
-                    if *dnr {
-                        s.with_dnr()
-                    } else {
-                        s
-                    }
-                }
-            },
+            CommandError::Backend { write, source } => backend_status(*write, source),
             CommandError::Status(s) => *s,
+        }
+    }
+}
+
+/// The status for a failed backend request; `write` is true for requests that change
+/// the medium (writes, write zeroes, deallocation, flush).
+pub fn backend_status(write: bool, e: &BackendError) -> Status {
+    match e {
+        BackendError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
+        BackendError::Memory(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+        BackendError::NoSpace => Status::CAPACITY_EXCEEDED.with_dnr(),
+        BackendError::Unsupported => Status::INVALID_OPCODE.with_dnr(),
+        // Media errors: the host may retry, so no DNR.
+        BackendError::Io(_) | BackendError::Short { .. } if write => Status::WRITE_FAULT,
+        BackendError::Io(_) | BackendError::Short { .. } => Status::UNRECOVERED_READ_ERROR,
+        // Storage unreachable: the host may retry once it is back (no DNR).
+        BackendError::NotReady(_) => Status::NAMESPACE_NOT_READY,
+        BackendError::ReadOnly if write => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
+        BackendError::ReadOnly => Status::INTERNAL_ERROR,
+        &BackendError::Nvme { sct, sc, dnr } => {
+            let s = Status::from_parts(sct, sc);
+            if dnr {
+                s.with_dnr()
+            } else {
+                s
+            }
         }
     }
 }

@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use nvme_spec::aer::{AsyncEvent, EventType};
-use nvme_spec::log::{lid, ErrorInformationEntry};
+use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
+use nvme_spec::log::{critical_warning, lid, ErrorInformationEntry};
 use nvme_spec::Status;
 use zerocopy::little_endian::{U16, U32, U64};
 
@@ -26,6 +26,9 @@ struct Inner {
     changed_ns: Vec<u32>,
     /// SMART / Health critical warning bits currently set.
     critical_warning: u8,
+    /// Critical warning bits for which the host enabled a SMART / Health event
+    /// (Asynchronous Event Configuration, bits 7:0).
+    warning_events: u8,
 }
 
 /// Called when an event is raised, so a transport can wake its admin side.
@@ -147,6 +150,34 @@ impl Events {
         }
     }
 
+    /// Sets critical warning `bits` (they stay set: media does not heal) and, for
+    /// bits newly set that the host asked to hear about, raises a SMART / Health
+    /// event (NVM Subsystem Reliability, or the temperature code for that bit).
+    pub fn raise_critical_warning(&self, bits: u8) {
+        let fresh = {
+            let mut g = self.lock();
+            let fresh = bits & !g.critical_warning & g.warning_events;
+            g.critical_warning |= bits;
+            fresh
+        };
+        if fresh != 0 {
+            let info = if fresh == critical_warning::TEMPERATURE {
+                smart_info::TEMPERATURE_THRESHOLD
+            } else if fresh == critical_warning::SPARE {
+                smart_info::SPARE_BELOW_THRESHOLD
+            } else {
+                smart_info::NVM_SUBSYSTEM_RELIABILITY
+            };
+            self.raise(AsyncEvent { kind: EventType::SmartHealth, info, log_page: lid::SMART_HEALTH });
+        }
+    }
+
+    /// The critical warning bits the host enabled events for (Set Features,
+    /// Asynchronous Event Configuration).
+    pub fn set_warning_events(&self, bits: u8) {
+        self.lock().warning_events = bits;
+    }
+
     pub fn critical_warning(&self) -> u8 {
         self.lock().critical_warning
     }
@@ -156,5 +187,7 @@ impl Events {
         let mut g = self.lock();
         g.queued.clear();
         g.masked = 0;
+        // Asynchronous Event Configuration returns to its default: no events.
+        g.warning_events = 0;
     }
 }

@@ -32,6 +32,8 @@ pub struct Stats {
     pub write_commands: AtomicU64,
     /// Commands that failed with a media error.
     pub media_errors: AtomicU64,
+    /// Backend requests that failed (any reason).
+    pub backend_errors: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
 }
@@ -51,6 +53,7 @@ pub struct StatsSnapshot {
     pub read_commands: u64,
     pub write_commands: u64,
     pub media_errors: u64,
+    pub backend_errors: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
 }
@@ -71,6 +74,7 @@ impl Stats {
             read_commands: g(&self.read_commands),
             write_commands: g(&self.write_commands),
             media_errors: g(&self.media_errors),
+            backend_errors: g(&self.backend_errors),
             bytes_read: g(&self.bytes_read),
             bytes_written: g(&self.bytes_written),
         }
@@ -97,6 +101,7 @@ impl std::ops::Sub for StatsSnapshot {
             read_commands: self.read_commands - o.read_commands,
             write_commands: self.write_commands - o.write_commands,
             media_errors: self.media_errors - o.media_errors,
+            backend_errors: self.backend_errors - o.backend_errors,
             bytes_read: self.bytes_read - o.bytes_read,
             bytes_written: self.bytes_written - o.bytes_written,
         }

@@ -194,6 +194,12 @@ fn run(
         let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, 2);
         let _ = epoll.ctl(ControlOperation::Add, k.as_raw_fd_compat(), ev);
     }
+    // Asynchronous backends (io_uring, nvme://) signal finished requests here.
+    for (i, fd) in engine.backend_notifiers().into_iter().enumerate() {
+        if let Err(e) = epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, 3 + i as u64)) {
+            warn!("worker cannot watch a backend notifier: {e}");
+        }
+    }
     let mut budget = START_SPIN;
     let mut events = [EpollEvent::default(); 8];
     loop {
@@ -256,7 +262,9 @@ fn run(
             let _ = t.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
         }
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
-        match epoll.wait(-1, &mut events) {
+        // A backend that can only be polled gets looked at every millisecond.
+        let timeout = if engine.backend_needs_polling() { 1 } else { -1 };
+        match epoll.wait(timeout, &mut events) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {

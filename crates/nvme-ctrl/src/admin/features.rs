@@ -178,6 +178,7 @@ impl Controller {
             fid::ASYNC_EVENT_CONFIG => {
                 cur.aec = v;
                 self.admin.features.aec = AsyncEventConfig(v);
+                self.events.set_warning_events(AsyncEventConfig(v).critical_warnings());
             }
             fid::TIMESTAMP => {
                 let data = self.copy_from_host(sqe, 8)?;

@@ -27,10 +27,22 @@ impl Controller {
             1 => true,
             _ => return Err(CommandError::InvalidField("cryptographic erase is not supported")),
         };
+        let lba = 1u64 << LBA_FORMATS[f.lbaf() as usize];
+        if targets.iter().any(|ns| !crate::controller::lba_fits(lba, &ns.info)) {
+            // The backend cannot do blocks that small (or its size is not a multiple).
+            return status(Status::INVALID_FORMAT);
+        }
         let mem = self.engine.mem.clone();
         for ns in &targets {
             if erase {
-                self.admin.run_backend(ns, &mem, Op::WriteZeroes { deallocate: true }, 0, ns.info.size)?;
+                // In pieces the backend accepts (1 GiB when it names no limit).
+                let max = if ns.info.write_zeroes_max > 0 { ns.info.write_zeroes_max } else { 1 << 30 };
+                let mut off = 0;
+                while off < ns.info.size {
+                    let n = (ns.info.size - off).min(max);
+                    self.admin.run_backend(ns, &mem, Op::WriteZeroes { deallocate: true }, off, n)?;
+                    off += n;
+                }
             }
             ns.set_lba_format(f.lbaf());
             self.events.namespace_changed(ns.nsid);

@@ -54,8 +54,19 @@ impl Controller {
                     return Err(CommandError::InvalidField("unsupported command set"));
                 }
                 let mut c = IoCommandSetNvmController::new_zeroed();
-                // Verify Size Limit = MDTS; Write Zeroes and DSM without extra limits.
+                // Verify Size Limit = MDTS.
                 c.vsl = self.cfg.mdts;
+                // The backends' limits, where they have them (0: none). WZSL is a
+                // power of two in units of the 4 KiB minimum page size, rounded down.
+                let wz =
+                    self.namespaces.iter().filter(|n| n.info.write_zeroes).map(|n| n.info.write_zeroes_max);
+                if let Some(max) = wz.filter(|&m| m > 0).min() {
+                    c.wzsl = (max / 4096).max(1).ilog2().max(1) as u8;
+                }
+                let dm = self.namespaces.iter().filter(|n| n.info.discard && n.info.discard_max > 0);
+                if let Some(blocks) = dm.map(|n| n.info.discard_max >> n.lba_shift()).min() {
+                    c.dmrsl = U32::new(blocks.clamp(1, u32::MAX as u64) as u32);
+                }
                 c.as_bytes().to_vec()
             }
             cns::CSI_ACTIVE_NAMESPACE_LIST => {
@@ -105,14 +116,10 @@ impl Controller {
         c.sqes = 0x66;
         c.cqes = 0x44;
         c.nn = U32::new(self.namespaces.len() as u32);
-        c.oncs = U16::new(
-            oncs::COMPARE
-                | oncs::DSM
-                | oncs::WRITE_ZEROES
-                | oncs::SAVE_SELECT
-                | oncs::TIMESTAMP
-                | oncs::VERIFY,
-        );
+        // Deallocation and Write Zeroes only where a backend does them natively.
+        let dsm = if self.namespaces.iter().any(|n| n.info.discard) { oncs::DSM } else { 0 };
+        let wz = if self.namespaces.iter().any(|n| n.info.write_zeroes) { oncs::WRITE_ZEROES } else { 0 };
+        c.oncs = U16::new(oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | oncs::TIMESTAMP | oncs::VERIFY);
         c.fna = 0;
         c.vwc =
             if self.admin.features.vwc_present { vwc::PRESENT | vwc::FLUSH_BROADCAST_SUPPORTED } else { 0 };

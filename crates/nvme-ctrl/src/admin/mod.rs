@@ -77,13 +77,23 @@ impl AdminState {
     ) -> CmdResult {
         let q = &mut self.backends[ns.nsid as usize - 1];
         q.submit(mem, Request { tag: 0, op, offset, len, data: DataBuf::None });
+        q.commit();
         let mut out: Vec<Completion> = Vec::new();
         let mut spins = 0u64;
         while out.is_empty() {
             if q.reap(&mut out) == 0 {
                 spins += 1;
-                if spins.is_multiple_of(1024) {
-                    std::thread::yield_now();
+                match q.notifier() {
+                    // Asynchronous backends: sleep until the completion is ready.
+                    Some(fd) => {
+                        let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+                        let _ = rustix::event::poll(
+                            &mut pfd,
+                            Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 10_000_000 }),
+                        );
+                    }
+                    None if spins.is_multiple_of(1024) => std::thread::yield_now(),
+                    None => {}
                 }
             }
         }

@@ -1,14 +1,14 @@
 //! Dataset Management (NVM §3.2.3): only the Deallocate attribute has an effect; the
 //! others are hints the controller may ignore.
 
-use block_backend::{DataBuf, Op, Request};
+use block_backend::Op;
 use nvme_spec::nvm::{DatasetManagement, DsmRange};
-use nvme_spec::{Sqe, Status};
+use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
 use crate::dptr::Direction;
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
 
 impl IoEngine {
@@ -52,22 +52,7 @@ impl IoEngine {
         } else {
             Vec::new()
         };
-        if work.is_empty() {
-            return Ok(Started::Done(Status::SUCCESS));
-        }
-        let tag = self.track(InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid: ns.nsid,
-            slba: ranges[0].slba.get(),
-            remaining: work.len() as u32,
-            status: Status::SUCCESS,
-            finish: Finish::Plain,
-        });
-        for (offset, len) in work {
-            let req = Request { tag, op: Op::Discard, offset, len, data: DataBuf::None };
-            self.backends[ns.nsid as usize - 1].submit(&self.mem, req);
-        }
-        Ok(Started::Pending)
+        let max = ns.info.discard_max;
+        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work, max))
     }
 }

@@ -26,6 +26,7 @@ impl IoEngine {
             slba: 0,
             remaining: targets.len() as u32,
             status: Status::SUCCESS,
+            op: Op::Flush,
             finish: Finish::Plain,
         });
         for n in targets {

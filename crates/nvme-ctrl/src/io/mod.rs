@@ -46,8 +46,15 @@ impl IoEngine {
         }
         match sqe.opcode() {
             op::FLUSH => self.flush(sqid, sqe),
-            op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => self.read_write(sqid, sqe),
-            op::DATASET_MANAGEMENT => self.dataset_management(sqid, sqe),
+            op::WRITE | op::READ | op::COMPARE | op::VERIFY => self.read_write(sqid, sqe),
+            // Optional commands exist only where Identify ONCS reports them: some
+            // namespace's backend does them natively.
+            op::WRITE_ZEROES if self.ctx.namespaces.iter().any(|n| n.info.write_zeroes) => {
+                self.read_write(sqid, sqe)
+            }
+            op::DATASET_MANAGEMENT if self.ctx.namespaces.iter().any(|n| n.info.discard) => {
+                self.dataset_management(sqid, sqe)
+            }
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
@@ -90,6 +97,47 @@ impl IoEngine {
         }
     }
 
+    /// Submits one backend request per `(offset, len)` range for a command that
+    /// moves no data, splitting ranges longer than `max` bytes (0: no limit).
+    pub(crate) fn submit_ranges(
+        &mut self,
+        sqid: u16,
+        sqe: &Sqe,
+        ns: &Namespace,
+        slba: u64,
+        op: Op,
+        ranges: &[(u64, u64)],
+        max: u64,
+    ) -> Started {
+        let mut work = Vec::with_capacity(ranges.len());
+        for &(mut offset, mut len) in ranges {
+            while len > 0 {
+                let n = if max > 0 { len.min(max) } else { len };
+                work.push((offset, n));
+                offset += n;
+                len -= n;
+            }
+        }
+        if work.is_empty() {
+            return Started::Done(Status::SUCCESS);
+        }
+        let tag = self.track(InFlight {
+            sqid,
+            cid: sqe.cid(),
+            nsid: ns.nsid,
+            slba,
+            remaining: work.len() as u32,
+            status: Status::SUCCESS,
+            op,
+            finish: Finish::Plain,
+        });
+        for (offset, len) in work {
+            let req = Request { tag, op, offset, len, data: DataBuf::None };
+            self.backends[ns.nsid as usize - 1].submit(&self.mem, req);
+        }
+        Started::Pending
+    }
+
     /// Submits one backend request for a command and tracks it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn submit_one(
@@ -111,6 +159,7 @@ impl IoEngine {
             slba,
             remaining: 1,
             status: Status::SUCCESS,
+            op,
             finish,
         });
         self.backends[ns.nsid as usize - 1].submit(&self.mem, Request { tag, op, offset, len, data });

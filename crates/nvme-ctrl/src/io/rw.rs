@@ -87,7 +87,8 @@ impl IoEngine {
             }
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
-                self.submit_one(sqid, sqe, &ns, slba, op, offset, len, DataBuf::None, Finish::Plain)
+                let max = ns.info.write_zeroes_max;
+                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)], max)
             }
             _ => unreachable!("dispatched by opcode"),
         };

@@ -1,0 +1,359 @@
+//! Fault injection: a backend wrapper that fails chosen requests, so the error paths
+//! (status mapping, the Error Information log, SMART, the guest's recovery) can be
+//! exercised on demand, from unit tests up to a real guest.
+//!
+//! A rule names the operations it applies to, the error it produces, and optionally a
+//! byte range, how many matching requests to let through first and how many to fail.
+//! Rules are shared by every queue of the backend, so counts are global. The textual
+//! form (what `vnvme serve --ns ...:fault=RULE` takes) is
+//!
+//! ```text
+//! OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+//! ```
+//!
+//! - `OP`: `read`, `write`, `flush`, `discard` (Discard and Write Zeroes), or `any`;
+//! - `ERROR`: `eio` (a media error), `enospc` (storage full), `short` (a short
+//!   transfer), `gone` (storage unreachable), `rofs` (storage turned read-only);
+//! - `lba=START+COUNT`: only requests touching these blocks (in units of the
+//!   namespace's LBA size, set with [`FaultRule::lba_size`]);
+//! - `after=N`: let the first N matching requests succeed;
+//! - `count=N`: fail N requests, then stop (default: fail every match).
+//!
+//! Example: `read/eio/lba=2048+8` makes every read of blocks 2048..2056 fail with an
+//! Unrecovered Read Error.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use guest_mem::GuestMemory;
+
+use crate::{Backend, BackendError, BackendInfo, BackendQueue, Completion, Op, Request};
+
+/// Which operations a rule applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOp {
+    Read,
+    Write,
+    Flush,
+    /// Discard and Write Zeroes.
+    Discard,
+    Any,
+}
+
+/// The error a rule produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultError {
+    Eio,
+    NoSpace,
+    Short,
+    Gone,
+    ReadOnly,
+}
+
+/// One fault injection rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultRule {
+    pub op: FaultOp,
+    pub error: FaultError,
+    /// Only requests overlapping `[start, end)` blocks.
+    pub lba: Option<(u64, u64)>,
+    pub after: u64,
+    pub count: Option<u64>,
+    /// Bytes per block for `lba` (512 unless set).
+    pub lba_size: u64,
+}
+
+impl FaultRule {
+    /// Sets the block size `lba=` is counted in.
+    pub fn lba_size(mut self, bytes: u64) -> Self {
+        self.lba_size = bytes.max(1);
+        self
+    }
+
+    fn matches(&self, req: &Request) -> bool {
+        let op_ok = match (self.op, req.op) {
+            (FaultOp::Any, _) => true,
+            (FaultOp::Read, Op::Read) => true,
+            (FaultOp::Write, Op::Write { .. }) => true,
+            (FaultOp::Flush, Op::Flush) => true,
+            (FaultOp::Discard, Op::Discard | Op::WriteZeroes { .. }) => true,
+            _ => false,
+        };
+        if !op_ok {
+            return false;
+        }
+        match self.lba {
+            // Flush has no range; it matches only rules without one.
+            Some(_) if req.op == Op::Flush => false,
+            Some((start, end)) => {
+                let first = req.offset / self.lba_size;
+                let last = (req.offset + req.len.max(1) - 1) / self.lba_size;
+                first < end && last >= start
+            }
+            None => true,
+        }
+    }
+
+    fn error(&self, req: &Request) -> BackendError {
+        match self.error {
+            FaultError::Eio => BackendError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
+            FaultError::NoSpace => BackendError::NoSpace,
+            FaultError::Short => BackendError::Short { done: req.len / 2, len: req.len },
+            FaultError::Gone => BackendError::NotReady("fault injection: storage gone".into()),
+            FaultError::ReadOnly => BackendError::ReadOnly,
+        }
+    }
+}
+
+impl std::str::FromStr for FaultRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split('/');
+        let op = match parts.next().unwrap_or_default() {
+            "read" => FaultOp::Read,
+            "write" => FaultOp::Write,
+            "flush" => FaultOp::Flush,
+            "discard" => FaultOp::Discard,
+            "any" => FaultOp::Any,
+            o => {
+                return Err(format!(
+                    "fault {s:?}: unknown operation {o:?} (read, write, flush, discard, any)"
+                ))
+            }
+        };
+        let error = match parts.next() {
+            Some("eio") => FaultError::Eio,
+            Some("enospc") => FaultError::NoSpace,
+            Some("short") => FaultError::Short,
+            Some("gone") => FaultError::Gone,
+            Some("rofs") => FaultError::ReadOnly,
+            Some(e) => {
+                return Err(format!("fault {s:?}: unknown error {e:?} (eio, enospc, short, gone, rofs)"))
+            }
+            None => return Err(format!("fault {s:?}: missing error, e.g. read/eio")),
+        };
+        let mut rule = FaultRule { op, error, lba: None, after: 0, count: None, lba_size: 512 };
+        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("fault {s:?}: {v:?} is not a number"));
+        for p in parts {
+            match p.split_once('=') {
+                Some(("lba", v)) => {
+                    let (a, n) =
+                        v.split_once('+').ok_or_else(|| format!("fault {s:?}: lba takes START+COUNT"))?;
+                    let (a, n) = (num(a)?, num(n)?);
+                    if n == 0 {
+                        return Err(format!("fault {s:?}: lba count must be at least 1"));
+                    }
+                    rule.lba = Some((a, a.saturating_add(n)));
+                }
+                Some(("after", v)) => rule.after = num(v)?,
+                Some(("count", v)) => rule.count = Some(num(v)?),
+                _ => return Err(format!("fault {s:?}: unknown part {p:?} (lba=, after=, count=)")),
+            }
+        }
+        Ok(rule)
+    }
+}
+
+#[derive(Debug)]
+struct RuleState {
+    rule: FaultRule,
+    /// Matching requests seen so far.
+    seen: AtomicU64,
+    /// Requests failed so far.
+    failed: AtomicU64,
+}
+
+impl RuleState {
+    /// Counts a matching request; true if this one must fail.
+    fn fire(&self) -> bool {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed);
+        if n < self.rule.after {
+            return false;
+        }
+        match self.rule.count {
+            Some(c) => self
+                .failed
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| (f < c).then_some(f + 1))
+                .is_ok(),
+            None => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+}
+
+/// A backend whose requests fail according to [`FaultRule`]s.
+#[derive(Debug, Clone)]
+pub struct FaultBackend {
+    inner: Arc<dyn Backend>,
+    rules: Arc<[RuleState]>,
+}
+
+impl FaultBackend {
+    pub fn new(inner: Arc<dyn Backend>, rules: Vec<FaultRule>) -> Self {
+        let rules = rules
+            .into_iter()
+            .map(|rule| RuleState { rule, seen: AtomicU64::new(0), failed: AtomicU64::new(0) })
+            .collect();
+        FaultBackend { inner, rules }
+    }
+
+    /// Requests failed so far, across all rules.
+    pub fn injected(&self) -> u64 {
+        self.rules.iter().map(|r| r.failed.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl Backend for FaultBackend {
+    fn info(&self) -> BackendInfo {
+        let mut i = self.inner.info();
+        i.kind = format!("{} with {} fault rule(s)", i.kind, self.rules.len());
+        i
+    }
+    fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
+        Ok(Box::new(FaultQueue {
+            inner: self.inner.open_queue()?,
+            rules: self.rules.clone(),
+            failed: Vec::new(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct FaultQueue {
+    inner: Box<dyn BackendQueue>,
+    rules: Arc<[RuleState]>,
+    /// Injected failures waiting for the next reap.
+    failed: Vec<Completion>,
+}
+
+impl BackendQueue for FaultQueue {
+    fn submit(&mut self, mem: &GuestMemory, req: Request) {
+        // Every matching rule counts the request; the first that fires decides.
+        let mut error = None;
+        for r in self.rules.iter() {
+            if r.rule.matches(&req) && r.fire() && error.is_none() {
+                error = Some(r.rule.error(&req));
+            }
+        }
+        match error {
+            Some(e) => self.failed.push(Completion { tag: req.tag, result: Err(e), data: req.data }),
+            None => self.inner.submit(mem, req),
+        }
+    }
+    fn commit(&mut self) {
+        self.inner.commit();
+    }
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        let n = self.failed.len();
+        out.append(&mut self.failed);
+        n + if self.inner.in_flight() > 0 { self.inner.reap(out) } else { 0 }
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.failed.len()
+    }
+    fn notifier(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.notifier()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DataBuf, RamBackend};
+
+    fn req(tag: u64, op: Op, offset: u64, len: u64) -> Request {
+        let data = match op {
+            Op::Read | Op::Write { .. } => DataBuf::Host(vec![0; len as usize]),
+            _ => DataBuf::None,
+        };
+        Request { tag, op, offset, len, data }
+    }
+
+    fn run(be: &FaultBackend, reqs: Vec<Request>) -> Vec<(u64, bool)> {
+        let mem = GuestMemory::empty();
+        let mut q = be.open_queue().unwrap();
+        for r in reqs {
+            q.submit(&mem, r);
+        }
+        q.commit();
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert_eq!(q.in_flight(), 0);
+        let mut v: Vec<_> = out.iter().map(|c| (c.tag, c.result.is_ok())).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn parses_rules_and_names_what_is_wrong() {
+        let r: FaultRule = "read/eio/lba=2048+8/after=1/count=2".parse().unwrap();
+        assert_eq!(
+            (r.op, r.error, r.lba, r.after, r.count),
+            (FaultOp::Read, FaultError::Eio, Some((2048, 2056)), 1, Some(2))
+        );
+        let r: FaultRule = "any/gone".parse().unwrap();
+        assert_eq!((r.op, r.error, r.lba, r.count), (FaultOp::Any, FaultError::Gone, None, None));
+        for (bad, says) in [
+            ("reed/eio", "unknown operation"),
+            ("read", "missing error"),
+            ("read/boom", "unknown error"),
+            ("read/eio/lba=5", "START+COUNT"),
+            ("read/eio/lba=5+0", "at least 1"),
+            ("read/eio/after=x", "not a number"),
+            ("read/eio/when=3", "unknown part"),
+        ] {
+            let e = bad.parse::<FaultRule>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn fails_only_matching_requests_within_range_and_counts() {
+        let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(1 << 20));
+        let rule: FaultRule = "read/eio/lba=8+2/after=1/count=2".parse().unwrap();
+        let be = FaultBackend::new(ram, vec![rule]);
+        let got = run(
+            &be,
+            vec![
+                req(1, Op::Read, 8 * 512, 512), // first match: let through (after=1)
+                req(2, Op::Write { fua: false }, 8 * 512, 512), // not a read
+                req(3, Op::Read, 0, 4096),      // blocks 0..8: outside
+                req(4, Op::Read, 9 * 512, 512), // fails
+                req(5, Op::Read, 7 * 512, 1024), // overlaps block 8: fails
+                req(6, Op::Read, 8 * 512, 512), // count exhausted: passes
+            ],
+        );
+        assert_eq!(got, vec![(1, true), (2, true), (3, true), (4, false), (5, false), (6, true)]);
+        assert_eq!(be.injected(), 2);
+    }
+
+    #[test]
+    fn errors_are_the_classes_the_controller_maps() {
+        let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(1 << 20));
+        let mem = GuestMemory::empty();
+        for (spec, check) in [
+            (
+                "write/enospc",
+                (|e: &BackendError| matches!(e, BackendError::NoSpace)) as fn(&BackendError) -> bool,
+            ),
+            ("write/rofs", |e| matches!(e, BackendError::ReadOnly)),
+            ("write/short", |e| matches!(e, BackendError::Short { done: 256, len: 512 })),
+            ("write/gone", |e| matches!(e, BackendError::NotReady(_))),
+            ("write/eio", |e| matches!(e, BackendError::Io(io) if io.raw_os_error() == Some(libc::EIO))),
+        ] {
+            let be = FaultBackend::new(ram.clone(), vec![spec.parse().unwrap()]);
+            let mut q = be.open_queue().unwrap();
+            q.submit(&mem, req(1, Op::Write { fua: false }, 0, 512));
+            let mut out = Vec::new();
+            q.reap(&mut out);
+            assert!(check(out[0].result.as_ref().unwrap_err()), "{spec}: {:?}", out[0].result);
+        }
+        // Flush matches rules without a range only.
+        let be = FaultBackend::new(ram.clone(), vec!["any/eio/lba=0+1".parse().unwrap()]);
+        assert_eq!(run(&be, vec![req(1, Op::Flush, 0, 0)]), vec![(1, true)]);
+        let be = FaultBackend::new(ram, vec!["flush/eio".parse().unwrap()]);
+        assert_eq!(run(&be, vec![req(1, Op::Flush, 0, 0)]), vec![(1, false)]);
+    }
+}
