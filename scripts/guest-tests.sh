@@ -34,6 +34,12 @@ own \`vnvme serve\` (built with cargo build --release first):
          --stats-file), e2fsck -fn and debugfs checksum of the ext4 image,
          server log (shadow doorbells re-enabled after reset and reload,
          clean shutdown), server exit status.
+ faults  (last kernel only) server: two RAM namespaces with fault= rules
+         guest (scripts/guest/tests/faults.sh): a read of an injected media
+         error fails with a medium error in dmesg, smart-log critical warning
+         bit 2 and media_errors, error-log entry at the LBA, ENOSPC write
+         fails, I/O around the faults and fio verify still work.
+         host: the server logged the backend failures.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -359,6 +365,37 @@ suite_reboot() {
     echo "  [$k] reboot suite: $(($(date +%s) - t0)) s"
 }
 
+suite_faults() {
+    local k=$1
+    local d="$work/$k-faults" t0 n
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] faults suite: injected backend failures"
+    write_config "$d/config.sh" VNVMEGT0003 $((64 << 20)) 512 $((16 << 20)) 512 0 512
+    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns "ram:64M:fault=read/eio/lba=2048+8" \
+        --ns "ram:16M:fault=write/enospc/lba=4096+8" --serial VNVMEGT0003 --once \
+        --stats-file "$d/stats.json" --log info; then
+        result FAIL "$k" "vnvme serve did not start (faults suite)"
+        return
+    fi
+    run_boot "$k" "$d" faults.sh --timeout 240
+    guest_results "$k" "$d"
+    if [[ $BOOT_RC -eq 0 ]]; then
+        result PASS "$k" "faults suite guest script exited 0"
+    else
+        result FAIL "$k" "faults suite guest script exit status $BOOT_RC (serial log: $d/guest.log)"
+    fi
+    server_done "$k" "$d"
+    n=$(grep -ac 'backend request failed' "$d/serve.log")
+    if [[ $n -ge 2 ]]; then
+        result PASS "$k" "server log: $n backend failures logged ($(grep -a 'backend request failed' "$d/serve.log" | head -1 | grep -o 'I/O error.*\|no space.*' | head -1))"
+    else
+        result FAIL "$k" "server log: $n backend failures logged, want >= 2"
+    fi
+    echo "  [$k] faults suite: $(($(date +%s) - t0)) s"
+}
+
 for k in "${kernels[@]}"; do
     if [[ ! -e $(kernel_dir "$k")/.complete ]]; then
         result FAIL "$k" "kernel $k is not fetched (run scripts/guest/setup.sh or drop --no-fetch)"
@@ -367,5 +404,9 @@ for k in "${kernels[@]}"; do
     suite_main "$k"
     suite_reboot "$k"
 done
+# Injected failures: on one kernel (the newest asked for), to bound the time.
+k_last=${kernels[${#kernels[@]}-1]}
+[[ -e $(kernel_dir "$k_last")/.complete ]] && suite_faults "$k_last"
+
 summary
 [[ $n_fail -eq 0 ]]

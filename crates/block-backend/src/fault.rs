@@ -71,14 +71,14 @@ impl FaultRule {
     }
 
     fn matches(&self, req: &Request) -> bool {
-        let op_ok = match (self.op, req.op) {
-            (FaultOp::Any, _) => true,
-            (FaultOp::Read, Op::Read) => true,
-            (FaultOp::Write, Op::Write { .. }) => true,
-            (FaultOp::Flush, Op::Flush) => true,
-            (FaultOp::Discard, Op::Discard | Op::WriteZeroes { .. }) => true,
-            _ => false,
-        };
+        let op_ok = matches!(
+            (self.op, req.op),
+            (FaultOp::Any, _)
+                | (FaultOp::Read, Op::Read)
+                | (FaultOp::Write, Op::Write { .. })
+                | (FaultOp::Flush, Op::Flush)
+                | (FaultOp::Discard, Op::Discard | Op::WriteZeroes { .. })
+        );
         if !op_ok {
             return false;
         }

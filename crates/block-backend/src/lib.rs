@@ -2,12 +2,14 @@
 //! [`BackendQueue`], which the queue's owner drives without locks: submit requests,
 //! then reap completions (immediately for synchronous backends, later for
 //! asynchronous ones, which expose a notifier).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod fault;
 mod file;
 mod null;
 mod ram;
+#[allow(unsafe_code)]
+mod uring;
 
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
@@ -18,6 +20,7 @@ pub use fault::{FaultBackend, FaultError, FaultOp, FaultRule};
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
+pub use uring::{DirectMode, UringBackend, UringOptions};
 
 /// Where one piece of a transfer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -265,8 +265,7 @@ fn lba_size_must_suit_the_backend() {
         guest_mem::GuestMemory::empty(),
         Arc::new(mock_host::CountingIrq::new(4)),
     )
-    .err()
-    .expect("512-byte LBAs on a 4 KiB backend are refused");
+    .expect_err("512-byte LBAs on a 4 KiB backend are refused");
     assert!(err.to_string().contains("block size 4096"), "{err}");
     // With 4 KiB LBAs it works, and Format NVM back to 512 B is an Invalid Format.
     let mut h = MockHost::new(cfg(1), MEM);

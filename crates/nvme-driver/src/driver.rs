@@ -8,12 +8,16 @@
 //! when OACS bit 8 says the controller has it and shadow doorbells are wanted.
 #![forbid(unsafe_code)]
 
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use guest_mem::GuestMemory;
+
 use nvme_spec::command::Psdt;
 use nvme_spec::features::{fid, NumberOfQueues};
-use nvme_spec::identify::{cns, IdentifyController, IdentifyNamespace};
+use nvme_spec::identify::{cns, IdentifyController, IdentifyNamespace, IoCommandSetNvmController};
 use nvme_spec::opcode::admin as aop;
 use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind, ShutdownStatus};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
@@ -321,6 +325,14 @@ impl NvmeDriver {
         Ok(c.buf.expect("identify carries its buffer").to_vec()?)
     }
 
+    /// The NVM Command Set specific Identify Controller data (CNS 06h, CSI 00h):
+    /// Write Zeroes and Dataset Management limits. Fails on controllers older than
+    /// NVMe 2.0 that do not know the CNS value.
+    pub fn identify_nvm_controller(&mut self) -> Result<IoCommandSetNvmController> {
+        let b = self.identify(cns::CSI_CONTROLLER, 0)?;
+        IoCommandSetNvmController::read_from_bytes(&b).map_err(|_| DriverError::Invalid("identify".into()))
+    }
+
     /// Set Features `fid` with CDW11 `value`.
     pub fn set_features(&mut self, fid: u8, value: u32) -> Result<Completion> {
         let mut s = Sqe::default();
@@ -394,6 +406,12 @@ impl NvmeDriver {
         lock(&self.transport).describe()
     }
 
+    /// A handle on the transport for work outside the queues (mapping external
+    /// memory, health checks) that any thread may hold.
+    pub fn device_handle(&self) -> DeviceHandle {
+        DeviceHandle { transport: self.transport.clone() }
+    }
+
     // ---- queues
 
     /// I/O queue `qid`, if it is in the driver.
@@ -462,6 +480,40 @@ impl NvmeDriver {
 
     pub fn deallocate(&mut self, nsid: u32, ranges: &[LbaRange]) -> Result<()> {
         self.first_queue()?.deallocate(nsid, ranges)
+    }
+}
+
+/// A shareable handle on a driver's transport (see [`NvmeDriver::device_handle`]).
+/// Calls take the transport's lock, like a trapped doorbell write does.
+#[derive(Clone, Debug)]
+pub struct DeviceHandle {
+    transport: SharedTransport,
+}
+
+impl DeviceHandle {
+    /// See [`Transport::map_external`].
+    pub fn map_external(&self, mem: &GuestMemory, gpa: u64, len: u64) -> io::Result<Option<u64>> {
+        lock(&self.transport).map_external(mem, gpa, len)
+    }
+
+    /// See [`Transport::unmap_external`].
+    pub fn unmap_external(&self, iova: u64, len: u64) -> io::Result<()> {
+        lock(&self.transport).unmap_external(iova, len)
+    }
+
+    /// See [`Transport::hangup_fd`].
+    pub fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {
+        lock(&self.transport).hangup_fd()
+    }
+
+    /// The controller's CSTS register.
+    pub fn csts(&self) -> io::Result<Csts> {
+        Ok(Csts(lock(&self.transport).read32(offset::CSTS)?))
+    }
+
+    /// The transport's one-line description.
+    pub fn describe(&self) -> String {
+        lock(&self.transport).describe()
     }
 }
 

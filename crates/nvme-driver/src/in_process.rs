@@ -13,13 +13,13 @@
 #![forbid(unsafe_code)]
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use guest_mem::{GuestMemory, Mapping};
 use nvme_ctrl::{Controller, ControllerConfig, InterruptSink, PollMode, Stats};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::transport::{DmaRegion, Transport};
+use crate::transport::{new_eventfd, DmaRegion, Transport};
 
 /// First IOVA handed out (0 stays invalid), and the allocation granule.
 const IOVA_BASE: u64 = 1 << 32;
@@ -27,13 +27,13 @@ const CHUNK: u64 = 2 << 20;
 
 /// MSI-X vectors as eventfds (what the vfio-user server's interrupts are).
 #[derive(Debug, Default)]
-struct Irqs(Mutex<Vec<EventFd>>);
+struct Irqs(Mutex<Vec<OwnedFd>>);
 
 impl InterruptSink for Irqs {
     fn signal(&self, vector: u16) {
         let fds = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = fds.get(vector as usize) {
-            let _ = f.write(1);
+            let _ = rustix::io::write(f, &1u64.to_ne_bytes());
         }
     }
 }
@@ -137,8 +137,8 @@ impl Transport for InProcessTransport {
         Ok(DmaRegion { iova, len, mem: region })
     }
 
-    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<EventFd>> {
-        let fds = (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<io::Result<Vec<_>>>()?;
+    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<OwnedFd>> {
+        let fds = (0..n).map(|_| new_eventfd()).collect::<io::Result<Vec<_>>>()?;
         let theirs = fds.iter().map(|f| f.try_clone()).collect::<io::Result<Vec<_>>>()?;
         *self.irqs.0.lock().unwrap_or_else(|p| p.into_inner()) = theirs;
         Ok(fds)
@@ -146,6 +146,35 @@ impl Transport for InProcessTransport {
 
     fn reset(&mut self) -> io::Result<()> {
         self.ctrl.device_reset();
+        Ok(())
+    }
+
+    /// Memory backed by a file descriptor is mapped a second time, shared, into the
+    /// controller's address map (both views reach the same pages); anonymous memory
+    /// cannot be shared that way.
+    fn map_external(&mut self, mem: &GuestMemory, gpa: u64, len: u64) -> io::Result<Option<u64>> {
+        let Some(src) = mem.region_sources().find(|r| r.gpa <= gpa && gpa - r.gpa < r.len) else {
+            return Ok(None);
+        };
+        let Some((fd, off)) = src.fd else { return Ok(None) };
+        let off = off + (gpa - src.gpa);
+        if len == 0 || len > src.len - (gpa - src.gpa) || !off.is_multiple_of(4096) {
+            return Ok(None);
+        }
+        let map = Arc::new(Mapping::from_fd(fd, off, len, true).map_err(io::Error::other)?);
+        let iova = self.next_iova;
+        self.next_iova += len.next_multiple_of(CHUNK) + CHUNK;
+        self.mem = self.mem.with_region(iova, len, map, 0).map_err(io::Error::other)?;
+        self.ctrl.set_memory(self.mem.clone());
+        Ok(Some(iova))
+    }
+
+    fn unmap_external(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        let mem = self.mem.without_region(iova, len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no external mapping at {iova:#x}+{len:#x}"))
+        })?;
+        self.mem = mem;
+        self.ctrl.set_memory(self.mem.clone());
         Ok(())
     }
 

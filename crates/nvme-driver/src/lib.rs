@@ -9,11 +9,18 @@
 //! [`IoQueue::write`], ...). Shadow doorbells with EventIdx are used when the
 //! controller offers Doorbell Buffer Config ([`doorbell`] holds the protocol).
 //!
+//! With the `backend` feature (on by default), [`backend::NvmeBackend`] serves a
+//! namespace of the controller the driver drives as a `block_backend::Backend` — the
+//! `nvme://` namespace kind, zero copy where the transport can share the front's
+//! guest memory ([`Transport::map_external`]).
+//!
 //! Host access to DMA memory goes through `guest_mem::GuestMemory` over the same
 //! mappings the device reaches, so driver code needs no `unsafe`; only a transport
 //! that must call into the kernel directly (kernel VFIO) may.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "backend")]
+pub mod backend;
 pub mod command;
 pub mod dma;
 pub mod doorbell;
@@ -30,11 +37,11 @@ pub mod vfio_user;
 
 pub use command::{Completion, IoCommand, LbaRange};
 pub use dma::{DmaBuf, DmaPool};
-pub use driver::{CompletionMode, DriverOptions, NvmeDriver};
+pub use driver::{CompletionMode, DeviceHandle, DriverOptions, NvmeDriver};
 pub use error::DriverError;
 pub use identify::{ControllerInfo, NamespaceInfo, NsGeometry};
 #[cfg(feature = "in-process")]
 pub use in_process::{InProcessOptions, InProcessTransport};
 pub use queue::{IoQueue, QueueStats};
-pub use transport::{DirectDoorbell, DmaRegion, Transport};
+pub use transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
 pub use vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};

@@ -41,18 +41,48 @@ pub fn list_pages(n: u64) -> u64 {
 /// PRP list pages from `pool` when the transfer spans more than two pages.
 pub fn build(pool: &DmaPool, addr: u64, len: u64) -> Result<Prps> {
     let n = later_pages(addr, len).count() as u64;
+    with_entries(pool, addr, n, later_pages(addr, len))
+}
+
+/// Whether a transfer made of `segs` — `(address, length)` pieces, in order — can be
+/// described by PRPs: the first piece may start anywhere dword aligned, every later
+/// one must start on a page boundary, and every piece but the last must end on one.
+/// Empty pieces are not allowed.
+pub fn segments_fit(segs: &[(u64, u64)]) -> bool {
+    let Some(&(first, _)) = segs.first() else { return false };
+    let last = segs.len() - 1;
+    first.is_multiple_of(4)
+        && segs.iter().enumerate().all(|(i, &(a, n))| {
+            n > 0 && (i == 0 || a.is_multiple_of(PAGE)) && (i == last || (a + n).is_multiple_of(PAGE))
+        })
+}
+
+/// Builds the data pointer for a transfer made of `segs` (device addresses, see
+/// [`segments_fit`], which must hold), with list pages from `pool` when needed.
+pub fn build_segments(pool: &DmaPool, segs: &[(u64, u64)]) -> Result<Prps> {
+    debug_assert!(segments_fit(segs));
+    let (first, first_len) = segs[0];
+    // Every page of the transfer after the one PRP1 points into.
+    let later = || {
+        let rest = segs[1..].iter().flat_map(|&(a, n)| (a..a + n).step_by(PAGE as usize));
+        later_pages(first, first_len).chain(rest)
+    };
+    with_entries(pool, first, later().count() as u64, later())
+}
+
+/// PRP1 = `prp1`; the `n` entries of `entries` go in PRP2 (one) or a PRP list.
+fn with_entries(pool: &DmaPool, prp1: u64, n: u64, mut entries: impl Iterator<Item = u64>) -> Result<Prps> {
     match n {
-        0 => return Ok(Prps { prp1: addr, prp2: 0, list: None }),
+        0 => return Ok(Prps { prp1, prp2: 0, list: None }),
         1 => {
-            let p2 = later_pages(addr, len).next().expect("one page");
-            return Ok(Prps { prp1: addr, prp2: p2, list: None });
+            let p2 = entries.next().expect("one page");
+            return Ok(Prps { prp1, prp2: p2, list: None });
         }
         _ => {}
     }
     let pages = list_pages(n);
     let list = pool.alloc(pages * PAGE)?;
     let mut bytes = Vec::with_capacity((pages * PAGE) as usize);
-    let mut entries = later_pages(addr, len);
     let mut left = n;
     for p in 1..=pages {
         // Every page but the last holds PER_PAGE - 1 entries and the chain pointer.
@@ -67,7 +97,7 @@ pub fn build(pool: &DmaPool, addr: u64, len: u64) -> Result<Prps> {
         bytes.extend_from_slice(&(list.iova() + p * PAGE).to_le_bytes());
     }
     list.write_at(0, &bytes)?;
-    Ok(Prps { prp1: addr, prp2: list.iova(), list: Some(list) })
+    Ok(Prps { prp1, prp2: list.iova(), list: Some(list) })
 }
 
 #[cfg(test)]
@@ -135,6 +165,43 @@ mod tests {
         check(BASE, 3 * PAGE);
         check(BASE + 8, 64 * PAGE);
         check(BASE, 1 << 20); // 256 pages: one list page
+    }
+
+    /// Walks the PRPs of a segmented transfer and checks they name its bytes in order.
+    fn check_segments(segs: &[(u64, u64)]) {
+        let pool = pool();
+        let len = segs.iter().map(|s| s.1).sum();
+        let p = build_segments(&pool, segs).unwrap();
+        let got = walk(pool.mem(), &p, len);
+        // Expand both to byte runs split at page boundaries and compare.
+        let split = |v: &[(u64, u64)]| {
+            let mut out = vec![];
+            for &(a, n) in v {
+                let mut cur = a;
+                while cur < a + n {
+                    let end = ((cur / PAGE + 1) * PAGE).min(a + n);
+                    out.push((cur, end - cur));
+                    cur = end;
+                }
+            }
+            out
+        };
+        assert_eq!(split(&got), split(segs), "{segs:x?}");
+    }
+
+    #[test]
+    fn segmented_transfers() {
+        let far = 0x7_0000_0000;
+        assert!(segments_fit(&[(0x1200, 0xe00), (far, PAGE), (0x9000, 0x10)]));
+        assert!(!segments_fit(&[(0x1200, 0xd00), (far, PAGE)]), "first piece ends mid-page");
+        assert!(!segments_fit(&[(0x1000, PAGE), (far + 8, PAGE)]), "later piece starts mid-page");
+        assert!(!segments_fit(&[(0x1202, 0x10)]), "not dword aligned");
+        assert!(!segments_fit(&[]));
+        check_segments(&[(BASE + 0x200, 0x200)]);
+        check_segments(&[(BASE + 0x200, 0xe00), (far, 0x10)]);
+        check_segments(&[(BASE + 0x200, 0xe00), (far, 3 * PAGE), (BASE + 0x10_0000, 0x800)]);
+        let many: Vec<(u64, u64)> = (0..600).map(|i| (far + i * 3 * PAGE, PAGE)).collect();
+        check_segments(&many); // 599 entries: a chained list
     }
 
     #[test]

@@ -7,15 +7,14 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
-use nvme_spec::{Cqe, CQE_SIZE, SQE_SIZE};
+use nvme_spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
 use tracing::warn;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
 use zerocopy::little_endian::U32;
 
 use crate::command::{self, opcode_name, Completion, IoCommand, LbaRange, Prepared};
@@ -48,8 +47,16 @@ struct Inflight {
 
 #[derive(Debug)]
 struct Irq {
-    fd: EventFd,
+    fd: OwnedFd,
     epoll: Epoll,
+}
+
+impl Irq {
+    /// Resets the eventfd's counter; true if it had been signalled.
+    fn clear(&self) -> bool {
+        let mut b = [0u8; 8];
+        matches!(rustix::io::read(&self.fd, &mut b), Ok(8))
+    }
 }
 
 /// Where a queue pair lives and how it is reached (built by the driver).
@@ -65,7 +72,7 @@ pub(crate) struct QueueParts {
     pub pool: DmaPool,
     pub namespaces: Arc<[NsGeometry]>,
     pub mdts: Option<u64>,
-    pub irq: Option<EventFd>,
+    pub irq: Option<OwnedFd>,
     pub timeout: Duration,
 }
 
@@ -92,6 +99,9 @@ pub struct IoQueue {
     irq: Option<Irq>,
     timeout: Duration,
     stats: QueueStats,
+    /// With deferred doorbells: the SQ tail moved since the doorbell was last updated.
+    defer_sq_doorbell: bool,
+    sq_dirty: bool,
 }
 
 impl IoQueue {
@@ -127,6 +137,8 @@ impl IoQueue {
             irq,
             timeout: p.timeout,
             stats: QueueStats::default(),
+            defer_sq_doorbell: false,
+            sq_dirty: false,
         })
     }
 
@@ -172,6 +184,59 @@ impl IoQueue {
         self.namespaces.iter().find(|n| n.nsid == nsid).copied()
     }
 
+    /// The controller's Maximum Data Transfer Size in bytes (None: no limit).
+    pub fn mdts(&self) -> Option<u64> {
+        self.mdts
+    }
+
+    /// The CQ's interrupt eventfd (MSI-X vector = qid), when the queue completes by
+    /// interrupts. It is readable once the device has signalled; see
+    /// [`IoQueue::clear_interrupt`].
+    pub fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.irq.as_ref().map(|i| i.fd.as_fd())
+    }
+
+    /// Resets the interrupt eventfd (call it before looking at the CQ, so an
+    /// interrupt raised after the call is not lost); true if it had fired.
+    pub fn clear_interrupt(&mut self) -> bool {
+        let fired = self.irq.as_ref().is_some_and(Irq::clear);
+        if fired {
+            self.stats.interrupt_wakeups += 1;
+        }
+        fired
+    }
+
+    /// With `defer`, submissions only write SQ entries and [`IoQueue::ring_sq`]
+    /// publishes the tail once for the batch (one doorbell write for many commands).
+    /// Turning deferral off rings for anything still unpublished.
+    pub fn set_deferred_doorbell(&mut self, defer: bool) -> Result<()> {
+        self.defer_sq_doorbell = defer;
+        if !defer {
+            self.ring_sq()?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the SQ tail if submissions moved it since the last update.
+    pub fn ring_sq(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.sq_dirty) {
+            self.sq_db.update(self.sq_tail as u32)?;
+        }
+        Ok(())
+    }
+
+    /// Submits an entry the caller built (opcode, NSID, data pointer, command
+    /// dwords); the command identifier is filled in and returned. `data` and `aux`
+    /// (a data buffer, a PRP list or a range list the entry points into) are held
+    /// until the command completes; `data` comes back in its [`Completion`]. For
+    /// data pointers into memory the driver did not allocate (see
+    /// [`crate::transport::Transport::map_external`]), the caller keeps that memory
+    /// reachable until the completion.
+    pub fn submit_sqe(&mut self, sqe: Sqe, data: Option<DmaBuf>, aux: Option<DmaBuf>) -> Result<u16> {
+        let opcode = sqe.opcode();
+        self.submit_prepared(Prepared { sqe, data, aux }, opcode)
+    }
+
     /// Writes `cmd` into the SQ and updates the tail doorbell; returns its command
     /// identifier. On error the command (and its buffer) is dropped.
     pub fn submit(&mut self, cmd: IoCommand) -> Result<u16> {
@@ -196,7 +261,11 @@ impl IoQueue {
         self.inflight[cid as usize] = Some(Inflight { opcode, data: p.data, aux: p.aux });
         self.sq_tail = (self.sq_tail + 1) % self.entries;
         self.stats.submitted += 1;
-        self.sq_db.update(self.sq_tail as u32)?;
+        if self.defer_sq_doorbell {
+            self.sq_dirty = true;
+        } else {
+            self.sq_db.update(self.sq_tail as u32)?;
+        }
         Ok(cid)
     }
 
@@ -262,6 +331,8 @@ impl IoQueue {
     }
 
     fn wait_reap(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        // Nothing deferred may stay unpublished while we wait for it.
+        self.ring_sq()?;
         let deadline = Instant::now() + self.timeout;
         let mut spins = 0u32;
         loop {
@@ -290,7 +361,7 @@ impl IoQueue {
                     } else {
                         // Reset the counter before reaping: an interrupt raised after this
                         // read is seen by the next wait, so none is lost.
-                        let _ = irq.fd.read();
+                        irq.clear();
                         self.stats.interrupt_wakeups += 1;
                     }
                 }

@@ -5,9 +5,10 @@
 #![forbid(unsafe_code)]
 
 use std::io;
+use std::os::fd::OwnedFd;
 
 use guest_mem::GuestMemory;
-use vmm_sys_util::eventfd::EventFd;
+use rustix::event::{eventfd, EventfdFlags};
 
 /// DMA memory shared with the device.
 #[derive(Clone, Debug)]
@@ -55,10 +56,38 @@ pub trait Transport: Send + std::fmt::Debug {
     /// DMA memory shared with the device: a region the device can reach at `iova`,
     /// zero filled, at least `len` bytes, page aligned.
     fn dma_alloc(&mut self, len: u64) -> io::Result<DmaRegion>;
-    /// One eventfd per interrupt vector `0..n` (MSI-X), signalled by the device.
-    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<EventFd>>;
+    /// One eventfd per interrupt vector `0..n` (MSI-X), signalled by the device
+    /// (non-blocking, made with [`new_eventfd`]).
+    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<OwnedFd>>;
     /// A function-level reset of the device.
     fn reset(&mut self) -> io::Result<()>;
     /// One line saying what this transport is connected to, for logs and reports.
     fn describe(&self) -> String;
+    /// Makes `[gpa, gpa + len)` of `mem` reachable by the device without copying:
+    /// memory the driver did not get from [`Transport::dma_alloc`], typically a
+    /// virtual machine's RAM that another device handed us. The range lies inside
+    /// one region of `mem`. Returns the IOVA at which the device sees `gpa`, chosen
+    /// by the transport so it collides with nothing else it maps, or `None` when
+    /// this transport cannot share that memory (the caller then copies through DMA
+    /// memory instead). The mapping lasts until [`Transport::unmap_external`].
+    fn map_external(&mut self, mem: &GuestMemory, gpa: u64, len: u64) -> io::Result<Option<u64>> {
+        let _ = (mem, gpa, len);
+        Ok(None)
+    }
+    /// Ends a mapping made by [`Transport::map_external`] (`iova`, `len` as mapped).
+    fn unmap_external(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        let _ = (iova, len);
+        Ok(())
+    }
+    /// A descriptor that reports hang-up (POLLHUP / POLLRDHUP) once the device is
+    /// gone for good (vfio-user: the socket, when the server goes away). `None` if
+    /// the transport has none.
+    fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {
+        Ok(None)
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd (interrupt vectors, wake-ups).
+pub fn new_eventfd() -> io::Result<OwnedFd> {
+    Ok(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?)
 }

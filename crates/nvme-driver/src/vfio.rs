@@ -17,6 +17,11 @@
 //!   allocation larger than one huge page must land on physically contiguous huge
 //!   pages or it fails; reserve pages first (`echo 64 > /proc/sys/vm/nr_hugepages`).
 //!
+//! External memory ([`Transport::map_external`], zero copy for the `nvme://` backend):
+//! in IOMMU mode the region's host address is mapped with `VFIO_IOMMU_MAP_DMA` (the
+//! kernel pins it) at an IOVA from the same bump allocator; no-IOMMU mode declines
+//! and the caller copies.
+//!
 //! Interrupts are MSI-X vectors wired to eventfds with `VFIO_DEVICE_SET_IRQS`.
 //! Registers are 32-bit volatile accesses to the BAR0 mapping (64-bit registers as two
 //! halves, low first, as Linux's `lo_hi_writeq` does); if the kernel refuses to mmap
@@ -35,6 +40,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
 use guest_mem::{GuestMemory, Mapping};
 use tracing::{debug, info, warn};
 use vfio_bindings::bindings::vfio::{
@@ -45,9 +51,6 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
     VFIO_REGION_INFO_FLAG_MMAP, VFIO_TYPE,
 };
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-use crate::transport::{DirectDoorbell, DmaRegion, Transport};
 
 // ---- ioctl numbers (linux/vfio.h: `_IO(VFIO_TYPE, VFIO_BASE + n)`; bindgen does not
 // translate the macros, so they are computed here and checked in the tests).
@@ -178,7 +181,7 @@ impl BarMapping {
     fn reg(&self, off: u64) -> io::Result<*mut u32> {
         let o = usize::try_from(off)
             .ok()
-            .filter(|o| o % 4 == 0 && o.checked_add(4).is_some_and(|e| e <= self.len));
+            .filter(|o| o.is_multiple_of(4) && o.checked_add(4).is_some_and(|e| e <= self.len));
         let o =
             o.ok_or_else(|| invalid(format!("BAR0 offset {off:#x} is unaligned or beyond {:#x}", self.len)))?;
         Ok(self.ptr.wrapping_add(o).cast())
@@ -245,6 +248,16 @@ struct DmaMapping {
     in_iommu: bool,
 }
 
+/// Memory from outside the driver mapped with [`Transport::map_external`].
+#[derive(Debug)]
+struct ExternalMapping {
+    iova: u64,
+    size: u64,
+    /// The snapshot the range belongs to, held so the host mapping the IOMMU was
+    /// given stays in place (and its address is not reused) until the unmap.
+    _mem: GuestMemory,
+}
+
 /// An NVMe function bound to vfio-pci.
 #[derive(Debug)]
 pub struct KernelVfioTransport {
@@ -257,6 +270,7 @@ pub struct KernelVfioTransport {
     irqs_enabled: u16,
     next_iova: u64,
     dma: Vec<DmaMapping>,
+    external: Vec<ExternalMapping>,
     bar0: Bar0,
     // Closed in this order: device, group, container.
     device: File,
@@ -437,6 +451,7 @@ impl KernelVfioTransport {
             irqs_enabled: 0,
             next_iova: IOVA_BASE,
             dma: Vec::new(),
+            external: Vec::new(),
             bar0,
             device,
             _group: group,
@@ -515,6 +530,19 @@ impl KernelVfioTransport {
         let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;
         debug!(iova = format_args!("{iova:#x}"), size, "DMA memory mapped through the IOMMU");
         Ok(DmaRegion { iova, len: size, mem })
+    }
+
+    fn iommu_unmap(&self, iova: u64, size: u64) -> io::Result<()> {
+        let mut u = vfio_iommu_type1_dma_unmap {
+            argsz: argsz::<vfio_iommu_type1_dma_unmap>(),
+            iova,
+            size,
+            ..Default::default()
+        };
+        // SAFETY: `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names (no
+        // dirty bitmap requested, so no trailing data).
+        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, "VFIO_IOMMU_UNMAP_DMA") }?;
+        Ok(())
     }
 
     fn dma_alloc_noiommu(&mut self, len: u64) -> io::Result<DmaRegion> {
@@ -611,7 +639,7 @@ impl Transport for KernelVfioTransport {
         }
     }
 
-    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<EventFd>> {
+    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<OwnedFd>> {
         if u32::from(n) > self.msix_vectors {
             return Err(invalid(format!(
                 "{} has {} MSI-X vectors, {n} requested",
@@ -623,7 +651,7 @@ impl Transport for KernelVfioTransport {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let fds = (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<io::Result<Vec<_>>>()?;
+        let fds = (0..n).map(|_| new_eventfd()).collect::<io::Result<Vec<_>>>()?;
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         self.set_irqs(VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, &raw)?;
         self.irqs_enabled = n;
@@ -641,6 +669,57 @@ impl Transport for KernelVfioTransport {
         // vfio-pci restores the saved config space after the reset; make sure the
         // device may still master the bus.
         self.enable_bus_master()
+    }
+
+    /// IOMMU mode: VFIO_IOMMU_MAP_DMA of the range's host address, at an IOVA from
+    /// the same bump allocator as DMA memory (so the two never overlap, and both stay
+    /// within the IOMMU's address width). The kernel pins the pages. No-IOMMU mode
+    /// cannot do this (the device would need physical addresses of memory that is
+    /// neither pinned nor contiguous): `None`, and the caller copies.
+    fn map_external(&mut self, mem: &GuestMemory, gpa: u64, len: u64) -> io::Result<Option<u64>> {
+        if self.noiommu || len == 0 || !gpa.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+            return Ok(None);
+        }
+        let mut host = Vec::new();
+        mem.host_ranges(gpa, len, &mut host)?;
+        let [range] = host[..] else { return Ok(None) };
+        let vaddr = range.ptr as u64;
+        if !vaddr.is_multiple_of(PAGE) {
+            return Ok(None);
+        }
+        let align = if len >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
+        let iova = align_up(self.next_iova, align)
+            .filter(|i| i.checked_add(len).is_some())
+            .ok_or_else(|| io::Error::other("IOVA space exhausted"))?;
+        let mut m = vfio_iommu_type1_dma_map {
+            argsz: argsz::<vfio_iommu_type1_dma_map>(),
+            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+            vaddr,
+            iova,
+            size: len,
+        };
+        // SAFETY: `m` is a live vfio_iommu_type1_dma_map of the size argsz names. The
+        // range it names is a mapping of guest memory that `mem` keeps alive; the clone
+        // stored below holds it until the IOMMU mapping is removed.
+        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }?;
+        self.next_iova = iova + len;
+        self.external.push(ExternalMapping { iova, size: len, _mem: mem.clone() });
+        debug!(
+            gpa = format_args!("{gpa:#x}"),
+            iova = format_args!("{iova:#x}"),
+            len,
+            "external memory mapped"
+        );
+        Ok(Some(iova))
+    }
+
+    fn unmap_external(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        let i = self.external.iter().position(|e| e.iova == iova && e.size == len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no external mapping at {iova:#x}+{len:#x}"))
+        })?;
+        self.iommu_unmap(iova, len)?;
+        self.external.remove(i);
+        Ok(())
     }
 
     fn describe(&self) -> String {
@@ -663,21 +742,16 @@ impl Drop for KernelVfioTransport {
         if let Err(e) = self.disable_interrupts() {
             warn!("{}: disabling MSI-X: {e}", self.bdf);
         }
-        for d in self.dma.drain(..).filter(|d| d.in_iommu) {
-            let mut u = vfio_iommu_type1_dma_unmap {
-                argsz: argsz::<vfio_iommu_type1_dma_unmap>(),
-                iova: d.iova,
-                size: d.size,
-                ..Default::default()
-            };
-            let what = "VFIO_IOMMU_UNMAP_DMA";
-            // SAFETY: `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names
-            // (no dirty bitmap requested, so no trailing data).
-            let r = unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, what) };
-            if let Err(e) = r {
+        let ranges: Vec<(u64, u64)> = (self.dma.iter().filter(|d| d.in_iommu).map(|d| (d.iova, d.size)))
+            .chain(self.external.iter().map(|e| (e.iova, e.size)))
+            .collect();
+        for (iova, size) in ranges {
+            if let Err(e) = self.iommu_unmap(iova, size) {
                 warn!("{}: {e}", self.bdf);
             }
         }
+        self.dma.clear();
+        self.external.clear();
     }
 }
 

@@ -5,7 +5,11 @@
 //! - DMA memory: a memfd per allocation, mapped here and shared with DMA_MAP at an
 //!   IOVA from a bump allocator (2 MiB aligned chunks, a 2 MiB hole after each so an
 //!   overrun faults instead of landing in the next region).
+//! - External memory ([`Transport::map_external`], zero copy for the `nvme://`
+//!   backend): DMA_MAP of the region's own file descriptor at an IOVA from a separate
+//!   window ([`EXTERNAL_IOVA_BASE`]); DMA_UNMAP when it is no longer used.
 //! - Interrupts: MSI-X eventfds installed with DEVICE_SET_IRQS.
+//! - Hang-up: a second handle on the socket reports the server going away.
 //! - Doorbells, by [`DoorbellMode`]:
 //!   - `Trapped`: a posted REGION_WRITE (No_reply), like QEMU's default.
 //!   - `Sync`: a REGION_WRITE that waits for the server's reply.
@@ -21,7 +25,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,11 +38,10 @@ use tracing::{debug, info};
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
 use vfio_user::Command;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::transport::{DirectDoorbell, DmaRegion, Transport};
+use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
 
 /// How doorbell writes reach the server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,6 +88,10 @@ impl Default for VfioUserOptions {
 /// First IOVA handed out; 0 stays unused so a zero address is never valid.
 const IOVA_BASE: u64 = 1 << 32;
 const CHUNK: u64 = 2 << 20;
+/// First IOVA of memory shared with [`Transport::map_external`] (another device's
+/// guest RAM): a window of its own, 1 TiB up, far above anything `dma_alloc` hands out
+/// from 4 GiB, so the two can never meet.
+pub const EXTERNAL_IOVA_BASE: u64 = 1 << 40;
 
 /// `VFIO_USER_IO_FD_FLAG_DATAMATCH`: the eventfd fires only for writes of `datamatch`.
 const IO_FD_FLAG_DATAMATCH: u32 = 1 << 0;
@@ -102,6 +109,10 @@ pub struct VfioUserTransport {
     mapped: Option<GuestMemory>,
     /// ioeventfds by BAR0 offset, with their datamatch value (EventFd mode).
     io_fds: HashMap<u64, (Arc<File>, Option<u64>)>,
+    /// Next IOVA for external memory (bump allocated from [`EXTERNAL_IOVA_BASE`]).
+    next_external: u64,
+    /// A second handle on the socket, for hang-up detection.
+    hangup: Option<UnixStream>,
 }
 
 fn client_err(e: ClientError) -> io::Error {
@@ -120,6 +131,7 @@ impl VfioUserTransport {
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
         stream.set_read_timeout(opts.socket_timeout)?;
         stream.set_write_timeout(opts.socket_timeout)?;
+        let hangup = stream.try_clone().ok();
         let mut client = Client::from_stream(stream).map_err(client_err)?;
         let info = client.device_info().map_err(client_err)?;
         if info.flags.get() & DEVICE_FLAGS_PCI == 0 || info.num_regions.get() <= REGION_CONFIG {
@@ -138,6 +150,8 @@ impl VfioUserTransport {
             dma_bytes: 0,
             mapped: None,
             io_fds: HashMap::new(),
+            next_external: EXTERNAL_IOVA_BASE,
+            hangup,
         };
         // PCI Command: Memory Space Enable | Bus Master Enable.
         let cmd = t.config_read16(0x04)?;
@@ -378,7 +392,7 @@ impl Transport for VfioUserTransport {
         Ok(DmaRegion { iova, len: size, mem })
     }
 
-    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<EventFd>> {
+    fn enable_interrupts(&mut self, n: u16) -> io::Result<Vec<OwnedFd>> {
         let info = self.client.irq_info(IRQ_INDEX_MSIX).map_err(client_err)?;
         if (n as u32) > info.count.get() {
             return Err(io::Error::other(format!(
@@ -386,7 +400,7 @@ impl Transport for VfioUserTransport {
                 info.count.get()
             )));
         }
-        let fds = (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<io::Result<Vec<_>>>()?;
+        let fds = (0..n).map(|_| new_eventfd()).collect::<io::Result<Vec<_>>>()?;
         self.client.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &fds).map_err(client_err)?;
         // MSI-X Enable in the capability's Message Control (what the kernel's vfio-pci
         // does for a VFIO user when it installs MSI-X eventfds).
@@ -408,6 +422,44 @@ impl Transport for VfioUserTransport {
 
     fn reset(&mut self) -> io::Result<()> {
         self.client.reset().map_err(client_err)
+    }
+
+    /// DMA_MAP of the region's own file descriptor: the server maps the very pages
+    /// the range lives in. Needs an fd-backed region (a VMM's memfd RAM) and page
+    /// alignment of the range and its file offset; anything else returns `None`.
+    fn map_external(&mut self, mem: &GuestMemory, gpa: u64, len: u64) -> io::Result<Option<u64>> {
+        const PAGE: u64 = 4096;
+        let Some(src) = mem.region_sources().find(|r| r.gpa <= gpa && gpa - r.gpa < r.len) else {
+            return Ok(None);
+        };
+        let Some((fd, off)) = src.fd else { return Ok(None) };
+        let off = off + (gpa - src.gpa);
+        let fits = len > 0 && len <= src.len - (gpa - src.gpa);
+        if !fits || !gpa.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || !off.is_multiple_of(PAGE) {
+            return Ok(None);
+        }
+        let iova = self.next_external;
+        let next = len
+            .checked_next_multiple_of(CHUNK)
+            .and_then(|l| iova.checked_add(l + CHUNK))
+            .ok_or_else(|| io::Error::other("external IOVA window exhausted"))?;
+        self.client.dma_map(iova, len, Some(fd), off).map_err(client_err)?;
+        self.next_external = next;
+        debug!(
+            gpa = format_args!("{gpa:#x}"),
+            iova = format_args!("{iova:#x}"),
+            len,
+            "external memory shared"
+        );
+        Ok(Some(iova))
+    }
+
+    fn unmap_external(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        self.client.dma_unmap(iova, len).map_err(client_err)
+    }
+
+    fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {
+        self.hangup.as_ref().map(|s| s.try_clone().map(OwnedFd::from)).transpose()
     }
 
     fn describe(&self) -> String {

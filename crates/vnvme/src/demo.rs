@@ -18,11 +18,12 @@ pub fn run(
     commands: u32,
     shadow: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
-        namespaces: specs
+        namespaces: opened
             .iter()
-            .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
-            .collect::<std::io::Result<_>>()?,
+            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
+            .collect(),
         ..Default::default()
     };
     if !(1..=cfg.max_io_queues).contains(&queues) {
@@ -58,9 +59,9 @@ pub fn run(
         let nsze = u64::from_le_bytes(ns[0..8].try_into()?);
         let lbads = ns[128 + 4 * (ns[26] & 0xf) as usize + 2];
         println!(
-            "namespace {nsid}: {:?} {} MiB, {} x {} B blocks",
-            s.kind,
-            s.size >> 20,
+            "namespace {nsid}: {} {} MiB, {} x {} B blocks",
+            s.describe(),
+            opened[i].backend.info().size >> 20,
             nsze,
             1u32 << lbads
         );
@@ -69,7 +70,7 @@ pub fn run(
     // Write a pattern, read it back, compare: on every namespace, through every queue.
     for (i, s) in specs.iter().enumerate() {
         let nsid = i as u32 + 1;
-        let lba = if s.lba_format == 0 { 512 } else { 4096 };
+        let lba = if opened[i].lba_format == 0 { 512 } else { 4096 };
         let data: Vec<u8> = (0..64 * 1024u32).map(|x| (x.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         for q in 1..=queues {
             let slba = (q as u64 - 1) * (data.len() / lba as usize) as u64;
@@ -90,9 +91,9 @@ pub fn run(
 
     println!("\n4 KiB random reads on queue 1, namespace 1 ({commands} commands per queue depth):");
     println!("{:>4} {:>12} {:>22} {:>16}", "QD", "commands/s", "trapped doorbells/cmd", "interrupts/cmd");
-    let lba = if specs[0].lba_format == 0 { 512u32 } else { 4096 };
+    let lba = if opened[0].lba_format == 0 { 512u32 } else { 4096 };
     let nlb = 4096 / lba;
-    let blocks = specs[0].size / lba as u64;
+    let blocks = opened[0].backend.info().size / lba as u64;
     let buf = h.alloc.alloc_pages(1);
     for qd in [1u32, 4, 16, 64] {
         let before = h.ctrl.stats();

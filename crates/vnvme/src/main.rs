@@ -27,8 +27,18 @@ enum Cmd {
         /// UNIX socket path to listen on (a stale socket file is replaced).
         #[arg(long)]
         socket: std::path::PathBuf,
-        /// Namespaces: ram:SIZE, null:SIZE or file:PATH:SIZE, each with an optional
-        /// :lba=512 or :lba=4096. Repeat for several namespaces.
+        /// Namespaces (repeat for several):
+        ///   ram:SIZE | null:SIZE | file:PATH[:SIZE] | nvme://...
+        /// file: a regular file (created or extended to SIZE) or a block device, on
+        /// io_uring with O_DIRECT when the file system allows it.
+        /// nvme:///path/to/vfio-user.sock?ns=1 or nvme://0000:01:00.0?ns=1: a namespace
+        /// of another NVMe controller through the userspace driver (query options:
+        /// ns, queues, depth, doorbells, poll).
+        /// Options after the kind, each as :NAME=VALUE:
+        ///   lba=512|4096, direct=auto|on|off and engine=uring|sync (file),
+        ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N] (repeatable; OP read,
+        ///   write, flush, discard or any; ERROR eio, enospc, short, gone or rofs).
+        /// Examples: ram:1G, file:disk.img:8G:lba=4096, ram:64M:fault=read/eio/lba=2048+8
         #[arg(long = "ns", default_value = "ram:1G")]
         namespaces: Vec<nsspec::NsSpec>,
         /// I/O worker threads; each owns the queues assigned to it.

@@ -1,37 +1,120 @@
-//! Parsing namespace specifications given on the command line.
+//! Parsing namespace specifications given on the command line, and opening them.
+//!
+//! ```text
+//! ram:SIZE[:OPT...]               RAM, zero filled
+//! null:SIZE[:OPT...]              reads return zeroes, writes are dropped
+//! file:PATH[:SIZE][:OPT...]       a regular file (created or extended to SIZE) or a
+//!                                 block device, on io_uring
+//! nvme://...                      a namespace of another NVMe controller, through the
+//!                                 userspace driver (see `vnvme serve --help`)
+//!
+//! OPT: lba=512|4096        LBA size (default: 512, or the backend's block size)
+//!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it)
+//!      engine=uring|sync   file: io_uring (default) or plain pread/pwrite
+//!      fault=RULE          inject failures (repeatable), RULE = OP/ERROR[/lba=S+N]
+//!                          [/after=N][/count=N], e.g. fault=read/eio/lba=2048+8
+//! ```
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use block_backend::{Backend, FileBackend, NullBackend, RamBackend};
+use block_backend::{
+    Backend, DirectMode, FaultBackend, FaultRule, FileBackend, NullBackend, RamBackend, UringBackend,
+    UringOptions,
+};
 
-/// `ram:SIZE[:lba=512|4096]`, `null:SIZE[:...]` or `file:PATH:SIZE[:...]`.
+/// One `--ns` argument.
 #[derive(Clone, Debug)]
 pub struct NsSpec {
     pub kind: Kind,
-    pub size: u64,
-    /// LBA format index: 0 = 512 B, 1 = 4 KiB.
-    pub lba_format: u8,
+    /// Size for RAM and null namespaces, and the size to create a file at.
+    pub size: Option<u64>,
+    /// LBA format index (0 = 512 B, 1 = 4 KiB); `None` picks the smallest the
+    /// backend supports.
+    pub lba_format: Option<u8>,
+    pub direct: DirectMode,
+    pub engine: Engine,
+    pub faults: Vec<FaultRule>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
     Ram,
     Null,
-    /// A file (created at the given size if it does not exist).
-    File(std::path::PathBuf),
+    /// A regular file or a block device.
+    File(PathBuf),
+    /// `nvme://` URI, handed to the userspace driver.
+    Nvme(String),
+}
+
+/// How a file namespace does its I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Engine {
+    #[default]
+    Uring,
+    Sync,
+}
+
+/// An opened namespace: its backend and LBA format.
+pub struct Opened {
+    pub backend: Arc<dyn Backend>,
+    pub lba_format: u8,
 }
 
 impl NsSpec {
-    pub fn backend(&self) -> std::io::Result<Arc<dyn Backend>> {
-        Ok(match &self.kind {
-            Kind::Ram => Arc::new(RamBackend::new(self.size)),
-            Kind::Null => Arc::new(NullBackend::new(self.size)),
-            Kind::File(p) => Arc::new(
-                FileBackend::open(p, Some(self.size))
-                    .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?,
+    /// Opens the backend and settles the LBA format.
+    pub fn open(&self) -> std::io::Result<Opened> {
+        let ctx = |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
+        let backend: Arc<dyn Backend> = match &self.kind {
+            Kind::Ram => Arc::new(RamBackend::new(self.size.expect("parsed with a size"))),
+            Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
+            Kind::File(p) => match self.engine {
+                Engine::Uring => {
+                    let opts =
+                        UringOptions { direct: self.direct, create_size: self.size, ..Default::default() };
+                    Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
+                }
+                Engine::Sync => {
+                    Arc::new(FileBackend::open(p, self.size).map_err(|e| ctx(&p.display().to_string(), e))?)
+                }
+            },
+            Kind::Nvme(uri) => Arc::new(
+                nvme_driver::backend::NvmeBackend::open(uri)
+                    .map_err(|e| std::io::Error::other(format!("{uri}: {e}")))?,
             ),
-        })
+        };
+        let info = backend.info();
+        let lba_format = match self.lba_format {
+            Some(f) => f,
+            // The smallest LBA that is a multiple of the backend's block size.
+            None if info.block_size > 512 => 1,
+            None => 0,
+        };
+        let lba = if lba_format == 0 { 512 } else { 4096 };
+        if info.size < lba || !info.size.is_multiple_of(lba) {
+            return Err(std::io::Error::other(format!(
+                "{}: size {} is not a non-zero multiple of the {lba}-byte LBA",
+                info.kind, info.size
+            )));
+        }
+        let backend = if self.faults.is_empty() {
+            backend
+        } else {
+            let rules = self.faults.iter().cloned().map(|r| r.lba_size(lba)).collect();
+            Arc::new(FaultBackend::new(backend, rules))
+        };
+        Ok(Opened { backend, lba_format })
+    }
+
+    /// A short description for logs.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Ram => format!("ram {}", self.size.unwrap_or(0)),
+            Kind::Null => format!("null {}", self.size.unwrap_or(0)),
+            Kind::File(p) => format!("file {} ({:?})", p.display(), self.engine),
+            Kind::Nvme(u) => u.clone(),
+        }
     }
 }
 
@@ -58,29 +141,72 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 impl FromStr for NsSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut parts = s.split(':');
-        let kind = match parts.next().unwrap_or_default() {
+        let mut spec = NsSpec {
+            kind: Kind::Ram,
+            size: None,
+            lba_format: None,
+            direct: DirectMode::Auto,
+            engine: Engine::Uring,
+            faults: Vec::new(),
+        };
+        if s.starts_with("nvme://") {
+            spec.kind = Kind::Nvme(s.to_string());
+            return Ok(spec);
+        }
+        let mut parts = s.split(':').peekable();
+        spec.kind = match parts.next().unwrap_or_default() {
             "ram" => Kind::Ram,
             "null" => Kind::Null,
             "file" => Kind::File(
-                parts.next().filter(|p| !p.is_empty()).ok_or("file needs a path: file:PATH:SIZE")?.into(),
+                parts.next().filter(|p| !p.is_empty()).ok_or("file needs a path: file:PATH[:SIZE]")?.into(),
             ),
-            k => return Err(format!("unknown namespace kind {k:?} (expected ram, null or file)")),
+            k => return Err(format!("unknown namespace kind {k:?} (expected ram, null, file or nvme://)")),
         };
-        let size = parse_size(parts.next().ok_or("missing size, e.g. ram:64M")?)?;
-        let mut lba_format = 0;
+        // The size: required for ram and null, optional for an existing file.
+        match parts.peek() {
+            Some(p) if !p.contains('=') => spec.size = Some(parse_size(parts.next().expect("peeked"))?),
+            _ if matches!(spec.kind, Kind::File(_)) => {}
+            _ => return Err("missing size, e.g. ram:64M".into()),
+        }
+        let is_file = matches!(spec.kind, Kind::File(_));
         for opt in parts {
             match opt.split_once('=') {
-                Some(("lba", "512")) => lba_format = 0,
-                Some(("lba", "4096")) => lba_format = 1,
-                _ => return Err(format!("unknown namespace option {opt:?} (expected lba=512 or lba=4096)")),
+                Some(("lba", "512")) => spec.lba_format = Some(0),
+                Some(("lba", "4096")) => spec.lba_format = Some(1),
+                Some(("lba", v)) => return Err(format!("lba={v}: the LBA size is 512 or 4096")),
+                Some(("direct", v)) if is_file => {
+                    spec.direct = match v {
+                        "auto" => DirectMode::Auto,
+                        "on" => DirectMode::On,
+                        "off" => DirectMode::Off,
+                        _ => return Err(format!("direct={v}: expected auto, on or off")),
+                    }
+                }
+                Some(("engine", v)) if is_file => {
+                    spec.engine = match v {
+                        "uring" => Engine::Uring,
+                        "sync" => Engine::Sync,
+                        _ => return Err(format!("engine={v}: expected uring or sync")),
+                    }
+                }
+                Some(("fault", v)) => spec.faults.push(v.parse()?),
+                _ => {
+                    return Err(format!(
+                        "unknown namespace option {opt:?} (expected lba=, fault={})",
+                        if is_file { ", direct=, engine=" } else { "" }
+                    ))
+                }
             }
         }
-        let lba = if lba_format == 0 { 512 } else { 4096 };
-        if size == 0 || size % lba != 0 {
-            return Err(format!("namespace size {size} is not a non-zero multiple of the {lba}-byte LBA"));
+        if let Some(size) = spec.size {
+            let lba = if spec.lba_format == Some(1) { 4096 } else { 512 };
+            if size == 0 || size % lba != 0 {
+                return Err(format!(
+                    "namespace size {size} is not a non-zero multiple of the {lba}-byte LBA"
+                ));
+            }
         }
-        Ok(NsSpec { kind, size, lba_format })
+        Ok(spec)
     }
 }
 
@@ -91,16 +217,45 @@ mod tests {
     #[test]
     fn parses_specs_and_rejects_bad_ones() {
         let n: NsSpec = "ram:64M".parse().unwrap();
-        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Ram, 64 << 20, 0));
+        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Ram, Some(64 << 20), None));
         let n: NsSpec = "null:1G:lba=4096".parse().unwrap();
-        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Null, 1 << 30, 1));
+        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Null, Some(1 << 30), Some(1)));
         assert!("disk:1G".parse::<NsSpec>().is_err());
         assert!("ram".parse::<NsSpec>().is_err());
+        assert!("ram:lba=512".parse::<NsSpec>().is_err(), "ram needs a size");
         assert!("ram:1000".parse::<NsSpec>().is_err(), "not a multiple of 512");
-        assert!("ram:1M:lba=1024".parse::<NsSpec>().is_err());
+        assert!("ram:1M:lba=1024".parse::<NsSpec>().unwrap_err().contains("512 or 4096"));
         assert!("ram:12Q".parse::<NsSpec>().is_err());
+        assert!("ram:1M:direct=on".parse::<NsSpec>().unwrap_err().contains("unknown namespace option"));
         let n: NsSpec = "file:disk.img:8M".parse().unwrap();
-        assert_eq!(n.kind, Kind::File("disk.img".into()));
+        assert_eq!((n.kind, n.size, n.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Uring));
         assert!("file::8M".parse::<NsSpec>().is_err());
+        // An existing file needs no size; options follow the path directly.
+        let n: NsSpec = "file:/dev/sdb:direct=on:engine=sync:lba=4096".parse().unwrap();
+        assert_eq!((n.size, n.direct, n.engine, n.lba_format), (None, DirectMode::On, Engine::Sync, Some(1)));
+        assert!("file:x:direct=maybe".parse::<NsSpec>().unwrap_err().contains("auto, on or off"));
+        let n: NsSpec = "ram:1M:fault=read/eio/lba=8+2:fault=flush/eio/count=1".parse().unwrap();
+        assert_eq!(n.faults.len(), 2);
+        assert!("ram:1M:fault=read/oops".parse::<NsSpec>().unwrap_err().contains("unknown error"));
+        let n: NsSpec = "nvme:///run/a.sock?ns=2".parse().unwrap();
+        assert_eq!(n.kind, Kind::Nvme("nvme:///run/a.sock?ns=2".into()));
+    }
+
+    #[test]
+    fn opens_with_the_lba_the_backend_needs_and_wraps_faults() {
+        let o = "ram:1M:fault=read/eio".parse::<NsSpec>().unwrap().open().unwrap();
+        assert_eq!(o.lba_format, 0);
+        assert!(o.backend.info().kind.contains("fault rule"), "{}", o.backend.info().kind);
+        let dir = std::env::temp_dir().join(format!("vnvme-nsspec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("a.img");
+        let o = format!("file:{}:1M", p.display()).parse::<NsSpec>().unwrap().open().unwrap();
+        assert_eq!(o.backend.info().size, 1 << 20);
+        // Reopened without a size, it keeps the size it has.
+        let o = format!("file:{}", p.display()).parse::<NsSpec>().unwrap().open().unwrap();
+        assert_eq!(o.backend.info().size, 1 << 20);
+        let e = format!("file:{}", dir.join("missing.img").display()).parse::<NsSpec>().unwrap().open();
+        assert!(e.is_err(), "a missing file without a size is an error");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -390,7 +390,10 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = ControllerConfig {
                 namespaces: namespaces
                     .iter()
-                    .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
+                    .map(|s| {
+                        let o = s.open()?;
+                        Ok(NamespaceConfig { backend: o.backend, lba_format: o.lba_format })
+                    })
                     .collect::<std::io::Result<_>>()?,
                 ..Default::default()
             };
@@ -608,7 +611,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
                         "in_process": true,
                         "namespaces": namespaces
                             .iter()
-                            .map(|n| json!({ "kind": format!("{:?}", n.kind), "bytes": n.size, "lba_format": n.lba_format }))
+                            .map(|n| json!({ "kind": n.describe(), "bytes": n.size, "lba_format": n.lba_format }))
                             .collect::<Vec<_>>(),
                         "workers": workers,
                         "poll": format!("{poll:?}").to_lowercase(),

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
-use tracing::info;
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
@@ -29,16 +28,16 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let opened = a.namespaces.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
         serial: a.serial.clone(),
         max_io_queues: a.queues,
         msix_vectors: a.queues + 1,
         shadow_doorbells: !a.no_shadow_doorbells,
-        namespaces: a
-            .namespaces
+        namespaces: opened
             .iter()
-            .map(|s| Ok(NamespaceConfig { backend: s.backend()?, lba_format: s.lba_format }))
-            .collect::<std::io::Result<_>>()?,
+            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
+            .collect(),
         ..Default::default()
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
@@ -58,8 +57,18 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut dev = Device::new(ctrl, irqs, opts)?;
     let listener = server::bind(&a.socket)?;
-    for (i, ns) in a.namespaces.iter().enumerate() {
-        info!(nsid = i + 1, kind = ?ns.kind, size = ns.size, "namespace");
+    for (i, o) in opened.iter().enumerate() {
+        let bi = o.backend.info();
+        eprintln!(
+            "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs, write cache {}, discard {}, write zeroes {})",
+            i + 1,
+            bi.kind,
+            bi.size,
+            if o.lba_format == 0 { 512 } else { 4096 },
+            if bi.volatile_cache { "volatile" } else { "none" },
+            if bi.discard { "yes" } else { "no" },
+            if bi.write_zeroes { "native" } else { "no" },
+        );
     }
     eprintln!(
         "vnvme: serving {} namespace(s) on {} ({} worker(s), polling {:?}, doorbells {:?}, {} queue pairs)",

@@ -4,131 +4,16 @@
 //! interrupts, Dataset Management, Write Zeroes, Flush, and the server's doorbell
 //! counters. Every child process is killed on drop and every wait is bounded.
 
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::process::Command;
 
 use nvme_driver::{
-    CompletionMode, DoorbellMode, DriverOptions, IoCommand, IoQueue, LbaRange, NvmeDriver, VfioUserOptions,
+    CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange, NvmeDriver, VfioUserOptions,
     VfioUserTransport,
 };
 use nvme_spec::Status;
-
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A `vnvme serve` child with a stats file, in its own temporary directory.
-struct Server {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    stats: PathBuf,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vnvme-driver-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temporary directory");
-        let socket = dir.join("s.sock");
-        let stats = dir.join("stats.json");
-        let log = File::create(dir.join("server.log")).expect("server log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vnvme"));
-        cmd.args(["--log", "info", "serve", "--socket"]).arg(&socket).arg("--stats-file").arg(&stats);
-        if !extra.contains(&"--ns") {
-            cmd.args(["--ns", "ram:64M"]);
-        }
-        let child = cmd
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn vnvme serve");
-        let mut s = Server { child, dir, socket, stats };
-        let deadline = Instant::now() + TIMEOUT;
-        while !s.socket.exists() {
-            if let Some(st) = s.child.try_wait().expect("wait") {
-                panic!("vnvme serve exited early ({st}):\n{}", s.log());
-            }
-            assert!(Instant::now() < deadline, "no socket within {TIMEOUT:?}:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        s
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-
-    fn driver(&self, doorbells: DoorbellMode, opts: DriverOptions) -> NvmeDriver {
-        let t = VfioUserTransport::connect(
-            &self.socket,
-            VfioUserOptions { doorbells, socket_timeout: Some(TIMEOUT) },
-        )
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()));
-        NvmeDriver::new(Box::new(t), opts).unwrap_or_else(|e| panic!("bring-up: {e}\n{}", self.log()))
-    }
-
-    /// The server's counters once its I/O command count has reached `io_commands`
-    /// (the stats file is rewritten twice a second; the wait is bounded).
-    fn stats_after(&self, io_commands: u64) -> serde_json::Value {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Ok(s) = std::fs::read_to_string(&self.stats) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&s) {
-                    if v["io_commands"].as_u64().unwrap_or(0) >= io_commands {
-                        return v;
-                    }
-                }
-            }
-            assert!(Instant::now() < deadline, "server stats never reached {io_commands} I/O commands");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("---- vnvme serve log ----\n{}", self.log());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn opts(io_queues: u16, shadow: bool, completion: CompletionMode) -> DriverOptions {
-    DriverOptions {
-        io_queues,
-        queue_size: 128,
-        shadow_doorbells: shadow,
-        completion,
-        pool_bytes: 16 << 20,
-        timeout: TIMEOUT,
-    }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64*).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
+use support::{opts, pattern, Server, TIMEOUT};
 
 /// Transfer sizes that exercise PRP1 only, PRP1 + PRP2, a PRP list, and a long list.
 const SIZES: [usize; 4] = [4096, 8192, 12288, 65536];

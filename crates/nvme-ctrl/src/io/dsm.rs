@@ -52,7 +52,6 @@ impl IoEngine {
         } else {
             Vec::new()
         };
-        let max = ns.info.discard_max;
-        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work, max))
+        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work))
     }
 }

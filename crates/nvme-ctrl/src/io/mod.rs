@@ -98,7 +98,7 @@ impl IoEngine {
     }
 
     /// Submits one backend request per `(offset, len)` range for a command that
-    /// moves no data, splitting ranges longer than `max` bytes (0: no limit).
+    /// moves no data, splitting ranges longer than the backend's limit for `op`.
     pub(crate) fn submit_ranges(
         &mut self,
         sqid: u16,
@@ -107,8 +107,12 @@ impl IoEngine {
         slba: u64,
         op: Op,
         ranges: &[(u64, u64)],
-        max: u64,
     ) -> Started {
+        let max = match op {
+            Op::Discard => ns.info.discard_max,
+            Op::WriteZeroes { .. } => ns.info.write_zeroes_max,
+            _ => 0,
+        };
         let mut work = Vec::with_capacity(ranges.len());
         for &(mut offset, mut len) in ranges {
             while len > 0 {

@@ -87,8 +87,7 @@ impl IoEngine {
             }
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
-                let max = ns.info.write_zeroes_max;
-                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)], max)
+                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)])
             }
             _ => unreachable!("dispatched by opcode"),
         };

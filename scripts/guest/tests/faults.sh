@@ -1,0 +1,75 @@
+# shellcheck shell=dash
+# The faults suite (scripts/guest-tests.sh, one boot): the host injects backend
+# failures (`--ns ...:fault=RULE`) and the guest sees the NVMe statuses, the logs
+# and the SMART warning they must produce, and keeps working around them.
+#   n1: ram, reads of LBAs 2048..2055 fail with a media error (EIO)
+#   n2: ram, writes to LBAs 4096..4103 fail with "no space" (ENOSPC)
+. /tests/lib.sh
+echo "== guest-tests faults suite: Linux $(uname -r)"
+if ! ctrl_live nvme0 15 || ! wait_ns 2 15; then
+    t_fail "controller probe: namespaces 1-2 did not appear"
+    dmesg | grep -i nvme | tail -20
+    exit 1
+fi
+t_pass "controller probe: nvme0 live, NSID 1/2 = $D1 $D2"
+
+# A read of a failing block: an I/O error for the reader, a medium error in dmesg.
+if dd if="$D1" of=/dev/null bs=512 skip=2050 count=1 iflag=direct 2>/tmp/dd.err; then
+    t_fail "read of an injected media error succeeded"
+else
+    t_pass "read of LBA 2050 fails: $(tail -1 /tmp/dd.err)"
+fi
+if dmesg | grep -qiE 'medium error|Unrecovered Read Error'; then
+    t_pass "guest kernel: $(dmesg | grep -iE 'medium error|Unrecovered Read Error' | head -1 | sed 's/^\[[^]]*\] //')"
+else
+    t_fail "guest kernel logged no medium error for the failed read"
+    dmesg | tail -20
+fi
+# Next to it, everything works.
+t_run "reads outside the failing range succeed" dd if="$D1" of=/dev/null bs=4096 count=256 iflag=direct
+
+# SMART / Health: reliability degraded (critical warning bit 2), media errors counted.
+if nvme smart-log /dev/nvme0 >/tmp/smart 2>&1; then
+    cw=$(field critical_warning </tmp/smart)
+    me=$(field media_errors </tmp/smart)
+    if [ $((cw & 4)) = 4 ] && [ "${me:-0}" -ge 1 ] 2>/dev/null; then
+        t_pass "smart-log: critical_warning $cw (bit 2: reliability degraded), media_errors $me"
+    else
+        t_fail "smart-log: critical_warning $cw media_errors $me, want bit 2 set and >= 1"
+        cat /tmp/smart
+    fi
+else
+    t_fail "nvme smart-log"
+fi
+
+# Error Information log: the failed read, with its LBA and namespace.
+if nvme error-log /dev/nvme0 -e 4 >/tmp/elog 2>&1; then
+    if grep -qiE 'lba[[:space:]]*:[[:space:]]*(0x80[0-7]|205[0-5])' /tmp/elog &&
+        grep -qiE 'nsid[[:space:]]*:[[:space:]]*(0x1|1)$' /tmp/elog; then
+        t_pass "error-log: an entry for namespace 1 at the failing LBA ($(grep -iE 'status_field' /tmp/elog | head -1 | tr -s ' \t' ' '))"
+    else
+        t_fail "error-log: no entry for namespace 1 at LBA 2048..2055"
+        head -40 /tmp/elog
+    fi
+else
+    t_fail "nvme error-log"
+fi
+
+# A write the backend has no space for: Capacity Exceeded, ENOSPC for the writer.
+dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
+if dd if=/tmp/blk of="$D2" bs=4096 seek=512 count=1 oflag=direct 2>/tmp/dd.err; then
+    t_fail "write into an injected ENOSPC range succeeded"
+else
+    t_pass "write to LBA 4096 fails: $(tail -1 /tmp/dd.err)"
+fi
+t_run "writes outside the failing range succeed" dd if=/tmp/blk of="$D2" bs=4096 seek=0 count=1 oflag=direct
+
+# The controller stays healthy: a short verified fio run away from the faults.
+fio_engine "$D1"
+t_run "fio verify after the failures (n1, 8 MiB from 4 MiB)" fio --name=after --filename="$D1" \
+    --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=4M --size=8M \
+    --verify=crc32c --do_verify=1 --verify_fatal=1
+state=$(cat /sys/class/nvme/nvme0/state)
+t_eq "controller state after the faults" "$state" live
+echo "== faults suite: $T_FAILED failure(s)"
+[ "$T_FAILED" -eq 0 ]
