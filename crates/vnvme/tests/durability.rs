@@ -36,11 +36,10 @@ fn block_data(i: u64) -> Vec<u8> {
     d
 }
 
-fn sigkill_mid_stream_keeps_flushed_writes(ns_options: &str) {
-    let dir = temp_dir("durability");
-    let img = dir.join("disk.img");
-    let ns = format!("file:{}:64M{ns_options}", img.display());
-    let mut server = Server::start_in(&dir, "a", &["--ns", &ns]);
+/// Streams to a server started with `--ns first`, kills it, restarts it with
+/// `--ns again` (the same storage) and verifies.
+fn sigkill_mid_stream_keeps_flushed_writes(dir: &std::path::Path, first: &str, again: &str) {
+    let mut server = Server::start_in(dir, "a", &["--ns", first]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let q = d.queue(1).expect("queue 1");
 
@@ -98,9 +97,8 @@ fn sigkill_mid_stream_keeps_flushed_writes(ns_options: &str) {
         "the test made a meaningful number of blocks durable"
     );
 
-    // A new server on the same file (no size: it keeps the size it has).
-    let ns = format!("file:{}{ns_options}", img.display());
-    let server = Server::start_in(&dir, "b", &["--ns", &ns]);
+    // A new server on the same storage.
+    let server = Server::start_in(dir, "b", &["--ns", again]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     let q = d.queue(1).expect("queue 1");
     let mut got = vec![0u8; BLOCK as usize];
@@ -115,23 +113,45 @@ fn sigkill_mid_stream_keeps_flushed_writes(ns_options: &str) {
     // Blocks never written read back as zeroes (a hole in the file, not garbage).
     q.read(1, slot(next + 1) * BLOCK / LBA, &mut got).expect("read back");
     assert!(got.iter().all(|&x| x == 0), "an unwritten block reads zeroes");
-    eprintln!("{ns_options:?}: {} durable blocks verified after SIGKILL ({} written)", durable.len(), next);
-    drop(d);
-    drop(server);
+    eprintln!("{first}: {} durable blocks verified after SIGKILL ({} written)", durable.len(), next);
+}
+
+/// A file namespace with `options`, created at 64 MiB, then reopened at its size.
+fn on_file(options: &str) {
+    let dir = temp_dir("durability");
+    let img = dir.join("disk.img").display().to_string();
+    sigkill_mid_stream_keeps_flushed_writes(
+        &dir,
+        &format!("file:{img}:64M{options}"),
+        &format!("file:{img}{options}"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn sigkill_keeps_flushed_writes_io_uring_direct() {
-    sigkill_mid_stream_keeps_flushed_writes(":direct=auto");
+    on_file(":direct=auto");
 }
 
 #[test]
 fn sigkill_keeps_flushed_writes_io_uring_buffered() {
-    sigkill_mid_stream_keeps_flushed_writes(":direct=off");
+    on_file(":direct=off");
 }
 
 #[test]
 fn sigkill_keeps_flushed_writes_sync_engine() {
-    sigkill_mid_stream_keeps_flushed_writes(":engine=sync");
+    on_file(":engine=sync");
+}
+
+/// The front server passes everything to a second vnvme over `nvme://` (Flush and
+/// FUA become downstream Flush and FUA); the front is the one killed.
+#[test]
+fn sigkill_of_an_nvme_front_keeps_flushed_writes() {
+    let dir = temp_dir("durability-chain");
+    let img = dir.join("disk.img");
+    let _back = Server::start_in(&dir, "back", &["--ns", &format!("file:{}:64M", img.display())]);
+    let uri = format!("nvme://{}", dir.join("back.sock").display());
+    sigkill_mid_stream_keeps_flushed_writes(&dir, &uri, &uri);
+    drop(_back);
+    let _ = std::fs::remove_dir_all(&dir);
 }
