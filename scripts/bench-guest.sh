@@ -36,6 +36,19 @@ Devices (--devices, comma separated; default: all of them):
     has no option to hide OACS bit 8, so "shadow off" is not measured.
   null_blk              no device: modprobe null_blk queue_mode=2 irqmode=0
                         (completes in the submitting context; the guest's ceiling)
+  Backends (the file backend against QEMU on the same kind of file):
+  qemu-nvme-disk        -device nvme on a file on disk (--disk-dir), cache=none,
+                        aio=io_uring
+  vnvme-file-tmpfs      \`vnvme serve --ns file:/dev/shm/<tmp>.img\` (io_uring,
+                        O_DIRECT when the file system allows it), trapped
+                        doorbells, --poll adaptive, 1 worker
+  vnvme-file-disk       the same on the disk file
+  vnvme-chain-tmpfs     nvme:// chain: a front \`vnvme serve --ns nvme://back.sock\`
+                        in front of a back \`vnvme serve --ns file:/dev/shm/...\`:
+                        its overhead against vnvme-file-tmpfs (the direct path);
+                        vnvme µs/IO counts both processes
+  --devices backends    = qemu-nvme,qemu-nvme-disk,vnvme-file-tmpfs,vnvme-file-disk,
+                          vnvme-chain-tmpfs
 
 Every device is filled first with sequential 128 KiB writes (so reads hit
 allocated memory), except null_blk. Points (--points): randread:1 randread:4
@@ -53,10 +66,13 @@ per I/O of the vnvme process and of QEMU's non-vCPU threads
   --reps N       repetitions of every point (default 2)
   --size SIZE    device size (default 256M)
   --out DIR      output directory (default results/guest-bench/<UTC timestamp>)
+  --disk-dir D   where the "disk" image lives (default target/bench-disk in the
+                 checkout; must not be tmpfs)
 EOF
 }
 
 kernel=newest accel="${VNVME_ACCEL:-auto}" runtime=3 reps=2 size=256M devices="" out="" fetch=1 build=1
+disk_dir="$VNVME_ROOT/target/bench-disk"
 points="randread:1 randread:4 randread:16 randread:64 randwrite:16"
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -68,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --devices) devices=${2//,/ }; shift 2 ;;
     --points) points=${2//,/ }; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --disk-dir) disk_dir=$2; shift 2 ;;
     --no-fetch) fetch=0; shift ;;
     --no-build) build=0; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -83,7 +100,9 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-bench.XXXXXX")
 img="/dev/shm/vnvme-bench.$$.img"
-VN_PID="" cur_qemu_pidfile=""
+mkdir -p "$disk_dir"
+disk_img="$(cd "$disk_dir" && pwd)/vnvme-bench.$$.img"
+VN_PID="" cur_qemu_pidfile="" BACK_PID=""
 cleanup() {
     if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
         local qp
@@ -91,7 +110,8 @@ cleanup() {
         if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
     fi
     vn_serve_stop "$VN_PID"
-    rm -f "$img"
+    vn_serve_stop "$BACK_PID"
+    rm -f "$img" "$disk_img"
     rm -rf "$work" # raw data is copied to $out/raw per device
 }
 trap cleanup EXIT
@@ -128,6 +148,7 @@ done
 # Shadow doorbells hidden (OACS bit 8 clear): the guest writes every doorbell register.
 grep -q -- '--no-shadow-doorbells' <<<"$help" && vnvme_devs=(vnvme-noshadow-off "${vnvme_devs[@]}")
 [[ -n $devices ]] || devices="$ALL_QEMU ${vnvme_devs[*]} null_blk"
+[[ $devices != backends ]] || devices="qemu-nvme qemu-nvme-disk vnvme-file-tmpfs vnvme-file-disk vnvme-chain-tmpfs"
 
 # QEMU's drive: a tmpfs file; O_DIRECT if tmpfs takes it.
 bytes=$(numfmt --from=iec "$size")
@@ -138,6 +159,8 @@ else
     drive_cache="cache=writeback,aio=io_uring"
 fi
 drive="file=$img,if=none,id=d0,format=raw,$drive_cache"
+[[ $(stat -f -c %T "$disk_dir") != tmpfs ]] || die "--disk-dir $disk_dir is tmpfs; the disk runs need a disk"
+drive_disk="file=$disk_img,if=none,id=d0,format=raw,cache=none,aio=io_uring"
 
 qemu_ver=$("$VNVME_GUEST_DIR/qemu" --version | head -1)
 kver=$(cat "$(kernel_dir "$kernel")/KVER")
@@ -159,6 +182,7 @@ json.dump({
     "size": "$size",
     "points": "$points".split(),
     "qemu_drive": "$drive".replace("$img", "/dev/shm/<tmp>.img"),
+    "disk_fs": "$(stat -f -c %T "$disk_dir")",
     "note": "TCG: the guest's CPUs are emulated, so these numbers mostly measure TCG, not the devices." if "$accel" == "tcg" else "",
 }, open(sys.argv[1], "w"), indent=2)
 EOF
@@ -184,6 +208,31 @@ run_device() { # NAME
     virtio-blk-iothread)
         qargs+=(-object iothread,id=iot0 -drive "$drive" -device virtio-blk-pci,drive=d0,bus=rp0,iothread=iot0)
         kind=virtio desc="QEMU virtio-blk-pci, iothread" backing="$drive_cache, tmpfs file" ;;
+    qemu-nvme-disk)
+        qargs+=(-drive "$drive_disk" -device nvme,serial=bench,drive=d0,bus=rp0)
+        desc="QEMU nvme" backing="cache=none,aio=io_uring, file on disk" ;;
+    vnvme-file-tmpfs | vnvme-file-disk | vnvme-chain-tmpfs)
+        local f=$img where=tmpfs
+        [[ $dev != *-disk ]] || f=$disk_img where=disk
+        rm -f "$f"
+        truncate -s "$bytes" "$f"
+        serve=(--workers 1 --poll adaptive --once --stats-file "$d/stats.json" --log info)
+        if [[ $dev == vnvme-chain-* ]]; then
+            # The back end: a plain file namespace, serving the front (not --once:
+            # stopped after the run).
+            vn_serve_start "$d/back.log" "$d/back.sock" --ns "file:$f" --workers 1 --poll adaptive \
+                --log info || { echo "FAILED: $dev: back server did not start"; return 1; }
+            BACK_PID=$VN_PID
+            echo "$BACK_PID" >"$d/vnvme-back.pid"
+            serve=(--ns "nvme://$d/back.sock" "${serve[@]}")
+            desc="vnvme nvme:// -> vnvme file ($where), doorbells trapped, poll adaptive"
+        else
+            serve=(--ns "file:$f" "${serve[@]}")
+            desc="vnvme file backend (io_uring), doorbells trapped, poll adaptive"
+        fi
+        vn_device_args "$d/vnvme.sock"
+        qargs=("${VN_DEV_ARGS[@]}")
+        backing="file on $where" ;;
     vnvme-*)
         local rest=${dev#vnvme-} dbm poll
         dbm=${rest%-*} poll=${rest##*-}
@@ -231,13 +280,17 @@ EOF
             --append "vnvme.skip=null_blk" --run "$VNVME_GUEST_DIR/bench/guest-bench.sh" \
             --add "$d/config.sh:/bench/config.sh" -- -pidfile "$d/qemu.pid" "${qargs[@]}" || brc=$?
         echo "$brc" >"$d/boot.rc"
-    } 2>&1 | vn_watch "$d/marks" "$d/stats.json" "$d/qemu.pid" "$d/vnvme.pid" >"$d/serial.log" &
+    } 2>&1 | vn_watch "$d/marks" "$d/stats.json" "$d/qemu.pid" "$d/vnvme.pid" "$d/vnvme-back.pid" >"$d/serial.log" &
     wait $! || true
     rc=$(cat "$d/boot.rc" 2>/dev/null || echo 125)
     cur_qemu_pidfile=""
     if [[ $dev == vnvme-* ]]; then
         vn_serve_wait "$VN_PID" 10 || vn_serve_stop "$VN_PID"
         VN_PID=""
+        if [[ -n $BACK_PID ]]; then
+            vn_serve_stop "$BACK_PID"
+            BACK_PID=""
+        fi
         sed -n 's/^vnvme: //p' "$d/serve.log" | tail -1 | sed 's/^/  server: /'
     fi
     grep -a '@@RESULT' "$d/serial.log" | sed 's/^/  /; s/@@//g' || true
@@ -249,6 +302,7 @@ EOF
     mkdir -p "$out/raw/$dev"
     cp -r "$d/serial.log" "$d/device.json" "$d/marks" "$out/raw/$dev/" 2>/dev/null || true
     [[ ! -f $d/serve.log ]] || cp "$d/serve.log" "$out/raw/$dev/"
+    [[ ! -f $d/back.log ]] || cp "$d/back.log" "$out/raw/$dev/"
     return 0
 }
 

@@ -211,6 +211,13 @@ impl Backend for FaultBackend {
         i.kind = format!("{} with {} fault rule(s)", i.kind, self.rules.len());
         i
     }
+    fn stats_line(&self) -> Option<String> {
+        let own = format!("{} request(s) failed by fault injection", self.injected());
+        Some(match self.inner.stats_line() {
+            Some(inner) => format!("{own}; {inner}"),
+            None => own,
+        })
+    }
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(FaultQueue {
             inner: self.inner.open_queue()?,

@@ -175,6 +175,10 @@ pub trait Backend: Send + Sync + Debug {
     fn info(&self) -> BackendInfo;
     /// Opens a queue for one I/O queue owner.
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>>;
+    /// A one-line account of the backend's own counters, for logs (none by default).
+    fn stats_line(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One queue of a backend, owned by one thread.

@@ -808,6 +808,25 @@ impl Backend for NvmeBackend {
         self.shared.info.clone()
     }
 
+    fn stats_line(&self) -> Option<String> {
+        let s = self.stats();
+        Some(format!(
+            "{} requests as {} downstream commands ({} split); zero copy {} bytes in {} commands, \
+             bounced {} bytes in {} commands; {} regions mapped, {} map failures; {} errors, {} not ready",
+            s.requests,
+            s.commands,
+            s.split_requests,
+            s.zero_copy_bytes,
+            s.zero_copy_commands,
+            s.bounce_bytes,
+            s.bounce_commands,
+            s.regions_mapped,
+            s.map_failures,
+            s.errors,
+            s.not_ready
+        ))
+    }
+
     fn open_queue(&self) -> io::Result<Box<dyn BackendQueue>> {
         let s = &self.shared;
         let mut q = lock(&s.free).pop().ok_or_else(|| {

@@ -89,6 +89,11 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let r = server::serve(&listener, &mut dev, if a.once { Some(1) } else { None });
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));
+    for (i, o) in opened.iter().enumerate() {
+        if let Some(line) = o.backend.stats_line() {
+            eprintln!("vnvme: namespace {}: {line}", i + 1);
+        }
+    }
     if let Some(p) = &a.stats_file {
         write_stats(p, &s)?;
     }
@@ -118,6 +123,8 @@ fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
         "doorbell_writes": s.doorbell_writes,
         "io_doorbell_writes": s.io_doorbell_writes,
         "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
+        "media_errors": s.media_errors,
+        "backend_errors": s.backend_errors,
         "interrupts": s.interrupts,
         "shadow_reads": s.shadow_reads,
         "eventidx_races": s.eventidx_races,

@@ -25,6 +25,7 @@ DEVICE_ORDER = [
     "vnvme-trapped-off", "vnvme-trapped-adaptive", "vnvme-trapped-always",
     "vnvme-eventfd-off", "vnvme-eventfd-adaptive", "vnvme-eventfd-always",
     "vnvme-mapped-always", "null_blk",
+    "qemu-nvme-disk", "vnvme-file-tmpfs", "vnvme-file-disk", "vnvme-chain-tmpfs",
 ]
 VCPU_RE = re.compile(r"^CPU \d+/(TCG|KVM)")
 
@@ -125,6 +126,10 @@ def parse_serial(path):
     return results, fio, info
 
 
+def sum_opt(a, b):
+    return None if a is None or b is None else a + b
+
+
 def per_io(x, ios, scale=1.0):
     if x is None or not ios:
         return None
@@ -136,7 +141,7 @@ def analyse_device(ddir):
     results, fio, info = parse_serial(os.path.join(ddir, "serial.log"))
     marks = Marks(ddir)
     pids = read_pids(marks)
-    qpid, vpid = pids.get("qemu"), pids.get("vnvme")
+    qpid, vpid, bpid = pids.get("qemu"), pids.get("vnvme"), pids.get("vnvme-back")
     runs = []
     for (name, rep), j in sorted(fio.items()):
         job = j["jobs"][0]
@@ -161,7 +166,9 @@ def analyse_device(ddir):
             "guest_irq_per_io": per_io(int(r["irqs"]), ios) if "irqs" in r else None,
             "qemu_non_vcpu_us_per_io": per_io(cpu_delta(a, b, qpid, vcpu=False), ios, 1e-3),
             "qemu_vcpu_us_per_io": per_io(cpu_delta(a, b, qpid, vcpu=True), ios, 1e-3),
-            "vnvme_us_per_io": per_io(cpu_delta(a, b, vpid), ios, 1e-3) if vpid else None,
+            # An nvme:// chain counts both vnvme processes.
+            "vnvme_us_per_io": per_io(sum_opt(cpu_delta(a, b, vpid), cpu_delta(a, b, bpid) if bpid else 0),
+                                      ios, 1e-3) if vpid else None,
         }
         if s0 and s1:
             dio = s1["io_commands"] - s0["io_commands"]
@@ -200,8 +207,9 @@ def markdown(meta, devs):
     fiov = next((d["fio"] for d in devs if d.get("fio")), "?")
     L.append(f"- fio {fiov}, 4 KiB, direct, {eng}, {meta['runtime_s']} s per point, {meta['reps']} reps "
              f"(interleaved; values are means over the reps), device size {meta['size']}, filled first")
-    L.append(f"- QEMU devices: `-drive {meta['qemu_drive']}` (tmpfs file = RAM); vnvme: `--ns ram:{meta['size']}` "
-             "(sparse RAM namespace, --workers 1); null_blk: in-guest, irqmode=0\n")
+    L.append(f"- QEMU devices: `-drive {meta['qemu_drive']}` (tmpfs file = RAM) unless the device list says disk; "
+             f"vnvme-<doorbells>-<poll>: `--ns ram:{meta['size']}` (sparse RAM namespace, --workers 1), other vnvme "
+             "devices as listed below; null_blk: in-guest, irqmode=0\n")
     pts = [p for p in POINT_ORDER if any(p in d["points"] for d in devs)]
     L.append("## KIOPS\n")
     L.append("| device | " + " | ".join(pts) + " |")
