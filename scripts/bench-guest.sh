@@ -267,8 +267,9 @@ EOF
         grep -a '^vnvme: serving' "$d/serve.log" | sed 's/^/  /'
     else
         # A fresh (sparse) image for every QEMU device; the guest fills it first.
-        rm -f "$img"
+        rm -f "$img" "$disk_img"
         truncate -s "$bytes" "$img"
+        truncate -s "$bytes" "$disk_img"
     fi
     echo
     echo "== $dev: $desc [$backing]"

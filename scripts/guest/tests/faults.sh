@@ -17,7 +17,7 @@ t_pass "controller probe: nvme0 live, NSID 1/2 = $D1 $D2"
 if dd if="$D1" of=/dev/null bs=512 skip=2050 count=1 iflag=direct 2>/tmp/dd.err; then
     t_fail "read of an injected media error succeeded"
 else
-    t_pass "read of LBA 2050 fails: $(tail -1 /tmp/dd.err)"
+    t_pass "read of LBA 2050 fails: $(grep -v records /tmp/dd.err | head -1)"
 fi
 if dmesg | grep -qiE 'medium error|Unrecovered Read Error'; then
     t_pass "guest kernel: $(dmesg | grep -iE 'medium error|Unrecovered Read Error' | head -1 | sed 's/^\[[^]]*\] //')"
@@ -60,7 +60,13 @@ dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
 if dd if=/tmp/blk of="$D2" bs=4096 seek=512 count=1 oflag=direct 2>/tmp/dd.err; then
     t_fail "write into an injected ENOSPC range succeeded"
 else
-    t_pass "write to LBA 4096 fails: $(tail -1 /tmp/dd.err)"
+    t_pass "write to LBA 4096 fails: $(grep -v records /tmp/dd.err | head -1)"
+fi
+if dmesg | grep -qiE 'space allocation error|Capacity Exceeded'; then
+    t_pass "guest kernel: $(dmesg | grep -iE 'space allocation error|Capacity Exceeded' | head -1 | sed 's/^\[[^]]*\] //')"
+else
+    t_fail "guest kernel logged no space allocation error for the failed write"
+    dmesg | tail -20
 fi
 t_run "writes outside the failing range succeed" dd if=/tmp/blk of="$D2" bs=4096 seek=0 count=1 oflag=direct
 
