@@ -308,11 +308,12 @@ def header_lines(mach, knobs):
         f"- CPU: {mach['cpu_model']}",
         f"- cores: {mach['cpus_online']} online, {mach['cpus_usable']} usable; kernel {mach['kernel']} "
         f"({mach['os']}), USER_HZ {mach['clk_tck']}",
-        f"- workload: vnvme perf --rw randread --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
+        f"- workload: vnvme perf --rw {knobs['rw']} --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
         f"thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
         f"(mean [min–max] shown)",
-        f"- namespace: {knobs['ns']} (null backend: no data copied, so this measures the doorbell / interrupt / "
-        f"queue path, not a disk)",
+        f"- namespace: {knobs['ns']}" + (" (null backend: no data copied, so this measures the doorbell / interrupt / "
+        "queue path, not a disk)" if knobs['ns'].startswith("null") else "") + "; the chain configuration serves it "
+        "from a back server that a front server reaches through nvme:// (server CPU counts the front only)",
         f"- server: vnvme serve --workers {knobs['workers']}; one server per configuration; "
         f"pinning: {'server on CPU 1, client on CPU 0 (taskset)' if knobs['pin'] else 'none (scheduler decides)'}",
         f"- command: `{knobs['command']}`",
@@ -508,8 +509,8 @@ def chart(mach, knobs, matrix, points):
     H = top + 2 * (PH + GAP) + seed_h + 30
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
          f'<rect width="100%" height="100%" fill="#f7f7f7"/>']
-    o.append(text(20, 32, "vnvme over vfio-user: doorbell modes — vnvme perf vs vnvme serve, null namespace, "
-                  "4 KiB random reads", 21, weight="bold"))
+    o.append(text(20, 32, f"vnvme over vfio-user: vnvme perf vs vnvme serve, {knobs['ns'].split(':')[0]} namespace, "
+                  f"4 KiB {knobs['rw']}", 21, weight="bold"))
     sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
            f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']} · {mach['rustc']}")
     o.append(text(20, 56, sub, 13, fill="#444"))
@@ -600,13 +601,14 @@ def main():
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--pin", type=int, default=0)
     ap.add_argument("--ns", default="null:64G:lba=4096")
+    ap.add_argument("--rw", default="randread")
     ap.add_argument("--matrix", required=True)
     ap.add_argument("--command", default="scripts/bench-vfio-user.sh")
     ap.add_argument("--started", help="run start, UTC, as YYYYmmddTHHMMSSZ")
     a = ap.parse_args()
     knobs = {"seconds": float(a.seconds), "repeat": a.repeat, "qd": a.qd,
              "qd_list": [int(q) for q in a.qd.split(",")], "workers": a.workers, "pin": bool(a.pin), "ns": a.ns,
-             "command": a.command, "rw": "randread", "bs": 4096, "queues": 1,
+             "command": a.command, "rw": a.rw, "bs": 4096, "queues": 1,
              "queue_entries": "1024 (perf: max(qd + 1, 1024))"}
     started = None
     if a.started:

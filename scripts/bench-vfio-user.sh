@@ -17,6 +17,9 @@
 #                 the scheduler places client, server main thread and workers). In-process
 #                 runs are not pinned (client and workers are one process).
 #   --configs L   which configurations to run (default: all; `--list` shows them)
+#   --ns SPEC     the namespace every server serves (default null:64G:lba=4096), e.g.
+#                 file:/dev/shm/bench.img:1G for the io_uring file backend
+#   --rw MODE     randread (default) or randwrite
 #   --out DIR     output folder (default results/vfio-user-perf/<UTC timestamp>)
 #   --list        print the configurations and exit
 #
@@ -38,6 +41,8 @@ WORKERS=1
 PIN=0
 CONFIGS=all
 OUT=
+NS=null:64G:lba=4096
+RW=randread
 
 # id|label|serve --doorbells|serve --poll|perf --doorbells|perf --completion|in-process workers
 # (serve columns are "-" for in-process configurations; an empty last column: via serve).
@@ -49,6 +54,7 @@ MATRIX=(
   "mapped-poll|mapped + polling (poll/always)|mapped|always|mapped|poll|"
   "shadow-poll|shadow + polling (poll/always)|trapped|always|shadow|poll|"
   "eventfd-poll|eventfd + polling (poll/always)|eventfd|always|eventfd|poll|"
+  "chain|nvme:// chain: front serve -> back serve, shadow|trapped|adaptive|shadow|irq|"
   "inproc|in-process, shadow, irq/adaptive|-|adaptive|shadow|irq|W"
   "inproc-poll|in-process, shadow, poll/always|-|always|shadow|poll|W"
   "inproc-inline|in-process inline (0 workers), poll|-|-|shadow|poll|0"
@@ -65,6 +71,8 @@ while [ $# -gt 0 ]; do
     --pin) PIN=1; shift ;;
     --configs) CONFIGS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --ns) NS=$2; shift 2 ;;
+    --rw) RW=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-vfio-user: unknown argument $1" >&2; usage >&2; exit 2 ;;
@@ -87,6 +95,14 @@ mkdir -p "$OUT/runs" "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 TMP=$(mktemp -d /tmp/vnvme-vfio-user-bench.XXXXXX)
 SERVE_PID=
+BACK_PID=
+
+stop_back() {
+  [ -n "$BACK_PID" ] || return 0
+  kill -TERM "$BACK_PID" 2>/dev/null || true
+  wait "$BACK_PID" 2>/dev/null || true
+  BACK_PID=
+}
 
 stop_serve() {
   [ -n "$SERVE_PID" ] || return 0
@@ -98,7 +114,7 @@ stop_serve() {
   wait "$SERVE_PID" 2>/dev/null || true
   SERVE_PID=
 }
-cleanup() { stop_serve; rm -rf "$TMP"; }
+cleanup() { stop_serve; stop_back; rm -rf "$TMP"; }
 trap cleanup EXIT
 trap 'echo "bench-vfio-user: interrupted" >&2; exit 130' INT TERM
 
@@ -136,7 +152,7 @@ for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoi
 echo "bench-vfio-user: $npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * (${SECONDS_PER_POINT%.*} + 1) + 59) / 60 )) min) -> $OUT" >&2
 echo "bench-vfio-user: $(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')" >&2
 
-NS=null:64G:lba=4096
+case $RW in randread|randwrite) ;; *) echo "--rw must be randread or randwrite" >&2; exit 2 ;; esac
 done_runs=0
 for m in "${MATRIX[@]}"; do
   IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
@@ -145,7 +161,18 @@ for m in "${MATRIX[@]}"; do
   if [ -z "$inproc" ]; then
     sock="$TMP/$id.sock"; stats="$TMP/$id.stats.json"
     rm -f "$sock" "$stats"
-    serve_args=(serve --socket "$sock" --ns "$NS" --workers "$WORKERS" --poll "$spoll"
+    ns=$NS
+    if [ "$id" = chain ]; then
+      # The back end serves the namespace; the front reaches it through nvme://.
+      back="$TMP/back.sock"
+      rm -f "$back"
+      "${SERVER_PIN[@]}" "$VNVME" serve --socket "$back" --ns "$NS" --workers "$WORKERS" --poll "$spoll" \
+        2>"$OUT/logs/serve-$id-back.log" &
+      BACK_PID=$!
+      for _ in $(seq 100); do [ -S "$back" ] && break; sleep 0.1; done
+      ns="nvme://$back?queues=$((WORKERS + 2))"
+    fi
+    serve_args=(serve --socket "$sock" --ns "$ns" --workers "$WORKERS" --poll "$spoll"
                 --doorbells "$sdb" --stats-file "$stats")
     serve_cmd="${SERVER_PIN[*]} vnvme ${serve_args[*]}"
     "${SERVER_PIN[@]}" "$VNVME" "${serve_args[@]}" 2>"$OUT/logs/serve-$id.log" &
@@ -165,7 +192,7 @@ for m in "${MATRIX[@]}"; do
   for qd in "${QD_LIST[@]}"; do
     for rep in $(seq "$REPEAT"); do
       json="runs/$id-qd$qd-r$rep.json"
-      perf_args=(perf --rw randread --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
+      perf_args=(perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
                  --doorbells "$pdb" --completion "$compl" --json "$OUT/$json")
       if [ -z "$inproc" ]; then
         perf_args+=(--socket "$sock" --server-stats "$stats" --server-pid "$SERVE_PID")
@@ -194,9 +221,10 @@ for m in "${MATRIX[@]}"; do
     done
   done
   stop_serve
+  stop_back
 done
 
 snapshot end
 python3 "$ROOT/scripts/bench-vfio-user.py" --dir "$OUT" --root "$ROOT" \
   --seconds "$SECONDS_PER_POINT" --repeat "$REPEAT" --qd "$QDS" --workers "$WORKERS" --pin "$PIN" \
-  --ns "$NS" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
+  --ns "$NS" --rw "$RW" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"

@@ -325,6 +325,28 @@ impl NvmeDriver {
         Ok(c.buf.expect("identify carries its buffer").to_vec()?)
     }
 
+    /// Get Log Page `lid` for `nsid` (0xffff_ffff: controller-wide): the first `len`
+    /// bytes (a multiple of 4, at most a page).
+    pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: u32) -> Result<Vec<u8>> {
+        if len == 0 || len % 4 != 0 || len > 4096 {
+            return Err(DriverError::Unsupported(format!(
+                "log page length {len}: 4..=4096, a multiple of 4"
+            )));
+        }
+        let buf = self.admin_pool.alloc(len as u64)?;
+        let mut s = Sqe::default();
+        s.set_cdw0(aop::GET_LOG_PAGE, 0, Psdt::Prp);
+        s.nsid = U32::new(nsid);
+        s.set_prps(buf.iova(), 0);
+        let numd = len / 4 - 1;
+        s.cdw10 = U32::new(lid as u32 | ((numd & 0xffff) << 16));
+        s.cdw11 = U32::new(numd >> 16);
+        let c = self.admin_raw(s, Some(buf), "Get Log Page")?;
+        let mut v = c.buf.expect("the log page carries its buffer").to_vec()?;
+        v.truncate(len as usize);
+        Ok(v)
+    }
+
     /// The NVM Command Set specific Identify Controller data (CNS 06h, CSI 00h):
     /// Write Zeroes and Dataset Management limits. Fails on controllers older than
     /// NVMe 2.0 that do not know the CNS value.

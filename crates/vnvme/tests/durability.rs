@@ -155,3 +155,42 @@ fn sigkill_of_an_nvme_front_keeps_flushed_writes() {
     drop(_back);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The backing file shrinks, then disappears, under a running server: reads past the
+/// new end and then every command fail with Namespace Not Ready (the host may retry),
+/// SMART reports degraded reliability, and the server keeps serving.
+#[test]
+fn backend_file_truncated_then_removed_underneath() {
+    use nvme_spec::Status;
+    let dir = temp_dir("vanish");
+    let img = dir.join("disk.img");
+    let server = Server::start_in(&dir, "a", &["--ns", &format!("file:{}:16M", img.display())]);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let data = pattern(42, 8192);
+    d.write(1, 100, &data).expect("write before the trouble");
+    d.write(1, 20_000, &data).expect("write near the end");
+
+    // Shrink the file to 8 MiB: block 20000 (10 MB in) is gone, block 100 is not.
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(8 << 20).unwrap();
+    let mut got = vec![0u8; 8192];
+    let e = d.read(1, 20_000, &mut got).expect_err("a read past the new end fails");
+    assert_eq!(e.status().map(|s| s.code()), Some(Status::NAMESPACE_NOT_READY), "{e}");
+    assert!(!e.status().unwrap().dnr(), "Namespace Not Ready may be retried");
+    d.read(1, 100, &mut got).expect("a read before the new end still works");
+    assert!(got == data);
+
+    // Remove it: Flush finds out, and so does everything after.
+    std::fs::remove_file(&img).unwrap();
+    let e = d.flush(1).expect_err("flush of a removed file fails");
+    assert_eq!(e.status().map(|s| s.code()), Some(Status::NAMESPACE_NOT_READY), "{e}");
+    let e = d.write(1, 100, &data).expect_err("writes to a removed file fail");
+    assert_eq!(e.status().map(|s| s.code()), Some(Status::NAMESPACE_NOT_READY), "{e}");
+
+    // The controller is healthy and says the storage degraded.
+    let smart = d.get_log_page(0x02, 0xffff_ffff, 512).expect("SMART log");
+    assert_eq!(smart[0] & 0x04, 0x04, "critical warning: reliability degraded");
+    assert!(server.log().contains("backend request failed"), "the server logged it:\n{}", server.log());
+    drop(d);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
