@@ -328,7 +328,7 @@ impl NvmeDriver {
     /// Get Log Page `lid` for `nsid` (0xffff_ffff: controller-wide): the first `len`
     /// bytes (a multiple of 4, at most a page).
     pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: u32) -> Result<Vec<u8>> {
-        if len == 0 || len % 4 != 0 || len > 4096 {
+        if len == 0 || !len.is_multiple_of(4) || len > 4096 {
             return Err(DriverError::Unsupported(format!(
                 "log page length {len}: 4..=4096, a multiple of 4"
             )));
