@@ -1,6 +1,8 @@
 //! A plain file backend: positioned reads and writes through a bounce buffer, flush as
-//! fdatasync. Synchronous and simple on purpose; the io_uring backend replaces it on
-//! the fast path.
+//! fdatasync, deallocation and zeroing with fallocate where the file system has it.
+//! Synchronous: the right tool for memory file systems (tmpfs), where a copy is all
+//! an I/O is, and a simple reference everywhere else; the io_uring backend is the
+//! fast path for files on devices.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -8,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
+use rustix::fs::FallocateFlags;
 
 use crate::{
     check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, Segment, SyncExec,
@@ -20,6 +23,10 @@ pub struct FileBackend {
     file: Arc<File>,
     path: PathBuf,
     size: u64,
+    /// fallocate punch hole works (deallocated ranges read as zeroes).
+    punch: bool,
+    /// fallocate zero range works.
+    zero_range: bool,
 }
 
 impl FileBackend {
@@ -44,7 +51,12 @@ impl FileBackend {
                 path.display()
             )));
         }
-        Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size })
+        // Probe past the end, where punching or zeroing changes nothing.
+        let probe = |flags| rustix::fs::fallocate(&file, flags, size.next_multiple_of(4096), 4096).is_ok();
+        let keep = FallocateFlags::KEEP_SIZE;
+        let punch = probe(FallocateFlags::PUNCH_HOLE | keep);
+        let zero_range = probe(FallocateFlags::ZERO_RANGE | keep);
+        Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range })
     }
 }
 
@@ -55,10 +67,9 @@ impl Backend for FileBackend {
             size: self.size,
             // Writes land in the page cache until fdatasync: a volatile cache.
             volatile_cache: true,
-            discard: false,
-            discard_zeroes: false,
-            // Zeroes are written as buffers: not worth advertising.
-            write_zeroes: false,
+            discard: self.punch,
+            discard_zeroes: self.punch,
+            write_zeroes: self.punch || self.zero_range,
             block_size: 1,
             ..Default::default()
         }
@@ -123,7 +134,24 @@ impl SyncExec for FileQueue {
                 }
             }
             Op::Flush => f.sync_data()?,
-            Op::WriteZeroes { .. } | Op::Discard => {
+            Op::Discard if self.be.punch => punch(f, req.offset, req.len)?,
+            // Deallocation is advisory: without hole punching there is nothing to do.
+            Op::Discard => {}
+            Op::WriteZeroes { .. } if self.be.zero_range => rustix::fs::fallocate(
+                &**f,
+                FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+                req.offset,
+                req.len,
+            )
+            .map_err(std::io::Error::from)?,
+            Op::WriteZeroes { deallocate } if self.be.punch => {
+                punch(f, req.offset, req.len)?;
+                if !deallocate {
+                    // Allocate the range again, so later writes there cannot fail for space.
+                    let _ = rustix::fs::fallocate(&**f, FallocateFlags::KEEP_SIZE, req.offset, req.len);
+                }
+            }
+            Op::WriteZeroes { .. } => {
                 const CHUNK: u64 = 1 << 20;
                 self.bounce.clear();
                 self.bounce.resize(CHUNK.min(req.len) as usize, 0);
@@ -137,6 +165,11 @@ impl SyncExec for FileQueue {
         }
         Ok(())
     }
+}
+
+fn punch(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    rustix::fs::fallocate(f, flags, offset, len).map_err(std::io::Error::from)
 }
 
 #[cfg(test)]
@@ -190,5 +223,53 @@ mod tests {
         std::fs::File::open(&path).unwrap().read_exact_at(&mut raw, 8192).unwrap();
         assert_eq!(raw, vec![7u8; 4096]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn discard_and_write_zeroes_with_fallocate_where_the_file_system_has_it() {
+        let mut dirs = vec![std::env::temp_dir()];
+        if std::path::Path::new("/dev/shm").is_dir() {
+            dirs.push("/dev/shm".into());
+        }
+        for dir in dirs {
+            let path = dir.join(format!("vnvme-file-fa-{}.img", std::process::id()));
+            let be = FileBackend::open(&path, Some(1 << 20)).unwrap();
+            let info = be.info();
+            let mem = GuestMemory::anonymous(&[(0, 0x10000)]).unwrap();
+            let mut q = be.open_queue().unwrap();
+            let mut out = Vec::new();
+            let ones = vec![0xffu8; 16384];
+            q.submit(
+                &mem,
+                Request {
+                    tag: 1,
+                    op: Op::Write { fua: false },
+                    offset: 0,
+                    len: 16384,
+                    data: DataBuf::Host(ones),
+                },
+            );
+            q.submit(&mem, Request { tag: 2, op: Op::Discard, offset: 0, len: 4096, data: DataBuf::None });
+            let wz = Op::WriteZeroes { deallocate: false };
+            q.submit(&mem, Request { tag: 3, op: wz, offset: 8192, len: 4096, data: DataBuf::None });
+            q.submit(
+                &mem,
+                Request { tag: 4, op: Op::Read, offset: 0, len: 16384, data: DataBuf::Host(vec![7; 16384]) },
+            );
+            q.reap(&mut out);
+            assert!(out.iter().all(|c| c.result.is_ok()), "{}: {:?}", dir.display(), out);
+            let DataBuf::Host(back) = &out[3].data else { panic!("read buffer") };
+            // Write zeroes always zeroes; discard does when it is advertised.
+            assert!(back[8192..12288].iter().all(|&b| b == 0), "{}: write zeroes", dir.display());
+            assert!(back[4096..8192].iter().all(|&b| b == 0xff) && back[12288..].iter().all(|&b| b == 0xff));
+            if info.discard {
+                assert!(
+                    info.discard_zeroes && back[..4096].iter().all(|&b| b == 0),
+                    "{}: discard",
+                    dir.display()
+                );
+            }
+            std::fs::remove_file(&path).unwrap();
+        }
     }
 }

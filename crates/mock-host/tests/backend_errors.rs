@@ -9,7 +9,7 @@ mod io_common;
 
 use std::sync::Arc;
 
-use block_backend::{Backend, BackendInfo, FaultBackend, FaultRule, FileBackend, RamBackend};
+use block_backend::{Backend, BackendInfo, FaultBackend, FaultRule, RamBackend};
 use io_common::*;
 use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
@@ -153,20 +153,24 @@ fn every_failure_gets_an_error_log_entry_and_io_goes_on_under_load() {
     assert_eq!(le64(&smart(&mut h), 160), 3);
 }
 
-/// A backend that reports no native discard or write zeroes (the plain file backend).
-fn file_host(dir: &std::path::Path) -> MockHost {
-    let be = FileBackend::open(&dir.join("ns.img"), Some(NS_BYTES)).unwrap();
-    assert!(!be.info().discard && !be.info().write_zeroes);
-    host_with(vec![(Arc::new(be), 0)], opts())
+/// A RAM backend that claims neither deallocation nor native write zeroes.
+#[derive(Debug)]
+struct Plain(RamBackend);
+
+impl Backend for Plain {
+    fn info(&self) -> BackendInfo {
+        BackendInfo { discard: false, discard_zeroes: false, write_zeroes: false, ..self.0.info() }
+    }
+    fn open_queue(&self) -> std::io::Result<Box<dyn block_backend::BackendQueue>> {
+        self.0.open_queue()
+    }
 }
 
 #[test]
 fn optional_commands_are_advertised_only_when_the_backend_has_them() {
     const ONCS_DSM: u16 = 1 << 2;
     const ONCS_WRITE_ZEROES: u16 = 1 << 3;
-    let dir = std::env::temp_dir().join(format!("vnvme-oncs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut h = file_host(&dir);
+    let mut h = host_with(vec![(Arc::new(Plain(RamBackend::new(NS_BYTES))), 0)], opts());
     let id = h.identify(0x01, 0).unwrap();
     let oncs = le16(&id, 520);
     assert_eq!(oncs & (ONCS_DSM | ONCS_WRITE_ZEROES), 0, "ONCS {oncs:#x}");
@@ -177,8 +181,6 @@ fn optional_commands_are_advertised_only_when_the_backend_has_them() {
     let c = h.io_cmd(1, s);
     assert_status(&c, Status::INVALID_OPCODE, true);
     assert_still_works(&mut h, 1, 1, LBA);
-    drop(h);
-    std::fs::remove_dir_all(&dir).unwrap();
 
     // RAM does both, so both are advertised.
     let (mut h, _) = ram_host(&[(NS_BYTES, 0)], opts());

@@ -257,9 +257,11 @@ fn run(
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
+        let mut timer_armed = false;
         if let (Some(t), Some(deadline)) = (timer.as_mut(), engine.next_deadline()) {
             let now = engine.ctx.clock.now_ns();
             let _ = t.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
+            timer_armed = true;
         }
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
         // A backend that can only be polled gets looked at every millisecond.
@@ -274,7 +276,8 @@ fn run(
         }
         shared.sleeping.store(false, Ordering::SeqCst);
         let _ = shared.wake.read();
-        if let Some(t) = timer.as_mut() {
+        // Only a timer that was set needs clearing (a system call saved per sleep).
+        if let Some(t) = timer.as_mut().filter(|_| timer_armed) {
             let _ = t.clear();
         }
         engine.fire_timers();

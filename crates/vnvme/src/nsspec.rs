@@ -10,7 +10,10 @@
 //!
 //! OPT: lba=512|4096        LBA size (default: 512, or the backend's block size)
 //!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it)
-//!      engine=uring|sync   file: io_uring (default) or plain pread/pwrite
+//!      engine=auto|uring|sync  file: io_uring, or plain pread/pwrite; auto (the
+//!                          default) picks pread/pwrite on tmpfs and ramfs (memory:
+//!                          io_uring would hand every request to a kernel worker
+//!                          thread there) and io_uring everywhere else
 //!      fault=RULE          inject failures (repeatable), RULE = OP/ERROR[/lba=S+N]
 //!                          [/after=N][/count=N], e.g. fault=read/eio/lba=2048+8
 //! ```
@@ -52,8 +55,36 @@ pub enum Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Engine {
     #[default]
+    Auto,
     Uring,
     Sync,
+}
+
+impl Engine {
+    /// The engine `Auto` stands for at `path`: synchronous on memory file systems,
+    /// whose files never wait for a device and have no non-blocking read path (so
+    /// io_uring would queue every request to a kernel worker thread: a thread
+    /// handoff per I/O for nothing), io_uring elsewhere.
+    fn resolve(self, path: &std::path::Path) -> Engine {
+        const TMPFS_MAGIC: u64 = 0x0102_1994;
+        const RAMFS_MAGIC: u64 = 0x8584_58f6;
+        if self != Engine::Auto {
+            return self;
+        }
+        // The file may not exist yet: ask about the directory it will be in.
+        let probe = if path.exists() {
+            path.to_path_buf()
+        } else {
+            path.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf()
+        };
+        match rustix::fs::statfs(&probe) {
+            Ok(st) if matches!(st.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC) => Engine::Sync,
+            _ => Engine::Uring,
+        }
+    }
 }
 
 /// An opened namespace: its backend and LBA format.
@@ -69,8 +100,8 @@ impl NsSpec {
         let backend: Arc<dyn Backend> = match &self.kind {
             Kind::Ram => Arc::new(RamBackend::new(self.size.expect("parsed with a size"))),
             Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
-            Kind::File(p) => match self.engine {
-                Engine::Uring => {
+            Kind::File(p) => match self.engine.resolve(p) {
+                Engine::Uring | Engine::Auto => {
                     let opts =
                         UringOptions { direct: self.direct, create_size: self.size, ..Default::default() };
                     Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
@@ -146,7 +177,7 @@ impl FromStr for NsSpec {
             size: None,
             lba_format: None,
             direct: DirectMode::Auto,
-            engine: Engine::Uring,
+            engine: Engine::Auto,
             faults: Vec::new(),
         };
         if s.starts_with("nvme://") {
@@ -184,9 +215,10 @@ impl FromStr for NsSpec {
                 }
                 Some(("engine", v)) if is_file => {
                     spec.engine = match v {
+                        "auto" => Engine::Auto,
                         "uring" => Engine::Uring,
                         "sync" => Engine::Sync,
-                        _ => return Err(format!("engine={v}: expected uring or sync")),
+                        _ => return Err(format!("engine={v}: expected auto, uring or sync")),
                     }
                 }
                 Some(("fault", v)) => spec.faults.push(v.parse()?),
@@ -228,7 +260,7 @@ mod tests {
         assert!("ram:12Q".parse::<NsSpec>().is_err());
         assert!("ram:1M:direct=on".parse::<NsSpec>().unwrap_err().contains("unknown namespace option"));
         let n: NsSpec = "file:disk.img:8M".parse().unwrap();
-        assert_eq!((n.kind, n.size, n.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Uring));
+        assert_eq!((n.kind, n.size, n.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Auto));
         assert!("file::8M".parse::<NsSpec>().is_err());
         // An existing file needs no size; options follow the path directly.
         let n: NsSpec = "file:/dev/sdb:direct=on:engine=sync:lba=4096".parse().unwrap();
@@ -256,6 +288,17 @@ mod tests {
         assert_eq!(o.backend.info().size, 1 << 20);
         let e = format!("file:{}", dir.join("missing.img").display()).parse::<NsSpec>().unwrap().open();
         assert!(e.is_err(), "a missing file without a size is an error");
+        // Auto: io_uring on a disk file system, pread/pwrite on tmpfs.
+        let kind = |s: &str| s.parse::<NsSpec>().unwrap().open().unwrap().backend.info().kind;
+        if rustix::fs::statfs(&dir).map(|s| s.f_type as u64 != 0x0102_1994).unwrap_or(false) {
+            assert!(kind(&format!("file:{}", p.display())).starts_with("uring:"));
+        }
+        if std::path::Path::new("/dev/shm").is_dir() {
+            let shm = format!("/dev/shm/vnvme-nsspec-{}.img", std::process::id());
+            assert!(kind(&format!("file:{shm}:1M")).starts_with("file:"), "tmpfs: the sync engine");
+            assert!(kind(&format!("file:{shm}:engine=uring")).starts_with("uring:"));
+            std::fs::remove_file(&shm).unwrap();
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
