@@ -228,7 +228,7 @@ run_device() { # NAME
             desc="vnvme nvme:// -> vnvme file ($where), doorbells trapped, poll adaptive"
         else
             serve=(--ns "file:$f" "${serve[@]}")
-            desc="vnvme file backend (io_uring), doorbells trapped, poll adaptive"
+            desc="vnvme file backend, doorbells trapped, poll adaptive"
         fi
         vn_device_args "$d/vnvme.sock"
         qargs=("${VN_DEV_ARGS[@]}")
@@ -259,12 +259,20 @@ REPS=$reps
 POINTS="$points"
 PREFILL=$prefill
 EOF
-    python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "desc": sys.argv[2], "backing": sys.argv[3], "qemu_args": sys.argv[4:]}))' \
-        "$dev" "$desc" "$backing" "${qargs[@]}" >"$d/device.json"
     if [[ $dev == vnvme-* ]]; then
         vn_serve_start "$d/serve.log" "$d/vnvme.sock" "${serve[@]}" || { echo "FAILED: $dev: server did not start"; return 1; }
         echo "$VN_PID" >"$d/vnvme.pid"
         grep -a '^vnvme: serving' "$d/serve.log" | sed 's/^/  /'
+        # What the server actually opened (backend kind, engine, LBA, cache), from its
+        # own startup line, for the record (the back end's for a chain).
+        local ns_line
+        ns_line=$(grep -a -m1 '^vnvme: namespace 1:' "${d}/back.log" 2>/dev/null || grep -a -m1 '^vnvme: namespace 1:' "$d/serve.log")
+        [[ -z $ns_line ]] || backing="$backing; server: ${ns_line#vnvme: namespace 1: }"
+    fi
+    python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "desc": sys.argv[2], "backing": sys.argv[3], "qemu_args": sys.argv[4:]}))' \
+        "$dev" "$desc" "$backing" "${qargs[@]}" >"$d/device.json"
+    if [[ $dev == vnvme-* ]]; then
+        :
     else
         # A fresh (sparse) image for every QEMU device; the guest fills it first.
         rm -f "$img" "$disk_img"

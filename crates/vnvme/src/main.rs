@@ -30,12 +30,13 @@ enum Cmd {
         /// Namespaces (repeat for several):
         ///   ram:SIZE | null:SIZE | file:PATH[:SIZE] | nvme://...
         /// file: a regular file (created or extended to SIZE) or a block device, on
-        /// io_uring with O_DIRECT when the file system allows it.
+        /// io_uring with O_DIRECT when the file system allows it (pread/pwrite on
+        /// tmpfs and ramfs, where io_uring would only add a thread handoff).
         /// nvme:///path/to/vfio-user.sock?ns=1 or nvme://0000:01:00.0?ns=1: a namespace
         /// of another NVMe controller through the userspace driver (query options:
         /// ns, queues, depth, doorbells, poll).
         /// Options after the kind, each as :NAME=VALUE:
-        ///   lba=512|4096, direct=auto|on|off and engine=uring|sync (file),
+        ///   lba=512|4096, direct=auto|on|off and engine=auto|uring|sync (file),
         ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N] (repeatable; OP read,
         ///   write, flush, discard or any; ERROR eio, enospc, short, gone or rofs).
         /// Examples: ram:1G, file:disk.img:8G:lba=4096, ram:64M:fault=read/eio/lba=2048+8
