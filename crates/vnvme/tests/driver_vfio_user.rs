@@ -4,16 +4,16 @@
 //! interrupts, Dataset Management, Write Zeroes, Flush, and the server's doorbell
 //! counters. Every child process is killed on drop and every wait is bounded.
 
-mod support;
+mod common;
 
 use std::process::Command;
 
+use common::{opts, pattern, Server, TIMEOUT};
 use nvme_driver::{
     CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange, NvmeDriver, VfioUserOptions,
     VfioUserTransport,
 };
 use nvme_spec::Status;
-use support::{opts, pattern, Server, TIMEOUT};
 
 /// Transfer sizes that exercise PRP1 only, PRP1 + PRP2, a PRP list, and a long list.
 const SIZES: [usize; 4] = [4096, 8192, 12288, 65536];
@@ -71,7 +71,7 @@ fn drain(q: &mut IoQueue, n: usize) {
 }
 
 fn integrity_on_one_queue(shadow: bool, completion: CompletionMode) {
-    let server = Server::start(&[]);
+    let server = Server::start_with(&[]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, shadow, completion));
     assert_eq!(d.shadow_doorbells(), shadow);
     let q = d.queue(1).unwrap();
@@ -113,7 +113,7 @@ fn integrity_on_eight_queues(shadow: bool, completion: CompletionMode, doorbells
         DoorbellMode::Mapped => "mapped",
         DoorbellMode::Trapped | DoorbellMode::Sync => "trapped",
     };
-    let server = Server::start(&["--workers", "2", "--doorbells", server_mode]);
+    let server = Server::start_with(&["--workers", "2", "--doorbells", server_mode]);
     let mut d = server.driver(doorbells, opts(8, shadow, completion));
     assert_eq!(d.io_queue_count(), 8);
     let queues = d.take_queues();
@@ -168,7 +168,7 @@ fn eight_queue_pairs_mapped_doorbells() {
 
 #[test]
 fn eventfd_doorbells_without_shadow_doorbells_are_refused() {
-    let server = Server::start(&["--doorbells", "eventfd"]);
+    let server = Server::start_with(&["--doorbells", "eventfd"]);
     let t = VfioUserTransport::connect(
         &server.socket,
         VfioUserOptions { doorbells: DoorbellMode::EventFd, socket_timeout: Some(TIMEOUT) },
@@ -186,7 +186,7 @@ fn eventfd_doorbells_without_shadow_doorbells_are_refused() {
 
 #[test]
 fn dsm_deallocate_then_reads_zeroes() {
-    let server = Server::start(&[]);
+    let server = Server::start_with(&[]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     let data = pattern(7, 64 * 1024);
     d.write(1, 0, &data).unwrap();
@@ -204,7 +204,7 @@ fn dsm_deallocate_then_reads_zeroes() {
 
 #[test]
 fn write_zeroes_and_flush() {
-    let server = Server::start(&[]);
+    let server = Server::start_with(&[]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let data = pattern(9, 32 * 1024);
     let q = d.queue(1).unwrap();
@@ -225,7 +225,7 @@ fn write_zeroes_and_flush() {
 
 #[test]
 fn errors_carry_the_nvme_status() {
-    let server = Server::start(&[]);
+    let server = Server::start_with(&[]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     let e = d.flush(7).unwrap_err();
     assert_eq!(e.status().map(|s| s.code()), Some(Status::INVALID_NAMESPACE), "{e}");
@@ -238,7 +238,7 @@ fn errors_carry_the_nvme_status() {
 
 #[test]
 fn identify_reports_controller_and_namespaces() {
-    let server = Server::start(&["--ns", "ram:64M", "--ns", "null:1G:lba=4096", "--serial", "DRV0042"]);
+    let server = Server::start_with(&["--ns", "ram:64M", "--ns", "null:1G:lba=4096", "--serial", "DRV0042"]);
     let d = server.driver(DoorbellMode::Trapped, opts(2, true, CompletionMode::Polling));
     let c = d.controller();
     assert_eq!(c.serial(), "DRV0042");
@@ -253,7 +253,7 @@ fn identify_reports_controller_and_namespaces() {
 
 #[test]
 fn doorbell_modes_the_server_lacks_fail_clearly() {
-    let server = Server::start(&["--doorbells", "trapped"]);
+    let server = Server::start_with(&["--doorbells", "trapped"]);
     for mode in [DoorbellMode::Mapped, DoorbellMode::EventFd] {
         let e = VfioUserTransport::connect(
             &server.socket,
@@ -292,7 +292,7 @@ fn reads_at_depth(q: &mut IoQueue, qd: usize, n: usize) {
 #[test]
 fn shadow_doorbells_keep_trapped_doorbells_well_below_one_per_io() {
     const N: usize = 20_000;
-    let server = Server::start(&["--ns", "null:1G"]);
+    let server = Server::start_with(&["--ns", "null:1G"]);
     // Shadow doorbells, QD 16.
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     assert!(d.shadow_doorbells());
@@ -324,7 +324,7 @@ fn shadow_doorbells_keep_trapped_doorbells_well_below_one_per_io() {
 
 #[test]
 fn cli_identify_and_perf() {
-    let server = Server::start(&["--ns", "null:1G", "--serial", "CLI0001"]);
+    let server = Server::start_with(&["--ns", "null:1G", "--serial", "CLI0001"]);
     let out = Command::new(env!("CARGO_BIN_EXE_vnvme"))
         .args(["identify", "--socket"])
         .arg(&server.socket)

@@ -10,12 +10,12 @@
 //! file survives a crash mid-stream in a state a restart can serve. Power loss is
 //! the kernel's fdatasync contract, which Flush and FUA map to.
 
-mod support;
+mod common;
 
 use std::collections::HashMap;
 
+use common::{opts, pattern, temp_dir, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand};
-use support::{opts, pattern, temp_dir, Server};
 
 const NS_BYTES: u64 = 64 << 20;
 const BLOCK: u64 = 4096;

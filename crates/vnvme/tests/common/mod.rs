@@ -21,47 +21,69 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::IntoBytes;
 
 /// How long any single wait in these tests may take before the test fails.
-pub const TIMEOUT: Duration = Duration::from_secs(10);
+pub const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A `vnvme serve` child process on a socket in its own temporary directory. Killed
-/// (and its directory removed) on drop; if the test is failing, its log is printed.
+/// A fresh temporary directory for one test.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "vnvme-{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temporary directory");
+    dir
+}
+
+/// A `vnvme serve` child process. Killed on drop (its directory removed too when the
+/// server made it); if the test is failing, its log is printed.
 #[derive(Debug)]
 pub struct Server {
     child: Child,
-    dir: PathBuf,
+    pub dir: PathBuf,
     pub socket: PathBuf,
+    /// The `--stats-file` the server rewrites twice a second.
+    pub stats: PathBuf,
+    owns_dir: bool,
+    log_name: String,
 }
 
 impl Server {
-    /// Starts `vnvme serve --socket DIR/s.sock --ns ram:16M` and waits (bounded) for
-    /// the socket to appear.
+    /// Starts `vnvme serve --ns ram:16M` in a new temporary directory and waits
+    /// (bounded) for its socket.
     pub fn start() -> Server {
-        Self::start_with(&[])
+        Self::start_with(&["--ns", "ram:16M"])
     }
 
-    /// As [`Server::start`], with extra command-line arguments.
+    /// Starts a server in a new temporary directory (removed on drop) with extra
+    /// arguments; `--ns ram:64M` unless they name namespaces.
     pub fn start_with(extra: &[&str]) -> Server {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vnvme-proto-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temporary directory");
-        let socket = dir.join("s.sock");
-        let log = File::create(dir.join("server.log")).expect("create server log");
-        let child = Command::new(env!("CARGO_BIN_EXE_vnvme"))
-            .args(["--log", "info", "serve", "--socket"])
-            .arg(&socket)
-            .args(["--ns", "ram:16M"])
+        let mut s = Server::start_in(&temp_dir("serve"), "s", extra);
+        s.owns_dir = true;
+        s
+    }
+
+    /// Starts a server in `dir` (kept on drop), its socket, stats and log files
+    /// named after `name`.
+    pub fn start_in(dir: &std::path::Path, name: &str, extra: &[&str]) -> Server {
+        let socket = dir.join(format!("{name}.sock"));
+        let stats = dir.join(format!("{name}-stats.json"));
+        let log_name = format!("{name}.log");
+        let log = File::create(dir.join(&log_name)).expect("create server log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vnvme"));
+        cmd.args(["--log", "info", "serve", "--socket"]).arg(&socket).arg("--stats-file").arg(&stats);
+        if !extra.contains(&"--ns") {
+            cmd.args(["--ns", "ram:64M"]);
+        }
+        let child = cmd
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("spawn vnvme serve");
-        let mut s = Server { child, dir, socket };
+        let mut s = Server { child, dir: dir.to_path_buf(), socket, stats, owns_dir: false, log_name };
         let deadline = Instant::now() + TIMEOUT;
         while !s.socket.exists() {
             if let Some(st) = s.child.try_wait().expect("wait for vnvme") {
@@ -71,6 +93,44 @@ impl Server {
             std::thread::sleep(Duration::from_millis(10));
         }
         s
+    }
+
+    /// SIGKILL, now: no shutdown, no flush, no chance to finish anything.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The userspace driver, connected over vfio-user and brought up.
+    pub fn driver(
+        &self,
+        doorbells: nvme_driver::DoorbellMode,
+        opts: nvme_driver::DriverOptions,
+    ) -> nvme_driver::NvmeDriver {
+        let t = nvme_driver::VfioUserTransport::connect(
+            &self.socket,
+            nvme_driver::VfioUserOptions { doorbells, socket_timeout: Some(TIMEOUT) },
+        )
+        .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()));
+        nvme_driver::NvmeDriver::new(Box::new(t), opts)
+            .unwrap_or_else(|e| panic!("bring-up: {e}\n{}", self.log()))
+    }
+
+    /// The server's counters once its I/O command count has reached `io_commands`
+    /// (the stats file is rewritten twice a second; the wait is bounded).
+    pub fn stats_after(&self, io_commands: u64) -> serde_json::Value {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&self.stats) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&s) {
+                    if v["io_commands"].as_u64().unwrap_or(0) >= io_commands {
+                        return v;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "server stats never reached {io_commands} I/O commands");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Open file descriptors and memory mappings of the server process.
@@ -89,7 +149,7 @@ impl Server {
 
     /// The server's stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.join(&self.log_name)).unwrap_or_default()
     }
 
     /// Panics with the server log if the process has exited.
@@ -141,9 +201,15 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("---- vnvme serve log ----\n{}-------------------------", self.log());
+            eprintln!(
+                "---- vnvme serve log ({}) ----\n{}-------------------------",
+                self.log_name,
+                self.log()
+            );
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -275,5 +341,35 @@ impl TestEventFd {
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Driver options for tests: `io_queues` pairs of 128 entries, bounded waits.
+pub fn opts(
+    io_queues: u16,
+    shadow: bool,
+    completion: nvme_driver::CompletionMode,
+) -> nvme_driver::DriverOptions {
+    nvme_driver::DriverOptions {
+        io_queues,
+        queue_size: 128,
+        shadow_doorbells: shadow,
+        completion,
+        pool_bytes: 16 << 20,
+        timeout: TIMEOUT,
     }
 }
