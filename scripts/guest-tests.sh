@@ -268,6 +268,32 @@ N3_LBA=$8
 EOF
 }
 
+# suite_boot KERNEL DIR NAME SCRIPT [BOOT.SH ARGS...] -- SERVE ARGS...: start
+# `vnvme serve --once` on DIR/vnvme.sock with SERVE ARGS, boot the guest running
+# SCRIPT, count its results and check its exit status and the server's. Returns 1
+# if the server did not start.
+suite_boot() {
+    local k=$1 d=$2 name=$3 script=$4 boot=()
+    shift 4
+    while [[ $# -gt 0 && $1 != -- ]]; do
+        boot+=("$1")
+        shift
+    done
+    shift
+    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" "$@" --once --stats-file "$d/stats.json" --log info; then
+        result FAIL "$k" "vnvme serve did not start ($name suite)"
+        return 1
+    fi
+    run_boot "$k" "$d" "$script" "${boot[@]}"
+    guest_results "$k" "$d"
+    if [[ $BOOT_RC -eq 0 ]]; then
+        result PASS "$k" "$name suite guest script exited 0"
+    else
+        result FAIL "$k" "$name suite guest script exit status $BOOT_RC (124 timeout, 125 no status; serial log: $d/guest.log)"
+    fi
+    server_done "$k" "$d"
+}
+
 suite_main() {
     local k=$1
     local d="$work/$k-main" t0 img line sum_guest sum_host path
@@ -277,20 +303,8 @@ suite_main() {
     echo
     echo "== [$k] main suite: 3 namespaces, --poll off"
     write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
-    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns ram:64M --ns ram:32M:lba=4096 \
-        --ns "file:$img:128M" --poll off --serial VNVMEGT0001 --once \
-        --stats-file "$d/stats.json" --log info; then
-        result FAIL "$k" "vnvme serve did not start (main suite)"
-        return
-    fi
-    run_boot "$k" "$d" main.sh --timeout 360
-    guest_results "$k" "$d"
-    if [[ $BOOT_RC -eq 0 ]]; then
-        result PASS "$k" "main suite guest script exited 0"
-    else
-        result FAIL "$k" "main suite guest script exit status $BOOT_RC (124 timeout, 125 no status; serial log: $d/guest.log)"
-    fi
-    server_done "$k" "$d"
+    suite_boot "$k" "$d" main main.sh --timeout 360 -- --ns ram:64M --ns ram:32M:lba=4096 \
+        --ns "file:$img:128M" --poll off --serial VNVMEGT0001 || return
 
     # Shadow doorbells, from the server's own counters (--poll off).
     db_check "$k" "$d" db off "$max_db"
@@ -342,19 +356,8 @@ suite_reboot() {
     echo
     echo "== [$k] reboot suite: --poll adaptive, 2 workers, guest reboot"
     write_config "$d/config.sh" VNVMEGT0002 $((64 << 20)) 512 0 512 0 512
-    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns ram:64M --poll adaptive --workers 2 \
-        --serial VNVMEGT0002 --once --stats-file "$d/stats.json" --log info; then
-        result FAIL "$k" "vnvme serve did not start (reboot suite)"
-        return
-    fi
-    run_boot "$k" "$d" reboot.sh --reboot --timeout 240
-    guest_results "$k" "$d"
-    if [[ $BOOT_RC -eq 0 ]]; then
-        result PASS "$k" "reboot suite guest script exited 0 after the reboot"
-    else
-        result FAIL "$k" "reboot suite guest script exit status $BOOT_RC (serial log: $d/guest.log)"
-    fi
-    server_done "$k" "$d"
+    suite_boot "$k" "$d" reboot reboot.sh --reboot --timeout 240 -- --ns ram:64M --poll adaptive \
+        --workers 2 --serial VNVMEGT0002 || return
     n=$(grep -ac 'controller enabled' "$d/serve.log")
     if [[ $n -ge 2 ]] && grep -qa 'pass 2 (after the guest reboot)' "$d/guest.log"; then
         result PASS "$k" "guest reboot: same server, controller enabled $n times, $(grep -ac 'shadow doorbells enabled' "$d/serve.log") Doorbell Buffer Configs"
@@ -373,20 +376,8 @@ suite_faults() {
     echo
     echo "== [$k] faults suite: injected backend failures"
     write_config "$d/config.sh" VNVMEGT0003 $((64 << 20)) 512 $((16 << 20)) 512 0 512
-    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns "ram:64M:fault=read/eio/lba=2048+8" \
-        --ns "ram:16M:fault=write/enospc/lba=4096+8" --serial VNVMEGT0003 --once \
-        --stats-file "$d/stats.json" --log info; then
-        result FAIL "$k" "vnvme serve did not start (faults suite)"
-        return
-    fi
-    run_boot "$k" "$d" faults.sh --timeout 240
-    guest_results "$k" "$d"
-    if [[ $BOOT_RC -eq 0 ]]; then
-        result PASS "$k" "faults suite guest script exited 0"
-    else
-        result FAIL "$k" "faults suite guest script exit status $BOOT_RC (serial log: $d/guest.log)"
-    fi
-    server_done "$k" "$d"
+    suite_boot "$k" "$d" faults faults.sh --timeout 240 -- --ns "ram:64M:fault=read/eio/lba=2048+8" \
+        --ns "ram:16M:fault=write/enospc/lba=4096+8" --serial VNVMEGT0003 || return
     n=$(grep -ac 'backend request failed' "$d/serve.log")
     if [[ $n -ge 2 ]]; then
         result PASS "$k" "server log: $n backend failures logged ($(grep -a 'backend request failed' "$d/serve.log" | head -1 | grep -o 'I/O error.*\|no space.*' | head -1))"

@@ -5,8 +5,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// `BLKGETSIZE64` (`_IOR(0x12, 114, size_t)`): a block device's size in bytes. The
-/// encoding of the direction bits differs on a few architectures.
+/// The ioctl number encoding: the direction field's position and its "read" and
+/// "none" values differ on a few architectures (3 direction bits at 29 instead of 2
+/// at 30).
 #[cfg(any(
     target_arch = "powerpc",
     target_arch = "powerpc64",
@@ -15,7 +16,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
     target_arch = "sparc",
     target_arch = "sparc64"
 ))]
-const BLKGETSIZE64: u32 = 0x4008_1272;
+const IOC: (u32, u32, u32) = (29, 2, 1); // (direction shift, read, none)
 #[cfg(not(any(
     target_arch = "powerpc",
     target_arch = "powerpc64",
@@ -24,28 +25,25 @@ const BLKGETSIZE64: u32 = 0x4008_1272;
     target_arch = "sparc",
     target_arch = "sparc64"
 )))]
-const BLKGETSIZE64: u32 = 0x8008_1272;
+const IOC: (u32, u32, u32) = (30, 2, 0);
+
+/// An ioctl number: direction, argument size, type and number.
+const fn ioc(dir: u32, ty: u32, nr: u32, size: u32) -> u32 {
+    (dir << IOC.0) | (size << 16) | (ty << 8) | nr
+}
+
+/// `BLKGETSIZE64` (`_IOR(0x12, 114, size_t)`): a block device's size in bytes.
+const BLKGETSIZE64: u32 = ioc(IOC.1, 0x12, 114, 8);
 
 /// `BLOCK_URING_CMD_DISCARD` (`_IO(0x12, 0)`): the io_uring command that discards a
 /// byte range of a block device (Linux 6.12 and later).
-#[cfg(any(
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "mips",
-    target_arch = "mips64",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-))]
-pub(super) const BLOCK_URING_CMD_DISCARD: u32 = 0x2000_1200;
-#[cfg(not(any(
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "mips",
-    target_arch = "mips64",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-)))]
-pub(super) const BLOCK_URING_CMD_DISCARD: u32 = 0x1200;
+pub(super) const BLOCK_URING_CMD_DISCARD: u32 = ioc(IOC.2, 0x12, 0, 0);
+
+#[cfg(target_arch = "x86_64")]
+const _: () = {
+    assert!(BLKGETSIZE64 == 0x8008_1272);
+    assert!(BLOCK_URING_CMD_DISCARD == 0x1200);
+};
 
 fn cvt(r: libc::c_int) -> io::Result<()> {
     if r < 0 {
