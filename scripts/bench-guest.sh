@@ -44,7 +44,8 @@ Devices (--devices, comma separated; default: all of them):
                         doorbells, --poll adaptive, 1 worker
   vnvme-file-disk       the same on the disk file
   vnvme-chain-tmpfs     nvme:// chain: a front \`vnvme serve --ns nvme://back.sock\`
-                        in front of a back \`vnvme serve --ns file:/dev/shm/...\`:
+                        in front of a back \`vnvme serve --ns file:/dev/shm/...
+                        --doorbells eventfd\` (the front kicks the back's worker):
                         its overhead against vnvme-file-tmpfs (the direct path);
                         vnvme µs/IO counts both processes
   --devices backends    = qemu-nvme,qemu-nvme-disk,vnvme-file-tmpfs,vnvme-file-disk,
@@ -221,7 +222,7 @@ run_device() { # NAME
             # The back end: a plain file namespace, serving the front (not --once:
             # stopped after the run).
             vn_serve_start "$d/back.log" "$d/back.sock" --ns "file:$f" --workers 1 --poll adaptive \
-                --log info || { echo "FAILED: $dev: back server did not start"; return 1; }
+                --doorbells eventfd --log info || { echo "FAILED: $dev: back server did not start"; return 1; }
             BACK_PID=$VN_PID
             echo "$BACK_PID" >"$d/vnvme-back.pid"
             serve=(--ns "nvme://$d/back.sock" "${serve[@]}")

@@ -166,8 +166,9 @@ for m in "${MATRIX[@]}"; do
       # The back end serves the namespace; the front reaches it through nvme://.
       back="$TMP/back.sock"
       rm -f "$back"
+      # --doorbells eventfd: the front's doorbells kick the back's worker directly.
       "${SERVER_PIN[@]}" "$VNVME" serve --socket "$back" --ns "$NS" --workers "$WORKERS" --poll "$spoll" \
-        2>"$OUT/logs/serve-$id-back.log" &
+        --doorbells eventfd 2>"$OUT/logs/serve-$id-back.log" &
       BACK_PID=$!
       for _ in $(seq 100); do [ -S "$back" ] && break; sleep 0.1; done
       ns="nvme://$back?queues=$((WORKERS + 2))"

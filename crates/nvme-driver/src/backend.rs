@@ -14,7 +14,8 @@
 //!   ns=N           namespace ID downstream                    (default 1)
 //!   queues=N       I/O queue pairs to create downstream       (default 4)
 //!   depth=N        entries per downstream queue, 2..=4096     (default 128)
-//!   doorbells=M    vfio-user doorbells: trapped, sync, eventfd, mapped (default trapped)
+//!   doorbells=M    vfio-user doorbells: trapped, sync, eventfd, mapped (default:
+//!                  eventfd when the server offers it, else trapped)
 //!   poll=0|1       1: completions are polled, no interrupts   (default 0)
 //!   timeout=SECS   bound on bring-up waits and socket I/O     (default 30)
 //! ```
@@ -163,6 +164,10 @@ pub struct NvmeBackendOptions {
     pub depth: u16,
     /// How doorbells reach a vfio-user server.
     pub doorbells: DoorbellMode,
+    /// `doorbells` was not chosen: try eventfd doorbells first (one kick straight to
+    /// the server's worker instead of a socket message through its main thread) and
+    /// fall back to `doorbells` when the server does not offer them.
+    pub auto_doorbells: bool,
     /// Poll for completions instead of taking interrupts (no notifier).
     pub poll: bool,
     /// Bound on bring-up waits and on each socket read or write.
@@ -182,6 +187,7 @@ impl NvmeBackendOptions {
             queues: Self::DEFAULT_QUEUES,
             depth: Self::DEFAULT_DEPTH,
             doorbells: DoorbellMode::Trapped,
+            auto_doorbells: true,
             poll: false,
             timeout: Duration::from_secs(30),
         }
@@ -238,6 +244,7 @@ impl NvmeBackendOptions {
                         return Err(err("doorbells= applies to vfio-user sockets only".into()));
                     }
                     o.doorbells = v.parse().map_err(|e: String| err(format!("doorbells={v}: {e}")))?;
+                    o.auto_doorbells = false;
                 }
                 "poll" => {
                     o.poll = match v {
@@ -647,6 +654,20 @@ impl NvmeBackend {
     pub fn open_with(opts: NvmeBackendOptions) -> Result<Self, OpenError> {
         let target = opts.target.clone();
         let connect = |source| OpenError::Connect { target: target.clone(), source };
+        if let (NvmeTarget::VfioUser(p), true) = (&opts.target, opts.auto_doorbells) {
+            let eventfd =
+                VfioUserOptions { doorbells: DoorbellMode::EventFd, socket_timeout: Some(opts.timeout) };
+            let first = VfioUserTransport::connect(p, eventfd).map_err(connect).and_then(|t| {
+                let o = NvmeBackendOptions { doorbells: DoorbellMode::EventFd, ..opts.clone() };
+                Self::with_transport(Box::new(t), o)
+            });
+            match first {
+                Ok(b) => return Ok(b),
+                Err(e) => {
+                    debug!("{}: eventfd doorbells not available ({e}); using {:?}", target, opts.doorbells)
+                }
+            }
+        }
         let transport: Box<dyn Transport> = match &opts.target {
             NvmeTarget::VfioUser(p) => Box::new(
                 VfioUserTransport::connect(

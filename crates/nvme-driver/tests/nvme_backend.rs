@@ -96,6 +96,8 @@ struct Downstream {
     socket: PathBuf,
     /// The server's end of the connection, once a client is in (to cut it).
     conn: mpsc::Receiver<UnixStream>,
+    /// Tells the server thread to stop accepting clients.
+    stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -141,13 +143,21 @@ impl Downstream {
         let mut dev = Device::new(ctrl, irqs, opts).unwrap();
         let listener = server::bind(&socket).unwrap();
         let (tx, conn) = mpsc::channel();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        // One client at a time, as `vnvme serve` does (a backend that probes for
+        // eventfd doorbells connects twice).
         let thread = std::thread::spawn(move || {
-            let Ok((stream, _)) = listener.accept() else { return };
-            let _ = tx.send(stream.try_clone().unwrap());
-            let _ = server::serve_client(stream, &mut dev);
-            dev.disconnect();
+            while let Ok((stream, _)) = listener.accept() {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let _ = tx.send(stream.try_clone().unwrap());
+                let _ = server::serve_client(stream, &mut dev);
+                dev.disconnect();
+            }
         });
-        Downstream { socket, conn, thread: Some(thread) }
+        Downstream { socket, conn, stop, thread: Some(thread) }
     }
 
     fn uri(&self, opts: &str) -> String {
@@ -156,7 +166,11 @@ impl Downstream {
 
     /// Cuts the connection from the server's side, as a server that exits would.
     fn kill(&self) {
-        let s = self.conn.recv_timeout(TIMEOUT).expect("a client connected");
+        let mut s = self.conn.recv_timeout(TIMEOUT).expect("a client connected");
+        // The newest client is the one in use.
+        while let Ok(newer) = self.conn.try_recv() {
+            s = newer;
+        }
         s.shutdown(std::net::Shutdown::Both).unwrap();
     }
 }
@@ -164,7 +178,8 @@ impl Downstream {
 impl Drop for Downstream {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            if let Ok(s) = self.conn.try_recv() {
+            self.stop.store(true, Ordering::SeqCst);
+            while let Ok(s) = self.conn.try_recv() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             // A client that never connected leaves the thread in accept(): wake it.
@@ -629,6 +644,21 @@ fn many_requests_in_flight_through_the_notifier() {
     deep_queue(DoorbellMode::Trapped, "queues=2&depth=32");
     deep_queue(DoorbellMode::EventFd, "queues=1&depth=64&doorbells=eventfd");
     deep_queue(DoorbellMode::Mapped, "queues=1&depth=64&doorbells=mapped");
+}
+
+#[test]
+fn doorbells_default_to_eventfd_when_offered_else_trapped() {
+    let d = Downstream::start(&Setup { doorbells: DoorbellMode::EventFd, ..Setup::default() });
+    let b = NvmeBackend::open(&d.uri("queues=1")).unwrap();
+    assert!(b.describe().contains("doorbells EventFd"), "{}", b.describe());
+    drop((b, d));
+    let d = Downstream::start(&Setup::default());
+    let b = NvmeBackend::open(&d.uri("queues=1")).unwrap();
+    assert!(b.describe().contains("doorbells Trapped"), "{}", b.describe());
+    drop((b, d));
+    // Asked for explicitly, a mode the server lacks is an error, not a fallback.
+    let d = Downstream::start(&Setup::default());
+    assert!(NvmeBackend::open(&d.uri("queues=1&doorbells=eventfd")).is_err());
 }
 
 #[test]
