@@ -214,7 +214,7 @@ for m in "${MATRIX[@]}"; do
       printf 'bench-vfio-user: [%3d/%d] %-14s qd %-3s run %s: %s IOPS%s\n' "$done_runs" "$npoints" "$id" "$qd" \
         "$rep" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see logs/perf-$id-qd$qd-r$rep.log)")" >&2
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
-        "${pin[*]} vnvme ${perf_args[*]}" "$((b1 - b0))" \
+        "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((b1 - b0))" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" >>"$MANIFEST"
       if [ -n "$inproc" ] || kill -0 "$SERVE_PID" 2>/dev/null; then continue; fi
       echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
