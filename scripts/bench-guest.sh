@@ -270,8 +270,10 @@ EOF
         ns_line=$(grep -a -m1 '^vnvme: namespace 1:' "${d}/back.log" 2>/dev/null || grep -a -m1 '^vnvme: namespace 1:' "$d/serve.log")
         [[ -z $ns_line ]] || backing="$backing; server: ${ns_line#vnvme: namespace 1: }"
     fi
+    # Image paths are this machine's: the record says which kind of file it was.
     python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "desc": sys.argv[2], "backing": sys.argv[3], "qemu_args": sys.argv[4:]}))' \
-        "$dev" "$desc" "$backing" "${qargs[@]}" >"$d/device.json"
+        "$dev" "$desc" "$backing" "${qargs[@]}" |
+        sed "s|$disk_img|<disk-dir>/<tmp>.img|g; s|$img|/dev/shm/<tmp>.img|g; s|$work/|<work>/|g" >"$d/device.json"
     if [[ $dev == vnvme-* ]]; then
         :
     else
