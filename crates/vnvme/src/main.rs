@@ -27,20 +27,29 @@ enum Cmd {
         /// UNIX socket path to listen on (a stale socket file is replaced).
         #[arg(long)]
         socket: std::path::PathBuf,
-        /// Namespaces (repeat for several):
-        ///   ram:SIZE | null:SIZE | file:PATH[:SIZE] | nvme://...
-        /// file: a regular file (created or extended to SIZE) or a block device, on
-        /// io_uring with O_DIRECT when the file system allows it (pread/pwrite on
-        /// tmpfs and ramfs, where io_uring would only add a thread handoff).
-        /// nvme:///path/to/vfio-user.sock?ns=1 or nvme://0000:01:00.0?ns=1: a namespace
-        /// of another NVMe controller through the userspace driver (query options:
-        /// ns, queues, depth, doorbells, poll).
+        /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE] or nvme://...
+        ///
+        /// ram:SIZE          RAM, allocated on first write
+        /// null:SIZE         reads return zeroes, writes are dropped
+        /// file:PATH[:SIZE]  a regular file (created or extended to SIZE) or a block
+        ///                   device; io_uring with O_DIRECT when the file system allows
+        ///                   it, pread/pwrite on tmpfs and ramfs
+        /// nvme:///path/to/vfio-user.sock?ns=1, nvme://0000:01:00.0?ns=1
+        ///                   a namespace of another NVMe controller through the
+        ///                   userspace driver; query options ns, queues (at least
+        ///                   workers + 2), depth, doorbells (default: eventfd when
+        ///                   offered, else trapped), poll, timeout
+        ///
         /// Options after the kind, each as :NAME=VALUE:
-        ///   lba=512|4096, direct=auto|on|off and engine=auto|uring|sync (file),
-        ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N] (repeatable; OP read,
-        ///   write, flush, discard or any; ERROR eio, enospc, short, gone or rofs).
-        /// Examples: ram:1G, file:disk.img:8G:lba=4096, ram:64M:fault=read/eio/lba=2048+8
-        #[arg(long = "ns", default_value = "ram:1G")]
+        ///   lba=512|4096             LBA size (default 512, or the backend's block size)
+        ///   direct=auto|on|off       file: O_DIRECT
+        ///   engine=auto|uring|sync   file: io_uring or pread/pwrite
+        ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+        ///                            inject failures (repeatable); OP read, write, flush,
+        ///                            discard or any; ERROR eio, enospc, short, gone, rofs
+        ///
+        /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
+        #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]
         namespaces: Vec<nsspec::NsSpec>,
         /// I/O worker threads; each owns the queues assigned to it.
         #[arg(long, default_value_t = 1)]
