@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use block_backend::{NullBackend, RamBackend};
+use block_backend::{FaultBackend, FaultError, FaultOp, FaultRule, NullBackend, RamBackend};
 use guest_mem::{GuestMemory, Mapping};
 use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
 use nvme_ctrl::controller::Lifecycle;
@@ -208,11 +208,14 @@ impl<'s> Fuzzer<'s> {
             .map(|i| {
                 let n = s.ns[i];
                 let size = (1 + n.mib as u64 % 8) << 20;
-                let backend: Arc<dyn block_backend::Backend> = if n.kind & 1 == 0 {
+                let mut backend: Arc<dyn block_backend::Backend> = if n.kind & 1 == 0 {
                     Arc::new(RamBackend::new(size))
                 } else {
                     Arc::new(NullBackend::new(size))
                 };
+                if let Some(rule) = fault_rule(n.kind) {
+                    backend = Arc::new(FaultBackend::new(backend, vec![rule]));
+                }
                 NamespaceConfig { backend, lba_format: n.lba_format % 2 }
             })
             .collect();
@@ -742,4 +745,21 @@ impl<'s> Fuzzer<'s> {
         }
         self.run_device(1 + p.n as u32 % 8);
     }
+}
+
+/// The failure a namespace's backend injects, from its `kind` byte (see
+/// `program::NsSpec`), so the error paths (statuses, the Error Information log,
+/// SMART warnings and events) run under the fuzzer too.
+fn fault_rule(kind: u8) -> Option<FaultRule> {
+    let e = (kind >> 1) & 7;
+    if e < 3 {
+        return None;
+    }
+    let error =
+        [FaultError::Eio, FaultError::NoSpace, FaultError::Short, FaultError::Gone, FaultError::ReadOnly]
+            [(e - 3) as usize];
+    let op = [FaultOp::Read, FaultOp::Write, FaultOp::Flush, FaultOp::Discard, FaultOp::Any]
+        [((kind >> 4) & 7) as usize % 5];
+    let lba = (kind & 0x80 != 0).then_some((0, 64));
+    Some(FaultRule { op, error, lba, after: 0, count: None, lba_size: 512 })
 }

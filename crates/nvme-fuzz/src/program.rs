@@ -111,7 +111,9 @@ impl Codec for RawSqe {
 record! {
     /// One namespace.
     pub struct NsSpec {
-        /// Bit 0: null backend instead of RAM.
+        /// Bit 0: null backend instead of RAM. Bits 1-3: 3..=7 wrap the backend in a
+        /// fault rule whose error is EIO, ENOSPC, short, gone or read-only; bits 4-6
+        /// (mod 5) pick the operation it hits; bit 7 limits it to blocks 0..64.
         pub kind: u8,
         /// Size: 1 + mib % 8 MiB.
         pub mib: u8,
