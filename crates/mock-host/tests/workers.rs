@@ -106,3 +106,25 @@ fn workers_always_shadow() {
 fn workers_adaptive_trapped() {
     run(PollMode::Adaptive, false);
 }
+
+/// A doorbell page mapped into the guest notifies nobody, so workers that may sleep
+/// are refused; workers that poll always are accepted, and clearing the page is
+/// always allowed.
+#[test]
+fn a_mapped_doorbell_page_needs_workers_that_poll_always() {
+    for (mode, ok) in [(PollMode::Off, false), (PollMode::Adaptive, false), (PollMode::Always, true)] {
+        let cfg = ControllerConfig {
+            namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(1 << 20)), lba_format: 0 }],
+            ..Default::default()
+        };
+        let mut h = MockHost::new(cfg, 16 << 20);
+        h.ctrl.spawn_workers(1, mode).unwrap();
+        let page = guest_mem::GuestMemory::anonymous(&[(0, 4096)]).unwrap();
+        let r = h.ctrl.set_doorbell_page(Some(page));
+        assert_eq!(r.is_ok(), ok, "{mode:?}: {r:?}");
+        if let Err(e) = r {
+            assert!(e.to_string().contains("poll always"), "{e}");
+        }
+        h.ctrl.set_doorbell_page(None).expect("clearing the page");
+    }
+}

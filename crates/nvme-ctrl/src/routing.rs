@@ -147,8 +147,23 @@ impl Controller {
     /// doorbell) on every engine. The guest's stores there produce no notification, so
     /// workers must poll ([`PollMode::Always`]) and the admin side must call
     /// [`Controller::process`] periodically.
-    pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) {
+    ///
+    /// Fails if a worker would sleep: nothing would ever wake it.
+    pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) -> std::io::Result<()> {
+        if page.is_some() {
+            if let Some(w) = self.workers.iter().find(|w| w.mode != PollMode::Always) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "a doorbell page mapped into the guest needs workers that poll always \
+                         (worker {} polls {:?}): the guest's stores there wake nobody",
+                        w.index, w.mode
+                    ),
+                ));
+            }
+        }
         self.on_all_engines(move |e| e.set_doorbell_page(page.clone()));
+        Ok(())
     }
 
     /// The eventfd that wakes every worker to look at its queues' shadow doorbells:

@@ -95,6 +95,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     pub index: usize,
+    /// How the worker waits when idle.
+    pub mode: PollMode,
 }
 
 impl std::fmt::Debug for Worker {
@@ -124,7 +126,7 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name(format!("vnvme-q{index}"))
             .spawn(move || run(engine, rx, s, mode, kick))?;
-        Ok(Worker { tx, shared, thread: Some(thread), index })
+        Ok(Worker { tx, shared, thread: Some(thread), index, mode })
     }
 
     fn send(&self, m: Msg) {

@@ -122,7 +122,7 @@ impl Device {
         let page = match opts.doorbells {
             DoorbellMode::Mapped => {
                 let p = DoorbellPage::new(bar0_len)?;
-                ctrl.set_doorbell_page(Some(p.mem.clone()));
+                ctrl.set_doorbell_page(Some(p.mem.clone()))?;
                 Some(p)
             }
             _ => None,

@@ -8,11 +8,8 @@ mod common;
 
 use std::process::Command;
 
-use common::{opts, pattern, Server, TIMEOUT};
-use nvme_driver::{
-    CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange, NvmeDriver, VfioUserOptions,
-    VfioUserTransport,
-};
+use common::{opts, pattern, Server};
+use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange, NvmeDriver};
 use nvme_spec::Status;
 
 /// Transfer sizes that exercise PRP1 only, PRP1 + PRP2, a PRP list, and a long list.
@@ -169,11 +166,7 @@ fn eight_queue_pairs_mapped_doorbells() {
 #[test]
 fn eventfd_doorbells_without_shadow_doorbells_are_refused() {
     let server = Server::start_with(&["--doorbells", "eventfd"]);
-    let t = VfioUserTransport::connect(
-        &server.socket,
-        VfioUserOptions { doorbells: DoorbellMode::EventFd, socket_timeout: Some(TIMEOUT) },
-    )
-    .unwrap();
+    let t = server.transport(DoorbellMode::EventFd).unwrap();
     let e = NvmeDriver::new(Box::new(t), opts(1, false, CompletionMode::Polling)).unwrap_err();
     assert!(matches!(e, nvme_driver::DriverError::Unsupported(_)), "{e}");
     // With shadow doorbells the same server works, and nothing traps.
@@ -255,11 +248,7 @@ fn identify_reports_controller_and_namespaces() {
 fn doorbell_modes_the_server_lacks_fail_clearly() {
     let server = Server::start_with(&["--doorbells", "trapped"]);
     for mode in [DoorbellMode::Mapped, DoorbellMode::EventFd] {
-        let e = VfioUserTransport::connect(
-            &server.socket,
-            VfioUserOptions { doorbells: mode, socket_timeout: Some(TIMEOUT) },
-        )
-        .unwrap_err();
+        let e = server.transport(mode).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{mode:?}: {e}");
         assert!(e.to_string().contains("does not offer"), "{mode:?}: {e}");
     }

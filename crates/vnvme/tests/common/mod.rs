@@ -101,17 +101,31 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// A vfio-user transport to the server. The socket file appears at bind(), a
+    /// moment before listen(), so a refused connection is retried (bounded).
+    pub fn transport(
+        &self,
+        doorbells: nvme_driver::DoorbellMode,
+    ) -> std::io::Result<nvme_driver::VfioUserTransport> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let opts = nvme_driver::VfioUserOptions { doorbells, socket_timeout: Some(TIMEOUT) };
+            match nvme_driver::VfioUserTransport::connect(&self.socket, opts) {
+                Err(e) if refused(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// The userspace driver, connected over vfio-user and brought up.
     pub fn driver(
         &self,
         doorbells: nvme_driver::DoorbellMode,
         opts: nvme_driver::DriverOptions,
     ) -> nvme_driver::NvmeDriver {
-        let t = nvme_driver::VfioUserTransport::connect(
-            &self.socket,
-            nvme_driver::VfioUserOptions { doorbells, socket_timeout: Some(TIMEOUT) },
-        )
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()));
+        let t = self.transport(doorbells).unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()));
         nvme_driver::NvmeDriver::new(Box::new(t), opts)
             .unwrap_or_else(|e| panic!("bring-up: {e}\n{}", self.log()))
     }
@@ -372,4 +386,9 @@ pub fn opts(
         pool_bytes: 16 << 20,
         timeout: TIMEOUT,
     }
+}
+
+/// True if `e` (or an error it wraps) is a refused connection.
+fn refused(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::ConnectionRefused || e.to_string().contains("Connection refused")
 }
