@@ -56,6 +56,10 @@ impl FileBackend {
         let keep = FallocateFlags::KEEP_SIZE;
         let punch = probe(FallocateFlags::PUNCH_HOLE | keep);
         let zero_range = probe(FallocateFlags::ZERO_RANGE | keep);
+        if zero_range && punch {
+            // Zeroing past the end preallocated a block there: give it back.
+            probe(FallocateFlags::PUNCH_HOLE | keep);
+        }
         Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range })
     }
 }
