@@ -84,7 +84,7 @@ pub struct IoEngine {
     pub(crate) backends: Vec<Box<dyn BackendQueue>>,
     inflight: Vec<Option<InFlight>>,
     free_tags: Vec<u32>,
-    reaped: Vec<Completion>,
+    pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
     /// A doorbell page mapped into the guest (BAR0 0x1000..), polled for doorbell
     /// values the guest stores with no exit; addressed by BAR0 offset.
@@ -654,7 +654,7 @@ impl IoEngine {
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     fn reap(&mut self) -> bool {
-        let mut any = false;
+        let mut any = !self.reaped.is_empty();
         for i in 0..self.backends.len() {
             if self.backends[i].in_flight() > 0 {
                 self.backends[i].commit();
@@ -896,6 +896,13 @@ impl IoEngine {
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
         self.inflight.iter().any(|f| f.is_some())
+    }
+
+    /// Closes this engine's backend queues: the controller's own engine, once workers
+    /// own every I/O queue, so a backend with a limited number of queues (nvme://)
+    /// or a cost per queue (an io_uring ring) spends them on the workers only.
+    pub(crate) fn close_backends(&mut self) {
+        self.backends.clear();
     }
 
     /// The descriptors of backend queues that complete asynchronously: the owner

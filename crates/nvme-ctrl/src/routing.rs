@@ -59,6 +59,11 @@ impl Controller {
         if !self.book.cqs.is_empty() || !self.workers.is_empty() {
             return Err(std::io::Error::other("workers must be started before any I/O queue exists"));
         }
+        if n > 0 {
+            // I/O queues will all live on the workers: the controller's own engine
+            // keeps the admin queue only and needs no backend queues.
+            self.engine.close_backends();
+        }
         for i in 0..n {
             let mut e = IoEngine::new(self.engine.ctx.clone(), self.engine.mem.clone())?;
             self.settings().apply(&mut e);

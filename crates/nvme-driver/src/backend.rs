@@ -26,9 +26,9 @@
 //! queue pair at once (`queues=`). Each [`Backend::open_queue`] takes one pair out of
 //! the backend for the caller's thread, which then drives it without locks; dropping
 //! the queue waits (bounded) for its downstream commands and gives the pair back. A
-//! vnvme front controller opens one queue per I/O worker per namespace, plus one for
-//! its inline engine and one for its admin side (flush at shutdown), so `queues=`
-//! must be at least workers + 2; asking for more than exist is an error that says so.
+//! vnvme front controller opens one queue per I/O worker per namespace plus one for
+//! its admin side (flush at shutdown, Format), so `queues=` must be at least
+//! workers + 1; asking for more than exist is an error that says so.
 //!
 //! # Splitting and statuses
 //!
@@ -127,7 +127,7 @@ use crate::vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};
 pub const URI_SYNTAX: &str = "\
 nvme:///abs/path.sock[?OPTS]   namespace of a vfio-user NVMe server (socket path; also nvme://./rel.sock)
 nvme://DDDD:BB:DD.F[?OPTS]     namespace of a PCI NVMe device bound to vfio-pci
-  OPTS (joined with &): ns=N (1), queues=N (4; a vnvme front needs workers + 2),
+  OPTS (joined with &): ns=N (1), queues=N (4; a vnvme front needs workers + 1),
   depth=N (128 entries per queue), doorbells=trapped|sync|eventfd|mapped (trapped),
   poll=0|1 (0: interrupts), timeout=SECS (30)";
 
@@ -853,8 +853,7 @@ impl Backend for NvmeBackend {
         let mut q = lock(&s.free).pop().ok_or_else(|| {
             io::Error::other(format!(
                 "{}: all {} downstream I/O queue pair(s) are in use; raise queues= in the nvme:// URI \
-                 (a vnvme front opens one per I/O worker, plus one for its inline engine and one for \
-                 its admin side: workers + 2)",
+                 (a vnvme front opens one per I/O worker plus one for its admin side: workers + 1)",
                 s.target, s.total_queues
             ))
         })?;

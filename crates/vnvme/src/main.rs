@@ -37,7 +37,7 @@ enum Cmd {
         /// nvme:///path/to/vfio-user.sock?ns=1, nvme://0000:01:00.0?ns=1
         ///                   a namespace of another NVMe controller through the
         ///                   userspace driver; query options ns, queues (at least
-        ///                   workers + 2), depth, doorbells (default: eventfd when
+        ///                   workers + 1), depth, doorbells (default: eventfd when
         ///                   offered, else trapped), poll, timeout
         ///
         /// Options after the kind, each as :NAME=VALUE:

@@ -31,7 +31,7 @@ impl IoEngine {
         });
         for n in targets {
             let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
-            self.backends[n as usize - 1].submit(&self.mem, req);
+            self.backend_submit(n, req);
         }
         Ok(Started::Pending)
     }

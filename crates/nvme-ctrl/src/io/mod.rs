@@ -97,6 +97,20 @@ impl IoEngine {
         }
     }
 
+    /// Hands `req` to namespace `nsid`'s backend queue on this engine. An engine
+    /// without backend queues (the controller's own, once workers own the I/O
+    /// queues) never gets I/O; if it did, the request fails instead of panicking.
+    pub(crate) fn backend_submit(&mut self, nsid: u32, req: Request) {
+        match self.backends.get_mut(nsid as usize - 1) {
+            Some(q) => q.submit(&self.mem, req),
+            None => self.reaped.push(block_backend::Completion {
+                tag: req.tag,
+                result: Err(block_backend::BackendError::NotReady("no backend queue on this engine".into())),
+                data: req.data,
+            }),
+        }
+    }
+
     /// Submits one backend request per `(offset, len)` range for a command that
     /// moves no data, splitting ranges longer than the backend's limit for `op`.
     pub(crate) fn submit_ranges(
@@ -137,7 +151,7 @@ impl IoEngine {
         });
         for (offset, len) in work {
             let req = Request { tag, op, offset, len, data: DataBuf::None };
-            self.backends[ns.nsid as usize - 1].submit(&self.mem, req);
+            self.backend_submit(ns.nsid, req);
         }
         Started::Pending
     }
@@ -166,7 +180,7 @@ impl IoEngine {
             op,
             finish,
         });
-        self.backends[ns.nsid as usize - 1].submit(&self.mem, Request { tag, op, offset, len, data });
+        self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });
         Started::Pending
     }
 }
