@@ -411,8 +411,9 @@ fn probe_discard_cmd(fd: BorrowedFd<'_>) -> bool {
             .addr(Some(0))
             .build()
             .user_data(0);
-        // SAFETY: the command carries no pointers (start and length are plain
-        // numbers), and the descriptor outlives the ring, which is waited on below.
+        // The command carries no pointers (start and length are plain numbers), and the
+        // descriptor outlives the ring, which is waited on below.
+        // SAFETY: the entry holds no pointers and the ring is drained below.
         unsafe { ring.submission().push(&e) }.map_err(io::Error::other)?;
         ring.submit_and_wait(1)?;
         let res = ring.completion().next().map(|c| c.result());
@@ -969,11 +970,12 @@ impl UringQueue {
                 continue;
             };
             let entry = slot.entry(idx);
-            // SAFETY: everything the entry points at lives in the slot until its CQE
-            // is reaped: the vector array (`slot.iov`, not touched while the SQE is
-            // out), the bounce buffer, a host buffer (`slot.data`), the guest mappings
+            // Everything the entry points at lives in the slot until its CQE is reaped:
+            // the vector array (`slot.iov`, not touched while the SQE is out), the
+            // bounce buffer, a host buffer (`slot.data`), the guest mappings
             // (`slot.mem` keeps them mapped), and the per-queue scratch and shared zero
             // buffers, which outlive the ring (Drop waits for every SQE).
+            // SAFETY: every buffer the entry names outlives its completion, as listed above.
             let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
             if !pushed {
                 // The submission ring is full: hand it to the kernel and try again.

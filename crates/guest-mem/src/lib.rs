@@ -73,8 +73,9 @@ pub struct HostRange {
     pub len: usize,
 }
 
-// SAFETY: a HostRange is an address, not access: dereferencing it is unsafe and its
-// users document why the memory is alive and theirs to touch at that moment.
+// A HostRange is an address, not access: dereferencing it is unsafe and its users
+// document why the memory is alive and theirs to touch at that moment.
+// SAFETY: sending an address grants no access.
 unsafe impl Send for HostRange {}
 
 /// One region of a [`GuestMemory`], as [`GuestMemory::region_sources`] reports it.
@@ -248,10 +249,11 @@ impl GuestMemory {
     pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         let dst = buf.as_mut_ptr();
         self.for_each_chunk(gpa, buf.len() as u64, |src, n, done| {
-            // SAFETY: `src..src+n` lies inside a live mapping (checked by
-            // for_each_chunk, kept alive by the Arc in `self`), and `dst+done..+n` lies
-            // inside `buf`. The two cannot overlap: `buf` is a Rust allocation, never
-            // part of a guest mapping handed out by this crate.
+            // `src..src+n` lies inside a live mapping (checked by for_each_chunk, kept
+            // alive by the Arc in `self`), and `dst+done..+n` lies inside `buf`. The
+            // two cannot overlap: `buf` is a Rust allocation, never part of a guest
+            // mapping handed out by this crate.
+            // SAFETY: both ranges are live, in bounds and disjoint.
             unsafe { std::ptr::copy_nonoverlapping(src, dst.add(done), n) }
         })
     }
@@ -260,9 +262,10 @@ impl GuestMemory {
     pub fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         let src = buf.as_ptr();
         self.for_each_chunk(gpa, buf.len() as u64, |dst, n, done| {
-            // SAFETY: as in `read`, with source and destination swapped; writable
-            // mappings are the only kind this crate creates for guest RAM (a read-only
-            // fd mapping faults, which is the VMM's contract to avoid).
+            // As in `read`, with source and destination swapped; writable mappings are
+            // the only kind this crate creates for guest RAM (a read-only fd mapping
+            // faults, which is the VMM's contract to avoid).
+            // SAFETY: both ranges are live, in bounds, disjoint and writable where written.
             unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst, n) }
         })
     }
@@ -299,10 +302,11 @@ impl GuestMemory {
         if !(ptr as usize).is_multiple_of(4) {
             return Err(MemError::Misaligned { gpa, align: 4 });
         }
-        // SAFETY: `ptr` is 4-byte aligned and the 4 bytes behind it lie in a live
-        // mapping owned by `self` (through the region's Arc), so the reference lives no
-        // longer than the mapping. AtomicU32 has the layout of u32 and any bit pattern
-        // is valid; the guest's concurrent accesses are what atomics exist for.
+        // `ptr` is 4-byte aligned and the 4 bytes behind it lie in a live mapping owned
+        // by `self` (through the region's Arc), so the reference lives no longer than
+        // the mapping. AtomicU32 has the layout of u32 and any bit pattern is valid;
+        // the guest's concurrent accesses are what atomics exist for.
+        // SAFETY: aligned, in bounds, alive as long as the borrow of `self`.
         Ok(unsafe { &*(ptr as *const AtomicU32) })
     }
 

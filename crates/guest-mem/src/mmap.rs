@@ -15,9 +15,10 @@ pub struct Mapping {
     source: Option<(OwnedFd, u64)>,
 }
 
-// SAFETY: the mapping is plain memory; all access goes through GuestMemory, whose
-// accessors copy in and out (or use atomics), so sharing the pointer between threads
-// is as safe as sharing the memory itself.
+// The mapping is plain memory; all access goes through GuestMemory, whose accessors
+// copy in and out (or use atomics), so sharing the pointer between threads is as safe
+// as sharing the memory itself.
+// SAFETY: the pointer may move between threads like the memory it names.
 unsafe impl Send for Mapping {}
 // SAFETY: see Send.
 unsafe impl Sync for Mapping {}
@@ -29,8 +30,9 @@ impl Mapping {
             return Err(MemError::InvalidRegion { gpa: 0, len });
         }
         let off = libc::off_t::try_from(offset).map_err(|_| MemError::InvalidRegion { gpa: 0, len })?;
-        // SAFETY: a fresh mapping at an address the kernel chooses; it cannot alias
-        // any Rust object. The result is checked for MAP_FAILED.
+        // A fresh mapping at an address the kernel chooses; it cannot alias any Rust
+        // object. The result is checked for MAP_FAILED.
+        // SAFETY: a new mapping aliases nothing; failure is checked.
         let ptr = unsafe { libc::mmap(std::ptr::null_mut(), size, prot, flags, fd, off) };
         if ptr == libc::MAP_FAILED {
             return Err(MemError::Map { len, source: Arc::new(std::io::Error::last_os_error()) });

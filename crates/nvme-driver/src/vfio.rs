@@ -101,8 +101,9 @@ fn last_error(what: impl std::fmt::Display) -> io::Error {
 
 /// `ioctl(fd, req, value)` for requests that take an integer (or nothing).
 fn ioctl_val(fd: &impl AsRawFd, req: u64, value: libc::c_ulong, what: &str) -> io::Result<i32> {
-    // SAFETY: these requests take their argument by value; the kernel reads no memory
-    // of ours and writes none.
+    // These requests take their argument by value; the kernel reads no memory of ours
+    // and writes none.
+    // SAFETY: by-value requests touch no memory of ours.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::Ioctl, value) };
     if r < 0 {
         return Err(last_error(what));
@@ -144,8 +145,9 @@ struct BarMapping {
     len: usize,
 }
 
-// SAFETY: the mapping is device memory reached only through volatile 32-bit accesses
-// at bounds-checked offsets; each access is independent, so any thread may do it.
+// The mapping is device memory reached only through volatile 32-bit accesses at bounds-
+// checked offsets; each access is independent, so any thread may do it.
+// SAFETY: independent volatile accesses are safe from any thread.
 unsafe impl Send for BarMapping {}
 // SAFETY: see Send.
 unsafe impl Sync for BarMapping {}
@@ -160,8 +162,9 @@ impl BarMapping {
     fn map(device: &File, offset: u64, len: u64) -> io::Result<Self> {
         let size = usize::try_from(len).map_err(|_| invalid("BAR0 too large"))?;
         let off = libc::off_t::try_from(offset).map_err(|_| invalid("BAR0 offset too large"))?;
-        // SAFETY: a fresh shared mapping of the device fd at an address the kernel
-        // picks; it aliases no Rust object. The result is checked for MAP_FAILED.
+        // A fresh shared mapping of the device fd at an address the kernel picks; it
+        // aliases no Rust object. The result is checked for MAP_FAILED.
+        // SAFETY: a new mapping aliases nothing; failure is checked.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -189,8 +192,9 @@ impl BarMapping {
 
     fn read32(&self, off: u64) -> io::Result<u32> {
         let p = self.reg(off)?;
-        // SAFETY: `p` is 4-byte aligned and inside the live mapping (checked by `reg`);
-        // a volatile read is how device registers must be read.
+        // `p` is 4-byte aligned and inside the live mapping (checked by `reg`); a
+        // volatile read is how device registers must be read.
+        // SAFETY: aligned, in bounds, and volatile.
         Ok(u32::from_le(unsafe { p.read_volatile() }))
     }
 
@@ -204,8 +208,9 @@ impl BarMapping {
 
 impl Drop for BarMapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` come from a successful mmap and are unmapped once, here;
-        // doorbell writers share the mapping through an Arc, so none outlives it.
+        // `ptr`/`len` come from a successful mmap and are unmapped once, here; doorbell
+        // writers share the mapping through an Arc, so none outlives it.
+        // SAFETY: unmapped once, after its last user.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
@@ -292,8 +297,9 @@ fn open_rw(path: &Path, what: &str) -> io::Result<File> {
 
 fn region_info(device: &File, index: u32) -> io::Result<vfio_region_info> {
     let mut info = vfio_region_info { argsz: argsz::<vfio_region_info>(), index, ..Default::default() };
-    // SAFETY: `info` is a live vfio_region_info and argsz says exactly its size, so
-    // the kernel writes no capability data past it.
+    // `info` is a live vfio_region_info and argsz says exactly its size, so the kernel
+    // writes no capability data past it.
+    // SAFETY: the kernel writes at most argsz bytes into `info`.
     unsafe { ioctl_ptr(device, VFIO_DEVICE_GET_REGION_INFO, &mut info, "VFIO_DEVICE_GET_REGION_INFO")? };
     Ok(info)
 }
@@ -384,13 +390,15 @@ impl KernelVfioTransport {
             ));
         }
         let mut cfd: RawFd = container.as_raw_fd();
-        // SAFETY: the request reads one int (the container fd) from `cfd`, which lives
-        // across the call.
+        // The request reads one int (the container fd) from `cfd`, which lives across
+        // the call.
+        // SAFETY: the kernel reads one live int.
         unsafe { ioctl_ptr(&group, VFIO_GROUP_SET_CONTAINER, &mut cfd, "VFIO_GROUP_SET_CONTAINER")? };
         ioctl_val(&container, VFIO_SET_IOMMU, iommu as libc::c_ulong, "VFIO_SET_IOMMU")?;
         let name = CString::new(bdf.clone()).map_err(|_| invalid("PCI address contains NUL"))?;
-        // SAFETY: the request reads the NUL-terminated device name, which `name` owns
-        // for the duration of the call; it returns a new fd on success.
+        // The request reads the NUL-terminated device name, which `name` owns for the
+        // duration of the call; it returns a new fd on success.
+        // SAFETY: the kernel reads a live C string.
         let dfd = unsafe {
             ioctl_ptr(&group, VFIO_GROUP_GET_DEVICE_FD, name.as_ptr().cast_mut(), "VFIO_GROUP_GET_DEVICE_FD")?
         };
@@ -476,8 +484,9 @@ impl KernelVfioTransport {
 
     fn set_irqs(&mut self, flags: u32, fds: &[RawFd]) -> io::Result<()> {
         let mut buf = irq_set_buffer(flags, VFIO_PCI_MSIX_IRQ_INDEX, 0, fds);
-        // SAFETY: `buf` holds the header and exactly `fds.len()` ints, which is what
-        // its argsz and count say; the kernel only reads it.
+        // `buf` holds the header and exactly `fds.len()` ints, which is what its argsz
+        // and count say; the kernel only reads it.
+        // SAFETY: the kernel reads exactly the buffer argsz describes.
         unsafe { ioctl_ptr(&self.device, VFIO_DEVICE_SET_IRQS, buf.as_mut_ptr(), "VFIO_DEVICE_SET_IRQS")? };
         Ok(())
     }
@@ -514,8 +523,9 @@ impl KernelVfioTransport {
             iova,
             size,
         };
-        // SAFETY: `m` is a live vfio_iommu_type1_dma_map of the size argsz names; the
-        // range it names is our own mapping, kept alive by `self.dma` until unmapped.
+        // `m` is a live vfio_iommu_type1_dma_map of the size argsz names; the range it
+        // names is our own mapping, kept alive by `self.dma` until unmapped.
+        // SAFETY: a live argument, and a range that stays mapped until unmapped here.
         unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }.map_err(
             |e| {
                 if e.raw_os_error() == Some(libc::ENOMEM) {
@@ -539,8 +549,9 @@ impl KernelVfioTransport {
             size,
             ..Default::default()
         };
-        // SAFETY: `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names (no
-        // dirty bitmap requested, so no trailing data).
+        // `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names (no dirty
+        // bitmap requested, so no trailing data).
+        // SAFETY: a live argument of exactly the size argsz names.
         unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, "VFIO_IOMMU_UNMAP_DMA") }?;
         Ok(())
     }
@@ -698,9 +709,10 @@ impl Transport for KernelVfioTransport {
             iova,
             size: len,
         };
-        // SAFETY: `m` is a live vfio_iommu_type1_dma_map of the size argsz names. The
-        // range it names is a mapping of guest memory that `mem` keeps alive; the clone
-        // stored below holds it until the IOMMU mapping is removed.
+        // `m` is a live vfio_iommu_type1_dma_map of the size argsz names. The range it
+        // names is a mapping of guest memory that `mem` keeps alive; the clone stored
+        // below holds it until the IOMMU mapping is removed.
+        // SAFETY: a live argument, and guest memory kept mapped while the IOMMU maps it.
         unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }?;
         self.next_iova = iova + len;
         self.external.push(ExternalMapping { iova, size: len, _mem: mem.clone() });

@@ -349,8 +349,9 @@ impl Device {
             payload.extend_from_slice(s.as_bytes());
         }
         let kick = self.ctrl.doorbell_kick();
-        // SAFETY: dup of a descriptor the EventFd keeps open for as long as `kick`
-        // lives; the result is checked and owned exclusively by the new OwnedFd.
+        // Dup of a descriptor the EventFd keeps open for as long as `kick` lives; the
+        // result is checked and owned exclusively by the new OwnedFd.
+        // SAFETY: dup of an open descriptor; the result is checked and owned once.
         let raw = unsafe { libc::dup(kick.as_raw_fd()) };
         if raw < 0 {
             return Err(DeviceError::Invalid(std::io::Error::last_os_error().to_string()));

@@ -55,8 +55,9 @@ pub struct DoorbellPage {
 impl DoorbellPage {
     /// A memfd covering BAR0 offsets `0..bar0_len` (only the doorbell page is shared).
     pub fn new(bar0_len: u64) -> std::io::Result<Self> {
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked
-        // before it is wrapped.
+        // Memfd_create with a valid NUL-terminated name; the result is checked before
+        // it is wrapped.
+        // SAFETY: a valid C string; the result is checked.
         let raw = unsafe { libc::memfd_create(c"vnvme-doorbells".as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
             return Err(std::io::Error::last_os_error());

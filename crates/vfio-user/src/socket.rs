@@ -116,8 +116,9 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), Pro
     msg.msg_control = cmsg.as_mut_ptr().cast();
     msg.msg_controllen = CMSG_SPACE;
     let n = loop {
-        // SAFETY: `msg` points at `iov` (covering `buf`) and `cmsg`, both live and
-        // writable for the duration of the call, with their true lengths.
+        // `msg` points at `iov` (covering `buf`) and `cmsg`, both live and writable for
+        // the duration of the call, with their true lengths.
+        // SAFETY: every buffer `msg` names is live and writable at its stated length.
         let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if r >= 0 {
             break r as usize;
@@ -128,9 +129,10 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), Pro
         }
     };
     let mut fds = Vec::new();
-    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled in,
-    // bounded by msg_controllen; each SCM_RIGHTS payload is an array of ints the
-    // kernel installed in our fd table, so taking ownership of them is sound.
+    // The CMSG_* macros walk the control buffer the kernel just filled in, bounded by
+    // msg_controllen; each SCM_RIGHTS payload is an array of ints the kernel installed
+    // in our fd table, so taking ownership of them is sound.
+    // SAFETY: the walk stays inside what the kernel filled, and the fds are ours.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
@@ -164,9 +166,10 @@ fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     msg.msg_control = cmsg.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE is a pure size computation.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of_val(fds) as u32) } as usize;
-    // SAFETY: the control buffer is large enough for one header plus `fds` (checked
-    // against MAX_FDS above); we write exactly one SCM_RIGHTS message into it, and
-    // sendmsg only reads `buf` (the kernel does not write through iov_base).
+    // The control buffer is large enough for one header plus `fds` (checked against
+    // MAX_FDS above); we write exactly one SCM_RIGHTS message into it, and sendmsg only
+    // reads `buf` (the kernel does not write through iov_base).
+    // SAFETY: the control buffer fits what is written, and sendmsg only reads.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;

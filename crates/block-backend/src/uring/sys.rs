@@ -56,8 +56,9 @@ fn cvt(r: libc::c_int) -> io::Result<()> {
 /// The size of the block device behind `fd`, in bytes.
 pub(super) fn blk_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at a live
-    // local of that type; the descriptor is borrowed and open for the call.
+    // BLKGETSIZE64 writes one u64 through the pointer, which points at a live local of
+    // that type; the descriptor is borrowed and open for the call.
+    // SAFETY: the ioctl writes one u64 into a live local.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) })?;
     Ok(size)
 }
@@ -65,8 +66,9 @@ pub(super) fn blk_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 /// The logical block size of the block device behind `fd`.
 pub(super) fn blk_logical_block_size(fd: BorrowedFd<'_>) -> io::Result<u32> {
     let mut lbs: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through the pointer, which points at a live
-    // local of that type; the descriptor is borrowed and open for the call.
+    // BLKSSZGET writes one int through the pointer, which points at a live local of
+    // that type; the descriptor is borrowed and open for the call.
+    // SAFETY: the ioctl writes one int into a live local.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::BLKSSZGET, &mut lbs as *mut libc::c_int) })?;
     u32::try_from(lbs)
         .ok()
@@ -89,8 +91,9 @@ pub(super) enum DioAlign {
 pub(super) fn dio_align(fd: BorrowedFd<'_>) -> DioAlign {
     // SAFETY: statx is plain old data; all zeroes is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: an empty path with AT_EMPTY_PATH makes statx describe `fd` itself; the
-    // path is a valid C string and `stx` a live, writable statx buffer.
+    // An empty path with AT_EMPTY_PATH makes statx describe `fd` itself; the path is a
+    // valid C string and `stx` a live, writable statx buffer.
+    // SAFETY: valid path, valid flags, and a live buffer of the right type.
     let r = unsafe {
         libc::statx(fd.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
     };
