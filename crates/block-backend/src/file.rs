@@ -51,15 +51,7 @@ impl FileBackend {
                 path.display()
             )));
         }
-        // Probe past the end, where punching or zeroing changes nothing.
-        let probe = |flags| rustix::fs::fallocate(&file, flags, size.next_multiple_of(4096), 4096).is_ok();
-        let keep = FallocateFlags::KEEP_SIZE;
-        let punch = probe(FallocateFlags::PUNCH_HOLE | keep);
-        let zero_range = probe(FallocateFlags::ZERO_RANGE | keep);
-        if zero_range && punch {
-            // Zeroing past the end preallocated a block there: give it back.
-            probe(FallocateFlags::PUNCH_HOLE | keep);
-        }
+        let (punch, zero_range) = probe_fallocate(&file, size);
         Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range })
     }
 }
@@ -169,6 +161,21 @@ impl SyncExec for FileQueue {
         }
         Ok(())
     }
+}
+
+/// What fallocate can do on a regular file of `size` bytes: (punch hole, zero
+/// range). Probed past the end, where nothing changes: punching there frees nothing,
+/// and the block zeroing preallocates beyond the end is punched again at once.
+pub(crate) fn probe_fallocate(fd: impl std::os::fd::AsFd, size: u64) -> (bool, bool) {
+    const PROBE: u64 = 4096;
+    let past = size.next_multiple_of(PROBE) + PROBE;
+    let probe = |flags| rustix::fs::fallocate(&fd, flags | FallocateFlags::KEEP_SIZE, past, PROBE).is_ok();
+    let punch = probe(FallocateFlags::PUNCH_HOLE);
+    let zero_range = probe(FallocateFlags::ZERO_RANGE);
+    if zero_range && punch {
+        probe(FallocateFlags::PUNCH_HOLE);
+    }
+    (punch, zero_range)
 }
 
 fn punch(f: &File, offset: u64, len: u64) -> std::io::Result<()> {

@@ -381,18 +381,9 @@ fn queue_attr(rdev: u64, name: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// Probes fallocate on a regular file past its end, where nothing changes: punching
-/// there frees nothing, and any block that zeroing preallocates beyond EOF is
-/// punched again at once.
+/// What fallocate can do on a regular file (see [`crate::file::probe_fallocate`]).
 fn probe_file_caps(fd: BorrowedFd<'_>, size: u64) -> Caps {
-    const PROBE: u64 = 4096;
-    let past = size.next_multiple_of(PROBE) + PROBE;
-    let keep = libc::FALLOC_FL_KEEP_SIZE;
-    let punch = sys::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | keep, past, PROBE).is_ok();
-    let zero_range = sys::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE | keep, past, PROBE).is_ok();
-    if zero_range && punch {
-        let _ = sys::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | keep, past, PROBE);
-    }
+    let (punch, zero_range) = crate::file::probe_fallocate(fd, size);
     Caps { punch, zero_range, discard_cmd: false }
 }
 

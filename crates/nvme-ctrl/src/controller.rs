@@ -124,6 +124,8 @@ impl Controller {
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
+            dsm: namespaces.iter().any(|n| n.info.discard),
+            write_zeroes: namespaces.iter().any(|n| n.info.write_zeroes),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let engine = IoEngine::new(ctx, mem)?;

@@ -36,6 +36,10 @@ pub struct EngineContext {
     pub vectors: u16,
     /// CAP.DSTRD.
     pub dstrd: u8,
+    /// Some namespace's backend deallocates natively: Dataset Management is in ONCS.
+    pub dsm: bool,
+    /// Some namespace's backend writes zeroes natively: Write Zeroes is in ONCS.
+    pub write_zeroes: bool,
     /// Set by any engine that hit a fault it cannot report per command; the controller
     /// turns it into CSTS.CFS.
     pub fatal: Arc<std::sync::atomic::AtomicBool>,
@@ -63,6 +67,21 @@ pub(crate) struct InFlight {
     /// What the backend requests do (all of one command's requests do the same).
     pub op: Op,
     pub finish: Finish,
+}
+
+impl InFlight {
+    /// A command about to hand `remaining` requests doing `op` to a backend.
+    pub(crate) fn new(
+        sqid: u16,
+        cid: u16,
+        nsid: u32,
+        slba: u64,
+        op: Op,
+        remaining: u32,
+        finish: Finish,
+    ) -> Self {
+        InFlight { sqid, cid, nsid, slba, remaining, status: Status::SUCCESS, op, finish }
+    }
 }
 
 /// Why the engine cannot go on: the controller sets Controller Fatal Status.

@@ -6,11 +6,7 @@
 #   n2: ram, writes to LBAs 4096..4103 fail with "no space" (ENOSPC)
 . /tests/lib.sh
 echo "== guest-tests faults suite: Linux $(uname -r)"
-if ! ctrl_live nvme0 15 || ! wait_ns 2 15; then
-    t_fail "controller probe: namespaces 1-2 did not appear"
-    dmesg | grep -i nvme | tail -20
-    exit 1
-fi
+probe_or_exit 2
 t_pass "controller probe: nvme0 live, NSID 1/2 = $D1 $D2"
 
 # A read of a failing block: an I/O error for the reader, a medium error in dmesg.

@@ -93,3 +93,13 @@ wait_ns() {
     echo "namespaces present: $(echo /sys/block/nvme*)"
     return 1
 }
+
+# probe_or_exit COUNT: the suite's start: nvme0 live and NSIDs 1..COUNT present
+# (D1.. set), or a FAIL with the kernel's nvme messages and exit 1.
+probe_or_exit() {
+    if ! ctrl_live nvme0 15 || ! wait_ns "$1" 15; then
+        t_fail "controller probe: namespaces 1-$1 did not appear"
+        dmesg | grep -i nvme | tail -20
+        exit 1
+    fi
+}

@@ -6,11 +6,7 @@
 . /tests/lib.sh
 . /tests/config.sh
 echo "== guest-tests main suite: Linux $(uname -r)"
-if ! ctrl_live nvme0 15 || ! wait_ns 3 15; then
-    t_fail "controller probe: namespaces 1-3 did not appear"
-    dmesg | grep -i nvme | tail -20
-    exit 1
-fi
+probe_or_exit 3
 t_pass "controller probe: nvme0 live, NSID 1/2/3 = $D1 $D2 $D3"
 fio_engine "$D1"
 for t in nvme-cli multi-ns dsm fio-verify format ext4 reset reload doorbells; do

@@ -8,11 +8,7 @@
 # finds the marker and checks the data and the controller.
 . /tests/lib.sh
 . /tests/config.sh
-if ! ctrl_live nvme0 15 || ! wait_ns 1 15; then
-    t_fail "controller probe: namespace 1 did not appear"
-    dmesg | grep -i nvme | tail -20
-    exit 1
-fi
+probe_or_exit 1
 fio_engine "$D1"
 magic=$(dd if="$D1" bs=512 count=1 iflag=direct 2>/dev/null | head -c 80)
 case $magic in

@@ -1,6 +1,6 @@
 //! The few system calls the io_uring backend makes outside the ring: block device
-//! ioctls, statx for direct-I/O alignment, fallocate probes and the eventfd. Each
-//! wrapper is the only place its `unsafe` lives.
+//! ioctls, statx for direct-I/O alignment and the eventfd. Each wrapper is the only
+//! place its `unsafe` lives.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -104,15 +104,6 @@ pub(super) fn dio_align(fd: BorrowedFd<'_>) -> DioAlign {
         return DioAlign::Unsupported;
     }
     DioAlign::Align { mem: stx.stx_dio_mem_align, offset: stx.stx_dio_offset_align }
-}
-
-/// A synchronous fallocate(2), for probing what the file supports at open.
-pub(super) fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: fallocate takes no pointers; the descriptor is borrowed and open.
-    cvt(unsafe { libc::fallocate(fd.as_raw_fd(), mode, off, len) })
 }
 
 /// A non-blocking, close-on-exec eventfd.

@@ -19,16 +19,8 @@ impl IoEngine {
         if targets.is_empty() {
             return Ok(Started::Done(Status::SUCCESS));
         }
-        let tag = self.track(InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid,
-            slba: 0,
-            remaining: targets.len() as u32,
-            status: Status::SUCCESS,
-            op: Op::Flush,
-            finish: Finish::Plain,
-        });
+        let n = targets.len() as u32;
+        let tag = self.track(InFlight::new(sqid, sqe.cid(), nsid, 0, Op::Flush, n, Finish::Plain));
         for n in targets {
             let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
             self.backend_submit(n, req);

@@ -49,12 +49,8 @@ impl IoEngine {
             op::WRITE | op::READ | op::COMPARE | op::VERIFY => self.read_write(sqid, sqe),
             // Optional commands exist only where Identify ONCS reports them: some
             // namespace's backend does them natively.
-            op::WRITE_ZEROES if self.ctx.namespaces.iter().any(|n| n.info.write_zeroes) => {
-                self.read_write(sqid, sqe)
-            }
-            op::DATASET_MANAGEMENT if self.ctx.namespaces.iter().any(|n| n.info.discard) => {
-                self.dataset_management(sqid, sqe)
-            }
+            op::WRITE_ZEROES if self.ctx.write_zeroes => self.read_write(sqid, sqe),
+            op::DATASET_MANAGEMENT if self.ctx.dsm => self.dataset_management(sqid, sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
@@ -139,16 +135,8 @@ impl IoEngine {
         if work.is_empty() {
             return Started::Done(Status::SUCCESS);
         }
-        let tag = self.track(InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid: ns.nsid,
-            slba,
-            remaining: work.len() as u32,
-            status: Status::SUCCESS,
-            op,
-            finish: Finish::Plain,
-        });
+        let n = work.len() as u32;
+        let tag = self.track(InFlight::new(sqid, sqe.cid(), ns.nsid, slba, op, n, Finish::Plain));
         for (offset, len) in work {
             let req = Request { tag, op, offset, len, data: DataBuf::None };
             self.backend_submit(ns.nsid, req);
@@ -170,16 +158,7 @@ impl IoEngine {
         data: DataBuf,
         finish: Finish,
     ) -> Started {
-        let tag = self.track(InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid: ns.nsid,
-            slba,
-            remaining: 1,
-            status: Status::SUCCESS,
-            op,
-            finish,
-        });
+        let tag = self.track(InFlight::new(sqid, sqe.cid(), ns.nsid, slba, op, 1, finish));
         self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });
         Started::Pending
     }
