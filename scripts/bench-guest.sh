@@ -32,8 +32,11 @@ Devices (--devices, comma separated; default: all of them):
     namespace) over -device vfio-user-pci, for every --doorbells mode the binary
     offers (trapped, eventfd, mapped; mapped polls, so only with --poll always)
     and every --poll mode (off, adaptive, always). The guest enables shadow
-    doorbells in every case: Linux has no knob to turn DBBUF off, and serve
-    has no option to hide OACS bit 8, so "shadow off" is not measured.
+    doorbells in every case (Linux has no knob to turn DBBUF off).
+  vnvme-inline-<poll>   the same with --workers 0 (inline: the server's own
+    thread runs the queues) and trapped doorbells, poll off and adaptive
+  vnvme-noshadow-off    --no-shadow-doorbells (OACS bit 8 hidden): the guest
+    writes every doorbell register; the baseline for what shadow doorbells save
   null_blk              no device: modprobe null_blk queue_mode=2 irqmode=0
                         (completes in the submitting context; the guest's ceiling)
   Backends (the file backend against QEMU on the same kind of file):
@@ -146,6 +149,10 @@ for d in "${db_modes[@]}"; do
         vnvme_devs+=("vnvme-$d-$p")
     done
 done
+# Inline mode (--workers 0: the server's own thread runs the queues), when offered.
+if grep -q -- 'inline' <<<"$(grep -A3 -- '--workers' <<<"$help")"; then
+    vnvme_devs+=(vnvme-inline-off vnvme-inline-adaptive)
+fi
 # Shadow doorbells hidden (OACS bit 8 clear): the guest writes every doorbell register.
 grep -q -- '--no-shadow-doorbells' <<<"$help" && vnvme_devs=(vnvme-noshadow-off "${vnvme_devs[@]}")
 [[ -n $devices ]] || devices="$ALL_QEMU ${vnvme_devs[*]} null_blk"
@@ -237,8 +244,12 @@ run_device() { # NAME
     vnvme-*)
         local rest=${dev#vnvme-} dbm poll
         dbm=${rest%-*} poll=${rest##*-}
-        serve=(--ns "ram:$size" --workers 1 --poll "$poll" --once --stats-file "$d/stats.json" --log info)
-        local shadow=""
+        local workers=1 shadow=""
+        if [[ $dbm == inline ]]; then
+            # No worker threads: the server's main thread runs the queues itself.
+            workers=0 dbm=trapped shadow=", inline (0 workers)"
+        fi
+        serve=(--ns "ram:$size" --workers "$workers" --poll "$poll" --once --stats-file "$d/stats.json" --log info)
         if [[ $dbm == noshadow ]]; then
             serve+=(--no-shadow-doorbells)
             dbm=trapped shadow=", shadow doorbells off"

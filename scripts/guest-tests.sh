@@ -34,7 +34,8 @@ own \`vnvme serve\` (built with cargo build --release first):
          --stats-file), e2fsck -fn and debugfs checksum of the ext4 image,
          server log (shadow doorbells re-enabled after reset and reload,
          clean shutdown), server exit status.
- faults  (last kernel only) server: two RAM namespaces with fault= rules
+ faults  (last kernel only) server: two RAM namespaces with fault= rules,
+         inline (--workers 0 --poll adaptive: the server's thread runs the queues)
          guest (scripts/guest/tests/faults.sh): a read of an injected media
          error fails with a medium error in dmesg, smart-log critical warning
          bit 2 and media_errors, error-log entry at the LBA, ENOSPC write
@@ -370,19 +371,25 @@ suite_reboot() {
 
 suite_faults() {
     local k=$1
-    local d="$work/$k-faults" t0 n
+    local d="$work/$k-faults" t0 n line
     mkdir -p "$d"
     t0=$(date +%s)
     echo
-    echo "== [$k] faults suite: injected backend failures"
+    echo "== [$k] faults suite: injected backend failures, inline (--workers 0, --poll adaptive)"
     write_config "$d/config.sh" VNVMEGT0003 $((64 << 20)) 512 $((16 << 20)) 512 0 512
     suite_boot "$k" "$d" faults faults.sh --timeout 240 -- --ns "ram:64M:fault=read/eio/lba=2048+8" \
-        --ns "ram:16M:fault=write/enospc/lba=4096+8" --serial VNVMEGT0003 || return
+        --ns "ram:16M:fault=write/enospc/lba=4096+8" --workers 0 --poll adaptive --serial VNVMEGT0003 || return
     n=$(grep -ac 'backend request failed' "$d/serve.log")
     if [[ $n -ge 2 ]]; then
         result PASS "$k" "server log: $n backend failures logged ($(grep -a 'backend request failed' "$d/serve.log" | head -1 | grep -o 'I/O error.*\|no space.*' | head -1))"
     else
         result FAIL "$k" "server log: $n backend failures logged, want >= 2"
+    fi
+    line=$(grep -a 'inline queues' "$d/serve.log" | head -1 | sed 's/.*inline queues/inline queues/')
+    if [[ -n $line ]] && grep -qa 'inline: no workers' "$d/serve.log"; then
+        result PASS "$k" "server ran the queues inline: $line"
+    else
+        result FAIL "$k" "server log does not show inline mode (no workers) and its polling summary"
     fi
     echo "  [$k] faults suite: $(($(date +%s) - t0)) s"
 }

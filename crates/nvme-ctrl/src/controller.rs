@@ -48,6 +48,8 @@ pub struct Controller {
     pub(crate) engine: IoEngine,
     /// I/O worker threads (empty: everything runs in `process`).
     pub(crate) workers: Vec<crate::workers::Worker>,
+    /// Without workers: how the thread that calls `process` should wait (inline mode).
+    pub(crate) inline_mode: crate::PollMode,
     pub(crate) book: crate::routing::QueueBook,
     /// Wakes every worker (see `doorbell_kick`).
     pub(crate) kick: Arc<vmm_sys_util::eventfd::EventFd>,
@@ -145,6 +147,7 @@ impl Controller {
             state: Lifecycle::Disabled,
             engine,
             workers: Vec::new(),
+            inline_mode: crate::PollMode::Off,
             page_size: 4096,
             book: Default::default(),
             kick: Arc::new(vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?),
@@ -485,6 +488,11 @@ impl Controller {
     /// The next time (clock ns) `process` must run for a coalesced interrupt.
     pub fn next_deadline(&self) -> Option<u64> {
         self.engine.next_deadline()
+    }
+
+    /// The controller's clock in nanoseconds: the time base of [`Self::next_deadline`].
+    pub fn clock_now_ns(&self) -> u64 {
+        self.clock.now_ns()
     }
 
     /// Gives polling transports control over EventIdx re-arming (see `IoEngine`).

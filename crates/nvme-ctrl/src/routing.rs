@@ -54,10 +54,16 @@ impl Controller {
     }
 
     /// Starts `n` I/O worker threads; I/O queues created from now on run on them.
-    /// Must be called while no I/O queue exists.
+    /// Must be called while no I/O queue exists. With `n` = 0 the controller stays in
+    /// inline mode: [`Controller::process`] runs the I/O queues too, and `mode` is how
+    /// its caller should wait ([`Controller::inline_poll`]).
     pub fn spawn_workers(&mut self, n: usize, mode: PollMode) -> std::io::Result<()> {
         if !self.book.cqs.is_empty() || !self.workers.is_empty() {
             return Err(std::io::Error::other("workers must be started before any I/O queue exists"));
+        }
+        if n == 0 {
+            self.inline_mode = mode;
+            return Ok(());
         }
         if n > 0 {
             // I/O queues will all live on the workers: the controller's own engine
@@ -70,6 +76,28 @@ impl Controller {
             self.workers.push(Worker::spawn(i, e, mode, Some(self.kick.clone()))?);
         }
         Ok(())
+    }
+
+    /// Inline mode (no workers): how the caller of [`Controller::process`] should
+    /// wait for work. `None` when workers own the I/O queues.
+    pub fn inline_poll(&self) -> Option<PollMode> {
+        self.workers.is_empty().then_some(self.inline_mode)
+    }
+
+    /// Inline mode: descriptors that signal work for [`Controller::process`] besides
+    /// transport messages: the doorbell kick eventfd and the notifiers of
+    /// asynchronous backends (level triggered, drained by `process`; the kick is
+    /// never drained and must be watched edge triggered). Empty with workers.
+    pub fn inline_wake_fds(&self) -> (std::os::fd::RawFd, Vec<std::os::fd::RawFd>) {
+        use std::os::fd::AsRawFd;
+        let notifiers = if self.workers.is_empty() { self.engine.backend_notifiers() } else { Vec::new() };
+        (self.kick.as_raw_fd(), notifiers)
+    }
+
+    /// Inline mode: a backend with requests in flight can only be polled, so the
+    /// caller must not sleep for long.
+    pub fn inline_needs_polling(&self) -> bool {
+        self.workers.is_empty() && self.engine.backend_needs_polling()
     }
 
     /// The worker threads (for their statistics).

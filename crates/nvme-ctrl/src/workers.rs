@@ -9,11 +9,10 @@
 //! - [`PollMode::Off`]: when the engine finds no work it re-arms EventIdx (the host
 //!   rings on its next submission) and sleeps until a doorbell, a control call or a
 //!   coalescing timer wakes it.
-//! - [`PollMode::Adaptive`]: after the last work it keeps polling with EventIdx left
-//!   stale (so the host does not ring at all) for a spin budget, then re-arms and sleeps.
-//!   The budget adapts: it doubles (up to a cap) when spinning found new work and
-//!   halves when it did not, so a worker whose spins never pay off converges to
-//!   `Off` and costs no CPU.
+//! - [`PollMode::Adaptive`]: after the last work it may keep polling with EventIdx
+//!   left stale (so the host does not ring at all) before it re-arms and sleeps; the
+//!   [`SpinPolicy`] decides how long, from the gaps between bursts of work and from
+//!   whether spinning takes a CPU another thread wanted.
 //! - [`PollMode::Always`]: never sleeps; EventIdx stays stale. For doorbell pages mapped
 //!   into the guest, which produce no notification at all.
 
@@ -30,31 +29,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::engine::IoEngine;
 
-/// How workers wait for work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum PollMode {
-    Off,
-    #[default]
-    Adaptive,
-    Always,
-}
-
-impl std::str::FromStr for PollMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(PollMode::Off),
-            "adaptive" => Ok(PollMode::Adaptive),
-            "always" => Ok(PollMode::Always),
-            _ => Err(format!("unknown poll mode {s:?} (expected off, adaptive or always)")),
-        }
-    }
-}
-
-/// The longest an adaptive worker spins before sleeping.
-const MAX_SPIN: Duration = Duration::from_micros(200);
-const MIN_SPIN: Duration = Duration::from_micros(0);
-const START_SPIN: Duration = Duration::from_micros(20);
+pub use crate::poll::PollMode;
+use crate::poll::{thread_cpu_time, Spin, SpinPolicy};
 
 type Call = Box<dyn FnOnce(&mut IoEngine) + Send>;
 
@@ -75,10 +51,12 @@ pub struct WorkerStats {
     pub spin_hits: AtomicU64,
     /// Spin phases that ran out.
     pub spin_misses: AtomicU64,
-    /// Nanoseconds spent polling with no work found.
-    pub idle_poll_ns: AtomicU64,
-    /// Current adaptive spin budget in nanoseconds.
-    pub spin_budget_ns: AtomicU64,
+    /// Windows of spins during which other threads took too much of the worker's CPU.
+    pub spin_contended: AtomicU64,
+    /// Nanoseconds spent spinning.
+    pub spin_ns: AtomicU64,
+    /// Nanoseconds of those during which other threads had the worker's CPU.
+    pub spin_lost_ns: AtomicU64,
 }
 
 struct Shared {
@@ -161,6 +139,24 @@ impl Worker {
     pub fn stats(&self) -> &WorkerStats {
         &self.shared.stats
     }
+
+    /// One line for logs: how the worker waited.
+    pub fn stats_line(&self) -> String {
+        let s = &self.shared.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "worker {} (poll {:?}): slept {} times; spins {} hit, {} missed, {} contended windows; \
+             spun {} ms, {} ms of it preempted",
+            self.index,
+            self.mode,
+            get(&s.sleeps),
+            get(&s.spin_hits),
+            get(&s.spin_misses),
+            get(&s.spin_contended),
+            get(&s.spin_ns) / 1_000_000,
+            get(&s.spin_lost_ns) / 1_000_000,
+        )
+    }
 }
 
 impl Drop for Worker {
@@ -170,6 +166,15 @@ impl Drop for Worker {
             let _ = t.join();
         }
     }
+}
+
+/// Copies a policy's counters where other threads can read them.
+fn publish(stats: &WorkerStats, p: &SpinPolicy) {
+    stats.spin_hits.store(p.stats.hits, Ordering::Relaxed);
+    stats.spin_misses.store(p.stats.misses, Ordering::Relaxed);
+    stats.spin_contended.store(p.stats.contended, Ordering::Relaxed);
+    stats.spin_ns.store(p.stats.spin_ns, Ordering::Relaxed);
+    stats.spin_lost_ns.store(p.stats.lost_ns, Ordering::Relaxed);
 }
 
 fn run(
@@ -202,8 +207,10 @@ fn run(
             warn!("worker cannot watch a backend notifier: {e}");
         }
     }
-    let mut budget = START_SPIN;
+    let mut policy = SpinPolicy::new(mode);
     let mut events = [EpollEvent::default(); 8];
+    // When the engine last ran out of work (None: it has work).
+    let mut idle_since: Option<Instant> = None;
     loop {
         // Mailbox first: doorbells and control calls.
         while let Ok(m) = rx.try_recv() {
@@ -216,42 +223,42 @@ fn run(
         }
         engine.arm_eventidx = mode == PollMode::Off;
         if engine.poll() {
+            if let Some(t) = idle_since.take() {
+                policy.work_after(t.elapsed());
+            }
             continue;
         }
-        // Idle. Spin (adaptive/always) with EventIdx stale, so the host does not ring.
-        if mode != PollMode::Off {
+        let idle = *idle_since.get_or_insert_with(Instant::now);
+        // Idle. Spin with EventIdx stale, so the host does not ring.
+        let budget = policy.budget();
+        if budget > Duration::ZERO {
             let start = Instant::now();
-            let limit = if mode == PollMode::Always { Duration::MAX } else { budget };
+            let cpu0 = thread_cpu_time();
             let mut found = false;
-            while start.elapsed() < limit {
+            while start.elapsed() < budget {
                 if shared.pending.load(Ordering::Acquire) > 0 || engine.poll() {
                     found = true;
                     break;
                 }
                 std::hint::spin_loop();
             }
-            shared.stats.idle_poll_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            if mode == PollMode::Always {
+            let wall = start.elapsed();
+            policy.after_spin(Spin { found, wall, cpu: thread_cpu_time().saturating_sub(cpu0) });
+            publish(&shared.stats, &policy);
+            if found {
+                policy.work_after(idle.elapsed());
+                idle_since = None;
                 continue;
             }
-            if found {
-                shared.stats.spin_hits.fetch_add(1, Ordering::Relaxed);
-                budget = (budget * 2).max(Duration::from_micros(1)).min(MAX_SPIN);
-            } else {
-                shared.stats.spin_misses.fetch_add(1, Ordering::Relaxed);
-                budget = (budget / 2).max(MIN_SPIN);
-                if budget < Duration::from_micros(1) {
-                    budget = MIN_SPIN;
-                }
-            }
-            shared.stats.spin_budget_ns.store(budget.as_nanos() as u64, Ordering::Relaxed);
-            if found {
+            if mode == PollMode::Always {
                 continue;
             }
         }
         // Re-arm EventIdx and look once more (doorbell.rs explains why that closes the race).
         engine.arm_eventidx = true;
         if engine.poll() {
+            policy.work_after(idle.elapsed());
+            idle_since = None;
             continue;
         }
         shared.sleeping.store(true, Ordering::SeqCst);

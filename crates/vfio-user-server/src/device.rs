@@ -106,6 +106,8 @@ pub struct Device {
     negotiated: bool,
     doorbells: DoorbellMode,
     page: Option<DoorbellPage>,
+    /// A register write ran the controller and it did some work (see `take_progress`).
+    progress: bool,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -140,6 +142,7 @@ impl Device {
             negotiated: false,
             doorbells: opts.doorbells,
             page,
+            progress: false,
         })
     }
 
@@ -147,6 +150,12 @@ impl Device {
     /// admin doorbell is not trapped in `Mapped` mode).
     pub fn admin_poll_interval(&self) -> Option<std::time::Duration> {
         self.page.as_ref().map(|_| std::time::Duration::from_millis(1))
+    }
+
+    /// True if the controller did work while handling messages since the last call
+    /// (inline mode counts it as the end of an idle period).
+    pub fn take_progress(&mut self) -> bool {
+        std::mem::take(&mut self.progress)
     }
 
     /// The eventfd the controller signals when an asynchronous event is raised.
@@ -505,7 +514,7 @@ impl Device {
                         }
                     }
                     self.ctrl.mmio_write(off, data);
-                    self.ctrl.process();
+                    self.progress |= self.ctrl.process();
                 }
             }
             REGION_BAR4 if off < PBA_OFFSET => {

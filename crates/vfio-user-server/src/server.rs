@@ -8,9 +8,14 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use std::time::{Duration, Instant};
+
+use nvme_ctrl::poll::{thread_cpu_time, Spin};
+use nvme_ctrl::{PollMode, SpinPolicy};
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
 use vfio_user::{Connection, ProtoError};
+use vmm_sys_util::timerfd::TimerFd;
 use zerocopy::little_endian::U32;
 
 use crate::device::{Device, Reply};
@@ -55,19 +60,32 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 /// messages the loop also wakes when an I/O worker raises an asynchronous event, so
 /// the admin side can complete an Asynchronous Event Request without waiting for the
 /// guest's next register access.
+///
+/// In inline mode (a controller without workers) this thread also owns the I/O
+/// queues: it wakes for the doorbell kick eventfd, backend completions and
+/// coalescing timers as well, and spins between bursts of work as the controller's
+/// [`PollMode`] says (see [`nvme_ctrl::poll`]).
 pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), ProtoError> {
+    const SOCKET: u64 = 0;
+    const EVENTS: u64 = 1;
+    const TIMER: u64 = 2;
     let epoll = Epoll::new()?;
     epoll.ctl(
         ControlOperation::Add,
         stream.as_raw_fd(),
-        EpollEvent::new(EventSet::IN | EventSet::HANG_UP, 0),
+        EpollEvent::new(EventSet::IN | EventSet::HANG_UP, SOCKET),
     )?;
     let events = device.event_fd();
-    epoll.ctl(ControlOperation::Add, events.as_raw_fd(), EpollEvent::new(EventSet::IN, 1))?;
+    epoll.ctl(ControlOperation::Add, events.as_raw_fd(), EpollEvent::new(EventSet::IN, EVENTS))?;
+    let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::new(stream);
-    let mut ready = [EpollEvent::default(); 2];
-    let timeout = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
+    let mut ready = [EpollEvent::default(); 8];
+    let admin_tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
     loop {
+        let timeout = match inline.as_mut() {
+            Some(i) => i.timeout(device),
+            None => admin_tick,
+        };
         let n = match epoll.wait(timeout, &mut ready) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -75,59 +93,229 @@ pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), Proto
         };
         let mut socket_ready = false;
         for ev in &ready[..n] {
-            if ev.data() == 1 {
-                let _ = events.read();
-                device.ctrl.process();
-            } else {
-                socket_ready = true;
+            match ev.data() {
+                SOCKET => socket_ready = true,
+                EVENTS => {
+                    let _ = events.read();
+                    device.ctrl.process();
+                }
+                TIMER => {
+                    if let Some(i) = inline.as_mut() {
+                        i.timer_fired();
+                    }
+                }
+                // Doorbell kick and backend notifiers: `Inline::run` below.
+                _ => {}
             }
         }
-        if n == 0 {
+        if socket_ready && !handle_message(&mut conn, device)? {
+            return Ok(());
+        }
+        match inline.as_mut() {
+            Some(i) => i.run(device),
             // Admin poll tick (mapped doorbells: the admin doorbell is not trapped).
-            device.ctrl.process();
-            continue;
-        }
-        if !socket_ready {
-            continue;
-        }
-        let msg = match conn.recv() {
-            Ok(m) => m,
-            Err(ProtoError::Closed) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let h = msg.header;
-        let flags = MsgFlags(h.flags.get());
-        if flags.is_reply() {
-            warn!(msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
-            continue;
-        }
-        let no_reply = flags.no_reply();
-        let cmd = h.command.get();
-        let reply = match device.handle(msg) {
-            Ok(r) => r,
-            Err(e) => {
-                debug!(cmd, "request failed: {e}");
-                Reply::Err(e.errno())
+            None if n == 0 => {
+                device.ctrl.process();
             }
-        };
-        if no_reply {
-            if let Reply::Err(errno) = reply {
-                warn!(cmd, errno, "posted request failed (no reply was wanted)");
-            }
-            continue;
+            None => {}
         }
-        let mut rh = Header { msg_id: h.msg_id, command: h.command, ..Default::default() };
-        match reply {
-            Reply::Ok(payload, fds) => {
-                rh.flags = U32::new(MsgFlags::REPLY);
-                let raw = Device::raw_fds(&fds);
-                conn.send(rh, &[&payload], &raw)?;
-            }
-            Reply::Err(errno) => {
-                rh.flags = U32::new(MsgFlags::REPLY | MsgFlags::ERROR);
-                rh.error = U32::new(errno as u32);
-                conn.send(rh, &[], &[])?;
+    }
+}
+
+/// Receives one message and answers it. False when the client has gone.
+fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, ProtoError> {
+    let msg = match conn.recv() {
+        Ok(m) => m,
+        Err(ProtoError::Closed) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let h = msg.header;
+    let flags = MsgFlags(h.flags.get());
+    if flags.is_reply() {
+        warn!(msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
+        return Ok(true);
+    }
+    let no_reply = flags.no_reply();
+    let cmd = h.command.get();
+    let reply = match device.handle(msg) {
+        Ok(r) => r,
+        Err(e) => {
+            debug!(cmd, "request failed: {e}");
+            Reply::Err(e.errno())
+        }
+    };
+    if no_reply {
+        if let Reply::Err(errno) = reply {
+            warn!(cmd, errno, "posted request failed (no reply was wanted)");
+        }
+        return Ok(true);
+    }
+    let mut rh = Header { msg_id: h.msg_id, command: h.command, ..Default::default() };
+    match reply {
+        Reply::Ok(payload, fds) => {
+            rh.flags = U32::new(MsgFlags::REPLY);
+            let raw = Device::raw_fds(&fds);
+            conn.send(rh, &[&payload], &raw)?;
+        }
+        Reply::Err(errno) => {
+            rh.flags = U32::new(MsgFlags::REPLY | MsgFlags::ERROR);
+            rh.error = U32::new(errno as u32);
+            conn.send(rh, &[], &[])?;
+        }
+    }
+    Ok(true)
+}
+
+/// The queue-owning half of the loop in inline mode: [`serve_client`] asks it how
+/// long to wait, and lets it run the controller after every wake-up.
+struct Inline {
+    policy: SpinPolicy,
+    timer: TimerFd,
+    timer_armed: bool,
+    /// When the controller last ran out of work (None: it has work).
+    idle_since: Option<Instant>,
+    spin: Option<SpinState>,
+    /// True once EventIdx is re-armed and nothing was found: the next wait sleeps.
+    asleep: bool,
+}
+
+/// The longest an inline spin goes without looking at the socket.
+const SPIN_SLICE: Duration = Duration::from_micros(20);
+
+struct SpinState {
+    start: Instant,
+    cpu: Duration,
+    budget: Duration,
+}
+
+impl Inline {
+    fn new(mode: PollMode, epoll: &Epoll, device: &Device) -> io::Result<Self> {
+        const KICK: u64 = 3;
+        const NOTIFIER: u64 = 4;
+        let timer = TimerFd::new()?;
+        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, 2))?;
+        let (kick, notifiers) = device.ctrl.inline_wake_fds();
+        // The kick is shared and never drained: edge triggered.
+        epoll.ctl(
+            ControlOperation::Add,
+            kick,
+            EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, KICK),
+        )?;
+        for fd in notifiers {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, NOTIFIER))?;
+        }
+        debug!(?mode, "inline mode: this thread runs the I/O queues");
+        Ok(Inline {
+            policy: SpinPolicy::new(mode),
+            timer,
+            timer_armed: false,
+            idle_since: None,
+            spin: None,
+            asleep: false,
+        })
+    }
+
+    /// How long the next epoll wait may block (ms; -1 forever, 0 not at all).
+    fn timeout(&mut self, device: &mut Device) -> i32 {
+        if !self.asleep {
+            return 0;
+        }
+        if let Some(deadline) = device.ctrl.next_deadline() {
+            let now = device.ctrl.clock_now_ns();
+            let _ = self.timer.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
+            self.timer_armed = true;
+        }
+        if device.ctrl.inline_needs_polling() {
+            1
+        } else {
+            -1
+        }
+    }
+
+    fn timer_fired(&mut self) {
+        if self.timer_armed {
+            let _ = self.timer.clear();
+            self.timer_armed = false;
+        }
+    }
+
+    /// Runs the controller and moves between busy, spinning and asleep.
+    fn run(&mut self, device: &mut Device) {
+        let mode = self.policy.mode();
+        device.ctrl.set_arm_eventidx(mode == PollMode::Off);
+        let mut worked = device.take_progress() | device.ctrl.process();
+        if let Some(s) = self.spin.as_ref().filter(|_| !worked) {
+            // Spin here for a slice without system calls; the socket gets looked at
+            // between slices (with EventIdx stale the guest rings no I/O doorbell, so
+            // messages are rare while spinning).
+            let slice = s.budget.saturating_sub(s.start.elapsed()).min(SPIN_SLICE);
+            let t = Instant::now();
+            while t.elapsed() < slice {
+                if device.ctrl.process() {
+                    worked = true;
+                    break;
+                }
+                std::hint::spin_loop();
             }
         }
+        if worked {
+            if let Some(s) = self.spin.take() {
+                self.end_spin(s, true);
+            }
+            if let Some(t) = self.idle_since.take() {
+                self.policy.work_after(t.elapsed());
+            }
+            self.asleep = false;
+            return;
+        }
+        if self.asleep {
+            // Woken by something that brought no work (a config access, say).
+            return;
+        }
+        self.idle_since.get_or_insert_with(Instant::now);
+        match &self.spin {
+            None => {
+                let budget = self.policy.budget();
+                if budget > Duration::ZERO {
+                    self.spin = Some(SpinState { start: Instant::now(), cpu: thread_cpu_time(), budget });
+                    return;
+                }
+            }
+            Some(s) if s.start.elapsed() < s.budget => return,
+            Some(_) => {
+                let s = self.spin.take().expect("checked");
+                self.end_spin(s, false);
+            }
+        }
+        // Re-arm EventIdx and look once more before sleeping.
+        device.ctrl.set_arm_eventidx(true);
+        if device.ctrl.process() {
+            if let Some(t) = self.idle_since.take() {
+                self.policy.work_after(t.elapsed());
+            }
+            return;
+        }
+        self.asleep = true;
+    }
+
+    fn end_spin(&mut self, s: SpinState, found: bool) {
+        let wall = s.start.elapsed();
+        let cpu = thread_cpu_time().saturating_sub(s.cpu);
+        self.policy.after_spin(Spin { found, wall, cpu });
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        let s = self.policy.stats;
+        info!(
+            "inline queues (poll {:?}): spins {} hit, {} missed, {} contended windows; spun {} ms, {} ms of it preempted",
+            self.policy.mode(),
+            s.hits,
+            s.misses,
+            s.contended,
+            s.spin_ns / 1_000_000,
+            s.lost_ns / 1_000_000
+        );
     }
 }

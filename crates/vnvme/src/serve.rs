@@ -71,10 +71,10 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     eprintln!(
-        "vnvme: serving {} namespace(s) on {} ({} worker(s), polling {:?}, doorbells {:?}, {} queue pairs)",
+        "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs)",
         a.namespaces.len(),
         a.socket.display(),
-        a.workers,
+        if a.workers == 0 { "inline: no workers".to_string() } else { format!("{} worker(s)", a.workers) },
         poll,
         a.doorbells,
         a.queues
@@ -89,6 +89,9 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let r = server::serve(&listener, &mut dev, if a.once { Some(1) } else { None });
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));
+    for w in dev.ctrl.workers() {
+        eprintln!("vnvme: {}", w.stats_line());
+    }
     for (i, o) in opened.iter().enumerate() {
         if let Some(line) = o.backend.stats_line() {
             eprintln!("vnvme: namespace {}: {line}", i + 1);

@@ -105,12 +105,23 @@ fn integrity_qd_1_4_16_64_trapped_interrupts() {
 }
 
 fn integrity_on_eight_queues(shadow: bool, completion: CompletionMode, doorbells: DoorbellMode) {
+    integrity_on_eight_queues_with(shadow, completion, doorbells, &["--workers", "2"]);
+}
+
+fn integrity_on_eight_queues_with(
+    shadow: bool,
+    completion: CompletionMode,
+    doorbells: DoorbellMode,
+    serve_args: &[&str],
+) {
     let server_mode = match doorbells {
         DoorbellMode::EventFd => "eventfd",
         DoorbellMode::Mapped => "mapped",
         DoorbellMode::Trapped | DoorbellMode::Sync => "trapped",
     };
-    let server = Server::start_with(&["--workers", "2", "--doorbells", server_mode]);
+    let mut args = vec!["--doorbells", server_mode];
+    args.extend_from_slice(serve_args);
+    let server = Server::start_with(&args);
     let mut d = server.driver(doorbells, opts(8, shadow, completion));
     assert_eq!(d.io_queue_count(), 8);
     let queues = d.take_queues();
@@ -161,6 +172,63 @@ fn eight_queue_pairs_eventfd_doorbells() {
 #[test]
 fn eight_queue_pairs_mapped_doorbells() {
     integrity_on_eight_queues(false, CompletionMode::Polling, DoorbellMode::Mapped);
+}
+
+// Inline mode: no workers, the server's own thread runs the queues between messages.
+
+#[test]
+fn inline_eight_queue_pairs_trapped_interrupts_poll_off() {
+    integrity_on_eight_queues_with(
+        false,
+        CompletionMode::Interrupts,
+        DoorbellMode::Trapped,
+        &["--workers", "0", "--poll", "off"],
+    );
+}
+
+#[test]
+fn inline_eight_queue_pairs_shadow_polling_poll_adaptive() {
+    integrity_on_eight_queues_with(
+        true,
+        CompletionMode::Polling,
+        DoorbellMode::Trapped,
+        &["--workers", "0", "--poll", "adaptive"],
+    );
+}
+
+#[test]
+fn inline_eight_queue_pairs_eventfd_doorbells() {
+    integrity_on_eight_queues_with(
+        true,
+        CompletionMode::Interrupts,
+        DoorbellMode::EventFd,
+        &["--workers", "0", "--poll", "off"],
+    );
+}
+
+#[test]
+fn inline_eight_queue_pairs_mapped_doorbells() {
+    integrity_on_eight_queues_with(false, CompletionMode::Polling, DoorbellMode::Mapped, &["--workers", "0"]);
+}
+
+/// Inline mode on an io_uring file: completions arrive on the backend's notifier,
+/// which the server's own loop must watch.
+#[test]
+fn inline_file_namespace_on_io_uring() {
+    let dir = common::temp_dir("inline-file");
+    let img = dir.join("ns.img");
+    let ns = format!("file:{}:64M:engine=uring", img.display());
+    let server = Server::start_in(&dir, "s", &["--ns", &ns, "--workers", "0", "--poll", "off"]);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let q = d.queue(1).unwrap();
+    for (i, qd) in [1usize, 16, 64].into_iter().enumerate() {
+        verify_at_depth(q, qd, 4, 0, 0xf11e + i as u64);
+    }
+    drop(d);
+    let st = server.stats_after(1);
+    assert!(st["write_commands"].as_u64().unwrap() > 0);
+    drop(server);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
