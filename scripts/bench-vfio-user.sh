@@ -12,7 +12,7 @@
 #   --seconds N   run time of each point (default 3)
 #   --repeat N    runs per point; the table shows the mean and [min–max] (default 2)
 #   --qd LIST     queue depths (default 1,4,16,64)
-#   --workers N   `vnvme serve --workers` (and --in-process --workers) (default 1)
+#   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
 #   --pin         taskset: the server on CPU 1, the client on CPU 0 (default: unpinned,
 #                 the scheduler places client, server main thread and workers). In-process
 #                 runs are not pinned (client and workers are one process).
@@ -80,7 +80,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $SECONDS_PER_POINT =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "--seconds must be a number" >&2; exit 2; }
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "--repeat must be at least 1" >&2; exit 2; }
-[[ $WORKERS =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be at least 1" >&2; exit 2; }
+[[ $WORKERS =~ ^[0-9]+$ ]] || { echo "--workers must be a number (0: inline)" >&2; exit 2; }
 [[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "--qd must be a list like 1,4,16,64" >&2; exit 2; }
 if [ "$PIN" = 1 ] && ! command -v taskset >/dev/null; then
   echo "bench-vfio-user: --pin needs taskset (util-linux)" >&2; exit 2
