@@ -324,8 +324,11 @@ EOF
     echo "  $dev: $(($(date +%s) - t0)) s"
     mkdir -p "$out/raw/$dev"
     cp -r "$d/serial.log" "$d/device.json" "$d/marks" "$out/raw/$dev/" 2>/dev/null || true
-    [[ ! -f $d/serve.log ]] || cp "$d/serve.log" "$out/raw/$dev/"
-    [[ ! -f $d/back.log ]] || cp "$d/back.log" "$out/raw/$dev/"
+    # Server logs name the work directory (sockets, files): keep it out of the results.
+    local log
+    for log in serve.log back.log; do
+        [[ ! -f $d/$log ]] || sed "s|$work|<work>|g; s|$disk_img|<disk>.img|g" "$d/$log" >"$out/raw/$dev/$log"
+    done
     return 0
 }
 

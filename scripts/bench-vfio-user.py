@@ -11,6 +11,7 @@ import argparse
 import csv
 import datetime
 import json
+import re
 import math
 import os
 import platform
@@ -591,6 +592,13 @@ def chart(mach, knobs, matrix, points):
     return "\n".join(o) + "\n"
 
 
+def scrub(text, root):
+    """Keeps this machine's paths out of the results: the checkout becomes relative,
+    the run's temporary directory becomes <work>."""
+    text = text.replace(root.rstrip("/") + "/", "")
+    return re.sub(r"/tmp/vnvme-vfio-user-bench\.[A-Za-z0-9]+", "<work>", text)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -625,10 +633,9 @@ def main():
               "seed_reference": {"source": SEED_SOURCE, "qd": SEED_QD, "kiops": dict(SEED_KIOPS),
                                  "note": "not measured here"}}
     with open(os.path.join(a.dir, "results.json"), "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
+        f.write(scrub(json.dumps(report, indent=2), a.root) + "\n")
     with open(os.path.join(a.dir, "table.md"), "w") as f:
-        f.write(md)
+        f.write(scrub(md, a.root))
     with open(os.path.join(a.dir, "chart.svg"), "w") as f:
         f.write(chart(mach, knobs, matrix, points))
     print(md)

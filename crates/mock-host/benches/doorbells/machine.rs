@@ -54,7 +54,11 @@ impl Machine {
             os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
             date_utc,
             run_id,
-            command_line: std::env::args().collect(),
+            // The program by its file name only: no machine paths in the results.
+            command_line: std::env::args()
+                .enumerate()
+                .map(|(i, a)| if i == 0 { a.rsplit('/').next().unwrap_or(&a).to_string() } else { a })
+                .collect(),
         }
     }
 }
