@@ -22,6 +22,13 @@
 //!   it happens again (up to [`MAX_BACKOFF`] periods), and starts at
 //!   [`MIN_BACKOFF`] again after a window that ran mostly undisturbed.
 //!
+//! - It spins politely ([`PoliteSpin`]): every [`YIELD_EVERY`] it yields the CPU, so
+//!   a thread that became runnable on the spinner's CPU (a vCPU, the VMM's thread
+//!   injecting an interrupt) waits for it a few microseconds at most, whatever the
+//!   scheduler's preemption rules. Measured with a TCG guest on 2 host cores:
+//!   without yielding, adaptive polling lost 9 and 16 % to not polling at QD 4 (two
+//!   runs); yielding every 5 µs it was ahead at QD 1 and 4 and level at QD 16.
+//!
 //! So a busy host and long gaps both lead to plain sleeping, which is what
 //! [`PollMode::Off`] does: adaptive polling costs at most a short spin now and then
 //! over not polling.
@@ -65,6 +72,37 @@ pub const WINDOW: u32 = 16;
 const LOST_SHARE: u64 = 4;
 /// The gap average moves by 1/GAP_WEIGHT of each new sample.
 const GAP_WEIGHT: u64 = 8;
+
+/// How often a spinning thread yields its CPU.
+pub const YIELD_EVERY: Duration = Duration::from_micros(5);
+
+/// The pause of a spin loop: a CPU relax hint, and a yield every [`YIELD_EVERY`].
+#[derive(Debug)]
+pub struct PoliteSpin {
+    last_yield: std::time::Instant,
+}
+
+impl PoliteSpin {
+    pub fn new() -> Self {
+        PoliteSpin { last_yield: std::time::Instant::now() }
+    }
+
+    /// Call once per spin-loop iteration.
+    pub fn pause(&mut self) {
+        if self.last_yield.elapsed() >= YIELD_EVERY {
+            std::thread::yield_now();
+            self.last_yield = std::time::Instant::now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Default for PoliteSpin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// What one spin phase found, for [`SpinPolicy::after_spin`].
 #[derive(Clone, Copy, Debug)]

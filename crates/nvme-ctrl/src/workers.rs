@@ -30,7 +30,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::engine::IoEngine;
 
 pub use crate::poll::PollMode;
-use crate::poll::{thread_cpu_time, Spin, SpinPolicy};
+use crate::poll::{thread_cpu_time, PoliteSpin, Spin, SpinPolicy};
 
 type Call = Box<dyn FnOnce(&mut IoEngine) + Send>;
 
@@ -235,12 +235,13 @@ fn run(
             let start = Instant::now();
             let cpu0 = thread_cpu_time();
             let mut found = false;
+            let mut pause = PoliteSpin::new();
             while start.elapsed() < budget {
                 if shared.pending.load(Ordering::Acquire) > 0 || engine.poll() {
                     found = true;
                     break;
                 }
-                std::hint::spin_loop();
+                pause.pause();
             }
             let wall = start.elapsed();
             policy.after_spin(Spin { found, wall, cpu: thread_cpu_time().saturating_sub(cpu0) });

@@ -10,7 +10,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use std::time::{Duration, Instant};
 
-use nvme_ctrl::poll::{thread_cpu_time, Spin};
+use nvme_ctrl::poll::{thread_cpu_time, PoliteSpin, Spin};
 use nvme_ctrl::{PollMode, SpinPolicy};
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
@@ -250,12 +250,13 @@ impl Inline {
             // messages are rare while spinning).
             let slice = s.budget.saturating_sub(s.start.elapsed()).min(SPIN_SLICE);
             let t = Instant::now();
+            let mut pause = PoliteSpin::new();
             while t.elapsed() < slice {
                 if device.ctrl.process() {
                     worked = true;
                     break;
                 }
-                std::hint::spin_loop();
+                pause.pause();
             }
         }
         if worked {
