@@ -33,7 +33,7 @@
 //! [`PollMode::Off`] does: adaptive polling costs at most a short spin now and then
 //! over not polling.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How queue owners wait for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -79,19 +79,19 @@ pub const YIELD_EVERY: Duration = Duration::from_micros(5);
 /// The pause of a spin loop: a CPU relax hint, and a yield every [`YIELD_EVERY`].
 #[derive(Debug)]
 pub struct PoliteSpin {
-    last_yield: std::time::Instant,
+    last_yield: Instant,
 }
 
 impl PoliteSpin {
     pub fn new() -> Self {
-        PoliteSpin { last_yield: std::time::Instant::now() }
+        PoliteSpin { last_yield: Instant::now() }
     }
 
     /// Call once per spin-loop iteration.
     pub fn pause(&mut self) {
         if self.last_yield.elapsed() >= YIELD_EVERY {
             std::thread::yield_now();
-            self.last_yield = std::time::Instant::now();
+            self.last_yield = Instant::now();
         } else {
             std::hint::spin_loop();
         }
@@ -115,6 +115,21 @@ pub struct Spin {
     pub cpu: Duration,
 }
 
+/// A spin phase being timed (see [`SpinPolicy::start_spin`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SpinClock {
+    start: Instant,
+    /// The thread's CPU time at the start, when the policy needs it.
+    cpu: Option<Duration>,
+}
+
+impl SpinClock {
+    /// Wall time since the phase started.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
 /// Counters of one policy.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SpinStats {
@@ -126,8 +141,26 @@ pub struct SpinStats {
     pub contended: u64,
     /// Nanoseconds spun.
     pub spin_ns: u64,
-    /// Nanoseconds of those during which other threads had the CPU.
+    /// Nanoseconds of those during which other threads had the CPU (measured in
+    /// adaptive mode only).
     pub lost_ns: u64,
+}
+
+impl SpinStats {
+    /// The counters as one log phrase; the preempted share only where it is measured.
+    pub fn describe(&self, mode: PollMode) -> String {
+        let mut d = format!(
+            "spins {} hit, {} missed, {} contended windows; spun {} ms",
+            self.hits,
+            self.misses,
+            self.contended,
+            self.spin_ns / 1_000_000
+        );
+        if mode == PollMode::Adaptive {
+            d += &format!(", {} ms of it preempted", self.lost_ns / 1_000_000);
+        }
+        d
+    }
 }
 
 /// Decides the spin budget of each idle period (see the module documentation).
@@ -178,6 +211,20 @@ impl SpinPolicy {
                 Duration::from_nanos((self.gap_ns * 3 / 2).min(cap))
             }
         }
+    }
+
+    /// Starts timing a spin phase. Only adaptive polling acts on contention, so only
+    /// it reads the thread's CPU clock (a system call at each end of the phase).
+    pub fn start_spin(&self) -> SpinClock {
+        let cpu = (self.mode == PollMode::Adaptive).then(thread_cpu_time);
+        SpinClock { start: Instant::now(), cpu }
+    }
+
+    /// Ends a spin phase started with [`Self::start_spin`] and records it.
+    pub fn end_spin(&mut self, c: SpinClock, found: bool) {
+        let wall = c.start.elapsed();
+        let cpu = c.cpu.map_or(wall, |t| thread_cpu_time().saturating_sub(t));
+        self.after_spin(Spin { found, wall, cpu });
     }
 
     /// Records a spin phase.
@@ -315,6 +362,25 @@ mod tests {
         assert_eq!(p.stats.contended, 0);
         assert!(p.budget() > Duration::ZERO);
         assert_eq!((p.stats.hits, p.stats.misses), (WINDOW as u64 - 1, 1));
+    }
+
+    #[test]
+    fn spin_clock_times_a_phase_and_reads_the_cpu_clock_only_when_adaptive() {
+        for mode in [PollMode::Adaptive, PollMode::Always] {
+            let mut p = SpinPolicy::new(mode);
+            let c = p.start_spin();
+            assert_eq!(c.cpu.is_some(), mode == PollMode::Adaptive);
+            while c.elapsed() < Duration::from_millis(2) {
+                std::hint::spin_loop();
+            }
+            p.end_spin(c, true);
+            assert_eq!(p.stats.hits, 1);
+            assert!(p.stats.spin_ns >= 2_000_000 && p.stats.lost_ns <= p.stats.spin_ns);
+            if mode == PollMode::Always {
+                assert_eq!(p.stats.lost_ns, 0);
+            }
+            assert_eq!(p.stats.describe(mode).contains("preempted"), mode == PollMode::Adaptive);
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::engine::IoEngine;
 
 pub use crate::poll::PollMode;
-use crate::poll::{thread_cpu_time, PoliteSpin, Spin, SpinPolicy};
+use crate::poll::{PoliteSpin, SpinPolicy, SpinStats};
 
 type Call = Box<dyn FnOnce(&mut IoEngine) + Send>;
 
@@ -144,17 +144,19 @@ impl Worker {
     pub fn stats_line(&self) -> String {
         let s = &self.shared.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let spins = SpinStats {
+            hits: get(&s.spin_hits),
+            misses: get(&s.spin_misses),
+            contended: get(&s.spin_contended),
+            spin_ns: get(&s.spin_ns),
+            lost_ns: get(&s.spin_lost_ns),
+        };
         format!(
-            "worker {} (poll {:?}): slept {} times; spins {} hit, {} missed, {} contended windows; \
-             spun {} ms, {} ms of it preempted",
+            "worker {} (poll {:?}): slept {} times; {}",
             self.index,
             self.mode,
             get(&s.sleeps),
-            get(&s.spin_hits),
-            get(&s.spin_misses),
-            get(&s.spin_contended),
-            get(&s.spin_ns) / 1_000_000,
-            get(&s.spin_lost_ns) / 1_000_000,
+            spins.describe(self.mode)
         )
     }
 }
@@ -232,19 +234,17 @@ fn run(
         // Idle. Spin with EventIdx stale, so the host does not ring.
         let budget = policy.budget();
         if budget > Duration::ZERO {
-            let start = Instant::now();
-            let cpu0 = thread_cpu_time();
+            let clock = policy.start_spin();
             let mut found = false;
             let mut pause = PoliteSpin::new();
-            while start.elapsed() < budget {
+            while clock.elapsed() < budget {
                 if shared.pending.load(Ordering::Acquire) > 0 || engine.poll() {
                     found = true;
                     break;
                 }
                 pause.pause();
             }
-            let wall = start.elapsed();
-            policy.after_spin(Spin { found, wall, cpu: thread_cpu_time().saturating_sub(cpu0) });
+            policy.end_spin(clock, found);
             publish(&shared.stats, &policy);
             if found {
                 policy.work_after(idle.elapsed());

@@ -117,6 +117,7 @@ fn ioctl_val(fd: &impl AsRawFd, req: u64, value: libc::c_ulong, what: &str) -> i
 /// `arg` must point to memory that is valid, for the whole call, for every byte the
 /// request reads or writes: the `argsz` the caller put in the structure (and for
 /// variable-length requests the trailing data) must not exceed the allocation.
+// SAFETY: callers uphold the contract above; the body only hands `arg` to the kernel.
 unsafe fn ioctl_ptr<T>(fd: &impl AsRawFd, req: u64, arg: *mut T, what: &str) -> io::Result<i32> {
     // SAFETY: the caller guarantees `arg` covers what the kernel accesses.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::Ioctl, arg) };

@@ -10,7 +10,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use std::time::{Duration, Instant};
 
-use nvme_ctrl::poll::{thread_cpu_time, PoliteSpin, Spin};
+use nvme_ctrl::poll::{PoliteSpin, SpinClock};
 use nvme_ctrl::{PollMode, SpinPolicy};
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
@@ -55,6 +55,13 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
+// What woke the server loop (epoll data).
+const SOCKET: u64 = 0;
+const EVENTS: u64 = 1;
+const TIMER: u64 = 2;
+const KICK: u64 = 3;
+const NOTIFIER: u64 = 4;
+
 /// Handles one client's messages until it disconnects. Protocol errors in a message
 /// are answered with an error reply; only a broken stream ends the session. Between
 /// messages the loop also wakes when an I/O worker raises an asynchronous event, so
@@ -66,9 +73,6 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 /// coalescing timers as well, and spins between bursts of work as the controller's
 /// [`PollMode`] says (see [`nvme_ctrl::poll`]).
 pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), ProtoError> {
-    const SOCKET: u64 = 0;
-    const EVENTS: u64 = 1;
-    const TIMER: u64 = 2;
     let epoll = Epoll::new()?;
     epoll.ctl(
         ControlOperation::Add,
@@ -183,17 +187,14 @@ struct Inline {
 const SPIN_SLICE: Duration = Duration::from_micros(20);
 
 struct SpinState {
-    start: Instant,
-    cpu: Duration,
+    clock: SpinClock,
     budget: Duration,
 }
 
 impl Inline {
     fn new(mode: PollMode, epoll: &Epoll, device: &Device) -> io::Result<Self> {
-        const KICK: u64 = 3;
-        const NOTIFIER: u64 = 4;
         let timer = TimerFd::new()?;
-        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, 2))?;
+        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER))?;
         let (kick, notifiers) = device.ctrl.inline_wake_fds();
         // The kick is shared and never drained: edge triggered.
         epoll.ctl(
@@ -248,7 +249,7 @@ impl Inline {
             // Spin here for a slice without system calls; the socket gets looked at
             // between slices (with EventIdx stale the guest rings no I/O doorbell, so
             // messages are rare while spinning).
-            let slice = s.budget.saturating_sub(s.start.elapsed()).min(SPIN_SLICE);
+            let slice = s.budget.saturating_sub(s.clock.elapsed()).min(SPIN_SLICE);
             let t = Instant::now();
             let mut pause = PoliteSpin::new();
             while t.elapsed() < slice {
@@ -261,7 +262,7 @@ impl Inline {
         }
         if worked {
             if let Some(s) = self.spin.take() {
-                self.end_spin(s, true);
+                self.policy.end_spin(s.clock, true);
             }
             if let Some(t) = self.idle_since.take() {
                 self.policy.work_after(t.elapsed());
@@ -278,14 +279,14 @@ impl Inline {
             None => {
                 let budget = self.policy.budget();
                 if budget > Duration::ZERO {
-                    self.spin = Some(SpinState { start: Instant::now(), cpu: thread_cpu_time(), budget });
+                    self.spin = Some(SpinState { clock: self.policy.start_spin(), budget });
                     return;
                 }
             }
-            Some(s) if s.start.elapsed() < s.budget => return,
+            Some(s) if s.clock.elapsed() < s.budget => return,
             Some(_) => {
                 let s = self.spin.take().expect("checked");
-                self.end_spin(s, false);
+                self.policy.end_spin(s.clock, false);
             }
         }
         // Re-arm EventIdx and look once more before sleeping.
@@ -298,25 +299,11 @@ impl Inline {
         }
         self.asleep = true;
     }
-
-    fn end_spin(&mut self, s: SpinState, found: bool) {
-        let wall = s.start.elapsed();
-        let cpu = thread_cpu_time().saturating_sub(s.cpu);
-        self.policy.after_spin(Spin { found, wall, cpu });
-    }
 }
 
 impl Drop for Inline {
     fn drop(&mut self) {
-        let s = self.policy.stats;
-        info!(
-            "inline queues (poll {:?}): spins {} hit, {} missed, {} contended windows; spun {} ms, {} ms of it preempted",
-            self.policy.mode(),
-            s.hits,
-            s.misses,
-            s.contended,
-            s.spin_ns / 1_000_000,
-            s.lost_ns / 1_000_000
-        );
+        let mode = self.policy.mode();
+        info!("inline queues (poll {mode:?}): {}", self.policy.stats.describe(mode));
     }
 }
