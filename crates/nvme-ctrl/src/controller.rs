@@ -47,7 +47,7 @@ pub struct Controller {
     /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,
     /// I/O worker threads (empty: everything runs in `process`).
-    pub(crate) workers: Vec<crate::workers::Worker>,
+    pub(crate) workers: Vec<crate::runtime::workers::Worker>,
     /// Without workers: how the thread that calls `process` should wait (inline mode).
     pub(crate) inline_mode: crate::PollMode,
     pub(crate) book: crate::routing::QueueBook,

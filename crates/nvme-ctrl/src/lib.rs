@@ -13,6 +13,7 @@
 //! - `dptr`: PRP and SGL walks.
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
+//! - `runtime`: worker threads and the idle loop they share with inline mode.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -26,15 +27,14 @@ pub mod events;
 pub mod interrupt;
 mod io;
 pub mod namespace;
-pub mod poll;
 pub mod queue;
 mod routing;
+pub mod runtime;
 pub mod stats;
-pub mod workers;
 
 pub use config::{ControllerConfig, NamespaceConfig};
 pub use controller::Controller;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
-pub use poll::{PollMode, SpinPolicy};
 pub use routing::WorkerConfig;
+pub use runtime::poll::{PollMode, SpinPolicy};
 pub use stats::{Stats, StatsSnapshot};

@@ -13,7 +13,7 @@ use crate::controller::Controller;
 use crate::doorbell::ShadowBuffers;
 use crate::engine::IoEngine;
 use crate::interrupt::Coalescing;
-use crate::workers::{PollMode, Worker};
+use crate::runtime::workers::{PollMode, Worker};
 
 /// The data-path settings that admin commands change and every engine honours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,14 +8,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nvme_ctrl::poll::{PoliteSpin, SpinClock};
-use nvme_ctrl::{PollMode, SpinPolicy};
+use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
+use nvme_ctrl::PollMode;
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
 use vfio_user::{Connection, ProtoError};
-use vmm_sys_util::timerfd::TimerFd;
 use zerocopy::little_endian::U32;
 
 use crate::device::{Device, Reply};
@@ -71,7 +70,7 @@ const NOTIFIER: u64 = 4;
 /// In inline mode (a controller without workers) this thread also owns the I/O
 /// queues: it wakes for the doorbell kick eventfd, backend completions and
 /// coalescing timers as well, and spins between bursts of work as the controller's
-/// [`PollMode`] says (see [`nvme_ctrl::poll`]).
+/// [`PollMode`] says (see [`nvme_ctrl::runtime::idle`]).
 pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), ProtoError> {
     let epoll = Epoll::new()?;
     epoll.ctl(
@@ -171,30 +170,22 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
 }
 
 /// The queue-owning half of the loop in inline mode: [`serve_client`] asks it how
-/// long to wait, and lets it run the controller after every wake-up.
+/// long to wait, and lets it step the controller's idle loop after every wake-up.
 struct Inline {
-    policy: SpinPolicy,
-    timer: TimerFd,
-    timer_armed: bool,
-    /// When the controller last ran out of work (None: it has work).
-    idle_since: Option<Instant>,
-    spin: Option<SpinState>,
-    /// True once EventIdx is re-armed and nothing was found: the next wait sleeps.
+    idle: IdleLoop,
+    timer: WakeTimer,
+    /// The last step said sleep: the next wait blocks.
     asleep: bool,
 }
 
-/// The longest an inline spin goes without looking at the socket.
+/// The longest an inline spin goes without looking at the socket (with EventIdx
+/// stale the guest rings no I/O doorbell, so messages are rare while spinning).
 const SPIN_SLICE: Duration = Duration::from_micros(20);
-
-struct SpinState {
-    clock: SpinClock,
-    budget: Duration,
-}
 
 impl Inline {
     fn new(mode: PollMode, epoll: &Epoll, device: &Device) -> io::Result<Self> {
-        let timer = TimerFd::new()?;
-        epoll.ctl(ControlOperation::Add, timer.as_raw_fd(), EpollEvent::new(EventSet::IN, TIMER))?;
+        let timer = WakeTimer::new()?;
+        epoll.ctl(ControlOperation::Add, timer.fd(), EpollEvent::new(EventSet::IN, TIMER))?;
         let (kick, notifiers) = device.ctrl.inline_wake_fds();
         // The kick is shared and never drained: edge triggered.
         epoll.ctl(
@@ -206,14 +197,7 @@ impl Inline {
             epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, NOTIFIER))?;
         }
         debug!(?mode, "inline mode: this thread runs the I/O queues");
-        Ok(Inline {
-            policy: SpinPolicy::new(mode),
-            timer,
-            timer_armed: false,
-            idle_since: None,
-            spin: None,
-            asleep: false,
-        })
+        Ok(Inline { idle: IdleLoop::new(mode), timer, asleep: false })
     }
 
     /// How long the next epoll wait may block (ms; -1 forever, 0 not at all).
@@ -221,89 +205,24 @@ impl Inline {
         if !self.asleep {
             return 0;
         }
-        if let Some(deadline) = device.ctrl.next_deadline() {
-            let now = device.ctrl.clock_now_ns();
-            let _ = self.timer.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
-            self.timer_armed = true;
-        }
-        if device.ctrl.inline_needs_polling() {
-            1
-        } else {
-            -1
-        }
+        self.timer.arm(device.ctrl.next_deadline(), device.ctrl.clock_now_ns());
+        sleep_timeout_ms(device.ctrl.inline_needs_polling())
     }
 
     fn timer_fired(&mut self) {
-        if self.timer_armed {
-            let _ = self.timer.clear();
-            self.timer_armed = false;
-        }
+        self.timer.disarm();
     }
 
-    /// Runs the controller and moves between busy, spinning and asleep.
+    /// Steps the idle loop: runs the controller and spins for at most a slice.
     fn run(&mut self, device: &mut Device) {
-        let mode = self.policy.mode();
-        device.ctrl.set_arm_eventidx(mode == PollMode::Off);
-        let mut worked = device.take_progress() | device.ctrl.process();
-        if let Some(s) = self.spin.as_ref().filter(|_| !worked) {
-            // Spin here for a slice without system calls; the socket gets looked at
-            // between slices (with EventIdx stale the guest rings no I/O doorbell, so
-            // messages are rare while spinning).
-            let slice = s.budget.saturating_sub(s.clock.elapsed()).min(SPIN_SLICE);
-            let t = Instant::now();
-            let mut pause = PoliteSpin::new();
-            while t.elapsed() < slice {
-                if device.ctrl.process() {
-                    worked = true;
-                    break;
-                }
-                pause.pause();
-            }
-        }
-        if worked {
-            if let Some(s) = self.spin.take() {
-                self.policy.end_spin(s.clock, true);
-            }
-            if let Some(t) = self.idle_since.take() {
-                self.policy.work_after(t.elapsed());
-            }
-            self.asleep = false;
-            return;
-        }
-        if self.asleep {
-            // Woken by something that brought no work (a config access, say).
-            return;
-        }
-        self.idle_since.get_or_insert_with(Instant::now);
-        match &self.spin {
-            None => {
-                let budget = self.policy.budget();
-                if budget > Duration::ZERO {
-                    self.spin = Some(SpinState { clock: self.policy.start_spin(), budget });
-                    return;
-                }
-            }
-            Some(s) if s.clock.elapsed() < s.budget => return,
-            Some(_) => {
-                let s = self.spin.take().expect("checked");
-                self.policy.end_spin(s.clock, false);
-            }
-        }
-        // Re-arm EventIdx and look once more before sleeping.
-        device.ctrl.set_arm_eventidx(true);
-        if device.ctrl.process() {
-            if let Some(t) = self.idle_since.take() {
-                self.policy.work_after(t.elapsed());
-            }
-            return;
-        }
-        self.asleep = true;
+        let worked = device.take_progress();
+        self.asleep = self.idle.step(&mut device.ctrl, worked, SPIN_SLICE, || false) == Next::Sleep;
     }
 }
 
 impl Drop for Inline {
     fn drop(&mut self) {
-        let mode = self.policy.mode();
-        info!("inline queues (poll {mode:?}): {}", self.policy.stats.describe(mode));
+        let mode = self.idle.mode();
+        info!("inline queues (poll {mode:?}): {}", self.idle.stats().describe(mode));
     }
 }

@@ -4,33 +4,26 @@
 //! calls (a closure run on the worker's engine, with the caller waiting for the
 //! result). A sleeping worker is woken through an eventfd.
 //!
-//! # Polling
-//!
-//! - [`PollMode::Off`]: when the engine finds no work it re-arms EventIdx (the host
-//!   rings on its next submission) and sleeps until a doorbell, a control call or a
-//!   coalescing timer wakes it.
-//! - [`PollMode::Adaptive`]: after the last work it may keep polling with EventIdx
-//!   left stale (so the host does not ring at all) before it re-arms and sleeps; the
-//!   [`SpinPolicy`] decides how long, from the gaps between bursts of work and from
-//!   whether spinning takes a CPU another thread wanted.
-//! - [`PollMode::Always`]: never sleeps; EventIdx stays stale. For doorbell pages mapped
-//!   into the guest, which produce no notification at all.
+//! Between bursts of work a worker drives the [`IdleLoop`] (spin as the poll mode
+//! says, re-arm EventIdx, look again, sleep); a message in its mailbox ends a spin.
+//! It sleeps in epoll on its wake-up eventfd, the shared doorbell kick, its backend
+//! queues' notifiers and a timer for coalesced interrupts.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvme_spec::regs::DoorbellKind;
 use tracing::{debug, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vmm_sys_util::timerfd::TimerFd;
 
+use super::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
+pub use super::poll::PollMode;
+use super::poll::SpinStats;
 use crate::engine::IoEngine;
-
-pub use crate::poll::PollMode;
-use crate::poll::{PoliteSpin, SpinPolicy, SpinStats};
 
 type Call = Box<dyn FnOnce(&mut IoEngine) + Send>;
 
@@ -99,11 +92,12 @@ impl Worker {
             pending: AtomicUsize::new(0),
             stats: WorkerStats::default(),
         });
+        let sleeper = Sleeper::new(&engine, &shared, kick)?;
         let (tx, rx) = mpsc::channel();
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vnvme-q{index}"))
-            .spawn(move || run(engine, rx, s, mode, kick))?;
+            .spawn(move || run(engine, rx, s, mode, sleeper))?;
         Ok(Worker { tx, shared, thread: Some(thread), index, mode })
     }
 
@@ -170,13 +164,47 @@ impl Drop for Worker {
     }
 }
 
-/// Copies a policy's counters where other threads can read them.
-fn publish(stats: &WorkerStats, p: &SpinPolicy) {
-    stats.spin_hits.store(p.stats.hits, Ordering::Relaxed);
-    stats.spin_misses.store(p.stats.misses, Ordering::Relaxed);
-    stats.spin_contended.store(p.stats.contended, Ordering::Relaxed);
-    stats.spin_ns.store(p.stats.spin_ns, Ordering::Relaxed);
-    stats.spin_lost_ns.store(p.stats.lost_ns, Ordering::Relaxed);
+/// Copies the idle loop's spin counters where other threads can read them.
+fn publish(stats: &WorkerStats, s: &SpinStats) {
+    stats.spin_hits.store(s.hits, Ordering::Relaxed);
+    stats.spin_misses.store(s.misses, Ordering::Relaxed);
+    stats.spin_contended.store(s.contended, Ordering::Relaxed);
+    stats.spin_ns.store(s.spin_ns, Ordering::Relaxed);
+    stats.spin_lost_ns.store(s.lost_ns, Ordering::Relaxed);
+}
+
+/// What a worker sleeps on (epoll data).
+const WAKE: u64 = 0;
+const TIMER: u64 = 1;
+const KICK: u64 = 2;
+const NOTIFIER: u64 = 3;
+
+/// The descriptors a worker sleeps on, set up before its thread starts so a failure
+/// is the caller's error rather than a worker that never runs.
+struct Sleeper {
+    epoll: Epoll,
+    timer: WakeTimer,
+    /// Held so the watched descriptor lives as long as the worker.
+    _kick: Option<Arc<EventFd>>,
+}
+
+impl Sleeper {
+    fn new(engine: &IoEngine, shared: &Shared, kick: Option<Arc<EventFd>>) -> std::io::Result<Self> {
+        let epoll = Epoll::new()?;
+        let timer = WakeTimer::new()?;
+        epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd(), EpollEvent::new(EventSet::IN, WAKE))?;
+        epoll.ctl(ControlOperation::Add, timer.fd(), EpollEvent::new(EventSet::IN, TIMER))?;
+        if let Some(k) = &kick {
+            // Shared by every worker and never drained: edge triggered.
+            let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, KICK);
+            epoll.ctl(ControlOperation::Add, k.as_raw_fd(), ev)?;
+        }
+        // Asynchronous backends (io_uring, nvme://) signal finished requests here.
+        for fd in engine.backend_notifiers() {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, NOTIFIER))?;
+        }
+        Ok(Sleeper { epoll, timer, _kick: kick })
+    }
 }
 
 fn run(
@@ -184,35 +212,10 @@ fn run(
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
     mode: PollMode,
-    kick: Option<Arc<EventFd>>,
+    mut sleeper: Sleeper,
 ) {
-    let epoll = match Epoll::new() {
-        Ok(e) => e,
-        Err(e) => {
-            warn!("worker cannot create epoll: {e}");
-            return;
-        }
-    };
-    let mut timer = TimerFd::new().ok();
-    let _ =
-        epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 0));
-    if let Some(t) = &timer {
-        let _ = epoll.ctl(ControlOperation::Add, t.as_raw_fd_compat(), EpollEvent::new(EventSet::IN, 1));
-    }
-    if let Some(k) = &kick {
-        let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, 2);
-        let _ = epoll.ctl(ControlOperation::Add, k.as_raw_fd_compat(), ev);
-    }
-    // Asynchronous backends (io_uring, nvme://) signal finished requests here.
-    for (i, fd) in engine.backend_notifiers().into_iter().enumerate() {
-        if let Err(e) = epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, 3 + i as u64)) {
-            warn!("worker cannot watch a backend notifier: {e}");
-        }
-    }
-    let mut policy = SpinPolicy::new(mode);
+    let mut idle = IdleLoop::new(mode);
     let mut events = [EpollEvent::default(); 8];
-    // When the engine last ran out of work (None: it has work).
-    let mut idle_since: Option<Instant> = None;
     loop {
         // Mailbox first: doorbells and control calls.
         while let Ok(m) = rx.try_recv() {
@@ -223,60 +226,24 @@ fn run(
                 Msg::Stop => return,
             }
         }
-        engine.arm_eventidx = mode == PollMode::Off;
-        if engine.poll() {
-            if let Some(t) = idle_since.take() {
-                policy.work_after(t.elapsed());
-            }
+        // A worker has nothing else to watch while it spins but its mailbox, which
+        // costs no system call: one step spins its whole budget.
+        let next =
+            idle.step(&mut engine, false, Duration::MAX, || shared.pending.load(Ordering::Acquire) > 0);
+        publish(&shared.stats, idle.stats());
+        if next == Next::Run {
             continue;
         }
-        let idle = *idle_since.get_or_insert_with(Instant::now);
-        // Idle. Spin with EventIdx stale, so the host does not ring.
-        let budget = policy.budget();
-        if budget > Duration::ZERO {
-            let clock = policy.start_spin();
-            let mut found = false;
-            let mut pause = PoliteSpin::new();
-            while clock.elapsed() < budget {
-                if shared.pending.load(Ordering::Acquire) > 0 || engine.poll() {
-                    found = true;
-                    break;
-                }
-                pause.pause();
-            }
-            policy.end_spin(clock, found);
-            publish(&shared.stats, &policy);
-            if found {
-                policy.work_after(idle.elapsed());
-                idle_since = None;
-                continue;
-            }
-            if mode == PollMode::Always {
-                continue;
-            }
-        }
-        // Re-arm EventIdx and look once more (doorbell.rs explains why that closes the race).
-        engine.arm_eventidx = true;
-        if engine.poll() {
-            policy.work_after(idle.elapsed());
-            idle_since = None;
-            continue;
-        }
+        // Pairs with `Worker::send`: either it sees us asleep and wakes us, or we see
+        // its message here.
         shared.sleeping.store(true, Ordering::SeqCst);
         if shared.pending.load(Ordering::SeqCst) > 0 {
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
-        let mut timer_armed = false;
-        if let (Some(t), Some(deadline)) = (timer.as_mut(), engine.next_deadline()) {
-            let now = engine.ctx.clock.now_ns();
-            let _ = t.reset(Duration::from_nanos(deadline.saturating_sub(now).max(1_000)), None);
-            timer_armed = true;
-        }
+        sleeper.timer.arm(engine.next_deadline(), engine.ctx.clock.now_ns());
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
-        // A backend that can only be polled gets looked at every millisecond.
-        let timeout = if engine.backend_needs_polling() { 1 } else { -1 };
-        match epoll.wait(timeout, &mut events) {
+        match sleeper.epoll.wait(sleep_timeout_ms(engine.backend_needs_polling()), &mut events) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
@@ -286,22 +253,8 @@ fn run(
         }
         shared.sleeping.store(false, Ordering::SeqCst);
         let _ = shared.wake.read();
-        // Only a timer that was set needs clearing (a system call saved per sleep).
-        if let Some(t) = timer.as_mut().filter(|_| timer_armed) {
-            let _ = t.clear();
-        }
+        sleeper.timer.disarm();
         engine.fire_timers();
         debug!(target: "vnvme::worker", "woke");
-    }
-}
-
-/// `AsRawFd` for the vmm-sys-util types, which implement it.
-trait RawFdCompat {
-    fn as_raw_fd_compat(&self) -> i32;
-}
-
-impl<T: std::os::fd::AsRawFd> RawFdCompat for T {
-    fn as_raw_fd_compat(&self) -> i32 {
-        self.as_raw_fd()
     }
 }

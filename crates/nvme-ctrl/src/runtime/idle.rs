@@ -1,0 +1,345 @@
+//! The idle loop: what an owner of queues does between bursts of work.
+//!
+//! Every owner of queues, an I/O worker thread ([`super::workers`]) or the server's
+//! own thread in inline mode, drives one [`IdleLoop`]. The owner calls
+//! [`IdleLoop::step`] after every wake-up and whenever the step asked to be called
+//! again; the step runs the queues and moves between three phases:
+//!
+//! - **busy**: a run did work; run again at once;
+//! - **spinning**: no work, and the [`SpinPolicy`] granted a budget: keep running the
+//!   queues with EventIdx left stale, so the host does not ring, until work shows up
+//!   or the budget is spent. A step spins at most one `slice`, so an owner that also
+//!   listens to something only a system call can see (the vfio-user socket) gets to
+//!   look at it between slices;
+//! - **asleep**: the budget is spent (or was zero). The step re-arms EventIdx and
+//!   runs the queues once more before it answers [`Next::Sleep`]. That last look
+//!   closes the wake-up race: a host that wrote a shadow tail while EventIdx was
+//!   stale decided not to ring, and only a look after the re-arm finds that work
+//!   (the fence pairing is in `doorbell.rs`). A wake-up that brings no work leaves
+//!   the owner asleep without spinning again.
+//!
+//! The owner keeps what is its own: how it sleeps (epoll on its eventfds, or on the
+//! socket too), its mailbox, and the handshake that makes a message sent to a
+//! sleeping worker wake it.
+
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::poll::{PoliteSpin, PollMode, SpinClock, SpinPolicy, SpinStats};
+use crate::controller::Controller;
+use crate::engine::IoEngine;
+
+/// The queues an idle loop runs: an I/O engine, or a controller in inline mode.
+pub trait Queues {
+    /// Does all work that is ready. True if it did anything.
+    fn run(&mut self) -> bool;
+    /// Whether runs publish EventIdx for queues they find empty (so the host rings
+    /// the next doorbell) or leave it stale (so it does not).
+    fn set_arm_eventidx(&mut self, arm: bool);
+}
+
+/// What the owner does after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Step again without sleeping (after a look at the owner's other sources).
+    Run,
+    /// EventIdx is armed and the last run found nothing: sleep until a notification.
+    Sleep,
+}
+
+/// A spin phase in progress.
+#[derive(Clone, Copy, Debug)]
+struct Spinning {
+    clock: SpinClock,
+    budget: Duration,
+}
+
+/// The busy → spin → re-arm → look again → sleep state machine (module docs).
+#[derive(Debug)]
+pub struct IdleLoop {
+    policy: SpinPolicy,
+    /// When the queues last ran out of work (None: they have work).
+    idle_since: Option<Instant>,
+    spin: Option<Spinning>,
+    /// EventIdx is armed and nothing was found since: a wake-up without work sleeps again.
+    asleep: bool,
+}
+
+impl IdleLoop {
+    pub fn new(mode: PollMode) -> Self {
+        IdleLoop { policy: SpinPolicy::new(mode), idle_since: None, spin: None, asleep: false }
+    }
+
+    pub fn mode(&self) -> PollMode {
+        self.policy.mode()
+    }
+
+    /// The spin counters so far.
+    pub fn stats(&self) -> &SpinStats {
+        &self.policy.stats
+    }
+
+    /// Runs `q` once and, if that finds nothing, spins for at most `slice` of the
+    /// current spin budget. `worked` says the owner already did work since the last
+    /// step (handling a transport message, say); `interrupted` is checked while
+    /// spinning and ends the spin as if work had been found (a message for the owner).
+    pub fn step(
+        &mut self,
+        q: &mut impl Queues,
+        worked: bool,
+        slice: Duration,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> Next {
+        let mode = self.policy.mode();
+        q.set_arm_eventidx(mode == PollMode::Off);
+        let mut worked = q.run() | worked;
+        if let Some(s) = self.spin.filter(|_| !worked) {
+            let end = s.budget.saturating_sub(s.clock.elapsed()).min(slice);
+            let t = Instant::now();
+            let mut pause = PoliteSpin::new();
+            while t.elapsed() < end {
+                if interrupted() || q.run() {
+                    worked = true;
+                    break;
+                }
+                pause.pause();
+            }
+        }
+        if worked {
+            self.busy();
+            return Next::Run;
+        }
+        if self.asleep {
+            return Next::Sleep;
+        }
+        self.idle_since.get_or_insert_with(Instant::now);
+        match self.spin {
+            None => {
+                let budget = self.policy.budget();
+                if budget > Duration::ZERO {
+                    self.spin = Some(Spinning { clock: self.policy.start_spin(), budget });
+                    return Next::Run;
+                }
+            }
+            Some(s) if s.clock.elapsed() < s.budget => return Next::Run,
+            Some(s) => {
+                self.spin = None;
+                self.policy.end_spin(s.clock, false);
+            }
+        }
+        // The wake-up race: re-arm, then look once more before sleeping.
+        q.set_arm_eventidx(true);
+        if q.run() {
+            self.busy();
+            return Next::Run;
+        }
+        self.asleep = true;
+        Next::Sleep
+    }
+
+    /// Work was found: end the spin (a hit) and the idle period.
+    fn busy(&mut self) {
+        if let Some(s) = self.spin.take() {
+            self.policy.end_spin(s.clock, true);
+        }
+        if let Some(t) = self.idle_since.take() {
+            self.policy.work_after(t.elapsed());
+        }
+        self.asleep = false;
+    }
+}
+
+/// A worker's engine: it owns its queues outright.
+impl Queues for IoEngine {
+    fn run(&mut self) -> bool {
+        self.poll()
+    }
+    fn set_arm_eventidx(&mut self, arm: bool) {
+        self.arm_eventidx = arm;
+    }
+}
+
+/// A controller in inline mode: its own engine holds every queue, and a run also
+/// executes admin commands and delivers events.
+impl Queues for Controller {
+    fn run(&mut self) -> bool {
+        self.process()
+    }
+    fn set_arm_eventidx(&mut self, arm: bool) {
+        Controller::set_arm_eventidx(self, arm);
+    }
+}
+
+/// How long an owner about to sleep may block in epoll (ms; -1: until woken). A
+/// backend with requests in flight and no notifier can only be polled, so it gets
+/// looked at every millisecond.
+pub fn sleep_timeout_ms(backend_needs_polling: bool) -> i32 {
+    if backend_needs_polling {
+        1
+    } else {
+        -1
+    }
+}
+
+/// The timer that wakes a sleeping owner when a coalesced interrupt falls due.
+#[derive(Debug)]
+pub struct WakeTimer {
+    fd: TimerFd,
+    armed: bool,
+}
+
+impl WakeTimer {
+    pub fn new() -> std::io::Result<Self> {
+        Ok(WakeTimer { fd: TimerFd::new()?, armed: false })
+    }
+
+    /// The descriptor to watch (readable when the timer fires).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+
+    /// Before sleeping: fire at `deadline` (clock ns, from `next_deadline`), if any.
+    pub fn arm(&mut self, deadline: Option<u64>, now_ns: u64) {
+        if let Some(d) = deadline {
+            let _ = self.fd.reset(Duration::from_nanos(d.saturating_sub(now_ns).max(1_000)), None);
+            self.armed = true;
+        }
+    }
+
+    /// After waking: clears the timer, if it was set (a system call saved per sleep).
+    pub fn disarm(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            let _ = self.fd.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Queues whose work shows up at chosen times. `hidden` models commands the host
+    /// queued while EventIdx was stale: only a run with EventIdx armed finds them.
+    #[derive(Default)]
+    struct Fake {
+        armed: bool,
+        ready: u32,
+        hidden: u32,
+        /// (armed, found work) of every run.
+        runs: Vec<(bool, bool)>,
+    }
+
+    impl Queues for Fake {
+        fn run(&mut self) -> bool {
+            if self.armed && self.hidden > 0 {
+                self.ready += std::mem::take(&mut self.hidden);
+            }
+            let found = self.ready > 0;
+            self.ready = 0;
+            self.runs.push((self.armed, found));
+            found
+        }
+        fn set_arm_eventidx(&mut self, arm: bool) {
+            self.armed = arm;
+        }
+    }
+
+    const FOREVER: Duration = Duration::MAX;
+
+    /// Steps until the loop says sleep (bounded).
+    fn until_sleep(l: &mut IdleLoop, q: &mut Fake) -> usize {
+        for n in 1..10_000 {
+            if l.step(q, false, FOREVER, || false) == Next::Sleep {
+                return n;
+            }
+        }
+        panic!("never slept");
+    }
+
+    #[test]
+    fn work_found_by_the_look_after_rearming_is_run_before_sleeping() {
+        for mode in [PollMode::Off, PollMode::Adaptive] {
+            let mut l = IdleLoop::new(mode);
+            let mut q = Fake { hidden: 1, ..Fake::default() };
+            // Adaptive: a spin phase with EventIdx stale never sees the hidden work;
+            // the armed look after it does, and the loop runs instead of sleeping.
+            until_sleep(&mut l, &mut q);
+            assert_eq!(q.hidden, 0, "{mode:?}");
+            assert!(q.runs.iter().any(|&(armed, found)| armed && found), "{mode:?}: {:?}", q.runs);
+            // It slept only after an armed run found nothing.
+            assert_eq!(q.runs.last(), Some(&(true, false)), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn adaptive_spins_with_eventidx_stale_then_sleeps_armed() {
+        let mut l = IdleLoop::new(PollMode::Adaptive);
+        let mut q = Fake::default();
+        until_sleep(&mut l, &mut q);
+        let stale = q.runs.iter().filter(|r| !r.0).count();
+        assert!(stale > 1, "it spun: {} stale runs", stale);
+        assert_eq!(q.runs.last(), Some(&(true, false)));
+        assert_eq!((l.stats().hits, l.stats().misses), (0, 1));
+    }
+
+    #[test]
+    fn off_never_spins() {
+        let mut l = IdleLoop::new(PollMode::Off);
+        let mut q = Fake::default();
+        assert_eq!(until_sleep(&mut l, &mut q), 1);
+        assert!(q.runs.iter().all(|r| r.0));
+        assert_eq!(l.stats().spin_ns, 0);
+    }
+
+    #[test]
+    fn a_wakeup_without_work_sleeps_again_without_spinning() {
+        let mut l = IdleLoop::new(PollMode::Adaptive);
+        let mut q = Fake::default();
+        until_sleep(&mut l, &mut q);
+        let (before, spun) = (q.runs.len(), l.stats().spin_ns);
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Sleep);
+        assert_eq!(q.runs.len(), before + 1, "one run, no spin");
+        assert_eq!(l.stats().spin_ns, spun);
+        // New work wakes it up and ends the idle period.
+        q.ready = 1;
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
+        assert_eq!(q.runs.last(), Some(&(false, true)));
+        assert!(l.idle_since.is_none() && !l.asleep);
+    }
+
+    #[test]
+    fn a_message_ends_a_spin_as_a_hit() {
+        let mut l = IdleLoop::new(PollMode::Always);
+        let mut q = Fake::default();
+        // The first empty step starts the spin phase, the next spins.
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
+        let mut polls = 0;
+        assert_eq!(
+            l.step(&mut q, false, FOREVER, || {
+                polls += 1;
+                polls == 100
+            }),
+            Next::Run
+        );
+        assert_eq!(l.stats().hits, 1);
+        assert!(q.runs.iter().all(|r| !r.0), "always never arms EventIdx");
+    }
+
+    #[test]
+    fn a_spin_slice_hands_back_before_the_budget_is_spent() {
+        let mut l = IdleLoop::new(PollMode::Always);
+        let mut q = Fake::default();
+        assert_eq!(l.step(&mut q, false, Duration::from_micros(50), || false), Next::Run);
+        let t = Instant::now();
+        for _ in 0..10 {
+            assert_eq!(l.step(&mut q, false, Duration::from_micros(50), || false), Next::Run);
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert_eq!(l.stats().hits + l.stats().misses, 0, "still the same spin phase");
+        // Work reported by the owner ends it as a hit.
+        assert_eq!(l.step(&mut q, true, Duration::from_micros(50), || false), Next::Run);
+        assert_eq!(l.stats().hits, 1);
+    }
+}
