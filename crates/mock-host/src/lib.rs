@@ -10,6 +10,7 @@
 //! as an I/O thread would.
 //!
 //! Tests, the fuzz target and the microbenchmark are all built on this.
+#![forbid(unsafe_code)]
 
 mod admin_helpers;
 pub mod io_helpers;

@@ -52,7 +52,7 @@ pub struct Controller {
     pub(crate) inline_mode: crate::PollMode,
     pub(crate) book: crate::routing::QueueBook,
     /// Wakes every worker (see `doorbell_kick`).
-    pub(crate) kick: Arc<vmm_sys_util::eventfd::EventFd>,
+    pub(crate) kick: Arc<std::os::fd::OwnedFd>,
     pub(crate) admin: AdminState,
     /// Memory page size from CC.MPS (valid while enabled).
     pub(crate) page_size: u64,
@@ -150,7 +150,10 @@ impl Controller {
             inline_mode: crate::PollMode::Off,
             page_size: 4096,
             book: Default::default(),
-            kick: Arc::new(vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?),
+            kick: Arc::new(rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )?),
             admin,
             namespaces,
             events,

@@ -202,9 +202,10 @@ impl Controller {
     /// The eventfd that wakes every worker to look at its queues' shadow doorbells:
     /// what a VMM wires to the doorbell registers as an ioeventfd (vfio-user
     /// DEVICE_GET_REGION_IO_FDS). The written value is lost, so this only carries
-    /// notifications for hosts that use shadow doorbells.
-    pub fn doorbell_kick(&self) -> std::sync::Arc<vmm_sys_util::eventfd::EventFd> {
-        self.kick.clone()
+    /// notifications for hosts that use shadow doorbells. Each call returns a new
+    /// descriptor for the same eventfd, for the caller to hand out.
+    pub fn doorbell_kick(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.kick.try_clone()
     }
 
     pub(crate) fn io_attach_shadow(&mut self, b: ShadowBuffers) {

@@ -9,6 +9,7 @@
 //! - [`program`] says what the bytes mean (and encodes programs back to bytes, for
 //!   hand-built corpus seeds), [`exec`] what is run and checked.
 //! - A panic anywhere is a bug found: in the controller, or an invariant it broke.
+#![forbid(unsafe_code)]
 
 mod cmds;
 pub mod exec;

@@ -357,16 +357,7 @@ impl Device {
         for s in &subs {
             payload.extend_from_slice(s.as_bytes());
         }
-        let kick = self.ctrl.doorbell_kick();
-        // Dup of a descriptor the EventFd keeps open for as long as `kick` lives; the
-        // result is checked and owned exclusively by the new OwnedFd.
-        // SAFETY: dup of an open descriptor; the result is checked and owned once.
-        let raw = unsafe { libc::dup(kick.as_raw_fd()) };
-        if raw < 0 {
-            return Err(DeviceError::Invalid(std::io::Error::last_os_error().to_string()));
-        }
-        // SAFETY: `raw` is a fresh descriptor returned by dup above.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let fd = self.ctrl.doorbell_kick().map_err(|e| DeviceError::Invalid(e.to_string()))?;
         Ok(Reply::Ok(payload, vec![fd]))
     }
 

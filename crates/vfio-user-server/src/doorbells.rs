@@ -14,7 +14,7 @@
 //!   admin queue is polled every millisecond). Trapped writes to that page (QEMU traps
 //!   it while an INTx is pending) are stored into the same page.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use guest_mem::{GuestMemory, Mapping};
@@ -55,15 +55,7 @@ pub struct DoorbellPage {
 impl DoorbellPage {
     /// A memfd covering BAR0 offsets `0..bar0_len` (only the doorbell page is shared).
     pub fn new(bar0_len: u64) -> std::io::Result<Self> {
-        // Memfd_create with a valid NUL-terminated name; the result is checked before
-        // it is wrapped.
-        // SAFETY: a valid C string; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"vnvme-doorbells".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = rustix::fs::memfd_create(c"vnvme-doorbells", rustix::fs::MemfdFlags::CLOEXEC)?;
         let file = std::fs::File::from(fd.try_clone()?);
         file.set_len(bar0_len)?;
         let map = Mapping::from_fd(fd.as_fd(), 0, bar0_len, true).map_err(std::io::Error::from)?;

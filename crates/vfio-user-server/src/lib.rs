@@ -6,6 +6,7 @@
 //! - `dma`: the client's shared memory as a guest memory map.
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
 //! - `server`: the socket loop.
+#![forbid(unsafe_code)]
 
 pub mod device;
 pub mod dma;

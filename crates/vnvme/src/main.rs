@@ -1,4 +1,5 @@
 //! The vnvme command-line program.
+#![forbid(unsafe_code)]
 
 mod demo;
 mod identify;

@@ -9,7 +9,7 @@
 //! It sleeps in epoll on its wake-up eventfd, the shared doorbell kick, its backend
 //! queues' notifiers and a timer for coalesced interrupts.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -84,7 +84,7 @@ impl Worker {
         index: usize,
         engine: IoEngine,
         mode: PollMode,
-        kick: Option<Arc<EventFd>>,
+        kick: Option<Arc<OwnedFd>>,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             wake: EventFd::new(EFD_NONBLOCK)?,
@@ -185,11 +185,11 @@ struct Sleeper {
     epoll: Epoll,
     timer: WakeTimer,
     /// Held so the watched descriptor lives as long as the worker.
-    _kick: Option<Arc<EventFd>>,
+    _kick: Option<Arc<OwnedFd>>,
 }
 
 impl Sleeper {
-    fn new(engine: &IoEngine, shared: &Shared, kick: Option<Arc<EventFd>>) -> std::io::Result<Self> {
+    fn new(engine: &IoEngine, shared: &Shared, kick: Option<Arc<OwnedFd>>) -> std::io::Result<Self> {
         let epoll = Epoll::new()?;
         let timer = WakeTimer::new()?;
         epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd(), EpollEvent::new(EventSet::IN, WAKE))?;

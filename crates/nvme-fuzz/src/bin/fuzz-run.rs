@@ -15,6 +15,7 @@
 //! `<artifacts>/timeout-<hash>`; either makes the exit status non-zero. Inputs slower
 //! than 2 s are reported and the first few saved as `slow-<hash>`, without failing:
 //! the controller has bounded but long waits (a shutdown may spin 10^6 times).
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
