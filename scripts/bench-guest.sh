@@ -108,11 +108,7 @@ mkdir -p "$disk_dir"
 disk_img="$(cd "$disk_dir" && pwd)/vnvme-bench.$$.img"
 VN_PID="" cur_qemu_pidfile="" BACK_PID=""
 cleanup() {
-    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
-        local qp
-        qp=$(cat "$cur_qemu_pidfile")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$BACK_PID"
     rm -f "$img" "$disk_img"

@@ -84,11 +84,7 @@ VN_PID="" cur_qemu_pidfile=""
 
 cleanup() {
     # Stop what we started, by PID: the server, and QEMU if we were interrupted.
-    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
-        local qp
-        qp=$(cat "$cur_qemu_pidfile")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
 }

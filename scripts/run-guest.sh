@@ -70,11 +70,8 @@ run=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-run.XXXXXX")
 chmod 700 "$run"
 VN_PID=""
 finish() {
-    local rc=$? qp
-    if [[ -s $run/qemu.pid ]]; then
-        qp=$(cat "$run/qemu.pid")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    local rc=$?
+    vn_term_pidfile "$run/qemu.pid"
     vn_serve_stop "$VN_PID"
     rm -f "$run/vnvme.sock"
     echo

@@ -36,6 +36,16 @@ vn_device_args() {
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"},\"bus\":\"rp0\"}")
 }
 
+# vn_term_pidfile FILE: SIGTERM the process FILE names (QEMU's -pidfile), if
+# it still runs; nothing if FILE is empty or missing. For exit traps: boot.sh
+# owns QEMU and reaps it.
+vn_term_pidfile() {
+    local pid
+    [[ -n $1 && -s $1 ]] || return 0
+    pid=$(cat "$1")
+    if vn_alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
+}
+
 # vn_mark_deltas DIR START END: vn_io_deltas over the marks START and END (from
 # START.stats0 to END.stats1, see the top of this file).
 vn_mark_deltas() { vn_io_deltas "$1/$2.stats0" "$1/$3.stats1"; }
