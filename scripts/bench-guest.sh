@@ -108,11 +108,7 @@ mkdir -p "$disk_dir"
 disk_img="$(cd "$disk_dir" && pwd)/vnvme-bench.$$.img"
 VN_PID="" cur_qemu_pidfile="" BACK_PID=""
 cleanup() {
-    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
-        local qp
-        qp=$(cat "$cur_qemu_pidfile")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$BACK_PID"
     rm -f "$img" "$disk_img"
@@ -172,29 +168,37 @@ drive_disk="file=$disk_img,if=none,id=d0,format=raw,cache=none,aio=io_uring"
 
 qemu_ver=$("$VNVME_GUEST_DIR/qemu" --version | head -1)
 kver=$(cat "$(kernel_dir "$kernel")/KVER")
-cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-python3 - "$out/meta.json" <<EOF
+# The host's description comes from the reports' shared module, so both
+# benchmarks describe a machine the same way; it prints "CPU (N cpus)".
+host_desc=$(python3 - "$VNVME_ROOT/scripts/lib" "$out/meta.json" "$stamp" "$qemu_ver" "$accel" "$kver" \
+    "$VNVME_BIN" "$runtime" "$reps" "$size" "$points" "$drive" "$img" "$(stat -f -c %T "$disk_dir")" <<'EOF'
 import json, sys
+lib, out, stamp, qemu, accel, kver, vnvme_bin, runtime, reps, size, points, drive, img, disk_fs = sys.argv[1:]
+sys.path.insert(0, lib)
+from vnvme_report import host, version
+h = host()
 json.dump({
-    "timestamp_utc": "$stamp",
-    "qemu": "$qemu_ver",
-    "accel": "$accel",
-    "guest_kernel": "$kver",
+    "timestamp_utc": stamp,
+    "qemu": qemu,
+    "accel": accel,
+    "guest_kernel": kver,
     "guest": "2 vCPUs, 1 GiB (memory-backend-memfd, share=on), q35",
-    "host_cpu": "$cpu_model",
-    "host_cpus": $(nproc),
-    "host_kernel": "$(uname -r)",
-    "vnvme": "$("$VNVME_BIN" --version)",
-    "runtime_s": $runtime,
-    "reps": $reps,
-    "size": "$size",
-    "points": "$points".split(),
-    "qemu_drive": "$drive".replace("$img", "/dev/shm/<tmp>.img"),
-    "disk_fs": "$(stat -f -c %T "$disk_dir")",
-    "note": "TCG: the guest's CPUs are emulated, so these numbers mostly measure TCG, not the devices." if "$accel" == "tcg" else "",
-}, open(sys.argv[1], "w"), indent=2)
+    "host_cpu": h["cpu_model"],
+    "host_cpus": h["cpus_usable"],
+    "host_kernel": h["kernel"],
+    "vnvme": version(vnvme_bin),
+    "runtime_s": json.loads(runtime),
+    "reps": json.loads(reps),
+    "size": size,
+    "points": points.split(),
+    "qemu_drive": drive.replace(img, "/dev/shm/<tmp>.img"),
+    "disk_fs": disk_fs,
+    "note": "TCG: the guest's CPUs are emulated, so these numbers mostly measure TCG, not the devices." if accel == "tcg" else "",
+}, open(out, "w"), indent=2)
+print(f"{h['cpu_model']} ({h['cpus_usable']} cpus)")
 EOF
-echo "QEMU: $qemu_ver; accel $accel; guest kernel $kver; host CPU: $cpu_model ($(nproc) cpus)"
+)
+echo "QEMU: $qemu_ver; accel $accel; guest kernel $kver; host CPU: $host_desc"
 [[ $accel != tcg ]] || echo "NOTE: TCG (no usable KVM here): the guest CPUs are emulated; these numbers mostly measure TCG."
 echo "devices: $devices"
 

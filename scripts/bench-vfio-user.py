@@ -3,7 +3,9 @@
 per-run `vnvme perf --json` files, and writes results.json, table.md and chart.svg
 (hand-written SVG, no plotting library) into the run folder, then prints the table.
 
-Standard library only. Run by bench-vfio-user.sh; can be re-run on a folder:
+Standard library only; what it shares with the guest benchmark's report (the machine
+description, run statistics, the SVG panels) is in scripts/lib/vnvme_report.py.
+Run by bench-vfio-user.sh; can be re-run on a folder:
   python3 scripts/bench-vfio-user.py --dir results/vfio-user-perf/<stamp> --root . ...
 """
 
@@ -14,10 +16,10 @@ import json
 import re
 import math
 import os
-import platform
-import subprocess
 import sys
-from xml.sax.saxutils import escape
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from vnvme_report import bounds, cores_busy, FONT, log_panel, machine, other_cpus, spread, text  # noqa: E402
 
 # The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
 # guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
@@ -67,91 +69,6 @@ METRICS = {
 }
 
 
-def sh(cmd):
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
-        return line if out.returncode == 0 and line else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def git_commit(root):
-    """HEAD's commit from .git files (no git binary is run)."""
-    gitdir = os.path.join(root, ".git")
-    try:
-        if os.path.isfile(gitdir):  # a worktree: "gitdir: PATH"
-            with open(gitdir) as f:
-                gitdir = os.path.join(root, f.read().split(":", 1)[1].strip())
-        with open(os.path.join(gitdir, "HEAD")) as f:
-            head = f.read().strip()
-        if not head.startswith("ref:"):
-            return head, "detached"
-        ref = head.split(None, 1)[1]
-        common = gitdir
-        cd = os.path.join(gitdir, "commondir")
-        if os.path.exists(cd):
-            with open(cd) as f:
-                common = os.path.join(gitdir, f.read().strip())
-        for base in (gitdir, common):
-            p = os.path.join(base, ref)
-            if os.path.exists(p):
-                with open(p) as f:
-                    return f.read().strip(), ref
-        with open(os.path.join(common, "packed-refs")) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == ref:
-                    return parts[0], ref
-        return "unknown", ref
-    except OSError:
-        return "unknown", "unknown"
-
-
-def machine(root, started=None):
-    cpu = "unknown"
-    online = 0
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k.strip() in ("model name", "Model", "cpu model") and cpu == "unknown":
-                    cpu = v.strip()
-                if k.strip() == "processor":
-                    online += 1
-    except OSError:
-        pass
-    commit, ref = git_commit(root)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    vnvme = os.path.join(root, "target", "release", "vnvme")
-    return {
-        "git_commit": commit,
-        "git_ref": ref,
-        "git_note": "read from .git (HEAD); uncommitted changes are not detected",
-        "vnvme": sh([vnvme, "--version"]),
-        "build": "cargo build --release (opt-level 3, debug = 1)",
-        "rustc": sh(["rustc", "--version"]),
-        "cargo": sh(["cargo", "--version"]),
-        "cpu_model": cpu,
-        "cpus_online": online,
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "kernel": platform.release(),
-        "os": f"{platform.system()}-{platform.machine()}",
-        "clk_tck": os.sysconf("SC_CLK_TCK"),
-        "taskset": sh(["sh", "-c", "command -v taskset"]),
-        "python": platform.python_version(),
-        "date_utc": started or now.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "report_written_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
-    }
-
-
-def spread(vals):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return None
-    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "runs": vals}
-
-
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -174,9 +91,8 @@ def load(dirpath, matrix):
         el = res["elapsed_s"]
         ccpu, scpu = res.get("client_cpu_s"), srv.get("cpu_s")
         other = None
-        if r.get("sys_busy_ticks") and r.get("wall_s") and ccpu is not None and scpu is not None:
-            wall = float(r["wall_s"])
-            other = max(0.0, (int(r["sys_busy_ticks"]) / CLK_TCK - ccpu - scpu) / wall) if wall > 0 else None
+        if r.get("sys_busy_ticks") and r.get("wall_s"):
+            other = other_cpus(int(r["sys_busy_ticks"]), float(r["wall_s"]), ccpu, scpu, CLK_TCK)
         p["runs"].append(
             {
                 "rep": int(r["rep"]),
@@ -194,7 +110,7 @@ def load(dirpath, matrix):
                 "irq_wakeups_per_io": res["interrupt_wakeups_per_io"],
                 "client_cpu_us_per_io": res["client_cpu_us_per_io"],
                 "server_cpu_us_per_io": srv.get("cpu_us_per_io"),
-                "cores_busy": (ccpu + scpu) / el if ccpu is not None and scpu is not None and el > 0 else None,
+                "cores_busy": cores_busy(ccpu, scpu, el),
                 "other_cpus": other,
                 "ios": res["ios"],
                 "errors": res["errors"],
@@ -384,98 +300,6 @@ def table_md(mach, knobs, matrix, points, tgts):
 
 # ---- the chart
 
-FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
-
-
-def text(x, y, s, size=12, anchor="start", weight="normal", fill="#222", extra=""):
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-            f'font-weight="{weight}" fill="{fill}" {extra}>{escape(str(s))}</text>')
-
-
-def log_ticks(lo, hi):
-    ticks = []
-    e = math.floor(math.log10(lo))
-    while 10**e <= hi * 1.0001:
-        for m in (1, 2, 5):
-            v = m * 10**e
-            if lo * 0.9999 <= v <= hi * 1.0001:
-                ticks.append(v)
-        e += 1
-    return ticks
-
-
-def tick_label(v, unit):
-    if unit == "iops":
-        return f"{v / 1e6:g}M" if v >= 1e6 else (f"{v / 1e3:g}k" if v >= 1e3 else f"{v:g}")
-    return f"{v:g}"
-
-
-def panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None, floor_label=None, note=None):
-    """A log-y line chart: x = queue depth (categorical), one line per series."""
-    o = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="#ffffff" stroke="#cccccc"/>']
-    o.append(text(x0 + 12, y0 + 24, title, 15, weight="bold"))
-    if note:
-        o.append(text(x0 + 12, y0 + 42, note, 11, fill="#555"))
-    L, R, T, B = x0 + 78, x0 + w - 24, y0 + 56, y0 + h - 48
-    lo_l, hi_l = math.log10(lo), math.log10(hi)
-
-    def ypos(v):
-        v = min(max(v, lo), hi)
-        return B - (math.log10(v) - lo_l) / (hi_l - lo_l) * (B - T)
-
-    def xpos(i):
-        return L + (i + 0.5) * (R - L) / len(qds)
-
-    for v in log_ticks(lo, hi):
-        y = ypos(v)
-        major = abs(math.log10(v) - round(math.log10(v))) < 1e-9
-        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="{"#d0d0d0" if major else "#eeeeee"}"/>')
-        lab = floor_label if (floor_label and abs(v - lo) < 1e-12) else tick_label(v, unit)
-        o.append(text(L - 6, y + 4, lab, 12 if major else 10, "end", fill="#333" if major else "#777"))
-    o.append(f'<line x1="{L}" y1="{B}" x2="{R}" y2="{B}" stroke="#444"/>')
-    o.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{B}" stroke="#444"/>')
-    for i, q in enumerate(qds):
-        o.append(text(xpos(i), B + 18, f"QD {q}", 13, "middle"))
-    o.append(text(x0 + 16, (T + B) / 2, ylabel, 12, "middle", extra=f'transform="rotate(-90 {x0 + 16} {(T + B) / 2:.1f})"'))
-    if guide:
-        gv, gl, where = guide if len(guide) == 3 else (*guide, "right")
-        y = ypos(gv)
-        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="#c00" stroke-width="1.5" stroke-dasharray="7,4"/>')
-        # A white halo keeps the label readable where lines cross it.
-        gx, gy, anchor = (L + 6, y + 17, "start") if where == "left-below" else (R - 4, y - 6, "end")
-        o.append(text(gx, gy, gl, 12, anchor, "bold", "#c00",
-                      extra='paint-order="stroke" stroke="#ffffff" stroke-width="5" stroke-linejoin="round"'))
-    for s in series:
-        pts = [(xpos(i), ypos(v)) for i, v in enumerate(s["values"]) if v is not None]
-        dash = ' stroke-dasharray="6,3"' if s.get("dashed") else ""
-        if len(pts) > 1:
-            d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-            o.append(f'<polyline points="{d}" fill="none" stroke="{s["color"]}" stroke-width="2.2"{dash}/>')
-        for (x, y) in pts:
-            if s.get("dashed"):
-                o.append(f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="{s["color"]}"/>')
-            else:
-                o.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{s["color"]}"/>')
-        # whiskers: min–max of the runs
-        for i, r in enumerate(s.get("ranges", [])):
-            if r and r[0] != r[1]:
-                x = xpos(i)
-                o.append(f'<line x1="{x:.1f}" y1="{ypos(r[0]):.1f}" x2="{x:.1f}" y2="{ypos(r[1]):.1f}" '
-                         f'stroke="{s["color"]}" stroke-width="1" opacity="0.6"/>')
-    return "\n".join(o)
-
-
-def bounds(values, floor=None, pad=1.6):
-    vs = [v for v in values if v is not None and v > 0]
-    if floor is not None:
-        vs = [max(v, floor) for v in vs] + [floor]
-    if not vs:
-        return 1, 10
-    lo, hi = min(vs) / pad, max(vs) * pad
-    lo = floor if floor is not None else 10 ** math.floor(math.log10(lo))
-    hi = 10 ** math.ceil(math.log10(hi))
-    return lo, hi
-
 
 def chart(mach, knobs, matrix, points):
     qds = knobs["qd_list"]
@@ -542,22 +366,22 @@ def chart(mach, knobs, matrix, points):
 
     s_iops = series("iops")
     lo, hi = bounds([v for s in s_iops for v in s["values"]])
-    o.append(panel(20, top, PW, PH, "IOPS (higher is better)", "IOPS (log scale)", s_iops, qds, "iops",
+    o.append(log_panel(20, top, PW, PH, "IOPS (higher is better)", "IOPS (log scale)", s_iops, qds, "iops",
                    lo, max(hi, 2e6), guide=(1e6, "target: polling ≥ 1 M at QD 64", "left-below")))
     s_db = series("trapped_db_per_io")
     lo, hi = bounds([v for s in s_db for v in s["values"]], floor=1e-4)
-    o.append(panel(20 + PW + GAP, top, PW, PH, "Trapped I/O doorbell writes per I/O (server)",
+    o.append(log_panel(20 + PW + GAP, top, PW, PH, "Trapped I/O doorbell writes per I/O (server)",
                    "doorbell writes / I/O (log)", s_db, qds, "", 1e-4, max(hi, 10),
                    guide=(0.1, "target with shadow doorbells at QD ≥ 16: ≤ 0.1"), floor_label="≤1e-4 (0)",
                    note="0 (eventfd, mapped: no trapped writes) is drawn at the floor"))
     s_cpu = series("total_cpu", total_cpu)
     lo, hi = bounds([v for s in s_cpu for v in s["values"]])
-    o.append(panel(20, top + PH + GAP, PW, PH, "CPU per I/O, client + server (lower is better)",
+    o.append(log_panel(20, top + PH + GAP, PW, PH, "CPU per I/O, client + server (lower is better)",
                    "µs of CPU / I/O (log)", s_cpu, qds, "", lo, hi,
                    note="client: process CPU time; server: /proc/PID/stat (in-process: worker threads)"))
     s_p99 = series("p99_us")
     lo, hi = bounds([v for s in s_p99 for v in s["values"]])
-    o.append(panel(20 + PW + GAP, top + PH + GAP, PW, PH, "p99 latency (lower is better)", "µs (log)",
+    o.append(log_panel(20 + PW + GAP, top + PH + GAP, PW, PH, "p99 latency (lower is better)", "µs (log)",
                    s_p99, qds, "", lo, hi))
 
     # the seed reference, apart and grey

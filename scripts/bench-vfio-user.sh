@@ -33,6 +33,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/host.sh
+source "$ROOT/scripts/lib/host.sh"
+VN_TAG=bench-vfio-user:
 COMMAND_LINE="$0 $*"
 SECONDS_PER_POINT=3
 REPEAT=2
@@ -97,33 +100,21 @@ TMP=$(mktemp -d /tmp/vnvme-vfio-user-bench.XXXXXX)
 SERVE_PID=
 BACK_PID=
 
-stop_back() {
-  [ -n "$BACK_PID" ] || return 0
-  kill -TERM "$BACK_PID" 2>/dev/null || true
-  wait "$BACK_PID" 2>/dev/null || true
-  BACK_PID=
-}
-
-stop_serve() {
-  [ -n "$SERVE_PID" ] || return 0
-  if kill -0 "$SERVE_PID" 2>/dev/null; then
-    kill -TERM "$SERVE_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$SERVE_PID" 2>/dev/null; then kill -KILL "$SERVE_PID" 2>/dev/null || true; fi
-  fi
-  wait "$SERVE_PID" 2>/dev/null || true
-  SERVE_PID=
-}
+stop_back() { vn_serve_stop "$BACK_PID"; BACK_PID=; }
+stop_serve() { vn_serve_stop "$SERVE_PID"; SERVE_PID=; }
 cleanup() { stop_serve; stop_back; rm -rf "$TMP"; }
 trap cleanup EXIT
 trap 'echo "bench-vfio-user: interrupted" >&2; exit 130' INT TERM
 
 echo "bench-vfio-user: building vnvme (release)" >&2
 (cd "$ROOT" && cargo build --release -p vnvme --quiet)
+# The binary just built, whatever $VNVME_BIN says.
 VNVME="$ROOT/target/release/vnvme"
+VNVME_BIN=$VNVME
 
 CLIENT_PIN=(); SERVER_PIN=()
 if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
+VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
 printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\n' >"$MANIFEST"
@@ -160,35 +151,23 @@ for m in "${MATRIX[@]}"; do
   serve_cmd=-
   if [ -z "$inproc" ]; then
     sock="$TMP/$id.sock"; stats="$TMP/$id.stats.json"
-    rm -f "$sock" "$stats"
     ns=$NS
     if [ "$id" = chain ]; then
       # The back end serves the namespace; the front reaches it through nvme://.
       back="$TMP/back.sock"
-      rm -f "$back"
       # --doorbells eventfd: the front's doorbells kick the back's worker directly.
-      "${SERVER_PIN[@]}" "$VNVME" serve --socket "$back" --ns "$NS" --workers "$WORKERS" --poll "$spoll" \
-        --doorbells eventfd 2>"$OUT/logs/serve-$id-back.log" &
-      BACK_PID=$!
-      for _ in $(seq 100); do [ -S "$back" ] && break; sleep 0.1; done
+      vn_serve_start "$OUT/logs/serve-$id-back.log" "$back" --ns "$NS" \
+        --workers "$WORKERS" --poll "$spoll" --doorbells eventfd || continue
+      BACK_PID=$VN_PID
       ns="nvme://$back?queues=$((WORKERS + 2))"
     fi
-    serve_args=(serve --socket "$sock" --ns "$ns" --workers "$WORKERS" --poll "$spoll"
-                --doorbells "$sdb" --stats-file "$stats")
-    serve_cmd="${SERVER_PIN[*]} vnvme ${serve_args[*]}"
-    "${SERVER_PIN[@]}" "$VNVME" "${serve_args[@]}" 2>"$OUT/logs/serve-$id.log" &
-    SERVE_PID=$!
-    for _ in $(seq 100); do
-      [ -S "$sock" ] && [ -s "$stats" ] && break
-      kill -0 "$SERVE_PID" 2>/dev/null || break
-      sleep 0.1
-    done
-    if ! [ -S "$sock" ] || ! kill -0 "$SERVE_PID" 2>/dev/null; then
-      echo "bench-vfio-user: $id: vnvme serve did not come up (logs/serve-$id.log):" >&2
-      tail -5 "$OUT/logs/serve-$id.log" >&2 || true
-      stop_serve
+    serve_args=(--ns "$ns" --workers "$WORKERS" --poll "$spoll" --doorbells "$sdb" --stats-file "$stats")
+    serve_cmd="${SERVER_PIN[*]} vnvme serve --socket $sock ${serve_args[*]}"
+    if ! vn_serve_start "$OUT/logs/serve-$id.log" "$sock" "${serve_args[@]}"; then
+      stop_back
       continue
     fi
+    SERVE_PID=$VN_PID
   fi
   for qd in "${QD_LIST[@]}"; do
     for rep in $(seq "$REPEAT"); do
@@ -216,7 +195,7 @@ for m in "${MATRIX[@]}"; do
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
         "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((b1 - b0))" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" >>"$MANIFEST"
-      if [ -n "$inproc" ] || kill -0 "$SERVE_PID" 2>/dev/null; then continue; fi
+      if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
       echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
       break 2
     done

@@ -84,11 +84,7 @@ VN_PID="" cur_qemu_pidfile=""
 
 cleanup() {
     # Stop what we started, by PID: the server, and QEMU if we were interrupted.
-    if [[ -n $cur_qemu_pidfile && -s $cur_qemu_pidfile ]]; then
-        local qp
-        qp=$(cat "$cur_qemu_pidfile")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
 }
@@ -200,13 +196,8 @@ guest_results() {
 # db_ratio DIR NAME: "doorbells/IO interrupts/IO I/Os cq-doorbells/IO" between
 # NAME-start and NAME-end.
 db_ratio() {
-    local io db irq cq
-    io=$(vn_delta "$1/marks" "$2-start" "$2-end" io_commands) || return 1
-    db=$(vn_delta "$1/marks" "$2-start" "$2-end" io_doorbell_writes) || return 1
-    irq=$(vn_delta "$1/marks" "$2-start" "$2-end" interrupts) || return 1
-    cq=$(vn_delta "$1/marks" "$2-start" "$2-end" io_cq_doorbell_writes) || return 1
-    [[ $io -gt 0 ]] || return 1
-    echo "$(vn_ratio "$db" "$io") $(vn_ratio "$irq" "$io") $io $(vn_ratio "$cq" "$io")"
+    vn_mark_deltas "$1/marks" "$2-start" "$2-end" || return 1
+    echo "$(vn_ratio "$VN_DB" "$VN_IO") $(vn_ratio "$VN_IRQ" "$VN_IO") $VN_IO $(vn_ratio "$VN_CQDB" "$VN_IO")"
 }
 
 # db_check KERNEL DIR PREFIX POLLMODE LIMIT: the fio runs between the marks

@@ -70,11 +70,8 @@ run=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-run.XXXXXX")
 chmod 700 "$run"
 VN_PID=""
 finish() {
-    local rc=$? qp
-    if [[ -s $run/qemu.pid ]]; then
-        qp=$(cat "$run/qemu.pid")
-        if vn_alive "$qp"; then kill -TERM "$qp" 2>/dev/null || true; fi
-    fi
+    local rc=$?
+    vn_term_pidfile "$run/qemu.pid"
     vn_serve_stop "$VN_PID"
     rm -f "$run/vnvme.sock"
     echo
@@ -189,11 +186,9 @@ sed -n 's/^vnvme: //p' "$run/serve.log" | tail -1 | sed 's/^/total since the ser
 if grep -qa 'controller shut down' "$run/serve.log"; then
     echo "clean shutdown: $(grep -a 'controller shut down' "$run/serve.log" | tail -1 | sed 's/.*INFO //')"
 fi
-if io=$(vn_delta "$run/marks" fio-start fio-end io_commands) && [[ $io -gt 0 ]]; then
-    db=$(vn_delta "$run/marks" fio-start fio-end io_doorbell_writes)
-    irq=$(vn_delta "$run/marks" fio-start fio-end interrupts)
+if vn_mark_deltas "$run/marks" fio-start fio-end; then
     modes=$(grep -ao 'polling [A-Za-z]*\(, doorbells [A-Za-z]*\)\?' "$run/serve.log" | head -1)
-    echo "during the fio run: $io I/O commands, $db trapped I/O doorbell writes = $(vn_ratio "$db" "$io") per I/O, $irq interrupts = $(vn_ratio "$irq" "$io") per I/O (${modes:-polling $poll})"
+    echo "during the fio run: $VN_IO I/O commands, $VN_DB trapped I/O doorbell writes = $(vn_ratio "$VN_DB" "$VN_IO") per I/O, $VN_IRQ interrupts = $(vn_ratio "$VN_IRQ" "$VN_IO") per I/O (${modes:-polling $poll})"
 fi
 echo
 if [[ $guest_rc -eq 0 && $src -eq 0 ]]; then

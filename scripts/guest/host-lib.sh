@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 # Host-side helpers for running `vnvme serve` next to a guest booted by
-# boot.sh: build, start/stop the server, the vfio-user-pci device arguments,
-# reading the server's --stats-file, and the "mark" protocol that lets a guest
-# script ask the host for counter snapshots. Source after lib.sh.
+# boot.sh: the build, the vfio-user-pci device arguments and the "mark"
+# protocol that lets a guest script ask the host for counter snapshots.
+# Starting and stopping the server and counter deltas come from
+# scripts/lib/host.sh, sourced here, so every host script shares them.
+# Source after lib.sh.
 #
 # Mark protocol: a guest line "@@VNVME-MARK NAME@@" on the serial console makes
 # vn_watch (reading boot.sh's output) save, into its directory:
@@ -17,70 +19,14 @@
 # stats0 (a "start" mark), idle for >= 1.5 s *after* it to use stats1 (an
 # "end" mark). See scripts/guest/tests/lib.sh (mark).
 
-VNVME_ROOT="$(cd "$VNVME_GUEST_DIR/../.." && pwd)"
-VNVME_BIN="${VNVME_BIN:-$VNVME_ROOT/target/release/vnvme}"
+# shellcheck source=scripts/lib/host.sh
+source "$VNVME_GUEST_DIR/../lib/host.sh"
 
 # vn_build: cargo build --release -p vnvme (cargo prints its own progress).
 vn_build() {
     command -v cargo >/dev/null 2>&1 ||
         die "cargo not found: install a Rust toolchain (https://rustup.rs), then run again"
     (cd "$VNVME_ROOT" && cargo build --release --locked -p vnvme)
-}
-
-# vn_alive PID: is PID running (a zombie counts as gone)?
-vn_alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
-    [[ -n $st && ${st:0:1} != Z ]]
-}
-
-# vn_serve_start LOGFILE SOCKET [SERVE ARGS...]: start `vnvme serve` in the
-# background (VN_PID) and wait until it listens. Returns 1 if it exits first.
-vn_serve_start() {
-    local logf=$1 sock=$2 i
-    shift 2
-    rm -f "$sock"
-    NO_COLOR=1 "$VNVME_BIN" serve --socket "$sock" "$@" >"$logf" 2>&1 &
-    VN_PID=$!
-    for ((i = 0; i < 100; i++)); do
-        [[ -S $sock ]] && return 0
-        if ! vn_alive "$VN_PID"; then
-            wait "$VN_PID" 2>/dev/null || true
-            log "vnvme serve exited at startup:"
-            sed 's/^/  | /' "$logf" >&2
-            return 1
-        fi
-        sleep 0.1
-    done
-    log "vnvme serve did not create $sock within 10 s"
-    return 1
-}
-
-# vn_serve_wait PID SECS: wait up to SECS for PID (our child) to exit; prints
-# nothing, returns its exit status, or 124 if it is still running.
-vn_serve_wait() {
-    local pid=$1 secs=$2 i rc
-    for ((i = 0; i < secs * 10; i++)); do
-        vn_alive "$pid" || break
-        sleep 0.1
-    done
-    vn_alive "$pid" && return 124
-    rc=0
-    wait "$pid" 2>/dev/null || rc=$?
-    return "$rc"
-}
-
-# vn_serve_stop PID: stop a server we started (SIGTERM, then SIGKILL after 5 s).
-# Safe to call twice and on a PID that already exited.
-vn_serve_stop() {
-    local pid=$1
-    [[ -n $pid ]] || return 0
-    if vn_alive "$pid"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        vn_serve_wait "$pid" 5 || true
-        if vn_alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
-    fi
-    wait "$pid" 2>/dev/null || true
 }
 
 # vn_device_args SOCKET: sets VN_DEV_ARGS, the QEMU arguments for a
@@ -90,24 +36,19 @@ vn_device_args() {
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"},\"bus\":\"rp0\"}")
 }
 
-# vn_stat FILE KEY: one counter from a --stats-file (flat JSON); empty if absent.
-vn_stat() {
-    grep -o "\"$2\":[0-9]*" "$1" 2>/dev/null | head -1 | cut -d: -f2
+# vn_term_pidfile FILE: SIGTERM the process FILE names (QEMU's -pidfile), if
+# it still runs; nothing if FILE is empty or missing. For exit traps: boot.sh
+# owns QEMU and reaps it.
+vn_term_pidfile() {
+    local pid
+    [[ -n $1 && -s $1 ]] || return 0
+    pid=$(cat "$1")
+    if vn_alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
 }
 
-# vn_ratio NUM DEN: NUM/DEN with 3 decimals ("n/a" if DEN is 0 or empty).
-vn_ratio() {
-    awk -v n="${1:-0}" -v d="${2:-0}" 'BEGIN { if (d + 0 == 0) print "n/a"; else printf "%.3f\n", n / d }'
-}
-
-# vn_delta DIR START END KEY: counter KEY from START.stats0 to END.stats1.
-vn_delta() {
-    local a b
-    a=$(vn_stat "$1/$2.stats0" "$4")
-    b=$(vn_stat "$1/$3.stats1" "$4")
-    [[ -n $a && -n $b ]] || return 1
-    echo $((b - a))
-}
+# vn_mark_deltas DIR START END: vn_io_deltas over the marks START and END (from
+# START.stats0 to END.stats1, see the top of this file).
+vn_mark_deltas() { vn_io_deltas "$1/$2.stats0" "$1/$3.stats1"; }
 
 # vn_cpu_snapshot PID...: "PID TID NS COMM" for every thread.
 vn_cpu_snapshot() {

@@ -6,7 +6,9 @@ Usage: report.py RESULTS_DIR
 RESULTS_DIR holds meta.json and raw/<device>/ with serial.log[.gz] (the guest's
 @@RESULT lines and fio JSON), device.json and marks/ or marks.tar.gz (CPU
 samples, process ids and vnvme counter snapshots taken at the guest's marks,
-see scripts/guest/host-lib.sh). Standard library only.
+see scripts/guest/host-lib.sh). Standard library only; counter deltas, per-I/O
+figures and the chart come from scripts/lib/vnvme_report.py, shared with
+scripts/bench-vfio-user.py.
 """
 
 import gzip
@@ -18,6 +20,9 @@ import re
 import sys
 import tarfile
 from statistics import mean
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from vnvme_report import bar_chart, per_io, stats_deltas, sum_opt  # noqa: E402
 
 POINT_ORDER = ["randread-qd1", "randread-qd4", "randread-qd16", "randread-qd64", "randwrite-qd16"]
 DEVICE_ORDER = [
@@ -126,16 +131,6 @@ def parse_serial(path):
     return results, fio, info
 
 
-def sum_opt(a, b):
-    return None if a is None or b is None else a + b
-
-
-def per_io(x, ios, scale=1.0):
-    if x is None or not ios:
-        return None
-    return x * scale / ios
-
-
 def analyse_device(ddir):
     dev = json.load(open(os.path.join(ddir, "device.json")))
     results, fio, info = parse_serial(os.path.join(ddir, "serial.log"))
@@ -170,11 +165,11 @@ def analyse_device(ddir):
             "vnvme_us_per_io": per_io(sum_opt(cpu_delta(a, b, vpid), cpu_delta(a, b, bpid) if bpid else 0),
                                       ios, 1e-3) if vpid else None,
         }
-        if s0 and s1:
-            dio = s1["io_commands"] - s0["io_commands"]
-            run["vnvme_io_commands"] = dio
-            run["vnvme_doorbells_per_io"] = per_io(s1["io_doorbell_writes"] - s0["io_doorbell_writes"], dio)
-            run["vnvme_irq_per_io"] = per_io(s1["interrupts"] - s0["interrupts"], dio)
+        dv = stats_deltas(s0, s1)
+        if dv:
+            run["vnvme_io_commands"] = dv["io_commands"]
+            run["vnvme_doorbells_per_io"] = dv["doorbells_per_io"]
+            run["vnvme_irq_per_io"] = dv["irq_per_io"]
         runs.append(run)
     agg = {}
     for name in sorted({r["point"] for r in runs}, key=lambda n: POINT_ORDER.index(n) if n in POINT_ORDER else 99):
@@ -265,60 +260,9 @@ def svg_chart(meta, devs):
     pts = [p for p in POINT_ORDER if any(p in d["points"] for d in devs)]
     panels = [("KIOPS (higher is better)", lambda a: (a["iops"] or 0) / 1000),
               ("p99 latency, µs (lower is better)", lambda a: a["lat_p99_us"] or 0)]
-    W, PH, top, left, legend_w = 1180, 300, 72, 70, 230
-    H = top + len(panels) * (PH + 60) + 20
-    plot_w = W - left - legend_w - 20
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           '<rect width="100%" height="100%" fill="white"/>']
     title = f"vnvme guest benchmark {meta['timestamp_utc']}: fio 4 KiB, {meta['guest_kernel']}, QEMU {meta['qemu'].split()[3] if len(meta['qemu'].split()) > 3 else ''}, accel {meta['accel']}"
-    out.append(f'<text x="{left}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>')
-    if meta.get("note"):
-        out.append(f'<text x="{left}" y="42" fill="#b00">{esc(meta["note"])}</text>')
-    for pi, (label, getv) in enumerate(panels):
-        y0 = top + pi * (PH + 60)
-        vals = [getv(d["points"][p]) for d in devs for p in pts if p in d["points"]]
-        vmax = nice_max(max(vals) if vals else 1)
-        out.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{esc(label)}</text>')
-        for t in range(5):
-            v = vmax * t / 4
-            y = y0 + PH - PH * t / 4
-            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
-        gw = plot_w / len(pts)
-        bw = (gw - 14) / max(1, len(devs))
-        for gi, p in enumerate(pts):
-            gx = left + gi * gw + 7
-            out.append(f'<text x="{gx + (gw - 14) / 2:.1f}" y="{y0 + PH + 16}" text-anchor="middle">{p}</text>')
-            for di, d in enumerate(devs):
-                if p not in d["points"]:
-                    continue
-                v = getv(d["points"][p])
-                h = PH * v / vmax if vmax else 0
-                x = gx + di * bw
-                out.append(f'<rect x="{x:.1f}" y="{y0 + PH - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
-                           f'fill="{color(d)}"><title>{esc(d["device"])} {p}: {v:.1f}</title></rect>')
-        out.append(f'<line x1="{left}" y1="{y0 + PH}" x2="{left + plot_w}" y2="{y0 + PH}" stroke="#333"/>')
-    lx = W - legend_w + 10
-    for di, d in enumerate(devs):
-        y = top + di * 18
-        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{color(d)}"/>')
-        out.append(f'<text x="{lx + 18}" y="{y + 10}">{esc(d["device"])}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def nice_max(v):
-    if v <= 0:
-        return 1
-    e = 10 ** math.floor(math.log10(v))
-    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if m * e >= v:
-            return m * e
-    return 10 * e
-
-
-def esc(s):
-    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    series = [{"name": d["device"], "color": color(d), "values": d["points"]} for d in devs]
+    return bar_chart(title, meta.get("note"), pts, series, panels)
 
 
 def main():

@@ -1,0 +1,328 @@
+"""What the benchmark reports share: scripts/bench-vfio-user.py (vnvme perf
+against vnvme serve) and scripts/guest/bench/report.py (Linux guests on QEMU).
+
+- Figures: spread() (mean, min, max of repeated runs), per_io(), stats_deltas()
+  (per-I/O figures between two `vnvme serve --stats-file` snapshots, the
+  counters scripts/lib/host.sh's vn_io_deltas reads), cores_busy() and
+  other_cpus() (how much of the machine a run kept busy).
+- The machine: host() (CPU model and count, kernel), git_commit(), version(),
+  machine() (all of it plus the toolchain, for a result file).
+- SVG, hand-written (no plotting library): esc(), text(), log_panel() (log-y
+  lines over queue depths, min-max whiskers), bounds(), bar_chart() (grouped
+  bars, one panel per figure, a legend), nice_max().
+
+Standard library only. Import it from a script with
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), RELATIVE_PATH_TO_scripts/lib))
+"""
+
+import datetime
+import math
+import os
+import platform
+import subprocess
+
+# ---- figures
+
+
+def spread(vals):
+    """{"mean", "min", "max", "runs"} of the values that are not None; None if none are."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "runs": vals}
+
+
+def sum_opt(a, b):
+    return None if a is None or b is None else a + b
+
+
+def per_io(x, ios, scale=1.0):
+    """x * scale / ios; None if x is unknown or no I/O was done."""
+    if x is None or not ios:
+        return None
+    return x * scale / ios
+
+
+def stats_deltas(s0, s1):
+    """Per-I/O figures between two `vnvme serve --stats-file` snapshots (parsed
+    JSON): the I/O commands done, trapped I/O doorbell writes and interrupts
+    per I/O. None unless both snapshots are there."""
+    if not s0 or not s1:
+        return None
+    ios = s1["io_commands"] - s0["io_commands"]
+    return {
+        "io_commands": ios,
+        "doorbells_per_io": per_io(s1["io_doorbell_writes"] - s0["io_doorbell_writes"], ios),
+        "irq_per_io": per_io(s1["interrupts"] - s0["interrupts"], ios),
+    }
+
+
+def cores_busy(client_s, server_s, elapsed_s):
+    """How many CPUs client and server kept busy: their CPU seconds / elapsed."""
+    if client_s is None or server_s is None or elapsed_s <= 0:
+        return None
+    return (client_s + server_s) / elapsed_s
+
+
+def other_cpus(busy_ticks, wall_s, client_s, server_s, clk_tck):
+    """CPUs kept busy by anything but client and server over wall_s, from the
+    system-wide busy time in USER_HZ ticks (/proc/stat)."""
+    if client_s is None or server_s is None or wall_s <= 0:
+        return None
+    return max(0.0, (busy_ticks / clk_tck - client_s - server_s) / wall_s)
+
+
+# ---- the machine
+
+
+def sh(cmd):
+    """The first line a command prints; "unknown" if it fails or prints nothing."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+        return line if out.returncode == 0 and line else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def version(binary):
+    """`BINARY --version`, first line."""
+    return sh([binary, "--version"])
+
+
+def host():
+    """CPU model, CPUs online and usable (this process's affinity), kernel, OS."""
+    cpu = "unknown"
+    online = 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k.strip() in ("model name", "Model", "cpu model") and cpu == "unknown":
+                    cpu = v.strip()
+                if k.strip() == "processor":
+                    online += 1
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "cpus_online": online,
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "os": f"{platform.system()}-{platform.machine()}",
+    }
+
+
+def git_commit(root):
+    """HEAD's (commit, ref) from .git files (no git binary is run)."""
+    gitdir = os.path.join(root, ".git")
+    try:
+        if os.path.isfile(gitdir):  # a worktree: "gitdir: PATH"
+            with open(gitdir) as f:
+                gitdir = os.path.join(root, f.read().split(":", 1)[1].strip())
+        with open(os.path.join(gitdir, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref:"):
+            return head, "detached"
+        ref = head.split(None, 1)[1]
+        common = gitdir
+        cd = os.path.join(gitdir, "commondir")
+        if os.path.exists(cd):
+            with open(cd) as f:
+                common = os.path.join(gitdir, f.read().strip())
+        for base in (gitdir, common):
+            p = os.path.join(base, ref)
+            if os.path.exists(p):
+                with open(p) as f:
+                    return f.read().strip(), ref
+        with open(os.path.join(common, "packed-refs")) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == ref:
+                    return parts[0], ref
+        return "unknown", ref
+    except OSError:
+        return "unknown", "unknown"
+
+
+def machine(root, started=None):
+    """Everything needed to re-run a figure of the checkout at root: commit,
+    vnvme and toolchain versions, host(), dates."""
+    h = host()
+    commit, ref = git_commit(root)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "git_commit": commit,
+        "git_ref": ref,
+        "git_note": "read from .git (HEAD); uncommitted changes are not detected",
+        "vnvme": version(os.path.join(root, "target", "release", "vnvme")),
+        "build": "cargo build --release (opt-level 3, debug = 1)",
+        "rustc": sh(["rustc", "--version"]),
+        "cargo": sh(["cargo", "--version"]),
+        **h,
+        "clk_tck": os.sysconf("SC_CLK_TCK"),
+        "taskset": sh(["sh", "-c", "command -v taskset"]),
+        "python": platform.python_version(),
+        "date_utc": started or now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "report_written_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+
+
+# ---- SVG
+
+FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
+
+
+def esc(s):
+    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def text(x, y, s, size=12, anchor="start", weight="normal", fill="#222", extra=""):
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f'font-weight="{weight}" fill="{fill}" {extra}>{esc(s)}</text>')
+
+
+def log_ticks(lo, hi):
+    ticks = []
+    e = math.floor(math.log10(lo))
+    while 10**e <= hi * 1.0001:
+        for m in (1, 2, 5):
+            v = m * 10**e
+            if lo * 0.9999 <= v <= hi * 1.0001:
+                ticks.append(v)
+        e += 1
+    return ticks
+
+
+def tick_label(v, unit):
+    if unit == "iops":
+        return f"{v / 1e6:g}M" if v >= 1e6 else (f"{v / 1e3:g}k" if v >= 1e3 else f"{v:g}")
+    return f"{v:g}"
+
+
+def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None, floor_label=None, note=None):
+    """A log-y line chart: x = queue depth (categorical), one line per series
+    ({"color", "values", "ranges": [(min, max)], "dashed"}; dashed lines get
+    square markers). guide: (value, label[, "left-below"]), a dashed red line."""
+    o = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="#ffffff" stroke="#cccccc"/>']
+    o.append(text(x0 + 12, y0 + 24, title, 15, weight="bold"))
+    if note:
+        o.append(text(x0 + 12, y0 + 42, note, 11, fill="#555"))
+    L, R, T, B = x0 + 78, x0 + w - 24, y0 + 56, y0 + h - 48
+    lo_l, hi_l = math.log10(lo), math.log10(hi)
+
+    def ypos(v):
+        v = min(max(v, lo), hi)
+        return B - (math.log10(v) - lo_l) / (hi_l - lo_l) * (B - T)
+
+    def xpos(i):
+        return L + (i + 0.5) * (R - L) / len(qds)
+
+    for v in log_ticks(lo, hi):
+        y = ypos(v)
+        major = abs(math.log10(v) - round(math.log10(v))) < 1e-9
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="{"#d0d0d0" if major else "#eeeeee"}"/>')
+        lab = floor_label if (floor_label and abs(v - lo) < 1e-12) else tick_label(v, unit)
+        o.append(text(L - 6, y + 4, lab, 12 if major else 10, "end", fill="#333" if major else "#777"))
+    o.append(f'<line x1="{L}" y1="{B}" x2="{R}" y2="{B}" stroke="#444"/>')
+    o.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{B}" stroke="#444"/>')
+    for i, q in enumerate(qds):
+        o.append(text(xpos(i), B + 18, f"QD {q}", 13, "middle"))
+    o.append(text(x0 + 16, (T + B) / 2, ylabel, 12, "middle", extra=f'transform="rotate(-90 {x0 + 16} {(T + B) / 2:.1f})"'))
+    if guide:
+        gv, gl, where = guide if len(guide) == 3 else (*guide, "right")
+        y = ypos(gv)
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="#c00" stroke-width="1.5" stroke-dasharray="7,4"/>')
+        # A white halo keeps the label readable where lines cross it.
+        gx, gy, anchor = (L + 6, y + 17, "start") if where == "left-below" else (R - 4, y - 6, "end")
+        o.append(text(gx, gy, gl, 12, anchor, "bold", "#c00",
+                      extra='paint-order="stroke" stroke="#ffffff" stroke-width="5" stroke-linejoin="round"'))
+    for s in series:
+        pts = [(xpos(i), ypos(v)) for i, v in enumerate(s["values"]) if v is not None]
+        dash = ' stroke-dasharray="6,3"' if s.get("dashed") else ""
+        if len(pts) > 1:
+            d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            o.append(f'<polyline points="{d}" fill="none" stroke="{s["color"]}" stroke-width="2.2"{dash}/>')
+        for (x, y) in pts:
+            if s.get("dashed"):
+                o.append(f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="{s["color"]}"/>')
+            else:
+                o.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{s["color"]}"/>')
+        # whiskers: min–max of the runs
+        for i, r in enumerate(s.get("ranges", [])):
+            if r and r[0] != r[1]:
+                x = xpos(i)
+                o.append(f'<line x1="{x:.1f}" y1="{ypos(r[0]):.1f}" x2="{x:.1f}" y2="{ypos(r[1]):.1f}" '
+                         f'stroke="{s["color"]}" stroke-width="1" opacity="0.6"/>')
+    return "\n".join(o)
+
+
+def bounds(values, floor=None, pad=1.6):
+    """Log-axis limits (powers of ten) around the positive values, padded;
+    values below floor are drawn at it."""
+    vs = [v for v in values if v is not None and v > 0]
+    if floor is not None:
+        vs = [max(v, floor) for v in vs] + [floor]
+    if not vs:
+        return 1, 10
+    lo, hi = min(vs) / pad, max(vs) * pad
+    lo = floor if floor is not None else 10 ** math.floor(math.log10(lo))
+    hi = 10 ** math.ceil(math.log10(hi))
+    return lo, hi
+
+
+def nice_max(v):
+    """The smallest round number (1, 1.2, 1.5, 2, ... times a power of ten) >= v."""
+    if v <= 0:
+        return 1
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * e >= v:
+            return m * e
+    return 10 * e
+
+
+def bar_chart(title, note, groups, series, panels):
+    """A whole SVG: one grouped bar panel per (label, value-of-data) in panels,
+    a bar per series in each group, a legend at the right. series:
+    [{"name", "color", "values": {group: data}}]; a series without a group's
+    data leaves a gap."""
+    W, PH, top, left, legend_w = 1180, 300, 72, 70, 230
+    H = top + len(panels) * (PH + 60) + 20
+    plot_w = W - left - legend_w - 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    out.append(f'<text x="{left}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>')
+    if note:
+        out.append(f'<text x="{left}" y="42" fill="#b00">{esc(note)}</text>')
+    for pi, (label, getv) in enumerate(panels):
+        y0 = top + pi * (PH + 60)
+        vals = [getv(s["values"][g]) for s in series for g in groups if g in s["values"]]
+        vmax = nice_max(max(vals) if vals else 1)
+        out.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{esc(label)}</text>')
+        for t in range(5):
+            v = vmax * t / 4
+            y = y0 + PH - PH * t / 4
+            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+        gw = plot_w / len(groups)
+        bw = (gw - 14) / max(1, len(series))
+        for gi, g in enumerate(groups):
+            gx = left + gi * gw + 7
+            out.append(f'<text x="{gx + (gw - 14) / 2:.1f}" y="{y0 + PH + 16}" text-anchor="middle">{g}</text>')
+            for si, s in enumerate(series):
+                if g not in s["values"]:
+                    continue
+                v = getv(s["values"][g])
+                h = PH * v / vmax if vmax else 0
+                x = gx + si * bw
+                out.append(f'<rect x="{x:.1f}" y="{y0 + PH - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
+                           f'fill="{s["color"]}"><title>{esc(s["name"])} {g}: {v:.1f}</title></rect>')
+        out.append(f'<line x1="{left}" y1="{y0 + PH}" x2="{left + plot_w}" y2="{y0 + PH}" stroke="#333"/>')
+    lx = W - legend_w + 10
+    for si, s in enumerate(series):
+        y = top + si * 18
+        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{s["color"]}"/>')
+        out.append(f'<text x="{lx + 18}" y="{y + 10}">{esc(s["name"])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
