@@ -262,7 +262,7 @@ fn lba_size_must_suit_the_backend() {
         }],
         ..Default::default()
     };
-    let err = nvme_ctrl::controller::Controller::new(
+    let err = nvme_ctrl::Controller::new(
         cfg(0),
         guest_mem::GuestMemory::empty(),
         Arc::new(mock_host::CountingIrq::new(4)),

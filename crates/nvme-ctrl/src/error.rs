@@ -34,8 +34,6 @@ pub enum CommandError {
     LbaOutOfRange { slba: u64, nlb: u64 },
     #[error("transfer of {0} bytes exceeds MDTS")]
     TooLarge(u64),
-    #[error("compare failed")]
-    CompareFailure,
     #[error("backend failed (write: {write}): {source}")]
     Backend { write: bool, source: BackendError },
     /// A status already decided by the handler (queue management and features, whose
@@ -61,7 +59,6 @@ impl CommandError {
             CommandError::SglOffset => Status::SGL_OFFSET_INVALID.with_dnr(),
             CommandError::LbaOutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
             CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
-            CommandError::CompareFailure => Status::COMPARE_FAILURE.with_dnr(),
             CommandError::Backend { write, source } => backend_status(*write, source),
             CommandError::Status(s) => *s,
         }
@@ -95,8 +92,3 @@ pub fn backend_status(write: bool, e: &BackendError) -> Status {
 }
 
 pub type CmdResult<T = ()> = Result<T, CommandError>;
-
-/// Shorthand for handlers that fail with a status the spec names for a field.
-pub fn fail<T>(status: Status) -> CmdResult<T> {
-    Err(CommandError::Status(status.with_dnr()))
-}

@@ -16,25 +16,26 @@
 //! - `runtime`: worker threads and the idle loop they share with inline mode.
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod config;
-pub mod controller;
+mod admin;
+mod config;
+mod controller;
 pub mod doorbell;
-pub mod dptr;
-pub mod engine;
-pub mod error;
-pub mod events;
-pub mod interrupt;
+mod dptr;
+mod engine;
+mod error;
+mod events;
+mod interrupt;
 mod io;
-pub mod namespace;
-pub mod queue;
+mod namespace;
+mod queue;
 mod routing;
 pub mod runtime;
-pub mod stats;
+mod stats;
 
 pub use config::{ControllerConfig, NamespaceConfig};
-pub use controller::Controller;
+pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use routing::WorkerConfig;
-pub use runtime::poll::{PollMode, SpinPolicy};
+pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
+pub use runtime::workers::{Worker, WorkerStats};
 pub use stats::{Stats, StatsSnapshot};

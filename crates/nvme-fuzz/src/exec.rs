@@ -24,7 +24,7 @@ use std::sync::Arc;
 use block_backend::{FaultBackend, FaultError, FaultOp, FaultRule, NullBackend, RamBackend};
 use guest_mem::{GuestMemory, Mapping};
 use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
-use nvme_ctrl::controller::Lifecycle;
+use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::regs::{doorbell_offset, offset, Aqa, DoorbellKind, ShutdownStatus};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};

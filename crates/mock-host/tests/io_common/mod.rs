@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use block_backend::{Backend, NullBackend, RamBackend};
 use mock_host::{InitOptions, MockHost};
-use nvme_ctrl::controller::Lifecycle;
+use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};

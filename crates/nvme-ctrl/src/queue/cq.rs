@@ -11,7 +11,6 @@ use zerocopy::IntoBytes;
 /// Controller-side state of one completion queue.
 #[derive(Debug)]
 pub struct CompletionQueue {
-    pub qid: u16,
     pub base: u64,
     /// Number of entries (not 0's based).
     pub size: u32,
@@ -38,9 +37,8 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
-    pub fn new(qid: u16, base: u64, size: u32, ien: bool, iv: u16) -> Self {
+    pub fn new(base: u64, size: u32, ien: bool, iv: u16) -> Self {
         CompletionQueue {
-            qid,
             base,
             size,
             head: 0,
@@ -91,10 +89,6 @@ impl CompletionQueue {
         self.unsignalled += 1;
         Ok(())
     }
-
-    pub fn ring_len(&self) -> u64 {
-        self.size as u64 * CQE_SIZE as u64
-    }
 }
 
 #[cfg(test)]
@@ -106,7 +100,7 @@ mod tests {
     #[test]
     fn phase_flips_on_wrap_and_head_validation() {
         let mem = GuestMemory::anonymous(&[(0, 0x1000)]).unwrap();
-        let mut cq = CompletionQueue::new(1, 0, 3, true, 1);
+        let mut cq = CompletionQueue::new(0, 3, true, 1);
         let mk = |cid| Cqe { cid: U16::new(cid), ..Default::default() };
         cq.post(&mem, mk(1)).unwrap();
         cq.post(&mem, mk(2)).unwrap();

@@ -6,7 +6,6 @@ use nvme_spec::{Sqe, SQE_SIZE};
 /// Controller-side state of one submission queue.
 #[derive(Debug)]
 pub struct SubmissionQueue {
-    pub qid: u16,
     pub cqid: u16,
     /// Guest address of entry 0.
     pub base: u64,
@@ -29,9 +28,8 @@ pub struct SubmissionQueue {
 }
 
 impl SubmissionQueue {
-    pub fn new(qid: u16, cqid: u16, base: u64, size: u32) -> Self {
+    pub fn new(cqid: u16, base: u64, size: u32) -> Self {
         SubmissionQueue {
-            qid,
             cqid,
             base,
             size,
@@ -69,11 +67,6 @@ impl SubmissionQueue {
         self.head = (self.head + 1) % self.size;
         Ok(sqe)
     }
-
-    /// Bytes of guest memory the ring occupies.
-    pub fn ring_len(&self) -> u64 {
-        self.size as u64 * SQE_SIZE as u64
-    }
 }
 
 #[cfg(test)]
@@ -82,7 +75,7 @@ mod tests {
 
     #[test]
     fn tail_may_add_at_most_the_free_slots() {
-        let mut sq = SubmissionQueue::new(1, 1, 0, 16);
+        let mut sq = SubmissionQueue::new(1, 0, 16);
         assert!(sq.valid_tail(0) && sq.valid_tail(15));
         assert!(!sq.valid_tail(16));
         sq.tail = 5;

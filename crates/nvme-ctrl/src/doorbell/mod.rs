@@ -46,6 +46,8 @@
 //! first, and an older trapped value written over a newer shadow value would roll the
 //! tail back.
 
+mod policy;
+
 use std::sync::atomic::{fence, Ordering};
 
 use guest_mem::{GuestMemory, MemError};

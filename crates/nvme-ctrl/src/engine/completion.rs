@@ -1,0 +1,159 @@
+//! Completions: post CQEs (holding them back while a CQ is full), and signal
+//! interrupts as coalescing allows.
+use nvme_spec::regs::DoorbellKind;
+use nvme_spec::{Cqe, Status};
+use zerocopy::little_endian::{U16, U32};
+
+use super::IoEngine;
+use crate::stats::Stats;
+
+impl IoEngine {
+    /// Stops counting a fetched command as in flight without completing it (an
+    /// Asynchronous Event Request parked until an event arrives).
+    pub(crate) fn release(&mut self, sqid: u16) {
+        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+            sq.in_flight = sq.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Completes a command earlier [`IoEngine::release`]d.
+    pub(crate) fn complete_deferred(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32) {
+        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+            sq.in_flight += 1;
+            self.complete(sqid, cid, status, dw0, 0, 0);
+        }
+    }
+
+    /// Posts the completion of a command fetched from SQ `sqid`.
+    pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
+        let Some(sq) = self.sqs[sqid as usize].as_mut() else { return };
+        sq.in_flight = sq.in_flight.saturating_sub(1);
+        let cqe = Cqe {
+            dw0: U32::new(dw0),
+            dw1: U32::new(0),
+            sqhd: U16::new(sq.head as u16),
+            sqid: U16::new(sqid),
+            cid: U16::new(cid),
+            status: U16::new(status.raw() << 1),
+        };
+        let cqid = sq.cqid;
+        if sqid == 0 {
+            Stats::add(&self.ctx.stats.admin_commands, 1);
+        } else {
+            Stats::add(&self.ctx.stats.io_commands, 1);
+        }
+        if !status.is_success() {
+            Stats::add(&self.ctx.stats.errors, 1);
+            self.ctx.events.record_error(sqid, cid, status, nsid, slba);
+        }
+        self.post(cqid, cqe);
+    }
+
+    pub(crate) fn post(&mut self, cqid: u16, cqe: Cqe) {
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        if !cq.overflow.is_empty() {
+            cq.overflow.push_back(cqe);
+            return;
+        }
+        if cq.is_full() {
+            self.refresh_cq_head(cqid);
+        }
+        let cq = self.cqs[cqid as usize].as_mut().expect("exists");
+        if cq.is_full() {
+            cq.overflow.push_back(cqe);
+            self.drain_overflow(cqid);
+            return;
+        }
+        if let Err(e) = cq.post(&self.mem, cqe) {
+            self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+        }
+    }
+
+    /// Posts completions that were waiting for room in CQ `cqid`, as many as fit.
+    ///
+    /// While some still wait (and shadow doorbells are on), CQ EventIdx is re-armed at
+    /// the head just read, so the host's next consumption rings, and the shadow head is
+    /// read again after the fence in case that consumption already happened (see
+    /// doorbell.rs). The re-arm follows *every* partial drain: an EventIdx left at an
+    /// older head can fall outside the host's next head update, which then does not
+    /// ring, stranding the waiting completions. Each further lap of the loop starts
+    /// from a head the host moved, so it posts at least one entry: the loop ends.
+    pub(crate) fn drain_overflow(&mut self, cqid: u16) {
+        loop {
+            self.refresh_cq_head(cqid);
+            let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+            while !cq.is_full() {
+                let Some(cqe) = cq.overflow.pop_front() else { break };
+                if let Err(e) = cq.post(&self.mem, cqe) {
+                    self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+                    return;
+                }
+            }
+            let Some(b) = self.shadow else { return };
+            let (head, size) = (cq.head, cq.size);
+            if cq.overflow.is_empty() {
+                if cq.waiting_for_space {
+                    cq.waiting_for_space = false;
+                    if let Err(e) = b.publish(&self.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size)
+                    {
+                        self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    }
+                }
+                return;
+            }
+            cq.waiting_for_space = true;
+            match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
+                Ok(h) if h != head && cq.valid_head(h) => {
+                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                }
+                // Unchanged (the host will ring), or invalid (reported by the refresh).
+                Ok(_) => return,
+                Err(e) => {
+                    self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Signals each vector whose CQs received entries, subject to coalescing.
+    pub(crate) fn signal_interrupts(&mut self) {
+        let now = self.ctx.clock.now_ns();
+        for i in 0..self.cqs.len() {
+            let Some(cq) = self.cqs[i].as_mut() else { continue };
+            if cq.unsignalled == 0 {
+                continue;
+            }
+            let n = std::mem::take(&mut cq.unsignalled);
+            if !cq.ien {
+                continue;
+            }
+            let iv = cq.iv;
+            if let Some(v) = self.vectors.get_mut(iv as usize) {
+                if v.post(iv, n, self.coalescing, now) {
+                    v.fired();
+                    Stats::add(&self.ctx.stats.interrupts, 1);
+                    self.ctx.irq.signal(iv);
+                }
+            }
+        }
+    }
+
+    /// Fires coalesced interrupts whose aggregation time has passed.
+    pub fn fire_timers(&mut self) {
+        let now = self.ctx.clock.now_ns();
+        let c = self.coalescing;
+        for (iv, v) in self.vectors.iter_mut().enumerate() {
+            if v.due(c, now) {
+                v.fired();
+                Stats::add(&self.ctx.stats.interrupts, 1);
+                self.ctx.irq.signal(iv as u16);
+            }
+        }
+    }
+
+    /// The earliest time (clock ns) a coalesced interrupt must fire.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).min()
+    }
+}

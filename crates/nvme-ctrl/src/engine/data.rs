@@ -1,0 +1,244 @@
+//! The data path: fetch commands round robin, hand them to the backends, reap what
+//! the backends finished.
+use block_backend::{BackendError, Completion, DataBuf, Op, Segment};
+use guest_mem::GuestMemory;
+use nvme_spec::log::critical_warning;
+use nvme_spec::regs::DoorbellKind;
+use nvme_spec::Status;
+use tracing::warn;
+
+use super::{Finish, InFlight, IoEngine, POLL_BUDGET};
+use crate::stats::Stats;
+
+impl IoEngine {
+    // ---- the data path
+
+    /// Does whatever work is ready: reaps backend completions, fetches and starts new
+    /// commands (round robin with the arbitration burst), posts completions and
+    /// signals interrupts. Returns true if it did anything.
+    pub fn poll(&mut self) -> bool {
+        if self.fatal.is_some() {
+            return false;
+        }
+        let mut progress = self.reap();
+        let mut budget = POLL_BUDGET;
+        let mut idle_turns = 0;
+        while budget > 0 && !self.active_sqs.is_empty() && idle_turns < self.active_sqs.len() {
+            if self.rr_next >= self.active_sqs.len() {
+                self.rr_next = 0;
+            }
+            let qid = self.active_sqs[self.rr_next];
+            self.rr_next += 1;
+            let limit = self.burst.unwrap_or(u32::MAX).min(budget);
+            let n = self.service_sq(qid, limit);
+            if n == 0 {
+                idle_turns += 1;
+            } else {
+                idle_turns = 0;
+                budget -= n;
+                progress = true;
+            }
+            if self.fatal.is_some() {
+                return true;
+            }
+        }
+        progress |= self.reap();
+        self.signal_interrupts();
+        progress
+    }
+
+    /// Fetches and starts up to `limit` commands from one SQ. Returns how many.
+    pub(crate) fn service_sq(&mut self, qid: u16, limit: u32) -> u32 {
+        let Some(sq) = self.sqs[qid as usize].as_ref() else { return 0 };
+        let cqid = sq.cqid;
+        // Back-pressure: while the CQ has completions waiting for room, fetch nothing.
+        if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+            self.drain_overflow(cqid);
+            if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+                return 0;
+            }
+        }
+        self.sync_page(qid, DoorbellKind::SqTail);
+        if let Some(b) = self.shadow {
+            if !self.refresh_sq_tail(qid, b) {
+                return 0;
+            }
+        }
+        let mut done = 0;
+        loop {
+            while done < limit {
+                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                if sq.is_empty() {
+                    break;
+                }
+                let sqe = match sq.fetch(&self.mem) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.set_fatal(format!("cannot fetch from SQ {qid}: {e}"));
+                        return done;
+                    }
+                };
+                sq.in_flight += 1;
+                done += 1;
+                if qid == 0 {
+                    self.admin_inbox.push(sqe);
+                } else {
+                    self.execute(qid, sqe);
+                }
+            }
+            if done >= limit || !self.arm_eventidx {
+                return done;
+            }
+            // Empty: re-arm EventIdx, then look again (see doorbell.rs).
+            let Some(b) = self.shadow else { return done };
+            let head = self.sqs[qid as usize].as_ref().expect("exists").head;
+            Stats::add(&self.ctx.stats.shadow_reads, 1);
+            match b.rearm(&self.mem, qid, DoorbellKind::SqTail, head) {
+                Ok(t) if t == head => return done,
+                Ok(t) if self.sqs[qid as usize].as_ref().expect("exists").valid_tail(t) => {
+                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                    let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                    sq.tail = t;
+                    sq.reported_bad_tail = None;
+                }
+                Ok(t) => {
+                    self.bad_shadow_tail(qid, t);
+                    return done;
+                }
+                Err(e) => {
+                    self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
+                    return done;
+                }
+            }
+        }
+    }
+
+    /// Allocates a tag for an in-flight command.
+    pub(crate) fn track(&mut self, f: InFlight) -> u64 {
+        match self.free_tags.pop() {
+            Some(t) => {
+                self.inflight[t as usize] = Some(f);
+                t as u64
+            }
+            None => {
+                self.inflight.push(Some(f));
+                (self.inflight.len() - 1) as u64
+            }
+        }
+    }
+
+    /// Moves finished backend requests to their commands; completes commands whose
+    /// requests are all done.
+    pub(crate) fn reap(&mut self) -> bool {
+        let mut any = !self.reaped.is_empty();
+        for i in 0..self.backends.len() {
+            if self.backends[i].in_flight() > 0 {
+                self.backends[i].commit();
+                any |= self.backends[i].reap(&mut self.reaped) > 0;
+            }
+        }
+        let mut reaped = std::mem::take(&mut self.reaped);
+        for c in reaped.drain(..) {
+            self.backend_done(c);
+        }
+        self.reaped = reaped;
+        any
+    }
+
+    pub(crate) fn backend_done(&mut self, c: Completion) {
+        let tag = c.tag as usize;
+        let Some(f) = self.inflight.get_mut(tag).and_then(|f| f.as_mut()) else {
+            warn!("backend completion for unknown tag {tag}");
+            return;
+        };
+        f.remaining -= 1;
+        let mut failed = None;
+        match &c.result {
+            Err(e) if f.status.is_success() => {
+                f.status = crate::error::backend_status(!matches!(f.op, Op::Read), e);
+                failed = Some((f.nsid, f.slba, f.op, f.status));
+            }
+            Err(_) => {}
+            Ok(()) => {
+                if let (Finish::Compare(segs), DataBuf::Host(buf)) = (&f.finish, &c.data) {
+                    if f.status.is_success() {
+                        f.status = match compare(&self.mem, segs, buf) {
+                            Ok(true) => Status::SUCCESS,
+                            Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
+                            Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+                        };
+                    }
+                }
+            }
+        }
+        let done = f.remaining == 0;
+        if let (Some((nsid, slba, op, status)), Err(e)) = (failed, &c.result) {
+            self.backend_failed(nsid, slba, op, status, e);
+        }
+        if let DataBuf::Guest(mut v) = c.data {
+            v.clear();
+            self.seg_pool.push(v);
+        }
+        if done {
+            let f = self.inflight[tag].take().expect("present");
+            self.free_tags.push(tag as u32);
+            if let Finish::Compare(mut v) = f.finish {
+                v.clear();
+                self.seg_pool.push(v);
+            }
+            self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
+        }
+    }
+
+    /// Side effects of a failed backend request, besides its status: the log line,
+    /// the SMART media error count and critical warnings (Base SMART / Health log:
+    /// bit 2 for media and internal errors that degrade reliability, bit 3 when the
+    /// storage became read-only), which raise a SMART / Health event when the host
+    /// enabled it.
+    pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
+        let n = self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        // The first few failures in full, then one in a thousand: a dying disk must
+        // not flood the log.
+        if n <= 16 || n.is_multiple_of(1000) {
+            warn!(
+                target: "vnvme::backend",
+                nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),
+                "backend request failed ({n} so far): {e}"
+            );
+        }
+        let warning = match e {
+            BackendError::Io(_) | BackendError::Short { .. } => {
+                Stats::add(&self.ctx.stats.media_errors, 1);
+                critical_warning::RELIABILITY
+            }
+            BackendError::NotReady(_) => critical_warning::RELIABILITY,
+            BackendError::ReadOnly => critical_warning::READ_ONLY,
+            _ => 0,
+        };
+        if warning != 0 {
+            self.ctx.events.raise_critical_warning(warning);
+        }
+    }
+}
+
+fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, guest_mem::MemError> {
+    let mut off = 0usize;
+    let mut chunk = vec![0u8; 4096];
+    for s in segs {
+        if let Segment::Guest { gpa, len } = *s {
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(chunk.len() as u64) as usize;
+                mem.read(gpa + done, &mut chunk[..n])?;
+                if chunk[..n] != data[off..off + n] {
+                    return Ok(false);
+                }
+                off += n;
+                done += n as u64;
+            }
+        } else {
+            off += s.len() as usize;
+        }
+    }
+    Ok(true)
+}

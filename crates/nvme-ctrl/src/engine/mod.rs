@@ -1,0 +1,313 @@
+//! The I/O engine: owns I/O completion and submission queues, their backend queues and
+//! their interrupt state, and moves commands through them.
+//!
+//! An engine has one owner and takes no locks on its hot path: the controller's own
+//! engine (the admin queue, and every I/O queue in inline mode), or one per I/O
+//! worker thread (`runtime::workers`). Everything the admin side asks of an engine is
+//! a method call.
+//!
+//! - this file: the engine's state, queue creation and deletion, what it is busy with;
+//! - `data`: fetching commands and handing them to the backends, reaping;
+//! - `completion`: posting completions and signalling interrupts;
+//! - `crate::doorbell::policy`: doorbell writes, shadow buffers and the mapped page.
+
+mod completion;
+mod data;
+
+use std::sync::Arc;
+
+use block_backend::{BackendQueue, Completion, Op, Segment};
+use guest_mem::GuestMemory;
+use nvme_spec::regs::DoorbellKind;
+use nvme_spec::{Sqe, Status};
+use tracing::warn;
+
+use crate::doorbell::ShadowBuffers;
+use crate::events::Events;
+use crate::interrupt::{Clock, Coalescing, InterruptSink, VectorState};
+use crate::namespace::Namespace;
+use crate::queue::{CompletionQueue, SubmissionQueue};
+use crate::stats::Stats;
+
+/// Shared, read-mostly context an engine is built with.
+#[derive(Clone, Debug)]
+pub struct EngineContext {
+    pub namespaces: Arc<[Arc<Namespace>]>,
+    pub irq: Arc<dyn InterruptSink>,
+    pub clock: Arc<dyn Clock>,
+    pub stats: Arc<Stats>,
+    pub events: Arc<Events>,
+    pub max_qid: u16,
+    pub vectors: u16,
+    /// CAP.DSTRD.
+    pub dstrd: u8,
+    /// Some namespace's backend deallocates natively: Dataset Management is in ONCS.
+    pub dsm: bool,
+    /// Some namespace's backend writes zeroes natively: Write Zeroes is in ONCS.
+    pub write_zeroes: bool,
+    /// Set by any engine that hit a fault it cannot report per command; the controller
+    /// turns it into CSTS.CFS.
+    pub fatal: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What an in-flight command does when its backend requests finish.
+#[derive(Debug)]
+pub(crate) enum Finish {
+    /// Complete with the collected status.
+    Plain,
+    /// Compare the data read (a host buffer) with these guest segments.
+    Compare(Vec<Segment>),
+}
+
+/// A command whose backend requests have not all completed.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub sqid: u16,
+    pub cid: u16,
+    pub nsid: u32,
+    pub slba: u64,
+    /// Backend requests still outstanding.
+    pub remaining: u32,
+    pub status: Status,
+    /// What the backend requests do (all of one command's requests do the same).
+    pub op: Op,
+    pub finish: Finish,
+}
+
+impl InFlight {
+    /// A command about to hand `remaining` requests doing `op` to a backend.
+    pub(crate) fn new(
+        sqid: u16,
+        cid: u16,
+        nsid: u32,
+        slba: u64,
+        op: Op,
+        remaining: u32,
+        finish: Finish,
+    ) -> Self {
+        InFlight { sqid, cid, nsid, slba, remaining, status: Status::SUCCESS, op, finish }
+    }
+}
+
+/// Why the engine cannot go on: the controller sets Controller Fatal Status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fatal(pub String);
+
+/// The I/O side of a controller.
+#[derive(Debug)]
+pub struct IoEngine {
+    pub(crate) ctx: EngineContext,
+    pub(crate) mem: GuestMemory,
+    pub(crate) sqs: Vec<Option<SubmissionQueue>>,
+    pub(crate) cqs: Vec<Option<CompletionQueue>>,
+    /// Identifiers of existing SQs, ascending: the arbitration order.
+    pub(crate) active_sqs: Vec<u16>,
+    pub(crate) rr_next: usize,
+    pub(crate) shadow: Option<ShadowBuffers>,
+    /// One backend queue per namespace, indexed by nsid - 1.
+    pub(crate) backends: Vec<Box<dyn BackendQueue>>,
+    pub(crate) inflight: Vec<Option<InFlight>>,
+    pub(crate) free_tags: Vec<u32>,
+    pub(crate) reaped: Vec<Completion>,
+    pub(crate) seg_pool: Vec<Vec<Segment>>,
+    /// A doorbell page mapped into the guest (BAR0 0x1000..), polled for doorbell
+    /// values the guest stores with no exit; addressed by BAR0 offset.
+    pub(crate) doorbell_page: Option<GuestMemory>,
+    /// Last value seen in each doorbell page slot: [sq tail, cq head] per queue.
+    pub(crate) page_seen: Vec<[u32; 2]>,
+    /// Admin commands fetched from SQ 0, for the admin side to execute.
+    pub(crate) admin_inbox: Vec<Sqe>,
+    pub(crate) vectors: Vec<VectorState>,
+    pub(crate) coalescing: Coalescing,
+    /// Arbitration Burst: commands taken from one SQ per turn (None = no limit).
+    pub(crate) burst: Option<u32>,
+    pub(crate) page_size: u64,
+    pub(crate) mdts_bytes: u64,
+    /// Volatile Write Cache enabled (writes need not be durable until Flush).
+    pub(crate) write_cache: bool,
+    /// When false, a poller is spinning and EventIdx is left stale so the host does
+    /// not ring; when true, emptied SQs re-arm EventIdx.
+    pub arm_eventidx: bool,
+    pub(crate) fatal: Option<Fatal>,
+}
+
+/// How many commands one `poll` takes at most, so a busy guest cannot starve the
+/// caller's other work (admin queue, timers).
+pub(crate) const POLL_BUDGET: u32 = 512;
+
+impl IoEngine {
+    pub fn new(ctx: EngineContext, mem: GuestMemory) -> std::io::Result<Self> {
+        let backends = ctx.namespaces.iter().map(|ns| ns.backend.open_queue()).collect::<Result<_, _>>()?;
+        let n = ctx.max_qid as usize + 1;
+        Ok(IoEngine {
+            sqs: (0..n).map(|_| None).collect(),
+            cqs: (0..n).map(|_| None).collect(),
+            active_sqs: Vec::new(),
+            rr_next: 0,
+            shadow: None,
+            backends,
+            inflight: Vec::new(),
+            free_tags: Vec::new(),
+            reaped: Vec::new(),
+            seg_pool: Vec::new(),
+            admin_inbox: Vec::new(),
+            doorbell_page: None,
+            page_seen: vec![[0; 2]; n],
+            vectors: vec![VectorState::default(); ctx.vectors as usize],
+            coalescing: Coalescing::default(),
+            burst: None,
+            page_size: 4096,
+            mdts_bytes: 1 << 20,
+            write_cache: true,
+            arm_eventidx: true,
+            fatal: None,
+            mem,
+            ctx,
+        })
+    }
+
+    pub fn set_memory(&mut self, mem: GuestMemory) {
+        self.mem = mem;
+    }
+
+    /// The reason the engine stopped, if it hit a fault it cannot report per command.
+    pub fn fatal(&self) -> Option<&Fatal> {
+        self.fatal.as_ref()
+    }
+
+    pub(crate) fn set_fatal(&mut self, why: String) {
+        warn!(target: "vnvme::guest", "controller fatal: {why}");
+        if self.fatal.is_none() {
+            self.fatal = Some(Fatal(why));
+        }
+        self.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    // ---- queue management (called by the admin side after it validated the command)
+
+    pub fn sq_exists(&self, qid: u16) -> bool {
+        self.sqs.get(qid as usize).is_some_and(|q| q.is_some())
+    }
+
+    pub fn cq_exists(&self, qid: u16) -> bool {
+        self.cqs.get(qid as usize).is_some_and(|q| q.is_some())
+    }
+
+    /// Number of SQs posting to CQ `qid`.
+    pub fn cq_users(&self, qid: u16) -> u32 {
+        self.cqs.get(qid as usize).and_then(|q| q.as_ref()).map_or(0, |q| q.sq_count)
+    }
+
+    pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
+        self.cqs[qid as usize] = Some(CompletionQueue::new(base, size, ien, iv));
+        self.clear_page_slot(qid, DoorbellKind::CqHead);
+        self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
+    }
+
+    pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
+        self.sqs[qid as usize] = Some(SubmissionQueue::new(cqid, base, size));
+        self.clear_page_slot(qid, DoorbellKind::SqTail);
+        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
+            cq.sq_count += 1;
+        }
+        let pos = self.active_sqs.partition_point(|&q| q < qid);
+        self.active_sqs.insert(pos, qid);
+        self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
+    }
+
+    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.6:
+    /// the Delete completes after outstanding commands are completed or aborted).
+    pub fn delete_sq(&mut self, qid: u16) {
+        let mut spins = 0u32;
+        while self.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0) {
+            self.reap();
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            }
+        }
+        if let Some(sq) = self.sqs[qid as usize].take() {
+            if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
+                cq.sq_count -= 1;
+            }
+        }
+        self.active_sqs.retain(|&q| q != qid);
+    }
+
+    /// Queue parameters, for the admin side's checks.
+    pub fn sq_info(&self, qid: u16) -> Option<(u16, u32)> {
+        self.sqs.get(qid as usize)?.as_ref().map(|q| (q.cqid, q.in_flight))
+    }
+
+    pub fn delete_cq(&mut self, qid: u16) {
+        self.cqs[qid as usize] = None;
+    }
+
+    /// Drops every I/O queue (controller reset), letting in-flight requests finish.
+    pub fn reset(&mut self) {
+        for qid in self.active_sqs.clone() {
+            self.delete_sq(qid);
+        }
+        if self.doorbell_page.is_some() {
+            for qid in 0..=self.ctx.max_qid {
+                self.clear_page_slot(qid, DoorbellKind::SqTail);
+                self.clear_page_slot(qid, DoorbellKind::CqHead);
+            }
+        }
+        for q in self.cqs.iter_mut() {
+            *q = None;
+        }
+        self.shadow = None;
+        self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
+        self.coalescing = Coalescing::default();
+        self.burst = None;
+        self.arm_eventidx = true;
+        self.fatal = None;
+    }
+
+    pub fn set_vector_coalescing_disabled(&mut self, iv: u16, disabled: bool) {
+        if let Some(v) = self.vectors.get_mut(iv as usize) {
+            v.coalescing_disabled = disabled;
+        }
+    }
+
+    pub fn vector_coalescing_disabled(&self, iv: u16) -> bool {
+        self.vectors.get(iv as usize).is_some_and(|v| v.coalescing_disabled)
+    }
+
+    /// True if commands fetched from a queue are still with a backend.
+    pub fn backend_busy(&self) -> bool {
+        self.inflight.iter().any(|f| f.is_some())
+    }
+
+    /// Closes this engine's backend queues: the controller's own engine, once workers
+    /// own every I/O queue, so a backend with a limited number of queues (nvme://)
+    /// or a cost per queue (an io_uring ring) spends them on the workers only.
+    pub(crate) fn close_backends(&mut self) {
+        self.backends.clear();
+    }
+
+    /// The descriptors of backend queues that complete asynchronously: the owner
+    /// sleeps on them (level triggered) alongside its doorbells.
+    pub fn backend_notifiers(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.backends.iter().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
+    }
+
+    /// True if a backend queue with requests in flight has no notifier, so only
+    /// polling finds its completions: the owner must not sleep for long.
+    pub fn backend_needs_polling(&self) -> bool {
+        self.backends.iter().any(|b| b.in_flight() > 0 && b.notifier().is_none())
+    }
+
+    /// True if commands are in flight in the backends or SQs hold unfetched entries.
+    pub fn busy(&self) -> bool {
+        self.inflight.iter().any(|f| f.is_some())
+            || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
+    }
+}
+
+/// The command a submission queue entry carries, for logs.
+pub(crate) fn describe(sqe: &Sqe) -> String {
+    format!("opcode {:#04x} cid {} nsid {}", sqe.opcode(), sqe.cid(), sqe.nsid.get())
+}
