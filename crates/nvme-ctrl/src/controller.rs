@@ -406,7 +406,7 @@ impl Controller {
             }
         }
         if self.state == Lifecycle::Ready {
-            crate::routing::drain_engine(&mut self.engine);
+            crate::runtime::drain_engine(&mut self.engine);
             if !self.workers.is_empty() {
                 self.io_drain_workers();
             }

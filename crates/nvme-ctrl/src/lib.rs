@@ -7,6 +7,8 @@
 //!
 //! Module map:
 //! - `controller`: BAR0 register file and lifecycle (enable, reset, shutdown, fatal).
+//!   `impl Controller` continues in `admin/*` (one file per command group), `routing`
+//!   (which engine owns a queue) and `runtime` (starting workers, inline mode).
 //! - `engine`: queues and the data path, owned by one thread.
 //! - `doorbell`: shadow doorbells and EventIdx — every memory-ordering rule.
 //! - `queue`: SQ fetch and CQ post (phase tag last).
@@ -35,7 +37,7 @@ mod stats;
 pub use config::{ControllerConfig, NamespaceConfig};
 pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
-pub use routing::WorkerConfig;
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};
+pub use runtime::WorkerConfig;
 pub use stats::{Stats, StatsSnapshot};
