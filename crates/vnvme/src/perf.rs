@@ -118,7 +118,7 @@ impl Doorbells {
 }
 
 /// `poll` or `irq`.
-pub fn parse_completion(s: &str) -> Result<CompletionMode, String> {
+fn parse_completion(s: &str) -> Result<CompletionMode, String> {
     match s {
         "poll" => Ok(CompletionMode::Polling),
         "irq" => Ok(CompletionMode::Interrupts),
@@ -127,7 +127,7 @@ pub fn parse_completion(s: &str) -> Result<CompletionMode, String> {
 }
 
 /// `5s`, `300ms`, `2m`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mul_ms) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1.0)
@@ -154,23 +154,98 @@ pub enum Target {
     InProcess { namespaces: Vec<NsSpec>, workers: usize, poll: PollMode },
 }
 
-/// Everything `perf` is told.
-#[derive(Debug, Clone)]
+/// The arguments that choose the [`Target`]: a server's socket, or a controller in
+/// this process and its knobs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TargetArgs {
+    /// UNIX socket of the vfio-user server.
+    #[arg(long, required_unless_present = "in_process", conflicts_with = "in_process")]
+    pub socket: Option<PathBuf>,
+    /// Run the controller in this process (the driver's in-process transport):
+    /// doorbells are function calls (--doorbells trapped or shadow).
+    #[arg(long)]
+    pub in_process: bool,
+    /// --in-process namespaces, as `vnvme serve --ns` takes them [default:
+    /// null:64G:lba=4096].
+    #[arg(long = "in-process-ns")]
+    pub in_process_ns: Vec<NsSpec>,
+    /// --in-process: controller I/O worker threads, as `vnvme serve --workers`
+    /// [default: 1].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// --in-process: how idle workers wait, as `vnvme serve --poll` [default:
+    /// adaptive].
+    #[arg(long)]
+    pub poll: Option<PollMode>,
+}
+
+impl TargetArgs {
+    /// The target these arguments name, with the in-process defaults filled in;
+    /// in-process knobs without `--in-process` are an error.
+    pub fn resolve(&self) -> Result<Target, String> {
+        let in_process_knobs =
+            self.workers.is_some() || self.poll.is_some() || !self.in_process_ns.is_empty();
+        match &self.socket {
+            Some(_) if in_process_knobs => {
+                Err("--workers, --poll and --in-process-ns need --in-process".into())
+            }
+            Some(s) => Ok(Target::Socket(s.clone())),
+            None if !self.in_process => Err("perf needs --socket or --in-process".into()),
+            None if self.workers.unwrap_or(1) > 64 => Err("--in-process: --workers must be 0..=64".into()),
+            None => Ok(Target::InProcess {
+                namespaces: if self.in_process_ns.is_empty() {
+                    vec!["null:64G:lba=4096".parse().expect("valid default namespace")]
+                } else {
+                    self.in_process_ns.clone()
+                },
+                workers: self.workers.unwrap_or(1),
+                poll: self.poll.unwrap_or_default(),
+            }),
+        }
+    }
+}
+
+/// `vnvme perf`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
 pub struct PerfArgs {
-    pub target: Target,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// randread, randwrite, read, write or randrw.
+    #[arg(long, default_value = "randread")]
     pub rw: Workload,
     /// Read percentage for randrw.
+    #[arg(long, default_value_t = 70)]
     pub mix: u8,
+    /// Block size per I/O (e.g. 4k, 128k).
+    #[arg(long, default_value = "4k", value_parser = crate::nsspec::parse_size)]
     pub bs: u64,
+    /// Commands in flight per queue.
+    #[arg(long, default_value_t = 16)]
     pub qd: u16,
+    /// I/O queue pairs, one thread each.
+    #[arg(long, default_value_t = 1)]
     pub queues: u16,
+    /// How long to run (e.g. 5s, 500ms).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub runtime: Duration,
+    /// Namespace ID.
+    #[arg(long = "ns", default_value_t = 1)]
     pub nsid: u32,
+    /// trapped, shadow (EventIdx), sync, eventfd or mapped.
+    #[arg(long, default_value = "shadow")]
     pub doorbells: Doorbells,
+    /// poll (spin on the CQ) or irq (sleep on the MSI-X eventfd).
+    #[arg(long, default_value = "poll", value_parser = parse_completion)]
     pub completion: CompletionMode,
+    /// Write the results and every knob as JSON here.
+    #[arg(long)]
     pub json: Option<PathBuf>,
+    /// The server's --stats-file, read before and after the run.
+    #[arg(long)]
     pub server_stats: Option<PathBuf>,
-    /// The server's process ID: its CPU time (utime + stime) over the run.
+    /// The server's process ID: report its CPU time (/proc/PID/stat utime+stime)
+    /// over the run, per I/O.
+    #[arg(long)]
     pub server_pid: Option<u32>,
 }
 
@@ -363,11 +438,12 @@ fn machine() -> serde_json::Value {
 }
 
 pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let target = a.target.resolve()?;
     if a.qd == 0 || a.queues == 0 || a.mix > 100 || a.bs == 0 {
         return Err("--qd and --queues must be at least 1, --mix 0..=100, --bs non-zero".into());
     }
     let (mode, shadow) = a.doorbells.transport();
-    let (t, ctrl_stats): (Box<dyn Transport>, Option<Arc<Stats>>) = match &a.target {
+    let (t, ctrl_stats): (Box<dyn Transport>, Option<Arc<Stats>>) = match &target {
         Target::Socket(socket) => (
             Box::new(VfioUserTransport::connect(
                 socket,
@@ -605,7 +681,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             "machine": machine(),
             "transport": transport,
             "knobs": {
-                "target": match &a.target {
+                "target": match &target {
                     Target::Socket(p) => json!({ "socket": p }),
                     Target::InProcess { namespaces, workers, poll } => json!({
                         "in_process": true,
@@ -676,5 +752,35 @@ mod tests {
         assert!("sideways".parse::<Workload>().is_err());
         assert_eq!("shadow".parse::<Doorbells>().unwrap().transport(), (DoorbellMode::Trapped, true));
         assert!(parse_completion("irq").is_ok() && parse_completion("x").is_err());
+    }
+
+    fn target(args: &[&str]) -> Result<Target, String> {
+        #[derive(clap::Parser)]
+        struct Perf {
+            #[command(flatten)]
+            a: PerfArgs,
+        }
+        let p = <Perf as clap::Parser>::try_parse_from(std::iter::once("perf").chain(args.iter().copied()))
+            .map_err(|e| e.kind().to_string())?;
+        p.a.target.resolve()
+    }
+
+    #[test]
+    fn target_is_a_socket_or_in_process() {
+        assert!(matches!(target(&["--socket", "s"]), Ok(Target::Socket(_))));
+        let Ok(Target::InProcess { namespaces, workers: 1, poll: PollMode::Adaptive }) =
+            target(&["--in-process"])
+        else {
+            panic!("in-process defaults")
+        };
+        assert_eq!(namespaces.len(), 1);
+        assert!(matches!(
+            target(&["--in-process", "--workers", "0"]),
+            Ok(Target::InProcess { workers: 0, .. })
+        ));
+        assert!(target(&["--in-process", "--workers", "65"]).is_err());
+        assert!(target(&["--socket", "s", "--workers", "2"]).is_err());
+        assert!(target(&["--socket", "s", "--in-process"]).is_err());
+        assert!(target(&[]).is_err());
     }
 }
