@@ -12,12 +12,25 @@ fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
 
-pub fn run(
-    specs: &[NsSpec],
-    queues: u16,
-    commands: u32,
-    shadow: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
+/// `vnvme demo`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Namespaces: KIND:SIZE[:lba=512|4096], e.g. ram:64M or null:1G:lba=4096.
+    #[arg(long = "ns", default_value = "ram:64M")]
+    pub namespaces: Vec<NsSpec>,
+    /// I/O queue pairs.
+    #[arg(long, default_value_t = 4)]
+    pub queues: u16,
+    /// Commands to run per queue depth.
+    #[arg(long, default_value_t = 20_000)]
+    pub commands: u32,
+    /// Do not use shadow doorbells.
+    #[arg(long)]
+    pub no_shadow: bool,
+}
+
+pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let DemoArgs { namespaces: specs, queues, commands, no_shadow } = a;
     let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
         namespaces: opened
@@ -33,7 +46,7 @@ pub fn run(
     h.init(InitOptions {
         io_queues: queues,
         queue_size: 256,
-        shadow_doorbells: shadow,
+        shadow_doorbells: !no_shadow,
         ..Default::default()
     })
     .map_err(|e| format!("controller bring-up failed: {e:?}"))?;

@@ -2,7 +2,7 @@
 //! queue only) and print what Identify says about it.
 
 use std::fmt::Write;
-use std::path::Path;
+use std::path::PathBuf;
 
 use nvme_driver::{DriverOptions, NvmeDriver, VfioUserOptions, VfioUserTransport};
 use nvme_spec::identify::{oacs, oncs, sgls, vwc};
@@ -156,8 +156,16 @@ pub fn report(d: &NvmeDriver) -> String {
     o
 }
 
-pub fn run(socket: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let t = VfioUserTransport::connect(socket, VfioUserOptions::default())?;
+/// `vnvme identify`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct IdentifyArgs {
+    /// UNIX socket of the vfio-user server (e.g. `vnvme serve --socket`).
+    #[arg(long)]
+    pub socket: PathBuf,
+}
+
+pub fn run(a: IdentifyArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let t = VfioUserTransport::connect(&a.socket, VfioUserOptions::default())?;
     let d = NvmeDriver::new(Box::new(t), DriverOptions { io_queues: 0, ..Default::default() })?;
     print!("{}", report(&d));
     d.shutdown()?;

@@ -11,23 +11,78 @@ use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
 use crate::nsspec::NsSpec;
 
-/// Everything `serve` needs.
-#[derive(Debug)]
+/// `vnvme serve`'s arguments.
+#[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// UNIX socket path to listen on (a stale socket file is replaced).
+    #[arg(long)]
     pub socket: PathBuf,
+    /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE] or nvme://...
+    ///
+    /// ram:SIZE          RAM, allocated on first write
+    /// null:SIZE         reads return zeroes, writes are dropped
+    /// file:PATH[:SIZE]  a regular file (created or extended to SIZE) or a block
+    ///                   device; io_uring with O_DIRECT when the file system allows
+    ///                   it, pread/pwrite on tmpfs and ramfs
+    /// nvme:///path/to/vfio-user.sock?ns=1, nvme://0000:01:00.0?ns=1
+    ///                   a namespace of another NVMe controller through the
+    ///                   userspace driver; query options ns, queues (at least
+    ///                   workers + 1), depth, doorbells (default: eventfd when
+    ///                   offered, else trapped), poll, timeout
+    ///
+    /// Options after the kind, each as :NAME=VALUE:
+    ///   lba=512|4096             LBA size (default 512, or the backend's block size)
+    ///   direct=auto|on|off       file: O_DIRECT
+    ///   engine=auto|uring|sync   file: io_uring or pread/pwrite
+    ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+    ///                            inject failures (repeatable); OP read, write, flush,
+    ///                            discard or any; ERROR eio, enospc, short, gone, rofs
+    ///
+    /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
+    #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]
     pub namespaces: Vec<NsSpec>,
+    /// I/O worker threads; each owns the queues assigned to it. 0: inline, the
+    /// server's own thread runs every queue between messages (one thread hop less:
+    /// the lowest latency at low queue depth on small hosts, no parallelism).
+    #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// How idle workers wait: off (sleep until a doorbell), adaptive (spin for an
+    /// adapting budget, then sleep), always (spin).
+    #[arg(long, default_value = "adaptive")]
     pub poll: PollMode,
+    /// Most I/O queue pairs the controller offers (MSI-X vectors = this + 1).
+    #[arg(long, default_value_t = 64)]
     pub queues: u16,
+    /// Controller serial number.
+    #[arg(long, default_value = "VNVME0001")]
     pub serial: String,
+    /// PCI vendor:device ID in hex.
+    #[arg(long, default_value = "1b36:0010", value_parser = parse_pci_id)]
     pub pci_id: (u16, u16),
+    /// Exit after the first client disconnects.
+    #[arg(long)]
     pub once: bool,
+    /// Write the controller's counters (JSON) here twice a second and at exit.
+    #[arg(long)]
     pub stats_file: Option<PathBuf>,
+    /// How doorbell writes arrive: trapped (REGION_WRITE messages), eventfd (IO FDs
+    /// offered for I/O queue doorbells; needs a guest using shadow doorbells) or
+    /// mapped (doorbell page mapped into the guest; workers poll it).
+    #[arg(long, default_value = "trapped")]
     pub doorbells: vfio_user_server::DoorbellMode,
+    /// Do not offer Doorbell Buffer Config (OACS bit 8), so the guest writes every
+    /// doorbell register: the baseline for measuring what shadow doorbells save.
+    #[arg(long)]
     pub no_shadow_doorbells: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if !(1..=511).contains(&a.queues) {
+        return Err("--queues must be 1..=511".into());
+    }
+    if a.workers > 64 {
+        return Err("--workers must be 0..=64".into());
+    }
     let opened = a.namespaces.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
         serial: a.serial.clone(),
@@ -143,7 +198,7 @@ fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
 }
 
 /// Parses `VVVV:DDDD` (hex).
-pub fn parse_pci_id(s: &str) -> Result<(u16, u16), String> {
+fn parse_pci_id(s: &str) -> Result<(u16, u16), String> {
     let (v, d) = s.split_once(':').ok_or("expected VENDOR:DEVICE in hex, e.g. 1b36:0010")?;
     let p = |x: &str| u16::from_str_radix(x, 16).map_err(|_| format!("bad hex id {x:?}"));
     Ok((p(v)?, p(d)?))
