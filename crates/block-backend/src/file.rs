@@ -13,8 +13,8 @@ use guest_mem::GuestMemory;
 use rustix::fs::FallocateFlags;
 
 use crate::{
-    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, Segment, SyncExec,
-    SyncQueue,
+    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, SegmentCursor,
+    SyncExec, SyncQueue,
 };
 
 /// A namespace stored in a regular file (or a block device opened as one).
@@ -93,19 +93,15 @@ impl SyncExec for FileQueue {
         let f = &self.be.file;
         match req.op {
             Op::Read => {
+                // Segments that do not add up to the request fail before any I/O.
+                if let DataBuf::Guest(segs) = &req.data {
+                    SegmentCursor::for_transfer(segs, req.len)?;
+                }
                 self.bounce.resize(req.len as usize, 0);
                 f.read_exact_at(&mut self.bounce, req.offset)?;
                 match &mut req.data {
                     DataBuf::Host(b) => b[..self.bounce.len()].copy_from_slice(&self.bounce),
-                    DataBuf::Guest(segs) => {
-                        let mut off = 0usize;
-                        for s in segs.iter() {
-                            if let Segment::Guest { gpa, len } = *s {
-                                mem.write(gpa, &self.bounce[off..off + len as usize])?;
-                            }
-                            off += s.len() as usize;
-                        }
-                    }
+                    DataBuf::Guest(segs) => SegmentCursor::new(segs).write_from(mem, &self.bounce)?,
                     DataBuf::None => {}
                 }
             }
@@ -114,13 +110,7 @@ impl SyncExec for FileQueue {
                 match &req.data {
                     DataBuf::Host(b) => self.bounce.copy_from_slice(&b[..req.len as usize]),
                     DataBuf::Guest(segs) => {
-                        let mut off = 0usize;
-                        for s in segs.iter() {
-                            if let Segment::Guest { gpa, len } = *s {
-                                mem.read(gpa, &mut self.bounce[off..off + len as usize])?;
-                            }
-                            off += s.len() as usize;
-                        }
+                        SegmentCursor::for_transfer(segs, req.len)?.read_into(mem, &mut self.bounce)?
                     }
                     DataBuf::None => return Err(Self::short(0, req.len)),
                 }
@@ -186,6 +176,7 @@ fn punch(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Segment;
 
     #[test]
     fn file_round_trip_and_bounds() {
@@ -230,6 +221,31 @@ mod tests {
             _ => panic!(),
         }
         assert!(matches!(out[2].result, Err(BackendError::OutOfRange { .. })));
+        // Segments short of the request, or with a bit bucket to write, are refused
+        // rather than writing stale bounce bytes.
+        out.clear();
+        for (tag, segs) in [
+            vec![Segment::Guest { gpa: 0x1000, len: 2048 }],
+            vec![Segment::Guest { gpa: 0x1000, len: 2048 }, Segment::Discard { len: 2048 }],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let op = Op::Write { fua: false };
+            q.submit(
+                &mem,
+                Request { tag: tag as u64, op, offset: 8192, len: 4096, data: DataBuf::Guest(segs) },
+            );
+        }
+        let segs = vec![Segment::Guest { gpa: 0x1000, len: 8192 }];
+        q.submit(&mem, Request { tag: 2, op: Op::Read, offset: 8192, len: 4096, data: DataBuf::Guest(segs) });
+        q.reap(&mut out);
+        for c in &out {
+            assert!(
+                matches!(c.result, Err(BackendError::Io(ref e)) if e.kind() == std::io::ErrorKind::InvalidInput),
+                "{c:?}"
+            );
+        }
         let mut raw = vec![0u8; 4096];
         std::fs::File::open(&path).unwrap().read_exact_at(&mut raw, 8192).unwrap();
         assert_eq!(raw, vec![7u8; 4096]);

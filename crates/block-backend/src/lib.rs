@@ -8,6 +8,7 @@ mod fault;
 mod file;
 mod null;
 mod ram;
+mod segments;
 #[allow(unsafe_code)]
 mod uring;
 
@@ -20,6 +21,7 @@ pub use fault::{FaultBackend, FaultError, FaultOp, FaultRule};
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
+pub use segments::{Pieces, SegmentCursor, SegmentError, SegmentMark};
 pub use uring::{DirectMode, UringBackend, UringOptions};
 
 /// Where one piece of a transfer lives.
@@ -244,17 +246,4 @@ impl<B: SyncExec> BackendQueue for SyncQueue<B> {
     fn in_flight(&self) -> usize {
         self.done.len()
     }
-}
-
-/// Walks the segments of a guest buffer, calling `f(segment, offset_in_transfer)`.
-pub fn for_each_segment(
-    segs: &[Segment],
-    mut f: impl FnMut(&Segment, u64) -> Result<(), BackendError>,
-) -> Result<(), BackendError> {
-    let mut off = 0;
-    for s in segs {
-        f(s, off)?;
-        off += s.len();
-    }
-    Ok(())
 }

@@ -3,8 +3,8 @@
 use guest_mem::GuestMemory;
 
 use crate::{
-    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, Segment, SyncExec,
-    SyncQueue,
+    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, SegmentCursor,
+    SyncExec, SyncQueue,
 };
 
 /// A backend of `size` bytes that stores nothing.
@@ -42,13 +42,7 @@ impl SyncExec for NullBackend {
         check_range(req.offset, req.len, self.size)?;
         if req.op == Op::Read {
             match &mut req.data {
-                DataBuf::Guest(segs) => {
-                    for s in segs.iter() {
-                        if let Segment::Guest { gpa, len } = *s {
-                            mem.fill(gpa, len, 0)?;
-                        }
-                    }
-                }
+                DataBuf::Guest(segs) => SegmentCursor::for_transfer(segs, req.len)?.fill(mem, req.len, 0)?,
                 DataBuf::Host(buf) => buf.fill(0),
                 DataBuf::None => {}
             }

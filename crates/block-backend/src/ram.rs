@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use guest_mem::GuestMemory;
 
 use crate::{
-    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, Segment, SyncExec,
-    SyncQueue,
+    check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, SegmentCursor,
+    SyncExec, SyncQueue,
 };
 
 const CHUNK: u64 = 1 << 20;
@@ -116,73 +116,68 @@ impl Backend for RamBackend {
     }
 }
 
-/// Copies between one chunk and a transfer's buffer. `to_chunk` is the direction.
-fn copy_chunk(
-    mem: &GuestMemory,
-    data: &mut DataBuf,
-    chunk: &mut Option<Box<[u8]>>,
-    coff: usize,
-    boff: usize,
-    n: usize,
-    to_chunk: bool,
-) -> Result<(), BackendError> {
-    match data {
-        DataBuf::None => Ok(()),
-        DataBuf::Host(buf) => {
-            match (to_chunk, chunk) {
+/// The buffer a read or write moves data between the store and, positioned at the
+/// next byte of the transfer: chunks are visited in order, so a guest buffer's cursor
+/// simply moves on.
+enum Target<'a> {
+    None,
+    Host(&'a mut [u8]),
+    Guest(SegmentCursor<'a>),
+}
+
+impl<'a> Target<'a> {
+    fn new(data: &'a mut DataBuf, len: u64) -> Result<Self, BackendError> {
+        Ok(match data {
+            DataBuf::None => Target::None,
+            DataBuf::Host(buf) => Target::Host(buf),
+            DataBuf::Guest(segs) => Target::Guest(SegmentCursor::for_transfer(segs, len)?),
+        })
+    }
+
+    /// Copies between one chunk and the buffer. `to_chunk` is the direction.
+    fn copy(
+        &mut self,
+        mem: &GuestMemory,
+        chunk: &mut Option<Box<[u8]>>,
+        coff: usize,
+        boff: usize,
+        n: usize,
+        to_chunk: bool,
+    ) -> Result<(), BackendError> {
+        match self {
+            Target::None => {}
+            Target::Host(buf) => match (to_chunk, chunk) {
                 (true, Some(c)) => c[coff..coff + n].copy_from_slice(&buf[boff..boff + n]),
                 (false, Some(c)) => buf[boff..boff + n].copy_from_slice(&c[coff..coff + n]),
                 (false, None) => buf[boff..boff + n].fill(0),
                 (true, None) => unreachable!("writes allocate"),
-            }
-            Ok(())
+            },
+            Target::Guest(cur) => match (to_chunk, chunk) {
+                _ if cur.offset() != boff as u64 => unreachable!("chunks are visited in order"),
+                (true, Some(c)) => cur.read_into(mem, &mut c[coff..coff + n])?,
+                (false, Some(c)) => cur.write_from(mem, &c[coff..coff + n])?,
+                (false, None) => cur.fill(mem, n as u64, 0)?,
+                (true, None) => unreachable!("writes allocate"),
+            },
         }
-        DataBuf::Guest(segs) => {
-            // Find the segments covering [boff, boff+n) of the transfer.
-            let mut seg_start = 0usize;
-            for s in segs.iter() {
-                let slen = s.len() as usize;
-                let (lo, hi) = (seg_start.max(boff), (seg_start + slen).min(boff + n));
-                if lo < hi {
-                    let c_lo = coff + (lo - boff);
-                    let c_hi = c_lo + (hi - lo);
-                    if let Segment::Guest { gpa, .. } = *s {
-                        let g = gpa + (lo - seg_start) as u64;
-                        match (to_chunk, &mut *chunk) {
-                            (true, Some(c)) => mem.read(g, &mut c[c_lo..c_hi])?,
-                            (false, Some(c)) => mem.write(g, &c[c_lo..c_hi])?,
-                            (false, None) => mem.fill(g, (hi - lo) as u64, 0)?,
-                            (true, None) => unreachable!("writes allocate"),
-                        }
-                    }
-                }
-                seg_start += slen;
-                if seg_start >= boff + n {
-                    break;
-                }
-            }
-            Ok(())
-        }
+        Ok(())
     }
 }
 
 impl SyncExec for RamBackend {
     fn exec(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<(), BackendError> {
         check_range(req.offset, req.len, self.store.size)?;
-        let data = &mut req.data;
         match req.op {
-            Op::Read => self.store.walk(
-                req.offset,
-                req.len,
-                |c, coff, boff, n| copy_chunk(mem, data, c, coff, boff, n, false),
-                false,
-            ),
-            Op::Write { .. } => self.store.walk(
-                req.offset,
-                req.len,
-                |c, coff, boff, n| copy_chunk(mem, data, c, coff, boff, n, true),
-                true,
-            ),
+            Op::Read | Op::Write { .. } => {
+                let write = req.op != Op::Read;
+                let mut target = Target::new(&mut req.data, req.len)?;
+                self.store.walk(
+                    req.offset,
+                    req.len,
+                    |c, coff, boff, n| target.copy(mem, c, coff, boff, n, write),
+                    write,
+                )
+            }
             Op::Flush => Ok(()),
             Op::WriteZeroes { .. } | Op::Discard => self.store.zero(req.offset, req.len),
         }
@@ -192,6 +187,7 @@ impl SyncExec for RamBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Segment;
 
     fn run(q: &mut Box<dyn BackendQueue>, mem: &GuestMemory, req: Request) -> Result<(), BackendError> {
         q.submit(mem, req);
@@ -313,5 +309,38 @@ mod tests {
             },
         );
         assert!(matches!(r, Err(BackendError::Memory(_))));
+    }
+
+    #[test]
+    fn malformed_segments_are_refused_and_store_nothing() {
+        let mem = GuestMemory::anonymous(&[(0, 0x10000)]).unwrap();
+        mem.fill(0, 0x10000, 0xab).unwrap();
+        let be = RamBackend::new(CHUNK);
+        let mut q = be.open_queue().unwrap();
+        let invalid = |r: Result<(), BackendError>| matches!(r, Err(BackendError::Io(ref e)) if e.kind() == std::io::ErrorKind::InvalidInput);
+        let cases = [
+            // A bit bucket holds no data to write.
+            vec![Segment::Guest { gpa: 0x1000, len: 256 }, Segment::Discard { len: 256 }],
+            // Segments that fall short of, or run past, the request.
+            vec![Segment::Guest { gpa: 0x1000, len: 256 }],
+            vec![Segment::Guest { gpa: 0x1000, len: 1024 }],
+        ];
+        for (tag, segs) in cases.into_iter().enumerate() {
+            let write = Op::Write { fua: false };
+            let req = Request { tag: tag as u64, op: write, offset: 0, len: 512, data: DataBuf::Guest(segs) };
+            let r = run(&mut q, &mem, req);
+            assert!(invalid(r), "case {tag}");
+        }
+        let mut b = [0u8; 512];
+        be.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [0; 512]);
+        let segs = vec![Segment::Guest { gpa: 0x1000, len: 256 }];
+        let r = run(
+            &mut q,
+            &mem,
+            Request { tag: 9, op: Op::Read, offset: 0, len: 512, data: DataBuf::Guest(segs) },
+        );
+        assert!(invalid(r));
+        assert_eq!(mem.read_obj::<u8>(0x1000).unwrap(), 0xab, "nothing read into the guest");
     }
 }

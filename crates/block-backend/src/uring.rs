@@ -61,6 +61,7 @@ use tracing::{error, warn};
 
 use crate::{
     check_range, Backend, BackendError, BackendInfo, BackendQueue, Completion, DataBuf, Op, Request, Segment,
+    SegmentCursor,
 };
 
 /// The most vectors one readv/writev takes (Linux UIO_MAXIOV).
@@ -1129,15 +1130,8 @@ fn straight_iov(
 fn copy_in(mem: &GuestMemory, data: &DataBuf, buf: &mut [u8]) -> Result<(), BackendError> {
     match data {
         DataBuf::Host(v) => buf.copy_from_slice(&v[..buf.len()]),
-        DataBuf::Guest(segs) => {
-            let mut off = 0usize;
-            for s in segs {
-                if let Segment::Guest { gpa, len } = *s {
-                    mem.read(gpa, &mut buf[off..off + len as usize])?;
-                }
-                off += s.len() as usize;
-            }
-        }
+        // `straight_iov` checked that the segments add up to the request.
+        DataBuf::Guest(segs) => SegmentCursor::new(segs).read_into(mem, buf)?,
         DataBuf::None => buf.fill(0),
     }
     Ok(())
@@ -1147,15 +1141,7 @@ fn copy_in(mem: &GuestMemory, data: &DataBuf, buf: &mut [u8]) -> Result<(), Back
 fn copy_out(mem: &GuestMemory, data: &mut DataBuf, buf: &[u8]) -> Result<(), BackendError> {
     match data {
         DataBuf::Host(v) => v[..buf.len()].copy_from_slice(buf),
-        DataBuf::Guest(segs) => {
-            let mut off = 0usize;
-            for s in segs.iter() {
-                if let Segment::Guest { gpa, len } = *s {
-                    mem.write(gpa, &buf[off..off + len as usize])?;
-                }
-                off += s.len() as usize;
-            }
-        }
+        DataBuf::Guest(segs) => SegmentCursor::new(segs).write_from(mem, buf)?,
         DataBuf::None => {}
     }
     Ok(())

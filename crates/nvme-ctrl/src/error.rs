@@ -1,6 +1,6 @@
 //! Why a command failed, and the one place that turns it into an NVMe status.
 
-use block_backend::BackendError;
+use block_backend::{BackendError, SegmentError};
 use guest_mem::MemError;
 use nvme_spec::Status;
 
@@ -18,6 +18,10 @@ pub enum CommandError {
     Sequence(&'static str),
     #[error("guest memory access failed: {0}")]
     Memory(#[from] MemError),
+    /// The data pointer's segments do not fit the transfer (never from a PRP or SGL
+    /// walk, which produce exactly the transfer length).
+    #[error("data transfer: {0}")]
+    Transfer(SegmentError),
     #[error("a PRP entry has an offset where the spec forbids one ({0:#x})")]
     PrpOffset(u64),
     #[error("SGL segment descriptor invalid: {0}")]
@@ -50,7 +54,7 @@ impl CommandError {
             CommandError::InvalidField(_) => Status::INVALID_FIELD.with_dnr(),
             CommandError::InvalidNamespace(_) => Status::INVALID_NAMESPACE.with_dnr(),
             CommandError::Sequence(_) => Status::COMMAND_SEQUENCE_ERROR.with_dnr(),
-            CommandError::Memory(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+            CommandError::Memory(_) | CommandError::Transfer(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
             CommandError::PrpOffset(_) => Status::PRP_OFFSET_INVALID.with_dnr(),
             CommandError::SglSegment(_) => Status::INVALID_SGL_SEGMENT_DESCRIPTOR.with_dnr(),
             CommandError::SglDescriptorCount => Status::INVALID_SGL_DESCRIPTOR_COUNT.with_dnr(),
@@ -61,6 +65,16 @@ impl CommandError {
             CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
             CommandError::Backend { write, source } => backend_status(*write, source),
             CommandError::Status(s) => *s,
+        }
+    }
+}
+
+impl From<SegmentError> for CommandError {
+    /// A guest memory fault is the same [`CommandError::Memory`] whichever walk met it.
+    fn from(e: SegmentError) -> Self {
+        match e {
+            SegmentError::Memory(m) => CommandError::Memory(m),
+            e => CommandError::Transfer(e),
         }
     }
 }
@@ -92,3 +106,17 @@ pub fn backend_status(write: bool, e: &BackendError) -> Status {
 }
 
 pub type CmdResult<T = ()> = Result<T, CommandError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_fault_in_a_segment_copy_is_a_memory_error() {
+        let fault = MemError::Unmapped { gpa: 0x1000, len: 8 };
+        assert!(matches!(CommandError::from(SegmentError::Memory(fault)), CommandError::Memory(_)));
+        let short = CommandError::from(SegmentError::Length { covered: 4, len: 8 });
+        assert!(matches!(short, CommandError::Transfer(_)));
+        assert_eq!(short.status(), Status::DATA_TRANSFER_ERROR.with_dnr());
+    }
+}

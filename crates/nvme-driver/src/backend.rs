@@ -100,6 +100,7 @@ use std::time::{Duration, Instant};
 
 use block_backend::{
     Backend, BackendError, BackendInfo, BackendQueue, Completion, DataBuf, Op, Request, Segment,
+    SegmentCursor, SegmentMark,
 };
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
@@ -899,34 +900,6 @@ struct Notifier {
     armed: bool,
 }
 
-/// Where a byte of a request lies in its guest segments.
-#[derive(Clone, Copy, Debug, Default)]
-struct SegCursor {
-    idx: usize,
-    off: u64,
-}
-
-impl SegCursor {
-    /// Moves `n` bytes forward through `segs`. The cursor never rests at the end of a
-    /// segment (nor on an empty one), so every step from it makes progress.
-    fn advance(mut self, segs: &[Segment], mut n: u64) -> Self {
-        while let Some(s) = segs.get(self.idx) {
-            if self.off == s.len() {
-                self.idx += 1;
-                self.off = 0;
-                continue;
-            }
-            if n == 0 {
-                break;
-            }
-            let k = (s.len() - self.off).min(n);
-            n -= k;
-            self.off += k;
-        }
-        self
-    }
-}
-
 #[derive(Debug)]
 struct Req {
     tag: u64,
@@ -939,7 +912,7 @@ struct Req {
     next: u64,
     end: u64,
     /// Where `next` lies in the guest segments.
-    seg: SegCursor,
+    seg: SegmentMark,
     /// Pieces sent and not yet completed.
     outstanding: u32,
     pieces: u32,
@@ -952,7 +925,7 @@ struct Piece {
     /// Byte range of the request this piece moves.
     off: u64,
     len: u64,
-    seg: SegCursor,
+    seg: SegmentMark,
     /// A bounced read: copy the returned buffer into the request's data.
     copy_back: bool,
     /// Keeps the guest memory the PRPs point into mapped (zero copy).
@@ -1219,12 +1192,21 @@ impl NvmeQueue {
         let req = self.reqs[r].as_mut().expect("live request");
         let next_seg = match &req.data {
             DataBuf::Guest(segs) if n > 0 && matches!(req.op, Op::Read | Op::Write { .. }) => {
-                seg.advance(segs, n)
+                let mut cur = SegmentCursor::resume(segs, seg);
+                cur.advance(n).map(|()| cur.mark())
             }
-            _ => seg,
+            _ => Ok(seg),
         };
         req.next += n;
-        req.seg = next_seg;
+        match next_seg {
+            Ok(m) => req.seg = m,
+            // `check` made the segments add up to the request, so they cannot end
+            // first; if they did, the request fails rather than send the wrong bytes.
+            Err(e) => {
+                req.error.get_or_insert(e.into());
+                req.next = req.end;
+            }
+        }
         req.outstanding += 1;
         req.pieces += 1;
         let rw = matches!(req.op, Op::Read | Op::Write { .. });
@@ -1348,20 +1330,14 @@ impl NvmeQueue {
     }
 }
 
-/// The device addresses of `n` bytes of `segs` from `cur`, merged where contiguous,
+/// The device addresses of `n` bytes of `segs` from `at`, merged where contiguous,
 /// into `out`; false if any byte is outside shared memory or in a bit bucket.
-fn translate(
-    view: &MemView,
-    segs: &[Segment],
-    mut cur: SegCursor,
-    mut n: u64,
-    out: &mut Vec<(u64, u64)>,
-) -> bool {
+fn translate(view: &MemView, segs: &[Segment], at: SegmentMark, n: u64, out: &mut Vec<(u64, u64)>) -> bool {
     out.clear();
-    while n > 0 {
-        let Some(&Segment::Guest { gpa, len }) = segs.get(cur.idx) else { return false };
-        let take = (len - cur.off).min(n);
-        let (mut a, mut left) = (gpa + cur.off, take);
+    let mut covered = 0;
+    for (_, piece) in SegmentCursor::resume(segs, at).pieces(n) {
+        let Segment::Guest { gpa, len } = piece else { return false };
+        let (mut a, mut left) = (gpa, len);
         while left > 0 {
             let Some((iova, room)) = view.translate(a) else { return false };
             let k = room.min(left);
@@ -1372,19 +1348,18 @@ fn translate(
             a += k;
             left -= k;
         }
-        n -= take;
-        cur = cur.advance(segs, take);
+        covered += len;
     }
-    true
+    covered == n
 }
 
-/// Copies `buf.len()` bytes of the request's data from byte `off` (cursor `seg`)
+/// Copies `buf.len()` bytes of the request's data from byte `off` (mark `seg`)
 /// into a bounce buffer.
 fn stage_in(
     data: &DataBuf,
     mem: &GuestMemory,
     off: u64,
-    seg: SegCursor,
+    seg: SegmentMark,
     buf: &crate::DmaBuf,
     scratch: &mut Vec<u8>,
 ) -> Result<(), BackendError> {
@@ -1392,12 +1367,10 @@ fn stage_in(
     match data {
         DataBuf::Host(v) => buf.write_at(0, &v[off as usize..(off + n) as usize])?,
         DataBuf::Guest(segs) => {
-            walk(segs, seg, n, |pos, gpa, k| {
-                let gpa = gpa.ok_or_else(|| invalid("a bit bucket in a write".into()))?;
-                copy_chunks(k, scratch, |at, part| {
-                    mem.read(gpa + at, part)?;
-                    Ok(buf.write_at(pos + at, part)?)
-                })
+            let mut cur = SegmentCursor::resume(segs, seg);
+            copy_chunks(n, scratch, |at, part| {
+                cur.read_into(mem, part)?;
+                Ok(buf.write_at(at, part)?)
             })?;
         }
         DataBuf::None => return Err(invalid("no data buffer".into())),
@@ -1405,50 +1378,27 @@ fn stage_in(
     Ok(())
 }
 
-/// Copies a bounced read's `len` bytes into the request's data at byte `off`.
+/// Copies a bounced read's `len` bytes into the request's data at byte `off`; the
+/// bytes that fall in bit buckets are dropped.
 fn stage_out(
     data: &mut DataBuf,
     mem: &GuestMemory,
     off: u64,
     len: u64,
-    seg: SegCursor,
+    seg: SegmentMark,
     buf: &crate::DmaBuf,
     scratch: &mut Vec<u8>,
 ) -> Result<(), BackendError> {
     match data {
         DataBuf::Host(v) => buf.read_at(0, &mut v[off as usize..(off + len) as usize])?,
-        DataBuf::Guest(segs) => walk(segs, seg, len, |pos, gpa, k| {
-            // Bit-bucket bytes are read and dropped.
-            let Some(gpa) = gpa else { return Ok(()) };
-            copy_chunks(k, scratch, |at, part| {
-                buf.read_at(pos + at, part)?;
-                Ok(mem.write(gpa + at, part)?)
-            })
-        })?,
+        DataBuf::Guest(segs) => {
+            let mut cur = SegmentCursor::resume(segs, seg);
+            copy_chunks(len, scratch, |at, part| {
+                buf.read_at(at, part)?;
+                Ok(cur.write_from(mem, part)?)
+            })?
+        }
         DataBuf::None => return Err(invalid("no data buffer".into())),
-    }
-    Ok(())
-}
-
-/// Calls `f(position in the piece, guest address or None for a bit bucket, length)`
-/// for the `n` bytes of `segs` from `cur`.
-fn walk(
-    segs: &[Segment],
-    mut cur: SegCursor,
-    n: u64,
-    mut f: impl FnMut(u64, Option<u64>, u64) -> Result<(), BackendError>,
-) -> Result<(), BackendError> {
-    let mut pos = 0;
-    while pos < n {
-        let s = segs.get(cur.idx).ok_or_else(|| invalid("segments end before the request".into()))?;
-        let k = (s.len() - cur.off).min(n - pos);
-        let gpa = match *s {
-            Segment::Guest { gpa, .. } => Some(gpa + cur.off),
-            Segment::Discard { .. } => None,
-        };
-        f(pos, gpa, k)?;
-        pos += k;
-        cur = cur.advance(segs, k);
     }
     Ok(())
 }
@@ -1502,7 +1452,7 @@ impl BackendQueue for NvmeQueue {
             mem: mem.clone(),
             next: 0,
             end,
-            seg: SegCursor::default(),
+            seg: SegmentMark::default(),
             outstanding: 0,
             pieces: 0,
             error: None,
@@ -1645,32 +1595,35 @@ mod tests {
             Segment::Discard { len: 0x100 },
             Segment::Guest { gpa: 0x9000, len: 0x1000 },
         ];
-        let c = SegCursor::default().advance(&segs, 0x250);
-        assert_eq!((c.idx, c.off), (1, 0x50));
-        let c = c.advance(&segs, 0xb0);
-        assert_eq!((c.idx, c.off), (2, 0));
-        // Empty segments are stepped over, never stood on.
+        // A piece's mark, kept across pieces, resumes where the last piece ended.
+        let mut c = SegmentCursor::new(&segs);
+        c.advance(0x250).unwrap();
+        let mark = c.mark();
+        let mut c = SegmentCursor::resume(&segs, mark);
+        assert_eq!(c.offset(), 0x250);
+        c.advance(0xb0).unwrap();
+        assert_eq!(c.pieces(1).next(), Some((0x300, Segment::Guest { gpa: 0x9000, len: 1 })));
+        // Empty segments are stepped over.
         let holes = [
             Segment::Guest { gpa: 0, len: 0 },
             Segment::Guest { gpa: 0x1000, len: 0x10 },
             Segment::Discard { len: 0 },
         ];
-        assert_eq!(SegCursor::default().advance(&holes, 0).idx, 1);
-        let end = SegCursor::default().advance(&holes, 0x10);
-        assert_eq!((end.idx, end.off), (3, 0));
-        let mut n = 0;
-        walk(&holes, SegCursor::default(), 0x10, |_, _, k| {
-            n += k;
-            Ok(())
-        })
-        .unwrap();
+        let n: u64 = SegmentCursor::new(&holes).pieces(0x10).map(|(_, p)| p.len()).sum();
         assert_eq!(n, 0x10);
-        let mut seen = vec![];
-        walk(&segs, SegCursor { idx: 0, off: 0x100 }, 0x300, |pos, gpa, k| {
-            seen.push((pos, gpa, k));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(seen, vec![(0, Some(0x1100), 0x100), (0x100, None, 0x100), (0x200, Some(0x9000), 0x100)]);
+        let mut end = SegmentCursor::new(&holes);
+        end.advance(0x10).unwrap();
+        assert!(end.advance(1).is_err(), "nothing past the end");
+        let mut c = SegmentCursor::new(&segs);
+        c.advance(0x100).unwrap();
+        let seen: Vec<_> = c.pieces(0x300).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (0x100, Segment::Guest { gpa: 0x1100, len: 0x100 }),
+                (0x200, Segment::Discard { len: 0x100 }),
+                (0x300, Segment::Guest { gpa: 0x9000, len: 0x100 }),
+            ]
+        );
     }
 }

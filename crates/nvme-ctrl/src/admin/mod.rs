@@ -10,7 +10,7 @@ mod queue_mgmt;
 
 use std::sync::Arc;
 
-use block_backend::{BackendQueue, Completion, DataBuf, Op, Request};
+use block_backend::{BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
 use nvme_spec::opcode::admin as op;
@@ -152,35 +152,27 @@ impl Controller {
 
     /// Copies `data` to the host buffer of an admin command (PRP1/PRP2).
     pub(crate) fn copy_to_host(&mut self, sqe: &Sqe, data: &[u8]) -> CmdResult {
-        self.transfer(sqe, data.len() as u64, |mem, gpa, off, len| mem.write(gpa, &data[off..off + len]))
+        let segs = self.data_segments(sqe, data.len() as u64)?;
+        SegmentCursor::for_transfer(&segs, data.len() as u64)?.write_from(&self.engine.mem, data)?;
+        Ok(())
     }
 
     /// Reads `len` bytes from the host buffer of an admin command.
     pub(crate) fn copy_from_host(&mut self, sqe: &Sqe, len: usize) -> CmdResult<Vec<u8>> {
+        let segs = self.data_segments(sqe, len as u64)?;
         let mut buf = vec![0u8; len];
-        self.transfer(sqe, len as u64, |mem, gpa, off, n| mem.read(gpa, &mut buf[off..off + n]))?;
+        SegmentCursor::for_transfer(&segs, len as u64)?.read_into(&self.engine.mem, &mut buf)?;
         Ok(buf)
     }
 
-    fn transfer(
-        &mut self,
-        sqe: &Sqe,
-        len: u64,
-        mut f: impl FnMut(&GuestMemory, u64, usize, usize) -> Result<(), guest_mem::MemError>,
-    ) -> CmdResult {
+    /// The guest segments of an admin command's `len`-byte buffer (PRP1/PRP2).
+    fn data_segments(&self, sqe: &Sqe, len: u64) -> CmdResult<Vec<Segment>> {
         if len > self.mdts_bytes() {
             return Err(CommandError::TooLarge(len));
         }
         let mut segs = Vec::new();
         prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.page_size, &mut segs)?;
-        let mut off = 0usize;
-        for s in segs {
-            if let block_backend::Segment::Guest { gpa, len } = s {
-                f(&self.engine.mem, gpa, off, len as usize)?;
-                off += len as usize;
-            }
-        }
-        Ok(())
+        Ok(segs)
     }
 
     /// The namespace `nsid` if it is active.

@@ -221,23 +221,16 @@ impl IoEngine {
     }
 }
 
-fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, guest_mem::MemError> {
-    let mut off = 0usize;
-    let mut chunk = vec![0u8; 4096];
-    for s in segs {
-        if let Segment::Guest { gpa, len } = *s {
-            let mut done = 0u64;
-            while done < len {
-                let n = (len - done).min(chunk.len() as u64) as usize;
-                mem.read(gpa + done, &mut chunk[..n])?;
-                if chunk[..n] != data[off..off + n] {
-                    return Ok(false);
-                }
-                off += n;
-                done += n as u64;
-            }
-        } else {
-            off += s.len() as usize;
+/// Whether the guest's data in `segs` equals `data`, read a page at a time so a
+/// mismatch stops early.
+fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, block_backend::SegmentError> {
+    let mut cur = block_backend::SegmentCursor::for_transfer(segs, data.len() as u64)?;
+    let mut chunk = [0u8; 4096];
+    for want in data.chunks(chunk.len()) {
+        let got = &mut chunk[..want.len()];
+        cur.read_into(mem, got)?;
+        if got != want {
+            return Ok(false);
         }
     }
     Ok(true)

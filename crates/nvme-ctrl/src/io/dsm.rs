@@ -1,7 +1,7 @@
 //! Dataset Management (NVM §3.2.3): only the Deallocate attribute has an effect; the
 //! others are hints the controller may ignore.
 
-use block_backend::Op;
+use block_backend::{Op, SegmentCursor};
 use nvme_spec::nvm::{DatasetManagement, DsmRange};
 use nvme_spec::Sqe;
 use zerocopy::FromBytes;
@@ -19,17 +19,8 @@ impl IoEngine {
         let len = (n * size_of::<DsmRange>()) as u64;
         let segs = self.data_segments(sqe, len, Direction::FromHost)?;
         let mut raw = vec![0u8; len as usize];
-        let mut off = 0usize;
-        let mut result = Ok(());
-        for s in &segs {
-            if let block_backend::Segment::Guest { gpa, len } = *s {
-                if let Err(e) = self.mem.read(gpa, &mut raw[off..off + len as usize]) {
-                    result = Err(CommandError::Memory(e));
-                    break;
-                }
-            }
-            off += s.len() as usize;
-        }
+        let result =
+            SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
         let mut segs = segs;
         segs.clear();
         self.seg_pool.push(segs);
