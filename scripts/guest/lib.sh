@@ -45,9 +45,12 @@ need_cmds() {
     [[ ${#missing[@]} -eq 0 ]] && return 0
     [[ $(id -u) -eq 0 ]] || die "missing host tools (${missing[*]}); run as root or install them"
     log "installing host packages: ${missing[*]}"
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; then
-        apt-get update
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    # Another apt (an unattended upgrade, a parallel install) may hold the dpkg lock:
+    # wait for it, bounded, rather than fail.
+    local lock=(-o DPkg::Lock::Timeout=300)
+    if ! DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y --no-install-recommends "${missing[@]}"; then
+        apt-get "${lock[@]}" update
+        DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y --no-install-recommends "${missing[@]}"
     fi
 }
 
