@@ -315,13 +315,7 @@ impl Features<'_> {
     }
     /// Get Features: Select.
     pub fn sel(&self) -> FeatureSelect {
-        match (self.0.cdw10.get() >> 8) & 7 {
-            0 => FeatureSelect::Current,
-            1 => FeatureSelect::Default,
-            2 => FeatureSelect::Saved,
-            3 => FeatureSelect::SupportedCapabilities,
-            v => FeatureSelect::Reserved(v as u8),
-        }
+        FeatureSelect::from_bits((self.0.cdw10.get() >> 8) as u8)
     }
     /// Set Features: Save.
     pub fn sv(&self) -> bool {
@@ -337,6 +331,16 @@ impl Features<'_> {
 }
 
 impl FeatureSelect {
+    /// Decodes a SEL field value (bits above the 3-bit field are ignored).
+    pub fn from_bits(v: u8) -> Self {
+        match v & 7 {
+            0 => FeatureSelect::Current,
+            1 => FeatureSelect::Default,
+            2 => FeatureSelect::Saved,
+            3 => FeatureSelect::SupportedCapabilities,
+            v => FeatureSelect::Reserved(v),
+        }
+    }
     /// The 3-bit SEL field value.
     pub fn bits(self) -> u8 {
         match self {
@@ -444,6 +448,39 @@ impl FormatNvm<'_> {
     /// Secure Erase Settings: 0 none, 1 user data erase, 2 cryptographic erase.
     pub fn ses(&self) -> u8 {
         ((self.0.cdw10.get() >> 9) & 7) as u8
+    }
+}
+
+/// Builds a Format NVM command (Base §5.1.10, NVM §4.2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FormatNvmCmd {
+    pub nsid: u32,
+    /// LBA Format index (6 bits: LBAFL in 3:0, LBAFU in 13:12).
+    pub lbaf: u8,
+    /// Metadata Settings.
+    pub mset: bool,
+    /// Protection Information (3 bits).
+    pub pi: u8,
+    /// Protection Information Location.
+    pub pil: bool,
+    /// Secure Erase Settings (3 bits).
+    pub ses: u8,
+}
+
+impl FormatNvmCmd {
+    pub fn to_sqe(self) -> Sqe {
+        let mut s = Sqe::with_opcode(op::FORMAT_NVM);
+        s.nsid = U32::new(self.nsid);
+        let lbaf = self.lbaf as u32;
+        s.cdw10 = U32::new(
+            (lbaf & 0xf)
+                | (self.mset as u32) << 4
+                | (self.pi as u32 & 7) << 5
+                | (self.pil as u32) << 8
+                | (self.ses as u32 & 7) << 9
+                | ((lbaf >> 4) & 3) << 12,
+        );
+        s
     }
 }
 
@@ -582,6 +619,20 @@ mod tests {
         assert_eq!((s.cdw11.get(), s.nsid.get()), (1, 1));
         let v = Features(&s);
         assert_eq!((v.fid(), v.sv(), v.value()), (6, true, 1));
+    }
+
+    #[test]
+    fn spec_5_1_10_format_nvm() {
+        let cmd = FormatNvmCmd { nsid: 1, lbaf: 0x23, mset: true, pi: 5, pil: true, ses: 2 };
+        let s = cmd.to_sqe();
+        assert_eq!((s.cdw0.get(), s.nsid.get()), (0x80, 1));
+        assert_eq!(
+            s.cdw10.get(),
+            0x2000 | 0x400 | 0x100 | 0xa0 | 0x10 | 0x3,
+            "LBAFU 13:12, SES 11:9, PIL 8, PI 7:5, MSET 4, LBAFL 3:0"
+        );
+        let v = FormatNvm(&s);
+        assert_eq!((v.lbaf(), v.mset(), v.pi(), v.ses()), (0x23, true, 5, 2));
     }
 
     #[test]
