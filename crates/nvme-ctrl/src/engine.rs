@@ -966,7 +966,8 @@ fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, gue
     Ok(true)
 }
 
-/// The command a submission queue entry carries, for logs.
-pub(crate) fn describe(sqe: &Sqe) -> String {
-    format!("opcode {:#04x} cid {} nsid {}", sqe.opcode(), sqe.cid(), sqe.nsid.get())
+/// The command a submission queue entry carries, for logs; `opcode` prints its name
+/// ([`nvme_spec::opcode::AdminOpcode`] or [`nvme_spec::opcode::NvmOpcode`]).
+pub(crate) fn describe(opcode: impl std::fmt::Display, sqe: &Sqe) -> String {
+    format!("{opcode} cid {} nsid {}", sqe.cid(), sqe.nsid.get())
 }
