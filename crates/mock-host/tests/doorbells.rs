@@ -1,5 +1,5 @@
-//! Doorbells (Base 2.1 §3.1.2 doorbell registers; Doorbell Buffer Config and its
-//! EventIdx protocol; Asynchronous Event Request error events).
+//! Doorbells (PCIe §3.1.2 doorbell registers; Base §5.2.5 Doorbell Buffer Config and
+//! its EventIdx protocol; Asynchronous Event Request error events).
 //!
 //! The EventIdx tests run the device only when a doorbell register write trapped, as
 //! a real transport does (its I/O thread sleeps until a doorbell or backend notifier

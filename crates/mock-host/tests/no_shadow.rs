@@ -10,7 +10,7 @@ use nvme_spec::admin::DoorbellBufferConfigCmd;
 use nvme_spec::Status;
 
 #[test]
-fn spec_5_2_1_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
+fn spec_5_2_5_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
     let cfg = ControllerConfig {
         namespaces: vec![NamespaceConfig { backend: Arc::new(NullBackend::new(1 << 20)), lba_format: 0 }],
         shadow_doorbells: false,

@@ -210,8 +210,8 @@ impl IoEngine {
         self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
     }
 
-    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.6:
-    /// the Delete completes after outstanding commands are completed or aborted).
+    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.4
+    /// Delete I/O Submission Queue: the Delete completes after outstanding commands are completed or aborted).
     pub fn delete_sq(&mut self, qid: u16) {
         let mut spins = 0u32;
         while self.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0) {
