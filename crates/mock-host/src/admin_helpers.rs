@@ -2,7 +2,10 @@
 //! exactly the fields a test wants to get wrong, runs it, and returns the completion
 //! (never failing on an error status), so tests can assert the status the spec names.
 
-use nvme_spec::command::Psdt;
+use nvme_spec::admin::{
+    AbortCmd, CreateIoCqCmd, CreateIoSqCmd, DeleteIoCqCmd, DeleteIoSqCmd, DoorbellBufferConfigCmd,
+    FeatureSelect, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd, SetFeaturesCmd,
+};
 use nvme_spec::opcode::admin as aop;
 use nvme_spec::{Cqe, Sqe, Status};
 use zerocopy::little_endian::U32;
@@ -42,7 +45,7 @@ impl MockHost {
 
     /// An Asynchronous Event Request, left outstanding. Returns its command identifier.
     pub fn submit_aer(&mut self) -> u16 {
-        self.admin_submit_only(admin_sqe(aop::ASYNC_EVENT_REQUEST))
+        self.admin_submit_only(Sqe::with_opcode(aop::ASYNC_EVENT_REQUEST))
     }
 
     /// Lets the device run and returns every new admin completion.
@@ -61,40 +64,27 @@ impl MockHost {
         ien: bool,
         iv: u16,
     ) -> Status {
-        let mut c = admin_sqe(aop::CREATE_IO_CQ);
-        c.set_prps(base, 0);
-        c.cdw10 = U32::new(qid as u32 | ((qsize_z as u32) << 16));
-        c.cdw11 = U32::new(pc as u32 | ((ien as u32) << 1) | ((iv as u32) << 16));
-        self.admin_status(c)
+        self.admin_status(CreateIoCqCmd { qid, qsize_z, base, pc, ien, iv }.to_sqe())
     }
 
     /// Create I/O Submission Queue with every field given.
     pub fn create_sq_raw(&mut self, qid: u16, qsize_z: u16, base: u64, pc: bool, cqid: u16) -> Status {
-        let mut c = admin_sqe(aop::CREATE_IO_SQ);
-        c.set_prps(base, 0);
-        c.cdw10 = U32::new(qid as u32 | ((qsize_z as u32) << 16));
-        c.cdw11 = U32::new(pc as u32 | ((cqid as u32) << 16));
-        self.admin_status(c)
+        self.admin_status(CreateIoSqCmd { qid, qsize_z, base, pc, cqid, ..Default::default() }.to_sqe())
     }
 
     pub fn delete_sq(&mut self, qid: u16) -> Status {
-        let mut c = admin_sqe(aop::DELETE_IO_SQ);
-        c.cdw10 = U32::new(qid as u32);
-        self.admin_status(c)
+        self.admin_status(DeleteIoSqCmd { qid }.to_sqe())
     }
 
     pub fn delete_cq(&mut self, qid: u16) -> Status {
-        let mut c = admin_sqe(aop::DELETE_IO_CQ);
-        c.cdw10 = U32::new(qid as u32);
-        self.admin_status(c)
+        self.admin_status(DeleteIoCqCmd { qid }.to_sqe())
     }
 
     /// Identify with CNS, NSID and CDW11 (CSI in 31:24) given; the data on success.
+    /// CDW11 is raw so tests can set its reserved bits.
     pub fn identify_raw(&mut self, cns: u8, nsid: u32, cdw11: u32) -> Result<Vec<u8>, Status> {
-        let mut c = admin_sqe(aop::IDENTIFY);
-        c.nsid = U32::new(nsid);
+        let mut c = IdentifyCmd { nsid, cns, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, 0);
-        c.cdw10 = U32::new(cns as u32);
         c.cdw11 = U32::new(cdw11);
         self.mem.fill(self.admin_buf, PAGE, 0xa5).expect("admin buf");
         let st = self.admin_status(c);
@@ -132,13 +122,8 @@ impl MockHost {
         offset: u64,
         rae: bool,
     ) -> (Status, Vec<u8>, Vec<Cqe>) {
-        let mut c = admin_sqe(aop::GET_LOG_PAGE);
-        c.nsid = U32::new(nsid);
+        let mut c = GetLogPageCmd { nsid, lid, rae, numd_z, offset, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, self.admin_buf + PAGE);
-        c.cdw10 = U32::new(lid as u32 | ((rae as u32) << 15) | ((numd_z & 0xffff) << 16));
-        c.cdw11 = U32::new(numd_z >> 16);
-        c.cdw12 = U32::new(offset as u32);
-        c.cdw13 = U32::new((offset >> 32) as u32);
         let len = ((numd_z as u64 + 1) * 4).min(2 * PAGE);
         self.mem.fill(self.admin_buf, 2 * PAGE, 0xa5).expect("admin buf");
         let (c, others) = self.admin_exec(c);
@@ -155,27 +140,25 @@ impl MockHost {
         v
     }
 
-    /// Get Features with SEL and CDW11 given; PRP1 is the admin buffer.
+    /// Get Features with SEL (raw, so tests can send reserved values) and CDW11 given;
+    /// PRP1 is the admin buffer.
     pub fn get_features_raw(&mut self, fid: u8, sel: u8, cdw11: u32) -> Cqe {
-        let mut c = admin_sqe(aop::GET_FEATURES);
-        c.cdw10 = U32::new(fid as u32 | ((sel as u32 & 7) << 8));
-        c.cdw11 = U32::new(cdw11);
+        let sel = FeatureSelect::from_bits(sel);
+        let mut c = GetFeaturesCmd { fid, sel, cdw11, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, 0);
         self.admin_raw(c)
     }
 
     /// Set Features with SV and CDW11 given; PRP1 is the admin buffer.
     pub fn set_features_raw(&mut self, fid: u8, cdw11: u32, sv: bool) -> Cqe {
-        let mut c = admin_sqe(aop::SET_FEATURES);
-        c.cdw10 = U32::new(fid as u32 | ((sv as u32) << 31));
-        c.cdw11 = U32::new(cdw11);
+        let mut c = SetFeaturesCmd { fid, sv, cdw11, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, 0);
         self.admin_raw(c)
     }
 
     /// Format NVM of `nsid` with CDW10 given.
     pub fn format_raw(&mut self, nsid: u32, cdw10: u32) -> Status {
-        let mut c = admin_sqe(aop::FORMAT_NVM);
+        let mut c = Sqe::with_opcode(aop::FORMAT_NVM);
         c.nsid = U32::new(nsid);
         c.cdw10 = U32::new(cdw10);
         self.admin_status(c)
@@ -183,17 +166,13 @@ impl MockHost {
 
     /// Abort of command `cid` on SQ `sqid`; returns the completion.
     pub fn abort_raw(&mut self, sqid: u16, cid: u16) -> Cqe {
-        let mut c = admin_sqe(aop::ABORT);
-        c.cdw10 = U32::new(sqid as u32 | ((cid as u32) << 16));
-        self.admin_raw(c)
+        self.admin_raw(AbortCmd { sqid, cid }.to_sqe())
     }
 
     /// Doorbell Buffer Config with PRP1 and PRP2 given. On success the host starts
     /// using these buffers for its shadow doorbells.
     pub fn dbbuf_raw(&mut self, shadow: u64, eventidx: u64) -> Status {
-        let mut c = admin_sqe(aop::DOORBELL_BUFFER_CONFIG);
-        c.set_prps(shadow, eventidx);
-        let st = self.admin_status(c);
+        let st = self.admin_status(DoorbellBufferConfigCmd { shadow_doorbell: shadow, eventidx }.to_sqe());
         if st.is_success() {
             self.dbbuf = Some(HostDbbuf { shadow, eventidx });
         }
@@ -202,12 +181,6 @@ impl MockHost {
 
     /// An admin SQE with `opcode`, PRPs used for data, everything else zero.
     pub fn admin_sqe(opcode: u8) -> Sqe {
-        admin_sqe(opcode)
+        Sqe::with_opcode(opcode)
     }
-}
-
-fn admin_sqe(opcode: u8) -> Sqe {
-    let mut c = Sqe::default();
-    c.set_cdw0(opcode, 0, Psdt::Prp);
-    c
 }

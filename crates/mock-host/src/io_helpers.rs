@@ -10,12 +10,12 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{fence, Ordering};
 
+use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, DeleteIoCqCmd, DeleteIoSqCmd};
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::admin as aop;
+use nvme_spec::nvm::ReadWriteCmd;
 use nvme_spec::regs::{doorbell_offset, DoorbellKind};
 use nvme_spec::sgl::SglDescriptor;
 use nvme_spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
-use zerocopy::little_endian::U32;
 
 use crate::{HostError, MockHost, PAGE};
 
@@ -64,41 +64,27 @@ impl MockHost {
     /// Create I/O Completion Queue `qid` of `size` entries (physically contiguous).
     pub fn new_io_cq(&mut self, qid: u16, size: u32, ien: bool, iv: u16) -> Result<HostCq, HostError> {
         let base = self.alloc.alloc_pages((size as u64 * CQE_SIZE as u64).div_ceil(PAGE));
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
-        c.set_prps(base, 0);
-        c.cdw10 = U32::new(qid as u32 | ((size - 1) << 16));
-        c.cdw11 = U32::new(1 | ((ien as u32) << 1) | ((iv as u32) << 16));
-        self.admin_ok(c)?;
+        let qsize_z = (size - 1) as u16;
+        self.admin_ok(CreateIoCqCmd { qid, qsize_z, base, pc: true, ien, iv }.to_sqe())?;
         Ok(HostCq { qid, base, size, head: 0, phase: true })
     }
 
     /// Create I/O Submission Queue `qid` of `size` entries posting to CQ `cqid`.
     pub fn new_io_sq(&mut self, qid: u16, cqid: u16, size: u32) -> Result<HostSq, HostError> {
         let base = self.alloc.alloc_pages((size as u64 * SQE_SIZE as u64).div_ceil(PAGE));
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
-        s.set_prps(base, 0);
-        s.cdw10 = U32::new(qid as u32 | ((size - 1) << 16));
-        s.cdw11 = U32::new(1 | ((cqid as u32) << 16));
-        self.admin_ok(s)?;
+        let qsize_z = (size - 1) as u16;
+        self.admin_ok(CreateIoSqCmd { qid, qsize_z, base, pc: true, cqid, ..Default::default() }.to_sqe())?;
         Ok(HostSq { qid, cqid, base, size, tail: 0, head: 0, next_cid: 0, in_flight: BTreeSet::new() })
     }
 
     /// Delete I/O Submission Queue `qid`; returns the completion whatever its status.
     pub fn remove_io_sq(&mut self, qid: u16) -> Result<Cqe, HostError> {
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::DELETE_IO_SQ, 0, Psdt::Prp);
-        c.cdw10 = U32::new(qid as u32);
-        self.admin_cmd(c)
+        self.admin_cmd(DeleteIoSqCmd { qid }.to_sqe())
     }
 
     /// Delete I/O Completion Queue `qid`; returns the completion whatever its status.
     pub fn remove_io_cq(&mut self, qid: u16) -> Result<Cqe, HostError> {
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::DELETE_IO_CQ, 0, Psdt::Prp);
-        c.cdw10 = U32::new(qid as u32);
-        self.admin_cmd(c)
+        self.admin_cmd(DeleteIoCqCmd { qid }.to_sqe())
     }
 
     /// Writes `sqe` into `sq` with a fresh command identifier and updates the tail
@@ -115,7 +101,7 @@ impl MockHost {
                 break c;
             }
         };
-        sqe.cdw0 = U32::new((sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        sqe.set_cid(cid);
         self.mem.write_obj(sq.base + sq.tail as u64 * SQE_SIZE as u64, &sqe).expect("sq");
         fence(Ordering::Release);
         sq.tail = (sq.tail + 1) % sq.size;
@@ -158,7 +144,7 @@ impl MockHost {
     pub fn submit_counted(&mut self, qid: u16, mut sqe: Sqe) -> Option<(u16, bool)> {
         let q = &mut self.io[qid as usize - 1];
         let cid = q.free_cids.pop_front()?;
-        sqe.cdw0 = U32::new((sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        sqe.set_cid(cid);
         let (base, tail, size) = (q.sq_base, q.sq_tail, q.size);
         q.sq_tail = (tail + 1) % size;
         let new_tail = q.sq_tail;
@@ -199,7 +185,7 @@ impl MockHost {
     pub fn admin_post(&mut self, mut sqe: Sqe) -> u16 {
         let q = self.admin.as_mut().expect("enabled");
         let cid = q.free_cids.pop_front().expect("admin cid");
-        sqe.cdw0 = U32::new((sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        sqe.set_cid(cid);
         let (base, tail, size) = (q.sq_base, q.sq_tail, q.size);
         self.mem.write_obj(base + tail as u64 * SQE_SIZE as u64, &sqe).expect("sq");
         let q = self.admin.as_mut().expect("enabled");
@@ -236,13 +222,7 @@ impl MockHost {
     /// An I/O SQE addressed by SLBA/NLB with no data pointer (Write Zeroes, Verify,
     /// or a base to add one to). `nlb` is not 0's based.
     pub fn lba_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
-        let mut s = Sqe::default();
-        s.set_cdw0(opcode, 0, Psdt::Prp);
-        s.nsid = U32::new(nsid);
-        s.cdw10 = U32::new(slba as u32);
-        s.cdw11 = U32::new((slba >> 32) as u32);
-        s.cdw12 = U32::new(nlb.wrapping_sub(1) & 0xffff);
-        s
+        ReadWriteCmd { nsid, slba, nlb_z: nlb.wrapping_sub(1) as u16, ..Default::default() }.to_sqe(opcode)
     }
 
     /// An I/O SQE addressed by SLBA/NLB whose data pointer is SGL Descriptor 1 `d`

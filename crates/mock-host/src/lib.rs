@@ -21,13 +21,17 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
-use nvme_ctrl::doorbell::need_event;
 use nvme_ctrl::{Clock, Controller, ControllerConfig};
-use nvme_spec::command::Psdt;
-use nvme_spec::opcode::{admin as aop, nvm as iop};
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Csts, DoorbellKind};
+use nvme_spec::admin::{
+    CreateIoCqCmd, CreateIoSqCmd, DoorbellBufferConfigCmd, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd,
+    SetFeaturesCmd,
+};
+use nvme_spec::features::{fid, NumberOfQueues};
+use nvme_spec::identify::cns;
+use nvme_spec::nvm::ReadWriteCmd;
+use nvme_spec::opcode::nvm as iop;
+use nvme_spec::regs::{doorbell_offset, need_event, offset, Aqa, Cap, Cc, Csts, DoorbellKind};
 use nvme_spec::{Cqe, Sqe, Status, CQE_SIZE, SQE_SIZE};
-use zerocopy::little_endian::U32;
 
 pub use irq::{CountingIrq, ManualClock};
 
@@ -216,9 +220,8 @@ impl MockHost {
         self.write64(offset::ASQ, asq);
         self.write64(offset::ACQ, acq);
         // Linux writes CC without EN first, then with EN.
-        let cc = (6 << 16) | (4 << 20);
-        self.write32(offset::CC, cc);
-        self.write32(offset::CC, cc | 1);
+        self.write32(offset::CC, Cc::LINUX.0);
+        self.write32(offset::CC, Cc::LINUX.with_en(true).0);
         let csts = self.csts();
         if !csts.rdy() || csts.cfs() {
             return Err(HostError::NotReady(csts.0));
@@ -231,10 +234,10 @@ impl MockHost {
     /// pairs, then (optionally) Doorbell Buffer Config.
     pub fn init(&mut self, opts: InitOptions) -> Result<(), HostError> {
         self.enable(opts.admin_queue_size)?;
-        let id = self.identify(0x01, 0)?;
+        let id = self.identify(cns::CONTROLLER, 0)?;
         let oacs = u16::from_le_bytes([id[256], id[257]]);
         let n = opts.io_queues - 1;
-        self.set_feature(0x07, (n as u32) | ((n as u32) << 16))?;
+        self.set_feature(fid::NUMBER_OF_QUEUES, NumberOfQueues::new(n, n).0)?;
         for qid in 1..=opts.io_queues {
             self.create_queue_pair(qid, opts.queue_size, opts.interrupts)?;
         }
@@ -248,18 +251,11 @@ impl MockHost {
     pub fn create_queue_pair(&mut self, qid: u16, size: u32, interrupts: bool) -> Result<(), HostError> {
         let cq = self.alloc.alloc_pages((size as u64 * CQE_SIZE as u64).div_ceil(PAGE));
         let sq = self.alloc.alloc_pages((size as u64 * SQE_SIZE as u64).div_ceil(PAGE));
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
-        c.set_prps(cq, 0);
-        c.cdw10 = U32::new(qid as u32 | ((size - 1) << 16));
-        c.cdw11 = U32::new(1 | ((interrupts as u32) << 1) | ((qid as u32) << 16));
-        self.admin_ok(c)?;
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
-        s.set_prps(sq, 0);
-        s.cdw10 = U32::new(qid as u32 | ((size - 1) << 16));
-        s.cdw11 = U32::new(1 | ((qid as u32) << 16));
-        self.admin_ok(s)?;
+        let qsize_z = (size - 1) as u16;
+        self.admin_ok(CreateIoCqCmd { qid, qsize_z, base: cq, pc: true, ien: interrupts, iv: qid }.to_sqe())?;
+        self.admin_ok(
+            CreateIoSqCmd { qid, qsize_z, base: sq, pc: true, cqid: qid, ..Default::default() }.to_sqe(),
+        )?;
         let q = HostQueue::new(qid, sq, cq, size);
         let idx = qid as usize - 1;
         if self.io.len() <= idx {
@@ -273,10 +269,7 @@ impl MockHost {
     pub fn doorbell_buffer_config(&mut self) -> Result<(), HostError> {
         let shadow = self.alloc.alloc_pages(1);
         let eventidx = self.alloc.alloc_pages(1);
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::DOORBELL_BUFFER_CONFIG, 0, Psdt::Prp);
-        c.set_prps(shadow, eventidx);
-        self.admin_ok(c)?;
+        self.admin_ok(DoorbellBufferConfigCmd { shadow_doorbell: shadow, eventidx }.to_sqe())?;
         self.dbbuf = Some(HostDbbuf { shadow, eventidx });
         Ok(())
     }
@@ -288,7 +281,7 @@ impl MockHost {
     pub fn admin_cmd(&mut self, mut sqe: Sqe) -> Result<Cqe, HostError> {
         let q = self.admin.as_mut().expect("enabled");
         let cid = q.free_cids.pop_front().expect("admin cid");
-        sqe.cdw0 = U32::new((sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        sqe.set_cid(cid);
         let (base, tail, size) = (q.sq_base, q.sq_tail, q.size);
         self.mem.write_obj(base + tail as u64 * SQE_SIZE as u64, &sqe).expect("sq");
         let q = self.admin.as_mut().expect("enabled");
@@ -317,11 +310,8 @@ impl MockHost {
 
     /// Identify into the admin buffer; returns the 4096 bytes.
     pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>, HostError> {
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::IDENTIFY, 0, Psdt::Prp);
-        c.nsid = U32::new(nsid);
+        let mut c = IdentifyCmd { nsid, cns, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, 0);
-        c.cdw10 = U32::new(cns as u32);
         self.admin_ok(c)?;
         let mut v = vec![0u8; 4096];
         self.mem.read(self.admin_buf, &mut v).expect("admin buf");
@@ -329,34 +319,22 @@ impl MockHost {
     }
 
     pub fn set_feature(&mut self, fid: u8, value: u32) -> Result<Cqe, HostError> {
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::SET_FEATURES, 0, Psdt::Prp);
-        c.cdw10 = U32::new(fid as u32);
-        c.cdw11 = U32::new(value);
-        self.admin_ok(c)
+        self.admin_ok(SetFeaturesCmd { fid, cdw11: value, ..Default::default() }.to_sqe())
     }
 
     pub fn get_feature(&mut self, fid: u8, cdw11: u32) -> Result<Cqe, HostError> {
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::GET_FEATURES, 0, Psdt::Prp);
-        c.cdw10 = U32::new(fid as u32);
-        c.cdw11 = U32::new(cdw11);
+        let mut c = GetFeaturesCmd { fid, cdw11, ..Default::default() }.to_sqe();
         c.set_prps(self.admin_buf, 0);
         self.admin_ok(c)
     }
 
     /// Get Log Page of `len` bytes (a multiple of 4) into the admin buffer.
     pub fn get_log(&mut self, lid: u8, nsid: u32, len: u32, rae: bool) -> Result<Vec<u8>, HostError> {
-        let numd = len / 4 - 1;
-        let mut c = Sqe::default();
-        c.set_cdw0(aop::GET_LOG_PAGE, 0, Psdt::Prp);
-        c.nsid = U32::new(nsid);
-        c.set_prps(self.admin_buf, self.admin_buf + PAGE);
         if len as u64 > 2 * PAGE {
             panic!("mock host get_log supports up to 8 KiB");
         }
-        c.cdw10 = U32::new(lid as u32 | ((rae as u32) << 15) | ((numd & 0xffff) << 16));
-        c.cdw11 = U32::new(numd >> 16);
+        let mut c = GetLogPageCmd { nsid, lid, rae, numd_z: len / 4 - 1, ..Default::default() }.to_sqe();
+        c.set_prps(self.admin_buf, self.admin_buf + PAGE);
         self.admin_ok(c)?;
         let mut v = vec![0u8; len as usize];
         self.mem.read(self.admin_buf, &mut v).expect("admin buf");
@@ -400,7 +378,7 @@ impl MockHost {
     pub fn submit(&mut self, qid: u16, mut sqe: Sqe) -> Option<u16> {
         let q = self.queue_mut(qid);
         let cid = q.free_cids.pop_front()?;
-        sqe.cdw0 = U32::new((sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        sqe.set_cid(cid);
         let (base, tail, size) = (q.sq_base, q.sq_tail, q.size);
         q.sq_tail = (tail + 1) % size;
         let new_tail = q.sq_tail;
@@ -467,12 +445,8 @@ impl MockHost {
     /// (contiguous guest memory) described with PRPs (a PRP list built in `list`
     /// when it spans more than two pages).
     pub fn rw_sqe(&mut self, opcode: u8, nsid: u32, slba: u64, nlb: u32, buf: u64, len: u64) -> Sqe {
-        let mut s = Sqe::default();
-        s.set_cdw0(opcode, 0, Psdt::Prp);
-        s.nsid = U32::new(nsid);
-        s.cdw10 = U32::new(slba as u32);
-        s.cdw11 = U32::new((slba >> 32) as u32);
-        s.cdw12 = U32::new(nlb - 1);
+        let nlb_z = u16::try_from(nlb - 1).expect("NLB is a 16-bit field");
+        let mut s = ReadWriteCmd { nsid, slba, nlb_z, ..Default::default() }.to_sqe(opcode);
         let (prp1, prp2) = self.build_prps(buf, len);
         s.set_prps(prp1, prp2);
         s

@@ -1,4 +1,4 @@
-//! Doorbell Buffer Config (Base §5.2.1): validation, attaching to live queues, the
+//! Doorbell Buffer Config (Base §5.2.5): validation, attaching to live queues, the
 //! admin queue's shadow slot, and the Linux 6.1 reset race.
 
 mod common;
@@ -14,7 +14,7 @@ fn slot(qid: u16, kind: DoorbellKind) -> u64 {
 }
 
 #[test]
-fn spec_5_2_1_unaligned_buffers_are_invalid_field() {
+fn spec_5_2_5_unaligned_buffers_are_invalid_field() {
     let (mut h, _) = ready(2, false);
     let p = h.alloc.alloc_pages(2);
     for (a, b) in [(p + 4, p + PAGE), (p, p + PAGE + 0x800), (p + 0x800, p + PAGE + 8)] {
@@ -25,7 +25,7 @@ fn spec_5_2_1_unaligned_buffers_are_invalid_field() {
 }
 
 #[test]
-fn spec_5_2_1_same_page_or_outside_memory_is_invalid_field() {
+fn spec_5_2_5_same_page_or_outside_memory_is_invalid_field() {
     let (mut h, _) = ready(2, false);
     let p = h.alloc.alloc_pages(2);
     assert_status(h.dbbuf_raw(p, p), Status::INVALID_FIELD.with_dnr());
@@ -38,7 +38,7 @@ fn spec_5_2_1_same_page_or_outside_memory_is_invalid_field() {
 }
 
 #[test]
-fn spec_5_2_1_config_on_live_queues_publishes_eventidx_and_stops_trapped_doorbells() {
+fn spec_5_2_5_config_on_live_queues_publishes_eventidx_and_stops_trapped_doorbells() {
     let (mut h, _) = ready(2, false);
     // Move the queues off zero with trapped doorbells first.
     for qid in [1, 2] {
@@ -88,7 +88,7 @@ fn spec_5_2_1_config_on_live_queues_publishes_eventidx_and_stops_trapped_doorbel
 }
 
 #[test]
-fn spec_5_2_1_config_before_queues_exist_attaches_them_at_creation() {
+fn spec_5_2_5_config_before_queues_exist_attaches_them_at_creation() {
     let mut h = enabled();
     let shadow = h.alloc.alloc_pages(1);
     let eventidx = h.alloc.alloc_pages(1);
@@ -103,7 +103,7 @@ fn spec_5_2_1_config_before_queues_exist_attaches_them_at_creation() {
 }
 
 #[test]
-fn spec_5_2_1_admin_doorbell_writes_are_copied_into_the_shadow_slot() {
+fn spec_5_2_5_admin_doorbell_writes_are_copied_into_the_shadow_slot() {
     let (mut h, _) = ready(1, true);
     let b = h.dbbuf.unwrap();
     for _ in 0..5 {
@@ -116,7 +116,7 @@ fn spec_5_2_1_admin_doorbell_writes_are_copied_into_the_shadow_slot() {
 }
 
 #[test]
-fn spec_5_2_1_linux_6_1_reset_race_adopts_the_newer_shadow_tail() {
+fn spec_5_2_5_linux_6_1_reset_race_adopts_the_newer_shadow_tail() {
     let (mut h, _) = ready(1, true);
     let b = h.dbbuf.unwrap();
     // Reset: the controller forgets the buffers; Linux 6.1 keeps them, zeroes them and

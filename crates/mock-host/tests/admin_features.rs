@@ -6,12 +6,12 @@ mod common;
 
 use common::*;
 use mock_host::MockHost;
+use nvme_spec::admin::SetFeaturesCmd;
 use nvme_spec::features::fid;
 use nvme_spec::log::lid;
-use nvme_spec::opcode::{admin as aop, nvm as iop};
+use nvme_spec::opcode::nvm as iop;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Cqe, Status, CQE_SIZE, SQE_SIZE};
-use zerocopy::little_endian::U32;
 
 const SEL_CURRENT: u8 = 0;
 const SEL_DEFAULT: u8 = 1;
@@ -271,7 +271,7 @@ fn two_sq_completion_order(ab: u32) -> Vec<u16> {
     for (qid, base) in [(1u16, sq1), (2, sq2)] {
         for i in 0..4u16 {
             let mut s = h.rw_sqe(iop::READ, 1, i as u64, 1, buf, 512);
-            s.cdw0 = U32::new(iop::READ as u32 | (((qid << 8) | i) as u32) << 16);
+            s.set_cid((qid << 8) | i);
             h.mem.write_obj(base + i as u64 * SQE_SIZE as u64, &s).unwrap();
         }
     }
@@ -313,10 +313,7 @@ fn spec_5_1_25_1_1_arbitration_burst_interleaves_submission_queues() {
 // ---- Temperature Threshold (Base §5.1.25.1.4) and the SMART / Health event
 
 fn set_exec(h: &mut MockHost, f: u8, v: u32) -> (Cqe, Vec<Cqe>) {
-    let mut c = MockHost::admin_sqe(aop::SET_FEATURES);
-    c.cdw10 = U32::new(f as u32);
-    c.cdw11 = U32::new(v);
-    let (mine, others) = h.admin_exec(c);
+    let (mine, others) = h.admin_exec(SetFeaturesCmd { fid: f, cdw11: v, ..Default::default() }.to_sqe());
     (mine.expect("set features completed"), others)
 }
 

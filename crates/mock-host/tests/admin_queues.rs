@@ -1,4 +1,4 @@
-//! Create and Delete I/O Completion / Submission Queue (Base §5.2.4 - §5.2.7) and
+//! Create and Delete I/O Completion / Submission Queue (Base §5.2.1 - §5.2.4) and
 //! Set Features Number of Queues (Base §5.1.25.1.7): every status the spec names for
 //! them, and 64 queue pairs on 65 interrupt vectors.
 
@@ -15,10 +15,10 @@ fn ring(h: &mut MockHost, pages: u64) -> u64 {
     h.alloc.alloc_pages(pages)
 }
 
-// ---- Create I/O Completion Queue (Base §5.2.4)
+// ---- Create I/O Completion Queue (Base §5.2.1)
 
 #[test]
-fn spec_5_2_4_create_cq_qid_0_is_invalid_queue_identifier() {
+fn spec_5_2_1_create_cq_qid_0_is_invalid_queue_identifier() {
     let mut h = enabled();
     let b = ring(&mut h, 1);
     assert_status(h.create_cq_raw(0, 15, b, true, true, 0), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
@@ -26,7 +26,7 @@ fn spec_5_2_4_create_cq_qid_0_is_invalid_queue_identifier() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_qid_above_maximum_is_invalid_queue_identifier() {
+fn spec_5_2_1_create_cq_qid_above_maximum_is_invalid_queue_identifier() {
     let mut h = enabled();
     let b = ring(&mut h, 1);
     for qid in [65, 0x1000, 0xffff] {
@@ -60,7 +60,7 @@ fn spec_5_1_25_1_7_create_cq_qid_beyond_allocated_queues_is_invalid_queue_identi
 }
 
 #[test]
-fn spec_5_2_4_create_cq_qid_already_in_use_is_invalid_queue_identifier() {
+fn spec_5_2_1_create_cq_qid_already_in_use_is_invalid_queue_identifier() {
     let (mut h, _) = ready(2, true);
     let b = ring(&mut h, 1);
     assert_status(h.create_cq_raw(1, 15, b, true, true, 1), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
@@ -68,7 +68,7 @@ fn spec_5_2_4_create_cq_qid_already_in_use_is_invalid_queue_identifier() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_qsize_0_or_above_mqes_is_invalid_queue_size() {
+fn spec_5_2_1_create_cq_qsize_0_or_above_mqes_is_invalid_queue_size() {
     let mut h = enabled();
     let mqes_z = h.cap().mqes_z();
     assert_eq!(mqes_z, 1023);
@@ -84,7 +84,7 @@ fn spec_5_2_4_create_cq_qsize_0_or_above_mqes_is_invalid_queue_size() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_pc_0_is_invalid_field_when_cap_cqr() {
+fn spec_5_2_1_create_cq_pc_0_is_invalid_field_when_cap_cqr() {
     let mut h = enabled();
     assert!(h.cap().cqr());
     let b = ring(&mut h, 1);
@@ -93,7 +93,7 @@ fn spec_5_2_4_create_cq_pc_0_is_invalid_field_when_cap_cqr() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_base_not_page_aligned_is_prp_offset_invalid() {
+fn spec_5_2_1_create_cq_base_not_page_aligned_is_prp_offset_invalid() {
     let mut h = enabled();
     let b = ring(&mut h, 2);
     for off in [4, 16, 0x800] {
@@ -103,7 +103,7 @@ fn spec_5_2_4_create_cq_base_not_page_aligned_is_prp_offset_invalid() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_base_outside_guest_memory_is_refused() {
+fn spec_5_2_1_create_cq_base_outside_guest_memory_is_refused() {
     let mut h = enabled();
     // Wholly outside, and starting inside but running off the end.
     assert_status(h.create_cq_raw(1, 15, MEM + PAGE, true, true, 1), Status::INVALID_FIELD.with_dnr());
@@ -113,7 +113,7 @@ fn spec_5_2_4_create_cq_base_outside_guest_memory_is_refused() {
 }
 
 #[test]
-fn spec_5_2_4_create_cq_vector_beyond_msix_is_invalid_interrupt_vector() {
+fn spec_5_2_1_create_cq_vector_beyond_msix_is_invalid_interrupt_vector() {
     let mut h = enabled();
     let b = ring(&mut h, 1);
     for iv in [65, 66, 0xffff] {
@@ -126,10 +126,10 @@ fn spec_5_2_4_create_cq_vector_beyond_msix_is_invalid_interrupt_vector() {
     assert_alive(&mut h);
 }
 
-// ---- Create I/O Submission Queue (Base §5.2.5)
+// ---- Create I/O Submission Queue (Base §5.2.2)
 
 #[test]
-fn spec_5_2_5_create_sq_cqid_0_or_missing_is_completion_queue_invalid() {
+fn spec_5_2_2_create_sq_cqid_0_or_missing_is_completion_queue_invalid() {
     let mut h = enabled();
     let s = ring(&mut h, 1);
     assert_status(h.create_sq_raw(1, 15, s, true, 0), Status::COMPLETION_QUEUE_INVALID.with_dnr());
@@ -142,7 +142,7 @@ fn spec_5_2_5_create_sq_cqid_0_or_missing_is_completion_queue_invalid() {
 }
 
 #[test]
-fn spec_5_2_5_create_sq_bad_qid_size_pc_and_base() {
+fn spec_5_2_2_create_sq_bad_qid_size_pc_and_base() {
     let mut h = enabled();
     let c = ring(&mut h, 1);
     assert_status(h.create_cq_raw(1, 15, c, true, true, 1), Status::SUCCESS);
@@ -164,7 +164,7 @@ fn spec_5_2_5_create_sq_bad_qid_size_pc_and_base() {
 // ---- 64 queue pairs, 65 vectors
 
 #[test]
-fn spec_5_2_4_all_64_queue_pairs_run_io_and_interrupt_on_their_own_vector() {
+fn spec_5_2_1_all_64_queue_pairs_run_io_and_interrupt_on_their_own_vector() {
     let (cfg, _) = ram_cfg(1);
     assert_eq!((cfg.max_io_queues, cfg.msix_vectors), (64, 65));
     let mut h = MockHost::new(cfg, MEM);
@@ -195,10 +195,10 @@ fn spec_5_2_4_all_64_queue_pairs_run_io_and_interrupt_on_their_own_vector() {
     assert_alive(&mut h);
 }
 
-// ---- Delete I/O Submission / Completion Queue (Base §5.2.6, §5.2.7)
+// ---- Delete I/O Completion Queue (Base §5.2.3) / Delete I/O Submission Queue (Base §5.2.4)
 
 #[test]
-fn spec_5_2_6_delete_qid_0_or_nonexistent_is_invalid_queue_identifier() {
+fn spec_5_2_3_and_5_2_4_delete_qid_0_or_nonexistent_is_invalid_queue_identifier() {
     let (mut h, _) = ready(2, true);
     assert_status(h.delete_sq(0), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
     assert_status(h.delete_cq(0), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
@@ -210,7 +210,7 @@ fn spec_5_2_6_delete_qid_0_or_nonexistent_is_invalid_queue_identifier() {
 }
 
 #[test]
-fn spec_5_2_6_delete_cq_with_sqs_attached_is_invalid_queue_deletion() {
+fn spec_5_2_3_delete_cq_with_sqs_attached_is_invalid_queue_deletion() {
     let (mut h, _) = ready(2, true);
     assert_status(h.delete_cq(2), Status::INVALID_QUEUE_DELETION.with_dnr());
     assert_status(h.delete_sq(2), Status::SUCCESS);
@@ -222,7 +222,7 @@ fn spec_5_2_6_delete_cq_with_sqs_attached_is_invalid_queue_deletion() {
 }
 
 #[test]
-fn spec_5_2_6_delete_then_recreate_works_with_and_without_shadow_doorbells() {
+fn spec_5_2_3_and_5_2_4_delete_then_recreate_works_with_and_without_shadow_doorbells() {
     for shadow in [false, true] {
         let (mut h, _) = ready(2, shadow);
         // Move queue 1's pointers off zero first, so the new queue must start fresh.
@@ -246,7 +246,7 @@ fn spec_5_2_6_delete_then_recreate_works_with_and_without_shadow_doorbells() {
 }
 
 #[test]
-fn spec_5_2_7_delete_sq_with_commands_submitted_still_completes_them() {
+fn spec_5_2_4_delete_sq_with_commands_submitted_still_completes_them() {
     // Commands the controller fetched before the delete complete before the Delete
     // does; the host then reaps them from the CQ.
     let (mut h, _) = ready(1, false);

@@ -15,9 +15,9 @@ use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::fid;
 use nvme_spec::log::{critical_warning, lid};
+use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
-use zerocopy::little_endian::U32;
 
 const NS_BYTES: u64 = 8 << 20;
 const LBA: u32 = 512;
@@ -176,8 +176,7 @@ fn optional_commands_are_advertised_only_when_the_backend_has_them() {
     assert_eq!(oncs & (ONCS_DSM | ONCS_WRITE_ZEROES), 0, "ONCS {oncs:#x}");
     let c = h.io_cmd(1, MockHost::lba_sqe(iop::WRITE_ZEROES, 1, 0, 7));
     assert_status(&c, Status::INVALID_OPCODE, true);
-    let mut s = MockHost::lba_sqe(iop::DATASET_MANAGEMENT, 1, 0, 0);
-    s.cdw11 = U32::new(1 << 2);
+    let s = DatasetManagementCmd { nsid: 1, nr_z: 0, ad: true, ..Default::default() }.to_sqe();
     let c = h.io_cmd(1, s);
     assert_status(&c, Status::INVALID_OPCODE, true);
     assert_still_works(&mut h, 1, 1, LBA);

@@ -1,5 +1,5 @@
-//! Doorbells (Base 2.1 §3.1.2 doorbell registers; Doorbell Buffer Config and its
-//! EventIdx protocol; Asynchronous Event Request error events).
+//! Doorbells (PCIe §3.1.2 doorbell registers; Base §5.2.5 Doorbell Buffer Config and
+//! its EventIdx protocol; Asynchronous Event Request error events).
 //!
 //! The EventIdx tests run the device only when a doorbell register write trapped, as
 //! a real transport does (its I/O thread sleeps until a doorbell or backend notifier
@@ -26,9 +26,7 @@ fn host(shadow: bool, queue_size: u32) -> MockHost {
 
 /// Submits an Asynchronous Event Request and lets the controller park it.
 fn arm_aer(h: &mut MockHost) -> u16 {
-    let mut s = Sqe::default();
-    s.set_cdw0(aop::ASYNC_EVENT_REQUEST, 0, nvme_spec::command::Psdt::Prp);
-    let cid = h.admin_post(s);
+    let cid = h.admin_post(Sqe::with_opcode(aop::ASYNC_EVENT_REQUEST));
     h.process();
     assert!(h.reap_queue(0).is_empty(), "an AER waits for an event");
     cid
@@ -389,10 +387,9 @@ fn dbbuf_eventidx_holds_with_host_and_device_on_separate_threads() {
     use std::sync::atomic::{fence, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
 
-    use nvme_ctrl::doorbell::need_event;
     use nvme_spec::regs::doorbell_offset;
+    use nvme_spec::regs::need_event;
     use nvme_spec::{Cqe, CQE_SIZE, SQE_SIZE};
-    use zerocopy::little_endian::U32;
 
     /// RAM whose submissions take a few microseconds, so the host keeps writing
     /// entries and shadow tails while the device is between reading a tail and
@@ -488,7 +485,7 @@ fn dbbuf_eventidx_holds_with_host_and_device_on_separate_threads() {
             let n = rng.range(0, (qd - in_flight) as u64).min(total - submitted) as u32;
             for _ in 0..n {
                 let mut s = MockHost::lba_sqe(nvme_spec::opcode::nvm::FLUSH, 1, 0, 1);
-                s.cdw0 = U32::new(s.cdw0.get() | ((submitted as u32 & 0xffff) << 16));
+                s.set_cid(submitted as u16);
                 mem.write_obj(sq_base + tail as u64 * SQE_SIZE as u64, &s).unwrap();
                 fence(Ordering::Release);
                 tail = (tail + 1) % size;

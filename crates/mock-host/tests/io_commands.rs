@@ -6,6 +6,7 @@ mod io_common;
 
 use io_common::*;
 use mock_host::{InitOptions, MockHost, PAGE};
+use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Status, NSID_ALL};
 use zerocopy::little_endian::U32;
@@ -29,10 +30,8 @@ fn dsm(h: &mut MockHost, qid: u16, nsid: u32, ranges: &[(u64, u32)], deallocate:
     let raw = dsm_ranges(ranges);
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &raw).unwrap();
-    let mut s = MockHost::lba_sqe(iop::DATASET_MANAGEMENT, nsid, 0, 1);
-    s.cdw10 = U32::new(ranges.len() as u32 - 1);
-    s.cdw11 = U32::new(if deallocate { 1 << 2 } else { 0 });
-    s.cdw12 = U32::new(0);
+    let nr_z = (ranges.len() - 1) as u8;
+    let mut s = DatasetManagementCmd { nsid, nr_z, ad: deallocate, ..Default::default() }.to_sqe();
     s.set_prps(buf, 0);
     h.io_cmd(qid, s)
 }

@@ -5,12 +5,14 @@ mod common;
 
 use common::*;
 use mock_host::{MockHost, PAGE};
+use nvme_spec::admin::IdentifyCmd;
+use nvme_spec::identify::cns;
 use nvme_spec::opcode::{admin as aop, nvm as iop};
-use nvme_spec::regs::{offset, Aqa, DoorbellKind, ShutdownStatus};
+use nvme_spec::regs::{offset, Aqa, Cc, DoorbellKind, ShutdownStatus};
 use nvme_spec::Status;
 
 /// CC as Linux writes it: IOCQES 4, IOSQES 6, everything else 0.
-const CC_LINUX: u32 = (6 << 16) | (4 << 20);
+const CC_LINUX: u32 = Cc::LINUX.0;
 
 fn fresh() -> MockHost {
     let (cfg, _) = ram_cfg(1);
@@ -79,9 +81,8 @@ fn spec_3_5_1_doorbell_writes_while_disabled_are_ignored() {
     let admin = h.admin.as_ref().unwrap();
     let (sq, cq) = (admin.sq_base, admin.cq_base);
     h.write32(offset::CC, 0);
-    let mut c = MockHost::admin_sqe(aop::IDENTIFY);
+    let mut c = IdentifyCmd { cns: cns::CONTROLLER, ..Default::default() }.to_sqe();
     c.set_prps(h.admin_buf, 0);
-    c.cdw10 = zerocopy::little_endian::U32::new(1);
     h.mem.write_obj(sq, &c).unwrap();
     h.mem.fill(cq, PAGE, 0).unwrap();
     h.ring(0, DoorbellKind::SqTail, 1);
@@ -308,8 +309,7 @@ fn spec_3_1_4_6_admin_queue_memory_removed_sets_cfs_not_panic() {
 fn spec_3_6_1_admin_command_pending_at_shutdown_never_completes_after_reset() {
     let (mut h, _) = ready(1, false);
     // An admin command submitted and rung, the device not yet run, then shutdown.
-    let mut c = MockHost::admin_sqe(aop::IDENTIFY);
-    c.cdw10 = zerocopy::little_endian::U32::new(1);
+    let mut c = IdentifyCmd { cns: cns::CONTROLLER, ..Default::default() }.to_sqe();
     c.set_prps(h.admin_buf, 0);
     let cid = h.submit(0, c).unwrap();
     let cc = h.read32(offset::CC);
@@ -319,8 +319,7 @@ fn spec_3_6_1_admin_command_pending_at_shutdown_never_completes_after_reset() {
     assert_eq!((got[0].cid.get(), got[0].status()), (cid, Status::SUCCESS));
     // After a reset the new admin queue sees completions of its own commands only.
     h.enable(32).unwrap();
-    let mut id = MockHost::admin_sqe(aop::IDENTIFY);
-    id.cdw10 = zerocopy::little_endian::U32::new(1);
+    let mut id = IdentifyCmd { cns: cns::CONTROLLER, ..Default::default() }.to_sqe();
     id.set_prps(h.admin_buf, 0);
     assert_cqe(&h.admin_raw(id), Status::SUCCESS);
     assert_alive(&mut h);

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use block_backend::NullBackend;
 use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
-use nvme_spec::command::Psdt;
-use nvme_spec::{Sqe, Status};
+use nvme_spec::admin::DoorbellBufferConfigCmd;
+use nvme_spec::Status;
 
 #[test]
-fn spec_5_2_1_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
+fn spec_5_2_5_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
     let cfg = ControllerConfig {
         namespaces: vec![NamespaceConfig { backend: Arc::new(NullBackend::new(1 << 20)), lba_format: 0 }],
         shadow_doorbells: false,
@@ -23,10 +23,8 @@ fn spec_5_2_1_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
     assert_eq!(oacs & (1 << 8), 0, "OACS must not advertise Doorbell Buffer Config");
     assert!(h.dbbuf.is_none(), "a Linux-like host does not send it");
     let page = h.alloc.alloc_pages(2);
-    let mut c = Sqe::default();
-    c.set_cdw0(0x7c, 0, Psdt::Prp);
-    c.set_prps(page, page + 4096);
-    let cqe = h.admin_cmd(c).unwrap();
+    let c = DoorbellBufferConfigCmd { shadow_doorbell: page, eventidx: page + 4096 };
+    let cqe = h.admin_cmd(c.to_sqe()).unwrap();
     assert_eq!(cqe.status().code(), Status::INVALID_OPCODE);
     // Every doorbell traps: one SQ tail write per command at QD 1.
     let before = h.ctrl.stats();

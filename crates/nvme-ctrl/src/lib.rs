@@ -21,7 +21,7 @@
 mod admin;
 mod config;
 mod controller;
-pub mod doorbell;
+mod doorbell;
 mod dptr;
 mod engine;
 mod error;

@@ -103,14 +103,11 @@ use block_backend::{
     SegmentCursor, SegmentMark,
 };
 use guest_mem::GuestMemory;
-use nvme_spec::command::Psdt;
 use nvme_spec::identify::{dlfeat, oncs, vwc};
-use nvme_spec::nvm::DsmRange;
+use nvme_spec::nvm::{DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd};
 use nvme_spec::opcode::nvm as op;
-use nvme_spec::Sqe;
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use tracing::{debug, info, warn};
-use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
 use crate::command::Completion as DrvCompletion;
@@ -969,14 +966,10 @@ fn invalid(msg: String) -> BackendError {
     BackendError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
 }
 
-fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u64, flags: u32) -> Sqe {
-    let mut s = Sqe::default();
-    s.set_cdw0(opcode, 0, Psdt::Prp);
-    s.nsid = U32::new(nsid);
-    s.cdw10 = U32::new(slba as u32);
-    s.cdw11 = U32::new((slba >> 32) as u32);
-    s.cdw12 = U32::new((nlb as u32 - 1) | flags);
-    s
+/// NLB, 0's based, of a chunk of `blocks` (1..=65536: `max_rw` and `max_wz` say so).
+fn nlb_z(blocks: u64) -> u16 {
+    debug_assert!((1..=65536).contains(&blocks));
+    (blocks - 1) as u16
 }
 
 /// Bytes staged per copy between guest memory and a bounce buffer.
@@ -1104,24 +1097,22 @@ impl NvmeQueue {
         let mut view = None;
         let mut copy_back = false;
         let (sqe, data, aux, n) = match req.op {
-            Op::Flush => {
-                let mut s = Sqe::default();
-                s.set_cdw0(op::FLUSH, 0, Psdt::Prp);
-                s.nsid = U32::new(sh.nsid);
-                (s, None, None, 1)
-            }
+            Op::Flush => (FlushCmd { nsid: sh.nsid }.to_sqe(), None, None, 1),
             Op::WriteZeroes { deallocate } => {
                 let n = (req.len - off).min(sh.max_wz * lba);
-                let flags = if deallocate { 1 << 25 } else { 0 };
-                (rw_sqe(op::WRITE_ZEROES, sh.nsid, (req.offset + off) / lba, n / lba, flags), None, None, n)
+                let slba = (req.offset + off) / lba;
+                let wz = WriteZeroesCmd {
+                    nsid: sh.nsid,
+                    slba,
+                    nlb_z: nlb_z(n / lba),
+                    deac: deallocate,
+                    fua: false,
+                };
+                (wz.to_sqe(), None, None, n)
             }
             Op::Discard => {
                 let n = (req.len - off).min(sh.max_dsm * lba);
-                let range = DsmRange {
-                    context_attributes: U32::new(0),
-                    nlb: U32::new((n / lba) as u32),
-                    slba: U64::new((req.offset + off) / lba),
-                };
+                let range = DsmRange::new((req.offset + off) / lba, (n / lba) as u32);
                 let list = match self.q.as_ref().expect("queue").alloc_buf(16) {
                     Ok(b) => b,
                     Err(e) => return self.no_buffer(e),
@@ -1129,22 +1120,25 @@ impl NvmeQueue {
                 if let Err(e) = list.write_at(0, range.as_bytes()) {
                     return Step::Failed(e.into());
                 }
-                let mut s = Sqe::default();
-                s.set_cdw0(op::DATASET_MANAGEMENT, 0, Psdt::Prp);
-                s.nsid = U32::new(sh.nsid);
+                let mut s =
+                    DatasetManagementCmd { nsid: sh.nsid, nr_z: 0, ad: true, ..Default::default() }.to_sqe();
                 s.set_prps(list.iova(), 0);
-                s.cdw10 = U32::new(0); // one range, 0's based
-                s.cdw11 = U32::new(1 << 2); // Attribute – Deallocate
                 (s, None, Some(list), n)
             }
             Op::Read | Op::Write { .. } => {
                 let n = (req.len - off).min(sh.max_rw);
-                let (opcode, flags) = match req.op {
-                    Op::Write { fua: true } => (op::WRITE, 1 << 30),
-                    Op::Write { fua: false } => (op::WRITE, 0),
-                    _ => (op::READ, 0),
+                let (opcode, fua) = match req.op {
+                    Op::Write { fua } => (op::WRITE, fua),
+                    _ => (op::READ, false),
                 };
-                let mut sqe = rw_sqe(opcode, sh.nsid, (req.offset + off) / lba, n / lba, flags);
+                let rw = ReadWriteCmd {
+                    nsid: sh.nsid,
+                    slba: (req.offset + off) / lba,
+                    nlb_z: nlb_z(n / lba),
+                    fua,
+                    lr: false,
+                };
+                let mut sqe = rw.to_sqe(opcode);
                 let pool = self.q.as_ref().expect("queue").pool().clone();
                 // Zero copy when every byte is in shared memory and fits PRP rules.
                 if let DataBuf::Guest(segs) = &req.data {

@@ -1,11 +1,11 @@
 //! NVM I/O commands (NVM §3.2) and their completions.
 #![forbid(unsafe_code)]
 
-use nvme_spec::command::Psdt;
-use nvme_spec::nvm::{DsmRange, DSM_MAX_RANGES};
-use nvme_spec::opcode::nvm as op;
+use nvme_spec::nvm::{
+    DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd, DSM_MAX_RANGES,
+};
+use nvme_spec::opcode::{nvm as op, NvmOpcode};
 use nvme_spec::{Sqe, Status};
-use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
 use crate::dma::{DmaBuf, DmaPool};
@@ -51,14 +51,7 @@ impl IoCommand {
 
 /// A human name for an I/O opcode (for errors).
 pub fn opcode_name(opcode: u8) -> &'static str {
-    match opcode {
-        op::READ => "Read",
-        op::WRITE => "Write",
-        op::FLUSH => "Flush",
-        op::WRITE_ZEROES => "Write Zeroes",
-        op::DATASET_MANAGEMENT => "Dataset Management",
-        _ => "command",
-    }
+    NvmOpcode(opcode).name().unwrap_or("command")
 }
 
 /// A finished command.
@@ -93,16 +86,6 @@ pub(crate) struct Prepared {
     pub aux: Option<DmaBuf>,
 }
 
-fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32, cdw12_flags: u32) -> Sqe {
-    let mut s = Sqe::default();
-    s.set_cdw0(opcode, 0, Psdt::Prp);
-    s.nsid = U32::new(nsid);
-    s.cdw10 = U32::new(slba as u32);
-    s.cdw11 = U32::new((slba >> 32) as u32);
-    s.cdw12 = U32::new((nlb - 1) | cdw12_flags);
-    s
-}
-
 fn check_range(ns: &NsGeometry, slba: u64, nlb: u32) -> Result<()> {
     if nlb == 0 || nlb > 65536 {
         return Err(DriverError::Invalid(format!("{nlb} blocks (1..=65536 per command)")));
@@ -124,7 +107,7 @@ pub(crate) fn prepare(
     pool: &DmaPool,
 ) -> Result<Prepared> {
     let geo = |nsid| ns(nsid).ok_or_else(|| DriverError::Invalid(format!("no namespace {nsid}")));
-    let data_cmd = |opcode, nsid, slba, nlb, buf: DmaBuf, flags| -> Result<Prepared> {
+    let data_cmd = |opcode, nsid, slba, nlb, buf: DmaBuf, fua| -> Result<Prepared> {
         let g = geo(nsid)?;
         check_range(&g, slba, nlb)?;
         let len = nlb as u64 * g.lba_size;
@@ -138,24 +121,18 @@ pub(crate) fn prepare(
             return Err(DriverError::Invalid(format!("{len}-byte transfer exceeds MDTS ({mdts:?} bytes)")));
         }
         let p = prp::build(pool, buf.iova(), len)?;
-        let mut sqe = rw_sqe(opcode, nsid, slba, nlb, flags);
+        let mut sqe = ReadWriteCmd { nsid, slba, nlb_z: (nlb - 1) as u16, fua, lr: false }.to_sqe(opcode);
         sqe.set_prps(p.prp1, p.prp2);
         Ok(Prepared { sqe, data: Some(buf), aux: p.list })
     };
     match cmd {
-        IoCommand::Read { nsid, slba, nlb, buf } => data_cmd(op::READ, nsid, slba, nlb, buf, 0),
-        IoCommand::Write { nsid, slba, nlb, buf, fua } => {
-            data_cmd(op::WRITE, nsid, slba, nlb, buf, if fua { 1 << 30 } else { 0 })
-        }
-        IoCommand::Flush { nsid } => {
-            let mut sqe = Sqe::default();
-            sqe.set_cdw0(op::FLUSH, 0, Psdt::Prp);
-            sqe.nsid = U32::new(nsid);
-            Ok(Prepared { sqe, data: None, aux: None })
-        }
+        IoCommand::Read { nsid, slba, nlb, buf } => data_cmd(op::READ, nsid, slba, nlb, buf, false),
+        IoCommand::Write { nsid, slba, nlb, buf, fua } => data_cmd(op::WRITE, nsid, slba, nlb, buf, fua),
+        IoCommand::Flush { nsid } => Ok(Prepared { sqe: FlushCmd { nsid }.to_sqe(), data: None, aux: None }),
         IoCommand::WriteZeroes { nsid, slba, nlb, deallocate } => {
             check_range(&geo(nsid)?, slba, nlb)?;
-            let sqe = rw_sqe(op::WRITE_ZEROES, nsid, slba, nlb, if deallocate { 1 << 25 } else { 0 });
+            let sqe =
+                WriteZeroesCmd { nsid, slba, nlb_z: (nlb - 1) as u16, deac: deallocate, fua: false }.to_sqe();
             Ok(Prepared { sqe, data: None, aux: None })
         }
         IoCommand::Deallocate { nsid, ranges } => {
@@ -166,21 +143,13 @@ pub(crate) fn prepare(
             let mut bytes = Vec::with_capacity(ranges.len() * 16);
             for r in &ranges {
                 check_range(&g, r.slba, r.nlb)?;
-                let d = DsmRange {
-                    context_attributes: U32::new(0),
-                    nlb: U32::new(r.nlb),
-                    slba: U64::new(r.slba),
-                };
-                bytes.extend_from_slice(d.as_bytes());
+                bytes.extend_from_slice(DsmRange::new(r.slba, r.nlb).as_bytes());
             }
             let list = pool.alloc(bytes.len() as u64)?;
             list.write_at(0, &bytes)?;
-            let mut sqe = Sqe::default();
-            sqe.set_cdw0(op::DATASET_MANAGEMENT, 0, Psdt::Prp);
-            sqe.nsid = U32::new(nsid);
+            let nr_z = (ranges.len() - 1) as u8;
+            let mut sqe = DatasetManagementCmd { nsid, nr_z, ad: true, ..Default::default() }.to_sqe();
             sqe.set_prps(list.iova(), 0);
-            sqe.cdw10 = U32::new(ranges.len() as u32 - 1);
-            sqe.cdw11 = U32::new(1 << 2); // Attribute – Deallocate
             Ok(Prepared { sqe, data: None, aux: Some(list) })
         }
     }

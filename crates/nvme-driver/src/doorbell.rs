@@ -1,4 +1,4 @@
-//! Doorbell updates, the host half of the shadow doorbell protocol (Base §5.2.7
+//! Doorbell updates, the host half of the shadow doorbell protocol (Base §5.2.5
 //! Doorbell Buffer Config): the one place its memory ordering is written down.
 //!
 //! With shadow doorbells the host stores each new SQ tail / CQ head in the Shadow
@@ -20,7 +20,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 
 use guest_mem::GuestMemory;
-use nvme_spec::regs::{doorbell_offset, offset, DoorbellKind};
+use nvme_spec::regs::{doorbell_offset, need_event, offset, DoorbellKind};
 
 use crate::transport::{DirectDoorbell, Transport};
 
@@ -30,12 +30,6 @@ pub type SharedTransport = Arc<Mutex<Box<dyn Transport>>>;
 /// Locks the shared transport; a panic elsewhere does not make it unusable.
 pub(crate) fn lock(t: &SharedTransport) -> std::sync::MutexGuard<'_, Box<dyn Transport>> {
     t.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The host's EventIdx test (Linux `nvme_dbbuf_need_event`): does moving a doorbell
-/// from `old` to `new` cross `event_idx`, so the register must be written?
-pub fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
 /// Where a queue's Shadow Doorbell and EventIdx buffers are (host view by IOVA).
@@ -135,19 +129,5 @@ impl Doorbell {
     /// Whether this doorbell uses the shadow buffer.
     pub fn shadowed(&self) -> bool {
         self.shadow.is_some()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn need_event_matches_linux() {
-        assert!(need_event(5, 6, 5), "moving just past EventIdx rings");
-        assert!(need_event(5, 9, 3), "jumping over EventIdx rings");
-        assert!(!need_event(5, 5, 3), "stopping at EventIdx does not ring");
-        assert!(!need_event(10, 9, 3), "not reaching EventIdx does not ring");
-        assert!(need_event(65535, 2, 65534), "wraps like u16");
     }
 }

@@ -15,14 +15,18 @@ use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 
-use nvme_spec::command::Psdt;
+use nvme_spec::admin::{
+    CreateIoCqCmd, CreateIoSqCmd, DoorbellBufferConfigCmd, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd,
+    SetFeaturesCmd,
+};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::identify::{cns, IdentifyController, IdentifyNamespace, IoCommandSetNvmController};
-use nvme_spec::opcode::admin as aop;
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind, ShutdownStatus};
+use nvme_spec::opcode::AdminOpcode;
+use nvme_spec::regs::{
+    doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind, ShutdownNotification, ShutdownStatus,
+};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
 use tracing::{debug, info};
-use zerocopy::little_endian::U32;
 use zerocopy::FromBytes;
 
 use crate::command::{Completion, IoCommand, LbaRange, Prepared};
@@ -138,11 +142,9 @@ impl NvmeDriver {
             g.write32(offset::AQA, Aqa::new(ADMIN_ENTRIES - 1, ADMIN_ENTRIES - 1).0)?;
             g.write64(offset::ASQ, asq)?;
             g.write64(offset::ACQ, acq)?;
-            // CSS 0 (NVM), MPS 0 (4 KiB), AMS 0 (round robin), IOSQES 6, IOCQES 4:
-            // written without EN, then with EN (Linux nvme_enable_ctrl).
-            let cc = (6 << 16) | (4 << 20);
-            g.write32(offset::CC, cc)?;
-            g.write32(offset::CC, cc | 1)?;
+            // Written without EN, then with EN (Linux nvme_enable_ctrl).
+            g.write32(offset::CC, Cc::LINUX.0)?;
+            g.write32(offset::CC, Cc::LINUX.with_en(true).0)?;
         }
         wait_ready(&t, true, ready_timeout)?;
         // The admin queue never uses shadow doorbells (nor does Linux's). With eventfd
@@ -238,8 +240,16 @@ impl NvmeDriver {
             let region = lock(&self.transport).dma_alloc(sq_bytes + cq_bytes + self.opts.pool_bytes)?;
             let (sq, cq) = (region.iova, region.iova + sq_bytes);
             region.mem.fill(cq, cq_bytes, 0)?;
-            self.admin_raw(create_cq(qid, cq, entries, interrupts), None, "Create I/O Completion Queue")?;
-            self.admin_raw(create_sq(qid, sq, entries), None, "Create I/O Submission Queue")?;
+            // Vector 0 is the admin queue's, so I/O queue `qid` interrupts on vector `qid`.
+            let qsize_z = entries - 1;
+            self.admin_raw(
+                CreateIoCqCmd { qid, qsize_z, base: cq, pc: true, ien: interrupts, iv: qid }.to_sqe(),
+                None,
+            )?;
+            self.admin_raw(
+                CreateIoSqCmd { qid, qsize_z, base: sq, pc: true, cqid: qid, ..Default::default() }.to_sqe(),
+                None,
+            )?;
             layouts.push((qid, region, sq, cq));
         }
         let needs_shadow = lock(&self.transport).doorbell_needs_shadow();
@@ -247,10 +257,8 @@ impl NvmeDriver {
             let len = ShadowPages::pages(self.opts.io_queues, dstrd) * PAGE;
             dbbuf.mem.fill(dbbuf.shadow, len, 0)?;
             dbbuf.mem.fill(dbbuf.eventidx, len, 0)?;
-            let mut s = Sqe::default();
-            s.set_cdw0(aop::DOORBELL_BUFFER_CONFIG, 0, Psdt::Prp);
-            s.set_prps(dbbuf.shadow, dbbuf.eventidx);
-            self.admin_raw(s, None, "Doorbell Buffer Config")?;
+            let s = DoorbellBufferConfigCmd { shadow_doorbell: dbbuf.shadow, eventidx: dbbuf.eventidx };
+            self.admin_raw(s.to_sqe(), None)?;
             self.dbbuf = Some(dbbuf);
         } else if needs_shadow {
             return Err(DriverError::Unsupported(
@@ -298,14 +306,14 @@ impl NvmeDriver {
 
     /// Runs an admin command with an optional data buffer; fails on an error status.
     pub fn admin_command(&mut self, sqe: Sqe, data: Option<DmaBuf>) -> Result<Completion> {
-        self.admin_raw(sqe, data, "admin command")
+        self.admin_raw(sqe, data)
     }
 
-    fn admin_raw(&mut self, sqe: Sqe, data: Option<DmaBuf>, op: &'static str) -> Result<Completion> {
+    fn admin_raw(&mut self, sqe: Sqe, data: Option<DmaBuf>) -> Result<Completion> {
         let opcode = sqe.opcode();
         let cid = self.admin.submit_prepared(Prepared { sqe, data, aux: None }, opcode)?;
         let c = self.admin.wait_for(cid, opcode)?;
-        IoQueue::check(c, op)
+        IoQueue::check(c, AdminOpcode(opcode).name().unwrap_or("admin command"))
     }
 
     /// A DMA buffer for admin data.
@@ -316,12 +324,9 @@ impl NvmeDriver {
     /// Identify with CNS `cns` for `nsid`: the 4096 bytes returned.
     pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
         let buf = self.admin_pool.alloc(4096)?;
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::IDENTIFY, 0, Psdt::Prp);
-        s.nsid = U32::new(nsid);
+        let mut s = IdentifyCmd { nsid, cns, ..Default::default() }.to_sqe();
         s.set_prps(buf.iova(), 0);
-        s.cdw10 = U32::new(cns as u32);
-        let c = self.admin_raw(s, Some(buf), "Identify")?;
+        let c = self.admin_raw(s, Some(buf))?;
         Ok(c.buf.expect("identify carries its buffer").to_vec()?)
     }
 
@@ -334,14 +339,9 @@ impl NvmeDriver {
             )));
         }
         let buf = self.admin_pool.alloc(len as u64)?;
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::GET_LOG_PAGE, 0, Psdt::Prp);
-        s.nsid = U32::new(nsid);
+        let mut s = GetLogPageCmd { nsid, lid, numd_z: len / 4 - 1, ..Default::default() }.to_sqe();
         s.set_prps(buf.iova(), 0);
-        let numd = len / 4 - 1;
-        s.cdw10 = U32::new(lid as u32 | ((numd & 0xffff) << 16));
-        s.cdw11 = U32::new(numd >> 16);
-        let c = self.admin_raw(s, Some(buf), "Get Log Page")?;
+        let c = self.admin_raw(s, Some(buf))?;
         let mut v = c.buf.expect("the log page carries its buffer").to_vec()?;
         v.truncate(len as usize);
         Ok(v)
@@ -357,20 +357,12 @@ impl NvmeDriver {
 
     /// Set Features `fid` with CDW11 `value`.
     pub fn set_features(&mut self, fid: u8, value: u32) -> Result<Completion> {
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::SET_FEATURES, 0, Psdt::Prp);
-        s.cdw10 = U32::new(fid as u32);
-        s.cdw11 = U32::new(value);
-        self.admin_raw(s, None, "Set Features")
+        self.admin_raw(SetFeaturesCmd { fid, cdw11: value, ..Default::default() }.to_sqe(), None)
     }
 
     /// Get Features `fid` (current value) with CDW11 `cdw11`: the completion's DW0.
     pub fn get_features(&mut self, fid: u8, cdw11: u32) -> Result<u32> {
-        let mut s = Sqe::default();
-        s.set_cdw0(aop::GET_FEATURES, 0, Psdt::Prp);
-        s.cdw10 = U32::new(fid as u32);
-        s.cdw11 = U32::new(cdw11);
-        Ok(self.admin_raw(s, None, "Get Features")?.dw0)
+        Ok(self.admin_raw(GetFeaturesCmd { fid, cdw11, ..Default::default() }.to_sqe(), None)?.dw0)
     }
 
     /// Normal shutdown (CC.SHN = 01b, wait for CSTS.SHST = complete). Queues taken
@@ -378,7 +370,7 @@ impl NvmeDriver {
     pub fn shutdown(self) -> Result<()> {
         let t = self.transport.clone();
         let cc = Cc(lock(&t).read32(offset::CC)?);
-        lock(&t).write32(offset::CC, (cc.0 & !(3 << 14)) | (1 << 14))?;
+        lock(&t).write32(offset::CC, cc.with_shn(ShutdownNotification::Normal).0)?;
         let deadline = Instant::now() + self.opts.timeout;
         loop {
             let csts = Csts(lock(&t).read32(offset::CSTS)?);
@@ -567,24 +559,4 @@ fn wait_ready(t: &SharedTransport, rdy: bool, timeout: Duration) -> Result<()> {
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-}
-
-fn create_cq(qid: u16, base: u64, entries: u16, ien: bool) -> Sqe {
-    let mut c = Sqe::default();
-    c.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
-    c.set_prps(base, 0);
-    c.cdw10 = U32::new(qid as u32 | ((entries as u32 - 1) << 16));
-    // PC = 1, IEN, IV = qid (vector 0 is the admin queue's).
-    c.cdw11 = U32::new(1 | ((ien as u32) << 1) | ((qid as u32) << 16));
-    c
-}
-
-fn create_sq(qid: u16, base: u64, entries: u16) -> Sqe {
-    let mut s = Sqe::default();
-    s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
-    s.set_prps(base, 0);
-    s.cdw10 = U32::new(qid as u32 | ((entries as u32 - 1) << 16));
-    // PC = 1, QPRIO 0, CQID = qid.
-    s.cdw11 = U32::new(1 | ((qid as u32) << 16));
-    s
 }

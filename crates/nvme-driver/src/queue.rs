@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
+use nvme_spec::opcode::{AdminOpcode, NvmOpcode};
 use nvme_spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
 use tracing::warn;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use zerocopy::little_endian::U32;
 
-use crate::command::{self, opcode_name, Completion, IoCommand, LbaRange, Prepared};
+use crate::command::{self, Completion, IoCommand, LbaRange, Prepared};
 use crate::dma::{DmaBuf, DmaPool};
 use crate::doorbell::Doorbell;
 use crate::error::{DriverError, Result};
@@ -252,7 +252,7 @@ impl IoQueue {
     /// Submits a prepared entry (I/O commands, and admin commands on queue 0).
     pub(crate) fn submit_prepared(&mut self, mut p: Prepared, opcode: u8) -> Result<u16> {
         let cid = self.free_cids.pop().ok_or(DriverError::QueueFull(self.qid))?;
-        p.sqe.cdw0 = U32::new((p.sqe.cdw0.get() & 0xffff) | ((cid as u32) << 16));
+        p.sqe.set_cid(cid);
         let slot = self.sq_iova + self.sq_tail as u64 * SQE_SIZE as u64;
         if let Err(e) = self.mem.write_obj(slot, &p.sqe) {
             self.free_cids.push(cid);
@@ -393,7 +393,9 @@ impl IoQueue {
             got.clear();
             self.wait_reap(&mut got).map_err(|e| match e {
                 DriverError::Timeout { ms, .. } => {
-                    warn!(qid = self.qid, cid, "{} timed out", opcode_name(opcode));
+                    let (admin, io) = (AdminOpcode(opcode), NvmOpcode(opcode));
+                    let name: &dyn std::fmt::Display = if self.qid == 0 { &admin } else { &io };
+                    warn!(qid = self.qid, cid, "{name} timed out");
                     DriverError::Timeout { what: "a command completion", ms }
                 }
                 e => e,

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 
 use nvme_driver::transport::Transport;
 use nvme_driver::vfio::KernelVfioTransport;
-use nvme_spec::command::Psdt;
-use nvme_spec::opcode::admin as aop;
-use nvme_spec::regs::{doorbell_offset, offset, Cap, Csts, DoorbellKind};
-use nvme_spec::{Cqe, Sqe};
-use zerocopy::little_endian::U32;
+use nvme_spec::admin::IdentifyCmd;
+use nvme_spec::identify::cns;
+use nvme_spec::regs::{doorbell_offset, offset, Cap, Cc, Csts, DoorbellKind};
+use nvme_spec::Cqe;
 
 /// Reports a skip loudly: on stderr (written to the stream itself, which the test
 /// harness does not capture, unlike `eprintln!`), and as one line in the skip log
@@ -85,13 +84,12 @@ fn kernel_vfio_transport_brings_up_a_real_controller() {
     t.write32(offset::AQA, 0x001f_001f).unwrap();
     t.write64(offset::ASQ, asq).unwrap();
     t.write64(offset::ACQ, acq).unwrap();
-    t.write32(offset::CC, 1 | (6 << 16) | (4 << 20)).unwrap();
+    t.write32(offset::CC, Cc::LINUX.with_en(true).0).unwrap();
     wait_ready(&mut t, true, timeout);
 
-    let mut s = Sqe::default();
-    s.set_cdw0(aop::IDENTIFY, 1, Psdt::Prp);
+    let mut s = IdentifyCmd { cns: cns::CONTROLLER, ..Default::default() }.to_sqe();
+    s.set_cid(1);
     s.set_prps(id, 0);
-    s.cdw10 = U32::new(1); // CNS 01h: Identify Controller
     dma.mem.write_obj(asq, &s).unwrap();
     let dstrd = cap.dstrd();
     t.doorbell(offset::DOORBELL_BASE + doorbell_offset(0, DoorbellKind::SqTail, dstrd), 1).unwrap();

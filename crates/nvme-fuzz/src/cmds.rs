@@ -2,7 +2,12 @@
 //! namespace, LBA range, PRPs or SGLs over the data area), then one field mutated.
 
 use mock_host::PAGE;
+use nvme_spec::admin::{
+    AbortCmd, CreateIoCqCmd, CreateIoSqCmd, DeleteIoCqCmd, DeleteIoSqCmd, DoorbellBufferConfigCmd,
+    FeatureSelect, FormatNvmCmd, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd, SetFeaturesCmd,
+};
 use nvme_spec::command::Psdt;
+use nvme_spec::nvm::{DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd};
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::sgl::{SglDescriptor, SglType};
 use nvme_spec::{Sqe, CQE_SIZE, NSID_ALL, SQE_SIZE};
@@ -221,15 +226,16 @@ impl Fuzzer<'_> {
             iop::DATASET_MANAGEMENT,
             iop::FLUSH,
         ][c.op as usize % 8];
-        let mut s = Sqe::default();
         let mut pages = Vec::new();
-        s.nsid = U32::new(if c.op % 8 == 7 { NSID_ALL } else { ns.nsid });
+        let nsid = if c.op % 8 == 7 { NSID_ALL } else { ns.nsid };
         let form = c.flags & 3;
         let writes_host = opcode == iop::READ;
-        match opcode {
+        let (nlb_z, fua) = ((nlb - 1) as u16, c.flags & 4 != 0);
+        let rw = ReadWriteCmd { nsid, slba, nlb_z, fua, lr: false };
+        let s = match opcode {
             iop::READ | iop::WRITE | iop::COMPARE => {
+                let mut s = rw.to_sqe(opcode);
                 if form == 0 {
-                    s.set_cdw0(opcode, 0, Psdt::Prp);
                     let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
                     s.set_prps(p1, p2);
                 } else {
@@ -237,9 +243,9 @@ impl Fuzzer<'_> {
                     let d = self.sgl(buf, len, form, c.flags >> 3, opcode == iop::READ, &mut pages);
                     s.set_sgl1(&d);
                 }
+                s
             }
             iop::DATASET_MANAGEMENT => {
-                s.set_cdw0(opcode, 0, Psdt::Prp);
                 let n = 1 + c.nlb as u64 % 8;
                 let (i, page) = self.list_page();
                 pages.push(i);
@@ -247,25 +253,18 @@ impl Fuzzer<'_> {
                 for k in 0..n {
                     let nlb = (c.slba as u64 >> (k * 4)) % 64 % nsze;
                     let slba = (c.slba as u64).wrapping_mul(k + 7) % (nsze - nlb + 1);
-                    raw.extend_from_slice(&0u32.to_le_bytes());
-                    raw.extend_from_slice(&(nlb as u32).to_le_bytes());
-                    raw.extend_from_slice(&slba.to_le_bytes());
+                    raw.extend_from_slice(DsmRange::new(slba, nlb as u32).as_bytes());
                 }
                 self.write_mem(page, &raw);
+                let nr_z = (n - 1) as u8;
+                let mut s = DatasetManagementCmd { nsid, nr_z, ad: fua, ..Default::default() }.to_sqe();
                 s.set_prps(page, 0);
-                s.cdw10 = U32::new(n as u32 - 1);
-                s.cdw11 = U32::new(if c.flags & 4 != 0 { 1 << 2 } else { 0 });
                 return (s, pages, false);
             }
-            _ => s.set_cdw0(opcode, 0, Psdt::Prp),
-        }
-        if opcode != iop::FLUSH {
-            s.cdw10 = U32::new(slba as u32);
-            s.cdw11 = U32::new((slba >> 32) as u32);
-            let fua = if c.flags & 4 != 0 { 1 << 30 } else { 0 };
-            let deac = if opcode == iop::WRITE_ZEROES && c.flags & 8 != 0 { 1 << 25 } else { 0 };
-            s.cdw12 = U32::new((nlb as u32 - 1) | fua | deac);
-        }
+            iop::FLUSH => FlushCmd { nsid }.to_sqe(),
+            iop::WRITE_ZEROES => WriteZeroesCmd { nsid, slba, nlb_z, deac: c.flags & 8 != 0, fua }.to_sqe(),
+            _ => rw.to_sqe(opcode),
+        };
         (s, pages, writes_host)
     }
 
@@ -339,73 +338,71 @@ impl Fuzzer<'_> {
         };
         let maxq = self.p.max_io_queues as u32;
         let buf = self.h.admin_buf;
-        let mut s = Sqe::default();
         let mut aer = false;
         let mut deletes_host_queue = false;
         let op = c.op % 14;
-        match op {
+        // Queue identifiers stay below max_io_queues + 2 (at most 18): u16 holds them.
+        let mut s = match op {
             0 => {
-                s.set_cdw0(aop::IDENTIFY, 0, Psdt::Prp);
-                let cns = [0u32, 1, 2, 3, 5, 6, a >> 8][a as usize % 7] & 0xff;
-                s.nsid = U32::new(nsid(b));
-                s.cdw10 = U32::new(cns);
-                s.cdw11 = U32::new(if cc & 1 != 0 { cc & 0xff00_0000 } else { 0 });
+                let cns = [0u32, 1, 2, 3, 5, 6, a >> 8][a as usize % 7] as u8;
+                let csi = if cc & 1 != 0 { (cc >> 24) as u8 } else { 0 };
+                let mut s = IdentifyCmd { nsid: nsid(b), cns, cntid: 0, csi }.to_sqe();
                 s.set_prps(buf, 0);
+                s
             }
             1 => {
-                s.set_cdw0(aop::GET_LOG_PAGE, 0, Psdt::Prp);
-                let lid = [1u32, 2, 3, 4, 5, a >> 8][a as usize % 6] & 0xff;
-                let numd_z = b % 2048;
-                let rae = (a >> 31) << 15;
-                s.nsid = U32::new(if cc & 0x10 != 0 { NSID_ALL } else { 0 });
-                s.cdw10 = U32::new(lid | rae | (numd_z << 16));
-                s.cdw12 = U32::new(((cc >> 8) % 1024) & !3);
+                let lid = [1u32, 2, 3, 4, 5, a >> 8][a as usize % 6] as u8;
+                let cmd = GetLogPageCmd {
+                    nsid: if cc & 0x10 != 0 { NSID_ALL } else { 0 },
+                    lid,
+                    rae: a >> 31 != 0,
+                    numd_z: b % 2048,
+                    offset: (((cc >> 8) % 1024) & !3) as u64,
+                    ..Default::default()
+                };
+                let mut s = cmd.to_sqe();
                 s.set_prps(buf, buf + PAGE);
+                s
             }
             2 | 3 => {
-                let fid = [1u32, 2, 4, 5, 6, 7, 8, 9, 0xa, 0xb, 0xe, a >> 8][a as usize % 12] & 0xff;
-                if op == 2 {
-                    s.set_cdw0(aop::GET_FEATURES, 0, Psdt::Prp);
-                    s.cdw10 = U32::new(fid | ((b % 8) << 8));
+                let fid = [1u32, 2, 4, 5, 6, 7, 8, 9, 0xa, 0xb, 0xe, a >> 8][a as usize % 12] as u8;
+                let mut s = if op == 2 {
+                    let sel = FeatureSelect::from_bits((b % 8) as u8);
+                    GetFeaturesCmd { nsid: 0, fid, sel, cdw11: cc }.to_sqe()
                 } else {
-                    s.set_cdw0(aop::SET_FEATURES, 0, Psdt::Prp);
-                    s.cdw10 = U32::new(fid | (b & (1 << 31)));
-                }
-                s.cdw11 = U32::new(cc);
+                    SetFeaturesCmd { nsid: 0, fid, sv: b >> 31 != 0, cdw11: cc }.to_sqe()
+                };
                 s.set_prps(buf, 0);
+                s
             }
             4 => {
-                s.set_cdw0(aop::CREATE_IO_CQ, 0, Psdt::Prp);
-                let qid = 1 + a % (maxq + 1);
-                let size_z = 1 + b % 255;
+                let qid = (1 + a % (maxq + 1)) as u16;
+                let qsize_z = (1 + b % 255) as u16;
                 let base = self.pool_page();
-                s.set_prps(base, 0);
-                s.cdw10 = U32::new(qid | (size_z << 16));
-                s.cdw11 = U32::new(1 | (cc & 2) | ((cc >> 16) % 20) << 16);
+                let (ien, iv) = (cc & 2 != 0, ((cc >> 16) % 20) as u16);
+                CreateIoCqCmd { qid, qsize_z, base, pc: true, ien, iv }.to_sqe()
             }
             5 => {
-                s.set_cdw0(aop::CREATE_IO_SQ, 0, Psdt::Prp);
-                let qid = 1 + a % (maxq + 1);
-                let size_z = 1 + b % 63;
+                let qid = (1 + a % (maxq + 1)) as u16;
+                let qsize_z = (1 + b % 63) as u16;
                 let base = self.pool_page();
-                s.set_prps(base, 0);
-                s.cdw10 = U32::new(qid | (size_z << 16));
-                s.cdw11 = U32::new(1 | ((cc % (maxq + 2)) << 16));
+                let cqid = (cc % (maxq + 2)) as u16;
+                CreateIoSqCmd { qid, qsize_z, base, pc: true, cqid, ..Default::default() }.to_sqe()
             }
             6 | 7 => {
-                s.set_cdw0(if op == 6 { aop::DELETE_IO_SQ } else { aop::DELETE_IO_CQ }, 0, Psdt::Prp);
-                let qid = a % (maxq + 2);
-                deletes_host_queue = self.h.io.iter().any(|q| q.qid != 0 && q.qid as u32 == qid);
-                s.cdw10 = U32::new(qid);
+                let qid = (a % (maxq + 2)) as u16;
+                deletes_host_queue = self.h.io.iter().any(|q| q.qid != 0 && q.qid == qid);
+                if op == 6 {
+                    DeleteIoSqCmd { qid }.to_sqe()
+                } else {
+                    DeleteIoCqCmd { qid }.to_sqe()
+                }
             }
             8 => {
-                s.set_cdw0(aop::ASYNC_EVENT_REQUEST, 0, Psdt::Prp);
                 aer = true;
+                Sqe::with_opcode(aop::ASYNC_EVENT_REQUEST)
             }
-            9 => {
-                s.set_cdw0(aop::ABORT, 0, Psdt::Prp);
-                s.cdw10 = U32::new(a);
-            }
+            9 => AbortCmd { sqid: a as u16, cid: (a >> 16) as u16 }.to_sqe(),
             10 => {
                 self.fresh_dbbuf();
                 return;
@@ -413,7 +410,6 @@ impl Fuzzer<'_> {
             11 => {
                 // Doorbell Buffer Config with addresses the host will not use.
                 self.tainted = true;
-                s.set_cdw0(aop::DOORBELL_BUFFER_CONFIG, 0, Psdt::Prp);
                 let pick = |f: &Self, v: u32| match v % 4 {
                     0 => f.pool + (v as u64 >> 2) % 64 * PAGE,
                     1 => f.wild(v as u64 * 0x0100_0001) & !(PAGE - 1),
@@ -422,16 +418,15 @@ impl Fuzzer<'_> {
                 };
                 let shadow = pick(self, a);
                 let ei = if b % 5 == 0 { shadow } else { pick(self, b) };
-                s.set_prps(shadow, ei);
+                DoorbellBufferConfigCmd { shadow_doorbell: shadow, eventidx: ei }.to_sqe()
             }
             12 => {
-                s.set_cdw0(aop::FORMAT_NVM, 0, Psdt::Prp);
-                s.nsid = U32::new(nsid(a));
-                // LBAF 0/1 mostly; SES 0/1 mostly; MSET/PI rarely.
-                let lbaf = if b & 0x80 != 0 { b & 0xf } else { b & 1 };
-                let ses = if b & 0x100 != 0 { (b >> 9) & 7 } else { (b >> 9) & 1 };
-                let extra = if cc % 8 == 0 { cc & 0x1f0 } else { 0 };
-                s.cdw10 = U32::new(lbaf | (ses << 9) | extra);
+                // LBAF 0/1 mostly; SES 0/1 mostly; MSET, PI and PIL rarely.
+                let lbaf = (if b & 0x80 != 0 { b & 0xf } else { b & 1 }) as u8;
+                let ses = (if b & 0x100 != 0 { (b >> 9) & 7 } else { (b >> 9) & 1 }) as u8;
+                let extra = if cc % 8 == 0 { cc } else { 0 };
+                let (mset, pi, pil) = (extra & 0x10 != 0, ((extra >> 5) & 7) as u8, extra & 0x100 != 0);
+                FormatNvmCmd { nsid: nsid(a), lbaf, mset, pi, pil, ses }.to_sqe()
             }
             _ => {
                 let opc = [
@@ -448,12 +443,14 @@ impl Fuzzer<'_> {
                 if b % 8 == 7 {
                     self.tainted = true;
                 }
-                s.set_cdw0(opc, 0, Psdt::Prp);
+                // Raw dwords: the point is opcodes the controller may not know.
+                let mut s = Sqe::with_opcode(opc);
                 s.nsid = U32::new(nsid(cc));
                 s.set_prps(buf, 0);
                 s.cdw10 = U32::new(a);
+                s
             }
-        }
+        };
         let m = self.mutate(&mut s, c.mutation, &[]);
         if m != Mutated::None || deletes_host_queue {
             self.tainted = true;

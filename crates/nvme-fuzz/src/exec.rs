@@ -26,7 +26,7 @@ use guest_mem::{GuestMemory, Mapping};
 use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, DoorbellKind, ShutdownStatus};
+use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cc, DoorbellKind, ShutdownStatus};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
 use zerocopy::FromBytes;
 
@@ -45,8 +45,6 @@ pub(crate) const LIST_PAGES: u64 = 256;
 const POOL_PAGES: u64 = 64;
 /// Bring-ups per run (each allocates fresh queue memory from the mock allocator).
 const MAX_INITS: u32 = 4;
-/// Linux's CC: IOSQES 6, IOCQES 4, MPS 0, round robin, NVM command set.
-pub(crate) const LINUX_CC: u32 = (6 << 16) | (4 << 20);
 
 /// What the runs did, for the runner's summary.
 #[derive(Clone, Debug, Default)]
@@ -590,7 +588,7 @@ impl<'s> Fuzzer<'s> {
             }
             1 => {
                 self.tainted = true;
-                self.h.write32(offset::CC, LINUX_CC | 1);
+                self.h.write32(offset::CC, Cc::LINUX.with_en(true).0);
             }
             // Shutdown: completions posted while shutting down are real ones, and
             // nothing runs afterwards, so the host's view stays valid.
@@ -638,8 +636,8 @@ impl<'s> Fuzzer<'s> {
         self.h.write32(offset::AQA, Aqa::new(size as u16 - 1, size as u16 - 1).0);
         self.h.write64(offset::ASQ, sq);
         self.h.write64(offset::ACQ, cq);
-        self.h.write32(offset::CC, LINUX_CC);
-        self.h.write32(offset::CC, LINUX_CC | 1);
+        self.h.write32(offset::CC, Cc::LINUX.0);
+        self.h.write32(offset::CC, Cc::LINUX.with_en(true).0);
         let csts = self.h.csts();
         self.tainted = !csts.rdy() || csts.cfs();
     }

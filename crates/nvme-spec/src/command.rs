@@ -72,6 +72,14 @@ impl Sqe {
         d
     }
 
+    /// An entry carrying `opcode`, PRPs for data, command identifier 0 and every
+    /// other field zero: the base the command builders start from.
+    pub fn with_opcode(opcode: u8) -> Self {
+        let mut s = Sqe::default();
+        s.set_cdw0(opcode, 0, Psdt::Prp);
+        s
+    }
+
     /// Builds CDW0 from opcode, command identifier and PSDT (fuse = 0).
     pub fn set_cdw0(&mut self, opcode: u8, cid: u16, psdt: Psdt) {
         let psdt = match psdt {
@@ -81,6 +89,11 @@ impl Sqe {
             Psdt::Reserved => 3,
         };
         self.cdw0 = U32::new(opcode as u32 | (psdt << 14) | ((cid as u32) << 16));
+    }
+    /// Sets the Command Identifier (CDW0 31:16), leaving opcode, FUSE and PSDT alone:
+    /// a host picks the identifier when it places the entry in a queue.
+    pub fn set_cid(&mut self, cid: u16) {
+        self.cdw0 = U32::new((self.cdw0.get() & 0xffff) | ((cid as u32) << 16));
     }
     pub fn set_prps(&mut self, prp1: u64, prp2: u64) {
         self.dptr = [U64::new(prp1), U64::new(prp2)];
@@ -104,5 +117,15 @@ mod tests {
         assert_eq!(s.fuse(), 0);
         assert_eq!(s.as_bytes()[0], 0x02);
         assert_eq!(&s.as_bytes()[2..4], &[0xef, 0xbe]);
+    }
+
+    #[test]
+    fn set_cid_keeps_opcode_fuse_and_psdt() {
+        let mut s = Sqe::with_opcode(0x01);
+        assert_eq!(s.cdw0.get(), 0x0000_0001);
+        s.set_cdw0(0x02, 7, Psdt::SglMptrContiguous);
+        s.cdw0 = U32::new(s.cdw0.get() | (1 << 8)); // FUSE = 01b
+        s.set_cid(0xbeef);
+        assert_eq!(s.cdw0.get(), 0xbeef_4102);
     }
 }

@@ -1,4 +1,6 @@
-//! Command opcodes.
+//! Command opcodes, and types that print them by name in logs.
+
+use core::fmt;
 
 /// Admin command opcodes (Base §5, Figure 84 "Opcodes for Admin Commands").
 pub mod admin {
@@ -42,4 +44,118 @@ pub mod nvm {
     pub const RESERVATION_ACQUIRE: u8 = 0x11;
     pub const RESERVATION_RELEASE: u8 = 0x15;
     pub const COPY: u8 = 0x19;
+}
+
+/// An admin opcode that prints as the command's name in the Base specification
+/// ("Create I/O Submission Queue"), or as hex when it names no command we know.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AdminOpcode(pub u8);
+
+impl AdminOpcode {
+    /// The command's name, if the opcode is one listed in [`admin`].
+    pub const fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            admin::DELETE_IO_SQ => "Delete I/O Submission Queue",
+            admin::CREATE_IO_SQ => "Create I/O Submission Queue",
+            admin::GET_LOG_PAGE => "Get Log Page",
+            admin::DELETE_IO_CQ => "Delete I/O Completion Queue",
+            admin::CREATE_IO_CQ => "Create I/O Completion Queue",
+            admin::IDENTIFY => "Identify",
+            admin::ABORT => "Abort",
+            admin::SET_FEATURES => "Set Features",
+            admin::GET_FEATURES => "Get Features",
+            admin::ASYNC_EVENT_REQUEST => "Asynchronous Event Request",
+            admin::NAMESPACE_MANAGEMENT => "Namespace Management",
+            admin::FIRMWARE_COMMIT => "Firmware Commit",
+            admin::FIRMWARE_DOWNLOAD => "Firmware Image Download",
+            admin::DEVICE_SELF_TEST => "Device Self-test",
+            admin::NAMESPACE_ATTACHMENT => "Namespace Attachment",
+            admin::KEEP_ALIVE => "Keep Alive",
+            admin::DIRECTIVE_SEND => "Directive Send",
+            admin::DIRECTIVE_RECEIVE => "Directive Receive",
+            admin::DOORBELL_BUFFER_CONFIG => "Doorbell Buffer Config",
+            admin::FORMAT_NVM => "Format NVM",
+            admin::SECURITY_SEND => "Security Send",
+            admin::SECURITY_RECEIVE => "Security Receive",
+            admin::SANITIZE => "Sanitize",
+            _ => return None,
+        })
+    }
+}
+
+/// An NVM command set I/O opcode that prints as the command's name ("Write Zeroes"),
+/// or as hex when it names no command we know.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NvmOpcode(pub u8);
+
+impl NvmOpcode {
+    /// The command's name, if the opcode is one listed in [`nvm`].
+    pub const fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            nvm::FLUSH => "Flush",
+            nvm::WRITE => "Write",
+            nvm::READ => "Read",
+            nvm::WRITE_UNCORRECTABLE => "Write Uncorrectable",
+            nvm::COMPARE => "Compare",
+            nvm::WRITE_ZEROES => "Write Zeroes",
+            nvm::DATASET_MANAGEMENT => "Dataset Management",
+            nvm::VERIFY => "Verify",
+            nvm::RESERVATION_REGISTER => "Reservation Register",
+            nvm::RESERVATION_REPORT => "Reservation Report",
+            nvm::RESERVATION_ACQUIRE => "Reservation Acquire",
+            nvm::RESERVATION_RELEASE => "Reservation Release",
+            nvm::COPY => "Copy",
+            _ => return None,
+        })
+    }
+}
+
+fn fmt_opcode(name: Option<&str>, opcode: u8, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match name {
+        Some(n) => f.write_str(n),
+        None => write!(f, "opcode {opcode:#04x}"),
+    }
+}
+
+impl fmt::Display for AdminOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt_opcode(self.name(), self.0, f)
+    }
+}
+
+impl fmt::Debug for AdminOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AdminOpcode({self})")
+    }
+}
+
+impl fmt::Display for NvmOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt_opcode(self.name(), self.0, f)
+    }
+}
+
+impl fmt::Debug for NvmOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NvmOpcode({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate alloc;
+    use alloc::format;
+
+    use super::*;
+
+    #[test]
+    fn opcodes_print_their_spec_names() {
+        assert_eq!(format!("{}", AdminOpcode(admin::CREATE_IO_SQ)), "Create I/O Submission Queue");
+        assert_eq!(format!("{}", AdminOpcode(0x7c)), "Doorbell Buffer Config");
+        assert_eq!(format!("{}", AdminOpcode(0x03)), "opcode 0x03");
+        assert_eq!(format!("{:?}", AdminOpcode(0x06)), "AdminOpcode(Identify)");
+        assert_eq!(format!("{}", NvmOpcode(nvm::WRITE_ZEROES)), "Write Zeroes");
+        assert_eq!(format!("{:?}", NvmOpcode(0xff)), "NvmOpcode(opcode 0xff)");
+        assert_eq!(NvmOpcode(0x02).name(), Some("Read"));
+    }
 }

@@ -40,7 +40,8 @@ pub enum DoorbellKind {
 ///
 /// This is the only place the formula exists: BAR0 doorbells add
 /// [`offset::DOORBELL_BASE`], and the Shadow Doorbell and EventIdx buffers
-/// (Base §5.2.7) use the same offsets from the start of their buffers.
+/// (Base §5.2.5 Doorbell Buffer Config) use the same offsets from the start of their
+/// buffers.
 pub const fn doorbell_offset(qid: u16, kind: DoorbellKind, dstrd: u8) -> u64 {
     let slot = 2 * qid as u64
         + match kind {
@@ -48,6 +49,14 @@ pub const fn doorbell_offset(qid: u16, kind: DoorbellKind, dstrd: u8) -> u64 {
             DoorbellKind::CqHead => 1,
         };
     slot * (4u64 << dstrd)
+}
+
+/// The host's EventIdx rule for shadow doorbells (Base §5.2.5 Doorbell Buffer Config;
+/// Linux `nvme_dbbuf_need_event`): moving a Shadow Doorbell entry from `old` to `new`
+/// must also write the doorbell register when it passes `event_idx`, that is when
+/// `event_idx` lies in `[old, new)` with the wrap of a 16-bit queue index.
+pub const fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
 /// Inverse of [`doorbell_offset`]: which doorbell an offset (relative to the first
@@ -136,6 +145,11 @@ impl Cc {
     /// Bits a host may set: EN, CSS, MPS, AMS, SHN, IOSQES, IOCQES (CRIME is not supported).
     pub const WRITABLE: u32 = 0x00ff_fff1;
 
+    /// The configuration Linux writes before it enables a controller: 64-byte SQEs
+    /// (IOSQES = 6), 16-byte CQEs (IOCQES = 4), 4 KiB pages (MPS = 0), the NVM command
+    /// set (CSS = 0), round robin (AMS = 0), EN clear.
+    pub const LINUX: Cc = Cc(0).with_iosqes(6).with_iocqes(4);
+
     pub const fn en(self) -> bool {
         self.0 & 1 != 0
     }
@@ -169,6 +183,22 @@ impl Cc {
     }
     pub const fn with_en(self, en: bool) -> Self {
         Cc((self.0 & !1) | en as u32)
+    }
+    pub const fn with_shn(self, shn: ShutdownNotification) -> Self {
+        let v = match shn {
+            ShutdownNotification::None => 0,
+            ShutdownNotification::Normal => 1,
+            ShutdownNotification::Abrupt => 2,
+        };
+        Cc((self.0 & !(3 << 14)) | (v << 14))
+    }
+    /// Sets IOSQES: SQ entries are `1 << iosqes` bytes.
+    pub const fn with_iosqes(self, iosqes: u8) -> Self {
+        Cc((self.0 & !(0xf << 16)) | ((iosqes as u32 & 0xf) << 16))
+    }
+    /// Sets IOCQES: CQ entries are `1 << iocqes` bytes.
+    pub const fn with_iocqes(self, iocqes: u8) -> Self {
+        Cc((self.0 & !(0xf << 20)) | ((iocqes as u32 & 0xf) << 20))
     }
 }
 
@@ -273,5 +303,26 @@ mod tests {
         assert_eq!(cc.shn(), ShutdownNotification::None);
         assert_eq!(Cc(0x4000).shn(), ShutdownNotification::Normal);
         assert_eq!(Cc(0x8000).shn(), ShutdownNotification::Abrupt);
+    }
+
+    #[test]
+    fn cc_linux_encodes_iosqes_6_iocqes_4() {
+        assert_eq!(Cc::LINUX.0, 0x0046_0000, "IOCQES 23:20 = 4, IOSQES 19:16 = 6");
+        assert_eq!(Cc::LINUX.with_en(true).0, 0x0046_0001);
+        assert_eq!(1usize << Cc::LINUX.iosqes(), crate::SQE_SIZE);
+        assert_eq!(1usize << Cc::LINUX.iocqes(), crate::CQE_SIZE);
+        let shn = Cc::LINUX.with_en(true).with_shn(ShutdownNotification::Normal);
+        assert_eq!(shn.0, 0x0046_4001, "SHN 15:14 = 01b");
+        assert_eq!(shn.with_shn(ShutdownNotification::Abrupt).0, 0x0046_8001);
+        assert_eq!(shn.with_shn(ShutdownNotification::None), Cc::LINUX.with_en(true));
+    }
+
+    #[test]
+    fn need_event_rings_when_crossing_eventidx() {
+        assert!(need_event(5, 6, 5), "moving just past EventIdx rings");
+        assert!(need_event(5, 9, 3), "jumping over EventIdx rings");
+        assert!(!need_event(5, 5, 3), "stopping at EventIdx does not ring");
+        assert!(!need_event(10, 9, 3), "not reaching EventIdx does not ring");
+        assert!(need_event(65535, 2, 65534), "wraps like u16");
     }
 }

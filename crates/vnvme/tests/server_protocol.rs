@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::nvme_host::{NvmeOverVfioUser, IO_VECTOR, PAGE};
 use common::*;
+use nvme_spec::regs::Cc;
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
 use vfio_user::{Command, Connection};
@@ -524,7 +525,7 @@ fn dma_map_beyond_the_end_of_its_file_is_refused() {
     c.region_write(REGION_BAR0, 0x24, &0x001f_001fu32.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x28, &0x180000u64.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x30, &0x181000u64.to_le_bytes()).unwrap();
-    c.region_write(REGION_BAR0, 0x14, &(1u32 | (6 << 16) | (4 << 20)).to_le_bytes()).unwrap();
+    c.region_write(REGION_BAR0, 0x14, &Cc::LINUX.with_en(true).0.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x1000, &1u32.to_le_bytes()).unwrap();
     server.assert_alive();
     c.dma_map(0x100000, 0x10000, Some(bfd), 0).unwrap();
@@ -551,7 +552,7 @@ fn read_only_dma_region_used_as_queue_memory_does_not_crash_the_server() {
     c.region_write(REGION_BAR0, 0x24, &0x001f_001fu32.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x28, &0x100000u64.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x30, &0x101000u64.to_le_bytes()).unwrap();
-    c.region_write(REGION_BAR0, 0x14, &(1u32 | (6 << 16) | (4 << 20)).to_le_bytes()).unwrap();
+    c.region_write(REGION_BAR0, 0x14, &Cc::LINUX.with_en(true).0.to_le_bytes()).unwrap();
     c.region_write(REGION_BAR0, 0x1000, &1u32.to_le_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     server.assert_alive();

@@ -7,6 +7,7 @@ use block_backend::{Backend, NullBackend, RamBackend};
 use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
+use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
 
@@ -115,6 +116,7 @@ pub fn bare_host(bytes: u64, nq: u16) -> (MockHost, RamBackend) {
     let mut h = MockHost::new(cfg, MEM);
     h.enable(32).expect("enable");
     let n = nq as u32 - 1;
-    h.set_feature(0x07, n | (n << 16)).expect("Number of Queues");
+    h.set_feature(fid::NUMBER_OF_QUEUES, NumberOfQueues::new(n as u16, n as u16).0)
+        .expect("Number of Queues");
     (h, ram)
 }

@@ -1,4 +1,4 @@
-//! Doorbell Buffer Config (Base §5.2.1): where shadow doorbells start.
+//! Doorbell Buffer Config (Base §5.2.5): where shadow doorbells start.
 
 use nvme_spec::admin::DoorbellBufferConfig;
 use nvme_spec::Sqe;

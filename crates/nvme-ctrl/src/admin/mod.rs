@@ -13,7 +13,7 @@ use std::sync::Arc;
 use block_backend::{BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::admin as op;
+use nvme_spec::opcode::{admin as op, AdminOpcode};
 use nvme_spec::{Sqe, Status};
 use tracing::{debug, warn};
 
@@ -126,7 +126,7 @@ impl Controller {
             }
             Ok(AdminDone::Deferred) => self.engine.release(0),
             Err(e) => {
-                debug!(target: "vnvme::guest", "admin {}: {e}", describe(&sqe));
+                debug!(target: "vnvme::guest", "admin {}: {e}", describe(AdminOpcode(sqe.opcode()), &sqe));
                 self.engine.complete(0, cid, e.status(), 0, sqe.nsid.get(), 0);
             }
         }

@@ -1,4 +1,4 @@
-//! Create and Delete I/O Submission and Completion Queues (Base §5.2.4 - §5.2.7)
+//! Create and Delete I/O Submission and Completion Queues (Base §5.2.1 - §5.2.4)
 //! with every check the spec names for them.
 
 use nvme_spec::admin::{CreateIoCq, CreateIoSq, DeleteIoQueue};

@@ -1,4 +1,4 @@
-//! Shadow doorbells and EventIdx (Base §5.2.1 Doorbell Buffer Config, and the host
+//! Shadow doorbells and EventIdx (Base §5.2.5 Doorbell Buffer Config, and the host
 //! usage it describes): the one place their memory ordering is written down.
 //!
 //! # The protocol
@@ -8,7 +8,7 @@
 //! (maybe) writing the real doorbell register, and the *EventIdx* buffer, where the
 //! controller says how far it has seen. Both use the doorbell register layout
 //! ([`nvme_spec::regs::doorbell_offset`]). The host writes the register only when
-//! its update moves the value past EventIdx (Linux `nvme_dbbuf_need_event`):
+//! its update moves the value past EventIdx ([`nvme_spec::regs::need_event`]):
 //!
 //! ```text
 //! host:        shadow[q] = new;  full barrier;  ei = eventidx[q];
@@ -110,24 +110,9 @@ impl ShadowBuffers {
     }
 }
 
-/// The host's EventIdx test (Linux `nvme_dbbuf_need_event`), used by the mock host and
-/// the userspace driver: should moving a doorbell from `old` to `new` write the register?
-pub fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn need_event_rings_when_crossing_eventidx() {
-        assert!(need_event(5, 6, 5), "moving just past EventIdx rings");
-        assert!(need_event(5, 9, 3), "jumping over EventIdx rings");
-        assert!(!need_event(5, 5, 3), "stopping at EventIdx does not ring");
-        assert!(!need_event(10, 9, 3), "not reaching EventIdx does not ring");
-        assert!(need_event(65535, 2, 65534), "wraps like u16");
-    }
 
     #[test]
     fn slots_use_the_doorbell_layout() {

@@ -215,8 +215,9 @@ impl IoEngine {
         self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
     }
 
-    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.6:
-    /// the Delete completes after outstanding commands are completed or aborted).
+    /// Deletes an SQ after every command fetched from it has completed (Base §5.2.4
+    /// Delete I/O Submission Queue: the Delete completes after outstanding commands
+    /// are completed or aborted).
     pub fn delete_sq(&mut self, qid: u16) {
         let mut spins = 0u32;
         while self.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0) {
@@ -307,7 +308,8 @@ impl IoEngine {
     }
 }
 
-/// The command a submission queue entry carries, for logs.
-pub(crate) fn describe(sqe: &Sqe) -> String {
-    format!("opcode {:#04x} cid {} nsid {}", sqe.opcode(), sqe.cid(), sqe.nsid.get())
+/// The command a submission queue entry carries, for logs; `opcode` prints its name
+/// ([`nvme_spec::opcode::AdminOpcode`] or [`nvme_spec::opcode::NvmOpcode`]).
+pub(crate) fn describe(opcode: impl std::fmt::Display, sqe: &Sqe) -> String {
+    format!("{opcode} cid {} nsid {}", sqe.cid(), sqe.nsid.get())
 }

@@ -6,7 +6,7 @@ mod rw;
 
 use block_backend::{DataBuf, Op, Request, Segment};
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::nvm as op;
+use nvme_spec::opcode::{nvm as op, NvmOpcode};
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
@@ -32,7 +32,7 @@ impl IoEngine {
             Ok(Started::Pending) => {}
             Ok(Started::Done(status)) => self.complete(sqid, cid, status, 0, sqe.nsid.get(), 0),
             Err(e) => {
-                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(&sqe));
+                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), &sqe));
                 let slba = rw::ReadWriteView::slba_of(&sqe);
                 self.complete(sqid, cid, e.status(), 0, sqe.nsid.get(), slba);
             }

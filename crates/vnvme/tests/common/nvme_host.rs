@@ -7,14 +7,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
-use nvme_spec::command::Psdt;
-use nvme_spec::identify::{flbas, IdentifyNamespace};
-use nvme_spec::opcode::{admin as aop, nvm as iop};
-use nvme_spec::regs::{doorbell_offset, offset, Cap, Csts, DoorbellKind};
+use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, IdentifyCmd};
+use nvme_spec::identify::{cns, flbas, IdentifyNamespace};
+use nvme_spec::nvm::ReadWriteCmd;
+use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind};
 use nvme_spec::{Cqe, Sqe};
 use vfio_user::client::Client;
 use vfio_user::proto::{IRQ_INDEX_MSIX, REGION_BAR0};
-use zerocopy::little_endian::U32;
 
 use super::{memfd, TestEventFd, TIMEOUT};
 
@@ -134,11 +133,10 @@ impl NvmeOverVfioUser {
     pub fn enable(&mut self) {
         self.disable();
         self.mem.fill(IOVA, DATA - IOVA, 0).unwrap();
-        let z = (ADMIN_DEPTH - 1) as u32;
-        self.write32(offset::AQA, z | (z << 16));
+        self.write32(offset::AQA, Aqa::new(ADMIN_DEPTH - 1, ADMIN_DEPTH - 1).0);
         self.write64(offset::ASQ, ASQ);
         self.write64(offset::ACQ, ACQ);
-        self.write32(offset::CC, 1 | (6 << 16) | (4 << 20));
+        self.write32(offset::CC, Cc::LINUX.with_en(true).0);
         self.wait_ready(true);
         self.admin =
             Queue { qid: 0, sq: ASQ, cq: ACQ, depth: ADMIN_DEPTH, phase: true, ..Default::default() };
@@ -149,10 +147,8 @@ impl NvmeOverVfioUser {
     /// entries (with an MSI-X eventfd on [`IO_VECTOR`] if `interrupts`).
     pub fn bring_up(&mut self, depth: u16, interrupts: bool) {
         self.enable();
-        let mut id = sqe(aop::IDENTIFY);
-        id.nsid = U32::new(1);
+        let mut id = IdentifyCmd { nsid: 1, cns: cns::NAMESPACE, ..Default::default() }.to_sqe();
         id.set_prps(ID_BUF, 0);
-        id.cdw10 = U32::new(0); // CNS 00h: Identify Namespace
         let c = self.admin(id);
         assert!(c.status().is_success(), "Identify Namespace: {:?}", c.status());
         let ns: IdentifyNamespace = self.mem.read_obj(ID_BUF).unwrap();
@@ -165,17 +161,12 @@ impl NvmeOverVfioUser {
             self.client.set_irq_eventfds(IRQ_INDEX_MSIX, IO_VECTOR as u32, &[e.fd()]).expect("SET_IRQS");
             self.irq = Some(e);
         }
-        let mut cq = sqe(aop::CREATE_IO_CQ);
-        cq.set_prps(IO_CQ, 0);
-        cq.cdw10 = U32::new(1 | ((depth as u32 - 1) << 16));
-        cq.cdw11 = U32::new(1 | ((interrupts as u32) << 1) | ((IO_VECTOR as u32) << 16));
-        let c = self.admin(cq);
+        let qsize_z = depth - 1;
+        let cq = CreateIoCqCmd { qid: 1, qsize_z, base: IO_CQ, pc: true, ien: interrupts, iv: IO_VECTOR };
+        let c = self.admin(cq.to_sqe());
         assert!(c.status().is_success(), "Create I/O CQ: {:?}", c.status());
-        let mut sq = sqe(aop::CREATE_IO_SQ);
-        sq.set_prps(IO_SQ, 0);
-        sq.cdw10 = U32::new(1 | ((depth as u32 - 1) << 16));
-        sq.cdw11 = U32::new(1 | (1 << 16));
-        let c = self.admin(sq);
+        let sq = CreateIoSqCmd { qid: 1, qsize_z, base: IO_SQ, pc: true, cqid: 1, ..Default::default() };
+        let c = self.admin(sq.to_sqe());
         assert!(c.status().is_success(), "Create I/O SQ: {:?}", c.status());
         self.io = Queue { qid: 1, sq: IO_SQ, cq: IO_CQ, depth, phase: true, ..Default::default() };
     }
@@ -192,8 +183,7 @@ impl NvmeOverVfioUser {
 
     /// Writes `s` at the tail of `q` (no doorbell). Returns the command identifier.
     fn push(mem: &GuestMemory, q: &mut Queue, mut s: Sqe, cid: u16) -> u16 {
-        let op = s.opcode();
-        s.set_cdw0(op, cid, Psdt::Prp);
+        s.set_cid(cid);
         mem.write_obj(q.sq + q.sq_tail as u64 * 64, &s).unwrap();
         q.sq_tail = (q.sq_tail + 1) % q.depth;
         cid
@@ -245,12 +235,14 @@ impl NvmeOverVfioUser {
     /// Queues (without ringing) a one-page write of slot `slot` to the page-sized block
     /// run starting at LBA `lba`. Returns the command identifier.
     pub fn queue_rw(&mut self, write: bool, slot: u16, lba: u64) -> u16 {
-        let mut s = sqe(if write { iop::WRITE } else { iop::READ });
-        s.nsid = U32::new(1);
+        let rw = ReadWriteCmd {
+            nsid: 1,
+            slba: lba,
+            nlb_z: (PAGE / self.lba_size - 1) as u16,
+            ..Default::default()
+        };
+        let mut s = if write { rw.write() } else { rw.read() };
         s.set_prps(Self::slot(slot), 0);
-        s.cdw10 = U32::new(lba as u32);
-        s.cdw11 = U32::new((lba >> 32) as u32);
-        s.cdw12 = U32::new((PAGE / self.lba_size) as u32 - 1);
         let cid = self.cid();
         Self::push(&self.mem, &mut self.io, s, cid)
     }
@@ -313,10 +305,4 @@ impl NvmeOverVfioUser {
             assert!(got == want, "page {p} read back differs from what was written");
         }
     }
-}
-
-fn sqe(opcode: u8) -> Sqe {
-    let mut s = Sqe::default();
-    s.set_cdw0(opcode, 0, Psdt::Prp);
-    s
 }
