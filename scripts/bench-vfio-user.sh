@@ -119,9 +119,15 @@ if [ -n "$BASELINE" ]; then
 fi
 # The baseline is named by its file name in everything written: where it lies is
 # this machine's business.
-hide_baseline() { if [ -n "$BASELINE" ]; then sed "s|$BASELINE|${BASELINE##*/}|g"; else cat; fi; }
+# hide_baseline: stdin to stdout with the baseline's path, as given and resolved,
+# replaced by its file name (literally: no pattern characters).
+hide_baseline() {
+  local t
+  t=$(cat)
+  if [ -n "$BASELINE" ]; then t=${t//"$BASELINE"/${BASELINE##*/}}; t=${t//"$BASELINE_ARG"/${BASELINE_ARG##*/}}; fi
+  printf '%s\n' "$t"
+}
 COMMAND_LINE=$(printf '%s' "$COMMAND_LINE" | hide_baseline)
-[ -z "$BASELINE_ARG" ] || COMMAND_LINE=${COMMAND_LINE//"$BASELINE_ARG"/${BASELINE_ARG##*/}}
 if [ "$PIN" = 1 ] && ! command -v taskset >/dev/null; then
   echo "bench-vfio-user: --pin needs taskset (util-linux)" >&2; exit 2
 fi
@@ -170,9 +176,13 @@ if [ -n "$BASELINE" ]; then BIN[base]=$BASELINE; SIDES=(base new); fi
 
 now() { date +%s.%N; }
 # What else is running (this machine may be shared): at the start and at the end.
+# Absolute paths in the command lines shrink to their last component: results name
+# programs, not where this machine keeps them.
 snapshot() {
   { echo "# $1 $(date -u '+%Y-%m-%d %H:%M:%S UTC')"; echo "loadavg: $(cat /proc/loadavg)"
-    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8 | cut -c1-220; } | hide_baseline >>"$OUT/runs/environment.txt"
+    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8 | hide_baseline | sed -E 's#(^|[ =:])/([^ /]+/)*#\1#g' |
+      cut -c1-220
+  } >>"$OUT/runs/environment.txt"
 }
 snapshot start
 
