@@ -5,6 +5,11 @@ per-run `vnvme perf --json` files, and writes results.json, table.md and chart.s
 
 Standard library only; what it shares with the guest benchmark's report (the machine
 description, run statistics, the SVG panels) is in scripts/lib/vnvme_report.py.
+With --baseline (runs/binaries.tsv names a "base" binary), pairs the runs of the
+two builds by repetition and adds the comparison: paired new/base ratios with
+an interval and a verdict (table.md), every pair (results.json), and a ratio
+chart (chart.svg; the new build's own figures go to chart-new.svg).
+
 Run by bench-vfio-user.sh; can be re-run on a folder:
   python3 scripts/bench-vfio-user.py --dir results/vfio-user-perf/<stamp> --root . ...
 """
@@ -19,7 +24,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from vnvme_report import bounds, cores_busy, FONT, log_panel, machine, other_cpus, spread, text  # noqa: E402
+from vnvme_report import (  # noqa: E402
+    BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, FONT, bounds, cores_busy, disturbance, log_panel,
+    machine, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks, spread, steal_share, text)
 
 # The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
 # guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
@@ -67,32 +74,49 @@ METRICS = {
     "other_cpus": "CPUs busy system-wide (/proc/stat) minus client and server, over the perf command's wall "
     "time: load from anything else on the machine (includes perf start-up and shutdown, so slightly high)",
 }
+RUN_FIGURES = {
+    "steal": "share of all CPU time the hypervisor stole over the perf command's wall time (/proc/stat steal / "
+    "all fields)",
+    "other_procs_cpus": "other_cpus without steal: CPUs kept busy by processes other than client and server",
+}
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def load(dirpath, matrix):
+def perf_log(json_path):
+    """The perf log that goes with a run's JSON (runs/X.json -> logs/perf-X.log)."""
+    return "logs/perf-" + os.path.basename(json_path)[: -len(".json")] + ".log"
+
+
+def load(dirpath, matrix, side="new"):
+    """The points of one binary (side "new" or "base"), in matrix order."""
     rows = []
     with open(os.path.join(dirpath, "runs", "manifest.tsv")) as f:
         for r in csv.DictReader(f, delimiter="\t"):
-            rows.append(r)
+            if (r.get("side") or "new") == side:
+                rows.append(r)
     points = {}
     for r in rows:
         key = (r["config"], int(r["qd"]))
         p = points.setdefault(key, {"runs": [], "errors": [], "serve_cmd": r["serve_cmd"], "perf_cmd": r["perf_cmd"]})
         path = os.path.join(dirpath, r["json"])
         if r["rc"] != "0" or not os.path.exists(path):
-            p["errors"].append(f"run {r['rep']}: exit {r['rc']} (logs/perf-{r['config']}-qd{r['qd']}-r{r['rep']}.log)")
+            why = "vnvme serve did not start" if r["rc"] == "serve" else f"exit {r['rc']}"
+            p["errors"].append(f"run {r['rep']}: {why} ({perf_log(r['json'])})")
             continue
         with open(path) as f:
             j = json.load(f)
         res, srv = j["results"], j.get("server") or {}
         el = res["elapsed_s"]
         ccpu, scpu = res.get("client_cpu_s"), srv.get("cpu_s")
-        other = None
+        other = other_procs = steal = None
         if r.get("sys_busy_ticks") and r.get("wall_s"):
             other = other_cpus(int(r["sys_busy_ticks"]), float(r["wall_s"]), ccpu, scpu, CLK_TCK)
+            if r.get("steal_ticks"):
+                steal = steal_share(int(r["steal_ticks"]), int(r["total_ticks"]))
+                other_procs = other_cpus(int(r["sys_busy_ticks"]) - int(r["steal_ticks"]), float(r["wall_s"]),
+                                         ccpu, scpu, CLK_TCK)
         p["runs"].append(
             {
                 "rep": int(r["rep"]),
@@ -112,6 +136,8 @@ def load(dirpath, matrix):
                 "server_cpu_us_per_io": srv.get("cpu_us_per_io"),
                 "cores_busy": cores_busy(ccpu, scpu, el),
                 "other_cpus": other,
+                "steal": steal,
+                "other_procs_cpus": other_procs,
                 "ios": res["ios"],
                 "errors": res["errors"],
                 "eventidx_races": srv.get("eventidx_races"),
@@ -216,6 +242,120 @@ def targets(points, matrix):
     return t
 
 
+# ---- before and after (--baseline)
+
+
+def read_binaries(dirpath):
+    """runs/binaries.tsv by side: name (file name only), label, version, sha256."""
+    path = os.path.join(dirpath, "runs", "binaries.tsv")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["side"]: {k: v for k, v in r.items() if k != "side"} for r in csv.DictReader(f, delimiter="\t")}
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def run_summary(r):
+    """What a pair records of each of its runs."""
+    return {"json": r["json"], "iops": r["iops"], "server_cpu_us_per_io": r["server_cpu_us_per_io"],
+            "steal": r["steal"], "other_procs_cpus": r["other_procs_cpus"],
+            "disturbed": disturbance(r["steal"], r["other_procs_cpus"])}
+
+
+def compare(base_points, new_points):
+    """Pairs the two builds' runs of each point by repetition (run side by side)
+    and summarises the paired ratios new/base."""
+    out = []
+    for np_ in new_points:
+        bp = next((p for p in base_points if p["config"] == np_["config"] and p["qd"] == np_["qd"]), None)
+        base_runs = {r["rep"]: r for r in bp["runs"]} if bp else {}
+        pairs = []
+        for nr in np_["runs"]:
+            br = base_runs.get(nr["rep"])
+            if not br:
+                continue
+            b, n = run_summary(br), run_summary(nr)
+            pairs.append({"rep": nr["rep"], "order": "base, new" if nr["rep"] % 2 else "new, base",
+                          "base": b, "new": n,
+                          "iops_ratio": ratio(n["iops"], b["iops"]),
+                          "server_cpu_ratio": ratio(n["server_cpu_us_per_io"], b["server_cpu_us_per_io"]),
+                          "disturbed": bool(b["disturbed"] or n["disturbed"])})
+        out.append({
+            "config": np_["config"], "qd": np_["qd"],
+            "base_iops_median": median([p["base"]["iops"] for p in pairs]) if pairs else None,
+            "new_iops_median": median([p["new"]["iops"] for p in pairs]) if pairs else None,
+            "iops_ratio": ratio_summary([p["iops_ratio"] for p in pairs], higher_is_better=True),
+            "server_cpu_ratio": ratio_summary([p["server_cpu_ratio"] for p in pairs], higher_is_better=False),
+            "disturbed_pairs": sum(p["disturbed"] for p in pairs),
+            "pairs": pairs,
+            "errors": [f"base {e}" for e in (bp["errors"] if bp else ["not run"])] + [f"new {e}" for e in np_["errors"]],
+        })
+    return out
+
+
+def fmt_ratio(s):
+    if s is None:
+        return "–"
+    lo, hi = s["interval"]
+    return f"{s['median']:.3f} [{lo:.3f}–{hi:.3f}]"
+
+
+def fmt_flags(run):
+    return "; ".join(run["disturbed"])
+
+
+def comparison_md(binaries, comparison, knobs):
+    b, n = binaries["base"], binaries["new"]
+    npairs = sum(len(c["pairs"]) for c in comparison)
+    flagged = sum(c["disturbed_pairs"] for c in comparison)
+    verdicts = [c["iops_ratio"]["verdict"] for c in comparison if c["iops_ratio"]]
+    L = ["### Before and after: this build (new) against the baseline (base)", "",
+         f"- base: `{b['name']}`{' (' + b['label'] + ')' if b['label'] else ''}, {b['version']}, "
+         f"sha256 {b['sha256']}",
+         f"- new: `{n['name']}` built from this checkout (the git commit above), {n['version']}, sha256 {n['sha256']}",
+         f"- {knobs['repeat']} pairs per point, each pair run side by side (base first on odd repetitions, new first "
+         f"on even ones); every run against a fresh `vnvme serve` of its own binary",
+         f"- ratio = new / base of the pair; median [interval]: with ≥ {BOOTSTRAP_MIN_PAIRS} pairs a bootstrap 90 % "
+         f"interval of the median (seeded, reproducible), else min–max of the pairs. The verdict names a difference "
+         f"only when the interval excludes 1.0; for server CPU per I/O lower is better (\"ahead\" = new uses less)",
+         f"- IOPS: {verdicts.count('ahead')} point(s) ahead, {verdicts.count('behind')} behind, "
+         f"{len(verdicts) - verdicts.count('ahead') - verdicts.count('behind')} level (inside the noise)",
+         f"- **{flagged} of {npairs} pairs disturbed** (⚠: a run of the pair saw steal > {100 * DISTURBED_STEAL:.0f} % "
+         f"or other processes keeping > {DISTURBED_OTHER_CPUS} CPUs busy); they are in the ratios, marked below"
+         if flagged else f"- 0 of {npairs} pairs disturbed (steal ≤ {100 * DISTURBED_STEAL:.0f} %, other processes "
+         f"≤ {DISTURBED_OTHER_CPUS} CPUs in every run)"]
+    if knobs["repeat"] < BOOTSTRAP_MIN_PAIRS:
+        L.append(f"- **note: {knobs['repeat']} pairs per point**: the interval is min–max, and all of n pairs fall on "
+                 f"one side of 1.0 by chance with probability 2/2^n ({200 / 2 ** knobs['repeat']:.0f} % for "
+                 f"n = {knobs['repeat']}) even with no change; use ≥ {BOOTSTRAP_MIN_PAIRS} for a verdict")
+    L += ["", "| config | QD | base IOPS | new IOPS | IOPS new/base | verdict | server CPU/IO new/base | verdict | "
+          "disturbed pairs |", "|---|--:|--:|--:|--:|---|--:|---|--:|"]
+    for c in comparison:
+        ir, cr = c["iops_ratio"], c["server_cpu_ratio"]
+        L.append(f"| {c['config']} | {c['qd']} | {fmt_iops(c['base_iops_median'])} | {fmt_iops(c['new_iops_median'])} "
+                 f"| {fmt_ratio(ir)} | {ir['verdict'] if ir else '–'} | {fmt_ratio(cr)} | "
+                 f"{cr['verdict'] if cr else '–'} | {c['disturbed_pairs']}/{len(c['pairs'])} |"
+                 + (f" ⚠ {'; '.join(c['errors'])}" if c["errors"] else ""))
+    L += ["", "base and new IOPS: medians of the paired runs.", "", "#### Every pair", "",
+          "| config | QD | rep | order | base IOPS | new IOPS | ratio | base server CPU µs/IO | new server CPU µs/IO "
+          "| ratio | disturbed |", "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|"]
+    def opt(v, f):
+        return f(v) if v is not None else "–"
+
+    for c in comparison:
+        for p in c["pairs"]:
+            flags = "; ".join(f"{side}: {fmt_flags(p[side])}" for side in ("base", "new") if p[side]["disturbed"])
+            L.append(f"| {c['config']} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p['base']['iops'])} | "
+                     f"{fmt_iops(p['new']['iops'])} | {opt(p['iops_ratio'], num(3))} | "
+                     f"{opt(p['base']['server_cpu_us_per_io'], num(2))} | "
+                     f"{opt(p['new']['server_cpu_us_per_io'], num(2))} | {opt(p['server_cpu_ratio'], num(3))} | "
+                     f"{'⚠ ' + flags if flags else ''} |")
+    return L
+
+
 def header_lines(mach, knobs):
     L = [
         f"- date: {mach['date_utc']}",
@@ -231,7 +371,8 @@ def header_lines(mach, knobs):
         f"- namespace: {knobs['ns']}" + (" (null backend: no data copied, so this measures the doorbell / interrupt / "
         "queue path, not a disk)" if knobs['ns'].startswith("null") else "") + "; the chain configuration serves it "
         "from a back server that a front server reaches through nvme:// (server CPU counts the front only)",
-        f"- server: vnvme serve --workers {knobs['workers']}; one server per configuration; "
+        f"- server: vnvme serve --workers {knobs['workers']}; "
+        f"{'a fresh server per run (--baseline)' if knobs.get('baseline') else 'one server per configuration'}; "
         f"pinning: {'server on CPU 1, client on CPU 0 (taskset)' if knobs['pin'] else 'none (scheduler decides)'}",
         f"- command: `{knobs['command']}`",
     ]
@@ -245,9 +386,11 @@ def header_lines(mach, knobs):
     return L
 
 
-def table_md(mach, knobs, matrix, points, tgts):
+def table_md(mach, knobs, matrix, points, tgts, comparison=None, binaries=None):
     L = ["## vnvme over vfio-user: doorbell modes, `vnvme perf` vs `vnvme serve`", ""]
     L += header_lines(mach, knobs)
+    if comparison is not None:
+        L += [""] + comparison_md(binaries, comparison, knobs) + ["", "### The new build's figures", ""]
     disturbed = [p for p in points if p.get("other_cpus") and p["other_cpus"]["max"] > 0.2]
     if disturbed:
         worst = max(p["other_cpus"]["max"] for p in disturbed)
@@ -416,6 +559,67 @@ def chart(mach, knobs, matrix, points):
     return "\n".join(o) + "\n"
 
 
+def compare_chart(mach, knobs, matrix, comparison, binaries):
+    """Paired ratios new/base per point: IOPS and server CPU per I/O, the median
+    with its interval as a whisker, a line at 1.0."""
+    qds = knobs["qd_list"]
+    cfgs = [m for m in matrix if any(c["config"] == m["id"] for c in comparison)]
+
+    def series(key):
+        out = []
+        for i, m in enumerate(cfgs):
+            vals, ranges = [], []
+            for q in qds:
+                c = next((c for c in comparison if c["config"] == m["id"] and c["qd"] == q), None)
+                s = c[key] if c else None
+                vals.append(s["median"] if s else None)
+                ranges.append(tuple(s["interval"]) if s else None)
+            out.append({"name": m["id"], "color": COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)]),
+                        "values": vals, "ranges": ranges, "dashed": m["in_process"]})
+        return out
+
+    W, PW, PH, GAP = 1500, 730, 470, 14
+    legend_rows = math.ceil(len(cfgs) / 3)
+    top = 112 + legend_rows * 22 + 12
+    H = top + PH + 30
+    b, n = binaries["base"], binaries["new"]
+    npairs = sum(len(c["pairs"]) for c in comparison)
+    flagged = sum(c["disturbed_pairs"] for c in comparison)
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
+         '<rect width="100%" height="100%" fill="#f7f7f7"/>']
+    o.append(text(20, 32, f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
+                  f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}",
+                  21, weight="bold"))
+    o.append(text(20, 56, f"{mach['date_utc']} · {mach['cpu_model']} · {mach['cpus_usable']} CPUs · kernel "
+                  f"{mach['kernel']} · base sha256 {b['sha256']}, new sha256 {n['sha256']}", 13, fill="#444"))
+    kind = (f"bootstrap 90 % interval of the median (seeded)" if knobs["repeat"] >= BOOTSTRAP_MIN_PAIRS
+            else "min–max of the pairs")
+    o.append(text(20, 76, f"{knobs['seconds']} s per run, {knobs['repeat']} pairs per point run side by side · "
+                  f"dot = median of the paired ratios, whisker = {kind} · a difference only where the whisker "
+                  f"misses 1.0 · serve --workers {knobs['workers']}", 13, fill="#444"))
+    o.append(text(20, 96, f"{flagged} of {npairs} pairs disturbed (steal > {100 * DISTURBED_STEAL:.0f} % or other "
+                  f"load > {DISTURBED_OTHER_CPUS} CPUs; see table.md)" if flagged else
+                  f"no pair disturbed (0 of {npairs})", 13, weight="bold", fill="#b00" if flagged else "#444"))
+    for i, m in enumerate(cfgs):
+        col, row = i % 3, i // 3
+        x, y = 30 + col * 490, 122 + row * 22
+        c = COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])
+        dash = ' stroke-dasharray="6,3"' if m["in_process"] else ""
+        o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5"{dash}/>')
+        o.append(text(x + 38, y + 5, f"{m['id']}: {m['label']}", 13))
+    dodge = min(12, 120 / max(1, len(cfgs)))
+    for k, (key, title, better) in enumerate([
+            ("iops_ratio", "IOPS, new / base", "above 1.0: new is faster"),
+            ("server_cpu_ratio", "Server CPU per I/O, new / base", "below 1.0: new uses less CPU")]):
+        s = series(key)
+        lo, hi = ratio_bounds([v for ser in s for r in ser["ranges"] if r for v in r])
+        o.append(log_panel(20 + k * (PW + GAP), top, PW, PH, title, "ratio (log scale)", s, qds, "", lo, hi,
+                           guide=(1.0, "1.0: no change"), note=better, ticks=ratio_ticks(lo, hi), dodge=dodge,
+                           whisker=2.5))
+    o.append("</svg>")
+    return "\n".join(o) + "\n"
+
+
 def scrub(text, root):
     """Keeps this machine's paths out of the results: the checkout becomes relative,
     the run's temporary directory becomes <work>."""
@@ -449,21 +653,39 @@ def main():
     matrix = parse_matrix(a.matrix, a.workers)
     points = load(a.dir, matrix)
     tgts = targets(points, matrix)
-    md = table_md(mach, knobs, matrix, points, tgts)
+    binaries = read_binaries(a.dir)
+    comparison = None
+    if "base" in binaries:
+        knobs["baseline"] = True
+        base_points = load(a.dir, matrix, side="base")
+        comparison = compare(base_points, points)
+    md = table_md(mach, knobs, matrix, points, tgts, comparison, binaries)
     env_path = os.path.join(a.dir, "runs", "environment.txt")
     mach["environment"] = open(env_path).read() if os.path.exists(env_path) else None
     report = {"benchmark": "scripts/bench-vfio-user.sh", "machine": mach, "knobs": knobs,
               "configurations": matrix, "metrics": METRICS, "points": points, "targets": tgts,
               "seed_reference": {"source": SEED_SOURCE, "qd": SEED_QD, "kiops": dict(SEED_KIOPS),
                                  "note": "not measured here"}}
+    if comparison is not None:
+        report["metrics"] = {**METRICS, **RUN_FIGURES}
+        report["binaries"] = binaries
+        report["baseline_points"] = base_points
+        report["comparison"] = comparison
+        report["disturbance"] = {"steal_above": DISTURBED_STEAL, "other_procs_cpus_above": DISTURBED_OTHER_CPUS,
+                                 "pair": "disturbed when either of its runs is"}
     with open(os.path.join(a.dir, "results.json"), "w") as f:
         f.write(scrub(json.dumps(report, indent=2), a.root) + "\n")
     with open(os.path.join(a.dir, "table.md"), "w") as f:
         f.write(scrub(md, a.root))
-    with open(os.path.join(a.dir, "chart.svg"), "w") as f:
-        f.write(chart(mach, knobs, matrix, points))
+    charts = {"chart.svg": chart(mach, knobs, matrix, points)}
+    if comparison is not None:
+        charts = {"chart.svg": compare_chart(mach, knobs, matrix, comparison, binaries),
+                  "chart-new.svg": charts["chart.svg"]}
+    for name, svg in charts.items():
+        with open(os.path.join(a.dir, name), "w") as f:
+            f.write(svg)
     print(md)
-    print(f"wrote {a.dir}/{{results.json,table.md,chart.svg}}")
+    print(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
     return 0
 
 

@@ -8,9 +8,11 @@
 #
 #   scripts/bench-vfio-user.sh [--seconds N] [--repeat N] [--qd 1,4,16,64]
 #                              [--workers N] [--pin] [--configs a,b,...] [--out DIR]
+#                              [--baseline BIN [--baseline-label TEXT]]
 #
 #   --seconds N   run time of each point (default 3)
-#   --repeat N    runs per point; the table shows the mean and [min–max] (default 2)
+#   --repeat N    runs per point; the table shows the mean and [min–max] (default 2;
+#                 5 with --baseline)
 #   --qd LIST     queue depths (default 1,4,16,64)
 #   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
 #   --pin         taskset: the server on CPU 1, the client on CPU 0 (default: unpinned,
@@ -22,6 +24,19 @@
 #   --rw MODE     randread (default) or randwrite
 #   --out DIR     output folder (default results/vfio-user-perf/<UTC timestamp>)
 #   --list        print the configurations and exit
+#   --baseline BIN  before/after in one run: another vnvme binary (e.g. a release
+#                 build of an earlier commit). Every point is run with both, in
+#                 pairs side by side (base then new on odd repetitions, new then base
+#                 on even ones, so drift cancels), each run against a fresh server
+#                 started from the same binary as its client. The report adds the
+#                 paired ratios new/base of IOPS and of server CPU per I/O: median,
+#                 [interval] (min–max of the pairs; with >= 5 pairs a seeded
+#                 bootstrap 90 % interval of the median) and a verdict, "ahead" or
+#                 "behind" only when the interval excludes 1.0. A pair is flagged
+#                 disturbed when either run saw > 5 % steal or > 0.2 CPUs of other
+#                 load (/proc/stat before and after each run).
+#   --baseline-label TEXT  what BIN was built from (e.g. a commit), for the report;
+#                 BIN itself is recorded by file name, --version and SHA-256 only
 #
 # Each configuration starts its own `vnvme serve` (bounded wait for the socket),
 # runs every QD --repeat times, and stops it. Per point: IOPS, p50/p99 latency, trapped
@@ -29,7 +44,8 @@
 # own doorbell writes/signals per I/O, client CPU per I/O (process CPU time) and server
 # CPU per I/O (/proc/<pid>/stat utime+stime over the same window, `perf --server-pid`).
 # Writes results.json, table.md, chart.svg (and runs/ with every raw perf JSON, logs/
-# with every server's stderr) and prints the table.
+# with every server's stderr) and prints the table. With --baseline: chart.svg shows
+# the ratios, chart-new.svg the figures of the new build alone.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,7 +54,7 @@ source "$ROOT/scripts/lib/host.sh"
 VN_TAG=bench-vfio-user:
 COMMAND_LINE="$0 $*"
 SECONDS_PER_POINT=3
-REPEAT=2
+REPEAT=
 QDS=1,4,16,64
 WORKERS=1
 PIN=0
@@ -46,6 +62,9 @@ CONFIGS=all
 OUT=
 NS=null:64G:lba=4096
 RW=randread
+BASELINE=
+BASELINE_ARG=
+BASELINE_LABEL=
 
 # id|label|serve --doorbells|serve --poll|perf --doorbells|perf --completion|in-process workers
 # (serve columns are "-" for in-process configurations; an empty last column: via serve).
@@ -76,15 +95,39 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --ns) NS=$2; shift 2 ;;
     --rw) RW=$2; shift 2 ;;
+    --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
+    --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-vfio-user: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
+if [ -z "$REPEAT" ]; then if [ -n "$BASELINE" ]; then REPEAT=5; else REPEAT=2; fi; fi
 [[ $SECONDS_PER_POINT =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "--seconds must be a number" >&2; exit 2; }
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "--repeat must be at least 1" >&2; exit 2; }
 [[ $WORKERS =~ ^[0-9]+$ ]] || { echo "--workers must be a number (0: inline)" >&2; exit 2; }
 [[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "--qd must be a list like 1,4,16,64" >&2; exit 2; }
+if [ -n "$BASELINE_LABEL" ] && [ -z "$BASELINE" ]; then
+  echo "bench-vfio-user: --baseline-label needs --baseline" >&2; exit 2
+fi
+if [ -n "$BASELINE" ]; then
+  if [ ! -f "$BASELINE" ] || [ ! -x "$BASELINE" ]; then
+    echo "bench-vfio-user: --baseline $BASELINE is not an executable file" >&2; exit 2
+  fi
+  BASELINE=$(cd "$(dirname "$BASELINE")" && pwd)/$(basename "$BASELINE")
+  "$BASELINE" --version >/dev/null 2>&1 || { echo "bench-vfio-user: --baseline: $BASELINE --version failed (not a vnvme binary?)" >&2; exit 2; }
+fi
+# The baseline is named by its file name in everything written: where it lies is
+# this machine's business.
+# hide_baseline: stdin to stdout with the baseline's path, as given and resolved,
+# replaced by its file name (literally: no pattern characters).
+hide_baseline() {
+  local t
+  t=$(cat)
+  if [ -n "$BASELINE" ]; then t=${t//"$BASELINE"/${BASELINE##*/}}; t=${t//"$BASELINE_ARG"/${BASELINE_ARG##*/}}; fi
+  printf '%s\n' "$t"
+}
+COMMAND_LINE=$(printf '%s' "$COMMAND_LINE" | hide_baseline)
 if [ "$PIN" = 1 ] && ! command -v taskset >/dev/null; then
   echo "bench-vfio-user: --pin needs taskset (util-linux)" >&2; exit 2
 fi
@@ -117,16 +160,29 @@ if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
 VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
-printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\n' >"$MANIFEST"
+printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\n' >"$MANIFEST"
 
-# System-wide busy CPU time (USER_HZ ticks: user+nice+system+irq+softirq+steal), so a
-# point can tell how much CPU something other than client and server took meanwhile.
-sys_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+# The binaries, by side: "new" is the build of this checkout; "base" the --baseline.
+# runs/binaries.tsv names them for the report, by file name, never by path.
+declare -A BIN=([new]=$VNVME)
+SIDES=(new)
+if [ -n "$BASELINE" ]; then BIN[base]=$BASELINE; SIDES=(base new); fi
+{ printf 'side\tname\tlabel\tversion\tsha256\n'
+  for side in "${SIDES[@]}"; do
+    label=; [ "$side" = base ] && label=$BASELINE_LABEL
+    printf '%s\t%s\t%s\t%s\t%s\n' "$side" "$(basename "${BIN[$side]}")" "$label" \
+      "$("${BIN[$side]}" --version 2>/dev/null | head -1)" "$(sha256sum "${BIN[$side]}" | cut -c1-16)"
+  done; } >"$OUT/runs/binaries.tsv"
+
 now() { date +%s.%N; }
 # What else is running (this machine may be shared): at the start and at the end.
+# Absolute paths in the command lines shrink to their last component: results name
+# programs, not where this machine keeps them.
 snapshot() {
   { echo "# $1 $(date -u '+%Y-%m-%d %H:%M:%S UTC')"; echo "loadavg: $(cat /proc/loadavg)"
-    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8 | cut -c1-220; } >>"$OUT/runs/environment.txt"
+    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8 | hide_baseline | sed -E 's#(^|[ =:])/([^ /]+/)*#\1#g' |
+      cut -c1-220
+  } >>"$OUT/runs/environment.txt"
 }
 snapshot start
 
@@ -139,69 +195,115 @@ fi
 
 IFS=, read -r -a QD_LIST <<<"$QDS"
 npoints=0
-for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoints=$((npoints + ${#QD_LIST[@]} * REPEAT)); done
-echo "bench-vfio-user: $npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * (${SECONDS_PER_POINT%.*} + 1) + 59) / 60 )) min) -> $OUT" >&2
+for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoints=$((npoints + ${#QD_LIST[@]} * REPEAT * ${#SIDES[@]})); done
+# A fresh server per run with --baseline: about half a second more each.
+per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] && per_run=$((per_run + 1))
+echo "bench-vfio-user: $npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT" >&2
 echo "bench-vfio-user: $(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')" >&2
+[ -z "$BASELINE" ] || echo "bench-vfio-user: baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point" >&2
 
 case $RW in randread|randwrite) ;; *) echo "--rw must be randread or randwrite" >&2; exit 2 ;; esac
+
+# start_servers ID SIDE TAG: start configuration ID's server(s) from SIDE's binary
+# (the chain: a back server too). Sets SERVE_PID, BACK_PID, sock, stats, serve_cmd;
+# logs go to logs/serve-ID[-back]TAG.log. Returns 1 (nothing left running) on failure.
+start_servers() {
+  local id=$1 side=$2 tag=$3 ns=$NS back
+  VNVME_BIN=${BIN[$side]}
+  sock="$TMP/$id$SFX.sock"; stats="$TMP/$id$SFX.stats.json"
+  if [ "$id" = chain ]; then
+    # The back end serves the namespace; the front reaches it through nvme://.
+    back="$TMP/back$SFX.sock"
+    # --doorbells eventfd: the front's doorbells kick the back's worker directly.
+    vn_serve_start "$OUT/logs/serve-$id-back$tag.log" "$back" --ns "$NS" \
+      --workers "$WORKERS" --poll "$spoll" --doorbells eventfd || return 1
+    BACK_PID=$VN_PID
+    ns="nvme://$back?queues=$((WORKERS + 2))"
+  fi
+  serve_args=(--ns "$ns" --workers "$WORKERS" --poll "$spoll" --doorbells "$sdb" --stats-file "$stats")
+  serve_cmd="${SERVER_PIN[*]} vnvme serve --socket $sock ${serve_args[*]}"
+  if ! vn_serve_start "$OUT/logs/serve-$id$tag.log" "$sock" "${serve_args[@]}"; then
+    stop_back
+    return 1
+  fi
+  SERVE_PID=$VN_PID
+}
+
+# run_perf ID QD REP SIDE: one `vnvme perf` run of SIDE's binary (against the
+# server start_servers started, unless in-process), and its manifest row.
+# SKIP: record the run as failed without running it (its server did not start).
+run_perf() {
+  local id=$1 qd=$2 rep=$3 side=$4 skip=${5:-} rc=0 c0 c1 w0 w1 iops json logf
+  json="runs/$id-qd$qd-r$rep$SFX.json"
+  logf="logs/perf-$id-qd$qd-r$rep$SFX.log"
+  perf_args=(perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
+             --doorbells "$pdb" --completion "$compl" --json "$OUT/$json")
+  if [ -z "$inproc" ]; then
+    perf_args+=(--socket "$sock" --server-stats "$stats" --server-pid "${SERVE_PID:-0}")
+  else
+    w=$inproc; [ "$w" = W ] && w=$WORKERS
+    perf_args+=(--in-process --in-process-ns "$NS" --workers "$w")
+    [ "$spoll" != - ] && perf_args+=(--poll "$spoll")
+  fi
+  pin=("${CLIENT_PIN[@]}")
+  [ -z "$inproc" ] || pin=()
+  read -r -a c0 < <(vn_cpu_ticks); w0=$(now)
+  if [ -n "$skip" ]; then
+    rc=serve; echo "vnvme serve did not start: see logs/serve-$id*" >"$OUT/$logf"
+  else
+    timeout --kill-after=5 $(( ${SECONDS_PER_POINT%.*} + 60 )) \
+      "${pin[@]}" "${BIN[$side]}" "${perf_args[@]}" >"$OUT/$logf" 2>&1 || rc=$?
+  fi
+  read -r -a c1 < <(vn_cpu_ticks); w1=$(now)
+  done_runs=$((done_runs + 1))
+  iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
+  printf 'bench-vfio-user: [%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s\n' "$done_runs" "$npoints" "$id" "$qd" \
+    "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")" >&2
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+    "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((c1[0] - c0[0]))" \
+    "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" >>"$MANIFEST"
+}
+
 done_runs=0
+SFX=
 for m in "${MATRIX[@]}"; do
   IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
   selected "$id" || continue
   serve_cmd=-
-  if [ -z "$inproc" ]; then
-    sock="$TMP/$id.sock"; stats="$TMP/$id.stats.json"
-    ns=$NS
-    if [ "$id" = chain ]; then
-      # The back end serves the namespace; the front reaches it through nvme://.
-      back="$TMP/back.sock"
-      # --doorbells eventfd: the front's doorbells kick the back's worker directly.
-      vn_serve_start "$OUT/logs/serve-$id-back.log" "$back" --ns "$NS" \
-        --workers "$WORKERS" --poll "$spoll" --doorbells eventfd || continue
-      BACK_PID=$VN_PID
-      ns="nvme://$back?queues=$((WORKERS + 2))"
-    fi
-    serve_args=(--ns "$ns" --workers "$WORKERS" --poll "$spoll" --doorbells "$sdb" --stats-file "$stats")
-    serve_cmd="${SERVER_PIN[*]} vnvme serve --socket $sock ${serve_args[*]}"
-    if ! vn_serve_start "$OUT/logs/serve-$id.log" "$sock" "${serve_args[@]}"; then
-      stop_back
-      continue
-    fi
-    SERVE_PID=$VN_PID
+  if [ -z "$BASELINE" ]; then
+    # One server for all of the configuration's runs.
+    if [ -z "$inproc" ]; then start_servers "$id" new "" || continue; fi
+    for qd in "${QD_LIST[@]}"; do
+      for rep in $(seq "$REPEAT"); do
+        run_perf "$id" "$qd" "$rep" new
+        if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
+        echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
+        break 2
+      done
+    done
+    stop_serve
+    stop_back
+    continue
   fi
+  # Pairs: a fresh server per run, from the run's own binary, so the two never
+  # run at once (a polling server would take a CPU from the other's runs).
   for qd in "${QD_LIST[@]}"; do
     for rep in $(seq "$REPEAT"); do
-      json="runs/$id-qd$qd-r$rep.json"
-      perf_args=(perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
-                 --doorbells "$pdb" --completion "$compl" --json "$OUT/$json")
-      if [ -z "$inproc" ]; then
-        perf_args+=(--socket "$sock" --server-stats "$stats" --server-pid "$SERVE_PID")
-      else
-        w=$inproc; [ "$w" = W ] && w=$WORKERS
-        perf_args+=(--in-process --in-process-ns "$NS" --workers "$w")
-        [ "$spoll" != - ] && perf_args+=(--poll "$spoll")
-      fi
-      pin=("${CLIENT_PIN[@]}")
-      [ -z "$inproc" ] || pin=()
-      rc=0
-      b0=$(sys_busy); w0=$(now)
-      timeout --kill-after=5 $(( ${SECONDS_PER_POINT%.*} + 60 )) \
-        "${pin[@]}" "$VNVME" "${perf_args[@]}" >"$OUT/logs/perf-$id-qd$qd-r$rep.log" 2>&1 || rc=$?
-      b1=$(sys_busy); w1=$(now)
-      done_runs=$((done_runs + 1))
-      iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/logs/perf-$id-qd$qd-r$rep.log")
-      printf 'bench-vfio-user: [%3d/%d] %-14s qd %-3s run %s: %s IOPS%s\n' "$done_runs" "$npoints" "$id" "$qd" \
-        "$rep" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see logs/perf-$id-qd$qd-r$rep.log)")" >&2
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
-        "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((b1 - b0))" \
-        "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" >>"$MANIFEST"
-      if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
-      echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
-      break 2
+      order=(base new); [ $((rep % 2)) = 0 ] && order=(new base)
+      for side in "${order[@]}"; do
+        SFX=-$side
+        skip=
+        if [ -z "$inproc" ]; then
+          start_servers "$id" "$side" "-qd$qd-r$rep$SFX" || skip=1
+        fi
+        run_perf "$id" "$qd" "$rep" "$side" "$skip"
+        stop_serve
+        stop_back
+      done
     done
   done
-  stop_serve
-  stop_back
+  SFX=
 done
 
 snapshot end

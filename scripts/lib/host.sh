@@ -18,6 +18,8 @@
 #   vn_stats_delta FROM TO KEY     a counter's increase between two snapshots
 #   vn_io_deltas FROM TO           the per-I/O set: VN_IO VN_DB VN_CQDB VN_IRQ
 #   vn_ratio NUM DEN               NUM/DEN with 3 decimals, "n/a" for DEN 0
+# The machine
+#   vn_cpu_ticks                   /proc/stat now: busy, steal and total ticks
 # Messages go to stderr as "$VN_TAG message"; VN_TAG defaults to
 # "[script name]", the format of scripts/guest/lib.sh's log.
 
@@ -132,4 +134,13 @@ vn_io_deltas() {
 # vn_ratio NUM DEN: NUM/DEN with 3 decimals ("n/a" if DEN is 0 or empty).
 vn_ratio() {
     awk -v n="${1:-0}" -v d="${2:-0}" 'BEGIN { if (d + 0 == 0) print "n/a"; else printf "%.3f\n", n / d }'
+}
+
+# vn_cpu_ticks: the system-wide CPU time so far, from /proc/stat's "cpu" line in
+# USER_HZ ticks, as "BUSY STEAL TOTAL": busy is user+nice+system+irq+softirq+
+# steal (guest time is inside user and nice), total adds idle and iowait. Two
+# readings around a run tell how much else ran meanwhile and how much the
+# hypervisor stole (scripts/lib/vnvme_report.py: other_cpus, steal_share).
+vn_cpu_ticks() {
+    awk '/^cpu / { b = $2 + $3 + $4 + $7 + $8 + $9; print b, $9, b + $5 + $6; exit }' /proc/stat
 }

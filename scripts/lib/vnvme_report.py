@@ -4,11 +4,15 @@ against vnvme serve) and scripts/guest/bench/report.py (Linux guests on QEMU).
 - Figures: spread() (mean, min, max of repeated runs), per_io(), stats_deltas()
   (per-I/O figures between two `vnvme serve --stats-file` snapshots, the
   counters scripts/lib/host.sh's vn_io_deltas reads), cores_busy() and
-  other_cpus() (how much of the machine a run kept busy).
+  other_cpus() (how much of the machine a run kept busy), steal_share() and
+  disturbance() (was a run disturbed by other load or by the hypervisor).
+- Before/after pairs: median(), bootstrap_median_ci(), ratio_summary() (the
+  median of paired new/base ratios, an interval, and a verdict that names a
+  difference only when the interval excludes 1.0).
 - The machine: host() (CPU model and count, kernel), git_commit(), version(),
   machine() (all of it plus the toolchain, for a result file).
 - SVG, hand-written (no plotting library): esc(), text(), log_panel() (log-y
-  lines over queue depths, min-max whiskers), bounds(), bar_chart() (grouped
+  lines over queue depths, min-max whiskers; ratios too), bounds(), ratio_ticks(), bar_chart() (grouped
   bars, one panel per figure, a legend), nice_max().
 
 Standard library only. Import it from a script with
@@ -19,6 +23,7 @@ import datetime
 import math
 import os
 import platform
+import random
 import subprocess
 
 # ---- figures
@@ -70,6 +75,92 @@ def other_cpus(busy_ticks, wall_s, client_s, server_s, clk_tck):
     if client_s is None or server_s is None or wall_s <= 0:
         return None
     return max(0.0, (busy_ticks / clk_tck - client_s - server_s) / wall_s)
+
+
+# A run counts as disturbed when the hypervisor stole more than this share of the
+# machine's CPU time meanwhile...
+DISTURBED_STEAL = 0.05
+# ...or when processes other than the benchmark's kept more than this many CPUs
+# busy (0.2: a tenth of a 2-CPU machine, enough to move a polling point).
+DISTURBED_OTHER_CPUS = 0.2
+
+
+def steal_share(steal_ticks, total_ticks):
+    """The share of all CPU time (/proc/stat "cpu" line, every field) the
+    hypervisor stole over a window; None if the window is empty."""
+    if steal_ticks is None or not total_ticks:
+        return None
+    return steal_ticks / total_ticks
+
+
+def disturbance(steal, other):
+    """The reasons a run is disturbed (a list, empty if it is not): steal above
+    DISTURBED_STEAL, other load above DISTURBED_OTHER_CPUS. Unknown figures
+    flag nothing."""
+    why = []
+    if steal is not None and steal > DISTURBED_STEAL:
+        why.append(f"steal {100 * steal:.0f} %")
+    if other is not None and other > DISTURBED_OTHER_CPUS:
+        why.append(f"other load {other:.2f} CPUs")
+    return why
+
+
+# ---- before/after pairs
+
+
+def median(vals):
+    v = sorted(vals)
+    n = len(v)
+    if n == 0:
+        return None
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+# Fixed, so the same runs give the same report.
+BOOTSTRAP_SEED = 20261124
+BOOTSTRAP_RESAMPLES = 4000
+
+
+def bootstrap_median_ci(vals, level=0.90):
+    """A percentile-bootstrap interval of the median of vals (resampled with
+    replacement BOOTSTRAP_RESAMPLES times, seeded, so it is reproducible)."""
+    rng = random.Random(BOOTSTRAP_SEED)
+    n = len(vals)
+    meds = sorted(median([vals[rng.randrange(n)] for _ in range(n)]) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = (1 - level) / 2
+    lo = meds[int(math.floor(tail * (len(meds) - 1)))]
+    hi = meds[int(math.ceil((1 - tail) * (len(meds) - 1)))]
+    return lo, hi
+
+
+# Below this many pairs the interval is min–max of the pairs: a bootstrap of a
+# median of 3 or 4 values only reshuffles them.
+BOOTSTRAP_MIN_PAIRS = 5
+
+
+def ratio_summary(ratios, higher_is_better=True):
+    """Paired new/base ratios -> median, min, max, the interval the verdict is
+    read from (bootstrap 90 % of the median with >= BOOTSTRAP_MIN_PAIRS pairs,
+    else min–max) and the verdict: "ahead" or "behind" only when that interval
+    lies wholly on one side of 1.0 (which side is better: higher_is_better),
+    else "level (inside the noise)". None without ratios."""
+    r = [x for x in ratios if x is not None]
+    if not r:
+        return None
+    if len(r) >= BOOTSTRAP_MIN_PAIRS:
+        lo, hi = bootstrap_median_ci(r)
+        kind = "bootstrap 90 % of the median"
+    else:
+        lo, hi = min(r), max(r)
+        kind = "min–max of the pairs"
+    if lo > 1.0:
+        verdict = "ahead" if higher_is_better else "behind"
+    elif hi < 1.0:
+        verdict = "behind" if higher_is_better else "ahead"
+    else:
+        verdict = "level (inside the noise)"
+    return {"median": median(r), "min": min(r), "max": max(r), "pairs": len(r),
+            "interval": [lo, hi], "interval_kind": kind, "verdict": verdict, "ratios": r}
 
 
 # ---- the machine
@@ -200,10 +291,14 @@ def tick_label(v, unit):
     return f"{v:g}"
 
 
-def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None, floor_label=None, note=None):
+def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None, floor_label=None, note=None,
+              ticks=None, dodge=0.0, whisker=1.0):
     """A log-y line chart: x = queue depth (categorical), one line per series
     ({"color", "values", "ranges": [(min, max)], "dashed"}; dashed lines get
-    square markers). guide: (value, label[, "left-below"]), a dashed red line."""
+    square markers). guide: (value, label[, "left-below"]), a dashed red line.
+    ticks: the y grid values (default 1-2-5 per decade; ratio_ticks() for
+    ratios). dodge: each series' x offset in px, so whiskers at one QD stay apart.
+    whisker: their stroke width (wider, with caps, where they are the message)."""
     o = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="#ffffff" stroke="#cccccc"/>']
     o.append(text(x0 + 12, y0 + 24, title, 15, weight="bold"))
     if note:
@@ -218,9 +313,9 @@ def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None
     def xpos(i):
         return L + (i + 0.5) * (R - L) / len(qds)
 
-    for v in log_ticks(lo, hi):
+    for v in ticks or log_ticks(lo, hi):
         y = ypos(v)
-        major = abs(math.log10(v) - round(math.log10(v))) < 1e-9
+        major = abs(v - 1.0) < 1e-9 if ticks else abs(math.log10(v) - round(math.log10(v))) < 1e-9
         o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="{"#d0d0d0" if major else "#eeeeee"}"/>')
         lab = floor_label if (floor_label and abs(v - lo) < 1e-12) else tick_label(v, unit)
         o.append(text(L - 6, y + 4, lab, 12 if major else 10, "end", fill="#333" if major else "#777"))
@@ -237,8 +332,9 @@ def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None
         gx, gy, anchor = (L + 6, y + 17, "start") if where == "left-below" else (R - 4, y - 6, "end")
         o.append(text(gx, gy, gl, 12, anchor, "bold", "#c00",
                       extra='paint-order="stroke" stroke="#ffffff" stroke-width="5" stroke-linejoin="round"'))
-    for s in series:
-        pts = [(xpos(i), ypos(v)) for i, v in enumerate(s["values"]) if v is not None]
+    for si, s in enumerate(series):
+        dx = (si - (len(series) - 1) / 2) * dodge
+        pts = [(xpos(i) + dx, ypos(v)) for i, v in enumerate(s["values"]) if v is not None]
         dash = ' stroke-dasharray="6,3"' if s.get("dashed") else ""
         if len(pts) > 1:
             d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
@@ -251,9 +347,13 @@ def log_panel(x0, y0, w, h, title, ylabel, series, qds, unit, lo, hi, guide=None
         # whiskers: min–max of the runs
         for i, r in enumerate(s.get("ranges", [])):
             if r and r[0] != r[1]:
-                x = xpos(i)
+                x = xpos(i) + dx
                 o.append(f'<line x1="{x:.1f}" y1="{ypos(r[0]):.1f}" x2="{x:.1f}" y2="{ypos(r[1]):.1f}" '
-                         f'stroke="{s["color"]}" stroke-width="1" opacity="0.6"/>')
+                         f'stroke="{s["color"]}" stroke-width="{whisker:g}" opacity="0.6"/>')
+                if whisker > 1:
+                    for v in r:
+                        o.append(f'<line x1="{x - 2 * whisker:.1f}" y1="{ypos(v):.1f}" x2="{x + 2 * whisker:.1f}" '
+                                 f'y2="{ypos(v):.1f}" stroke="{s["color"]}" stroke-width="{whisker:g}" opacity="0.6"/>')
     return "\n".join(o)
 
 
@@ -269,6 +369,25 @@ def bounds(values, floor=None, pad=1.6):
     lo = floor if floor is not None else 10 ** math.floor(math.log10(lo))
     hi = 10 ** math.ceil(math.log10(hi))
     return lo, hi
+
+
+def ratio_ticks(lo, hi):
+    """Grid values for a log axis of ratios between lo and hi: 1.0 and steps of
+    5, 10, 25 or 50 % (whichever gives at most about 9 lines)."""
+    for step in (0.05, 0.1, 0.25, 0.5, 1.0):
+        t = [round(1 + k * step, 4) for k in range(-int(1 / step) + 1, int(hi / step) + 2)]
+        t = [v for v in t if lo * 0.9999 <= v <= hi * 1.0001]
+        if len(t) <= 9:
+            return t
+    return [1.0]
+
+
+def ratio_bounds(values, pad=1.05):
+    """Log-axis limits for ratios: around the values and always around 1.0,
+    symmetric in log (x and 1/x), at least 0.8–1.25."""
+    vs = [v for v in values if v is not None and v > 0] + [1.0]
+    m = max(max(vs), 1 / min(vs), 1.25) * pad
+    return 1 / m, m
 
 
 def nice_max(v):
