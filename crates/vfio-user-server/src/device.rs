@@ -16,6 +16,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::dma::{DmaError, DmaRegions, MAX_DMA_MAPS};
 use crate::doorbells::{DoorbellMode, DoorbellPage, DOORBELL_PAGE, DOORBELL_PAGE_LEN};
+use crate::fds::{self, FdKind};
 use crate::irq::EventFdInterrupts;
 use crate::pci::{ConfigSpace, PciIds, PBA_OFFSET};
 
@@ -99,6 +100,7 @@ pub struct Device {
     /// Written by the controller's event notifier; the server loop polls it.
     events: Arc<EventFd>,
     config: ConfigSpace,
+    ids: PciIds,
     bar0_len: u64,
     bar4: Vec<u8>,
     irqs: Arc<EventFdInterrupts>,
@@ -111,6 +113,16 @@ pub struct Device {
 }
 
 const BAR4_LEN: u64 = 0x2000;
+
+/// The MSI-X table as a reset leaves it: every vector masked (PCI Local Bus 3.0
+/// §6.8.2.9: Vector Control's Mask bit resets to 1), addresses and data zero.
+fn msix_table_at_power_on(vectors: u16) -> Vec<u8> {
+    let mut t = vec![0u8; PBA_OFFSET as usize];
+    for v in 0..vectors as usize {
+        t[v * 16 + 12] = 1;
+    }
+    t
+}
 
 impl Device {
     pub fn new(ctrl: Controller, irqs: Arc<EventFdInterrupts>, opts: DeviceOptions) -> std::io::Result<Self> {
@@ -135,8 +147,9 @@ impl Device {
             ctrl,
             events,
             config,
+            ids: opts.ids,
             bar0_len,
-            bar4: vec![0; PBA_OFFSET as usize],
+            bar4: msix_table_at_power_on(vectors),
             irqs,
             dma: DmaRegions::default(),
             negotiated: false,
@@ -168,12 +181,25 @@ impl Device {
     pub fn disconnect(&mut self) {
         // Reset first, so no worker is still using queues in memory we are about to
         // unmap (that would read as a guest fault and set Controller Fatal Status).
-        self.ctrl.device_reset();
+        self.power_on();
         self.dma.clear();
         self.ctrl.set_memory(self.dma.memory());
         self.irqs.clear_msix();
         self.irqs.set_intx(None);
         self.negotiated = false;
+    }
+
+    /// Puts the whole PCI function back in its power-on state, as a function-level
+    /// reset does: the controller, config space (command register, MSI-X Enable and
+    /// Function Mask, BARs) and the MSI-X table and PBA. Interrupt eventfds stay
+    /// installed (the client owns them and re-sends what it wants after a reset);
+    /// with MSI-X off, interrupts go to INTx again.
+    fn power_on(&mut self) {
+        self.ctrl.device_reset();
+        let vectors = self.irqs.vectors() as u16;
+        self.config = ConfigSpace::new(self.ids, self.bar0_len, BAR4_LEN, vectors);
+        self.bar4 = msix_table_at_power_on(vectors);
+        self.irqs.set_msix_enabled(false);
     }
 
     /// Handles one message.
@@ -196,7 +222,7 @@ impl Device {
             Command::RegionWrite => self.region_write(&msg),
             Command::DeviceReset => {
                 info!("device reset requested by the client");
-                self.ctrl.device_reset();
+                self.power_on();
                 Ok(Reply::ok(Vec::new()))
             }
             other => Err(DeviceError::Unsupported(other as u16)),
@@ -406,6 +432,20 @@ impl Device {
                 Command::DeviceSetIrqs,
                 "file descriptors without DATA_EVENTFD",
             ));
+        }
+        // Only eventfds, made non-blocking, are ever signalled: anything else could
+        // block the signalling thread. A refused message keeps none of its fds.
+        for fd in &msg.fds {
+            match FdKind::of(fd) {
+                FdKind::EventFd => fds::set_nonblocking(fd).map_err(|e| {
+                    DeviceError::Invalid(format!("cannot make an interrupt eventfd non-blocking: {e}"))
+                })?,
+                other => {
+                    return Err(DeviceError::Invalid(format!(
+                        "interrupt descriptor is {other}, not an eventfd"
+                    )))
+                }
+            }
         }
         match (index, action, data) {
             (IRQ_INDEX_MSIX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {

@@ -1,25 +1,36 @@
 //! Interrupts leave as eventfd signals: one eventfd per MSI-X vector (under QEMU with
 //! KVM these are KVM irqfds, so an interrupt reaches the guest without a VMM exit),
 //! or the single INTx eventfd when MSI-X is off.
+//!
+//! The eventfds come from the client, which is untrusted: `Device` accepts only
+//! eventfds and makes them non-blocking before they get here. A signal then never
+//! blocks: a counter the client let fill up answers EAGAIN, which means the
+//! interrupt is already pending, so it counts as delivered. The signalling thread
+//! (any I/O worker) takes the descriptor out from under the lock before it writes,
+//! so no thread writes to a client's descriptor while holding a lock another needs.
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use nvme_ctrl::InterruptSink;
-use tracing::trace;
+use tracing::{trace, warn};
 
 /// Eventfds installed by DEVICE_SET_IRQS.
 #[derive(Debug)]
 pub struct EventFdInterrupts {
-    msix: RwLock<Vec<Option<File>>>,
-    intx: RwLock<Option<File>>,
+    msix: RwLock<Vec<Option<Arc<File>>>>,
+    intx: RwLock<Option<Arc<File>>>,
     /// MSI-X Enable in the config space.
     msix_enabled: AtomicBool,
     /// Signals that found no eventfd (the client had not wired that vector yet).
     pub dropped: AtomicU64,
+    /// Signals whose eventfd counter was full: the interrupt was already pending.
+    pub already_pending: AtomicU64,
+    /// Signals whose eventfd write failed otherwise.
+    pub failed: AtomicU64,
 }
 
 impl EventFdInterrupts {
@@ -29,6 +40,8 @@ impl EventFdInterrupts {
             intx: RwLock::new(None),
             msix_enabled: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
+            already_pending: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }
     }
 
@@ -47,7 +60,7 @@ impl EventFdInterrupts {
             ));
         }
         for (i, fd) in fds.into_iter().enumerate() {
-            v[start + i] = fd.map(File::from);
+            v[start + i] = fd.map(|fd| Arc::new(File::from(fd)));
         }
         Ok(())
     }
@@ -59,7 +72,7 @@ impl EventFdInterrupts {
     }
 
     pub fn set_intx(&self, fd: Option<OwnedFd>) {
-        *self.intx.write().unwrap_or_else(|p| p.into_inner()) = fd.map(File::from);
+        *self.intx.write().unwrap_or_else(|p| p.into_inner()) = fd.map(|fd| Arc::new(File::from(fd)));
     }
 
     /// Tracks the MSI-X Enable bit. A client that installs MSI-X eventfds without ever
@@ -68,32 +81,47 @@ impl EventFdInterrupts {
         self.msix_enabled.store(on, Ordering::Release);
     }
 
-    fn kick(f: &File) {
-        // An eventfd write only fails if the counter would overflow, which means the
-        // consumer is gone; nothing to do about it here.
-        let _ = (&*f).write(&1u64.to_ne_bytes());
+    fn kick(&self, f: &File) {
+        match (&*f).write(&1u64.to_ne_bytes()) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.already_pending.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Only an eventfd gets here, and its write fails only as above; count
+                // and log the first few in case a kernel does otherwise.
+                if self.failed.fetch_add(1, Ordering::Relaxed) < 16 {
+                    warn!(target: "vnvme::client", "interrupt eventfd write failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// The eventfd for `vector`: Ok(Some) to signal, Ok(None) to drop the interrupt
+    /// (MSI-X in use but that vector unwired), Err(()) to fall back to INTx.
+    fn msix_target(&self, vector: u16) -> Result<Option<Arc<File>>, ()> {
+        let v = self.msix.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(f)) = v.get(vector as usize) {
+            return Ok(Some(f.clone()));
+        }
+        if v.iter().any(|f| f.is_some()) || self.msix_enabled.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Err(())
     }
 }
 
 impl InterruptSink for EventFdInterrupts {
     fn signal(&self, vector: u16) {
-        {
-            let v = self.msix.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(Some(f)) = v.get(vector as usize) {
-                Self::kick(f);
-                return;
-            }
-            let any_msix = v.iter().any(|f| f.is_some());
-            if any_msix || self.msix_enabled.load(Ordering::Acquire) {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                trace!(vector, "MSI-X vector has no eventfd: interrupt dropped");
-                return;
-            }
-        }
-        match &*self.intx.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(f) => Self::kick(f),
+        let target = match self.msix_target(vector) {
+            Ok(t) => t,
+            Err(()) => self.intx.read().unwrap_or_else(|p| p.into_inner()).clone(),
+        };
+        match target {
+            Some(f) => self.kick(&f),
             None => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+                trace!(vector, "interrupt has no eventfd: dropped");
             }
         }
     }

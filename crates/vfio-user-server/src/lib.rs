@@ -4,6 +4,7 @@
 //! - `pci`: the PCI function's config space (class 01-08-02, PM, MSI-X, PCIe).
 //! - `device`: answers protocol messages: regions, DMA maps, interrupts, reset.
 //! - `dma`: the client's shared memory as a guest memory map.
+//! - `fds`: what a client's file descriptor is, checked before use.
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
 //! - `server`: the socket loop.
 #![forbid(unsafe_code)]
@@ -11,6 +12,7 @@
 pub mod device;
 pub mod dma;
 pub mod doorbells;
+pub mod fds;
 pub mod irq;
 pub mod pci;
 pub mod server;

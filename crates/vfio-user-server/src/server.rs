@@ -11,7 +11,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use std::time::Duration;
 
 use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
-use nvme_ctrl::PollMode;
+use nvme_ctrl::{LogLimit, PollMode};
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
 use vfio_user::{Connection, ProtoError};
@@ -53,6 +53,9 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     }
     UnixListener::bind(path)
 }
+
+/// Requests refused with an errno: a broken client can send them in a loop.
+static REFUSED: LogLimit = LogLimit::new();
 
 // What woke the server loop (epoll data).
 const SOCKET: u64 = 0;
@@ -143,13 +146,15 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
     let reply = match device.handle(msg) {
         Ok(r) => r,
         Err(e) => {
-            debug!(cmd, "request failed: {e}");
+            if let Some(n) = REFUSED.hit() {
+                warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused ({n} so far): {e}");
+            }
             Reply::Err(e.errno())
         }
     };
     if no_reply {
         if let Reply::Err(errno) = reply {
-            warn!(cmd, errno, "posted request failed (no reply was wanted)");
+            debug!(cmd, errno, "the refused request was posted: no error reply");
         }
         return Ok(true);
     }

@@ -9,6 +9,10 @@ use tracing::warn;
 
 use super::{Finish, InFlight, IoEngine, POLL_BUDGET};
 use crate::stats::Stats;
+use crate::LogLimit;
+
+/// Backend failure log lines, process-wide.
+static BACKEND_FAILURES: LogLimit = LogLimit::new();
 
 impl IoEngine {
     // ---- the data path
@@ -196,10 +200,9 @@ impl IoEngine {
     /// storage became read-only), which raise a SMART / Health event when the host
     /// enabled it.
     pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
-        let n = self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        // The first few failures in full, then one in a thousand: a dying disk must
-        // not flood the log.
-        if n <= 16 || n.is_multiple_of(1000) {
+        self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A dying disk must not flood the log.
+        if let Some(n) = BACKEND_FAILURES.hit() {
             warn!(
                 target: "vnvme::backend",
                 nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),

@@ -1,0 +1,179 @@
+//! A broken or hostile VMM against `vnvme serve`, across two processes: descriptors
+//! that are not what a message says, eventfds that cannot take another signal, and
+//! device state one client leaves behind for the next. Each test ends by checking
+//! that the server still serves.
+
+mod common;
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use common::*;
+use rustix::fs::OFlags;
+use vfio_user::client::{Client, ClientError};
+use vfio_user::proto::*;
+use vfio_user::Command;
+use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
+
+const SET_IRQS: u16 = Command::DeviceSetIrqs as u16;
+
+/// The MSI-X capability in our config space, and the offset of its Message Control.
+const MSIX_CAP: u64 = 0x50;
+const MSIX_CONTROL: u64 = MSIX_CAP + 2;
+const MSIX_ENABLE: u16 = 1 << 15;
+const PCI_COMMAND: u64 = 0x04;
+const MEMORY_AND_BUS_MASTER: u16 = 0x2 | 0x4;
+
+fn trigger(c: &mut Client, vector: u32) {
+    let s = SetIrqs {
+        argsz: U32::new(20),
+        flags: U32::new(IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER),
+        index: U32::new(IRQ_INDEX_MSIX),
+        start: U32::new(vector),
+        count: U32::new(1),
+    };
+    c.request_raw(Command::DeviceSetIrqs, &[s.as_bytes()], &[]).expect("software trigger");
+}
+
+fn errno(r: Result<(), ClientError>) -> u32 {
+    match r {
+        Err(ClientError::Server { errno, .. }) => errno,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+/// spec: vfio-user.rst VFIO_USER_DEVICE_SET_IRQS ("DATA_EVENTFD: the file descriptors
+/// are eventfds"); issue: interrupt fds must be eventfds, anything else refused.
+#[test]
+fn interrupt_descriptors_that_are_not_eventfds_are_refused_and_not_kept() {
+    let mut server = Server::start();
+    let mut c = server.client();
+    let (pipe_r, pipe_w) = std::io::pipe().unwrap();
+    let (sock_a, _sock_b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mem = memfd(4096);
+    let candidates: Vec<(&str, OwnedFd)> =
+        vec![("a pipe's write end", pipe_w.into()), ("a socket", sock_a.into()), ("a memfd", mem)];
+    for (what, fd) in &candidates {
+        let e = errno(c.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &[fd.as_fd()]));
+        assert_eq!(e, libc::EINVAL as u32, "{what} as an MSI-X eventfd");
+        let e = errno(c.set_irq_eventfds(IRQ_INDEX_INTX, 0, &[fd.as_fd()]));
+        assert_eq!(e, libc::EINVAL as u32, "{what} as the INTx eventfd");
+    }
+    // Nothing was kept: triggering vector 0 writes into no pipe (a kept pipe would
+    // fill and, blocking, hang the server).
+    for _ in 0..100 {
+        trigger(&mut c, 0);
+    }
+    let mut pipe_r = pipe_r;
+    rustix::fs::fcntl_setfl(&pipe_r, OFlags::NONBLOCK).unwrap();
+    let mut buf = [0u8; 8];
+    assert!(std::io::Read::read(&mut pipe_r, &mut buf).is_err(), "the server wrote into a refused pipe");
+    // A real eventfd still works on the same connection.
+    let ev = TestEventFd::new();
+    c.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &[ev.fd()]).unwrap();
+    trigger(&mut c, 0);
+    assert_eq!(ev.wait(TIMEOUT), 1);
+    assert!(server.log().contains("not an eventfd"), "the refusal is logged:\n{}", server.log());
+    server.assert_alive();
+}
+
+/// issue: a SET_IRQS eventfd whose counter is full, then a trigger, must not block
+/// the server: the eventfd is made non-blocking and a full counter counts as
+/// "already signalled".
+#[test]
+fn a_full_eventfd_counter_never_blocks_the_server() {
+    let mut server = Server::start();
+    let mut c = server.client();
+    // A blocking eventfd (no EFD_NONBLOCK), filled to its maximum.
+    let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    rustix::io::write(&ev, &(u64::MAX - 1).to_ne_bytes()).unwrap();
+    c.set_irq_eventfds(IRQ_INDEX_MSIX, 1, &[ev.as_fd()]).unwrap();
+    assert!(
+        rustix::fs::fcntl_getfl(&ev).unwrap().contains(OFlags::NONBLOCK),
+        "the server made the shared eventfd non-blocking"
+    );
+    for _ in 0..10 {
+        trigger(&mut c, 1);
+    }
+    // The server still answers (a blocked server would time the request out).
+    assert_eq!(c.read_u32(REGION_CONFIG, 0).unwrap() & 0xffff, 0x1b36);
+    let mut counter = [0u8; 8];
+    rustix::io::read(&ev, &mut counter).unwrap();
+    assert_eq!(u64::from_ne_bytes(counter), u64::MAX - 1, "the counter never overflowed");
+    // Drained, it takes signals again.
+    trigger(&mut c, 1);
+    rustix::io::read(&ev, &mut counter).unwrap();
+    assert_eq!(u64::from_ne_bytes(counter), 1);
+    drop(c);
+    let _ = server.client();
+    server.assert_alive();
+}
+
+fn config_u16(c: &mut Client, off: u64) -> u16 {
+    let mut b = [0u8; 2];
+    c.region_read(REGION_CONFIG, off, &mut b).unwrap();
+    u16::from_le_bytes(b)
+}
+
+fn msix_entry(c: &mut Client, vector: u64) -> [u8; 16] {
+    let mut e = [0u8; 16];
+    c.region_read(REGION_BAR4, vector * 16, &mut e).unwrap();
+    e
+}
+
+/// Leaves the function the way a running guest would: memory decoding and bus
+/// mastering on, MSI-X enabled, vector 2 programmed and unmasked.
+fn dirty_the_function(c: &mut Client) {
+    c.region_write(REGION_CONFIG, PCI_COMMAND, &MEMORY_AND_BUS_MASTER.to_le_bytes()).unwrap();
+    let ctl = config_u16(c, MSIX_CONTROL);
+    c.region_write(REGION_CONFIG, MSIX_CONTROL, &(ctl | MSIX_ENABLE).to_le_bytes()).unwrap();
+    let entry: Vec<u8> = [0xfee0_0000u32, 0, 0x4021, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    c.region_write(REGION_BAR4, 2 * 16, &entry).unwrap();
+    assert_eq!(config_u16(c, PCI_COMMAND) & MEMORY_AND_BUS_MASTER, MEMORY_AND_BUS_MASTER);
+    assert_ne!(config_u16(c, MSIX_CONTROL) & MSIX_ENABLE, 0);
+}
+
+/// The power-on state a reset must restore (PCI Local Bus 3.0: command register 0,
+/// MSI-X Enable clear, every table entry masked).
+fn assert_power_on(c: &mut Client, when: &str) {
+    assert_eq!(config_u16(c, PCI_COMMAND) & 0x7, 0, "{when}: command register");
+    assert_eq!(
+        config_u16(c, MSIX_CONTROL) & (MSIX_ENABLE | 1 << 14),
+        0,
+        "{when}: MSI-X Enable / Function Mask"
+    );
+    let e = msix_entry(c, 2);
+    assert_eq!(&e[..12], &[0u8; 12], "{when}: vector 2's address and data");
+    assert_eq!(e[12] & 1, 1, "{when}: vector 2 masked");
+}
+
+/// issue: "MSI-X Enable and the PCI command register written by one client are still
+/// set when the next client connects"; a reset restores the power-on state.
+#[test]
+fn a_client_leaving_and_device_reset_restore_the_power_on_pci_state() {
+    let mut server = Server::start();
+    let mut c = server.client();
+    assert_power_on(&mut c, "first connection");
+    dirty_the_function(&mut c);
+    drop(c);
+    let mut c = server.client();
+    assert_power_on(&mut c, "after the previous client left");
+    dirty_the_function(&mut c);
+    c.reset().unwrap();
+    assert_power_on(&mut c, "after DEVICE_RESET");
+    // Interrupts fall back to INTx once MSI-X is off again.
+    let intx = TestEventFd::new();
+    c.set_irq_eventfds(IRQ_INDEX_INTX, 0, &[intx.fd()]).unwrap();
+    let raw = c.connection();
+    let s = SetIrqs {
+        argsz: U32::new(20),
+        flags: U32::new(IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER),
+        index: U32::new(IRQ_INDEX_MSIX),
+        start: U32::new(0),
+        count: U32::new(1),
+    };
+    let m = request(raw, 0x900, SET_IRQS, &[s.as_bytes()], &[]);
+    assert!(!is_error(&m));
+    assert_eq!(intx.wait(TIMEOUT), 1, "with MSI-X off a vector's interrupt goes to INTx");
+    server.assert_alive();
+}
