@@ -1,5 +1,16 @@
 //! The server loop: listen on a UNIX socket, serve one client at a time, and survive
-//! clients that disconnect or send garbage.
+//! clients that disconnect, send garbage or stall.
+//!
+//! A client is untrusted. A message that has begun to arrive must complete, and a
+//! reply must leave, within [`ServeOptions::deadline`] (QEMU's own 5 s by default);
+//! a client that breaks either is evicted with a log line saying why, the device is
+//! reset and the next client is served.
+//!
+//! A client that connects while another is being served waits in a queue of one,
+//! for at most the deadline: if the current client leaves by then (a VMM
+//! reconnecting, whose old connection is still closing), it is served next;
+//! otherwise its connection is closed and the log says why. Any further client
+//! meanwhile is refused at once. Nobody waits unseen in the listen backlog.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -8,7 +19,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
 use nvme_ctrl::{LogLimit, PollMode};
@@ -19,19 +30,45 @@ use zerocopy::little_endian::U32;
 
 use crate::device::{Device, Reply};
 
+/// How the server treats its clients.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// How long a message may take to arrive once begun, and a reply to leave.
+    pub deadline: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions { deadline: DEFAULT_DEADLINE }
+    }
+}
+
+/// QEMU's own limit on a vfio-user reply (hw/vfio-user: 5 s).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Serves `device` to clients connecting on `listener`, one after another, until
 /// `max_clients` have come and gone (None: forever).
-pub fn serve(listener: &UnixListener, device: &mut Device, max_clients: Option<usize>) -> io::Result<()> {
+pub fn serve(
+    listener: &UnixListener,
+    device: &mut Device,
+    max_clients: Option<usize>,
+    opts: &ServeOptions,
+) -> io::Result<()> {
     let mut served = 0;
+    let mut waiting: Option<Waiting> = None;
     loop {
         if max_clients.is_some_and(|m| served >= m) {
             return Ok(());
         }
-        let (stream, _) = listener.accept()?;
+        let stream = match waiting.take() {
+            Some(w) => w.stream,
+            None => listener.accept()?.0,
+        };
         served += 1;
         info!(client = served, "client connected");
-        match serve_client(stream, device) {
+        match session(stream, device, Some((listener, &mut waiting)), opts) {
             Ok(()) => info!(client = served, "client disconnected"),
+            Err(e @ ProtoError::Deadline { .. }) => warn!(client = served, "client evicted: {e}"),
             Err(e) => warn!(client = served, "client dropped: {e}"),
         }
         device.disconnect();
@@ -63,6 +100,7 @@ const EVENTS: u64 = 1;
 const TIMER: u64 = 2;
 const KICK: u64 = 3;
 const NOTIFIER: u64 = 4;
+const LISTENER: u64 = 5;
 
 /// Handles one client's messages until it disconnects. Protocol errors in a message
 /// are answered with an error reply; only a broken stream ends the session. Between
@@ -75,32 +113,62 @@ const NOTIFIER: u64 = 4;
 /// coalescing timers as well, and spins between bursts of work as the controller's
 /// [`PollMode`] says (see [`nvme_ctrl::runtime::idle`]).
 pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), ProtoError> {
+    session(stream, device, None, &ServeOptions::default())
+}
+
+/// A client that connected while another was being served.
+#[derive(Debug)]
+struct Waiting {
+    stream: UnixStream,
+    since: Instant,
+}
+
+/// [`serve_client`], with a listener whose new clients wait in `waiting` (a queue of
+/// one, bounded by the deadline) or are refused.
+fn session(
+    stream: UnixStream,
+    device: &mut Device,
+    mut queue: Option<(&UnixListener, &mut Option<Waiting>)>,
+    opts: &ServeOptions,
+) -> Result<(), ProtoError> {
     let epoll = Epoll::new()?;
+    if let Some((l, _)) = &queue {
+        epoll.ctl(ControlOperation::Add, l.as_raw_fd(), EpollEvent::new(EventSet::IN, LISTENER))?;
+    }
     epoll.ctl(
         ControlOperation::Add,
         stream.as_raw_fd(),
-        EpollEvent::new(EventSet::IN | EventSet::HANG_UP, SOCKET),
+        EpollEvent::new(EventSet::IN | EventSet::HANG_UP | EventSet::READ_HANG_UP, SOCKET),
     )?;
     let events = device.event_fd();
     epoll.ctl(ControlOperation::Add, events.as_raw_fd(), EpollEvent::new(EventSet::IN, EVENTS))?;
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
-    let mut conn = Connection::new(stream);
+    let mut conn = Connection::with_deadline(stream, opts.deadline)?;
     let mut ready = [EpollEvent::default(); 8];
     let admin_tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
     loop {
-        let timeout = match inline.as_mut() {
+        let mut timeout = match inline.as_mut() {
             Some(i) => i.timeout(device),
             None => admin_tick,
         };
+        if let Some((_, Some(w))) = &queue {
+            let left = opts.deadline.saturating_sub(w.since.elapsed()).as_millis() as i32 + 1;
+            timeout = if timeout < 0 { left } else { timeout.min(left) };
+        }
         let n = match epoll.wait(timeout, &mut ready) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
         };
         let mut socket_ready = false;
+        let mut listener_ready = false;
+        let mut client_leaving = false;
         for ev in &ready[..n] {
             match ev.data() {
-                SOCKET => socket_ready = true,
+                SOCKET => {
+                    socket_ready = true;
+                    client_leaving = ev.event_set().intersects(EventSet::HANG_UP | EventSet::READ_HANG_UP);
+                }
                 EVENTS => {
                     let _ = events.read();
                     device.ctrl.process();
@@ -110,12 +178,16 @@ pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), Proto
                         i.timer_fired();
                     }
                 }
+                LISTENER => listener_ready = true,
                 // Doorbell kick and backend notifiers: `Inline::run` below.
                 _ => {}
             }
         }
         if socket_ready && !handle_message(&mut conn, device)? {
             return Ok(());
+        }
+        if let Some((l, waiting)) = queue.as_mut() {
+            queue_or_refuse(l, waiting, listener_ready && !client_leaving, opts.deadline);
         }
         match inline.as_mut() {
             Some(i) => i.run(device),
@@ -127,6 +199,42 @@ pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), Proto
         }
     }
 }
+
+/// Takes clients that connect while another is being served: the first waits (up to
+/// `limit`) to be served next, others are refused at once; a waiter whose time is
+/// up is refused. `pending`: the listener has a connection queued (and our client
+/// is not just leaving, in which case the backlog is where it should wait).
+fn queue_or_refuse(listener: &UnixListener, waiting: &mut Option<Waiting>, pending: bool, limit: Duration) {
+    if waiting.as_ref().is_some_and(|w| w.since.elapsed() >= limit) {
+        let w = waiting.take().expect("checked");
+        refuse(w.stream, "it waited the deadline for another client to leave");
+    }
+    if !pending {
+        return;
+    }
+    // Readable means a connection is queued, but it may have gone again: don't block.
+    let _ = listener.set_nonblocking(true);
+    let accepted = listener.accept();
+    let _ = listener.set_nonblocking(false);
+    let Ok((stream, _)) = accepted else { return };
+    if waiting.is_none() {
+        debug!("a client connected while another is being served: it waits up to {limit:?}");
+        *waiting = Some(Waiting { stream, since: Instant::now() });
+    } else {
+        refuse(stream, "another client is being served and one is already waiting");
+    }
+}
+
+/// Closes a client's connection, with a (rate-limited) log line saying why.
+fn refuse(stream: UnixStream, why: &str) {
+    if let Some(n) = REFUSED_CLIENTS.hit() {
+        warn!(target: "vnvme::client", "refused a client ({n} so far): {why}");
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// Clients refused because another was being served.
+static REFUSED_CLIENTS: LogLimit = LogLimit::new();
 
 /// Receives one message and answers it. False when the client has gone.
 fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, ProtoError> {

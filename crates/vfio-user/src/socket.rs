@@ -4,6 +4,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -23,6 +24,10 @@ pub enum ProtoError {
     BadSize(u32),
     #[error("too many file descriptors ({0})")]
     TooManyFds(usize),
+    /// The peer stalled: a message began to arrive and did not complete, or a reply
+    /// could not leave (the peer stopped reading), within the connection's deadline.
+    #[error("{what} within {limit:?}")]
+    Deadline { what: &'static str, limit: Duration },
 }
 
 /// A received message.
@@ -44,11 +49,24 @@ impl Message {
 #[derive(Debug)]
 pub struct Connection {
     sock: UnixStream,
+    /// How long a message may take to arrive once begun, and a reply to leave.
+    deadline: Option<Duration>,
 }
 
 impl Connection {
     pub fn new(sock: UnixStream) -> Self {
-        Connection { sock }
+        Connection { sock, deadline: None }
+    }
+
+    /// A connection to an untrusted peer: a message that has begun to arrive must
+    /// complete within `limit`, and a message we send must leave within `limit`;
+    /// otherwise the call fails with [`ProtoError::Deadline`] instead of waiting for
+    /// the peer forever. Call [`Self::recv`] only once the socket is readable: the
+    /// deadline also bounds the wait for a message's first byte.
+    pub fn with_deadline(sock: UnixStream, limit: Duration) -> io::Result<Self> {
+        sock.set_read_timeout(Some(limit))?;
+        sock.set_write_timeout(Some(limit))?;
+        Ok(Connection { sock, deadline: Some(limit) })
     }
 
     pub fn stream(&self) -> &UnixStream {
@@ -56,18 +74,33 @@ impl Connection {
     }
 
     pub fn try_clone(&self) -> io::Result<Self> {
-        Ok(Connection { sock: self.sock.try_clone()? })
+        Ok(Connection { sock: self.sock.try_clone()?, deadline: self.deadline })
+    }
+
+    /// Maps a socket timeout to the deadline error.
+    fn stalled(&self, e: io::Error, what: &'static str) -> ProtoError {
+        match (e.kind(), self.deadline) {
+            (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, Some(limit)) => {
+                ProtoError::Deadline { what, limit }
+            }
+            (io::ErrorKind::UnexpectedEof, _) => ProtoError::Closed,
+            _ => ProtoError::Io(e),
+        }
     }
 
     /// Reads one whole message. Blocks until it has arrived.
     pub fn recv(&mut self) -> Result<Message, ProtoError> {
         let mut hdr = [0u8; HEADER_SIZE];
-        let (n, fds) = recv_with_fds(self.sock.as_raw_fd(), &mut hdr)?;
+        let (n, fds) = match recv_with_fds(self.sock.as_raw_fd(), &mut hdr) {
+            Err(ProtoError::Io(e)) => return Err(self.stalled(e, "no message arrived")),
+            r => r?,
+        };
         if n == 0 {
             return Err(ProtoError::Closed);
         }
+        let started = Instant::now();
         if n < HEADER_SIZE {
-            self.read_exact(&mut hdr[n..])?;
+            self.read_exact(&mut hdr[n..], started)?;
         }
         let header = Header::read_from_bytes(&hdr).expect("16 bytes");
         let size = header.size.get();
@@ -75,19 +108,48 @@ impl Connection {
             return Err(ProtoError::BadSize(size));
         }
         let mut payload = vec![0u8; size as usize - HEADER_SIZE];
-        self.read_exact(&mut payload)?;
+        self.read_exact(&mut payload, started)?;
         Ok(Message { header, payload, fds })
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ProtoError> {
-        self.sock.read_exact(buf).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => ProtoError::Closed,
-            _ => ProtoError::Io(e),
-        })
+    /// Reads the rest of a message that began at `started`. Each read waits at most
+    /// the socket timeout, and the whole message must be in by the deadline, so a
+    /// peer trickling a byte at a time cannot hold us either.
+    fn read_exact(&mut self, mut buf: &mut [u8], started: Instant) -> Result<(), ProtoError> {
+        const WHAT: &str = "a message began to arrive and did not complete";
+        while !buf.is_empty() {
+            if self.deadline.is_some_and(|d| started.elapsed() > d) {
+                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
+            }
+            match self.sock.read(buf) {
+                Ok(0) => return Err(ProtoError::Closed),
+                Ok(n) => buf = &mut buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.stalled(e, WHAT)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf`, bounded like [`Self::read_exact`].
+    fn write_all(&mut self, mut buf: &[u8], started: Instant) -> Result<(), ProtoError> {
+        const WHAT: &str = "a message could not be sent (the peer is not reading)";
+        while !buf.is_empty() {
+            if self.deadline.is_some_and(|d| started.elapsed() > d) {
+                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
+            }
+            match self.sock.write(buf) {
+                Ok(0) => return Err(ProtoError::Closed),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.stalled(e, WHAT)),
+            }
+        }
+        Ok(())
     }
 
     /// Sends `header` (its size is filled in) followed by `parts`, with `fds`.
-    pub fn send(&mut self, mut header: Header, parts: &[&[u8]], fds: &[RawFd]) -> io::Result<()> {
+    pub fn send(&mut self, mut header: Header, parts: &[&[u8]], fds: &[RawFd]) -> Result<(), ProtoError> {
         let len = HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
         header.size.set(len as u32);
         let mut buf = Vec::with_capacity(len);
@@ -95,11 +157,14 @@ impl Connection {
         for p in parts {
             buf.extend_from_slice(p);
         }
-        if fds.is_empty() {
-            return self.sock.write_all(&buf);
-        }
-        let n = send_with_fds(self.sock.as_raw_fd(), &buf, fds)?;
-        self.sock.write_all(&buf[n..])
+        let started = Instant::now();
+        let n = if fds.is_empty() {
+            0
+        } else {
+            send_with_fds(self.sock.as_raw_fd(), &buf, fds)
+                .map_err(|e| self.stalled(e, "a message could not be sent (the peer is not reading)"))?
+        };
+        self.write_all(&buf[n..], started)
     }
 }
 

@@ -28,6 +28,7 @@ mod report;
 mod setup;
 
 pub use histogram::Histogram;
+pub(crate) use knobs::parse_duration;
 pub use knobs::{Doorbells, Workload};
 
 /// Where the controller is.

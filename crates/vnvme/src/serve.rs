@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// doorbell register: the baseline for measuring what shadow doorbells save.
     #[arg(long)]
     pub no_shadow_doorbells: bool,
+    /// How long a vfio-user message may take to arrive once begun, and a reply to
+    /// leave; a client that stalls longer is evicted and the device reset (e.g. 5s,
+    /// 500ms).
+    #[arg(long, default_value = "5s", value_parser = crate::perf::parse_duration)]
+    pub client_deadline: std::time::Duration,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -141,7 +146,12 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             std::thread::sleep(Duration::from_millis(500));
         })?;
     }
-    let r = server::serve(&listener, &mut dev, if a.once { Some(1) } else { None });
+    let r = server::serve(
+        &listener,
+        &mut dev,
+        if a.once { Some(1) } else { None },
+        &server::ServeOptions { deadline: a.client_deadline },
+    );
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));
     for w in dev.ctrl.workers() {

@@ -177,3 +177,125 @@ fn a_client_leaving_and_device_reset_restore_the_power_on_pci_state() {
     assert_eq!(intx.wait(TIMEOUT), 1, "with MSI-X off a vector's interrupt goes to INTx");
     server.assert_alive();
 }
+
+/// The deadline the stall tests give the server, and how long they allow it to act.
+const DEADLINE: &str = "300ms";
+const EVICTION_WITHIN: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Connects a new client and negotiates, or fails if the server does not answer
+/// within `EVICTION_WITHIN` (its first client may still be holding it).
+fn next_client_served(server: &mut Server) {
+    let t = std::time::Instant::now();
+    still_serving(server);
+    assert!(t.elapsed() < EVICTION_WITHIN, "the next client waited {:?}", t.elapsed());
+}
+
+/// issue: "a client that sends half a message header and goes quiet ... the server is
+/// stuck": a message that has begun must complete within the deadline, else the
+/// client is evicted and the next one served.
+#[test]
+fn a_client_that_stalls_mid_message_is_evicted() {
+    let mut server = Server::start_with(&["--client-deadline", DEADLINE]);
+    // Half a header, then nothing, connection left open.
+    let mut quiet = server.stream();
+    std::io::Write::write_all(&mut quiet, &raw_header(1, Command::Version as u16, 64)[..7]).unwrap();
+    assert!(closed_by_peer(&mut quiet), "the stalled client was not disconnected");
+    next_client_served(&mut server);
+    // A whole header whose payload trickles in a byte at a time, each byte well
+    // within the deadline but the message as a whole not.
+    let c = server.raw_negotiated();
+    let mut s = c.stream().try_clone().unwrap();
+    let hdr = raw_header(2, Command::DeviceGetInfo as u16, 16 + 16);
+    std::io::Write::write_all(&mut s, &hdr).unwrap();
+    let t = std::time::Instant::now();
+    let mut evicted = false;
+    for _ in 0..15 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        if std::io::Write::write_all(&mut s, &[0u8]).is_err() {
+            evicted = true;
+            break;
+        }
+    }
+    assert!(evicted || closed_by_peer(&mut s), "a trickling client held the server for {:?}", t.elapsed());
+    drop(c);
+    next_client_served(&mut server);
+    let log = server.log();
+    assert!(log.contains("client evicted") && log.contains("did not complete"), "eviction logged:\n{log}");
+    server.assert_alive();
+}
+
+/// issue: a client that "floods REGION_READs and never reads the replies": replies
+/// must leave within the deadline, else the client is evicted.
+#[test]
+fn a_client_that_never_reads_its_replies_is_evicted() {
+    let mut server = Server::start_with(&["--client-deadline", DEADLINE]);
+    let c = server.raw_negotiated();
+    let mut s = c.stream().try_clone().unwrap();
+    s.set_nonblocking(true).unwrap();
+    // 4 KiB config-space reads, sent until our own socket buffer is full (the server
+    // stops reading once its replies no longer fit).
+    let mut req = raw_header(3, Command::RegionRead as u16, 16 + 16).to_vec();
+    let access = RegionAccess {
+        offset: zerocopy::little_endian::U64::new(0),
+        region: U32::new(REGION_CONFIG),
+        count: U32::new(4096),
+    };
+    req.extend_from_slice(access.as_bytes());
+    let mut sent = 0;
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(2) {
+        match std::io::Write::write(&mut s, &req) {
+            Ok(n) if n == req.len() => sent += 1,
+            Ok(_) => break,
+            Err(_) => break,
+        }
+    }
+    assert!(sent > 10, "only {sent} requests went out");
+    // Read nothing; the server must give up on us and serve the next client.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    next_client_served(&mut server);
+    drop(c);
+    let log = server.log();
+    assert!(log.contains("client evicted") && log.contains("not reading"), "eviction logged:\n{log}");
+    server.assert_alive();
+}
+
+/// issue: "the next client waits in the listen backlog forever": a client that
+/// connects while another is served waits at most the deadline, in a queue of one;
+/// a third is refused at once.
+#[test]
+fn a_second_client_waits_at_most_the_deadline_and_a_third_is_refused_at_once() {
+    let mut server = Server::start_with(&["--client-deadline", DEADLINE]);
+    let mut first = server.client();
+    let mut second = server.stream();
+    let mut third = server.stream();
+    let t = std::time::Instant::now();
+    assert!(closed_by_peer(&mut third), "the third client was left waiting");
+    assert!(closed_by_peer(&mut second), "the second client was left waiting");
+    assert!(t.elapsed() < EVICTION_WITHIN, "refusals took {:?}", t.elapsed());
+    // The first client is undisturbed.
+    assert_eq!(first.read_u32(REGION_CONFIG, 0).unwrap() & 0xffff, 0x1b36);
+    let log = server.log();
+    assert!(
+        log.contains("one is already waiting") && log.contains("waited the deadline"),
+        "refusals logged:\n{log}"
+    );
+    drop(first);
+    next_client_served(&mut server);
+    server.assert_alive();
+}
+
+/// A VMM that reconnects while its old connection is still being torn down is served
+/// as soon as the old one is gone, not refused.
+#[test]
+fn a_client_waiting_while_another_leaves_is_served_next() {
+    let mut server = Server::start();
+    let first = server.client();
+    let waiting = server.stream();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    drop(first);
+    let mut c = vfio_user::client::Client::from_stream(waiting).expect("the waiting client is served");
+    assert_eq!(c.read_u32(REGION_CONFIG, 0).unwrap() & 0xffff, 0x1b36);
+    assert!(!server.log().contains("refused a client"));
+    server.assert_alive();
+}

@@ -104,7 +104,7 @@ pub(super) fn parse_completion(s: &str) -> Result<CompletionMode, String> {
 }
 
 /// `5s`, `300ms`, `2m`, or plain seconds.
-pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mul_ms) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1.0)
