@@ -1,7 +1,11 @@
-//! The `nvme://` block backend: a namespace of *another* NVMe controller, reached
-//! through this driver, served as a [`block_backend::Backend`]. Over vfio-user that
-//! is one vnvme in front of another (or of any vfio-user NVMe server); over kernel
-//! VFIO it is a real NVMe device bound to `vfio-pci`.
+//! The nvme:// block backend: a namespace of another NVMe controller, reached through
+//! the userspace driver.
+//!
+//! [`NvmeBackend`] serves that namespace as a [`block_backend::Backend`]. Over
+//! vfio-user it is one vnvme in front of another (or of any vfio-user NVMe server);
+//! over kernel VFIO it is a real NVMe device bound to `vfio-pci`. The driver
+//! (`nvme-driver`) knows nothing of block backends; this crate is the adapter between
+//! the two, as OpenVMM keeps `disk_nvme` apart from its NVMe driver.
 //!
 //! # URI
 //!
@@ -49,7 +53,7 @@
 //! A front request's data pages live in the front's guest memory. When a request
 //! arrives with a [`GuestMemory`] snapshot whose map this backend has not seen
 //! ([`GuestMemory::same_map`] against the last one), every region of it is offered to
-//! the transport ([`crate::DeviceHandle::map_external`]): vfio-user DMA-maps the
+//! the transport ([`DeviceHandle::map_external`]): vfio-user DMA-maps the
 //! region's own file descriptor (QEMU gives the front memfd RAM, so the downstream
 //! server maps the very same pages), kernel VFIO maps the host address through the
 //! IOMMU. The table of mapped regions is shared by all queues of the backend (a
@@ -110,14 +114,13 @@ use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use tracing::{debug, info, warn};
 use zerocopy::IntoBytes;
 
-use crate::command::Completion as DrvCompletion;
-use crate::driver::{CompletionMode, DeviceHandle, DriverOptions, NvmeDriver};
-use crate::error::DriverError;
-use crate::prp;
-use crate::queue::IoQueue;
-use crate::transport::{new_eventfd, Transport};
-use crate::vfio::{normalize_bdf, KernelVfioTransport};
-use crate::vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};
+use nvme_driver::prp;
+use nvme_driver::vfio::{normalize_bdf, KernelVfioTransport};
+use nvme_driver::Completion as DrvCompletion;
+use nvme_driver::{
+    new_eventfd, CompletionMode, DeviceHandle, DmaBuf, DoorbellMode, DriverError, DriverOptions, IoQueue,
+    NvmeDriver, Transport, VfioUserOptions, VfioUserTransport,
+};
 
 // ---- options and URI
 
@@ -1354,7 +1357,7 @@ fn stage_in(
     mem: &GuestMemory,
     off: u64,
     seg: SegmentMark,
-    buf: &crate::DmaBuf,
+    buf: &DmaBuf,
     scratch: &mut Vec<u8>,
 ) -> Result<(), BackendError> {
     let n = buf.len();
@@ -1380,7 +1383,7 @@ fn stage_out(
     off: u64,
     len: u64,
     seg: SegmentMark,
-    buf: &crate::DmaBuf,
+    buf: &DmaBuf,
     scratch: &mut Vec<u8>,
 ) -> Result<(), BackendError> {
     match data {
