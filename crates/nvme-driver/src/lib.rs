@@ -9,18 +9,16 @@
 //! [`IoQueue::write`], ...). Shadow doorbells with EventIdx are used when the
 //! controller offers Doorbell Buffer Config ([`doorbell`] holds the protocol).
 //!
-//! With the `backend` feature (on by default), [`backend::NvmeBackend`] serves a
-//! namespace of the controller the driver drives as a `block_backend::Backend` — the
-//! `nvme://` namespace kind, zero copy where the transport can share the front's
-//! guest memory ([`Transport::map_external`]).
+//! The driver knows nothing of block backends: the `nvme://` namespace kind, which
+//! serves a namespace of the controller it drives as a `block_backend::Backend` (zero
+//! copy where the transport can share the front's guest memory,
+//! [`Transport::map_external`]), is the `nvme-disk` crate.
 //!
 //! Host access to DMA memory goes through `guest_mem::GuestMemory` over the same
 //! mappings the device reaches, so driver code needs no `unsafe`; only a transport
 //! that must call into the kernel directly (kernel VFIO) may.
 #![deny(unsafe_code)]
 
-#[cfg(feature = "backend")]
-pub mod backend;
 pub mod command;
 pub mod dma;
 pub mod doorbell;

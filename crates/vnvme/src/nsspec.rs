@@ -111,7 +111,7 @@ impl NsSpec {
                 }
             },
             Kind::Nvme(uri) => Arc::new(
-                nvme_driver::backend::NvmeBackend::open(uri)
+                nvme_disk::NvmeBackend::open(uri)
                     .map_err(|e| std::io::Error::other(format!("{uri}: {e}")))?,
             ),
         };

@@ -21,7 +21,7 @@ use block_backend::{
 };
 use guest_mem::GuestMemory;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode};
-use nvme_driver::backend::{NvmeBackend, NvmeBackendOptions, NvmeBackendStats, NvmeTarget, OpenError};
+use nvme_disk::{NvmeBackend, NvmeBackendOptions, NvmeBackendStats, NvmeTarget, OpenError};
 use nvme_driver::{
     CompletionMode, DriverOptions, InProcessOptions, InProcessTransport, NvmeDriver, VfioUserOptions,
     VfioUserTransport,
