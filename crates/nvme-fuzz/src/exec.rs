@@ -23,11 +23,11 @@ use std::sync::Arc;
 
 use block_backend::{FaultBackend, FaultError, FaultOp, FaultRule, NullBackend, RamBackend};
 use guest_mem::{GuestMemory, Mapping};
-use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cc, DoorbellKind, ShutdownStatus};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
+use test_kit::{InitOptions, ManualClock, MockHost, PAGE};
 use zerocopy::FromBytes;
 
 use crate::program::{
@@ -318,7 +318,7 @@ impl<'s> Fuzzer<'s> {
         (!qs.is_empty()).then(|| qs[sel as usize % qs.len()])
     }
 
-    fn host_queue(&self, qid: u16) -> Option<&mock_host::HostQueue> {
+    fn host_queue(&self, qid: u16) -> Option<&test_kit::HostQueue> {
         if qid == 0 {
             self.h.admin.as_ref()
         } else {

@@ -5,10 +5,10 @@
 mod common;
 
 use common::*;
-use mock_host::{MockHost, PAGE};
 use nvme_spec::features::fid;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
+use test_kit::{MockHost, PAGE};
 
 /// A page-aligned queue ring of `pages` pages.
 fn ring(h: &mut MockHost, pages: u64) -> u64 {
@@ -168,7 +168,7 @@ fn spec_5_2_1_all_64_queue_pairs_run_io_and_interrupt_on_their_own_vector() {
     let (cfg, _) = ram_cfg(1);
     assert_eq!((cfg.max_io_queues, cfg.msix_vectors), (64, 65));
     let mut h = MockHost::new(cfg, MEM);
-    h.init(mock_host::InitOptions { io_queues: 64, queue_size: 16, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 64, queue_size: 16, ..Default::default() }).unwrap();
     assert!(h.dbbuf.is_some());
     let buf = h.alloc.alloc_pages(1);
     for qid in 1..=64u16 {

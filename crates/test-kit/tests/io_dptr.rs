@@ -5,12 +5,12 @@
 mod io_common;
 
 use io_common::*;
-use mock_host::{MockHost, PAGE};
 use nvme_spec::command::Psdt;
 use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::sgl::{SglDescriptor, SglType, SGL_SUBTYPE_OFFSET};
 use nvme_spec::{Cqe, Sqe, Status};
+use test_kit::{MockHost, PAGE};
 use zerocopy::IntoBytes;
 
 const NS_BYTES: u64 = 8 << 20;

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use block_backend::RamBackend;
-use mock_host::{InitOptions, ManualClock, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::{Cqe, Status};
+use test_kit::{InitOptions, ManualClock, MockHost};
 
 /// Guest memory every test host gets.
 pub const MEM: u64 = 64 << 20;

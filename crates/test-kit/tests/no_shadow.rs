@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use block_backend::NullBackend;
-use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::admin::DoorbellBufferConfigCmd;
 use nvme_spec::Status;
+use test_kit::{InitOptions, MockHost};
 
 #[test]
 fn spec_5_2_5_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {

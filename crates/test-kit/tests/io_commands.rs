@@ -5,10 +5,10 @@
 mod io_common;
 
 use io_common::*;
-use mock_host::{InitOptions, MockHost, PAGE};
 use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Status, NSID_ALL};
+use test_kit::{InitOptions, MockHost, PAGE};
 use zerocopy::little_endian::U32;
 
 const FUA: u32 = 1 << 30;

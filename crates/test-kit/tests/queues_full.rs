@@ -16,9 +16,9 @@ use std::sync::Arc;
 use block_backend::{Backend, BackendInfo, BackendQueue, Completion, RamBackend, Request, SyncExec};
 use guest_mem::GuestMemory;
 use io_common::*;
-use mock_host::io_helpers::{HostCq, HostSq};
-use mock_host::{InitOptions, MockHost};
 use nvme_spec::{Cqe, Status};
+use test_kit::io_helpers::{HostCq, HostSq};
+use test_kit::{InitOptions, MockHost};
 
 const NS_BYTES: u64 = 1 << 20;
 

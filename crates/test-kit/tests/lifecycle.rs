@@ -4,12 +4,12 @@
 mod common;
 
 use common::*;
-use mock_host::{MockHost, PAGE};
 use nvme_spec::admin::IdentifyCmd;
 use nvme_spec::identify::cns;
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::regs::{offset, Aqa, Cc, DoorbellKind, ShutdownStatus};
 use nvme_spec::Status;
+use test_kit::{MockHost, PAGE};
 
 /// CC as Linux writes it: IOCQES 4, IOSQES 6, everything else 0.
 const CC_LINUX: u32 = Cc::LINUX.0;
@@ -118,7 +118,7 @@ fn shutdown(kind: u32) {
     assert_eq!(h.csts().shst(), ShutdownStatus::Complete);
 
     // A reset and re-initialisation bring it back.
-    h.init(mock_host::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
     assert_eq!(h.csts().shst(), ShutdownStatus::Normal);
     assert_alive(&mut h);
 }
@@ -150,7 +150,7 @@ fn spec_3_7_2_reset_during_outstanding_io() {
     h.write32(offset::CC, 0);
     assert_eq!(h.csts().0, 0);
     assert!(!h.ctrl.process());
-    h.init(mock_host::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
     for qid in [1, 2] {
         for i in 0..70 {
             assert_eq!(h.read_blocks(qid, 1, i, 1, 512).0, Status::SUCCESS);
@@ -164,7 +164,7 @@ fn spec_3_7_2_reset_forgets_doorbell_buffer_config() {
     let (mut h, _) = ready(2, true);
     let old = h.dbbuf.unwrap();
     // Re-initialise without Doorbell Buffer Config: the host rings every doorbell.
-    h.init(mock_host::InitOptions {
+    h.init(test_kit::InitOptions {
         io_queues: 2,
         queue_size: 64,
         shadow_doorbells: false,
@@ -280,7 +280,7 @@ fn spec_3_1_4_6_queue_memory_removed_sets_cfs_not_panic() {
         assert!(!h.ctrl.process(), "a fatal controller does nothing");
         // The host resets; with memory back, the controller comes back.
         h.ctrl.set_memory(h.mem.clone());
-        h.init(mock_host::InitOptions {
+        h.init(test_kit::InitOptions {
             io_queues: 2,
             queue_size: 64,
             shadow_doorbells: shadow,

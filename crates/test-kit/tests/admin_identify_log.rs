@@ -4,17 +4,17 @@
 mod common;
 
 use common::*;
-use mock_host::MockHost;
 use nvme_spec::log::lid;
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::Status;
+use test_kit::MockHost;
 use zerocopy::little_endian::U32;
 
 /// An enabled controller with three RAM namespaces and two I/O queue pairs.
 fn three_ns() -> MockHost {
     let (cfg, _) = ram_cfg(3);
     let mut h = MockHost::new(cfg, MEM);
-    h.init(mock_host::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).unwrap();
     h
 }
 

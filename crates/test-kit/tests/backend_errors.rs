@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo, FaultBackend, FaultRule, RamBackend};
 use io_common::*;
-use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::fid;
 use nvme_spec::log::{critical_warning, lid};
 use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
+use test_kit::{InitOptions, MockHost};
 
 const NS_BYTES: u64 = 8 << 20;
 const LBA: u32 = 512;
@@ -264,7 +264,7 @@ fn lba_size_must_suit_the_backend() {
     let err = nvme_ctrl::Controller::new(
         cfg(0),
         guest_mem::GuestMemory::empty(),
-        Arc::new(mock_host::CountingIrq::new(4)),
+        Arc::new(test_kit::CountingIrq::new(4)),
     )
     .expect_err("512-byte LBAs on a 4 KiB backend are refused");
     assert!(err.to_string().contains("block size 4096"), "{err}");

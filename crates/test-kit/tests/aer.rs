@@ -5,12 +5,12 @@
 mod common;
 
 use common::*;
-use mock_host::MockHost;
 use nvme_spec::features::fid;
 use nvme_spec::log::lid;
 use nvme_spec::opcode::admin as aop;
 use nvme_spec::regs::{offset, DoorbellKind};
 use nvme_spec::{Cqe, Status};
+use test_kit::MockHost;
 use zerocopy::little_endian::U32;
 
 /// Completion dword 0 of an Error status event with `info`, log page 01h.
@@ -152,7 +152,7 @@ fn changed_list(h: &mut MockHost, rae: bool) -> (Vec<u32>, Vec<Cqe>) {
 fn spec_5_1_2_format_posts_namespace_attribute_changed_notice() {
     let (cfg, _) = ram_cfg(3);
     let mut h = MockHost::new(cfg, MEM);
-    h.init(mock_host::InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).unwrap();
     let oaes = le32(&h.identify(0x01, 0).unwrap(), 92);
     assert_ne!(oaes & (1 << 8), 0, "OAES advertises Namespace Attribute Notices");
     assert_cqe(&h.set_features_raw(fid::ASYNC_EVENT_CONFIG, 1 << 8, false), Status::SUCCESS);
@@ -198,7 +198,7 @@ fn spec_3_7_reset_drops_outstanding_requests_and_masks() {
     }
     h.ring(9, DoorbellKind::SqTail, 1);
     assert_eq!(h.reap_admin().len(), 1, "one event reported, Error type now masked");
-    h.init(mock_host::InitOptions {
+    h.init(test_kit::InitOptions {
         io_queues: 1,
         queue_size: 64,
         shadow_doorbells: false,

@@ -12,10 +12,10 @@ mod io_common;
 use std::collections::BTreeSet;
 
 use io_common::*;
-use mock_host::{InitOptions, MockHost};
 use nvme_spec::opcode::admin as aop;
 use nvme_spec::regs::DoorbellKind::{CqHead, SqTail};
 use nvme_spec::{Sqe, Status};
+use test_kit::{InitOptions, MockHost};
 
 const NS_BYTES: u64 = 1 << 20;
 

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use block_backend::{Backend, NullBackend, RamBackend};
-use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
+use test_kit::{InitOptions, MockHost};
 
 /// Guest memory every test host gets.
 pub const MEM: u64 = 64 << 20;

@@ -5,13 +5,13 @@
 mod common;
 
 use common::*;
-use mock_host::MockHost;
 use nvme_spec::admin::SetFeaturesCmd;
 use nvme_spec::features::fid;
 use nvme_spec::log::lid;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Cqe, Status, CQE_SIZE, SQE_SIZE};
+use test_kit::MockHost;
 
 const SEL_CURRENT: u8 = 0;
 const SEL_DEFAULT: u8 = 1;
@@ -382,7 +382,7 @@ fn read_timestamp(h: &mut MockHost) -> (u64, u8) {
 #[test]
 fn spec_5_1_25_1_13_timestamp_set_get_round_trip() {
     let (cfg, _) = ram_cfg(1);
-    let clock = std::sync::Arc::new(mock_host::ManualClock::default());
+    let clock = std::sync::Arc::new(test_kit::ManualClock::default());
     let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
     h.enable(32).unwrap();
     clock.advance_us(1_500_000);

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use block_backend::RamBackend;
-use mock_host::{InitOptions, MockHost, PAGE};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
+use test_kit::{InitOptions, MockHost, PAGE};
 
 fn ram_host(size: u64, lba_format: u8) -> (MockHost, RamBackend) {
     let ram = RamBackend::new(size);

@@ -4,10 +4,10 @@
 mod common;
 
 use common::*;
-use mock_host::PAGE;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::regs::{doorbell_offset, DoorbellKind};
 use nvme_spec::Status;
+use test_kit::PAGE;
 
 fn slot(qid: u16, kind: DoorbellKind) -> u64 {
     doorbell_offset(qid, kind, 0)

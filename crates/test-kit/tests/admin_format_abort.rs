@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use mock_host::MockHost;
 use nvme_spec::Status;
+use test_kit::MockHost;
 
 const SES_USER_DATA: u32 = 1 << 9;
 
@@ -92,7 +92,7 @@ fn spec_5_1_10_unsupported_lbaf_metadata_or_pi_is_invalid_format() {
 fn spec_5_1_10_invalid_nsid_is_invalid_namespace_and_broadcast_formats_all() {
     let (cfg, _) = ram_cfg(3);
     let mut h = MockHost::new(cfg, MEM);
-    h.init(mock_host::InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).unwrap();
+    h.init(test_kit::InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).unwrap();
     for nsid in [0, 4, 0xffff_fffe] {
         assert_status(h.format_raw(nsid, 1), Status::INVALID_NAMESPACE.with_dnr());
     }

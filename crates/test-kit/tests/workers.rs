@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use block_backend::RamBackend;
-use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
 use nvme_spec::opcode::nvm as iop;
+use test_kit::{InitOptions, MockHost};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;
