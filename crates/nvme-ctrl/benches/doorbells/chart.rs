@@ -144,9 +144,9 @@ pub(crate) fn render(m: &Machine, k: &Knobs, points: &[Point]) -> String {
          viewBox=\"0 0 {WIDTH} {height}\" {FONT}>"
     );
     let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>");
-    text(&mut s, 20.0, 28.0, 20, "start", "bold", "vnvme: shadow doorbells in the mock-host microbenchmark");
+    text(&mut s, 20.0, 28.0, 20, "start", "bold", "vnvme: shadow doorbells in the mock host microbenchmark");
     let sub = format!(
-        "mock-host {} @ git {} · {} · {} · CPU {} ({} online) · kernel {}",
+        "nvme-ctrl {} @ git {} · {} · {} · CPU {} ({} online) · kernel {}",
         m.crate_version, m.git_commit, m.date_utc, m.rustc, m.cpu_model, m.cpus_online, m.kernel
     );
     text(&mut s, 20.0, 48.0, 12, "start", "normal", &sub);

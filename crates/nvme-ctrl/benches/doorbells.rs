@@ -2,7 +2,7 @@
 //! second one thread moves, when the mock host drives the controller the way Linux's
 //! nvme driver under fio (libaio, `rw=randread`/`randwrite`, `bs=4k`) drives a disk.
 //!
-//! Not a test: `cargo bench -p test-kit --bench doorbells [-- --commands N --repeat N
+//! Not a test: `cargo bench -p nvme-ctrl --bench doorbells [-- --commands N --repeat N
 //! --qd 1,4,16,64 --out DIR]`. Run without `--bench` (as `cargo test --benches` does)
 //! it only checks, with a few commands per point and no files written, that it runs.
 //!
@@ -157,7 +157,7 @@ fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     s.trim().replace('_', "").parse().map_err(|_| format!("not a number: {s:?}"))
 }
 
-const USAGE: &str = "usage: cargo bench -p test-kit --bench doorbells -- \
+const USAGE: &str = "usage: cargo bench -p nvme-ctrl --bench doorbells -- \
 [--commands N] [--repeat N] [--qd 1,4,16,64] [--out DIR]\n\
   --commands N  commands per run (default 200000)\n\
   --repeat N    runs per point; the median and min/max are reported (default 3)\n\
@@ -396,7 +396,7 @@ fn main() {
     if !k.write_files {
         println!(
             "doorbells: no --bench argument, so a quick check ({} commands a point, nothing written); \
-                  run `cargo bench -p test-kit --bench doorbells` for numbers",
+                  run `cargo bench -p nvme-ctrl --bench doorbells` for numbers",
             k.commands
         );
     }
@@ -431,7 +431,7 @@ fn main() {
         .clone()
         .unwrap_or_else(|| workspace_root().join("results").join("mock-doorbells").join(&m.run_id));
     let report = Report {
-        benchmark: "test-kit/benches/doorbells.rs",
+        benchmark: "nvme-ctrl/benches/doorbells.rs",
         machine: &m,
         knobs: &k,
         metrics: METRICS.iter().map(|&(name, meaning)| Metric { name, meaning }).collect(),
@@ -453,7 +453,7 @@ fn main() {
     }
 }
 
-/// The workspace root: this crate lives at `<root>/crates/test-kit`.
+/// The workspace root: this crate lives at `<root>/crates/nvme-ctrl`.
 fn workspace_root() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     root.canonicalize().unwrap_or(root)
@@ -462,9 +462,9 @@ fn workspace_root() -> PathBuf {
 fn header(m: &machine::Machine, k: &Knobs) -> String {
     let mut s = String::new();
     let mut line = |key: &str, v: &dyn std::fmt::Display| s.push_str(&format!("- {key}: {v}\n"));
-    line("benchmark", &"test-kit/benches/doorbells.rs (null namespace, mock host, one thread)");
+    line("benchmark", &"nvme-ctrl/benches/doorbells.rs (null namespace, mock host, one thread)");
     line("date (UTC)", &m.date_utc);
-    line("mock-host version", &m.crate_version);
+    line("nvme-ctrl version", &m.crate_version);
     line("git commit", &m.git_commit);
     line("rustc", &m.rustc);
     line("build", &m.profile);
@@ -512,7 +512,7 @@ fn fmt_spread(s: Spread, f: impl Fn(f64) -> String) -> String {
 }
 
 fn table(m: &machine::Machine, k: &Knobs, points: &[Point]) -> String {
-    let mut s = String::from("## vnvme mock-host doorbell microbenchmark\n\n");
+    let mut s = String::from("## vnvme mock host doorbell microbenchmark\n\n");
     s.push_str(&header(m, k));
     s.push_str(
         "\n### Measured (this run)\n\n\
