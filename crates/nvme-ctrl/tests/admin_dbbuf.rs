@@ -53,11 +53,11 @@ fn spec_5_2_5_config_on_live_queues_publishes_eventidx_and_stops_trapped_doorbel
     for qid in [1u16, 2] {
         let q = &h.io[qid as usize - 1];
         let ei_sq = h.mem.load_u32(eventidx + slot(qid, DoorbellKind::SqTail)).unwrap();
-        assert_eq!(ei_sq, q.sq_tail, "queue {qid}: SQ EventIdx published at what was consumed");
+        assert_eq!(ei_sq, q.sq.tail, "queue {qid}: SQ EventIdx published at what was consumed");
         let sh_sq = h.mem.load_u32(shadow + slot(qid, DoorbellKind::SqTail)).unwrap();
-        assert_eq!(sh_sq, q.sq_tail, "queue {qid}: shadow tail holds the controller's value");
+        assert_eq!(sh_sq, q.sq.tail, "queue {qid}: shadow tail holds the controller's value");
         let ei_cq = h.mem.load_u32(eventidx + slot(qid, DoorbellKind::CqHead)).unwrap();
-        assert!(ei_cq < q.size, "queue {qid}: CQ EventIdx published ({ei_cq:#x})");
+        assert!(ei_cq < q.size(), "queue {qid}: CQ EventIdx published ({ei_cq:#x})");
     }
     // 32 commands at once: almost no trapped doorbell writes.
     let before = h.ctrl.stats();
@@ -109,8 +109,8 @@ fn spec_5_2_5_admin_doorbell_writes_are_copied_into_the_shadow_slot() {
     for _ in 0..5 {
         h.identify(0x01, 0).unwrap();
         let a = h.admin.as_ref().unwrap();
-        assert_eq!(h.mem.load_u32(b.shadow + slot(0, DoorbellKind::SqTail)).unwrap(), a.sq_tail);
-        assert_eq!(h.mem.load_u32(b.shadow + slot(0, DoorbellKind::CqHead)).unwrap(), a.cq_head);
+        assert_eq!(h.mem.load_u32(b.shadow + slot(0, DoorbellKind::SqTail)).unwrap(), a.sq.tail);
+        assert_eq!(h.mem.load_u32(b.shadow + slot(0, DoorbellKind::CqHead)).unwrap(), a.cq.head);
     }
     assert_alive(&mut h);
 }

@@ -98,7 +98,7 @@ fn spec_5_1_2_invalid_doorbell_write_value_posts_error_event_and_is_ignored() {
         if !shadow {
             let aer = h.submit_aer();
             let q = &h.io[1];
-            let bad_head = (q.cq_head + 5) % q.size;
+            let bad_head = (q.cq.head + 5) % q.size();
             h.ring(2, DoorbellKind::CqHead, bad_head);
             one_event(&h.reap_admin(), aer, error_event(INVALID_DOORBELL_WRITE_VALUE));
             assert!(read_error_log(&mut h, false).is_empty());

@@ -12,7 +12,6 @@ mod io_common;
 use std::collections::BTreeSet;
 
 use io_common::*;
-use nvme_spec::opcode::admin as aop;
 use nvme_spec::regs::DoorbellKind::{CqHead, SqTail};
 use nvme_spec::{Sqe, Status};
 use test_kit::{InitOptions, MockHost};
@@ -26,8 +25,7 @@ fn host(shadow: bool, queue_size: u32) -> MockHost {
 
 /// Submits an Asynchronous Event Request and lets the controller park it.
 fn arm_aer(h: &mut MockHost) -> u16 {
-    let cid = h.admin_post(Sqe::with_opcode(aop::ASYNC_EVENT_REQUEST));
-    h.process();
+    let cid = h.submit_aer();
     assert!(h.reap_queue(0).is_empty(), "an AER waits for an event");
     cid
 }
@@ -138,7 +136,7 @@ fn aer_cq_head_beyond_tail_raises_invalid_value() {
         }
         // The current head is fine (no event); the queue keeps going.
         let aer = arm_aer(&mut h);
-        let head = h.io[0].cq_head;
+        let head = h.io[0].cq.head;
         h.ring(1, CqHead, head);
         h.process();
         assert_eq!(take_aer(&mut h, aer), None);
@@ -315,7 +313,7 @@ fn strict_eventidx_run(seed: u64, size: u32, qd: u32, total: u64) -> Run {
     if wake {
         h.process();
     }
-    assert_eq!(h.eventidx_slot(1, SqTail), Some(h.io[0].sq_tail), "SQ EventIdx = consumed tail when idle");
+    assert_eq!(h.eventidx_slot(1, SqTail), Some(h.io[0].sq.tail), "SQ EventIdx = consumed tail when idle");
     let s = h.rw_sqe(READ, 1, 0, 1, buf, 512);
     assert!(h.submit_counted(1, s).unwrap().1, "the first submission after idle rings");
     run
@@ -369,7 +367,7 @@ fn dbbuf_sq_eventidx_equals_the_consumed_tail_when_idle() {
         }
         assert_eq!(rings, 1, "round {round}: only the first of a batch to an idle device rings");
         h.process();
-        assert_eq!(h.eventidx_slot(2, SqTail), Some(h.io[1].sq_tail), "round {round}");
+        assert_eq!(h.eventidx_slot(2, SqTail), Some(h.io[1].sq.tail), "round {round}");
         let (got, _) = h.reap_some(2, usize::MAX);
         assert_eq!(got.len() as u64, n);
     }
@@ -436,7 +434,7 @@ fn dbbuf_eventidx_holds_with_host_and_device_on_separate_threads() {
         let h = host_with(vec![(Arc::new(SlowSubmit(block_backend::RamBackend::new(NS_BYTES))), 0)], opts);
         let mem = h.mem.clone();
         let b = h.dbbuf.expect("shadow doorbells");
-        let (sq_base, cq_base) = (h.io[0].sq_base, h.io[0].cq_base);
+        let (sq_base, cq_base) = (h.io[0].sq.base, h.io[0].cq.base);
         let sq_off = doorbell_offset(1, SqTail, h.dstrd);
         let cq_off = doorbell_offset(1, CqHead, h.dstrd);
         let dev = Arc::new((Mutex::new(Device { host: h, wakes: 0, stop: false }), Condvar::new()));

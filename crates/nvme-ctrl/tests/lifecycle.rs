@@ -79,7 +79,7 @@ fn spec_3_5_1_doorbell_writes_while_disabled_are_ignored() {
 
     // Disable an enabled controller, write an SQE and ring: no completion appears.
     let admin = h.admin.as_ref().unwrap();
-    let (sq, cq) = (admin.sq_base, admin.cq_base);
+    let (sq, cq) = (admin.sq.base, admin.cq.base);
     h.write32(offset::CC, 0);
     let mut c = IdentifyCmd { cns: cns::CONTROLLER, ..Default::default() }.to_sqe();
     c.set_prps(h.admin_buf, 0);
@@ -211,7 +211,7 @@ fn spec_3_1_4_register_reads_in_every_width() {
     assert_eq!(h.read32(offset::CSTS), 1);
     assert_eq!(h.read32(offset::AQA), Aqa::new(31, 31).0);
     let a = h.admin.as_ref().unwrap();
-    let (asq, acq) = (a.sq_base, a.cq_base);
+    let (asq, acq) = (a.sq.base, a.cq.base);
     for (reg, v) in [(offset::ASQ, asq), (offset::ACQ, acq)] {
         assert_eq!(h.read64(reg), v);
         assert_eq!(h.read32(reg) as u64, v & 0xffff_ffff);
@@ -273,7 +273,7 @@ fn spec_3_1_4_6_queue_memory_removed_sets_cfs_not_panic() {
         let s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
         h.submit(1, s).unwrap();
         // Make sure the controller looks at queue 1 even if the shadow rule skipped the ring.
-        h.ring(1, DoorbellKind::SqTail, h.io[0].sq_tail);
+        h.ring(1, DoorbellKind::SqTail, h.io[0].sq.tail);
         h.process();
         let csts = h.csts();
         assert!(csts.cfs(), "shadow {shadow}: CSTS.CFS after the SQ became unreachable ({:#x})", csts.0);

@@ -17,7 +17,7 @@ use block_backend::{Backend, BackendInfo, BackendQueue, Completion, RamBackend, 
 use guest_mem::GuestMemory;
 use io_common::*;
 use nvme_spec::{Cqe, Status};
-use test_kit::io_helpers::{HostCq, HostSq};
+use test_kit::{CqRing, HostSq};
 use test_kit::{InitOptions, MockHost};
 
 const NS_BYTES: u64 = 1 << 20;
@@ -53,8 +53,8 @@ fn check_completion(t: &mut Track, c: &Cqe, what: &str) {
     assert_status(c, Status::SUCCESS, false);
     let (cid, index) =
         t.order.pop_front().unwrap_or_else(|| panic!("{what}: completion with nothing in flight"));
-    assert_eq!(c.cid.get(), cid, "{what}: SQ {} completions out of order", t.sq.qid);
-    let size = t.sq.size as u64;
+    assert_eq!(c.cid.get(), cid, "{what}: SQ {} completions out of order", t.sq.ring.qid);
+    let size = t.sq.ring.size as u64;
     let sqhd = u64::from(c.sqhd.get());
     assert!(sqhd < size, "{what}: sqhd {sqhd} outside a {size}-entry SQ");
     let head = t.head_abs + (sqhd + size - t.head_abs % size) % size;
@@ -89,7 +89,7 @@ fn strict_full_run(seed: u64, shadow: bool, cq_size: u32, sq_sizes: &[u32], tota
     let what = |completed: u64| {
         format!("seed {seed} shadow {shadow} cq {cq_size} sqs {sq_sizes:?} after {completed}")
     };
-    let reap = |h: &mut MockHost, cq: &mut HostCq, sqs: &mut Vec<Track>, max: usize, completed: &mut u64| {
+    let reap = |h: &mut MockHost, cq: &mut CqRing, sqs: &mut Vec<Track>, max: usize, completed: &mut u64| {
         let (got, rang) = h.pop_cqes(cq, max);
         for c in &got {
             let t = &mut sqs[c.sqid.get() as usize - 1];
@@ -102,7 +102,7 @@ fn strict_full_run(seed: u64, shadow: bool, cq_size: u32, sq_sizes: &[u32], tota
         match rng.below(10) {
             0..=3 => {
                 let i = rng.below(sqs.len() as u64) as usize;
-                let n = rng.range(1, sqs[i].sq.size as u64);
+                let n = rng.range(1, sqs[i].sq.ring.size as u64);
                 for _ in 0..n {
                     if submitted == total {
                         break;
@@ -261,7 +261,7 @@ fn spec_3_3_1_sq_full_host_cannot_submit_more_than_size_minus_one() {
                 assert_status(c, Status::SUCCESS, false);
                 assert!(sq.complete(c));
             }
-            assert_eq!(sq.head, sq.tail, "sqhd of the last completion is the tail");
+            assert_eq!(sq.head, sq.ring.tail, "sqhd of the last completion is the tail");
         }
     }
 }
@@ -451,7 +451,7 @@ fn spec_5_completions_waiting_for_room_survive_deleting_their_sq() {
 #[test]
 fn interrupts_one_per_cq_per_processing_pass() {
     let (mut h, _) = bare_host(NS_BYTES, 4);
-    let mut cqs: Vec<HostCq> = (1..=3).map(|q| h.new_io_cq(q, 64, true, q).unwrap()).collect();
+    let mut cqs: Vec<CqRing> = (1..=3).map(|q| h.new_io_cq(q, 64, true, q).unwrap()).collect();
     let mut sqs: Vec<HostSq> = (1..=3).map(|q| h.new_io_sq(q, q, 64).unwrap()).collect();
     h.doorbell_buffer_config().unwrap();
     let buf = h.alloc.alloc_pages(1);

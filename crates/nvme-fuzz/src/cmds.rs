@@ -42,8 +42,8 @@ impl Fuzzer<'_> {
                 return r % MEM_BYTES;
             }
             let q = qs[r as usize % qs.len()];
-            let (base, entry) = if cq { (q.cq_base, CQE_SIZE) } else { (q.sq_base, SQE_SIZE) };
-            base + (((r >> 8) % (q.size as u64 * entry as u64)) & !3)
+            let (base, entry) = if cq { (q.cq.base, CQE_SIZE) } else { (q.sq.base, SQE_SIZE) };
+            base + (((r >> 8) % (q.size() as u64 * entry as u64)) & !3)
         };
         match v as u8 % 12 {
             0 => v,

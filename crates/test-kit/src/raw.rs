@@ -1,6 +1,7 @@
-//! Raw admin-command helpers for the admin test tier: each builds one command with
-//! exactly the fields a test wants to get wrong, runs it, and returns the completion
-//! (never failing on an error status), so tests can assert the status the spec names.
+//! The raw facade: admin commands built with exactly the fields a test wants to get
+//! wrong, each run through the admin facade (so the device runs) and returning the
+//! completion or its status (never failing on an error status), so tests can assert
+//! the status the spec names.
 
 use nvme_spec::admin::{
     AbortCmd, CreateIoCqCmd, CreateIoSqCmd, DeleteIoCqCmd, DeleteIoSqCmd, DoorbellBufferConfigCmd,
@@ -13,47 +14,6 @@ use zerocopy::little_endian::U32;
 use crate::{HostDbbuf, MockHost, PAGE};
 
 impl MockHost {
-    /// Submits an admin command, lets the device run, and returns its completion
-    /// together with every other admin completion reaped meanwhile (for example an
-    /// Asynchronous Event Request that an event completed).
-    pub fn admin_exec(&mut self, sqe: Sqe) -> (Option<Cqe>, Vec<Cqe>) {
-        let cid = self.submit(0, sqe).expect("admin queue has room");
-        self.process();
-        let (mine, others): (Vec<Cqe>, Vec<Cqe>) =
-            self.reap_queue(0).into_iter().partition(|c| c.cid.get() == cid);
-        (mine.into_iter().next(), others)
-    }
-
-    /// Runs an admin command that must complete; returns its completion.
-    pub fn admin_raw(&mut self, sqe: Sqe) -> Cqe {
-        let (c, others) = self.admin_exec(sqe);
-        assert!(others.is_empty(), "unexpected admin completions: {others:?}");
-        c.expect("admin command completed")
-    }
-
-    /// The status of an admin command that must complete.
-    pub fn admin_status(&mut self, sqe: Sqe) -> Status {
-        self.admin_raw(sqe).status()
-    }
-
-    /// Submits an admin command without waiting for it (Asynchronous Event Request).
-    pub fn admin_submit_only(&mut self, sqe: Sqe) -> u16 {
-        let cid = self.submit(0, sqe).expect("admin queue has room");
-        self.process();
-        cid
-    }
-
-    /// An Asynchronous Event Request, left outstanding. Returns its command identifier.
-    pub fn submit_aer(&mut self) -> u16 {
-        self.admin_submit_only(Sqe::with_opcode(aop::ASYNC_EVENT_REQUEST))
-    }
-
-    /// Lets the device run and returns every new admin completion.
-    pub fn reap_admin(&mut self) -> Vec<Cqe> {
-        self.process();
-        self.reap_queue(0)
-    }
-
     /// Create I/O Completion Queue with every field given.
     pub fn create_cq_raw(
         &mut self,
