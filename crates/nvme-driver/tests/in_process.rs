@@ -1,5 +1,5 @@
 //! The driver against the controller in the same process (STYLE tier 2), through the
-//! library's `InProcessTransport` (calls `nvme_ctrl::Controller` directly, with I/O
+//! test kit's `InProcessTransport` (calls `nvme_ctrl::Controller` directly, with I/O
 //! worker threads so the device runs while the driver waits). Exercises bring-up,
 //! shadow doorbells, PRP lists, interrupts and the command set without a socket.
 
@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
-use nvme_driver::{
-    CompletionMode, DriverOptions, InProcessOptions, InProcessTransport, IoCommand, LbaRange, NvmeDriver,
-};
+use nvme_driver::{CompletionMode, DriverOptions, IoCommand, LbaRange, NvmeDriver};
+use test_kit::{InProcessOptions, InProcessTransport};
 
 fn in_process() -> InProcessTransport {
     let cfg = ControllerConfig {

@@ -14,16 +14,20 @@
 //!   three facades: [`admin`] (send an admin command, get its completion; every one
 //!   runs the device), [`io`] (queue pairs and queues created one at a time) and
 //!   [`raw`] (admin commands with every field given, for the error paths).
+//! - [`InProcessTransport`]: the userspace driver's transport to a controller in
+//!   this process (the driver-against-controller test tier, `vnvme perf --in-process`).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 mod host;
+pub mod in_process;
 pub mod io;
 mod irq;
 pub mod raw;
 pub mod ring;
 
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
+pub use in_process::{InProcessOptions, InProcessTransport};
 pub use io::HostSq;
 pub use irq::{CountingIrq, ManualClock};
 pub use ring::{CqRing, SqRing};

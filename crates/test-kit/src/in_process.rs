@@ -9,8 +9,8 @@
 //! `vnvme perf --in-process`, the ceiling a vfio-user transport can approach (same
 //! driver, same controller and I/O worker threads, nothing in between).
 //!
-//! Only with the `in-process` feature (on by default), which pulls in `nvme-ctrl`.
-#![forbid(unsafe_code)]
+//! It lives in the test kit, not in `nvme-driver`, so the driver never compiles the
+//! emulator: the driver only defines the [`Transport`] trait this implements.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use guest_mem::{GuestMemory, Mapping};
 use nvme_ctrl::{Controller, ControllerConfig, InterruptSink, PollMode, Stats};
 
-use crate::transport::{new_eventfd, DmaRegion, Transport};
+use nvme_driver::{new_eventfd, DmaRegion, Transport};
 
 /// First IOVA handed out (0 stays invalid), and the allocation granule.
 const IOVA_BASE: u64 = 1 << 32;
