@@ -31,7 +31,7 @@ use block_backend::NullBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, StatsSnapshot};
 use nvme_spec::opcode::nvm as iop;
 use serde::Serialize;
-use test_kit::{InitOptions, MockHost};
+use test_kit::{InitOptions, MockHost, Rng};
 
 /// The I/O queue every command goes through (one fio job on one CPU uses one queue).
 const QID: u16 = 1;
@@ -120,7 +120,7 @@ impl Knobs {
             namespace_bytes: NS_BYTES,
             lba_format: LBA_FORMAT,
             interrupts: "MSI-X, one vector per CQ, coalescing off",
-            rng: format!("xorshift64, seed {RNG_SEED:#x}, uniform 4 KiB-aligned offsets"),
+            rng: format!("test_kit::Rng (xorshift64*), seed {RNG_SEED:#x}, uniform 4 KiB-aligned offsets"),
             host_model: "per-command SQ tail update; device runs when the host waits; \
                          one CQ head update per reap pass; one resubmission per completion",
             timing: "wall clock of the I/O loop only (bring-up excluded); host and device \
@@ -238,18 +238,6 @@ impl Point {
     }
 }
 
-/// xorshift64: cheap, deterministic offsets, so every run issues the same commands.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Brings up a fresh controller and runs `k.commands` commands at depth `qd`.
 fn run_once(k: &Knobs, w: Workload, qd: u32, shadow: bool) -> Run {
     let cfg = ControllerConfig {
@@ -280,10 +268,10 @@ fn run_once(k: &Knobs, w: Workload, qd: u32, shadow: bool) -> Run {
     let mut buf_of_cid = vec![0u64; k.queue_entries as usize];
     let blocks = k.namespace_bytes / k.block_bytes;
     let nlb = (k.block_bytes / BLOCK) as u32;
-    let mut rng = Rng(RNG_SEED);
+    let mut rng = Rng::new(RNG_SEED);
     let (opcode, total) = (w.opcode(), k.commands);
     let mut submit = |h: &mut MockHost, buf_of_cid: &mut [u64], buf: u64| {
-        let slba = rng.next() % blocks;
+        let slba = rng.below(blocks);
         let sqe = h.rw_sqe(opcode, 1, slba, nlb, buf, k.block_bytes);
         let cid = h.submit(QID, sqe).expect("the depth is below the queue size");
         buf_of_cid[cid as usize] = buf;

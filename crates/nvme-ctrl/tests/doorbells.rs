@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use io_common::*;
 use nvme_spec::regs::DoorbellKind::{CqHead, SqTail};
 use nvme_spec::{Sqe, Status};
-use test_kit::{InitOptions, MockHost};
+use test_kit::{InitOptions, MockHost, Rng};
 
 const NS_BYTES: u64 = 1 << 20;
 

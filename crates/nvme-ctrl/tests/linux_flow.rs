@@ -7,7 +7,7 @@ use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
-use test_kit::{InitOptions, MockHost, PAGE};
+use test_kit::{pattern, InitOptions, MockHost, PAGE};
 
 fn ram_host(size: u64, lba_format: u8) -> (MockHost, RamBackend) {
     let ram = RamBackend::new(size);
@@ -16,19 +16,6 @@ fn ram_host(size: u64, lba_format: u8) -> (MockHost, RamBackend) {
         ..Default::default()
     };
     (MockHost::new(cfg, 256 << 20), ram)
-}
-
-/// A deterministic pseudo-random pattern (xorshift), so failures are reproducible.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]

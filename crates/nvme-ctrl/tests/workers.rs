@@ -7,19 +7,7 @@ use std::time::{Duration, Instant};
 use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
 use nvme_spec::opcode::nvm as iop;
-use test_kit::{InitOptions, MockHost};
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use test_kit::{pattern, InitOptions, MockHost};
 
 /// Waits (bounded) until queue `qid` has returned `n` completions; returns them.
 fn wait_for(h: &mut MockHost, qid: u16, n: usize) -> Vec<nvme_spec::Cqe> {

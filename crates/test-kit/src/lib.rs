@@ -16,6 +16,8 @@
 //!   [`raw`] (admin commands with every field given, for the error paths).
 //! - [`InProcessTransport`]: the userspace driver's transport to a controller in
 //!   this process (the driver-against-controller test tier, `vnvme perf --in-process`).
+//! - Shared test utilities: one data [`pattern`], one seeded [`Rng`], and
+//!   [`memfd`](mod@memfd) helpers (shared-memory files sealed against shrinking).
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -23,11 +25,14 @@ mod host;
 pub mod in_process;
 pub mod io;
 mod irq;
+pub mod memfd;
 pub mod raw;
 pub mod ring;
+mod rng;
 
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
 pub use in_process::{InProcessOptions, InProcessTransport};
 pub use io::HostSq;
 pub use irq::{CountingIrq, ManualClock};
 pub use ring::{CqRing, SqRing};
+pub use rng::{pattern, Rng};

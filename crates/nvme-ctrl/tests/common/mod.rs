@@ -79,19 +79,6 @@ pub fn assert_alive(h: &mut MockHost) {
     }
 }
 
-/// A deterministic byte pattern.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 pub fn le16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes(b[off..off + 2].try_into().unwrap())
 }

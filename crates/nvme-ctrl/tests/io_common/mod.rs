@@ -9,42 +9,10 @@ use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
-use test_kit::{InitOptions, MockHost};
+use test_kit::{InitOptions, MockHost, Rng};
 
 /// Guest memory every test host gets.
 pub const MEM: u64 = 64 << 20;
-
-/// A deterministic xorshift64 generator, so every failure reproduces from its seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-}
 
 /// A host with one RAM namespace per `(bytes, lba_format)`, initialised the Linux way.
 pub fn ram_host(namespaces: &[(u64, u8)], opts: InitOptions) -> (MockHost, Vec<RamBackend>) {
