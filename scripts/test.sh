@@ -21,7 +21,7 @@ cargo fmt --all -- --check
 step "clippy (-D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test (unit, mock-host, in-process tiers)"
+step "cargo test (unit, in-process host, in-process driver tiers)"
 set +e
 cargo test --workspace --locked 2>&1 | tee "$LOG/test.out"
 test_rc=${PIPESTATUS[0]}

@@ -17,6 +17,7 @@ use block_backend::{
     UringOptions,
 };
 use guest_mem::GuestMemory;
+use test_kit::pattern;
 
 const MIB: u64 = 1 << 20;
 
@@ -107,10 +108,6 @@ fn ok(c: &Completion) {
     if let Err(e) = &c.result {
         panic!("request {} failed: {e}", c.tag);
     }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
 }
 
 fn guest(segs: &[(u64, u64)]) -> DataBuf {
@@ -253,7 +250,7 @@ fn many_requests_beyond_queue_depth() {
         let mem = GuestMemory::anonymous(&[(0, MIB)]).unwrap();
         const N: u64 = 200;
         for i in 0..N {
-            mem.write(i * 4096, &pattern(i as u8, 4096)).unwrap();
+            mem.write(i * 4096, &pattern(i, 4096)).unwrap();
         }
         // Writes in a scrambled order, each from its own page; some with FUA.
         for k in 0..N {
@@ -288,7 +285,7 @@ fn many_requests_beyond_queue_depth() {
         assert_eq!(by_tag.len(), N as usize);
         for (tag, c) in by_tag {
             let i = tag - 1000;
-            assert_eq!(host(c), pattern(i as u8, 4096), "request {i}");
+            assert_eq!(host(c), pattern(i, 4096), "request {i}");
         }
     }
 }

@@ -22,12 +22,10 @@ use block_backend::{
 use guest_mem::GuestMemory;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode};
 use nvme_disk::{NvmeBackend, NvmeBackendOptions, NvmeBackendStats, NvmeTarget, OpenError};
-use nvme_driver::{
-    CompletionMode, DriverOptions, InProcessOptions, InProcessTransport, NvmeDriver, VfioUserOptions,
-    VfioUserTransport,
-};
+use nvme_driver::{CompletionMode, DriverOptions, NvmeDriver, VfioUserOptions, VfioUserTransport};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use test_kit::{InProcessOptions, InProcessTransport};
 use vfio_user_server::{server, Device, DeviceOptions, DoorbellMode, EventFdInterrupts};
 
 const TIMEOUT: Duration = Duration::from_secs(20);

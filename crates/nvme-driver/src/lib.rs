@@ -1,6 +1,7 @@
 //! A userspace NVMe driver over a [`Transport`]: a vfio-user client
-//! ([`vfio_user::VfioUserTransport`]), kernel VFIO ([`vfio`]), or a controller in the
-//! same process (`in_process::InProcessTransport`, feature `in-process`).
+//! ([`vfio_user::VfioUserTransport`]) or kernel VFIO ([`vfio`]). The in-process
+//! transport (a controller in the same process) lives in the `test-kit` crate, so the
+//! driver does not depend on the emulator.
 //!
 //! [`NvmeDriver::new`] brings a controller up the way Linux does and creates I/O
 //! queue pairs; each [`IoQueue`] can be moved to the thread that drives it and offers
@@ -25,8 +26,6 @@ pub mod doorbell;
 pub mod driver;
 pub mod error;
 pub mod identify;
-#[cfg(feature = "in-process")]
-pub mod in_process;
 pub mod prp;
 pub mod queue;
 pub mod transport;
@@ -38,8 +37,6 @@ pub use dma::{DmaBuf, DmaPool};
 pub use driver::{CompletionMode, DeviceHandle, DriverOptions, NvmeDriver};
 pub use error::DriverError;
 pub use identify::{ControllerInfo, NamespaceInfo, NsGeometry};
-#[cfg(feature = "in-process")]
-pub use in_process::{InProcessOptions, InProcessTransport};
 pub use queue::{IoQueue, QueueStats};
 pub use transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
 pub use vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};

@@ -1,7 +1,7 @@
 //! What the driver needs from the bus: BAR0 register access, doorbell writes, DMA
 //! memory the device can reach, and interrupt eventfds. Implemented by
-//! [`crate::vfio_user`] (a vfio-user client), [`crate::vfio`] (kernel VFIO) and, with
-//! the `in-process` feature, `crate::in_process` (a controller in this process).
+//! [`crate::vfio_user`] (a vfio-user client), [`crate::vfio`] (kernel VFIO) and, outside
+//! this crate, the test kit's `InProcessTransport` (a controller in this process).
 #![forbid(unsafe_code)]
 
 use std::io;

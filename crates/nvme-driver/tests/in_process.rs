@@ -1,5 +1,5 @@
 //! The driver against the controller in the same process (STYLE tier 2), through the
-//! library's `InProcessTransport` (calls `nvme_ctrl::Controller` directly, with I/O
+//! test kit's `InProcessTransport` (calls `nvme_ctrl::Controller` directly, with I/O
 //! worker threads so the device runs while the driver waits). Exercises bring-up,
 //! shadow doorbells, PRP lists, interrupts and the command set without a socket.
 
@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
-use nvme_driver::{
-    CompletionMode, DriverOptions, InProcessOptions, InProcessTransport, IoCommand, LbaRange, NvmeDriver,
-};
+use nvme_driver::{CompletionMode, DriverOptions, IoCommand, LbaRange, NvmeDriver};
+use test_kit::{pattern, InProcessOptions, InProcessTransport};
 
 fn in_process() -> InProcessTransport {
     let cfg = ControllerConfig {
@@ -18,10 +17,6 @@ fn in_process() -> InProcessTransport {
         ..Default::default()
     };
     InProcessTransport::new(cfg, InProcessOptions { workers: 1, poll: PollMode::Adaptive }).unwrap()
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 fn driver(shadow: bool, completion: CompletionMode) -> NvmeDriver {
@@ -66,7 +61,7 @@ fn async_submissions_fill_the_queue_and_report_full() {
     let mut cids = Vec::new();
     for i in 0..63u64 {
         let buf = q.alloc_buf(4096).unwrap();
-        buf.write_at(0, &pattern(i as u8, 4096)).unwrap();
+        buf.write_at(0, &pattern(i, 4096)).unwrap();
         cids.push(q.submit(IoCommand::Write { nsid: 1, slba: i * 8, nlb: 8, buf, fua: false }).unwrap());
     }
     let buf = q.alloc_buf(4096).unwrap();

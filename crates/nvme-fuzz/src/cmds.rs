@@ -1,7 +1,6 @@
 //! Mostly-valid commands: built the way a correct host builds them (valid opcode,
 //! namespace, LBA range, PRPs or SGLs over the data area), then one field mutated.
 
-use mock_host::PAGE;
 use nvme_spec::admin::{
     AbortCmd, CreateIoCqCmd, CreateIoSqCmd, DeleteIoCqCmd, DeleteIoSqCmd, DoorbellBufferConfigCmd,
     FeatureSelect, FormatNvmCmd, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd, SetFeaturesCmd,
@@ -11,6 +10,7 @@ use nvme_spec::nvm::{DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, Wri
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::sgl::{SglDescriptor, SglType};
 use nvme_spec::{Sqe, CQE_SIZE, NSID_ALL, SQE_SIZE};
+use test_kit::PAGE;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
@@ -36,14 +36,14 @@ impl Fuzzer<'_> {
     pub(crate) fn wild(&self, v: u64) -> u64 {
         let r = v >> 8;
         let ring = |cq: bool| {
-            let qs: Vec<&mock_host::HostQueue> =
+            let qs: Vec<&test_kit::HostQueue> =
                 self.h.admin.iter().chain(self.h.io.iter().filter(|q| q.qid != 0)).collect();
             if qs.is_empty() {
                 return r % MEM_BYTES;
             }
             let q = qs[r as usize % qs.len()];
-            let (base, entry) = if cq { (q.cq_base, CQE_SIZE) } else { (q.sq_base, SQE_SIZE) };
-            base + (((r >> 8) % (q.size as u64 * entry as u64)) & !3)
+            let (base, entry) = if cq { (q.cq.base, CQE_SIZE) } else { (q.sq.base, SQE_SIZE) };
+            base + (((r >> 8) % (q.size() as u64 * entry as u64)) & !3)
         };
         match v as u8 % 12 {
             0 => v,

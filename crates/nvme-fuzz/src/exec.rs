@@ -23,11 +23,11 @@ use std::sync::Arc;
 
 use block_backend::{FaultBackend, FaultError, FaultOp, FaultRule, NullBackend, RamBackend};
 use guest_mem::{GuestMemory, Mapping};
-use mock_host::{InitOptions, ManualClock, MockHost, PAGE};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cc, DoorbellKind, ShutdownStatus};
 use nvme_spec::{Sqe, CQE_SIZE, SQE_SIZE};
+use test_kit::{InitOptions, ManualClock, MockHost, PAGE};
 use zerocopy::FromBytes;
 
 use crate::program::{
@@ -191,10 +191,10 @@ impl<'s> Fuzzer<'s> {
                 self.outstanding.get(&qid).map(|c| c.iter().copied().collect()).unwrap_or_default();
             s += &format!(
                 "\n    q{qid}: size={} sq_tail={} cq_head={} phase={}{} outstanding={out:?}",
-                q.size,
-                q.sq_tail,
-                q.cq_head,
-                q.phase as u8,
+                q.size(),
+                q.sq.tail,
+                q.cq.head,
+                q.cq.phase as u8,
                 slots.unwrap_or_default()
             );
         }
@@ -318,7 +318,7 @@ impl<'s> Fuzzer<'s> {
         (!qs.is_empty()).then(|| qs[sel as usize % qs.len()])
     }
 
-    fn host_queue(&self, qid: u16) -> Option<&mock_host::HostQueue> {
+    fn host_queue(&self, qid: u16) -> Option<&test_kit::HostQueue> {
         if qid == 0 {
             self.h.admin.as_ref()
         } else {
@@ -330,7 +330,7 @@ impl<'s> Fuzzer<'s> {
     /// At most size - 1 tracked commands are outstanding per queue, whatever the
     /// mock host's CID list says, so the host never overruns its own ring.
     pub fn submit(&mut self, qid: u16, sqe: Sqe) -> Option<u16> {
-        let size = self.host_queue(qid)?.size as usize;
+        let size = self.host_queue(qid)?.size() as usize;
         if self.outstanding.get(&qid).map_or(0, |s| s.len()) + 1 >= size {
             return None;
         }
@@ -348,7 +348,7 @@ impl<'s> Fuzzer<'s> {
 
     /// Reaps host queue `qid`, checking each completion. Returns how many.
     pub fn reap(&mut self, qid: u16) -> usize {
-        let Some(size) = self.host_queue(qid).map(|q| q.size) else { return 0 };
+        let Some(size) = self.host_queue(qid).map(|q| q.size()) else { return 0 };
         let cqes = self.h.reap_queue(qid);
         let n = cqes.len();
         if n == 0 {
@@ -460,7 +460,7 @@ impl<'s> Fuzzer<'s> {
         }
         let out = self.outstanding.get(&0);
         let busy = out.is_some_and(|s| s.iter().any(|c| !self.aers.contains(c)));
-        let free = self.h.admin.as_ref().is_some_and(|q| out.map_or(0, |s| s.len()) as u32 + 3 < q.size);
+        let free = self.h.admin.as_ref().is_some_and(|q| out.map_or(0, |s| s.len()) as u32 + 3 < q.size());
         !busy && free
     }
 
@@ -621,7 +621,7 @@ impl<'s> Fuzzer<'s> {
             self.stats.skipped += 1;
             return;
         };
-        let (sq, cq, size) = (q.sq_base, q.cq_base, q.size);
+        let (sq, cq, size) = (q.sq.base, q.cq.base, q.size());
         self.h.write32(offset::CC, 0);
         self.forget_all();
         self.admin_reused = true;
@@ -630,9 +630,9 @@ impl<'s> Fuzzer<'s> {
         self.h.mem.fill(cq, size as u64 * CQE_SIZE as u64, 0).expect("admin CQ");
         self.h.mem.fill(sq, size as u64 * SQE_SIZE as u64, 0).expect("admin SQ");
         let q = self.h.admin.as_mut().expect("checked");
-        q.sq_tail = 0;
-        q.cq_head = 0;
-        q.phase = true;
+        q.sq.tail = 0;
+        q.cq.head = 0;
+        q.cq.phase = true;
         self.h.write32(offset::AQA, Aqa::new(size as u16 - 1, size as u16 - 1).0);
         self.h.write64(offset::ASQ, sq);
         self.h.write64(offset::ACQ, cq);
@@ -655,7 +655,7 @@ impl<'s> Fuzzer<'s> {
             }
             let qid = qids[d.qid as usize % qids.len()];
             let q = self.host_queue(qid).expect("listed");
-            let v = if kind == DoorbellKind::SqTail { q.sq_tail } else { q.cq_head };
+            let v = if kind == DoorbellKind::SqTail { q.sq.tail } else { q.cq.head };
             self.h.ring(qid, kind, v);
             return;
         }
@@ -693,8 +693,8 @@ impl<'s> Fuzzer<'s> {
         }
         self.tainted = true;
         let q = self.host_queue(qids[r.queue as usize % qids.len()]).expect("listed");
-        let (base, entry) = if r.which & 1 == 0 { (q.sq_base, SQE_SIZE) } else { (q.cq_base, CQE_SIZE) };
-        let idx = r.index as u64 % q.size as u64;
+        let (base, entry) = if r.which & 1 == 0 { (q.sq.base, SQE_SIZE) } else { (q.cq.base, CQE_SIZE) };
+        let idx = r.index as u64 % q.size() as u64;
         let within = (r.which as u64 >> 1) % (entry as u64 / 16) * 16;
         let _ = self.h.mem.write(base + idx * entry as u64 + within, &r.bytes);
     }

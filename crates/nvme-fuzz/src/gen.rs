@@ -3,32 +3,7 @@
 
 use crate::program::{Action, Codec, Program, Reader, Setup, MAX_ACTIONS};
 
-/// xorshift64*: small, fast and good enough to drive a fuzzer.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        // Zero is a fixed point of xorshift.
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15 | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform-ish in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
+pub use test_kit::Rng;
 
 /// FNV-1a, for naming crash files after their contents.
 pub fn fnv1a(data: &[u8]) -> u64 {

@@ -123,7 +123,7 @@ record! {
 }
 
 record! {
-    /// Options for a Linux-like bring-up ([`mock_host::MockHost::init`]).
+    /// Options for a Linux-like bring-up ([`test_kit::MockHost::init`]).
     pub struct InitSpec {
         /// 1 + io_queues % 4.
         pub io_queues: u8,

@@ -2,9 +2,9 @@
 
 use std::time::Instant;
 
-use mock_host::{InitOptions, MockHost};
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::opcode::nvm as iop;
+use test_kit::{InitOptions, MockHost};
 
 use crate::nsspec::NsSpec;
 

@@ -6,7 +6,7 @@
 //! and the server's CPU time from `/proc/<pid>/stat` (`--server-pid`) over the same
 //! window as the client's.
 //!
-//! `--in-process` runs the controller in this process instead (the driver's
+//! `--in-process` runs the controller in this process instead (the test kit's
 //! `InProcessTransport`: no socket, no second process), the ceiling a vfio-user
 //! transport can approach. Its "server" counters come straight from the controller and
 //! its "server" CPU is that of the controller's I/O worker threads (`vnvme-q*`), the
@@ -47,7 +47,7 @@ pub struct TargetArgs {
     /// UNIX socket of the vfio-user server.
     #[arg(long, required_unless_present = "in_process", conflicts_with = "in_process")]
     pub socket: Option<PathBuf>,
-    /// Run the controller in this process (the driver's in-process transport):
+    /// Run the controller in this process (the test kit's in-process transport):
     /// doorbells are function calls (--doorbells trapped or shadow).
     #[arg(long)]
     pub in_process: bool,

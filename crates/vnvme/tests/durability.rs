@@ -14,8 +14,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{opts, pattern, temp_dir, Server};
+use common::{opts, temp_dir, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand};
+use test_kit::pattern;
 
 const NS_BYTES: u64 = 64 << 20;
 const BLOCK: u64 = 4096;

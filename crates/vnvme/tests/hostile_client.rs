@@ -8,6 +8,7 @@ mod common;
 use std::os::fd::{AsFd, OwnedFd};
 
 use common::*;
+use test_kit::memfd::memfd;
 use rustix::fs::OFlags;
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;

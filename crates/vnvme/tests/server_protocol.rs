@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::nvme_host::{NvmeOverVfioUser, IO_VECTOR, PAGE};
 use common::*;
 use nvme_spec::regs::Cc;
+use test_kit::memfd::memfd;
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
 use vfio_user::{Command, Connection};

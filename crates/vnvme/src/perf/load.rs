@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use nvme_driver::{IoCommand, IoQueue, QueueStats};
+use test_kit::Rng;
 
 use super::{Histogram, PerfArgs, Workload};
 
@@ -19,18 +20,6 @@ pub(super) struct ThreadResult {
     stats: QueueStats,
 }
 
-/// xorshift64*: cheap, deterministic per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant) -> (IoQueue, ThreadResult) {
     let mut r = ThreadResult::default();
     let nlb = (a.bs / lba) as u32;
@@ -38,7 +27,7 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
     // Each queue works its own share of the namespace for sequential patterns.
     let share = (slots / a.queues as u64).max(1);
     let mut seq = (q.qid() as u64 - 1) * share;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (q.qid() as u64) << 32 | 1);
+    let mut rng = Rng::new((q.qid() as u64) << 32);
     let mut bufs = Vec::new();
     for _ in 0..a.qd {
         match q.alloc_buf(a.bs) {
@@ -62,7 +51,7 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
         while !stop && inflight < a.qd as usize {
             let Some(buf) = bufs.pop() else { break };
             let slot = if a.rw.random() {
-                rng.next() % slots
+                rng.below(slots)
             } else {
                 seq = (seq + 1) % slots;
                 seq
@@ -71,7 +60,7 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
             let read = match a.rw {
                 Workload::RandRead | Workload::Read => true,
                 Workload::RandWrite | Workload::Write => false,
-                Workload::RandRw => rng.next() % 100 < a.mix as u64,
+                Workload::RandRw => rng.below(100) < a.mix as u64,
             };
             let cmd = if read {
                 IoCommand::Read { nsid: a.nsid, slba, nlb, buf }

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, Stats};
-use nvme_driver::{
-    DriverOptions, InProcessOptions, InProcessTransport, NvmeDriver, Transport, VfioUserOptions,
-    VfioUserTransport,
-};
+use nvme_driver::{DriverOptions, NvmeDriver, Transport, VfioUserOptions, VfioUserTransport};
+use test_kit::{InProcessOptions, InProcessTransport};
 
 use super::{Doorbells, PerfArgs, Target};
 

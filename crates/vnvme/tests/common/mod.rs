@@ -302,17 +302,6 @@ pub fn still_serving(server: &mut Server) {
     assert_eq!(info.num_regions.get(), 9);
 }
 
-/// An anonymous shared-memory file of `len` bytes.
-pub fn memfd(len: u64) -> OwnedFd {
-    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"vnvme-test-dma".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    File::from(fd.try_clone().unwrap()).set_len(len).expect("size the memfd");
-    fd
-}
-
 /// A non-blocking eventfd, as the VMM would pass for an interrupt.
 #[derive(Debug)]
 pub struct TestEventFd(OwnedFd);
@@ -356,20 +345,6 @@ impl TestEventFd {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64*).
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// Driver options for tests: `io_queues` pairs of 128 entries, bounded waits.

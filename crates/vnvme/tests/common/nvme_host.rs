@@ -15,7 +15,9 @@ use nvme_spec::{Cqe, Sqe};
 use vfio_user::client::Client;
 use vfio_user::proto::{IRQ_INDEX_MSIX, REGION_BAR0};
 
-use super::{memfd, TestEventFd, TIMEOUT};
+use test_kit::memfd::memfd;
+
+use super::{TestEventFd, TIMEOUT};
 
 /// IOVA of the shared memfd.
 pub const IOVA: u64 = 0x4000_0000;

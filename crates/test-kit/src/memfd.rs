@@ -1,0 +1,35 @@
+//! Shared-memory files for tests: what a VMM hands a vfio-user device as guest RAM or
+//! DMA memory. They are sealed against shrinking by default, so a peer that mapped
+//! them cannot be made to fault by a truncate behind its back.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use guest_mem::GuestMemory;
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+
+/// An anonymous shared-memory file of `len` bytes, sealed with F_SEAL_SHRINK.
+pub fn memfd(len: u64) -> OwnedFd {
+    let fd = memfd_unsealed(len);
+    fcntl_add_seals(&fd, SealFlags::SHRINK).expect("seal the memfd against shrinking");
+    fd
+}
+
+/// An anonymous shared-memory file of `len` bytes that may still be resized and
+/// sealed (a test of what happens when it shrinks).
+pub fn memfd_unsealed(len: u64) -> OwnedFd {
+    let fd = memfd_create("vnvme-test-mem", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .expect("memfd_create");
+    ftruncate(&fd, len).expect("size the memfd");
+    fd
+}
+
+/// Guest memory backed by sealed memfds, one per `(gpa, len)` range, mapped shared
+/// (what QEMU hands a vfio-user device).
+pub fn memfd_memory(ranges: &[(u64, u64)]) -> GuestMemory {
+    let mut mem = GuestMemory::empty();
+    for &(gpa, len) in ranges {
+        let fd = memfd(len);
+        mem = mem.with_fd_region(gpa, len, fd.as_fd(), 0, true).expect("map the memfd");
+    }
+    mem
+}
