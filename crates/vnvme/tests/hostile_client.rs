@@ -8,8 +8,8 @@ mod common;
 use std::os::fd::{AsFd, OwnedFd};
 
 use common::*;
-use test_kit::memfd::memfd;
 use rustix::fs::OFlags;
+use test_kit::memfd::memfd;
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
 use vfio_user::Command;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod nvme_host;
+pub mod protocol;
 
 use std::fs::File;
 use std::io::{Read, Write};

@@ -28,49 +28,43 @@
 //! BAR0 (an MSI-X table inside it on kernels without `MSIX_MAPPABLE`), every access
 //! falls back to `pread`/`pwrite` on the device fd.
 //!
-//! The only `unsafe` of the driver lives here: ioctls, mmap of BAR0 and volatile MMIO.
+//! The only `unsafe` of the driver lives here and in the modules below: ioctls, mmap of
+//! BAR0 and volatile MMIO, memfds for DMA memory.
+//!
+//! Layout: this file opens the device and implements [`Transport`]; `ioctl` holds the
+//! ioctl numbers and the raw ioctl wrappers, `bar` the BAR0 mapping and its doorbells,
+//! `dma` DMA memory allocation, `sysfs` finds the IOMMU group and `pagemap`
+//! translates addresses in no-IOMMU mode.
 
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
-use guest_mem::{GuestMemory, Mapping};
+use guest_mem::GuestMemory;
 use tracing::{debug, info, warn};
 use vfio_bindings::bindings::vfio::{
-    vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_irq_info,
-    vfio_irq_set, vfio_region_info, VFIO_TYPE1v2_IOMMU, VFIO_API_VERSION, VFIO_BASE, VFIO_DEVICE_FLAGS_PCI,
-    VFIO_DEVICE_FLAGS_RESET, VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_GROUP_FLAGS_VIABLE,
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_NOIOMMU_IOMMU,
-    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
-    VFIO_REGION_INFO_FLAG_MMAP, VFIO_TYPE,
+    vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_irq_info, VFIO_TYPE1v2_IOMMU,
+    VFIO_API_VERSION, VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_DMA_MAP_FLAG_READ,
+    VFIO_DMA_MAP_FLAG_WRITE, VFIO_GROUP_FLAGS_VIABLE, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD,
+    VFIO_IRQ_SET_DATA_NONE, VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
+    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 
-// ---- ioctl numbers (linux/vfio.h: `_IO(VFIO_TYPE, VFIO_BASE + n)`; bindgen does not
-// translate the macros, so they are computed here and checked in the tests).
-
-const fn vfio_io(n: u32) -> u64 {
-    ((VFIO_TYPE as u64) << 8) | (VFIO_BASE + n) as u64
-}
-const VFIO_GET_API_VERSION: u64 = vfio_io(0);
-const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
-const VFIO_SET_IOMMU: u64 = vfio_io(2);
-const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
-const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
-const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
-const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
-const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
-const VFIO_DEVICE_GET_IRQ_INFO: u64 = vfio_io(9);
-const VFIO_DEVICE_SET_IRQS: u64 = vfio_io(10);
-const VFIO_DEVICE_RESET: u64 = vfio_io(11);
-const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
-const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
+use self::bar::{Bar0, BarMapping, MappedDoorbell};
+use self::dma::{align_up, DmaMapping};
+use self::ioctl::{
+    argsz, ioctl_ptr, ioctl_val, irq_set_buffer, region_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_GET_INFO,
+    VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION,
+    VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER, VFIO_IOMMU_MAP_DMA,
+    VFIO_SET_IOMMU,
+};
 
 /// First IOVA handed out in IOMMU mode: above the 32-bit MMIO/MSI windows that some
 /// platforms reserve, well inside every IOMMU's address width (39 bits and up).
@@ -79,8 +73,6 @@ const IOVA_BASE: u64 = 1 << 32;
 const PAGE: u64 = 4096;
 /// Huge page size used for DMA memory in no-IOMMU mode.
 const HUGE_PAGE: u64 = 2 << 20;
-/// `MFD_HUGE_2MB`: log2(2 MiB) << MFD_HUGE_SHIFT.
-const MFD_HUGE_2MB: libc::c_uint = 21 << 26;
 /// Smallest BAR0 an NVMe controller can have: registers plus the admin doorbells.
 const MIN_BAR0: u64 = 0x1008;
 /// PCI class code of an NVM Express I/O controller (base 01h, sub 08h, prog-if 02h).
@@ -99,160 +91,14 @@ fn last_error(what: impl std::fmt::Display) -> io::Error {
     ctx(io::Error::last_os_error(), what)
 }
 
-/// `ioctl(fd, req, value)` for requests that take an integer (or nothing).
-fn ioctl_val(fd: &impl AsRawFd, req: u64, value: libc::c_ulong, what: &str) -> io::Result<i32> {
-    // These requests take their argument by value; the kernel reads no memory of ours
-    // and writes none.
-    // SAFETY: by-value requests touch no memory of ours.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::Ioctl, value) };
-    if r < 0 {
-        return Err(last_error(what));
-    }
-    Ok(r)
-}
-
-/// `ioctl(fd, req, arg)` for requests that read and/or write `*arg`.
-///
-/// # Safety
-/// `arg` must point to memory that is valid, for the whole call, for every byte the
-/// request reads or writes: the `argsz` the caller put in the structure (and for
-/// variable-length requests the trailing data) must not exceed the allocation.
-// SAFETY: callers uphold the contract above; the body only hands `arg` to the kernel.
-unsafe fn ioctl_ptr<T>(fd: &impl AsRawFd, req: u64, arg: *mut T, what: &str) -> io::Result<i32> {
-    // SAFETY: the caller guarantees `arg` covers what the kernel accesses.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::Ioctl, arg) };
-    if r < 0 {
-        return Err(last_error(what));
-    }
-    Ok(r)
-}
-
-fn argsz<T>() -> u32 {
-    size_of::<T>() as u32
-}
-
+mod bar;
+mod dma;
+mod ioctl;
 mod pagemap;
 mod sysfs;
 
-use pagemap::translate;
 pub use pagemap::{pagemap_offset, pagemap_phys, PagemapError};
 pub use sysfs::{group_id_from_link, locate, normalize_bdf, GroupLocation};
-
-// ---- BAR0
-
-/// BAR0 mapped into this process.
-struct BarMapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// The mapping is device memory reached only through volatile 32-bit accesses at bounds-
-// checked offsets; each access is independent, so any thread may do it.
-// SAFETY: independent volatile accesses are safe from any thread.
-unsafe impl Send for BarMapping {}
-// SAFETY: see Send.
-unsafe impl Sync for BarMapping {}
-
-impl std::fmt::Debug for BarMapping {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BarMapping").field("len", &self.len).finish_non_exhaustive()
-    }
-}
-
-impl BarMapping {
-    fn map(device: &File, offset: u64, len: u64) -> io::Result<Self> {
-        let size = usize::try_from(len).map_err(|_| invalid("BAR0 too large"))?;
-        let off = libc::off_t::try_from(offset).map_err(|_| invalid("BAR0 offset too large"))?;
-        // A fresh shared mapping of the device fd at an address the kernel picks; it
-        // aliases no Rust object. The result is checked for MAP_FAILED.
-        // SAFETY: a new mapping aliases nothing; failure is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                device.as_raw_fd(),
-                off,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(last_error("mmap of BAR0"));
-        }
-        Ok(BarMapping { ptr: ptr.cast(), len: size })
-    }
-
-    fn reg(&self, off: u64) -> io::Result<*mut u32> {
-        let o = usize::try_from(off)
-            .ok()
-            .filter(|o| o.is_multiple_of(4) && o.checked_add(4).is_some_and(|e| e <= self.len));
-        let o =
-            o.ok_or_else(|| invalid(format!("BAR0 offset {off:#x} is unaligned or beyond {:#x}", self.len)))?;
-        Ok(self.ptr.wrapping_add(o).cast())
-    }
-
-    fn read32(&self, off: u64) -> io::Result<u32> {
-        let p = self.reg(off)?;
-        // `p` is 4-byte aligned and inside the live mapping (checked by `reg`); a
-        // volatile read is how device registers must be read.
-        // SAFETY: aligned, in bounds, and volatile.
-        Ok(u32::from_le(unsafe { p.read_volatile() }))
-    }
-
-    fn write32(&self, off: u64, v: u32) -> io::Result<()> {
-        let p = self.reg(off)?;
-        // SAFETY: as in `read32`; the mapping is writable (PROT_WRITE).
-        unsafe { p.write_volatile(v.to_le()) };
-        Ok(())
-    }
-}
-
-impl Drop for BarMapping {
-    fn drop(&mut self) {
-        // `ptr`/`len` come from a successful mmap and are unmapped once, here; doorbell
-        // writers share the mapping through an Arc, so none outlives it.
-        // SAFETY: unmapped once, after its last user.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// How BAR0 is reached.
-#[derive(Debug)]
-enum Bar0 {
-    Mapped(Arc<BarMapping>),
-    /// pread/pwrite on the device fd at this region offset.
-    Trapped {
-        offset: u64,
-        size: u64,
-    },
-}
-
-/// A doorbell in the BAR0 mapping, rung without the transport.
-#[derive(Debug)]
-struct MappedDoorbell {
-    bar: Arc<BarMapping>,
-    off: u64,
-}
-
-impl DirectDoorbell for MappedDoorbell {
-    fn ring(&mut self, value: u32) -> io::Result<()> {
-        self.bar.write32(self.off, value)
-    }
-}
-
-// ---- the transport
-
-/// One DMA buffer handed out by `dma_alloc`.
-#[derive(Debug)]
-struct DmaMapping {
-    iova: u64,
-    size: u64,
-    /// Shared with the `DmaRegion`'s memory map, so the memory outlives the transport
-    /// if the driver still holds it; only the device's access ends at drop.
-    _map: Arc<Mapping>,
-    /// Whether the IOMMU has a mapping to remove (not in no-IOMMU mode).
-    in_iommu: bool,
-}
 
 /// Memory from outside the driver mapped with [`Transport::map_external`].
 #[derive(Debug)]
@@ -294,57 +140,6 @@ fn open_rw(path: &Path, what: &str) -> io::Result<File> {
         };
         ctx(e, format!("{what} {}{hint}", path.display()))
     })
-}
-
-fn region_info(device: &File, index: u32) -> io::Result<vfio_region_info> {
-    let mut info = vfio_region_info { argsz: argsz::<vfio_region_info>(), index, ..Default::default() };
-    // `info` is a live vfio_region_info and argsz says exactly its size, so the kernel
-    // writes no capability data past it.
-    // SAFETY: the kernel writes at most argsz bytes into `info`.
-    unsafe { ioctl_ptr(device, VFIO_DEVICE_GET_REGION_INFO, &mut info, "VFIO_DEVICE_GET_REGION_INFO")? };
-    Ok(info)
-}
-
-/// The VFIO_DEVICE_SET_IRQS argument: a `vfio_irq_set` header followed by one `i32` per
-/// vector (the eventfds), as 32-bit words so the buffer is suitably aligned.
-fn irq_set_buffer(flags: u32, index: u32, start: u32, fds: &[RawFd]) -> Vec<u32> {
-    const HDR: usize = size_of::<vfio_irq_set>();
-    const _: () = assert!(HDR == 20 && align_of::<vfio_irq_set>() == 4);
-    let mut words = vec![0u32; HDR / 4 + fds.len()];
-    let hdr = vfio_irq_set {
-        argsz: (HDR + 4 * fds.len()) as u32,
-        flags,
-        index,
-        start,
-        count: fds.len() as u32,
-        data: Default::default(),
-    };
-    words[0..5].copy_from_slice(&[hdr.argsz, hdr.flags, hdr.index, hdr.start, hdr.count]);
-    for (w, fd) in words[HDR / 4..].iter_mut().zip(fds) {
-        *w = *fd as u32;
-    }
-    words
-}
-
-const fn align_up(v: u64, a: u64) -> Option<u64> {
-    match v.checked_add(a - 1) {
-        Some(x) => Some(x & !(a - 1)),
-        None => None,
-    }
-}
-
-fn memfd(name: &std::ffi::CStr, flags: libc::c_uint, len: u64) -> io::Result<OwnedFd> {
-    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags | libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(last_error("memfd_create"));
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    File::from(fd.try_clone()?)
-        .set_len(len)
-        .map_err(|e| ctx(e, format_args!("sizing DMA memory to {len} bytes")))?;
-    Ok(fd)
 }
 
 impl KernelVfioTransport {
@@ -505,87 +300,6 @@ impl KernelVfioTransport {
             Some(end) if end <= size && off.is_multiple_of(4) => Ok(off),
             _ => Err(invalid(format!("BAR0 offset {off:#x} is unaligned or beyond {size:#x}"))),
         }
-    }
-
-    fn dma_alloc_iommu(&mut self, len: u64) -> io::Result<DmaRegion> {
-        let size = align_up(len, PAGE).ok_or_else(|| invalid("DMA length overflows"))?;
-        let fd = memfd(c"vnvme-vfio-dma", 0, size)?;
-        let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
-        // Large buffers start on a 2 MiB boundary so the IOMMU can use large pages.
-        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
-        let iova = align_up(self.next_iova, align)
-            .filter(|i| i.checked_add(size).is_some())
-            .ok_or_else(|| io::Error::other("IOVA space exhausted"))?;
-        let (vaddr, _) = map.as_raw();
-        let mut m = vfio_iommu_type1_dma_map {
-            argsz: argsz::<vfio_iommu_type1_dma_map>(),
-            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-            vaddr: vaddr as u64,
-            iova,
-            size,
-        };
-        // `m` is a live vfio_iommu_type1_dma_map of the size argsz names; the range it
-        // names is our own mapping, kept alive by `self.dma` until unmapped.
-        // SAFETY: a live argument, and a range that stays mapped until unmapped here.
-        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }.map_err(
-            |e| {
-                if e.raw_os_error() == Some(libc::ENOMEM) {
-                    ctx(e, "pinning DMA memory (raise the locked-memory limit, ulimit -l)")
-                } else {
-                    e
-                }
-            },
-        )?;
-        self.next_iova = iova + size;
-        self.dma.push(DmaMapping { iova, size, _map: map.clone(), in_iommu: true });
-        let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;
-        debug!(iova = format_args!("{iova:#x}"), size, "DMA memory mapped through the IOMMU");
-        Ok(DmaRegion { iova, len: size, mem })
-    }
-
-    fn iommu_unmap(&self, iova: u64, size: u64) -> io::Result<()> {
-        let mut u = vfio_iommu_type1_dma_unmap {
-            argsz: argsz::<vfio_iommu_type1_dma_unmap>(),
-            iova,
-            size,
-            ..Default::default()
-        };
-        // `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names (no dirty
-        // bitmap requested, so no trailing data).
-        // SAFETY: a live argument of exactly the size argsz names.
-        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, "VFIO_IOMMU_UNMAP_DMA") }?;
-        Ok(())
-    }
-
-    fn dma_alloc_noiommu(&mut self, len: u64) -> io::Result<DmaRegion> {
-        let size = align_up(len, HUGE_PAGE).ok_or_else(|| invalid("DMA length overflows"))?;
-        let fd = memfd(c"vnvme-vfio-dma", libc::MFD_HUGETLB | MFD_HUGE_2MB, size).map_err(|e| {
-            ctx(
-                e,
-                "no-IOMMU DMA memory comes from 2 MiB huge pages: reserve some (/proc/sys/vm/nr_hugepages)",
-            )
-        })?;
-        // A shared hugetlb mapping reserves its pages here, so a shortage fails now
-        // rather than as SIGBUS on first touch.
-        let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
-        let scratch = GuestMemory::empty().with_region(0, size, map.clone(), 0)?;
-        scratch.fill(0, size, 0)?; // fault every huge page in
-        let pagemap = File::open("/proc/self/pagemap").map_err(|e| ctx(e, "/proc/self/pagemap"))?;
-        let (base, _) = map.as_raw();
-        let phys0 = translate(&pagemap, base as u64)?;
-        for i in 1..size / HUGE_PAGE {
-            let p = translate(&pagemap, base as u64 + i * HUGE_PAGE)?;
-            if p != phys0 + i * HUGE_PAGE {
-                return Err(io::Error::other(format!(
-                    "no-IOMMU mode: the {size}-byte DMA buffer is not physically contiguous; \
-                     allocate at most {HUGE_PAGE} bytes at a time"
-                )));
-            }
-        }
-        self.dma.push(DmaMapping { iova: phys0, size, _map: map.clone(), in_iommu: false });
-        let mem = GuestMemory::empty().with_region(phys0, size, map, 0)?;
-        debug!(phys = format_args!("{phys0:#x}"), size, "no-IOMMU DMA memory");
-        Ok(DmaRegion { iova: phys0, len: size, mem })
     }
 }
 
@@ -774,19 +488,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ioctl_numbers_match_linux_vfio_h() {
-        // _IO(';', 100 + n) = 0x3b00 | (100 + n).
-        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
-        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
-        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
-        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
-        assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
-        assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
-        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
-        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
-    }
-
-    #[test]
     fn opening_a_missing_device_says_which_one() {
         let e = KernelVfioTransport::open("0000:ff:1f.7").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
@@ -801,34 +502,5 @@ mod tests {
         f.node("vfio");
         let e = KernelVfioTransport::open_at(&f.sys(), &f.dev(), "01:00.0").unwrap_err();
         assert!(e.to_string().contains("VFIO_GET_API_VERSION"), "{e}");
-    }
-
-    #[test]
-    fn pagemap_translation_of_our_own_memory() {
-        let map = Mapping::anonymous(PAGE).unwrap();
-        let (ptr, _) = map.as_raw();
-        let scratch = GuestMemory::empty().with_region(0, PAGE, Arc::new(map), 0).unwrap();
-        scratch.fill(0, PAGE, 0xaa).unwrap();
-        let pagemap = File::open("/proc/self/pagemap").unwrap();
-        match translate(&pagemap, ptr as u64 + 0x123) {
-            Ok(phys) => assert_eq!(phys % PAGE, 0x123, "offset within the page survives"),
-            Err(e) => assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}"),
-        }
-    }
-
-    #[test]
-    fn irq_set_buffer_layout() {
-        let b = irq_set_buffer(VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, &[10, 11, 12]);
-        assert_eq!(b, vec![32, 0x24, 2, 0, 3, 10, 11, 12]);
-        let none = irq_set_buffer(VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, &[]);
-        assert_eq!(none, vec![20, 0x21, 2, 0, 0]);
-    }
-
-    #[test]
-    fn alignment_helpers() {
-        assert_eq!(align_up(0, PAGE), Some(0));
-        assert_eq!(align_up(1, PAGE), Some(PAGE));
-        assert_eq!(align_up(IOVA_BASE + 1, HUGE_PAGE), Some(IOVA_BASE + HUGE_PAGE));
-        assert_eq!(align_up(u64::MAX, PAGE), None);
     }
 }

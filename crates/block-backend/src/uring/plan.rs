@@ -1,0 +1,273 @@
+//! Turning a [`Request`] into a [`Slot`]: which descriptor takes it (the direct one,
+//! or the buffered one when its offset or length is misaligned), which fallocate
+//! mode or discard command serves Discard and Write Zeroes, and whether a transfer
+//! goes zero copy into the request's own buffers or through a bounce buffer.
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use guest_mem::{GuestMemory, HostRange};
+
+use super::buf::{fill_zero_iov, push_repeated, AlignedBuf, IoVec};
+use super::queue::UringQueue;
+use super::request::{Slot, Step};
+use super::{FD_BUFFERED, FD_MAIN, IOV_MAX, TRASH_CHUNK, ZERO_CHUNK};
+use crate::{check_range, BackendError, DataBuf, Op, Request, Segment, SegmentCursor};
+
+fn removed_error() -> BackendError {
+    BackendError::NotReady("backend file was removed".into())
+}
+
+fn invalid(msg: String) -> BackendError {
+    BackendError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
+
+impl UringQueue {
+    /// True if the direct descriptor can take a transfer at `offset` of `len` bytes.
+    fn direct_ok(&self, offset: u64, len: u64) -> bool {
+        !self.sh.direct || (offset.is_multiple_of(self.sh.off_align) && len.is_multiple_of(self.sh.off_align))
+    }
+
+    /// Turns a request into a slot (`None`: it is already done).
+    pub(super) fn plan(
+        &mut self,
+        mem: &GuestMemory,
+        req: &mut Request,
+    ) -> Result<Option<Slot>, BackendError> {
+        if self.sh.removed.load(Ordering::Relaxed) {
+            return Err(removed_error());
+        }
+        let (offset, len) = (req.offset, req.len);
+        let tag = req.tag;
+        let new = move |step| Slot::new(tag, mem, offset, len, step);
+        let fallocate = |mode, offset, len| Step::Fallocate { mode, offset, len, optional: false };
+        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
+        let zero_range = libc::FALLOC_FL_ZERO_RANGE | keep;
+        match req.op {
+            Op::Flush => {
+                if self.check_removed() {
+                    return Err(removed_error());
+                }
+                Ok(Some(new(Step::Fsync)))
+            }
+            Op::Read | Op::Write { .. } => {
+                check_range(offset, len, self.sh.size)?;
+                if req.op != Op::Read && self.sh.read_only {
+                    return Err(BackendError::ReadOnly);
+                }
+                if len == 0 {
+                    return Ok(None);
+                }
+                self.plan_rw(mem, req).map(Some)
+            }
+            Op::Discard => {
+                check_range(offset, len, self.sh.size)?;
+                if self.sh.read_only {
+                    return Err(BackendError::ReadOnly);
+                }
+                if !self.sh.info.discard || len == 0 {
+                    // Advisory, and not advertised: nothing to do.
+                    return Ok(None);
+                }
+                if !self.sh.block_dev {
+                    return Ok(Some(new(fallocate(punch, offset, len))));
+                }
+                // A device discards whole logical blocks only: keep the ones inside.
+                let start = offset.next_multiple_of(self.sh.lbs);
+                let end = (offset + len) / self.sh.lbs * self.sh.lbs;
+                if start >= end {
+                    return Ok(None);
+                }
+                let step = if self.sh.caps.discard_cmd {
+                    Step::DiscardCmd { offset: start, len: end - start }
+                } else {
+                    fallocate(punch, start, end - start)
+                };
+                Ok(Some(new(step)))
+            }
+            Op::WriteZeroes { deallocate } => {
+                check_range(offset, len, self.sh.size)?;
+                if self.sh.read_only {
+                    return Err(BackendError::ReadOnly);
+                }
+                if len == 0 {
+                    return Ok(None);
+                }
+                let caps = self.sh.caps;
+                let mut next = None;
+                let step = if self.sh.block_dev {
+                    let whole = offset.is_multiple_of(self.sh.lbs) && len.is_multiple_of(self.sh.lbs);
+                    if !whole || !caps.zero_range {
+                        None
+                    } else if deallocate && caps.punch {
+                        Some(fallocate(punch, offset, len))
+                    } else {
+                        Some(fallocate(zero_range, offset, len))
+                    }
+                } else if deallocate && caps.punch {
+                    Some(fallocate(punch, offset, len))
+                } else if caps.zero_range {
+                    Some(fallocate(zero_range, offset, len))
+                } else if caps.punch {
+                    // tmpfs: punch (zeroes), then allocate the range again.
+                    next = Some(Step::Fallocate { mode: keep, offset, len, optional: true });
+                    Some(fallocate(punch, offset, len))
+                } else {
+                    None
+                };
+                match step {
+                    Some(step) => {
+                        let mut slot = new(step);
+                        slot.next = next;
+                        Ok(Some(slot))
+                    }
+                    None => Ok(Some(self.plan_zero_write(mem, req))),
+                }
+            }
+        }
+    }
+
+    /// Write Zeroes by writing zero buffers.
+    fn plan_zero_write(&mut self, mem: &GuestMemory, req: &Request) -> Slot {
+        let mut slot = Slot::new(req.tag, mem, req.offset, req.len, Step::WriteZeroBufs);
+        slot.fd = if self.direct_ok(req.offset, req.len) { FD_MAIN } else { FD_BUFFERED };
+        slot.iov = self.take_iov();
+        fill_zero_iov(&mut slot.iov, self.zero_addr(), req.len);
+        slot
+    }
+
+    /// The shared zero buffer's address (allocated on first use).
+    pub(super) fn zero_addr(&self) -> usize {
+        self.sh.zeroes.get_or_init(|| AlignedBuf::new(ZERO_CHUNK, self.sh.mem_align as usize)).addr()
+    }
+
+    fn plan_rw(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Slot, BackendError> {
+        let write = req.op != Op::Read;
+        let len = req.len;
+        let direct_ok = self.direct_ok(req.offset, len);
+        let align = (self.sh.direct && direct_ok).then_some((self.sh.mem_align, self.sh.off_align));
+        let step = match req.op {
+            Op::Write { fua: true } => Step::Write { flags: libc::RWF_DSYNC },
+            Op::Write { fua: false } => Step::Write { flags: 0 },
+            _ => Step::Read,
+        };
+        let mut slot = Slot::new(req.tag, mem, req.offset, len, step);
+        slot.fd = if direct_ok { FD_MAIN } else { FD_BUFFERED };
+        slot.iov = self.take_iov();
+        let trash = self.trash.as_ref().map_or(0, |t| t.addr());
+        let straight =
+            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut slot.iov);
+        let straight = match straight {
+            Ok(s) => s,
+            Err(e) => {
+                self.recycle_iov(std::mem::take(&mut slot.iov));
+                return Err(e);
+            }
+        };
+        if !straight {
+            let n = len as usize;
+            let mut b = self.get_bounce(n);
+            if write {
+                if let Err(e) = copy_in(mem, &req.data, b.slice_mut(n)) {
+                    self.put_bounce(b);
+                    self.recycle_iov(std::mem::take(&mut slot.iov));
+                    return Err(e);
+                }
+            }
+            slot.iov.clear();
+            slot.iov.push(IoVec { base: b.addr(), len: n });
+            slot.bounce = Some(b);
+            slot.copy_out = !write;
+        }
+        Ok(slot)
+    }
+}
+
+/// Builds vectors straight onto the request's buffers. Returns `Ok(false)` when a
+/// bounce buffer is needed instead: some piece breaks the direct-I/O alignment
+/// `align` (memory, length), or there are more than IOV_MAX pieces.
+#[allow(clippy::too_many_arguments)]
+fn straight_iov(
+    mem: &GuestMemory,
+    data: &mut DataBuf,
+    len: u64,
+    write: bool,
+    align: Option<(u64, u64)>,
+    trash: usize,
+    ranges: &mut Vec<HostRange>,
+    iov: &mut Vec<IoVec>,
+) -> Result<bool, BackendError> {
+    let (ma, oa) = align.unwrap_or((1, 1));
+    let fits = |base: usize, n: usize| (base as u64).is_multiple_of(ma) && (n as u64).is_multiple_of(oa);
+    let mut straight = true;
+    match data {
+        DataBuf::Host(v) => {
+            if (v.len() as u64) < len {
+                if write {
+                    return Err(invalid(format!("host buffer of {} bytes for a {len}-byte write", v.len())));
+                }
+                v.resize(len as usize, 0);
+            }
+            let base = v.as_mut_ptr() as usize;
+            straight &= fits(base, len as usize);
+            iov.push(IoVec { base, len: len as usize });
+        }
+        DataBuf::Guest(segs) => {
+            let mut total = 0u64;
+            for s in segs.iter() {
+                match *s {
+                    Segment::Guest { gpa, len } => {
+                        ranges.clear();
+                        mem.host_ranges(gpa, len, ranges)?;
+                        for r in ranges.iter() {
+                            straight &= fits(r.ptr as usize, r.len);
+                            iov.push(IoVec { base: r.ptr as usize, len: r.len });
+                        }
+                    }
+                    Segment::Discard { len } => {
+                        if write {
+                            return Err(invalid("bit bucket in a write".into()));
+                        }
+                        straight &= trash != 0 && len.is_multiple_of(oa);
+                        push_repeated(iov, trash, TRASH_CHUNK, len);
+                    }
+                }
+                total += s.len();
+            }
+            if total != len {
+                return Err(invalid(format!("segments cover {total} bytes of a {len}-byte transfer")));
+            }
+        }
+        DataBuf::None => {
+            if write {
+                return Err(BackendError::Short { done: 0, len });
+            }
+            // A read nobody wants the data of (Verify): into the scratch buffer.
+            straight &= trash != 0 && len.is_multiple_of(oa);
+            push_repeated(iov, trash, TRASH_CHUNK, len);
+        }
+    }
+    Ok(straight && iov.len() <= IOV_MAX)
+}
+
+/// Gathers a write's data into a bounce buffer.
+fn copy_in(mem: &GuestMemory, data: &DataBuf, buf: &mut [u8]) -> Result<(), BackendError> {
+    match data {
+        DataBuf::Host(v) => buf.copy_from_slice(&v[..buf.len()]),
+        // `straight_iov` checked that the segments add up to the request.
+        DataBuf::Guest(segs) => SegmentCursor::new(segs).read_into(mem, buf)?,
+        DataBuf::None => buf.fill(0),
+    }
+    Ok(())
+}
+
+/// Scatters a read's data from a bounce buffer.
+pub(super) fn copy_out(mem: &GuestMemory, data: &mut DataBuf, buf: &[u8]) -> Result<(), BackendError> {
+    match data {
+        DataBuf::Host(v) => v[..buf.len()].copy_from_slice(buf),
+        DataBuf::Guest(segs) => SegmentCursor::new(segs).write_from(mem, buf)?,
+        DataBuf::None => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! One request in flight: the steps it runs as one SQE at a time (read/write,
+//! fsync, fallocate, discard command, chained like a punch then a preallocation),
+//! the SQE of the current step, and what each completion means for it (retry,
+//! resend the rest after a partial transfer, next step, EOF, done).
+
+use guest_mem::GuestMemory;
+use io_uring::{opcode, squeue, types};
+
+use super::buf::{advance, AlignedBuf, IoVec};
+use super::{sys, FD_MAIN, MAX_RETRIES};
+use crate::{BackendError, DataBuf};
+
+/// One step of a request, one SQE at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Read,
+    Write {
+        flags: i32,
+    },
+    /// Writes zeroes from the shared zero buffer (Write Zeroes without fallocate).
+    WriteZeroBufs,
+    Fsync,
+    /// `optional`: an EOPNOTSUPP answer is fine (the preallocation after a punch).
+    Fallocate {
+        mode: i32,
+        offset: u64,
+        len: u64,
+        optional: bool,
+    },
+    DiscardCmd {
+        offset: u64,
+        len: u64,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) tag: u64,
+    pub(super) data: DataBuf,
+    /// Keeps guest mappings alive while the kernel may touch them, and is what
+    /// bounced reads are copied out through.
+    pub(super) mem: GuestMemory,
+    offset: u64,
+    pub(super) len: u64,
+    step: Step,
+    pub(super) next: Option<Step>,
+    /// Fixed-file index.
+    pub(super) fd: u32,
+    /// Bytes moved so far by the current read/write step.
+    pub(super) done: u64,
+    /// What the next read/write SQE transfers (advanced after partial transfers).
+    pub(super) iov: Vec<IoVec>,
+    pub(super) bounce: Option<AlignedBuf>,
+    /// A read through `bounce`: copy out on success.
+    pub(super) copy_out: bool,
+    retries: u8,
+}
+
+impl Slot {
+    pub(super) fn new(tag: u64, mem: &GuestMemory, offset: u64, len: u64, step: Step) -> Self {
+        Slot {
+            tag,
+            data: DataBuf::None,
+            mem: mem.clone(),
+            offset,
+            len,
+            step,
+            next: None,
+            fd: FD_MAIN,
+            done: 0,
+            iov: Vec::new(),
+            bounce: None,
+            copy_out: false,
+            retries: 0,
+        }
+    }
+
+    pub(super) fn entry(&self, idx: usize) -> squeue::Entry {
+        let fd = types::Fixed(self.fd);
+        let iov = self.iov.as_ptr().cast::<libc::iovec>();
+        let n = self.iov.len() as u32;
+        let off = self.offset + self.done;
+        let e = match self.step {
+            Step::Read => opcode::Readv::new(fd, iov, n).offset(off).build(),
+            Step::Write { flags } => opcode::Writev::new(fd, iov, n).offset(off).rw_flags(flags).build(),
+            Step::WriteZeroBufs => opcode::Writev::new(fd, iov, n).offset(off).build(),
+            Step::Fsync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+            Step::Fallocate { mode, offset, len, .. } => {
+                opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()
+            }
+            Step::DiscardCmd { offset, len } => {
+                let mut cmd = [0u8; 16];
+                cmd[..8].copy_from_slice(&len.to_ne_bytes());
+                opcode::UringCmd16::new(fd, sys::BLOCK_URING_CMD_DISCARD).addr(Some(offset)).cmd(cmd).build()
+            }
+        };
+        e.user_data(idx as u64)
+    }
+}
+
+/// What to do with a slot after a completion.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Send the (next part of the) request again.
+    Again,
+    /// Point the vectors at zeroes for the rest, then send it again.
+    MoreZeroes,
+    /// A read found the end of the file before its end.
+    Eof {
+        done: u64,
+        len: u64,
+    },
+    Done(Result<(), BackendError>),
+}
+
+impl Slot {
+    /// Takes in one completion result.
+    pub(super) fn on_result(&mut self, res: i32) -> Outcome {
+        if res < 0 {
+            let errno = -res;
+            if matches!(errno, libc::EAGAIN | libc::EINTR) && self.retries < MAX_RETRIES {
+                self.retries += 1;
+                return Outcome::Again;
+            }
+            let optional = matches!(self.step, Step::Fallocate { optional: true, .. });
+            if !(optional && errno == libc::EOPNOTSUPP) {
+                return Outcome::Done(Err(BackendError::from_errno(errno)));
+            }
+        } else if matches!(self.step, Step::Read | Step::Write { .. } | Step::WriteZeroBufs) {
+            let n = (res as u64).min(self.len - self.done);
+            if n == 0 {
+                let (done, len) = (self.done, self.len);
+                return match self.step {
+                    Step::Read => Outcome::Eof { done, len },
+                    _ => Outcome::Done(Err(BackendError::Short { done, len })),
+                };
+            }
+            self.done += n;
+            if self.done < self.len {
+                // A partial transfer: send the rest.
+                advance(&mut self.iov, n as usize);
+                return match (self.iov.is_empty(), self.step) {
+                    (false, _) => Outcome::Again,
+                    (true, Step::WriteZeroBufs) => Outcome::MoreZeroes,
+                    (true, _) => Outcome::Done(Err(BackendError::Short { done: self.done, len: self.len })),
+                };
+            }
+        }
+        match self.next.take() {
+            Some(next) => {
+                self.step = next;
+                self.done = 0;
+                self.retries = 0;
+                Outcome::Again
+            }
+            None => Outcome::Done(Ok(())),
+        }
+    }
+}
