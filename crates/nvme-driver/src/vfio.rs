@@ -72,6 +72,11 @@ const VFIO_DEVICE_RESET: u64 = vfio_io(11);
 const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
 const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 
+/// The ioctls an open transport still issues (DMA mappings as a client's memory comes
+/// and goes, interrupt wiring, reset): what a sandbox around it must allow.
+pub const RUNTIME_IOCTLS: [u64; 4] =
+    [VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA];
+
 /// First IOVA handed out in IOMMU mode: above the 32-bit MMIO/MSI windows that some
 /// platforms reserve, well inside every IOMMU's address width (39 bits and up).
 const IOVA_BASE: u64 = 1 << 32;
