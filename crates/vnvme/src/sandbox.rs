@@ -45,10 +45,9 @@
 //! - kernel-VFIO `nvme://` could not be exercised here (no device): its entries come
 //!   from reading the transport's code; no-IOMMU mode lets the device DMA anywhere,
 //!   which no sandbox contains.
-//! - After dropping to a user the process marks itself dumpable again: the check of a
-//!   client's descriptors reads `/proc/self/fd`, which a non-dumpable process's own
-//!   user may not. Same-user processes could then ptrace it (subject to Yama): give
-//!   each device its own user.
+//! - Dropping to a user leaves the process non-dumpable (the kernel's doing), which
+//!   also keeps same-user processes from ptracing it; reading its own `/proc/self/fd`
+//!   links still works, as the kernel lets a process see its own descriptors.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -230,9 +229,7 @@ impl DropTo {
         if !u.uid.is_root() && setuid(Uid::from_raw(0)).is_ok() {
             return Err(io::Error::other(format!("--user {}: root could be regained", u.name)));
         }
-        // The uid change made the process non-dumpable, which hides /proc/self/fd
-        // from its own user; the descriptor-kind check needs it (see the module doc).
-        nix::sys::prctl::set_dumpable(true).map_err(|e| ctx("PR_SET_DUMPABLE", e))
+        Ok(())
     }
 
     /// The user's name, uid and gid, for the log.
