@@ -5,6 +5,7 @@ mod demo;
 mod identify;
 mod nsspec;
 mod perf;
+mod sandbox;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -22,6 +22,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::sandbox::Needs;
+
 use block_backend::{
     Backend, DirectMode, FaultBackend, FaultRule, FileBackend, NullBackend, RamBackend, UringBackend,
     UringOptions,
@@ -91,29 +93,38 @@ impl Engine {
 pub struct Opened {
     pub backend: Arc<dyn Backend>,
     pub lba_format: u8,
+    /// What the backend does after start-up, for the sandbox's allowlist.
+    pub needs: Needs,
 }
 
 impl NsSpec {
     /// Opens the backend and settles the LBA format.
     pub fn open(&self) -> std::io::Result<Opened> {
         let ctx = |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
+        let mut needs = Needs::default();
         let backend: Arc<dyn Backend> = match &self.kind {
             Kind::Ram => Arc::new(RamBackend::new(self.size.expect("parsed with a size"))),
             Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
             Kind::File(p) => match self.engine.resolve(p) {
                 Engine::Uring | Engine::Auto => {
+                    (needs.file, needs.uring) = (true, true);
                     let opts =
                         UringOptions { direct: self.direct, create_size: self.size, ..Default::default() };
                     Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
                 }
                 Engine::Sync => {
+                    needs.file = true;
                     Arc::new(FileBackend::open(p, self.size).map_err(|e| ctx(&p.display().to_string(), e))?)
                 }
             },
-            Kind::Nvme(uri) => Arc::new(
-                nvme_disk::NvmeBackend::open(uri)
-                    .map_err(|e| std::io::Error::other(format!("{uri}: {e}")))?,
-            ),
+            Kind::Nvme(uri) => {
+                needs.kernel_vfio = nvme_disk::NvmeBackendOptions::parse(uri)
+                    .is_ok_and(|o| matches!(o.target, nvme_disk::NvmeTarget::Pci(_)));
+                Arc::new(
+                    nvme_disk::NvmeBackend::open(uri)
+                        .map_err(|e| std::io::Error::other(format!("{uri}: {e}")))?,
+                )
+            }
         };
         let info = backend.info();
         let lba_format = match self.lba_format {
@@ -135,7 +146,7 @@ impl NsSpec {
             let rules = self.faults.iter().cloned().map(|r| r.lba_size(lba)).collect();
             Arc::new(FaultBackend::new(backend, rules))
         };
-        Ok(Opened { backend, lba_format })
+        Ok(Opened { backend, lba_format, needs })
     }
 
     /// A short description for logs.

@@ -10,6 +10,7 @@ use vfio_user_server::pci::PciIds;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
 use crate::nsspec::NsSpec;
+use crate::sandbox;
 
 /// `vnvme serve`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -79,6 +80,22 @@ pub struct ServeArgs {
     /// 500ms).
     #[arg(long, default_value = "5s", value_parser = crate::perf::parse_duration)]
     pub client_deadline: std::time::Duration,
+    /// After start-up, confine the process to a seccomp allowlist of the system calls
+    /// serving needs (no_new_privs set; anything else fails with EPERM). off: for
+    /// debugging only.
+    #[arg(long, default_value = "on")]
+    pub sandbox: Switch,
+    /// After start-up (socket bound, namespaces opened, stats file written once),
+    /// change to this user's uid, gid and groups. Needs root to start.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+}
+
+/// on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -88,6 +105,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.workers > 64 {
         return Err("--workers must be 0..=64".into());
     }
+    let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     let opened = a.namespaces.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
         serial: a.serial.clone(),
@@ -140,11 +158,25 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         a.queues
     );
     if let Some(path) = a.stats_file.clone() {
+        // Once as this user, before any drop: a path it cannot write fails now.
+        write_stats(&path, &stats.snapshot()).map_err(|e| format!("{}: {e}", path.display()))?;
         let stats = stats.clone();
         std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
             let _ = write_stats(&path, &stats.snapshot());
             std::thread::sleep(Duration::from_millis(500));
         })?;
+    }
+    if let Some(u) = &drop_to {
+        u.apply()?;
+        eprintln!("vnvme: running as {}", u.describe());
+    }
+    if a.sandbox == Switch::On {
+        let mut needs = opened.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.needs));
+        needs.stats_file = a.stats_file.is_some();
+        sandbox::install(&needs)?;
+        eprintln!("vnvme: sandbox on: seccomp allowlist, no_new_privs ({needs:?})");
+    } else {
+        eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
     }
     let r = server::serve(
         &listener,

@@ -63,8 +63,13 @@ use self::ioctl::{
     argsz, ioctl_ptr, ioctl_val, irq_set_buffer, region_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_GET_INFO,
     VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION,
     VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER, VFIO_IOMMU_MAP_DMA,
-    VFIO_SET_IOMMU,
+    VFIO_IOMMU_UNMAP_DMA, VFIO_SET_IOMMU,
 };
+
+/// The ioctls an open transport still issues (DMA mappings as a client's memory comes
+/// and goes, interrupt wiring, reset): what a sandbox around it must allow.
+pub const RUNTIME_IOCTLS: [u64; 4] =
+    [VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA];
 
 /// First IOVA handed out in IOMMU mode: above the 32-bit MMIO/MSI windows that some
 /// platforms reserve, well inside every IOMMU's address width (39 bits and up).

@@ -1,0 +1,316 @@
+//! The device process's sandbox: once `vnvme serve` has started up (namespaces'
+//! backends opened, I/O worker threads and their backend queues created, the socket
+//! bound, the stats file written once), it can drop to an unprivileged user and then
+//! confines every thread to a seccomp-bpf allowlist of the system calls serving needs.
+//!
+//! What a hostile guest or VMM that took over the process is left with: its open
+//! descriptors and the calls below. It cannot start programs (no execve, no clone:
+//! the threads exist by then), open sockets or connect anywhere (no socket, connect,
+//! bind), trace or signal other processes (no ptrace, process_vm_*, kill; tgkill only
+//! to itself), map executable memory (mmap and mprotect without PROT_EXEC), or open
+//! paths, except to rewrite the stats file (below).
+//!
+//! The filter is built with rust-vmm's `seccompiler` and installed with TSYNC on
+//! every thread of the process at once (workers, the stats writer, the `nvme://`
+//! health watcher); it sets no_new_privs first. Threads created later inherit it.
+//!
+//! A call outside the allowlist fails with EPERM rather than killing the process:
+//! "refused", as an access-control check would refuse it. Every caller already
+//! handles errors, so a call we forgot to allow shows up as a logged error naming
+//! the operation (and `--sandbox off` confirms it), not as a SIGSYS with no message;
+//! and a compromised process gains nothing from an error it can see. `strace -f`
+//! shows each refused call as `-1 EPERM`.
+//!
+//! The allowlist, collected with `strace -f` of `vnvme serve` after start-up in every
+//! mode (doorbells trapped, eventfd and mapped; workers and inline; each backend):
+//!
+//! | who                          | needs                                                        |
+//! |------------------------------|--------------------------------------------------------------|
+//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
+//! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
+//! | `ram:`, `null:`              | nothing more                                                 |
+//! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate    |
+//! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
+//! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
+//! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
+//! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
+//!
+//! Limits, stated plainly:
+//! - seccomp cannot read path arguments: with `--stats-file` the process may create
+//!   and replace files wherever its user may write. `--user` bounds that (and every
+//!   other path the process can reach); so does leaving `--stats-file` off.
+//! - io_uring operations are not system calls: an io_uring backend's ring could be
+//!   given any opcode (an open, a socket) without seccomp seeing it. Registering ring
+//!   restrictions (IORING_REGISTER_RESTRICTIONS) in the backend would close this.
+//! - kernel-VFIO `nvme://` could not be exercised here (no device): its entries come
+//!   from reading the transport's code; no-IOMMU mode lets the device DMA anywhere,
+//!   which no sandbox contains.
+//! - Dropping to a user leaves the process non-dumpable (the kernel's doing), which
+//!   also keeps same-user processes from ptracing it; reading its own `/proc/self/fd`
+//!   links still works, as the kernel lets a process see its own descriptors.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+/// `prctl(PR_GET_AUXV)` (Linux 6.4; not in every libc crate yet): reads the process's
+/// own auxiliary vector.
+const PR_GET_AUXV: u64 = 0x4155_5856;
+
+/// What runs after start-up, beyond what every mode needs: each adds its own calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// A `file:` namespace, on either engine.
+    pub file: bool,
+    /// A `file:` namespace on the io_uring engine.
+    pub uring: bool,
+    /// An `nvme://` namespace on a PCI function bound to vfio-pci.
+    pub kernel_vfio: bool,
+    /// `--stats-file`: the counters are rewritten (create, write, rename).
+    pub stats_file: bool,
+}
+
+impl Needs {
+    /// What either needs.
+    pub fn union(self, o: Needs) -> Needs {
+        Needs {
+            file: self.file || o.file,
+            uring: self.uring || o.uring,
+            kernel_vfio: self.kernel_vfio || o.kernel_vfio,
+            stats_file: self.stats_file || o.stats_file,
+        }
+    }
+}
+
+/// One condition on argument `arg` (its low 32 bits: every argument checked here is
+/// an int or a flag word).
+fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).expect("argument index below 6")
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conds).expect("a rule has conditions")
+}
+
+/// Argument `arg` equals one of `values` (one rule each: the rules of a call are ORed).
+fn one_of(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
+    values.iter().map(|&v| rule(vec![cond(arg, SeccompCmpOp::Eq, v)])).collect()
+}
+
+/// The allowlist for `needs`: system call number -> the rules under which it is
+/// allowed (an empty list: always).
+pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
+    use libc::*;
+    let mut m: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut allow = |calls: &[c_long]| {
+        for &c in calls {
+            m.insert(c, Vec::new());
+        }
+    };
+    // Messages, descriptors the peer hands us, eventfds and timers.
+    allow(&[SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_close]);
+    allow(&[SYS_recvmsg, SYS_recvfrom, SYS_sendmsg, SYS_sendto, SYS_accept4, SYS_shutdown]);
+    allow(&[SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_pwait, SYS_ppoll]);
+    allow(&[SYS_eventfd2, SYS_timerfd_create, SYS_timerfd_settime, SYS_timerfd_gettime]);
+    // Memory (executable mappings are refused below), threads and time.
+    allow(&[SYS_munmap, SYS_mremap, SYS_madvise, SYS_brk]);
+    allow(&[SYS_futex, SYS_sched_yield, SYS_sched_getaffinity, SYS_getrandom]);
+    allow(&[SYS_clock_gettime, SYS_clock_nanosleep, SYS_nanosleep]);
+    allow(&[SYS_set_robust_list, SYS_rseq, SYS_sigaltstack, SYS_rt_sigprocmask, SYS_rt_sigreturn]);
+    allow(&[SYS_gettid, SYS_getpid, SYS_exit, SYS_exit_group]);
+    // Inspecting descriptors: fstat, seals, and the /proc/self/fd link of a client's
+    // interrupt descriptor.
+    allow(&[SYS_fstat, SYS_newfstatat, SYS_statx, SYS_lseek, SYS_readlinkat]);
+    #[cfg(target_arch = "x86_64")]
+    allow(&[SYS_epoll_wait, SYS_poll, SYS_readlink]);
+    if needs.file {
+        allow(&[SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_fsync, SYS_fdatasync]);
+        allow(&[SYS_fallocate]);
+    }
+    if needs.uring {
+        allow(&[SYS_io_uring_enter]);
+    }
+    if needs.stats_file {
+        allow(&[SYS_renameat, SYS_renameat2]);
+        #[cfg(target_arch = "x86_64")]
+        allow(&[SYS_rename]);
+    }
+
+    let no_exec = || vec![rule(vec![cond(2, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])];
+    m.insert(SYS_mmap, no_exec());
+    m.insert(SYS_mprotect, no_exec());
+    let fcntl_cmds = [F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_GET_SEALS];
+    m.insert(SYS_fcntl, one_of(1, &fcntl_cmds.map(|c| c as u64)));
+    m.insert(
+        SYS_setsockopt,
+        [SO_RCVTIMEO, SO_SNDTIMEO]
+            .iter()
+            .map(|&o| {
+                rule(vec![cond(1, SeccompCmpOp::Eq, SOL_SOCKET as u64), cond(2, SeccompCmpOp::Eq, o as u64)])
+            })
+            .collect(),
+    );
+    // A thread names itself as it starts (the workers may still be starting); rustix
+    // reads its own auxiliary vector lazily (vDSO lookup) on first use.
+    m.insert(SYS_prctl, one_of(0, &[PR_SET_NAME as u64, PR_GET_AUXV]));
+    // abort() signals its own process; no other.
+    m.insert(SYS_tgkill, one_of(0, &[std::process::id() as u64]));
+
+    if needs.stats_file {
+        // std's File::create, for the temporary file that replaces the stats file.
+        m.insert(SYS_openat, one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
+    }
+    if needs.kernel_vfio {
+        m.insert(SYS_ioctl, one_of(1, &nvme_driver::vfio::RUNTIME_IOCTLS));
+    }
+    m
+}
+
+/// The compiled filter: the allowlist for `needs`, everything else refused with EPERM.
+pub fn filter(needs: &Needs) -> io::Result<BpfProgram> {
+    let arch = std::env::consts::ARCH.try_into().map_err(seccomp_err)?;
+    let f = SeccompFilter::new(
+        rules(needs),
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch,
+    )
+    .map_err(seccomp_err)?;
+    f.try_into().map_err(seccomp_err)
+}
+
+/// Sets no_new_privs and installs the allowlist for `needs` on every thread of the
+/// process. Irreversible.
+pub fn install(needs: &Needs) -> io::Result<()> {
+    let prog = filter(needs)?;
+    seccompiler::apply_filter_all_threads(&prog).map_err(seccomp_err)
+}
+
+fn seccomp_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("seccomp: {e}"))
+}
+
+/// A user to drop to, looked up (and the privilege to do so checked) before anything
+/// is opened, so a mistake fails at once.
+#[derive(Debug)]
+pub struct DropTo(nix::unistd::User);
+
+impl DropTo {
+    /// Looks `name` up; refuses unless the process runs as root.
+    pub fn lookup(name: &str) -> io::Result<DropTo> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "--user {name}: only root can change user (start vnvme serve as root, or omit --user)"
+                ),
+            ));
+        }
+        match nix::unistd::User::from_name(name) {
+            Ok(Some(u)) => Ok(DropTo(u)),
+            Ok(None) => Err(io::Error::new(io::ErrorKind::NotFound, format!("--user {name}: no such user"))),
+            Err(e) => Err(io::Error::other(format!("--user {name}: {e}"))),
+        }
+    }
+
+    /// Changes every thread to the user's uid, gid and supplementary groups (glibc
+    /// applies set*id to all threads), and checks root cannot be regained.
+    pub fn apply(&self) -> io::Result<()> {
+        use nix::unistd::{initgroups, setgid, setuid, Uid};
+        let u = &self.0;
+        let ctx = |what: &str, e: nix::Error| io::Error::other(format!("--user {}: {what}: {e}", u.name));
+        let name = std::ffi::CString::new(u.name.as_str()).map_err(io::Error::other)?;
+        initgroups(&name, u.gid).map_err(|e| ctx("initgroups", e))?;
+        setgid(u.gid).map_err(|e| ctx("setgid", e))?;
+        setuid(u.uid).map_err(|e| ctx("setuid", e))?;
+        if !u.uid.is_root() && setuid(Uid::from_raw(0)).is_ok() {
+            return Err(io::Error::other(format!("--user {}: root could be regained", u.name)));
+        }
+        Ok(())
+    }
+
+    /// The user's name, uid and gid, for the log.
+    pub fn describe(&self) -> String {
+        format!("{} (uid {}, gid {})", self.0.name, self.0.uid, self.0.gid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    /// Set in the child process that [`a_forbidden_system_call_is_refused`] starts.
+    const PROBE: &str = "VNVME_SANDBOX_PROBE";
+
+    /// `r` failed with EPERM: the filter refused the call.
+    fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, impl Into<io::Error>>) {
+        match r.map_err(Into::into) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => println!("refused: {what}"),
+            other => panic!("{what}: expected EPERM from the sandbox, got {other:?}"),
+        }
+    }
+
+    /// The child's half: installs the serving allowlist on this process (the test
+    /// binary, started only for this), then tries what it must refuse and what it must
+    /// still allow. Does nothing in an ordinary test run.
+    #[test]
+    fn probe_in_child() {
+        if std::env::var_os(PROBE).is_none() {
+            return;
+        }
+        install(&Needs::default()).expect("install the filter");
+        refused("execve", nix::unistd::execv(c"/bin/true", &[c"true"]));
+        refused("clone (a new thread)", std::thread::Builder::new().spawn(|| ()));
+        refused("socket(AF_INET)", std::net::UdpSocket::bind("127.0.0.1:0"));
+        refused("socket(AF_UNIX)", std::os::unix::net::UnixStream::connect("/nonexistent.sock"));
+        refused("openat", std::fs::File::open("/etc/hostname"));
+        refused("unlink", std::fs::remove_file("/nonexistent-vnvme-file"));
+        refused("setuid", nix::unistd::setuid(nix::unistd::Uid::from_raw(0)));
+        // What serving uses still works.
+        let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).expect("eventfd");
+        rustix::io::write(&ev, &1u64.to_ne_bytes()).expect("eventfd write");
+        let mut buf = [0u8; 8];
+        rustix::io::read(&ev, &mut buf).expect("eventfd read");
+        assert_eq!(u64::from_ne_bytes(buf), 1);
+        println!("allowed: eventfd, read, write");
+    }
+
+    #[test]
+    fn a_forbidden_system_call_is_refused() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "sandbox::tests::probe_in_child", "--nocapture", "--test-threads=1"])
+            .env(PROBE, "1")
+            .output()
+            .expect("run the probe");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let all = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for what in ["execve", "clone", "socket(AF_INET)", "socket(AF_UNIX)", "openat", "unlink", "setuid"] {
+            assert!(stdout.contains(&format!("refused: {what}")), "{what} not refused:\n{all}");
+        }
+        assert!(stdout.contains("allowed: eventfd"), "{all}");
+        assert!(out.status.success(), "{all}");
+    }
+
+    #[test]
+    fn each_mode_adds_only_its_calls() {
+        let base = rules(&Needs::default());
+        for forbidden in
+            [libc::SYS_execve, libc::SYS_socket, libc::SYS_connect, libc::SYS_ptrace, libc::SYS_clone]
+        {
+            assert!(!base.contains_key(&forbidden), "syscall {forbidden}");
+        }
+        for extra in [libc::SYS_openat, libc::SYS_ioctl, libc::SYS_io_uring_enter, libc::SYS_pwrite64] {
+            assert!(!base.contains_key(&extra), "syscall {extra} without a mode that needs it");
+        }
+        assert!(rules(&Needs { uring: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_enter));
+        assert!(rules(&Needs { file: true, ..Default::default() }).contains_key(&libc::SYS_pwrite64));
+        assert!(rules(&Needs { kernel_vfio: true, ..Default::default() }).contains_key(&libc::SYS_ioctl));
+        assert!(rules(&Needs { stats_file: true, ..Default::default() }).contains_key(&libc::SYS_openat));
+        filter(&Needs { file: true, uring: true, kernel_vfio: true, stats_file: true }).expect("compiles");
+    }
+}
