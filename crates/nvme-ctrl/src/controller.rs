@@ -128,9 +128,10 @@ impl Controller {
             dstrd: cfg.dstrd,
             dsm: namespaces.iter().any(|n| n.info.discard),
             write_zeroes: namespaces.iter().any(|n| n.info.write_zeroes),
+            memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
-        let engine = IoEngine::new(ctx, mem)?;
+        let engine = IoEngine::new(ctx)?;
         // TO = 20 (10 s): generous for a loaded host; MPSMIN 4 KiB, MPSMAX 64 KiB.
         let cap = Cap::new(cfg.mqes_z, 20, cfg.dstrd, 0, 4);
         let mut admin = AdminState::new(&cfg, &namespaces)?;
@@ -189,8 +190,19 @@ impl Controller {
     }
 
     /// Replaces the guest memory map (vfio-user DMA map/unmap).
+    /// Replaces the guest memory map on every engine, waiting until each worker has
+    /// it: after this returns, no new command uses the old map (unmaps, resets).
     pub fn set_memory(&mut self, mem: GuestMemory) {
-        self.io_set_memory(mem);
+        self.engine.ctx.memory.publish(mem);
+        self.on_all_engines(|e| e.adopt_memory());
+    }
+
+    /// Installs a map that only *adds* regions to the current one (a DMA map),
+    /// without waiting for any worker: each adopts it before it next fetches a
+    /// command (`engine::memory` says why that is soon enough).
+    pub fn grow_memory(&mut self, mem: GuestMemory) {
+        self.engine.ctx.memory.publish(mem);
+        self.engine.adopt_memory();
     }
 
     pub fn memory(&self) -> &GuestMemory {

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use guest_mem::GuestMemory;
 use nvme_spec::regs::DoorbellKind;
 
 use crate::controller::Controller;
@@ -143,10 +142,6 @@ impl Controller {
     pub(crate) fn io_apply_settings(&mut self) {
         let s = self.settings();
         self.on_all_engines(move |e| s.apply(e));
-    }
-
-    pub(crate) fn io_set_memory(&mut self, mem: GuestMemory) {
-        self.on_all_engines(move |e| e.set_memory(mem.clone()));
     }
 
     /// Controller Level Reset of the data path: every queue goes.

@@ -14,7 +14,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::dma::{DmaError, DmaRegions, MAX_DMA_MAPS};
+use crate::dma::{dma_map_budget, DmaError, DmaRegions};
 use crate::doorbells::{DoorbellMode, DoorbellPage, DOORBELL_PAGE, DOORBELL_PAGE_LEN};
 use crate::fds::{self, FdKind};
 use crate::irq::EventFdInterrupts;
@@ -151,7 +151,7 @@ impl Device {
             bar0_len,
             bar4: msix_table_at_power_on(vectors),
             irqs,
-            dma: DmaRegions::default(),
+            dma: DmaRegions::with_limit(dma_map_budget()),
             negotiated: false,
             doorbells: opts.doorbells,
             page,
@@ -239,7 +239,7 @@ impl Device {
         let ours = Capabilities {
             max_msg_fds: Some(vfio_user::socket::MAX_FDS as u32),
             max_data_xfer_size: Some(MAX_XFER),
-            max_dma_maps: Some(MAX_DMA_MAPS as u32),
+            max_dma_maps: Some(self.dma.limit() as u32),
             pgsizes: Some(4096),
             migration: caps.migration.as_ref().map(|m| Migration { pgsize: m.pgsize, max_bitmap_size: None }),
         };
@@ -260,7 +260,7 @@ impl Device {
         let fd = msg.fds.into_iter().next();
         let has_fd = fd.is_some();
         self.dma.map(m.address.get(), m.size.get(), fd, m.offset.get(), flags & DMA_MAP_FLAG_WRITE != 0)?;
-        self.ctrl.set_memory(self.dma.memory());
+        self.ctrl.grow_memory(self.dma.memory());
         debug!(iova = format_args!("{:#x}", m.address.get()), size = m.size.get(), has_fd, "DMA map");
         Ok(Reply::ok(Vec::new()))
     }
@@ -565,6 +565,11 @@ impl Device {
     /// The guest memory map currently shared by the client (for tests).
     pub fn dma_regions(&self) -> usize {
         self.dma.len()
+    }
+
+    /// Most DMA regions a client may have at once (VERSION's `max_dma_maps`).
+    pub fn dma_region_limit(&self) -> usize {
+        self.dma.limit()
     }
 
     /// The payload of a region write as `T` (tests).

@@ -39,10 +39,15 @@ pub enum DmaError {
     BeyondFile { offset: u64, size: u64, file_len: u64 },
 }
 
-/// The DMA map of one client.
+/// The DMA map of one client: every region by address, and the reachable ones as a
+/// guest memory snapshot kept up to date map by map (O(log n) to find overlaps, a
+/// chunk copy to update the snapshot; nothing is rebuilt from scratch).
 #[derive(Debug, Default)]
 pub struct DmaRegions {
     regions: BTreeMap<u64, Region>,
+    mem: GuestMemory,
+    /// Most regions at once (see [`dma_map_budget`]); 0 means [`MAX_DMA_MAPS`].
+    limit: usize,
 }
 
 /// Refuses a mapping of a regular file (a memfd, a hugetlbfs or tmpfs file) that
@@ -58,10 +63,55 @@ fn check_file_range(fd: &OwnedFd, offset: u64, size: u64) -> Result<(), DmaError
     Ok(())
 }
 
-/// Most simultaneous DMA regions we accept (we advertise `max_dma_maps`).
+/// Most simultaneous DMA regions we ever accept.
 pub const MAX_DMA_MAPS: usize = 65535;
 
+/// Descriptors and memory mappings kept back for everything else the process does
+/// (sockets, eventfds, backends, io_uring rings, the doorbell page).
+const RESERVE: usize = 1024;
+
+/// How many DMA regions this process can hold at once: each keeps a descriptor
+/// (for zero-copy re-export) and a memory mapping, so the budget is the smaller of
+/// the descriptor limit and the kernel's per-process mapping limit
+/// (`vm.max_map_count`), less a reserve, and at most [`MAX_DMA_MAPS`]. This is what
+/// VERSION advertises as `max_dma_maps` and what DMA_MAP enforces (ENOSPC past it).
+pub fn dma_map_budget() -> usize {
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    let maps = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(65530);
+    let budget = nofile.min(maps).saturating_sub(RESERVE as u64);
+    (budget as usize).clamp(1, MAX_DMA_MAPS)
+}
+
+/// Raises the soft descriptor limit to the hard one (the default soft limit of 1024
+/// would cap a VM at about a thousand DMA regions). Returns the new soft limit.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current != l.maximum {
+        l.current = l.maximum;
+        setrlimit(Resource::Nofile, l)?;
+    }
+    Ok(l.current.unwrap_or(u64::MAX))
+}
+
 impl DmaRegions {
+    /// An empty map that holds at most `limit` regions.
+    pub fn with_limit(limit: usize) -> Self {
+        DmaRegions { limit: limit.clamp(1, MAX_DMA_MAPS), ..Default::default() }
+    }
+
+    /// Most regions at once.
+    pub fn limit(&self) -> usize {
+        if self.limit == 0 {
+            MAX_DMA_MAPS
+        } else {
+            self.limit
+        }
+    }
+
     pub fn map(
         &mut self,
         iova: u64,
@@ -71,11 +121,12 @@ impl DmaRegions {
         writable: bool,
     ) -> Result<(), DmaError> {
         let end = iova.checked_add(size).filter(|_| size > 0).ok_or(DmaError::Invalid(iova, size))?;
-        if self.regions.iter().any(|(&a, r)| iova < a + r.size && a < end) {
+        // The only region that can overlap: the last one starting before `end`.
+        if self.regions.range(..end).next_back().is_some_and(|(&a, r)| iova < a + r.size) {
             return Err(DmaError::Overlap(iova, size));
         }
-        if self.regions.len() >= MAX_DMA_MAPS {
-            return Err(DmaError::TooMany(MAX_DMA_MAPS));
+        if self.regions.len() >= self.limit() {
+            return Err(DmaError::TooMany(self.limit()));
         }
         let map = match fd {
             Some(_) if !writable => None,
@@ -85,6 +136,9 @@ impl DmaRegions {
             }
             None => None,
         };
+        if let Some(m) = &map {
+            self.mem = self.mem.with_region(iova, size, m.clone(), 0).expect("overlaps were refused above");
+        }
         self.regions.insert(iova, Region { size, map });
         Ok(())
     }
@@ -92,6 +146,10 @@ impl DmaRegions {
     pub fn unmap(&mut self, iova: u64, size: u64) -> Result<(), DmaError> {
         match self.regions.get(&iova) {
             Some(r) if r.size == size => {
+                if r.map.is_some() {
+                    self.mem =
+                        self.mem.without_region(iova, size).expect("reachable regions are in the snapshot");
+                }
                 self.regions.remove(&iova);
                 Ok(())
             }
@@ -101,6 +159,7 @@ impl DmaRegions {
 
     pub fn clear(&mut self) {
         self.regions.clear();
+        self.mem = GuestMemory::empty();
     }
 
     pub fn len(&self) -> usize {
@@ -113,13 +172,7 @@ impl DmaRegions {
 
     /// The reachable part of the map as a guest memory snapshot.
     pub fn memory(&self) -> GuestMemory {
-        let mut mem = GuestMemory::empty();
-        for (&iova, r) in &self.regions {
-            if let Some(m) = &r.map {
-                mem = mem.with_region(iova, r.size, m.clone(), 0).expect("regions never overlap");
-            }
-        }
-        mem
+        self.mem.clone()
     }
 }
 
@@ -144,6 +197,20 @@ mod tests {
         assert!(matches!(e, DmaError::BeyondFile { .. }), "{e}");
         assert!(d.map(0x10000, 0x1000, Some(file("eof3", 0x2000)), 0x1000, true).is_ok());
         assert_eq!(d.memory().size(), 0x1000);
+    }
+
+    #[test]
+    fn the_region_budget_is_enforced_and_follows_the_process_limits() {
+        let mut d = DmaRegions::with_limit(2);
+        d.map(0x10000, 0x1000, Some(file("lim1", 0x1000)), 0, true).unwrap();
+        d.map(0x20000, 0x1000, None, 0, true).unwrap();
+        assert!(matches!(d.map(0x30000, 0x1000, None, 0, true), Err(DmaError::TooMany(2))));
+        d.unmap(0x20000, 0x1000).unwrap();
+        d.map(0x30000, 0x1000, None, 0, true).unwrap();
+        let budget = dma_map_budget();
+        let nofile =
+            rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+        assert!((1..=MAX_DMA_MAPS).contains(&budget) && budget as u64 <= nofile, "budget {budget}");
     }
 
     #[test]

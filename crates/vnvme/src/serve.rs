@@ -133,6 +133,11 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
         doorbells: a.doorbells,
     };
+    // Each DMA region keeps a descriptor: lift the soft limit before the device sizes
+    // its DMA map budget from it.
+    if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
+        eprintln!("vnvme: cannot raise the descriptor limit ({e}); DMA regions stay fewer");
+    }
     let mut dev = Device::new(ctrl, irqs, opts)?;
     let listener = server::bind(&a.socket)?;
     for (i, o) in opened.iter().enumerate() {
@@ -149,13 +154,15 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     eprintln!(
-        "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs)",
+        "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs, \
+         up to {} DMA regions)",
         a.namespaces.len(),
         a.socket.display(),
         if a.workers == 0 { "inline: no workers".to_string() } else { format!("{} worker(s)", a.workers) },
         poll,
         a.doorbells,
-        a.queues
+        a.queues,
+        dev.dma_region_limit()
     );
     if let Some(path) = a.stats_file.clone() {
         // Once as this user, before any drop: a path it cannot write fails now.

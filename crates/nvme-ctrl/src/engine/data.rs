@@ -24,6 +24,7 @@ impl IoEngine {
         if self.fatal.is_some() {
             return false;
         }
+        self.adopt_memory();
         let mut progress = self.reap();
         let mut budget = POLL_BUDGET;
         let mut idle_turns = 0;
@@ -75,6 +76,12 @@ impl IoEngine {
                 if sq.is_empty() {
                     break;
                 }
+                // A host may have just been told of new memory and used it: look
+                // for a newer map before reading the command (engine::memory).
+                if self.ctx.memory.generation() != self.mem_generation {
+                    self.adopt_memory();
+                }
+                let sq = self.sqs[qid as usize].as_mut().expect("exists");
                 let sqe = match sq.fetch(&self.mem) {
                     Ok(s) => s,
                     Err(e) => {

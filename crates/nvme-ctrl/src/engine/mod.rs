@@ -13,6 +13,9 @@
 
 mod completion;
 mod data;
+mod memory;
+
+pub use memory::SharedMemory;
 
 use std::sync::Arc;
 
@@ -45,6 +48,8 @@ pub struct EngineContext {
     pub dsm: bool,
     /// Some namespace's backend writes zeroes natively: Write Zeroes is in ONCS.
     pub write_zeroes: bool,
+    /// The guest memory map, as the transport last published it.
+    pub memory: Arc<SharedMemory>,
     /// Set by any engine that hit a fault it cannot report per command; the controller
     /// turns it into CSTS.CFS.
     pub fatal: Arc<std::sync::atomic::AtomicBool>,
@@ -98,6 +103,8 @@ pub struct Fatal(pub String);
 pub struct IoEngine {
     pub(crate) ctx: EngineContext,
     pub(crate) mem: GuestMemory,
+    /// The generation of `ctx.memory` that `mem` is.
+    pub(crate) mem_generation: u64,
     pub(crate) sqs: Vec<Option<SubmissionQueue>>,
     pub(crate) cqs: Vec<Option<CompletionQueue>>,
     /// Identifiers of existing SQs, ascending: the arbitration order.
@@ -136,7 +143,8 @@ pub struct IoEngine {
 pub(crate) const POLL_BUDGET: u32 = 512;
 
 impl IoEngine {
-    pub fn new(ctx: EngineContext, mem: GuestMemory) -> std::io::Result<Self> {
+    pub fn new(ctx: EngineContext) -> std::io::Result<Self> {
+        let (mem_generation, mem) = ctx.memory.latest();
         let backends = ctx.namespaces.iter().map(|ns| ns.backend.open_queue()).collect::<Result<_, _>>()?;
         let n = ctx.max_qid as usize + 1;
         Ok(IoEngine {
@@ -162,12 +170,16 @@ impl IoEngine {
             arm_eventidx: true,
             fatal: None,
             mem,
+            mem_generation,
             ctx,
         })
     }
 
-    pub fn set_memory(&mut self, mem: GuestMemory) {
-        self.mem = mem;
+    /// Adopts the newest published memory map, if it changed since the last look.
+    pub(crate) fn adopt_memory(&mut self) {
+        if self.ctx.memory.generation() != self.mem_generation {
+            (self.mem_generation, self.mem) = self.ctx.memory.latest();
+        }
     }
 
     /// The reason the engine stopped, if it hit a fault it cannot report per command.

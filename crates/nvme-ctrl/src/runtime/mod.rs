@@ -45,7 +45,7 @@ impl Controller {
             self.engine.close_backends();
         }
         for i in 0..n {
-            let mut e = IoEngine::new(self.engine.ctx.clone(), self.engine.mem.clone())?;
+            let mut e = IoEngine::new(self.engine.ctx.clone())?;
             self.settings().apply(&mut e);
             self.workers.push(Worker::spawn(i, e, mode, Some(self.kick.clone()))?);
         }

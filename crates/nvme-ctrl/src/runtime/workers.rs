@@ -222,7 +222,12 @@ fn run(
             shared.pending.fetch_sub(1, Ordering::SeqCst);
             match m {
                 Msg::Doorbell(q, k, v) => engine.doorbell(q, k, v),
-                Msg::Call(f) => f(&mut engine),
+                Msg::Call(f) => {
+                    // Control calls (shadow buffers, queue creation) may touch memory
+                    // the transport has just published.
+                    engine.adopt_memory();
+                    f(&mut engine)
+                }
                 Msg::Stop => return,
             }
         }
