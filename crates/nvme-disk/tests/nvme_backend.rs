@@ -24,7 +24,6 @@ use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode};
 use nvme_disk::{NvmeBackend, NvmeBackendOptions, NvmeBackendStats, NvmeTarget, OpenError};
 use nvme_driver::{CompletionMode, DriverOptions, NvmeDriver, VfioUserOptions, VfioUserTransport};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use test_kit::{InProcessOptions, InProcessTransport};
 use vfio_user_server::{server, Device, DeviceOptions, DoorbellMode, EventFdInterrupts};
 
@@ -190,16 +189,9 @@ impl Drop for Downstream {
 
 // ---- front-side helpers
 
-/// Guest memory backed by memfds (what QEMU hands a vfio-user device), one per range.
-fn memfd_memory(ranges: &[(u64, u64)]) -> GuestMemory {
-    let mut mem = GuestMemory::empty();
-    for &(gpa, len) in ranges {
-        let fd = memfd_create("front-guest-ram", MemfdFlags::CLOEXEC).unwrap();
-        ftruncate(&fd, len).unwrap();
-        mem = mem.with_fd_region(gpa, len, fd.as_fd(), 0, true).unwrap();
-    }
-    mem
-}
+/// Guest memory backed by sealed memfds (what QEMU hands a vfio-user device), one per
+/// range.
+use test_kit::memfd::memfd_memory;
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i as u64).wrapping_mul(131).wrapping_add(seed * 7919) >> 3) as u8).collect()
@@ -393,8 +385,7 @@ fn fd_backed_guest_memory_moves_zero_copy() {
 
     // A new snapshot with one region more: only that region is mapped; the old ones
     // are reused.
-    let fd = memfd_create("more", MemfdFlags::CLOEXEC).unwrap();
-    ftruncate(&fd, MIB).unwrap();
+    let fd = test_kit::memfd::memfd(MIB);
     let mem2 = mem.with_fd_region(0x2_0000_0000, MIB, fd.as_fd(), 0, true).unwrap();
     mem2.write(0x2_0000_0000, &data[..4096]).unwrap();
     ok(&run(

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use guest_mem::{GuestMemory, Mapping};
 use nvme_spec::regs::offset::DOORBELL_BASE;
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
 use tracing::{debug, info};
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
@@ -379,8 +379,10 @@ impl Transport for VfioUserTransport {
 
     fn dma_alloc(&mut self, len: u64) -> io::Result<DmaRegion> {
         let size = len.max(1).next_multiple_of(CHUNK);
-        let fd = memfd_create("vnvme-driver-dma", MemfdFlags::CLOEXEC)?;
+        let fd = memfd_create("vnvme-driver-dma", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         ftruncate(&fd, size)?;
+        // A server maps only memory that cannot shrink under it.
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
         let iova = self.next_iova;
         let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;

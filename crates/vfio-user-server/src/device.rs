@@ -63,6 +63,8 @@ impl DeviceError {
             DeviceError::Dma(DmaError::Invalid(..)) => libc::EINVAL,
             DeviceError::Dma(DmaError::TooMany(_)) => libc::ENOSPC,
             DeviceError::Dma(DmaError::BeyondFile { .. }) => libc::EINVAL,
+            DeviceError::Dma(DmaError::UnsealedMemfd | DmaError::UnsealedFile) => libc::EPERM,
+            DeviceError::Dma(DmaError::NotMemory(_)) => libc::EINVAL,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
             DeviceError::NoVersion => libc::EPROTO,
         }
@@ -74,6 +76,8 @@ impl DeviceError {
 pub struct DeviceOptions {
     pub ids: PciIds,
     pub doorbells: DoorbellMode,
+    /// Map guest memory whose file could shrink under us (see `dma`).
+    pub allow_unsealed_memory: bool,
 }
 
 impl Default for DeviceOptions {
@@ -89,6 +93,7 @@ impl Default for DeviceOptions {
                 revision: 2,
             },
             doorbells: DoorbellMode::Trapped,
+            allow_unsealed_memory: false,
         }
     }
 }
@@ -151,7 +156,7 @@ impl Device {
             bar0_len,
             bar4: msix_table_at_power_on(vectors),
             irqs,
-            dma: DmaRegions::with_limit(dma_map_budget()),
+            dma: DmaRegions::with_limit(dma_map_budget()).allow_unsealed(opts.allow_unsealed_memory),
             negotiated: false,
             doorbells: opts.doorbells,
             page,

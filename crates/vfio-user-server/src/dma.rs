@@ -4,6 +4,14 @@
 //! which QEMU serves from its main loop and which would deadlock against a vCPU
 //! waiting on us.
 //!
+//! Memory the client could shrink under our mapping would turn the next access into
+//! SIGBUS and kill the process, so a region's file must be sealed against shrinking
+//! (F_SEAL_SHRINK: QEMU's memory-backend-memfd seals by default). A memfd without the
+//! seal is refused, with a log line naming the fix. Other file-backed guest memory
+//! (memory-backend-file on hugetlbfs or tmpfs) cannot be sealed, so it is refused
+//! unless the operator accepts the risk (`vnvme serve --allow-unsealed-memory`).
+//! Descriptors that are not memory at all (eventfds, sockets, pipes) are refused.
+//!
 //! Read-only regions (QEMU maps ROMs without DMA_MAP_FLAG_WRITE) are not reachable
 //! either: a guest memory map has no per-region permissions, so a controller write
 //! aimed at one (a completion queue placed in ROM) would hit a PROT_READ mapping and
@@ -15,6 +23,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use guest_mem::{GuestMemory, Mapping};
+
+use crate::fds::FdKind;
 
 #[derive(Debug)]
 struct Region {
@@ -37,6 +47,18 @@ pub enum DmaError {
     TooMany(usize),
     #[error("file range {offset:#x}+{size:#x} extends past the end of the file ({file_len:#x} bytes)")]
     BeyondFile { offset: u64, size: u64, file_len: u64 },
+    #[error(
+        "guest memory in a memfd without F_SEAL_SHRINK could shrink under the server (SIGBUS): \
+         seal it (QEMU: memory-backend-memfd with seal=on, the default)"
+    )]
+    UnsealedMemfd,
+    #[error(
+        "guest memory in a regular file could shrink under the server (SIGBUS): use a sealed \
+         memfd (QEMU: memory-backend-memfd), or accept the risk with --allow-unsealed-memory"
+    )]
+    UnsealedFile,
+    #[error("the descriptor is {0}, not memory")]
+    NotMemory(String),
 }
 
 /// The DMA map of one client: every region by address, and the reachable ones as a
@@ -48,6 +70,8 @@ pub struct DmaRegions {
     mem: GuestMemory,
     /// Most regions at once (see [`dma_map_budget`]); 0 means [`MAX_DMA_MAPS`].
     limit: usize,
+    /// Accept regular files (and unsealed memfds) that could shrink under us.
+    allow_unsealed: bool,
 }
 
 /// Refuses a mapping of a regular file (a memfd, a hugetlbfs or tmpfs file) that
@@ -103,6 +127,25 @@ impl DmaRegions {
         DmaRegions { limit: limit.clamp(1, MAX_DMA_MAPS), ..Default::default() }
     }
 
+    /// Accept guest memory whose file can shrink (the operator's choice; see the
+    /// module documentation).
+    pub fn allow_unsealed(mut self, allow: bool) -> Self {
+        self.allow_unsealed = allow;
+        self
+    }
+
+    /// Whether a region's descriptor is memory we may map (module documentation).
+    fn check_kind(&self, fd: &OwnedFd) -> Result<(), DmaError> {
+        let kind = FdKind::of(fd);
+        match kind {
+            _ if kind.cannot_shrink() => Ok(()),
+            FdKind::Memfd { .. } | FdKind::File { .. } if self.allow_unsealed => Ok(()),
+            FdKind::Memfd { .. } => Err(DmaError::UnsealedMemfd),
+            FdKind::File { .. } => Err(DmaError::UnsealedFile),
+            FdKind::EventFd | FdKind::Other(_) => Err(DmaError::NotMemory(kind.to_string())),
+        }
+    }
+
     /// Most regions at once.
     pub fn limit(&self) -> usize {
         if self.limit == 0 {
@@ -131,6 +174,7 @@ impl DmaRegions {
         let map = match fd {
             Some(_) if !writable => None,
             Some(fd) => {
+                self.check_kind(&fd)?;
                 check_file_range(&fd, offset, size)?;
                 Some(Arc::new(Mapping::from_fd(fd.as_fd(), offset, size, true)?))
             }
@@ -190,7 +234,7 @@ mod tests {
 
     #[test]
     fn mappings_past_the_end_of_the_file_are_refused() {
-        let mut d = DmaRegions::default();
+        let mut d = DmaRegions::default().allow_unsealed(true);
         let e = d.map(0x10000, 0x2000, Some(file("eof1", 0x1000)), 0, true).unwrap_err();
         assert!(matches!(e, DmaError::BeyondFile { file_len: 0x1000, .. }), "{e}");
         let e = d.map(0x10000, 0x1000, Some(file("eof2", 0x1000)), 0x1000, true).unwrap_err();
@@ -199,9 +243,40 @@ mod tests {
         assert_eq!(d.memory().size(), 0x1000);
     }
 
+    /// issue: "DMA_MAP of an unsealed memfd that the client later truncates, then a
+    /// doorbell: the server dies of SIGBUS": only memory that cannot shrink is mapped.
+    #[test]
+    fn only_memory_sealed_against_shrinking_is_mapped_unless_allowed() {
+        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+        let memfd = |seal: bool| -> OwnedFd {
+            let fd = memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+            ftruncate(&fd, 0x1000).unwrap();
+            if seal {
+                fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+            }
+            fd
+        };
+        let mut d = DmaRegions::default();
+        assert!(matches!(d.map(0x10000, 0x1000, Some(memfd(false)), 0, true), Err(DmaError::UnsealedMemfd)));
+        assert!(matches!(
+            d.map(0x10000, 0x1000, Some(file("unsealed", 0x1000)), 0, true),
+            Err(DmaError::UnsealedFile)
+        ));
+        let ev: OwnedFd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        assert!(matches!(d.map(0x10000, 0x1000, Some(ev), 0, true), Err(DmaError::NotMemory(_))));
+        assert!(d.is_empty(), "refusals keep nothing");
+        d.map(0x10000, 0x1000, Some(memfd(true)), 0, true).unwrap();
+        let why = DmaError::UnsealedFile.to_string();
+        assert!(why.contains("memory-backend-memfd") && why.contains("--allow-unsealed-memory"), "{why}");
+        let mut d = DmaRegions::default().allow_unsealed(true);
+        d.map(0x10000, 0x1000, Some(memfd(false)), 0, true).unwrap();
+        d.map(0x20000, 0x1000, Some(file("allowed", 0x1000)), 0, true).unwrap();
+        assert_eq!(d.memory().size(), 0x2000);
+    }
+
     #[test]
     fn the_region_budget_is_enforced_and_follows_the_process_limits() {
-        let mut d = DmaRegions::with_limit(2);
+        let mut d = DmaRegions::with_limit(2).allow_unsealed(true);
         d.map(0x10000, 0x1000, Some(file("lim1", 0x1000)), 0, true).unwrap();
         d.map(0x20000, 0x1000, None, 0, true).unwrap();
         assert!(matches!(d.map(0x30000, 0x1000, None, 0, true), Err(DmaError::TooMany(2))));
@@ -215,7 +290,7 @@ mod tests {
 
     #[test]
     fn read_only_regions_are_remembered_but_unreachable() {
-        let mut d = DmaRegions::default();
+        let mut d = DmaRegions::default().allow_unsealed(true);
         d.map(0x10000, 0x1000, Some(file("ro", 0x1000)), 0, false).unwrap();
         assert_eq!(d.len(), 1);
         assert!(d.memory().check_range(0x10000, 1).is_err(), "a controller write there would fault");

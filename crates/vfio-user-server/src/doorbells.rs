@@ -55,9 +55,14 @@ pub struct DoorbellPage {
 impl DoorbellPage {
     /// A memfd covering BAR0 offsets `0..bar0_len` (only the doorbell page is shared).
     pub fn new(bar0_len: u64) -> std::io::Result<Self> {
-        let fd = rustix::fs::memfd_create(c"vnvme-doorbells", rustix::fs::MemfdFlags::CLOEXEC)?;
+        use rustix::fs::{fcntl_add_seals, MemfdFlags, SealFlags};
+        let fd =
+            rustix::fs::memfd_create(c"vnvme-doorbells", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         let file = std::fs::File::from(fd.try_clone()?);
         file.set_len(bar0_len)?;
+        // The client maps this page too: it must not be able to shrink it under our
+        // mapping (SIGBUS) or grow it.
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let map = Mapping::from_fd(fd.as_fd(), 0, bar0_len, true).map_err(std::io::Error::from)?;
         let mem =
             GuestMemory::empty().with_region(0, bar0_len, Arc::new(map), 0).map_err(std::io::Error::from)?;

@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// 500ms).
     #[arg(long, default_value = "5s", value_parser = crate::perf::parse_duration)]
     pub client_deadline: std::time::Duration,
+    /// Accept guest memory the VMM could shrink under the server (a memfd without
+    /// F_SEAL_SHRINK, or a regular file such as QEMU's memory-backend-file on
+    /// hugetlbfs): a VMM that truncates it kills vnvme with SIGBUS. Without this flag
+    /// such DMA maps are refused (EPERM); QEMU's memory-backend-memfd is sealed.
+    #[arg(long)]
+    pub allow_unsealed_memory: bool,
     /// After start-up, confine the process to a seccomp allowlist of the system calls
     /// serving needs (no_new_privs set; anything else fails with EPERM). off: for
     /// debugging only.
@@ -132,6 +138,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let opts = DeviceOptions {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
         doorbells: a.doorbells,
+        allow_unsealed_memory: a.allow_unsealed_memory,
     };
     // Each DMA region keeps a descriptor: lift the soft limit before the device sizes
     // its DMA map budget from it.

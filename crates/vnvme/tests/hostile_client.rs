@@ -330,3 +330,46 @@ fn ten_thousand_one_page_dma_maps_and_unmaps() {
     still_serving(&mut server);
     server.assert_alive();
 }
+
+/// issue: "DMA_MAP of an unsealed memfd that the client later truncates, then a
+/// doorbell: the server dies of SIGBUS": such memory is refused (EPERM) unless the
+/// operator accepts the risk; sealed memory is mapped.
+#[test]
+fn guest_memory_that_could_shrink_is_refused_unless_the_operator_allows_it() {
+    use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+    let unsealed = || {
+        let fd = memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        ftruncate(&fd, 0x10000).unwrap();
+        fd
+    };
+    let mut server = Server::start();
+    let mut c = server.client();
+    let e = errno(c.dma_map(0x100000, 0x10000, Some(unsealed().as_fd()), 0));
+    assert_eq!(e, libc::EPERM as u32);
+    let ev = TestEventFd::new();
+    assert_eq!(errno(c.dma_map(0x100000, 0x1000, Some(ev.fd()), 0)), libc::EINVAL as u32);
+    c.dma_map(0x100000, 0x10000, Some(memfd(0x10000).as_fd()), 0).unwrap();
+    assert!(server.log().contains("F_SEAL_SHRINK"), "the refusal names the fix:\n{}", server.log());
+    drop(c);
+    server.assert_alive();
+
+    let mut server = Server::start_with(&["--allow-unsealed-memory"]);
+    let mut c = server.client();
+    c.dma_map(0x100000, 0x10000, Some(unsealed().as_fd()), 0).unwrap();
+    server.assert_alive();
+}
+
+/// issue: "The doorbell page the server hands out is sealed against shrinking and
+/// growing."
+#[test]
+fn the_mapped_doorbell_page_is_sealed() {
+    use rustix::fs::SealFlags;
+    let mut server = Server::start_with(&["--doorbells", "mapped"]);
+    let mut c = server.client();
+    let (_, _, fd) = c.region_info(REGION_BAR0).unwrap();
+    let fd = fd.expect("BAR0 comes with the doorbell page's descriptor");
+    let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+    assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW), "seals {seals:?}");
+    assert!(rustix::fs::ftruncate(&fd, 0).is_err(), "the client cannot shrink it");
+    server.assert_alive();
+}
