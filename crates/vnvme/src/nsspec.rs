@@ -15,7 +15,8 @@
 //!                          io_uring would hand every request to a kernel worker
 //!                          thread there) and io_uring everywhere else
 //!      fault=RULE          inject failures (repeatable), RULE = OP/ERROR[/lba=S+N]
-//!                          [/after=N][/count=N], e.g. fault=read/eio/lba=2048+8
+//!                          [/after=N][/count=N][/delay=MS], e.g. fault=read/eio/lba=2048+8;
+//!                          ERROR hang never completes; OP/delay=MS only delays
 //! ```
 
 use std::path::PathBuf;

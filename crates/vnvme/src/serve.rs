@@ -35,9 +35,11 @@ pub struct ServeArgs {
     ///   lba=512|4096             LBA size (default 512, or the backend's block size)
     ///   direct=auto|on|off       file: O_DIRECT
     ///   engine=auto|uring|sync   file: io_uring or pread/pwrite
-    ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+    ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N][/delay=MS]
     ///                            inject failures (repeatable); OP read, write, flush,
-    ///                            discard or any; ERROR eio, enospc, short, gone, rofs
+    ///                            discard or any; ERROR eio, enospc, short, gone, rofs,
+    ///                            or hang (never completes); delay=MS completes MS ms
+    ///                            late (OP/delay=MS: late but successful)
     ///
     /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
     #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]

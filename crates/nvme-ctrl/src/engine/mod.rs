@@ -310,7 +310,7 @@ impl IoEngine {
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
-        self.backends.iter().any(|b| b.in_flight() > 0 && b.notifier().is_none())
+        self.backends.iter().any(|b| b.needs_polling())
     }
 
     /// True if commands are in flight in the backends or SQs hold unfetched entries.
