@@ -112,7 +112,10 @@ impl Controller {
             .iter()
             .enumerate()
             .map(|(i, n)| {
-                Arc::new(Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial))
+                Arc::new(
+                    Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial)
+                        .with_timeout(n.timeout),
+                )
             })
             .collect();
         let stats = Arc::new(Stats::default());

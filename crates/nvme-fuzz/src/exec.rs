@@ -214,7 +214,7 @@ impl<'s> Fuzzer<'s> {
                 if let Some(rule) = fault_rule(n.kind) {
                     backend = Arc::new(FaultBackend::new(backend, vec![rule]));
                 }
-                NamespaceConfig { backend, lba_format: n.lba_format % 2 }
+                NamespaceConfig::new(backend, n.lba_format % 2)
             })
             .collect();
         let mdts = 1 + s.mdts % 8;

@@ -33,10 +33,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let DemoArgs { namespaces: specs, queues, commands, no_shadow } = a;
     let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
-        namespaces: opened
-            .iter()
-            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
-            .collect(),
+        namespaces: opened.iter().map(|o| NamespaceConfig::new(o.backend.clone(), o.lba_format)).collect(),
         ..Default::default()
     };
     if !(1..=cfg.max_io_queues).contains(&queues) {

@@ -114,10 +114,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_io_queues: a.queues,
         msix_vectors: a.queues + 1,
         shadow_doorbells: !a.no_shadow_doorbells,
-        namespaces: opened
-            .iter()
-            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
-            .collect(),
+        namespaces: opened.iter().map(|o| NamespaceConfig::new(o.backend.clone(), o.lba_format)).collect(),
         ..Default::default()
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));

@@ -15,7 +15,8 @@ pub mod workers;
 use guest_mem::GuestMemory;
 
 use crate::controller::Controller;
-use crate::engine::IoEngine;
+use crate::engine::{IoEngine, TEARDOWN_BOUND};
+use crate::error::CommandError;
 use poll::PollMode;
 use workers::Worker;
 
@@ -120,21 +121,24 @@ impl Controller {
 }
 
 /// Runs an engine until nothing more can happen: work that can progress is done, then
-/// requests already with a backend are waited for (bounded, so a stuck backend or a
-/// queue whose doorbell value is invalid cannot hang a shutdown).
+/// requests already with a backend are waited for, at most [`TEARDOWN_BOUND`] (so a
+/// stuck backend or a queue whose doorbell value is invalid cannot hang a shutdown);
+/// commands still with a backend then are completed as timed out and abandoned.
 pub(crate) fn drain_engine(e: &mut IoEngine) {
     for _ in 0..10_000 {
         if !e.poll() {
             break;
         }
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + TEARDOWN_BOUND;
     while e.backend_busy() && e.fatal().is_none() && std::time::Instant::now() < deadline {
         if !e.poll() {
             std::thread::yield_now();
         }
     }
     if e.backend_busy() {
-        tracing::warn!("shutdown: backend requests still in flight after 5 s");
+        let ms = TEARDOWN_BOUND.as_millis() as u64;
+        e.abandon_where(|_| true, || CommandError::TimedOut { ms });
+        e.poll();
     }
 }

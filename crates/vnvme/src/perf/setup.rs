@@ -52,7 +52,7 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
                     .iter()
                     .map(|s| {
                         let o = s.open()?;
-                        Ok(NamespaceConfig { backend: o.backend, lba_format: o.lba_format })
+                        Ok(NamespaceConfig::new(o.backend, o.lba_format))
                     })
                     .collect::<std::io::Result<_>>()?,
                 ..Default::default()
