@@ -132,6 +132,7 @@ impl IoEngine {
     /// Allocates a tag for an in-flight command and starts its timeout.
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
         f.deadline_ns = self.command_deadline(f.nsid);
+        self.running += 1;
         match self.free_tags.pop() {
             Some(t) => {
                 self.inflight[t as usize] = Slot::Running(f);
@@ -213,6 +214,7 @@ impl IoEngine {
                 unreachable!("tag {tag} was running")
             };
             self.free_tags.push(tag as u32);
+            self.stopped_running();
             if let Finish::Compare(mut v) = f.finish {
                 v.clear();
                 self.seg_pool.push(v);

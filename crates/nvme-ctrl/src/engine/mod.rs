@@ -136,6 +136,8 @@ pub struct IoEngine {
     pub(crate) next_expiry: u64,
     /// Busy polls since the last expiry check.
     pub(crate) polls_since_expiry: u32,
+    /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
+    pub(crate) running: usize,
     pub(crate) free_tags: Vec<u32>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
@@ -179,6 +181,7 @@ impl IoEngine {
             inflight: Vec::new(),
             next_expiry: u64::MAX,
             polls_since_expiry: 0,
+            running: 0,
             free_tags: Vec::new(),
             reaped: Vec::new(),
             seg_pool: Vec::new(),
@@ -314,7 +317,7 @@ impl IoEngine {
 
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
-        self.inflight.iter().any(|f| matches!(f, Slot::Running(_)))
+        self.running > 0
     }
 
     /// Closes this engine's backend queues: the controller's own engine, once workers

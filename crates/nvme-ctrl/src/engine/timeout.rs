@@ -68,6 +68,15 @@ impl IoEngine {
         d
     }
 
+    /// Counts a command that left [`Slot::Running`]; with none left, no expiry is due
+    /// (so a sleeping owner is not woken for nothing).
+    pub(crate) fn stopped_running(&mut self) {
+        self.running -= 1;
+        if self.running == 0 {
+            self.next_expiry = u64::MAX;
+        }
+    }
+
     /// Completes every command past its deadline with the timeout status, if the
     /// earliest deadline has passed. True if it completed any.
     pub(crate) fn expire_overdue(&mut self) -> bool {
@@ -136,6 +145,7 @@ impl IoEngine {
             return;
         };
         self.inflight[tag] = Slot::Abandoned { remaining: f.remaining };
+        self.stopped_running();
         Stats::add(&self.ctx.stats.timeouts, 1);
         let status: Status = why.status();
         // A stuck backend must not flood the log.
