@@ -421,9 +421,11 @@ impl Controller {
             }
         }
         if self.state == Lifecycle::Ready {
-            crate::runtime::drain_engine(&mut self.engine);
+            // One bound for the whole controller, not one per engine.
+            let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
+            crate::runtime::drain_engine(&mut self.engine, deadline);
             if !self.workers.is_empty() {
-                self.io_drain_workers();
+                self.io_drain_workers(deadline);
             }
             self.process();
         }

@@ -23,12 +23,18 @@ const LONG: Duration = Duration::from_secs(30);
 /// A host whose namespace injects `rules` and times commands out after `timeout`,
 /// on `clock`.
 fn host(rules: &[&str], timeout: Option<Duration>, clock: Arc<dyn Clock>) -> MockHost {
+    host_on(0, rules, timeout, clock)
+}
+
+/// As [`host`], its I/O queues run by `workers` worker threads (0: inline).
+fn host_on(workers: usize, rules: &[&str], timeout: Option<Duration>, clock: Arc<dyn Clock>) -> MockHost {
     let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
     let be = FaultBackend::new(ram, rules.iter().map(|r| r.parse::<FaultRule>().unwrap()).collect());
     let mut ns = NamespaceConfig::new(Arc::new(be), 0);
     ns.timeout = timeout;
     let cfg = ControllerConfig { namespaces: vec![ns], ..Default::default() };
     let mut h = MockHost::with_clock(cfg, MEM, clock);
+    h.ctrl.spawn_workers(workers, nvme_ctrl::PollMode::Off).unwrap();
     h.init(InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).expect("bring-up");
     h
 }
@@ -156,8 +162,9 @@ fn reset_with_a_hung_read_finishes_once_it_times_out() {
 }
 
 #[test]
-fn shutdown_with_a_hung_read_completes_within_the_bound() {
-    let mut h = host(&["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+fn shutdown_with_a_hung_read_completes_once_it_times_out() {
+    let timeout = Some(Duration::from_millis(200));
+    let mut h = host(&["read/hang/lba=0+1"], timeout, Arc::new(MonotonicClock::default()));
     let cid = submit_read(&mut h, 1, 0);
     h.process();
     let t = Instant::now();
@@ -167,4 +174,24 @@ fn shutdown_with_a_hung_read_completes_within_the_bound() {
     assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
     let c = h.reap_queue(1).into_iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
     assert_status(&c, Status::INTERNAL_ERROR, false);
+}
+
+#[test]
+fn shutdown_with_reads_hung_on_two_workers_waits_one_bound_not_one_per_worker() {
+    let mut h = host_on(2, &["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+    let cids = [submit_read(&mut h, 1, 0), submit_read(&mut h, 2, 0)];
+    h.process();
+    let t = Instant::now();
+    let cc = h.read32(0x14);
+    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
+    let took = t.elapsed();
+    // One bound is 5 s; one per worker would be 10 s.
+    assert!(took < Duration::from_secs(9), "shutdown took {took:?}");
+    assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
+    for (qid, cid) in [(1u16, cids[0]), (2, cids[1])] {
+        let c =
+            h.reap_queue(qid).into_iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
+        assert_status(&c, Status::INTERNAL_ERROR, false);
+    }
+    assert_eq!(h.ctrl.stats().timeouts, 2);
 }

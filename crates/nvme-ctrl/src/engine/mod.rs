@@ -284,7 +284,11 @@ impl IoEngine {
     /// Drops every I/O queue (controller reset), letting in-flight requests finish
     /// for at most [`TEARDOWN_BOUND`] in all.
     pub fn reset(&mut self) {
-        let deadline = std::time::Instant::now() + TEARDOWN_BOUND;
+        self.reset_by(std::time::Instant::now() + TEARDOWN_BOUND);
+    }
+
+    /// As [`IoEngine::reset`], abandoning what is still in flight at `deadline`.
+    pub fn reset_by(&mut self, deadline: std::time::Instant) {
         for qid in self.active_sqs.clone() {
             self.delete_sq_by(qid, deadline);
         }
