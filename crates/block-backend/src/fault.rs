@@ -8,12 +8,17 @@
 //! form (what `vnvme serve --ns ...:fault=RULE` takes) is
 //!
 //! ```text
-//! OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+//! OP/ERROR[/lba=START+COUNT][/after=N][/count=N][/delay=MS]
+//! OP/delay=MS[/lba=START+COUNT][/after=N][/count=N]
 //! ```
 //!
 //! - `OP`: `read`, `write`, `flush`, `discard` (Discard and Write Zeroes), or `any`;
 //! - `ERROR`: `eio` (a media error), `enospc` (storage full), `short` (a short
-//!   transfer), `gone` (storage unreachable), `rofs` (storage turned read-only);
+//!   transfer), `gone` (storage unreachable), `rofs` (storage turned read-only),
+//!   `hang` (the request is accepted and never completes, until the queue is dropped:
+//!   a backend that stopped answering);
+//! - `delay=MS`: the request completes MS milliseconds late, normally or with the
+//!   rule's error (the error may then be left out);
 //! - `lba=START+COUNT`: only requests touching these blocks (in units of the
 //!   namespace's LBA size, set with [`FaultRule::lba_size`]);
 //! - `after=N`: let the first N matching requests succeed;
@@ -21,9 +26,15 @@
 //!
 //! Example: `read/eio/lba=2048+8` makes every read of blocks 2048..2056 fail with an
 //! Unrecovered Read Error.
+//!
+//! Delayed and hung requests cost no thread: the queue keeps them with their due time
+//! and hands them on (or completes them) in a later `reap`. While it holds a delayed
+//! request the queue asks its owner to poll ([`BackendQueue::needs_polling`]), so a
+//! sleeping owner still looks when one falls due; hung requests need no polling.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 
@@ -48,6 +59,10 @@ pub enum FaultError {
     Short,
     Gone,
     ReadOnly,
+    /// Never complete (until the queue is dropped).
+    Hang,
+    /// No error: the request runs normally (a rule that only delays).
+    None,
 }
 
 /// One fault injection rule.
@@ -61,6 +76,8 @@ pub struct FaultRule {
     pub count: Option<u64>,
     /// Bytes per block for `lba` (512 unless set).
     pub lba_size: u64,
+    /// Complete matching requests this late.
+    pub delay: Option<Duration>,
 }
 
 impl FaultRule {
@@ -94,14 +111,17 @@ impl FaultRule {
         }
     }
 
-    fn error(&self, req: &Request) -> BackendError {
-        match self.error {
+    /// The error a fired rule completes the request with (None: the request runs,
+    /// or hangs).
+    fn error(&self, req: &Request) -> Option<BackendError> {
+        Some(match self.error {
             FaultError::Eio => BackendError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
             FaultError::NoSpace => BackendError::NoSpace,
             FaultError::Short => BackendError::Short { done: req.len / 2, len: req.len },
             FaultError::Gone => BackendError::NotReady("fault injection: storage gone".into()),
             FaultError::ReadOnly => BackendError::ReadOnly,
-        }
+            FaultError::Hang | FaultError::None => return None,
+        })
     }
 }
 
@@ -121,21 +141,34 @@ impl std::str::FromStr for FaultRule {
                 ))
             }
         };
-        let error = match parts.next() {
+        let mut parts = parts.peekable();
+        let error = match parts.peek().copied() {
             Some("eio") => FaultError::Eio,
             Some("enospc") => FaultError::NoSpace,
             Some("short") => FaultError::Short,
             Some("gone") => FaultError::Gone,
             Some("rofs") => FaultError::ReadOnly,
+            Some("hang") => FaultError::Hang,
+            // A rule that only delays names no error.
+            Some(p) if p.starts_with("delay=") => FaultError::None,
             Some(e) => {
-                return Err(format!("fault {s:?}: unknown error {e:?} (eio, enospc, short, gone, rofs)"))
+                return Err(format!(
+                    "fault {s:?}: unknown error {e:?} (eio, enospc, short, gone, rofs, hang, or delay=MS)"
+                ))
             }
             None => return Err(format!("fault {s:?}: missing error, e.g. read/eio")),
         };
-        let mut rule = FaultRule { op, error, lba: None, after: 0, count: None, lba_size: 512 };
+        if error != FaultError::None {
+            parts.next();
+        }
+        let mut rule = FaultRule { op, error, lba: None, after: 0, count: None, lba_size: 512, delay: None };
         let num = |v: &str| v.parse::<u64>().map_err(|_| format!("fault {s:?}: {v:?} is not a number"));
         for p in parts {
             match p.split_once('=') {
+                Some(("delay", v)) if error == FaultError::Hang => {
+                    return Err(format!("fault {s:?}: a hung request has no delay ({v} ms)"))
+                }
+                Some(("delay", v)) => rule.delay = Some(Duration::from_millis(num(v)?)),
                 Some(("lba", v)) => {
                     let (a, n) =
                         v.split_once('+').ok_or_else(|| format!("fault {s:?}: lba takes START+COUNT"))?;
@@ -147,7 +180,7 @@ impl std::str::FromStr for FaultRule {
                 }
                 Some(("after", v)) => rule.after = num(v)?,
                 Some(("count", v)) => rule.count = Some(num(v)?),
-                _ => return Err(format!("fault {s:?}: unknown part {p:?} (lba=, after=, count=)")),
+                _ => return Err(format!("fault {s:?}: unknown part {p:?} (lba=, after=, count=, delay=)")),
             }
         }
         Ok(rule)
@@ -223,6 +256,8 @@ impl Backend for FaultBackend {
             inner: self.inner.open_queue()?,
             rules: self.rules.clone(),
             failed: Vec::new(),
+            delayed: Vec::new(),
+            hung: Vec::new(),
         }))
     }
 }
@@ -233,32 +268,90 @@ struct FaultQueue {
     rules: Arc<[RuleState]>,
     /// Injected failures waiting for the next reap.
     failed: Vec<Completion>,
+    /// Requests held back by a `delay=` rule, with their due time.
+    delayed: Vec<(Instant, Delayed)>,
+    /// Requests that never complete: kept (their buffers with them) until the queue
+    /// is dropped, as a stuck device would.
+    hung: Vec<Request>,
+}
+
+/// What a delayed request does when it falls due.
+#[derive(Debug)]
+enum Delayed {
+    /// Go to the inner backend (a delay without an error).
+    Submit(GuestMemory, Request),
+    /// Complete with an injected failure.
+    Fail(Completion),
+}
+
+impl FaultQueue {
+    /// Moves delayed requests whose time has come on: failures to `failed`, the rest
+    /// to the inner backend.
+    fn release_due(&mut self) {
+        if self.delayed.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut submitted = false;
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 > now {
+                i += 1;
+                continue;
+            }
+            match self.delayed.swap_remove(i).1 {
+                Delayed::Submit(mem, req) => {
+                    self.inner.submit(&mem, req);
+                    submitted = true;
+                }
+                Delayed::Fail(c) => self.failed.push(c),
+            }
+        }
+        if submitted {
+            self.inner.commit();
+        }
+    }
 }
 
 impl BackendQueue for FaultQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
         // Every matching rule counts the request; the first that fires decides.
-        let mut error = None;
+        let mut fired: Option<&FaultRule> = None;
         for r in self.rules.iter() {
-            if r.rule.matches(&req) && r.fire() && error.is_none() {
-                error = Some(r.rule.error(&req));
+            if r.rule.matches(&req) && r.fire() && fired.is_none() {
+                fired = Some(&r.rule);
             }
         }
-        match error {
-            Some(e) => self.failed.push(Completion { tag: req.tag, result: Err(e), data: req.data }),
-            None => self.inner.submit(mem, req),
+        let Some(rule) = fired else { return self.inner.submit(mem, req) };
+        if rule.error == FaultError::Hang {
+            self.hung.push(req);
+            return;
+        }
+        let what = match rule.error(&req) {
+            Some(e) => Delayed::Fail(Completion { tag: req.tag, result: Err(e), data: req.data }),
+            None => Delayed::Submit(mem.clone(), req),
+        };
+        match (rule.delay, what) {
+            (Some(d), what) => self.delayed.push((Instant::now() + d, what)),
+            (None, Delayed::Fail(c)) => self.failed.push(c),
+            (None, Delayed::Submit(mem, req)) => self.inner.submit(&mem, req),
         }
     }
     fn commit(&mut self) {
         self.inner.commit();
     }
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        self.release_due();
         let n = self.failed.len();
         out.append(&mut self.failed);
         n + if self.inner.in_flight() > 0 { self.inner.reap(out) } else { 0 }
     }
     fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.failed.len()
+        self.inner.in_flight() + self.failed.len() + self.delayed.len() + self.hung.len()
+    }
+    fn needs_polling(&self) -> bool {
+        // Hung requests never finish: nothing to poll for.
+        !self.delayed.is_empty() || !self.failed.is_empty() || self.inner.needs_polling()
     }
     fn notifier(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.notifier()
@@ -300,6 +393,11 @@ mod tests {
             (r.op, r.error, r.lba, r.after, r.count),
             (FaultOp::Read, FaultError::Eio, Some((2048, 2056)), 1, Some(2))
         );
+        let r: FaultRule = "write/delay=20/count=1".parse().unwrap();
+        assert_eq!((r.error, r.delay, r.count), (FaultError::None, Some(Duration::from_millis(20)), Some(1)));
+        let r: FaultRule = "read/eio/delay=5".parse().unwrap();
+        assert_eq!((r.error, r.delay), (FaultError::Eio, Some(Duration::from_millis(5))));
+        assert_eq!("read/hang".parse::<FaultRule>().unwrap().error, FaultError::Hang);
         let r: FaultRule = "any/gone".parse().unwrap();
         assert_eq!((r.op, r.error, r.lba, r.count), (FaultOp::Any, FaultError::Gone, None, None));
         for (bad, says) in [
@@ -310,6 +408,8 @@ mod tests {
             ("read/eio/lba=5+0", "at least 1"),
             ("read/eio/after=x", "not a number"),
             ("read/eio/when=3", "unknown part"),
+            ("read/hang/delay=5", "no delay"),
+            ("read/delay=x", "not a number"),
         ] {
             let e = bad.parse::<FaultRule>().unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
@@ -362,5 +462,51 @@ mod tests {
         assert_eq!(run(&be, vec![req(1, Op::Flush, 0, 0)]), vec![(1, true)]);
         let be = FaultBackend::new(ram, vec!["flush/eio".parse().unwrap()]);
         assert_eq!(run(&be, vec![req(1, Op::Flush, 0, 0)]), vec![(1, false)]);
+    }
+
+    #[test]
+    fn a_hung_request_stays_in_flight_and_others_pass_it() {
+        let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(1 << 20));
+        let be = FaultBackend::new(ram, vec!["read/hang/lba=0+1".parse().unwrap()]);
+        let mem = GuestMemory::empty();
+        let mut q = be.open_queue().unwrap();
+        q.submit(&mem, req(1, Op::Read, 0, 512));
+        q.submit(&mem, req(2, Op::Read, 512, 512));
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert_eq!(out.iter().map(|c| c.tag).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(q.in_flight(), 1, "the hung read is still in flight");
+        assert!(!q.needs_polling(), "a hung request is not worth polling for");
+        out.clear();
+        assert_eq!(q.reap(&mut out), 0);
+        drop(q); // releases the hung request and its buffer
+    }
+
+    #[test]
+    fn delayed_requests_complete_after_the_delay_and_ask_for_polling() {
+        let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(1 << 20));
+        let rules = vec!["write/delay=30".parse().unwrap(), "read/eio/delay=30".parse().unwrap()];
+        let be = FaultBackend::new(ram, rules);
+        let mem = GuestMemory::empty();
+        let mut q = be.open_queue().unwrap();
+        let start = Instant::now();
+        q.submit(&mem, req(1, Op::Write { fua: false }, 0, 512));
+        q.submit(&mem, req(2, Op::Read, 0, 512));
+        q.submit(&mem, req(3, Op::Flush, 0, 0));
+        q.commit();
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert_eq!(out.iter().map(|c| c.tag).collect::<Vec<_>>(), vec![3], "only the flush is undelayed");
+        assert!(q.needs_polling(), "delayed requests need polling");
+        while q.in_flight() > 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "delayed requests never completed");
+            std::thread::sleep(Duration::from_millis(1));
+            q.reap(&mut out);
+        }
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        let mut got: Vec<_> = out.iter().map(|c| (c.tag, c.result.is_ok())).collect();
+        got.sort();
+        assert_eq!(got, vec![(1, true), (2, false), (3, true)]);
+        assert!(!q.needs_polling());
     }
 }

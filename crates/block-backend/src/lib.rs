@@ -204,6 +204,13 @@ pub trait BackendQueue: Send + Debug {
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+    /// True if only polling finds this queue's next completions, so its owner must
+    /// not sleep for long: by default, requests are in flight and there is no
+    /// notifier. A queue that holds requests back on a timer (fault injection's
+    /// `delay=`) says so while it holds them.
+    fn needs_polling(&self) -> bool {
+        self.in_flight() > 0 && self.notifier().is_none()
+    }
 }
 
 /// Checks `offset..offset+len` against `size`.

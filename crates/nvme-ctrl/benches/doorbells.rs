@@ -241,10 +241,7 @@ impl Point {
 /// Brings up a fresh controller and runs `k.commands` commands at depth `qd`.
 fn run_once(k: &Knobs, w: Workload, qd: u32, shadow: bool) -> Run {
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig {
-            backend: Arc::new(NullBackend::new(k.namespace_bytes)),
-            lba_format: k.lba_format,
-        }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(NullBackend::new(k.namespace_bytes)), k.lba_format)],
         ..Default::default()
     };
     let mut h = MockHost::new(cfg, GUEST_MEM);

@@ -1,8 +1,13 @@
 //! What a controller is built from.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use block_backend::Backend;
+
+/// How long a namespace's backend may take with a command unless configured: what
+/// Linux waits for an I/O before it aborts it (nvme_core.io_timeout).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One namespace to attach at start.
 #[derive(Clone, Debug)]
@@ -10,6 +15,16 @@ pub struct NamespaceConfig {
     pub backend: Arc<dyn Backend>,
     /// Index into [`crate::namespace::LBA_FORMATS`] (0 = 512 B, 1 = 4 KiB).
     pub lba_format: u8,
+    /// A command its backend has not finished after this long completes with an
+    /// error and its backend requests are abandoned (None: wait forever).
+    pub timeout: Option<Duration>,
+}
+
+impl NamespaceConfig {
+    /// A namespace with the default command timeout.
+    pub fn new(backend: Arc<dyn Backend>, lba_format: u8) -> Self {
+        NamespaceConfig { backend, lba_format, timeout: Some(DEFAULT_COMMAND_TIMEOUT) }
+    }
 }
 
 /// Static controller parameters. [`ControllerConfig::default`] gives what a Linux

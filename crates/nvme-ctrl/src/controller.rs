@@ -112,7 +112,10 @@ impl Controller {
             .iter()
             .enumerate()
             .map(|(i, n)| {
-                Arc::new(Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial))
+                Arc::new(
+                    Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial)
+                        .with_timeout(n.timeout),
+                )
             })
             .collect();
         let stats = Arc::new(Stats::default());
@@ -418,9 +421,11 @@ impl Controller {
             }
         }
         if self.state == Lifecycle::Ready {
-            crate::runtime::drain_engine(&mut self.engine);
+            // One bound for the whole controller, not one per engine.
+            let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
+            crate::runtime::drain_engine(&mut self.engine, deadline);
             if !self.workers.is_empty() {
-                self.io_drain_workers();
+                self.io_drain_workers(deadline);
             }
             self.process();
         }

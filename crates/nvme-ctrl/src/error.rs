@@ -40,6 +40,13 @@ pub enum CommandError {
     TooLarge(u64),
     #[error("backend failed (write: {write}): {source}")]
     Backend { write: bool, source: BackendError },
+    /// The backend did not finish the command within the namespace's timeout.
+    #[error("backend did not answer within {ms} ms")]
+    TimedOut { ms: u64 },
+    /// The command's SQ was deleted (or the controller reset) while its backend
+    /// still held it, and the teardown bound ran out.
+    #[error("aborted: its queue was deleted while the backend still held it")]
+    SqDeleted,
     /// A status already decided by the handler (queue management and features, whose
     /// errors are named per field by the spec).
     #[error("{0:?}")]
@@ -64,6 +71,12 @@ impl CommandError {
             CommandError::LbaOutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
             CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
             CommandError::Backend { write, source } => backend_status(*write, source),
+            // Internal Error without DNR: Linux retries it (nvme_max_retries times),
+            // then fails the I/O with EIO, so a stall that clears goes unseen and a
+            // dead backend fails cleanly instead of waiting for the host's own timeout.
+            CommandError::TimedOut { .. } => Status::INTERNAL_ERROR,
+            // Base "Command Aborted due to SQ Deletion", the status the spec names.
+            CommandError::SqDeleted => Status::ABORT_SQ_DELETION,
             CommandError::Status(s) => *s,
         }
     }

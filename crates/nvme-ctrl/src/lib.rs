@@ -35,7 +35,7 @@ mod routing;
 pub mod runtime;
 mod stats;
 
-pub use config::{ControllerConfig, NamespaceConfig};
+pub use config::{ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT};
 pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use log_limit::LogLimit;

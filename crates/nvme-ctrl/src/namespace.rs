@@ -19,6 +19,9 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub uuid: [u8; 16],
+    /// Commands not finished by the backend after this many nanoseconds time out
+    /// (0: never).
+    pub timeout_ns: u64,
 }
 
 impl Namespace {
@@ -45,7 +48,14 @@ impl Namespace {
             nguid,
             eui64,
             uuid,
+            timeout_ns: 0,
         }
+    }
+
+    /// Sets the command timeout (None: never).
+    pub fn with_timeout(mut self, t: Option<std::time::Duration>) -> Self {
+        self.timeout_ns = t.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1));
+        self
     }
 
     pub fn lba_format(&self) -> u8 {

@@ -147,6 +147,8 @@ impl Controller {
     /// Controller Level Reset of the data path: every queue goes.
     pub(crate) fn io_reset(&mut self) {
         self.book = QueueBook::default();
-        self.on_all_engines(|e| e.reset());
+        // One bound for the whole controller, not one per engine.
+        let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
+        self.on_all_engines(move |e| e.reset_by(deadline));
     }
 }

@@ -34,6 +34,9 @@ pub struct Stats {
     pub media_errors: AtomicU64,
     /// Backend requests that failed (any reason).
     pub backend_errors: AtomicU64,
+    /// Commands completed with an error because their backend did not answer in time
+    /// (the namespace's timeout, or the bound on a queue's teardown).
+    pub timeouts: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
 }
@@ -54,6 +57,7 @@ pub struct StatsSnapshot {
     pub write_commands: u64,
     pub media_errors: u64,
     pub backend_errors: u64,
+    pub timeouts: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
 }
@@ -75,6 +79,7 @@ impl Stats {
             write_commands: g(&self.write_commands),
             media_errors: g(&self.media_errors),
             backend_errors: g(&self.backend_errors),
+            timeouts: g(&self.timeouts),
             bytes_read: g(&self.bytes_read),
             bytes_written: g(&self.bytes_written),
         }
@@ -102,6 +107,7 @@ impl std::ops::Sub for StatsSnapshot {
             write_commands: self.write_commands - o.write_commands,
             media_errors: self.media_errors - o.media_errors,
             backend_errors: self.backend_errors - o.backend_errors,
+            timeouts: self.timeouts - o.timeouts,
             bytes_read: self.bytes_read - o.bytes_read,
             bytes_written: self.bytes_written - o.bytes_written,
         }

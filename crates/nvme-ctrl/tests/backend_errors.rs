@@ -255,10 +255,7 @@ fn lba_size_must_suit_the_backend() {
         }
     }
     let cfg = |lbaf| ControllerConfig {
-        namespaces: vec![NamespaceConfig {
-            backend: Arc::new(FourK(RamBackend::new(NS_BYTES))),
-            lba_format: lbaf,
-        }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(FourK(RamBackend::new(NS_BYTES))), lbaf)],
         ..Default::default()
     };
     let err = nvme_ctrl::Controller::new(

@@ -12,7 +12,7 @@ use test_kit::{pattern, InitOptions, MockHost, PAGE};
 fn ram_host(size: u64, lba_format: u8) -> (MockHost, RamBackend) {
     let ram = RamBackend::new(size);
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(ram.clone()), lba_format }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(ram.clone()), lba_format)],
         ..Default::default()
     };
     (MockHost::new(cfg, 256 << 20), ram)

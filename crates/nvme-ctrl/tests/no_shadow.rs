@@ -12,7 +12,7 @@ use test_kit::{InitOptions, MockHost};
 #[test]
 fn spec_5_2_5_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(NullBackend::new(1 << 20)), lba_format: 0 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(NullBackend::new(1 << 20)), 0)],
         shadow_doorbells: false,
         ..Default::default()
     };

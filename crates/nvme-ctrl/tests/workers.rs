@@ -25,7 +25,7 @@ fn wait_for(h: &mut MockHost, qid: u16, n: usize) -> Vec<nvme_spec::Cqe> {
 fn run(mode: PollMode, shadow: bool) {
     let ram = RamBackend::new(32 << 20);
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(ram.clone()), lba_format: 0 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(ram.clone()), 0)],
         ..Default::default()
     };
     let mut h = MockHost::new(cfg, 128 << 20);
@@ -102,7 +102,7 @@ fn workers_adaptive_trapped() {
 fn a_mapped_doorbell_page_needs_workers_that_poll_always() {
     for (mode, ok) in [(PollMode::Off, false), (PollMode::Adaptive, false), (PollMode::Always, true)] {
         let cfg = ControllerConfig {
-            namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(1 << 20)), lba_format: 0 }],
+            namespaces: vec![NamespaceConfig::new(Arc::new(RamBackend::new(1 << 20)), 0)],
             ..Default::default()
         };
         let mut h = MockHost::new(cfg, 16 << 20);

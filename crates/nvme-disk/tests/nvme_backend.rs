@@ -126,7 +126,7 @@ impl Downstream {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let cfg = ControllerConfig {
-            namespaces: vec![NamespaceConfig { backend, lba_format: s.lba_format }],
+            namespaces: vec![NamespaceConfig::new(backend, s.lba_format)],
             mdts: s.mdts,
             max_io_queues: 8,
             msix_vectors: 9,
@@ -745,7 +745,7 @@ fn a_vnvme_in_front_of_another_moves_guest_data_zero_copy() {
 #[test]
 fn the_in_process_transport_shares_fd_memory_too() {
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(4 * MIB)), lba_format: 1 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(RamBackend::new(4 * MIB)), 1)],
         ..Default::default()
     };
     let t = InProcessTransport::new(cfg, InProcessOptions { workers: 1, poll: PollMode::Off }).unwrap();

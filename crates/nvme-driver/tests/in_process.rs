@@ -13,7 +13,7 @@ use test_kit::{pattern, InProcessOptions, InProcessTransport};
 
 fn in_process() -> InProcessTransport {
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(16 << 20)), lba_format: 0 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(RamBackend::new(16 << 20)), 0)],
         ..Default::default()
     };
     InProcessTransport::new(cfg, InProcessOptions { workers: 1, poll: PollMode::Adaptive }).unwrap()

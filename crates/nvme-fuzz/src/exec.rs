@@ -214,7 +214,7 @@ impl<'s> Fuzzer<'s> {
                 if let Some(rule) = fault_rule(n.kind) {
                     backend = Arc::new(FaultBackend::new(backend, vec![rule]));
                 }
-                NamespaceConfig { backend, lba_format: n.lba_format % 2 }
+                NamespaceConfig::new(backend, n.lba_format % 2)
             })
             .collect();
         let mdts = 1 + s.mdts % 8;
@@ -759,5 +759,5 @@ fn fault_rule(kind: u8) -> Option<FaultRule> {
     let op = [FaultOp::Read, FaultOp::Write, FaultOp::Flush, FaultOp::Discard, FaultOp::Any]
         [((kind >> 4) & 7) as usize % 5];
     let lba = (kind & 0x80 != 0).then_some((0, 64));
-    Some(FaultRule { op, error, lba, after: 0, count: None, lba_size: 512 })
+    Some(FaultRule { op, error, lba, after: 0, count: None, lba_size: 512, delay: None })
 }

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use nvme_ctrl::{ControllerConfig, NamespaceConfig};
+use nvme_ctrl::ControllerConfig;
 use nvme_spec::opcode::nvm as iop;
 use test_kit::{InitOptions, MockHost};
 
@@ -32,13 +32,8 @@ pub struct DemoArgs {
 pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let DemoArgs { namespaces: specs, queues, commands, no_shadow } = a;
     let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
-    let cfg = ControllerConfig {
-        namespaces: opened
-            .iter()
-            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
-            .collect(),
-        ..Default::default()
-    };
+    let cfg =
+        ControllerConfig { namespaces: opened.iter().map(|o| o.config()).collect(), ..Default::default() };
     if !(1..=cfg.max_io_queues).contains(&queues) {
         return Err(format!("--queues must be 1..={}", cfg.max_io_queues).into());
     }

@@ -15,12 +15,18 @@
 //!                          io_uring would hand every request to a kernel worker
 //!                          thread there) and io_uring everywhere else
 //!      fault=RULE          inject failures (repeatable), RULE = OP/ERROR[/lba=S+N]
-//!                          [/after=N][/count=N], e.g. fault=read/eio/lba=2048+8
+//!                          [/after=N][/count=N][/delay=MS], e.g. fault=read/eio/lba=2048+8;
+//!                          ERROR hang never completes; OP/delay=MS only delays
+//!      timeout=T           commands the backend has not finished after T (30s by
+//!                          default; ms or s; 0 or off: never) complete with an error
 //! ```
 
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use nvme_ctrl::{NamespaceConfig, DEFAULT_COMMAND_TIMEOUT};
 
 use crate::sandbox::Needs;
 
@@ -41,6 +47,8 @@ pub struct NsSpec {
     pub direct: DirectMode,
     pub engine: Engine,
     pub faults: Vec<FaultRule>,
+    /// Command timeout (None: never).
+    pub timeout: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +103,17 @@ pub struct Opened {
     pub lba_format: u8,
     /// What the backend does after start-up, for the sandbox's allowlist.
     pub needs: Needs,
+    pub timeout: Option<Duration>,
+}
+
+impl Opened {
+    /// What the controller attaches.
+    pub fn config(&self) -> NamespaceConfig {
+        NamespaceConfig {
+            timeout: self.timeout,
+            ..NamespaceConfig::new(self.backend.clone(), self.lba_format)
+        }
+    }
 }
 
 impl NsSpec {
@@ -146,7 +165,7 @@ impl NsSpec {
             let rules = self.faults.iter().cloned().map(|r| r.lba_size(lba)).collect();
             Arc::new(FaultBackend::new(backend, rules))
         };
-        Ok(Opened { backend, lba_format, needs })
+        Ok(Opened { backend, lba_format, needs, timeout: self.timeout })
     }
 
     /// A short description for logs.
@@ -180,6 +199,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mul).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
+/// A command timeout: `N[ms|s]` (a bare number is seconds), `0` or `off` for none.
+fn parse_timeout(v: &str) -> Result<Option<Duration>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    let (n, unit) = match v.strip_suffix("ms") {
+        Some(n) => (n, Duration::from_millis(1)),
+        None => (v.strip_suffix('s').unwrap_or(v), Duration::from_secs(1)),
+    };
+    let n: u32 = n.parse().map_err(|_| format!("timeout={v}: expected N[ms|s], 0 or off"))?;
+    Ok((n > 0).then(|| unit * n))
+}
+
 impl FromStr for NsSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -190,6 +222,7 @@ impl FromStr for NsSpec {
             direct: DirectMode::Auto,
             engine: Engine::Auto,
             faults: Vec::new(),
+            timeout: Some(DEFAULT_COMMAND_TIMEOUT),
         };
         if s.starts_with("nvme://") {
             spec.kind = Kind::Nvme(s.to_string());
@@ -233,9 +266,10 @@ impl FromStr for NsSpec {
                     }
                 }
                 Some(("fault", v)) => spec.faults.push(v.parse()?),
+                Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,
                 _ => {
                     return Err(format!(
-                        "unknown namespace option {opt:?} (expected lba=, fault={})",
+                        "unknown namespace option {opt:?} (expected lba=, fault=, timeout={})",
                         if is_file { ", direct=, engine=" } else { "" }
                     ))
                 }
@@ -280,6 +314,19 @@ mod tests {
         let n: NsSpec = "ram:1M:fault=read/eio/lba=8+2:fault=flush/eio/count=1".parse().unwrap();
         assert_eq!(n.faults.len(), 2);
         assert!("ram:1M:fault=read/oops".parse::<NsSpec>().unwrap_err().contains("unknown error"));
+        assert_eq!(n.timeout, Some(Duration::from_secs(30)), "the default timeout");
+        for (t, want) in [
+            ("500ms", Some(Duration::from_millis(500))),
+            ("5s", Some(Duration::from_secs(5))),
+            ("7", Some(Duration::from_secs(7))),
+            ("0", None),
+            ("off", None),
+        ] {
+            assert_eq!(format!("ram:1M:timeout={t}").parse::<NsSpec>().unwrap().timeout, want, "{t}");
+        }
+        assert!("ram:1M:timeout=soon".parse::<NsSpec>().unwrap_err().contains("N[ms|s]"));
+        let n: NsSpec = "ram:1M:fault=read/hang:timeout=500ms".parse().unwrap();
+        assert_eq!((n.faults.len(), n.timeout), (1, Some(Duration::from_millis(500))));
         let n: NsSpec = "nvme:///run/a.sock?ns=2".parse().unwrap();
         assert_eq!(n.kind, Kind::Nvme("nvme:///run/a.sock?ns=2".into()));
     }

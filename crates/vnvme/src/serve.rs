@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
+use nvme_ctrl::{Controller, ControllerConfig, PollMode, StatsSnapshot};
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
@@ -35,9 +35,14 @@ pub struct ServeArgs {
     ///   lba=512|4096             LBA size (default 512, or the backend's block size)
     ///   direct=auto|on|off       file: O_DIRECT
     ///   engine=auto|uring|sync   file: io_uring or pread/pwrite
-    ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N]
+    ///   fault=OP/ERROR[/lba=START+COUNT][/after=N][/count=N][/delay=MS]
     ///                            inject failures (repeatable); OP read, write, flush,
-    ///                            discard or any; ERROR eio, enospc, short, gone, rofs
+    ///                            discard or any; ERROR eio, enospc, short, gone, rofs,
+    ///                            or hang (never completes); delay=MS completes MS ms
+    ///                            late (OP/delay=MS: late but successful)
+    ///   timeout=T                commands the backend has not finished after T
+    ///                            (default 30s; ms or s; 0 or off: never) complete
+    ///                            with Internal Error and the request is abandoned
     ///
     /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
     #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]
@@ -118,10 +123,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_io_queues: a.queues,
         msix_vectors: a.queues + 1,
         shadow_doorbells: !a.no_shadow_doorbells,
-        namespaces: opened
-            .iter()
-            .map(|o| NamespaceConfig { backend: o.backend.clone(), lba_format: o.lba_format })
-            .collect(),
+        namespaces: opened.iter().map(|o| o.config()).collect(),
         ..Default::default()
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
@@ -239,6 +241,7 @@ fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
         "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
         "media_errors": s.media_errors,
         "backend_errors": s.backend_errors,
+        "timeouts": s.timeouts,
         "interrupts": s.interrupts,
         "shadow_reads": s.shadow_reads,
         "eventidx_races": s.eventidx_races,

@@ -152,8 +152,10 @@ impl IoEngine {
         }
     }
 
-    /// The earliest time (clock ns) a coalesced interrupt must fire.
+    /// The earliest time (clock ns) a coalesced interrupt must fire or a command may
+    /// time out: a sleeping owner wakes then.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).min()
+        let expiry = (self.next_expiry != u64::MAX).then_some(self.next_expiry);
+        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).chain(expiry).min()
     }
 }

@@ -7,7 +7,7 @@ use nvme_spec::regs::DoorbellKind;
 use nvme_spec::Status;
 use tracing::warn;
 
-use super::{Finish, InFlight, IoEngine, POLL_BUDGET};
+use super::{Finish, InFlight, IoEngine, Slot, EXPIRY_POLLS, POLL_BUDGET};
 use crate::stats::Stats;
 use crate::LogLimit;
 
@@ -48,6 +48,11 @@ impl IoEngine {
             }
         }
         progress |= self.reap();
+        // Expiry is looked at when idle, and now and then when busy (timeout.rs).
+        self.polls_since_expiry += 1;
+        if !progress || self.polls_since_expiry >= EXPIRY_POLLS {
+            progress |= self.expire_overdue();
+        }
         self.signal_interrupts();
         progress
     }
@@ -124,15 +129,17 @@ impl IoEngine {
         }
     }
 
-    /// Allocates a tag for an in-flight command.
-    pub(crate) fn track(&mut self, f: InFlight) -> u64 {
+    /// Allocates a tag for an in-flight command and starts its timeout.
+    pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
+        f.deadline_ns = self.command_deadline(f.nsid);
+        self.running += 1;
         match self.free_tags.pop() {
             Some(t) => {
-                self.inflight[t as usize] = Some(f);
+                self.inflight[t as usize] = Slot::Running(f);
                 t as u64
             }
             None => {
-                self.inflight.push(Some(f));
+                self.inflight.push(Slot::Running(f));
                 (self.inflight.len() - 1) as u64
             }
         }
@@ -158,9 +165,21 @@ impl IoEngine {
 
     pub(crate) fn backend_done(&mut self, c: Completion) {
         let tag = c.tag as usize;
-        let Some(f) = self.inflight.get_mut(tag).and_then(|f| f.as_mut()) else {
-            warn!("backend completion for unknown tag {tag}");
-            return;
+        let f = match self.inflight.get_mut(tag) {
+            Some(Slot::Running(f)) => f,
+            // Already completed to the host: the late request only hands its tag back.
+            Some(Slot::Abandoned { remaining }) => {
+                *remaining -= 1;
+                if *remaining == 0 {
+                    self.inflight[tag] = Slot::Free;
+                    self.free_tags.push(tag as u32);
+                }
+                return;
+            }
+            _ => {
+                warn!("backend completion for unknown tag {tag}");
+                return;
+            }
         };
         f.remaining -= 1;
         let mut failed = None;
@@ -191,8 +210,11 @@ impl IoEngine {
             self.seg_pool.push(v);
         }
         if done {
-            let f = self.inflight[tag].take().expect("present");
+            let Slot::Running(f) = std::mem::replace(&mut self.inflight[tag], Slot::Free) else {
+                unreachable!("tag {tag} was running")
+            };
             self.free_tags.push(tag as u32);
+            self.stopped_running();
             if let Finish::Compare(mut v) = f.finish {
                 v.clear();
                 self.seg_pool.push(v);

@@ -9,13 +9,17 @@
 //! - this file: the engine's state, queue creation and deletion, what it is busy with;
 //! - `data`: fetching commands and handing them to the backends, reaping;
 //! - `completion`: posting completions and signalling interrupts;
+//! - `timeout`: commands a backend does not answer, and bounded teardown;
 //! - `crate::doorbell::policy`: doorbell writes, shadow buffers and the mapped page.
 
 mod completion;
 mod data;
 mod memory;
+mod timeout;
 
 pub use memory::SharedMemory;
+pub use timeout::TEARDOWN_BOUND;
+pub(crate) use timeout::{Slot, EXPIRY_POLLS};
 
 use std::sync::Arc;
 
@@ -77,6 +81,8 @@ pub(crate) struct InFlight {
     /// What the backend requests do (all of one command's requests do the same).
     pub op: Op,
     pub finish: Finish,
+    /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
+    pub deadline_ns: u64,
 }
 
 impl InFlight {
@@ -90,7 +96,17 @@ impl InFlight {
         remaining: u32,
         finish: Finish,
     ) -> Self {
-        InFlight { sqid, cid, nsid, slba, remaining, status: Status::SUCCESS, op, finish }
+        InFlight {
+            sqid,
+            cid,
+            nsid,
+            slba,
+            remaining,
+            status: Status::SUCCESS,
+            op,
+            finish,
+            deadline_ns: u64::MAX,
+        }
     }
 }
 
@@ -113,7 +129,15 @@ pub struct IoEngine {
     pub(crate) shadow: Option<ShadowBuffers>,
     /// One backend queue per namespace, indexed by nsid - 1.
     pub(crate) backends: Vec<Box<dyn BackendQueue>>,
-    pub(crate) inflight: Vec<Option<InFlight>>,
+    /// Commands at the backends, indexed by tag.
+    pub(crate) inflight: Vec<Slot>,
+    /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
+    /// earlier: the next expiry scan is due then.
+    pub(crate) next_expiry: u64,
+    /// Busy polls since the last expiry check.
+    pub(crate) polls_since_expiry: u32,
+    /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
+    pub(crate) running: usize,
     pub(crate) free_tags: Vec<u32>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
@@ -155,6 +179,9 @@ impl IoEngine {
             shadow: None,
             backends,
             inflight: Vec::new(),
+            next_expiry: u64::MAX,
+            polls_since_expiry: 0,
+            running: 0,
             free_tags: Vec::new(),
             reaped: Vec::new(),
             seg_pool: Vec::new(),
@@ -229,16 +256,14 @@ impl IoEngine {
 
     /// Deletes an SQ after every command fetched from it has completed (Base §5.2.4
     /// Delete I/O Submission Queue: the Delete completes after outstanding commands
-    /// are completed or aborted).
+    /// are completed or aborted). Commands a backend still holds after
+    /// [`TEARDOWN_BOUND`] are aborted (Command Aborted due to SQ Deletion).
     pub fn delete_sq(&mut self, qid: u16) {
-        let mut spins = 0u32;
-        while self.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0) {
-            self.reap();
-            spins += 1;
-            if spins.is_multiple_of(1024) {
-                std::thread::yield_now();
-            }
-        }
+        self.delete_sq_by(qid, std::time::Instant::now() + TEARDOWN_BOUND);
+    }
+
+    fn delete_sq_by(&mut self, qid: u16, deadline: std::time::Instant) {
+        self.settle_sq(qid, deadline);
         if let Some(sq) = self.sqs[qid as usize].take() {
             if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
                 cq.sq_count -= 1;
@@ -256,10 +281,16 @@ impl IoEngine {
         self.cqs[qid as usize] = None;
     }
 
-    /// Drops every I/O queue (controller reset), letting in-flight requests finish.
+    /// Drops every I/O queue (controller reset), letting in-flight requests finish
+    /// for at most [`TEARDOWN_BOUND`] in all.
     pub fn reset(&mut self) {
+        self.reset_by(std::time::Instant::now() + TEARDOWN_BOUND);
+    }
+
+    /// As [`IoEngine::reset`], abandoning what is still in flight at `deadline`.
+    pub fn reset_by(&mut self, deadline: std::time::Instant) {
         for qid in self.active_sqs.clone() {
-            self.delete_sq(qid);
+            self.delete_sq_by(qid, deadline);
         }
         if self.doorbell_page.is_some() {
             for qid in 0..=self.ctx.max_qid {
@@ -290,7 +321,7 @@ impl IoEngine {
 
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
-        self.inflight.iter().any(|f| f.is_some())
+        self.running > 0
     }
 
     /// Closes this engine's backend queues: the controller's own engine, once workers
@@ -310,12 +341,12 @@ impl IoEngine {
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
-        self.backends.iter().any(|b| b.in_flight() > 0 && b.notifier().is_none())
+        self.backends.iter().any(|b| b.needs_polling())
     }
 
     /// True if commands are in flight in the backends or SQs hold unfetched entries.
     pub fn busy(&self) -> bool {
-        self.inflight.iter().any(|f| f.is_some())
+        self.backend_busy()
             || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
     }
 }

@@ -12,10 +12,13 @@ pub mod idle;
 pub mod poll;
 pub mod workers;
 
+use std::time::Instant;
+
 use guest_mem::GuestMemory;
 
 use crate::controller::Controller;
-use crate::engine::IoEngine;
+use crate::engine::{IoEngine, TEARDOWN_BOUND};
+use crate::error::CommandError;
 use poll::PollMode;
 use workers::Worker;
 
@@ -111,30 +114,33 @@ impl Controller {
         self.kick.try_clone()
     }
 
-    /// Lets every worker finish the commands it has (shutdown).
-    pub(crate) fn io_drain_workers(&mut self) {
+    /// Lets every worker finish the commands it has (shutdown), all by `deadline`.
+    pub(crate) fn io_drain_workers(&mut self, deadline: Instant) {
         for w in &self.workers {
-            w.call(drain_engine);
+            w.call(move |e| drain_engine(e, deadline));
         }
     }
 }
 
 /// Runs an engine until nothing more can happen: work that can progress is done, then
-/// requests already with a backend are waited for (bounded, so a stuck backend or a
-/// queue whose doorbell value is invalid cannot hang a shutdown).
-pub(crate) fn drain_engine(e: &mut IoEngine) {
+/// requests already with a backend are waited for until `deadline` (a shutdown's
+/// [`TEARDOWN_BOUND`], so a stuck backend or a queue whose doorbell value is invalid
+/// cannot hang it); commands still with a backend then are completed as timed out
+/// and abandoned.
+pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Instant) {
     for _ in 0..10_000 {
         if !e.poll() {
             break;
         }
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while e.backend_busy() && e.fatal().is_none() && std::time::Instant::now() < deadline {
+    while e.backend_busy() && e.fatal().is_none() && Instant::now() < deadline {
         if !e.poll() {
             std::thread::yield_now();
         }
     }
     if e.backend_busy() {
-        tracing::warn!("shutdown: backend requests still in flight after 5 s");
+        let ms = TEARDOWN_BOUND.as_millis() as u64;
+        e.abandon_where(|_| true, || CommandError::TimedOut { ms });
+        e.poll();
     }
 }

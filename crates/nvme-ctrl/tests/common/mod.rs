@@ -18,10 +18,7 @@ pub const NS_BYTES: u64 = 8 << 20;
 pub fn ram_cfg(n: usize) -> (ControllerConfig, Vec<RamBackend>) {
     let rams: Vec<RamBackend> = (0..n).map(|_| RamBackend::new(NS_BYTES)).collect();
     let cfg = ControllerConfig {
-        namespaces: rams
-            .iter()
-            .map(|r| NamespaceConfig { backend: Arc::new(r.clone()), lba_format: 0 })
-            .collect(),
+        namespaces: rams.iter().map(|r| NamespaceConfig::new(Arc::new(r.clone()), 0)).collect(),
         ..Default::default()
     };
     (cfg, rams)

@@ -34,7 +34,7 @@ pub fn host_with(backends: Vec<(Arc<dyn Backend>, u8)>, opts: InitOptions) -> Mo
     let cfg = ControllerConfig {
         namespaces: backends
             .into_iter()
-            .map(|(backend, lba_format)| NamespaceConfig { backend, lba_format })
+            .map(|(backend, lba_format)| NamespaceConfig::new(backend, lba_format))
             .collect(),
         ..Default::default()
     };
@@ -78,7 +78,7 @@ pub const WRITE: u8 = iop::WRITE;
 pub fn bare_host(bytes: u64, nq: u16) -> (MockHost, RamBackend) {
     let ram = RamBackend::new(bytes);
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(ram.clone()), lba_format: 0 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(ram.clone()), 0)],
         ..Default::default()
     };
     let mut h = MockHost::new(cfg, MEM);

@@ -144,8 +144,9 @@ pub(super) enum Counters {
     None,
     /// The server's `--stats-file`, and what it said before the run (`None`: unreadable).
     File { path: PathBuf, before: Option<Value> },
-    /// The in-process controller's, before and (once stopped) after the run.
-    InProcess { stats: Arc<Stats>, before: StatsSnapshot, after: Option<StatsSnapshot> },
+    /// The in-process controller's, before and (once stopped) after the run (boxed:
+    /// two snapshots would make every variant that large).
+    InProcess { stats: Arc<Stats>, before: Box<StatsSnapshot>, after: Option<Box<StatsSnapshot>> },
 }
 
 impl Counters {
@@ -153,7 +154,7 @@ impl Counters {
     pub(super) fn start(server_stats: Option<&Path>, ctrl: Option<&Arc<Stats>>) -> Counters {
         match (ctrl, server_stats) {
             (Some(stats), _) => {
-                Counters::InProcess { stats: stats.clone(), before: stats.snapshot(), after: None }
+                Counters::InProcess { stats: stats.clone(), before: Box::new(stats.snapshot()), after: None }
             }
             (None, Some(path)) => {
                 Counters::File { path: path.to_path_buf(), before: read_server_stats(path) }
@@ -166,7 +167,7 @@ impl Counters {
     /// read in [`Counters::delta`], once the server has written the run's counts.
     pub(super) fn stop(&mut self) {
         if let Counters::InProcess { stats, after, .. } = self {
-            *after = Some(stats.snapshot());
+            *after = Some(Box::new(stats.snapshot()));
         }
     }
 

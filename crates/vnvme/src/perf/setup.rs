@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nvme_ctrl::{ControllerConfig, NamespaceConfig, Stats};
+use nvme_ctrl::{ControllerConfig, Stats};
 use nvme_driver::{DriverOptions, NvmeDriver, Transport, VfioUserOptions, VfioUserTransport};
 use test_kit::{InProcessOptions, InProcessTransport};
 
@@ -52,7 +52,7 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
                     .iter()
                     .map(|s| {
                         let o = s.open()?;
-                        Ok(NamespaceConfig { backend: o.backend, lba_format: o.lba_format })
+                        Ok(o.config())
                     })
                     .collect::<std::io::Result<_>>()?,
                 ..Default::default()

@@ -1,0 +1,162 @@
+//! Commands a backend does not answer: each in-flight command carries a deadline
+//! (its namespace's timeout), and a command past it completes with an error while
+//! its backend requests are abandoned.
+//!
+//! Abandoning is safe because a command's tag is not reused until the backend gives
+//! every request back: the slot turns [`Slot::Abandoned`] and counts what is still
+//! out, a late completion only decrements that count (it never completes the
+//! command a second time, nor reaches a command that reused the tag), and the
+//! buffers stay with the requests (each owns its segments or bounce buffer, and the
+//! backend its clone of the guest memory map) until then.
+//!
+//! Expiry costs nothing per command beyond one clock read when it starts: the
+//! engine keeps the earliest deadline and scans only when an idle poll (or every
+//! [`EXPIRY_POLLS`] busy ones) finds that moment passed. A sleeping owner is woken
+//! for it through `next_deadline`. Teardown (Delete SQ, reset, shutdown) waits at
+//! most [`TEARDOWN_BOUND`] for what is still in flight, then abandons it too.
+
+use std::time::{Duration, Instant};
+
+use nvme_spec::Status;
+use tracing::warn;
+
+use super::{InFlight, IoEngine};
+use crate::error::CommandError;
+use crate::stats::Stats;
+use crate::LogLimit;
+
+/// Timed-out and abandoned commands, process-wide.
+static TIMEOUTS: LogLimit = LogLimit::new();
+
+/// The longest a Delete SQ, reset or shutdown waits for commands still with a
+/// backend before it abandons them.
+pub const TEARDOWN_BOUND: Duration = Duration::from_secs(5);
+
+/// Busy polls between expiry checks (idle polls always check).
+pub(crate) const EXPIRY_POLLS: u32 = 1024;
+
+/// One entry of the in-flight table, indexed by tag.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    Free,
+    /// A command with requests at a backend.
+    Running(InFlight),
+    /// A command already completed to the host (timed out, or its queue torn
+    /// down) whose backend still holds `remaining` requests; the tag is retired
+    /// until they come back.
+    Abandoned {
+        remaining: u32,
+    },
+}
+
+impl IoEngine {
+    /// The deadline (clock ns) for a command on `nsid` starting now; u64::MAX when
+    /// its namespace has no timeout. A broadcast (Flush of every namespace) takes
+    /// the longest timeout of them.
+    pub(crate) fn command_deadline(&mut self, nsid: u32) -> u64 {
+        let ns = &self.ctx.namespaces;
+        let t = match ns.get((nsid as usize).wrapping_sub(1)) {
+            Some(n) => n.timeout_ns,
+            None if ns.iter().any(|n| n.timeout_ns == 0) => 0,
+            None => ns.iter().map(|n| n.timeout_ns).max().unwrap_or(0),
+        };
+        if t == 0 {
+            return u64::MAX;
+        }
+        let d = self.ctx.clock.now_ns().saturating_add(t);
+        self.next_expiry = self.next_expiry.min(d);
+        d
+    }
+
+    /// Counts a command that left [`Slot::Running`]; with none left, no expiry is due
+    /// (so a sleeping owner is not woken for nothing).
+    pub(crate) fn stopped_running(&mut self) {
+        self.running -= 1;
+        if self.running == 0 {
+            self.next_expiry = u64::MAX;
+        }
+    }
+
+    /// Completes every command past its deadline with the timeout status, if the
+    /// earliest deadline has passed. True if it completed any.
+    pub(crate) fn expire_overdue(&mut self) -> bool {
+        self.polls_since_expiry = 0;
+        if self.next_expiry == u64::MAX {
+            return false;
+        }
+        let now = self.ctx.clock.now_ns();
+        if now < self.next_expiry {
+            return false;
+        }
+        let mut next = u64::MAX;
+        let mut any = false;
+        for tag in 0..self.inflight.len() {
+            let Slot::Running(f) = &self.inflight[tag] else { continue };
+            if f.deadline_ns > now {
+                next = next.min(f.deadline_ns);
+                continue;
+            }
+            let ms = self
+                .ctx
+                .namespaces
+                .get((f.nsid as usize).wrapping_sub(1))
+                .map_or(0, |n| n.timeout_ns / 1_000_000);
+            self.abandon(tag, CommandError::TimedOut { ms });
+            any = true;
+        }
+        self.next_expiry = next;
+        any
+    }
+
+    /// Waits (at most until `deadline`) for the commands fetched from SQ `qid` to
+    /// finish, then abandons those still with a backend.
+    pub(crate) fn settle_sq(&mut self, qid: u16, deadline: Instant) {
+        let busy = |e: &Self| e.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0);
+        let mut spins = 0u32;
+        while busy(self) && Instant::now() < deadline {
+            self.reap();
+            self.expire_overdue();
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            }
+        }
+        if busy(self) {
+            self.abandon_where(|f| f.sqid == qid, || CommandError::SqDeleted);
+        }
+    }
+
+    /// Abandons every running command `pick` chooses, completing it with `why`'s
+    /// status.
+    pub(crate) fn abandon_where(&mut self, pick: impl Fn(&InFlight) -> bool, why: impl Fn() -> CommandError) {
+        for tag in 0..self.inflight.len() {
+            if matches!(&self.inflight[tag], Slot::Running(f) if pick(f)) {
+                self.abandon(tag, why());
+            }
+        }
+    }
+
+    /// Completes the running command at `tag` to the host with `why`'s status and
+    /// retires its tag until the backend returns its requests.
+    fn abandon(&mut self, tag: usize, why: CommandError) {
+        let slot = std::mem::replace(&mut self.inflight[tag], Slot::Free);
+        let Slot::Running(f) = slot else {
+            self.inflight[tag] = slot;
+            return;
+        };
+        self.inflight[tag] = Slot::Abandoned { remaining: f.remaining };
+        self.stopped_running();
+        Stats::add(&self.ctx.stats.timeouts, 1);
+        let status: Status = why.status();
+        // A stuck backend must not flood the log.
+        if let Some(n) = TIMEOUTS.hit() {
+            warn!(
+                target: "vnvme::backend",
+                sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = ?f.op,
+                status = format_args!("{:#x}", status.raw()),
+                "command abandoned ({n} so far): {why}"
+            );
+        }
+        self.complete(f.sqid, f.cid, status, 0, f.nsid, f.slba);
+    }
+}

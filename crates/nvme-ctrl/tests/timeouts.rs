@@ -1,0 +1,197 @@
+//! A backend that never answers cannot wedge anything: a command its backend holds
+//! past the namespace's timeout completes with Internal Error (no DNR) while other
+//! I/O goes on, a late completion after that is ignored, and Delete SQ, reset and
+//! shutdown finish within a bound with requests hung. Driven by fault injection's
+//! `hang` and `delay=MS`.
+
+mod io_common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use block_backend::{Backend, FaultBackend, FaultRule, RamBackend};
+use io_common::*;
+use nvme_ctrl::{Clock, ControllerConfig, MonotonicClock, NamespaceConfig};
+use nvme_spec::{Cqe, Status};
+use test_kit::{InitOptions, ManualClock, MockHost};
+
+const NS_BYTES: u64 = 8 << 20;
+const LBA: u32 = 512;
+/// Generous: tests assert that things finish, never how fast beyond this.
+const LONG: Duration = Duration::from_secs(30);
+
+/// A host whose namespace injects `rules` and times commands out after `timeout`,
+/// on `clock`.
+fn host(rules: &[&str], timeout: Option<Duration>, clock: Arc<dyn Clock>) -> MockHost {
+    host_on(0, rules, timeout, clock)
+}
+
+/// As [`host`], its I/O queues run by `workers` worker threads (0: inline).
+fn host_on(workers: usize, rules: &[&str], timeout: Option<Duration>, clock: Arc<dyn Clock>) -> MockHost {
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
+    let be = FaultBackend::new(ram, rules.iter().map(|r| r.parse::<FaultRule>().unwrap()).collect());
+    let mut ns = NamespaceConfig::new(Arc::new(be), 0);
+    ns.timeout = timeout;
+    let cfg = ControllerConfig { namespaces: vec![ns], ..Default::default() };
+    let mut h = MockHost::with_clock(cfg, MEM, clock);
+    h.ctrl.spawn_workers(workers, nvme_ctrl::PollMode::Off).unwrap();
+    h.init(InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).expect("bring-up");
+    h
+}
+
+/// Submits a one-block read of `slba` on queue `qid` without running the device.
+fn submit_read(h: &mut MockHost, qid: u16, slba: u64) -> u16 {
+    let buf = h.alloc.alloc_pages(1);
+    let s = h.rw_sqe(READ, 1, slba, 1, buf, LBA as u64);
+    h.submit(qid, s).expect("room")
+}
+
+/// Runs the device until a completion for `cid` shows up on `qid` (bounded by LONG).
+fn wait_for(h: &mut MockHost, qid: u16, cid: u16) -> Cqe {
+    let t = Instant::now();
+    while t.elapsed() < LONG {
+        h.process();
+        if let Some(c) = h.reap_queue(qid).into_iter().find(|c| c.cid.get() == cid) {
+            return c;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("no completion for cid {cid} on queue {qid}");
+}
+
+#[test]
+fn a_hung_read_completes_with_internal_error_after_the_timeout_and_io_goes_on() {
+    let clock = Arc::new(ManualClock::default());
+    let mut h = host(&["read/hang/lba=100+1"], Some(Duration::from_secs(1)), clock.clone());
+    let cid = submit_read(&mut h, 1, 100);
+    h.process();
+    assert!(h.reap_queue(1).is_empty(), "a hung read does not complete by itself");
+    // Other I/O, on the same queue and another, is served meanwhile.
+    assert_still_works(&mut h, 1, 1, LBA);
+    assert_still_works(&mut h, 2, 1, LBA);
+    clock.advance_us(999_000);
+    h.process();
+    assert!(h.reap_queue(1).is_empty(), "not before the timeout");
+    clock.advance_us(2_000);
+    let c = wait_for(&mut h, 1, cid);
+    assert_status(&c, Status::INTERNAL_ERROR, false);
+    assert_eq!(h.ctrl.stats().timeouts, 1);
+    assert_still_works(&mut h, 1, 1, LBA);
+}
+
+#[test]
+fn a_late_completion_after_a_timeout_is_ignored() {
+    // The backend answers after 300 ms of real time; the controller's clock says the
+    // 10 ms timeout passed long before.
+    let clock = Arc::new(ManualClock::default());
+    let mut h = host(&["read/delay=300/lba=100+1"], Some(Duration::from_millis(10)), clock.clone());
+    let cid = submit_read(&mut h, 1, 100);
+    h.process();
+    clock.advance_us(20_000);
+    let c = wait_for(&mut h, 1, cid);
+    assert_status(&c, Status::INTERNAL_ERROR, false);
+    // Meanwhile commands reuse command identifiers and tags; once the late request is
+    // back, none of them sees a second completion.
+    let t = Instant::now();
+    let mut extra = Vec::new();
+    while t.elapsed() < Duration::from_millis(600) {
+        assert_still_works(&mut h, 1, 1, LBA);
+        h.process();
+        extra.extend(h.reap_queue(1));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(extra.is_empty(), "completions nobody asked for: {extra:?}");
+    assert_eq!(h.ctrl.stats().timeouts, 1);
+    // The retired tag came back: a read of the same block now just works.
+    let (st, _) = h.read_blocks(1, 1, 101, 1, LBA);
+    assert_eq!(st, Status::SUCCESS);
+}
+
+#[test]
+fn a_delayed_write_completes_successfully_after_the_delay() {
+    let mut h = host(&["write/delay=50"], Some(Duration::from_secs(30)), Arc::new(MonotonicClock::default()));
+    let data = test_kit::Rng::new(7).bytes(LBA as usize);
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let s = h.rw_sqe(WRITE, 1, 40, 1, buf, LBA as u64);
+    let cid = h.submit(1, s).unwrap();
+    h.process();
+    assert!(h.reap_queue(1).is_empty(), "the write is held back");
+    // A read is not delayed: it overtakes the write.
+    let (st, _) = h.read_blocks(1, 1, 41, 1, LBA);
+    assert_eq!(st, Status::SUCCESS);
+    let c = wait_for(&mut h, 1, cid);
+    assert_status(&c, Status::SUCCESS, false);
+    let (st, back) = h.read_blocks(2, 1, 40, 1, LBA);
+    assert_eq!((st, back == data), (Status::SUCCESS, true));
+    assert_eq!(h.ctrl.stats().timeouts, 0);
+}
+
+#[test]
+fn delete_sq_with_a_hung_read_aborts_it_within_the_bound() {
+    // No timeout: only the teardown bound ends the wait.
+    let mut h = host(&["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+    let cid = submit_read(&mut h, 1, 0);
+    h.process();
+    let t = Instant::now();
+    let c = h.remove_io_sq(1).expect("Delete SQ completes");
+    assert!(t.elapsed() < LONG, "Delete SQ took {:?}", t.elapsed());
+    assert!(c.status().is_success(), "{:?}", c.status());
+    let cqes = h.reap_queue(1);
+    let aborted = cqes.iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
+    assert_status(aborted, Status::ABORT_SQ_DELETION, false);
+    assert_still_works(&mut h, 2, 1, LBA);
+}
+
+#[test]
+fn reset_with_a_hung_read_finishes_once_it_times_out() {
+    let mut h =
+        host(&["read/hang/lba=0+1"], Some(Duration::from_millis(200)), Arc::new(MonotonicClock::default()));
+    submit_read(&mut h, 1, 0);
+    submit_read(&mut h, 2, 0);
+    h.process();
+    let t = Instant::now();
+    let cc = h.read32(0x14);
+    h.write32(0x14, cc & !1);
+    assert!(t.elapsed() < LONG, "reset took {:?}", t.elapsed());
+    assert!(!h.csts().rdy());
+    assert_eq!(h.ctrl.stats().timeouts, 2);
+    // The controller comes back up and serves I/O (the hung requests stay retired).
+    h.init(InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).expect("bring-up again");
+    assert_still_works(&mut h, 1, 1, LBA);
+}
+
+#[test]
+fn shutdown_with_a_hung_read_completes_once_it_times_out() {
+    let timeout = Some(Duration::from_millis(200));
+    let mut h = host(&["read/hang/lba=0+1"], timeout, Arc::new(MonotonicClock::default()));
+    let cid = submit_read(&mut h, 1, 0);
+    h.process();
+    let t = Instant::now();
+    let cc = h.read32(0x14);
+    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
+    assert!(t.elapsed() < LONG, "shutdown took {:?}", t.elapsed());
+    assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
+    let c = h.reap_queue(1).into_iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
+    assert_status(&c, Status::INTERNAL_ERROR, false);
+}
+
+#[test]
+fn shutdown_with_reads_hung_on_two_workers_waits_one_bound_not_one_per_worker() {
+    let mut h = host_on(2, &["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+    let cids = [submit_read(&mut h, 1, 0), submit_read(&mut h, 2, 0)];
+    h.process();
+    let t = Instant::now();
+    let cc = h.read32(0x14);
+    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
+    let took = t.elapsed();
+    // One bound is 5 s; one per worker would be 10 s.
+    assert!(took < Duration::from_secs(9), "shutdown took {took:?}");
+    assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
+    for (qid, cid) in [(1u16, cids[0]), (2, cids[1])] {
+        let c =
+            h.reap_queue(qid).into_iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
+        assert_status(&c, Status::INTERNAL_ERROR, false);
+    }
+    assert_eq!(h.ctrl.stats().timeouts, 2);
+}
