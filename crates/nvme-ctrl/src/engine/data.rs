@@ -81,6 +81,13 @@ impl IoEngine {
                 if sq.is_empty() {
                     break;
                 }
+                // Bounds on work in flight (docs/SECURITY.md): a queue holds at most
+                // its size in fetched, unfinished commands, an engine MAX_IN_FLIGHT
+                // tags; past either the entries wait in the ring until completions
+                // (or timeouts) free room, and the next run fetches them.
+                if sq.in_flight >= sq.size || self.inflight.len() - self.free_tags.len() >= MAX_IN_FLIGHT {
+                    return done;
+                }
                 // A host may have just been told of new memory and used it: look
                 // for a newer map before reading the command (engine::memory).
                 if self.ctx.memory.generation() != self.mem_generation {
@@ -252,6 +259,10 @@ impl IoEngine {
         }
     }
 }
+
+/// Most commands one engine tracks at once (running, or abandoned after a timeout
+/// until their backend returns): what a guest can make a worker hold.
+pub(crate) const MAX_IN_FLIGHT: usize = 4096;
 
 /// Whether the guest's data in `segs` equals `data`, read a page at a time so a
 /// mismatch stops early.
