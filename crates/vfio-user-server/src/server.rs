@@ -323,7 +323,7 @@ impl Inline {
     }
 
     fn timer_fired(&mut self) {
-        self.timer.disarm();
+        self.timer.fired();
     }
 
     /// Steps the idle loop: runs the controller and spins for at most a slice.

@@ -182,16 +182,23 @@ pub fn sleep_timeout_ms(backend_needs_polling: bool) -> i32 {
     }
 }
 
-/// The timer that wakes a sleeping owner when a coalesced interrupt falls due.
+/// The timer that wakes a sleeping owner when something falls due: a coalesced
+/// interrupt, or a command's timeout.
+///
+/// It costs no system call per sleep in the usual case: a timer already set for an
+/// earlier (or the same) time is left alone, and a timer is only cleared when it
+/// fired. A timer left set for a deadline that went away wakes the owner once for
+/// nothing, which costs less than clearing it every time.
 #[derive(Debug)]
 pub struct WakeTimer {
     fd: TimerFd,
-    armed: bool,
+    /// The clock time (ns) the timer is set to fire at, if set.
+    armed_at: Option<u64>,
 }
 
 impl WakeTimer {
     pub fn new() -> std::io::Result<Self> {
-        Ok(WakeTimer { fd: TimerFd::new()?, armed: false })
+        Ok(WakeTimer { fd: TimerFd::new()?, armed_at: None })
     }
 
     /// The descriptor to watch (readable when the timer fires).
@@ -200,17 +207,20 @@ impl WakeTimer {
         self.fd.as_raw_fd()
     }
 
-    /// Before sleeping: fire at `deadline` (clock ns, from `next_deadline`), if any.
+    /// Before sleeping: make sure the timer fires by `deadline` (clock ns, from
+    /// `next_deadline`), if any.
     pub fn arm(&mut self, deadline: Option<u64>, now_ns: u64) {
-        if let Some(d) = deadline {
-            let _ = self.fd.reset(Duration::from_nanos(d.saturating_sub(now_ns).max(1_000)), None);
-            self.armed = true;
+        let Some(d) = deadline else { return };
+        if self.armed_at.is_some_and(|a| a <= d) {
+            return;
         }
+        let _ = self.fd.reset(Duration::from_nanos(d.saturating_sub(now_ns).max(1_000)), None);
+        self.armed_at = Some(d);
     }
 
-    /// After waking: clears the timer, if it was set (a system call saved per sleep).
-    pub fn disarm(&mut self) {
-        if std::mem::take(&mut self.armed) {
+    /// The timer's descriptor was readable: it fired. Clears it.
+    pub fn fired(&mut self) {
+        if self.armed_at.take().is_some() {
             let _ = self.fd.clear();
         }
     }
@@ -341,5 +351,22 @@ mod tests {
         // Work reported by the owner ends it as a hit.
         assert_eq!(l.step(&mut q, true, Duration::from_micros(50), || false), Next::Run);
         assert_eq!(l.stats().hits, 1);
+    }
+
+    #[test]
+    fn the_wake_timer_is_set_only_for_an_earlier_deadline_and_cleared_only_when_it_fired() {
+        let mut t = WakeTimer::new().unwrap();
+        t.arm(None, 0);
+        assert_eq!(t.armed_at, None);
+        t.arm(Some(50_000_000), 0);
+        assert_eq!(t.armed_at, Some(50_000_000));
+        t.arm(Some(80_000_000), 0);
+        assert_eq!(t.armed_at, Some(50_000_000), "a later deadline leaves the earlier wake");
+        t.arm(Some(1_000_000), 0);
+        assert_eq!(t.armed_at, Some(1_000_000), "an earlier one moves it");
+        // It fires (after 1 ms), and `fired` forgets it.
+        assert_eq!(t.fd.wait().unwrap(), 1);
+        t.fired();
+        assert_eq!(t.armed_at, None);
     }
 }

@@ -248,17 +248,26 @@ fn run(
         }
         sleeper.timer.arm(engine.next_deadline(), engine.ctx.clock.now_ns());
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
-        match sleeper.epoll.wait(sleep_timeout_ms(engine.backend_needs_polling()), &mut events) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+        let n = match sleeper.epoll.wait(sleep_timeout_ms(engine.backend_needs_polling()), &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
             Err(e) => {
                 warn!("worker epoll_wait failed: {e}");
                 std::thread::sleep(Duration::from_millis(1));
+                0
+            }
+        };
+        shared.sleeping.store(false, Ordering::SeqCst);
+        // Only what fired is read: no system call for a source that stayed quiet.
+        for ev in &events[..n] {
+            match ev.data() {
+                WAKE => {
+                    let _ = shared.wake.read();
+                }
+                TIMER => sleeper.timer.fired(),
+                _ => {}
             }
         }
-        shared.sleeping.store(false, Ordering::SeqCst);
-        let _ = shared.wake.read();
-        sleeper.timer.disarm();
         engine.fire_timers();
         debug!(target: "vnvme::worker", "woke");
     }
