@@ -379,13 +379,14 @@ fn fuzz_controller(
     }
     println!(
         "fuzz: checked {} completions ({} with an error status) and {} drains; init ok {} failed {}; \
-         {} skipped actions; {} runs ended tainted, {} with CSTS.CFS",
+         {} skipped actions; {} runs with I/O workers; {} runs ended tainted, {} with CSTS.CFS",
         stats.checked_completions,
         stats.error_completions,
         stats.checked_drains,
         stats.init_ok,
         stats.init_failed,
         stats.skipped,
+        stats.worker_runs,
         stats.tainted_runs,
         stats.fatal_runs
     );
