@@ -31,7 +31,7 @@ use arbitrary::Unstructured;
 use block_backend::RamBackend;
 use guest_mem::GuestMemory;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode};
-use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, IdentifyCmd};
+use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, DoorbellBufferConfigCmd, IdentifyCmd};
 use nvme_spec::nvm::ReadWriteCmd;
 use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cc, DoorbellKind};
 use nvme_spec::Sqe;
@@ -64,6 +64,8 @@ const IO_CQ: u64 = 0x3000;
 const DATA: u64 = 0x4000;
 const DATA_PAGES: u64 = 16;
 const IDENTIFY: u64 = 0x14000;
+const SHADOW: u64 = 0x15000;
+const EVENTIDX: u64 = 0x16000;
 const ADMIN_ENTRIES: u16 = 16;
 const IO_ENTRIES: u16 = 64;
 /// Size of the small memfds and the regular file in the pool.
@@ -90,6 +92,10 @@ pub struct VfioStats {
     pub bringups: u64,
     pub io_bursts: u64,
     pub fds_sent: u64,
+    /// Doorbells rung as a VMM's guest would without a trap: stores into the mapped
+    /// doorbell page, signals of the ioeventfd kick.
+    pub page_doorbells: u64,
+    pub kicks: u64,
     /// What the controllers did (how deep the runs got).
     pub admin_commands: u64,
     pub io_commands: u64,
@@ -100,7 +106,8 @@ impl VfioStats {
     pub fn line(&self) -> String {
         format!(
             "{} runs ({} over a socket, {} with workers), {} messages ({} ok, {} refused), \
-             {} bring-ups, {} I/O bursts, {} fds passed; the controllers ran {} admin and {} I/O \
+             {} bring-ups, {} I/O bursts, {} fds passed, {} doorbells through the mapped page and \
+             {} kicks; the controllers ran {} admin and {} I/O \
              commands and sent {} interrupts",
             self.runs,
             self.socket_runs,
@@ -111,6 +118,8 @@ impl VfioStats {
             self.bringups,
             self.io_bursts,
             self.fds_sent,
+            self.page_doorbells,
+            self.kicks,
             self.admin_commands,
             self.io_commands,
             self.interrupts
@@ -287,6 +296,14 @@ struct Outgoing {
     fds: Vec<OwnedFd>,
     /// Socket runs only: the header's size is this instead of the true size.
     bad_size: Option<u32>,
+    /// A doorbell write (BAR0 offset, value), which the direct path may deliver the
+    /// way the doorbell mode allows instead: `via` chooses.
+    doorbell: Option<(u64, u32)>,
+    via: u8,
+    /// Guest memory stores (offset in the guest memfd, bytes) the client makes just
+    /// before it sends this message: the whole session is decoded up front, and a
+    /// queue entry or shadow value must not appear before its turn.
+    writes: Vec<(u64, Vec<u8>)>,
 }
 
 impl Outgoing {
@@ -296,6 +313,16 @@ impl Outgoing {
             payload: payload.into(),
             fds,
             bad_size: None,
+            doorbell: None,
+            via: 0,
+            writes: Vec::new(),
+        }
+    }
+
+    /// Makes this message's guest memory stores.
+    fn store(&self, guest: &File) {
+        for (off, b) in &self.writes {
+            let _ = guest.write_at(b, *off);
         }
     }
 }
@@ -307,6 +334,10 @@ struct Driver {
     io_tail: u16,
     cid: u16,
     dstrd: u8,
+    /// Shadow doorbells are configured: tails and heads go there too.
+    dbbuf: bool,
+    /// Guest memory stores for the next doorbell message to carry.
+    pending: Vec<(u64, Vec<u8>)>,
 }
 
 fn region_write(region: u32, off: u64, data: &[u8]) -> Outgoing {
@@ -326,31 +357,48 @@ fn bar0_write64(off: u64, v: u64) -> Outgoing {
 }
 
 impl Driver {
-    fn doorbell(&self, qid: u16, kind: DoorbellKind, v: u16) -> Outgoing {
-        bar0_write32(DOORBELL_PAGE + doorbell_offset(qid, kind, self.dstrd), v as u32)
+    /// A doorbell write, carrying the guest memory stores made since the last one.
+    fn doorbell(&mut self, qid: u16, kind: DoorbellKind, v: u16) -> Outgoing {
+        let off = doorbell_offset(qid, kind, self.dstrd);
+        let mut m = bar0_write32(DOORBELL_PAGE + off, v as u32);
+        m.doorbell = Some((DOORBELL_PAGE + off, v as u32));
+        m.writes = std::mem::take(&mut self.pending);
+        m
+    }
+
+    /// The host's half of shadow doorbells (Base §5.2.5): the value goes to the
+    /// shadow buffer whether or not a doorbell write follows.
+    fn shadow(&mut self, qid: u16, kind: DoorbellKind, v: u16) {
+        if self.dbbuf && qid != 0 {
+            let off = SHADOW + doorbell_offset(qid, kind, self.dstrd);
+            self.pending.push((off, (v as u32).to_le_bytes().to_vec()));
+        }
     }
 
     /// Writes `sqe` at the tail of queue `qid` in guest memory; the doorbell message
     /// that publishes it.
-    fn submit(&mut self, pool: &FdPool, qid: u16, mut sqe: Sqe) -> Outgoing {
+    fn submit(&mut self, qid: u16, mut sqe: Sqe) -> Outgoing {
         self.cid = self.cid.wrapping_add(1);
         sqe.set_cid(self.cid);
         let (base, tail, entries) = match qid {
             0 => (ADMIN_SQ, &mut self.admin_tail, ADMIN_ENTRIES),
             _ => (IO_SQ, &mut self.io_tail, IO_ENTRIES),
         };
-        let _ = pool.guest.write_at(sqe.as_bytes(), base + *tail as u64 * 64);
+        let slot = base + *tail as u64 * 64;
         *tail = (*tail + 1) % entries;
         let t = *tail;
+        self.pending.push((slot, sqe.as_bytes().to_vec()));
+        self.shadow(qid, DoorbellKind::SqTail, t);
         self.doorbell(qid, DoorbellKind::SqTail, t)
     }
 
     /// VERSION, DMA_MAP of the guest memfd, MSI-X eventfds, bus mastering, the
     /// controller enabled with its admin queue in that memory, then Identify and one
     /// I/O queue pair.
-    fn bring_up(&mut self, pool: &FdPool, vectors: u32) -> Vec<Outgoing> {
+    fn bring_up(&mut self, pool: &FdPool, vectors: u32, dbbuf: bool) -> Vec<Outgoing> {
         *self = Driver { dstrd: self.dstrd, ..Default::default() };
-        let _ = pool.guest.write_at(&vec![0u8; (IO_CQ + PAGE) as usize], 0);
+        self.pending.push((0, vec![0u8; (IO_CQ + PAGE) as usize]));
+        self.pending.push((SHADOW, vec![0u8; (2 * PAGE) as usize]));
         let caps = Capabilities::default();
         let map = DmaMap {
             argsz: U32::new(size_of::<DmaMap>() as u32),
@@ -387,7 +435,15 @@ impl Driver {
         ];
         let mut id = IdentifyCmd { cns: nvme_spec::identify::cns::CONTROLLER, ..Default::default() }.to_sqe();
         id.set_prps(GUEST_IOVA + IDENTIFY, 0);
-        v.push(self.submit(pool, 0, id));
+        v.push(self.submit(0, id));
+        if dbbuf {
+            let cfg = DoorbellBufferConfigCmd {
+                shadow_doorbell: GUEST_IOVA + SHADOW,
+                eventidx: GUEST_IOVA + EVENTIDX,
+            };
+            v.push(self.submit(0, cfg.to_sqe()));
+            self.dbbuf = true;
+        }
         let cq = CreateIoCqCmd {
             qid: 1,
             qsize_z: IO_ENTRIES - 1,
@@ -396,7 +452,7 @@ impl Driver {
             ien: true,
             iv: 1 % n.max(1) as u16,
         };
-        v.push(self.submit(pool, 0, cq.to_sqe()));
+        v.push(self.submit(0, cq.to_sqe()));
         let sq = CreateIoSqCmd {
             qid: 1,
             qsize_z: IO_ENTRIES - 1,
@@ -405,13 +461,18 @@ impl Driver {
             cqid: 1,
             ..Default::default()
         };
-        v.push(self.submit(pool, 0, sq.to_sqe()));
+        v.push(self.submit(0, sq.to_sqe()));
         v.push(self.doorbell(0, DoorbellKind::CqHead, self.admin_tail));
+        // What a VMM asks before it maps the doorbell page or wires ioeventfds.
+        let info = RegionInfo { argsz: U32::new(256), index: U32::new(REGION_BAR0), ..Default::default() };
+        v.push(Outgoing::new(Command::DeviceGetRegionInfo, info.as_bytes(), vec![]));
+        let io = RegionIoFds { argsz: U32::new(4096), index: U32::new(REGION_BAR0), ..Default::default() };
+        v.push(Outgoing::new(Command::DeviceGetRegionIoFds, io.as_bytes(), vec![]));
         v
     }
 
     /// Reads and writes on I/O queue 1, then the CQ head as if all had completed.
-    fn io_burst(&mut self, pool: &FdPool, inp: &mut Input) -> Vec<Outgoing> {
+    fn io_burst(&mut self, inp: &mut Input) -> Vec<Outgoing> {
         let n = 1 + inp.pick(8);
         let mut v = Vec::new();
         for _ in 0..n {
@@ -427,14 +488,26 @@ impl Driver {
                 GUEST_IOVA + DATA + page * PAGE,
                 GUEST_IOVA + DATA + ((page + 1) % DATA_PAGES) * PAGE,
             );
-            let db = self.submit(pool, 1, sqe);
-            // Batch the doorbells now and then, as a driver under load does.
+            let db = self.submit(1, sqe);
+            // Batch the doorbells now and then, as a driver under load does: the
+            // stores then go with the next doorbell.
             if inp.chance(12) {
                 v.push(db);
+            } else {
+                self.pending = db.writes;
             }
         }
         v.push(self.doorbell(1, DoorbellKind::SqTail, self.io_tail));
+        self.shadow(1, DoorbellKind::CqHead, self.io_tail);
         v.push(self.doorbell(1, DoorbellKind::CqHead, self.io_tail));
+        for m in &mut v {
+            // Without shadow doorbells a kick carries no value: a VMM would not wire
+            // ioeventfds then, so neither do we.
+            m.via = match inp.u8() {
+                b if !self.dbbuf && b % 3 == 1 => 2,
+                b => b,
+            };
+        }
         v
     }
 }
@@ -721,15 +794,15 @@ fn messages(
         let batch = match op {
             0..=159 if n == 0 => {
                 stats.bringups += 1;
-                drv.bring_up(pool, vectors)
+                drv.bring_up(pool, vectors, op & 1 != 0)
             }
             0..=15 => {
                 stats.bringups += 1;
-                drv.bring_up(pool, vectors)
+                drv.bring_up(pool, vectors, op & 1 != 0)
             }
             16..=79 => {
                 stats.io_bursts += 1;
-                drv.io_burst(pool, inp)
+                drv.io_burst(inp)
             }
             80..=239 => vec![templated(inp, pool)],
             _ => {
@@ -762,10 +835,17 @@ fn run(data: &[u8], stats: &mut VfioStats) {
     stats.fds_sent += msgs.iter().map(|m| m.fds.len() as u64).sum::<u64>();
     if socket {
         stats.socket_runs += 1;
-        serve(dev, msgs, stats);
+        serve(dev, msgs, &pool.guest, stats);
     } else {
+        let mut oob = OutOfBand::default();
         for m in msgs {
-            handle_one(&mut dev, m, stats);
+            m.store(&pool.guest);
+            if oob.deliver(&m, stats) {
+                // The server loop's admin tick or kick would run the device now.
+                run_device(&mut dev);
+            } else {
+                handle_one(&mut dev, m, stats, &mut oob);
+            }
         }
         dev.disconnect();
     }
@@ -775,14 +855,56 @@ fn run(data: &[u8], stats: &mut VfioStats) {
     stats.interrupts += s.interrupts;
 }
 
+/// What the device handed out for doorbells that bypass BAR0 traps: the mapped
+/// doorbell page (`Mapped`) and the ioeventfd kick (`EventFd`).
+#[derive(Default)]
+struct OutOfBand {
+    page: Option<File>,
+    kick: Option<OwnedFd>,
+}
+
+impl OutOfBand {
+    /// Delivers a doorbell message without a trap, if it is one, the device offered a
+    /// way, and the input chose it. False: send the message.
+    fn deliver(&self, m: &Outgoing, stats: &mut VfioStats) -> bool {
+        let Some((off, v)) = m.doorbell else { return false };
+        match (m.via % 3, &self.page, &self.kick) {
+            // A guest's store into the mapped page: the device sees only the value.
+            (0, Some(page), _) => {
+                let _ = page.write_at(&v.to_le_bytes(), off);
+                stats.page_doorbells += 1;
+                true
+            }
+            // KVM signalling the ioeventfd: the value is in the shadow buffer, if any.
+            (1, _, Some(kick)) => {
+                let _ = rustix::io::write(kick, &1u64.to_ne_bytes());
+                stats.kicks += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn keep(&mut self, cmd: u16, fds: Vec<OwnedFd>) {
+        let Some(fd) = fds.into_iter().next() else { return };
+        if cmd == Command::DeviceGetRegionInfo as u16 {
+            self.page = Some(File::from(fd));
+        } else if cmd == Command::DeviceGetRegionIoFds as u16 {
+            self.kick = Some(fd);
+        }
+    }
+}
+
 /// One message straight into the device, then the admin side run as the server loop
 /// would after a wake-up.
-fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats) {
+fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats, oob: &mut OutOfBand) {
     let cmd = m.header.command.get();
     let t = Instant::now();
     let errno = match dev.handle(Message { header: m.header, payload: m.payload, fds: m.fds }) {
-        // The reply's descriptors (doorbell page, kick eventfd) are closed here.
-        Ok(Reply::Ok(..)) => None,
+        Ok(Reply::Ok(_, fds)) => {
+            oob.keep(cmd, fds);
+            None
+        }
         Ok(Reply::Err(e)) => Some(e),
         Err(e) => Some(e.errno()),
     };
@@ -791,18 +913,22 @@ fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats) {
         Some(e) if e <= 0 => panic!("command {cmd}: an error reply with errno {e}"),
         Some(_) => stats.error_replies += 1,
     }
+    run_device(dev);
+    let took = t.elapsed();
+    assert!(took < MESSAGE_LIMIT, "command {cmd} blocked the device for {took:?}");
+}
+
+fn run_device(dev: &mut Device) {
     for _ in 0..8 {
         if !dev.ctrl.process() {
             break;
         }
     }
-    let took = t.elapsed();
-    assert!(took < MESSAGE_LIMIT, "command {cmd} blocked the device for {took:?}");
 }
 
 /// The session over a real socket: `serve_client` on a thread, the client's replies
 /// drained on another, and the session must end soon after the client hangs up.
-fn serve(mut dev: Device, msgs: Vec<Outgoing>, stats: &mut VfioStats) {
+fn serve(mut dev: Device, msgs: Vec<Outgoing>, guest: &File, stats: &mut VfioStats) {
     let (client, server_end) = UnixStream::pair().expect("socketpair");
     let server = std::thread::Builder::new()
         .name("fuzz-vfio-server".into())
@@ -835,6 +961,7 @@ fn serve(mut dev: Device, msgs: Vec<Outgoing>, stats: &mut VfioStats) {
     let mut raw = client.try_clone().expect("dup client");
     let mut conn = Connection::new(client);
     for m in msgs {
+        m.store(guest);
         let sent = match m.bad_size {
             Some(size) => {
                 let mut h = m.header;
