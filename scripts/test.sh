@@ -51,9 +51,9 @@ fi
 
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
-    step "fuzz: ${FUZZ_SECONDS}s of structured controller fuzzing (release)"
+    step "fuzz: ${FUZZ_SECONDS}s of structured fuzzing, controller and vfio-user (release, overflow checks on)"
     set +e
-    cargo run --release --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS" --quiet
+    cargo run --profile fuzz --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS" --quiet
     fuzz_rc=$?
     set -e
 fi

@@ -30,7 +30,8 @@ pub fn random_program(rng: &mut Rng) -> Vec<u8> {
     rng.fill(&mut bytes);
     let mut setup = Setup::decode(&mut Reader::new(&bytes));
     if rng.below(8) != 0 {
-        setup.do_init = 1;
+        // Bring-up, and I/O on 0, 1 or 2 workers.
+        setup.do_init = 1 | (rng.below(3) as u8) << 1;
     }
     let n = 1 + rng.below(MAX_ACTIONS as u64) as usize;
     let mut actions = Vec::with_capacity(n);

@@ -51,7 +51,12 @@ pub fn set_quiet(quiet: bool) {
 
 /// Runs one input, turning a panic into a [`Crash`].
 pub fn run_catching(data: &[u8], stats: &mut Stats) -> Result<(), Crash> {
-    match catch_unwind(AssertUnwindSafe(|| crate::run_one_counted(data, stats))) {
+    catch(|| crate::run_one_counted(data, stats))
+}
+
+/// Runs `f`, turning a panic into a [`Crash`].
+pub fn catch(f: impl FnOnce()) -> Result<(), Crash> {
+    match catch_unwind(AssertUnwindSafe(f)) {
         Ok(()) => Ok(()),
         Err(_) => Err(LAST_PANIC
             .lock()

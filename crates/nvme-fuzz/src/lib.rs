@@ -8,6 +8,8 @@
 //!   runner (`cargo run --release -p nvme-fuzz --bin fuzz-run`) both call it.
 //! - [`program`] says what the bytes mean (and encodes programs back to bytes, for
 //!   hand-built corpus seeds), [`exec`] what is run and checked.
+//! - [`vfio::run_vfio_one`] is the second target: vfio-user message sequences with
+//!   descriptors of every kind, fed to the vfio-user server in process.
 //! - A panic anywhere is a bug found: in the controller, or an invariant it broke.
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,7 @@ pub mod gen;
 pub mod guard;
 pub mod program;
 pub mod seeds;
+pub mod vfio;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

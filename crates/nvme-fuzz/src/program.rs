@@ -154,7 +154,8 @@ record! {
         pub mqes_z: u16,
         /// aerl_z % 8.
         pub aerl_z: u8,
-        /// Bit 0: run `init` before the actions.
+        /// Bit 0: run `init` before the actions. Bits 2:1: I/O worker threads
+        /// (1 or 2; 0 and 3 run the I/O queues inline).
         pub do_init: u8,
         pub init: InitSpec,
     }
@@ -508,6 +509,16 @@ impl Program {
             a.encode(&mut w);
         }
         w.out
+    }
+}
+
+impl Setup {
+    /// I/O worker threads to start (0: the I/O queues run inline).
+    pub fn workers(&self) -> usize {
+        match (self.do_init >> 1) & 3 {
+            n @ (1 | 2) => n as usize,
+            _ => 0,
+        }
     }
 }
 

@@ -2,13 +2,19 @@
 //! programs and mutations of the corpus, each run under `catch_unwind` and a watchdog.
 //!
 //! ```text
-//! fuzz-run [--seconds N | --iterations N] [--seed S] [--corpus DIR] [--artifacts DIR]
-//!          [--timeout SECS] [--quiet] [--known-bugs]
+//! fuzz-run [--target controller|vfio|both] [--seconds N | --iterations N] [--seed S]
+//!          [--corpus DIR] [--artifacts DIR] [--timeout SECS] [--quiet] [--known-bugs]
 //! fuzz-run --replay FILE...      run inputs once (exit 1 on a crash, 3 on a hang)
 //! fuzz-run --minimize FILE       shrink a crashing or hanging input to FILE.min
 //! fuzz-run --dump FILE           print the program an input decodes to
 //! fuzz-run --write-seeds DIR     write the hand-built seed programs
 //! ```
+//!
+//! Two targets: `controller` (programs of commands, register and memory map changes
+//! against the controller) and `vfio` (vfio-user message sequences with descriptors
+//! of every kind against the vfio-user server); `both`, the default, gives each half
+//! the time or iterations. Inputs of the vfio target are saved with a `-vfio` in
+//! their name, which is how `--replay` (with `--target both`) tells them apart.
 //!
 //! A crash writes its input to `<artifacts>/crash-<hash>` (one per panic location), a
 //! hang (an input running longer than `--timeout`, default 60 s) to
@@ -23,16 +29,29 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use nvme_fuzz::gen::{fnv1a, mutate, random_program, Rng};
-use nvme_fuzz::guard::{install_panic_hook, run_catching, set_quiet, Crash, Watchdog};
+use nvme_fuzz::guard::{catch, install_panic_hook, run_catching, set_quiet, Crash, Watchdog};
+use nvme_fuzz::vfio::{run_vfio_counted, set_check_fd_leaks, VfioStats};
 use nvme_fuzz::{Program, Stats};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Inputs slower than this are reported, not failed.
 const SLOW: Duration = Duration::from_secs(2);
 
 const DEFAULT_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus");
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Controller,
+    Vfio,
+    Both,
+}
+
+/// The vfio target is running (names what the watchdog saves).
+static RUNNING_VFIO: AtomicBool = AtomicBool::new(false);
+
 #[derive(Debug)]
 struct Args {
+    target: Target,
     seconds: Option<f64>,
     iterations: Option<u64>,
     seed: Option<u64>,
@@ -49,7 +68,7 @@ struct Args {
 fn usage(msg: &str) -> ! {
     eprintln!("fuzz-run: {msg}");
     eprintln!(
-        "usage: fuzz-run [--seconds N | --iterations N] [--seed S] [--corpus DIR] [--artifacts DIR] \
+        "usage: fuzz-run [--target controller|vfio|both] [--seconds N | --iterations N] [--seed S] [--corpus DIR] [--artifacts DIR] \
          [--timeout SECS] [--quiet] [--known-bugs] | --replay FILE... | --minimize FILE | --dump FILE | --write-seeds DIR"
     );
     std::process::exit(2)
@@ -65,6 +84,7 @@ fn parse_u64(s: &str) -> u64 {
 
 fn parse_args() -> Args {
     let mut a = Args {
+        target: Target::Both,
         seconds: None,
         iterations: None,
         seed: None,
@@ -82,6 +102,14 @@ fn parse_args() -> Args {
         let mut val = || it.next().unwrap_or_else(|| usage(&format!("{arg} needs a value")));
         match arg.as_str() {
             "--seconds" => a.seconds = Some(val().parse().unwrap_or_else(|_| usage("bad --seconds"))),
+            "--target" => {
+                a.target = match val().as_str() {
+                    "controller" => Target::Controller,
+                    "vfio" => Target::Vfio,
+                    "both" => Target::Both,
+                    t => usage(&format!("unknown target {t}")),
+                }
+            }
             "--iterations" => a.iterations = Some(parse_u64(&val())),
             "--seed" => a.seed = Some(parse_u64(&val())),
             "--corpus" => a.corpus = val().into(),
@@ -148,21 +176,31 @@ fn main() -> ExitCode {
     install_panic_hook(args.quiet);
     let artifacts = args.artifacts.clone();
     let wd = Watchdog::spawn(args.timeout, move |data| {
-        let p = save(&artifacts, "timeout", data);
+        let prefix = if RUNNING_VFIO.load(Ordering::Relaxed) { "timeout-vfio" } else { "timeout" };
+        let p = save(&artifacts, prefix, data);
         eprintln!("fuzz: an input ran for too long (hang?); saved to {}", p.display());
     });
     if !args.replay.is_empty() {
-        return replay(&args.replay, &wd);
+        return replay(&args.replay, args.target, &wd);
     }
     fuzz(&args, &wd)
 }
 
-fn replay(files: &[PathBuf], wd: &Watchdog) -> ExitCode {
+fn replay(files: &[PathBuf], target: Target, wd: &Watchdog) -> ExitCode {
     let mut failed = false;
     for f in files {
         let data = read(f);
+        let vfio = match target {
+            Target::Both => f.file_name().is_some_and(|n| n.to_string_lossy().contains("vfio")),
+            t => t == Target::Vfio,
+        };
+        RUNNING_VFIO.store(vfio, Ordering::Relaxed);
         wd.arm(&data);
-        let r = run_catching(&data, &mut Stats::default());
+        let r = if vfio {
+            catch(|| run_vfio_counted(&data, &mut VfioStats::default()))
+        } else {
+            run_catching(&data, &mut Stats::default())
+        };
         wd.disarm();
         match r {
             Ok(()) => println!("ok {}", f.display()),
@@ -186,21 +224,122 @@ fn fuzz(args: &Args, wd: &Watchdog) -> ExitCode {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
     });
-    let limit = match (args.seconds, args.iterations) {
-        (_, Some(_)) => None,
-        (Some(s), None) => Some(Duration::from_secs_f64(s)),
-        (None, None) => Some(Duration::from_secs(30)),
+    let targets: &[Target] = match args.target {
+        Target::Both => &[Target::Controller, Target::Vfio],
+        Target::Controller => &[Target::Controller],
+        Target::Vfio => &[Target::Vfio],
     };
+    let n = targets.len();
+    let iterations = args.iterations.map(|i| i.div_ceil(n as u64));
+    let limit = match (args.seconds, iterations) {
+        (_, Some(_)) => None,
+        (Some(s), None) => Some(Duration::from_secs_f64(s / n as f64)),
+        (None, None) => Some(Duration::from_secs(30 / n as u64)),
+    };
+    let mut ok = true;
+    for t in targets {
+        ok &= match t {
+            Target::Vfio => fuzz_vfio(args, wd, seed, limit, iterations),
+            _ => fuzz_controller(args, wd, seed, limit, iterations),
+        };
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Crashes seen so far, by panic location: the first one's input, and how many.
+type Crashes = BTreeMap<String, (Crash, PathBuf, u64)>;
+
+/// Records a crash; saves and prints the input the first time a location is hit.
+fn record(crashes: &mut Crashes, c: Crash, artifacts: &Path, prefix: &str, input: &[u8]) {
+    match crashes.get_mut(&c.location) {
+        Some(e) => e.2 += 1,
+        None => {
+            let path = save(artifacts, prefix, input);
+            eprintln!("fuzz: crash #{}: {c}\nfuzz: input saved to {}", crashes.len() + 1, path.display());
+            // Later hits of the same location would only repeat the trace.
+            set_quiet(true);
+            crashes.insert(c.location.clone(), (c, path, 1));
+        }
+    }
+}
+
+/// The vfio-user target: fresh random inputs (their decoding makes most of them
+/// start with a driver-like bring-up), each run checked for descriptor leaks.
+fn fuzz_vfio(
+    args: &Args,
+    wd: &Watchdog,
+    seed: u64,
+    limit: Option<Duration>,
+    iterations: Option<u64>,
+) -> bool {
+    RUNNING_VFIO.store(true, Ordering::Relaxed);
+    set_check_fd_leaks(true);
+    let mut rng = Rng::new(seed ^ 0x7f10_05e5);
+    let mut stats = VfioStats::default();
+    let mut crashes = Crashes::new();
+    let start = Instant::now();
+    let (mut runs, mut slow) = (0u64, 0u64);
+    while !(iterations.is_some_and(|n| runs >= n) || limit.is_some_and(|l| start.elapsed() >= l)) {
+        let max = 1 + rng.below(1024);
+        let mut input = vec![0u8; 8 + rng.below(max) as usize];
+        rng.fill(&mut input);
+        wd.arm(&input);
+        let t = Instant::now();
+        let r = catch(|| run_vfio_counted(&input, &mut stats));
+        let took = t.elapsed();
+        wd.disarm();
+        runs += 1;
+        if took > SLOW {
+            slow += 1;
+            if slow <= 5 {
+                let p = save(&args.artifacts, "slow-vfio", &input);
+                eprintln!("fuzz: a vfio input took {took:.1?}; saved to {}", p.display());
+            }
+        }
+        if let Err(c) = r {
+            record(&mut crashes, c, &args.artifacts, "crash-vfio", &input);
+        }
+    }
+    RUNNING_VFIO.store(false, Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    let n_crash: u64 = crashes.values().map(|c| c.2).sum();
+    println!(
+        "fuzz: vfio-user: {runs} runs in {secs:.1} s ({:.0} runs/s), {n_crash} crashes ({} distinct), seed {seed:#x}",
+        runs as f64 / secs.max(1e-9),
+        crashes.len()
+    );
+    println!("fuzz: vfio-user: {}", stats.line());
+    if slow > 0 {
+        println!("fuzz: vfio-user: {slow} inputs took longer than {SLOW:?} (not failures)");
+    }
+    for (c, path, n) in crashes.values() {
+        println!("fuzz: CRASH x{n} {c} -> {}", path.display());
+    }
+    crashes.is_empty()
+}
+
+/// The controller target: random programs and mutations of the corpus.
+fn fuzz_controller(
+    args: &Args,
+    wd: &Watchdog,
+    seed: u64,
+    limit: Option<Duration>,
+    iterations: Option<u64>,
+) -> bool {
     let corpus = load_corpus(&args.corpus);
     let mut rng = Rng::new(seed);
     let mut stats = Stats::default();
-    let mut crashes: BTreeMap<String, (Crash, PathBuf, u64)> = BTreeMap::new();
+    let mut crashes = Crashes::new();
     let start = Instant::now();
     let mut runs = 0u64;
     let mut slow = 0u64;
     eprintln!("fuzz: seed {seed:#x}, {} corpus inputs, timeout {:?}", corpus.len(), args.timeout);
     loop {
-        if args.iterations.is_some_and(|n| runs >= n) || limit.is_some_and(|l| start.elapsed() >= l) {
+        if iterations.is_some_and(|n| runs >= n) || limit.is_some_and(|l| start.elapsed() >= l) {
             break;
         }
         let input = if corpus.is_empty() || rng.below(10) < 4 {
@@ -224,20 +363,7 @@ fn fuzz(args: &Args, wd: &Watchdog) -> ExitCode {
             }
         }
         if let Err(c) = r {
-            match crashes.get_mut(&c.location) {
-                Some(e) => e.2 += 1,
-                None => {
-                    let path = save(&args.artifacts, "crash", &input);
-                    eprintln!(
-                        "fuzz: crash #{}: {c}\nfuzz: input saved to {}",
-                        crashes.len() + 1,
-                        path.display()
-                    );
-                    // Later hits of the same location would only repeat the trace.
-                    set_quiet(true);
-                    crashes.insert(c.location.clone(), (c, path, 1));
-                }
-            }
+            record(&mut crashes, c, &args.artifacts, "crash", &input);
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -253,24 +379,21 @@ fn fuzz(args: &Args, wd: &Watchdog) -> ExitCode {
     }
     println!(
         "fuzz: checked {} completions ({} with an error status) and {} drains; init ok {} failed {}; \
-         {} skipped actions; {} runs ended tainted, {} with CSTS.CFS",
+         {} skipped actions; {} runs with I/O workers; {} runs ended tainted, {} with CSTS.CFS",
         stats.checked_completions,
         stats.error_completions,
         stats.checked_drains,
         stats.init_ok,
         stats.init_failed,
         stats.skipped,
+        stats.worker_runs,
         stats.tainted_runs,
         stats.fatal_runs
     );
     for (c, path, n) in crashes.values() {
         println!("fuzz: CRASH x{n} {c} -> {}", path.display());
     }
-    if crashes.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    crashes.is_empty()
 }
 
 /// How a candidate input behaves, judged in a child process.
