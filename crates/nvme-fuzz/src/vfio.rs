@@ -757,7 +757,7 @@ fn device(inp: &mut Input, stats: &mut VfioStats) -> (Device, u32) {
     let doorbells = [DoorbellMode::Trapped, DoorbellMode::EventFd, DoorbellMode::Mapped][inp.pick(3)];
     let max_io_queues = 1 + inp.pick(4) as u16;
     let cfg = ControllerConfig {
-        namespaces: vec![NamespaceConfig { backend: Arc::new(RamBackend::new(1 << 20)), lba_format: 0 }],
+        namespaces: vec![NamespaceConfig::new(Arc::new(RamBackend::new(1 << 20)), 0)],
         max_io_queues,
         msix_vectors: max_io_queues + 1,
         dstrd: 0,
