@@ -282,7 +282,7 @@ impl Controller {
             4 => u32::from_le_bytes(data.try_into().expect("len 4")) as u64,
             8 => u64::from_le_bytes(data.try_into().expect("len 8")),
             n => {
-                warn!(target: "vnvme::guest", off, n, "BAR0 write of unsupported size ignored");
+                crate::limited_warn!(target: "vnvme::guest", off, n, "BAR0 write of unsupported size ignored");
                 return;
             }
         };
@@ -311,7 +311,7 @@ impl Controller {
         if self.state == Lifecycle::Disabled {
             f(self);
         } else {
-            warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
+            crate::limited_warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
         }
     }
 
@@ -367,7 +367,7 @@ impl Controller {
             None
         };
         if let Some(why) = problem {
-            warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
+            crate::limited_warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
             self.csts = Csts(Csts::CFS);
             self.state = Lifecycle::Fatal;
             return;

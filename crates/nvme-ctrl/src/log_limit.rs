@@ -49,3 +49,19 @@ mod tests {
         assert_eq!(l.count(), 5000);
     }
 }
+
+/// `tracing::warn!` for a line a guest or VMM can cause: each call site gets its own
+/// [`LogLimit`], and every line carries `occurrences`, the count so far.
+///
+/// ```ignore
+/// limited_warn!(target: "vnvme::guest", qid, "invalid doorbell write");
+/// ```
+#[macro_export]
+macro_rules! limited_warn {
+    (target: $target:expr, $($rest:tt)+) => {{
+        static LIMIT: $crate::LogLimit = $crate::LogLimit::new();
+        if let Some(occurrences) = LIMIT.hit() {
+            tracing::warn!(target: $target, occurrences, $($rest)+);
+        }
+    }};
+}

@@ -542,7 +542,7 @@ impl Device {
             }
             REGION_BAR0 => {
                 if !matches!(count, 4 | 8) {
-                    warn!(target: "vnvme::guest", off, count, "BAR0 write of unsupported size ignored");
+                    nvme_ctrl::limited_warn!(target: "vnvme::guest", off, count, "BAR0 write of unsupported size ignored");
                 } else {
                     if let Some(p) = &self.page {
                         if (DOORBELL_PAGE..DOORBELL_PAGE + DOORBELL_PAGE_LEN).contains(&off) {

@@ -246,7 +246,7 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
     let h = msg.header;
     let flags = MsgFlags(h.flags.get());
     if flags.is_reply() {
-        warn!(msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
+        nvme_ctrl::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
         return Ok(true);
     }
     let no_reply = flags.no_reply();
