@@ -35,21 +35,6 @@ impl LogLimit {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_sixteen_then_one_in_a_thousand() {
-        let l = LogLimit::new();
-        let logged: Vec<u64> = (0..5000).filter_map(|_| l.hit()).collect();
-        let mut want: Vec<u64> = (1..=16).collect();
-        want.extend([1000, 2000, 3000, 4000, 5000]);
-        assert_eq!(logged, want);
-        assert_eq!(l.count(), 5000);
-    }
-}
-
 /// `tracing::warn!` for a line a guest or VMM can cause: each call site gets its own
 /// [`LogLimit`], and every line carries `occurrences`, the count so far.
 ///
@@ -64,4 +49,19 @@ macro_rules! limited_warn {
             tracing::warn!(target: $target, occurrences, $($rest)+);
         }
     }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_sixteen_then_one_in_a_thousand() {
+        let l = LogLimit::new();
+        let logged: Vec<u64> = (0..5000).filter_map(|_| l.hit()).collect();
+        let mut want: Vec<u64> = (1..=16).collect();
+        want.extend([1000, 2000, 3000, 4000, 5000]);
+        assert_eq!(logged, want);
+        assert_eq!(l.count(), 5000);
+    }
 }

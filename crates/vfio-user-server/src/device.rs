@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use nvme_ctrl::Controller;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 use vfio_user::proto::*;
 use vfio_user::version::{self, Capabilities, Migration};
 use vfio_user::{Command, Message};

@@ -5,7 +5,6 @@ use guest_mem::GuestMemory;
 use nvme_spec::aer::{error_info, AsyncEvent, EventType};
 use nvme_spec::log::lid;
 use nvme_spec::regs::DoorbellKind;
-use tracing::warn;
 
 use super::ShadowBuffers;
 use crate::engine::IoEngine;

@@ -25,6 +25,7 @@ impl IoEngine {
             return false;
         }
         self.adopt_memory();
+        self.poll_now_ns = None;
         let mut progress = self.reap();
         let mut budget = POLL_BUDGET;
         let mut idle_turns = 0;

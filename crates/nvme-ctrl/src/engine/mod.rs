@@ -134,6 +134,9 @@ pub struct IoEngine {
     /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
     /// earlier: the next expiry scan is due then.
     pub(crate) next_expiry: u64,
+    /// The clock read once for the commands one `poll` starts (their timeouts run
+    /// from it): one clock read per batch, not per command.
+    pub(crate) poll_now_ns: Option<u64>,
     /// Busy polls since the last expiry check.
     pub(crate) polls_since_expiry: u32,
     /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
@@ -180,6 +183,7 @@ impl IoEngine {
             backends,
             inflight: Vec::new(),
             next_expiry: u64::MAX,
+            poll_now_ns: None,
             polls_since_expiry: 0,
             running: 0,
             free_tags: Vec::new(),

@@ -63,7 +63,8 @@ impl IoEngine {
         if t == 0 {
             return u64::MAX;
         }
-        let d = self.ctx.clock.now_ns().saturating_add(t);
+        let clock = &self.ctx.clock;
+        let d = self.poll_now_ns.get_or_insert_with(|| clock.now_ns()).saturating_add(t);
         self.next_expiry = self.next_expiry.min(d);
         d
     }
