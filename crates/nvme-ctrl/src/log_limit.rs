@@ -38,7 +38,7 @@ impl LogLimit {
 /// `tracing::warn!` for a line a guest or VMM can cause: each call site gets its own
 /// [`LogLimit`], and every line carries `occurrences`, the count so far.
 ///
-/// ```ignore
+/// ```text
 /// limited_warn!(target: "vnvme::guest", qid, "invalid doorbell write");
 /// ```
 #[macro_export]
