@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nvme_ctrl::InterruptSink;
-use tracing::{trace, warn};
+use tracing::trace;
 
 /// Eventfds installed by DEVICE_SET_IRQS.
 #[derive(Debug)]
@@ -88,11 +88,10 @@ impl EventFdInterrupts {
                 self.already_pending.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                // Only an eventfd gets here, and its write fails only as above; count
-                // and log the first few in case a kernel does otherwise.
-                if self.failed.fetch_add(1, Ordering::Relaxed) < 16 {
-                    warn!(target: "vnvme::client", "interrupt eventfd write failed: {e}");
-                }
+                // Only an eventfd gets here, and its write fails only as above;
+                // counted and logged in case a kernel does otherwise.
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                nvme_ctrl::limited_warn!(target: "vnvme::client", "interrupt eventfd write failed: {e}");
             }
         }
     }

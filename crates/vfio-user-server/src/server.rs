@@ -22,7 +22,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use std::time::{Duration, Instant};
 
 use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
-use nvme_ctrl::{LogLimit, PollMode};
+use nvme_ctrl::PollMode;
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
 use vfio_user::{Connection, ProtoError};
@@ -90,9 +90,6 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     }
     UnixListener::bind(path)
 }
-
-/// Requests refused with an errno: a broken client can send them in a loop.
-static REFUSED: LogLimit = LogLimit::new();
 
 // What woke the server loop (epoll data).
 const SOCKET: u64 = 0;
@@ -227,14 +224,9 @@ fn queue_or_refuse(listener: &UnixListener, waiting: &mut Option<Waiting>, pendi
 
 /// Closes a client's connection, with a (rate-limited) log line saying why.
 fn refuse(stream: UnixStream, why: &str) {
-    if let Some(n) = REFUSED_CLIENTS.hit() {
-        warn!(target: "vnvme::client", "refused a client ({n} so far): {why}");
-    }
+    nvme_ctrl::limited_warn!(target: "vnvme::client", "refused a client: {why}");
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
-
-/// Clients refused because another was being served.
-static REFUSED_CLIENTS: LogLimit = LogLimit::new();
 
 /// Receives one message and answers it. False when the client has gone.
 fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, ProtoError> {
@@ -254,9 +246,7 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
     let reply = match device.handle(msg) {
         Ok(r) => r,
         Err(e) => {
-            if let Some(n) = REFUSED.hit() {
-                warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused ({n} so far): {e}");
-            }
+            nvme_ctrl::limited_warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused: {e}");
             Reply::Err(e.errno())
         }
     };

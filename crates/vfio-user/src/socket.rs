@@ -98,9 +98,9 @@ impl Connection {
         if n == 0 {
             return Err(ProtoError::Closed);
         }
-        let started = Instant::now();
+        let mut stall = Stall::default();
         if n < HEADER_SIZE {
-            self.read_exact(&mut hdr[n..], started)?;
+            self.read_exact(&mut hdr[n..], &mut stall)?;
         }
         let header = Header::read_from_bytes(&hdr).expect("16 bytes");
         let size = header.size.get();
@@ -108,41 +108,41 @@ impl Connection {
             return Err(ProtoError::BadSize(size));
         }
         let mut payload = vec![0u8; size as usize - HEADER_SIZE];
-        self.read_exact(&mut payload, started)?;
+        self.read_exact(&mut payload, &mut stall)?;
         Ok(Message { header, payload, fds })
     }
 
-    /// Reads the rest of a message that began at `started`. Each read waits at most
-    /// the socket timeout, and the whole message must be in by the deadline, so a
-    /// peer trickling a byte at a time cannot hold us either.
-    fn read_exact(&mut self, mut buf: &mut [u8], started: Instant) -> Result<(), ProtoError> {
+    /// Reads the rest of a message. Each read waits at most the socket timeout, and
+    /// once reads come up short the whole rest must be in by the deadline, so a peer
+    /// trickling a byte at a time cannot hold us either.
+    fn read_exact(&mut self, mut buf: &mut [u8], stall: &mut Stall) -> Result<(), ProtoError> {
         const WHAT: &str = "a message began to arrive and did not complete";
         while !buf.is_empty() {
-            if self.deadline.is_some_and(|d| started.elapsed() > d) {
-                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
-            }
             match self.sock.read(buf) {
                 Ok(0) => return Err(ProtoError::Closed),
                 Ok(n) => buf = &mut buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.stalled(e, WHAT)),
             }
+            if !buf.is_empty() && stall.over(self.deadline) {
+                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
+            }
         }
         Ok(())
     }
 
     /// Writes all of `buf`, bounded like [`Self::read_exact`].
-    fn write_all(&mut self, mut buf: &[u8], started: Instant) -> Result<(), ProtoError> {
+    fn write_all(&mut self, mut buf: &[u8], stall: &mut Stall) -> Result<(), ProtoError> {
         const WHAT: &str = "a message could not be sent (the peer is not reading)";
         while !buf.is_empty() {
-            if self.deadline.is_some_and(|d| started.elapsed() > d) {
-                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
-            }
             match self.sock.write(buf) {
                 Ok(0) => return Err(ProtoError::Closed),
                 Ok(n) => buf = &buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.stalled(e, WHAT)),
+            }
+            if !buf.is_empty() && stall.over(self.deadline) {
+                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
             }
         }
         Ok(())
@@ -157,14 +157,26 @@ impl Connection {
         for p in parts {
             buf.extend_from_slice(p);
         }
-        let started = Instant::now();
         let n = if fds.is_empty() {
             0
         } else {
             send_with_fds(self.sock.as_raw_fd(), &buf, fds)
                 .map_err(|e| self.stalled(e, "a message could not be sent (the peer is not reading)"))?
         };
-        self.write_all(&buf[n..], started)
+        self.write_all(&buf[n..], &mut Stall::default())
+    }
+}
+
+/// When a message began to stall. The clock is read only once a read or write comes
+/// up short, so a message that moves in one call, the usual case, costs no clock read;
+/// the deadline then runs from the first short call (the calls before it did not wait).
+#[derive(Debug, Default)]
+struct Stall(Option<Instant>);
+
+impl Stall {
+    /// True once more than `limit` has passed since the first short call.
+    fn over(&mut self, limit: Option<Duration>) -> bool {
+        limit.is_some_and(|d| self.0.get_or_insert_with(Instant::now).elapsed() > d)
     }
 }
 

@@ -9,10 +9,6 @@ use tracing::warn;
 
 use super::{Finish, InFlight, IoEngine, Slot, EXPIRY_POLLS, POLL_BUDGET};
 use crate::stats::Stats;
-use crate::LogLimit;
-
-/// Backend failure log lines, process-wide.
-static BACKEND_FAILURES: LogLimit = LogLimit::new();
 
 impl IoEngine {
     // ---- the data path
@@ -239,13 +235,11 @@ impl IoEngine {
     pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
         self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A dying disk must not flood the log.
-        if let Some(n) = BACKEND_FAILURES.hit() {
-            warn!(
-                target: "vnvme::backend",
-                nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),
-                "backend request failed ({n} so far): {e}"
-            );
-        }
+        crate::limited_warn!(
+            target: "vnvme::backend",
+            nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),
+            "backend request failed: {e}"
+        );
         let warning = match e {
             BackendError::Io(_) | BackendError::Short { .. } => {
                 Stats::add(&self.ctx.stats.media_errors, 1);

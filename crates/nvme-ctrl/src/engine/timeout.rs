@@ -18,15 +18,10 @@
 use std::time::{Duration, Instant};
 
 use nvme_spec::Status;
-use tracing::warn;
 
 use super::{InFlight, IoEngine};
 use crate::error::CommandError;
 use crate::stats::Stats;
-use crate::LogLimit;
-
-/// Timed-out and abandoned commands, process-wide.
-static TIMEOUTS: LogLimit = LogLimit::new();
 
 /// The longest a Delete SQ, reset or shutdown waits for commands still with a
 /// backend before it abandons them.
@@ -150,14 +145,12 @@ impl IoEngine {
         Stats::add(&self.ctx.stats.timeouts, 1);
         let status: Status = why.status();
         // A stuck backend must not flood the log.
-        if let Some(n) = TIMEOUTS.hit() {
-            warn!(
-                target: "vnvme::backend",
-                sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = ?f.op,
-                status = format_args!("{:#x}", status.raw()),
-                "command abandoned ({n} so far): {why}"
-            );
-        }
+        crate::limited_warn!(
+            target: "vnvme::backend",
+            sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = ?f.op,
+            status = format_args!("{:#x}", status.raw()),
+            "command abandoned: {why}"
+        );
         self.complete(f.sqid, f.cid, status, 0, f.nsid, f.slba);
     }
 }
