@@ -26,7 +26,7 @@
 //!
 //! | who                          | needs                                                        |
 //! |------------------------------|--------------------------------------------------------------|
-//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
+//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
 //! | `ram:`, `null:`              | nothing more                                                 |
 //! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate    |
@@ -119,6 +119,10 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     allow(&[SYS_munmap, SYS_mremap, SYS_madvise, SYS_brk]);
     allow(&[SYS_futex, SYS_sched_yield, SYS_sched_getaffinity, SYS_getrandom]);
     allow(&[SYS_clock_gettime, SYS_clock_nanosleep, SYS_nanosleep]);
+    // An interrupted sleep resumes through restart_syscall: io_uring's task work
+    // interrupts a thread that sleeps while its requests complete (refused, the sleep
+    // failed with EPERM and std panicked).
+    allow(&[SYS_restart_syscall]);
     allow(&[SYS_set_robust_list, SYS_rseq, SYS_sigaltstack, SYS_rt_sigprocmask, SYS_rt_sigreturn]);
     allow(&[SYS_gettid, SYS_getpid, SYS_exit, SYS_exit_group]);
     // Inspecting descriptors: fstat, seals, and the /proc/self/fd link of a client's
