@@ -270,9 +270,9 @@ struct FaultQueue {
     failed: Vec<Completion>,
     /// Requests held back by a `delay=` rule, with their due time.
     delayed: Vec<(Instant, Delayed)>,
-    /// Requests that never complete: kept (their buffers with them) until the queue
-    /// is dropped, as a stuck device would.
-    hung: Vec<Request>,
+    /// Requests that never complete: kept (their buffers and guest memory with them)
+    /// until the queue is dropped, as a stuck device that might still DMA would.
+    hung: Vec<(GuestMemory, Request)>,
 }
 
 /// What a delayed request does when it falls due.
@@ -324,7 +324,7 @@ impl BackendQueue for FaultQueue {
         }
         let Some(rule) = fired else { return self.inner.submit(mem, req) };
         if rule.error == FaultError::Hang {
-            self.hung.push(req);
+            self.hung.push((mem.clone(), req));
             return;
         }
         let what = match rule.error(&req) {
@@ -355,6 +355,9 @@ impl BackendQueue for FaultQueue {
     }
     fn notifier(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.notifier()
+    }
+    fn memory_changed(&mut self, mem: &GuestMemory) {
+        self.inner.memory_changed(mem);
     }
 }
 

@@ -211,6 +211,12 @@ pub trait BackendQueue: Send + Debug {
     fn needs_polling(&self) -> bool {
         self.in_flight() > 0 && self.notifier().is_none()
     }
+    /// The guest's memory map changed (regions mapped or unmapped); `mem` is the new
+    /// one. A queue that keeps state derived from an older map (the `nvme://` backend's
+    /// downstream DMA maps) lets go of it here, so that memory the guest took away is
+    /// released as soon as the requests using it end. Requests in flight keep the map
+    /// they were submitted with.
+    fn memory_changed(&mut self, _mem: &GuestMemory) {}
 }
 
 /// Checks `offset..offset+len` against `size`.

@@ -211,6 +211,14 @@ impl GuestMemory {
         Some(GuestMemory { table: Arc::new(t.with_chunk(i, v)) })
     }
 
+    /// A snapshot holding only the region that contains `gpa` (None if no region
+    /// does): for a user that needs one region kept alive (an IOMMU mapping of it)
+    /// without keeping every other region of this map alive as well.
+    pub fn only_region_at(&self, gpa: u64) -> Option<Self> {
+        let r = self.region_for(gpa)?;
+        Some(Self::empty().with_region(r.gpa, r.len, r.map.clone(), r.map_offset).expect("one valid region"))
+    }
+
     /// The regions, as `(gpa, len)`, in address order.
     pub fn regions(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.table.iter().map(|r| (r.gpa, r.len))

@@ -51,9 +51,12 @@ struct ViewRegion {
 /// How the device reaches the regions of one guest memory snapshot.
 #[derive(Debug)]
 pub(crate) struct MemView {
-    pub(crate) mem: GuestMemory,
-    /// In guest address order.
+    /// In guest address order. Declared (so dropped) before `mem`: a region leaves
+    /// the downstream device before our last reference to its memory goes, so once
+    /// the front sees the memory unused (DMA_UNMAP's wait), the downstream has
+    /// unmapped it too.
     regions: Vec<ViewRegion>,
+    pub(crate) mem: GuestMemory,
 }
 
 impl MemView {
@@ -166,9 +169,19 @@ impl GuestMaps {
             };
             regions.push(ViewRegion { gpa, len, map });
         }
-        let v = Arc::new(MemView { mem: mem.clone(), regions });
+        let v = Arc::new(MemView { regions, mem: mem.clone() });
         t.last = Some(v.clone());
         v
+    }
+
+    /// The guest's map is now `mem`: if a view of an older map is current, a view of
+    /// `mem` replaces it, keeping the mappings of regions both have. Regions `mem`
+    /// no longer has are unmapped downstream once no command in flight holds them.
+    pub(crate) fn follow(&self, mem: &GuestMemory) {
+        let stale = lock(&self.table).last.as_ref().is_some_and(|v| !v.mem.same_map(mem));
+        if stale {
+            self.view_for(mem);
+        }
     }
 
     /// Lets go of the current view: its regions are unmapped once no queue or

@@ -254,6 +254,13 @@ impl BackendQueue for NvmeQueue {
         }
     }
 
+    fn memory_changed(&mut self, mem: &GuestMemory) {
+        // Our cached view may hold regions the guest took away: commands in flight
+        // keep the view they use; the next submission takes the current one.
+        self.view = None;
+        self.shared.maps.follow(mem);
+    }
+
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         self.check_health();
         if !self.dead {

@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nvme_ctrl::Controller;
 use tracing::{debug, info};
@@ -14,7 +15,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::dma::{dma_map_budget, DmaError, DmaRegions};
+use crate::dma::{dma_map_budget, DmaError, DmaRegions, Released};
 use crate::doorbells::{DoorbellMode, DoorbellPage, DOORBELL_PAGE, DOORBELL_PAGE_LEN};
 use crate::fds::{self, FdKind};
 use crate::irq::EventFdInterrupts;
@@ -51,6 +52,11 @@ pub enum DeviceError {
     Unsupported(u16),
     #[error("VERSION must come first")]
     NoVersion,
+    #[error(
+        "DMA_UNMAP {address:#x}+{size:#x}: {left} region(s) still in use by requests after {waited:?} \
+         (a backend that does not answer); the memory stays mapped here until they end"
+    )]
+    StillInUse { address: u64, size: u64, left: usize, waited: Duration },
 }
 
 impl DeviceError {
@@ -67,9 +73,13 @@ impl DeviceError {
             DeviceError::Dma(DmaError::NotMemory(_)) => libc::EINVAL,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
             DeviceError::NoVersion => libc::EPROTO,
+            DeviceError::StillInUse { .. } => libc::EBUSY,
         }
     }
 }
+
+/// [`DeviceOptions::release_wait`] by default: 4/5 of QEMU's 5 s reply timeout.
+pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(4);
 
 /// Options for the PCI function.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +88,11 @@ pub struct DeviceOptions {
     pub doorbells: DoorbellMode,
     /// Map guest memory whose file could shrink under us (see `dma`).
     pub allow_unsealed_memory: bool,
+    /// How long DMA_UNMAP (and a client leaving) waits for requests still using the
+    /// memory to end. Past it the unmap is answered EBUSY; the memory stays mapped in
+    /// this process until the last of them ends. Keep it below the client's own reply
+    /// timeout (QEMU: 5 s).
+    pub release_wait: Duration,
 }
 
 impl Default for DeviceOptions {
@@ -94,6 +109,7 @@ impl Default for DeviceOptions {
             },
             doorbells: DoorbellMode::Trapped,
             allow_unsealed_memory: false,
+            release_wait: DEFAULT_RELEASE_WAIT,
         }
     }
 }
@@ -115,6 +131,7 @@ pub struct Device {
     page: Option<DoorbellPage>,
     /// A register write ran the controller and it did some work (see `take_progress`).
     progress: bool,
+    release_wait: Duration,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -161,6 +178,7 @@ impl Device {
             doorbells: opts.doorbells,
             page,
             progress: false,
+            release_wait: opts.release_wait,
         })
     }
 
@@ -187,8 +205,17 @@ impl Device {
         // Reset first, so no worker is still using queues in memory we are about to
         // unmap (that would read as a guest fault and set Controller Fatal Status).
         self.power_on();
-        self.dma.clear();
+        let released = self.dma.clear();
         self.ctrl.set_memory(self.dma.memory());
+        let left = self.wait_released(&released);
+        if left > 0 {
+            nvme_ctrl::limited_warn!(
+                target: "vnvme::backend",
+                "the client left with {left} of its memory region(s) still in use by requests \
+                 after {:?} (a backend that does not answer): they stay mapped until those end",
+                self.release_wait
+            );
+        }
         self.irqs.clear_msix();
         self.irqs.set_intx(None);
         self.negotiated = false;
@@ -273,16 +300,44 @@ impl Device {
     fn dma_unmap(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
         let u: DmaUnmap =
             msg.payload_as().ok_or(DeviceError::Malformed(Command::DmaUnmap, "short payload"))?;
-        if u.flags.get() & DMA_UNMAP_FLAG_ALL != 0 {
-            self.dma.clear();
+        let released = if u.flags.get() & DMA_UNMAP_FLAG_ALL != 0 {
+            self.dma.clear()
         } else {
-            self.dma.unmap(u.address.get(), u.size.get())?;
-        }
-        // The controller drops its old snapshot before we answer: in-flight transfers
-        // keep their own reference until they finish, so nothing is used after unmap
-        // by new work.
+            self.dma.unmap(u.address.get(), u.size.get())?
+        };
+        // Every engine adopts the new map before this returns, so no new command can
+        // reach the memory; then we wait for the requests that already do.
         self.ctrl.set_memory(self.dma.memory());
+        let left = self.wait_released(&released);
+        if left > 0 {
+            return Err(DeviceError::StillInUse {
+                address: u.address.get(),
+                size: u.size.get(),
+                left,
+                waited: self.release_wait,
+            });
+        }
         Ok(Reply::ok(msg.payload[..size_of::<DmaUnmap>()].to_vec()))
+    }
+
+    /// Waits until no request uses `released` memory any more, for at most
+    /// [`DeviceOptions::release_wait`]; returns how many regions are still in use.
+    /// In inline mode this thread owns the queues, so it runs them while it waits (the
+    /// requests it waits for complete only when it reaps them).
+    fn wait_released(&mut self, released: &Released) -> usize {
+        let deadline = Instant::now() + self.release_wait;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            let left = released.in_use();
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            if self.ctrl.inline_poll().is_some() {
+                self.ctrl.process();
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
     fn get_info(&mut self, msg: &Message) -> Result<Reply, DeviceError> {

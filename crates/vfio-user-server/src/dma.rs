@@ -61,6 +61,22 @@ pub enum DmaError {
     NotMemory(String),
 }
 
+/// Guest memory taken out of the DMA map. A request in flight (an io_uring read, a
+/// downstream controller's DMA, a bounce buffer waiting to be copied back) holds its
+/// own reference to the mapping it uses, so the memory stays mapped here until the
+/// last one ends; this tells when that has happened, which is when the protocol lets
+/// us answer DMA_UNMAP (vfio-user.rst: the server must stop using the memory first).
+#[derive(Debug, Default)]
+#[must_use = "the unmap is not finished until nothing uses the memory"]
+pub struct Released(Vec<Arc<Mapping>>);
+
+impl Released {
+    /// How many of the released regions something besides `self` still uses.
+    pub fn in_use(&self) -> usize {
+        self.0.iter().filter(|m| Arc::strong_count(m) > 1).count()
+    }
+}
+
 /// The DMA map of one client: every region by address, and the reachable ones as a
 /// guest memory snapshot kept up to date map by map (O(log n) to find overlaps, a
 /// chunk copy to update the snapshot; nothing is rebuilt from scratch).
@@ -187,23 +203,27 @@ impl DmaRegions {
         Ok(())
     }
 
-    pub fn unmap(&mut self, iova: u64, size: u64) -> Result<(), DmaError> {
+    /// Takes the region at `iova` out of the map. Its memory stays mapped in this
+    /// process while any request still uses it: the caller waits on the returned
+    /// [`Released`] before it tells the client the unmap is done.
+    pub fn unmap(&mut self, iova: u64, size: u64) -> Result<Released, DmaError> {
         match self.regions.get(&iova) {
             Some(r) if r.size == size => {
                 if r.map.is_some() {
                     self.mem =
                         self.mem.without_region(iova, size).expect("reachable regions are in the snapshot");
                 }
-                self.regions.remove(&iova);
-                Ok(())
+                let r = self.regions.remove(&iova).expect("found above");
+                Ok(Released(r.map.into_iter().collect()))
             }
             _ => Err(DmaError::NotFound(iova, size)),
         }
     }
 
-    pub fn clear(&mut self) {
-        self.regions.clear();
+    /// Takes every region out of the map (see [`DmaRegions::unmap`]).
+    pub fn clear(&mut self) -> Released {
         self.mem = GuestMemory::empty();
+        Released(std::mem::take(&mut self.regions).into_values().filter_map(|r| r.map).collect())
     }
 
     pub fn len(&self) -> usize {
@@ -280,7 +300,7 @@ mod tests {
         d.map(0x10000, 0x1000, Some(file("lim1", 0x1000)), 0, true).unwrap();
         d.map(0x20000, 0x1000, None, 0, true).unwrap();
         assert!(matches!(d.map(0x30000, 0x1000, None, 0, true), Err(DmaError::TooMany(2))));
-        d.unmap(0x20000, 0x1000).unwrap();
+        assert_eq!(d.unmap(0x20000, 0x1000).unwrap().in_use(), 0, "a region without memory is never in use");
         d.map(0x30000, 0x1000, None, 0, true).unwrap();
         let budget = dma_map_budget();
         let nofile =
@@ -295,7 +315,28 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert!(d.memory().check_range(0x10000, 1).is_err(), "a controller write there would fault");
         assert!(matches!(d.map(0x10000, 0x1000, None, 0, true), Err(DmaError::Overlap(..))));
-        d.unmap(0x10000, 0x1000).unwrap();
+        assert_eq!(d.unmap(0x10000, 0x1000).unwrap().in_use(), 0);
         assert!(d.is_empty());
+    }
+
+    /// vfio-user.rst DMA_UNMAP: the server must stop using the memory before it replies;
+    /// `Released` says when nothing does.
+    #[test]
+    fn released_memory_is_in_use_while_an_older_snapshot_holds_it() {
+        let mut d = DmaRegions::default().allow_unsealed(true);
+        d.map(0x10000, 0x1000, Some(file("rel1", 0x1000)), 0, true).unwrap();
+        d.map(0x20000, 0x1000, Some(file("rel2", 0x1000)), 0, true).unwrap();
+        let in_flight = d.memory(); // what a request submitted before the unmap holds
+        let released = d.unmap(0x10000, 0x1000).unwrap();
+        assert_eq!(released.in_use(), 1);
+        assert!(d.memory().check_range(0x10000, 1).is_err(), "new work cannot reach it");
+        assert!(in_flight.check_range(0x10000, 1).is_ok(), "the request still can");
+        drop(in_flight);
+        assert_eq!(released.in_use(), 0);
+        let held = d.memory();
+        let all = d.clear();
+        assert_eq!(all.in_use(), 1);
+        drop(held);
+        assert_eq!(all.in_use(), 0);
     }
 }

@@ -141,6 +141,8 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
         doorbells: a.doorbells,
         allow_unsealed_memory: a.allow_unsealed_memory,
+        // Within the client's patience: it must see the reply before its own deadline.
+        release_wait: a.client_deadline.mul_f64(0.8),
     };
     // Each DMA region keeps a descriptor: lift the soft limit before the device sizes
     // its DMA map budget from it.

@@ -210,6 +210,9 @@ impl IoEngine {
     pub(crate) fn adopt_memory(&mut self) {
         if self.ctx.memory.generation() != self.mem_generation {
             (self.mem_generation, self.mem) = self.ctx.memory.latest();
+            for b in &mut self.backends {
+                b.memory_changed(&self.mem);
+            }
         }
     }
 

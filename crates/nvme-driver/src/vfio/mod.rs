@@ -411,8 +411,14 @@ impl Transport for KernelVfioTransport {
         if self.noiommu || len == 0 || !gpa.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Ok(None);
         }
+        // Only this region is kept alive while the IOMMU maps it: the whole snapshot
+        // would also hold regions the guest unmaps later, whose memory must go when
+        // they do. A range that is not within one region is not shared.
+        let Some(region) = mem.only_region_at(gpa).filter(|r| r.check_range(gpa, len).is_ok()) else {
+            return Ok(None);
+        };
         let mut host = Vec::new();
-        mem.host_ranges(gpa, len, &mut host)?;
+        region.host_ranges(gpa, len, &mut host)?;
         let [range] = host[..] else { return Ok(None) };
         let vaddr = range.ptr as u64;
         if !vaddr.is_multiple_of(PAGE) {
@@ -430,12 +436,12 @@ impl Transport for KernelVfioTransport {
             size: len,
         };
         // `m` is a live vfio_iommu_type1_dma_map of the size argsz names. The range it
-        // names is a mapping of guest memory that `mem` keeps alive; the clone stored
-        // below holds it until the IOMMU mapping is removed.
+        // names is a mapping of guest memory that `region` keeps alive; it is stored
+        // below and held until the IOMMU mapping is removed.
         // SAFETY: a live argument, and guest memory kept mapped while the IOMMU maps it.
         unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }?;
         self.next_iova = iova + len;
-        self.external.push(ExternalMapping { iova, size: len, _mem: mem.clone() });
+        self.external.push(ExternalMapping { iova, size: len, _mem: region });
         debug!(
             gpa = format_args!("{gpa:#x}"),
             iova = format_args!("{iova:#x}"),

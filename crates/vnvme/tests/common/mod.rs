@@ -162,6 +162,27 @@ impl Server {
         (fds, maps)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How many of the server's memory mappings and descriptors name `needle` (a
+    /// memfd's name, as `/proc/PID/maps` and `/proc/PID/fd` show it).
+    pub fn holds(&self, needle: &str) -> (usize, usize) {
+        let pid = self.child.id();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains(needle))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        (maps.lines().filter(|l| l.contains(needle)).count(), fds)
+    }
+
     /// The server's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join(&self.log_name)).unwrap_or_default()

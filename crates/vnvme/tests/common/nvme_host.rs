@@ -66,8 +66,12 @@ pub struct NvmeOverVfioUser {
 
 impl NvmeOverVfioUser {
     /// Shares a fresh memfd with the server (DMA_MAP at [`IOVA`]).
-    pub fn new(mut client: Client) -> Self {
-        let fd = memfd(MEM_SIZE);
+    pub fn new(client: Client) -> Self {
+        Self::with_memfd(client, memfd(MEM_SIZE))
+    }
+
+    /// Shares `fd` (a sealed memfd of at least [`MEM_SIZE`] bytes) with the server.
+    pub fn with_memfd(mut client: Client, fd: OwnedFd) -> Self {
         client.dma_map(IOVA, MEM_SIZE, Some(fd.as_fd()), 0).expect("DMA_MAP of the host memfd");
         let mem =
             GuestMemory::empty().with_fd_region(IOVA, MEM_SIZE, fd.as_fd(), 0, true).expect("map memfd");
@@ -237,6 +241,12 @@ impl NvmeOverVfioUser {
     /// Queues (without ringing) a one-page write of slot `slot` to the page-sized block
     /// run starting at LBA `lba`. Returns the command identifier.
     pub fn queue_rw(&mut self, write: bool, slot: u16, lba: u64) -> u16 {
+        self.queue_rw_at(write, Self::slot(slot), lba)
+    }
+
+    /// Queues (without ringing) a one-page read or write of the page at host
+    /// address `buf` (anywhere the client has DMA-mapped, page aligned).
+    pub fn queue_rw_at(&mut self, write: bool, buf: u64, lba: u64) -> u16 {
         let rw = ReadWriteCmd {
             nsid: 1,
             slba: lba,
@@ -244,7 +254,7 @@ impl NvmeOverVfioUser {
             ..Default::default()
         };
         let mut s = if write { rw.write() } else { rw.read() };
-        s.set_prps(Self::slot(slot), 0);
+        s.set_prps(buf, 0);
         let cid = self.cid();
         Self::push(&self.mem, &mut self.io, s, cid)
     }
