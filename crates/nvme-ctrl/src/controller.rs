@@ -420,9 +420,9 @@ impl Controller {
                 break;
             }
         }
+        // One bound for the whole controller, not one per engine or namespace.
+        let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
         if self.state == Lifecycle::Ready {
-            // One bound for the whole controller, not one per engine.
-            let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
             crate::runtime::drain_engine(&mut self.engine, deadline);
             if !self.workers.is_empty() {
                 self.io_drain_workers(deadline);
@@ -431,7 +431,7 @@ impl Controller {
         }
         for ns in self.namespaces.iter() {
             if ns.info.volatile_cache {
-                self.admin.flush_namespace(ns, &self.engine.mem);
+                self.admin.flush_namespace(ns, &self.engine.mem, deadline);
             }
         }
         self.csts = self.csts.with_shst(ShutdownStatus::Complete);
@@ -459,6 +459,7 @@ impl Controller {
                 progress = true;
                 self.execute_admin(sqe);
             }
+            progress |= self.advance_format();
             progress |= self.deliver_events();
             if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());

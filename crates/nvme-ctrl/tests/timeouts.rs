@@ -195,3 +195,103 @@ fn shutdown_with_reads_hung_on_two_workers_waits_one_bound_not_one_per_worker() 
     }
     assert_eq!(h.ctrl.stats().timeouts, 2);
 }
+
+/// Format NVM with User Data Erase (`cdw10.SES` = 1).
+const SES_USER_DATA: u32 = 1 << 9;
+
+fn submit_erasing_format(h: &mut MockHost) -> u16 {
+    let mut s = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::FORMAT_NVM);
+    s.nsid = zerocopy::little_endian::U32::new(1);
+    s.cdw10 = zerocopy::little_endian::U32::new(SES_USER_DATA);
+    h.submit(0, s).expect("admin queue has room")
+}
+
+/// An erase runs in pieces between other admin commands, so a backend that never
+/// answers holds up only the Format: it fails with Internal Error at the namespace
+/// timeout, a second Format meanwhile gets Format In Progress, and the admin queue
+/// serves everything else.
+#[test]
+fn an_erasing_format_whose_backend_hangs_fails_at_the_timeout_and_admin_goes_on() {
+    let clock = Arc::new(ManualClock::default());
+    let mut h = host(&["discard/hang"], Some(Duration::from_secs(1)), clock.clone());
+    let cid = submit_erasing_format(&mut h);
+    h.process();
+    assert!(h.reap_queue(0).is_empty(), "the erase hangs");
+    assert!(h.ctrl.admin_busy());
+    h.identify(nvme_spec::identify::cns::CONTROLLER, 0).expect("Identify while the Format runs");
+    let second = submit_erasing_format(&mut h);
+    let c = wait_for(&mut h, 0, second);
+    assert_status(&c, Status::FORMAT_IN_PROGRESS, true);
+    clock.advance_us(1_001_000);
+    let c = wait_for(&mut h, 0, cid);
+    assert_status(&c, Status::INTERNAL_ERROR, false);
+    assert!(!h.ctrl.admin_busy());
+    assert_still_works(&mut h, 1, 1, LBA);
+}
+
+/// A namespace with a volatile write cache is flushed at shutdown; a flush that
+/// never completes is given up at the shutdown bound instead of holding the
+/// controller (and the thread that wrote CC.SHN) forever.
+#[test]
+fn shutdown_with_a_hung_flush_completes_within_the_bound() {
+    let dir = std::env::temp_dir().join(format!("vnvme-flush-hang-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file: Arc<dyn Backend> =
+        Arc::new(block_backend::FileBackend::open(&dir.join("disk.img"), Some(NS_BYTES)).unwrap());
+    assert!(file.info().volatile_cache, "files have a write cache to flush");
+    let be = FaultBackend::new(file, vec!["flush/hang".parse().unwrap()]);
+    let cfg =
+        ControllerConfig { namespaces: vec![NamespaceConfig::new(Arc::new(be), 0)], ..Default::default() };
+    let mut h = MockHost::with_clock(cfg, MEM, Arc::new(MonotonicClock::default()));
+    h.init(InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).expect("bring-up");
+    let t = Instant::now();
+    let cc = h.read32(0x14);
+    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
+    assert!(t.elapsed() < LONG, "shutdown took {:?}", t.elapsed());
+    assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A guest cannot pile up work the backend has not finished: once a queue has its
+/// size in fetched, unfinished commands, the controller stops fetching from it
+/// (entries wait in the ring) until completions free room. A hostile host that keeps
+/// writing entries past what it knows the controller has consumed gets no more than
+/// that in flight, and loses nothing.
+#[test]
+fn a_queue_never_has_more_than_its_size_in_flight() {
+    const SIZE: u32 = 8;
+    let clock = Arc::new(ManualClock::default());
+    let mut h = host(&["read/hang"], Some(Duration::from_secs(1)), clock.clone());
+    let mut cq = h.new_io_cq(3, 64, false, 0).unwrap();
+    let mut sq = h.new_io_sq(3, 3, SIZE).unwrap();
+    let buf = h.alloc.alloc_pages(1);
+    let read = |h: &mut MockHost, cid: u16| {
+        let mut s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+        s.set_cid(cid);
+        s
+    };
+    // Seven reads (a full ring as far as the host may know), fetched and hung.
+    for cid in 0..SIZE as u16 - 1 {
+        let s = read(&mut h, cid);
+        h.sq_push(&mut sq.ring, &s);
+    }
+    h.process();
+    // Seven more, ignoring that no completion has told the host of any free slot.
+    for cid in 100..100 + SIZE as u16 - 1 {
+        let s = read(&mut h, cid);
+        h.sq_push(&mut sq.ring, &s);
+    }
+    h.process();
+    assert!(h.pop_cqes(&mut cq, 64).0.is_empty(), "every fetched read hangs");
+    // At the timeout, exactly the fetched ones complete: SIZE of them, not 14.
+    clock.advance_us(1_001_000);
+    h.process();
+    let first = h.pop_cqes(&mut cq, 64).0;
+    assert_eq!(first.len(), SIZE as usize, "in flight at once: {first:?}");
+    assert!(first.iter().all(|c| c.status().code() == Status::INTERNAL_ERROR.code()));
+    // The rest were fetched as room freed, and time out in turn: none is lost.
+    clock.advance_us(1_001_000);
+    h.process();
+    let rest = h.pop_cqes(&mut cq, 64).0;
+    assert_eq!(first.len() + rest.len(), 2 * (SIZE as usize - 1), "{rest:?}");
+}

@@ -182,10 +182,11 @@ impl Device {
         })
     }
 
-    /// How often the server loop must run the admin side without a message (the
-    /// admin doorbell is not trapped in `Mapped` mode).
-    pub fn admin_poll_interval(&self) -> Option<std::time::Duration> {
-        self.page.as_ref().map(|_| std::time::Duration::from_millis(1))
+    /// How often the server loop must run the admin side without a message: the
+    /// admin doorbell is not trapped in `Mapped` mode, and an erasing Format moves on
+    /// only when the admin side runs.
+    pub fn admin_poll_interval(&self) -> Option<Duration> {
+        (self.page.is_some() || self.ctrl.admin_busy()).then_some(Duration::from_millis(1))
     }
 
     /// True if the controller did work while handling messages since the last call

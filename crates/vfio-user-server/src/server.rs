@@ -142,12 +142,15 @@ fn session(
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::with_deadline(stream, opts.deadline)?;
     let mut ready = [EpollEvent::default(); 8];
-    let admin_tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
     loop {
+        let admin_tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
         let mut timeout = match inline.as_mut() {
             Some(i) => i.timeout(device),
             None => admin_tick,
         };
+        if admin_tick >= 0 && (timeout < 0 || timeout > admin_tick) {
+            timeout = admin_tick;
+        }
         if let Some((_, Some(w))) = &queue {
             let left = opts.deadline.saturating_sub(w.since.elapsed()).as_millis() as i32 + 1;
             timeout = if timeout < 0 { left } else { timeout.min(left) };
@@ -188,8 +191,9 @@ fn session(
         }
         match inline.as_mut() {
             Some(i) => i.run(device),
-            // Admin poll tick (mapped doorbells: the admin doorbell is not trapped).
-            None if n == 0 => {
+            // Admin poll tick (mapped doorbells: the admin doorbell is not trapped;
+            // an erasing Format in progress).
+            None if n == 0 || device.ctrl.admin_busy() => {
                 device.ctrl.process();
             }
             None => {}

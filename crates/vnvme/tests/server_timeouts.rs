@@ -66,3 +66,39 @@ fn a_client_leaving_with_a_read_hung_does_not_wedge_the_server() {
     assert!(write(d.queue(1).unwrap(), 8).is_success(), "{}", server.log());
     server.assert_alive();
 }
+
+/// An erasing Format on a backend that never answers: the server keeps answering its
+/// client (register reads, other admin commands, I/O) while the Format waits, and the
+/// Format fails with Internal Error at the namespace timeout. Inline and with a
+/// worker (the admin queue runs on the server's thread in both).
+#[test]
+fn an_erasing_format_on_a_hung_backend_does_not_block_the_server() {
+    for workers in ["0", "1"] {
+        let mut server = Server::start_with(&[
+            "--ns",
+            "ram:16M:fault=discard/hang:timeout=2s",
+            "--workers",
+            workers,
+            "--client-deadline",
+            "1s",
+        ]);
+        let mut h = common::nvme_host::NvmeOverVfioUser::new(server.client());
+        h.bring_up(16, false);
+        let mut f = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::FORMAT_NVM);
+        f.nsid = zerocopy::little_endian::U32::new(1);
+        f.cdw10 = zerocopy::little_endian::U32::new(1 << 9); // SES = user data erase
+        let format = h.admin_submit(f);
+        // Well past the client deadline, the server still answers at once: a
+        // blocked server thread would have got this client evicted.
+        for _ in 0..30 {
+            h.read32(nvme_spec::regs::offset::CSTS);
+            h.write_read_verify(0, 2, 3);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let c = h.admin_wait();
+        assert_eq!(c.cid.get(), format);
+        assert_eq!(c.status().code(), Status::INTERNAL_ERROR.code(), "{:?}\n{}", c.status(), server.log());
+        assert!(!server.log().contains("evicted"), "{}", server.log());
+        server.assert_alive();
+    }
+}

@@ -1,5 +1,16 @@
 //! Format NVM (Base §5.1.10, NVM §4.2): switch a namespace between the 512 B and
 //! 4 KiB LBA formats, optionally erasing user data.
+//!
+//! An erase writes zeroes over whole namespaces, which can take longer than any one
+//! call of the admin side may: the thread that runs the admin queue (the vfio-user
+//! server's) must keep answering its client (QEMU waits at most 5 s for a register
+//! read). So an erasing Format is a [`FormatJob`] that [`Controller::process`]
+//! advances a piece at a time, for at most [`FORMAT_SLICE`] per call, and completes
+//! when the last piece has. Each piece is bounded by the namespace's command timeout;
+//! a piece the backend does not finish in time fails the Format with Internal Error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use block_backend::Op;
 use nvme_spec::admin::FormatNvm;
@@ -11,7 +22,34 @@ use tracing::info;
 use super::{done, status, AdminDone};
 use crate::controller::Controller;
 use crate::error::{CmdResult, CommandError};
-use crate::namespace::LBA_FORMATS;
+use crate::namespace::{Namespace, LBA_FORMATS};
+
+/// The most one erase piece covers (less when the backend's write-zeroes limit is lower).
+const PIECE_MAX: u64 = 256 << 20;
+
+/// The most time one `process` call spends starting erase pieces.
+pub(crate) const FORMAT_SLICE: Duration = Duration::from_millis(2);
+
+/// An erasing Format NVM in progress.
+#[derive(Debug)]
+pub(crate) struct FormatJob {
+    cid: u16,
+    lbaf: u8,
+    targets: Vec<Arc<Namespace>>,
+    /// The namespace being erased (index into `targets`) and the bytes done.
+    at: usize,
+    done: u64,
+    piece: Option<Piece>,
+}
+
+/// The erase piece at the backend.
+#[derive(Debug)]
+struct Piece {
+    tag: u64,
+    len: u64,
+    /// Clock ns after which it has timed out (u64::MAX: never).
+    expires_ns: u64,
+}
 
 impl Controller {
     pub(crate) fn format_nvm(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
@@ -32,19 +70,92 @@ impl Controller {
             // The backend cannot do blocks that small (or its size is not a multiple).
             return status(Status::INVALID_FORMAT);
         }
-        let mem = self.engine.mem.clone();
-        for ns in &targets {
-            if erase {
-                // In pieces the backend accepts (1 GiB when it names no limit).
-                let max = if ns.info.write_zeroes_max > 0 { ns.info.write_zeroes_max } else { 1 << 30 };
-                let mut off = 0;
-                while off < ns.info.size {
-                    let n = (ns.info.size - off).min(max);
-                    self.admin.run_backend(ns, &mem, Op::WriteZeroes { deallocate: true }, off, n)?;
-                    off += n;
+        if self.admin.format.is_some() {
+            return status(Status::FORMAT_IN_PROGRESS);
+        }
+        if !erase {
+            self.apply_format(&targets, f.lbaf(), false);
+            return done();
+        }
+        self.admin.format =
+            Some(FormatJob { cid: sqe.cid(), lbaf: f.lbaf(), targets, at: 0, done: 0, piece: None });
+        self.advance_format();
+        Ok(AdminDone::Deferred)
+    }
+
+    /// Moves an erasing Format on: reaps its piece, starts the next ones for at most
+    /// [`FORMAT_SLICE`], and completes the command after the last. True if anything
+    /// moved.
+    pub(crate) fn advance_format(&mut self) -> bool {
+        let Some(mut job) = self.admin.format.take() else { return false };
+        let started = Instant::now();
+        let mut progress = false;
+        let outcome = loop {
+            if let Some(p) = &job.piece {
+                let ns = &job.targets[job.at];
+                match self.admin.reap_tagged(ns, p.tag) {
+                    Some(Ok(())) => {
+                        job.done += p.len;
+                        job.piece = None;
+                        progress = true;
+                    }
+                    Some(Err(source)) => break Some(Err(CommandError::Backend { write: true, source })),
+                    None if self.clock.now_ns() >= p.expires_ns => {
+                        let ms = ns.timeout_ns / 1_000_000;
+                        break Some(Err(CommandError::TimedOut { ms }));
+                    }
+                    None => break None,
                 }
             }
-            ns.set_lba_format(f.lbaf());
+            while job.at < job.targets.len() && job.done >= job.targets[job.at].info.size {
+                job.at += 1;
+                job.done = 0;
+            }
+            if job.at == job.targets.len() {
+                break Some(Ok(()));
+            }
+            if started.elapsed() >= FORMAT_SLICE {
+                break None;
+            }
+            let ns = job.targets[job.at].clone();
+            let max = match ns.info.write_zeroes_max {
+                0 => PIECE_MAX,
+                m => m.min(PIECE_MAX),
+            };
+            let len = (ns.info.size - job.done).min(max);
+            let mem = self.engine.mem.clone();
+            let tag = self.admin.submit(&ns, &mem, Op::WriteZeroes { deallocate: true }, job.done, len);
+            let expires_ns = match ns.timeout_ns {
+                0 => u64::MAX,
+                t => self.clock.now_ns().saturating_add(t),
+            };
+            job.piece = Some(Piece { tag, len, expires_ns });
+            progress = true;
+        };
+        match outcome {
+            None => self.admin.format = Some(job),
+            Some(result) => {
+                let status = match result {
+                    Ok(()) => {
+                        self.apply_format(&job.targets, job.lbaf, true);
+                        Status::SUCCESS
+                    }
+                    Err(e) => {
+                        crate::limited_warn!(target: "vnvme::backend", "Format NVM (erase) failed: {e}");
+                        e.status()
+                    }
+                };
+                self.engine.complete_deferred(0, job.cid, status, 0);
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    /// Puts LBA format `lbaf` into effect on `targets` and tells the host.
+    fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, erase: bool) {
+        for ns in targets {
+            ns.set_lba_format(lbaf);
             self.events.namespace_changed(ns.nsid);
             info!(nsid = ns.nsid, lba_size = 1u32 << ns.lba_shift(), erase, "namespace formatted");
         }
@@ -55,6 +166,13 @@ impl Controller {
                 log_page: lid::CHANGED_NAMESPACE_LIST,
             });
         }
-        done()
+    }
+
+    /// True while an erasing Format is in progress: the transport must call
+    /// [`Controller::process`] at least every millisecond or so until it ends (its
+    /// pieces complete on the admin side's own backend queues, which nothing else
+    /// watches).
+    pub fn admin_busy(&self) -> bool {
+        self.admin.format.is_some()
     }
 }

@@ -9,13 +9,14 @@ mod log_page;
 mod queue_mgmt;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use block_backend::{BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
+use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
 use nvme_spec::opcode::{admin as op, AdminOpcode};
 use nvme_spec::{Sqe, Status};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
@@ -44,6 +45,11 @@ pub struct AdminState {
     pub(crate) io_queues_created: bool,
     /// One backend queue per namespace for admin-driven work (Format, shutdown flush).
     backends: Vec<Box<dyn BackendQueue>>,
+    /// Tag of the next request on `backends` (a request abandoned at its deadline
+    /// may still complete later: its completion is told apart by the tag).
+    next_tag: u64,
+    /// An erasing Format NVM in progress.
+    pub(crate) format: Option<format::FormatJob>,
     /// Clock reading when the controller was created (SMART power-on hours).
     pub(crate) created_ns: u64,
 }
@@ -55,18 +61,49 @@ impl AdminState {
             aers: Vec::new(),
             io_queues_created: false,
             backends: namespaces.iter().map(|n| n.backend.open_queue()).collect::<Result<_, _>>()?,
+            next_tag: 0,
+            format: None,
             created_ns: 0,
         })
     }
 
-    /// Controller Level Reset: outstanding AERs vanish, features return to defaults.
+    /// Controller Level Reset: outstanding AERs vanish, features return to defaults,
+    /// an erasing Format is abandoned (its piece's completion is discarded when it
+    /// comes).
     pub(crate) fn reset(&mut self, now_ns: u64) {
         self.aers.clear();
         self.io_queues_created = false;
         self.features.reset(now_ns);
+        if self.format.take().is_some() {
+            debug!("an erasing Format NVM was abandoned by a reset");
+        }
     }
 
-    /// Runs one request on the admin backend queue of `ns` and waits for it.
+    /// Starts one request on the admin backend queue of `ns`; returns its tag.
+    pub(crate) fn submit(&mut self, ns: &Namespace, mem: &GuestMemory, op: Op, offset: u64, len: u64) -> u64 {
+        self.next_tag += 1;
+        let tag = self.next_tag;
+        let q = &mut self.backends[ns.nsid as usize - 1];
+        q.submit(mem, Request { tag, op, offset, len, data: DataBuf::None });
+        q.commit();
+        tag
+    }
+
+    /// The result of request `tag` on the admin backend queue of `ns` if it has
+    /// finished (without waiting). Completions of requests given up on earlier are
+    /// discarded.
+    pub(crate) fn reap_tagged(&mut self, ns: &Namespace, tag: u64) -> Option<Result<(), BackendError>> {
+        let q = &mut self.backends[ns.nsid as usize - 1];
+        if q.in_flight() == 0 {
+            return None;
+        }
+        let mut out: Vec<Completion> = Vec::new();
+        q.reap(&mut out);
+        out.into_iter().find(|c| c.tag == tag).map(|c| c.result)
+    }
+
+    /// Runs one request on the admin backend queue of `ns` and waits for it until
+    /// `deadline`, then gives up on it ([`CommandError::TimedOut`]).
     pub(crate) fn run_backend(
         &mut self,
         ns: &Namespace,
@@ -74,36 +111,39 @@ impl AdminState {
         op: Op,
         offset: u64,
         len: u64,
+        deadline: Instant,
     ) -> CmdResult {
-        let q = &mut self.backends[ns.nsid as usize - 1];
-        q.submit(mem, Request { tag: 0, op, offset, len, data: DataBuf::None });
-        q.commit();
-        let mut out: Vec<Completion> = Vec::new();
+        let started = Instant::now();
+        let tag = self.submit(ns, mem, op, offset, len);
         let mut spins = 0u64;
-        while out.is_empty() {
-            if q.reap(&mut out) == 0 {
-                spins += 1;
-                match q.notifier() {
-                    // Asynchronous backends: sleep until the completion is ready.
-                    Some(fd) => {
-                        let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-                        let _ = rustix::event::poll(
-                            &mut pfd,
-                            Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 10_000_000 }),
-                        );
-                    }
-                    None if spins.is_multiple_of(1024) => std::thread::yield_now(),
-                    None => {}
+        loop {
+            if let Some(result) = self.reap_tagged(ns, tag) {
+                let write = !matches!(op, Op::Read);
+                return result.map_err(|source| CommandError::Backend { write, source });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommandError::TimedOut { ms: (now - started).as_millis() as u64 });
+            }
+            spins += 1;
+            match self.backends[ns.nsid as usize - 1].notifier() {
+                // Asynchronous backends: sleep until the completion is ready.
+                Some(fd) => {
+                    let wait = (deadline - now).min(Duration::from_millis(10));
+                    let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+                    let ts = rustix::event::Timespec { tv_sec: 0, tv_nsec: wait.as_nanos() as i64 };
+                    let _ = rustix::event::poll(&mut pfd, Some(&ts));
                 }
+                None if spins.is_multiple_of(1024) => std::thread::yield_now(),
+                None => {}
             }
         }
-        let write = !matches!(op, Op::Read);
-        out.pop().expect("one").result.map_err(|source| CommandError::Backend { write, source })
     }
 
-    pub(crate) fn flush_namespace(&mut self, ns: &Namespace, mem: &GuestMemory) {
-        if let Err(e) = self.run_backend(ns, mem, Op::Flush, 0, 0) {
-            warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
+    /// Flushes `ns` (controller shutdown), giving up at `deadline` with a log line.
+    pub(crate) fn flush_namespace(&mut self, ns: &Namespace, mem: &GuestMemory, deadline: Instant) {
+        if let Err(e) = self.run_backend(ns, mem, Op::Flush, 0, 0, deadline) {
+            crate::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "flush at shutdown failed: {e}");
         }
     }
 }

@@ -215,19 +215,31 @@ impl NvmeOverVfioUser {
 
     /// Runs one admin command to completion.
     pub fn admin(&mut self, s: Sqe) -> Cqe {
+        let cid = self.admin_submit(s);
+        let c = self.admin_wait();
+        assert_eq!(c.cid.get(), cid, "admin completion for another command");
+        c
+    }
+
+    /// Submits an admin command and rings the doorbell; returns its identifier.
+    pub fn admin_submit(&mut self, s: Sqe) -> u16 {
         let cid = self.cid();
         Self::push(&self.mem, &mut self.admin, s, cid);
         let tail = self.admin.sq_tail as u32;
         self.write32(self.doorbell(0, DoorbellKind::SqTail), tail);
+        cid
+    }
+
+    /// Waits (bounded) for the next admin completion and acknowledges it.
+    pub fn admin_wait(&mut self) -> Cqe {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             if let Some(c) = Self::pop(&self.mem, &mut self.admin) {
                 let head = self.admin.cq_head as u32;
                 self.write32(self.doorbell(0, DoorbellKind::CqHead), head);
-                assert_eq!(c.cid.get(), cid, "admin completion for another command");
                 return c;
             }
-            assert!(Instant::now() < deadline, "admin command {:#x} did not complete", s.opcode());
+            assert!(Instant::now() < deadline, "no admin completion within {TIMEOUT:?}");
             std::thread::sleep(Duration::from_micros(200));
         }
     }
