@@ -244,6 +244,12 @@ impl Backend for FaultBackend {
         i.kind = format!("{} with {} fault rule(s)", i.kind, self.rules.len());
         i
     }
+    fn resize(&self, bytes: u64) -> std::io::Result<()> {
+        self.inner.resize(bytes)
+    }
+    fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
+        self.inner.data_end(from)
+    }
     fn stats_line(&self) -> Option<String> {
         let own = format!("{} request(s) failed by fault injection", self.injected());
         Some(match self.inner.stats_line() {

@@ -7,6 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
@@ -22,7 +23,7 @@ use crate::{
 pub struct FileBackend {
     file: Arc<File>,
     path: PathBuf,
-    size: u64,
+    size: Arc<AtomicU64>,
     /// fallocate punch hole works (deallocated ranges read as zeroes).
     punch: bool,
     /// fallocate zero range works.
@@ -52,6 +53,7 @@ impl FileBackend {
             )));
         }
         let (punch, zero_range) = probe_fallocate(&file, size);
+        let size = Arc::new(AtomicU64::new(size));
         Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range })
     }
 }
@@ -60,7 +62,7 @@ impl Backend for FileBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             kind: format!("file:{}", self.path.display()),
-            size: self.size,
+            size: self.size.load(Ordering::Acquire),
             // Writes land in the page cache until fdatasync: a volatile cache.
             volatile_cache: true,
             discard: self.punch,
@@ -72,6 +74,14 @@ impl Backend for FileBackend {
     }
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(SyncQueue::new(FileQueue { be: self.clone(), bounce: Vec::new() })))
+    }
+    fn resize(&self, bytes: u64) -> std::io::Result<()> {
+        crate::resize_file(&self.file, bytes)?;
+        self.size.store(bytes, Ordering::Release);
+        Ok(())
+    }
+    fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
+        crate::file_data_end(&self.file, from, self.size.load(Ordering::Acquire))
     }
 }
 
@@ -89,7 +99,7 @@ impl FileQueue {
 
 impl SyncExec for FileQueue {
     fn exec(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<(), BackendError> {
-        check_range(req.offset, req.len, self.be.size)?;
+        check_range(req.offset, req.len, self.be.size.load(Ordering::Acquire))?;
         let f = &self.be.file;
         match req.op {
             Op::Read => {

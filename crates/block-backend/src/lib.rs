@@ -181,6 +181,19 @@ pub trait Backend: Send + Sync + Debug {
     fn stats_line(&self) -> Option<String> {
         None
     }
+    /// Changes the size to `bytes` (a namespace resized under a running guest).
+    /// Queues already open see the new size for requests submitted afterwards.
+    fn resize(&self, bytes: u64) -> std::io::Result<()> {
+        let _ = bytes;
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "this backend's size is fixed"))
+    }
+    /// Where the data stored at or beyond `from` ends, or None if nothing is stored
+    /// there (all of it reads as never written): what a shrink to `from` would lose.
+    /// Backends that cannot tell say the data reaches their end.
+    fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
+        let size = self.info().size;
+        Ok((size > from).then_some(size))
+    }
 }
 
 /// One queue of a backend, owned by one thread.
@@ -217,6 +230,34 @@ pub trait BackendQueue: Send + Debug {
     /// released as soon as the requests using it end. Requests in flight keep the map
     /// they were submitted with.
     fn memory_changed(&mut self, _mem: &GuestMemory) {}
+}
+
+/// Resizes the regular file behind a backend (a block device's size is not ours to
+/// change).
+pub(crate) fn resize_file(file: &std::fs::File, bytes: u64) -> std::io::Result<()> {
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "only a regular file can be resized (this is a block device)",
+        ));
+    }
+    file.set_len(bytes)
+}
+
+/// [`Backend::data_end`] for a file of `size` bytes: data stored at or beyond
+/// `from`, as the file system's SEEK_DATA tells (a sparse file's holes hold none).
+pub(crate) fn file_data_end(file: &std::fs::File, from: u64, size: u64) -> std::io::Result<Option<u64>> {
+    if from >= size {
+        return Ok(None);
+    }
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(from)) {
+        Ok(at) if at < size => Ok(Some(size)),
+        Ok(_) => Ok(None),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        // A file system without SEEK_DATA: assume the data reaches the end.
+        Err(rustix::io::Errno::INVAL) => Ok(Some(size)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Checks `offset..offset+len` against `size`.

@@ -4,7 +4,7 @@
 //! write, so a large namespace costs nothing until used and queues on different chunks
 //! never contend. Unallocated chunks read as zeroes; discarding a whole chunk frees it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use guest_mem::GuestMemory;
 
@@ -17,7 +17,15 @@ const CHUNK: u64 = 1 << 20;
 
 #[derive(Debug)]
 struct Store {
+    inner: RwLock<Inner>,
+}
+
+/// The chunks and the size they hold; a resize swaps both under the write lock, so a
+/// request sees one size for its whole run.
+#[derive(Debug)]
+struct Inner {
     size: u64,
+    /// Each CHUNK bytes when allocated (the last one too, so growing needs no copy).
     chunks: Vec<Mutex<Option<Box<[u8]>>>>,
 }
 
@@ -31,12 +39,11 @@ impl RamBackend {
     pub fn new(size: u64) -> Self {
         let n = size.div_ceil(CHUNK) as usize;
         let chunks = (0..n).map(|_| Mutex::new(None)).collect();
-        RamBackend { store: Arc::new(Store { size, chunks }) }
+        RamBackend { store: Arc::new(Store { inner: RwLock::new(Inner { size, chunks }) }) }
     }
 
     /// Reads `buf.len()` bytes at `offset` (for tests and checks from the host side).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        check_range(offset, buf.len() as u64, self.store.size)?;
         self.store.walk(
             offset,
             buf.len() as u64,
@@ -53,8 +60,13 @@ impl RamBackend {
 }
 
 impl Store {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Visits `[offset, offset+len)` chunk by chunk: `f(chunk, offset_in_chunk,
     /// offset_in_transfer, n)`. With `alloc`, missing chunks are allocated first.
+    /// Fails without visiting anything if the range is outside the store.
     fn walk(
         &self,
         offset: u64,
@@ -62,16 +74,17 @@ impl Store {
         mut f: impl FnMut(&mut Option<Box<[u8]>>, usize, usize, usize) -> Result<(), BackendError>,
         alloc: bool,
     ) -> Result<(), BackendError> {
+        let inner = self.read();
+        check_range(offset, len, inner.size)?;
         let mut done = 0u64;
         while done < len {
             let pos = offset + done;
             let idx = (pos / CHUNK) as usize;
             let coff = pos % CHUNK;
             let n = (CHUNK - coff).min(len - done);
-            let mut guard = self.chunks[idx].lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = inner.chunks[idx].lock().unwrap_or_else(|p| p.into_inner());
             if alloc && guard.is_none() {
-                let csize = CHUNK.min(self.size - idx as u64 * CHUNK) as usize;
-                *guard = Some(vec![0u8; csize].into_boxed_slice());
+                *guard = Some(vec![0u8; CHUNK as usize].into_boxed_slice());
             }
             f(&mut guard, coff as usize, done as usize, n as usize)?;
             done += n;
@@ -96,13 +109,41 @@ impl Store {
             false,
         )
     }
+
+    fn resize(&self, bytes: u64) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if bytes < inner.size {
+            // What lies past the new end must read as zeroes if the store grows again.
+            if let Some(c) = inner.chunks.get_mut((bytes / CHUNK) as usize) {
+                if let Some(c) = c.get_mut().unwrap_or_else(|p| p.into_inner()) {
+                    c[(bytes % CHUNK) as usize..].fill(0);
+                }
+            }
+        }
+        inner.chunks.resize_with(bytes.div_ceil(CHUNK) as usize, || Mutex::new(None));
+        inner.size = bytes;
+    }
+
+    /// Where written data at or past `from` ends (an allocated chunk counts whole,
+    /// but for the part of the first one before `from`).
+    fn data_end(&self, from: u64) -> Option<u64> {
+        let inner = self.read();
+        let first = (from / CHUNK) as usize;
+        let last = inner.chunks.iter().enumerate().skip(first).rev().find_map(|(i, c)| {
+            let g = c.lock().unwrap_or_else(|p| p.into_inner());
+            let c = g.as_ref()?;
+            let start = if i == first { (from % CHUNK) as usize } else { 0 };
+            c[start..].iter().any(|&b| b != 0).then_some(i)
+        })?;
+        Some(((last as u64 + 1) * CHUNK).min(inner.size))
+    }
 }
 
 impl Backend for RamBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             kind: "ram".into(),
-            size: self.store.size,
+            size: self.store.read().size,
             volatile_cache: false,
             discard: true,
             discard_zeroes: true,
@@ -113,6 +154,13 @@ impl Backend for RamBackend {
     }
     fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(SyncQueue::new(self.clone())))
+    }
+    fn resize(&self, bytes: u64) -> std::io::Result<()> {
+        self.store.resize(bytes);
+        Ok(())
+    }
+    fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
+        Ok(self.store.data_end(from))
     }
 }
 
@@ -166,7 +214,6 @@ impl<'a> Target<'a> {
 
 impl SyncExec for RamBackend {
     fn exec(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<(), BackendError> {
-        check_range(req.offset, req.len, self.store.size)?;
         match req.op {
             Op::Read | Op::Write { .. } => {
                 let write = req.op != Op::Read;
@@ -342,5 +389,32 @@ mod tests {
         );
         assert!(invalid(r));
         assert_eq!(mem.read_obj::<u8>(0x1000).unwrap(), 0xab, "nothing read into the guest");
+    }
+
+    #[test]
+    fn resize_grows_and_shrinks_and_data_end_says_what_a_shrink_loses() {
+        let be = RamBackend::new(CHUNK + 4096);
+        let mut q = be.open_queue().unwrap();
+        let mem = GuestMemory::empty();
+        let write = |q: &mut Box<dyn BackendQueue>, offset: u64| {
+            let data = DataBuf::Host(vec![0x5a; 512]);
+            run(q, &mem, Request { tag: 0, op: Op::Write { fua: false }, offset, len: 512, data })
+        };
+        write(&mut q, CHUNK).unwrap();
+        assert_eq!(be.data_end(CHUNK).unwrap(), Some(CHUNK + 4096), "data at the very start of the range");
+        assert_eq!(be.data_end(CHUNK + 512).unwrap(), None, "nothing written past it");
+        assert!(write(&mut q, 3 * CHUNK).is_err(), "past the end");
+        be.resize(4 * CHUNK).unwrap();
+        assert_eq!(be.info().size, 4 * CHUNK);
+        write(&mut q, 3 * CHUNK).expect("an open queue sees the new size");
+        // Shrink into the middle of a written chunk, then grow again: what lay past
+        // the shrunk end reads as zeroes.
+        be.resize(CHUNK + 256).unwrap();
+        assert!(write(&mut q, 3 * CHUNK).is_err(), "past the new end");
+        be.resize(2 * CHUNK).unwrap();
+        let mut b = [0u8; 512];
+        be.read_at(CHUNK, &mut b).unwrap();
+        assert!(b[..256].iter().all(|&x| x == 0x5a) && b[256..].iter().all(|&x| x == 0), "{b:?}");
+        assert_eq!(be.data_end(0).unwrap(), Some(2 * CHUNK));
     }
 }

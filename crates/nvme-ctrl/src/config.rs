@@ -9,6 +9,10 @@ use block_backend::Backend;
 /// Linux waits for an I/O before it aborts it (nvme_core.io_timeout).
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most namespaces a controller may have (NN): the Changed Namespace List log
+/// names up to 1,024, and every engine keeps a slot per NSID.
+pub const MAX_NAMESPACES: u32 = 1024;
+
 /// One namespace to attach at start.
 #[derive(Clone, Debug)]
 pub struct NamespaceConfig {
@@ -54,6 +58,10 @@ pub struct ControllerConfig {
     /// Composite temperature the controller reports, in kelvins.
     pub temperature_k: u16,
     pub namespaces: Vec<NamespaceConfig>,
+    /// Number of Namespaces (Identify NN): the NSIDs namespaces may have, so room for
+    /// those added later ([`crate::Controller::add_namespace`]). 0: exactly as many as
+    /// `namespaces`. At most [`MAX_NAMESPACES`].
+    pub max_namespaces: u32,
     /// Offer Doorbell Buffer Config (OACS bit 8). Off only to measure what shadow
     /// doorbells save: the host then writes every doorbell register.
     pub shadow_doorbells: bool,
@@ -78,6 +86,7 @@ impl Default for ControllerConfig {
             acl_z: 3,
             temperature_k: 313,
             namespaces: Vec::new(),
+            max_namespaces: 0,
             shadow_doorbells: true,
         }
     }

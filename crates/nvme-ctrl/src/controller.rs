@@ -14,7 +14,7 @@ use crate::config::ControllerConfig;
 use crate::engine::{EngineContext, IoEngine};
 use crate::events::Events;
 use crate::interrupt::{Clock, InterruptSink, MonotonicClock};
-use crate::namespace::Namespace;
+use crate::namespace::{active, Namespace, NamespaceSlots};
 use crate::stats::{Stats, StatsSnapshot};
 
 /// Where the controller is in its life.
@@ -56,7 +56,8 @@ pub struct Controller {
     pub(crate) admin: AdminState,
     /// Memory page size from CC.MPS (valid while enabled).
     pub(crate) page_size: u64,
-    pub(crate) namespaces: Arc<[Arc<Namespace>]>,
+    /// Every NSID (NN of them), active or not. Engines each hold the same table.
+    pub(crate) namespaces: NamespaceSlots,
     pub(crate) events: Arc<Events>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -87,37 +88,19 @@ impl Controller {
         if cfg.msix_vectors == 0 || cfg.msix_vectors > 2048 {
             return Err(std::io::Error::other("msix_vectors must be 1..=2048"));
         }
-        for (i, n) in cfg.namespaces.iter().enumerate() {
-            let info = n.backend.info();
-            let Some(&lbads) = crate::namespace::LBA_FORMATS.get(n.lba_format as usize) else {
-                return Err(std::io::Error::other(format!(
-                    "namespace {}: no LBA format {}",
-                    i + 1,
-                    n.lba_format
-                )));
-            };
-            if !lba_fits(1 << lbads, &info) {
-                return Err(std::io::Error::other(format!(
-                    "namespace {} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
-                    i + 1,
-                    info.kind,
-                    1u32 << lbads,
-                    info.block_size,
-                    info.size
-                )));
-            }
+        let nn = (cfg.max_namespaces as usize).max(cfg.namespaces.len());
+        if nn > crate::config::MAX_NAMESPACES as usize {
+            return Err(std::io::Error::other(format!(
+                "{nn} namespaces: at most {} are supported",
+                crate::config::MAX_NAMESPACES
+            )));
         }
-        let namespaces: Arc<[Arc<Namespace>]> = cfg
-            .namespaces
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                Arc::new(
-                    Namespace::new(i as u32 + 1, n.backend.clone(), n.lba_format, &cfg.serial)
-                        .with_timeout(n.timeout),
-                )
-            })
-            .collect();
+        let mut slots: Vec<Option<Arc<Namespace>>> = vec![None; nn];
+        for (i, n) in cfg.namespaces.iter().enumerate() {
+            slots[i] =
+                Some(Arc::new(make_namespace(i as u32 + 1, n, &cfg.serial).map_err(std::io::Error::other)?));
+        }
+        let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
         let events = Arc::new(Events::default());
         let ctx = EngineContext {
@@ -129,8 +112,8 @@ impl Controller {
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
-            dsm: namespaces.iter().any(|n| n.info.discard),
-            write_zeroes: namespaces.iter().any(|n| n.info.write_zeroes),
+            dsm: active(&namespaces).any(|n| n.info.discard),
+            write_zeroes: active(&namespaces).any(|n| n.info.write_zeroes),
             memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
@@ -188,8 +171,14 @@ impl Controller {
         self.stats.clone()
     }
 
-    pub fn namespaces(&self) -> &[Arc<Namespace>] {
-        &self.namespaces
+    /// The active namespaces, in NSID order.
+    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> + '_ {
+        active(&self.namespaces)
+    }
+
+    /// Number of Namespaces (Identify NN): the NSIDs namespaces may have.
+    pub fn max_namespaces(&self) -> u32 {
+        self.namespaces.len() as u32
     }
 
     /// Replaces the guest memory map (vfio-user DMA map/unmap).
@@ -429,7 +418,7 @@ impl Controller {
             }
             self.process();
         }
-        for ns in self.namespaces.iter() {
+        for ns in active(&self.namespaces.clone()) {
             if ns.info.volatile_cache {
                 self.admin.flush_namespace(ns, &self.engine.mem, deadline);
             }
@@ -522,9 +511,31 @@ impl Controller {
     }
 }
 
-/// True if `lba`-byte blocks work on a backend: a multiple of its block size that
-/// divides its capacity.
-pub(crate) fn lba_fits(lba: u64, info: &block_backend::BackendInfo) -> bool {
-    let bs = u64::from(info.block_size.max(1));
-    lba.is_multiple_of(bs) && info.size.is_multiple_of(lba) && info.size >= lba
+/// True if `lba`-byte blocks work on a backend of `block_size` holding `size` bytes:
+/// a multiple of its block size that divides its capacity.
+pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
+    let bs = u64::from(block_size.max(1));
+    lba.is_multiple_of(bs) && size.is_multiple_of(lba) && size >= lba
+}
+
+/// Namespace `nsid` as `n` describes it, or why it cannot be.
+pub(crate) fn make_namespace(
+    nsid: u32,
+    n: &crate::config::NamespaceConfig,
+    serial: &str,
+) -> Result<Namespace, String> {
+    let info = n.backend.info();
+    let Some(&lbads) = crate::namespace::LBA_FORMATS.get(n.lba_format as usize) else {
+        return Err(format!("namespace {nsid}: no LBA format {}", n.lba_format));
+    };
+    if !lba_fits(1 << lbads, info.block_size, info.size) {
+        return Err(format!(
+            "namespace {nsid} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
+            info.kind,
+            1u32 << lbads,
+            info.block_size,
+            info.size
+        ));
+    }
+    Ok(Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout))
 }

@@ -15,10 +15,12 @@
 //! - `dptr`: PRP and SGL walks.
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
+//! - `attach`: namespaces added, removed and resized under a running host.
 //! - `runtime`: worker threads and the idle loop they share with inline mode.
 #![forbid(unsafe_code)]
 
 mod admin;
+mod attach;
 mod config;
 mod controller;
 mod doorbell;
@@ -35,10 +37,12 @@ mod routing;
 pub mod runtime;
 mod stats;
 
-pub use config::{ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT};
+pub use attach::NamespaceError;
+pub use config::{ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
 pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use log_limit::LogLimit;
+pub use namespace::Namespace;
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};
 pub use runtime::WorkerConfig;

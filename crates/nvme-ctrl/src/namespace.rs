@@ -1,6 +1,6 @@
 //! Namespaces: a backend plus the LBA format the host chose.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo};
@@ -8,12 +8,31 @@ use block_backend::{Backend, BackendInfo};
 /// Supported LBA data sizes as log2, indexed by LBA format (Identify Namespace LBAF).
 pub const LBA_FORMATS: [u8; 2] = [9, 12];
 
+/// Every NSID the controller reports (Identify NN), each inactive (None) or active:
+/// read-only and shared by the admin side and every engine, replaced as a whole when
+/// a namespace is added or removed.
+pub type NamespaceSlots = Arc<[Option<Arc<Namespace>>]>;
+
+/// The active namespace `nsid` in `slots`.
+pub fn lookup(slots: &[Option<Arc<Namespace>>], nsid: u32) -> Option<&Arc<Namespace>> {
+    slots.get((nsid as usize).wrapping_sub(1))?.as_ref()
+}
+
+/// The active namespaces in `slots`, in NSID order.
+pub fn active(slots: &[Option<Arc<Namespace>>]) -> impl Iterator<Item = &Arc<Namespace>> + '_ {
+    slots.iter().flatten()
+}
+
 /// An active namespace.
 #[derive(Debug)]
 pub struct Namespace {
     pub nsid: u32,
     pub backend: Arc<dyn Backend>,
+    /// What the backend said it can do when the namespace was made (its size then;
+    /// [`Namespace::size`] is the size now).
     pub info: BackendInfo,
+    /// Bytes (changes only through a resize).
+    size: AtomicU64,
     /// Current LBA format index (changes only through Format NVM).
     lba_format: AtomicU8,
     pub nguid: [u8; 16],
@@ -43,6 +62,7 @@ impl Namespace {
         Namespace {
             nsid,
             backend,
+            size: AtomicU64::new(info.size),
             info,
             lba_format: AtomicU8::new(lba_format.min(LBA_FORMATS.len() as u8 - 1)),
             nguid,
@@ -71,9 +91,19 @@ impl Namespace {
         LBA_FORMATS[self.lba_format() as usize] as u32
     }
 
+    /// Namespace size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Records a new size (the backend has already been resized).
+    pub(crate) fn set_size(&self, bytes: u64) {
+        self.size.store(bytes, Ordering::Release);
+    }
+
     /// Namespace size in logical blocks.
     pub fn nsze(&self) -> u64 {
-        self.info.size >> self.lba_shift()
+        self.size() >> self.lba_shift()
     }
 }
 

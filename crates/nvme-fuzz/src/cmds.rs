@@ -167,7 +167,7 @@ impl Fuzzer<'_> {
                 sqe.cdw11 = U32::new((v >> 32) as u32);
             }
             16 => {
-                let n = self.h.ctrl.namespaces().len() as u32;
+                let n = self.h.ctrl.max_namespaces();
                 sqe.nsid = U32::new([0, NSID_ALL, v as u32 >> 8, n + 1][v as usize % 4]);
             }
             17 => sqe.cdw0 = U32::new((cdw0 & !(3 << 14)) | ((v as u32 & 3) << 14)),
@@ -208,7 +208,7 @@ impl Fuzzer<'_> {
     /// Builds a valid NVM command from `c`. Returns it, the list pages it uses and
     /// whether it writes guest memory.
     fn build_io(&mut self, c: &IoCmd) -> (Sqe, Vec<usize>, bool) {
-        let nss = self.h.ctrl.namespaces().to_vec();
+        let nss: Vec<_> = self.h.ctrl.namespaces().cloned().collect();
         let ns = &nss[c.nsid as usize % nss.len()];
         let (shift, nsze) = (ns.lba_shift(), ns.nsze());
         let max_nlb = (self.p.mdts_bytes >> shift).clamp(1, nsze.min(65536));
@@ -328,7 +328,7 @@ impl Fuzzer<'_> {
             return;
         }
         let (a, b, cc) = (c.a, c.b, c.c);
-        let nns = self.h.ctrl.namespaces().len() as u32;
+        let nns = self.h.ctrl.max_namespaces();
         let nsid = |v: u32| match v % 8 {
             0..=3 => 1 + v % nns,
             4 => 0,

@@ -166,13 +166,21 @@ impl MockHost {
         }
     }
 
-    /// Runs one command on I/O queue `qid` to completion.
+    /// Runs one command on I/O queue `qid` to completion (bounded: 10 s, which only a
+    /// lost completion exceeds; with worker threads the completion comes from another
+    /// thread, so the wait is in time, not in calls).
     pub fn io_cmd(&mut self, qid: u16, sqe: Sqe) -> Cqe {
         let cid = self.submit(qid, sqe).expect("queue has room");
-        for _ in 0..1000 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut spins = 0u32;
+        while std::time::Instant::now() < deadline {
             self.process();
             if let Some(c) = self.reap_queue(qid).into_iter().find(|c| c.cid.get() == cid) {
                 return c;
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
         }
         panic!("no completion for cid {cid} on queue {qid}");

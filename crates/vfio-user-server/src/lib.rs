@@ -6,6 +6,7 @@
 //! - `dma`: the client's shared memory as a guest memory map.
 //! - `fds`: what a client's file descriptor is, checked before use.
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
+//! - `jobs`: work other threads (a control socket) hand the server thread.
 //! - `server`: the socket loop.
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod dma;
 pub mod doorbells;
 pub mod fds;
 pub mod irq;
+pub mod jobs;
 pub mod pci;
 pub mod server;
 

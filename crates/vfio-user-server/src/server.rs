@@ -17,6 +17,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 
 use std::path::Path;
+use std::sync::Arc;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use std::time::{Duration, Instant};
@@ -29,17 +30,21 @@ use vfio_user::{Connection, ProtoError};
 use zerocopy::little_endian::U32;
 
 use crate::device::{Device, Reply};
+use crate::jobs::DeviceJobs;
 
 /// How the server treats its clients.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ServeOptions {
     /// How long a message may take to arrive once begun, and a reply to leave.
     pub deadline: Duration,
+    /// Work other threads hand this one (a control socket): run between messages,
+    /// and between clients.
+    pub jobs: Option<Arc<DeviceJobs>>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { deadline: DEFAULT_DEADLINE }
+        ServeOptions { deadline: DEFAULT_DEADLINE, jobs: None }
     }
 }
 
@@ -62,7 +67,7 @@ pub fn serve(
         }
         let stream = match waiting.take() {
             Some(w) => w.stream,
-            None => listener.accept()?.0,
+            None => accept(listener, device, opts.jobs.as_deref())?,
         };
         served += 1;
         info!(client = served, "client connected");
@@ -72,6 +77,41 @@ pub fn serve(
             Err(e) => warn!(client = served, "client dropped: {e}"),
         }
         device.disconnect();
+    }
+}
+
+/// Waits for the next client, running jobs meanwhile.
+fn accept(listener: &UnixListener, device: &mut Device, jobs: Option<&DeviceJobs>) -> io::Result<UnixStream> {
+    let Some(jobs) = jobs else { return Ok(listener.accept()?.0) };
+    let epoll = Epoll::new()?;
+    epoll.ctl(ControlOperation::Add, listener.as_raw_fd(), EpollEvent::new(EventSet::IN, LISTENER))?;
+    epoll.ctl(ControlOperation::Add, jobs.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
+    let mut ready = [EpollEvent::default(); 2];
+    loop {
+        let n = match epoll.wait(-1, &mut ready) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        for ev in &ready[..n] {
+            if ev.data() == JOBS {
+                jobs.run_pending(device);
+            }
+        }
+        if ready[..n].iter().any(|ev| ev.data() == LISTENER) {
+            // Readable means a connection is queued, but it may have gone again.
+            listener.set_nonblocking(true)?;
+            let accepted = listener.accept();
+            listener.set_nonblocking(false)?;
+            match accepted {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false)?;
+                    return Ok(s);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -98,6 +138,7 @@ const TIMER: u64 = 2;
 const KICK: u64 = 3;
 const NOTIFIER: u64 = 4;
 const LISTENER: u64 = 5;
+const JOBS: u64 = 6;
 
 /// Handles one client's messages until it disconnects. Protocol errors in a message
 /// are answered with an error reply; only a broken stream ends the session. Between
@@ -139,6 +180,9 @@ fn session(
     )?;
     let events = device.event_fd();
     epoll.ctl(ControlOperation::Add, events.as_raw_fd(), EpollEvent::new(EventSet::IN, EVENTS))?;
+    if let Some(j) = &opts.jobs {
+        epoll.ctl(ControlOperation::Add, j.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
+    }
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::with_deadline(stream, opts.deadline)?;
     let mut ready = [EpollEvent::default(); 8];
@@ -179,6 +223,11 @@ fn session(
                     }
                 }
                 LISTENER => listener_ready = true,
+                JOBS => {
+                    if let Some(j) = &opts.jobs {
+                        j.run_pending(device);
+                    }
+                }
                 // Doorbell kick and backend notifiers: `Inline::run` below.
                 _ => {}
             }

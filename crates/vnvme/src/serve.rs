@@ -200,7 +200,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         &listener,
         &mut dev,
         if a.once { Some(1) } else { None },
-        &server::ServeOptions { deadline: a.client_deadline },
+        &server::ServeOptions { deadline: a.client_deadline, jobs: None },
     );
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));

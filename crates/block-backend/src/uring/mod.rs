@@ -61,7 +61,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -174,7 +174,8 @@ struct Shared {
     /// A descriptor without O_DIRECT, for requests whose offset or length the direct
     /// one cannot take. Only in direct mode.
     buffered: Option<File>,
-    size: u64,
+    /// Bytes (a resize changes it).
+    size: AtomicU64,
     direct: bool,
     /// Direct I/O alignment of buffer addresses and of offsets/lengths (1 if buffered).
     mem_align: u64,
@@ -295,7 +296,7 @@ impl UringBackend {
                 path: path.to_path_buf(),
                 file,
                 buffered,
-                size,
+                size: AtomicU64::new(size),
                 direct,
                 mem_align,
                 off_align,
@@ -338,6 +339,33 @@ impl Backend for UringBackend {
     }
     fn open_queue(&self) -> io::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(UringQueue::new(self.sh.clone())?))
+    }
+    fn resize(&self, bytes: u64) -> io::Result<()> {
+        if self.sh.block_dev {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a block device's size is not ours to change",
+            ));
+        }
+        if !bytes.is_multiple_of(self.sh.off_align) {
+            return Err(io::Error::other(format!(
+                "{bytes} bytes is not a multiple of the {}-byte direct I/O alignment",
+                self.sh.off_align
+            )));
+        }
+        crate::resize_file(&self.sh.file, bytes)?;
+        self.sh.size.store(bytes, Ordering::Release);
+        Ok(())
+    }
+    fn data_end(&self, from: u64) -> io::Result<Option<u64>> {
+        crate::file_data_end(&self.sh.file, from, self.sh.size())
+    }
+}
+
+impl Shared {
+    /// The size now.
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 }
 

@@ -52,7 +52,7 @@ impl UringQueue {
                 Ok(Some(new(Step::Fsync)))
             }
             Op::Read | Op::Write { .. } => {
-                check_range(offset, len, self.sh.size)?;
+                check_range(offset, len, self.sh.size())?;
                 if req.op != Op::Read && self.sh.read_only {
                     return Err(BackendError::ReadOnly);
                 }
@@ -62,7 +62,7 @@ impl UringQueue {
                 self.plan_rw(mem, req).map(Some)
             }
             Op::Discard => {
-                check_range(offset, len, self.sh.size)?;
+                check_range(offset, len, self.sh.size())?;
                 if self.sh.read_only {
                     return Err(BackendError::ReadOnly);
                 }
@@ -87,7 +87,7 @@ impl UringQueue {
                 Ok(Some(new(step)))
             }
             Op::WriteZeroes { deallocate } => {
-                check_range(offset, len, self.sh.size)?;
+                check_range(offset, len, self.sh.size())?;
                 if self.sh.read_only {
                     return Err(BackendError::ReadOnly);
                 }

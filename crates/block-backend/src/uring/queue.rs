@@ -231,9 +231,9 @@ impl UringQueue {
             self.sh.file.metadata().ok().map(|m| m.len())
         };
         match now {
-            Some(now) if now < self.sh.size => BackendError::NotReady(format!(
+            Some(now) if now < self.sh.size() => BackendError::NotReady(format!(
                 "backend file truncated to {now} bytes (namespace has {})",
-                self.sh.size
+                self.sh.size()
             )),
             _ => BackendError::Short { done, len },
         }

@@ -56,8 +56,11 @@ struct FeatureValues {
 }
 
 impl FeatureState {
-    pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Arc<Namespace>]) -> Self {
-        let vwc_present = namespaces.iter().any(|n| n.info.volatile_cache);
+    pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]) -> Self {
+        // A host reads VWC once, at bring-up, and sends Flush only if it is present:
+        // with room for namespaces added later (which may have a cache), say present.
+        let vwc_present = crate::namespace::active(namespaces).any(|n| n.info.volatile_cache)
+            || namespaces.iter().any(Option::is_none);
         let defaults = FeatureValues {
             // AB = 7: no burst limit.
             arbitration: 7,

@@ -42,6 +42,13 @@ pub(crate) struct FormatJob {
     piece: Option<Piece>,
 }
 
+impl FormatJob {
+    /// True if the job formats namespace `nsid`.
+    pub(crate) fn targets(&self, nsid: u32) -> bool {
+        self.targets.iter().any(|n| n.nsid == nsid)
+    }
+}
+
 /// The erase piece at the backend.
 #[derive(Debug)]
 struct Piece {
@@ -55,7 +62,11 @@ impl Controller {
     pub(crate) fn format_nvm(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let f = FormatNvm(sqe);
         let nsid = sqe.nsid.get();
-        let targets = if nsid == NSID_ALL { self.namespaces.to_vec() } else { vec![self.active_ns(nsid)?] };
+        let targets = if nsid == NSID_ALL {
+            crate::namespace::active(&self.namespaces).cloned().collect()
+        } else {
+            vec![self.active_ns(nsid)?]
+        };
         if f.lbaf() as usize >= LBA_FORMATS.len() || f.mset() || f.pi() != 0 {
             // No metadata and no protection information formats exist.
             return status(Status::INVALID_FORMAT);
@@ -66,7 +77,7 @@ impl Controller {
             _ => return Err(CommandError::InvalidField("cryptographic erase is not supported")),
         };
         let lba = 1u64 << LBA_FORMATS[f.lbaf() as usize];
-        if targets.iter().any(|ns| !crate::controller::lba_fits(lba, &ns.info)) {
+        if targets.iter().any(|ns| !crate::controller::lba_fits(lba, ns.info.block_size, ns.size())) {
             // The backend cannot do blocks that small (or its size is not a multiple).
             return status(Status::INVALID_FORMAT);
         }
@@ -107,7 +118,7 @@ impl Controller {
                     None => break None,
                 }
             }
-            while job.at < job.targets.len() && job.done >= job.targets[job.at].info.size {
+            while job.at < job.targets.len() && job.done >= job.targets[job.at].size() {
                 job.at += 1;
                 job.done = 0;
             }
@@ -122,9 +133,13 @@ impl Controller {
                 0 => PIECE_MAX,
                 m => m.min(PIECE_MAX),
             };
-            let len = (ns.info.size - job.done).min(max);
+            let len = ns.size().saturating_sub(job.done).min(max);
             let mem = self.engine.mem.clone();
-            let tag = self.admin.submit(&ns, &mem, Op::WriteZeroes { deallocate: true }, job.done, len);
+            let tag = match self.admin.submit(&ns, &mem, Op::WriteZeroes { deallocate: true }, job.done, len)
+            {
+                Ok(t) => t,
+                Err(source) => break Some(Err(CommandError::Backend { write: true, source })),
+            };
             let expires_ns = match ns.timeout_ns {
                 0 => u64::MAX,
                 t => self.clock.now_ns().saturating_add(t),
@@ -150,6 +165,14 @@ impl Controller {
             }
         }
         progress
+    }
+
+    /// Ends an erasing Format in progress with Internal Error (`why` is logged).
+    pub(crate) fn fail_format(&mut self, why: &str) {
+        if let Some(job) = self.admin.format.take() {
+            crate::limited_warn!(target: "vnvme::backend", cid = job.cid, "Format NVM (erase) failed: {why}");
+            self.engine.complete_deferred(0, job.cid, Status::INTERNAL_ERROR, 0);
+        }
     }
 
     /// Puts LBA format `lbaf` into effect on `targets` and tells the host.

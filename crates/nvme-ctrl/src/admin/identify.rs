@@ -17,7 +17,7 @@ use super::AdminDone;
 use crate::controller::Controller;
 use crate::error::{CmdResult, CommandError};
 use crate::events::ERROR_LOG_ENTRIES;
-use crate::namespace::{Namespace, LBA_FORMATS};
+use crate::namespace::{active, Namespace, LBA_FORMATS};
 
 /// Command set identifier of the NVM command set.
 const CSI_NVM: u8 = 0;
@@ -59,11 +59,11 @@ impl Controller {
                 // The backends' limits, where they have them (0: none). WZSL is a
                 // power of two in units of the 4 KiB minimum page size, rounded down.
                 let wz =
-                    self.namespaces.iter().filter(|n| n.info.write_zeroes).map(|n| n.info.write_zeroes_max);
+                    active(&self.namespaces).filter(|n| n.info.write_zeroes).map(|n| n.info.write_zeroes_max);
                 if let Some(max) = wz.filter(|&m| m > 0).min() {
                     c.wzsl = (max / 4096).max(1).ilog2().max(1) as u8;
                 }
-                let dm = self.namespaces.iter().filter(|n| n.info.discard && n.info.discard_max > 0);
+                let dm = active(&self.namespaces).filter(|n| n.info.discard && n.info.discard_max > 0);
                 if let Some(blocks) = dm.map(|n| n.info.discard_max >> n.lba_shift()).min() {
                     c.dmrsl = U32::new(blocks.clamp(1, u32::MAX as u64) as u32);
                 }
@@ -85,7 +85,7 @@ impl Controller {
         if after >= 0xffff_fffe {
             return Err(CommandError::InvalidNamespace(after));
         }
-        Ok(active_ns_list(after, self.namespaces.iter().map(|n| n.nsid)).to_vec())
+        Ok(active_ns_list(after, active(&self.namespaces).map(|n| n.nsid)).to_vec())
     }
 
     pub(crate) fn identify_controller(&self) -> IdentifyController {
@@ -137,8 +137,13 @@ impl Controller {
             // Namespace Management is not supported, so there are no common capabilities.
             return Err(CommandError::InvalidNamespace(nsid));
         }
-        let ns = self.active_ns(nsid)?;
-        Ok(namespace_data(&ns))
+        match self.active_ns(nsid) {
+            Ok(ns) => Ok(namespace_data(&ns)),
+            // An inactive NSID (within NN, no namespace now): a zero-filled
+            // structure (Base §5.1.13.2.1), which is how a host learns it went away.
+            Err(_) if nsid >= 1 && nsid <= self.max_namespaces() => Ok(IdentifyNamespace::new_zeroed()),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -43,8 +43,12 @@ pub struct AdminState {
     pub(crate) aers: Vec<u16>,
     /// An I/O queue was created since the last reset (Number of Queues may no longer change).
     pub(crate) io_queues_created: bool,
-    /// One backend queue per namespace for admin-driven work (Format, shutdown flush).
-    backends: Vec<Box<dyn BackendQueue>>,
+    /// One backend queue per active namespace (indexed by nsid - 1) for admin-driven
+    /// work (Format, shutdown flush).
+    backends: Vec<Option<Box<dyn BackendQueue>>>,
+    /// Queues of removed namespaces still holding requests given up on, kept until
+    /// those come back.
+    retiring: Vec<Box<dyn BackendQueue>>,
     /// Tag of the next request on `backends` (a request abandoned at its deadline
     /// may still complete later: its completion is told apart by the tag).
     next_tag: u64,
@@ -55,12 +59,20 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Arc<Namespace>]) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        cfg: &ControllerConfig,
+        namespaces: &[Option<Arc<Namespace>>],
+    ) -> std::io::Result<Self> {
+        let backends = namespaces
+            .iter()
+            .map(|s| s.as_ref().map(|n| n.backend.open_queue()).transpose())
+            .collect::<Result<_, _>>()?;
         Ok(AdminState {
             features: FeatureState::new(cfg, namespaces),
             aers: Vec::new(),
             io_queues_created: false,
-            backends: namespaces.iter().map(|n| n.backend.open_queue()).collect::<Result<_, _>>()?,
+            backends,
+            retiring: Vec::new(),
             next_tag: 0,
             format: None,
             created_ns: 0,
@@ -79,27 +91,74 @@ impl AdminState {
         }
     }
 
+    /// The admin backend queue of `ns`.
+    fn queue(&mut self, ns: &Namespace) -> Result<&mut Box<dyn BackendQueue>, BackendError> {
+        self.backends
+            .get_mut(ns.nsid as usize - 1)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| BackendError::NotReady(format!("namespace {} has no backend queue", ns.nsid)))
+    }
+
     /// Starts one request on the admin backend queue of `ns`; returns its tag.
-    pub(crate) fn submit(&mut self, ns: &Namespace, mem: &GuestMemory, op: Op, offset: u64, len: u64) -> u64 {
+    pub(crate) fn submit(
+        &mut self,
+        ns: &Namespace,
+        mem: &GuestMemory,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, BackendError> {
         self.next_tag += 1;
         let tag = self.next_tag;
-        let q = &mut self.backends[ns.nsid as usize - 1];
+        let q = self.queue(ns)?;
         q.submit(mem, Request { tag, op, offset, len, data: DataBuf::None });
         q.commit();
-        tag
+        Ok(tag)
     }
 
     /// The result of request `tag` on the admin backend queue of `ns` if it has
     /// finished (without waiting). Completions of requests given up on earlier are
     /// discarded.
     pub(crate) fn reap_tagged(&mut self, ns: &Namespace, tag: u64) -> Option<Result<(), BackendError>> {
-        let q = &mut self.backends[ns.nsid as usize - 1];
+        self.reap_retiring();
+        let q = match self.queue(ns) {
+            Ok(q) => q,
+            Err(e) => return Some(Err(e)),
+        };
         if q.in_flight() == 0 {
             return None;
         }
         let mut out: Vec<Completion> = Vec::new();
         q.reap(&mut out);
         out.into_iter().find(|c| c.tag == tag).map(|c| c.result)
+    }
+
+    /// Drops the queues of removed namespaces once nothing is in flight on them.
+    fn reap_retiring(&mut self) {
+        let mut out = Vec::new();
+        self.retiring.retain_mut(|q| {
+            q.reap(&mut out);
+            q.in_flight() > 0
+        });
+    }
+
+    /// Opens the admin backend queue of a namespace just added.
+    pub(crate) fn attach(&mut self, ns: &Namespace) -> std::io::Result<()> {
+        let q = ns.backend.open_queue()?;
+        if let Some(slot) = self.backends.get_mut(ns.nsid as usize - 1) {
+            *slot = Some(q);
+        }
+        Ok(())
+    }
+
+    /// Lets go of the admin backend queue of a namespace just removed (kept until
+    /// requests given up on come back); an erasing Format of it fails.
+    pub(crate) fn detach(&mut self, nsid: u32) {
+        if let Some(q) = self.backends.get_mut(nsid as usize - 1).and_then(Option::take) {
+            if q.in_flight() > 0 {
+                self.retiring.push(q);
+            }
+        }
     }
 
     /// Runs one request on the admin backend queue of `ns` and waits for it until
@@ -114,11 +173,13 @@ impl AdminState {
         deadline: Instant,
     ) -> CmdResult {
         let started = Instant::now();
-        let tag = self.submit(ns, mem, op, offset, len);
+        let write = !matches!(op, Op::Read);
+        let tag = self
+            .submit(ns, mem, op, offset, len)
+            .map_err(|source| CommandError::Backend { write, source })?;
         let mut spins = 0u64;
         loop {
             if let Some(result) = self.reap_tagged(ns, tag) {
-                let write = !matches!(op, Op::Read);
                 return result.map_err(|source| CommandError::Backend { write, source });
             }
             let now = Instant::now();
@@ -126,7 +187,7 @@ impl AdminState {
                 return Err(CommandError::TimedOut { ms: (now - started).as_millis() as u64 });
             }
             spins += 1;
-            match self.backends[ns.nsid as usize - 1].notifier() {
+            match self.queue(ns).ok().and_then(|q| q.notifier()) {
                 // Asynchronous backends: sleep until the completion is ready.
                 Some(fd) => {
                     let wait = (deadline - now).min(Duration::from_millis(10));
@@ -217,10 +278,7 @@ impl Controller {
 
     /// The namespace `nsid` if it is active.
     pub(crate) fn active_ns(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        nsid.checked_sub(1)
-            .and_then(|i| self.namespaces.get(i as usize))
-            .cloned()
-            .ok_or(CommandError::InvalidNamespace(nsid))
+        crate::namespace::lookup(&self.namespaces, nsid).cloned().ok_or(CommandError::InvalidNamespace(nsid))
     }
 }
 

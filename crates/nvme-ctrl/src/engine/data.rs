@@ -153,11 +153,18 @@ impl IoEngine {
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
         let mut any = !self.reaped.is_empty();
-        for i in 0..self.backends.len() {
-            if self.backends[i].in_flight() > 0 {
-                self.backends[i].commit();
-                any |= self.backends[i].reap(&mut self.reaped) > 0;
+        for &i in &self.open_backends {
+            let Some(b) = self.backends[i].as_mut() else { continue };
+            if b.in_flight() > 0 {
+                b.commit();
+                any |= b.reap(&mut self.reaped) > 0;
             }
+        }
+        if !self.retiring.is_empty() {
+            for b in &mut self.retiring {
+                any |= b.reap(&mut self.reaped) > 0;
+            }
+            self.retiring.retain(|b| b.in_flight() > 0);
         }
         let mut reaped = std::mem::take(&mut self.reaped);
         for c in reaped.drain(..) {

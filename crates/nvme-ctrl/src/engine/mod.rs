@@ -32,14 +32,15 @@ use tracing::warn;
 use crate::doorbell::ShadowBuffers;
 use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, VectorState};
-use crate::namespace::Namespace;
+use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::Stats;
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]
 pub struct EngineContext {
-    pub namespaces: Arc<[Arc<Namespace>]>,
+    /// The namespace table this engine has adopted (see `IoEngine::set_namespaces`).
+    pub namespaces: NamespaceSlots,
     pub irq: Arc<dyn InterruptSink>,
     pub clock: Arc<dyn Clock>,
     pub stats: Arc<Stats>,
@@ -127,8 +128,14 @@ pub struct IoEngine {
     pub(crate) active_sqs: Vec<u16>,
     pub(crate) rr_next: usize,
     pub(crate) shadow: Option<ShadowBuffers>,
-    /// One backend queue per namespace, indexed by nsid - 1.
-    pub(crate) backends: Vec<Box<dyn BackendQueue>>,
+    /// One backend queue per active namespace, indexed by nsid - 1 (None: inactive
+    /// NSID, or the queue could not be opened, or this engine runs no I/O).
+    pub(crate) backends: Vec<Option<Box<dyn BackendQueue>>>,
+    /// Indices of `backends` that hold a queue, for the loops over them.
+    pub(crate) open_backends: Vec<usize>,
+    /// Queues of removed namespaces still holding requests whose commands were
+    /// completed at removal; dropped once those come back.
+    pub(crate) retiring: Vec<Box<dyn BackendQueue>>,
     /// Commands at the backends, indexed by tag.
     pub(crate) inflight: Vec<Slot>,
     /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
@@ -159,6 +166,9 @@ pub struct IoEngine {
     pub(crate) mdts_bytes: u64,
     /// Volatile Write Cache enabled (writes need not be durable until Flush).
     pub(crate) write_cache: bool,
+    /// This engine runs no I/O (the controller's own, once workers own the I/O
+    /// queues): it opens no backend queues for namespaces added later either.
+    pub(crate) no_backends: bool,
     /// When false, a poller is spinning and EventIdx is left stale so the host does
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
@@ -172,7 +182,12 @@ pub(crate) const POLL_BUDGET: u32 = 512;
 impl IoEngine {
     pub fn new(ctx: EngineContext) -> std::io::Result<Self> {
         let (mem_generation, mem) = ctx.memory.latest();
-        let backends = ctx.namespaces.iter().map(|ns| ns.backend.open_queue()).collect::<Result<_, _>>()?;
+        let backends: Vec<Option<Box<dyn BackendQueue>>> = ctx
+            .namespaces
+            .iter()
+            .map(|s| s.as_ref().map(|ns| ns.backend.open_queue()).transpose())
+            .collect::<Result<_, _>>()?;
+        let open_backends = (0..backends.len()).filter(|&i| backends[i].is_some()).collect();
         let n = ctx.max_qid as usize + 1;
         Ok(IoEngine {
             sqs: (0..n).map(|_| None).collect(),
@@ -181,6 +196,8 @@ impl IoEngine {
             rr_next: 0,
             shadow: None,
             backends,
+            open_backends,
+            retiring: Vec::new(),
             inflight: Vec::new(),
             next_expiry: u64::MAX,
             poll_now_ns: None,
@@ -198,6 +215,7 @@ impl IoEngine {
             page_size: 4096,
             mdts_bytes: 1 << 20,
             write_cache: true,
+            no_backends: false,
             arm_eventidx: true,
             fatal: None,
             mem,
@@ -210,7 +228,7 @@ impl IoEngine {
     pub(crate) fn adopt_memory(&mut self) {
         if self.ctx.memory.generation() != self.mem_generation {
             (self.mem_generation, self.mem) = self.ctx.memory.latest();
-            for b in &mut self.backends {
+            for b in self.backends.iter_mut().flatten().chain(self.retiring.iter_mut()) {
                 b.memory_changed(&self.mem);
             }
         }
@@ -335,20 +353,70 @@ impl IoEngine {
     /// own every I/O queue, so a backend with a limited number of queues (nvme://)
     /// or a cost per queue (an io_uring ring) spends them on the workers only.
     pub(crate) fn close_backends(&mut self) {
-        self.backends.clear();
+        self.backends.iter_mut().for_each(|b| *b = None);
+        self.open_backends.clear();
+        self.no_backends = true;
+    }
+
+    /// Every backend queue of this engine, retiring ones included.
+    fn all_backends(&self) -> impl Iterator<Item = &dyn BackendQueue> + '_ {
+        self.open_backends
+            .iter()
+            .filter_map(|&i| self.backends[i].as_deref())
+            .chain(self.retiring.iter().map(|b| &**b))
     }
 
     /// The descriptors of backend queues that complete asynchronously: the owner
     /// sleeps on them (level triggered) alongside its doorbells.
     pub fn backend_notifiers(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
-        self.backends.iter().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
+        self.all_backends().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
     }
 
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
-        self.backends.iter().any(|b| b.needs_polling())
+        self.all_backends().any(|b| b.needs_polling())
+    }
+
+    /// Adopts a new namespace table: opens a backend queue for each namespace
+    /// added, and for each one removed completes its commands still in flight with
+    /// Invalid Namespace (their requests are given up on; the queue is kept until
+    /// they come back). Runs on the engine's own thread.
+    pub(crate) fn set_namespaces(&mut self, slots: NamespaceSlots) {
+        let old = std::mem::replace(&mut self.ctx.namespaces, slots.clone());
+        for i in 0..slots.len().max(old.len()) {
+            let before = old.get(i).and_then(Option::as_ref);
+            let after = slots.get(i).and_then(Option::as_ref);
+            let same = matches!((before, after), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
+            if same {
+                continue;
+            }
+            if let Some(gone) = before {
+                let nsid = gone.nsid;
+                self.abandon_where(|f| f.nsid == nsid, || crate::error::CommandError::InvalidNamespace(nsid));
+                if let Some(q) = self.backends.get_mut(i).and_then(Option::take) {
+                    if q.in_flight() > 0 {
+                        self.retiring.push(q);
+                    }
+                }
+            }
+            if let (Some(new), false) = (after, self.no_backends) {
+                match new.backend.open_queue() {
+                    Ok(q) => {
+                        if i >= self.backends.len() {
+                            self.backends.resize_with(i + 1, || None);
+                        }
+                        self.backends[i] = Some(q);
+                    }
+                    Err(e) => warn!(
+                        nsid = new.nsid,
+                        "cannot open a backend queue for the new namespace ({e}): its I/O on this engine fails"
+                    ),
+                }
+            }
+        }
+        self.open_backends = (0..self.backends.len()).filter(|&i| self.backends[i].is_some()).collect();
     }
 
     /// True if commands are in flight in the backends or SQs hold unfetched entries.

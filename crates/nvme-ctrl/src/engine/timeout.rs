@@ -50,10 +50,10 @@ impl IoEngine {
     /// the longest timeout of them.
     pub(crate) fn command_deadline(&mut self, nsid: u32) -> u64 {
         let ns = &self.ctx.namespaces;
-        let t = match ns.get((nsid as usize).wrapping_sub(1)) {
+        let t = match crate::namespace::lookup(ns, nsid) {
             Some(n) => n.timeout_ns,
-            None if ns.iter().any(|n| n.timeout_ns == 0) => 0,
-            None => ns.iter().map(|n| n.timeout_ns).max().unwrap_or(0),
+            None if crate::namespace::active(ns).any(|n| n.timeout_ns == 0) => 0,
+            None => crate::namespace::active(ns).map(|n| n.timeout_ns).max().unwrap_or(0),
         };
         if t == 0 {
             return u64::MAX;
@@ -92,10 +92,7 @@ impl IoEngine {
                 next = next.min(f.deadline_ns);
                 continue;
             }
-            let ms = self
-                .ctx
-                .namespaces
-                .get((f.nsid as usize).wrapping_sub(1))
+            let ms = crate::namespace::lookup(&self.ctx.namespaces, f.nsid)
                 .map_or(0, |n| n.timeout_ns / 1_000_000);
             self.abandon(tag, CommandError::TimedOut { ms });
             any = true;
@@ -142,7 +139,9 @@ impl IoEngine {
         };
         self.inflight[tag] = Slot::Abandoned { remaining: f.remaining };
         self.stopped_running();
-        Stats::add(&self.ctx.stats.timeouts, 1);
+        if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
+            Stats::add(&self.ctx.stats.timeouts, 1);
+        }
         let status: Status = why.status();
         // A stuck backend must not flood the log.
         crate::limited_warn!(

@@ -12,7 +12,7 @@ impl IoEngine {
     pub(crate) fn flush(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         let targets: Vec<u32> = if nsid == NSID_ALL {
-            self.ctx.namespaces.iter().map(|n| n.nsid).collect()
+            crate::namespace::active(&self.ctx.namespaces).map(|n| n.nsid).collect()
         } else {
             vec![self.namespace(nsid)?.nsid]
         };

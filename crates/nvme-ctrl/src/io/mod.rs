@@ -57,8 +57,7 @@ impl IoEngine {
 
     /// The active namespace `nsid`, or Invalid Namespace or Format.
     pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        nsid.checked_sub(1)
-            .and_then(|i| self.ctx.namespaces.get(i as usize))
+        crate::namespace::lookup(&self.ctx.namespaces, nsid)
             .cloned()
             .ok_or(CommandError::InvalidNamespace(nsid))
     }
@@ -97,7 +96,7 @@ impl IoEngine {
     /// without backend queues (the controller's own, once workers own the I/O
     /// queues) never gets I/O; if it did, the request fails instead of panicking.
     pub(crate) fn backend_submit(&mut self, nsid: u32, req: Request) {
-        match self.backends.get_mut(nsid as usize - 1) {
+        match self.backends.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut) {
             Some(q) => q.submit(&self.mem, req),
             None => self.reaped.push(block_backend::Completion {
                 tag: req.tag,

@@ -1,0 +1,148 @@
+//! Namespaces added, removed and resized under a running host (what an operator asks
+//! for through a control socket), the way the spec tells a host about it: the
+//! namespace's NSID goes into the Changed Namespace List log (Base §5.1.12.1.5) and a
+//! Namespace Attribute Changed notice is raised (Base §5.1.2, OAES bit 8) if the host
+//! enabled it; Linux then rescans on its own.
+//!
+//! Every engine adopts the new namespace table before the host hears of the change:
+//! a namespace added has its backend queues open when the first command comes, and
+//! one removed has no command left running anywhere (commands still at its backend
+//! complete with Invalid Namespace, their requests given up on as a timeout does).
+
+use std::sync::Arc;
+
+use nvme_spec::aer::{notice_info, AsyncEvent, EventType};
+use nvme_spec::log::lid;
+use tracing::info;
+
+use crate::config::NamespaceConfig;
+use crate::controller::{lba_fits, make_namespace, Controller};
+use crate::namespace::{lookup, Namespace, NamespaceSlots};
+
+/// Why a namespace could not be added, removed or resized.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("no free NSID: all {0} are in use (the controller was started with room for {0} namespaces)")]
+    Full(u32),
+    #[error("NSID {0} is outside 1..={1}")]
+    OutOfRange(u32, u32),
+    #[error("NSID {0} is in use")]
+    InUse(u32),
+    #[error("there is no namespace {0}")]
+    NotFound(u32),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("cannot open the backend's queues: {0}")]
+    Open(std::io::Error),
+    #[error("namespace {nsid}: cannot resize the backend: {source}")]
+    Resize { nsid: u32, source: std::io::Error },
+    #[error(
+        "namespace {nsid}: the guest may have data beyond {new_size} bytes (the backend holds data up to \
+         {size} bytes); shrink anyway with force"
+    )]
+    WouldLoseData { nsid: u32, new_size: u64, size: u64 },
+}
+
+impl Controller {
+    /// Adds a namespace at `nsid` (the lowest free NSID if None) and tells the host.
+    /// Returns its NSID.
+    pub fn add_namespace(&mut self, n: &NamespaceConfig, nsid: Option<u32>) -> Result<u32, NamespaceError> {
+        let nn = self.max_namespaces();
+        let nsid = match nsid {
+            Some(id) if id == 0 || id > nn => return Err(NamespaceError::OutOfRange(id, nn)),
+            Some(id) if lookup(&self.namespaces, id).is_some() => return Err(NamespaceError::InUse(id)),
+            Some(id) => id,
+            None => {
+                let free =
+                    self.namespaces.iter().position(Option::is_none).ok_or(NamespaceError::Full(nn))?;
+                free as u32 + 1
+            }
+        };
+        let ns = Arc::new(make_namespace(nsid, n, &self.cfg.serial).map_err(NamespaceError::Invalid)?);
+        self.admin.attach(&ns).map_err(NamespaceError::Open)?;
+        let mut slots = self.namespaces.to_vec();
+        slots[nsid as usize - 1] = Some(ns.clone());
+        self.publish_namespaces(slots.into());
+        info!(nsid, backend = %ns.info.kind, size = ns.size(), "namespace added");
+        self.namespace_changed(nsid);
+        Ok(nsid)
+    }
+
+    /// Removes namespace `nsid` and tells the host. Its commands still with the
+    /// backend complete with Invalid Namespace.
+    pub fn remove_namespace(&mut self, nsid: u32) -> Result<(), NamespaceError> {
+        let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
+            return Err(NamespaceError::NotFound(nsid));
+        };
+        if self.admin.format.as_ref().is_some_and(|f| f.targets(nsid)) {
+            self.fail_format("its namespace was removed");
+        }
+        let mut slots = self.namespaces.to_vec();
+        slots[nsid as usize - 1] = None;
+        self.publish_namespaces(slots.into());
+        self.admin.detach(nsid);
+        info!(nsid, backend = %ns.info.kind, "namespace removed");
+        self.namespace_changed(nsid);
+        Ok(())
+    }
+
+    /// Resizes namespace `nsid` to `bytes` and tells the host. Shrinking is refused
+    /// when the backend may hold data beyond the new end (the guest's data), unless
+    /// `force`. Returns the old size.
+    pub fn resize_namespace(&mut self, nsid: u32, bytes: u64, force: bool) -> Result<u64, NamespaceError> {
+        let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
+            return Err(NamespaceError::NotFound(nsid));
+        };
+        let old = ns.size();
+        let lba = 1u64 << ns.lba_shift();
+        if !lba_fits(lba, ns.info.block_size, bytes) {
+            return Err(NamespaceError::Invalid(format!(
+                "namespace {nsid}: {bytes} bytes is not a whole number of its {lba}-byte blocks (or is zero)"
+            )));
+        }
+        if bytes < old && !force {
+            let holds =
+                ns.backend.data_end(bytes).map_err(|source| NamespaceError::Resize { nsid, source })?;
+            if let Some(size) = holds {
+                return Err(NamespaceError::WouldLoseData { nsid, new_size: bytes, size });
+            }
+        }
+        if bytes < old {
+            // New commands see the new end before the storage shrinks under them.
+            ns.set_size(bytes);
+        }
+        if let Err(source) = ns.backend.resize(bytes) {
+            ns.set_size(old);
+            return Err(NamespaceError::Resize { nsid, source });
+        }
+        ns.set_size(bytes);
+        info!(nsid, old, new = bytes, "namespace resized");
+        self.namespace_changed(nsid);
+        Ok(old)
+    }
+
+    /// Makes `slots` the namespace table of the admin side and of every engine,
+    /// returning once each has adopted it.
+    fn publish_namespaces(&mut self, slots: NamespaceSlots) {
+        self.namespaces = slots.clone();
+        self.on_all_engines(move |e| e.set_namespaces(slots.clone()));
+    }
+
+    /// Records that `nsid` changed and raises the Namespace Attribute Changed notice
+    /// if the host asked for it.
+    pub(crate) fn namespace_changed(&mut self, nsid: u32) {
+        self.events.namespace_changed(nsid);
+        if self.admin.features.aec.ns_attribute_notices() {
+            self.events.raise(AsyncEvent {
+                kind: EventType::Notice,
+                info: notice_info::NAMESPACE_ATTRIBUTE_CHANGED,
+                log_page: lid::CHANGED_NAMESPACE_LIST,
+            });
+        }
+    }
+
+    /// The namespace `nsid` if it is active.
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        lookup(&self.namespaces, nsid).cloned()
+    }
+}
