@@ -195,6 +195,11 @@ impl Device {
         std::mem::take(&mut self.progress)
     }
 
+    /// True while a client is connected and has negotiated VERSION.
+    pub fn client_connected(&self) -> bool {
+        self.negotiated
+    }
+
     /// The eventfd the controller signals when an asynchronous event is raised.
     pub fn event_fd(&self) -> Arc<EventFd> {
         self.events.clone()

@@ -83,10 +83,17 @@ impl std::fmt::Display for FdKind {
 /// thread that signals it. The flag lives in the open file description, which the
 /// client shares; QEMU creates its eventfds non-blocking already.
 pub fn set_nonblocking(fd: impl AsFd) -> std::io::Result<()> {
+    set_blocking(fd, false)
+}
+
+/// Sets or clears O_NONBLOCK with fcntl (std's `set_nonblocking` uses the FIONBIO
+/// ioctl, which the sandbox refuses).
+pub fn set_blocking(fd: impl AsFd, blocking: bool) -> std::io::Result<()> {
     let fd = fd.as_fd();
     let flags = rustix::fs::fcntl_getfl(fd)?;
-    if !flags.contains(OFlags::NONBLOCK) {
-        rustix::fs::fcntl_setfl(fd, flags | OFlags::NONBLOCK)?;
+    let want = if blocking { flags - OFlags::NONBLOCK } else { flags | OFlags::NONBLOCK };
+    if want != flags {
+        rustix::fs::fcntl_setfl(fd, want)?;
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ use vfio_user::{Connection, ProtoError};
 use zerocopy::little_endian::U32;
 
 use crate::device::{Device, Reply};
+use crate::fds::set_blocking;
 use crate::jobs::DeviceJobs;
 
 /// How the server treats its clients.
@@ -100,12 +101,12 @@ fn accept(listener: &UnixListener, device: &mut Device, jobs: Option<&DeviceJobs
         }
         if ready[..n].iter().any(|ev| ev.data() == LISTENER) {
             // Readable means a connection is queued, but it may have gone again.
-            listener.set_nonblocking(true)?;
+            set_blocking(listener, false)?;
             let accepted = listener.accept();
-            listener.set_nonblocking(false)?;
+            set_blocking(listener, true)?;
             match accepted {
                 Ok((s, _)) => {
-                    s.set_nonblocking(false)?;
+                    set_blocking(&s, true)?;
                     return Ok(s);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -263,9 +264,9 @@ fn queue_or_refuse(listener: &UnixListener, waiting: &mut Option<Waiting>, pendi
         return;
     }
     // Readable means a connection is queued, but it may have gone again: don't block.
-    let _ = listener.set_nonblocking(true);
+    let _ = set_blocking(listener, false);
     let accepted = listener.accept();
-    let _ = listener.set_nonblocking(false);
+    let _ = set_blocking(listener, true);
     let Ok((stream, _)) = accepted else { return };
     if waiting.is_none() {
         debug!("a client connected while another is being served: it waits up to {limit:?}");

@@ -1,8 +1,11 @@
 //! The vnvme command-line program.
 #![forbid(unsafe_code)]
 
+mod control;
+mod ctl;
 mod demo;
 mod identify;
+mod logging;
 mod nsspec;
 mod perf;
 mod sandbox;
@@ -10,13 +13,20 @@ mod serve;
 
 use clap::{Parser, Subcommand};
 
+use logging::LogFormat;
+
 /// vnvme: a fast, correct emulated NVMe controller for virtual machines.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vnvme::guest=debug".
+    /// A running server's filter can be changed with `vnvme ctl log.set`.
     #[arg(long, global = true, env = "VNVME_LOG", default_value = "warn")]
     log: String,
+    /// Log line format on stderr: text (colours only when stderr is a terminal) or
+    /// json (one object per line, for journald or a log shipper).
+    #[arg(long, global = true, env = "VNVME_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -38,19 +48,21 @@ enum Cmd {
     /// With --in-process, drive a controller in this process instead (no socket, no
     /// server process): the ceiling for a vfio-user transport.
     Perf(perf::PerfArgs),
+    /// Talk to a running `vnvme serve --control PATH`: read its state and counters,
+    /// add, remove and resize namespaces, set QoS limits and the log filter
+    /// (docs/CONTROL.md has every method with examples).
+    Ctl(ctl::CtlArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init(&cli.log, cli.log_format);
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Identify(a) => identify::run(a),
         Cmd::Perf(a) => perf::run(a),
+        Cmd::Ctl(a) => ctl::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

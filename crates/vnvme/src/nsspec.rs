@@ -38,6 +38,8 @@ use block_backend::{
 /// One `--ns` argument.
 #[derive(Clone, Debug)]
 pub struct NsSpec {
+    /// What it was parsed from.
+    pub text: String,
     pub kind: Kind,
     /// Size for RAM and null namespaces, and the size to create a file at.
     pub size: Option<u64>,
@@ -216,6 +218,7 @@ impl FromStr for NsSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = NsSpec {
+            text: s.to_string(),
             kind: Kind::Ram,
             size: None,
             lba_format: None,

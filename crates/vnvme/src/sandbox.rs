@@ -34,10 +34,12 @@
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
+//! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above. `nvme://` cannot be added under the sandbox (no socket or connect) |
 //!
 //! Limits, stated plainly:
 //! - seccomp cannot read path arguments: with `--stats-file` the process may create
-//!   and replace files wherever its user may write. `--user` bounds that (and every
+//!   and replace files wherever its user may write, and with `--control` open any
+//!   file its user may open. `--user` bounds that (and every
 //!   other path the process can reach); so does leaving `--stats-file` off.
 //! - io_uring operations are not system calls: an io_uring backend's ring could be
 //!   given any opcode (an open, a socket) without seccomp seeing it. Registering ring
@@ -71,6 +73,9 @@ pub struct Needs {
     pub kernel_vfio: bool,
     /// `--stats-file`: the counters are rewritten (create, write, rename).
     pub stats_file: bool,
+    /// `--control`: namespaces may be added and resized later, so what opening,
+    /// creating and resizing a `file:` namespace on either engine needs.
+    pub control: bool,
 }
 
 impl Needs {
@@ -81,6 +86,7 @@ impl Needs {
             uring: self.uring || o.uring,
             kernel_vfio: self.kernel_vfio || o.kernel_vfio,
             stats_file: self.stats_file || o.stats_file,
+            control: self.control || o.control,
         }
     }
 }
@@ -130,12 +136,24 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     allow(&[SYS_fstat, SYS_newfstatat, SYS_statx, SYS_lseek, SYS_readlinkat]);
     #[cfg(target_arch = "x86_64")]
     allow(&[SYS_epoll_wait, SYS_poll, SYS_readlink]);
-    if needs.file {
+    if needs.file || needs.control {
         allow(&[SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_fsync, SYS_fdatasync]);
         allow(&[SYS_fallocate]);
     }
-    if needs.uring {
+    if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
+    }
+    if needs.control {
+        // Opening a namespace's file (any path the user may open: see the header),
+        // sizing it, asking its file system (tmpfs or not), and its io_uring rings.
+        allow(&[
+            SYS_openat,
+            SYS_ftruncate,
+            SYS_statfs,
+            SYS_fstatfs,
+            SYS_io_uring_setup,
+            SYS_io_uring_register,
+        ]);
     }
     if needs.stats_file {
         allow(&[SYS_renameat, SYS_renameat2]);
@@ -163,7 +181,7 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     // abort() signals its own process; no other.
     m.insert(SYS_tgkill, one_of(0, &[std::process::id() as u64]));
 
-    if needs.stats_file {
+    if needs.stats_file && !needs.control {
         // std's File::create, for the temporary file that replaces the stats file.
         m.insert(SYS_openat, one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
     }
@@ -315,6 +333,8 @@ mod tests {
         assert!(rules(&Needs { file: true, ..Default::default() }).contains_key(&libc::SYS_pwrite64));
         assert!(rules(&Needs { kernel_vfio: true, ..Default::default() }).contains_key(&libc::SYS_ioctl));
         assert!(rules(&Needs { stats_file: true, ..Default::default() }).contains_key(&libc::SYS_openat));
-        filter(&Needs { file: true, uring: true, kernel_vfio: true, stats_file: true }).expect("compiles");
+        assert!(rules(&Needs { control: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_setup));
+        filter(&Needs { file: true, uring: true, kernel_vfio: true, stats_file: true, control: true })
+            .expect("compiles");
     }
 }

@@ -100,6 +100,16 @@ pub struct ServeArgs {
     /// change to this user's uid, gid and groups. Needs root to start.
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
+    /// Serve the control socket (JSON-RPC 2.0, owner-only) here: `vnvme ctl --control
+    /// PATH METHOD` reads state and counters, adds, removes and resizes namespaces,
+    /// sets QoS and the log filter (docs/CONTROL.md).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Number of Namespaces the controller reports (Identify NN): room for
+    /// namespaces added later through the control socket. Default: 32 with
+    /// --control, else as many as --ns gives.
+    #[arg(long, value_name = "N")]
+    pub max_namespaces: Option<u32>,
 }
 
 /// on or off.
@@ -117,6 +127,19 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--workers must be 0..=64".into());
     }
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
+    let max_namespaces = match a.max_namespaces {
+        Some(n) if n == 0 || n > nvme_ctrl::MAX_NAMESPACES => {
+            return Err(format!("--max-namespaces must be 1..={}", nvme_ctrl::MAX_NAMESPACES).into())
+        }
+        Some(n) if (n as usize) < a.namespaces.len() => {
+            return Err(
+                format!("--max-namespaces {n} is fewer than the {} --ns given", a.namespaces.len()).into()
+            )
+        }
+        Some(n) => n,
+        None if a.control.is_some() => DEFAULT_MAX_NAMESPACES.max(a.namespaces.len() as u32),
+        None => 0,
+    };
     let opened = a.namespaces.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg = ControllerConfig {
         serial: a.serial.clone(),
@@ -124,6 +147,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         msix_vectors: a.queues + 1,
         shadow_doorbells: !a.no_shadow_doorbells,
         namespaces: opened.iter().map(|o| o.config()).collect(),
+        max_namespaces,
         ..Default::default()
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
@@ -184,6 +208,26 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             std::thread::sleep(Duration::from_millis(500));
         })?;
     }
+    let jobs = vfio_user_server::jobs::DeviceJobs::new()?;
+    if let Some(path) = &a.control {
+        let listener =
+            crate::control::server::bind(path).map_err(|e| format!("--control {}: {e}", path.display()))?;
+        let specs = a.namespaces.iter().enumerate().map(|(i, s)| (i as u32 + 1, s.text.clone())).collect();
+        let ctx = crate::control::methods::Context {
+            jobs: jobs.clone(),
+            stats: stats.clone(),
+            facts: facts(&a, poll, &dev),
+            specs: std::sync::Mutex::new(specs),
+            sandboxed: a.sandbox == Switch::On,
+            started: std::time::Instant::now(),
+        };
+        crate::control::server::spawn(listener, Arc::new(ctx))?;
+        eprintln!(
+            "vnvme: control socket on {} (vnvme ctl --control {} ctrl.info)",
+            path.display(),
+            path.display()
+        );
+    }
     if let Some(u) = &drop_to {
         u.apply()?;
         eprintln!("vnvme: running as {}", u.describe());
@@ -191,6 +235,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.sandbox == Switch::On {
         let mut needs = opened.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.needs));
         needs.stats_file = a.stats_file.is_some();
+        needs.control = a.control.is_some();
         sandbox::install(&needs)?;
         eprintln!("vnvme: sandbox on: seccomp allowlist, no_new_privs ({needs:?})");
     } else {
@@ -200,7 +245,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         &listener,
         &mut dev,
         if a.once { Some(1) } else { None },
-        &server::ServeOptions { deadline: a.client_deadline, jobs: None },
+        &server::ServeOptions { deadline: a.client_deadline, jobs: a.control.is_some().then_some(jobs) },
     );
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));
@@ -217,6 +262,28 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let _ = std::fs::remove_file(&a.socket);
     r.map_err(Into::into)
+}
+
+/// Namespaces a controller has room for with --control and no --max-namespaces.
+const DEFAULT_MAX_NAMESPACES: u32 = 32;
+
+/// What the control socket reports about this server that never changes.
+fn facts(a: &ServeArgs, poll: PollMode, dev: &Device) -> serde_json::Value {
+    serde_json::json!({
+        "vnvme": env!("CARGO_PKG_VERSION"),
+        "serial": a.serial,
+        "pci_id": format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
+        "socket": a.socket,
+        "io_queues": a.queues,
+        "workers": a.workers,
+        "poll": format!("{poll:?}").to_lowercase(),
+        "doorbells": format!("{:?}", a.doorbells).to_lowercase(),
+        "shadow_doorbells": !a.no_shadow_doorbells,
+        "sandbox": a.sandbox == Switch::On,
+        "client_deadline_ms": a.client_deadline.as_millis() as u64,
+        "max_dma_regions": dev.dma_region_limit(),
+        "pid": std::process::id(),
+    })
 }
 
 fn summary(s: &StatsSnapshot) -> String {

@@ -1,0 +1,294 @@
+//! The control methods (docs/CONTROL.md): parameters checked strictly (an unknown
+//! parameter is an error, so a typo never passes silently), device work handed to
+//! the server thread as a job.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{json, Map, Value};
+use vfio_user_server::jobs::{DeviceJobs, JobError};
+use vfio_user_server::Device;
+
+use super::{code, RpcError, JOB_LIMIT};
+use crate::nsspec::{parse_size, Kind, NsSpec};
+
+/// What the methods reach.
+#[derive(Debug)]
+pub struct Context {
+    pub jobs: Arc<DeviceJobs>,
+    pub stats: Arc<nvme_ctrl::Stats>,
+    /// What does not change while the server runs (serial, PCI ID, queues, ...).
+    pub facts: Value,
+    /// The `--ns` text each namespace was made from, by NSID.
+    pub specs: Mutex<BTreeMap<u32, String>>,
+    /// The sandbox is on: backends that need new connections cannot be opened.
+    pub sandboxed: bool,
+    pub started: Instant,
+}
+
+/// Every method, with a one-line summary (for `vnvme ctl --help` and errors).
+pub const METHODS: &[(&str, &str)] = &[
+    ("ctrl.info", "the controller: identity, configuration, state, client, log filter"),
+    ("ns.list", "the namespaces: NSID, backend, size, LBA size, timeout, the --ns text"),
+    ("ns.add", "add a namespace: spec (the --ns grammar), nsid (optional)"),
+    ("ns.remove", "remove a namespace: nsid"),
+    ("ns.resize", "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)"),
+    ("stats.get", "counters: controller, workers"),
+    ("log.set", "set the log filter: filter (tracing EnvFilter syntax)"),
+];
+
+/// True for methods that change something (logged at info when they succeed).
+pub fn changes_state(method: &str) -> bool {
+    matches!(method, "ns.add" | "ns.remove" | "ns.resize" | "log.set")
+}
+
+/// Runs `method`.
+pub fn call(ctx: &Context, method: &str, params: &Value) -> Result<Value, RpcError> {
+    let p = Params::new(params)?;
+    let r = match method {
+        "ctrl.info" => p.done().and_then(|()| ctrl_info(ctx)),
+        "ns.list" => p.done().and_then(|()| ns_list(ctx)),
+        "ns.add" => ns_add(ctx, p),
+        "ns.remove" => ns_remove(ctx, p),
+        "ns.resize" => ns_resize(ctx, p),
+        "stats.get" => p.done().and_then(|()| stats_get(ctx)),
+        "log.set" => log_set(p),
+        other => {
+            let names: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
+            return Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("no method {other:?} (methods: {})", names.join(", ")),
+            ));
+        }
+    };
+    r
+}
+
+/// A method's parameters: a JSON object (or none), taken key by key; whatever is
+/// left at the end is an error.
+struct Params(Map<String, Value>);
+
+impl Params {
+    fn new(v: &Value) -> Result<Self, RpcError> {
+        match v {
+            Value::Null => Ok(Params(Map::new())),
+            Value::Object(m) => Ok(Params(m.clone())),
+            _ => Err(RpcError::params("params must be an object of named parameters")),
+        }
+    }
+
+    fn take(&mut self, key: &str) -> Option<Value> {
+        self.0.remove(key).filter(|v| !v.is_null())
+    }
+
+    fn str(&mut self, key: &str) -> Result<Option<String>, RpcError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(RpcError::params(format!("{key} must be a string, not {v}"))),
+        }
+    }
+
+    fn u32(&mut self, key: &str) -> Result<Option<u32>, RpcError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => {
+                let n = v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok()));
+                n.and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| {
+                    RpcError::params(format!("{key} must be an integer 0..=4294967295, not {v}"))
+                })
+            }
+        }
+    }
+
+    fn bool(&mut self, key: &str) -> Result<Option<bool>, RpcError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(Value::String(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
+            Some(v) => Err(RpcError::params(format!("{key} must be true or false, not {v}"))),
+        }
+    }
+
+    /// A size in bytes: a number, or a string with an optional K/M/G/T suffix.
+    fn size(&mut self, key: &str) -> Result<Option<u64>, RpcError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                n.as_u64().map(Some).ok_or_else(|| RpcError::params(format!("{key} must be a byte count")))
+            }
+            Some(Value::String(s)) => parse_size(&s).map(Some).map_err(RpcError::params),
+            Some(v) => {
+                Err(RpcError::params(format!("{key} must be a size (bytes, or e.g. \"8G\"), not {v}")))
+            }
+        }
+    }
+
+    fn need<T>(v: Option<T>, key: &str) -> Result<T, RpcError> {
+        v.ok_or_else(|| RpcError::params(format!("{key} is required")))
+    }
+
+    /// Fails on any parameter not taken.
+    fn done(self) -> Result<(), RpcError> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(RpcError::params(format!("unknown parameter {k:?}"))),
+        }
+    }
+}
+
+/// Runs `f` on the device thread.
+fn job<T: Send + 'static>(
+    ctx: &Context,
+    f: impl FnOnce(&mut Device) -> T + Send + 'static,
+) -> Result<T, RpcError> {
+    ctx.jobs.run(JOB_LIMIT, f).map_err(|e| match e {
+        JobError::Timeout(_) | JobError::Full => RpcError::new(code::BUSY, e.to_string()),
+        JobError::Gone => RpcError::new(code::INTERNAL_ERROR, e.to_string()),
+    })
+}
+
+fn lifecycle(l: nvme_ctrl::Lifecycle) -> &'static str {
+    match l {
+        nvme_ctrl::Lifecycle::Disabled => "disabled",
+        nvme_ctrl::Lifecycle::Ready => "ready",
+        nvme_ctrl::Lifecycle::ShutDown => "shut-down",
+        nvme_ctrl::Lifecycle::Fatal => "fatal",
+    }
+}
+
+fn ctrl_info(ctx: &Context) -> Result<Value, RpcError> {
+    let state = job(ctx, |d| {
+        json!({
+            "state": lifecycle(d.ctrl.lifecycle()),
+            "client_connected": d.client_connected(),
+            "namespaces": d.ctrl.namespaces().count(),
+            "max_namespaces": d.ctrl.max_namespaces(),
+            "dma_regions": d.dma_regions(),
+        })
+    })?;
+    let mut v = ctx.facts.clone();
+    if let (Some(o), Value::Object(s)) = (v.as_object_mut(), state) {
+        o.extend(s);
+        o.insert("uptime_s".into(), json!(ctx.started.elapsed().as_secs()));
+        o.insert("log_filter".into(), json!(crate::logging::filter()));
+    }
+    Ok(v)
+}
+
+/// One namespace as the methods report it.
+fn ns_json(ns: &nvme_ctrl::Namespace, spec: Option<&String>) -> Value {
+    json!({
+        "nsid": ns.nsid,
+        "backend": ns.info.kind,
+        "size": ns.size(),
+        "lba_size": 1u64 << ns.lba_shift(),
+        "blocks": ns.nsze(),
+        "timeout_ms": (ns.timeout_ns > 0).then_some(ns.timeout_ns / 1_000_000),
+        "volatile_cache": ns.info.volatile_cache,
+        "discard": ns.info.discard,
+        "write_zeroes": ns.info.write_zeroes,
+        "spec": spec,
+    })
+}
+
+fn ns_list(ctx: &Context) -> Result<Value, RpcError> {
+    let specs = ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let list =
+        job(ctx, move |d| d.ctrl.namespaces().map(|n| ns_json(n, specs.get(&n.nsid))).collect::<Vec<_>>())?;
+    Ok(json!({ "namespaces": list }))
+}
+
+fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
+    let text = Params::need(p.str("spec")?, "spec")?;
+    let nsid = p.u32("nsid")?;
+    p.done()?;
+    let spec: NsSpec = text.parse().map_err(|e: String| RpcError::params(format!("spec: {e}")))?;
+    if matches!(spec.kind, Kind::Nvme(_)) && ctx.sandboxed {
+        return Err(RpcError::new(
+            code::NOT_PERMITTED,
+            "an nvme:// namespace needs a new connection, which the sandbox forbids: give it at start-up \
+             (--ns), or run with --sandbox off",
+        ));
+    }
+    // Opened here, on the control thread: the device thread only attaches it.
+    let opened = spec.open().map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
+    let cfg = opened.config();
+    let nsid = job(ctx, move |d| {
+        d.ctrl
+            .add_namespace(&cfg, nsid)
+            .map(|id| (id, ns_json(&d.ctrl.namespace(id).expect("just added"), None)))
+    })?
+    .map_err(RpcError::failed)?;
+    ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).insert(nsid.0, text.clone());
+    let mut v = nsid.1;
+    v["spec"] = json!(text);
+    Ok(v)
+}
+
+fn ns_remove(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
+    let nsid = Params::need(p.u32("nsid")?, "nsid")?;
+    p.done()?;
+    job(ctx, move |d| d.ctrl.remove_namespace(nsid))?.map_err(RpcError::failed)?;
+    ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).remove(&nsid);
+    Ok(json!({ "nsid": nsid }))
+}
+
+fn ns_resize(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
+    let nsid = Params::need(p.u32("nsid")?, "nsid")?;
+    let size = Params::need(p.size("size")?, "size")?;
+    let force = p.bool("force")?.unwrap_or(false);
+    p.done()?;
+    let old = job(ctx, move |d| d.ctrl.resize_namespace(nsid, size, force))?.map_err(RpcError::failed)?;
+    Ok(json!({ "nsid": nsid, "old_size": old, "size": size }))
+}
+
+fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
+    let s = ctx.stats.snapshot();
+    let workers = job(ctx, |d| d.ctrl.workers().iter().map(worker_json).collect::<Vec<_>>())?;
+    Ok(json!({
+        "controller": {
+            "io_commands": s.io_commands,
+            "admin_commands": s.admin_commands,
+            "read_commands": s.read_commands,
+            "write_commands": s.write_commands,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "errors": s.errors,
+            "backend_errors": s.backend_errors,
+            "media_errors": s.media_errors,
+            "timeouts": s.timeouts,
+            "doorbell_writes": s.doorbell_writes,
+            "io_doorbell_writes": s.io_doorbell_writes,
+            "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
+            "shadow_reads": s.shadow_reads,
+            "eventidx_races": s.eventidx_races,
+            "interrupts": s.interrupts,
+        },
+        "workers": workers,
+    }))
+}
+
+fn worker_json(w: &nvme_ctrl::Worker) -> Value {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let s = w.stats();
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    json!({
+        "worker": w.index,
+        "sleeps": g(&s.sleeps),
+        "wakeups": g(&s.wakeups),
+        "spin_hits": g(&s.spin_hits),
+        "spin_misses": g(&s.spin_misses),
+        "spin_contended": g(&s.spin_contended),
+        "spin_ns": g(&s.spin_ns),
+        "spin_lost_ns": g(&s.spin_lost_ns),
+    })
+}
+
+fn log_set(mut p: Params) -> Result<Value, RpcError> {
+    let filter = Params::need(p.str("filter")?, "filter")?;
+    p.done()?;
+    let previous = crate::logging::set_filter(&filter).map_err(RpcError::params)?;
+    Ok(json!({ "filter": filter, "previous": previous }))
+}

@@ -1,0 +1,63 @@
+//! Log output: a tracing filter that a running server can change (`vnvme ctl
+//! log.set`), text with colours only on a terminal, or one JSON object per line.
+
+use std::io::IsTerminal;
+use std::sync::OnceLock;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
+
+/// How log lines look on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+type Handle = reload::Handle<EnvFilter, Registry>;
+
+/// The live filter and what it was set from.
+struct Live {
+    handle: Handle,
+    current: std::sync::Mutex<String>,
+}
+
+static LIVE: OnceLock<Live> = OnceLock::new();
+
+/// Installs the global subscriber with filter `filter` (a bad filter falls back to
+/// "warn" and says so).
+pub fn init(filter: &str, format: LogFormat) {
+    let (env, used) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, filter.to_string()),
+        Err(e) => {
+            eprintln!("vnvme: --log {filter:?}: {e}; using \"warn\"");
+            (EnvFilter::new("warn"), "warn".to_string())
+        }
+    };
+    let (layer, handle) = reload::Layer::new(env);
+    let registry = tracing_subscriber::registry().with(layer);
+    let result = match format {
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()))
+            .try_init(),
+        LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init(),
+    };
+    if result.is_ok() {
+        let _ = LIVE.set(Live { handle, current: std::sync::Mutex::new(used) });
+    }
+}
+
+/// Replaces the filter of the running process; returns the one it replaced.
+pub fn set_filter(filter: &str) -> Result<String, String> {
+    let live = LIVE.get().ok_or("logging is not set up in this process")?;
+    let f = EnvFilter::try_new(filter).map_err(|e| format!("bad filter {filter:?}: {e}"))?;
+    live.handle.reload(f).map_err(|e| e.to_string())?;
+    let mut cur = live.current.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(std::mem::replace(&mut *cur, filter.to_string()))
+}
+
+/// The filter in force.
+pub fn filter() -> String {
+    LIVE.get().map_or_else(String::new, |l| l.current.lock().unwrap_or_else(|p| p.into_inner()).clone())
+}
