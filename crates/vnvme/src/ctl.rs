@@ -72,24 +72,25 @@ fn typed(v: &str) -> Value {
 fn params(method: &str, args: &[String]) -> Result<Value, String> {
     let names = positional(method);
     let mut m = Map::new();
-    let mut next = 0;
     for a in args {
+        let ident = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         match a.split_once('=') {
-            // A spec or filter may contain '=' (ram:1G:lba=4096): positional first.
-            Some((k, v))
-                if !k.contains(':') && !k.contains(',') && (names.len() <= next || k == names[next]) =>
-            {
+            // A spec or a filter may contain '=' (ram:1G:lba=4096): a KEY=VALUE is a
+            // named parameter only when KEY is a plain name the method could take.
+            Some((k, v)) if ident(k) && (names.is_empty() || names.contains(&k)) => {
                 m.insert(k.to_string(), typed(v));
             }
             _ => {
-                let Some(name) = names.get(next) else {
+                let Some(name) = names.iter().find(|n| !m.contains_key(**n)) else {
                     return Err(format!("{method}: unexpected argument {a:?} (use KEY=VALUE)"));
                 };
-                // "force" as a bare word means force=true.
-                let v = if *name == "force" && a == "force" { json!(true) } else { typed(a) };
-                let v = if *name == "spec" || *name == "filter" { json!(a) } else { v };
+                let v = match *name {
+                    // Specs and filters stay text; "force" as a bare word means true.
+                    "spec" | "filter" => json!(a),
+                    "force" if a == "force" => json!(true),
+                    _ => typed(a),
+                };
                 m.insert(name.to_string(), v);
-                next += 1;
             }
         }
     }
