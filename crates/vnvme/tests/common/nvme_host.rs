@@ -60,6 +60,8 @@ pub struct NvmeOverVfioUser {
     next_cid: u16,
     /// Logical block size of namespace 1 (from Identify Namespace).
     pub lba_size: u64,
+    /// The namespace reads and writes go to (1 unless a test changes it).
+    pub nsid: u32,
     /// Eventfd wired to the I/O queue's MSI-X vector, if interrupts were asked for.
     pub irq: Option<TestEventFd>,
 }
@@ -84,6 +86,7 @@ impl NvmeOverVfioUser {
             io: Queue::default(),
             next_cid: 1,
             lba_size: 512,
+            nsid: 1,
             irq: None,
         };
         h.dstrd = Cap(h.read64(offset::CAP)).dstrd();
@@ -260,7 +263,7 @@ impl NvmeOverVfioUser {
     /// address `buf` (anywhere the client has DMA-mapped, page aligned).
     pub fn queue_rw_at(&mut self, write: bool, buf: u64, lba: u64) -> u16 {
         let rw = ReadWriteCmd {
-            nsid: 1,
+            nsid: self.nsid,
             slba: lba,
             nlb_z: (PAGE / self.lba_size - 1) as u16,
             ..Default::default()

@@ -1,0 +1,289 @@
+//! The control socket of `vnvme serve --control`, across processes: every method
+//! through `vnvme ctl` and through raw JSON-RPC, the socket's mode, and a hostile
+//! client (garbage, oversized and stalled requests, batches, too many connections)
+//! that gets errors while the device keeps serving I/O. The sandbox is on.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{opts, Server};
+use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue};
+use serde_json::Value;
+use test_kit::pattern;
+
+fn start(extra: &[&str]) -> (Server, PathBuf) {
+    let dir = common::temp_dir("control");
+    let ctl = dir.join("c.sock");
+    let mut args = vec!["--control", ctl.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let s = Server::start_in(&dir, "s", &args);
+    let deadline = Instant::now() + common::TIMEOUT;
+    while !ctl.exists() {
+        assert!(Instant::now() < deadline, "no control socket:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (s, ctl)
+}
+
+/// `vnvme ctl --control PATH --json ARGS...`: the parsed result, or the error text.
+fn ctl(path: &Path, args: &[&str]) -> Result<Value, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .arg("ctl")
+        .arg("--control")
+        .arg(path)
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run vnvme ctl");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("ctl --json prints JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A raw connection: lines out, lines in.
+struct Raw {
+    s: UnixStream,
+    r: BufReader<UnixStream>,
+}
+
+impl Raw {
+    fn new(path: &Path) -> Raw {
+        let s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(common::TIMEOUT)).unwrap();
+        Raw { r: BufReader::new(s.try_clone().unwrap()), s }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.s.write_all(line.as_bytes()).unwrap();
+        self.s.write_all(b"\n").unwrap();
+    }
+
+    fn recv(&mut self) -> Value {
+        let mut l = String::new();
+        self.r.read_line(&mut l).unwrap();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("reply {l:?}: {e}"))
+    }
+
+    fn call(&mut self, line: &str) -> Value {
+        self.send(line);
+        self.recv()
+    }
+
+    /// True if the server closed the connection (bounded wait).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0)) || matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+fn error_code(v: &Value) -> i64 {
+    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {v}"))
+}
+
+#[test]
+fn every_method_through_vnvme_ctl() {
+    let (mut server, c) = start(&["--ns", "ram:32M"]);
+    let mode = std::fs::metadata(&c).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "owner-only");
+
+    let info = ctl(&c, &["ctrl.info"]).unwrap();
+    assert_eq!(info["serial"], "VNVME0001");
+    assert_eq!(info["max_namespaces"], 32);
+    assert_eq!(info["namespaces"], 1);
+    assert_eq!(info["state"], "disabled");
+    assert_eq!(info["client_connected"], false);
+    assert_eq!(info["sandbox"], true);
+
+    let img = server.dir.join("data.img");
+    let added = ctl(&c, &["ns.add", &format!("file:{}:8M", img.display())]).unwrap();
+    assert_eq!((added["nsid"].as_u64(), added["size"].as_u64()), (Some(2), Some(8 << 20)), "{added}");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 8 << 20, "created by the server, under the sandbox");
+    let added = ctl(&c, &["ns.add", "ram:4M:lba=4096", "7"]).unwrap();
+    assert_eq!((added["nsid"].as_u64(), added["lba_size"].as_u64()), (Some(7), Some(4096)));
+    let list = ctl(&c, &["ns.list"]).unwrap();
+    let ids: Vec<u64> =
+        list["namespaces"].as_array().unwrap().iter().map(|n| n["nsid"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![1, 2, 7]);
+    assert_eq!(list["namespaces"][2]["spec"], "ram:4M:lba=4096");
+
+    let r = ctl(&c, &["ns.resize", "2", "16M"]).unwrap();
+    assert_eq!((r["old_size"].as_u64(), r["size"].as_u64()), (Some(8 << 20), Some(16 << 20)));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 16 << 20, "the file grew");
+    ctl(&c, &["ns.remove", "7"]).unwrap();
+
+    let e = ctl(&c, &["ns.remove", "7"]).unwrap_err();
+    assert!(e.contains("there is no namespace 7") && e.contains("-32000"), "{e}");
+    let e = ctl(&c, &["ns.add", "ram:1M", "99"]).unwrap_err();
+    assert!(e.contains("outside 1..=32"), "{e}");
+    let e = ctl(&c, &["ns.add", "disk:1G"]).unwrap_err();
+    assert!(e.contains("unknown namespace kind") && e.contains("-32602"), "{e}");
+    let e = ctl(&c, &["ns.add", "nvme:///nowhere.sock?ns=1"]).unwrap_err();
+    assert!(e.contains("sandbox forbids") && e.contains("-32002"), "{e}");
+    let e = ctl(&c, &["ns.list", "verbose=1"]).unwrap_err();
+    assert!(e.contains("unknown parameter \"verbose\""), "{e}");
+    let e = ctl(&c, &["nope"]).unwrap_err();
+    assert!(e.contains("-32601"), "{e}");
+
+    let stats = ctl(&c, &["stats.get"]).unwrap();
+    assert_eq!(stats["controller"]["io_commands"], 0);
+    assert_eq!(stats["workers"].as_array().map(Vec::len), Some(1));
+    let l = ctl(&c, &["log.set", "info,vnvme::control=debug"]).unwrap();
+    assert_eq!(l["previous"], "info");
+    assert_eq!(ctl(&c, &["ctrl.info"]).unwrap()["log_filter"], "info,vnvme::control=debug");
+    assert!(ctl(&c, &["log.set", "info,=="]).unwrap_err().contains("bad filter"));
+    assert!(server.log().contains("control request done method=\"ns.add\""), "changes are logged");
+    server.assert_alive();
+}
+
+#[test]
+fn a_namespace_added_under_a_connected_host_takes_its_io_and_removed_refuses_it() {
+    let (mut server, c) = start(&["--ns", "ram:16M"]);
+    let mut h = common::nvme_host::NvmeOverVfioUser::new(server.client());
+    h.bring_up(16, false);
+    assert_eq!(ctl(&c, &["ctrl.info"]).unwrap()["client_connected"], true);
+    assert_eq!(ctl(&c, &["ctrl.info"]).unwrap()["state"], "ready");
+    ctl(&c, &["ns.add", "ram:8M"]).unwrap();
+    h.nsid = 2;
+    h.write_read_verify(8, 4, 5);
+    ctl(&c, &["ns.remove", "2"]).unwrap();
+    h.queue_rw(false, 0, 0);
+    h.ring_io(false);
+    let st = h.reap_io(1)[0].status();
+    assert_eq!(st.code(), nvme_spec::Status::INVALID_NAMESPACE.code(), "removed: {st:?}");
+    h.nsid = 1;
+    h.write_read_verify(0, 4, 6);
+    server.assert_alive();
+}
+
+/// One 4 KiB write of `data` at `slba` of `nsid`, waited for.
+fn write(q: &mut IoQueue, nsid: u32, slba: u64, data: &[u8]) -> nvme_spec::Status {
+    let buf = q.alloc_buf(4096).unwrap();
+    buf.write_at(0, data).unwrap();
+    q.submit(IoCommand::Write { nsid, slba, nlb: 8, buf, fua: false }).unwrap();
+    let mut done = Vec::new();
+    while done.is_empty() {
+        q.wait_completions(&mut done).unwrap();
+    }
+    done.remove(0).status
+}
+
+/// One 4 KiB read at `slba` of `nsid`, waited for: its status and data.
+fn read(q: &mut IoQueue, nsid: u32, slba: u64) -> (nvme_spec::Status, Vec<u8>) {
+    let buf = q.alloc_buf(4096).unwrap();
+    q.submit(IoCommand::Read { nsid, slba, nlb: 8, buf }).unwrap();
+    let mut done = Vec::new();
+    while done.is_empty() {
+        q.wait_completions(&mut done).unwrap();
+    }
+    let c = done.remove(0);
+    let st = c.status;
+    let mut back = vec![0u8; 4096];
+    if let Ok(Some(b)) = c.into_result() {
+        b.read_at(0, &mut back).unwrap();
+    }
+    (st, back)
+}
+
+/// Writes and reads back through the driver until told to stop; counts failures.
+fn io_loop(q: &mut IoQueue, stop: &AtomicBool) -> (u64, u64) {
+    let (mut ok, mut bad) = (0, 0);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let data = pattern(n, 4096);
+        let slba = (n % 512) * 8;
+        let w = write(q, 1, slba, &data);
+        let (r, back) = read(q, 1, slba);
+        if w.is_success() && r.is_success() && back == data {
+            ok += 1;
+        } else {
+            bad += 1;
+        }
+        n += 1;
+    }
+    (ok, bad)
+}
+
+#[test]
+fn a_hostile_control_client_gets_errors_and_io_goes_on() {
+    let (mut server, c) = start(&["--ns", "ram:16M"]);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let stop = Arc::new(AtomicBool::new(false));
+    let io = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let q = d.queue(1).unwrap();
+            io_loop(q, &stop)
+        })
+    };
+
+    let mut r = Raw::new(&c);
+    assert_eq!(error_code(&r.call("this is not json")), -32700);
+    assert_eq!(error_code(&r.call("42")), -32600);
+    assert_eq!(error_code(&r.call(r#"{"jsonrpc":"1.0","id":1,"method":"ns.list"}"#)), -32600);
+    assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ns.list"}"#)), -32600);
+    assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":2,"method":7}"#)), -32600);
+    assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":3,"method":"ns.remove","params":[1]}"#)), -32602);
+    assert_eq!(
+        error_code(&r.call(r#"{"jsonrpc":"2.0","id":4,"method":"ns.remove","params":{"nsid":-1}}"#)),
+        -32602
+    );
+    assert_eq!(
+        error_code(
+            &r.call(r#"{"jsonrpc":"2.0","id":5,"method":"ns.resize","params":{"nsid":1,"size":"12Q"}}"#)
+        ),
+        -32602
+    );
+    assert_eq!(error_code(&r.call("[]")), -32600);
+    let big: Vec<String> =
+        (0..17).map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ns.list"}}"#)).collect();
+    assert_eq!(error_code(&r.call(&format!("[{}]", big.join(",")))), -32600, "batch over 16");
+    let two = r.call(
+        r#"[{"jsonrpc":"2.0","id":"a","method":"ns.list"},{"jsonrpc":"2.0","id":"b","method":"nope"}]"#,
+    );
+    assert_eq!((two[0]["id"].as_str(), two[1]["id"].as_str()), (Some("a"), Some("b")));
+    assert!(two[0]["result"]["namespaces"].is_array());
+    assert_eq!(error_code(&two[1]), -32601);
+    // A notification gets no reply: the next reply on the line is the next request's.
+    r.send(r#"{"jsonrpc":"2.0","method":"log.set","params":{"filter":"info"}}"#);
+    let v = r.call(r#"{"jsonrpc":"2.0","id":9,"method":"ctrl.info"}"#);
+    assert_eq!((v["id"].as_u64(), v["result"]["log_filter"].as_str()), (Some(9), Some("info")));
+
+    // Over 64 KiB without a newline: an error, then the connection closes.
+    let mut big = Raw::new(&c);
+    let _ = big.s.write_all(&vec![b'x'; 70 << 10]);
+    assert_eq!(error_code(&big.recv()), -32600);
+    assert!(big.closed(), "an oversized request closes the connection");
+
+    // At most 16 connections: more are closed at once (r and the stalled one below
+    // count too).
+    let mut stalled = Raw::new(&c);
+    stalled.s.write_all(br#"{"jsonrpc":"2.0","id":1,"#).unwrap();
+    let mut extra: Vec<Raw> = (0..14).map(|_| Raw::new(&c)).collect();
+    let mut refused = Raw::new(&c);
+    assert!(refused.closed(), "the 17th connection is refused");
+    for e in &mut extra {
+        assert!(e.call(r#"{"jsonrpc":"2.0","id":1,"method":"ns.list"}"#)["result"].is_object());
+    }
+    drop(extra);
+    // A request begun and never finished: closed after the 5 s deadline.
+    let t = Instant::now();
+    assert!(stalled.closed(), "a stalled request closes its connection");
+    assert!(t.elapsed() < Duration::from_secs(15), "closed at the deadline, not never");
+    assert!(server.log().contains("did not arrive whole"), "{}", server.log());
+
+    stop.store(true, Ordering::Relaxed);
+    let (ok, bad) = io.join().unwrap();
+    assert!(ok > 0 && bad == 0, "I/O during the abuse: {ok} verified, {bad} failed");
+    assert!(r.call(r#"{"jsonrpc":"2.0","id":10,"method":"ns.list"}"#)["result"].is_object());
+    server.assert_alive();
+}
