@@ -41,6 +41,14 @@ own \`vnvme serve\` (built with cargo build --release first):
          bit 2 and media_errors, error-log entry at the LBA, ENOSPC write
          fails, I/O around the faults and fio verify still work.
          host: the server logged the backend failures.
+ live    (every kernel) server: n1 ram:64M, n2 ram:32M, n3 file:IMG:64M, --control,
+         --max-namespaces 8; the guest (scripts/guest/tests/live-ns.sh) asks the host
+         to run vnvme ctl: a namespace hot-added while fio verify runs on n1 appears
+         with its size and passes fio verify; an idle one removed disappears; one
+         removed with a read in flight (held 4 s by a fault rule) ends that read
+         with an error and nothing hangs; n3 grown under a mounted ext4 shows its
+         new size and resize2fs grows onto it; a shrink below its data is refused
+         (host: the refusal names the data); a forced shrink of an idle one works.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -385,6 +393,53 @@ suite_faults() {
     echo "  [$k] faults suite: $(($(date +%s) - t0)) s"
 }
 
+suite_live() {
+    local k=$1
+    local d="$work/$k-live" t0 line
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] live namespaces suite: added, removed and resized through the control socket"
+    write_config "$d/config.sh" VNVMEGT0004 $((64 << 20)) 512 $((32 << 20)) 512 $((64 << 20)) 512
+    export VN_CTL_SOCKET="$d/ctl.sock"
+    suite_boot "$k" "$d" live live-ns.sh --timeout 420 -- --ns ram:64M --ns ram:32M \
+        --ns "file:$d/n3.img:64M" --control "$VN_CTL_SOCKET" --max-namespaces 8 --workers 1 \
+        --serial VNVMEGT0004 || { unset VN_CTL_SOCKET; return; }
+    unset VN_CTL_SOCKET
+    # What the host saw of the guest's requests: every change done but the shrink
+    # over data, which the server refuses and says why.
+    if [[ ! -s $d/marks/ctl.log ]]; then
+        result FAIL "$k" "live suite: the guest asked for no control request ($d/marks/ctl.log)"
+    else
+        while IFS=$'\t' read -r args rc out; do
+            case $args in
+            "ns.resize 3 64M")
+                if [[ $rc -ne 0 && $out == *"may have data beyond"* ]]; then
+                    result PASS "$k" "vnvme ctl $args refused: ${out:0:140}"
+                else
+                    result FAIL "$k" "vnvme ctl $args: exit $rc, want a refusal naming the data ($out)"
+                fi
+                ;;
+            *)
+                if [[ $rc -eq 0 ]]; then
+                    result PASS "$k" "vnvme ctl $args: ${out:0:100}"
+                else
+                    result FAIL "$k" "vnvme ctl $args: exit $rc: $out"
+                fi
+                ;;
+            esac
+        done <"$d/marks/ctl.log"
+    fi
+    line=$(grep -ac 'namespace added\|namespace removed\|namespace resized' "$d/serve.log")
+    if [[ $line -ge 6 ]]; then
+        result PASS "$k" "server log: $line namespace changes logged"
+    else
+        result FAIL "$k" "server log: $line namespace changes logged, want >= 6"
+    fi
+    rm -f "$d/n3.img"
+    echo "  [$k] live namespaces suite: $(($(date +%s) - t0)) s"
+}
+
 for k in "${kernels[@]}"; do
     if [[ ! -e $(kernel_dir "$k")/.complete ]]; then
         result FAIL "$k" "kernel $k is not fetched (run scripts/guest/setup.sh or drop --no-fetch)"
@@ -396,6 +451,11 @@ done
 # Injected failures: on one kernel (the newest asked for), to bound the time.
 k_last=${kernels[${#kernels[@]}-1]}
 [[ -e $(kernel_dir "$k_last")/.complete ]] && suite_faults "$k_last"
+# Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
+# differently).
+for k in "${kernels[@]}"; do
+    [[ -e $(kernel_dir "$k")/.complete ]] && suite_live "$k"
+done
 
 summary
 [[ $n_fail -eq 0 ]]

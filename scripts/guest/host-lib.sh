@@ -18,6 +18,9 @@
 # The guest keeps the device idle around a mark: idle *before* it to use
 # stats0 (a "start" mark), idle for >= 1.5 s *after* it to use stats1 (an
 # "end" mark). See scripts/guest/tests/lib.sh (mark).
+#
+# Control protocol: with VN_CTL_SOCKET set, a guest line "@@VNVME-CTL ARGS@@"
+# runs `vnvme ctl ARGS` against that control socket (vn_ctl_action).
 
 # shellcheck source=scripts/lib/host.sh
 source "$VNVME_GUEST_DIR/../lib/host.sh"
@@ -63,6 +66,18 @@ vn_cpu_snapshot() {
     done
 }
 
+# vn_ctl_action DIR ARGS: a guest line "@@VNVME-CTL ARGS@@" runs `vnvme ctl
+# --control $VN_CTL_SOCKET ARGS` (the guest asks the host to change its
+# namespaces); "ARGS<TAB>STATUS<TAB>OUTPUT" goes to DIR/ctl.log and a
+# "[host] vnvme ctl" line to the console log.
+vn_ctl_action() {
+    local out rc=0
+    # shellcheck disable=SC2086 # the guest's words are the arguments
+    out=$("$VNVME_BIN" ctl --control "$VN_CTL_SOCKET" $2 2>&1) || rc=$?
+    printf '%s\t%s\t%s\n' "$2" "$rc" "$(tr '\n' ' ' <<<"$out")" >>"$1/ctl.log"
+    printf '[host] vnvme ctl %s: exit %s: %s\n' "$2" "$rc" "$(head -1 <<<"$out")"
+}
+
 # vn_watch DIR STATSFILE [PIDFILE...]: copy stdin to stdout, acting on marks
 # (see the top of this file). PIDFILEs name the processes whose CPU time is
 # sampled (read at each mark, so they may appear after the watcher starts).
@@ -72,6 +87,10 @@ vn_watch() {
     mkdir -p "$dir"
     while IFS= read -r line; do
         printf '%s\n' "$line"
+        if [[ -n ${VN_CTL_SOCKET:-} && $line =~ @@VNVME-CTL\ ([^@]*)@@ ]]; then
+            vn_ctl_action "$dir" "${BASH_REMATCH[1]}"
+            continue
+        fi
         [[ $line == *@@VNVME-MARK\ * ]] || continue
         [[ $line =~ @@VNVME-MARK\ ([A-Za-z0-9_.-]+)@@ ]] || continue
         name=${BASH_REMATCH[1]}
