@@ -108,6 +108,7 @@ impl Controller {
             irq,
             clock: clock.clone(),
             stats: stats.clone(),
+            queue_stats: (0..=cfg.max_io_queues).map(|_| Default::default()).collect(),
             events: events.clone(),
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,

@@ -46,4 +46,7 @@ pub use namespace::Namespace;
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};
 pub use runtime::WorkerConfig;
-pub use stats::{Stats, StatsSnapshot};
+pub use stats::{
+    NsStats, NsStatsSnapshot, OpClass, OpSnapshot, QueueSnapshot, QueueStats, Stats, StatsSnapshot,
+    LATENCY_BOUNDS_NS, LATENCY_BUCKETS,
+};

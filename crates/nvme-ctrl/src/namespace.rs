@@ -41,6 +41,8 @@ pub struct Namespace {
     /// Commands not finished by the backend after this many nanoseconds time out
     /// (0: never).
     pub timeout_ns: u64,
+    /// Commands, bytes, errors and latency by kind.
+    pub stats: crate::stats::NsStats,
 }
 
 impl Namespace {
@@ -69,6 +71,7 @@ impl Namespace {
             eui64,
             uuid,
             timeout_ns: 0,
+            stats: Default::default(),
         }
     }
 

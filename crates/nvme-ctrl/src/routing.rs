@@ -60,6 +60,25 @@ impl Controller {
         }
     }
 
+    /// The counters of every queue that exists now (the admin queue first), each
+    /// with the worker that owns its CQ.
+    pub fn queue_snapshots(&self) -> Vec<crate::QueueSnapshot> {
+        let stats = &self.engine.ctx.queue_stats;
+        let mut qids: Vec<u16> = self.book.cqs.keys().chain(self.book.sqs.keys()).copied().collect();
+        qids.sort_unstable();
+        qids.dedup();
+        let ready = self.lifecycle() != crate::Lifecycle::Disabled;
+        ready
+            .then_some(0)
+            .into_iter()
+            .chain(qids)
+            .filter_map(|q| {
+                let owner = self.worker_for_cq(self.book.sqs.get(&q).copied().unwrap_or(q)).map(|w| w.index);
+                stats.get(q as usize).map(|s| s.snapshot(q, owner))
+            })
+            .collect()
+    }
+
     /// Runs `f` on every engine: the controller's own and each worker's.
     pub(crate) fn on_all_engines(&mut self, f: impl Fn(&mut IoEngine) + Clone + Send + 'static) {
         f(&mut self.engine);

@@ -113,3 +113,205 @@ impl std::ops::Sub for StatsSnapshot {
         }
     }
 }
+
+/// Upper bounds, in nanoseconds, of the command latency histogram's buckets (10 µs to
+/// 10 s, 1-2.5-5 steps); a last bucket holds everything above.
+pub const LATENCY_BOUNDS_NS: [u64; 19] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// Buckets of the latency histogram: one per bound and one above.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
+
+/// The kinds of command a namespace counts apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpClass {
+    Read,
+    Write,
+    Flush,
+    /// Everything else (Write Zeroes, Dataset Management, Compare, Verify).
+    Other,
+}
+
+/// Counters of one kind of command on one namespace. Several engines complete
+/// commands of one namespace, so they are shared atomics; each kind has its own
+/// cache line, so readers and writers of different kinds do not collide.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct OpStats {
+    pub commands: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Commands completed with an error status.
+    pub errors: AtomicU64,
+    /// From fetch to completion posted, per bucket of [`LATENCY_BOUNDS_NS`].
+    pub latency: [AtomicU64; LATENCY_BUCKETS],
+    pub latency_sum_ns: AtomicU64,
+}
+
+/// A copy of [`OpStats`]; `latency` per bucket (not cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpSnapshot {
+    pub commands: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub latency: [u64; LATENCY_BUCKETS],
+    pub latency_sum_ns: u64,
+}
+
+impl OpStats {
+    /// Counts one command that moved `bytes` and took `latency_ns`.
+    pub(crate) fn record(&self, bytes: u64, latency_ns: u64, ok: bool) {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        if bytes > 0 {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if !ok {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let b = LATENCY_BOUNDS_NS.partition_point(|&bound| bound < latency_ns);
+        self.latency[b].fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_ns.fetch_add(latency_ns, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> OpSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OpSnapshot {
+            commands: g(&self.commands),
+            bytes: g(&self.bytes),
+            errors: g(&self.errors),
+            latency: std::array::from_fn(|i| g(&self.latency[i])),
+            latency_sum_ns: g(&self.latency_sum_ns),
+        }
+    }
+}
+
+/// What one namespace counts: commands, bytes, errors and latency by kind, and the
+/// time its commands spent held back by QoS.
+#[derive(Debug, Default)]
+pub struct NsStats {
+    pub read: OpStats,
+    pub write: OpStats,
+    pub flush: OpStats,
+    pub other: OpStats,
+    /// Commands QoS held back, and the nanoseconds they waited in all.
+    pub throttled_commands: AtomicU64,
+    pub throttled_ns: AtomicU64,
+}
+
+impl NsStats {
+    pub(crate) fn of(&self, class: OpClass) -> &OpStats {
+        match class {
+            OpClass::Read => &self.read,
+            OpClass::Write => &self.write,
+            OpClass::Flush => &self.flush,
+            OpClass::Other => &self.other,
+        }
+    }
+
+    pub fn snapshot(&self) -> NsStatsSnapshot {
+        NsStatsSnapshot {
+            read: self.read.snapshot(),
+            write: self.write.snapshot(),
+            flush: self.flush.snapshot(),
+            other: self.other.snapshot(),
+            throttled_commands: self.throttled_commands.load(Ordering::Relaxed),
+            throttled_ns: self.throttled_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A copy of [`NsStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsStatsSnapshot {
+    pub read: OpSnapshot,
+    pub write: OpSnapshot,
+    pub flush: OpSnapshot,
+    pub other: OpSnapshot,
+    pub throttled_commands: u64,
+    pub throttled_ns: u64,
+}
+
+/// What one I/O queue pair counts. Only the engine that owns the queue writes them
+/// (a load and a store, no read-modify-write); anyone may read.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Commands fetched from the SQ.
+    pub commands: AtomicU64,
+    /// Trapped writes of the SQ tail and of the CQ head doorbell registers.
+    pub sq_doorbell_writes: AtomicU64,
+    pub cq_doorbell_writes: AtomicU64,
+    /// Completions posted to the CQ, and interrupts signalled for it.
+    pub completions: AtomicU64,
+    pub interrupts: AtomicU64,
+}
+
+/// A copy of [`QueueStats`] with the queue it belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueSnapshot {
+    pub qid: u16,
+    /// The worker that owns the queue (None: the controller's own thread).
+    pub worker: Option<usize>,
+    pub commands: u64,
+    pub sq_doorbell_writes: u64,
+    pub cq_doorbell_writes: u64,
+    pub completions: u64,
+    pub interrupts: u64,
+}
+
+impl QueueStats {
+    /// Adds `n` to a counter only its owner writes.
+    pub(crate) fn bump(c: &AtomicU64, n: u64) {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self, qid: u16, worker: Option<usize>) -> QueueSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        QueueSnapshot {
+            qid,
+            worker,
+            commands: g(&self.commands),
+            sq_doorbell_writes: g(&self.sq_doorbell_writes),
+            cq_doorbell_writes: g(&self.cq_doorbell_writes),
+            completions: g(&self.completions),
+            interrupts: g(&self.interrupts),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_lands_in_the_bucket_its_bound_names() {
+        let s = OpStats::default();
+        for ns in [0, 10_000, 10_001, 999_999, 10_000_000_000, 10_000_000_001, u64::MAX / 2] {
+            s.record(4096, ns, true);
+        }
+        let snap = s.snapshot();
+        assert_eq!(snap.latency[0], 2, "<= 10 µs");
+        assert_eq!(snap.latency[1], 1, "10 µs < x <= 25 µs");
+        assert_eq!(snap.latency[6], 1, "500 µs < x <= 1 ms");
+        assert_eq!(snap.latency[18], 1, "<= 10 s");
+        assert_eq!(snap.latency[19], 2, "above");
+        assert_eq!((snap.commands, snap.bytes, snap.errors), (7, 7 * 4096, 0));
+    }
+}

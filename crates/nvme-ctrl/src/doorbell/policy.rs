@@ -125,6 +125,10 @@ impl IoEngine {
                 Stats::add(&self.ctx.stats.io_cq_doorbell_writes, 1);
             }
         }
+        if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
+            let c = if kind == DoorbellKind::SqTail { &q.sq_doorbell_writes } else { &q.cq_doorbell_writes };
+            crate::stats::QueueStats::bump(c, 1);
+        }
         self.apply_doorbell(qid, kind, value);
     }
 

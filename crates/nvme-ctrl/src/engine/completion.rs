@@ -5,7 +5,7 @@ use nvme_spec::{Cqe, Status};
 use zerocopy::little_endian::{U16, U32};
 
 use super::IoEngine;
-use crate::stats::Stats;
+use crate::stats::{QueueStats, Stats};
 
 impl IoEngine {
     /// Stops counting a fetched command as in flight without completing it (an
@@ -51,6 +51,9 @@ impl IoEngine {
 
     pub(crate) fn post(&mut self, cqid: u16, cqe: Cqe) {
         let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        if let Some(q) = self.ctx.queue_stats.get(cqid as usize) {
+            QueueStats::bump(&q.completions, 1);
+        }
         if !cq.overflow.is_empty() {
             cq.overflow.push_back(cqe);
             return;
@@ -133,6 +136,9 @@ impl IoEngine {
                 if v.post(iv, n, self.coalescing, now) {
                     v.fired();
                     Stats::add(&self.ctx.stats.interrupts, 1);
+                    if let Some(q) = self.ctx.queue_stats.get(i) {
+                        QueueStats::bump(&q.interrupts, 1);
+                    }
                     self.ctx.irq.signal(iv);
                 }
             }

@@ -8,7 +8,7 @@ use nvme_spec::Status;
 use tracing::warn;
 
 use super::{Finish, InFlight, IoEngine, Slot, EXPIRY_POLLS, POLL_BUDGET};
-use crate::stats::Stats;
+use crate::stats::{QueueStats, Stats};
 
 impl IoEngine {
     // ---- the data path
@@ -100,6 +100,9 @@ impl IoEngine {
                 };
                 sq.in_flight += 1;
                 done += 1;
+                if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
+                    QueueStats::bump(&q.commands, 1);
+                }
                 if qid == 0 {
                     self.admin_inbox.push(sqe);
                 } else {
@@ -136,6 +139,9 @@ impl IoEngine {
     /// Allocates a tag for an in-flight command and starts its timeout.
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
         f.deadline_ns = self.command_deadline(f.nsid);
+        let clock = &self.ctx.clock;
+        f.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
+        (f.class, f.bytes) = (self.cur_class, self.cur_bytes);
         self.running += 1;
         match self.free_tags.pop() {
             Some(t) => {
@@ -152,6 +158,7 @@ impl IoEngine {
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
+        self.done_now_ns = None;
         let mut any = !self.reaped.is_empty();
         for &i in &self.open_backends {
             let Some(b) = self.backends[i].as_mut() else { continue };
@@ -226,12 +233,22 @@ impl IoEngine {
             };
             self.free_tags.push(tag as u32);
             self.stopped_running();
+            self.count_done(&f);
             if let Finish::Compare(mut v) = f.finish {
                 v.clear();
                 self.seg_pool.push(v);
             }
             self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
         }
+    }
+
+    /// Counts a command that ran at a backend on its namespace: kind, bytes, status,
+    /// and the latency from its fetch to now (one clock read per reap).
+    pub(crate) fn count_done(&mut self, f: &InFlight) {
+        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, f.nsid) else { return };
+        let clock = &self.ctx.clock;
+        let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
+        ns.stats.of(f.class).record(f.bytes, now.saturating_sub(f.started_ns), f.status.is_success());
     }
 
     /// Side effects of a failed backend request, besides its status: the log line,

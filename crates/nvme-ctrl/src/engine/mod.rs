@@ -34,7 +34,7 @@ use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, VectorState};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
-use crate::stats::Stats;
+use crate::stats::{OpClass, Stats};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]
@@ -44,6 +44,8 @@ pub struct EngineContext {
     pub irq: Arc<dyn InterruptSink>,
     pub clock: Arc<dyn Clock>,
     pub stats: Arc<Stats>,
+    /// Counters per queue pair, indexed by queue identifier (0..=max_qid).
+    pub queue_stats: Arc<[crate::stats::QueueStats]>,
     pub events: Arc<Events>,
     pub max_qid: u16,
     pub vectors: u16,
@@ -81,6 +83,11 @@ pub(crate) struct InFlight {
     pub status: Status,
     /// What the backend requests do (all of one command's requests do the same).
     pub op: Op,
+    /// How the namespace counts it, the bytes it moves, and when it was fetched
+    /// (clock ns): set by `track` from the command being started.
+    pub class: OpClass,
+    pub bytes: u64,
+    pub started_ns: u64,
     pub finish: Finish,
     /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
     pub deadline_ns: u64,
@@ -105,6 +112,9 @@ impl InFlight {
             remaining,
             status: Status::SUCCESS,
             op,
+            class: OpClass::Other,
+            bytes: 0,
+            started_ns: 0,
             finish,
             deadline_ns: u64::MAX,
         }
@@ -146,6 +156,13 @@ pub struct IoEngine {
     pub(crate) poll_now_ns: Option<u64>,
     /// Busy polls since the last expiry check.
     pub(crate) polls_since_expiry: u32,
+    /// The clock read once for the commands one `poll` completes (their latency
+    /// ends there).
+    pub(crate) done_now_ns: Option<u64>,
+    /// The kind and size of the command being started (`execute` sets them, `track`
+    /// copies them into its in-flight entry).
+    pub(crate) cur_class: OpClass,
+    pub(crate) cur_bytes: u64,
     /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
     pub(crate) running: usize,
     pub(crate) free_tags: Vec<u32>,
@@ -202,6 +219,9 @@ impl IoEngine {
             next_expiry: u64::MAX,
             poll_now_ns: None,
             polls_since_expiry: 0,
+            done_now_ns: None,
+            cur_class: OpClass::Other,
+            cur_bytes: 0,
             running: 0,
             free_tags: Vec::new(),
             reaped: Vec::new(),

@@ -150,6 +150,8 @@ impl IoEngine {
             status = format_args!("{:#x}", status.raw()),
             "command abandoned: {why}"
         );
+        let f = InFlight { status, ..f };
+        self.count_done(&f);
         self.complete(f.sqid, f.cid, status, 0, f.nsid, f.slba);
     }
 }

@@ -47,6 +47,7 @@ impl IoEngine {
                 let segs = self.data_segments(sqe, len, Direction::ToHost)?;
                 Stats::add(&self.ctx.stats.bytes_read, len);
                 Stats::add(&self.ctx.stats.read_commands, 1);
+                self.cur_bytes = len;
                 self.submit_one(
                     sqid,
                     sqe,
@@ -63,6 +64,7 @@ impl IoEngine {
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
                 Stats::add(&self.ctx.stats.bytes_written, len);
                 Stats::add(&self.ctx.stats.write_commands, 1);
+                self.cur_bytes = len;
                 self.submit_one(
                     sqid,
                     sqe,
