@@ -1,4 +1,4 @@
-//! Namespaces added, removed and resized under a running host (what an operator asks
+//! Namespaces added, removed, resized and given QoS limits under a running host (what an operator asks
 //! for through a control socket), the way the spec tells a host about it: the
 //! namespace's NSID goes into the Changed Namespace List log (Base §5.1.12.1.5) and a
 //! Namespace Attribute Changed notice is raised (Base §5.1.2, OAES bit 8) if the host
@@ -18,6 +18,7 @@ use tracing::info;
 use crate::config::NamespaceConfig;
 use crate::controller::{lba_fits, make_namespace, Controller};
 use crate::namespace::{lookup, Namespace, NamespaceSlots};
+use crate::qos::QosGroup;
 
 /// Why a namespace could not be added, removed or resized.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +81,7 @@ impl Controller {
         let mut slots = self.namespaces.to_vec();
         slots[nsid as usize - 1] = None;
         self.publish_namespaces(slots.into());
+        self.qos.remove(&nsid);
         self.admin.detach(nsid);
         info!(nsid, backend = %ns.info.kind, "namespace removed");
         self.namespace_changed(nsid);
@@ -139,6 +141,32 @@ impl Controller {
                 log_page: lid::CHANGED_NAMESPACE_LIST,
             });
         }
+    }
+
+    /// Makes namespace `nsid` draw from the limits of `group` (None: no limits), on
+    /// every engine; commands held back are looked at again at once.
+    pub fn set_qos(&mut self, nsid: u32, group: Option<Arc<QosGroup>>) -> Result<(), NamespaceError> {
+        if lookup(&self.namespaces, nsid).is_none() {
+            return Err(NamespaceError::NotFound(nsid));
+        }
+        match &group {
+            Some(g) => {
+                info!(nsid, group = %g.name, limits = ?g.limits(), "namespace QoS set");
+                self.qos.insert(nsid, g.clone());
+            }
+            None => {
+                if self.qos.remove(&nsid).is_some() {
+                    info!(nsid, "namespace QoS cleared");
+                }
+            }
+        }
+        self.on_all_engines(move |e| e.set_qos(nsid, group.clone()));
+        Ok(())
+    }
+
+    /// The limits namespace `nsid` draws from, if any.
+    pub fn qos(&self, nsid: u32) -> Option<Arc<QosGroup>> {
+        self.qos.get(&nsid).cloned()
     }
 
     /// The namespace `nsid` if it is active.

@@ -58,6 +58,8 @@ pub struct Controller {
     pub(crate) page_size: u64,
     /// Every NSID (NN of them), active or not. Engines each hold the same table.
     pub(crate) namespaces: NamespaceSlots,
+    /// QoS groups by NSID (what the engines hold, for reporting).
+    pub(crate) qos: std::collections::BTreeMap<u32, Arc<crate::qos::QosGroup>>,
     pub(crate) events: Arc<Events>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -144,6 +146,7 @@ impl Controller {
             )?),
             admin,
             namespaces,
+            qos: Default::default(),
             events,
             stats,
             clock,

@@ -16,6 +16,8 @@
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
 //! - `attach`: namespaces added, removed and resized under a running host.
+//! - `qos`: IOPS and bandwidth limits per namespace or group (`engine::throttle`
+//!   holds back what they do not let through yet).
 //! - `runtime`: worker threads and the idle loop they share with inline mode.
 #![forbid(unsafe_code)]
 
@@ -32,6 +34,7 @@ mod interrupt;
 mod io;
 mod log_limit;
 mod namespace;
+pub mod qos;
 mod queue;
 mod routing;
 pub mod runtime;

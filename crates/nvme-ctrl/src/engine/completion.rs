@@ -158,10 +158,11 @@ impl IoEngine {
         }
     }
 
-    /// The earliest time (clock ns) a coalesced interrupt must fire or a command may
-    /// time out: a sleeping owner wakes then.
+    /// The earliest time (clock ns) a coalesced interrupt must fire, a command may
+    /// time out or a command QoS held back may start: a sleeping owner wakes then.
     pub fn next_deadline(&self) -> Option<u64> {
         let expiry = (self.next_expiry != u64::MAX).then_some(self.next_expiry);
-        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).chain(expiry).min()
+        let held = self.next_release();
+        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).chain(expiry).chain(held).min()
     }
 }

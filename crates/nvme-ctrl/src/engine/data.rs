@@ -23,6 +23,7 @@ impl IoEngine {
         self.adopt_memory();
         self.poll_now_ns = None;
         let mut progress = self.reap();
+        progress |= self.release_held();
         let mut budget = POLL_BUDGET;
         let mut idle_turns = 0;
         while budget > 0 && !self.active_sqs.is_empty() && idle_turns < self.active_sqs.len() {

@@ -15,6 +15,7 @@
 mod completion;
 mod data;
 mod memory;
+mod throttle;
 mod timeout;
 
 pub use memory::SharedMemory;
@@ -159,6 +160,8 @@ pub struct IoEngine {
     /// The clock read once for the commands one `poll` completes (their latency
     /// ends there).
     pub(crate) done_now_ns: Option<u64>,
+    /// QoS: the limits each namespace draws from, and the commands held back.
+    pub(crate) throttle: throttle::Throttle,
     /// The kind and size of the command being started (`execute` sets them, `track`
     /// copies them into its in-flight entry).
     pub(crate) cur_class: OpClass,
@@ -220,6 +223,7 @@ impl IoEngine {
             poll_now_ns: None,
             polls_since_expiry: 0,
             done_now_ns: None,
+            throttle: Default::default(),
             cur_class: OpClass::Other,
             cur_bytes: 0,
             running: 0,
@@ -415,6 +419,8 @@ impl IoEngine {
             if let Some(gone) = before {
                 let nsid = gone.nsid;
                 self.abandon_where(|f| f.nsid == nsid, || crate::error::CommandError::InvalidNamespace(nsid));
+                self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());
+                self.set_qos(nsid, None);
                 if let Some(q) = self.backends.get_mut(i).and_then(Option::take) {
                     if q.in_flight() > 0 {
                         self.retiring.push(q);
@@ -439,9 +445,11 @@ impl IoEngine {
         self.open_backends = (0..self.backends.len()).filter(|&i| self.backends[i].is_some()).collect();
     }
 
-    /// True if commands are in flight in the backends or SQs hold unfetched entries.
+    /// True if commands are in flight in the backends, held back by QoS, or SQs hold
+    /// unfetched entries.
     pub fn busy(&self) -> bool {
         self.backend_busy()
+            || self.throttle.held_total > 0
             || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
     }
 }

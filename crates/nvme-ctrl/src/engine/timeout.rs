@@ -104,6 +104,8 @@ impl IoEngine {
     /// Waits (at most until `deadline`) for the commands fetched from SQ `qid` to
     /// finish, then abandons those still with a backend.
     pub(crate) fn settle_sq(&mut self, qid: u16, deadline: Instant) {
+        // Commands QoS holds back have not started: they are aborted at once.
+        self.drop_held(|sqid, _| sqid == qid, Status::ABORT_SQ_DELETION);
         let busy = |e: &Self| e.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0);
         let mut spins = 0u32;
         while busy(self) && Instant::now() < deadline {

@@ -28,6 +28,13 @@ pub(crate) enum Started {
 impl IoEngine {
     /// Runs one I/O command fetched from SQ `sqid`.
     pub(crate) fn execute(&mut self, sqid: u16, sqe: Sqe) {
+        if self.qos_admits(sqid, &sqe) {
+            self.run(sqid, sqe);
+        }
+    }
+
+    /// Runs a command QoS let through.
+    pub(crate) fn run(&mut self, sqid: u16, sqe: Sqe) {
         let cid = sqe.cid();
         self.cur_class = match sqe.opcode() {
             op::READ => OpClass::Read,

@@ -133,14 +133,16 @@ pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Instant) {
             break;
         }
     }
-    while e.backend_busy() && e.fatal().is_none() && Instant::now() < deadline {
+    let busy = |e: &IoEngine| e.backend_busy() || e.throttle.held_total > 0;
+    while busy(e) && e.fatal().is_none() && Instant::now() < deadline {
         if !e.poll() {
             std::thread::yield_now();
         }
     }
-    if e.backend_busy() {
+    if busy(e) {
         let ms = TEARDOWN_BOUND.as_millis() as u64;
         e.abandon_where(|_| true, || CommandError::TimedOut { ms });
+        e.drop_held(|_, _| true, CommandError::TimedOut { ms }.status());
         e.poll();
     }
 }
