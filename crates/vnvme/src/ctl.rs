@@ -39,7 +39,10 @@ fn after_help() -> String {
          ns.add SPEC [NSID]         e.g. ns.add file:/srv/vm1-data.img:8G\n  \
          ns.remove NSID\n  \
          ns.resize NSID SIZE [force]  e.g. ns.resize 2 16G\n  \
-         log.set FILTER             e.g. log.set info,vnvme::guest=debug\n",
+         log.set FILTER             e.g. log.set info,vnvme::guest=debug\n  \
+         qos.set NSID KEY=VALUE...  e.g. qos.set 1 iops=2000 bps_wr=20M bps_wr_burst=4M\n  \
+         qos.set group=NAME KEY=VALUE...; qos.set NSID group=NAME; qos.set NSID clear=true\n  \
+         qos.get [NSID]\n",
     );
     s
 }
@@ -51,6 +54,7 @@ fn positional(method: &str) -> &'static [&'static str] {
         "ns.remove" => &["nsid"],
         "ns.resize" => &["nsid", "size", "force"],
         "log.set" => &["filter"],
+        "qos.set" | "qos.get" => &["nsid"],
         _ => &[],
     }
 }
@@ -71,13 +75,16 @@ fn typed(v: &str) -> Value {
 /// The params object from the command line.
 fn params(method: &str, args: &[String]) -> Result<Value, String> {
     let names = positional(method);
+    // Methods whose every parameter may be given as KEY=VALUE (no spec or filter
+    // text that could contain '=').
+    let free = names.is_empty() || method.starts_with("qos.");
     let mut m = Map::new();
     for a in args {
         let ident = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         match a.split_once('=') {
             // A spec or a filter may contain '=' (ram:1G:lba=4096): a KEY=VALUE is a
             // named parameter only when KEY is a plain name the method could take.
-            Some((k, v)) if ident(k) && (names.is_empty() || names.contains(&k)) => {
+            Some((k, v)) if ident(k) && (free || names.contains(&k)) => {
                 m.insert(k.to_string(), typed(v));
             }
             _ => {
@@ -192,7 +199,43 @@ fn human(method: &str, r: &Value) -> String {
         "ns.remove" => format!("removed namespace {}\n", u("nsid")),
         "ns.resize" => format!("namespace {}: {} -> {}\n", u("nsid"), bytes(u("old_size")), bytes(u("size"))),
         "log.set" => format!("log filter: {} (was {})\n", scalar(&r["filter"]), scalar(&r["previous"])),
+        "qos.get" => {
+            let mut s = format!("{:>5}  {:<12}  {:>12}  {}\n", "NSID", "GROUP", "HELD (s)", "LIMITS");
+            for n in r["namespaces"].as_array().into_iter().flatten() {
+                s.push_str(&format!(
+                    "{:>5}  {:<12}  {:>12.3}  {}\n",
+                    scalar(&n["nsid"]),
+                    scalar(&n["group"]),
+                    n["throttled_s"].as_f64().unwrap_or(0.0),
+                    limits_text(&n["limits"])
+                ));
+            }
+            for g in r["groups"].as_array().into_iter().flatten() {
+                s.push_str(&format!("group {}: {}\n", scalar(&g["group"]), limits_text(&g["limits"])));
+            }
+            s
+        }
+        "qos.set" => match r.get("nsid") {
+            Some(n) => format!("namespace {n}: {}\n", limits_text(&r["limits"])),
+            None => format!("group {}: {}\n", scalar(&r["group"]), limits_text(&r["limits"])),
+        },
         _ => flat(r, ""),
+    }
+}
+
+/// QoS limits as `iops=2000/200 bps_wr=20971520/2097152` (rate/burst), or "none".
+fn limits_text(l: &Value) -> String {
+    let parts: Vec<String> = l
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| format!("{k}={}/{}", scalar(&v["rate"]), scalar(&v["burst"])))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" ")
     }
 }
 
@@ -240,5 +283,10 @@ mod tests {
         );
         assert!(p("ns.remove", &["1", "2"]).unwrap_err().contains("unexpected argument"));
         assert_eq!(p("stats.get", &[]).unwrap(), json!({}));
+        assert_eq!(
+            p("qos.set", &["1", "iops=2000", "bps_wr=20M"]).unwrap(),
+            json!({"nsid": 1, "iops": 2000, "bps_wr": "20M"})
+        );
+        assert_eq!(p("qos.set", &["group=db", "iops=100"]).unwrap(), json!({"group": "db", "iops": 100}));
     }
 }

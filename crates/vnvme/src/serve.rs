@@ -219,6 +219,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             facts: facts(&a, poll, &dev),
             specs: std::sync::Mutex::new(specs),
             sandboxed: a.sandbox == Switch::On,
+            groups: Default::default(),
             started: std::time::Instant::now(),
         };
         crate::control::server::spawn(listener, Arc::new(ctx))?;

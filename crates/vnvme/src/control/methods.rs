@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use nvme_ctrl::qos::{Limit, QosGroup, QosLimits};
 use serde_json::{json, Map, Value};
 use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
@@ -24,6 +25,8 @@ pub struct Context {
     pub specs: Mutex<BTreeMap<u32, String>>,
     /// The sandbox is on: backends that need new connections cannot be opened.
     pub sandboxed: bool,
+    /// Named QoS groups (qos.set with a group), shared by the namespaces in them.
+    pub groups: Mutex<BTreeMap<String, Arc<QosGroup>>>,
     pub started: Instant,
 }
 
@@ -34,13 +37,15 @@ pub const METHODS: &[(&str, &str)] = &[
     ("ns.add", "add a namespace: spec (the --ns grammar), nsid (optional)"),
     ("ns.remove", "remove a namespace: nsid"),
     ("ns.resize", "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)"),
-    ("stats.get", "counters: controller, workers"),
+    ("qos.set", "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear"),
+    ("qos.get", "QoS limits of every namespace (or nsid) and group, and time held back"),
+    ("stats.get", "counters: controller, namespaces (with latency), queues, workers"),
     ("log.set", "set the log filter: filter (tracing EnvFilter syntax)"),
 ];
 
 /// True for methods that change something (logged at info when they succeed).
 pub fn changes_state(method: &str) -> bool {
-    matches!(method, "ns.add" | "ns.remove" | "ns.resize" | "log.set")
+    matches!(method, "ns.add" | "ns.remove" | "ns.resize" | "log.set" | "qos.set")
 }
 
 /// Runs `method`.
@@ -53,6 +58,8 @@ pub fn call(ctx: &Context, method: &str, params: &Value) -> Result<Value, RpcErr
         "ns.remove" => ns_remove(ctx, p),
         "ns.resize" => ns_resize(ctx, p),
         "stats.get" => p.done().and_then(|()| stats_get(ctx)),
+        "qos.set" => qos_set(ctx, p),
+        "qos.get" => qos_get(ctx, p),
         "log.set" => log_set(p),
         other => {
             let names: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
@@ -244,9 +251,180 @@ fn ns_resize(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
     Ok(json!({ "nsid": nsid, "old_size": old, "size": size }))
 }
 
+/// The limit keys of qos.set, each also with `_burst`; the bps ones take sizes.
+const LIMIT_KEYS: [&str; 6] = ["iops", "iops_rd", "iops_wr", "bps", "bps_rd", "bps_wr"];
+
+/// Takes the limits among `p` (None if none is given).
+fn take_limits(p: &mut Params) -> Result<Option<QosLimits>, RpcError> {
+    let mut l = QosLimits::default();
+    let mut any = false;
+    for key in LIMIT_KEYS {
+        let rate = p.size(key)?;
+        let burst = p.size(&format!("{key}_burst"))?;
+        let slot = match key {
+            "iops" => &mut l.iops,
+            "iops_rd" => &mut l.read_iops,
+            "iops_wr" => &mut l.write_iops,
+            "bps" => &mut l.bps,
+            "bps_rd" => &mut l.read_bps,
+            _ => &mut l.write_bps,
+        };
+        match (rate, burst) {
+            (Some(0), _) | (None, None) => {}
+            (Some(rate), burst) => {
+                *slot = Some(Limit { rate, burst: burst.unwrap_or(0) });
+                any = true;
+            }
+            (None, Some(_)) => return Err(RpcError::params(format!("{key}_burst without {key}"))),
+        }
+        if rate == Some(0) {
+            any = true;
+        }
+    }
+    l.check().map_err(RpcError::params)?;
+    Ok(any.then_some(l))
+}
+
+fn limits_json(l: &QosLimits) -> Value {
+    let one = |x: Option<Limit>| x.map(|l| json!({ "rate": l.rate, "burst": l.burst() }));
+    json!({
+        "iops": one(l.iops), "iops_rd": one(l.read_iops), "iops_wr": one(l.write_iops),
+        "bps": one(l.bps), "bps_rd": one(l.read_bps), "bps_wr": one(l.write_bps),
+    })
+}
+
+/// qos.set: a namespace's own limits ({nsid, limits}), a named group's ({group,
+/// limits}), a namespace joining a group ({nsid, group}, limits optional), or
+/// limits cleared ({nsid, clear: true}). Limits given replace the whole set.
+fn qos_set(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
+    let nsid = p.u32("nsid")?;
+    let group = p.str("group")?;
+    let clear = p.bool("clear")?.unwrap_or(false);
+    let limits = take_limits(&mut p)?;
+    p.done()?;
+    if nsid.is_none() && group.is_none() {
+        return Err(RpcError::params("give nsid, group or both"));
+    }
+    if clear && (limits.is_some() || group.is_some() || nsid.is_none()) {
+        return Err(RpcError::params("clear takes an nsid and nothing else"));
+    }
+    let target: Option<Arc<QosGroup>> = match (&group, nsid) {
+        _ if clear => None,
+        (Some(name), _) => {
+            let mut groups = ctx.groups.lock().unwrap_or_else(|p| p.into_inner());
+            match (groups.get(name), limits) {
+                (Some(g), Some(l)) => {
+                    g.set_limits(l).map_err(RpcError::params)?;
+                    Some(g.clone())
+                }
+                (Some(g), None) => Some(g.clone()),
+                (None, Some(l)) => {
+                    let g = Arc::new(QosGroup::new(name.clone(), l).map_err(RpcError::params)?);
+                    groups.insert(name.clone(), g.clone());
+                    Some(g)
+                }
+                (None, None) => {
+                    return Err(RpcError::failed(format!("no QoS group {name:?}: give its limits")))
+                }
+            }
+        }
+        (None, Some(n)) => {
+            let l = limits.ok_or_else(|| RpcError::params("give limits, a group, or clear"))?;
+            Some(Arc::new(QosGroup::new(format!("ns{n}"), l).map_err(RpcError::params)?))
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let Some(nsid) = nsid else {
+        return Ok(json!({ "group": group, "limits": limits_json(&target.expect("a group").limits()) }));
+    };
+    let g = target.clone();
+    job(ctx, move |d| d.ctrl.set_qos(nsid, g))?.map_err(RpcError::failed)?;
+    Ok(json!({
+        "nsid": nsid,
+        "group": target.as_ref().map(|g| g.name.clone()),
+        "limits": target.map(|g| limits_json(&g.limits())),
+    }))
+}
+
+fn qos_get(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
+    let only = p.u32("nsid")?;
+    p.done()?;
+    let namespaces = job(ctx, move |d| {
+        d.ctrl
+            .namespaces()
+            .filter(|n| only.is_none_or(|o| o == n.nsid))
+            .map(|n| {
+                let g = d.ctrl.qos(n.nsid);
+                let s = n.stats.snapshot();
+                json!({
+                    "nsid": n.nsid,
+                    "group": g.as_ref().map(|g| g.name.clone()),
+                    "limits": g.map(|g| limits_json(&g.limits())),
+                    "throttled_commands": s.throttled_commands,
+                    "throttled_s": s.throttled_ns as f64 / 1e9,
+                })
+            })
+            .collect::<Vec<_>>()
+    })?;
+    if let Some(n) = only {
+        if namespaces.is_empty() {
+            return Err(RpcError::failed(format!("there is no namespace {n}")));
+        }
+    }
+    let groups: Vec<Value> = ctx
+        .groups
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|g| json!({ "group": g.name, "limits": limits_json(&g.limits()) }))
+        .collect();
+    Ok(json!({ "namespaces": namespaces, "groups": groups }))
+}
+
+/// One kind of command of a namespace, for stats.get.
+fn op_json(o: &nvme_ctrl::OpSnapshot) -> Value {
+    let avg_us = if o.commands > 0 { o.latency_sum_ns as f64 / o.commands as f64 / 1000.0 } else { 0.0 };
+    json!({ "commands": o.commands, "bytes": o.bytes, "errors": o.errors, "latency_avg_us": (avg_us * 10.0).round() / 10.0 })
+}
+
 fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
     let s = ctx.stats.snapshot();
-    let workers = job(ctx, |d| d.ctrl.workers().iter().map(worker_json).collect::<Vec<_>>())?;
+    let (workers, namespaces, queues) = job(ctx, |d| {
+        let w = d.ctrl.workers().iter().map(worker_json).collect::<Vec<_>>();
+        let n = d
+            .ctrl
+            .namespaces()
+            .map(|n| {
+                let s = n.stats.snapshot();
+                json!({
+                    "nsid": n.nsid,
+                    "read": op_json(&s.read),
+                    "write": op_json(&s.write),
+                    "flush": op_json(&s.flush),
+                    "other": op_json(&s.other),
+                    "throttled_commands": s.throttled_commands,
+                    "throttled_s": s.throttled_ns as f64 / 1e9,
+                })
+            })
+            .collect::<Vec<_>>();
+        let q = d
+            .ctrl
+            .queue_snapshots()
+            .iter()
+            .map(|q| {
+                json!({
+                    "qid": q.qid,
+                    "worker": q.worker,
+                    "commands": q.commands,
+                    "sq_doorbell_writes": q.sq_doorbell_writes,
+                    "cq_doorbell_writes": q.cq_doorbell_writes,
+                    "completions": q.completions,
+                    "interrupts": q.interrupts,
+                })
+            })
+            .collect::<Vec<_>>();
+        (w, n, q)
+    })?;
     Ok(json!({
         "controller": {
             "io_commands": s.io_commands,
@@ -266,6 +444,8 @@ fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
             "eventidx_races": s.eventidx_races,
             "interrupts": s.interrupts,
         },
+        "namespaces": namespaces,
+        "queues": queues,
         "workers": workers,
     }))
 }
