@@ -48,7 +48,9 @@ own \`vnvme serve\` (built with cargo build --release first):
          removed with a read in flight (held 4 s by a fault rule) ends that read
          with an error and nothing hangs; n3 grown under a mounted ext4 shows its
          new size and resize2fs grows onto it; a shrink below its data is refused
-         (host: the refusal names the data); a forced shrink of an idle one works.
+         (host: the refusal names the data); a forced shrink of an idle one works;
+         QoS set live on n1: fio QD 32 measures 2,000 IOPS +- 10 % against
+         iops=2000 and 20 MB/s +- 10 % against bps=20000000, then it is cleared.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio

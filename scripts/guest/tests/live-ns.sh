@@ -162,6 +162,33 @@ if [ -n "$D4" ]; then
     fi
 fi
 
+echo "== QoS on n1, set live"
+# qos_run NAME BS: 10 s of fio randread at QD 32 on n1; sets GOT to the JSON field
+# FIELD of the read side.
+qos_run() {
+    fio --name="$1" --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randread --bs="$2" \
+        --iodepth=32 --runtime=10 --time_based --size=48M --output-format=json >"/tmp/$1.json" 2>/tmp/$1.err
+    GOT=$(fio_json_field "/tmp/$1.json" "$3")
+}
+# within GOT WANT: GOT within 10 % of WANT.
+within() { awk -v g="$1" -v w="$2" 'BEGIN { exit !(g >= 0.9 * w && g <= 1.1 * w) }'; }
+ctl qos.set 1 iops=2000
+sleep 2
+qos_run qos-iops 4k iops
+if within "$GOT" 2000; then t_pass "QoS iops=2000, fio QD 32: $GOT IOPS (within 10 %)"; else
+    t_fail "QoS iops=2000, fio QD 32: $GOT IOPS, want 2000 +- 10 %"
+fi
+ctl qos.set 1 bps=20000000
+sleep 2
+qos_run qos-bps 64k bw_bytes
+if within "$GOT" 20000000; then t_pass "QoS bps=20 MB/s, fio QD 32 bs 64k: $GOT B/s (within 10 %)"; else
+    t_fail "QoS bps=20 MB/s, fio QD 32 bs 64k: $GOT B/s, want 20000000 +- 10 %"
+fi
+ctl qos.set 1 clear=true
+sleep 2
+qos_run qos-none 4k iops
+echo "info: QoS cleared: fio QD 32 4k randread $GOT IOPS (not checked: a speed)"
+
 echo "== kernel messages (nvme)"
 dmesg | grep -iE 'nvme|blk_update|I/O error|hung' | tail -30
 if dmesg | grep -qiE 'hung task|blocked for more than|timeout'; then
