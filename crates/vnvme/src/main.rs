@@ -6,10 +6,12 @@ mod ctl;
 mod demo;
 mod identify;
 mod logging;
+mod metrics;
 mod nsspec;
 mod perf;
 mod sandbox;
 mod serve;
+mod unix_socket;
 
 use clap::{Parser, Subcommand};
 

@@ -4,7 +4,6 @@
 //! than a request takes.
 
 use std::io::{self, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -19,27 +18,11 @@ use super::{
     code, reply_err, RpcError, IDLE_LIMIT, MAX_BATCH, MAX_CONNECTIONS, MAX_REQUEST, REQUEST_DEADLINE,
 };
 
-/// Binds the control socket at `path`, owner-only (0600), replacing a stale socket
-/// file; refuses a path another server is listening on.
+/// Binds the control socket at `path`, nonblocking and owner-only (0600), replacing
+/// a stale socket file; refuses a path another server is listening on, or a file
+/// that is not a socket.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use by another server", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    // No moment in which the socket file is open to others: create it under a umask
-    // that leaves only the owner's bits, then make sure of the mode.
-    let old = rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    rustix::process::umask(old);
-    let l = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    l.set_nonblocking(true)?;
-    Ok(l)
+    crate::unix_socket::bind_owner_only(path)
 }
 
 /// Starts the control thread (`vnvme-control`) serving `listener`.

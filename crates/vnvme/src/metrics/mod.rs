@@ -1,0 +1,112 @@
+//! Prometheus metrics: `vnvme serve --metrics ADDR` serves the text exposition format
+//! over HTTP on a loopback TCP address or a UNIX socket.
+//!
+//! - `render`: one [`Scrape`] as exposition text.
+//! - `http`: the bounded HTTP server (its own thread, started before the sandbox).
+//!
+//! A scrape is collected on the device thread (a job, like the control socket's),
+//! so it sees one consistent moment of the controller.
+pub mod http;
+pub mod render;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use nvme_ctrl::{Lifecycle, NsStatsSnapshot, QueueSnapshot, Stats, StatsSnapshot};
+use vfio_user_server::Device;
+
+/// Everything one scrape reports.
+#[derive(Clone, Debug, Default)]
+pub struct Scrape {
+    /// Build and identity, for the `vnvme_info` metric's labels.
+    pub version: String,
+    pub serial: String,
+    /// Controller lifecycle: "disabled", "ready", "shut-down" or "fatal".
+    pub state: String,
+    pub client_connected: bool,
+    pub dma_regions: u64,
+    pub uptime_s: u64,
+    /// Controller-wide counters.
+    pub controller: StatsSnapshot,
+    pub namespaces: Vec<NsScrape>,
+    pub queues: Vec<QueueSnapshot>,
+    pub workers: Vec<WorkerScrape>,
+}
+
+/// One namespace.
+#[derive(Clone, Debug, Default)]
+pub struct NsScrape {
+    pub nsid: u32,
+    pub size_bytes: u64,
+    pub lba_size: u64,
+    /// The backend's description ("ram", "uring:/srv/a.img (O_DIRECT, ...)").
+    pub backend: String,
+    pub stats: NsStatsSnapshot,
+}
+
+/// One I/O worker thread's polling counters.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerScrape {
+    pub index: usize,
+    pub sleeps: u64,
+    pub wakeups: u64,
+    pub spin_hits: u64,
+    pub spin_misses: u64,
+    pub spin_contended: u64,
+    pub spin_ns: u64,
+    pub spin_lost_ns: u64,
+}
+
+/// The name a controller state goes by in metrics and on the control socket.
+pub fn state_name(l: Lifecycle) -> &'static str {
+    match l {
+        Lifecycle::Disabled => "disabled",
+        Lifecycle::Ready => "ready",
+        Lifecycle::ShutDown => "shut-down",
+        Lifecycle::Fatal => "fatal",
+    }
+}
+
+/// One scrape of `d` (on the device thread).
+pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scrape {
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    Scrape {
+        version: env!("CARGO_PKG_VERSION").into(),
+        serial: serial.into(),
+        state: state_name(d.ctrl.lifecycle()).into(),
+        client_connected: d.client_connected(),
+        dma_regions: d.dma_regions() as u64,
+        uptime_s: started.elapsed().as_secs(),
+        controller: stats.snapshot(),
+        namespaces: d
+            .ctrl
+            .namespaces()
+            .map(|n| NsScrape {
+                nsid: n.nsid,
+                size_bytes: n.size(),
+                lba_size: 1 << n.lba_shift(),
+                backend: n.info.kind.clone(),
+                stats: n.stats.snapshot(),
+            })
+            .collect(),
+        queues: d.ctrl.queue_snapshots(),
+        workers: d
+            .ctrl
+            .workers()
+            .iter()
+            .map(|w| {
+                let s = w.stats();
+                WorkerScrape {
+                    index: w.index,
+                    sleeps: g(&s.sleeps),
+                    wakeups: g(&s.wakeups),
+                    spin_hits: g(&s.spin_hits),
+                    spin_misses: g(&s.spin_misses),
+                    spin_contended: g(&s.spin_contended),
+                    spin_ns: g(&s.spin_ns),
+                    spin_lost_ns: g(&s.spin_lost_ns),
+                }
+            })
+            .collect(),
+    }
+}
