@@ -21,6 +21,12 @@ cargo fmt --all -- --check
 step "clippy (-D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
+if ! bash scripts/lib/promtool.sh >/dev/null; then
+    echo "promtool: could not be fetched; the metrics tests will skip their promtool check" |
+        tee -a "$VNVME_SKIP_LOG"
+fi
+
 step "cargo test (unit, in-process host, in-process driver tiers)"
 set +e
 cargo test --workspace --locked 2>&1 | tee "$LOG/test.out"

@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// sets QoS and the log filter (docs/CONTROL.md).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics (text format over HTTP, GET /metrics) on a loopback
+    /// TCP address (127.0.0.1:9464) or a UNIX socket (unix:/run/vnvme/vm1.metrics,
+    /// created owner-only).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<crate::metrics::http::MetricsAddr>,
     /// Number of Namespaces the controller reports (Identify NN): room for
     /// namespaces added later through the control socket. Default: 32 with
     /// --control, else as many as --ns gives.
@@ -229,6 +234,25 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             path.display()
         );
     }
+    if let Some(addr) = &a.metrics {
+        let listener = crate::metrics::http::bind(addr).map_err(|e| format!("--metrics {addr:?}: {e}"))?;
+        let shown = match listener.local_addr()? {
+            crate::metrics::http::MetricsAddr::Tcp(a) => format!("http://{a}/metrics"),
+            crate::metrics::http::MetricsAddr::Unix(p) => format!("{} (GET /metrics)", p.display()),
+        };
+        let (jobs, stats, serial, started) =
+            (jobs.clone(), stats.clone(), a.serial.clone(), std::time::Instant::now());
+        let source: crate::metrics::http::Source = Box::new(move || {
+            let stats = stats.clone();
+            let serial = serial.clone();
+            let scrape = jobs
+                .run(crate::control::JOB_LIMIT, move |d| crate::metrics::collect(d, &stats, &serial, started))
+                .map_err(|e| e.to_string())?;
+            Ok(crate::metrics::render::render(&scrape))
+        });
+        crate::metrics::http::spawn(listener, source)?;
+        eprintln!("vnvme: Prometheus metrics on {shown}");
+    }
     if let Some(u) = &drop_to {
         u.apply()?;
         eprintln!("vnvme: running as {}", u.describe());
@@ -246,7 +270,10 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         &listener,
         &mut dev,
         if a.once { Some(1) } else { None },
-        &server::ServeOptions { deadline: a.client_deadline, jobs: a.control.is_some().then_some(jobs) },
+        &server::ServeOptions {
+            deadline: a.client_deadline,
+            jobs: (a.control.is_some() || a.metrics.is_some()).then_some(jobs),
+        },
     );
     let s = stats.snapshot();
     eprintln!("vnvme: {}", summary(&s));

@@ -156,19 +156,10 @@ fn job<T: Send + 'static>(
     })
 }
 
-fn lifecycle(l: nvme_ctrl::Lifecycle) -> &'static str {
-    match l {
-        nvme_ctrl::Lifecycle::Disabled => "disabled",
-        nvme_ctrl::Lifecycle::Ready => "ready",
-        nvme_ctrl::Lifecycle::ShutDown => "shut-down",
-        nvme_ctrl::Lifecycle::Fatal => "fatal",
-    }
-}
-
 fn ctrl_info(ctx: &Context) -> Result<Value, RpcError> {
     let state = job(ctx, |d| {
         json!({
-            "state": lifecycle(d.ctrl.lifecycle()),
+            "state": crate::metrics::state_name(d.ctrl.lifecycle()),
             "client_connected": d.client_connected(),
             "namespaces": d.ctrl.namespaces().count(),
             "max_namespaces": d.ctrl.max_namespaces(),
