@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 
-use crate::{Backend, BackendError, BackendInfo, BackendQueue, Completion, Op, Request};
+use crate::{Backend, BackendError, BackendInfo, BackendQueue, Completion, DataBuf, Op, Request};
 
 /// Which operations a rule applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,6 +364,32 @@ impl BackendQueue for FaultQueue {
     }
     fn memory_changed(&mut self, mem: &GuestMemory) {
         self.inner.memory_changed(mem);
+    }
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        // Held back here: it never reaches the inner queue; it completes when due,
+        // failed, without its data.
+        for (_, d) in &mut self.delayed {
+            if let Delayed::Submit(_, r) = d {
+                if r.tag == tag {
+                    *d = Delayed::Fail(Completion {
+                        tag,
+                        result: Err(BackendError::NotReady("given up on before it ran".into())),
+                        data: DataBuf::None,
+                    });
+                    return Some(true);
+                }
+            }
+        }
+        if self.delayed.iter().any(|(_, d)| matches!(d, Delayed::Fail(c) if c.tag == tag))
+            || self.failed.iter().any(|c| c.tag == tag)
+        {
+            return Some(true);
+        }
+        // Hung: it never touches memory again (it never completes either).
+        if self.hung.iter().any(|(_, r)| r.tag == tag) {
+            return Some(true);
+        }
+        self.inner.revoke(tag)
     }
 }
 

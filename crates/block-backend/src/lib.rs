@@ -224,6 +224,16 @@ pub trait BackendQueue: Send + Debug {
     fn needs_polling(&self) -> bool {
         self.in_flight() > 0 && self.notifier().is_none()
     }
+    /// Makes sure request `tag` no longer reads or writes guest memory, if this
+    /// queue holds it and can: the caller may then tell the guest the command is
+    /// over, and the guest may reuse its buffers at once. The request still
+    /// completes (with an error if it was stopped), so its tag comes back. None:
+    /// this queue does not hold `tag`; Some(false): it does and cannot stop it (the
+    /// data may still move, e.g. a direct read the kernel is doing).
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        let _ = tag;
+        Some(false)
+    }
     /// The guest's memory map changed (regions mapped or unmapped); `mem` is the new
     /// one. A queue that keeps state derived from an older map (the `nvme://` backend's
     /// downstream DMA maps) lets go of it here, so that memory the guest took away is
@@ -288,6 +298,11 @@ impl<B: SyncExec> SyncQueue<B> {
 }
 
 impl<B: SyncExec> BackendQueue for SyncQueue<B> {
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        // Requests run to the end inside submit: one still here is only a parked
+        // completion, done with guest memory.
+        self.done.iter().any(|c| c.tag == tag).then_some(true)
+    }
     fn submit(&mut self, mem: &GuestMemory, mut req: Request) {
         let result = self.backend.exec(mem, &mut req);
         self.done.push(Completion { tag: req.tag, result, data: req.data });

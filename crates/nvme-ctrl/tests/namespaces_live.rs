@@ -107,22 +107,42 @@ fn an_added_namespace_is_announced_and_takes_io_on_workers() {
 
 fn removal_ends_io_in_flight(workers: usize) {
     let mut h = host(4, workers);
-    let hung = FaultBackend::new(
+    // Reads take 300 ms at the backend: one is in flight when the namespace goes.
+    let slow = FaultBackend::new(
         Arc::new(RamBackend::new(4 << 20)),
-        vec!["read/hang".parse::<FaultRule>().unwrap()],
+        vec!["read/delay=300".parse::<FaultRule>().unwrap()],
     );
-    let cfg = NamespaceConfig { timeout: None, ..NamespaceConfig::new(Arc::new(hung), 0) };
+    let cfg = NamespaceConfig { timeout: None, ..NamespaceConfig::new(Arc::new(slow), 0) };
     let nsid = h.ctrl.add_namespace(&cfg, None).unwrap();
     let _ = h.reap_admin();
     let buf = h.alloc.alloc_pages(1);
     let s = h.rw_sqe(nvme_spec::opcode::nvm::READ, nsid, 0, 1, buf, 512);
+    let fetched =
+        |h: &MockHost| h.ctrl.queue_snapshots().iter().find(|q| q.qid == 1).map_or(0, |q| q.commands);
+    let before = fetched(&h);
     let cid = h.submit(1, s).unwrap();
-    h.process();
-    assert!(h.reap_queue(1).is_empty(), "the read hangs (no timeout)");
+    // With workers the fetch happens on another thread: wait until it has.
+    let t = std::time::Instant::now();
+    while fetched(&h) == before {
+        h.process();
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the read was never fetched");
+        std::thread::yield_now();
+    }
     let aer = h.submit_aer();
     h.ctrl.remove_namespace(nsid).unwrap();
-    // The hung read ends now, with the status that says the namespace is gone.
-    let c = h.reap_queue(1).into_iter().find(|c| c.cid.get() == cid).expect("the read in flight completed");
+    // Not completed at once: the backend may still write into the read's buffer,
+    // which the host would reuse once told the command is over.
+    assert!(h.reap_queue(1).is_empty(), "completed while its request is still at the backend");
+    // When the backend is done, it ends with the status that says the namespace is gone.
+    let t = std::time::Instant::now();
+    let c = loop {
+        h.process();
+        if let Some(c) = h.reap_queue(1).into_iter().find(|c| c.cid.get() == cid) {
+            break c;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the read in flight never ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
     assert_cqe(&c, Status::INVALID_NAMESPACE.with_dnr());
     assert_eq!(notice(&mut h, aer), vec![nsid]);
     assert_eq!(active_list(&mut h), vec![1]);

@@ -295,3 +295,108 @@ fn a_queue_never_has_more_than_its_size_in_flight() {
     let rest = h.pop_cqes(&mut cq, 64).0;
     assert_eq!(first.len() + rest.len(), 2 * (SIZE as usize - 1), "{rest:?}");
 }
+
+/// A command given up on must not touch the host's buffer afterwards: the host
+/// reuses it as soon as it has the completion. A read held 400 ms at the backend
+/// times out at 100 ms; the buffer the host then fills must still hold the host's
+/// bytes after the backend's time is long past.
+#[test]
+fn a_timed_out_read_never_writes_the_buffer_afterwards() {
+    let mut h = host(
+        &["read/delay=400/lba=0+1"],
+        Some(Duration::from_millis(100)),
+        Arc::new(MonotonicClock::default()),
+    );
+    assert_eq!(h.write_blocks(1, 1, 0, LBA, &[0xaa; LBA as usize]), Status::SUCCESS);
+    let buf = h.alloc.alloc_pages(1);
+    let s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+    let cid = h.submit(1, s).unwrap();
+    let c = wait_for(&mut h, 1, cid);
+    assert_status(&c, Status::INTERNAL_ERROR, false);
+    // The host reuses the buffer.
+    h.mem.fill(buf, LBA as u64, 0x55).unwrap();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(700) {
+        h.process();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut got = vec![0u8; LBA as usize];
+    h.mem.read(buf, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x55), "the late read landed in the host's reused buffer");
+    assert_still_works(&mut h, 1, 1, LBA);
+}
+
+/// A backend that cannot stop a request (as a direct read the kernel is doing):
+/// at its timeout the command is not completed, since the data may still land; it
+/// completes when the backend is done, and nothing else waits on it.
+#[test]
+fn a_request_the_backend_cannot_stop_completes_when_it_ends_not_at_the_timeout() {
+    use block_backend::{BackendInfo, BackendQueue, Completion, Request};
+    use guest_mem::GuestMemory;
+
+    /// Reads of LBA 0 finish `RELEASE` after submission; nothing can be revoked.
+    #[derive(Debug)]
+    struct Stubborn(RamBackend);
+    #[derive(Debug)]
+    struct StubbornQueue {
+        inner: Box<dyn BackendQueue>,
+        held: Vec<(Instant, GuestMemory, Request)>,
+    }
+    const RELEASE: Duration = Duration::from_millis(400);
+    impl Backend for Stubborn {
+        fn info(&self) -> BackendInfo {
+            self.0.info()
+        }
+        fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
+            Ok(Box::new(StubbornQueue { inner: self.0.open_queue()?, held: Vec::new() }))
+        }
+    }
+    impl BackendQueue for StubbornQueue {
+        fn submit(&mut self, mem: &GuestMemory, req: Request) {
+            if req.op == block_backend::Op::Read && req.offset == 0 {
+                self.held.push((Instant::now() + RELEASE, mem.clone(), req));
+            } else {
+                self.inner.submit(mem, req);
+            }
+        }
+        fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+            let now = Instant::now();
+            let (due, keep): (Vec<_>, Vec<_>) = self.held.drain(..).partition(|(t, _, _)| *t <= now);
+            self.held = keep;
+            for (_, mem, req) in due {
+                self.inner.submit(&mem, req);
+            }
+            self.inner.reap(out)
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight() + self.held.len()
+        }
+        fn needs_polling(&self) -> bool {
+            !self.held.is_empty() || self.inner.needs_polling()
+        }
+        // revoke: the default, Some(false): it cannot be stopped.
+    }
+
+    let ram = RamBackend::new(NS_BYTES);
+    let mut ns = NamespaceConfig::new(Arc::new(Stubborn(ram)), 0);
+    ns.timeout = Some(Duration::from_millis(50));
+    let cfg = ControllerConfig { namespaces: vec![ns], ..Default::default() };
+    let mut h = MockHost::with_clock(cfg, MEM, Arc::new(MonotonicClock::default()));
+    h.init(InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).expect("bring-up");
+    assert_eq!(h.write_blocks(1, 1, 0, LBA, &[0xcd; LBA as usize]), Status::SUCCESS);
+    let buf = h.alloc.alloc_pages(1);
+    let s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+    let t = Instant::now();
+    let cid = h.submit(1, s).unwrap();
+    let c = wait_for(&mut h, 1, cid);
+    assert!(
+        t.elapsed() >= RELEASE,
+        "completed at the timeout ({:?}) while the read could still land",
+        t.elapsed()
+    );
+    assert_status(&c, Status::SUCCESS, false);
+    let mut got = vec![0u8; LBA as usize];
+    h.mem.read(buf, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0xcd), "the read's data, delivered before its completion");
+    assert_still_works(&mut h, 1, 1, LBA);
+}

@@ -54,6 +54,8 @@ struct Req {
     outstanding: u32,
     pieces: u32,
     error: Option<BackendError>,
+    /// Given up on by the owner (`revoke`): no more pieces, no copy back.
+    revoked: bool,
 }
 
 /// One downstream command of a request.
@@ -229,6 +231,7 @@ impl BackendQueue for NvmeQueue {
             outstanding: 0,
             pieces: 0,
             error: None,
+            revoked: false,
         };
         let r = match self.free_reqs.pop() {
             Some(i) => {
@@ -252,6 +255,23 @@ impl BackendQueue for NvmeQueue {
         if !self.dead {
             self.ring();
         }
+    }
+
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        if self.done.iter().any(|c| c.tag == tag) {
+            return Some(true);
+        }
+        let r = self.reqs.iter().position(|q| q.as_ref().is_some_and(|q| q.tag == tag))?;
+        // A piece whose PRPs point into guest memory is the downstream device's to
+        // finish: it cannot be stopped from here.
+        if self.pieces.iter().flatten().any(|p| p.req == r && p._view.is_some()) {
+            return Some(false);
+        }
+        self.backlog.retain(|&b| b != r);
+        let req = self.reqs[r].as_mut().expect("found");
+        req.revoked = true;
+        self.fail_req(r, BackendError::NotReady("given up on before it finished".into()));
+        Some(true)
     }
 
     fn memory_changed(&mut self, mem: &GuestMemory) {

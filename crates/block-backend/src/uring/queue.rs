@@ -265,6 +265,10 @@ impl UringQueue {
         let Some(mut slot) = self.slots[idx].take() else { return };
         self.free.push(idx);
         self.used -= 1;
+        if slot.revoked {
+            result = Err(BackendError::NotReady("given up on before it finished".into()));
+            slot.data = DataBuf::None;
+        }
         if let Some(b) = slot.bounce.take() {
             if result.is_ok() && slot.copy_out {
                 result = copy_out(&slot.mem, &mut slot.data, b.slice(slot.len as usize));
@@ -293,6 +297,31 @@ impl BackendQueue for UringQueue {
     fn commit(&mut self) {
         self.fill();
         self.flush();
+    }
+
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        if self.done.iter().any(|c| c.tag == tag) {
+            return Some(true);
+        }
+        let idx = self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.tag == tag))?;
+        let slot = self.slots[idx].as_mut().expect("found");
+        // The kernel touches guest memory only through vectors into it: not when the
+        // data goes through a bounce buffer, and not for steps that move none.
+        let guest_io = slot.bounce.is_none() && matches!(slot.data, DataBuf::Guest(_));
+        if let Some(p) = self.pending.iter().position(|&i| i == idx) {
+            // Waiting for room in the ring, not in the kernel: it stops here.
+            self.pending.remove(p);
+            slot.revoked = true;
+            self.finish(idx, Ok(()));
+            self.kick();
+            return Some(true);
+        }
+        if guest_io {
+            return Some(false);
+        }
+        slot.revoked = true;
+        slot.copy_out = false;
+        Some(true)
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {

@@ -53,6 +53,9 @@ pub(super) struct Slot {
     pub(super) bounce: Option<AlignedBuf>,
     /// A read through `bounce`: copy out on success.
     pub(super) copy_out: bool,
+    /// Given up on by the owner (`revoke`): it touches guest memory no more and
+    /// completes with an error.
+    pub(super) revoked: bool,
     retries: u8,
 }
 
@@ -71,6 +74,7 @@ impl Slot {
             iov: Vec::new(),
             bounce: None,
             copy_out: false,
+            revoked: false,
             retries: 0,
         }
     }

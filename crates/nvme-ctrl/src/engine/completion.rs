@@ -26,7 +26,8 @@ impl IoEngine {
 
     /// Posts the completion of a command fetched from SQ `sqid`.
     pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
-        let Some(sq) = self.sqs[sqid as usize].as_mut() else { return };
+        // None: the queue is gone (or the command was orphaned by its teardown).
+        let Some(sq) = self.sqs.get_mut(sqid as usize).and_then(Option::as_mut) else { return };
         sq.in_flight = sq.in_flight.saturating_sub(1);
         let cqe = Cqe {
             dw0: U32::new(dw0),

@@ -92,6 +92,9 @@ pub(crate) struct InFlight {
     pub finish: Finish,
     /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
     pub deadline_ns: u64,
+    /// It timed out but its backend could not stop its requests: it completes when
+    /// they end.
+    pub overdue: bool,
 }
 
 impl InFlight {
@@ -118,6 +121,7 @@ impl InFlight {
             started_ns: 0,
             finish,
             deadline_ns: u64::MAX,
+            overdue: false,
         }
     }
 }
@@ -404,9 +408,10 @@ impl IoEngine {
     }
 
     /// Adopts a new namespace table: opens a backend queue for each namespace
-    /// added, and for each one removed completes its commands still in flight with
-    /// Invalid Namespace (their requests are given up on; the queue is kept until
-    /// they come back). Runs on the engine's own thread.
+    /// added; for each one removed, its commands still at the backend will complete
+    /// with Invalid Namespace when the backend has finished with them (the queue is
+    /// kept until then), and those held by QoS complete so at once. Runs on the
+    /// engine's own thread.
     pub(crate) fn set_namespaces(&mut self, slots: NamespaceSlots) {
         let old = std::mem::replace(&mut self.ctx.namespaces, slots.clone());
         for i in 0..slots.len().max(old.len()) {
@@ -418,7 +423,17 @@ impl IoEngine {
             }
             if let Some(gone) = before {
                 let nsid = gone.nsid;
-                self.abandon_where(|f| f.nsid == nsid, || crate::error::CommandError::InvalidNamespace(nsid));
+                // Commands at the backend are not completed now: their requests may
+                // still move data into guest memory, which the host reuses once it
+                // has a completion. They finish when the backend is done with them
+                // (or time out), with this status.
+                for slot in &mut self.inflight {
+                    if let Slot::Running(f) = slot {
+                        if f.nsid == nsid {
+                            f.status = Status::INVALID_NAMESPACE.with_dnr();
+                        }
+                    }
+                }
                 self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());
                 self.set_qos(nsid, None);
                 if let Some(q) = self.backends.get_mut(i).and_then(Option::take) {

@@ -27,6 +27,10 @@ use crate::stats::Stats;
 /// backend before it abandons them.
 pub const TEARDOWN_BOUND: Duration = Duration::from_secs(5);
 
+/// The SQ identifier of a command whose queue was torn down while its backend still
+/// held an unstoppable request: its completion goes nowhere.
+pub(crate) const ORPHAN: u16 = u16::MAX;
+
 /// Busy polls between expiry checks (idle polls always check).
 pub(crate) const EXPIRY_POLLS: u32 = 1024;
 
@@ -94,7 +98,7 @@ impl IoEngine {
             }
             let ms = crate::namespace::lookup(&self.ctx.namespaces, f.nsid)
                 .map_or(0, |n| n.timeout_ns / 1_000_000);
-            self.abandon(tag, CommandError::TimedOut { ms });
+            self.abandon(tag, CommandError::TimedOut { ms }, false);
             any = true;
         }
         self.next_expiry = next;
@@ -121,19 +125,66 @@ impl IoEngine {
         }
     }
 
-    /// Abandons every running command `pick` chooses, completing it with `why`'s
-    /// status.
+    /// Abandons every running command `pick` chooses (a queue or the controller is
+    /// being torn down), completing it with `why`'s status.
     pub(crate) fn abandon_where(&mut self, pick: impl Fn(&InFlight) -> bool, why: impl Fn() -> CommandError) {
         for tag in 0..self.inflight.len() {
             if matches!(&self.inflight[tag], Slot::Running(f) if pick(f)) {
-                self.abandon(tag, why());
+                self.abandon(tag, why(), true);
             }
         }
     }
 
+    /// Asks the backend queues holding command `tag`'s requests to stop them from
+    /// touching guest memory. True if none can still do so (or none moves data).
+    fn revoke(&mut self, tag: usize, nsid: u32, op: block_backend::Op) -> bool {
+        use block_backend::Op;
+        if matches!(op, Op::Flush | Op::Discard | Op::WriteZeroes { .. }) {
+            return true;
+        }
+        let own = self.backends.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut);
+        for q in own.into_iter().chain(self.retiring.iter_mut()) {
+            if q.revoke(tag as u64) == Some(false) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Completes the running command at `tag` to the host with `why`'s status and
-    /// retires its tag until the backend returns its requests.
-    fn abandon(&mut self, tag: usize, why: CommandError) {
+    /// retires its tag until the backend returns its requests, if the backend can
+    /// keep those requests off guest memory from now on: the host reuses a buffer
+    /// as soon as its command is complete, and a late read landing there would
+    /// corrupt it. A request the backend cannot stop (a direct read the kernel is
+    /// doing) keeps its command running until it ends; torn-down queues leave it
+    /// with nowhere to complete to, and that is logged.
+    fn abandon(&mut self, tag: usize, why: CommandError, teardown: bool) {
+        let (nsid, op) = match &self.inflight[tag] {
+            Slot::Running(f) => (f.nsid, f.op),
+            _ => return,
+        };
+        if !self.revoke(tag, nsid, op) {
+            let Slot::Running(f) = &mut self.inflight[tag] else { unreachable!("running above") };
+            if teardown && f.sqid != ORPHAN {
+                crate::limited_warn!(
+                    target: "vnvme::backend",
+                    sqid = f.sqid, cid = f.cid, nsid, ?op,
+                    "queue torn down while its backend still holds a request it cannot stop: that \
+                     request may still move data to or from guest memory"
+                );
+                f.sqid = ORPHAN;
+            } else if !f.overdue {
+                crate::limited_warn!(
+                    target: "vnvme::backend",
+                    sqid = f.sqid, cid = f.cid, nsid, ?op,
+                    "command past its timeout, but its backend cannot stop the request safely: it \
+                     completes when the backend does"
+                );
+            }
+            f.overdue = true;
+            f.deadline_ns = u64::MAX;
+            return;
+        }
         let slot = std::mem::replace(&mut self.inflight[tag], Slot::Free);
         let Slot::Running(f) = slot else {
             self.inflight[tag] = slot;
@@ -144,7 +195,9 @@ impl IoEngine {
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
             Stats::add(&self.ctx.stats.timeouts, 1);
         }
-        let status: Status = why.status();
+        // A status decided earlier (its namespace was removed, a request failed)
+        // stands; otherwise the reason it is given up on.
+        let status: Status = if f.status.is_success() { why.status() } else { f.status };
         // A stuck backend must not flood the log.
         crate::limited_warn!(
             target: "vnvme::backend",

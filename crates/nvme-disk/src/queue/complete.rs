@@ -78,7 +78,7 @@ impl NvmeQueue {
         let err = if !c.status.is_success() {
             bump(&self.shared.stats.errors, 1);
             Some(downstream_status(c.status))
-        } else if p.copy_back {
+        } else if p.copy_back && !req.revoked {
             match &c.buf {
                 Some(buf) => {
                     stage_out(&mut req.data, &req.mem, p.off, p.len, p.seg, buf, &mut self.scratch).err()
