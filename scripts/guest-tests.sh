@@ -10,6 +10,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/guest/lib.sh"
 # shellcheck source=scripts/guest/host-lib.sh
 source "$here/guest/host-lib.sh"
+# shellcheck source=scripts/lib/promtool.sh
+source "$here/lib/promtool.sh"
 
 usage() {
     cat <<EOF
@@ -50,7 +52,10 @@ own \`vnvme serve\` (built with cargo build --release first):
          new size and resize2fs grows onto it; a shrink below its data is refused
          (host: the refusal names the data); a forced shrink of an idle one works;
          QoS set live on n1: fio QD 32 measures 2,000 IOPS +- 10 % against
-         iops=2000 and 20 MB/s +- 10 % against bps=20000000, then it is cleared.
+         iops=2000 and 20 MB/s +- 10 % against bps=20000000, then it is cleared;
+         a Prometheus scrape taken meanwhile passes promtool and shows the reads,
+         the time held and a latency histogram; a second vnvme serve is
+         hot-plugged with QMP device_add vfio-user-pci and passes fio verify.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -90,12 +95,14 @@ T0=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
 tests_dir="$here/guest/tests"
 n_pass=0 n_fail=0 n_skip=0
-VN_PID="" cur_qemu_pidfile=""
+VN_PID="" cur_qemu_pidfile="" HOT_PID=""
+QEMU_EXTRA=()
 
 cleanup() {
     # Stop what we started, by PID: the server, and QEMU if we were interrupted.
     vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
+    vn_serve_stop "$HOT_PID"
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
 }
 trap cleanup EXIT
@@ -170,6 +177,7 @@ run_boot() {
     shift 3
     guest_adds "$d/config.sh"
     vn_device_args "$d/vnvme.sock"
+    VN_DEV_ARGS+=("${QEMU_EXTRA[@]}")
     cur_qemu_pidfile="$d/qemu.pid"
     # In the background + wait, so that INT/TERM run the trap at once.
     {
@@ -395,6 +403,33 @@ suite_faults() {
     echo "  [$k] faults suite: $(($(date +%s) - t0)) s"
 }
 
+# metrics_check KERNEL FILE: a Prometheus scrape taken during the guest's QoS run
+# (iops=2000 on n1) passes promtool, and says what the run did: reads on n1, time
+# held by QoS, a latency histogram whose count is the reads.
+metrics_check() {
+    local k=$1 f=$2 promtool v reads held count
+    if [[ ! -s $f ]]; then
+        result FAIL "$k" "metrics: no scrape during the guest run ($f: $(cat "$f.err" 2>/dev/null))"
+        return
+    fi
+    if ! promtool=$(vn_promtool 2>"$f.promtool-fetch"); then
+        result SKIP "$k" "metrics: promtool could not be fetched ($(tail -1 "$f.promtool-fetch"))"
+    elif "$promtool" check metrics <"$f" >"$f.check" 2>&1; then
+        result PASS "$k" "metrics: promtool check metrics accepts the scrape ($(wc -l <"$f") lines)"
+    else
+        result FAIL "$k" "metrics: promtool check metrics: $(head -3 "$f.check" | tr '\n' ' ')"
+    fi
+    v() { awk -v m="$1" '$1 == m { print $2 }' "$f"; }
+    reads=$(v 'vnvme_namespace_commands_total{nsid="1",op="read"}')
+    held=$(v 'vnvme_namespace_qos_throttled_commands_total{nsid="1"}')
+    count=$(v 'vnvme_namespace_latency_seconds_count{nsid="1",op="read"}')
+    if [[ ${reads:-0} -gt 10000 && ${held:-0} -gt 0 && ${count:-0} -eq ${reads:-0} ]]; then
+        result PASS "$k" "metrics: n1 reads $reads, held by QoS $held, latency histogram count $count"
+    else
+        result FAIL "$k" "metrics: n1 reads '$reads', held by QoS '$held', latency count '$count' (want reads > 10000, held > 0, count = reads)"
+    fi
+}
+
 suite_live() {
     local k=$1
     local d="$work/$k-live" t0 line
@@ -403,11 +438,39 @@ suite_live() {
     echo
     echo "== [$k] live namespaces suite: added, removed and resized through the control socket"
     write_config "$d/config.sh" VNVMEGT0004 $((64 << 20)) 512 $((32 << 20)) 512 $((64 << 20)) 512
-    export VN_CTL_SOCKET="$d/ctl.sock"
-    suite_boot "$k" "$d" live live-ns.sh --timeout 420 -- --ns ram:64M --ns ram:32M \
+    # A second device, hot-plugged by the guest's request through QEMU's monitor
+    # (device_add on an empty root port). Not unplugged: QEMU 11.1 aborts on
+    # device_del of a vfio-user-pci device (see live-ns.sh).
+    if ! vn_serve_start "$d/hot.log" "$d/hot.sock" --ns ram:32M --once --log info --serial VNVMEGT0005; then
+        result FAIL "$k" "the hot-plug server did not start"
+    fi
+    HOT_PID=$VN_PID
+    mkdir -p "$d/qmp"
+    printf '{"execute":"device_add","arguments":{"driver":"vfio-user-pci","id":"hot1","bus":"rp1","socket":{"type":"unix","path":"%s"}}}' \
+        "$d/hot.sock" >"$d/qmp/hotplug.json"
+    export VN_CTL_SOCKET="$d/ctl.sock" VN_QMP_SOCKET="$d/qmp.sock" VN_QMP_DIR="$d/qmp"
+    export VN_METRICS_SOCKET="$d/metrics.sock"
+    QEMU_EXTRA=(-qmp "unix:$d/qmp.sock,server=on,wait=off" -device pcie-root-port,id=rp1,chassis=2)
+    suite_boot "$k" "$d" live live-ns.sh --timeout 480 -- --ns ram:64M --ns ram:32M \
         --ns "file:$d/n3.img:64M" --control "$VN_CTL_SOCKET" --max-namespaces 8 --workers 1 \
-        --serial VNVMEGT0004 || { unset VN_CTL_SOCKET; return; }
-    unset VN_CTL_SOCKET
+        --metrics "unix:$VN_METRICS_SOCKET" --serial VNVMEGT0004
+    local booted=$?
+    unset VN_CTL_SOCKET VN_QMP_SOCKET VN_QMP_DIR VN_METRICS_SOCKET
+    QEMU_EXTRA=()
+    vn_serve_stop "$HOT_PID"
+    HOT_PID=""
+    [[ $booted -eq 0 ]] || return
+    if [[ -s $d/marks/qmp.log ]] && ! grep -qP '\t[^0]\t' "$d/marks/qmp.log"; then
+        result PASS "$k" "QMP device_add of vfio-user-pci answered: $(cut -f1,3 "$d/marks/qmp.log" | tr '\n\t' '; ' | cut -c1-160)"
+    else
+        result FAIL "$k" "QMP hot-plug commands ($d/marks/qmp.log): $(cat "$d/marks/qmp.log" 2>/dev/null | tr '\n' ' ')"
+    fi
+    metrics_check "$k" "$d/marks/qos-iops.prom"
+    if grep -qa 'client connected' "$d/hot.log"; then
+        result PASS "$k" "the hot-plugged device's server saw QEMU connect after device_add"
+    else
+        result FAIL "$k" "the hot-plug server never saw a client ($d/hot.log)"
+    fi
     # What the host saw of the guest's requests: every change done but the shrink
     # over data, which the server refuses and says why.
     if [[ ! -s $d/marks/ctl.log ]]; then

@@ -20,7 +20,10 @@
 # "end" mark). See scripts/guest/tests/lib.sh (mark).
 #
 # Control protocol: with VN_CTL_SOCKET set, a guest line "@@VNVME-CTL ARGS@@"
-# runs `vnvme ctl ARGS` against that control socket (vn_ctl_action).
+# runs `vnvme ctl ARGS` against that control socket (vn_ctl_action); with
+# VN_QMP_SOCKET set, "@@VNVME-QMP NAME@@" sends a prepared QMP command to QEMU
+# (vn_qmp_action); with VN_METRICS_SOCKET set, "@@VNVME-SCRAPE NAME@@" saves a
+# Prometheus scrape of the server to NAME.prom.
 
 # shellcheck source=scripts/lib/host.sh
 source "$VNVME_GUEST_DIR/../lib/host.sh"
@@ -78,6 +81,17 @@ vn_ctl_action() {
     printf '[host] vnvme ctl %s: exit %s: %s\n' "$2" "$rc" "$(head -1 <<<"$out")"
 }
 
+# vn_qmp_action DIR NAME: a guest line "@@VNVME-QMP NAME@@" sends the QMP command
+# in $VN_QMP_DIR/NAME.json (written by the suite) to QEMU's monitor at
+# $VN_QMP_SOCKET (an operator's device_add / device_del); the reply goes to
+# DIR/qmp.log and a "[host] qmp" line to the console log.
+vn_qmp_action() {
+    local out rc=0
+    out=$(python3 "$VNVME_ROOT/scripts/lib/qmp.py" "$VN_QMP_SOCKET" "$(cat "$VN_QMP_DIR/$2.json")" 2>&1) || rc=$?
+    printf '%s\t%s\t%s\n' "$2" "$rc" "$(tr '\n' ' ' <<<"$out")" >>"$1/qmp.log"
+    printf '[host] qmp %s: exit %s: %s\n' "$2" "$rc" "$(head -1 <<<"$out")"
+}
+
 # vn_watch DIR STATSFILE [PIDFILE...]: copy stdin to stdout, acting on marks
 # (see the top of this file). PIDFILEs name the processes whose CPU time is
 # sampled (read at each mark, so they may appear after the watcher starts).
@@ -89,6 +103,16 @@ vn_watch() {
         printf '%s\n' "$line"
         if [[ -n ${VN_CTL_SOCKET:-} && $line =~ @@VNVME-CTL\ ([^@]*)@@ ]]; then
             vn_ctl_action "$dir" "${BASH_REMATCH[1]}"
+            continue
+        fi
+        if [[ -n ${VN_METRICS_SOCKET:-} && $line =~ @@VNVME-SCRAPE\ ([A-Za-z0-9_-]+)@@ ]]; then
+            curl -s --max-time 10 --unix-socket "$VN_METRICS_SOCKET" http://localhost/metrics \
+                >"$dir/${BASH_REMATCH[1]}.prom" 2>"$dir/${BASH_REMATCH[1]}.prom.err" || true
+            printf '[host] scraped %s: %s lines\n' "${BASH_REMATCH[1]}" "$(wc -l <"$dir/${BASH_REMATCH[1]}.prom")"
+            continue
+        fi
+        if [[ -n ${VN_QMP_SOCKET:-} && $line =~ @@VNVME-QMP\ ([A-Za-z0-9_-]+)@@ ]]; then
+            vn_qmp_action "$dir" "${BASH_REMATCH[1]}"
             continue
         fi
         [[ $line == *@@VNVME-MARK\ * ]] || continue

@@ -95,3 +95,55 @@ fn the_units_command_line_starts_a_server_with_every_socket() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The libvirt domain in the README validates against libvirt's own schema, and its
+/// QEMU device argument is the vfio-user-pci device the guest tests use.
+#[test]
+fn the_readme_libvirt_domain_is_valid() {
+    let readme = include_str!("../../../README.md");
+    let start = readme.find("<!-- libvirt-domain-example -->").expect("the README marks its libvirt example");
+    let rest = &readme[start..];
+    let xml = &rest[rest.find("```xml\n").expect("an xml block") + 7..];
+    let xml = &xml[..xml.find("```").expect("the block ends")];
+    // The device argument: JSON for vfio-user-pci on a UNIX socket, on a root port.
+    let arg = xml
+        .lines()
+        .find_map(|l| {
+            l.trim().strip_prefix("<qemu:arg value='{").map(|v| format!("{{{}", v.trim_end_matches("'/>")))
+        })
+        .expect("a -device argument");
+    let dev: serde_json::Value = serde_json::from_str(&arg).expect("the -device argument is JSON");
+    assert_eq!(dev["driver"], "vfio-user-pci");
+    assert_eq!(dev["socket"]["type"], "unix");
+    assert!(
+        xml.contains("<source type='memfd'/>") && xml.contains("<access mode='shared'/>"),
+        "shared memfd memory"
+    );
+
+    let fetch = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lib/libvirt-schemas.sh"))
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run libvirt-schemas.sh");
+    if !fetch.status.success() {
+        let why = String::from_utf8_lossy(&fetch.stderr);
+        common::skip(&format!(
+            "service_files: libvirt's schemas could not be fetched ({}); the README's domain XML is not validated",
+            why.lines().last().unwrap_or("no reason given")
+        ));
+        return;
+    }
+    let root = PathBuf::from(String::from_utf8_lossy(&fetch.stdout).trim());
+    let dir = common::temp_dir("libvirt");
+    let file = dir.join("domain.xml");
+    std::fs::write(&file, xml).unwrap();
+    let out = Command::new(root.join("usr/bin/xmllint"))
+        .args(["--noout", "--relaxng"])
+        .arg(root.join("usr/share/libvirt/schemas/domain.rng"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "libvirt's domain schema refuses the README's example:\n{text}\n{xml}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
