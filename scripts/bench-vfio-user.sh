@@ -309,7 +309,8 @@ done
 snapshot end
 # Results name no machine paths: the run's temporary directory (sockets, stats) is
 # written as $TMPDIR in the logs and raw files.
-grep -rlF "$TMP/" "$OUT" 2>/dev/null | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
+# (Nothing may name it, e.g. in-process runs only: grep then finds nothing.)
+{ grep -rlF "$TMP/" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
 python3 "$ROOT/scripts/bench-vfio-user.py" --dir "$OUT" --root "$ROOT" \
   --seconds "$SECONDS_PER_POINT" --repeat "$REPEAT" --qd "$QDS" --workers "$WORKERS" --pin "$PIN" \
   --ns "$NS" --rw "$RW" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
