@@ -16,8 +16,9 @@
 //!   [`raw`] (admin commands with every field given, for the error paths).
 //! - [`InProcessTransport`]: the userspace driver's transport to a controller in
 //!   this process (the driver-against-controller test tier, `vnvme perf --in-process`).
-//! - Shared test utilities: one data [`pattern`], one seeded [`Rng`], and
-//!   [`memfd`](mod@memfd) helpers (shared-memory files sealed against shrinking).
+//! - Shared test utilities: one data [`pattern`], one seeded [`Rng`],
+//!   [`memfd`](mod@memfd) helpers (shared-memory files sealed against shrinking), and
+//!   real NBD servers ([`nbd`]: qemu-nbd, nbdkit).
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -26,6 +27,7 @@ pub mod in_process;
 pub mod io;
 mod irq;
 pub mod memfd;
+pub mod nbd;
 pub mod raw;
 pub mod ring;
 mod rng;

@@ -34,6 +34,7 @@
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
+//! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
 //! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above. `nvme://` cannot be added under the sandbox (no socket or connect) |
 //!
 //! Limits, stated plainly:
@@ -76,6 +77,9 @@ pub struct Needs {
     /// `--control`: namespaces may be added and resized later, so what opening,
     /// creating and resizing a `file:` namespace on either engine needs.
     pub control: bool,
+    /// An `nbd://` namespace: a lost connection is made again (stream sockets and
+    /// connect, TCP_NODELAY).
+    pub nbd: bool,
 }
 
 impl Needs {
@@ -87,6 +91,7 @@ impl Needs {
             kernel_vfio: self.kernel_vfio || o.kernel_vfio,
             stats_file: self.stats_file || o.stats_file,
             control: self.control || o.control,
+            nbd: self.nbd || o.nbd,
         }
     }
 }
@@ -143,6 +148,9 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
     }
+    if needs.nbd {
+        allow(&[SYS_connect, SYS_getsockopt]);
+    }
     if needs.control {
         // Opening a namespace's file (any path the user may open: see the header),
         // sizing it, asking its file system (tmpfs or not), and its io_uring rings.
@@ -161,20 +169,35 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
         allow(&[SYS_rename]);
     }
 
+    if needs.nbd {
+        // Reconnecting to the NBD server: a stream socket of the families a server
+        // address can have (TCP: a non-blocking connect, polled, its SO_ERROR read).
+        let stream = |domain: c_int| {
+            rule(vec![
+                cond(0, SeccompCmpOp::Eq, domain as u64),
+                cond(1, SeccompCmpOp::MaskedEq(0xf), SOCK_STREAM as u64),
+            ])
+        };
+        m.insert(SYS_socket, vec![stream(AF_UNIX), stream(AF_INET), stream(AF_INET6)]);
+    }
     let no_exec = || vec![rule(vec![cond(2, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])];
     m.insert(SYS_mmap, no_exec());
     m.insert(SYS_mprotect, no_exec());
     let fcntl_cmds = [F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_GET_SEALS];
     m.insert(SYS_fcntl, one_of(1, &fcntl_cmds.map(|c| c as u64)));
-    m.insert(
-        SYS_setsockopt,
-        [SO_RCVTIMEO, SO_SNDTIMEO]
-            .iter()
-            .map(|&o| {
-                rule(vec![cond(1, SeccompCmpOp::Eq, SOL_SOCKET as u64), cond(2, SeccompCmpOp::Eq, o as u64)])
-            })
-            .collect(),
-    );
+    let mut sockopts: Vec<SeccompRule> = [SO_RCVTIMEO, SO_SNDTIMEO]
+        .iter()
+        .map(|&o| {
+            rule(vec![cond(1, SeccompCmpOp::Eq, SOL_SOCKET as u64), cond(2, SeccompCmpOp::Eq, o as u64)])
+        })
+        .collect();
+    if needs.nbd {
+        sockopts.push(rule(vec![
+            cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64),
+            cond(2, SeccompCmpOp::Eq, TCP_NODELAY as u64),
+        ]));
+    }
+    m.insert(SYS_setsockopt, sockopts);
     // A thread names itself as it starts (the workers may still be starting); rustix
     // reads its own auxiliary vector lazily (vDSO lookup) on first use.
     m.insert(SYS_prctl, one_of(0, &[PR_SET_NAME as u64, PR_GET_AUXV]));
@@ -334,7 +357,15 @@ mod tests {
         assert!(rules(&Needs { kernel_vfio: true, ..Default::default() }).contains_key(&libc::SYS_ioctl));
         assert!(rules(&Needs { stats_file: true, ..Default::default() }).contains_key(&libc::SYS_openat));
         assert!(rules(&Needs { control: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_setup));
-        filter(&Needs { file: true, uring: true, kernel_vfio: true, stats_file: true, control: true })
-            .expect("compiles");
+        assert!(rules(&Needs { nbd: true, ..Default::default() }).contains_key(&libc::SYS_connect));
+        filter(&Needs {
+            file: true,
+            uring: true,
+            kernel_vfio: true,
+            stats_file: true,
+            control: true,
+            nbd: true,
+        })
+        .expect("compiles");
     }
 }

@@ -195,3 +195,19 @@ fn backend_file_truncated_then_removed_underneath() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The namespace is an NBD export: qemu-nbd serving a qcow2 image (a real server from
+/// Debian). vnvme is the one killed; flushed and FUA writes must be on the export
+/// when a new vnvme opens it.
+#[test]
+fn sigkill_of_a_server_on_nbd_keeps_flushed_writes() {
+    let Some(bin) = test_kit::nbd::servers() else { return };
+    let dir = temp_dir("durability-nbd");
+    let img = dir.join("disk.qcow2");
+    test_kit::nbd::qcow2(&bin, &img, "64M");
+    let nbd = test_kit::nbd::NbdServer::qemu_nbd(&bin, &img, &dir.join("nbd.sock"));
+    let uri = nbd.uri();
+    sigkill_mid_stream_keeps_flushed_writes(&dir, &uri, &uri);
+    drop(nbd);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,616 @@
+//! One queue: one NBD connection in the transmission phase, driven without a thread of
+//! its own. `submit` turns a request into NBD commands ("pieces", split at the
+//! server's maximum payload) written to a send buffer, `commit` sends what the socket
+//! takes, and `reap` reads the replies that arrived (simple or structured), copies
+//! read data into guest memory and completes requests. The socket itself is the
+//! notifier: readable when replies wait.
+//!
+//! Data always goes through our buffers (write data is copied out of guest memory at
+//! submission, read data into it as it arrives), so a request given up on
+//! (`revoke`) can always be kept off guest memory: its late data is dropped.
+//!
+//! If the connection breaks, the queue reconnects (a few tries within a bound) and
+//! sends the unfinished pieces again; past the bound every request fails with
+//! NotReady (Namespace Not Ready for the guest), now and later.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, SegmentCursor};
+use guest_mem::GuestMemory;
+use rustix::event::epoll;
+use tracing::{info, warn};
+
+use crate::handshake::{self, Export, Stream};
+use crate::proto::{self, cflag, chunk, cmd, tflag, ReplyHeader};
+use crate::Shared;
+
+/// A request in flight.
+#[derive(Debug)]
+struct Req {
+    tag: u64,
+    op: Op,
+    /// Device offset of the request.
+    offset: u64,
+    len: u64,
+    data: DataBuf,
+    mem: GuestMemory,
+    /// Pieces sent (or waiting to be resent) and not yet answered.
+    outstanding: u32,
+    error: Option<BackendError>,
+    /// A FUA write on a server without FUA: a flush follows the write pieces.
+    flush_after: bool,
+    revoked: bool,
+}
+
+/// One NBD command of a request; its cookie is its index.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    req: usize,
+    kind: u16,
+    flags: u16,
+    /// Offset within the request, and length.
+    at: u64,
+    len: u64,
+}
+
+/// How long reconnecting may take before the namespace is declared gone.
+const RECONNECT_BOUND: Duration = Duration::from_secs(10);
+const RECONNECT_TRIES: u32 = 3;
+
+/// One connection to the export, owned by the thread that opened it.
+#[derive(Debug)]
+pub(crate) struct NbdQueue {
+    shared: Arc<Shared>,
+    stream: Option<Stream>,
+    /// The notifier the owner watches: an epoll set holding the current connection,
+    /// so it stays the same descriptor across reconnects.
+    epoll: std::os::fd::OwnedFd,
+    reqs: Vec<Option<Req>>,
+    free_reqs: Vec<usize>,
+    pieces: Vec<Option<Piece>>,
+    free_pieces: Vec<usize>,
+    out: Vec<u8>,
+    inbuf: Vec<u8>,
+    done: Vec<Completion>,
+    /// Requests submitted and not yet reaped.
+    in_flight: usize,
+    /// Why the connection is gone for good.
+    dead: Option<String>,
+}
+
+fn invalid(msg: String) -> BackendError {
+    BackendError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
+
+/// An NBD error as the backend error it means.
+fn nbd_error(e: u32, msg: &str) -> BackendError {
+    let text = if msg.is_empty() {
+        format!("NBD server: {}", proto::error_name(e))
+    } else {
+        format!("NBD server: {} ({msg})", proto::error_name(e))
+    };
+    match e {
+        28 => BackendError::NoSpace,
+        1 => BackendError::ReadOnly,
+        108 => BackendError::NotReady(text),
+        22 => invalid(text),
+        _ => BackendError::Io(io::Error::from_raw_os_error(e as i32)),
+    }
+}
+
+impl NbdQueue {
+    pub(crate) fn new(shared: Arc<Shared>, stream: Stream) -> io::Result<Self> {
+        stream.set_timeouts(None)?;
+        set_nonblocking(&stream)?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        watch(&epoll, &stream)?;
+        Ok(NbdQueue {
+            shared,
+            stream: Some(stream),
+            epoll,
+            reqs: Vec::new(),
+            free_reqs: Vec::new(),
+            pieces: Vec::new(),
+            free_pieces: Vec::new(),
+            out: Vec::new(),
+            inbuf: Vec::new(),
+            done: Vec::new(),
+            in_flight: 0,
+            dead: None,
+        })
+    }
+
+    fn export(&self) -> &Export {
+        &self.shared.export
+    }
+
+    /// Checks `req` against the export's size and block size.
+    fn check(&self, req: &Request) -> Result<(), BackendError> {
+        let e = self.export();
+        let min = u64::from(e.min_block);
+        if req.op != Op::Flush {
+            block_backend::check_range(req.offset, req.len, self.shared.size())?;
+            if !req.offset.is_multiple_of(min) || !req.len.is_multiple_of(min) {
+                return Err(invalid(format!(
+                    "range {:#x}+{:#x} is not in whole {min}-byte blocks of the export",
+                    req.offset, req.len
+                )));
+            }
+        }
+        if matches!(req.op, Op::Write { .. } | Op::WriteZeroes { .. } | Op::Discard)
+            && e.has(tflag::READ_ONLY)
+        {
+            return Err(BackendError::ReadOnly);
+        }
+        Ok(())
+    }
+
+    fn new_piece(&mut self, p: Piece) -> usize {
+        match self.free_pieces.pop() {
+            Some(i) => {
+                self.pieces[i] = Some(p);
+                i
+            }
+            None => {
+                self.pieces.push(Some(p));
+                self.pieces.len() - 1
+            }
+        }
+    }
+
+    /// Writes piece `cookie`'s command (and a write's payload) to the send buffer.
+    fn encode(&mut self, cookie: usize) -> Result<(), BackendError> {
+        let p = self.pieces[cookie].expect("live piece");
+        let req = self.reqs[p.req].as_ref().expect("live request");
+        let wire_len = if p.kind == cmd::FLUSH { 0 } else { p.len as u32 };
+        let offset = if p.kind == cmd::FLUSH { 0 } else { req.offset + p.at };
+        self.out.extend_from_slice(&proto::request(p.flags, p.kind, cookie as u64, offset, wire_len));
+        if p.kind == cmd::WRITE {
+            let start = self.out.len();
+            self.out.resize(start + p.len as usize, 0);
+            let dst = &mut self.out[start..];
+            match &req.data {
+                DataBuf::Guest(segs) => {
+                    let mut c = SegmentCursor::new(segs);
+                    c.advance(p.at)?;
+                    c.read_into(&req.mem, dst)?;
+                }
+                DataBuf::Host(b) => dst.copy_from_slice(&b[p.at as usize..(p.at + p.len) as usize]),
+                DataBuf::None => return Err(invalid("a write without data".into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits request `r` into pieces and encodes them.
+    fn start(&mut self, r: usize) -> Result<(), BackendError> {
+        let e = *self.export();
+        let req = self.reqs[r].as_ref().expect("live request");
+        let (kind, flags, max) = match req.op {
+            Op::Read => (cmd::READ, 0, self.shared.max_payload),
+            Op::Write { fua } => {
+                let f = if fua && e.has(tflag::SEND_FUA) { cflag::FUA } else { 0 };
+                (cmd::WRITE, f, self.shared.max_payload)
+            }
+            Op::Flush => (cmd::FLUSH, 0, 0),
+            Op::Discard => (cmd::TRIM, 0, self.shared.max_other),
+            Op::WriteZeroes { deallocate } => {
+                (cmd::WRITE_ZEROES, if deallocate { 0 } else { cflag::NO_HOLE }, self.shared.max_other)
+            }
+        };
+        let (len, mut cookies) = (req.len, Vec::new());
+        if kind == cmd::FLUSH {
+            cookies.push(self.new_piece(Piece { req: r, kind, flags, at: 0, len: 0 }));
+        } else {
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(max);
+                cookies.push(self.new_piece(Piece { req: r, kind, flags, at, len: n }));
+                at += n;
+            }
+        }
+        self.reqs[r].as_mut().expect("live").outstanding = cookies.len() as u32;
+        for c in cookies {
+            self.encode(c)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, r: usize) {
+        let Some(req) = self.reqs[r].take() else { return };
+        self.free_reqs.push(r);
+        let result = match (req.revoked, req.error) {
+            (true, _) => Err(BackendError::NotReady("given up on before it finished".into())),
+            (false, e) => e.map_or(Ok(()), Err),
+        };
+        let data = if req.revoked { DataBuf::None } else { req.data };
+        self.done.push(Completion { tag: req.tag, result, data });
+    }
+
+    /// Piece `cookie` is answered (with `err` if it failed).
+    fn piece_done(&mut self, cookie: usize, err: Option<BackendError>) {
+        let Some(p) = self.pieces.get_mut(cookie).and_then(Option::take) else { return };
+        self.free_pieces.push(cookie);
+        let Some(req) = self.reqs[p.req].as_mut() else { return };
+        if let Some(e) = err {
+            req.error.get_or_insert(e);
+        }
+        req.outstanding -= 1;
+        if req.outstanding > 0 {
+            return;
+        }
+        if req.flush_after && req.error.is_none() && !req.revoked {
+            // The write is complete: now its flush (a FUA write without FUA).
+            req.flush_after = false;
+            req.outstanding = 1;
+            let c = self.new_piece(Piece { req: p.req, kind: cmd::FLUSH, flags: 0, at: 0, len: 0 });
+            if let Err(e) = self.encode(c) {
+                self.piece_done(c, Some(e));
+            }
+            return;
+        }
+        self.finish(p.req);
+    }
+
+    /// Copies read data arriving for piece `cookie` at request offset `at` into the
+    /// request's buffer (or zeroes for a hole, `data` None).
+    fn deliver(&mut self, cookie: usize, at: u64, n: u64, data: Option<&[u8]>) -> Result<(), BackendError> {
+        let p = self.pieces[cookie].ok_or_else(|| invalid(format!("data for unknown cookie {cookie}")))?;
+        if at < p.at || at + n > p.at + p.len {
+            return Err(invalid(format!("the server sent data outside the read ({at:#x}+{n:#x})")));
+        }
+        let req = self.reqs[p.req].as_mut().expect("live request");
+        if req.revoked {
+            return Ok(());
+        }
+        match &mut req.data {
+            DataBuf::Guest(segs) => {
+                let mut c = SegmentCursor::new(segs);
+                c.advance(at)?;
+                match data {
+                    Some(d) => c.write_from(&req.mem, d)?,
+                    None => c.fill(&req.mem, n, 0)?,
+                }
+            }
+            DataBuf::Host(b) => {
+                let dst = &mut b[at as usize..(at + n) as usize];
+                match data {
+                    Some(d) => dst.copy_from_slice(d),
+                    None => dst.fill(0),
+                }
+            }
+            DataBuf::None => {}
+        }
+        Ok(())
+    }
+
+    /// Sends what the socket takes. False if the connection broke.
+    fn send(&mut self) -> bool {
+        let Some(s) = self.stream.as_mut() else { return false };
+        while !self.out.is_empty() {
+            match s.write(&self.out) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Reads what arrived. False if the connection broke.
+    fn receive(&mut self) -> bool {
+        let Some(s) = self.stream.as_mut() else { return false };
+        let mut buf = [0u8; 64 << 10];
+        // A bound per reap, so one busy connection cannot keep its owner here.
+        for _ in 0..64 {
+            match s.read(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => self.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Handles every whole reply in the receive buffer. Err: the stream is out of
+    /// step (or the server broke the protocol): the connection must go.
+    fn parse(&mut self) -> Result<(), String> {
+        let mut at = 0;
+        loop {
+            let b = &self.inbuf[at..];
+            if b.len() < ReplyHeader::MAGIC_LEN {
+                break;
+            }
+            let hlen = ReplyHeader::len_for(b)?;
+            if b.len() < hlen {
+                break;
+            }
+            match ReplyHeader::parse(&b[..hlen])? {
+                ReplyHeader::Simple { error, cookie } => {
+                    let c = cookie as usize;
+                    let p = self
+                        .pieces
+                        .get(c)
+                        .copied()
+                        .flatten()
+                        .ok_or(format!("a reply to unknown cookie {c}"))?;
+                    let data_len = if error == 0 && p.kind == cmd::READ { p.len as usize } else { 0 };
+                    if b.len() < hlen + data_len {
+                        break;
+                    }
+                    let data = b[hlen..hlen + data_len].to_vec();
+                    at += hlen + data_len;
+                    let mut err = (error != 0).then(|| nbd_error(error, ""));
+                    if data_len > 0 {
+                        if let Err(e) = self.deliver(c, p.at, p.len, Some(&data)) {
+                            err.get_or_insert(e);
+                        }
+                    }
+                    self.piece_done(c, err);
+                }
+                ReplyHeader::Chunk { flags, kind, cookie, len } => {
+                    if len > self.shared.max_payload as u32 + 64 {
+                        return Err(format!("a reply chunk of {len} bytes"));
+                    }
+                    if b.len() < hlen + len as usize {
+                        break;
+                    }
+                    let payload = b[hlen..hlen + len as usize].to_vec();
+                    at += hlen + len as usize;
+                    let c = cookie as usize;
+                    let p = self
+                        .pieces
+                        .get(c)
+                        .copied()
+                        .flatten()
+                        .ok_or(format!("a chunk for unknown cookie {c}"))?;
+                    let base = self.reqs[p.req].as_ref().map_or(0, |r| r.offset);
+                    let u64at = |i: usize| u64::from_be_bytes(payload[i..i + 8].try_into().expect("8"));
+                    let mut err = None;
+                    match kind {
+                        chunk::NONE => {}
+                        chunk::OFFSET_DATA if payload.len() >= 8 => {
+                            let off = u64at(0).wrapping_sub(base);
+                            if let Err(e) =
+                                self.deliver(c, off, (payload.len() - 8) as u64, Some(&payload[8..]))
+                            {
+                                err = Some(e);
+                            }
+                        }
+                        chunk::OFFSET_HOLE if payload.len() == 12 => {
+                            let off = u64at(0).wrapping_sub(base);
+                            let n = u32::from_be_bytes(payload[8..12].try_into().expect("4"));
+                            if let Err(e) = self.deliver(c, off, u64::from(n), None) {
+                                err = Some(e);
+                            }
+                        }
+                        k if k & chunk::ERROR_BIT != 0 && payload.len() >= 6 => {
+                            let e = u32::from_be_bytes(payload[0..4].try_into().expect("4"));
+                            let mlen = u16::from_be_bytes([payload[4], payload[5]]) as usize;
+                            let msg =
+                                payload.get(6..6 + mlen).map(String::from_utf8_lossy).unwrap_or_default();
+                            err = Some(nbd_error(e, &msg));
+                        }
+                        k => return Err(format!("a reply chunk of type {k:#x} ({} bytes)", payload.len())),
+                    }
+                    if let Some(e) = err {
+                        if let Some(req) = self.reqs[p.req].as_mut() {
+                            req.error.get_or_insert(e);
+                        }
+                    }
+                    if flags & chunk::FLAG_DONE != 0 {
+                        self.piece_done(c, None);
+                    }
+                }
+            }
+        }
+        self.inbuf.drain(..at);
+        Ok(())
+    }
+
+    /// The connection broke: reconnect (bounded) and send every unanswered piece
+    /// again, or give up on the export.
+    fn reconnect(&mut self, why: &str) {
+        self.stream = None;
+        self.inbuf.clear();
+        self.out.clear();
+        if self.dead.is_some() {
+            return;
+        }
+        warn!(target: "vnvme::backend", uri = %self.shared.uri, "NBD connection lost ({why}): reconnecting");
+        let deadline = Instant::now() + RECONNECT_BOUND;
+        let mut last = String::new();
+        for _ in 0..RECONNECT_TRIES {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match handshake::reopen(&self.shared.uri, &self.shared.target, left.min(Duration::from_secs(3))) {
+                Ok((s, e)) if e.size == self.shared.export.size => {
+                    let ready = s
+                        .set_timeouts(None)
+                        .and_then(|()| set_nonblocking(&s))
+                        .and_then(|()| watch(&self.epoll, &s));
+                    if let Err(err) = ready {
+                        last = err.to_string();
+                        continue;
+                    }
+                    self.stream = Some(s);
+                    let unanswered: Vec<usize> =
+                        (0..self.pieces.len()).filter(|&i| self.pieces[i].is_some()).collect();
+                    for c in unanswered {
+                        if let Err(e) = self.encode(c) {
+                            self.piece_done(c, Some(e));
+                        }
+                    }
+                    info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD connection re-established");
+                    return;
+                }
+                Ok((_, e)) => last = format!("the export now has {} bytes", e.size),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let msg = format!("NBD server {} gone ({why}; reconnecting: {last})", self.shared.uri);
+        warn!(target: "vnvme::backend", "{msg}");
+        self.dead = Some(msg);
+        self.fail_all();
+    }
+
+    fn fail_all(&mut self) {
+        let why = self.dead.clone().unwrap_or_default();
+        for c in 0..self.pieces.len() {
+            if self.pieces[c].is_some() {
+                self.piece_done(c, Some(BackendError::NotReady(why.clone())));
+            }
+        }
+    }
+}
+
+/// Adds connection `s` to the notifier (a closed connection leaves it by itself).
+fn watch(epoll: &std::os::fd::OwnedFd, s: &Stream) -> io::Result<()> {
+    epoll::add(epoll, s.as_fd(), epoll::EventData::new_u64(0), epoll::EventFlags::IN)?;
+    Ok(())
+}
+
+/// O_NONBLOCK through fcntl (the FIONBIO ioctl std uses is refused by the sandbox).
+fn set_nonblocking(s: &Stream) -> io::Result<()> {
+    let fd = s.as_fd();
+    let fl = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK)?;
+    Ok(())
+}
+
+impl BackendQueue for NbdQueue {
+    fn submit(&mut self, mem: &GuestMemory, req: Request) {
+        self.in_flight += 1;
+        if let Some(why) = &self.dead {
+            let e = BackendError::NotReady(why.clone());
+            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
+            return;
+        }
+        if let Err(e) = self.check(&req) {
+            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
+            return;
+        }
+        let e = *self.export();
+        // Nothing to do: no cache to flush, or an empty range.
+        let nothing = match req.op {
+            Op::Flush => !e.has(tflag::SEND_FLUSH),
+            _ => req.len == 0,
+        };
+        if nothing {
+            self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
+            return;
+        }
+        let flush_after =
+            matches!(req.op, Op::Write { fua: true }) && !e.has(tflag::SEND_FUA) && e.has(tflag::SEND_FLUSH);
+        let r = Req {
+            tag: req.tag,
+            op: req.op,
+            offset: req.offset,
+            len: req.len,
+            data: req.data,
+            mem: mem.clone(),
+            outstanding: 0,
+            error: None,
+            flush_after,
+            revoked: false,
+        };
+        let r = match self.free_reqs.pop() {
+            Some(i) => {
+                self.reqs[i] = Some(r);
+                i
+            }
+            None => {
+                self.reqs.push(Some(r));
+                self.reqs.len() - 1
+            }
+        };
+        if let Err(err) = self.start(r) {
+            // Nothing of it went out whole: drop its pieces and fail it.
+            for c in 0..self.pieces.len() {
+                if self.pieces[c].is_some_and(|p| p.req == r) {
+                    self.pieces[c] = None;
+                    self.free_pieces.push(c);
+                }
+            }
+            let req = self.reqs[r].as_mut().expect("live");
+            req.outstanding = 0;
+            req.error = Some(err);
+            self.finish(r);
+        }
+    }
+
+    fn commit(&mut self) {
+        if !self.out.is_empty() && !self.send() {
+            self.reconnect("send failed");
+            // What the reconnect queued again goes now.
+            if self.stream.is_some() && !self.send() {
+                self.reconnect("send failed again");
+            }
+        }
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        if self.stream.is_some() {
+            let ok = self.send() && self.receive();
+            let parsed = self.parse();
+            match (ok, parsed) {
+                (true, Ok(())) => {}
+                (false, _) => self.reconnect("the server closed the connection"),
+                (_, Err(e)) => self.reconnect(&e),
+            }
+            // What a reconnect queued again goes now.
+            if !self.out.is_empty() && self.stream.is_some() && !self.send() {
+                self.reconnect("send failed after reconnecting");
+            }
+        }
+        let n = self.done.len();
+        self.in_flight -= n;
+        out.append(&mut self.done);
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn notifier(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.as_fd())
+    }
+
+    fn needs_polling(&self) -> bool {
+        // Unsent bytes: the socket's readability says nothing of its room to write.
+        !self.out.is_empty() || !self.done.is_empty()
+    }
+
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        if self.done.iter().any(|c| c.tag == tag) {
+            return Some(true);
+        }
+        let req = self.reqs.iter_mut().flatten().find(|r| r.tag == tag)?;
+        // Write data was copied at submission; read data is dropped on arrival.
+        req.revoked = true;
+        req.flush_after = false;
+        Some(true)
+    }
+}
+
+impl Drop for NbdQueue {
+    fn drop(&mut self) {
+        // Tell the server we are leaving (best effort).
+        if let Some(s) = self.stream.as_mut() {
+            let _ = s.write(&proto::request(0, cmd::DISC, 0, 0, 0));
+        }
+    }
+}
