@@ -22,7 +22,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use std::time::{Duration, Instant};
 
-use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
+use nvme_ctrl::runtime::idle::{sleep_timeout_ms, IdleLoop, Next, NotifierWatch, WakeTimer};
 use nvme_ctrl::PollMode;
 use tracing::{debug, info, warn};
 use vfio_user::proto::{Header, MsgFlags};
@@ -190,7 +190,7 @@ fn session(
     loop {
         let admin_tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
         let mut timeout = match inline.as_mut() {
-            Some(i) => i.timeout(device),
+            Some(i) => i.timeout(device, &epoll),
             None => admin_tick,
         };
         if admin_tick >= 0 && (timeout < 0 || timeout > admin_tick) {
@@ -333,6 +333,7 @@ struct Inline {
     timer: WakeTimer,
     /// The last step said sleep: the next wait blocks.
     asleep: bool,
+    notifiers: NotifierWatch,
 }
 
 /// The longest an inline spin goes without looking at the socket (with EventIdx
@@ -350,17 +351,21 @@ impl Inline {
             kick,
             EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, KICK),
         )?;
-        for fd in notifiers {
-            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, NOTIFIER))?;
-        }
+        let mut watch = NotifierWatch::new(NOTIFIER);
+        watch.sync(epoll, device.ctrl.inline_notifier_generation(), || notifiers)?;
         debug!(?mode, "inline mode: this thread runs the I/O queues");
-        Ok(Inline { idle: IdleLoop::new(mode), timer, asleep: false })
+        Ok(Inline { idle: IdleLoop::new(mode), timer, asleep: false, notifiers: watch })
     }
 
     /// How long the next epoll wait may block (ms; -1 forever, 0 not at all).
-    fn timeout(&mut self, device: &mut Device) -> i32 {
+    fn timeout(&mut self, device: &mut Device, epoll: &Epoll) -> i32 {
         if !self.asleep {
             return 0;
+        }
+        // Namespaces added or removed since the last wait bring or take notifiers.
+        let generation = device.ctrl.inline_notifier_generation();
+        if let Err(e) = self.notifiers.sync(epoll, generation, || device.ctrl.inline_wake_fds().1) {
+            warn!("cannot watch a backend's notifier ({e}): its completions are seen only when something else wakes this thread");
         }
         self.timer.arm(device.ctrl.next_deadline(), device.ctrl.clock_now_ns());
         sleep_timeout_ms(device.ctrl.inline_needs_polling())

@@ -172,7 +172,11 @@ impl IoEngine {
             for b in &mut self.retiring {
                 any |= b.reap(&mut self.reaped) > 0;
             }
+            let before = self.retiring.len();
             self.retiring.retain(|b| b.in_flight() > 0);
+            if self.retiring.len() != before {
+                self.notifier_generation += 1;
+            }
         }
         let mut reaped = std::mem::take(&mut self.reaped);
         for c in reaped.drain(..) {

@@ -151,6 +151,8 @@ pub struct IoEngine {
     /// Queues of removed namespaces still holding requests whose commands were
     /// completed at removal; dropped once those come back.
     pub(crate) retiring: Vec<Box<dyn BackendQueue>>,
+    /// Changes whenever the set of backend queues (and so of notifiers) changes.
+    pub(crate) notifier_generation: u64,
     /// Commands at the backends, indexed by tag.
     pub(crate) inflight: Vec<Slot>,
     /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
@@ -222,6 +224,7 @@ impl IoEngine {
             backends,
             open_backends,
             retiring: Vec::new(),
+            notifier_generation: 0,
             inflight: Vec::new(),
             next_expiry: u64::MAX,
             poll_now_ns: None,
@@ -401,6 +404,12 @@ impl IoEngine {
         self.all_backends().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
     }
 
+    /// Changes whenever [`IoEngine::backend_notifiers`] may have changed (a namespace
+    /// added or removed, a removed namespace's queue finally closed).
+    pub fn notifier_generation(&self) -> u64 {
+        self.notifier_generation
+    }
+
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
@@ -458,6 +467,7 @@ impl IoEngine {
             }
         }
         self.open_backends = (0..self.backends.len()).filter(|&i| self.backends[i].is_some()).collect();
+        self.notifier_generation += 1;
     }
 
     /// True if commands are in flight in the backends, held back by QoS, or SQs hold

@@ -226,6 +226,55 @@ impl WakeTimer {
     }
 }
 
+/// The backend notifiers an owner's epoll set watches (level triggered, under one
+/// token), kept in step with its engine: a namespace added or removed while the
+/// owner runs brings or takes a notifier. [`NotifierWatch::sync`] costs a comparison
+/// when nothing changed.
+#[derive(Debug)]
+pub struct NotifierWatch {
+    token: u64,
+    /// The engine's notifier generation last synced to (None: never).
+    generation: Option<u64>,
+    fds: Vec<std::os::fd::RawFd>,
+}
+
+impl NotifierWatch {
+    pub fn new(token: u64) -> Self {
+        NotifierWatch { token, generation: None, fds: Vec::new() }
+    }
+
+    /// Before sleeping: if the notifiers changed since the last call (`generation`
+    /// differs), re-registers them all (`fds` is called only then). A descriptor
+    /// number may have been reused by a new backend, so every old one is removed
+    /// and every current one added. An error names the first that could not be
+    /// added; the others are watched, and the next change tries again.
+    pub fn sync(
+        &mut self,
+        epoll: &vmm_sys_util::epoll::Epoll,
+        generation: u64,
+        fds: impl FnOnce() -> Vec<std::os::fd::RawFd>,
+    ) -> std::io::Result<()> {
+        use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
+        if self.generation == Some(generation) {
+            return Ok(());
+        }
+        for fd in self.fds.drain(..) {
+            // Already gone if its backend queue was closed.
+            let _ = epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        }
+        // One that cannot be watched is reported once (per change), not at every sleep.
+        let mut first_err = None;
+        for fd in fds() {
+            match epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, self.token)) {
+                Ok(()) => self.fds.push(fd),
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        self.generation = Some(generation);
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,6 +71,12 @@ impl Controller {
         (self.kick.as_raw_fd(), notifiers)
     }
 
+    /// Inline mode: changes whenever the notifiers of [`Controller::inline_wake_fds`]
+    /// may have changed (namespaces added or removed).
+    pub fn inline_notifier_generation(&self) -> u64 {
+        self.engine.notifier_generation()
+    }
+
     /// Inline mode: a backend with requests in flight can only be polled, so the
     /// caller must not sleep for long.
     pub fn inline_needs_polling(&self) -> bool {

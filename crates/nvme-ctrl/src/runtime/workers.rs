@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::idle::{sleep_timeout_ms, IdleLoop, Next, WakeTimer};
+use super::idle::{sleep_timeout_ms, IdleLoop, Next, NotifierWatch, WakeTimer};
 pub use super::poll::PollMode;
 use super::poll::SpinStats;
 use crate::engine::IoEngine;
@@ -186,6 +186,7 @@ struct Sleeper {
     timer: WakeTimer,
     /// Held so the watched descriptor lives as long as the worker.
     _kick: Option<Arc<OwnedFd>>,
+    notifiers: NotifierWatch,
 }
 
 impl Sleeper {
@@ -199,11 +200,11 @@ impl Sleeper {
             let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, KICK);
             epoll.ctl(ControlOperation::Add, k.as_raw_fd(), ev)?;
         }
-        // Asynchronous backends (io_uring, nvme://) signal finished requests here.
-        for fd in engine.backend_notifiers() {
-            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, NOTIFIER))?;
-        }
-        Ok(Sleeper { epoll, timer, _kick: kick })
+        // Asynchronous backends (io_uring, nvme://, nbd://) signal finished requests
+        // here; namespaces added later bring theirs (`run` keeps the set in step).
+        let mut notifiers = NotifierWatch::new(NOTIFIER);
+        notifiers.sync(&epoll, engine.notifier_generation(), || engine.backend_notifiers())?;
+        Ok(Sleeper { epoll, timer, _kick: kick, notifiers })
     }
 }
 
@@ -245,6 +246,12 @@ fn run(
         if shared.pending.load(Ordering::SeqCst) > 0 {
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
+        }
+        if let Err(e) = sleeper
+            .notifiers
+            .sync(&sleeper.epoll, engine.notifier_generation(), || engine.backend_notifiers())
+        {
+            warn!("worker cannot watch a backend's notifier ({e}): its completions are seen only when something else wakes this thread");
         }
         sleeper.timer.arm(engine.next_deadline(), engine.ctx.clock.now_ns());
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
