@@ -63,6 +63,24 @@ impl Shared {
     }
 }
 
+/// The transmission flags an operator cares about, as words.
+fn flag_names(flags: u16) -> String {
+    let names = [
+        (tflag::READ_ONLY, "read-only"),
+        (tflag::SEND_FLUSH, "flush"),
+        (tflag::SEND_FUA, "fua"),
+        (tflag::SEND_TRIM, "trim"),
+        (tflag::SEND_WRITE_ZEROES, "write-zeroes"),
+        (tflag::CAN_MULTI_CONN, "multi-conn"),
+    ];
+    let on: Vec<&str> = names.iter().filter(|(f, _)| flags & f != 0).map(|&(_, n)| n).collect();
+    if on.is_empty() {
+        "no optional commands".into()
+    } else {
+        on.join(" ")
+    }
+}
+
 /// An NBD export as a block backend (crate documentation).
 #[derive(Debug)]
 pub struct NbdBackend {
@@ -78,6 +96,17 @@ impl NbdBackend {
     pub fn open(uri: &str) -> io::Result<NbdBackend> {
         let uri: NbdUri = uri.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let (stream, export, target) = handshake::open(&uri, CONNECT_TIMEOUT)?;
+        tracing::info!(
+            target: "vnvme::backend",
+            %uri,
+            "NBD export: {} bytes, blocks min {} preferred {} max {}, {} replies, {}",
+            export.size,
+            export.min_block,
+            export.preferred_block,
+            export.max_block,
+            if export.structured { "structured" } else { "simple" },
+            flag_names(export.flags),
+        );
         let min = u64::from(export.min_block);
         let round = |n: u64| (n / min * min).max(min);
         let shared = Shared {

@@ -11,7 +11,10 @@
 //!
 //! If the connection breaks, the queue reconnects (a few tries within a bound) and
 //! sends the unfinished pieces again; past the bound every request fails with
-//! NotReady (Namespace Not Ready for the guest), now and later.
+//! NotReady (Namespace Not Ready for the guest), and a new request tries the server
+//! again at most every few seconds, so the namespace comes back with its server.
+//! Reconnecting blocks the queue's thread (and so the other namespaces it serves)
+//! for as long as it takes, within those bounds.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -59,6 +62,10 @@ struct Piece {
 /// How long reconnecting may take before the namespace is declared gone.
 const RECONNECT_BOUND: Duration = Duration::from_secs(10);
 const RECONNECT_TRIES: u32 = 3;
+/// Once declared gone, how often a new command may try the server again, and how
+/// long that one try may take.
+const REVIVE_EVERY: Duration = Duration::from_secs(5);
+const REVIVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One connection to the export, owned by the thread that opened it.
 #[derive(Debug)]
@@ -77,8 +84,10 @@ pub(crate) struct NbdQueue {
     done: Vec<Completion>,
     /// Requests submitted and not yet reaped.
     in_flight: usize,
-    /// Why the connection is gone for good.
+    /// Why the export is declared gone (commands fail Not Ready), and when it was
+    /// last tried.
     dead: Option<String>,
+    last_try: Instant,
 }
 
 fn invalid(msg: String) -> BackendError {
@@ -120,6 +129,7 @@ impl NbdQueue {
             done: Vec::new(),
             in_flight: 0,
             dead: None,
+            last_try: Instant::now(),
         })
     }
 
@@ -434,36 +444,60 @@ impl NbdQueue {
             if left.is_zero() {
                 break;
             }
-            match handshake::reopen(&self.shared.uri, &self.shared.target, left.min(Duration::from_secs(3))) {
-                Ok((s, e)) if e.size == self.shared.export.size => {
-                    let ready = s
-                        .set_timeouts(None)
-                        .and_then(|()| set_nonblocking(&s))
-                        .and_then(|()| watch(&self.epoll, &s));
-                    if let Err(err) = ready {
-                        last = err.to_string();
-                        continue;
-                    }
-                    self.stream = Some(s);
-                    let unanswered: Vec<usize> =
-                        (0..self.pieces.len()).filter(|&i| self.pieces[i].is_some()).collect();
-                    for c in unanswered {
-                        if let Err(e) = self.encode(c) {
-                            self.piece_done(c, Some(e));
-                        }
-                    }
+            match self.connect_again(left.min(Duration::from_secs(3))) {
+                Ok(()) => {
                     info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD connection re-established");
                     return;
                 }
-                Ok((_, e)) => last = format!("the export now has {} bytes", e.size),
-                Err(e) => last = e.to_string(),
+                Err(e) => last = e,
             }
             std::thread::sleep(Duration::from_millis(200));
         }
         let msg = format!("NBD server {} gone ({why}; reconnecting: {last})", self.shared.uri);
-        warn!(target: "vnvme::backend", "{msg}");
+        warn!(target: "vnvme::backend", "{msg}; its commands fail Not Ready, and one tries it again every {}s", REVIVE_EVERY.as_secs());
         self.dead = Some(msg);
+        self.last_try = Instant::now();
         self.fail_all();
+    }
+
+    /// One try at a new connection to the same export (same size), within
+    /// `timeout`; on success every unanswered piece is sent again.
+    fn connect_again(&mut self, timeout: Duration) -> Result<(), String> {
+        let (s, e) =
+            handshake::reopen(&self.shared.uri, &self.shared.target, timeout).map_err(|e| e.to_string())?;
+        if e.size != self.shared.export.size {
+            return Err(format!("the export now has {} bytes, not {}", e.size, self.shared.export.size));
+        }
+        s.set_timeouts(None)
+            .and_then(|()| set_nonblocking(&s))
+            .and_then(|()| watch(&self.epoll, &s))
+            .map_err(|e| e.to_string())?;
+        self.stream = Some(s);
+        let unanswered: Vec<usize> = (0..self.pieces.len()).filter(|&i| self.pieces[i].is_some()).collect();
+        for c in unanswered {
+            if let Err(e) = self.encode(c) {
+                self.piece_done(c, Some(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// A command arrived for an export declared gone: try it again, at most every
+    /// REVIVE_EVERY and for REVIVE_TIMEOUT, so it comes back when its server does.
+    fn maybe_revive(&mut self) {
+        if self.last_try.elapsed() < REVIVE_EVERY {
+            return;
+        }
+        self.last_try = Instant::now();
+        match self.connect_again(REVIVE_TIMEOUT) {
+            Ok(()) => {
+                self.dead = None;
+                info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD server back: namespace ready again");
+            }
+            Err(e) => {
+                tracing::debug!(target: "vnvme::backend", uri = %self.shared.uri, "NBD server still gone: {e}")
+            }
+        }
     }
 
     fn fail_all(&mut self) {
@@ -493,6 +527,9 @@ fn set_nonblocking(s: &Stream) -> io::Result<()> {
 impl BackendQueue for NbdQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
         self.in_flight += 1;
+        if self.dead.is_some() {
+            self.maybe_revive();
+        }
         if let Some(why) = &self.dead {
             let e = BackendError::NotReady(why.clone());
             self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });

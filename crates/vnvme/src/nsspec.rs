@@ -253,7 +253,11 @@ impl FromStr for NsSpec {
             "file" => Kind::File(
                 parts.next().filter(|p| !p.is_empty()).ok_or("file needs a path: file:PATH[:SIZE]")?.into(),
             ),
-            k => return Err(format!("unknown namespace kind {k:?} (expected ram, null, file or nvme://)")),
+            k => {
+                return Err(format!(
+                    "unknown namespace kind {k:?} (expected ram, null, file, nvme:// or nbd://)"
+                ))
+            }
         };
         // The size: required for ram and null, optional for an existing file.
         match parts.peek() {

@@ -35,7 +35,7 @@
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
-//! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above. `nvme://` cannot be added under the sandbox (no socket or connect) |
+//! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above; and what `nbd://` needs, so an NBD export can be added (to an address: a host name would need a resolver, which is refused). `nvme://` cannot be added under the sandbox (its driver needs more) |
 //!
 //! Limits, stated plainly:
 //! - seccomp cannot read path arguments: with `--stats-file` the process may create
@@ -148,7 +148,7 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
     }
-    if needs.nbd {
+    if needs.nbd || needs.control {
         allow(&[SYS_connect, SYS_getsockopt]);
     }
     if needs.control {
@@ -169,8 +169,8 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
         allow(&[SYS_rename]);
     }
 
-    if needs.nbd {
-        // Reconnecting to the NBD server: a stream socket of the families a server
+    if needs.nbd || needs.control {
+        // Reconnecting to the NBD server (or, with --control, reaching one to add): a stream socket of the families a server
         // address can have (TCP: a non-blocking connect, polled, its SO_ERROR read).
         let stream = |domain: c_int| {
             rule(vec![
@@ -191,7 +191,7 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
             rule(vec![cond(1, SeccompCmpOp::Eq, SOL_SOCKET as u64), cond(2, SeccompCmpOp::Eq, o as u64)])
         })
         .collect();
-    if needs.nbd {
+    if needs.nbd || needs.control {
         sockopts.push(rule(vec![
             cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64),
             cond(2, SeccompCmpOp::Eq, TCP_NODELAY as u64),

@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// UNIX socket path to listen on (a stale socket file is replaced).
     #[arg(long)]
     pub socket: PathBuf,
-    /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE] or nvme://...
+    /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE], nvme://... or nbd://...
     ///
     /// ram:SIZE          RAM, allocated on first write
     /// null:SIZE         reads return zeroes, writes are dropped
@@ -30,6 +30,14 @@ pub struct ServeArgs {
     ///                   userspace driver; query options ns, queues (at least
     ///                   workers + 1), depth, doorbells (default: eventfd when
     ///                   offered, else trapped), poll, timeout
+    /// nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH
+    ///                   an export of an NBD server (qemu-nbd, qemu-storage-daemon,
+    ///                   nbdkit); port 10809 by default, an empty EXPORT is the
+    ///                   server's default; one connection per worker when the
+    ///                   server allows several (multi-conn), else --workers 0;
+    ///                   a lost connection is made again (three tries within 10 s),
+    ///                   then commands fail Namespace Not Ready and one tries the
+    ///                   server again every 5 s. The namespace has the export's size
     ///
     /// Options after the kind, each as :NAME=VALUE:
     ///   lba=512|4096             LBA size (default 512, or the backend's block size)

@@ -2,7 +2,8 @@
 //! userspace driver writes, reads back, flushes, deallocates and writes zeroes on a
 //! namespace served by qemu-nbd (a qcow2 image) and by nbdkit (memory plugin); the
 //! NBD server restarted under a running vnvme is reconnected to and I/O goes on; an
-//! NBD server that is not there fails the start-up, naming it.
+//! NBD server that is not there fails the start-up, naming it; an export added through
+//! the control socket serves I/O, and one named by host name is refused with the reason.
 
 mod common;
 
@@ -107,5 +108,97 @@ fn an_nbd_server_that_is_not_there_fails_the_start_naming_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nobody.sock"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `vnvme ctl --control PATH ARGS...`: exit status and output.
+fn ctl(path: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .arg("ctl")
+        .arg("--control")
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("run vnvme ctl");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn an_nbd_export_added_through_the_control_socket_under_the_sandbox() {
+    // With a worker and inline: either way the new queue's notifier is watched
+    // from then on (nothing else wakes the thread that owns it here).
+    for workers in ["1", "0"] {
+        added_through_the_control_socket(workers);
+    }
+}
+
+fn added_through_the_control_socket(workers: &str) {
+    let Some(bin) = servers() else { return };
+    let dir = temp_dir("nbd-ctl");
+    let nbd = NbdServer::nbdkit_memory(&bin, &dir.join("nbd.sock"), "16M");
+    let control = dir.join("c.sock");
+    let server = Server::start_in(
+        &dir,
+        "s",
+        &["--ns", "ram:1M", "--control", control.to_str().unwrap(), "--workers", workers],
+    );
+    while !control.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(server.log().contains("sandbox on"), "{}", server.log());
+    // A host name would need a resolver, which the sandbox refuses: said plainly.
+    let (ok, text) = ctl(&control, &["ns.add", "nbd://nbd.example/disk"]);
+    assert!(!ok && text.contains("host name") && text.contains("--sandbox off"), "{text}");
+    let (ok, text) = ctl(&control, &["ns.add", &nbd.uri()]);
+    assert!(ok, "ns.add {}: {text}", nbd.uri());
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let data = pattern(7, 64 * 1024);
+    d.write(2, 100, &data).expect("write to the added NBD namespace");
+    d.flush(2).expect("flush");
+    let mut got = vec![0u8; data.len()];
+    d.read(2, 100, &mut got).unwrap();
+    assert!(got == data, "the added NBD namespace reads back different data");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_gone_past_the_reconnect_bound_is_not_ready_then_comes_back() {
+    let Some(bin) = servers() else { return };
+    let dir = temp_dir("nbd-gone");
+    let img = dir.join("disk.qcow2");
+    qcow2(&bin, &img, "16M");
+    let sock = dir.join("nbd.sock");
+    let nbd = NbdServer::qemu_nbd(&bin, &img, &sock);
+    let server = Server::start_in(&dir, "s", &["--ns", &nbd.uri(), "--workers", "1"]);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let data = pattern(9, 8192);
+    d.write(1, 64, &data).unwrap();
+    d.flush(1).unwrap();
+    drop(nbd);
+    // Past the reconnect bound (10 s): Namespace Not Ready, not a hang.
+    let t = std::time::Instant::now();
+    let mut got = vec![0u8; 8192];
+    match d.read(1, 64, &mut got) {
+        Err(nvme_driver::DriverError::Nvme { status, .. }) => {
+            assert_eq!(status.code(), nvme_spec::Status::NAMESPACE_NOT_READY.code(), "{status:?}")
+        }
+        other => panic!("a read with the server gone: {other:?}"),
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(15), "took {:?}", t.elapsed());
+    assert!(server.log().contains("gone"), "{}", server.log());
+    // The server comes back: within a few seconds the namespace serves again, and
+    // the flushed data is there.
+    let _nbd = NbdServer::qemu_nbd(&bin, &img, &sock);
+    let t = std::time::Instant::now();
+    loop {
+        match d.read(1, 64, &mut got) {
+            Ok(()) => break,
+            Err(e) => assert!(t.elapsed() < std::time::Duration::from_secs(20), "still failing: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert!(got == data, "the data flushed before the outage reads back different");
+    assert!(server.log().contains("ready again"), "{}", server.log());
     let _ = std::fs::remove_dir_all(&dir);
 }

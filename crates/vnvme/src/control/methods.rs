@@ -210,6 +210,16 @@ fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
              (--ns), or run with --sandbox off",
         ));
     }
+    if let Kind::Nbd(uri) = &spec.kind {
+        if ctx.sandboxed && nbd_needs_resolver(uri) {
+            return Err(RpcError::new(
+                code::NOT_PERMITTED,
+                "this nbd:// URI names its server by host name, and the sandbox allows no name lookups: \
+                 give its address (nbd://192.0.2.7/EXPORT, nbd://[2001:db8::7]/EXPORT), or run with \
+                 --sandbox off",
+            ));
+        }
+    }
     // Opened here, on the control thread: the device thread only attaches it.
     let opened = spec.open().map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
     let cfg = opened.config();
@@ -462,4 +472,14 @@ fn log_set(mut p: Params) -> Result<Value, RpcError> {
     p.done()?;
     let previous = crate::logging::set_filter(&filter).map_err(RpcError::params)?;
     Ok(json!({ "filter": filter, "previous": previous }))
+}
+
+/// Whether opening this `nbd://` URI needs a name lookup (its host is not an address).
+fn nbd_needs_resolver(uri: &str) -> bool {
+    match uri.parse::<nbd_disk::NbdUri>().map(|u| u.address) {
+        Ok(nbd_disk::uri::Address::Tcp { host, .. }) => {
+            host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_err()
+        }
+        _ => false,
+    }
 }
