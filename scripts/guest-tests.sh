@@ -15,8 +15,8 @@ source "$here/lib/promtool.sh"
 
 usage() {
     cat <<EOF
-Usage: ${0##*/} [--kernel K]... [--accel auto|kvm|tcg] [--no-fetch] [--no-build]
-                [--max-db-ratio R] [--help]
+Usage: ${0##*/} [--kernel K]... [--suite S]... [--accel auto|kvm|tcg] [--no-fetch]
+                [--no-build] [--max-db-ratio R] [--help]
 
 For each guest kernel (default: bookworm newest) two boots, each against its
 own \`vnvme serve\` (built with cargo build --release first):
@@ -56,6 +56,14 @@ own \`vnvme serve\` (built with cargo build --release first):
          a Prometheus scrape taken meanwhile passes promtool and shows the reads,
          the time held and a latency histogram; a second vnvme serve is
          hot-plugged with QMP device_add vfio-user-pci and passes fio verify.
+ netstore (last kernel only) server: n1 nbd+unix:// on qemu-nbd serving a qcow2
+         image, n2 nbd+unix:// on nbdkit's memory plugin (real servers from
+         Debian, scripts/fetch-nbd-servers.sh), --workers 2
+         guest (scripts/guest/tests/netstore.sh): sizes, fio verify=crc32c at
+         QD 1/16/64 on each, nvme flush, Write Zeroes reads back zeroes,
+         Deallocate, ext4 on n1 + fsck.
+         host: qemu-img check on the image, then e2fsck and the file's
+         checksum in it (qemu-img convert to raw).
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -63,6 +71,8 @@ own \`vnvme serve\` (built with cargo build --release first):
          data and I/O again after the reboot.
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
+  --suite S         run only suite S (repeat; main, reboot, faults, netstore, live;
+                    default: all)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
@@ -77,10 +87,11 @@ Exit status: 0 if nothing failed.
 EOF
 }
 
-kernels=() accel="${VNVME_ACCEL:-auto}" fetch=1 build=1 max_db=1
+kernels=() suites=() accel="${VNVME_ACCEL:-auto}" fetch=1 build=1 max_db=1
 while [[ $# -gt 0 ]]; do
     case $1 in
     --kernel) kernels+=("$2"); shift 2 ;;
+    --suite) suites+=("$2"); shift 2 ;;
     --accel) accel=$2; shift 2 ;;
     --no-fetch) fetch=0; shift ;;
     --no-build) build=0; shift ;;
@@ -95,7 +106,7 @@ T0=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
 tests_dir="$here/guest/tests"
 n_pass=0 n_fail=0 n_skip=0
-VN_PID="" cur_qemu_pidfile="" HOT_PID=""
+VN_PID="" cur_qemu_pidfile="" HOT_PID="" NET_PIDS=()
 QEMU_EXTRA=()
 
 cleanup() {
@@ -103,6 +114,7 @@ cleanup() {
     vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$HOT_PID"
+    net_servers_stop
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
 }
 trap cleanup EXIT
@@ -505,21 +517,133 @@ suite_live() {
     echo "  [$k] live namespaces suite: $(($(date +%s) - t0)) s"
 }
 
+# net_server_start LOG SOCKET PROG ARGS...: start an NBD server in the background
+# and wait for its socket; sets NET_PID. Returns 1 (log tail printed) if it never
+# appeared.
+net_server_start() {
+    local log=$1 sock=$2 i
+    shift 2
+    rm -f "$sock"
+    "$@" </dev/null >"$log" 2>&1 &
+    NET_PID=$!
+    NET_PIDS+=("$NET_PID")
+    for ((i = 0; i < 200; i++)); do
+        [[ -S $sock ]] && return 0
+        kill -0 "$NET_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    tail -n 5 "$log" | sed 's/^/    | /'
+    return 1
+}
+
+suite_netstore() {
+    local k=$1
+    local d="$work/$k-netstore" t0 bin plugins line path sum_guest sum_host
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] network storage suite: namespaces on qemu-nbd (qcow2) and nbdkit (memory)"
+    if ! bin=$("$here/fetch-nbd-servers.sh" 2>"$d/fetch.log"); then
+        result SKIP "$k" "network storage suite: qemu-nbd and nbdkit could not be fetched ($(tail -1 "$d/fetch.log"))"
+        return
+    fi
+    plugins="$(dirname "$bin")/plugins"
+    if ! "$bin/qemu-img" create -q -f qcow2 "$d/n1.qcow2" 64M >"$d/qemu-img.log" 2>&1; then
+        result FAIL "$k" "qemu-img create: $(tail -1 "$d/qemu-img.log")"
+        return
+    fi
+    if ! net_server_start "$d/qemu-nbd.log" "$d/qnbd.sock" "$bin/qemu-nbd" --format qcow2 \
+        --shared 8 --persistent --discard unmap --socket "$d/qnbd.sock" "$d/n1.qcow2"; then
+        result FAIL "$k" "qemu-nbd did not start ($d/qemu-nbd.log)"
+        net_servers_stop
+        return
+    fi
+    if ! net_server_start "$d/nbdkit.log" "$d/kit.sock" "$bin/nbdkit" --foreground \
+        --unix "$d/kit.sock" "$plugins/nbdkit-memory-plugin.so" size=32M; then
+        result FAIL "$k" "nbdkit did not start ($d/nbdkit.log)"
+        net_servers_stop
+        return
+    fi
+    write_config "$d/config.sh" VNVMEGT0006 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    suite_boot "$k" "$d" netstore netstore.sh --timeout 300 -- \
+        --ns "nbd+unix:///?socket=$d/qnbd.sock" --ns "nbd+unix:///?socket=$d/kit.sock" \
+        --workers 2 --serial VNVMEGT0006
+    local booted=$?
+    net_servers_stop
+    [[ $booted -eq 0 ]] || return
+    line=$(grep -ac '^vnvme: namespace [12]: nbd:nbd+unix' "$d/serve.log")
+    if [[ $line -eq 2 ]]; then
+        result PASS "$k" "server log: both namespaces on NBD ($(grep -a '^vnvme: namespace 1: nbd' "$d/serve.log" | sed 's/.*(//; s/)$//'))"
+    else
+        result FAIL "$k" "server log: $line namespaces opened on NBD, want 2 ($d/serve.log)"
+    fi
+
+    # The qcow2 image, from the host, with qemu-nbd gone: intact, and holding the
+    # guest's ext4 file.
+    if "$bin/qemu-img" check -q "$d/n1.qcow2" >"$d/check.log" 2>&1; then
+        result PASS "$k" "host: qemu-img check on the qcow2 image qemu-nbd served is clean"
+    else
+        result FAIL "$k" "host: qemu-img check: $(head -3 "$d/check.log" | tr '\n' ' ')"
+    fi
+    line=$(grep -a -o '@@VNVME-EXT4 [^@]*@@' "$d/guest.log" | tail -1)
+    if [[ -z $line ]]; then
+        result FAIL "$k" "host ext4 check on the qcow2 image: the guest printed no checksum"
+    elif ! (need_cmds e2fsck:e2fsprogs debugfs:e2fsprogs) >"$d/apt.log" 2>&1; then
+        result SKIP "$k" "host ext4 check on the qcow2 image: e2fsprogs missing ($d/apt.log)"
+    elif ! "$bin/qemu-img" convert -f qcow2 -O raw "$d/n1.qcow2" "$d/n1.raw" >"$d/convert.log" 2>&1; then
+        result FAIL "$k" "qemu-img convert of the qcow2 image: $(tail -1 "$d/convert.log")"
+    else
+        line=${line#@@VNVME-EXT4 }
+        line=${line%@@}
+        path=${line%% *}
+        sum_guest=${line#* }
+        if e2fsck -fn "$d/n1.raw" >"$d/e2fsck.log" 2>&1; then
+            result PASS "$k" "host: e2fsck -fn on the qcow2 image's ext4 is clean"
+        else
+            result FAIL "$k" "host: e2fsck -fn on the qcow2 image's ext4 reports problems ($d/e2fsck.log)"
+        fi
+        sum_host=$(debugfs -R "cat $path" "$d/n1.raw" 2>/dev/null | sha256sum | cut -d' ' -f1)
+        if [[ $sum_host == "$sum_guest" ]]; then
+            result PASS "$k" "host: $path in the qcow2 image matches the guest's sha256 ${sum_guest:0:16}..."
+        else
+            result FAIL "$k" "host: $path in the qcow2 image sha256 $sum_host != guest $sum_guest"
+        fi
+    fi
+    rm -f "$d/n1.qcow2" "$d/n1.raw"
+    echo "  [$k] network storage suite: $(($(date +%s) - t0)) s"
+}
+
+# net_servers_stop: stop the NBD servers net_server_start started.
+net_servers_stop() {
+    local p
+    for p in "${NET_PIDS[@]}"; do
+        kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
+    NET_PIDS=()
+}
+
+# want SUITE: whether SUITE is to run (--suite).
+want() { [[ ${#suites[@]} -eq 0 || " ${suites[*]} " == *" $1 "* ]]; }
+
 for k in "${kernels[@]}"; do
     if [[ ! -e $(kernel_dir "$k")/.complete ]]; then
         result FAIL "$k" "kernel $k is not fetched (run scripts/guest/setup.sh or drop --no-fetch)"
         continue
     fi
-    suite_main "$k"
-    suite_reboot "$k"
+    want main && suite_main "$k"
+    want reboot && suite_reboot "$k"
 done
-# Injected failures: on one kernel (the newest asked for), to bound the time.
+# Injected failures and network storage: on one kernel (the newest asked for), to
+# bound the time.
 k_last=${kernels[${#kernels[@]}-1]}
-[[ -e $(kernel_dir "$k_last")/.complete ]] && suite_faults "$k_last"
+if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
+    want faults && suite_faults "$k_last"
+    want netstore && suite_netstore "$k_last"
+fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).
 for k in "${kernels[@]}"; do
-    [[ -e $(kernel_dir "$k")/.complete ]] && suite_live "$k"
+    [[ -e $(kernel_dir "$k")/.complete ]] && want live && suite_live "$k"
 done
 
 summary
