@@ -9,7 +9,12 @@ cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${VNVME_FUZZ_SECONDS:-60}"
 LOG="$(mktemp -d)"
-trap 'rm -rf "$LOG"' EXIT
+ceph_dir=""
+cleanup() {
+    [ -z "$ceph_dir" ] || bash scripts/ceph-cluster.sh stop "$ceph_dir" >/dev/null 2>&1 || true
+    rm -rf "$LOG"
+}
+trap cleanup EXIT
 export VNVME_SKIP_LOG="$LOG/skips"
 : >"$VNVME_SKIP_LOG"
 
@@ -25,6 +30,17 @@ step "promtool (Prometheus's checker, for the metrics tests; fetched once, cache
 if ! bash scripts/lib/promtool.sh >/dev/null; then
     echo "promtool: could not be fetched; the metrics tests will skip their promtool check" |
         tee -a "$VNVME_SKIP_LOG"
+fi
+
+# One Ceph cluster (a monitor, an OSD on memstore) for every rbd: test, the guest
+# suite's included; without it (no network for the packages) those tests skip,
+# each saying why.
+step "Ceph test cluster (scripts/ceph-cluster.sh; packages fetched once, cached)"
+ceph_dir="$LOG/ceph" # stopped on exit, even after a failed start
+if bash scripts/ceph-cluster.sh start "$ceph_dir"; then
+    export VNVME_TEST_CEPH_DIR="$ceph_dir"
+else
+    echo "Ceph test cluster: could not start; each rbd: test says so as it skips"
 fi
 
 step "cargo test (unit, in-process host, in-process driver tiers)"

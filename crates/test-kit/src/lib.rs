@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod ceph;
 mod host;
 pub mod in_process;
 pub mod io;

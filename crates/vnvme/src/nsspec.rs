@@ -9,6 +9,9 @@
 //!                                 userspace driver (see `vnvme serve --help`)
 //! nbd://HOST[:PORT]/EXPORT        an export of an NBD server (qemu-nbd, nbdkit, ...)
 //! nbd+unix:///EXPORT?socket=PATH
+//! rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:OPT...]
+//!                                 a Ceph RBD image (librbd); OPT also conf=PATH,
+//!                                 id=USER, keyring=PATH
 //!
 //! OPT: lba=512|4096        LBA size (default: 512, or the backend's block size)
 //!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it)
@@ -65,6 +68,31 @@ pub enum Kind {
     Nvme(String),
     /// `nbd://` or `nbd+unix://` URI: an export of an NBD server.
     Nbd(String),
+    /// `rbd:`: a Ceph RBD image.
+    #[cfg(feature = "rbd")]
+    Rbd(rbd_disk::RbdSpec),
+}
+
+impl Kind {
+    /// The backend says the size (a size in the spec is optional or refused).
+    fn sized_by_backend(&self) -> bool {
+        match self {
+            Kind::File(_) => true,
+            #[cfg(feature = "rbd")]
+            Kind::Rbd(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The options only this kind takes, for error messages.
+    fn own_options(&self) -> &'static str {
+        match self {
+            Kind::File(_) => ", direct=, engine=",
+            #[cfg(feature = "rbd")]
+            Kind::Rbd(_) => ", conf=, id=, keyring=",
+            _ => "",
+        }
+    }
 }
 
 /// How a file namespace does its I/O.
@@ -146,6 +174,11 @@ impl NsSpec {
                 needs.nbd = true;
                 Arc::new(nbd_disk::NbdBackend::open(uri)?)
             }
+            #[cfg(feature = "rbd")]
+            Kind::Rbd(spec) => {
+                needs.rbd = true;
+                Arc::new(rbd_disk::RbdBackend::open(spec)?)
+            }
             Kind::Nvme(uri) => {
                 needs.kernel_vfio = nvme_disk::NvmeBackendOptions::parse(uri)
                     .is_ok_and(|o| matches!(o.target, nvme_disk::NvmeTarget::Pci(_)));
@@ -185,6 +218,8 @@ impl NsSpec {
             Kind::Null => format!("null {}", self.size.unwrap_or(0)),
             Kind::File(p) => format!("file {} ({:?})", p.display(), self.engine),
             Kind::Nvme(u) | Kind::Nbd(u) => u.clone(),
+            #[cfg(feature = "rbd")]
+            Kind::Rbd(r) => r.to_string(),
         }
     }
 }
@@ -250,6 +285,10 @@ impl FromStr for NsSpec {
         spec.kind = match parts.next().unwrap_or_default() {
             "ram" => Kind::Ram,
             "null" => Kind::Null,
+            #[cfg(feature = "rbd")]
+            "rbd" => Kind::Rbd(rbd_disk::RbdSpec::parse_image(parts.next().unwrap_or_default())?),
+            #[cfg(not(feature = "rbd"))]
+            "rbd" => return Err("this vnvme was built without rbd: support (cargo feature \"rbd\")".into()),
             "file" => Kind::File(
                 parts.next().filter(|p| !p.is_empty()).ok_or("file needs a path: file:PATH[:SIZE]")?.into(),
             ),
@@ -262,11 +301,17 @@ impl FromStr for NsSpec {
         // The size: required for ram and null, optional for an existing file.
         match parts.peek() {
             Some(p) if !p.contains('=') => spec.size = Some(parse_size(parts.next().expect("peeked"))?),
-            _ if matches!(spec.kind, Kind::File(_)) => {}
+            _ if spec.kind.sized_by_backend() => {}
             _ => return Err("missing size, e.g. ram:64M".into()),
         }
         let is_file = matches!(spec.kind, Kind::File(_));
         for opt in parts {
+            #[cfg(feature = "rbd")]
+            if let (Kind::Rbd(r), Some((k, v))) = (&mut spec.kind, opt.split_once('=')) {
+                if r.set_option(k, v)? {
+                    continue;
+                }
+            }
             match opt.split_once('=') {
                 Some(("lba", "512")) => spec.lba_format = Some(0),
                 Some(("lba", "4096")) => spec.lba_format = Some(1),
@@ -292,10 +337,16 @@ impl FromStr for NsSpec {
                 _ => {
                     return Err(format!(
                         "unknown namespace option {opt:?} (expected lba=, fault=, timeout={})",
-                        if is_file { ", direct=, engine=" } else { "" }
+                        spec.kind.own_options()
                     ))
                 }
             }
+        }
+        #[cfg(feature = "rbd")]
+        if matches!(spec.kind, Kind::Rbd(_)) && spec.size.is_some() {
+            return Err("rbd: the namespace has the image's size; give none (resize the image with \
+                        `rbd resize` or `vnvme ctl ns.resize`)"
+                .into());
         }
         if let Some(size) = spec.size {
             let lba = if spec.lba_format == Some(1) { 4096 } else { 512 };

@@ -35,6 +35,7 @@
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
+//! | `rbd:`                       | librados' threads: socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt getsockname getpeername, setsockopt (TCP_NODELAY, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF, SO_PRIORITY, IP_TOS, IPV6_TCLASS), pipe2, uname, epoll_create, and new threads: clone only with CLONE_THREAD; clone3 (whose flags seccomp cannot read) fails ENOSYS through a second filter, so the C library falls back to clone. A new process, execve, datagram sockets stay refused |
 //! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above; and what `nbd://` needs, so an NBD export can be added (to an address: a host name would need a resolver, which is refused). `nvme://` cannot be added under the sandbox (its driver needs more) |
 //!
 //! Limits, stated plainly:
@@ -80,6 +81,10 @@ pub struct Needs {
     /// An `nbd://` namespace: a lost connection is made again (stream sockets and
     /// connect, TCP_NODELAY).
     pub nbd: bool,
+    /// An `rbd:` namespace: librados' own threads keep running (messenger, timers,
+    /// finishers), open connections to OSDs and monitors as they need them, and start
+    /// threads.
+    pub rbd: bool,
 }
 
 impl Needs {
@@ -92,6 +97,7 @@ impl Needs {
             stats_file: self.stats_file || o.stats_file,
             control: self.control || o.control,
             nbd: self.nbd || o.nbd,
+            rbd: self.rbd || o.rbd,
         }
     }
 }
@@ -211,7 +217,60 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     if needs.kernel_vfio {
         m.insert(SYS_ioctl, one_of(1, &nvme_driver::vfio::RUNTIME_IOCTLS));
     }
+    if needs.rbd {
+        // librados' threads: connections to monitors and OSDs as they come and go
+        // (stream sockets, TCP options the messenger sets, its own address), the
+        // threads it starts (threads only: clone must carry CLONE_THREAD; clone3,
+        // whose flags seccomp cannot read, is answered ENOSYS by `clone3_fallback` so
+        // the C library falls back to clone), and the pipes its event loops use.
+        let stream = |domain: c_int| {
+            rule(vec![
+                cond(0, SeccompCmpOp::Eq, domain as u64),
+                cond(1, SeccompCmpOp::MaskedEq(0xf), SOCK_STREAM as u64),
+            ])
+        };
+        m.insert(SYS_socket, vec![stream(AF_UNIX), stream(AF_INET), stream(AF_INET6)]);
+        for c in
+            [SYS_connect, SYS_getsockopt, SYS_getsockname, SYS_getpeername, SYS_pipe2, SYS_clone3, SYS_uname]
+        {
+            m.insert(c, Vec::new());
+        }
+        // A new client (an rbd: namespace added through --control) makes its event
+        // loops with the old epoll_create.
+        #[cfg(target_arch = "x86_64")]
+        m.insert(SYS_epoll_create, Vec::new());
+        m.insert(
+            SYS_clone,
+            vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(CLONE_THREAD as u64), CLONE_THREAD as u64)])],
+        );
+        let opt = |level: c_int, name: c_int| {
+            rule(vec![cond(1, SeccompCmpOp::Eq, level as u64), cond(2, SeccompCmpOp::Eq, name as u64)])
+        };
+        let sockopts = m.entry(SYS_setsockopt).or_default();
+        if !sockopts.is_empty() {
+            sockopts.extend([
+                opt(IPPROTO_TCP, TCP_NODELAY),
+                opt(SOL_SOCKET, SO_KEEPALIVE),
+                opt(SOL_SOCKET, SO_RCVBUF),
+                opt(SOL_SOCKET, SO_SNDBUF),
+                opt(SOL_SOCKET, SO_PRIORITY),
+                opt(IPPROTO_IP, IP_TOS),
+                opt(IPPROTO_IPV6, IPV6_TCLASS),
+            ]);
+        }
+    }
     m
+}
+
+/// With `rbd:`, a second filter: clone3 fails with ENOSYS (its flags live in memory,
+/// where seccomp cannot check CLONE_THREAD), so glibc's pthread_create falls back to
+/// clone, which the allowlist checks. Everything else passes to the allowlist.
+fn clone3_fallback() -> io::Result<BpfProgram> {
+    let arch = std::env::consts::ARCH.try_into().map_err(seccomp_err)?;
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let f = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)
+        .map_err(seccomp_err)?;
+    f.try_into().map_err(seccomp_err)
 }
 
 /// The compiled filter: the allowlist for `needs`, everything else refused with EPERM.
@@ -231,6 +290,11 @@ pub fn filter(needs: &Needs) -> io::Result<BpfProgram> {
 /// process. Irreversible.
 pub fn install(needs: &Needs) -> io::Result<()> {
     let prog = filter(needs)?;
+    if needs.rbd {
+        // First (installing a filter is itself refused once the allowlist is in):
+        // both filters run on every call, and an ERRNO from either wins over ALLOW.
+        seccompiler::apply_filter_all_threads(&clone3_fallback()?).map_err(seccomp_err)?;
+    }
     seccompiler::apply_filter_all_threads(&prog).map_err(seccomp_err)
 }
 
@@ -325,6 +389,51 @@ mod tests {
         println!("allowed: eventfd, read, write");
     }
 
+    /// Set in the child process that [`with_rbd_threads_start_but_processes_do_not`]
+    /// starts.
+    const PROBE_RBD: &str = "VNVME_SANDBOX_PROBE_RBD";
+
+    /// The child's half for `rbd:` (librados starts threads): a thread starts (clone3
+    /// answered ENOSYS, the C library falls back to clone with CLONE_THREAD), while a
+    /// new process (clone without CLONE_THREAD), execve and a datagram socket are
+    /// still refused.
+    #[test]
+    fn probe_rbd_in_child() {
+        if std::env::var_os(PROBE_RBD).is_none() {
+            return;
+        }
+        install(&Needs { rbd: true, ..Default::default() }).expect("install the filters");
+        let t = std::thread::Builder::new().spawn(|| 7).expect("a thread starts under the rbd filter");
+        assert_eq!(t.join().unwrap(), 7);
+        println!("allowed: a new thread");
+        refused(
+            "a new process (clone without CLONE_THREAD)",
+            std::process::Command::new("/bin/true").spawn(),
+        );
+        refused("execve", nix::unistd::execv(c"/bin/true", &[c"true"]));
+        refused("socket(AF_INET, SOCK_DGRAM)", std::net::UdpSocket::bind("127.0.0.1:0"));
+    }
+
+    #[test]
+    fn with_rbd_threads_start_but_processes_do_not() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "sandbox::tests::probe_rbd_in_child", "--nocapture", "--test-threads=1"])
+            .env(PROBE_RBD, "1")
+            .output()
+            .expect("run the probe");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let all = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for what in [
+            "refused: a new process",
+            "refused: execve",
+            "refused: socket(AF_INET, SOCK_DGRAM)",
+            "allowed: a new thread",
+        ] {
+            assert!(stdout.contains(what), "{what}:\n{all}");
+        }
+        assert!(out.status.success(), "{all}");
+    }
+
     #[test]
     fn a_forbidden_system_call_is_refused() {
         let out = Command::new(std::env::current_exe().unwrap())
@@ -358,6 +467,7 @@ mod tests {
         assert!(rules(&Needs { stats_file: true, ..Default::default() }).contains_key(&libc::SYS_openat));
         assert!(rules(&Needs { control: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_setup));
         assert!(rules(&Needs { nbd: true, ..Default::default() }).contains_key(&libc::SYS_connect));
+        assert!(rules(&Needs { rbd: true, ..Default::default() }).contains_key(&libc::SYS_clone));
         filter(&Needs {
             file: true,
             uring: true,
@@ -365,6 +475,7 @@ mod tests {
             stats_file: true,
             control: true,
             nbd: true,
+            rbd: true,
         })
         .expect("compiles");
     }

@@ -232,6 +232,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             facts: facts(&a, poll, &dev),
             specs: std::sync::Mutex::new(specs),
             sandboxed: a.sandbox == Switch::On,
+            sandbox_rbd: opened.iter().any(|o| o.needs.rbd),
             groups: Default::default(),
             started: std::time::Instant::now(),
         };

@@ -40,7 +40,12 @@ fn block_data(i: u64) -> Vec<u8> {
 /// Streams to a server started with `--ns first`, kills it, restarts it with
 /// `--ns again` (the same storage) and verifies.
 fn sigkill_mid_stream_keeps_flushed_writes(dir: &std::path::Path, first: &str, again: &str) {
-    let mut server = Server::start_in(dir, "a", &["--ns", first]);
+    sigkill_mid_stream_env(dir, first, again, &[])
+}
+
+/// [`sigkill_mid_stream_keeps_flushed_writes`], the servers started with `env` added.
+fn sigkill_mid_stream_env(dir: &std::path::Path, first: &str, again: &str, env: &[(String, String)]) {
+    let mut server = Server::start_in_env(dir, "a", &["--ns", first], env);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let q = d.queue(1).expect("queue 1");
 
@@ -99,7 +104,7 @@ fn sigkill_mid_stream_keeps_flushed_writes(dir: &std::path::Path, first: &str, a
     );
 
     // A new server on the same storage.
-    let server = Server::start_in(dir, "b", &["--ns", again]);
+    let server = Server::start_in_env(dir, "b", &["--ns", again], env);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     let q = d.queue(1).expect("queue 1");
     let mut got = vec![0u8; BLOCK as usize];
@@ -209,5 +214,19 @@ fn sigkill_of_a_server_on_nbd_keeps_flushed_writes() {
     let uri = nbd.uri();
     sigkill_mid_stream_keeps_flushed_writes(&dir, &uri, &uri);
     drop(nbd);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The namespace is an RBD image on a real single-node Ceph cluster (one OSD on
+/// memstore), reached as a user with `profile rbd` caps: a SIGKILLed vnvme loses
+/// nothing flushed (librbd's cache is written back by Flush, and FUA is a write then
+/// a flush).
+#[test]
+fn sigkill_of_a_server_on_rbd_keeps_flushed_writes() {
+    let Some(ceph) = test_kit::ceph::cluster() else { return };
+    let dir = temp_dir("durability-rbd");
+    ceph.create_image("durability", "64M");
+    let ns = ceph.ns("durability");
+    sigkill_mid_stream_env(&dir, &ns, &ns, &ceph.env);
     let _ = std::fs::remove_dir_all(&dir);
 }

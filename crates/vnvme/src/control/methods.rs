@@ -25,6 +25,10 @@ pub struct Context {
     pub specs: Mutex<BTreeMap<u32, String>>,
     /// The sandbox is on: backends that need new connections cannot be opened.
     pub sandboxed: bool,
+    /// The sandbox allows what librados' threads do (an `rbd:` namespace was given
+    /// at start-up), so more can be added.
+    #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
+    pub sandbox_rbd: bool,
     /// Named QoS groups (qos.set with a group), shared by the namespaces in them.
     pub groups: Mutex<BTreeMap<String, Arc<QosGroup>>>,
     pub started: Instant,
@@ -208,6 +212,14 @@ fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
             code::NOT_PERMITTED,
             "an nvme:// namespace needs a new connection, which the sandbox forbids: give it at start-up \
              (--ns), or run with --sandbox off",
+        ));
+    }
+    #[cfg(feature = "rbd")]
+    if matches!(spec.kind, Kind::Rbd(_)) && ctx.sandboxed && !ctx.sandbox_rbd {
+        return Err(RpcError::new(
+            code::NOT_PERMITTED,
+            "an rbd: namespace runs librados' threads, which this server's sandbox does not allow: start \
+             it with at least one rbd: namespace (then more can be added), or with --sandbox off",
         ));
     }
     if let Kind::Nbd(uri) = &spec.kind {

@@ -68,6 +68,17 @@ impl Server {
     /// Starts a server in `dir` (kept on drop), its socket, stats and log files
     /// named after `name`.
     pub fn start_in(dir: &std::path::Path, name: &str, extra: &[&str]) -> Server {
+        Self::start_in_env(dir, name, extra, &[])
+    }
+
+    /// [`Server::start_in`] with variables added to the server's environment (what
+    /// loading librbd needs, for an `rbd:` namespace).
+    pub fn start_in_env(
+        dir: &std::path::Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Server {
         let socket = dir.join(format!("{name}.sock"));
         let stats = dir.join(format!("{name}-stats.json"));
         let log_name = format!("{name}.log");
@@ -79,6 +90,7 @@ impl Server {
         }
         let child = cmd
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

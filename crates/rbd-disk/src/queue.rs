@@ -1,0 +1,381 @@
+//! One queue on the shared image: requests go to librbd as `rbd_aio_*` calls, and
+//! librbd's callback (on a librbd thread) hands each result back through the
+//! queue's inbox and eventfd.
+//!
+//! Ownership across the C boundary: every call librbd holds owns its buffer and a
+//! reference to the inbox (a boxed [`Call`], the callback's argument). The callback
+//! takes the box back, so a buffer lives exactly as long as librbd may use it, even
+//! if the queue is gone by then.
+
+use std::ffi::c_void;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, SegmentCursor};
+use guest_mem::GuestMemory;
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::ffi::{self, CompletionT, Lib};
+use crate::image::Image;
+
+/// Read buffers kept for reuse, per queue.
+const SPARE_BUFFERS: usize = 64;
+/// Larger buffers are not kept.
+const SPARE_MAX_BYTES: usize = 1 << 20;
+
+/// A result librbd handed back.
+#[derive(Debug)]
+struct Finished {
+    slot: usize,
+    ret: isize,
+    buf: Vec<u8>,
+}
+
+/// Where librbd's callbacks leave results for the queue's owner.
+#[derive(Debug)]
+struct Inbox {
+    done: Mutex<Vec<Finished>>,
+    /// Readable while results wait: the queue's notifier (an eventfd).
+    event: std::os::fd::OwnedFd,
+}
+
+/// One call librbd holds: the callback's argument.
+#[derive(Debug)]
+struct Call {
+    lib: &'static Lib,
+    inbox: Arc<Inbox>,
+    outstanding: Arc<std::sync::atomic::AtomicUsize>,
+    slot: usize,
+    buf: Vec<u8>,
+}
+
+/// librbd's completion callback.
+///
+/// # Safety
+/// Called by librbd, once per completion, with the argument given to
+/// rbd_aio_create_completion: a `Box<Call>` leaked by [`RbdQueue::call`].
+unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
+    // SAFETY: `arg` is the Box<Call> leaked for this completion, handed back once
+    // (see the function's safety section); taking it back frees it at the end.
+    let call = unsafe { Box::from_raw(arg.cast::<Call>()) };
+    // SAFETY: `c` is the completion this callback is for; it is released once, here,
+    // after its return value is read (librbd allows both in the callback).
+    let ret = unsafe {
+        let r = (call.lib.rbd_aio_get_return_value)(c);
+        (call.lib.rbd_aio_release)(c);
+        r
+    };
+    let Call { inbox, outstanding, slot, buf, .. } = *call;
+    inbox.done.lock().unwrap_or_else(|p| p.into_inner()).push(Finished { slot, ret, buf });
+    outstanding.fetch_sub(1, Ordering::Release);
+    // A full counter still means readable: nothing is lost.
+    let _ = rustix::io::write(&inbox.event, &1u64.to_ne_bytes());
+}
+
+/// A request in flight.
+#[derive(Debug)]
+struct Req {
+    tag: u64,
+    op: Op,
+    offset: u64,
+    len: u64,
+    data: DataBuf,
+    /// The guest memory a read lands in (writes copied theirs at submission).
+    mem: Option<GuestMemory>,
+    /// A FUA write: a flush follows the write.
+    flush_after: bool,
+    revoked: bool,
+}
+
+/// What to hand librbd for a request.
+#[derive(Clone, Copy, Debug)]
+enum Issue {
+    Read,
+    Write,
+    Flush,
+    Discard,
+    WriteZeroes,
+}
+
+#[derive(Debug)]
+pub(crate) struct RbdQueue {
+    image: Arc<Image>,
+    inbox: Arc<Inbox>,
+    reqs: Vec<Option<Req>>,
+    free: Vec<usize>,
+    done: Vec<Completion>,
+    /// Swapped with the inbox's list on reap, so neither side allocates.
+    batch: Vec<Finished>,
+    spare: Vec<Vec<u8>>,
+    in_flight: usize,
+}
+
+fn invalid(msg: String) -> BackendError {
+    BackendError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg))
+}
+
+impl RbdQueue {
+    pub(crate) fn new(image: Arc<Image>) -> std::io::Result<RbdQueue> {
+        let event = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        let inbox = Arc::new(Inbox { done: Mutex::new(Vec::with_capacity(64)), event });
+        Ok(RbdQueue {
+            image,
+            inbox,
+            reqs: Vec::new(),
+            free: Vec::new(),
+            done: Vec::new(),
+            batch: Vec::with_capacity(64),
+            spare: Vec::new(),
+            in_flight: 0,
+        })
+    }
+
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0; len],
+        }
+    }
+
+    fn keep(&mut self, b: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && b.capacity() <= SPARE_MAX_BYTES && b.capacity() > 0 {
+            self.spare.push(b);
+        }
+    }
+
+    /// Hands request `slot` to librbd as `what`. An error means librbd did not take
+    /// it (and holds nothing of it).
+    fn call(&mut self, slot: usize, what: Issue) -> Result<(), BackendError> {
+        let lib = self.image.lib;
+        let req = self.reqs[slot].as_ref().expect("live request");
+        let (offset, len) = (req.offset, req.len);
+        let mut buf = Vec::new();
+        match what {
+            Issue::Read => buf = self.buffer(len as usize),
+            Issue::Write => {
+                buf = self.buffer(len as usize);
+                let req = self.reqs[slot].as_mut().expect("live request");
+                let copied = match (&req.data, req.mem.take()) {
+                    (DataBuf::Guest(segs), Some(mem)) => {
+                        SegmentCursor::new(segs).read_into(&mem, &mut buf).map_err(BackendError::from)
+                    }
+                    (DataBuf::Host(b), _) if b.len() as u64 >= len => {
+                        buf.copy_from_slice(&b[..len as usize]);
+                        Ok(())
+                    }
+                    _ => Err(invalid("a write without data".into())),
+                };
+                if let Err(e) = copied {
+                    self.keep(buf);
+                    return Err(e);
+                }
+            }
+            Issue::Flush | Issue::Discard | Issue::WriteZeroes => {}
+        }
+        let call = Box::new(Call {
+            lib,
+            inbox: self.inbox.clone(),
+            outstanding: self.image.outstanding.clone(),
+            slot,
+            buf,
+        });
+        let data = call.buf.as_ptr();
+        let arg = Box::into_raw(call);
+        let mut c: CompletionT = std::ptr::null_mut();
+        // SAFETY: `arg` is a leaked Box<Call> that `on_complete` takes back, once;
+        // `c` is a valid out-pointer.
+        let r = unsafe { (lib.rbd_aio_create_completion)(arg.cast(), on_complete, &mut c) };
+        if r < 0 {
+            // SAFETY: librbd did not take `arg` (no completion exists): ours again.
+            drop(unsafe { Box::from_raw(arg) });
+            return Err(ffi::errno(r.into()).into());
+        }
+        self.image.outstanding.fetch_add(1, Ordering::Relaxed);
+        let h = self.image.handle;
+        // SAFETY: `h` is the image, open while `self.image` lives (and left open by
+        // Image::drop while requests are outstanding). `data` points into the boxed
+        // Call's buffer of `len` bytes (reads and writes), which stays allocated and
+        // unmoved until `on_complete` frees it; nothing else touches it meanwhile.
+        // `c` is the completion just created, given to exactly one call.
+        let r = unsafe {
+            match what {
+                Issue::Read => (lib.rbd_aio_read)(h, offset, len as usize, data.cast_mut().cast(), c),
+                Issue::Write => (lib.rbd_aio_write)(h, offset, len as usize, data.cast(), c),
+                Issue::Flush => (lib.rbd_aio_flush)(h, c),
+                Issue::Discard => (lib.rbd_aio_discard)(h, offset, len, c),
+                Issue::WriteZeroes => match lib.rbd_aio_write_zeroes {
+                    Some(f) => f(h, offset, len as usize, c, 0, 0),
+                    None => -libc::EOPNOTSUPP,
+                },
+            }
+        };
+        if r < 0 {
+            // librbd refused the request: the callback will not run.
+            self.image.outstanding.fetch_sub(1, Ordering::Relaxed);
+            // SAFETY: the completion was not handed to librbd, and `arg` is ours again.
+            unsafe { (lib.rbd_aio_release)(c) };
+            // SAFETY: as above: librbd holds no reference to `arg`.
+            let call = unsafe { Box::from_raw(arg) };
+            self.keep(call.buf);
+            return Err(ffi::errno(r.into()).into());
+        }
+        self.image.submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn finish(&mut self, slot: usize, error: Option<BackendError>) {
+        let Some(req) = self.reqs[slot].take() else { return };
+        self.free.push(slot);
+        let result = match (req.revoked, error) {
+            (true, _) => Err(BackendError::NotReady("given up on before it finished".into())),
+            (false, e) => e.map_or(Ok(()), Err),
+        };
+        let data = if req.revoked { DataBuf::None } else { req.data };
+        self.done.push(Completion { tag: req.tag, result, data });
+    }
+
+    /// librbd answered request `f.slot`.
+    fn answered(&mut self, f: Finished) {
+        let Finished { slot, ret, buf } = f;
+        let Some(req) = self.reqs.get_mut(slot).and_then(Option::as_mut) else {
+            self.keep(buf);
+            return;
+        };
+        if ret < 0 {
+            self.keep(buf);
+            self.finish(slot, Some(ffi::errno(ret as i64).into()));
+            return;
+        }
+        let mut error = None;
+        if req.op == Op::Read && !req.revoked {
+            let copied = match (&mut req.data, &req.mem) {
+                (DataBuf::Guest(segs), Some(mem)) => {
+                    SegmentCursor::new(segs).write_from(mem, &buf).map_err(BackendError::from)
+                }
+                (DataBuf::Host(b), _) => {
+                    let n = b.len().min(buf.len());
+                    b[..n].copy_from_slice(&buf[..n]);
+                    Ok(())
+                }
+                _ => Ok(()),
+            };
+            error = copied.err();
+        }
+        let flush_next = error.is_none() && req.flush_after && !req.revoked;
+        req.flush_after = false;
+        self.keep(buf);
+        if flush_next {
+            // The write is done: now its flush (FUA as write then flush).
+            if let Err(e) = self.call(slot, Issue::Flush) {
+                self.finish(slot, Some(e));
+            }
+            return;
+        }
+        self.finish(slot, error);
+    }
+}
+
+impl BackendQueue for RbdQueue {
+    fn submit(&mut self, mem: &GuestMemory, req: Request) {
+        self.in_flight += 1;
+        let size = self.image.size();
+        let checked = match req.op {
+            Op::Flush => Ok(()),
+            _ => block_backend::check_range(req.offset, req.len, size),
+        }
+        .and_then(|()| match req.op {
+            Op::Write { .. } | Op::WriteZeroes { .. } | Op::Discard if self.image.spec.snap.is_some() => {
+                Err(BackendError::ReadOnly)
+            }
+            _ => Ok(()),
+        });
+        if let Err(e) = checked {
+            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
+            return;
+        }
+        if req.op != Op::Flush && req.len == 0 {
+            self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
+            return;
+        }
+        let (what, flush_after) = match req.op {
+            Op::Read => (Issue::Read, false),
+            Op::Write { fua } => (Issue::Write, fua),
+            Op::Flush => (Issue::Flush, false),
+            Op::Discard => (Issue::Discard, false),
+            Op::WriteZeroes { .. } => (Issue::WriteZeroes, false),
+        };
+        let r = Req {
+            tag: req.tag,
+            op: req.op,
+            offset: req.offset,
+            len: req.len,
+            data: req.data,
+            mem: matches!(req.op, Op::Read | Op::Write { .. }).then(|| mem.clone()),
+            flush_after,
+            revoked: false,
+        };
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.reqs[i] = Some(r);
+                i
+            }
+            None => {
+                self.reqs.push(Some(r));
+                self.reqs.len() - 1
+            }
+        };
+        if let Err(e) = self.call(slot, what) {
+            self.finish(slot, Some(e));
+        }
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        // Drain the notifier first: a result arriving after this is signalled anew.
+        let _ = rustix::io::read(&self.inbox.event, &mut [0u8; 8]);
+        {
+            let mut inbox = self.inbox.done.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::swap(&mut *inbox, &mut self.batch);
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        for f in batch.drain(..) {
+            self.answered(f);
+        }
+        self.batch = batch;
+        let n = self.done.len();
+        self.in_flight -= n;
+        out.append(&mut self.done);
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn notifier(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.inbox.event.as_fd())
+    }
+
+    fn needs_polling(&self) -> bool {
+        // Requests that failed or finished at submission wait here, unsignalled.
+        !self.done.is_empty()
+    }
+
+    fn revoke(&mut self, tag: u64) -> Option<bool> {
+        if self.done.iter().any(|c| c.tag == tag) {
+            return Some(true);
+        }
+        let req = self.reqs.iter_mut().flatten().find(|r| r.tag == tag)?;
+        // Write data was copied at submission; read data is dropped on arrival.
+        req.revoked = true;
+        req.flush_after = false;
+        req.mem = None;
+        Some(true)
+    }
+
+    fn memory_changed(&mut self, _mem: &GuestMemory) {}
+}

@@ -1,0 +1,208 @@
+//! `vnvme serve` on Ceph RBD images, across processes, with the sandbox on, against a
+//! real single-node cluster (scripts/ceph-cluster.sh: one monitor, one OSD on
+//! memstore, cephx, the client a user with `profile rbd` caps): the userspace driver
+//! writes at QD 16 on two workers, reads back, flushes, writes zeroes and
+//! deallocates, and `rbd export` (Ceph's own tool) finds the data in the image; the
+//! whole cluster stopped and started under a running vnvme is reconnected to (new
+//! connections and threads under the sandbox); an image grown through the control
+//! socket shows its new size; a missing image, a missing pool and an unreachable
+//! cluster fail the start-up, naming what failed, within a bound.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{opts, temp_dir, Server};
+use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange};
+use test_kit::ceph::{cluster, Cluster};
+use test_kit::pattern;
+
+/// One test at a time: one of them stops and starts the shared cluster.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes `n` blocks of 4 KiB at QD 16 from `first_lba` (every fifth FUA), then
+/// reads them back.
+fn write_read_verify(q: &mut IoQueue, first_lba: u64, n: u64, seed: u64) {
+    let mut cids = std::collections::HashMap::new();
+    for i in 0..n {
+        let buf = q.alloc_buf(4096).unwrap();
+        buf.write_at(0, &pattern(seed ^ i, 4096)).unwrap();
+        let cid = q
+            .submit(IoCommand::Write { nsid: 1, slba: first_lba + i * 8, nlb: 8, buf, fua: i % 5 == 0 })
+            .unwrap();
+        cids.insert(cid, i);
+        if cids.len() == 16 || i == n - 1 {
+            let mut done = Vec::new();
+            while done.len() < cids.len() {
+                q.wait_completions(&mut done).unwrap();
+            }
+            assert!(
+                done.iter().all(|c| c.status.is_success()),
+                "writes: {:?}",
+                done.iter().map(|c| c.status).collect::<Vec<_>>()
+            );
+            cids.clear();
+        }
+    }
+    let mut got = vec![0u8; 4096];
+    for i in 0..n {
+        q.read(1, first_lba + i * 8, &mut got).unwrap();
+        assert!(got == pattern(seed ^ i, 4096), "block {i} reads back different");
+    }
+}
+
+fn start(ceph: &Cluster, dir: &std::path::Path, image: &str, extra: &[&str]) -> Server {
+    let ns = ceph.ns(image);
+    let mut args = vec!["--ns", ns.as_str()];
+    args.extend_from_slice(extra);
+    Server::start_in_env(dir, "s", &args, &ceph.env)
+}
+
+#[test]
+fn io_on_an_rbd_image_with_two_workers_and_its_data_in_the_image() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-io");
+    ceph.create_image("io", "64M");
+    let server = start(ceph, &dir, "io", &["--workers", "2"]);
+    assert!(server.log().contains("sandbox on"), "{}", server.log());
+    let mut d = server.driver(DoorbellMode::Trapped, opts(2, true, CompletionMode::Interrupts));
+    let ns = d.namespaces()[0].clone();
+    assert_eq!(ns.size_bytes(), 64 << 20, "the namespace has the image's size");
+    let id = d.identify(0x01, 0).unwrap();
+    let oncs = u16::from_le_bytes([id[520], id[521]]);
+    let vwc = id[525];
+    assert!(vwc & 1 == 1, "librbd's cache: a volatile write cache");
+    assert!(oncs & nvme_spec::identify::oncs::WRITE_ZEROES != 0, "Ceph 16 has rbd_aio_write_zeroes");
+    assert!(oncs & nvme_spec::identify::oncs::DSM != 0, "discard");
+    write_read_verify(d.queue(1).unwrap(), 0, 64, 1);
+    write_read_verify(d.queue(2).unwrap(), 8192, 64, 2);
+    d.flush(1).expect("flush");
+    // Write Zeroes over written blocks reads back zeroes; Deallocate completes.
+    d.write_zeroes(1, 8, 16, false).expect("write zeroes");
+    let mut got = vec![1u8; 8192];
+    d.read(1, 8, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "write zeroes read back non-zero");
+    d.deallocate(1, &[LbaRange { slba: 8192 + 64 * 8, nlb: 64 }]).expect("deallocate");
+    d.flush(1).expect("flush");
+    // Ceph's own tool finds what the guest wrote: block 30 of the first pass.
+    let img = ceph.read_image("io", 30 * 4096, 4096, &dir);
+    assert!(img == pattern(1 ^ 30, 4096), "rbd export shows different data at block 30");
+    drop(d);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cluster_restarted_under_a_running_server_is_reconnected_to_under_the_sandbox() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-restart");
+    ceph.create_image("restart", "32M");
+    let server = start(ceph, &dir, "restart", &["--workers", "1"]);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    write_read_verify(d.queue(1).unwrap(), 0, 32, 3);
+    d.flush(1).unwrap();
+    // Monitor and OSD go away and come back (same addresses; the OSD keeps its
+    // data): librados makes new connections, and maybe threads, under the filter.
+    ceph.restart();
+    let t = Instant::now();
+    write_read_verify(d.queue(1).unwrap(), 4096, 32, 4);
+    let mut got = vec![0u8; 4096];
+    d.read(1, 0, &mut got).unwrap();
+    assert!(got == pattern(3, 4096), "data written before the restart reads back different");
+    eprintln!("I/O resumed {:?} after the cluster restarted", t.elapsed());
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+    drop(d);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `vnvme ctl --control PATH ARGS...`: exit status and output.
+fn ctl(path: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .arg("ctl")
+        .arg("--control")
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("run vnvme ctl");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn an_image_grown_through_the_control_socket_and_one_added() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-ctl");
+    ceph.create_image("grow", "16M");
+    ceph.create_image("added", "8M");
+    let control = dir.join("c.sock");
+    let server = start(ceph, &dir, "grow", &["--control", control.to_str().unwrap()]);
+    while !control.exists() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (ok, text) = ctl(&control, &["ns.resize", "1", "32M"]);
+    assert!(ok, "ns.resize: {text}");
+    let info = ceph.tool("rbd", &["info", "--format", "json", "rbd/grow"]);
+    assert!(info.contains(&format!("\"size\":{}", 32u64 << 20)), "rbd info after the resize: {info}");
+    // Another image, added under the sandbox (librados already runs).
+    let (ok, text) = ctl(&control, &["ns.add", &ceph.ns("added")]);
+    assert!(ok, "ns.add: {text}");
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let sizes: Vec<u64> = d.namespaces().iter().map(|n| n.size_bytes()).collect();
+    assert_eq!(sizes, vec![32 << 20, 8 << 20], "namespace sizes");
+    let data = pattern(5, 8192);
+    d.write(2, 1000, &data).unwrap();
+    let mut got = vec![0u8; 8192];
+    d.read(2, 1000, &mut got).unwrap();
+    assert!(got == data);
+    drop(d);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `vnvme serve --ns SPEC` fails; returns its stderr and how long it took.
+fn start_fails(ceph: &Cluster, spec: &str) -> (String, Duration) {
+    let dir = temp_dir("rbd-fail");
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .args(["serve", "--socket"])
+        .arg(dir.join("s.sock"))
+        .args(["--ns", spec])
+        .envs(ceph.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success(), "vnvme serve --ns {spec} started");
+    (String::from_utf8_lossy(&out.stderr).into_owned(), took)
+}
+
+#[test]
+fn a_missing_image_pool_or_cluster_fails_the_start_naming_it() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let (err, _) = start_fails(ceph, &ceph.ns("nobody"));
+    assert!(err.contains("no image \"nobody\" in pool \"rbd\""), "{err}");
+    let (err, _) = start_fails(ceph, &ceph.ns("x").replacen("rbd:rbd/", "rbd:nopool/", 1));
+    assert!(err.contains("no pool named \"nopool\""), "{err}");
+    let (err, _) = start_fails(ceph, &format!("{}:keyring=/nonexistent/keyring", ceph.ns("x")));
+    assert!(err.contains("cannot connect") || err.contains("keyring"), "{err}");
+    // A configuration naming a monitor nobody listens on: an error within the
+    // connect bound (10 s), not a hang.
+    let dir = temp_dir("rbd-nomon");
+    let conf = dir.join("ceph.conf");
+    std::fs::write(&conf, "[global]\nmon_host = 127.0.0.1:9\nauth_client_required = cephx\n").unwrap();
+    let spec = format!("rbd:rbd/x:conf={}:keyring={}", conf.display(), ceph.keyring().display());
+    let (err, took) = start_fails(ceph, &spec);
+    assert!(err.contains("cannot connect to the Ceph cluster as client.admin"), "{err}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
