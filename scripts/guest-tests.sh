@@ -58,12 +58,15 @@ own \`vnvme serve\` (built with cargo build --release first):
          hot-plugged with QMP device_add vfio-user-pci and passes fio verify.
  netstore (last kernel only) server: n1 nbd+unix:// on qemu-nbd serving a qcow2
          image, n2 nbd+unix:// on nbdkit's memory plugin (real servers from
-         Debian, scripts/fetch-nbd-servers.sh), --workers 2
+         Debian, scripts/fetch-nbd-servers.sh), n3 rbd: on a Ceph test cluster
+         (scripts/ceph-cluster.sh; VNVME_TEST_CEPH_DIR's, or one of its own),
+         --workers 2
          guest (scripts/guest/tests/netstore.sh): sizes, fio verify=crc32c at
          QD 1/16/64 on each, nvme flush, Write Zeroes reads back zeroes,
-         Deallocate, ext4 on n1 + fsck.
-         host: qemu-img check on the image, then e2fsck and the file's
-         checksum in it (qemu-img convert to raw).
+         Deallocate, ext4 on n1 and n3 + fsck.
+         host: qemu-img check on the qcow2 image; e2fsck and the file's
+         checksum in the qcow2 image (converted to raw) and in the RBD image
+         (rbd export).
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -106,7 +109,7 @@ T0=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
 tests_dir="$here/guest/tests"
 n_pass=0 n_fail=0 n_skip=0
-VN_PID="" cur_qemu_pidfile="" HOT_PID="" NET_PIDS=()
+VN_PID="" cur_qemu_pidfile="" HOT_PID="" NET_PIDS=() CEPH_OWN="" CEPH_DIR=""
 QEMU_EXTRA=()
 
 cleanup() {
@@ -115,6 +118,7 @@ cleanup() {
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$HOT_PID"
     net_servers_stop
+    [[ -z $CEPH_OWN ]] || "$here/ceph-cluster.sh" stop "$CEPH_OWN" >/dev/null 2>&1
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
 }
 trap cleanup EXIT
@@ -536,13 +540,54 @@ net_server_start() {
     return 1
 }
 
+# ext4_host_check KERNEL TAG RAW WHAT: the guest's ext4 on a namespace (its
+# @@VNVME-EXT4-TAG line), read from RAW, a raw copy of the image WHAT: e2fsck is
+# clean and the file's checksum matches the guest's.
+ext4_host_check() {
+    local k=$1 tag=$2 raw=$3 what=$4 d line path sum_guest sum_host
+    d=$(dirname "$raw")
+    line=$(grep -a -o "@@VNVME-EXT4-$tag [^@]*@@" "$d/guest.log" | tail -1)
+    if [[ -z $line ]]; then
+        result FAIL "$k" "host ext4 check on $what: the guest printed no checksum"
+        return
+    fi
+    line=${line#@@VNVME-EXT4-"$tag" }
+    line=${line%@@}
+    path=${line%% *}
+    sum_guest=${line#* }
+    if e2fsck -fn "$raw" >"$raw.e2fsck" 2>&1; then
+        result PASS "$k" "host: e2fsck -fn on $what's ext4 is clean"
+    else
+        result FAIL "$k" "host: e2fsck -fn on $what's ext4 reports problems ($raw.e2fsck)"
+    fi
+    sum_host=$(debugfs -R "cat $path" "$raw" 2>/dev/null | sha256sum | cut -d' ' -f1)
+    if [[ $sum_host == "$sum_guest" ]]; then
+        result PASS "$k" "host: $path in $what matches the guest's sha256 ${sum_guest:0:16}..."
+    else
+        result FAIL "$k" "host: $path in $what: sha256 $sum_host != guest $sum_guest"
+    fi
+}
+
+# ceph_for_tests DIR: a running Ceph test cluster (scripts/test.sh's, from
+# VNVME_TEST_CEPH_DIR, or one started in DIR, which cleanup stops); sets CEPH_DIR,
+# or returns 1 with the reason on stderr.
+ceph_for_tests() {
+    if [[ -n ${VNVME_TEST_CEPH_DIR:-} ]]; then
+        CEPH_DIR=$VNVME_TEST_CEPH_DIR
+        return
+    fi
+    CEPH_OWN=$1
+    "$here/ceph-cluster.sh" start "$1" >/dev/null || return 1
+    CEPH_DIR=$1
+}
+
 suite_netstore() {
     local k=$1
-    local d="$work/$k-netstore" t0 bin plugins line path sum_guest sum_host
+    local d="$work/$k-netstore" t0 bin plugins line ceph="" cbin="" rbd_args=() n3=0
     mkdir -p "$d"
     t0=$(date +%s)
     echo
-    echo "== [$k] network storage suite: namespaces on qemu-nbd (qcow2) and nbdkit (memory)"
+    echo "== [$k] network storage suite: namespaces on qemu-nbd (qcow2), nbdkit (memory) and Ceph RBD"
     if ! bin=$("$here/fetch-nbd-servers.sh" 2>"$d/fetch.log"); then
         result SKIP "$k" "network storage suite: qemu-nbd and nbdkit could not be fetched ($(tail -1 "$d/fetch.log"))"
         return
@@ -564,11 +609,33 @@ suite_netstore() {
         net_servers_stop
         return
     fi
-    write_config "$d/config.sh" VNVMEGT0006 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    # n3: an RBD image on the Ceph test cluster, as client.vnvme (profile rbd).
+    if ! cbin=$("$here/fetch-ceph.sh" 2>"$d/ceph-fetch.log"); then
+        result SKIP "$k" "network storage suite, rbd namespace: Ceph could not be fetched ($(tail -1 "$d/ceph-fetch.log"))"
+    elif ! ceph_for_tests "$work/ceph" 2>"$d/ceph-start.log"; then
+        result SKIP "$k" "network storage suite, rbd namespace: the Ceph test cluster did not start ($(tail -1 "$d/ceph-start.log"))"
+    else
+        ceph=$CEPH_DIR
+        CEPH_CONF=$ceph/ceph.conf "$cbin/rbd" rm --no-progress rbd/guest-netstore >/dev/null 2>&1
+        if CEPH_CONF=$ceph/ceph.conf "$cbin/rbd" create --size 64M rbd/guest-netstore 2>"$d/rbd.log"; then
+            rbd_args=(--ns "rbd:rbd/guest-netstore:conf=$ceph/ceph.conf:id=vnvme:keyring=$ceph/ceph.client.vnvme.keyring")
+            n3=$((64 << 20))
+        else
+            result FAIL "$k" "rbd create on the test cluster: $(tail -1 "$d/rbd.log")"
+        fi
+    fi
+    write_config "$d/config.sh" VNVMEGT0006 $((64 << 20)) 512 $((32 << 20)) 512 "$n3" 512
+    # librbd from the cached Ceph packages, for the server only.
+    local wrap=("${VN_WRAP[@]}")
+    if [[ $n3 -gt 0 ]]; then
+        VN_WRAP=(env "$(. "$cbin/../env.sh" && printf 'VNVME_LIBRBD=%s' "$VNVME_LIBRBD")"
+            "$(. "$cbin/../env.sh" && printf 'LD_LIBRARY_PATH=%s' "$LD_LIBRARY_PATH")" "${wrap[@]}")
+    fi
     suite_boot "$k" "$d" netstore netstore.sh --timeout 300 -- \
         --ns "nbd+unix:///?socket=$d/qnbd.sock" --ns "nbd+unix:///?socket=$d/kit.sock" \
-        --workers 2 --serial VNVMEGT0006
+        "${rbd_args[@]}" --workers 2 --serial VNVMEGT0006
     local booted=$?
+    VN_WRAP=("${wrap[@]}")
     net_servers_stop
     [[ $booted -eq 0 ]] || return
     line=$(grep -ac '^vnvme: namespace [12]: nbd:nbd+unix' "$d/serve.log")
@@ -578,38 +645,32 @@ suite_netstore() {
         result FAIL "$k" "server log: $line namespaces opened on NBD, want 2 ($d/serve.log)"
     fi
 
-    # The qcow2 image, from the host, with qemu-nbd gone: intact, and holding the
-    # guest's ext4 file.
+    # The images, from the host, with their servers gone (qemu-nbd) or through
+    # Ceph's own tool: intact, and holding the guest's ext4 files.
     if "$bin/qemu-img" check -q "$d/n1.qcow2" >"$d/check.log" 2>&1; then
         result PASS "$k" "host: qemu-img check on the qcow2 image qemu-nbd served is clean"
     else
         result FAIL "$k" "host: qemu-img check: $(head -3 "$d/check.log" | tr '\n' ' ')"
     fi
-    line=$(grep -a -o '@@VNVME-EXT4 [^@]*@@' "$d/guest.log" | tail -1)
-    if [[ -z $line ]]; then
-        result FAIL "$k" "host ext4 check on the qcow2 image: the guest printed no checksum"
-    elif ! (need_cmds e2fsck:e2fsprogs debugfs:e2fsprogs) >"$d/apt.log" 2>&1; then
-        result SKIP "$k" "host ext4 check on the qcow2 image: e2fsprogs missing ($d/apt.log)"
-    elif ! "$bin/qemu-img" convert -f qcow2 -O raw "$d/n1.qcow2" "$d/n1.raw" >"$d/convert.log" 2>&1; then
-        result FAIL "$k" "qemu-img convert of the qcow2 image: $(tail -1 "$d/convert.log")"
+    if ! (need_cmds e2fsck:e2fsprogs debugfs:e2fsprogs) >"$d/apt.log" 2>&1; then
+        result SKIP "$k" "host ext4 checks on the images: e2fsprogs missing ($d/apt.log)"
     else
-        line=${line#@@VNVME-EXT4 }
-        line=${line%@@}
-        path=${line%% *}
-        sum_guest=${line#* }
-        if e2fsck -fn "$d/n1.raw" >"$d/e2fsck.log" 2>&1; then
-            result PASS "$k" "host: e2fsck -fn on the qcow2 image's ext4 is clean"
+        if "$bin/qemu-img" convert -f qcow2 -O raw "$d/n1.qcow2" "$d/n1.raw" >"$d/convert.log" 2>&1; then
+            ext4_host_check "$k" n1 "$d/n1.raw" "the qcow2 image"
         else
-            result FAIL "$k" "host: e2fsck -fn on the qcow2 image's ext4 reports problems ($d/e2fsck.log)"
+            result FAIL "$k" "qemu-img convert of the qcow2 image: $(tail -1 "$d/convert.log")"
         fi
-        sum_host=$(debugfs -R "cat $path" "$d/n1.raw" 2>/dev/null | sha256sum | cut -d' ' -f1)
-        if [[ $sum_host == "$sum_guest" ]]; then
-            result PASS "$k" "host: $path in the qcow2 image matches the guest's sha256 ${sum_guest:0:16}..."
-        else
-            result FAIL "$k" "host: $path in the qcow2 image sha256 $sum_host != guest $sum_guest"
+        if [[ $n3 -gt 0 ]]; then
+            if CEPH_CONF=$ceph/ceph.conf "$cbin/rbd" export --no-progress rbd/guest-netstore "$d/n3.raw" \
+                >"$d/export.log" 2>&1; then
+                ext4_host_check "$k" n3 "$d/n3.raw" "the RBD image (rbd export)"
+            else
+                result FAIL "$k" "rbd export of the guest's image: $(tail -1 "$d/export.log")"
+            fi
         fi
     fi
-    rm -f "$d/n1.qcow2" "$d/n1.raw"
+    [[ -z $ceph ]] || CEPH_CONF=$ceph/ceph.conf "$cbin/rbd" rm --no-progress rbd/guest-netstore >/dev/null 2>&1
+    rm -f "$d/n1.qcow2" "$d/n1.raw" "$d/n3.raw"
     echo "  [$k] network storage suite: $(($(date +%s) - t0)) s"
 }
 
