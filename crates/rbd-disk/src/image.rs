@@ -86,6 +86,28 @@ impl Image {
         if r < 0 {
             return Err(fail("cannot use CEPH_ARGS".into(), r));
         }
+        if let Some(t) = spec.op_timeout {
+            // Unless the configuration chose: requests to a cluster that stopped
+            // answering fail (ETIMEDOUT) instead of waiting forever.
+            let secs = t.as_secs().max(1).to_string();
+            for key in ["rados_osd_op_timeout", "rados_mon_op_timeout"] {
+                let k = cstr(key, key)?;
+                let mut buf = [0 as std::ffi::c_char; 32];
+                // SAFETY: `cluster` is live; `k` is NUL-terminated; `buf` is writable
+                // for its length, which is passed.
+                let r = unsafe { (lib.rados_conf_get)(cluster, k.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+                // SAFETY: on success librados wrote a NUL-terminated value into `buf`.
+                let now =
+                    (r == 0).then(|| unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_bytes().to_vec());
+                let default = match key {
+                    "rados_osd_op_timeout" => now.as_deref() == Some(b"0"),
+                    _ => now.as_deref() == Some(CONNECT_TIMEOUT_S.as_bytes()),
+                };
+                if default {
+                    set(key, &secs)?;
+                }
+            }
+        }
         if let Some(k) = &spec.keyring {
             let r = set("keyring", &k.to_string_lossy())?;
             if r < 0 {

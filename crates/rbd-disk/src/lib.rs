@@ -56,6 +56,11 @@ pub struct RbdSpec {
     /// The client's user name without "client." (None: "admin").
     pub id: Option<String>,
     pub keyring: Option<PathBuf>,
+    /// How long librados waits for an OSD or monitor before failing a request
+    /// (ETIMEDOUT, which the guest sees as Namespace Not Ready), unless the
+    /// configuration sets its own: vnvme sets it below the namespace's command
+    /// timeout. None: librados' default (forever).
+    pub op_timeout: Option<std::time::Duration>,
 }
 
 impl RbdSpec {

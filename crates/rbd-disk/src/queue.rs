@@ -248,7 +248,17 @@ impl RbdQueue {
         };
         if ret < 0 {
             self.keep(buf);
-            self.finish(slot, Some(ffi::errno(ret as i64).into()));
+            let e = match -ret as i32 {
+                libc::ETIMEDOUT => BackendError::NotReady(format!(
+                    "{}: the cluster did not answer in time (rados_osd_op_timeout)",
+                    self.image.spec
+                )),
+                libc::ESHUTDOWN | libc::ENOTCONN => {
+                    BackendError::NotReady(format!("{}: {}", self.image.spec, ffi::errno(ret as i64)))
+                }
+                _ => ffi::errno(ret as i64).into(),
+            };
+            self.finish(slot, Some(e));
             return;
         }
         let mut error = None;

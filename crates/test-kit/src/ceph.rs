@@ -15,6 +15,10 @@ use crate::nbd::skip;
 /// Set by scripts/test.sh: the directory of a running test cluster to share.
 pub const CLUSTER_ENV: &str = "VNVME_TEST_CEPH_DIR";
 
+/// The tools give up on a cluster that does not answer (librados waits 300 s to
+/// authenticate, and forever for an OSD, by default).
+const BOUNDED: &str = "--client_mount_timeout=20 --rados_mon_op_timeout=20 --rados_osd_op_timeout=30";
+
 /// A running cluster and how to reach it.
 #[derive(Debug)]
 pub struct Cluster {
@@ -108,6 +112,7 @@ impl Cluster {
         let out = Command::new(self.bin.join(tool))
             .args(args)
             .env("CEPH_CONF", self.dir.join("ceph.conf"))
+            .env("CEPH_ARGS", BOUNDED)
             .output()
             .unwrap_or_else(|e| panic!("run {tool}: {e}"));
         assert!(
@@ -122,15 +127,28 @@ impl Cluster {
     /// Stops the whole cluster (monitor and OSD; the OSD saves its data) and starts
     /// it again on the same addresses.
     pub fn restart(&self) {
-        for cmd in ["stop", "start"] {
-            let out = Command::new("bash")
-                .arg(script("ceph-cluster.sh"))
-                .arg(cmd)
-                .arg(&self.dir)
-                .output()
-                .unwrap_or_else(|e| panic!("ceph-cluster.sh {cmd}: {e}"));
-            assert!(out.status.success(), "ceph-cluster.sh {cmd}: {}", String::from_utf8_lossy(&out.stderr));
-        }
+        self.stop();
+        self.start();
+    }
+
+    /// Stops the monitor and the OSD (which saves its data).
+    pub fn stop(&self) {
+        self.run("stop");
+    }
+
+    /// Starts them again (same addresses), waiting until I/O works.
+    pub fn start(&self) {
+        self.run("start");
+    }
+
+    fn run(&self, cmd: &str) {
+        let out = Command::new("bash")
+            .arg(script("ceph-cluster.sh"))
+            .arg(cmd)
+            .arg(&self.dir)
+            .output()
+            .unwrap_or_else(|e| panic!("ceph-cluster.sh {cmd}: {e}"));
+        assert!(out.status.success(), "ceph-cluster.sh {cmd}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Creates image `name` of `size` ("64M") in pool rbd, replacing one of that name.
@@ -138,6 +156,7 @@ impl Cluster {
         let _ = Command::new(self.bin.join("rbd"))
             .args(["rm", "--no-progress", &format!("rbd/{name}")])
             .env("CEPH_CONF", self.dir.join("ceph.conf"))
+            .env("CEPH_ARGS", BOUNDED)
             .output();
         self.tool("rbd", &["create", "--size", size, &format!("rbd/{name}")]);
     }

@@ -177,7 +177,11 @@ impl NsSpec {
             #[cfg(feature = "rbd")]
             Kind::Rbd(spec) => {
                 needs.rbd = true;
-                Arc::new(rbd_disk::RbdBackend::open(spec)?)
+                // librados gives up well before the command times out (a write may
+                // take a few steps: object map, data, flush), so the guest sees
+                // Namespace Not Ready (a backend gone) rather than Internal Error.
+                let spec = rbd_disk::RbdSpec { op_timeout: self.timeout.map(|t| t / 4), ..spec.clone() };
+                Arc::new(rbd_disk::RbdBackend::open(&spec)?)
             }
             Kind::Nvme(uri) => {
                 needs.kernel_vfio = nvme_disk::NvmeBackendOptions::parse(uri)

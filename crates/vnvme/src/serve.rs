@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// UNIX socket path to listen on (a stale socket file is replaced).
     #[arg(long)]
     pub socket: PathBuf,
-    /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE], nvme://... or nbd://...
+    /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE], nvme://..., nbd://... or rbd:...
     ///
     /// ram:SIZE          RAM, allocated on first write
     /// null:SIZE         reads return zeroes, writes are dropped
@@ -38,6 +38,12 @@ pub struct ServeArgs {
     ///                   a lost connection is made again (three tries within 10 s),
     ///                   then commands fail Namespace Not Ready and one tries the
     ///                   server again every 5 s. The namespace has the export's size
+    /// rbd:POOL[/NAMESPACE]/IMAGE[@SNAP]
+    ///                   a Ceph RBD image through librbd (loaded at start: librbd1
+    ///                   installed, or VNVME_LIBRBD=PATH); options conf=PATH (else
+    ///                   CEPH_CONF or /etc/ceph/ceph.conf), id=USER (default
+    ///                   admin), keyring=PATH. The namespace has the image's size; a
+    ///                   snapshot is read-only
     ///
     /// Options after the kind, each as :NAME=VALUE:
     ///   lba=512|4096             LBA size (default 512, or the backend's block size)

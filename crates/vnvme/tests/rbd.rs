@@ -6,7 +6,8 @@
 //! whole cluster stopped and started under a running vnvme is reconnected to (new
 //! connections and threads under the sandbox); an image grown through the control
 //! socket shows its new size; a missing image, a missing pool and an unreachable
-//! cluster fail the start-up, naming what failed, within a bound.
+//! cluster fail the start-up, naming what failed, within a bound; a cluster gone mid-run
+//! makes commands fail Namespace Not Ready (not hang), and they succeed once it is back.
 
 mod common;
 
@@ -53,6 +54,15 @@ fn write_read_verify(q: &mut IoQueue, first_lba: u64, n: u64, seed: u64) {
     for i in 0..n {
         q.read(1, first_lba + i * 8, &mut got).unwrap();
         assert!(got == pattern(seed ^ i, 4096), "block {i} reads back different");
+    }
+}
+
+/// Starts the cluster when dropped (a test that stopped it may fail first).
+struct StartOnDrop<'a>(&'a Cluster);
+
+impl Drop for StartOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.start();
     }
 }
 
@@ -204,5 +214,50 @@ fn a_missing_image_pool_or_cluster_fails_the_start_naming_it() {
     let (err, took) = start_fails(ceph, &spec);
     assert!(err.contains("cannot connect to the Ceph cluster as client.admin"), "{err}");
     assert!(took < Duration::from_secs(30), "took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cluster_gone_mid_run_is_namespace_not_ready_then_serves_again() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-gone");
+    ceph.create_image("gone", "16M");
+    // An 8 s command timeout: librados gives up after 2 s (rados_osd_op_timeout).
+    let ns = format!("{}:timeout=8s", ceph.ns("gone"));
+    let server = Server::start_in_env(&dir, "s", &["--ns", &ns, "--workers", "1"], &ceph.env);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let data = pattern(11, 8192);
+    d.write(1, 100, &data).unwrap();
+    d.flush(1).unwrap();
+    ceph.stop();
+    // Whatever happens below, the cluster is started again for the other tests.
+    let back = StartOnDrop(ceph);
+    let t = Instant::now();
+    let mut got = vec![0u8; 8192];
+    // A write to blocks never written (librbd may take it into its cache) and a
+    // flush: one of them must reach the cluster, and fails Not Ready.
+    let failed = d.write(1, 20000, &data).and_then(|()| d.flush(1));
+    match failed {
+        Err(nvme_driver::DriverError::Nvme { status, .. }) => assert_eq!(
+            status.code(),
+            nvme_spec::Status::NAMESPACE_NOT_READY.code(),
+            "{status:?}\n{}",
+            server.log()
+        ),
+        other => panic!("a write and flush with the cluster gone: {other:?}\n{}", server.log()),
+    }
+    assert!(t.elapsed() < Duration::from_secs(15), "took {:?}", t.elapsed());
+    drop(back);
+    let t = Instant::now();
+    loop {
+        match d.read(1, 100, &mut got) {
+            Ok(()) => break,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(60), "still failing: {e}\n{}", server.log()),
+        }
+    }
+    assert!(got == data, "data flushed before the outage reads back different");
+    drop(d);
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
