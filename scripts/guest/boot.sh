@@ -68,7 +68,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $script || $shell -eq 1 ]] || { usage >&2; exit 2; }
 
-qemu="$VNVME_CACHE/qemu/current/bin/qemu-system-x86_64"
+# VNVME_QEMU: another QEMU wrapper (scripts/fetch-qemu-rbd.sh's, with block-rbd).
+qemu="${VNVME_QEMU:-$VNVME_CACHE/qemu/current/bin/qemu-system-x86_64}"
 [[ -x $qemu ]] || die "QEMU not fetched; run scripts/guest/fetch-qemu.sh"
 
 if [[ -f $kernel ]]; then
