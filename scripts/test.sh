@@ -26,6 +26,9 @@ cargo fmt --all -- --check
 step "clippy (-D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "clippy without default features (vnvme without the rbd: backend still builds)"
+cargo clippy -p vnvme --no-default-features --all-targets --locked -- -D warnings
+
 step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
 if ! bash scripts/lib/promtool.sh >/dev/null; then
     echo "promtool: could not be fetched; the metrics tests will skip their promtool check" |

@@ -156,18 +156,20 @@ const MAX_OTHER: u64 = 1 << 30;
 
 impl Backend for RbdBackend {
     fn info(&self) -> BackendInfo {
+        // A snapshot takes no writes: nothing to deallocate or zero either.
+        let writable = self.image.spec.snap.is_none();
         BackendInfo {
             kind: self.image.spec.to_string(),
             size: self.image.size(),
             // librbd takes any byte offset and length.
             block_size: 1,
-            volatile_cache: true,
-            discard: true,
+            volatile_cache: writable,
+            discard: writable,
             // A discard of part of an object may leave it as it was
             // (rbd_skip_partial_discard).
             discard_zeroes: false,
             discard_max: MAX_OTHER,
-            write_zeroes: self.image.lib.rbd_aio_write_zeroes.is_some(),
+            write_zeroes: writable && self.image.lib.rbd_aio_write_zeroes.is_some(),
             write_zeroes_max: MAX_OTHER,
         }
     }

@@ -7,7 +7,8 @@
 //! connections and threads under the sandbox); an image grown through the control
 //! socket shows its new size; a missing image, a missing pool and an unreachable
 //! cluster fail the start-up, naming what failed, within a bound; a cluster gone mid-run
-//! makes commands fail Namespace Not Ready (not hang), and they succeed once it is back.
+//! makes commands fail Namespace Not Ready (not hang), and they succeed once it is back;
+//! a snapshot is served read-only.
 
 mod common;
 
@@ -259,5 +260,41 @@ fn a_cluster_gone_mid_run_is_namespace_not_ready_then_serves_again() {
     assert!(got == data, "data flushed before the outage reads back different");
     drop(d);
     drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_snapshot_is_served_read_only() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-snap");
+    // An image with known data (imported by Ceph's tool: no client of ours holds
+    // the image's lock when the snapshot is taken), then its snapshot.
+    let mut img = vec![0u8; 16 << 20];
+    img[64 * 512..64 * 512 + 4096].copy_from_slice(&pattern(21, 4096));
+    let file = dir.join("snapped.raw");
+    std::fs::write(&file, &img).unwrap();
+    ceph.create_image("snapped", "16M");
+    ceph.tool("rbd", &["rm", "--no-progress", "rbd/snapped"]);
+    ceph.tool("rbd", &["import", "--no-progress", file.to_str().unwrap(), "rbd/snapped"]);
+    ceph.tool("rbd", &["snap", "create", "rbd/snapped@base"]);
+    let ns = ceph.ns("snapped").replacen("rbd/snapped", "rbd/snapped@base", 1);
+    let server = Server::start_in_env(&dir, "snap", &["--ns", &ns], &ceph.env);
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let mut got = vec![0u8; 4096];
+    d.read(1, 64, &mut got).unwrap();
+    assert!(got == pattern(21, 4096), "the snapshot reads back different");
+    let id = d.identify(0x01, 0).unwrap();
+    let oncs = u16::from_le_bytes([id[520], id[521]]);
+    assert_eq!(oncs & nvme_spec::identify::oncs::DSM, 0, "no deallocate on a snapshot");
+    match d.write(1, 64, &pattern(22, 4096)) {
+        Err(nvme_driver::DriverError::Nvme { status, .. }) => {
+            assert_eq!(status.code(), nvme_spec::Status::NAMESPACE_WRITE_PROTECTED.code(), "{status:?}")
+        }
+        other => panic!("a write to a snapshot: {other:?}"),
+    }
+    drop(d);
+    drop(server);
+    ceph.tool("rbd", &["snap", "purge", "rbd/snapped"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
