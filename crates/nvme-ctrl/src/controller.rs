@@ -37,13 +37,15 @@ pub enum Lifecycle {
 pub struct Controller {
     pub(crate) cfg: ControllerConfig,
     cap: Cap,
-    cc: Cc,
-    csts: Csts,
-    aqa: Aqa,
-    asq: u64,
-    acq: u64,
-    intms: u32,
-    state: Lifecycle,
+    pub(crate) cc: Cc,
+    pub(crate) csts: Csts,
+    pub(crate) aqa: Aqa,
+    pub(crate) asq: u64,
+    pub(crate) acq: u64,
+    pub(crate) intms: u32,
+    pub(crate) state: Lifecycle,
+    /// Fetching is stopped for a state hand-over (`state.rs`).
+    pub(crate) quiesced: bool,
     /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,
     /// I/O worker threads (empty: everything runs in `process`).
@@ -135,6 +137,7 @@ impl Controller {
             acq: 0,
             intms: 0,
             state: Lifecycle::Disabled,
+            quiesced: false,
             engine,
             workers: Vec::new(),
             inline_mode: crate::PollMode::Off,

@@ -70,6 +70,43 @@ impl Events {
         g.errors.truncate(ERROR_LOG_ENTRIES);
     }
 
+    /// The state a hand-over carries (`state.rs`).
+    pub(crate) fn save(&self) -> crate::state::EventsSaved {
+        use zerocopy::IntoBytes;
+        let g = self.lock();
+        crate::state::EventsSaved {
+            errors: g
+                .errors
+                .iter()
+                .map(|e| e.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
+                .collect(),
+            error_count: g.error_count,
+            queued: g.queued.iter().map(|e| e.dw0()).collect(),
+            masked: g.masked,
+            changed_ns: g.changed_ns.clone(),
+            critical_warning: g.critical_warning,
+            warning_events: g.warning_events,
+        }
+    }
+
+    /// Puts saved state back (`events` and `errors` decoded from `s` by the caller).
+    pub(crate) fn restore(
+        &self,
+        s: &crate::state::EventsSaved,
+        events: Vec<AsyncEvent>,
+        errors: Vec<ErrorInformationEntry>,
+    ) {
+        let mut g = self.lock();
+        g.errors = errors.into();
+        g.errors.truncate(ERROR_LOG_ENTRIES);
+        g.error_count = s.error_count;
+        g.queued = events.into();
+        g.masked = s.masked;
+        g.changed_ns = s.changed_ns.clone();
+        g.critical_warning = s.critical_warning;
+        g.warning_events = s.warning_events;
+    }
+
     /// Total errors recorded since reset (the newest entry's Error Count).
     pub fn error_count(&self) -> u64 {
         self.lock().error_count

@@ -91,6 +91,11 @@ impl VectorState {
     pub fn fired(&mut self) {
         self.pending = 0;
     }
+
+    /// Clears what is pending; true if anything was (its interrupt is then due now).
+    pub fn take_pending(&mut self) -> bool {
+        std::mem::take(&mut self.pending) > 0
+    }
 }
 
 #[cfg(test)]

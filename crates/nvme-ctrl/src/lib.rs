@@ -38,6 +38,7 @@ pub mod qos;
 mod queue;
 mod routing;
 pub mod runtime;
+pub mod state;
 mod stats;
 
 pub use attach::NamespaceError;
@@ -49,6 +50,7 @@ pub use namespace::Namespace;
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};
 pub use runtime::WorkerConfig;
+pub use state::{ControllerState, StateError, STATE_VERSION};
 pub use stats::{
     NsStats, NsStatsSnapshot, OpClass, OpSnapshot, QueueSnapshot, QueueStats, Stats, StatsSnapshot,
     LATENCY_BOUNDS_NS, LATENCY_BUCKETS,

@@ -117,6 +117,29 @@ impl Controller {
         }
     }
 
+    /// A saved CQ put back where the routing puts it (`state.rs`).
+    pub(crate) fn io_restore_cq(&mut self, c: crate::state::CqState) -> Result<(), crate::state::StateError> {
+        self.book.cqs.insert(c.qid, 0);
+        match self.worker_for_cq(c.qid) {
+            Some(w) => w.call(move |e| e.restore_queues(&[], &[c])),
+            None => self.engine.restore_queues(&[], &[c]),
+        }
+    }
+
+    /// A saved SQ put back with its CQ.
+    pub(crate) fn io_restore_sq(&mut self, q: crate::state::SqState) -> Result<(), crate::state::StateError> {
+        let (qid, cqid) = (q.qid, q.cqid);
+        if !self.book.cqs.contains_key(&cqid) {
+            return Err(crate::state::StateError::Mismatch(format!("SQ {qid} posts to missing CQ {cqid}")));
+        }
+        self.book.sqs.insert(qid, cqid);
+        *self.book.cqs.entry(cqid).or_default() += 1;
+        match self.worker_for_cq(cqid) {
+            Some(w) => w.call(move |e| e.restore_queues(&[q], &[])),
+            None => self.engine.restore_queues(&[q], &[]),
+        }
+    }
+
     pub(crate) fn io_delete_sq(&mut self, qid: u16) {
         let Some(cqid) = self.book.sqs.remove(&qid) else { return };
         if let Some(n) = self.book.cqs.get_mut(&cqid) {

@@ -85,6 +85,27 @@ impl Stats {
         }
     }
 
+    /// Sets every counter to a saved value (a restored controller).
+    pub(crate) fn restore(&self, s: &crate::state::StatsSaved) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.doorbell_writes, s.doorbell_writes);
+        set(&self.io_doorbell_writes, s.io_doorbell_writes);
+        set(&self.io_cq_doorbell_writes, s.io_cq_doorbell_writes);
+        set(&self.interrupts, s.interrupts);
+        set(&self.admin_commands, s.admin_commands);
+        set(&self.io_commands, s.io_commands);
+        set(&self.shadow_reads, s.shadow_reads);
+        set(&self.eventidx_races, s.eventidx_races);
+        set(&self.errors, s.errors);
+        set(&self.read_commands, s.read_commands);
+        set(&self.write_commands, s.write_commands);
+        set(&self.media_errors, s.media_errors);
+        set(&self.backend_errors, s.backend_errors);
+        set(&self.timeouts, s.timeouts);
+        set(&self.bytes_read, s.bytes_read);
+        set(&self.bytes_written, s.bytes_written);
+    }
+
     pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }

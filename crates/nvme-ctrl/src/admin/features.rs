@@ -28,7 +28,7 @@ pub(crate) const CCTEMP_K: u16 = 358;
 #[derive(Clone, Debug)]
 pub(crate) struct FeatureState {
     defaults: Box<FeatureValues>,
-    cur: FeatureValues,
+    pub(crate) cur: FeatureValues,
     pub(crate) nsq_granted_z: u16,
     pub(crate) ncq_granted_z: u16,
     pub(crate) aec: AsyncEventConfig,
@@ -42,17 +42,17 @@ pub(crate) struct FeatureState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct FeatureValues {
-    arbitration: u32,
-    power_management: u32,
+pub(crate) struct FeatureValues {
+    pub(crate) arbitration: u32,
+    pub(crate) power_management: u32,
     /// Over and under thresholds of the composite temperature.
-    temp_over: u16,
-    temp_under: u16,
-    error_recovery: u32,
-    write_cache: bool,
-    coalescing: u32,
-    write_atomicity: u32,
-    aec: u32,
+    pub(crate) temp_over: u16,
+    pub(crate) temp_under: u16,
+    pub(crate) error_recovery: u32,
+    pub(crate) write_cache: bool,
+    pub(crate) coalescing: u32,
+    pub(crate) write_atomicity: u32,
+    pub(crate) aec: u32,
 }
 
 impl FeatureState {

@@ -73,6 +73,10 @@ impl IoEngine {
             }
         }
         let mut done = 0;
+        if self.quiesced {
+            // New tails are recorded (above), nothing is fetched.
+            return 0;
+        }
         loop {
             while done < limit {
                 let sq = self.sqs[qid as usize].as_mut().expect("exists");

@@ -153,6 +153,8 @@ pub struct IoEngine {
     pub(crate) retiring: Vec<Box<dyn BackendQueue>>,
     /// Changes whenever the set of backend queues (and so of notifiers) changes.
     pub(crate) notifier_generation: u64,
+    /// Fetch nothing (a state hand-over is under way, `crate::state`).
+    pub(crate) quiesced: bool,
     /// Commands at the backends, indexed by tag.
     pub(crate) inflight: Vec<Slot>,
     /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
@@ -225,6 +227,7 @@ impl IoEngine {
             open_backends,
             retiring: Vec::new(),
             notifier_generation: 0,
+            quiesced: false,
             inflight: Vec::new(),
             next_expiry: u64::MAX,
             poll_now_ns: None,

@@ -104,7 +104,8 @@ impl IoEngine {
         }
         let clock = &self.ctx.clock;
         let now = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        if now < self.throttle.next_release_ns {
+        // A quiesce lets everything held back run now (state.rs).
+        if now < self.throttle.next_release_ns && !self.quiesced {
             return false;
         }
         let mut next = u64::MAX;
@@ -114,6 +115,7 @@ impl IoEngine {
                 let group = self.throttle.groups.get(i).and_then(Option::as_ref);
                 let ns = crate::namespace::lookup(&self.ctx.namespaces, i as u32 + 1);
                 let wait = match (group, ns) {
+                    _ if self.quiesced => 0,
                     (Some(g), Some(ns)) => {
                         let (class, bytes) = class_and_bytes(&front.sqe, ns.lba_shift());
                         g.admit(class, bytes, now)

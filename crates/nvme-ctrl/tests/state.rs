@@ -1,0 +1,364 @@
+//! Quiesce, save and restore (`nvme_ctrl::state`): a workload run with the controller
+//! replaced by a restored copy at random points ends exactly as the same workload run
+//! without: the same completions on every queue, in order, with the same statuses
+//! and read data, and the same blocks on the backend. The points fall anywhere:
+//! mid-burst (commands submitted, doorbells rung, not yet fetched), with an
+//! Asynchronous Event Request outstanding, with a CQ full and completions waiting
+//! for room, with shadow doorbells and without. The state goes through its JSON form
+//! each time, into a controller built from scratch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use block_backend::{Backend, RamBackend};
+use nvme_ctrl::{Controller, ControllerConfig, ControllerState, NamespaceConfig, StateError, STATE_VERSION};
+use nvme_spec::opcode::nvm as iop;
+use nvme_spec::regs::DoorbellKind;
+use nvme_spec::{Cqe, Status};
+use test_kit::{pattern, HostSq, InitOptions, ManualClock, MockHost, Rng};
+
+const MEM: u64 = 64 << 20;
+const NS_BYTES: u64 = 1 << 20;
+const BLOCKS: u64 = NS_BYTES / 4096;
+
+fn config(ram: &RamBackend) -> ControllerConfig {
+    ControllerConfig {
+        namespaces: vec![NamespaceConfig::new(Arc::new(ram.clone()) as Arc<dyn Backend>, 0)],
+        ..Default::default()
+    }
+}
+
+/// What a run ends with: completions per queue (cid, status, and for reads a
+/// checksum of the data), and the backend's blocks.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    completions: BTreeMap<u16, Vec<(u16, u16, u64)>>,
+    aer_dw0: Vec<u32>,
+    blocks: Vec<u8>,
+}
+
+fn sum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// The restored controller: from the JSON of `ctrl`'s state, into a new controller
+/// over the same memory, interrupts and backend, its clock continuing.
+fn swap(h: &mut MockHost, ram: &RamBackend, clock: &Arc<ManualClock>) -> ControllerState {
+    h.ctrl.quiesce(std::time::Duration::from_secs(5)).expect("quiesce");
+    let saved = h.ctrl.save_state();
+    let json = serde_json::to_string(&saved).expect("to JSON");
+    let state: ControllerState = serde_json::from_str(&json).expect("from JSON");
+    assert_eq!(state, saved, "the JSON round trip loses nothing");
+    let mut fresh = Controller::with_clock(config(ram), h.mem.clone(), h.irq.clone(), clock.clone()).unwrap();
+    fresh.restore_state(&state).expect("restore");
+    // The old controller is dropped without a reset: nothing it does reaches the
+    // guest any more.
+    let old = std::mem::replace(&mut h.ctrl, fresh);
+    std::mem::forget(old);
+    state
+}
+
+/// Runs the workload of `seed`, replacing the controller at the steps in `swaps`.
+/// What the swaps of a run caught the controller in the middle of.
+#[derive(Debug, Default)]
+struct Caught {
+    swaps: usize,
+    /// Submitted, doorbell rung or shadow slot written, not yet fetched.
+    mid_burst: usize,
+    /// A CQ full, completions waiting for room.
+    cq_full: usize,
+    /// An AER outstanding.
+    aer: usize,
+}
+
+fn run(seed: u64, shadow: bool, swaps: &[usize]) -> (Outcome, Caught) {
+    let ram = RamBackend::new(NS_BYTES);
+    let clock = Arc::new(ManualClock::default());
+    let mut h = MockHost::with_clock(config(&ram), MEM, clock.clone());
+    h.init(InitOptions {
+        io_queues: 3,
+        queue_size: 16,
+        admin_queue_size: 16,
+        shadow_doorbells: shadow,
+        interrupts: true,
+    })
+    .expect("bring-up");
+    // A CQ of 4 entries fed by an SQ of 16 (qid 4): completions overflow and wait.
+    let mut small_cq = h.new_io_cq(4, 4, true, 1).expect("CQ 4");
+    let mut big_sq: HostSq = h.new_io_sq(4, 4, 16).expect("SQ 4");
+    let aer = h.submit_aer();
+    let mut rng = Rng::new(seed);
+    let mut out = Outcome { completions: BTreeMap::new(), aer_dw0: Vec::new(), blocks: Vec::new() };
+    // Read buffers by (qid, cid).
+    let mut reads: BTreeMap<(u16, u16), (u64, u64)> = BTreeMap::new();
+    let mut caught = Caught::default();
+    let steps = 400;
+    let record =
+        |out: &mut Outcome, h: &MockHost, reads: &mut BTreeMap<(u16, u16), (u64, u64)>, qid: u16, c: &Cqe| {
+            let data = reads.remove(&(qid, c.cid.get())).map_or(0, |(buf, len)| {
+                let mut b = vec![0u8; len as usize];
+                h.mem.read(buf, &mut b).unwrap();
+                sum(&b)
+            });
+            out.completions.entry(qid).or_default().push((c.cid.get(), c.status().raw(), data));
+        };
+    for step in 0..steps {
+        if swaps.contains(&step) {
+            let s = swap(&mut h, &ram, &clock);
+            assert_eq!(s.version, STATE_VERSION);
+            caught.swaps += 1;
+            let tails: Vec<(u16, u32)> = (1..=4u16)
+                .filter_map(|q| {
+                    let t = if shadow && q != 4 {
+                        h.shadow_slot(q, DoorbellKind::SqTail)
+                    } else {
+                        s.sqs.iter().find(|x| x.qid == q).map(|x| x.tail)
+                    };
+                    t.map(|t| (q, t))
+                })
+                .collect();
+            caught.mid_burst +=
+                usize::from(tails.iter().any(|&(q, t)| s.sqs.iter().any(|x| x.qid == q && x.head != t)));
+            caught.cq_full += usize::from(s.cqs.iter().any(|c| !c.overflow.is_empty()));
+            caught.aer += usize::from(!s.admin.aers.is_empty());
+        }
+        match rng.below(10) {
+            // A burst: submissions on a queue pair, not yet run.
+            0..=3 => {
+                let qid = 1 + rng.below(3) as u16;
+                for _ in 0..rng.range(1, 6) {
+                    let lba = rng.below(BLOCKS) * 8;
+                    let buf = h.alloc.alloc_pages(1);
+                    let sqe = if rng.chance(60) {
+                        h.mem.write(buf, &pattern(seed ^ step as u64 ^ lba, 4096)).unwrap();
+                        h.rw_sqe(iop::WRITE, 1, lba, 8, buf, 4096)
+                    } else {
+                        h.rw_sqe(iop::READ, 1, lba, 8, buf, 4096)
+                    };
+                    let read = sqe.opcode() == iop::READ;
+                    match h.submit(qid, sqe) {
+                        Some(cid) if read => {
+                            reads.insert((qid, cid), (buf, 4096));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // Writes to the SQ whose CQ is small.
+            4 => {
+                for _ in 0..rng.range(1, 8) {
+                    if big_sq.is_full() {
+                        break;
+                    }
+                    let lba = rng.below(BLOCKS) * 8;
+                    let buf = h.alloc.alloc_pages(1);
+                    h.mem.write(buf, &pattern(seed ^ 0x4444 ^ lba, 4096)).unwrap();
+                    let sqe = h.rw_sqe(iop::WRITE, 1, lba, 8, buf, 4096);
+                    h.push_sqe(&mut big_sq, sqe);
+                }
+            }
+            // The device runs.
+            5..=6 => {
+                h.process();
+                clock.advance_us(rng.range(1, 200));
+            }
+            // The host reaps some completions of a pair.
+            7 => {
+                let qid = 1 + rng.below(3) as u16;
+                let (cqes, _) = h.reap_some(qid, rng.range(1, 8) as usize);
+                for c in &cqes {
+                    record(&mut out, &h, &mut reads, qid, c);
+                }
+            }
+            // ...or of the small CQ (room appears for the completions waiting).
+            8 => {
+                let (cqes, _) = h.pop_cqes(&mut small_cq, rng.range(1, 3) as usize);
+                for c in &cqes {
+                    assert!(big_sq.complete(c));
+                    record(&mut out, &h, &mut reads, 4, c);
+                }
+            }
+            // A flush.
+            _ => {
+                let qid = 1 + rng.below(3) as u16;
+                let _ = h.submit(qid, test_kit::MockHost::lba_sqe(iop::FLUSH, 1, 0, 1));
+            }
+        }
+    }
+    // An event for the AER outstanding since the start: an invalid doorbell (a
+    // queue that does not exist).
+    h.ring(9, DoorbellKind::SqTail, 1);
+    // Drain everything.
+    for _ in 0..200 {
+        h.process();
+        for qid in 1..=3 {
+            for c in h.reap_queue(qid) {
+                record(&mut out, &h, &mut reads, qid, &c);
+            }
+        }
+        let (cqes, _) = h.pop_cqes(&mut small_cq, 4);
+        for c in &cqes {
+            assert!(big_sq.complete(c));
+            record(&mut out, &h, &mut reads, 4, c);
+        }
+    }
+    for c in h.reap_queue(0) {
+        if c.cid.get() == aer {
+            out.aer_dw0.push(c.dw0.get());
+        }
+    }
+    assert!(big_sq.in_flight.is_empty(), "SQ 4 has commands never completed: {:?}", big_sq.in_flight);
+    for qid in 1..=3 {
+        assert_eq!(h.outstanding(qid), 0, "queue {qid} has commands never completed");
+    }
+    let mut blocks = vec![0u8; NS_BYTES as usize];
+    for (i, chunk) in blocks.chunks_mut(4096).enumerate() {
+        let (st, c) = h.read_blocks(1, 1, i as u64 * 8, 8, 512);
+        assert_eq!(st, Status::SUCCESS);
+        chunk.copy_from_slice(&c);
+    }
+    out.blocks = blocks;
+    (out, caught)
+}
+
+#[test]
+fn restoring_at_random_points_changes_nothing_the_host_sees() {
+    let mut all = Caught::default();
+    for seed in 1..=12u64 {
+        let shadow = seed % 2 == 0;
+        let (plain, _) = run(seed, shadow, &[]);
+        assert!(plain.completions.values().map(Vec::len).sum::<usize>() > 100, "a meaningful workload");
+        assert_eq!(plain.aer_dw0.len(), 1, "the AER completed once the event came");
+        let mut rng = Rng::new(seed * 7919);
+        let swaps: Vec<usize> = (0..rng.range(3, 10)).map(|_| rng.below(400) as usize).collect();
+        let (restored, c) = run(seed, shadow, &swaps);
+        assert!(c.swaps > 0);
+        all.swaps += c.swaps;
+        all.mid_burst += c.mid_burst;
+        all.cq_full += c.cq_full;
+        all.aer += c.aer;
+        assert_eq!(
+            plain.completions, restored.completions,
+            "seed {seed} (shadow {shadow}): completions differ"
+        );
+        assert_eq!(plain.aer_dw0, restored.aer_dw0, "seed {seed}: the AER's event differs");
+        assert!(plain.blocks == restored.blocks, "seed {seed}: the backend's blocks differ");
+    }
+    eprintln!("{all:?}");
+    assert!(all.mid_burst > 0 && all.cq_full > 0 && all.aer > 0, "the swaps caught every case: {all:?}");
+}
+
+#[test]
+fn a_restore_checks_before_it_changes_anything() {
+    let ram = RamBackend::new(NS_BYTES);
+    let mut h = MockHost::new(config(&ram), MEM);
+    h.init(InitOptions::default()).unwrap();
+    h.ctrl.quiesce(std::time::Duration::from_secs(1)).unwrap();
+    let good = h.ctrl.save_state();
+    let fresh = || Controller::new(config(&ram), h.mem.clone(), h.irq.clone()).unwrap();
+    let mut s = good.clone();
+    s.version = STATE_VERSION + 1;
+    assert_eq!(fresh().restore_state(&s), Err(StateError::Version(STATE_VERSION + 1)));
+    let mut s = good.clone();
+    s.namespaces[0].size *= 2;
+    assert!(matches!(fresh().restore_state(&s), Err(StateError::Mismatch(_))));
+    let mut s = good.clone();
+    s.cqs[1].head = s.cqs[1].size;
+    let mut c = fresh();
+    assert!(matches!(c.restore_state(&s), Err(StateError::Mismatch(_))));
+    // A restored controller that already has state refuses a second restore.
+    let mut c = fresh();
+    c.restore_state(&good).unwrap();
+    assert!(matches!(c.restore_state(&good), Err(StateError::Mismatch(_))));
+    // The original resumes and serves I/O.
+    h.ctrl.resume();
+    assert_eq!(h.write_blocks(1, 1, 0, 512, &pattern(5, 4096)), Status::SUCCESS);
+}
+
+/// Runs the device (its workers run by themselves) and reaps queues 1..=n until
+/// every command submitted there has completed; returns the completions.
+fn drain(h: &mut MockHost, n: u16) -> Vec<(u16, Cqe)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut out = Vec::new();
+    while (1..=n).any(|q| h.outstanding(q) > 0) {
+        assert!(std::time::Instant::now() < deadline, "commands never completed");
+        h.process();
+        for q in 1..=n {
+            out.extend(h.reap_queue(q).into_iter().map(|c| (q, c)));
+        }
+        std::thread::yield_now();
+    }
+    out
+}
+
+#[test]
+fn state_moves_between_controllers_with_different_workers() {
+    let ram = RamBackend::new(NS_BYTES);
+    let mut h = MockHost::new(config(&ram), MEM);
+    h.ctrl.spawn_workers(2, nvme_ctrl::PollMode::Off).unwrap();
+    h.init(InitOptions { io_queues: 4, queue_size: 32, ..Default::default() }).unwrap();
+    let mut rng = Rng::new(99);
+    // Each queue writes its own stripe of blocks, so the final content is known.
+    let mut expect: BTreeMap<u64, u64> = BTreeMap::new();
+    for round in 0..8u64 {
+        for q in 1..=4u16 {
+            for _ in 0..rng.range(4, 20) {
+                let block = rng.below(BLOCKS / 4) * 4 + q as u64 - 1;
+                let buf = h.alloc.alloc_pages(1);
+                h.mem.write(buf, &pattern(round << 32 | block, 4096)).unwrap();
+                let sqe = h.rw_sqe(iop::WRITE, 1, block * 8, 8, buf, 4096);
+                h.submit(q, sqe).expect("room");
+                expect.insert(block, round << 32 | block);
+            }
+        }
+        // Mid-burst: some submitted commands may run, others not yet.
+        h.process();
+        // Into a controller with 0, 1 or 3 workers.
+        let workers = [0, 1, 3][round as usize % 3];
+        h.ctrl.quiesce(std::time::Duration::from_secs(5)).unwrap();
+        let state = h.ctrl.save_state();
+        let mut fresh = Controller::new(config(&ram), h.mem.clone(), h.irq.clone()).unwrap();
+        fresh.spawn_workers(workers, nvme_ctrl::PollMode::Off).unwrap();
+        fresh.restore_state(&state).unwrap();
+        let old = std::mem::replace(&mut h.ctrl, fresh);
+        std::mem::forget(old);
+        for (q, c) in drain(&mut h, 4) {
+            assert_eq!(c.status(), Status::SUCCESS, "queue {q}");
+        }
+    }
+    for (&block, &seed) in &expect {
+        let (st, data) = h.read_blocks(1, 1, block * 8, 8, 512);
+        assert_eq!(st, Status::SUCCESS);
+        assert!(data == pattern(seed, 4096), "block {block} holds something else");
+    }
+}
+
+#[test]
+fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
+    use block_backend::{FaultBackend, FaultRule};
+    let ram = RamBackend::new(NS_BYTES);
+    let hung =
+        FaultBackend::new(Arc::new(ram.clone()), vec!["read/hang/lba=0+8".parse::<FaultRule>().unwrap()]);
+    let cfg = ControllerConfig {
+        namespaces: vec![NamespaceConfig {
+            timeout: None,
+            ..NamespaceConfig::new(Arc::new(hung) as Arc<dyn Backend>, 0)
+        }],
+        ..Default::default()
+    };
+    let mut h = MockHost::new(cfg, MEM);
+    h.init(InitOptions::default()).unwrap();
+    let buf = h.alloc.alloc_pages(1);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    h.submit(1, sqe).unwrap();
+    h.process();
+    let t = std::time::Instant::now();
+    let r = h.ctrl.quiesce(std::time::Duration::from_millis(300));
+    assert!(matches!(r, Err(StateError::Busy(_))), "{r:?}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    assert!(!h.ctrl.is_quiesced(), "a failed quiesce resumes");
+    // The controller serves other I/O as before.
+    assert_eq!(h.write_blocks(2, 1, 64, 512, &pattern(1, 4096)), Status::SUCCESS);
+    let (st, d) = h.read_blocks(2, 1, 64, 8, 512);
+    assert_eq!((st, d == pattern(1, 4096)), (Status::SUCCESS, true));
+}
