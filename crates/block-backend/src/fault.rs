@@ -250,6 +250,9 @@ impl Backend for FaultBackend {
     fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
         self.inner.data_end(from)
     }
+    fn handover_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        self.inner.handover_fd()
+    }
     fn stats_line(&self) -> Option<String> {
         let own = format!("{} request(s) failed by fault injection", self.injected());
         Some(match self.inner.stats_line() {

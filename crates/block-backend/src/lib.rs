@@ -6,6 +6,8 @@
 
 mod fault;
 mod file;
+#[allow(unsafe_code)]
+mod memstore;
 mod null;
 mod ram;
 mod segments;
@@ -193,6 +195,11 @@ pub trait Backend: Send + Sync + Debug {
     fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
         let size = self.info().size;
         Ok((size > from).then_some(size))
+    }
+    /// What another process needs to take the backend over with its data (an
+    /// upgrade), when that is more than reopening it: the RAM backend's memory.
+    fn handover_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        None
     }
 }
 

@@ -1,32 +1,33 @@
 //! The RAM backend: a sparse in-memory disk shared by all queues.
 //!
-//! Storage is split into fixed chunks, each behind its own mutex and allocated on first
-//! write, so a large namespace costs nothing until used and queues on different chunks
-//! never contend. Unallocated chunks read as zeroes; discarding a whole chunk frees it.
+//! Storage is a memfd split into fixed chunks (`memstore`), each behind its own mutex
+//! and allocated on first write, so a large namespace costs nothing until used and
+//! queues on different chunks never contend. Unallocated chunks read as zeroes;
+//! discarding a whole chunk frees it. The memfd can be handed to another process (an
+//! upgrade), which keeps the data.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, RwLock};
 
 use guest_mem::GuestMemory;
 
+use crate::memstore::{MemStore, Slot, CHUNK};
 use crate::{
     check_range, Backend, BackendError, BackendInfo, BackendQueue, DataBuf, Op, Request, SegmentCursor,
     SyncExec, SyncQueue,
 };
 
-const CHUNK: u64 = 1 << 20;
-
+/// The chunks and the size they hold; a resize changes both under the write lock, so
+/// a request sees one size for its whole run.
 #[derive(Debug)]
 struct Store {
     inner: RwLock<Inner>,
 }
 
-/// The chunks and the size they hold; a resize swaps both under the write lock, so a
-/// request sees one size for its whole run.
 #[derive(Debug)]
 struct Inner {
     size: u64,
-    /// Each CHUNK bytes when allocated (the last one too, so growing needs no copy).
-    chunks: Vec<Mutex<Option<Box<[u8]>>>>,
+    mem: MemStore,
 }
 
 /// An in-memory disk.
@@ -36,10 +37,31 @@ pub struct RamBackend {
 }
 
 impl RamBackend {
+    /// A disk of `size` bytes, all zeroes. Panics only if no memfd can be made (see
+    /// [`RamBackend::create`]).
     pub fn new(size: u64) -> Self {
-        let n = size.div_ceil(CHUNK) as usize;
-        let chunks = (0..n).map(|_| Mutex::new(None)).collect();
-        RamBackend { store: Arc::new(Store { inner: RwLock::new(Inner { size, chunks }) }) }
+        Self::create(size).expect("a memfd for a RAM disk")
+    }
+
+    /// A disk of `size` bytes, all zeroes, in a memfd of its own.
+    pub fn create(size: u64) -> std::io::Result<Self> {
+        Ok(Self::with(size, MemStore::new(size)?))
+    }
+
+    /// The disk an earlier process kept in `fd` ([`RamBackend::memory_fd`]), of
+    /// `size` bytes: an upgrade keeps a RAM namespace's data.
+    pub fn from_fd(fd: OwnedFd, size: u64) -> std::io::Result<Self> {
+        Ok(Self::with(size, MemStore::from_fd(fd, size)?))
+    }
+
+    fn with(size: u64, mem: MemStore) -> Self {
+        RamBackend { store: Arc::new(Store { inner: RwLock::new(Inner { size, mem }) }) }
+    }
+
+    /// A descriptor of the memory holding the data, for another process to take
+    /// over ([`RamBackend::from_fd`]).
+    pub fn memory_fd(&self) -> std::io::Result<OwnedFd> {
+        self.store.read().mem.fd().try_clone_to_owned()
     }
 
     /// Reads `buf.len()` bytes at `offset` (for tests and checks from the host side).
@@ -47,8 +69,8 @@ impl RamBackend {
         self.store.walk(
             offset,
             buf.len() as u64,
-            |chunk, coff, boff, n| {
-                match chunk {
+            |slot, coff, boff, n| {
+                match slot.data() {
                     Some(c) => buf[boff..boff + n].copy_from_slice(&c[coff..coff + n]),
                     None => buf[boff..boff + n].fill(0),
                 }
@@ -71,7 +93,7 @@ impl Store {
         &self,
         offset: u64,
         len: u64,
-        mut f: impl FnMut(&mut Option<Box<[u8]>>, usize, usize, usize) -> Result<(), BackendError>,
+        mut f: impl FnMut(&mut Slot<'_>, usize, usize, usize) -> Result<(), BackendError>,
         alloc: bool,
     ) -> Result<(), BackendError> {
         let inner = self.read();
@@ -82,11 +104,11 @@ impl Store {
             let idx = (pos / CHUNK) as usize;
             let coff = pos % CHUNK;
             let n = (CHUNK - coff).min(len - done);
-            let mut guard = inner.chunks[idx].lock().unwrap_or_else(|p| p.into_inner());
-            if alloc && guard.is_none() {
-                *guard = Some(vec![0u8; CHUNK as usize].into_boxed_slice());
+            let mut slot = inner.mem.lock(idx);
+            if alloc {
+                slot.alloc();
             }
-            f(&mut guard, coff as usize, done as usize, n as usize)?;
+            f(&mut slot, coff as usize, done as usize, n as usize)?;
             done += n;
         }
         Ok(())
@@ -96,13 +118,11 @@ impl Store {
         self.walk(
             offset,
             len,
-            |chunk, coff, _, n| {
-                if let Some(c) = chunk {
-                    if coff == 0 && n == c.len() {
-                        *chunk = None;
-                    } else {
-                        c[coff..coff + n].fill(0);
-                    }
+            |slot, coff, _, n| {
+                if n == CHUNK as usize {
+                    slot.free();
+                } else if let Some(c) = slot.data() {
+                    c[coff..coff + n].fill(0);
                 }
                 Ok(())
             },
@@ -110,18 +130,21 @@ impl Store {
         )
     }
 
-    fn resize(&self, bytes: u64) {
+    fn resize(&self, bytes: u64) -> std::io::Result<()> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         if bytes < inner.size {
             // What lies past the new end must read as zeroes if the store grows again.
-            if let Some(c) = inner.chunks.get_mut((bytes / CHUNK) as usize) {
-                if let Some(c) = c.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            let idx = (bytes / CHUNK) as usize;
+            if idx < inner.mem.chunks() {
+                let mut slot = inner.mem.lock(idx);
+                if let Some(c) = slot.data() {
                     c[(bytes % CHUNK) as usize..].fill(0);
                 }
             }
         }
-        inner.chunks.resize_with(bytes.div_ceil(CHUNK) as usize, || Mutex::new(None));
+        inner.mem.resize(bytes)?;
         inner.size = bytes;
+        Ok(())
     }
 
     /// Where written data at or past `from` ends (an allocated chunk counts whole,
@@ -129,11 +152,10 @@ impl Store {
     fn data_end(&self, from: u64) -> Option<u64> {
         let inner = self.read();
         let first = (from / CHUNK) as usize;
-        let last = inner.chunks.iter().enumerate().skip(first).rev().find_map(|(i, c)| {
-            let g = c.lock().unwrap_or_else(|p| p.into_inner());
-            let c = g.as_ref()?;
+        let last = (first..inner.mem.chunks()).rev().find(|&i| {
+            let mut slot = inner.mem.lock(i);
             let start = if i == first { (from % CHUNK) as usize } else { 0 };
-            c[start..].iter().any(|&b| b != 0).then_some(i)
+            slot.data().is_some_and(|c| c[start..].iter().any(|&b| b != 0))
         })?;
         Some(((last as u64 + 1) * CHUNK).min(inner.size))
     }
@@ -156,8 +178,10 @@ impl Backend for RamBackend {
         Ok(Box::new(SyncQueue::new(self.clone())))
     }
     fn resize(&self, bytes: u64) -> std::io::Result<()> {
-        self.store.resize(bytes);
-        Ok(())
+        self.store.resize(bytes)
+    }
+    fn handover_fd(&self) -> Option<std::io::Result<OwnedFd>> {
+        Some(self.memory_fd())
     }
     fn data_end(&self, from: u64) -> std::io::Result<Option<u64>> {
         Ok(self.store.data_end(from))
@@ -186,7 +210,7 @@ impl<'a> Target<'a> {
     fn copy(
         &mut self,
         mem: &GuestMemory,
-        chunk: &mut Option<Box<[u8]>>,
+        slot: &mut Slot<'_>,
         coff: usize,
         boff: usize,
         n: usize,
@@ -194,13 +218,13 @@ impl<'a> Target<'a> {
     ) -> Result<(), BackendError> {
         match self {
             Target::None => {}
-            Target::Host(buf) => match (to_chunk, chunk) {
+            Target::Host(buf) => match (to_chunk, slot.data()) {
                 (true, Some(c)) => c[coff..coff + n].copy_from_slice(&buf[boff..boff + n]),
                 (false, Some(c)) => buf[boff..boff + n].copy_from_slice(&c[coff..coff + n]),
                 (false, None) => buf[boff..boff + n].fill(0),
                 (true, None) => unreachable!("writes allocate"),
             },
-            Target::Guest(cur) => match (to_chunk, chunk) {
+            Target::Guest(cur) => match (to_chunk, slot.data()) {
                 _ if cur.offset() != boff as u64 => unreachable!("chunks are visited in order"),
                 (true, Some(c)) => cur.read_into(mem, &mut c[coff..coff + n])?,
                 (false, Some(c)) => cur.write_from(mem, &c[coff..coff + n])?,
@@ -416,5 +440,42 @@ mod tests {
         be.read_at(CHUNK, &mut b).unwrap();
         assert!(b[..256].iter().all(|&x| x == 0x5a) && b[256..].iter().all(|&x| x == 0), "{b:?}");
         assert_eq!(be.data_end(0).unwrap(), Some(2 * CHUNK));
+    }
+
+    #[test]
+    fn another_process_takes_the_data_over_through_the_memfd() {
+        let mem = GuestMemory::anonymous(&[(0, 0x10000)]).unwrap();
+        let be = RamBackend::new(4 * CHUNK);
+        let mut q = be.open_queue().unwrap();
+        for (tag, off, byte) in [(1, 0, 3u8), (2, 2 * CHUNK + 4096, 7), (3, 3 * CHUNK, 9)] {
+            let data = DataBuf::Host(vec![byte; 4096]);
+            run(&mut q, &mem, Request { tag, op: Op::Write { fua: false }, offset: off, len: 4096, data })
+                .unwrap();
+        }
+        // A whole chunk discarded is given back: the new owner sees a hole there.
+        let discard = Request { tag: 4, op: Op::Discard, offset: 3 * CHUNK, len: CHUNK, data: DataBuf::None };
+        run(&mut q, &mem, discard).unwrap();
+        let taken = RamBackend::from_fd(be.memory_fd().unwrap(), 4 * CHUNK).unwrap();
+        {
+            let inner = taken.store.read();
+            let allocated: Vec<bool> = (0..4).map(|i| inner.mem.lock(i).data().is_some()).collect();
+            assert_eq!(allocated, [true, false, true, false]);
+        }
+        let mut b = vec![0u8; 4096];
+        taken.read_at(2 * CHUNK + 4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7));
+        taken.read_at(0, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 3));
+        taken.read_at(3 * CHUNK, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        // Both see each other's writes: one memory.
+        let mut q2 = taken.open_queue().unwrap();
+        let data = DataBuf::Host(vec![0xee; 512]);
+        run(&mut q2, &mem, Request { tag: 5, op: Op::Write { fua: false }, offset: CHUNK, len: 512, data })
+            .unwrap();
+        let mut b = vec![0u8; 512];
+        be.store.read().mem.lock(1).alloc();
+        be.read_at(CHUNK, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0xee));
     }
 }

@@ -29,6 +29,16 @@ impl Default for MonotonicClock {
     }
 }
 
+impl MonotonicClock {
+    /// A clock that reads `ns` now: a controller restored from saved state
+    /// continues the saved one's time (`ControllerState::clock_ns`), so times kept
+    /// relative to it (since reset, since creation) stay right.
+    pub fn starting_at(ns: u64) -> Self {
+        let now = Instant::now();
+        MonotonicClock(now.checked_sub(std::time::Duration::from_nanos(ns)).unwrap_or(now))
+    }
+}
+
 impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
         self.0.elapsed().as_nanos() as u64

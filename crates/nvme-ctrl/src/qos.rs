@@ -21,7 +21,7 @@ use crate::stats::OpClass;
 
 /// One limit: `rate` per second (commands or bytes), and how much may go at once
 /// above that rate after an idle spell (0: a tenth of a second's worth).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limit {
     pub rate: u64,
     pub burst: u64,
@@ -39,7 +39,7 @@ impl Limit {
 }
 
 /// A set of limits; None: no limit of that kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QosLimits {
     pub iops: Option<Limit>,
     pub read_iops: Option<Limit>,

@@ -137,6 +137,15 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
     Ok(l.current.unwrap_or(u64::MAX))
 }
 
+/// A DMA region as handed to another process.
+#[derive(Debug)]
+pub struct ExportedRegion {
+    pub iova: u64,
+    pub size: u64,
+    /// For a region mapped here: a duplicate of its descriptor, and the file offset.
+    pub source: Option<(OwnedFd, u64)>,
+}
+
 impl DmaRegions {
     /// An empty map that holds at most `limit` regions.
     pub fn with_limit(limit: usize) -> Self {
@@ -232,6 +241,20 @@ impl DmaRegions {
 
     pub fn is_empty(&self) -> bool {
         self.regions.is_empty()
+    }
+
+    /// Every region for a hand-over.
+    pub fn export(&self) -> std::io::Result<Vec<ExportedRegion>> {
+        self.regions
+            .iter()
+            .map(|(&iova, r)| {
+                let src = match r.map.as_ref().and_then(|m| m.source()) {
+                    Some((fd, off)) => Some((fd.try_clone_to_owned()?, off)),
+                    None => None,
+                };
+                Ok(ExportedRegion { iova, size: r.size, source: src })
+            })
+            .collect()
     }
 
     /// The reachable part of the map as a guest memory snapshot.

@@ -40,6 +40,17 @@ impl std::str::FromStr for DoorbellMode {
     }
 }
 
+impl DoorbellMode {
+    /// The name `vnvme serve --doorbells` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            DoorbellMode::Trapped => "trapped",
+            DoorbellMode::EventFd => "eventfd",
+            DoorbellMode::Mapped => "mapped",
+        }
+    }
+}
+
 /// The first doorbell and the size of the mapped doorbell area.
 pub const DOORBELL_PAGE: u64 = 0x1000;
 pub const DOORBELL_PAGE_LEN: u64 = 0x1000;
@@ -63,6 +74,23 @@ impl DoorbellPage {
         // The client maps this page too: it must not be able to shrink it under our
         // mapping (SIGBUS) or grow it.
         fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        let map = Mapping::from_fd(fd.as_fd(), 0, bar0_len, true).map_err(std::io::Error::from)?;
+        let mem =
+            GuestMemory::empty().with_region(0, bar0_len, Arc::new(map), 0).map_err(std::io::Error::from)?;
+        Ok(DoorbellPage { fd, mem })
+    }
+
+    /// The page of an earlier process (a hand-over): `fd` must be a memfd of at least
+    /// `bar0_len` bytes sealed against shrinking.
+    pub fn from_fd(fd: OwnedFd, bar0_len: u64) -> std::io::Result<Self> {
+        let seals = rustix::fs::fcntl_get_seals(&fd)?;
+        if !seals.contains(rustix::fs::SealFlags::SHRINK)
+            || std::fs::File::from(fd.try_clone()?).metadata()?.len() < bar0_len
+        {
+            return Err(std::io::Error::other(
+                "the doorbell page handed over is not the sealed memfd it must be",
+            ));
+        }
         let map = Mapping::from_fd(fd.as_fd(), 0, bar0_len, true).map_err(std::io::Error::from)?;
         let mem =
             GuestMemory::empty().with_region(0, bar0_len, Arc::new(map), 0).map_err(std::io::Error::from)?;

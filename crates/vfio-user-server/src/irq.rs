@@ -66,6 +66,16 @@ impl EventFdInterrupts {
     }
 
     /// Removes every MSI-X eventfd.
+    /// Duplicates of the installed descriptors (a hand-over): every MSI-X vector's,
+    /// INTx's, and whether MSI-X is enabled.
+    pub fn export(&self) -> std::io::Result<(Vec<Option<OwnedFd>>, Option<OwnedFd>, bool)> {
+        let dup = |f: &Option<Arc<File>>| f.as_ref().map(|f| f.try_clone().map(OwnedFd::from)).transpose();
+        let msix =
+            self.msix.read().unwrap_or_else(|p| p.into_inner()).iter().map(dup).collect::<Result<_, _>>()?;
+        let intx = dup(&self.intx.read().unwrap_or_else(|p| p.into_inner()))?;
+        Ok((msix, intx, self.msix_enabled.load(Ordering::Acquire)))
+    }
+
     pub fn clear_msix(&self) {
         let mut v = self.msix.write().unwrap_or_else(|p| p.into_inner());
         v.iter_mut().for_each(|f| *f = None);

@@ -7,6 +7,7 @@
 //! - `fds`: what a client's file descriptor is, checked before use.
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
 //! - `jobs`: work other threads (a control socket) hand the server thread.
+//! - `handover`: the device handed to another process (an upgrade).
 //! - `server`: the socket loop.
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod device;
 pub mod dma;
 pub mod doorbells;
 pub mod fds;
+pub mod handover;
 pub mod irq;
 pub mod jobs;
 pub mod pci;

@@ -161,6 +161,15 @@ impl ConfigSpace {
         self.data[0x04] & 0x04 != 0
     }
 
+    /// Puts saved contents back (a hand-over); the masks stay this function's own.
+    pub fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+        if data.len() != CONFIG_SIZE {
+            return Err(format!("config space of {} bytes, want {CONFIG_SIZE}", data.len()));
+        }
+        self.data.copy_from_slice(data);
+        Ok(())
+    }
+
     /// Whole config space (for tests and debugging).
     pub fn bytes(&self) -> &[u8; CONFIG_SIZE] {
         &self.data

@@ -60,19 +60,47 @@ pub fn serve(
     max_clients: Option<usize>,
     opts: &ServeOptions,
 ) -> io::Result<()> {
+    serve_from(listener, device, None, max_clients, opts)
+}
+
+/// [`serve`], starting with `first` if given: the client a device was handed over
+/// with (`handover`), already past VERSION and set up.
+///
+/// Returns early, leaving the client untouched, once the device has been handed
+/// over to another process ([`Device::handed_over`]).
+pub fn serve_from(
+    listener: &UnixListener,
+    device: &mut Device,
+    mut first: Option<UnixStream>,
+    max_clients: Option<usize>,
+    opts: &ServeOptions,
+) -> io::Result<()> {
     let mut served = 0;
     let mut waiting: Option<Waiting> = None;
     loop {
         if max_clients.is_some_and(|m| served >= m) {
             return Ok(());
         }
-        let stream = match waiting.take() {
-            Some(w) => w.stream,
-            None => accept(listener, device, opts.jobs.as_deref())?,
+        let stream = match (first.take(), waiting.take()) {
+            (Some(s), _) => s,
+            (None, Some(w)) => w.stream,
+            (None, None) => match accept(listener, device, opts.jobs.as_deref())? {
+                Some(s) => s,
+                None => return Ok(()),
+            },
         };
         served += 1;
         info!(client = served, "client connected");
-        match session(stream, device, Some((listener, &mut waiting)), opts) {
+        let r = session(stream, device, Some((listener, &mut waiting)), opts);
+        if device.handed_over() {
+            // The new process serves this client now; one waiting for its turn is
+            // refused (it reconnects, as it would to a busy server).
+            if let Some(w) = waiting.take() {
+                refuse(w.stream, "the server was handed over to a new process");
+            }
+            return Ok(());
+        }
+        match r {
             Ok(()) => info!(client = served, "client disconnected"),
             Err(e @ ProtoError::Deadline { .. }) => warn!(client = served, "client evicted: {e}"),
             Err(e) => warn!(client = served, "client dropped: {e}"),
@@ -81,9 +109,14 @@ pub fn serve(
     }
 }
 
-/// Waits for the next client, running jobs meanwhile.
-fn accept(listener: &UnixListener, device: &mut Device, jobs: Option<&DeviceJobs>) -> io::Result<UnixStream> {
-    let Some(jobs) = jobs else { return Ok(listener.accept()?.0) };
+/// Waits for the next client, running jobs meanwhile. None: the device was handed
+/// over to another process meanwhile.
+fn accept(
+    listener: &UnixListener,
+    device: &mut Device,
+    jobs: Option<&DeviceJobs>,
+) -> io::Result<Option<UnixStream>> {
+    let Some(jobs) = jobs else { return Ok(Some(listener.accept()?.0)) };
     let epoll = Epoll::new()?;
     epoll.ctl(ControlOperation::Add, listener.as_raw_fd(), EpollEvent::new(EventSet::IN, LISTENER))?;
     epoll.ctl(ControlOperation::Add, jobs.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
@@ -97,6 +130,9 @@ fn accept(listener: &UnixListener, device: &mut Device, jobs: Option<&DeviceJobs
         for ev in &ready[..n] {
             if ev.data() == JOBS {
                 jobs.run_pending(device);
+                if device.hand_over_if_asked(None, Some(listener)) {
+                    return Ok(None);
+                }
             }
         }
         if ready[..n].iter().any(|ev| ev.data() == LISTENER) {
@@ -107,7 +143,7 @@ fn accept(listener: &UnixListener, device: &mut Device, jobs: Option<&DeviceJobs
             match accepted {
                 Ok((s, _)) => {
                     set_blocking(&s, true)?;
-                    return Ok(s);
+                    return Ok(Some(s));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -227,6 +263,10 @@ fn session(
                 JOBS => {
                     if let Some(j) = &opts.jobs {
                         j.run_pending(device);
+                        let listener = queue.as_ref().map(|(l, _)| *l);
+                        if device.hand_over_if_asked(Some(conn.stream()), listener) {
+                            return Ok(());
+                        }
                     }
                 }
                 // Doorbell kick and backend notifiers: `Inline::run` below.

@@ -42,7 +42,8 @@ fn after_help() -> String {
          log.set FILTER             e.g. log.set info,vnvme::guest=debug\n  \
          qos.set NSID KEY=VALUE...  e.g. qos.set 1 iops=2000 bps_wr=20M bps_wr_burst=4M\n  \
          qos.set group=NAME KEY=VALUE...; qos.set NSID group=NAME; qos.set NSID clear=true\n  \
-         qos.get [NSID]\n",
+         qos.get [NSID]\n  \
+         upgrade [BINARY]           replace the server under its guest (docs/UPGRADE.md)\n",
     );
     s
 }
@@ -54,6 +55,7 @@ fn positional(method: &str) -> &'static [&'static str] {
         "ns.remove" => &["nsid"],
         "ns.resize" => &["nsid", "size", "force"],
         "log.set" => &["filter"],
+        "upgrade" => &["binary"],
         "qos.set" | "qos.get" => &["nsid"],
         _ => &[],
     }
@@ -93,7 +95,7 @@ fn params(method: &str, args: &[String]) -> Result<Value, String> {
                 };
                 let v = match *name {
                     // Specs and filters stay text; "force" as a bare word means true.
-                    "spec" | "filter" => json!(a),
+                    "spec" | "filter" | "binary" => json!(a),
                     "force" if a == "force" => json!(true),
                     _ => typed(a),
                 };
@@ -136,8 +138,17 @@ pub fn request(
 
 pub fn run(a: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
     let params = params(&a.method, &a.args)?;
-    let result =
-        request(&a.control, &a.method, params, a.timeout).map_err(|e| format!("{}: {e}", a.method))?;
+    let result = if a.method == "upgrade" {
+        let binary = match params.as_object().map(|m| m.iter().collect::<Vec<_>>()).unwrap_or_default()[..] {
+            [] => None,
+            [(k, v)] if k == "binary" => Some(PathBuf::from(v.as_str().ok_or("binary must be a path")?)),
+            _ => return Err("upgrade takes one optional parameter: binary=PATH".into()),
+        };
+        let o = crate::upgrade::UpgradeOptions { control: a.control.clone(), binary, timeout: a.timeout };
+        crate::upgrade::ctl_upgrade(&o).map_err(|e| format!("upgrade: {e}"))?
+    } else {
+        request(&a.control, &a.method, params, a.timeout).map_err(|e| format!("{}: {e}", a.method))?
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -197,6 +208,15 @@ fn human(method: &str, r: &Value) -> String {
             u("lba_size")
         ),
         "ns.remove" => format!("removed namespace {}\n", u("nsid")),
+        "upgrade" => format!(
+            "upgraded: pid {} -> {} ({}), guest I/O stalled {:.1} ms, {} ms in all{}\n",
+            u("old_pid"),
+            u("new_pid"),
+            r["binary"].as_str().unwrap_or("?"),
+            r["stall_ms"].as_f64().unwrap_or(0.0),
+            u("took_ms"),
+            if r["client"].as_bool() == Some(true) { "" } else { " (no client connected)" }
+        ),
         "ns.resize" => format!("namespace {}: {} -> {}\n", u("nsid"), bytes(u("old_size")), bytes(u("size"))),
         "log.set" => format!("log filter: {} (was {})\n", scalar(&r["filter"]), scalar(&r["previous"])),
         "qos.get" => {

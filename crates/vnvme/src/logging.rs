@@ -24,6 +24,15 @@ struct Live {
 }
 
 static LIVE: OnceLock<Live> = OnceLock::new();
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// The log format in use ("text" or "json"), for a process that takes this one over.
+pub fn format_name() -> &'static str {
+    match FORMAT.get() {
+        Some(LogFormat::Json) => "json",
+        _ => "text",
+    }
+}
 
 /// Installs the global subscriber with filter `filter` (a bad filter falls back to
 /// "warn" and says so).
@@ -35,12 +44,16 @@ pub fn init(filter: &str, format: LogFormat) {
             (EnvFilter::new("warn"), "warn".to_string())
         }
     };
+    let _ = FORMAT.set(format);
+    // NO_COLOR (no-color.org), e.g. from `vnvme ctl upgrade`, whose new server ends
+    // up writing to the old one's log.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let (layer, handle) = reload::Layer::new(env);
     let registry = tracing_subscriber::registry().with(layer);
     let result = match format {
-        LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()))
-            .try_init(),
+        LogFormat::Text => {
+            registry.with(fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).try_init()
+        }
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init(),
     };
     if result.is_ok() {

@@ -12,6 +12,7 @@ mod perf;
 mod sandbox;
 mod serve;
 mod unix_socket;
+mod upgrade;
 
 use clap::{Parser, Subcommand};
 
@@ -54,6 +55,20 @@ enum Cmd {
     /// add, remove and resize namespaces, set QoS limits and the log filter
     /// (docs/CONTROL.md has every method with examples).
     Ctl(ctl::CtlArgs),
+    /// Take over a running server's device, guest connection included (what `vnvme
+    /// ctl upgrade` starts; docs/UPGRADE.md). Serves with the running server's
+    /// arguments once it has let go; if anything fails first, it serves on.
+    Takeover(upgrade::TakeoverArgs),
+}
+
+/// `vnvme serve`'s arguments from a whole command line (a server handed over
+/// carries the command line it was first started with).
+pub fn parse_serve(argv: &[String]) -> Result<serve::ServeArgs, String> {
+    match Cli::try_parse_from(argv) {
+        Ok(Cli { cmd: Cmd::Serve(a), .. }) => Ok(a),
+        Ok(_) => Err(format!("{argv:?} is not a vnvme serve command line")),
+        Err(e) => Err(format!("the running server's arguments {argv:?}: {e}")),
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +80,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Identify(a) => identify::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Ctl(a) => ctl::run(a),
+        Cmd::Takeover(a) => serve::takeover(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -132,6 +132,7 @@ impl Engine {
 }
 
 /// An opened namespace: its backend and LBA format.
+#[derive(Debug)]
 pub struct Opened {
     pub backend: Arc<dyn Backend>,
     pub lba_format: u8,
@@ -153,10 +154,23 @@ impl Opened {
 impl NsSpec {
     /// Opens the backend and settles the LBA format.
     pub fn open(&self) -> std::io::Result<Opened> {
+        self.open_with(None)
+    }
+
+    /// [`NsSpec::open`]; a `ram:` namespace takes the memory an earlier process kept
+    /// its data in (an upgrade), if given.
+    pub fn open_with(&self, memory: Option<std::os::fd::OwnedFd>) -> std::io::Result<Opened> {
         let ctx = |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
         let mut needs = Needs::default();
         let backend: Arc<dyn Backend> = match &self.kind {
-            Kind::Ram => Arc::new(RamBackend::new(self.size.expect("parsed with a size"))),
+            Kind::Ram => {
+                needs.ram = true;
+                let size = self.size.expect("parsed with a size");
+                match memory {
+                    Some(fd) => Arc::new(RamBackend::from_fd(fd, size)?),
+                    None => Arc::new(RamBackend::create(size)?),
+                }
+            }
             Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
             Kind::File(p) => match self.engine.resolve(p) {
                 Engine::Uring | Engine::Auto => {

@@ -28,7 +28,8 @@
 //! |------------------------------|--------------------------------------------------------------|
 //! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
-//! | `ram:`, `null:`              | nothing more                                                 |
+//! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
+//! | `null:`                      | nothing more                                                 |
 //! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate    |
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
@@ -36,7 +37,7 @@
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
 //! | `rbd:`                       | librados' threads: socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt getsockname getpeername, setsockopt (TCP_NODELAY, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF, SO_PRIORITY, IP_TOS, IPV6_TCLASS), pipe2, uname, epoll_create, and new threads: clone only with CLONE_THREAD; clone3 (whose flags seccomp cannot read) fails ENOSYS through a second filter, so the C library falls back to clone. A new process, execve, datagram sockets stay refused |
-//! | `--control`                  | what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above; and what `nbd://` needs, so an NBD export can be added (to an address: a host name would need a resolver, which is refused). `nvme://` cannot be added under the sandbox (its driver needs more) |
+//! | `--control`                  | memfd_create (adding a `ram:` namespace), what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above; and what `nbd://` needs, so an NBD export can be added (to an address: a host name would need a resolver, which is refused). `nvme://` cannot be added under the sandbox (its driver needs more) |
 //!
 //! Limits, stated plainly:
 //! - seccomp cannot read path arguments: with `--stats-file` the process may create
@@ -81,6 +82,8 @@ pub struct Needs {
     /// An `nbd://` namespace: a lost connection is made again (stream sockets and
     /// connect, TCP_NODELAY).
     pub nbd: bool,
+    /// A `ram:` namespace: its memfd is resized and has holes punched.
+    pub ram: bool,
     /// An `rbd:` namespace: librados' own threads keep running (messenger, timers,
     /// finishers), open connections to OSDs and monitors as they need them, and start
     /// threads.
@@ -98,6 +101,7 @@ impl Needs {
             control: self.control || o.control,
             nbd: self.nbd || o.nbd,
             rbd: self.rbd || o.rbd,
+            ram: self.ram || o.ram,
         }
     }
 }
@@ -151,6 +155,9 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
         allow(&[SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_fsync, SYS_fdatasync]);
         allow(&[SYS_fallocate]);
     }
+    if needs.ram || needs.control {
+        allow(&[SYS_ftruncate, SYS_fallocate]);
+    }
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
     }
@@ -161,6 +168,7 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
         // Opening a namespace's file (any path the user may open: see the header),
         // sizing it, asking its file system (tmpfs or not), and its io_uring rings.
         allow(&[
+            SYS_memfd_create,
             SYS_openat,
             SYS_ftruncate,
             SYS_statfs,
@@ -468,6 +476,7 @@ mod tests {
         assert!(rules(&Needs { control: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_setup));
         assert!(rules(&Needs { nbd: true, ..Default::default() }).contains_key(&libc::SYS_connect));
         assert!(rules(&Needs { rbd: true, ..Default::default() }).contains_key(&libc::SYS_clone));
+        assert!(rules(&Needs { ram: true, ..Default::default() }).contains_key(&libc::SYS_fallocate));
         filter(&Needs {
             file: true,
             uring: true,
@@ -476,6 +485,7 @@ mod tests {
             control: true,
             nbd: true,
             rbd: true,
+            ram: true,
         })
         .expect("compiles");
     }

@@ -1,10 +1,12 @@
 //! `vnvme serve`: the controller as a vfio-user device.
 
 use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nvme_ctrl::qos::QosGroup;
 use nvme_ctrl::{Controller, ControllerConfig, PollMode, StatsSnapshot};
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
@@ -139,14 +141,225 @@ pub enum Switch {
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    check(&a)?;
+    let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
+    let max_namespaces = max_namespaces(&a)?;
+    let mut namespaces = Vec::new();
+    for (i, spec) in a.namespaces.iter().enumerate() {
+        namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened: spec.open()? });
+    }
+    let cfg = ControllerConfig {
+        namespaces: namespaces.iter().map(|n| n.opened.config()).collect(),
+        ..controller_config(&a, max_namespaces)
+    };
+    let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
+    let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
+    let poll = poll_mode(&a);
+    ctrl.spawn_workers(a.workers, poll)?;
+    raise_fd_limit();
+    let dev = Device::new(ctrl, irqs, device_options(&a))?;
+    let listener = server::bind(&a.socket)?;
+    let control = a
+        .control
+        .as_ref()
+        .map(|p| crate::control::server::bind(p).map_err(|e| format!("--control {}: {e}", p.display())))
+        .transpose()?;
+    let metrics = a
+        .metrics
+        .as_ref()
+        .map(|m| crate::metrics::http::bind(m).map_err(|e| format!("--metrics {m:?}: {e}")))
+        .transpose()?;
+    Running {
+        argv: std::env::args().collect(),
+        exe: std::env::current_exe().unwrap_or_default(),
+        a,
+        namespaces,
+        dev,
+        listener,
+        control,
+        metrics,
+        poll,
+        drop_to,
+        groups: Default::default(),
+        takeover: None,
+    }
+    .serve()
+}
+
+/// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
+pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::upgrade;
+    let prepared = upgrade::ask_prepare(&t.control)?;
+    let a = crate::parse_serve(&prepared.argv)?;
+    check(&a)?;
+    let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
+    // What may take time (files, NBD and RBD connections) is opened while the old
+    // process still serves; RAM namespaces come with their memory in the hand-over.
+    let mut early = std::collections::BTreeMap::new();
+    for (&nsid, text) in &prepared.namespaces {
+        let spec: NsSpec = text.parse().map_err(|e| format!("namespace {nsid}: {text:?}: {e}"))?;
+        if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
+            early.insert(nsid, spec.open().map_err(|e| format!("namespace {nsid} ({text}): {e}"))?);
+        }
+    }
+    let max_namespaces = max_namespaces(&a)?;
+    let poll = poll_mode(&a);
+    raise_fd_limit();
+    let mut taken = upgrade::ask_handover(&t.control, &prepared)?;
+    let built = (|| -> Result<Running, String> {
+        let h = &mut taken.handover;
+        let x = &taken.extra;
+        let saved = h.saved.controller.clone();
+        let cfg = controller_config(&a, max_namespaces);
+        let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
+        let clock = Arc::new(nvme_ctrl::MonotonicClock::starting_at(saved.clock_ns));
+        let mut ctrl = Controller::with_clock(cfg, guest_mem::GuestMemory::empty(), irqs.clone(), clock)
+            .map_err(|e| e.to_string())?;
+        let groups = upgrade::groups(&taken.prepared)?;
+        let mut namespaces = Vec::new();
+        for n in &x.namespaces {
+            let size = saved.namespaces.iter().find(|s| s.nsid == n.nsid).map(|s| s.size);
+            let opened = match early.remove(&n.nsid) {
+                Some(o) => o,
+                None => {
+                    let mut spec: NsSpec =
+                        n.spec.parse().map_err(|e| format!("namespace {}: {e}", n.nsid))?;
+                    // Its size now (it may have been resized), not as first given.
+                    spec.size = size.or(spec.size);
+                    let memory = n
+                        .memory
+                        .map(|i| h.take(h.saved.extra_fds[i]))
+                        .transpose()
+                        .map_err(|e| e.to_string())?;
+                    spec.open_with(memory).map_err(|e| format!("namespace {}: {e}", n.nsid))?
+                }
+            };
+            ctrl.add_namespace(&opened.config(), Some(n.nsid))
+                .map_err(|e| format!("namespace {}: {e}", n.nsid))?;
+            if let Some(name) = &n.group {
+                let g = match groups.get(name) {
+                    Some(g) => g.clone(),
+                    // A namespace's own limits: a group of its own, not among the named.
+                    None => Arc::new(QosGroup::new(name.clone(), n.limits.unwrap_or_default())?),
+                };
+                ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())?;
+            }
+            namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });
+        }
+        ctrl.set_doorbell_kick(h.take(h.saved.kick).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        ctrl.spawn_workers(a.workers, poll).map_err(|e| e.to_string())?;
+        let dev = Device::restore(ctrl, irqs, device_options(&a), h).map_err(|e| e.to_string())?;
+        let listener = match h.saved.listener {
+            Some(i) => UnixListener::from(h.take(i).map_err(|e| e.to_string())?),
+            None => return Err("no listening socket in the hand-over".into()),
+        };
+        let take = |h: &mut vfio_user_server::handover::Handover, i: usize| {
+            h.take(h.saved.extra_fds[i]).map_err(|e| e.to_string())
+        };
+        let control = x.control.map(|i| take(h, i).map(UnixListener::from)).transpose()?;
+        let metrics = match x.metrics {
+            Some(i) => {
+                let fd = take(h, i)?;
+                Some(match &a.metrics {
+                    Some(crate::metrics::http::MetricsAddr::Unix(_)) => {
+                        crate::metrics::http::Listener::Unix(UnixListener::from(fd))
+                    }
+                    _ => crate::metrics::http::Listener::Tcp(std::net::TcpListener::from(fd)),
+                })
+            }
+            None => None,
+        };
+        let stderr = take(h, x.stderr)?;
+        Ok(Running {
+            argv: taken.prepared.argv.clone(),
+            exe: std::env::current_exe().unwrap_or_default(),
+            a,
+            namespaces,
+            dev,
+            listener,
+            control,
+            metrics,
+            poll,
+            drop_to,
+            groups,
+            takeover: Some(Takeover { stderr, client: None, old_pid: taken.prepared.pid }),
+        })
+    })();
+    let mut running = match built {
+        Ok(r) => r,
+        Err(why) => {
+            taken.handover.failed(&why);
+            return Err(format!("cannot take over: {why}; the running server serves on").into());
+        }
+    };
+    let client = match taken.handover.saved.client {
+        Some(i) => Some(UnixStream::from(taken.handover.take(i)?)),
+        None => None,
+    };
+    let quiesced_at = taken.handover.saved.quiesced_at_ns;
+    taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
+    // From here on this process serves: the old one has exited or is exiting.
+    let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
+    let tk = running.takeover.as_mut().expect("set above");
+    tk.client = client;
+    let has_client = tk.client.is_some();
+    let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
+    println!("ready {report}");
+    let _ = std::io::stdout().flush();
+    // The old process's stderr (its journal) is ours now, for both.
+    rustix::stdio::dup2_stderr(&tk.stderr)?;
+    rustix::stdio::dup2_stdout(&tk.stderr)?;
+    eprintln!(
+        "vnvme: took over from pid {} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
+        tk.old_pid,
+        if has_client { "" } else { "no " }
+    );
+    running.serve()
+}
+
+/// A namespace as served: its NSID, its `--ns` text and its backend.
+struct Ns {
+    nsid: u32,
+    text: String,
+    opened: crate::nsspec::Opened,
+}
+
+/// A process that took a device over.
+struct Takeover {
+    stderr: std::os::fd::OwnedFd,
+    client: Option<UnixStream>,
+    old_pid: u32,
+}
+
+/// Everything set up: serve until the end.
+struct Running {
+    a: ServeArgs,
+    argv: Vec<String>,
+    exe: PathBuf,
+    namespaces: Vec<Ns>,
+    dev: Device,
+    listener: UnixListener,
+    control: Option<UnixListener>,
+    metrics: Option<crate::metrics::http::Listener>,
+    poll: PollMode,
+    drop_to: Option<sandbox::DropTo>,
+    groups: std::collections::BTreeMap<String, Arc<QosGroup>>,
+    takeover: Option<Takeover>,
+}
+
+fn check(a: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !(1..=511).contains(&a.queues) {
         return Err("--queues must be 1..=511".into());
     }
     if a.workers > 64 {
         return Err("--workers must be 0..=64".into());
     }
-    let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
-    let max_namespaces = match a.max_namespaces {
+    Ok(())
+}
+
+fn max_namespaces(a: &ServeArgs) -> Result<u32, Box<dyn std::error::Error>> {
+    Ok(match a.max_namespaces {
         Some(n) if n == 0 || n > nvme_ctrl::MAX_NAMESPACES => {
             return Err(format!("--max-namespaces must be 1..={}", nvme_ctrl::MAX_NAMESPACES).into())
         }
@@ -158,160 +371,206 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(n) => n,
         None if a.control.is_some() => DEFAULT_MAX_NAMESPACES.max(a.namespaces.len() as u32),
         None => 0,
-    };
-    let opened = a.namespaces.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
-    let cfg = ControllerConfig {
+    })
+}
+
+fn controller_config(a: &ServeArgs, max_namespaces: u32) -> ControllerConfig {
+    ControllerConfig {
         serial: a.serial.clone(),
         max_io_queues: a.queues,
         msix_vectors: a.queues + 1,
         shadow_doorbells: !a.no_shadow_doorbells,
-        namespaces: opened.iter().map(|o| o.config()).collect(),
+        namespaces: Vec::new(),
         max_namespaces,
         ..Default::default()
-    };
-    let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
-    let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
-    // A mapped doorbell page produces no notification: workers must poll it.
-    let poll = if a.doorbells == vfio_user_server::DoorbellMode::Mapped { PollMode::Always } else { a.poll };
-    if poll != a.poll {
-        eprintln!(
-            "vnvme: --doorbells mapped: workers poll always (the guest's doorbell stores do not notify)"
-        );
     }
-    ctrl.spawn_workers(a.workers, poll)?;
-    let stats = ctrl.stats_handle();
-    let opts = DeviceOptions {
+}
+
+/// A mapped doorbell page produces no notification: workers must poll it.
+fn poll_mode(a: &ServeArgs) -> PollMode {
+    if a.doorbells == vfio_user_server::DoorbellMode::Mapped {
+        if a.poll != PollMode::Always {
+            eprintln!(
+                "vnvme: --doorbells mapped: workers poll always (the guest's doorbell stores do not notify)"
+            );
+        }
+        PollMode::Always
+    } else {
+        a.poll
+    }
+}
+
+fn device_options(a: &ServeArgs) -> DeviceOptions {
+    DeviceOptions {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
         doorbells: a.doorbells,
         allow_unsealed_memory: a.allow_unsealed_memory,
         // Within the client's patience: it must see the reply before its own deadline.
         release_wait: a.client_deadline.mul_f64(0.8),
-    };
-    // Each DMA region keeps a descriptor: lift the soft limit before the device sizes
-    // its DMA map budget from it.
+    }
+}
+
+/// Each DMA region keeps a descriptor: lift the soft limit before the device sizes
+/// its DMA map budget from it.
+fn raise_fd_limit() {
     if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
         eprintln!("vnvme: cannot raise the descriptor limit ({e}); DMA regions stay fewer");
     }
-    let mut dev = Device::new(ctrl, irqs, opts)?;
-    let listener = server::bind(&a.socket)?;
-    for (i, o) in opened.iter().enumerate() {
-        let bi = o.backend.info();
-        eprintln!(
-            "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs, write cache {}, discard {}, write zeroes {})",
-            i + 1,
-            bi.kind,
-            bi.size,
-            if o.lba_format == 0 { 512 } else { 4096 },
-            if bi.volatile_cache { "volatile" } else { "none" },
-            if bi.discard { "yes" } else { "no" },
-            if bi.write_zeroes { "native" } else { "no" },
-        );
-    }
-    eprintln!(
-        "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs, \
-         up to {} DMA regions)",
-        a.namespaces.len(),
-        a.socket.display(),
-        if a.workers == 0 { "inline: no workers".to_string() } else { format!("{} worker(s)", a.workers) },
-        poll,
-        a.doorbells,
-        a.queues,
-        dev.dma_region_limit()
-    );
-    if let Some(path) = a.stats_file.clone() {
-        // Once as this user, before any drop: a path it cannot write fails now.
-        write_stats(&path, &stats.snapshot()).map_err(|e| format!("{}: {e}", path.display()))?;
-        let stats = stats.clone();
-        std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
-            let _ = write_stats(&path, &stats.snapshot());
-            std::thread::sleep(Duration::from_millis(500));
-        })?;
-    }
-    let jobs = vfio_user_server::jobs::DeviceJobs::new()?;
-    if let Some(path) = &a.control {
-        let listener =
-            crate::control::server::bind(path).map_err(|e| format!("--control {}: {e}", path.display()))?;
-        let specs = a.namespaces.iter().enumerate().map(|(i, s)| (i as u32 + 1, s.text.clone())).collect();
-        let ctx = crate::control::methods::Context {
-            jobs: jobs.clone(),
-            stats: stats.clone(),
-            facts: facts(&a, poll, &dev),
-            specs: std::sync::Mutex::new(specs),
-            sandboxed: a.sandbox == Switch::On,
-            sandbox_rbd: opened.iter().any(|o| o.needs.rbd),
-            groups: Default::default(),
-            started: std::time::Instant::now(),
-        };
-        crate::control::server::spawn(listener, Arc::new(ctx))?;
-        eprintln!(
-            "vnvme: control socket on {} (vnvme ctl --control {} ctrl.info)",
-            path.display(),
-            path.display()
-        );
-    }
-    if let Some(addr) = &a.metrics {
-        let listener = crate::metrics::http::bind(addr).map_err(|e| format!("--metrics {addr:?}: {e}"))?;
-        let shown = match listener.local_addr()? {
-            crate::metrics::http::MetricsAddr::Tcp(a) => format!("http://{a}/metrics"),
-            crate::metrics::http::MetricsAddr::Unix(p) => format!("{} (GET /metrics)", p.display()),
-        };
-        let (jobs, stats, serial, started) =
-            (jobs.clone(), stats.clone(), a.serial.clone(), std::time::Instant::now());
-        let source: crate::metrics::http::Source = Box::new(move || {
-            let stats = stats.clone();
-            let serial = serial.clone();
-            let scrape = jobs
-                .run(crate::control::JOB_LIMIT, move |d| crate::metrics::collect(d, &stats, &serial, started))
-                .map_err(|e| e.to_string())?;
-            Ok(crate::metrics::render::render(&scrape))
-        });
-        crate::metrics::http::spawn(listener, source)?;
-        eprintln!("vnvme: Prometheus metrics on {shown}");
-    }
-    if let Some(u) = &drop_to {
-        u.apply()?;
-        eprintln!("vnvme: running as {}", u.describe());
-    }
-    if a.sandbox == Switch::On {
-        let mut needs = opened.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.needs));
-        needs.stats_file = a.stats_file.is_some();
-        needs.control = a.control.is_some();
-        sandbox::install(&needs)?;
-        eprintln!("vnvme: sandbox on: seccomp allowlist, no_new_privs ({needs:?})");
-    } else {
-        eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
-    }
-    let r = server::serve(
-        &listener,
-        &mut dev,
-        if a.once { Some(1) } else { None },
-        &server::ServeOptions {
-            deadline: a.client_deadline,
-            jobs: (a.control.is_some() || a.metrics.is_some()).then_some(jobs),
-        },
-    );
-    let s = stats.snapshot();
-    eprintln!("vnvme: {}", summary(&s));
-    for w in dev.ctrl.workers() {
-        eprintln!("vnvme: {}", w.stats_line());
-    }
-    for (i, o) in opened.iter().enumerate() {
-        if let Some(line) = o.backend.stats_line() {
-            eprintln!("vnvme: namespace {}: {line}", i + 1);
+}
+
+impl Running {
+    fn serve(self) -> Result<(), Box<dyn std::error::Error>> {
+        let Running {
+            a,
+            argv,
+            exe,
+            namespaces,
+            mut dev,
+            listener,
+            control,
+            metrics,
+            poll,
+            drop_to,
+            groups,
+            takeover,
+        } = self;
+        let stats = dev.ctrl.stats_handle();
+        for n in &namespaces {
+            let bi = n.opened.backend.info();
+            eprintln!(
+                "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs, write cache {}, discard {}, write zeroes {})",
+                n.nsid,
+                bi.kind,
+                bi.size,
+                if n.opened.lba_format == 0 { 512 } else { 4096 },
+                if bi.volatile_cache { "volatile" } else { "none" },
+                if bi.discard { "yes" } else { "no" },
+                if bi.write_zeroes { "native" } else { "no" },
+            );
         }
+        eprintln!(
+            "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs, \
+             up to {} DMA regions)",
+            namespaces.len(),
+            a.socket.display(),
+            if a.workers == 0 {
+                "inline: no workers".to_string()
+            } else {
+                format!("{} worker(s)", a.workers)
+            },
+            poll,
+            a.doorbells,
+            a.queues,
+            dev.dma_region_limit()
+        );
+        if let Some(path) = a.stats_file.clone() {
+            // Once as this user, before any drop: a path it cannot write fails now.
+            write_stats(&path, &stats.snapshot()).map_err(|e| format!("{}: {e}", path.display()))?;
+            let stats = stats.clone();
+            std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
+                let _ = write_stats(&path, &stats.snapshot());
+                std::thread::sleep(Duration::from_millis(500));
+            })?;
+        }
+        let jobs = vfio_user_server::jobs::DeviceJobs::new()?;
+        let metrics_fd = metrics.as_ref().map(|m| m.try_clone_fd()).transpose()?;
+        if let (Some(path), Some(listener)) = (&a.control, control) {
+            let specs = namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
+            let ctx = crate::control::methods::Context {
+                jobs: jobs.clone(),
+                stats: stats.clone(),
+                facts: facts(&a, poll, &dev, &exe),
+                specs: std::sync::Mutex::new(specs),
+                sandboxed: a.sandbox == Switch::On,
+                sandbox_rbd: namespaces.iter().any(|n| n.opened.needs.rbd),
+                groups: std::sync::Mutex::new(groups),
+                started: std::time::Instant::now(),
+                upgrade: crate::upgrade::Source {
+                    argv,
+                    exe,
+                    control: Some(listener.try_clone()?),
+                    metrics: metrics_fd,
+                },
+            };
+            crate::control::server::spawn(listener, Arc::new(ctx))?;
+            eprintln!(
+                "vnvme: control socket on {} (vnvme ctl --control {} ctrl.info)",
+                path.display(),
+                path.display()
+            );
+        }
+        if let Some(listener) = metrics {
+            let shown = match listener.local_addr()? {
+                crate::metrics::http::MetricsAddr::Tcp(a) => format!("http://{a}/metrics"),
+                crate::metrics::http::MetricsAddr::Unix(p) => format!("{} (GET /metrics)", p.display()),
+            };
+            let (jobs, stats, serial, started) =
+                (jobs.clone(), stats.clone(), a.serial.clone(), std::time::Instant::now());
+            let source: crate::metrics::http::Source = Box::new(move || {
+                let stats = stats.clone();
+                let serial = serial.clone();
+                let scrape = jobs
+                    .run(crate::control::JOB_LIMIT, move |d| {
+                        crate::metrics::collect(d, &stats, &serial, started)
+                    })
+                    .map_err(|e| e.to_string())?;
+                Ok(crate::metrics::render::render(&scrape))
+            });
+            crate::metrics::http::spawn(listener, source)?;
+            eprintln!("vnvme: Prometheus metrics on {shown}");
+        }
+        if let Some(u) = &drop_to {
+            u.apply()?;
+            eprintln!("vnvme: running as {}", u.describe());
+        }
+        if a.sandbox == Switch::On {
+            let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));
+            needs.stats_file = a.stats_file.is_some();
+            needs.control = a.control.is_some();
+            sandbox::install(&needs)?;
+            eprintln!("vnvme: sandbox on: seccomp allowlist, no_new_privs ({needs:?})");
+        } else {
+            eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
+        }
+        let first = takeover.and_then(|t| t.client);
+        let r = server::serve_from(
+            &listener,
+            &mut dev,
+            first,
+            if a.once { Some(1) } else { None },
+            &server::ServeOptions {
+                deadline: a.client_deadline,
+                jobs: (a.control.is_some() || a.metrics.is_some()).then_some(jobs),
+            },
+        );
+        let s = stats.snapshot();
+        if dev.handed_over() {
+            // The new process serves the socket, the stats file and the client now.
+            eprintln!("vnvme: handed over to a new process; this one exits ({})", summary(&s));
+            return r.map_err(Into::into);
+        }
+        eprintln!("vnvme: {}", summary(&s));
+        for w in dev.ctrl.workers() {
+            eprintln!("vnvme: {}", w.stats_line());
+        }
+        for n in &namespaces {
+            if let Some(line) = n.opened.backend.stats_line() {
+                eprintln!("vnvme: namespace {}: {line}", n.nsid);
+            }
+        }
+        if let Some(p) = &a.stats_file {
+            write_stats(p, &s)?;
+        }
+        let _ = std::fs::remove_file(&a.socket);
+        r.map_err(Into::into)
     }
-    if let Some(p) = &a.stats_file {
-        write_stats(p, &s)?;
-    }
-    let _ = std::fs::remove_file(&a.socket);
-    r.map_err(Into::into)
 }
 
 /// Namespaces a controller has room for with --control and no --max-namespaces.
 const DEFAULT_MAX_NAMESPACES: u32 = 32;
 
 /// What the control socket reports about this server that never changes.
-fn facts(a: &ServeArgs, poll: PollMode, dev: &Device) -> serde_json::Value {
+fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> serde_json::Value {
     serde_json::json!({
         "vnvme": env!("CARGO_PKG_VERSION"),
         "serial": a.serial,
@@ -326,6 +585,8 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device) -> serde_json::Value {
         "client_deadline_ms": a.client_deadline.as_millis() as u64,
         "max_dma_regions": dev.dma_region_limit(),
         "pid": std::process::id(),
+        "exe": exe,
+        "log_format": crate::logging::format_name(),
     })
 }
 

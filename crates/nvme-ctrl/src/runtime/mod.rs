@@ -116,6 +116,16 @@ impl Controller {
     /// DEVICE_GET_REGION_IO_FDS). The written value is lost, so this only carries
     /// notifications for hosts that use shadow doorbells. Each call returns a new
     /// descriptor for the same eventfd, for the caller to hand out.
+    /// Uses `fd` as the doorbell kick eventfd (the one an earlier process handed its
+    /// client). Before the workers start.
+    pub fn set_doorbell_kick(&mut self, fd: std::os::fd::OwnedFd) -> std::io::Result<()> {
+        if !self.workers.is_empty() {
+            return Err(std::io::Error::other("the doorbell kick must be set before the workers start"));
+        }
+        self.kick = std::sync::Arc::new(fd);
+        Ok(())
+    }
+
     pub fn doorbell_kick(&self) -> std::io::Result<std::os::fd::OwnedFd> {
         self.kick.try_clone()
     }

@@ -32,6 +32,8 @@ pub struct Context {
     /// Named QoS groups (qos.set with a group), shared by the namespaces in them.
     pub groups: Mutex<BTreeMap<String, Arc<QosGroup>>>,
     pub started: Instant,
+    /// What handing this server over to a new process takes.
+    pub upgrade: crate::upgrade::Source,
 }
 
 /// Every method, with a one-line summary (for `vnvme ctl --help` and errors).
@@ -45,6 +47,10 @@ pub const METHODS: &[(&str, &str)] = &[
     ("qos.get", "QoS limits of every namespace (or nsid) and group, and time held back"),
     ("stats.get", "counters: controller, namespaces (with latency), queues, workers"),
     ("log.set", "set the log filter: filter (tracing EnvFilter syntax)"),
+    (
+        "upgrade",
+        "replace this server by a new process under the running guest: binary (default: the same path)",
+    ),
 ];
 
 /// True for methods that change something (logged at info when they succeed).
@@ -65,6 +71,11 @@ pub fn call(ctx: &Context, method: &str, params: &Value) -> Result<Value, RpcErr
         "qos.set" => qos_set(ctx, p),
         "qos.get" => qos_get(ctx, p),
         "log.set" => log_set(p),
+        "upgrade.prepare" => p.done().and_then(|()| crate::upgrade::prepare(ctx)),
+        "upgrade" => Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            "upgrade is run by `vnvme ctl upgrade`, which starts the new process (docs/UPGRADE.md)",
+        )),
         other => {
             let names: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
             return Err(RpcError::new(

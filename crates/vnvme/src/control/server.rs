@@ -167,6 +167,14 @@ fn read(c: &mut Conn, ctx: &Context) -> bool {
                 c.inbuf.extend_from_slice(&buf[..n]);
                 while let Some(end) = c.inbuf.iter().position(|&b| b == b'\n') {
                     let line: Vec<u8> = c.inbuf.drain(..=end).collect();
+                    if let Some(params) = handover_request(&line) {
+                        // The connection is the new process's: it carries the
+                        // hand-over from here on (vfio-user framing, descriptors).
+                        if let Ok(stream) = c.stream.try_clone() {
+                            crate::upgrade::hand_over(ctx, stream, &params);
+                        }
+                        return false;
+                    }
                     if let Some(reply) = answer(&line[..line.len() - 1], ctx) {
                         c.out.extend_from_slice(reply.to_string().as_bytes());
                         c.out.push(b'\n');
@@ -242,6 +250,14 @@ fn expire(conns: &mut Vec<Conn>, now: Instant) {
         }
         false
     });
+}
+
+/// The params of an `upgrade.handover` request line (the one request that takes its
+/// connection over; `vnvme takeover` sends it alone on a connection of its own).
+fn handover_request(line: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(line).ok()?;
+    (v.get("jsonrpc")?.as_str()? == "2.0" && v.get("method")?.as_str()? == "upgrade.handover")
+        .then(|| v.get("params").cloned().unwrap_or(Value::Null))
 }
 
 /// The reply to one request line (None for a notification, which gets none).

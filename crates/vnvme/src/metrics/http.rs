@@ -116,6 +116,14 @@ pub enum Listener {
 }
 
 impl Listener {
+    /// Another descriptor of the listening socket (for a process taking over).
+    pub fn try_clone_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        match self {
+            Listener::Tcp(l) => l.try_clone().map(Into::into),
+            Listener::Unix(l) => l.try_clone().map(Into::into),
+        }
+    }
+
     /// Where it listens (with the port the system chose for port 0).
     pub fn local_addr(&self) -> io::Result<MetricsAddr> {
         match self {

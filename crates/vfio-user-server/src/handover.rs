@@ -1,0 +1,358 @@
+//! Handing a live device to another process (an upgrade): everything a client and
+//! its guest can observe moves, so neither notices.
+//!
+//! The old process quiesces the controller (`nvme_ctrl::state`), and sends the new
+//! one, over a UNIX connection the new one opened (the control socket), the device's
+//! state as JSON ([`DeviceSaved`]) and duplicates of every descriptor it needs: the
+//! client's connection, the listening socket, the interrupt eventfds, the guest
+//! memory regions, the doorbell page and the doorbell kick eventfd, plus whatever
+//! the caller adds (`extra`, `extra_fds`). The new process rebuilds the device from
+//! them ([`Device::restore`]) and says READY; the old one answers GO and exits
+//! without touching the client again. If the new process fails (it says so, or
+//! goes away, or is silent for [`READY_WAIT`]), the old one resumes and serves on.
+//! Two phases, so that the two never both serve: the new process starts serving
+//! only after GO, and the old one never resumes after sending it.
+//!
+//! Framing: vfio-user's (`vfio_user::Connection`), with private command numbers;
+//! descriptors go [`MAX_FDS`] to a message.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+use vfio_user::proto::Header;
+use vfio_user::socket::MAX_FDS;
+use vfio_user::{Connection, ProtoError};
+use zerocopy::little_endian::U16;
+
+use crate::device::Device;
+
+/// The version of [`DeviceSaved`] this build writes and reads.
+pub const HANDOVER_VERSION: u32 = 1;
+
+/// How long the old process waits (quiesced: the guest's I/O stalls meanwhile) for
+/// the new one to restore everything and say READY. The new process opens what
+/// takes time (backends) before it asks for the hand-over, so this is generous.
+pub const READY_WAIT: Duration = Duration::from_secs(10);
+
+const MSG_STATE: u16 = 0xf100;
+const MSG_STATE_END: u16 = 0xf101;
+const MSG_FDS: u16 = 0xf102;
+const MSG_READY: u16 = 0xf103;
+const MSG_FAILED: u16 = 0xf104;
+const MSG_GO: u16 = 0xf105;
+/// Most bytes of state JSON per message.
+const CHUNK: usize = 512 << 10;
+
+/// The device as handed over. Descriptors are indexes into the list sent with it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceSaved {
+    pub version: u32,
+    /// CLOCK_MONOTONIC (ns) when the old process stopped fetching commands: the new
+    /// one reports the stall from it.
+    pub quiesced_at_ns: u64,
+    pub controller: nvme_ctrl::ControllerState,
+    /// The client had negotiated VERSION.
+    pub negotiated: bool,
+    /// PCI config space, as hex.
+    pub config: String,
+    /// The MSI-X table (BAR4 up to the PBA), as hex.
+    pub bar4: String,
+    pub msix_enabled: bool,
+    /// Each MSI-X vector's eventfd, if set.
+    pub msix: Vec<Option<usize>>,
+    pub intx: Option<usize>,
+    pub dma: Vec<DmaSaved>,
+    /// "trapped", "eventfd" or "mapped".
+    pub doorbells: String,
+    /// The doorbell page's memfd (mapped doorbells).
+    pub page: Option<usize>,
+    /// The doorbell kick eventfd (the client may hold it: eventfd doorbells).
+    pub kick: usize,
+    /// The client's connection, if one was being served.
+    pub client: Option<usize>,
+    /// The listening socket.
+    pub listener: Option<usize>,
+    /// What the caller added (vnvme: its arguments, namespaces, QoS).
+    pub extra: serde_json::Value,
+    pub extra_fds: Vec<usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DmaSaved {
+    pub iova: u64,
+    pub size: u64,
+    /// The region's memory (absent: a region without a descriptor, or one not
+    /// mapped here because it is read-only).
+    pub fd: Option<usize>,
+    pub offset: u64,
+}
+
+/// A hand-over the server thread is asked to do (from a job): the new process's
+/// connection, and what the caller adds.
+#[derive(Debug)]
+pub struct HandoverRequest {
+    pub stream: UnixStream,
+    pub extra: serde_json::Value,
+    pub extra_fds: Vec<OwnedFd>,
+    /// How long the quiesce may wait for commands in flight.
+    pub quiesce: Duration,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub(crate) fn unhex(s: &str) -> io::Result<Vec<u8>> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad hex in the handed-over state");
+    if !s.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())).collect()
+}
+
+fn proto(e: ProtoError) -> io::Error {
+    match e {
+        ProtoError::Io(e) => e,
+        e => io::Error::other(e.to_string()),
+    }
+}
+
+fn send(conn: &mut Connection, cmd: u16, payload: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
+    let h = Header { command: U16::new(cmd), ..Default::default() };
+    let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    conn.send(h, &[payload], &raw).map_err(proto)
+}
+
+impl Device {
+    /// Asks the server loop to hand the device over (it does so between messages,
+    /// right after the job that calls this).
+    pub fn request_handover(&mut self, r: HandoverRequest) {
+        self.handover = Some(r);
+    }
+
+    /// The device was handed over: its process must exit without touching the
+    /// client (no reset, no disconnect).
+    pub fn handed_over(&self) -> bool {
+        self.handed_over
+    }
+
+    /// Does a requested hand-over, if one is pending. Ok(true): handed over, stop
+    /// serving. Ok(false) or an error (logged here): go on serving.
+    pub(crate) fn hand_over_if_asked(
+        &mut self,
+        client: Option<&UnixStream>,
+        listener: Option<&UnixListener>,
+    ) -> bool {
+        let Some(r) = self.handover.take() else { return false };
+        match self.hand_over(r, client, listener) {
+            Ok(()) => {
+                info!("handed over to the new process: this one exits");
+                self.handed_over = true;
+                true
+            }
+            Err(e) => {
+                warn!("upgrade: hand-over failed, serving on: {e}");
+                false
+            }
+        }
+    }
+
+    fn hand_over(
+        &mut self,
+        r: HandoverRequest,
+        client: Option<&UnixStream>,
+        listener: Option<&UnixListener>,
+    ) -> io::Result<()> {
+        let mut conn = Connection::with_deadline(r.stream, Duration::from_secs(10))?;
+        let quiesced_at_ns = monotonic_ns();
+        if let Err(e) = self.ctrl.quiesce(r.quiesce) {
+            let why = format!("the controller could not be quiesced: {e}");
+            let _ = send(&mut conn, MSG_FAILED, why.as_bytes(), &[]);
+            return Err(io::Error::other(why));
+        }
+        let sent = self.send_state(&mut conn, quiesced_at_ns, r.extra, r.extra_fds, client, listener);
+        let answer = sent.and_then(|()| {
+            conn.stream().set_read_timeout(Some(READY_WAIT))?;
+            conn.recv().map_err(proto)
+        });
+        match answer {
+            Ok(m) if m.header.command.get() == MSG_READY => {
+                // From here on this process never serves again, whatever happens.
+                let _ = send(&mut conn, MSG_GO, &[], &[]);
+                Ok(())
+            }
+            other => {
+                self.ctrl.resume();
+                Err(io::Error::other(match other {
+                    Ok(m) if m.header.command.get() == MSG_FAILED => {
+                        format!("the new process failed: {}", String::from_utf8_lossy(&m.payload))
+                    }
+                    Ok(m) => format!("unexpected message {:#x} from the new process", m.header.command.get()),
+                    Err(e) => format!("no word from the new process: {e}"),
+                }))
+            }
+        }
+    }
+
+    fn send_state(
+        &mut self,
+        conn: &mut Connection,
+        quiesced_at_ns: u64,
+        extra: serde_json::Value,
+        extra_fds: Vec<OwnedFd>,
+        client: Option<&UnixStream>,
+        listener: Option<&UnixListener>,
+    ) -> io::Result<()> {
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut add = |fd: OwnedFd| {
+            fds.push(fd);
+            fds.len() - 1
+        };
+        let (msix, intx, msix_enabled) = self.irqs.export()?;
+        let msix = msix.into_iter().map(|f| f.map(&mut add)).collect();
+        let intx = intx.map(&mut add);
+        let mut dma = Vec::new();
+        for crate::dma::ExportedRegion { iova, size, source } in self.dma.export()? {
+            let (fd, offset) = match source {
+                Some((fd, off)) => (Some(add(fd)), off),
+                None => (None, 0),
+            };
+            dma.push(DmaSaved { iova, size, fd, offset });
+        }
+        let page = self.page.as_ref().map(|p| p.fd()).transpose()?.map(&mut add);
+        let kick = add(self.ctrl.doorbell_kick()?);
+        let client = client.map(|s| s.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let listener = listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let extra_fds = extra_fds.into_iter().map(&mut add).collect();
+        let saved = DeviceSaved {
+            version: HANDOVER_VERSION,
+            quiesced_at_ns,
+            controller: self.ctrl.save_state(),
+            negotiated: self.negotiated,
+            config: hex(self.config.bytes()),
+            bar4: hex(&self.bar4),
+            msix_enabled,
+            msix,
+            intx,
+            dma,
+            doorbells: self.doorbells.name().into(),
+            page,
+            kick,
+            client,
+            listener,
+            extra,
+            extra_fds,
+        };
+        let json = serde_json::to_vec(&saved).map_err(io::Error::other)?;
+        for chunk in json.chunks(CHUNK) {
+            send(conn, MSG_STATE, chunk, &[])?;
+        }
+        send(conn, MSG_STATE_END, &(fds.len() as u64).to_le_bytes(), &[])?;
+        for group in fds.chunks(MAX_FDS) {
+            send(conn, MSG_FDS, &[], group)?;
+        }
+        info!(
+            queues = saved.controller.sqs.len(),
+            dma_regions = saved.dma.len(),
+            descriptors = fds.len(),
+            client = saved.client.is_some(),
+            "upgrade: state handed over, waiting for the new process"
+        );
+        Ok(())
+    }
+}
+
+/// CLOCK_MONOTONIC now, in ns (the same clock in every process on the host).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Tells a process that asked for a hand-over why there is none.
+pub fn refuse(stream: UnixStream, why: &str) {
+    if let Ok(mut conn) = Connection::with_deadline(stream, Duration::from_secs(5)) {
+        let _ = send(&mut conn, MSG_FAILED, why.as_bytes(), &[]);
+    }
+}
+
+/// What a new process received from the old one.
+#[derive(Debug)]
+pub struct Handover {
+    pub saved: DeviceSaved,
+    fds: Vec<Option<OwnedFd>>,
+    conn: Connection,
+}
+
+impl Handover {
+    /// Receives the state and descriptors on `stream` (the old process's end).
+    pub fn receive(stream: UnixStream) -> io::Result<Handover> {
+        let mut conn = Connection::with_deadline(stream, Duration::from_secs(30))?;
+        let mut json = Vec::new();
+        let count = loop {
+            let m = conn.recv().map_err(proto)?;
+            match m.header.command.get() {
+                MSG_STATE => json.extend_from_slice(&m.payload),
+                MSG_STATE_END if m.payload.len() == 8 => {
+                    break u64::from_le_bytes(m.payload[..8].try_into().expect("8 bytes")) as usize
+                }
+                MSG_FAILED => {
+                    return Err(io::Error::other(format!(
+                        "the running server refused: {}",
+                        String::from_utf8_lossy(&m.payload)
+                    )))
+                }
+                c => return Err(io::Error::other(format!("unexpected message {c:#x} during the hand-over"))),
+            }
+        };
+        let saved: DeviceSaved = serde_json::from_slice(&json)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("the handed-over state: {e}")))?;
+        if saved.version != HANDOVER_VERSION {
+            return Err(io::Error::other(format!(
+                "the running server hands over version {} state; this build takes version {HANDOVER_VERSION}",
+                saved.version
+            )));
+        }
+        let mut fds = Vec::with_capacity(count);
+        while fds.len() < count {
+            let m = conn.recv().map_err(proto)?;
+            if m.header.command.get() != MSG_FDS || m.fds.is_empty() {
+                return Err(io::Error::other("descriptors missing from the hand-over"));
+            }
+            fds.extend(m.fds.into_iter().map(Some));
+        }
+        if fds.len() != count {
+            return Err(io::Error::other(format!(
+                "{} descriptors handed over, {count} announced",
+                fds.len()
+            )));
+        }
+        Ok(Handover { saved, fds, conn })
+    }
+
+    /// Takes descriptor `i` (each once).
+    pub fn take(&mut self, i: usize) -> io::Result<OwnedFd> {
+        self.fds.get_mut(i).and_then(Option::take).ok_or_else(|| {
+            io::Error::other(format!("descriptor {i} missing or taken twice in the hand-over"))
+        })
+    }
+
+    /// Everything is restored: tell the old process, and wait (bounded) for its GO.
+    /// Only after Ok may this process serve.
+    pub fn ready(mut self) -> io::Result<()> {
+        send(&mut self.conn, MSG_READY, &[], &[])?;
+        let m = self.conn.recv().map_err(proto)?;
+        if m.header.command.get() != MSG_GO {
+            return Err(io::Error::other("the old process did not let go"));
+        }
+        Ok(())
+    }
+
+    /// Restoring failed: tell the old process, which resumes.
+    pub fn failed(mut self, why: &str) {
+        let _ = send(&mut self.conn, MSG_FAILED, why.as_bytes(), &[]);
+    }
+}
