@@ -191,7 +191,8 @@ impl Device {
     /// The device an earlier process handed over (`handover`): `ctrl` is a new
     /// controller over the same configuration and namespaces (its doorbell kick
     /// already the handed-over one, its workers started); this restores the PCI
-    /// function, the client's interrupts and memory, then the controller's state.
+    /// function, the client's interrupts and memory, then the controller's state,
+    /// quiesced: call `ctrl.resume()` once the old process has let go.
     pub fn restore(
         ctrl: Controller,
         irqs: Arc<EventFdInterrupts>,
@@ -244,6 +245,11 @@ impl Device {
                 .map_err(|e| bad(format!("DMA region {:#x}: {e}", r.iova)))?;
         }
         d.ctrl.set_memory(d.dma.memory());
+        // Restored quiesced: nothing is fetched until the old process has let go
+        // (`Controller::resume` after GO). Were this process to fail before that,
+        // the old one resumes from where it stopped, and a command fetched here
+        // would run twice.
+        d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
         d.ctrl.restore_state(&s.controller).map_err(|e| bad(e.to_string()))?;
         d.negotiated = s.negotiated;
         Ok(d)

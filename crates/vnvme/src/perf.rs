@@ -102,6 +102,13 @@ pub struct PerfArgs {
     /// Read percentage for randrw.
     #[arg(long, default_value_t = 70)]
     pub mix: u8,
+    /// Check the data: every LBA written carries a header (its LBA and the block's
+    /// generation) and a fill derived from both; every read of a block this run
+    /// wrote is checked against what was last written there, and at the end every
+    /// block written is read back and checked. A block with a command in flight is
+    /// neither read nor written again meanwhile. Any mismatch is an error.
+    #[arg(long)]
+    pub verify: bool,
     /// Block size per I/O (e.g. 4k, 128k).
     #[arg(long, default_value = "4k", value_parser = crate::nsspec::parse_size)]
     pub bs: u64,

@@ -286,6 +286,13 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             takeover: Some(Takeover { stderr, client: None, old_pid: taken.prepared.pid }),
         })
     })();
+    // Fault injection for the tests of the way back: the new process fails, or
+    // dies, after the old one has quiesced and handed everything over.
+    let built = match std::env::var("VNVME_TEST_TAKEOVER_FAIL").as_deref() {
+        Ok("refuse") => Err("injected failure (VNVME_TEST_TAKEOVER_FAIL=refuse)".to_string()),
+        Ok("exit") => std::process::exit(70),
+        _ => built,
+    };
     let mut running = match built {
         Ok(r) => r,
         Err(why) => {
@@ -300,6 +307,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
     let quiesced_at = taken.handover.saved.quiesced_at_ns;
     taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
     // From here on this process serves: the old one has exited or is exiting.
+    running.dev.ctrl.resume();
     let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
     let tk = running.takeover.as_mut().expect("set above");
     tk.client = client;

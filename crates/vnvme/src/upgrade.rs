@@ -271,12 +271,17 @@ pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
     });
     let line = rx.recv_timeout(o.timeout + Duration::from_secs(30)).unwrap_or_default();
     let Some(report) = line.strip_prefix("ready ") else {
-        let status = match child.try_wait() {
-            Ok(Some(s)) => s.to_string(),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                "killed: it did not finish in time".into()
+        // Its stdout closed: it is exiting (or it said nothing in time).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s.to_string(),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break "killed: it did not finish in time".into();
+                }
             }
         };
         return Err(format!(

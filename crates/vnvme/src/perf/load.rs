@@ -18,7 +18,77 @@ pub(super) struct ThreadResult {
     errors: u64,
     first_error: Option<String>,
     stats: QueueStats,
+    /// --verify: reads checked, and mismatches among them.
+    verified: u64,
+    mismatches: u64,
+    /// Blocks read back and checked at the end.
+    read_back: u64,
 }
+
+/// --verify's bookkeeping for one queue's share of the namespace: each slot (one
+/// `bs` block) by its index in the share.
+struct Verify {
+    /// The generation last written and acknowledged (0: not written this run, or a
+    /// write failed: unknown).
+    gens: Vec<u32>,
+    /// A command is in flight (a read racing a write could see either).
+    busy: Vec<bool>,
+    lba: u64,
+    bs: u64,
+    scratch: Vec<u8>,
+}
+
+const MAGIC: &[u8; 8] = b"VNVMEVFY";
+
+impl Verify {
+    fn new(share: u64, lba: u64, bs: u64) -> Self {
+        Verify {
+            gens: vec![0; share as usize],
+            busy: vec![false; share as usize],
+            lba,
+            bs,
+            scratch: vec![0; bs as usize],
+        }
+    }
+
+    /// The contents of `slba`'s block at generation `gen`.
+    fn pattern(&mut self, slba: u64, gen: u32) -> &[u8] {
+        for (i, unit) in self.scratch.chunks_mut(self.lba as usize).enumerate() {
+            let lba = slba + i as u64;
+            unit.fill((lba as u8) ^ (gen as u8) ^ 0x5a);
+            unit[..8].copy_from_slice(MAGIC);
+            unit[8..16].copy_from_slice(&lba.to_le_bytes());
+            unit[16..20].copy_from_slice(&gen.to_le_bytes());
+        }
+        &self.scratch
+    }
+
+    /// Checks what a read of `slba` brought back against generation `gen`.
+    fn check(&mut self, slba: u64, gen: u32, got: &[u8]) -> Result<(), String> {
+        if got == self.pattern(slba, gen) {
+            return Ok(());
+        }
+        let i = got
+            .chunks(self.lba as usize)
+            .zip(self.scratch.chunks(self.lba as usize))
+            .position(|(a, b)| a != b);
+        let i = i.unwrap_or(0);
+        let unit = &got[i * self.lba as usize..][..20];
+        let found = if &unit[..8] == MAGIC {
+            format!(
+                "LBA {} generation {}",
+                u64::from_le_bytes(unit[8..16].try_into().expect("8")),
+                u32::from_le_bytes(unit[16..20].try_into().expect("4"))
+            )
+        } else {
+            format!("no header ({:02x?}...)", &unit[..8])
+        };
+        Err(format!("verify: LBA {} should hold generation {gen}, holds {found}", slba + i as u64))
+    }
+}
+
+/// What a command in flight was, for --verify: (slot, generation, write).
+type Pending = Option<(u64, u32, bool)>;
 
 fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant) -> (IoQueue, ThreadResult) {
     let mut r = ThreadResult::default();
@@ -43,6 +113,12 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
         }
     }
     let mut started = vec![Instant::now(); q.depth() as usize + 1];
+    // --verify: queue i of n takes slots i, i + n, i + 2n, ...: no two queues share a block.
+    let stride = a.queues as u64;
+    let first = q.qid() as u64 - 1;
+    let mine = slots.saturating_sub(first).div_ceil(stride).max(1);
+    let mut verify = a.verify.then(|| Verify::new(mine, lba, a.bs));
+    let mut pending: Vec<Pending> = vec![None; q.depth() as usize + 1];
     let mut done = Vec::with_capacity(a.qd as usize);
     let mut inflight = 0usize;
     loop {
@@ -50,18 +126,46 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
         let stop = now >= deadline;
         while !stop && inflight < a.qd as usize {
             let Some(buf) = bufs.pop() else { break };
-            let slot = if a.rw.random() {
+            let mut slot = if a.rw.random() {
                 rng.below(slots)
             } else {
                 seq = (seq + 1) % slots;
                 seq
             };
-            let slba = slot * nlb as u64;
             let read = match a.rw {
                 Workload::RandRead | Workload::Read => true,
                 Workload::RandWrite | Workload::Write => false,
                 Workload::RandRw => rng.below(100) < a.mix as u64,
             };
+            let mut tag = None;
+            if let Some(v) = verify.as_mut() {
+                // This queue's slots only; one with a write in flight is left alone.
+                let mut i = (slot / stride) % mine;
+                let mut tries = 0;
+                while v.busy[i as usize] || i * stride + first >= slots {
+                    i = (i + 1) % mine;
+                    tries += 1;
+                    if tries > mine {
+                        break;
+                    }
+                }
+                if tries > mine {
+                    bufs.push(buf);
+                    break;
+                }
+                slot = i * stride + first;
+                let gen = if read { v.gens[i as usize] } else { v.gens[i as usize].wrapping_add(1).max(1) };
+                v.busy[i as usize] = true;
+                if !read {
+                    let data = v.pattern(slot * nlb as u64, gen);
+                    if let Err(e) = buf.write_at(0, data) {
+                        r.errors += 1;
+                        r.first_error.get_or_insert(e.to_string());
+                    }
+                }
+                tag = Some((i, gen, !read));
+            }
+            let slba = slot * nlb as u64;
             let cmd = if read {
                 IoCommand::Read { nsid: a.nsid, slba, nlb, buf }
             } else {
@@ -71,6 +175,7 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
             match q.submit(cmd) {
                 Ok(cid) => {
                     started[cid as usize] = t0;
+                    pending[cid as usize] = tag;
                     inflight += 1;
                 }
                 Err(e) => {
@@ -104,13 +209,73 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
                 r.errors += 1;
                 r.first_error.get_or_insert(format!("status {:?}", c.status));
             }
+            if let (Some(v), Some((i, gen, write))) = (verify.as_mut(), pending[c.cid as usize].take()) {
+                let slba = (i * stride + first) * nlb as u64;
+                v.busy[i as usize] = false;
+                if write {
+                    // A failed write leaves the block unknown.
+                    v.gens[i as usize] = if ok { gen } else { 0 };
+                } else if ok && gen > 0 {
+                    r.verified += 1;
+                    if let Some(b) = &c.buf {
+                        check(v, &mut r, b, slba, gen);
+                    }
+                }
+            }
             if let Some(b) = c.buf {
                 bufs.push(b);
             }
         }
     }
+    if let Some(v) = verify.as_mut() {
+        if r.errors == 0 {
+            read_back(&mut q, a, v, &mut r, nlb, stride, first);
+        }
+    }
     r.stats = q.stats();
     (q, r)
+}
+
+/// Checks a read's buffer against generation `gen` of block `slba`.
+fn check(v: &mut Verify, r: &mut ThreadResult, b: &nvme_driver::DmaBuf, slba: u64, gen: u32) {
+    let mut got = vec![0u8; v.bs as usize];
+    let res = b.read_at(0, &mut got).map_err(|e| e.to_string()).and_then(|()| v.check(slba, gen, &got));
+    if let Err(e) = res {
+        r.mismatches += 1;
+        r.errors += 1;
+        r.first_error.get_or_insert(e);
+    }
+}
+
+/// --verify's last pass: reads every block written this run back and checks it.
+fn read_back(
+    q: &mut IoQueue,
+    a: &PerfArgs,
+    v: &mut Verify,
+    r: &mut ThreadResult,
+    nlb: u32,
+    stride: u64,
+    first: u64,
+) {
+    let mut got = vec![0u8; a.bs as usize];
+    for i in 0..v.gens.len() {
+        let gen = v.gens[i];
+        if gen == 0 {
+            continue;
+        }
+        let slba = (i as u64 * stride + first) * nlb as u64;
+        if let Err(e) = q.read(a.nsid, slba, &mut got) {
+            r.errors += 1;
+            r.first_error.get_or_insert(format!("verify read-back of LBA {slba}: {e}"));
+            return;
+        }
+        r.read_back += 1;
+        if let Err(e) = v.check(slba, gen, &got) {
+            r.mismatches += 1;
+            r.errors += 1;
+            r.first_error.get_or_insert(e);
+        }
+    }
 }
 
 /// Runs `drive` on every queue, each on its own thread (`perf-q<qid>`), until
@@ -149,6 +314,11 @@ pub(super) struct Totals {
     pub sq_doorbell_writes: u64,
     pub cq_doorbell_writes: u64,
     pub interrupt_wakeups: u64,
+    /// --verify: reads checked during the run, blocks read back at the end, and
+    /// mismatches (also counted in `errors`).
+    pub verified: u64,
+    pub read_back: u64,
+    pub mismatches: u64,
 }
 
 impl Totals {
@@ -166,6 +336,9 @@ impl Totals {
             t.sq_doorbell_writes += r.stats.sq_doorbell_writes;
             t.cq_doorbell_writes += r.stats.cq_doorbell_writes;
             t.interrupt_wakeups += r.stats.interrupt_wakeups;
+            t.verified += r.verified;
+            t.read_back += r.read_back;
+            t.mismatches += r.mismatches;
             queues.push(q);
         }
         (queues, t)
@@ -182,5 +355,26 @@ impl Totals {
         } else {
             n as f64 / self.ios() as f64
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_accepts_the_block_it_wrote_and_names_what_it_found_instead() {
+        let mut v = Verify::new(4, 512, 4096);
+        let good = v.pattern(80, 3).to_vec();
+        assert!(v.check(80, 3, &good).is_ok());
+        // An older generation, another block's data, a torn block, zeroes.
+        let old = v.pattern(80, 2).to_vec();
+        assert!(v.check(80, 3, &old).unwrap_err().contains("LBA 80 generation 2"));
+        let other = v.pattern(160, 3).to_vec();
+        assert!(v.check(80, 3, &other).unwrap_err().contains("holds LBA 160 generation 3"));
+        let mut torn = good.clone();
+        torn[512 * 5 + 100] ^= 1;
+        assert!(v.check(80, 3, &torn).unwrap_err().contains("LBA 85 should hold"));
+        assert!(v.check(80, 3, &[0u8; 4096]).unwrap_err().contains("no header"));
     }
 }

@@ -100,6 +100,12 @@ impl Outcome {
             t.writes,
             t.errors
         );
+        if a.verify {
+            println!(
+                "  verify: {} reads checked during the run, {} blocks read back at the end, {} mismatches",
+                t.verified, t.read_back, t.mismatches
+            );
+        }
         println!(
             "  latency us: mean {:.1}  p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
             t.hist.mean() / 1000.0,
@@ -154,6 +160,7 @@ impl Outcome {
             "knobs": {
                 "target": target_json(target),
                 "rw": a.rw.name(),
+                "verify_mode": a.verify,
                 "mix_read_percent": a.mix,
                 "bs": a.bs,
                 "qd": a.qd,
@@ -172,6 +179,9 @@ impl Outcome {
                 "reads": t.reads,
                 "writes": t.writes,
                 "errors": t.errors,
+                "verify": a.verify.then(|| serde_json::json!({
+                    "reads_checked": t.verified, "read_back": t.read_back, "mismatches": t.mismatches,
+                })),
                 "iops": self.iops(),
                 "mb_per_s": self.mbps(),
                 "latency_us": {

@@ -1,0 +1,292 @@
+//! `vnvme ctl upgrade` across processes: a server replaced by a new process under
+//! a connected client (the userspace driver, and `vnvme perf --verify` keeping
+//! commands in flight) in every doorbell mode, with workers and inline; with no
+//! client; namespaces added and QoS set before it carried over; and the way back:
+//! a new process that cannot start, that refuses, or that dies after the old one
+//! quiesced, leaves the old one serving. The sandbox is on.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{opts, Server};
+use nvme_driver::{CompletionMode, DoorbellMode};
+use serde_json::Value;
+use test_kit::pattern;
+
+const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
+
+/// A server with a control socket; whichever process serves it at the end is
+/// killed on drop.
+struct Served {
+    server: Server,
+    control: PathBuf,
+}
+
+impl Served {
+    fn start(extra: &[&str]) -> Served {
+        let dir = common::temp_dir("upgrade");
+        let control = dir.join("c.sock");
+        let mut args = vec!["--control", control.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let server = Server::start_in(&dir, "s", &args);
+        let deadline = Instant::now() + common::TIMEOUT;
+        while !control.exists() {
+            assert!(Instant::now() < deadline, "no control socket:\n{}", server.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Served { server, control }
+    }
+
+    fn pid(&self) -> u64 {
+        self.ctl(&["ctrl.info"]).unwrap_or_else(|e| panic!("ctrl.info: {e}\n{}", self.server.log()))["pid"]
+            .as_u64()
+            .unwrap()
+    }
+
+    fn ctl(&self, args: &[&str]) -> Result<Value, String> {
+        self.ctl_env(args, &[])
+    }
+
+    fn ctl_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<Value, String> {
+        let out = Command::new(VNVME)
+            .arg("ctl")
+            .arg("--control")
+            .arg(&self.control)
+            .arg("--json")
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run vnvme ctl");
+        if out.status.success() {
+            Ok(serde_json::from_slice(&out.stdout).expect("ctl --json prints JSON"))
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Upgrades; checks the old process is gone and the new one answers.
+    fn upgrade(&self) -> Value {
+        let r = self.ctl(&["upgrade"]).unwrap_or_else(|e| panic!("upgrade: {e}\n{}", self.server.log()));
+        let (old, new) = (r["old_pid"].as_u64().unwrap(), r["new_pid"].as_u64().unwrap());
+        assert_ne!(old, new);
+        assert_eq!(self.pid(), new);
+        gone(old as u32);
+        r
+    }
+
+    fn log(&self) -> String {
+        self.server.log()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(v) = self.ctl(&["ctrl.info"]) {
+            if let Some(pid) = v["pid"].as_u64() {
+                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("--- server log ---\n{}", self.log());
+        }
+    }
+}
+
+/// Waits (bounded) until process `pid` has exited.
+fn gone(pid: u32) {
+    let deadline = Instant::now() + common::TIMEOUT;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for its parent (the test harness's Server).
+        if stat.is_empty() || stat.split(") ").nth(1).is_some_and(|s| s.starts_with('Z')) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} did not exit after handing over");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `vnvme perf --verify` against the server, running for `secs`.
+fn perf(socket: &Path, doorbells: &str, nsid: u32, secs: u32) -> Child {
+    Command::new(VNVME)
+        .args(["perf", "--socket"])
+        .arg(socket)
+        .args(["--rw", "randrw", "--mix", "50", "--verify", "--qd", "16", "--queues", "2"])
+        .args(["--runtime", &format!("{secs}s"), "--doorbells", doorbells, "--ns", &nsid.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vnvme perf")
+}
+
+/// Waits for perf; its report must show verified data and no error.
+fn perf_clean(p: Child, log: &str) -> String {
+    let out = p.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "perf failed:\n{text}\n--- server ---\n{log}");
+    assert!(text.contains("; 0 errors)"), "{text}");
+    let line =
+        text.lines().find(|l| l.contains("verify:")).unwrap_or_else(|| panic!("no verify line: {text}"));
+    let n = |label: &str| -> u64 {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words.iter().position(|w| *w == label).unwrap();
+        words[i - 1].trim_end_matches(',').parse().unwrap()
+    };
+    assert!(n("reads") > 0 && n("blocks") > 0, "nothing was checked: {line}");
+    assert!(line.ends_with(" 0 mismatches"), "{line}");
+    text
+}
+
+fn upgrades_under_load(doorbells: &str, workers: &str, client_doorbells: &str) {
+    let dir_file = common::temp_dir("upgrade-file");
+    let file = format!("file:{}:32M", dir_file.join("d.img").display());
+    let s =
+        Served::start(&["--ns", "ram:32M", "--ns", &file, "--doorbells", doorbells, "--workers", workers]);
+    for nsid in [1, 2] {
+        let p = perf(&s.server.socket, client_doorbells, nsid, 4);
+        std::thread::sleep(Duration::from_millis(700));
+        let mut stalls = Vec::new();
+        for _ in 0..3 {
+            stalls.push(s.upgrade()["stall_ms"].as_f64().unwrap());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let text = perf_clean(p, &s.log());
+        eprintln!("{doorbells}/{workers} workers, ns {nsid}: stalls {stalls:?} ms\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(dir_file);
+}
+
+#[test]
+fn upgrade_under_verified_load_trapped_doorbells_with_a_worker() {
+    upgrades_under_load("trapped", "1", "shadow");
+}
+
+#[test]
+fn upgrade_under_verified_load_trapped_doorbells_inline() {
+    upgrades_under_load("trapped", "0", "trapped");
+}
+
+#[test]
+fn upgrade_under_verified_load_eventfd_doorbells() {
+    upgrades_under_load("eventfd", "2", "eventfd");
+}
+
+#[test]
+fn upgrade_under_verified_load_eventfd_doorbells_inline() {
+    upgrades_under_load("eventfd", "0", "eventfd");
+}
+
+#[test]
+fn upgrade_under_verified_load_mapped_doorbells() {
+    upgrades_under_load("mapped", "1", "mapped");
+}
+
+#[test]
+fn upgrade_under_verified_load_mapped_doorbells_inline() {
+    upgrades_under_load("mapped", "0", "mapped");
+}
+
+#[test]
+fn data_namespaces_and_qos_survive_with_and_without_a_client() {
+    let s = Served::start(&["--ns", "ram:16M"]);
+    s.ctl(&["ns.add", "ram:8M:lba=4096", "5"]).unwrap();
+    s.ctl(&["ns.resize", "5", "12M"]).unwrap();
+    s.ctl(&["qos.set", "group=gold", "iops=50000"]).unwrap();
+    s.ctl(&["qos.set", "1", "group=gold"]).unwrap();
+    s.ctl(&["qos.set", "5", "bps=900M"]).unwrap();
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(2, true, CompletionMode::Polling));
+    let a = pattern(11, 256 << 10);
+    let b = pattern(12, 64 << 10);
+    d.write(1, 100, &a).unwrap();
+    d.write(5, 3000, &b).unwrap(); // past the first 8 MiB: the resize is kept
+    let before = s.ctl(&["ctrl.info"]).unwrap();
+
+    // With the client connected: it goes on as if nothing happened.
+    s.upgrade();
+    let mut got = vec![0u8; a.len()];
+    d.read(1, 100, &mut got).unwrap();
+    assert!(got == a, "namespace 1 after an upgrade under the client");
+    let c = pattern(13, 32 << 10);
+    d.write(1, 9000, &c).unwrap();
+    drop(d);
+
+    // Without a client: the next one finds everything.
+    let deadline = Instant::now() + common::TIMEOUT;
+    while s.ctl(&["ctrl.info"]).unwrap()["client_connected"] == true {
+        assert!(Instant::now() < deadline, "the client did not leave");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = s.upgrade();
+    assert_eq!(r["client"], false);
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let mut got = vec![0u8; a.len()];
+    d.read(1, 100, &mut got).unwrap();
+    assert!(got == a, "namespace 1 after an upgrade with no client");
+    let mut got = vec![0u8; c.len()];
+    d.read(1, 9000, &mut got).unwrap();
+    assert!(got == c, "a write made after the first upgrade");
+    let mut got = vec![0u8; b.len()];
+    d.read(5, 3000, &mut got).unwrap();
+    assert!(got == b, "namespace 5 (added, resized)");
+
+    let list = s.ctl(&["ns.list"]).unwrap();
+    let ns: Vec<(u64, u64, u64)> = list["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["nsid"].as_u64().unwrap(), n["size"].as_u64().unwrap(), n["lba_size"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ns, [(1, 16 << 20, 512), (5, 12 << 20, 4096)]);
+    let qos = s.ctl(&["qos.get"]).unwrap();
+    let q =
+        |nsid: u64| qos["namespaces"].as_array().unwrap().iter().find(|n| n["nsid"] == nsid).unwrap().clone();
+    assert_eq!(q(1)["group"], "gold");
+    assert_eq!(q(1)["limits"]["iops"]["rate"], 50000);
+    assert_eq!(q(5)["limits"]["bps"]["rate"], 900u64 << 20);
+    assert_eq!(qos["groups"][0]["group"], "gold");
+    // The counters carry on.
+    let after = s.ctl(&["stats.get"]).unwrap();
+    let io = |v: &Value| v["controller"]["io_commands"].as_u64().unwrap_or(0);
+    assert!(io(&after) >= 5, "{after}");
+    assert_eq!(before["serial"], s.ctl(&["ctrl.info"]).unwrap()["serial"]);
+}
+
+#[test]
+fn a_failed_takeover_leaves_the_old_server_serving() {
+    let s = Served::start(&["--ns", "ram:32M"]);
+    let p = perf(&s.server.socket, "shadow", 1, 5);
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = s.pid();
+    // A binary that is no vnvme: nothing was asked of the server.
+    let e = s.ctl(&["upgrade", "binary=/bin/false"]).unwrap_err();
+    assert!(e.contains("did not take over"), "{e}");
+    assert_eq!(s.pid(), pid);
+    // The new process refuses after the old one quiesced and handed everything over.
+    let e = s.ctl_env(&["upgrade"], &[("VNVME_TEST_TAKEOVER_FAIL", "refuse")]).unwrap_err();
+    assert!(e.contains("did not take over"), "{e}");
+    assert_eq!(s.pid(), pid);
+    // It dies there, without a word.
+    let e = s.ctl_env(&["upgrade"], &[("VNVME_TEST_TAKEOVER_FAIL", "exit")]).unwrap_err();
+    assert!(e.contains("did not take over"), "{e}");
+    assert_eq!(s.pid(), pid);
+    let log = s.log();
+    assert!(log.contains("hand-over failed, serving on: the new process failed: injected failure"), "{log}");
+    assert!(log.contains("hand-over failed, serving on: no word from the new process"), "{log}");
+    perf_clean(p, &log);
+    // And a real upgrade still works afterwards.
+    s.upgrade();
+}
+
+#[test]
+fn an_nvme_downstream_is_refused_up_front() {
+    let below = Server::start_with(&["--ns", "ram:16M"]);
+    let uri = format!("nvme://{}?ns=1", below.socket.display());
+    let s = Served::start(&["--ns", &uri]);
+    let pid = s.pid();
+    let e = s.ctl(&["upgrade"]).unwrap_err();
+    assert!(e.contains("nvme:// downstream"), "{e}");
+    assert_eq!(s.pid(), pid);
+}
