@@ -67,6 +67,14 @@ own \`vnvme serve\` (built with cargo build --release first):
          host: qemu-img check on the qcow2 image; e2fsck and the file's
          checksum in the qcow2 image (converted to raw) and in the RBD image
          (rbd export).
+ upgrade (last kernel only) server: n1 ram:256M, n2 file:IMG:128M, --control,
+         --workers 1; the guest (scripts/guest/tests/upgrade.sh) runs fio
+         randwrite + crc32c verify on n1 and an ext4 write / sync / drop caches /
+         checksum loop on n2 while asking the host to run \`vnvme ctl upgrade\` 10
+         times; no I/O error, verify failure, timeout or controller reset in the
+         guest; fsck clean; the longest fio latency and each upgrade's server-side
+         stall reported. host: 10 upgrades, 10 takeovers in the log, the first
+         server gone, the last one exits with QEMU.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -74,7 +82,7 @@ own \`vnvme serve\` (built with cargo build --release first):
          data and I/O again after the reboot.
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
-  --suite S         run only suite S (repeat; main, reboot, faults, netstore, live;
+  --suite S         run only suite S (repeat; main, reboot, faults, netstore, live, upgrade;
                     default: all)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
@@ -109,7 +117,7 @@ T0=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
 tests_dir="$here/guest/tests"
 n_pass=0 n_fail=0 n_skip=0
-VN_PID="" cur_qemu_pidfile="" HOT_PID="" NET_PIDS=() CEPH_OWN="" CEPH_DIR=""
+VN_PID="" cur_qemu_pidfile="" HOT_PID="" UP_PID="" NET_PIDS=() CEPH_OWN="" CEPH_DIR=""
 QEMU_EXTRA=()
 
 cleanup() {
@@ -117,6 +125,7 @@ cleanup() {
     vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$HOT_PID"
+    [[ -z $UP_PID ]] || kill -KILL "$UP_PID" 2>/dev/null || true
     net_servers_stop
     [[ -z $CEPH_OWN ]] || "$here/ceph-cluster.sh" stop "$CEPH_OWN" >/dev/null 2>&1
     rm -f "$work"/*/vnvme.sock "$work"/*/*.img
@@ -684,6 +693,81 @@ net_servers_stop() {
 }
 
 # want SUITE: whether SUITE is to run (--suite).
+# The server replaced under a running guest, 10 times: the guest
+# (scripts/guest/tests/upgrade.sh) keeps fio verify and an ext4 loop going and asks
+# for each upgrade with a "@@VNVME-CTL upgrade@@" line; `vnvme ctl upgrade` starts
+# the new process. The last one is the --once server that exits with QEMU.
+suite_upgrade() {
+    local k=$1
+    local d="$work/$k-upgrade" t0 args rc out n_ok=0 stalls=() s last="" i took
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] upgrade suite: the server replaced 10 times under fio verify and an ext4 loop"
+    write_config "$d/config.sh" VNVMEGT0006 $((256 << 20)) 512 $((128 << 20)) 512 0 512
+    export VN_CTL_SOCKET="$d/ctl.sock"
+    if ! vn_serve_start "$d/serve.log" "$d/vnvme.sock" --ns ram:256M --ns "file:$d/n2.img:128M" \
+        --control "$VN_CTL_SOCKET" --workers 1 --serial VNVMEGT0006 --once --stats-file "$d/stats.json" \
+        --log info; then
+        result FAIL "$k" "vnvme serve did not start (upgrade suite)"
+        unset VN_CTL_SOCKET
+        return
+    fi
+    run_boot "$k" "$d" upgrade.sh --timeout 480
+    unset VN_CTL_SOCKET
+    guest_results "$k" "$d"
+    if [[ $BOOT_RC -eq 0 ]]; then
+        result PASS "$k" "upgrade suite guest script exited 0"
+    else
+        result FAIL "$k" "upgrade suite guest script exit status $BOOT_RC (serial log: $d/guest.log)"
+    fi
+    while IFS=$'\t' read -r args rc out; do
+        [[ $args == upgrade ]] || continue
+        if [[ $rc -eq 0 && $out =~ -\>\ ([0-9]+).*stalled\ ([0-9.]+)\ ms ]]; then
+            n_ok=$((n_ok + 1))
+            last=${BASH_REMATCH[1]}
+            stalls+=("${BASH_REMATCH[2]}")
+        else
+            result FAIL "$k" "vnvme ctl upgrade: exit $rc: $out"
+        fi
+    done <"$d/marks/ctl.log"
+    UP_PID=$last
+    s=$(printf '%s\n' "${stalls[@]}" | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "min %.1f, median %.1f, max %.1f", v[1], v[int((NR + 1) / 2)], v[NR] }')
+    if [[ $n_ok -eq 10 ]]; then
+        result PASS "$k" "10 upgrades under the guest, each a new process; server-side stall (quiesce to serving) ms: $s"
+    else
+        result FAIL "$k" "$n_ok of 10 upgrades succeeded ($d/marks/ctl.log)"
+    fi
+    took=$(grep -ac 'took over from pid' "$d/serve.log")
+    if [[ $took -eq $n_ok ]] && ! vn_alive "$VN_PID"; then
+        result PASS "$k" "server log: $took takeovers, the first server gone ($(grep -a 'handed over to a new process' "$d/serve.log" | head -1 | sed 's/^vnvme: //' | cut -c1-90))"
+    else
+        result FAIL "$k" "server log: $took takeovers for $n_ok upgrades, or the first server still runs"
+    fi
+    wait "$VN_PID" 2>/dev/null || true
+    VN_PID=""
+    # The last process is the --once server: it leaves when QEMU does.
+    for ((i = 0; i < 200; i++)); do
+        [[ -n $last ]] && vn_alive "$last" || break
+        sleep 0.1
+    done
+    if [[ -n $last ]] && vn_alive "$last"; then
+        result FAIL "$k" "the last server (pid $last) still runs 20 s after QEMU exited (killed)"
+        kill -KILL "$last" 2>/dev/null || true
+    elif [[ -n $last ]]; then
+        result PASS "$k" "the last server (pid $last) exited after QEMU disconnected ($(grep -a 'I/O commands' "$d/serve.log" | tail -1 | sed 's/^vnvme: //' | cut -c1-100))"
+    fi
+    UP_PID=""
+    if grep -qa 'panicked' "$d/serve.log"; then
+        result FAIL "$k" "a vnvme process panicked (log: $d/serve.log)"
+    fi
+    if grep -qa 'hand-over failed' "$d/serve.log"; then
+        result FAIL "$k" "server log: a hand-over failed: $(grep -a 'hand-over failed' "$d/serve.log" | head -1)"
+    fi
+    rm -f "$d/n2.img"
+    echo "  [$k] upgrade suite: $(($(date +%s) - t0)) s"
+}
+
 want() { [[ ${#suites[@]} -eq 0 || " ${suites[*]} " == *" $1 "* ]]; }
 
 for k in "${kernels[@]}"; do
@@ -700,6 +784,7 @@ k_last=${kernels[${#kernels[@]}-1]}
 if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     want faults && suite_faults "$k_last"
     want netstore && suite_netstore "$k_last"
+    want upgrade && suite_upgrade "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

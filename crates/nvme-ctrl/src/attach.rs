@@ -49,7 +49,7 @@ impl Controller {
     /// Returns its NSID.
     pub fn add_namespace(&mut self, n: &NamespaceConfig, nsid: Option<u32>) -> Result<u32, NamespaceError> {
         let nn = self.max_namespaces();
-        let nsid = match nsid {
+        let nsid = match nsid.or(n.nsid) {
             Some(id) if id == 0 || id > nn => return Err(NamespaceError::OutOfRange(id, nn)),
             Some(id) if lookup(&self.namespaces, id).is_some() => return Err(NamespaceError::InUse(id)),
             Some(id) => id,

@@ -22,13 +22,27 @@ pub struct NamespaceConfig {
     /// A command its backend has not finished after this long completes with an
     /// error and its backend requests are abandoned (None: wait forever).
     pub timeout: Option<Duration>,
+    /// Its NSID (None: its position in [`ControllerConfig::namespaces`] plus one).
+    pub nsid: Option<u32>,
 }
 
 impl NamespaceConfig {
     /// A namespace with the default command timeout.
     pub fn new(backend: Arc<dyn Backend>, lba_format: u8) -> Self {
-        NamespaceConfig { backend, lba_format, timeout: Some(DEFAULT_COMMAND_TIMEOUT) }
+        NamespaceConfig { backend, lba_format, timeout: Some(DEFAULT_COMMAND_TIMEOUT), nsid: None }
     }
+}
+
+/// What the controller tells the host it can do, beyond its configuration: fixed
+/// at creation from the namespaces it starts with (a host reads them once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Capabilities {
+    /// ONCS Dataset Management.
+    pub dsm: bool,
+    /// ONCS Write Zeroes.
+    pub write_zeroes: bool,
+    /// VWC: a volatile write cache is present.
+    pub volatile_write_cache: bool,
 }
 
 /// Static controller parameters. [`ControllerConfig::default`] gives what a Linux
@@ -65,6 +79,9 @@ pub struct ControllerConfig {
     /// Offer Doorbell Buffer Config (OACS bit 8). Off only to measure what shadow
     /// doorbells save: the host then writes every doorbell register.
     pub shadow_doorbells: bool,
+    /// These capabilities rather than those the namespaces imply: a controller
+    /// taking over from another (`ControllerState::capabilities`) says what it said.
+    pub capabilities: Option<Capabilities>,
 }
 
 impl Default for ControllerConfig {
@@ -88,6 +105,7 @@ impl Default for ControllerConfig {
             namespaces: Vec::new(),
             max_namespaces: 0,
             shadow_doorbells: true,
+            capabilities: None,
         }
     }
 }

@@ -101,8 +101,14 @@ impl Controller {
         }
         let mut slots: Vec<Option<Arc<Namespace>>> = vec![None; nn];
         for (i, n) in cfg.namespaces.iter().enumerate() {
-            slots[i] =
-                Some(Arc::new(make_namespace(i as u32 + 1, n, &cfg.serial).map_err(std::io::Error::other)?));
+            let nsid = n.nsid.unwrap_or(i as u32 + 1);
+            let slot = slots
+                .get_mut((nsid as usize).wrapping_sub(1))
+                .ok_or_else(|| std::io::Error::other(format!("namespace {nsid}: NSIDs are 1..={nn}")))?;
+            if slot.is_some() {
+                return Err(std::io::Error::other(format!("namespace {nsid} given twice")));
+            }
+            *slot = Some(Arc::new(make_namespace(nsid, n, &cfg.serial).map_err(std::io::Error::other)?));
         }
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
@@ -117,8 +123,10 @@ impl Controller {
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
-            dsm: active(&namespaces).any(|n| n.info.discard),
-            write_zeroes: active(&namespaces).any(|n| n.info.write_zeroes),
+            dsm: cfg.capabilities.map_or_else(|| active(&namespaces).any(|n| n.info.discard), |c| c.dsm),
+            write_zeroes: cfg
+                .capabilities
+                .map_or_else(|| active(&namespaces).any(|n| n.info.write_zeroes), |c| c.write_zeroes),
             memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
@@ -155,6 +163,15 @@ impl Controller {
             clock,
             cfg,
         })
+    }
+
+    /// What the controller told its host it can do (fixed at creation).
+    pub fn capabilities(&self) -> crate::Capabilities {
+        crate::Capabilities {
+            dsm: self.engine.ctx.dsm,
+            write_zeroes: self.engine.ctx.write_zeroes,
+            volatile_write_cache: self.admin.features.vwc_present,
+        }
     }
 
     pub fn lifecycle(&self) -> Lifecycle {

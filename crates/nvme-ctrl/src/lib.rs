@@ -42,7 +42,7 @@ pub mod state;
 mod stats;
 
 pub use attach::NamespaceError;
-pub use config::{ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
+pub use config::{Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
 pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use log_limit::LogLimit;

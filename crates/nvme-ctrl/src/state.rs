@@ -51,6 +51,10 @@ pub struct ControllerState {
     pub cqs: Vec<CqState>,
     /// The Doorbell Buffer Config in force.
     pub shadow: Option<ShadowState>,
+    /// What the controller told its host it can do: a controller restoring this
+    /// must have been created with the same (`ControllerConfig::capabilities`).
+    #[serde(default)]
+    pub capabilities: Option<crate::Capabilities>,
     /// The SQ the controller's own engine arbitrates next (round robin), so a
     /// restored controller without workers fetches in the same order.
     #[serde(default)]
@@ -433,6 +437,7 @@ impl Controller {
         ControllerState {
             version: STATE_VERSION,
             clock_ns: now,
+            capabilities: Some(self.capabilities()),
             regs: Registers {
                 cc: self.cc.0,
                 csts: self.csts.0,
@@ -490,6 +495,12 @@ impl Controller {
         }
         if self.state != Lifecycle::Disabled || !self.book.is_empty() {
             return Err(StateError::Mismatch("the controller is not new".into()));
+        }
+        if let Some(c) = s.capabilities.filter(|&c| c != self.capabilities()) {
+            return Err(StateError::Mismatch(format!(
+                "capabilities {c:?}, here {:?} (create the controller with ControllerConfig::capabilities)",
+                self.capabilities()
+            )));
         }
         let mine: Vec<(u32, u64)> = self.namespaces().map(|n| (n.nsid, n.size())).collect();
         let theirs: Vec<(u32, u64)> = s.namespaces.iter().map(|n| (n.nsid, n.size)).collect();

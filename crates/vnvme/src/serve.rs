@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvme_ctrl::qos::QosGroup;
-use nvme_ctrl::{Controller, ControllerConfig, PollMode, StatsSnapshot};
+use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
@@ -210,11 +210,6 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
         let h = &mut taken.handover;
         let x = &taken.extra;
         let saved = h.saved.controller.clone();
-        let cfg = controller_config(&a, max_namespaces);
-        let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
-        let clock = Arc::new(nvme_ctrl::MonotonicClock::starting_at(saved.clock_ns));
-        let mut ctrl = Controller::with_clock(cfg, guest_mem::GuestMemory::empty(), irqs.clone(), clock)
-            .map_err(|e| e.to_string())?;
         let groups = upgrade::groups(&taken.prepared)?;
         let mut namespaces = Vec::new();
         for n in &x.namespaces {
@@ -234,8 +229,23 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
                     spec.open_with(memory).map_err(|e| format!("namespace {}: {e}", n.nsid))?
                 }
             };
-            ctrl.add_namespace(&opened.config(), Some(n.nsid))
-                .map_err(|e| format!("namespace {}: {e}", n.nsid))?;
+            namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });
+        }
+        // The same namespaces at the same NSIDs, and what the host was told the
+        // controller can do (ONCS, VWC), whatever the namespaces now imply.
+        let cfg = ControllerConfig {
+            namespaces: namespaces
+                .iter()
+                .map(|n| NamespaceConfig { nsid: Some(n.nsid), ..n.opened.config() })
+                .collect(),
+            capabilities: saved.capabilities,
+            ..controller_config(&a, max_namespaces)
+        };
+        let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
+        let clock = Arc::new(nvme_ctrl::MonotonicClock::starting_at(saved.clock_ns));
+        let mut ctrl = Controller::with_clock(cfg, guest_mem::GuestMemory::empty(), irqs.clone(), clock)
+            .map_err(|e| e.to_string())?;
+        for n in &x.namespaces {
             if let Some(name) = &n.group {
                 let g = match groups.get(name) {
                     Some(g) => g.clone(),
@@ -244,7 +254,6 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
                 };
                 ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())?;
             }
-            namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });
         }
         ctrl.set_doorbell_kick(h.take(h.saved.kick).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;

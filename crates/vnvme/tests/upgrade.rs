@@ -211,6 +211,14 @@ fn data_namespaces_and_qos_survive_with_and_without_a_client() {
     assert!(got == a, "namespace 1 after an upgrade under the client");
     let c = pattern(13, 32 << 10);
     d.write(1, 9000, &c).unwrap();
+    // What Identify said still holds: Write Zeroes and Dataset Management (ONCS)
+    // are served by the new process as by the old.
+    d.queue(1).unwrap().write_zeroes(1, 100, 8, false).unwrap();
+    d.deallocate(1, &[nvme_driver::LbaRange { slba: 108, nlb: 8 }]).unwrap();
+    let mut z = vec![0xffu8; 8192];
+    d.read(1, 100, &mut z).unwrap();
+    assert!(z.iter().all(|&x| x == 0), "zeroed and deallocated blocks read zeroes");
+    let a = [vec![0u8; 8192], a[8192..].to_vec()].concat();
     drop(d);
 
     // Without a client: the next one finds everything.

@@ -59,8 +59,13 @@ impl FeatureState {
     pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]) -> Self {
         // A host reads VWC once, at bring-up, and sends Flush only if it is present:
         // with room for namespaces added later (which may have a cache), say present.
-        let vwc_present = crate::namespace::active(namespaces).any(|n| n.info.volatile_cache)
-            || namespaces.iter().any(Option::is_none);
+        let vwc_present = cfg.capabilities.map_or_else(
+            || {
+                crate::namespace::active(namespaces).any(|n| n.info.volatile_cache)
+                    || namespaces.iter().any(Option::is_none)
+            },
+            |c| c.volatile_write_cache,
+        );
         let defaults = FeatureValues {
             // AB = 7: no burst limit.
             arbitration: 7,
