@@ -529,6 +529,11 @@ impl DeviceHandle {
     pub fn describe(&self) -> String {
         lock(&self.transport).describe()
     }
+
+    /// See [`Transport::migrate`]: queues wait on the transport's lock meanwhile.
+    pub fn migrate(&self, dest: &std::path::Path) -> io::Result<crate::transport::Migrated> {
+        lock(&self.transport).migrate(dest)
+    }
 }
 
 /// Sizing of the Shadow Doorbell and EventIdx buffers.

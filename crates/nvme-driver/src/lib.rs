@@ -38,5 +38,5 @@ pub use driver::{CompletionMode, DeviceHandle, DriverOptions, NvmeDriver};
 pub use error::DriverError;
 pub use identify::{ControllerInfo, NamespaceInfo, NsGeometry};
 pub use queue::{IoQueue, QueueStats};
-pub use transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
+pub use transport::{new_eventfd, DirectDoorbell, DmaRegion, Migrated, Transport};
 pub use vfio_user::{DoorbellMode, VfioUserOptions, VfioUserTransport};

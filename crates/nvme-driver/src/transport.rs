@@ -85,6 +85,21 @@ pub trait Transport: Send + std::fmt::Debug {
     fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {
         Ok(None)
     }
+    /// Live-migrates the device to the server at `dest` and goes on with it there
+    /// (vfio-user: migration v2). Unsupported by default.
+    fn migrate(&mut self, dest: &std::path::Path) -> io::Result<Migrated> {
+        let _ = dest;
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this transport cannot migrate its device"))
+    }
+}
+
+/// What a live migration did ([`Transport::migrate`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Migrated {
+    /// From the source's stop to the destination's start.
+    pub downtime: std::time::Duration,
+    /// Bytes of device state moved.
+    pub bytes: usize,
 }
 
 /// A non-blocking, close-on-exec eventfd (interrupt vectors, wake-ups).

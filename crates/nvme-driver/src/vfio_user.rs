@@ -113,6 +113,63 @@ pub struct VfioUserTransport {
     next_external: u64,
     /// A second handle on the socket, for hang-up detection.
     hangup: Option<UnixStream>,
+    /// Every DMA map made (IOVA, size, descriptor, offset): replayed on the server
+    /// a live migration moves the device to.
+    maps: Vec<(u64, u64, OwnedFd, u64)>,
+    /// The MSI-X eventfds given to the server (duplicates), for the same.
+    irq_fds: Vec<OwnedFd>,
+}
+
+/// What a live migration did ([`VfioUserTransport::migrate`]).
+#[derive(Clone, Debug)]
+pub struct MigrationReport {
+    /// From the source's stop to the destination's start: the device does nothing
+    /// meanwhile.
+    pub downtime: std::time::Duration,
+    /// Bytes of device state moved.
+    pub bytes: usize,
+    pub from: PathBuf,
+    pub to: PathBuf,
+}
+
+// VFIO_USER_DEVICE_FEATURE (linux/vfio.h): flags and features, migration states.
+const FEATURE_GET: u32 = 1 << 16;
+const FEATURE_SET: u32 = 1 << 17;
+const FEATURE_MIGRATION: u32 = 1;
+const FEATURE_MIG_DEVICE_STATE: u32 = 2;
+const MIG_STOP: u32 = 1;
+const MIG_RUNNING: u32 = 2;
+const MIG_STOP_COPY: u32 = 3;
+const MIG_RESUMING: u32 = 4;
+/// Bytes of migration data per MIG_DATA_READ / _WRITE.
+const MIG_CHUNK: u32 = 256 << 10;
+
+fn set_state(c: &mut Client, state: u32) -> io::Result<()> {
+    let mut p = 16u32.to_le_bytes().to_vec();
+    p.extend_from_slice(&(FEATURE_SET | FEATURE_MIG_DEVICE_STATE).to_le_bytes());
+    p.extend_from_slice(&state.to_le_bytes());
+    p.extend_from_slice(&(-1i32).to_le_bytes());
+    c.request(Command::DeviceFeature, &[&p], &[]).map_err(client_err)?;
+    Ok(())
+}
+
+fn read_all_state(c: &mut Client) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let mut p = (8 + MIG_CHUNK).to_le_bytes().to_vec();
+        p.extend_from_slice(&MIG_CHUNK.to_le_bytes());
+        let r = c.request(Command::MigDataRead, &[&p], &[]).map_err(client_err)?;
+        let n = r.payload.get(4..8).map(|b| u32::from_le_bytes(b.try_into().expect("4"))).unwrap_or(0);
+        let data =
+            r.payload.get(8..8 + n as usize).ok_or_else(|| io::Error::other("short MIG_DATA_READ reply"))?;
+        out.extend_from_slice(data);
+        if n < MIG_CHUNK {
+            return Ok(out);
+        }
+        if out.len() > 64 << 20 {
+            return Err(io::Error::other("the source's migration data does not end"));
+        }
+    }
 }
 
 fn client_err(e: ClientError) -> io::Error {
@@ -152,6 +209,8 @@ impl VfioUserTransport {
             io_fds: HashMap::new(),
             next_external: EXTERNAL_IOVA_BASE,
             hangup,
+            maps: Vec::new(),
+            irq_fds: Vec::new(),
         };
         // PCI Command: Memory Space Enable | Bus Master Enable.
         let cmd = t.config_read16(0x04)?;
@@ -259,6 +318,94 @@ impl VfioUserTransport {
 
     fn read(&mut self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.client.region_read(REGION_BAR0, off, buf).map_err(client_err)
+    }
+
+    /// Live-migrates the device to the server at `dest` (vfio-user migration v2),
+    /// the way a VMM does with its vCPUs paused: callers of this transport wait on
+    /// its lock meanwhile. The destination gets the same DMA maps and interrupt
+    /// eventfds; the source is stopped, its state read (STOP_COPY) and written to
+    /// the destination (RESUMING), which then runs. From then on this transport
+    /// talks to the destination; the source is left (it resets). Guest memory is
+    /// shared by both servers (one host), so none is copied. If anything fails
+    /// before the destination runs, the source runs again and the error is returned.
+    /// Trapped and sync doorbells only (mapped and eventfd doorbells are the
+    /// source's own descriptors).
+    pub fn migrate(&mut self, dest: &Path) -> io::Result<MigrationReport> {
+        if !matches!(self.mode, DoorbellMode::Trapped | DoorbellMode::Sync) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("migration with {:?} doorbells (trapped or sync only)", self.mode),
+            ));
+        }
+        // The source must offer STOP_COPY.
+        let mut p = 8u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&(FEATURE_GET | FEATURE_MIGRATION).to_le_bytes());
+        let r = self.client.request(Command::DeviceFeature, &[&p], &[]).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the source does not migrate: {}", client_err(e)),
+            )
+        })?;
+        let flags = r.payload.get(8..16).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+        if flags & 1 == 0 {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the source does not offer STOP_COPY"));
+        }
+        // The destination, set up as this client's device, before anything stops.
+        let stream = UnixStream::connect(dest)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dest.display())))?;
+        let timeout = self.hangup.as_ref().and_then(|h| h.read_timeout().ok().flatten());
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
+        let hangup = stream.try_clone().ok();
+        let mut d = Client::from_stream(stream).map_err(client_err)?;
+        let (bar0, _, _) = d.region_info(REGION_BAR0).map_err(client_err)?;
+        if bar0.size.get() != self.bar0_size {
+            return Err(io::Error::other(format!(
+                "the destination's BAR0 is {:#x} bytes, the source's {:#x}",
+                bar0.size.get(),
+                self.bar0_size
+            )));
+        }
+        for (iova, size, fd, off) in &self.maps {
+            d.dma_map(*iova, *size, Some(fd.as_fd()), *off).map_err(client_err)?;
+        }
+        if !self.irq_fds.is_empty() {
+            d.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &self.irq_fds).map_err(client_err)?;
+        }
+        let t0 = std::time::Instant::now();
+        set_state(&mut self.client, MIG_STOP_COPY)?;
+        let moved = read_all_state(&mut self.client).and_then(|data| {
+            set_state(&mut d, MIG_RESUMING)?;
+            for chunk in data.chunks(MIG_CHUNK as usize) {
+                let mut p = (8 + chunk.len() as u32).to_le_bytes().to_vec();
+                p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+                d.request(Command::MigDataWrite, &[&p, chunk], &[]).map_err(client_err)?;
+            }
+            set_state(&mut d, MIG_RUNNING)?;
+            Ok(data.len())
+        });
+        let bytes = match moved {
+            Ok(n) => n,
+            Err(e) => {
+                // The source runs on; the destination is dropped (it resets).
+                let back = set_state(&mut self.client, MIG_RUNNING);
+                return Err(io::Error::other(format!(
+                    "migration to {} failed: {e}{}",
+                    dest.display(),
+                    back.err()
+                        .map(|b| format!("; and the source did not run again: {b}"))
+                        .unwrap_or_default()
+                )));
+            }
+        };
+        let downtime = t0.elapsed();
+        // Stop the source for good before letting go of it (a reset follows).
+        let _ = set_state(&mut self.client, MIG_STOP);
+        let from = std::mem::replace(&mut self.path, dest.to_owned());
+        self.client = d;
+        self.hangup = hangup;
+        info!(from = %from.display(), to = %dest.display(), ?downtime, bytes, "device migrated");
+        Ok(MigrationReport { downtime, bytes, from, to: dest.to_owned() })
     }
 }
 
@@ -387,7 +534,8 @@ impl Transport for VfioUserTransport {
         let iova = self.next_iova;
         let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;
         self.client.dma_map(iova, size, Some(fd.as_fd()), 0).map_err(client_err)?;
-        // The fd can go: our mapping and the server's (it received a duplicate) stay.
+        // Kept for a migration's destination.
+        self.maps.push((iova, size, fd, 0));
         self.next_iova = iova + size + CHUNK;
         self.dma_bytes += size;
         debug!(iova = format_args!("{iova:#x}"), size, "DMA region shared");
@@ -404,6 +552,7 @@ impl Transport for VfioUserTransport {
         }
         let fds = (0..n).map(|_| new_eventfd()).collect::<io::Result<Vec<_>>>()?;
         self.client.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &fds).map_err(client_err)?;
+        self.irq_fds = fds.iter().map(|f| f.try_clone()).collect::<io::Result<_>>()?;
         // MSI-X Enable in the capability's Message Control (what the kernel's vfio-pci
         // does for a VFIO user when it installs MSI-X eventfds).
         let mut cap = self.config_read16(0x34)? & 0xfc;
@@ -446,6 +595,7 @@ impl Transport for VfioUserTransport {
             .and_then(|l| iova.checked_add(l + CHUNK))
             .ok_or_else(|| io::Error::other("external IOVA window exhausted"))?;
         self.client.dma_map(iova, len, Some(fd), off).map_err(client_err)?;
+        self.maps.push((iova, len, fd.try_clone_to_owned()?, off));
         self.next_external = next;
         debug!(
             gpa = format_args!("{gpa:#x}"),
@@ -457,7 +607,13 @@ impl Transport for VfioUserTransport {
     }
 
     fn unmap_external(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        self.maps.retain(|m| m.0 != iova);
         self.client.dma_unmap(iova, len).map_err(client_err)
+    }
+
+    fn migrate(&mut self, dest: &Path) -> io::Result<crate::transport::Migrated> {
+        let r = VfioUserTransport::migrate(self, dest)?;
+        Ok(crate::transport::Migrated { downtime: r.downtime, bytes: r.bytes })
     }
 
     fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {

@@ -52,6 +52,10 @@ pub enum DeviceError {
     Unsupported(u16),
     #[error("VERSION must come first")]
     NoVersion,
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    NoSpace(String),
     #[error(
         "DMA_UNMAP {address:#x}+{size:#x}: {left} region(s) still in use by requests after {waited:?} \
          (a backend that does not answer); the memory stays mapped here until they end"
@@ -73,7 +77,8 @@ impl DeviceError {
             DeviceError::Dma(DmaError::NotMemory(_)) => libc::EINVAL,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
             DeviceError::NoVersion => libc::EPROTO,
-            DeviceError::StillInUse { .. } => libc::EBUSY,
+            DeviceError::StillInUse { .. } | DeviceError::Busy(_) => libc::EBUSY,
+            DeviceError::NoSpace(_) => libc::ENOSPC,
         }
     }
 }
@@ -136,6 +141,8 @@ pub struct Device {
     pub(crate) handover: Option<crate::handover::HandoverRequest>,
     /// Handed over: the process exits without touching the client.
     pub(crate) handed_over: bool,
+    /// vfio-user live migration (`migration`).
+    pub(crate) mig: crate::migration::MigrationState,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -185,6 +192,7 @@ impl Device {
             release_wait: opts.release_wait,
             handover: None,
             handed_over: false,
+            mig: Default::default(),
         })
     }
 
@@ -284,6 +292,9 @@ impl Device {
         // Reset first, so no worker is still using queues in memory we are about to
         // unmap (that would read as a guest fault and set Controller Fatal Status).
         self.power_on();
+        // After the reset: a stopped device (a migration's source) must not run the
+        // queues it had before the client left.
+        self.migration_reset();
         let released = self.dma.clear();
         self.ctrl.set_memory(self.dma.memory());
         let left = self.wait_released(&released);
@@ -305,7 +316,7 @@ impl Device {
     /// Function Mask, BARs) and the MSI-X table and PBA. Interrupt eventfds stay
     /// installed (the client owns them and re-sends what it wants after a reset);
     /// with MSI-X off, interrupts go to INTx again.
-    fn power_on(&mut self) {
+    pub(crate) fn power_on(&mut self) {
         self.ctrl.device_reset();
         let vectors = self.irqs.vectors() as u16;
         self.config = ConfigSpace::new(self.ids, self.bar0_len, BAR4_LEN, vectors);
@@ -331,9 +342,14 @@ impl Device {
             Command::DeviceSetIrqs => self.set_irqs(msg),
             Command::RegionRead => self.region_read(&msg),
             Command::RegionWrite => self.region_write(&msg),
+            Command::DeviceFeature => self.device_feature(&msg),
+            Command::MigDataRead => self.mig_data_read(&msg),
+            Command::MigDataWrite => self.mig_data_write(&msg),
             Command::DeviceReset => {
                 info!("device reset requested by the client");
+                // Reset first: a stopped device resumes with no queues to fetch from.
                 self.power_on();
+                self.migration_reset();
                 Ok(Reply::ok(Vec::new()))
             }
             other => Err(DeviceError::Unsupported(other as u16)),

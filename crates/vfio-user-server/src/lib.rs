@@ -18,6 +18,7 @@ pub mod fds;
 pub mod handover;
 pub mod irq;
 pub mod jobs;
+pub mod migration;
 pub mod pci;
 pub mod server;
 

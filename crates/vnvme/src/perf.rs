@@ -140,6 +140,16 @@ pub struct PerfArgs {
     /// over the run, per I/O.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Live-migrate the device (vfio-user migration v2) to the server at this socket
+    /// while the load runs, then back to --socket, and so on, every
+    /// --migrate-every: this program acts as the VMM (queues wait meanwhile, as
+    /// vCPUs would). Both servers must serve the same storage (e.g. the same file).
+    /// Trapped or shadow doorbells.
+    #[arg(long, value_name = "SOCKET")]
+    pub migrate_to: Option<PathBuf>,
+    /// How often --migrate-to migrates.
+    #[arg(long, default_value = "1s", value_parser = knobs::parse_duration)]
+    pub migrate_every: Duration,
 }
 
 /// Runs the load on the target and reports what it measured.
@@ -154,8 +164,17 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     let queues = d.take_queues();
     let clocks = measure::Clocks::start(a.server_pid, ctrl_stats.is_some());
     let t0 = Instant::now();
-    let results = load::run(queues, &a, lba, blocks, t0 + a.runtime);
+    let deadline = t0 + a.runtime;
+    let migrations = match (&a.migrate_to, &target) {
+        (Some(to), Target::Socket(from)) => {
+            Some(spawn_migrations(d.device_handle(), from.clone(), to.clone(), a.migrate_every, deadline))
+        }
+        (Some(_), Target::InProcess { .. }) => return Err("--migrate-to needs --socket".into()),
+        (None, _) => None,
+    };
+    let results = load::run(queues, &a, lba, blocks, deadline);
     let elapsed = t0.elapsed();
+    let migrated = migrations.map(|h| h.join().expect("migration thread"));
     let cpu = clocks.stop();
     counters.stop();
     let (queues, totals) = load::Totals::sum(results);
@@ -168,7 +187,14 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("vnvme perf: controller shutdown: {e}");
     }
     let counters = counters.delta(totals.ios());
-    let errors = totals.errors;
+    let mut errors = totals.errors;
+    if let Some(m) = &migrated {
+        println!("{}", m.describe());
+        if let Some(e) = &m.error {
+            eprintln!("vnvme perf: migration failed: {e}");
+            errors += 1;
+        }
+    }
     let outcome = report::Outcome { transport, lba, shadow, totals, elapsed, cpu, counters };
     outcome.print(&a);
     if let Some(p) = &a.json {
@@ -178,6 +204,63 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("{errors} I/O errors").into());
     }
     Ok(())
+}
+
+/// What the migration thread did.
+#[derive(Debug, Default)]
+struct Migrations {
+    downtimes: Vec<Duration>,
+    bytes: usize,
+    error: Option<String>,
+}
+
+impl Migrations {
+    fn describe(&self) -> String {
+        let mut d = self.downtimes.clone();
+        d.sort();
+        let ms = |x: Option<&Duration>| x.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        format!(
+            "  migrations: {} (device state {} bytes each), downtime ms: min {:.2}, median {:.2}, max {:.2}",
+            d.len(),
+            self.bytes,
+            ms(d.first()),
+            ms(d.get(d.len() / 2)),
+            ms(d.last())
+        )
+    }
+}
+
+/// Migrates the device from `from` to `to` and back, every `every`, until `deadline`
+/// (stops at the first failure).
+fn spawn_migrations(
+    h: nvme_driver::DeviceHandle,
+    from: PathBuf,
+    to: PathBuf,
+    every: Duration,
+    deadline: Instant,
+) -> std::thread::JoinHandle<Migrations> {
+    std::thread::spawn(move || {
+        let mut m = Migrations::default();
+        let mut next = [to, from].into_iter().cycle();
+        loop {
+            let at = Instant::now() + every;
+            if at + Duration::from_millis(100) >= deadline {
+                return m;
+            }
+            std::thread::sleep(at - Instant::now());
+            let dest = next.next().expect("cycle");
+            match h.migrate(&dest) {
+                Ok(r) => {
+                    m.downtimes.push(r.downtime);
+                    m.bytes = r.bytes;
+                }
+                Err(e) => {
+                    m.error = Some(format!("to {}: {e}", dest.display()));
+                    return m;
+                }
+            }
+        }
+    })
 }
 
 #[cfg(test)]

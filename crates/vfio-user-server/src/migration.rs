@@ -1,0 +1,339 @@
+//! vfio-user live migration, server side (docs/interop/vfio-user.rst, migration
+//! v2): `VFIO_USER_DEVICE_FEATURE` with `MIGRATION` (we offer STOP_COPY) and
+//! `MIG_DEVICE_STATE`, and the migration data stream of `VFIO_USER_MIG_DATA_READ`
+//! / `_WRITE`.
+//!
+//! The states and what each arc does here:
+//! - RUNNING -> STOP: the controller is quiesced (`nvme_ctrl::state`: it stops
+//!   fetching and waits, bounded, for commands in flight). Past the bound the arc
+//!   fails with EBUSY and the device keeps running.
+//! - STOP -> STOP_COPY: the device's state is serialized ([`MigrationData`],
+//!   versioned JSON: config space, MSI-X table, the controller's state) for the
+//!   client to read. STOP_COPY -> STOP ends the read.
+//! - STOP -> RESUMING: the controller is reset to its power-on state (a new
+//!   device for the incoming state); the client writes the stream. RESUMING ->
+//!   STOP restores it, quiesced; invalid data fails the arc with EINVAL and the
+//!   device goes to ERROR (DEVICE_RESET brings it back to RUNNING).
+//! - STOP -> RUNNING: the controller resumes.
+//!   Other transitions take the shortest path through STOP. PRE_COPY is not
+//!   offered: the state is small (tens of KiB), STOP_COPY moves it at once.
+//!
+//! What the device writes to guest memory (completions, read data) is not
+//! logged: DMA logging (DEVICE_FEATURE 6-8) is not offered, so a client must
+//! treat guest memory as dirty while the device runs, or share it (one host).
+//!
+//! A client that leaves, or resets the device, puts it back to RUNNING.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+use vfio_user::Message;
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::device::{Device, DeviceError, Reply};
+use crate::handover::unhex;
+
+/// Version of [`MigrationData`] this build writes and reads.
+pub const MIGRATION_VERSION: u32 = 1;
+/// How long RUNNING -> STOP waits for commands in flight.
+pub const STOP_LIMIT: Duration = Duration::from_secs(3);
+/// The most migration data a client may write (the real stream is tens of KiB).
+pub const MAX_STREAM: usize = 16 << 20;
+
+// Feature indexes and flags (linux/vfio.h).
+const FEATURE_MASK: u32 = 0xffff;
+const FEATURE_GET: u32 = 1 << 16;
+const FEATURE_SET: u32 = 1 << 17;
+const FEATURE_PROBE: u32 = 1 << 18;
+const FEATURE_MIGRATION: u32 = 1;
+const FEATURE_MIG_DEVICE_STATE: u32 = 2;
+const MIGRATION_STOP_COPY: u64 = 1 << 0;
+
+/// `enum vfio_device_mig_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigState {
+    Error = 0,
+    Stop = 1,
+    Running = 2,
+    StopCopy = 3,
+    Resuming = 4,
+}
+
+impl MigState {
+    fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => MigState::Error,
+            1 => MigState::Stop,
+            2 => MigState::Running,
+            3 => MigState::StopCopy,
+            4 => MigState::Resuming,
+            _ => return None,
+        })
+    }
+}
+
+/// The migration side of a device.
+#[derive(Debug)]
+pub struct MigrationState {
+    pub state: MigState,
+    /// STOP_COPY: the stream, and how much the client has read.
+    out: Vec<u8>,
+    read: usize,
+    /// RESUMING: what the client has written.
+    inbuf: Vec<u8>,
+}
+
+impl Default for MigrationState {
+    fn default() -> Self {
+        MigrationState { state: MigState::Running, out: Vec::new(), read: 0, inbuf: Vec::new() }
+    }
+}
+
+/// The device as migrated: what guest and client can observe that is not in
+/// guest memory, nor in descriptors the client sets up again (DMA maps,
+/// interrupt eventfds) on the destination.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MigrationData {
+    pub version: u32,
+    /// PCI config space, hex.
+    pub config: String,
+    /// The MSI-X table and PBA, hex.
+    pub bar4: String,
+    pub msix_enabled: bool,
+    /// The doorbell page's contents (mapped doorbells), hex.
+    pub doorbell_page: Option<String>,
+    pub controller: nvme_ctrl::ControllerState,
+}
+
+/// `struct vfio_user_device_feature` (the fixed part).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+struct FeatureHeader {
+    argsz: U32,
+    flags: U32,
+}
+
+/// `struct vfio_user_mig_data` (the fixed part).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+struct MigData {
+    argsz: U32,
+    size: U32,
+}
+
+fn invalid(what: impl Into<String>) -> DeviceError {
+    DeviceError::Invalid(what.into())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Device {
+    /// VFIO_USER_DEVICE_FEATURE.
+    pub(crate) fn device_feature(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
+        let h: FeatureHeader = msg.payload_as().ok_or_else(|| invalid("DEVICE_FEATURE: short payload"))?;
+        let flags = h.flags.get();
+        let feature = flags & FEATURE_MASK;
+        let (get, set, probe) =
+            (flags & FEATURE_GET != 0, flags & FEATURE_SET != 0, flags & FEATURE_PROBE != 0);
+        if get && set && !probe {
+            return Err(invalid("DEVICE_FEATURE: GET and SET together without PROBE"));
+        }
+        let data = &msg.payload[size_of::<FeatureHeader>()..];
+        let supported = match feature {
+            FEATURE_MIGRATION => !set,
+            FEATURE_MIG_DEVICE_STATE => true,
+            // DMA logging (6, 7, 8) and anything else.
+            _ => false,
+        };
+        if !supported {
+            return Err(DeviceError::Unsupported(msg.header.command.get()));
+        }
+        if probe {
+            return Ok(Reply::Ok(msg.payload.clone(), Vec::new()));
+        }
+        let reply = |body: &[u8]| {
+            let mut v = FeatureHeader { argsz: U32::new((8 + body.len()) as u32), flags: h.flags }
+                .as_bytes()
+                .to_vec();
+            v.extend_from_slice(body);
+            Reply::Ok(v, Vec::new())
+        };
+        match (feature, get) {
+            (FEATURE_MIGRATION, true) => Ok(reply(&MIGRATION_STOP_COPY.to_le_bytes())),
+            (FEATURE_MIG_DEVICE_STATE, true) => {
+                let mut b = (self.mig.state as u32).to_le_bytes().to_vec();
+                b.extend_from_slice(&(-1i32).to_le_bytes());
+                Ok(reply(&b))
+            }
+            (FEATURE_MIG_DEVICE_STATE, false) if set => {
+                let want = data
+                    .get(..4)
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                    .ok_or_else(|| invalid("MIG_DEVICE_STATE: no device_state"))?;
+                let want = MigState::from_u32(want)
+                    .filter(|s| *s != MigState::Error)
+                    .ok_or_else(|| invalid(format!("MIG_DEVICE_STATE: no state {want} (or not settable)")))?;
+                self.migrate_to(want)?;
+                let mut b = (self.mig.state as u32).to_le_bytes().to_vec();
+                b.extend_from_slice(&(-1i32).to_le_bytes());
+                Ok(reply(&b))
+            }
+            _ => Err(invalid("DEVICE_FEATURE: give GET, SET or PROBE")),
+        }
+    }
+
+    /// Moves to `want` through STOP (the only interior state this device needs).
+    fn migrate_to(&mut self, want: MigState) -> Result<(), DeviceError> {
+        use MigState::*;
+        if self.mig.state == Error {
+            return Err(invalid("the device is in the ERROR migration state: reset it"));
+        }
+        let from = self.mig.state;
+        if from == want {
+            return Ok(());
+        }
+        if from != Stop && want != Stop {
+            self.arc(Stop)?;
+        }
+        self.arc(want)?;
+        info!(?from, to = ?want, "migration state changed");
+        Ok(())
+    }
+
+    /// One direct arc from the current state.
+    fn arc(&mut self, to: MigState) -> Result<(), DeviceError> {
+        use MigState::*;
+        match (self.mig.state, to) {
+            (Running, Stop) => {
+                self.ctrl.quiesce(STOP_LIMIT).map_err(|e| DeviceError::Busy(format!("cannot stop: {e}")))?;
+            }
+            (Stop, Running) => self.ctrl.resume(),
+            (Stop, StopCopy) => {
+                let data = MigrationData {
+                    version: MIGRATION_VERSION,
+                    config: hex(self.config.bytes()),
+                    bar4: hex(&self.bar4),
+                    msix_enabled: self.config.msix_enabled(),
+                    doorbell_page: self.page.as_ref().map(|p| {
+                        let mut b = vec![0u8; crate::doorbells::DOORBELL_PAGE_LEN as usize];
+                        let _ = p.mem.read(crate::doorbells::DOORBELL_PAGE, &mut b);
+                        hex(&b)
+                    }),
+                    controller: self.ctrl.save_state(),
+                };
+                self.mig.out = serde_json::to_vec(&data).map_err(|e| invalid(e.to_string()))?;
+                self.mig.read = 0;
+            }
+            (StopCopy, Stop) => {
+                self.mig.out = Vec::new();
+                self.mig.read = 0;
+            }
+            (Stop, Resuming) => {
+                // A new device for the incoming state; stopped until it arrives.
+                self.power_on();
+                self.ctrl.quiesce(STOP_LIMIT).map_err(|e| DeviceError::Busy(e.to_string()))?;
+                self.mig.inbuf = Vec::new();
+            }
+            (Resuming, Stop) => {
+                let buf = std::mem::take(&mut self.mig.inbuf);
+                if let Err(e) = self.load(&buf) {
+                    warn!("migration data refused: {e}");
+                    self.power_on();
+                    self.mig.state = Error;
+                    return Err(invalid(format!("migration data refused: {e}")));
+                }
+            }
+            (from, to) => {
+                return Err(invalid(format!("no migration arc {from:?} -> {to:?}")));
+            }
+        }
+        self.mig.state = to;
+        Ok(())
+    }
+
+    /// RESUMING -> STOP: the stream into this (power-on, stopped) device.
+    fn load(&mut self, buf: &[u8]) -> Result<(), String> {
+        let mut d: MigrationData =
+            serde_json::from_slice(buf).map_err(|e| format!("not migration data: {e}"))?;
+        if d.version != MIGRATION_VERSION {
+            return Err(format!(
+                "migration data version {}, this build reads {MIGRATION_VERSION}",
+                d.version
+            ));
+        }
+        let config = unhex(&d.config).map_err(|e| e.to_string())?;
+        let bar4 = unhex(&d.bar4).map_err(|e| e.to_string())?;
+        if bar4.len() != self.bar4.len() {
+            return Err(format!("MSI-X table of {} bytes, this device has {}", bar4.len(), self.bar4.len()));
+        }
+        let page = match (&d.doorbell_page, &self.page) {
+            (Some(h), Some(_)) => Some(unhex(h).map_err(|e| e.to_string())?),
+            _ => None,
+        };
+        // The source's clock is not ours: keep the ages (since creation, since reset).
+        let now = self.ctrl.clock_now_ns();
+        let age = |t: u64| now.saturating_sub(d.controller.clock_ns.saturating_sub(t));
+        d.controller.admin.created_ns = age(d.controller.admin.created_ns);
+        d.controller.admin.reset_ns = age(d.controller.admin.reset_ns);
+        d.controller.clock_ns = now;
+        self.ctrl.restore_state(&d.controller).map_err(|e| e.to_string())?;
+        self.config.restore(&config)?;
+        self.bar4 = bar4;
+        self.irqs.set_msix_enabled(d.msix_enabled);
+        if let (Some(b), Some(p)) = (page, &self.page) {
+            p.mem.write(crate::doorbells::DOORBELL_PAGE, &b).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// VFIO_USER_MIG_DATA_READ.
+    pub(crate) fn mig_data_read(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
+        let r: MigData = msg.payload_as().ok_or_else(|| invalid("MIG_DATA_READ: short payload"))?;
+        if self.mig.state != MigState::StopCopy {
+            return Err(invalid(format!("MIG_DATA_READ in state {:?}", self.mig.state)));
+        }
+        let want = r.size.get() as usize;
+        if want > crate::device::MAX_XFER as usize {
+            return Err(invalid(format!(
+                "MIG_DATA_READ of {want} bytes (at most {})",
+                crate::device::MAX_XFER
+            )));
+        }
+        let chunk = &self.mig.out[self.mig.read..][..want.min(self.mig.out.len() - self.mig.read)];
+        let mut v = MigData { argsz: U32::new((8 + chunk.len()) as u32), size: U32::new(chunk.len() as u32) }
+            .as_bytes()
+            .to_vec();
+        v.extend_from_slice(chunk);
+        self.mig.read += chunk.len();
+        Ok(Reply::Ok(v, Vec::new()))
+    }
+
+    /// VFIO_USER_MIG_DATA_WRITE.
+    pub(crate) fn mig_data_write(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
+        let r: MigData = msg.payload_as().ok_or_else(|| invalid("MIG_DATA_WRITE: short payload"))?;
+        if self.mig.state != MigState::Resuming {
+            return Err(invalid(format!("MIG_DATA_WRITE in state {:?}", self.mig.state)));
+        }
+        let data = msg.payload[size_of::<MigData>()..]
+            .get(..r.size.get() as usize)
+            .ok_or_else(|| invalid("MIG_DATA_WRITE: payload shorter than size"))?;
+        if self.mig.inbuf.len() + data.len() > MAX_STREAM {
+            return Err(DeviceError::NoSpace(format!("migration data over {MAX_STREAM} bytes")));
+        }
+        self.mig.inbuf.extend_from_slice(data);
+        Ok(Reply::Ok(Vec::new(), Vec::new()))
+    }
+
+    /// A reset or a client leaving: back to RUNNING, whatever the migration state.
+    pub(crate) fn migration_reset(&mut self) {
+        if self.mig.state != MigState::Running {
+            info!(from = ?self.mig.state, "migration state back to RUNNING (reset)");
+            self.mig = MigrationState::default();
+            self.ctrl.resume();
+        }
+    }
+}

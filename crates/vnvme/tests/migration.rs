@@ -1,0 +1,144 @@
+//! vfio-user live migration (migration v2) across processes: `vnvme perf
+//! --verify` acting as the VMM moves a running workload between two servers on
+//! the same file, back and forth, with no error and every block checked; and the
+//! protocol's edges with a raw client (what is offered, states that do not exist,
+//! data in the wrong state, invalid data, a reset out of ERROR, an oversized stream).
+
+mod common;
+
+use std::process::Command;
+
+use common::{expect_error, request, Server};
+
+const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
+const FEATURE: u16 = 16;
+const MIG_READ: u16 = 17;
+const MIG_WRITE: u16 = 18;
+const RESET: u16 = 13;
+const GET: u32 = 1 << 16;
+const SET: u32 = 1 << 17;
+const PROBE: u32 = 1 << 18;
+
+fn feature(flags: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = ((8 + data.len()) as u32).to_le_bytes().to_vec();
+    v.extend_from_slice(&flags.to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn state(s: u32) -> Vec<u8> {
+    feature(SET | 2, &[s.to_le_bytes(), (-1i32).to_le_bytes()].concat())
+}
+
+fn mig(size: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = (8 + size).to_le_bytes().to_vec();
+    v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn migrate_under_verified_load(a_args: &[&str], b_args: &[&str]) {
+    let dir = common::temp_dir("migration");
+    let img = format!("file:{}:64M", dir.join("shared.img").display());
+    let mut a_all = vec!["--ns", img.as_str()];
+    a_all.extend_from_slice(a_args);
+    let mut b_all = vec!["--ns", img.as_str()];
+    b_all.extend_from_slice(b_args);
+    let a = Server::start_in(&dir, "a", &a_all);
+    let b = Server::start_in(&dir, "b", &b_all);
+    let out = Command::new(VNVME)
+        .args(["perf", "--socket"])
+        .arg(&a.socket)
+        .arg("--migrate-to")
+        .arg(&b.socket)
+        .args(["--migrate-every", "400ms", "--runtime", "3s", "--rw", "randrw", "--mix", "50", "--verify"])
+        .args(["--qd", "16", "--queues", "2", "--doorbells", "shadow"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}\n--- a ---\n{}\n--- b ---\n{}", a.log(), b.log());
+    assert!(text.contains("; 0 errors)") && text.contains(" 0 mismatches"), "{text}");
+    let line = text.lines().find(|l| l.contains("migrations:")).unwrap_or_else(|| panic!("{text}"));
+    let n: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n >= 4, "{line}");
+    eprintln!("{text}");
+    for s in [&a, &b] {
+        assert!(s.log().contains("migration state changed"), "{}", s.log());
+    }
+}
+
+#[test]
+fn a_verified_workload_moves_between_two_servers_and_back() {
+    migrate_under_verified_load(&["--workers", "1"], &["--workers", "1"]);
+}
+
+#[test]
+fn the_state_moves_between_inline_and_two_workers() {
+    migrate_under_verified_load(&["--workers", "0"], &["--workers", "2"]);
+}
+
+#[test]
+fn migration_protocol_edges() {
+    let mut s = Server::start();
+    let mut c = s.raw_negotiated();
+    // MIGRATION: STOP_COPY offered; probing it works; SET is not a thing for it.
+    let r = request(&mut c, 1, FEATURE, &[&feature(GET | 1, &[])], &[]);
+    assert!(!common::is_error(&r));
+    assert_eq!(u64::from_le_bytes(r.payload[8..16].try_into().unwrap()) & 1, 1);
+    assert!(!common::is_error(&request(&mut c, 2, FEATURE, &[&feature(PROBE | GET | 2, &[])], &[])));
+    assert_eq!(expect_error(&mut c, 3, FEATURE, &[&feature(SET | 1, &[0; 8])], &[]), libc::ENOTSUP as u32);
+    // DMA logging is not offered (the client must treat memory as dirty).
+    for f in [6, 7, 8] {
+        assert_eq!(
+            expect_error(&mut c, 4, FEATURE, &[&feature(PROBE | SET | f, &[])], &[]),
+            libc::ENOTSUP as u32
+        );
+    }
+    // Unknown, ERROR and P2P states; data in the wrong state.
+    for st in [0, 5, 7, 99] {
+        assert_eq!(expect_error(&mut c, 5, FEATURE, &[&state(st)], &[]), libc::EINVAL as u32, "state {st}");
+    }
+    assert_eq!(expect_error(&mut c, 6, MIG_READ, &[&mig(64, &[])], &[]), libc::EINVAL as u32);
+    assert_eq!(expect_error(&mut c, 7, MIG_WRITE, &[&mig(3, b"abc")], &[]), libc::EINVAL as u32);
+    // STOP_COPY gives the stream; a short read ends it.
+    assert!(!common::is_error(&request(&mut c, 8, FEATURE, &[&state(3)], &[])));
+    let r = request(&mut c, 9, MIG_READ, &[&mig(1 << 20, &[])], &[]);
+    let n = u32::from_le_bytes(r.payload[4..8].try_into().unwrap()) as usize;
+    assert!(n > 100 && n < 1 << 20, "{n}");
+    let stream = r.payload[8..8 + n].to_vec();
+    assert!(stream.starts_with(b"{\"version\":1"), "{}", String::from_utf8_lossy(&stream[..40]));
+    assert_eq!(expect_error(&mut c, 10, MIG_READ, &[&mig(2 << 20, &[])], &[]), libc::EINVAL as u32);
+    // STOP_COPY -> PRE_COPY does not exist; to RESUMING goes through STOP.
+    assert_eq!(expect_error(&mut c, 11, FEATURE, &[&state(6)], &[]), libc::EINVAL as u32);
+    assert!(!common::is_error(&request(&mut c, 12, FEATURE, &[&state(4)], &[])));
+    // Invalid data: the arc fails and the device is in ERROR until a reset.
+    assert!(!common::is_error(&request(&mut c, 13, MIG_WRITE, &[&mig(9, b"{\"oops\":1")], &[])));
+    assert_eq!(expect_error(&mut c, 14, FEATURE, &[&state(2)], &[]), libc::EINVAL as u32);
+    let r = request(&mut c, 15, FEATURE, &[&feature(GET | 2, &[])], &[]);
+    assert_eq!(u32::from_le_bytes(r.payload[8..12].try_into().unwrap()), 0, "ERROR");
+    assert_eq!(expect_error(&mut c, 16, FEATURE, &[&state(1)], &[]), libc::EINVAL as u32);
+    assert!(!common::is_error(&request(&mut c, 17, RESET, &[], &[])));
+    let r = request(&mut c, 18, FEATURE, &[&feature(GET | 2, &[])], &[]);
+    assert_eq!(u32::from_le_bytes(r.payload[8..12].try_into().unwrap()), 2, "RUNNING after the reset");
+    // The saved stream restores; an endless one is refused at the bound.
+    assert!(!common::is_error(&request(&mut c, 19, FEATURE, &[&state(4)], &[])));
+    assert!(!common::is_error(&request(&mut c, 20, MIG_WRITE, &[&mig(stream.len() as u32, &stream)], &[])));
+    assert!(!common::is_error(&request(&mut c, 21, FEATURE, &[&state(2)], &[])));
+    assert!(!common::is_error(&request(&mut c, 22, FEATURE, &[&state(4)], &[])));
+    let mb = vec![b' '; 1 << 20];
+    let mut errno = 0;
+    for i in 0..17 {
+        let r = request(&mut c, 30 + i, MIG_WRITE, &[&mig(mb.len() as u32, &mb)], &[]);
+        if common::is_error(&r) {
+            errno = r.header.error.get();
+            break;
+        }
+    }
+    assert_eq!(errno, libc::ENOSPC as u32, "a stream over 16 MiB");
+    drop(c);
+    // A client that leaves mid-migration leaves a device that serves the next.
+    s.assert_alive();
+    let mut c = s.raw_negotiated();
+    let r = request(&mut c, 1, FEATURE, &[&feature(GET | 2, &[])], &[]);
+    assert_eq!(u32::from_le_bytes(r.payload[8..12].try_into().unwrap()), 2);
+}
