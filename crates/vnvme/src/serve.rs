@@ -481,8 +481,15 @@ impl Running {
             dev.dma_region_limit()
         );
         if let Some(path) = a.stats_file.clone() {
-            // Once as this user, before any drop: a path it cannot write fails now.
-            write_stats(&path, &stats.snapshot()).map_err(|e| format!("{}: {e}", path.display()))?;
+            // Once as this user, before any drop: a path it cannot write fails now
+            // (taking over, the client is ours already: say so and go on).
+            if let Err(e) = write_stats(&path, &stats.snapshot()) {
+                let e = format!("{}: {e}", path.display());
+                if takeover.is_none() {
+                    return Err(e.into());
+                }
+                eprintln!("vnvme: --stats-file {e}");
+            }
             let stats = stats.clone();
             std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
                 let _ = write_stats(&path, &stats.snapshot());
@@ -622,7 +629,8 @@ fn summary(s: &StatsSnapshot) -> String {
 
 /// Writes the counters as one JSON object (atomically, via a rename).
 fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    // A name of this process's own: during an upgrade two processes write the file.
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let v = serde_json::json!({
         "io_commands": s.io_commands,
         "admin_commands": s.admin_commands,
