@@ -28,10 +28,11 @@ pub(crate) struct MemStore {
     slots: Vec<Mutex<bool>>,
 }
 
-// SAFETY: the mapping is owned by the store and only reached through `Slot`, which
-// holds the chunk's mutex for as long as the slice it hands out lives.
+// The mapping is owned by the store and only reached through `Slot`, which holds the
+// chunk's mutex for as long as the slice it hands out lives.
+// SAFETY: moving the store moves sole ownership of the mapping (see above).
 unsafe impl Send for MemStore {}
-// SAFETY: as above: shared access to a chunk's bytes is serialized by its mutex.
+// SAFETY: shared access to a chunk's bytes is serialized by the chunk's mutex.
 unsafe impl Sync for MemStore {}
 
 /// One chunk, locked.
@@ -49,8 +50,7 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
     if len == 0 {
         return Ok(NonNull::dangling());
     }
-    // SAFETY: a new shared mapping of a file we hold, at an address the kernel picks;
-    // nothing else refers to that range.
+    // SAFETY: a new shared mapping of a file we hold, at an address the kernel picks.
     let p = unsafe {
         rustix::mm::mmap(
             std::ptr::null_mut(),
@@ -66,8 +66,8 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
 
 fn unmap(base: NonNull<u8>, len: usize) {
     if len > 0 {
-        // SAFETY: `base..base+len` is a mapping this store made and no slice into it
-        // outlives the store (slots borrow it).
+        // No slice into the mapping outlives the store: slots borrow it.
+        // SAFETY: `base..base+len` is a mapping this store made, no longer referenced.
         let _ = unsafe { rustix::mm::munmap(base.as_ptr().cast(), len) };
     }
 }
@@ -185,10 +185,10 @@ impl Slot<'_> {
 
     fn bytes(&mut self) -> &mut [u8] {
         let off = self.idx * CHUNK as usize;
-        // SAFETY: the chunk lies inside the mapping (slots and mapping are resized
-        // together, under the caller's exclusive lock), and this slot holds the chunk's
-        // mutex for as long as the returned borrow of `self` lives, so no other
-        // reference to these bytes exists.
+        // The chunk lies inside the mapping (slots and mapping are resized together,
+        // under the caller's exclusive lock), and this slot holds the chunk's mutex for
+        // as long as the returned borrow of `self` lives.
+        // SAFETY: in bounds, and no other reference to these bytes exists (above).
         unsafe { std::slice::from_raw_parts_mut(self.store.base.as_ptr().add(off), CHUNK as usize) }
     }
 }

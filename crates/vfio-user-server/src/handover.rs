@@ -102,7 +102,7 @@ pub struct HandoverRequest {
     pub quiesce: Duration,
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
@@ -338,6 +338,15 @@ impl Handover {
         self.fds.get_mut(i).and_then(Option::take).ok_or_else(|| {
             io::Error::other(format!("descriptor {i} missing or taken twice in the hand-over"))
         })
+    }
+
+    /// Takes descriptor `i` of what the caller added (`extra_fds`), each once.
+    pub fn take_extra(&mut self, i: usize) -> io::Result<OwnedFd> {
+        let at =
+            self.saved.extra_fds.get(i).copied().ok_or_else(|| {
+                io::Error::other(format!("added descriptor {i} missing from the hand-over"))
+            })?;
+        self.take(at)
     }
 
     /// Everything is restored: tell the old process, and wait (bounded) for its GO.

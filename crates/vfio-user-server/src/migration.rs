@@ -33,7 +33,7 @@ use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::device::{Device, DeviceError, Reply};
-use crate::handover::unhex;
+use crate::handover::{hex, unhex};
 
 /// Version of [`MigrationData`] this build writes and reads.
 pub const MIGRATION_VERSION: u32 = 1;
@@ -125,10 +125,6 @@ struct MigData {
 
 fn invalid(what: impl Into<String>) -> DeviceError {
     DeviceError::Invalid(what.into())
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Device {

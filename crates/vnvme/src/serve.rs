@@ -264,7 +264,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             None => return Err("no listening socket in the hand-over".into()),
         };
         let take = |h: &mut vfio_user_server::handover::Handover, i: usize| {
-            h.take(h.saved.extra_fds[i]).map_err(|e| e.to_string())
+            h.take_extra(i).map_err(|e| e.to_string())
         };
         let control = x.control.map(|i| take(h, i).map(UnixListener::from)).transpose()?;
         let metrics = match x.metrics {

@@ -181,15 +181,15 @@ pub struct TakeoverArgs {
     pub control: PathBuf,
 }
 
-/// One JSON-RPC request on a new connection; the connection is returned for a
-/// hand-over.
-fn call(path: &Path, method: &str, params: Value) -> Result<(UnixStream, Value), String> {
+/// One JSON-RPC request on a new connection; the connection is returned (for the
+/// answer, or a hand-over).
+fn call(path: &Path, method: &str, params: Value) -> Result<UnixStream, String> {
     let stream =
         UnixStream::connect(path).map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
     stream.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
     let req = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
     (&stream).write_all(format!("{req}\n").as_bytes()).map_err(|e| format!("{method}: {e}"))?;
-    Ok((stream, req))
+    Ok(stream)
 }
 
 /// The server side of `vnvme takeover` up to serving: what the old process said.
@@ -201,7 +201,7 @@ pub struct Taken {
 
 /// Step 1: the running server's configuration.
 pub fn ask_prepare(control: &Path) -> Result<Prepared, String> {
-    let (stream, _) = call(control, "upgrade.prepare", Value::Null)?;
+    let stream = call(control, "upgrade.prepare", Value::Null)?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).map_err(|e| format!("upgrade.prepare: {e}"))?;
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("upgrade.prepare: not JSON: {e}"))?;
@@ -213,7 +213,7 @@ pub fn ask_prepare(control: &Path) -> Result<Prepared, String> {
 
 /// Step 2: the hand-over itself.
 pub fn ask_handover(control: &Path, prepared: &Prepared) -> Result<Taken, String> {
-    let (stream, _) = call(control, "upgrade.handover", json!({ "prepared": prepared }))?;
+    let stream = call(control, "upgrade.handover", json!({ "prepared": prepared }))?;
     let h = handover::Handover::receive(stream).map_err(|e| e.to_string())?;
     let extra: Extra = match serde_json::from_value(h.saved.extra.clone()) {
         Ok(x) => x,

@@ -34,8 +34,9 @@ struct Verify {
     /// A command is in flight (a read racing a write could see either).
     busy: Vec<bool>,
     lba: u64,
-    bs: u64,
     scratch: Vec<u8>,
+    /// What a read brought back (reused).
+    got: Vec<u8>,
 }
 
 const MAGIC: &[u8; 8] = b"VNVMEVFY";
@@ -46,8 +47,8 @@ impl Verify {
             gens: vec![0; share as usize],
             busy: vec![false; share as usize],
             lba,
-            bs,
             scratch: vec![0; bs as usize],
+            got: vec![0; bs as usize],
         }
     }
 
@@ -238,8 +239,9 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
 
 /// Checks a read's buffer against generation `gen` of block `slba`.
 fn check(v: &mut Verify, r: &mut ThreadResult, b: &nvme_driver::DmaBuf, slba: u64, gen: u32) {
-    let mut got = vec![0u8; v.bs as usize];
+    let mut got = std::mem::take(&mut v.got);
     let res = b.read_at(0, &mut got).map_err(|e| e.to_string()).and_then(|()| v.check(slba, gen, &got));
+    v.got = got;
     if let Err(e) = res {
         r.mismatches += 1;
         r.errors += 1;
