@@ -100,6 +100,11 @@ pub struct HandoverRequest {
     pub extra_fds: Vec<OwnedFd>,
     /// How long the quiesce may wait for commands in flight.
     pub quiesce: Duration,
+    /// Told the outcome (true: handed over, GO sent). A thread that shares a
+    /// listener with the new process (the control socket's) waits for it without
+    /// accepting, and never accepts again once handed over: otherwise it could take
+    /// a connection meant for the new process and close it as this one exits.
+    pub done: Option<std::sync::mpsc::Sender<bool>>,
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -147,8 +152,9 @@ impl Device {
         client: Option<&UnixStream>,
         listener: Option<&UnixListener>,
     ) -> bool {
-        let Some(r) = self.handover.take() else { return false };
-        match self.hand_over(r, client, listener) {
+        let Some(mut r) = self.handover.take() else { return false };
+        let done = r.done.take();
+        let ok = match self.hand_over(r, client, listener) {
             Ok(()) => {
                 info!("handed over to the new process: this one exits");
                 self.handed_over = true;
@@ -158,7 +164,11 @@ impl Device {
                 warn!("upgrade: hand-over failed, serving on: {e}");
                 false
             }
+        };
+        if let Some(d) = done {
+            let _ = d.send(ok);
         }
+        ok
     }
 
     fn hand_over(

@@ -119,14 +119,27 @@ pub fn prepare(ctx: &Context) -> Result<Value, RpcError> {
 
 /// `upgrade.handover` on `stream` (the new process's connection, taken from the
 /// control server): hands the device over, or tells the new process why not.
-pub fn hand_over(ctx: &Context, stream: UnixStream, params: &Value) {
-    if let Err(why) = start_hand_over(ctx, &stream, params) {
-        tracing::warn!(target: "vnvme::upgrade", "upgrade refused: {why}");
-        handover::refuse(stream, &why);
+/// Waits for the outcome; true once handed over (the caller, the control thread,
+/// must not accept again: the listener is the new process's).
+pub fn hand_over(ctx: &Context, stream: UnixStream, params: &Value) -> bool {
+    match start_hand_over(ctx, &stream, params) {
+        // Bounded by the job, the quiesce and the wait for the new process.
+        Ok(done) => done
+            .recv_timeout(crate::control::JOB_LIMIT + QUIESCE_LIMIT + handover::READY_WAIT)
+            .unwrap_or(false),
+        Err(why) => {
+            tracing::warn!(target: "vnvme::upgrade", "upgrade refused: {why}");
+            handover::refuse(stream, &why);
+            false
+        }
     }
 }
 
-fn start_hand_over(ctx: &Context, stream: &UnixStream, params: &Value) -> Result<(), String> {
+fn start_hand_over(
+    ctx: &Context,
+    stream: &UnixStream,
+    params: &Value,
+) -> Result<std::sync::mpsc::Receiver<bool>, String> {
     let expect: Prepared = serde_json::from_value(params.get("prepared").cloned().unwrap_or(Value::Null))
         .map_err(|e| format!("upgrade.handover needs what upgrade.prepare answered: {e}"))?;
     let now: Prepared =
@@ -147,6 +160,7 @@ fn start_hand_over(ctx: &Context, stream: &UnixStream, params: &Value) -> Result
         None => None,
     };
     let specs = now.namespaces.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
     let r = ctx.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
         let mut namespaces = Vec::new();
         for ns in d.ctrl.namespaces() {
@@ -162,10 +176,17 @@ fn start_hand_over(ctx: &Context, stream: &UnixStream, params: &Value) -> Result
         }
         let extra = Extra { prepared: now, namespaces, control, metrics, stderr };
         let extra = serde_json::to_value(extra).map_err(|e| e.to_string())?;
-        d.request_handover(HandoverRequest { stream, extra, extra_fds: fds, quiesce: QUIESCE_LIMIT });
+        d.request_handover(HandoverRequest {
+            stream,
+            extra,
+            extra_fds: fds,
+            quiesce: QUIESCE_LIMIT,
+            done: Some(tx),
+        });
         Ok(())
     });
-    r.map_err(|e| e.to_string())?
+    r.map_err(|e| e.to_string())??;
+    Ok(rx)
 }
 
 fn push(fds: &mut Vec<OwnedFd>, fd: OwnedFd) -> usize {

@@ -171,7 +171,13 @@ fn read(c: &mut Conn, ctx: &Context) -> bool {
                         // The connection is the new process's: it carries the
                         // hand-over from here on (vfio-user framing, descriptors).
                         if let Ok(stream) = c.stream.try_clone() {
-                            crate::upgrade::hand_over(ctx, stream, &params);
+                            if crate::upgrade::hand_over(ctx, stream, &params) {
+                                // The listener is the new process's now; this one
+                                // exits in a moment and must not take a connection.
+                                loop {
+                                    std::thread::park();
+                                }
+                            }
                         }
                         return false;
                     }
