@@ -59,7 +59,7 @@ fn io_on_a_qemu_nbd_export_and_its_restart_under_a_running_server() {
     qcow2(&bin, &img, "64M");
     let nbd = NbdServer::qemu_nbd(&bin, &img, &dir.join("nbd.sock"));
     let server = Server::start_in(&dir, "s", &["--ns", &nbd.uri(), "--workers", "1"]);
-    assert!(server.log().contains("sandbox on"), "{}", server.log());
+    assert!(server.log_shows("sandbox on"), "{}", server.log());
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let id = d.identify(0x01, 0).unwrap();
     let oncs = u16::from_le_bytes([id[520], id[521]]);
@@ -146,7 +146,7 @@ fn added_through_the_control_socket(workers: &str) {
     while !control.exists() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert!(server.log().contains("sandbox on"), "{}", server.log());
+    assert!(server.log_shows("sandbox on"), "{}", server.log());
     // A host name would need a resolver, which the sandbox refuses: said plainly.
     let (ok, text) = ctl(&control, &["ns.add", "nbd://nbd.example/disk"]);
     assert!(!ok && text.contains("host name") && text.contains("--sandbox off"), "{text}");

@@ -81,7 +81,7 @@ fn io_on_an_rbd_image_with_two_workers_and_its_data_in_the_image() {
     let dir = temp_dir("rbd-io");
     ceph.create_image("io", "64M");
     let server = start(ceph, &dir, "io", &["--workers", "2"]);
-    assert!(server.log().contains("sandbox on"), "{}", server.log());
+    assert!(server.log_shows("sandbox on"), "{}", server.log());
     let mut d = server.driver(DoorbellMode::Trapped, opts(2, true, CompletionMode::Interrupts));
     let ns = d.namespaces()[0].clone();
     assert_eq!(ns.size_bytes(), 64 << 20, "the namespace has the image's size");

@@ -196,6 +196,19 @@ impl Server {
     }
 
     /// The server's stderr so far.
+    /// Whether the log comes to contain `needle` within the timeout (a server
+    /// writes some lines, e.g. the sandbox's, a moment after its socket appears).
+    pub fn log_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + TIMEOUT;
+        while !self.log().contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join(&self.log_name)).unwrap_or_default()
     }
