@@ -14,6 +14,7 @@
 //! the guest's live bytes; the shadow doorbell protocol uses [`GuestMemory::load_u32`]
 //! and [`GuestMemory::store_u32`], which are single atomic accesses.
 
+mod dirty;
 mod mmap;
 
 use std::os::fd::BorrowedFd;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
+pub use dirty::DIRTY_PAGE;
 pub use mmap::Mapping;
 
 /// Why a guest memory access failed.
@@ -282,6 +284,27 @@ impl GuestMemory {
         len: u64,
         mut f: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), MemError> {
+        self.each_chunk(gpa, len, false, &mut f)
+    }
+
+    /// [`Self::for_each_chunk`] for a write: each piece is marked dirty once `f`
+    /// has written it (see `dirty`).
+    fn for_each_chunk_written(
+        &self,
+        gpa: u64,
+        len: u64,
+        mut f: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), MemError> {
+        self.each_chunk(gpa, len, dirty::any_logging(), &mut f)
+    }
+
+    fn each_chunk(
+        &self,
+        gpa: u64,
+        len: u64,
+        mark: bool,
+        f: &mut impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), MemError> {
         let err = MemError::Unmapped { gpa, len };
         gpa.checked_add(len).ok_or(err.clone())?;
         // Check first, so a failed access has no partial effect.
@@ -296,8 +319,11 @@ impl GuestMemory {
         while cur < end {
             let r = self.region_for(cur).expect("checked above");
             let n = (r.end().min(end) - cur) as usize;
-            let ptr = r.map.ptr_at(r.map_offset + (cur - r.gpa));
-            f(ptr, n, done);
+            let off = r.map_offset + (cur - r.gpa);
+            f(r.map.ptr_at(off), n, done);
+            if mark {
+                r.map.mark_dirty(off, n as u64);
+            }
             done += n;
             cur += n as u64;
         }
@@ -325,7 +351,7 @@ impl GuestMemory {
     /// Copies `buf` into guest memory at `gpa`.
     pub fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         let src = buf.as_ptr();
-        self.for_each_chunk(gpa, buf.len() as u64, |dst, n, done| {
+        self.for_each_chunk_written(gpa, buf.len() as u64, |dst, n, done| {
             // As in `read`, with source and destination swapped; writable mappings are
             // the only kind this crate creates for guest RAM (a read-only fd mapping
             // faults, which is the VMM's contract to avoid).
@@ -336,7 +362,7 @@ impl GuestMemory {
 
     /// Fills `[gpa, gpa+len)` with `byte`.
     pub fn fill(&self, gpa: u64, len: u64, byte: u8) -> Result<(), MemError> {
-        self.for_each_chunk(gpa, len, |dst, n, _| {
+        self.for_each_chunk_written(gpa, len, |dst, n, _| {
             // SAFETY: `dst..dst+n` lies inside a live, writable mapping (see `write`).
             unsafe { std::ptr::write_bytes(dst, byte, n) }
         })
@@ -383,7 +409,39 @@ impl GuestMemory {
     /// completion dword that carries the phase tag).
     pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
         self.atomic_u32(gpa)?.store(v.to_le(), Ordering::Release);
+        if dirty::any_logging() {
+            self.mark_dirty(gpa, 4);
+        }
         Ok(())
+    }
+
+    /// Marks `[gpa, gpa+len)` as written by this process, for memory written other
+    /// than through this type (the kernel's io_uring reads, a downstream device's
+    /// DMA into [`Self::host_ranges`]): call it once the write is over. Parts not
+    /// mapped are ignored. A no-op unless some mapping is logging (see `dirty`).
+    pub fn mark_dirty(&self, gpa: u64, len: u64) {
+        if !dirty::any_logging() || len == 0 {
+            return;
+        }
+        let end = gpa.saturating_add(len);
+        let mut cur = gpa;
+        while cur < end {
+            let Some(r) = self.region_for(cur) else {
+                // Skip to the next region, if any.
+                let t = &self.table;
+                let next = t.iter().map(|r| r.gpa).find(|&g| g > cur);
+                match next {
+                    Some(g) if g < end => {
+                        cur = g;
+                        continue;
+                    }
+                    _ => return,
+                }
+            };
+            let n = r.end().min(end) - cur;
+            r.map.mark_dirty(r.map_offset + (cur - r.gpa), n);
+            cur += n;
+        }
     }
 }
 
@@ -517,6 +575,40 @@ mod tests {
         assert_eq!(src.len(), 1);
         assert_eq!((src[0].gpa, src[0].len), (0x10000, 0x2000));
         assert_eq!(src[0].fd.map(|(_, off)| off), Some(0x2000));
+    }
+
+    /// Migration's DMA logging: every write path marks the pages it wrote, in the
+    /// mapping that was written, once logging is on; reads mark nothing.
+    #[test]
+    fn writes_mark_their_pages_while_the_mapping_logs() {
+        let a = Arc::new(Mapping::anonymous(0x4000).unwrap());
+        let b = Arc::new(Mapping::anonymous(0x4000).unwrap());
+        let mem = GuestMemory::empty()
+            .with_region(0x10000, 0x4000, a.clone(), 0)
+            .unwrap()
+            .with_region(0x20000, 0x2000, b.clone(), 0x2000)
+            .unwrap();
+        let dirty = |m: &Mapping| {
+            let mut v = Vec::new();
+            m.take_dirty(0, m.len(), |off| v.push(off));
+            v
+        };
+        mem.write(0x10000, &[1; 8]).unwrap();
+        a.start_dirty_log();
+        b.start_dirty_log();
+        assert!(dirty(&a).is_empty(), "written before the start");
+        mem.write(0x10ff0, &[1; 0x20]).unwrap(); // pages 0 and 1
+        mem.fill(0x13000, 0x10, 0).unwrap(); // page 3
+        mem.store_u32(0x20004, 7).unwrap(); // b, mapping offset 0x2004
+        let mut buf = [0u8; 0x100];
+        mem.read(0x12000, &mut buf).unwrap();
+        mem.mark_dirty(0x13ff0, 0xd020); // a's page 3, the hole, b's pages 2 and 3
+        assert_eq!(dirty(&a), vec![0, 0x1000, 0x3000]);
+        assert_eq!(dirty(&b), vec![0x2000, 0x3000]);
+        a.stop_dirty_log();
+        mem.write(0x10000, &[1; 8]).unwrap();
+        assert!(dirty(&a).is_empty(), "stopped");
+        b.stop_dirty_log();
     }
 
     trait RawCompat {

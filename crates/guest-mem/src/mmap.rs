@@ -3,6 +3,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use crate::dirty::DirtyLog;
 use crate::MemError;
 
 /// A shared mapping, unmapped on drop.
@@ -13,6 +14,8 @@ pub struct Mapping {
     /// For fd mappings: a duplicate of the descriptor and the offset mapped, so the
     /// same memory can be handed on (a downstream vfio-user DMA_MAP, zero copy).
     source: Option<(OwnedFd, u64)>,
+    /// What this process wrote here while a migration asked (see `dirty`).
+    dirty: DirtyLog,
 }
 
 // The mapping is plain memory; all access goes through GuestMemory, whose accessors
@@ -37,7 +40,7 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(MemError::Map { len, source: Arc::new(std::io::Error::last_os_error()) });
         }
-        Ok(Mapping { ptr: ptr.cast(), len, source: None })
+        Ok(Mapping { ptr: ptr.cast(), len, source: None, dirty: DirtyLog::new(len) })
     }
 
     /// Private anonymous memory, zero filled, read-write.
@@ -72,6 +75,33 @@ impl Mapping {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Starts logging the pages this process writes here, all clean at first (a
+    /// second start while logging keeps what is logged).
+    pub fn start_dirty_log(&self) {
+        self.dirty.start();
+    }
+
+    /// Stops logging; what was logged is dropped at the next start.
+    pub fn stop_dirty_log(&self) {
+        self.dirty.stop();
+    }
+
+    /// Whether writes here are being logged.
+    pub fn dirty_logging(&self) -> bool {
+        self.dirty.is_on()
+    }
+
+    /// Calls `f` with the offset of each dirty [`DIRTY_PAGE`](crate::DIRTY_PAGE)
+    /// touching `[off, off + len)`, in order, and clears the pages wholly inside it.
+    pub fn take_dirty(&self, off: u64, len: u64, mut f: impl FnMut(u64)) {
+        self.dirty.take(off, len, |p| f(p * crate::DIRTY_PAGE));
+    }
+
+    /// Marks `[off, off + len)` as written (a no-op while not logging).
+    pub(crate) fn mark_dirty(&self, off: u64, len: u64) {
+        self.dirty.mark(off, len);
     }
 
     /// Host address of byte `off` of the mapping. Callers check `off < len`.

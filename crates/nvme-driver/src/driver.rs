@@ -534,6 +534,11 @@ impl DeviceHandle {
     pub fn migrate(&self, dest: &std::path::Path) -> io::Result<crate::transport::Migrated> {
         lock(&self.transport).migrate(dest)
     }
+
+    /// See [`Transport::start_memory_copy`].
+    pub fn start_memory_copy(&self) -> io::Result<()> {
+        lock(&self.transport).start_memory_copy()
+    }
 }
 
 /// Sizing of the Shadow Doorbell and EventIdx buffers.

@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 pub mod command;
+pub mod dirty;
 pub mod dma;
 pub mod doorbell;
 pub mod driver;

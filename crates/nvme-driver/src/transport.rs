@@ -85,6 +85,14 @@ pub trait Transport: Send + std::fmt::Debug {
     fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {
         Ok(None)
     }
+    /// Starts moving guest memory for a live migration, as a VMM going to another
+    /// host does, while everything runs: the server's DMA log and this process's
+    /// log of its own writes on, then a full copy. The next [`Self::migrate`]
+    /// copies what both logs report and checks the copy (see `crate::dirty`).
+    /// Unsupported by default.
+    fn start_memory_copy(&mut self) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this transport cannot migrate its device"))
+    }
     /// Live-migrates the device to the server at `dest` and goes on with it there
     /// (vfio-user: migration v2). Unsupported by default.
     fn migrate(&mut self, dest: &std::path::Path) -> io::Result<Migrated> {
@@ -96,10 +104,12 @@ pub trait Transport: Send + std::fmt::Debug {
 /// What a live migration did ([`Transport::migrate`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Migrated {
-    /// From the source's stop to the destination's start.
+    /// From the source's stop to the destination's start, the memory check apart.
     pub downtime: std::time::Duration,
     /// Bytes of device state moved.
     pub bytes: usize,
+    /// After [`Transport::start_memory_copy`]: what was copied again and checked.
+    pub memory: Option<crate::dirty::CopyReport>,
 }
 
 /// A non-blocking, close-on-exec eventfd (interrupt vectors, wake-ups).

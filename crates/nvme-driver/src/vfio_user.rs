@@ -41,6 +41,7 @@ use vfio_user::Command;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::dirty::GuestCopy;
 use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
 
 /// How doorbell writes reach the server.
@@ -116,6 +117,11 @@ pub struct VfioUserTransport {
     /// Every DMA map made (IOVA, size, descriptor, offset): replayed on the server
     /// a live migration moves the device to.
     maps: Vec<(u64, u64, OwnedFd, u64)>,
+    /// This process's own mappings of the regions `dma_alloc` made, by IOVA (their
+    /// writes are logged during a migration's memory copy).
+    local: Vec<(u64, Arc<Mapping>)>,
+    /// A migration's memory copy under way (`start_memory_copy`).
+    copy: Option<GuestCopy>,
     /// The MSI-X eventfds given to the server (duplicates), for the same.
     irq_fds: Vec<OwnedFd>,
 }
@@ -128,6 +134,8 @@ pub struct MigrationReport {
     pub downtime: std::time::Duration,
     /// Bytes of device state moved.
     pub bytes: usize,
+    /// After [`VfioUserTransport::start_memory_copy`]: the memory copy's figures.
+    pub memory: Option<crate::dirty::CopyReport>,
     pub from: PathBuf,
     pub to: PathBuf,
 }
@@ -210,6 +218,8 @@ impl VfioUserTransport {
             next_external: EXTERNAL_IOVA_BASE,
             hangup,
             maps: Vec::new(),
+            local: Vec::new(),
+            copy: None,
             irq_fds: Vec::new(),
         };
         // PCI Command: Memory Space Enable | Bus Master Enable.
@@ -326,11 +336,43 @@ impl VfioUserTransport {
     /// eventfds; the source is stopped, its state read (STOP_COPY) and written to
     /// the destination (RESUMING), which then runs. From then on this transport
     /// talks to the destination; the source is left (it resets). Guest memory is
-    /// shared by both servers (one host), so none is copied. If anything fails
+    /// shared by both servers (one host); after [`Self::start_memory_copy`] it is
+    /// also copied through the logs and the copy checked (see [`crate::dirty`]).
+    /// If anything fails
     /// before the destination runs, the source runs again and the error is returned.
     /// Trapped and sync doorbells only (mapped and eventfd doorbells are the
     /// source's own descriptors).
+    /// See [`Transport::start_memory_copy`].
+    pub fn start_memory_copy(&mut self) -> io::Result<()> {
+        if self.copy.is_some() {
+            return Ok(());
+        }
+        if !crate::dirty::offered(&mut self.client) {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the server offers no DMA logging"));
+        }
+        crate::dirty::start(&mut self.client)?;
+        match GuestCopy::start(&self.maps, self.local.clone()) {
+            Ok(c) => self.copy = Some(c),
+            Err(e) => {
+                let _ = crate::dirty::stop(&mut self.client);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     pub fn migrate(&mut self, dest: &Path) -> io::Result<MigrationReport> {
+        let mut copy = self.copy.take();
+        let r = self.migrate_with(dest, &mut copy);
+        if let (Err(_), Some(c)) = (&r, &copy) {
+            // Failed before the copy was finished: logging off on both sides.
+            c.stop_local();
+            let _ = crate::dirty::stop(&mut self.client);
+        }
+        r
+    }
+
+    fn migrate_with(&mut self, dest: &Path, copy: &mut Option<GuestCopy>) -> io::Result<MigrationReport> {
         if !matches!(self.mode, DoorbellMode::Trapped | DoorbellMode::Sync) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -373,7 +415,24 @@ impl VfioUserTransport {
             d.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &self.irq_fds).map_err(client_err)?;
         }
         let t0 = std::time::Instant::now();
-        set_state(&mut self.client, MIG_STOP_COPY)?;
+        let stopped = set_state(&mut self.client, MIG_STOP_COPY).and_then(|()| match copy.as_mut() {
+            // Stopped, and the queues paused (the caller's part): what the logs
+            // report since the full copy, then the check.
+            Some(c) => {
+                let r = c.finish(&mut self.client, &self.maps);
+                let _ = crate::dirty::stop(&mut self.client);
+                r
+            }
+            None => Ok(()),
+        });
+        if let Err(e) = stopped {
+            let back = set_state(&mut self.client, MIG_RUNNING);
+            return Err(io::Error::other(format!(
+                "migration to {}: {e}{}",
+                dest.display(),
+                back.err().map(|b| format!("; and the source did not run again: {b}")).unwrap_or_default()
+            )));
+        }
         let moved = read_all_state(&mut self.client).and_then(|data| {
             set_state(&mut d, MIG_RESUMING)?;
             for chunk in data.chunks(MIG_CHUNK as usize) {
@@ -398,14 +457,15 @@ impl VfioUserTransport {
                 )));
             }
         };
-        let downtime = t0.elapsed();
+        let memory = copy.take().map(|c| c.report);
+        let downtime = t0.elapsed().saturating_sub(memory.map_or(Duration::ZERO, |m| m.check));
         // Stop the source for good before letting go of it (a reset follows).
         let _ = set_state(&mut self.client, MIG_STOP);
         let from = std::mem::replace(&mut self.path, dest.to_owned());
         self.client = d;
         self.hangup = hangup;
         info!(from = %from.display(), to = %dest.display(), ?downtime, bytes, "device migrated");
-        Ok(MigrationReport { downtime, bytes, from, to: dest.to_owned() })
+        Ok(MigrationReport { downtime, bytes, memory, from, to: dest.to_owned() })
     }
 }
 
@@ -532,8 +592,13 @@ impl Transport for VfioUserTransport {
         fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
         let iova = self.next_iova;
-        let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;
+        let mem = GuestMemory::empty().with_region(iova, size, map.clone(), 0)?;
         self.client.dma_map(iova, size, Some(fd.as_fd()), 0).map_err(client_err)?;
+        if self.copy.is_some() {
+            // Memory that appears mid-copy is not in it: the check would fail.
+            map.start_dirty_log();
+        }
+        self.local.push((iova, map));
         // Kept for a migration's destination.
         self.maps.push((iova, size, fd, 0));
         self.next_iova = iova + size + CHUNK;
@@ -611,9 +676,13 @@ impl Transport for VfioUserTransport {
         self.client.dma_unmap(iova, len).map_err(client_err)
     }
 
+    fn start_memory_copy(&mut self) -> io::Result<()> {
+        VfioUserTransport::start_memory_copy(self)
+    }
+
     fn migrate(&mut self, dest: &Path) -> io::Result<crate::transport::Migrated> {
         let r = VfioUserTransport::migrate(self, dest)?;
-        Ok(crate::transport::Migrated { downtime: r.downtime, bytes: r.bytes })
+        Ok(crate::transport::Migrated { downtime: r.downtime, bytes: r.bytes, memory: r.memory })
     }
 
     fn hangup_fd(&self) -> io::Result<Option<OwnedFd>> {

@@ -88,6 +88,8 @@ pub struct DmaRegions {
     limit: usize,
     /// Accept regular files (and unsealed memfds) that could shrink under us.
     allow_unsealed: bool,
+    /// DMA logging is on (migration): regions mapped meanwhile log too.
+    logging: bool,
 }
 
 /// Refuses a mapping of a regular file (a memfd, a hugetlbfs or tmpfs file) that
@@ -206,6 +208,9 @@ impl DmaRegions {
             None => None,
         };
         if let Some(m) = &map {
+            if self.logging {
+                m.start_dirty_log();
+            }
             self.mem = self.mem.with_region(iova, size, m.clone(), 0).expect("overlaps were refused above");
         }
         self.regions.insert(iova, Region { size, map });
@@ -229,8 +234,10 @@ impl DmaRegions {
         }
     }
 
-    /// Takes every region out of the map (see [`DmaRegions::unmap`]).
+    /// Takes every region out of the map (see [`DmaRegions::unmap`]); logging
+    /// stops.
     pub fn clear(&mut self) -> Released {
+        self.stop_logging();
         self.mem = GuestMemory::empty();
         Released(std::mem::take(&mut self.regions).into_values().filter_map(|r| r.map).collect())
     }
@@ -255,6 +262,61 @@ impl DmaRegions {
                 Ok(ExportedRegion { iova, size: r.size, source: src })
             })
             .collect()
+    }
+
+    /// Starts logging what the device writes into every reachable region, and into
+    /// regions mapped later, all clean at first (vfio-user DMA_LOGGING_START; we
+    /// always log everything, which the protocol allows). A second start keeps what
+    /// is logged.
+    pub fn start_logging(&mut self) {
+        self.logging = true;
+        for m in self.regions.values().filter_map(|r| r.map.as_ref()) {
+            m.start_dirty_log();
+        }
+    }
+
+    /// DMA_LOGGING_STOP.
+    pub fn stop_logging(&mut self) {
+        self.logging = false;
+        for m in self.regions.values().filter_map(|r| r.map.as_ref()) {
+            m.stop_dirty_log();
+        }
+    }
+
+    pub fn logging(&self) -> bool {
+        self.logging
+    }
+
+    /// DMA_LOGGING_REPORT: a bitmap of `[iova, iova + len)` in units of
+    /// `page_size` (a power of two), bit `i` of word `i / 64` for the unit at
+    /// `iova + i * page_size`, set if the device wrote any of it since the last
+    /// report; reported pages are clean afterwards. Holes and regions without
+    /// memory report clean. The caller bounds `len / page_size`.
+    pub fn report(&self, iova: u64, len: u64, page_size: u64) -> Result<Vec<u64>, DmaError> {
+        let end = iova.checked_add(len).filter(|_| len > 0).ok_or(DmaError::Invalid(iova, len))?;
+        if !page_size.is_power_of_two() {
+            return Err(DmaError::Invalid(iova, len));
+        }
+        let units = len.div_ceil(page_size);
+        let mut bitmap = vec![0u64; units.div_ceil(64) as usize];
+        let first = self.regions.range(..=iova).next_back().map_or(iova, |(&a, _)| a);
+        for (&a, r) in self.regions.range(first..end) {
+            let Some(m) = r.map.as_ref() else { continue };
+            let lo = a.max(iova);
+            let hi = (a + r.size).min(end);
+            if lo >= hi {
+                continue;
+            }
+            m.take_dirty(lo - a, hi - lo, |off| {
+                // The logged page, clipped to the report, in report units.
+                let p_lo = (a + off).max(iova);
+                let p_hi = (a + off + guest_mem::DIRTY_PAGE).min(end);
+                for u in (p_lo - iova) / page_size..=(p_hi - 1 - iova) / page_size {
+                    bitmap[(u / 64) as usize] |= 1 << (u % 64);
+                }
+            });
+        }
+        Ok(bitmap)
     }
 
     /// The reachable part of the map as a guest memory snapshot.
@@ -340,6 +402,43 @@ mod tests {
         assert!(matches!(d.map(0x10000, 0x1000, None, 0, true), Err(DmaError::Overlap(..))));
         assert_eq!(d.unmap(0x10000, 0x1000).unwrap().in_use(), 0);
         assert!(d.is_empty());
+    }
+
+    /// vfio-user.rst DMA logging: only pages written while logging, in the report's
+    /// units, whatever its page size, and each report starts from clean.
+    #[test]
+    fn the_dirty_report_covers_what_was_written_in_the_units_asked() {
+        let mut d = DmaRegions::default().allow_unsealed(true);
+        d.map(0x100000, 0x10000, Some(file("log1", 0x10000)), 0, true).unwrap();
+        let mem = d.memory();
+        mem.write(0x100000, &[1; 16]).unwrap();
+        d.start_logging();
+        d.map(0x200000, 0x4000, Some(file("log2", 0x4000)), 0, true).unwrap();
+        d.map(0x300000, 0x1000, None, 0, true).unwrap();
+        let mem = d.memory();
+        mem.write(0x101ff8, &[1; 16]).unwrap(); // pages 1 and 2 of the first region
+        mem.store_u32(0x203000, 1).unwrap(); // page 3 of the one mapped since
+        let all = d.report(0x100000, 0x104000, 0x1000).unwrap();
+        assert_eq!(all.len(), 0x104 / 64 + 1);
+        let set: Vec<u64> =
+            (0..0x104u64).filter(|&u| all[(u / 64) as usize] & (1 << (u % 64)) != 0).collect();
+        assert_eq!(set, vec![1, 2, 0x103]);
+        assert!(d.report(0x100000, 0x104000, 0x1000).unwrap().iter().all(|&w| w == 0), "cleared");
+        // Coarser units than the log: any dirty page sets its unit.
+        mem.write(0x10f000, &[1]).unwrap();
+        assert_eq!(d.report(0x100000, 0x10000, 0x8000).unwrap(), vec![0b10]);
+        // Finer units: each logged page sets all of its units.
+        mem.write(0x100000, &[1]).unwrap();
+        assert_eq!(d.report(0x100000, 0x2000, 0x800).unwrap(), vec![0b11]);
+        assert!(d.report(0x100000, 0, 0x1000).is_err());
+        assert!(d.report(0x100000, 0x1000, 0x1800).is_err(), "not a power of two");
+        assert!(d.report(u64::MAX - 10, 0x1000, 0x1000).is_err());
+        d.stop_logging();
+        mem.write(0x100000, &[1]).unwrap();
+        d.start_logging();
+        assert!(d.report(0x100000, 0x10000, 0x1000).unwrap().iter().all(|&w| w == 0), "restarted clean");
+        let _ = d.clear();
+        assert!(!d.logging());
     }
 
     /// vfio-user.rst DMA_UNMAP: the server must stop using the memory before it replies;

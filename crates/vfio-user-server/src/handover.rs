@@ -178,6 +178,16 @@ impl Device {
         listener: Option<&UnixListener>,
     ) -> io::Result<()> {
         let mut conn = Connection::with_deadline(r.stream, Duration::from_secs(10))?;
+        // The migration state and the dirty log live in this process only.
+        if self.mig.state != crate::migration::MigState::Running || self.dma.logging() {
+            let why = format!(
+                "a live migration is in progress (migration state {:?}, DMA logging {}): upgrade after it",
+                self.mig.state,
+                if self.dma.logging() { "on" } else { "off" }
+            );
+            let _ = send(&mut conn, MSG_FAILED, why.as_bytes(), &[]);
+            return Err(io::Error::other(why));
+        }
         let quiesced_at_ns = monotonic_ns();
         if let Err(e) = self.ctrl.quiesce(r.quiesce) {
             let why = format!("the controller could not be quiesced: {e}");

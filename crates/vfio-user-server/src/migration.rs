@@ -18,9 +18,14 @@
 //!   Other transitions take the shortest path through STOP. PRE_COPY is not
 //!   offered: the state is small (tens of KiB), STOP_COPY moves it at once.
 //!
-//! What the device writes to guest memory (completions, read data) is not
-//! logged: DMA logging (DEVICE_FEATURE 6-8) is not offered, so a client must
-//! treat guest memory as dirty while the device runs, or share it (one host).
+//! DMA logging (DEVICE_FEATURE 6-8) tells a client that copies guest memory to
+//! another host which pages the device wrote: completions, read data, EventIdx,
+//! whoever wrote them (this process, the kernel for an io_uring read, a
+//! downstream device), each marked once the write is over (`guest_mem`'s dirty
+//! log, and the controller when a backend request ends). We log every region at
+//! 4 KiB and report in whatever power-of-two unit the client asks; a report
+//! clears what it reports. Logging goes on across a device reset (a guest that
+//! reboots mid-migration still dirties memory) and stops when the client leaves.
 //!
 //! A client that leaves, or resets the device, puts it back to RUNNING.
 
@@ -29,7 +34,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use vfio_user::Message;
-use zerocopy::little_endian::U32;
+use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::device::{Device, DeviceError, Reply};
@@ -49,6 +54,12 @@ const FEATURE_SET: u32 = 1 << 17;
 const FEATURE_PROBE: u32 = 1 << 18;
 const FEATURE_MIGRATION: u32 = 1;
 const FEATURE_MIG_DEVICE_STATE: u32 = 2;
+const FEATURE_DMA_LOGGING_START: u32 = 6;
+const FEATURE_DMA_LOGGING_STOP: u32 = 7;
+const FEATURE_DMA_LOGGING_REPORT: u32 = 8;
+/// Largest bitmap one DMA_LOGGING_REPORT returns (it must fit a reply): 1 MiB less
+/// room for the headers covers 32 GiB at 4 KiB; a client asks for more in pieces.
+const MAX_BITMAP: u64 = crate::device::MAX_XFER as u64 - 64;
 const MIGRATION_STOP_COPY: u64 = 1 << 0;
 
 /// `enum vfio_device_mig_state`.
@@ -123,6 +134,30 @@ struct MigData {
     size: U32,
 }
 
+/// `struct vfio_user_device_feature_dma_logging_control` (ranges follow).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+struct LoggingControl {
+    page_size: U64,
+    num_ranges: U32,
+    reserved: U32,
+}
+
+/// `struct vfio_user_device_feature_dma_logging_report` (the bitmap follows in
+/// the reply).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+struct LoggingReport {
+    iova: U64,
+    length: U64,
+    page_size: U64,
+}
+
+/// A fixed-size structure at the start of `data`.
+fn parse<T: FromBytes>(data: &[u8]) -> Option<T> {
+    T::read_from_prefix(data).ok().map(|(t, _)| t)
+}
+
 fn invalid(what: impl Into<String>) -> DeviceError {
     DeviceError::Invalid(what.into())
 }
@@ -140,9 +175,9 @@ impl Device {
         }
         let data = &msg.payload[size_of::<FeatureHeader>()..];
         let supported = match feature {
-            FEATURE_MIGRATION => !set,
+            FEATURE_MIGRATION | FEATURE_DMA_LOGGING_REPORT => !set,
             FEATURE_MIG_DEVICE_STATE => true,
-            // DMA logging (6, 7, 8) and anything else.
+            FEATURE_DMA_LOGGING_START | FEATURE_DMA_LOGGING_STOP => !get,
             _ => false,
         };
         if !supported {
@@ -176,6 +211,77 @@ impl Device {
                 self.migrate_to(want)?;
                 let mut b = (self.mig.state as u32).to_le_bytes().to_vec();
                 b.extend_from_slice(&(-1i32).to_le_bytes());
+                Ok(reply(&b))
+            }
+            (FEATURE_DMA_LOGGING_START, false) if set => {
+                let c: LoggingControl =
+                    parse(data).ok_or_else(|| invalid("DMA_LOGGING_START: short payload"))?;
+                let page = c.page_size.get();
+                if !page.is_power_of_two() {
+                    return Err(invalid(format!(
+                        "DMA_LOGGING_START: page size {page} is not a power of two"
+                    )));
+                }
+                let n = c.num_ranges.get() as usize;
+                let ranges = data[size_of::<LoggingControl>()..]
+                    .get(..n.saturating_mul(16))
+                    .ok_or_else(|| invalid(format!("DMA_LOGGING_START: {n} ranges announced, fewer sent")))?;
+                for r in ranges.chunks_exact(16) {
+                    let iova = u64::from_le_bytes(r[..8].try_into().expect("8"));
+                    let len = u64::from_le_bytes(r[8..].try_into().expect("8"));
+                    if len == 0 || iova.checked_add(len).is_none() {
+                        return Err(invalid(format!(
+                            "DMA_LOGGING_START: range {iova:#x}+{len:#x} is invalid"
+                        )));
+                    }
+                }
+                // Every region is logged at 4 KiB (ranges are an optimisation the
+                // protocol leaves to us); reports come in any unit asked, so the hint
+                // is kept, or raised to our granularity.
+                let chosen = page.max(guest_mem::DIRTY_PAGE);
+                self.dma.start_logging();
+                info!(page_size = chosen, ranges = n, "DMA logging started");
+                let mut b = data[..size_of::<LoggingControl>() + ranges.len()].to_vec();
+                b[..8].copy_from_slice(&chosen.to_le_bytes());
+                Ok(reply(&b))
+            }
+            (FEATURE_DMA_LOGGING_STOP, false) if set => {
+                if self.dma.logging() {
+                    self.dma.stop_logging();
+                    info!("DMA logging stopped");
+                }
+                Ok(reply(data))
+            }
+            (FEATURE_DMA_LOGGING_REPORT, true) => {
+                let r: LoggingReport =
+                    parse(data).ok_or_else(|| invalid("DMA_LOGGING_REPORT: short payload"))?;
+                if !self.dma.logging() {
+                    return Err(invalid("DMA_LOGGING_REPORT: logging is not started"));
+                }
+                let (iova, len, page) = (r.iova.get(), r.length.get(), r.page_size.get());
+                if !page.is_power_of_two() || len == 0 || iova.checked_add(len).is_none() {
+                    return Err(invalid(format!(
+                        "DMA_LOGGING_REPORT: {iova:#x}+{len:#x} in units of {page} is invalid"
+                    )));
+                }
+                let bytes = len.div_ceil(page).div_ceil(64) * 8;
+                if bytes > MAX_BITMAP {
+                    return Err(DeviceError::NoSpace(format!(
+                        "DMA_LOGGING_REPORT: a bitmap of {bytes} bytes (at most {MAX_BITMAP}; ask in pieces)"
+                    )));
+                }
+                let want = (size_of::<FeatureHeader>() + size_of::<LoggingReport>()) as u64 + bytes;
+                if u64::from(h.argsz.get()) < want {
+                    return Err(invalid(format!(
+                        "DMA_LOGGING_REPORT: argsz {} is less than the {want} bytes of the reply",
+                        h.argsz.get()
+                    )));
+                }
+                let bitmap = self.dma.report(iova, len, page)?;
+                let mut b = r.as_bytes().to_vec();
+                for w in bitmap {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
                 Ok(reply(&b))
             }
             _ => Err(invalid("DEVICE_FEATURE: give GET, SET or PROBE")),

@@ -142,9 +142,11 @@ pub struct PerfArgs {
     pub server_pid: Option<u32>,
     /// Live-migrate the device (vfio-user migration v2) to the server at this socket
     /// while the load runs, then back to --socket, and so on, every
-    /// --migrate-every: this program acts as the VMM (queues wait meanwhile, as
-    /// vCPUs would). Both servers must serve the same storage (e.g. the same file).
-    /// Trapped or shadow doorbells.
+    /// --migrate-every: this program acts as the VMM (queues pause meanwhile, as
+    /// vCPUs would, with their commands in flight). Guest memory is also copied
+    /// through the source's DMA log, as to another host, and the copy checked
+    /// against the memory (a page the log missed fails the migration). Both servers
+    /// must serve the same storage (e.g. the same file). Trapped or shadow doorbells.
     #[arg(long, value_name = "SOCKET")]
     pub migrate_to: Option<PathBuf>,
     /// How often --migrate-to migrates.
@@ -165,14 +167,19 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     let clocks = measure::Clocks::start(a.server_pid, ctrl_stats.is_some());
     let t0 = Instant::now();
     let deadline = t0 + a.runtime;
+    let pause = std::sync::Arc::new(load::Pause::default());
     let migrations = match (&a.migrate_to, &target) {
-        (Some(to), Target::Socket(from)) => {
-            Some(spawn_migrations(d.device_handle(), from.clone(), to.clone(), a.migrate_every, deadline))
-        }
+        (Some(to), Target::Socket(from)) => Some(spawn_migrations(
+            d.device_handle(),
+            pause.clone(),
+            [from.clone(), to.clone()],
+            a.migrate_every,
+            deadline,
+        )),
         (Some(_), Target::InProcess { .. }) => return Err("--migrate-to needs --socket".into()),
         (None, _) => None,
     };
-    let results = load::run(queues, &a, lba, blocks, deadline);
+    let results = load::run(queues, &a, lba, blocks, deadline, &pause);
     let elapsed = t0.elapsed();
     let migrated = migrations.map(|h| h.join().expect("migration thread"));
     let cpu = clocks.stop();
@@ -210,6 +217,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
 #[derive(Debug, Default)]
 struct Migrations {
     downtimes: Vec<Duration>,
+    /// Each migration's memory copy.
+    copies: Vec<nvme_driver::dirty::CopyReport>,
     bytes: usize,
     error: Option<String>,
 }
@@ -226,6 +235,22 @@ impl Migrations {
             ms(d.first()),
             ms(d.get(d.len() / 2)),
             ms(d.last())
+        ) + &self.describe_copies()
+    }
+
+    fn describe_copies(&self) -> String {
+        let Some(first) = self.copies.first() else { return String::new() };
+        let spread = |f: fn(&nvme_driver::dirty::CopyReport) -> u64| {
+            let mut v: Vec<u64> = self.copies.iter().map(f).collect();
+            v.sort();
+            format!("{}/{}/{}", v[0], v[v.len() / 2], v[v.len() - 1])
+        };
+        format!(
+            "\n  guest memory: {} KiB copied while running, then pages the logs reported (min/median/max): \
+             device {}, this process {}; every copy matched the memory",
+            first.full_bytes >> 10,
+            spread(|c| c.device_pages),
+            spread(|c| c.cpu_pages)
         )
     }
 }
@@ -234,8 +259,8 @@ impl Migrations {
 /// (stops at the first failure).
 fn spawn_migrations(
     h: nvme_driver::DeviceHandle,
-    from: PathBuf,
-    to: PathBuf,
+    pause: std::sync::Arc<load::Pause>,
+    [from, to]: [PathBuf; 2],
     every: Duration,
     deadline: Instant,
 ) -> std::thread::JoinHandle<Migrations> {
@@ -249,9 +274,17 @@ fn spawn_migrations(
             }
             std::thread::sleep(at - Instant::now());
             let dest = next.next().expect("cycle");
-            match h.migrate(&dest) {
+            // Guest memory first, while the queues run (a VMM's pre-copy); then the
+            // queues pause between rounds (commands stay in flight), as vCPUs do, for
+            // the stop and the rest of the copy.
+            let r = h.start_memory_copy().and_then(|()| {
+                let _paused = pause.write().unwrap_or_else(|p| p.into_inner());
+                h.migrate(&dest)
+            });
+            match r {
                 Ok(r) => {
                     m.downtimes.push(r.downtime);
+                    m.copies.extend(r.memory);
                     m.bytes = r.bytes;
                 }
                 Err(e) => {

@@ -77,6 +77,86 @@ fn the_state_moves_between_inline_and_two_workers() {
     migrate_under_verified_load(&["--workers", "0"], &["--workers", "2"]);
 }
 
+/// `struct vfio_user_device_feature` with `room` bytes of reply asked for.
+fn feature_room(flags: u32, data: &[u8], room: usize) -> Vec<u8> {
+    let mut v = feature(flags, data);
+    v[..4].copy_from_slice(&((8 + data.len() + room) as u32).to_le_bytes());
+    v
+}
+
+fn report(iova: u64, len: u64, page: u64) -> Vec<u8> {
+    [iova.to_le_bytes(), len.to_le_bytes(), page.to_le_bytes()].concat()
+}
+
+/// DMA logging (features 6-8) as vfio-user.rst describes it, and every refusal
+/// with its errno. What it logs under real I/O is checked by the migrations above
+/// (`perf --migrate-to` copies guest memory through the log and compares).
+fn dma_logging_edges(c: &mut vfio_user::Connection) {
+    const START: u32 = 6;
+    const STOP: u32 = 7;
+    const REPORT: u32 = 8;
+    let einval = libc::EINVAL as u32;
+    for (f, how) in [(START, SET), (STOP, SET), (REPORT, GET)] {
+        assert!(!common::is_error(&request(c, 4, FEATURE, &[&feature(PROBE | how | f, &[])], &[])), "{f}");
+    }
+    assert_eq!(expect_error(c, 4, FEATURE, &[&feature(PROBE | GET | START, &[])], &[]), libc::ENOTSUP as u32);
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature(PROBE | SET | REPORT, &[])], &[]),
+        libc::ENOTSUP as u32
+    );
+    // A report before any start.
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature_room(GET | REPORT, &report(0, 1 << 20, 4096), 64)], &[]),
+        einval
+    );
+    let control = |page: u64, n: u32, ranges: &[(u64, u64)]| {
+        let mut d = page.to_le_bytes().to_vec();
+        d.extend_from_slice(&n.to_le_bytes());
+        d.extend_from_slice(&0u32.to_le_bytes());
+        for (a, l) in ranges {
+            d.extend_from_slice(&a.to_le_bytes());
+            d.extend_from_slice(&l.to_le_bytes());
+        }
+        d
+    };
+    for bad in [control(0, 0, &[]), control(3000, 0, &[]), control(4096, 2, &[(0, 4096)])] {
+        assert_eq!(expect_error(c, 4, FEATURE, &[&feature(SET | START, &bad)], &[]), einval);
+    }
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature(SET | START, &control(4096, 1, &[(u64::MAX, 2)]))], &[]),
+        einval
+    );
+    assert_eq!(expect_error(c, 4, FEATURE, &[&feature(SET | START, &[0; 4])], &[]), einval);
+    // A start answers with the page size it logs at (a smaller hint is raised).
+    let r = request(c, 4, FEATURE, &[&feature(SET | START, &control(512, 1, &[(0, 1 << 30)]))], &[]);
+    assert!(!common::is_error(&r));
+    assert_eq!(u64::from_le_bytes(r.payload[8..16].try_into().unwrap()), 4096);
+    // Nothing mapped, nothing written: a clean bitmap, sized to the range.
+    let r = request(c, 4, FEATURE, &[&feature_room(GET | REPORT, &report(0, 1 << 20, 4096), 32)], &[]);
+    assert!(!common::is_error(&r));
+    assert_eq!(r.payload.len(), 8 + 24 + 32);
+    assert!(r.payload[32..].iter().all(|&b| b == 0));
+    // argsz too small for the bitmap; units that are not a power of two; an empty
+    // or wrapping range; a bitmap too large for one reply.
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature_room(GET | REPORT, &report(0, 1 << 20, 4096), 8)], &[]),
+        einval
+    );
+    for bad in [report(0, 1 << 20, 3000), report(0, 0, 4096), report(u64::MAX, 2, 4096)] {
+        assert_eq!(expect_error(c, 4, FEATURE, &[&feature_room(GET | REPORT, &bad, 1 << 16)], &[]), einval);
+    }
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature_room(GET | REPORT, &report(0, 1 << 50, 4096), 1 << 20)], &[]),
+        libc::ENOSPC as u32
+    );
+    assert!(!common::is_error(&request(c, 4, FEATURE, &[&feature(SET | STOP, &[])], &[])));
+    assert_eq!(
+        expect_error(c, 4, FEATURE, &[&feature_room(GET | REPORT, &report(0, 1 << 20, 4096), 32)], &[]),
+        einval,
+        "stopped"
+    );
+}
+
 #[test]
 fn migration_protocol_edges() {
     let mut s = Server::start();
@@ -87,13 +167,7 @@ fn migration_protocol_edges() {
     assert_eq!(u64::from_le_bytes(r.payload[8..16].try_into().unwrap()) & 1, 1);
     assert!(!common::is_error(&request(&mut c, 2, FEATURE, &[&feature(PROBE | GET | 2, &[])], &[])));
     assert_eq!(expect_error(&mut c, 3, FEATURE, &[&feature(SET | 1, &[0; 8])], &[]), libc::ENOTSUP as u32);
-    // DMA logging is not offered (the client must treat memory as dirty).
-    for f in [6, 7, 8] {
-        assert_eq!(
-            expect_error(&mut c, 4, FEATURE, &[&feature(PROBE | SET | f, &[])], &[]),
-            libc::ENOTSUP as u32
-        );
-    }
+    dma_logging_edges(&mut c);
     // Unknown, ERROR and P2P states; data in the wrong state.
     for st in [0, 5, 7, 99] {
         assert_eq!(expect_error(&mut c, 5, FEATURE, &[&state(st)], &[]), libc::EINVAL as u32, "state {st}");

@@ -298,3 +298,30 @@ fn an_nvme_downstream_is_refused_up_front() {
     assert!(e.contains("nvme:// downstream"), "{e}");
     assert_eq!(s.pid(), pid);
 }
+
+/// The migration state and the DMA log live in one process: while a client
+/// migrates (logging on), an upgrade is refused and the server serves on; once
+/// logging stops, the upgrade goes through.
+#[test]
+fn an_upgrade_waits_for_a_live_migration_to_end() {
+    let mut s = Served::start(&["--ns", "ram:16M"]);
+    let pid = s.pid();
+    let mut c = s.server.raw_negotiated();
+    let feature = |flags: u32, data: &[u8]| {
+        let mut v = ((8 + data.len()) as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(&flags.to_le_bytes());
+        v.extend_from_slice(data);
+        v
+    };
+    let start = [4096u64.to_le_bytes().as_slice(), &[0u8; 8]].concat();
+    let r = common::request(&mut c, 1, 16, &[&feature((1 << 17) | 6, &start)], &[]);
+    assert!(!common::is_error(&r));
+    let e = s.ctl(&["upgrade"]).unwrap_err();
+    assert!(e.contains("live migration is in progress"), "{e}");
+    assert_eq!(s.pid(), pid);
+    let r = common::request(&mut c, 2, 16, &[&feature((1 << 17) | 7, &[])], &[]);
+    assert!(!common::is_error(&r));
+    drop(c);
+    s.ctl(&["upgrade"]).unwrap_or_else(|e| panic!("{e}\n{}", s.server.log()));
+    assert_ne!(s.pid(), pid);
+}

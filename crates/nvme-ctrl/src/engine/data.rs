@@ -195,7 +195,9 @@ impl IoEngine {
         let f = match self.inflight.get_mut(tag) {
             Some(Slot::Running(f)) => f,
             // Already completed to the host: the late request only hands its tag back.
+            // What it wrote into guest memory still counts for a migration's log.
             Some(Slot::Abandoned { remaining }) => {
+                mark_written(&self.mem, &c.data);
                 *remaining -= 1;
                 if *remaining == 0 {
                     self.inflight[tag] = Slot::Free;
@@ -229,8 +231,12 @@ impl IoEngine {
             }
         }
         let done = f.remaining == 0;
+        let into_guest = matches!(f.op, Op::Read);
         if let (Some((nsid, slba, op, status)), Err(e)) = (failed, &c.result) {
             self.backend_failed(nsid, slba, op, status, e);
+        }
+        if into_guest {
+            mark_written(&self.mem, &c.data);
         }
         if let DataBuf::Guest(mut v) = c.data {
             v.clear();
@@ -294,6 +300,19 @@ pub(crate) const MAX_IN_FLIGHT: usize = 4096;
 
 /// Whether the guest's data in `segs` equals `data`, read a page at a time so a
 /// mismatch stops early.
+/// Marks the guest memory a backend request wrote into (a read's data, however the
+/// backend moved it: our copy, the kernel's io_uring read, a downstream device) for
+/// a migration's DMA log, now that the write is over. Free unless logging is on.
+fn mark_written(mem: &GuestMemory, data: &DataBuf) {
+    if let DataBuf::Guest(segs) = data {
+        for s in segs {
+            if let Segment::Guest { gpa, len } = *s {
+                mem.mark_dirty(gpa, len);
+            }
+        }
+    }
+}
+
 fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, block_backend::SegmentError> {
     let mut cur = block_backend::SegmentCursor::for_transfer(segs, data.len() as u64)?;
     let mut chunk = [0u8; 4096];

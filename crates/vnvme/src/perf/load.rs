@@ -91,7 +91,19 @@ impl Verify {
 /// What a command in flight was, for --verify: (slot, generation, write).
 type Pending = Option<(u64, u32, bool)>;
 
-fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant) -> (IoQueue, ThreadResult) {
+/// Held (shared) by each queue thread for one round of submitting and reaping; a
+/// migration takes it exclusively to pause them between rounds, as a VMM pauses
+/// vCPUs, so nothing here writes DMA memory while the device moves.
+pub(super) type Pause = std::sync::RwLock<()>;
+
+fn drive(
+    mut q: IoQueue,
+    a: &PerfArgs,
+    lba: u64,
+    blocks: u64,
+    deadline: Instant,
+    pause: &Pause,
+) -> (IoQueue, ThreadResult) {
     let mut r = ThreadResult::default();
     let nlb = (a.bs / lba) as u32;
     let slots = (blocks / nlb as u64).max(1);
@@ -123,6 +135,7 @@ fn drive(mut q: IoQueue, a: &PerfArgs, lba: u64, blocks: u64, deadline: Instant)
     let mut done = Vec::with_capacity(a.qd as usize);
     let mut inflight = 0usize;
     loop {
+        let _round = pause.read().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let stop = now >= deadline;
         while !stop && inflight < a.qd as usize {
@@ -288,6 +301,7 @@ pub(super) fn run(
     lba: u64,
     blocks: u64,
     deadline: Instant,
+    pause: &Pause,
 ) -> Vec<(IoQueue, ThreadResult)> {
     std::thread::scope(|s| {
         let hs: Vec<_> = queues
@@ -295,7 +309,7 @@ pub(super) fn run(
             .map(|q| {
                 std::thread::Builder::new()
                     .name(format!("perf-q{}", q.qid()))
-                    .spawn_scoped(s, move || drive(q, a, lba, blocks, deadline))
+                    .spawn_scoped(s, move || drive(q, a, lba, blocks, deadline, pause))
                     .expect("spawn perf thread")
             })
             .collect();
