@@ -183,7 +183,8 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         groups: Default::default(),
         takeover: None,
     }
-    .serve()
+    .start()?
+    .serve(None)
 }
 
 /// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
@@ -292,7 +293,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             poll,
             drop_to,
             groups,
-            takeover: Some(Takeover { stderr, client: None, old_pid: taken.prepared.pid }),
+            takeover: Some(Takeover { stderr, old_pid: taken.prepared.pid }),
         })
     })();
     // Fault injection for the tests of the way back: the new process fails, or
@@ -302,7 +303,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
         Ok("exit") => std::process::exit(70),
         _ => built,
     };
-    let mut running = match built {
+    let running = match built {
         Ok(r) => r,
         Err(why) => {
             taken.handover.failed(&why);
@@ -314,25 +315,35 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
         None => None,
     };
     let quiesced_at = taken.handover.saved.quiesced_at_ns;
-    taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
-    // From here on this process serves: the old one has exited or is exiting.
-    running.dev.ctrl.resume();
-    let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
-    let tk = running.takeover.as_mut().expect("set above");
-    tk.client = client;
-    let has_client = tk.client.is_some();
-    let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
-    println!("ready {report}");
-    let _ = std::io::stdout().flush();
-    // The old process's stderr (its journal) is ours now, for both.
+    // Everything that can fail happens before READY, while the old process can still
+    // serve on: the output moves to its stderr (its journal) now, as the sandbox
+    // refuses dup2; the threads start, the user drops and the sandbox goes on. Only
+    // `ctl` hears the final line, on the pipe that was stdout.
+    let tk = running.takeover.as_ref().expect("set above");
+    let (old_pid, to_ctl) = (tk.old_pid, std::os::fd::AsFd::as_fd(&std::io::stdout()).try_clone_to_owned()?);
     rustix::stdio::dup2_stderr(&tk.stderr)?;
     rustix::stdio::dup2_stdout(&tk.stderr)?;
+    let mut started = match running.start() {
+        Ok(s) => s,
+        Err(e) => {
+            let why = format!("the new process could not start serving: {e}");
+            eprintln!("vnvme: takeover: {why}; the running server serves on");
+            taken.handover.failed(&why);
+            return Err(why.into());
+        }
+    };
+    taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
+    // From here on this process serves: the old one has exited or is exiting.
+    started.dev.ctrl.resume();
+    let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
+    let has_client = client.is_some();
+    let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
+    let _ = writeln!(std::fs::File::from(to_ctl), "ready {report}");
     eprintln!(
-        "vnvme: took over from pid {} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
-        tk.old_pid,
+        "vnvme: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
         if has_client { "" } else { "no " }
     );
-    running.serve()
+    started.serve(client)
 }
 
 /// A namespace as served: its NSID, its `--ns` text and its backend.
@@ -345,7 +356,6 @@ struct Ns {
 /// A process that took a device over.
 struct Takeover {
     stderr: std::os::fd::OwnedFd,
-    client: Option<UnixStream>,
     old_pid: u32,
 }
 
@@ -436,13 +446,15 @@ fn raise_fd_limit() {
 }
 
 impl Running {
-    fn serve(self) -> Result<(), Box<dyn std::error::Error>> {
+    /// Everything before serving that can fail: the stats, control and metrics
+    /// threads, the user drop, the sandbox.
+    fn start(self) -> Result<Started, Box<dyn std::error::Error>> {
         let Running {
             a,
             argv,
             exe,
             namespaces,
-            mut dev,
+            dev,
             listener,
             control,
             metrics,
@@ -556,16 +568,31 @@ impl Running {
         } else {
             eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
         }
-        let first = takeover.and_then(|t| t.client);
+        let jobs = (a.control.is_some() || a.metrics.is_some()).then_some(jobs);
+        Ok(Started { a, namespaces, dev, listener, stats, jobs })
+    }
+}
+
+/// A server that is set up: it serves until the end.
+struct Started {
+    a: ServeArgs,
+    namespaces: Vec<Ns>,
+    dev: Device,
+    listener: UnixListener,
+    stats: Arc<nvme_ctrl::Stats>,
+    jobs: Option<Arc<vfio_user_server::jobs::DeviceJobs>>,
+}
+
+impl Started {
+    /// Serves, starting with `first` (a client taken over) if given.
+    fn serve(self, first: Option<UnixStream>) -> Result<(), Box<dyn std::error::Error>> {
+        let Started { a, namespaces, mut dev, listener, stats, jobs } = self;
         let r = server::serve_from(
             &listener,
             &mut dev,
             first,
             if a.once { Some(1) } else { None },
-            &server::ServeOptions {
-                deadline: a.client_deadline,
-                jobs: (a.control.is_some() || a.metrics.is_some()).then_some(jobs),
-            },
+            &server::ServeOptions { deadline: a.client_deadline, jobs },
         );
         let s = stats.snapshot();
         if dev.handed_over() {
