@@ -413,8 +413,18 @@ impl Controller {
     /// Lets a quiesced controller fetch commands again.
     pub fn resume(&mut self) {
         self.quiesced = false;
-        self.on_all_engines(|e| e.set_quiesced(false));
-        // Doorbells written meanwhile were recorded: look at the queues now.
+        // Every engine looks at its queues now, workers included, with EventIdx armed:
+        // a doorbell written meanwhile woke an engine that could not fetch, and a host
+        // using shadow doorbells may move a tail without writing one at all while
+        // EventIdx says the device looks on its own. That was true of the process (or
+        // the migration source) that published it, which polled; an engine that was
+        // asleep here stays asleep, so it must publish its own EventIdx before it
+        // sleeps again, or no doorbell would ever wake it.
+        self.on_all_engines(|e| {
+            e.set_quiesced(false);
+            e.arm_eventidx = true;
+            e.poll();
+        });
         self.process();
     }
 

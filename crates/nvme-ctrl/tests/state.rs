@@ -362,3 +362,41 @@ fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
     let (st, d) = h.read_blocks(2, 1, 64, 8, 512);
     assert_eq!((st, d == pattern(1, 4096)), (Status::SUCCESS, true));
 }
+
+/// A migration's source whose worker polls leaves EventIdx behind the tail (the
+/// host need not ring: the device looks on its own), and the state it saves says
+/// so. The destination's worker is asleep when it resumes: it must publish its own
+/// EventIdx first, or the host's next commands (shadow tail written, no doorbell, as
+/// EventIdx says) would never be seen.
+#[test]
+fn a_resumed_controller_arms_eventidx_before_its_worker_sleeps() {
+    let ram = RamBackend::new(NS_BYTES);
+    let mut h = MockHost::new(config(&ram), MEM);
+    h.ctrl.spawn_workers(1, nvme_ctrl::PollMode::Always).unwrap();
+    h.init(InitOptions { io_queues: 1, queue_size: 32, shadow_doorbells: true, ..Default::default() })
+        .unwrap();
+    for _ in 0..3 {
+        let buf = h.alloc.alloc_pages(1);
+        let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+        h.submit(1, sqe).expect("room");
+        drain(&mut h, 1);
+    }
+    h.ctrl.quiesce(std::time::Duration::from_secs(5)).unwrap();
+    let state = h.ctrl.save_state();
+    let tail = h.shadow_slot(1, DoorbellKind::SqTail).unwrap();
+    let mut fresh = Controller::new(config(&ram), h.mem.clone(), h.irq.clone()).unwrap();
+    fresh.spawn_workers(1, nvme_ctrl::PollMode::Adaptive).unwrap();
+    // The worker falls asleep (an idle destination), then the state arrives.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    fresh.restore_state(&state).unwrap();
+    fresh.resume();
+    let old = std::mem::replace(&mut h.ctrl, fresh);
+    std::mem::forget(old);
+    assert_eq!(h.eventidx_slot(1, DoorbellKind::SqTail), Some(tail), "armed at what it has consumed");
+    let buf = h.alloc.alloc_pages(1);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    h.submit(1, sqe).expect("room");
+    for (_, c) in drain(&mut h, 1) {
+        assert_eq!(c.status(), Status::SUCCESS);
+    }
+}
