@@ -35,11 +35,15 @@ vn_build() {
     (cd "$VNVME_ROOT" && cargo build --release --locked -p vnvme)
 }
 
-# vn_device_args SOCKET: sets VN_DEV_ARGS, the QEMU arguments for a
-# vfio-user-pci device on its own PCIe root port (bus rp0).
+# vn_device_args SOCKET [nopost]: sets VN_DEV_ARGS, the QEMU arguments for a
+# vfio-user-pci device on its own PCIe root port (bus rp0). nopost adds
+# x-no-posted-writes=on: QEMU then waits for the server's reply to every MMIO
+# write, as clients without posted writes do (e.g. Cloud Hypervisor).
 vn_device_args() {
+    local extra=""
+    [[ ${2:-} != nopost ]] || extra=',"x-no-posted-writes":true'
     VN_DEV_ARGS=(-device pcie-root-port,id=rp0,chassis=1
-        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"},\"bus\":\"rp0\"}")
+        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"},\"bus\":\"rp0\"$extra}")
 }
 
 # vn_term_pidfile FILE: SIGTERM the process FILE names (QEMU's -pidfile), if

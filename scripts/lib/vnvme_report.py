@@ -401,12 +401,12 @@ def nice_max(v):
     return 10 * e
 
 
-def bar_chart(title, note, groups, series, panels):
+def bar_chart(title, note, groups, series, panels, legend_w=230):
     """A whole SVG: one grouped bar panel per (label, value-of-data) in panels,
-    a bar per series in each group, a legend at the right. series:
-    [{"name", "color", "values": {group: data}}]; a series without a group's
-    data leaves a gap."""
-    W, PH, top, left, legend_w = 1180, 300, 72, 70, 230
+    a bar per series in each group, a legend at the right (legend_w px wide).
+    series: [{"name", "color", "values": {group: data}}]; a series without a
+    group's data leaves a gap."""
+    W, PH, top, left = 1180, 300, 72, 70
     H = top + len(panels) * (PH + 60) + 20
     plot_w = W - left - legend_w - 20
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
