@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""The report of scripts/bench-cost.sh: instructions and system calls per I/O from
+the raw files it wrote (callgrind_annotate listings, perf JSON, perf stat CSV).
+
+Instructions per I/O are differences: (Ir of the long run - Ir of the short run) /
+(I/Os of the long run - I/Os of the short run), in total and per function, so what
+a run costs once (start, connection, shutdown) cancels. Payload = libc's memset,
+memcpy and memmove (the 4 KiB zero fill or copy of each I/O, and the few small
+copies they also do); the rest is the controller's own work."""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from vnvme_report import bar_chart, machine  # noqa: E402
+
+PAYLOAD = re.compile(r"(^|[^a-z])(__)?(memset|memcpy|memmove|mempcpy)")
+CRATES = ["nvme_ctrl", "guest_mem", "block_backend", "vfio_user_server", "vfio_user", "nvme_driver",
+          "nvme_spec", "test_kit", "vnvme", "tracing", "std", "core", "alloc"]
+
+
+def annotate(path):
+    """{function: Ir} (self cost) and the program total from a callgrind_annotate
+    listing; a function listed under several source files is summed."""
+    total, fns = 0, {}
+    line_re = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
+    with open(path) as f:
+        for line in f:
+            if line.startswith("-- Auto-annotated") or line.startswith("-- User-annotated"):
+                break  # only the function summary
+            m = line_re.match(line)
+            if not m:
+                continue
+            ir = int(m.group(1).replace(",", ""))
+            what = m.group(2).strip()
+            if what == "PROGRAM TOTALS":
+                total = ir
+                continue
+            if what.endswith("]") and " [" in what:
+                what = what[:what.rfind(" [")]
+            fn = what.split(":", 1)[1] if ":" in what and not what.startswith("<") else what
+            fns[fn] = fns.get(fn, 0) + ir
+    return total, fns
+
+
+def crate_of(fn):
+    if PAYLOAD.search(fn):
+        return "payload (memset/memcpy)"
+    for c in CRATES:
+        if re.search(r"(^|[<\s&(])" + c + "::", fn):
+            return c
+    return "other (libc, runtime)"
+
+
+def ios_of(path):
+    with open(path) as f:
+        return json.load(f)["results"]["ios"]
+
+
+def per_io_diff(raw, short, long_):
+    t0, f0 = annotate(os.path.join(raw, short + ".annotate"))
+    t1, f1 = annotate(os.path.join(raw, long_ + ".annotate"))
+    n0 = ios_of(os.path.join(raw, short + ".perf.json"))
+    n1 = ios_of(os.path.join(raw, long_ + ".perf.json"))
+    dn = n1 - n0
+    if dn <= 0:
+        raise SystemExit(f"bench-cost: {long_} did no more I/O than {short} ({n1} vs {n0})")
+    fns = {k: (f1.get(k, 0) - f0.get(k, 0)) / dn for k in set(f0) | set(f1)}
+    return {"ios_short": n0, "ios_long": n1, "ir_short": t0, "ir_long": t1,
+            "instr_per_io": (t1 - t0) / dn, "functions": fns}
+
+
+def split(fns):
+    by = {}
+    for k, v in fns.items():
+        c = crate_of(k)
+        by[c] = by.get(c, 0) + v
+    return by
+
+
+def syscalls(raw, tag):
+    counts = {}
+    with open(os.path.join(raw, tag + ".perfstat")) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) < 3 or not parts[0].strip().isdigit():
+                continue
+            ev = parts[2]
+            name = "total" if ev == "raw_syscalls:sys_enter" else ev.replace("syscalls:sys_enter_", "")
+            counts[name] = int(parts[0])
+    ios = ios_of(os.path.join(raw, tag + ".perf.json"))
+    return {"ios": ios, "per_io": {k: v / ios for k, v in counts.items() if v}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ["--root", "--out", "--qd", "--doorbells", "--ns", "--short", "--long", "--syscall-run",
+              "--inprocess", "--command"]:
+        ap.add_argument(a, required=True)
+    ap.add_argument("--history")
+    a = ap.parse_args()
+    raw = os.path.join(a.out, "raw")
+    qds = [int(q) for q in a.qd.split(",")]
+    dbs = a.doorbells.split(",")
+    points = []
+    for db in dbs:
+        for qd in qds:
+            tag = f"server-{db}-qd{qd}"
+            d = per_io_diff(raw, tag + "-short", tag + "-long")
+            by = split(d["functions"])
+            payload = by.get("payload (memset/memcpy)", 0.0)
+            s = syscalls(raw, tag + "-sys")
+            points.append({
+                "point": f"server {db} qd{qd}", "kind": "server", "doorbells": db, "qd": qd,
+                "instr_per_io": d["instr_per_io"], "payload_per_io": payload,
+                "controller_per_io": d["instr_per_io"] - payload,
+                "by_crate": by, "syscalls_per_io": s["per_io"].get("total", 0.0),
+                "syscalls": s["per_io"], "syscall_run_ios": s["ios"],
+                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
+                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15],
+            })
+    if a.inprocess == "1":
+        for qd in qds:
+            tag = f"inproc-qd{qd}"
+            d = per_io_diff(raw, tag + "-short", tag + "-long")
+            by = split(d["functions"])
+            payload = by.get("payload (memset/memcpy)", 0.0)
+            client = by.get("nvme_driver", 0.0) + by.get("vnvme", 0.0) + by.get("test_kit", 0.0)
+            points.append({
+                "point": f"in-process qd{qd}", "kind": "in-process", "qd": qd,
+                "instr_per_io": d["instr_per_io"], "payload_per_io": payload,
+                "controller_per_io": by.get("nvme_ctrl", 0.0) + by.get("guest_mem", 0.0)
+                + by.get("block_backend", 0.0) + by.get("nvme_spec", 0.0),
+                "client_per_io": client, "by_crate": by,
+                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
+                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15],
+            })
+    m = machine(a.root)
+    knobs = {"namespace": a.ns, "rw": "randread", "bs": 4096, "server": "--poll off --workers 1, one queue",
+             "perf": "--completion irq (in-process: --workers 0 --completion poll --doorbells shadow)",
+             "qd": qds, "doorbells": dbs, "callgrind_runs_s": [float(a.short), float(a.long)],
+             "syscall_run_s": float(a.syscall_run), "command": a.command}
+    prev = {}
+    if a.history and os.path.exists(a.history):
+        with open(a.history) as f:
+            for line in f:
+                try:
+                    h = json.loads(line)
+                except ValueError:
+                    continue
+                if h.get("namespace") == a.ns:
+                    prev[h["point"]] = h
+    lines = [f"# Cost per I/O ({m['date_utc']}, commit {m['git_commit'][:12]})", "",
+             f"4 KiB randread, namespace `{a.ns}`, server `--poll off --workers 1`, one queue. "
+             "Instructions: callgrind, (long - short run) / (I/O difference). "
+             "Payload: libc memset/memcpy/memmove. System calls: perf stat, whole server life, full speed.", "",
+             "| point | instructions/I/O | payload | controller (rest) | vs last recorded | syscalls/I/O | per kind |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for p in points:
+        old = prev.get(p["point"])
+        delta = "—"
+        if old and old.get("controller_per_io"):
+            delta = f"{(p['controller_per_io'] / old['controller_per_io'] - 1) * 100:+.1f} % ({old['commit'][:8]})"
+        kinds = ", ".join(f"{k} {v:.3f}" for k, v in sorted(p.get("syscalls", {}).items(), key=lambda kv: -kv[1])
+                          if k != "total")
+        sc = f"{p['syscalls_per_io']:.3f}" if p["kind"] == "server" else "—"
+        lines.append(f"| {p['point']} | {p['instr_per_io']:.0f} | {p['payload_per_io']:.0f} | "
+                     f"{p['controller_per_io']:.0f} | {delta} | {sc} | {kinds or '—'} |")
+    lines += ["", "By crate (instructions per I/O, self cost):", "",
+              "| point | " + " | ".join(CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |",
+              "|---|" + "---:|" * (len(CRATES) + 2)]
+    for p in points:
+        lines.append(f"| {p['point']} | " + " | ".join(
+            f"{p['by_crate'].get(c, 0):.0f}" for c in CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |")
+    for p in points:
+        lines += ["", f"Top functions, {p['point']} (instructions per I/O, self cost):", ""]
+        lines += [f"- {v:8.1f}  `{k[:140]}`" for k, v in p["top"]]
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump({"benchmark": "bench-cost", "machine": m, "knobs": knobs, "points": points}, f, indent=1)
+    groups = [p["point"] for p in points]
+    series = [
+        {"name": "controller (rest)", "color": "#3b6ea5",
+         "values": {p["point"]: p["controller_per_io"] for p in points}},
+        {"name": "payload (memset/memcpy)", "color": "#c9a227",
+         "values": {p["point"]: p["payload_per_io"] for p in points}},
+    ]
+    svg = bar_chart(f"vnvme cost per I/O, {a.ns}, commit {m['git_commit'][:12]}",
+                    "callgrind instructions (no hardware counters here); lower is better",
+                    groups, series, [("instructions per I/O", lambda v: v)])
+    with open(os.path.join(a.out, "chart.svg"), "w") as f:
+        f.write(svg)
+    if a.history:
+        with open(a.history, "a") as f:
+            for p in points:
+                f.write(json.dumps({
+                    "date": m["date_utc"], "commit": m["git_commit"], "namespace": a.ns, "point": p["point"],
+                    "instr_per_io": round(p["instr_per_io"], 1), "payload_per_io": round(p["payload_per_io"], 1),
+                    "controller_per_io": round(p["controller_per_io"], 1),
+                    "syscalls_per_io": round(p.get("syscalls_per_io", 0.0), 4) if p["kind"] == "server" else None,
+                }) + "\n")
+    print(table)
+    print(f"bench-cost: results in {a.out}/{{table.md,results.json,chart.svg}}"
+          + (f"; history appended to {a.history}" if a.history else ""))
+
+
+if __name__ == "__main__":
+    main()

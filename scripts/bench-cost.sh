@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Cost benchmark: what one I/O costs the server, in figures noise cannot move.
+#
+#   instructions per I/O  valgrind's callgrind (this machine has no hardware
+#                         counters): the instructions `vnvme serve` executes per
+#                         I/O of `vnvme perf` (4 KiB random reads, null namespace,
+#                         --poll off), broken down by function. Startup and
+#                         connection costs cancel: every point is measured twice,
+#                         a short and a long run, and the cost per I/O is the
+#                         difference of the instructions over the difference of
+#                         the I/Os. The payload copy (libc memset/memcpy/memmove:
+#                         the null backend's zero fill, a RAM backend's copy) is
+#                         reported apart from the rest, the controller's own work.
+#   system calls per I/O  the kernel's syscall tracepoints (perf stat), counted
+#                         over the server's whole life at full speed (no valgrind),
+#                         per kind.
+#   in-process            `vnvme perf --in-process` (driver and controller in one
+#                         process, inline, no socket) under callgrind: the
+#                         controller path alone, split by crate.
+#
+# Not a test (scripts/test.sh never runs it): it prints every knob and version,
+# writes results.json, table.md and chart.svg under results/cost/<UTC stamp>/, and
+# appends one line per point to results/cost-history.jsonl (tracked), so a change
+# that costs more shows in review.
+#
+# Usage: scripts/bench-cost.sh [--qd 1,16] [--doorbells trapped,shadow,eventfd]
+#                              [--ns SPEC] [--short S] [--long S] [--out DIR]
+#                              [--no-history] [--no-build] [--no-inprocess]
+#
+#   --qd LIST         queue depths (default 1,16)
+#   --doorbells LIST  perf --doorbells modes against the server: trapped (every
+#                     doorbell a vfio-user message), shadow (Doorbell Buffer Config +
+#                     EventIdx, trapped when EventIdx asks), eventfd (the server's
+#                     ioeventfd doorbells, with shadow) (default trapped,shadow,eventfd)
+#   --ns SPEC         the namespace (default null:64G:lba=4096; ram:1G for the copy)
+#   --short S, --long S  the two run lengths under callgrind (default 1 and 4 s)
+#   --syscall-run S   the run length for the syscall count (default 3 s)
+#   --out DIR         output folder (default results/cost/<UTC stamp>)
+#   --no-history      do not append to results/cost-history.jsonl
+#   --no-build        use target/release/vnvme as it is
+#   --no-inprocess    skip the in-process points
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+QDS=1,16
+DOORBELLS=trapped,shadow,eventfd
+NS=null:64G:lba=4096
+SHORT=1
+LONG=4
+SYSRUN=3
+OUT=
+HISTORY=1
+BUILD=1
+INPROC=1
+COMMAND_LINE="$0 $*"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --qd) QDS=$2; shift 2 ;;
+    --doorbells) DOORBELLS=$2; shift 2 ;;
+    --ns) NS=$2; shift 2 ;;
+    --short) SHORT=$2; shift 2 ;;
+    --long) LONG=$2; shift 2 ;;
+    --syscall-run) SYSRUN=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --no-history) HISTORY=0; shift ;;
+    --no-build) BUILD=0; shift ;;
+    --no-inprocess) INPROC=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench-cost: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "bench-cost: --qd must be a list like 1,16" >&2; exit 2; }
+[[ $DOORBELLS =~ ^(trapped|shadow|eventfd)(,(trapped|shadow|eventfd))*$ ]] \
+  || { echo "bench-cost: --doorbells takes trapped, shadow, eventfd" >&2; exit 2; }
+for n in "$SHORT" "$LONG" "$SYSRUN"; do
+  [[ $n =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "bench-cost: run lengths are seconds" >&2; exit 2; }
+done
+python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
+  || { echo "bench-cost: --long must be longer than --short" >&2; exit 2; }
+
+# The tools: valgrind (callgrind) and perf (syscall tracepoints), from Debian's
+# archive when missing.
+# shellcheck source=scripts/guest/lib.sh
+source "$ROOT/scripts/guest/lib.sh"
+need_cmds valgrind:valgrind callgrind_annotate:valgrind perf:linux-perf python3:python3
+
+if [ "$BUILD" = 1 ]; then
+  (cd "$ROOT" && cargo build --release -p vnvme >&2)
+fi
+VNVME=$ROOT/target/release/vnvme
+[ -x "$VNVME" ] || { echo "bench-cost: $VNVME is missing (drop --no-build)" >&2; exit 2; }
+
+STAMP=$(date -u +%Y-%m-%dT%H-%M-%SZ)
+[ -n "$OUT" ] || OUT=$ROOT/results/cost/$STAMP
+mkdir -p "$OUT/raw"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-bench-cost.XXXXXX")
+SERVER=
+cleanup() {
+  [ -z "$SERVER" ] || kill "$SERVER" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "bench-cost: $COMMAND_LINE"
+echo "  vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
+echo "  namespace $NS, 4 KiB randread, server --poll off --workers 1, one queue; qd $QDS; doorbells $DOORBELLS"
+echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; results in $OUT"
+
+wait_socket() { # path pid
+  local i
+  for i in $(seq 1 600); do
+    [ -S "$1" ] && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+serve_doorbells() { # the server's --doorbells for a perf mode
+  case "$1" in eventfd) echo eventfd ;; *) echo trapped ;; esac
+}
+
+# One server run under callgrind, one perf run of $4 seconds against it.
+callgrind_point() { # tag doorbells qd seconds
+  local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock
+  rm -f "$sock"
+  valgrind --tool=callgrind --callgrind-out-file="$OUT/raw/$tag.callgrind" \
+    "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --sandbox off --once \
+    --doorbells "$(serve_doorbells "$db")" --log warn 2>"$OUT/raw/$tag.serve.log" &
+  SERVER=$!
+  wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
+  "$VNVME" perf --socket "$sock" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
+    --completion irq --json "$OUT/raw/$tag.perf.json" >"$OUT/raw/$tag.perf.txt" 2>&1 \
+    || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+  wait "$SERVER" || true
+  SERVER=
+  callgrind_annotate --threshold=100 --inclusive=no --auto=no "$OUT/raw/$tag.callgrind" >"$OUT/raw/$tag.annotate" 2>/dev/null
+  gzip -f -9 "$OUT/raw/$tag.callgrind"
+}
+
+SYSCALLS=(recvmsg recvfrom sendmsg sendto read write readv writev epoll_wait epoll_pwait
+  futex io_uring_enter ppoll poll nanosleep clock_nanosleep sched_yield)
+
+# The server at full speed, its system calls counted over its whole life.
+syscall_point() { # tag doorbells qd seconds
+  local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock ev=raw_syscalls:sys_enter s
+  for s in "${SYSCALLS[@]}"; do
+    [ -d /sys/kernel/tracing/events/syscalls/sys_enter_"$s" ] || [ -d /sys/kernel/debug/tracing/events/syscalls/sys_enter_"$s" ] \
+      && ev+=",syscalls:sys_enter_$s"
+  done
+  rm -f "$sock"
+  perf stat -x, -o "$OUT/raw/$tag.perfstat" -e "$ev" -- \
+    "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --once \
+    --doorbells "$(serve_doorbells "$db")" --log warn 2>"$OUT/raw/$tag.serve.log" &
+  SERVER=$!
+  wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
+  "$VNVME" perf --socket "$sock" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
+    --completion irq --json "$OUT/raw/$tag.perf.json" >"$OUT/raw/$tag.perf.txt" 2>&1 \
+    || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+  wait "$SERVER" || true
+  SERVER=
+}
+
+# Driver and controller in one process, inline (no workers, no socket).
+inprocess_point() { # tag qd seconds
+  local tag=$1 qd=$2 secs=$3
+  valgrind --tool=callgrind --callgrind-out-file="$OUT/raw/$tag.callgrind" \
+    "$VNVME" perf --in-process --in-process-ns "$NS" --workers 0 --poll off --qd "$qd" --rw randread \
+    --runtime "${secs}s" --doorbells shadow --completion poll --json "$OUT/raw/$tag.perf.json" \
+    >"$OUT/raw/$tag.perf.txt" 2>&1 || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+  callgrind_annotate --threshold=100 --inclusive=no --auto=no "$OUT/raw/$tag.callgrind" >"$OUT/raw/$tag.annotate" 2>/dev/null
+  gzip -f -9 "$OUT/raw/$tag.callgrind"
+}
+
+IFS=, read -r -a qds <<<"$QDS"
+IFS=, read -r -a dbs <<<"$DOORBELLS"
+for db in "${dbs[@]}"; do
+  for qd in "${qds[@]}"; do
+    echo "  server, doorbells $db, qd $qd"
+    callgrind_point "server-$db-qd$qd-short" "$db" "$qd" "$SHORT"
+    callgrind_point "server-$db-qd$qd-long" "$db" "$qd" "$LONG"
+    syscall_point "server-$db-qd$qd-sys" "$db" "$qd" "$SYSRUN"
+  done
+done
+if [ "$INPROC" = 1 ]; then
+  for qd in "${qds[@]}"; do
+    echo "  in-process, qd $qd"
+    inprocess_point "inproc-qd$qd-short" "$qd" "$SHORT"
+    inprocess_point "inproc-qd$qd-long" "$qd" "$LONG"
+  done
+fi
+
+HIST_ARG=()
+[ "$HISTORY" = 1 ] && HIST_ARG=(--history "$ROOT/results/cost-history.jsonl")
+python3 "$ROOT/scripts/bench-cost.py" --root "$ROOT" --out "$OUT" --qd "$QDS" --doorbells "$DOORBELLS" \
+  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" \
+  --command "$COMMAND_LINE" "${HIST_ARG[@]}"
