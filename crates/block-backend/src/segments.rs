@@ -152,6 +152,13 @@ impl<'a> SegmentCursor<'a> {
         len: u64,
         mut f: impl FnMut(usize, Segment) -> Result<(), MemError>,
     ) -> Result<(), SegmentError> {
+        // The usual case: the whole span lies in the current segment.
+        if let Some(piece) = self.within_one(len) {
+            f(0, piece)?;
+            self.at.off += len;
+            self.at.pos += len;
+            return Ok(());
+        }
         let base = self.at.pos;
         let mut pieces = self.pieces(len);
         for (at, piece) in pieces.by_ref() {
@@ -163,7 +170,26 @@ impl<'a> SegmentCursor<'a> {
 
     /// Checks that the next `len` bytes lie within the segments and, for a `gather`,
     /// in none of their bit buckets.
+    /// The next `len` bytes as one piece, if they lie in the current segment (the
+    /// usual case: one PRP range, one SGL data block): no walk over the list.
+    #[inline]
+    fn within_one(&self, len: u64) -> Option<Segment> {
+        let s = self.segs.get(self.at.idx)?;
+        if len == 0 || s.len().saturating_sub(self.at.off) < len {
+            return None;
+        }
+        Some(match *s {
+            Segment::Guest { gpa, .. } => Segment::Guest { gpa: gpa.saturating_add(self.at.off), len },
+            Segment::Discard { .. } => Segment::Discard { len },
+        })
+    }
+
     fn check(&self, len: u64, gather: bool) -> Result<(), SegmentError> {
+        if let Some(piece) = self.within_one(len) {
+            if !gather || matches!(piece, Segment::Guest { .. }) {
+                return Ok(());
+            }
+        }
         let mut found = 0;
         for (at, piece) in self.pieces(len) {
             if gather && matches!(piece, Segment::Discard { .. }) {

@@ -18,7 +18,7 @@ mod dirty;
 mod mmap;
 
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes};
@@ -113,6 +113,10 @@ struct Table {
     chunks: Vec<Arc<[Region]>>,
     /// The first address of each chunk.
     starts: Vec<u64>,
+    /// One-chunk maps: the index of the region the last lookup found. Only a hint
+    /// (any value is safe, a stale one costs a search); the data path's accesses fall
+    /// mostly in one region, so most lookups end here without a search.
+    hint: AtomicUsize,
 }
 
 impl Table {
@@ -139,7 +143,7 @@ impl Table {
             starts.insert(i + k, p[0].gpa);
             chunks.insert(i + k, p);
         }
-        Table { chunks, starts }
+        Table { chunks, starts, hint: AtomicUsize::new(0) }
     }
 }
 
@@ -270,7 +274,25 @@ impl GuestMemory {
     }
 
     fn region_for(&self, gpa: u64) -> Option<&Region> {
-        let c = self.table.chunks.get(self.table.chunk_for(gpa))?;
+        let t = &self.table;
+        // Most maps are one chunk (a VM's handful of regions): no search over chunks,
+        // and first the region the last lookup found.
+        if t.chunks.len() == 1 {
+            let c = &t.chunks[0];
+            if let Some(r) = c.get(t.hint.load(Ordering::Relaxed)) {
+                if r.gpa <= gpa && gpa < r.end() {
+                    return Some(r);
+                }
+            }
+            let idx = c.partition_point(|r| r.gpa <= gpa).checked_sub(1)?;
+            let r = c.get(idx)?;
+            if gpa < r.end() {
+                t.hint.store(idx, Ordering::Relaxed);
+                return Some(r);
+            }
+            return None;
+        }
+        let c = t.chunks.get(t.chunk_for(gpa))?;
         let idx = c.partition_point(|r| r.gpa <= gpa);
         let r = c.get(idx.checked_sub(1)?)?;
         (gpa < r.end()).then_some(r)
@@ -305,11 +327,21 @@ impl GuestMemory {
         mark: bool,
         f: &mut impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), MemError> {
-        let err = MemError::Unmapped { gpa, len };
-        gpa.checked_add(len).ok_or(err.clone())?;
+        let end = gpa.checked_add(len).ok_or(MemError::Unmapped { gpa, len })?;
+        // The usual case, one lookup: the whole range lies in one region.
+        if let Some(r) = self.region_for(gpa).filter(|r| end <= r.end()) {
+            if len > 0 {
+                let off = r.map_offset + (gpa - r.gpa);
+                f(r.map.ptr_at(off), len as usize, 0);
+                if mark {
+                    r.map.mark_dirty(off, len);
+                }
+            }
+            return Ok(());
+        }
         // Check first, so a failed access has no partial effect.
+        let err = MemError::Unmapped { gpa, len };
         let mut cur = gpa;
-        let end = gpa + len;
         while cur < end {
             let r = self.region_for(cur).ok_or(err.clone())?;
             cur = r.end().min(end);
@@ -419,10 +451,22 @@ impl GuestMemory {
     /// than through this type (the kernel's io_uring reads, a downstream device's
     /// DMA into [`Self::host_ranges`]): call it once the write is over. Parts not
     /// mapped are ignored. A no-op unless some mapping is logging (see `dirty`).
+    #[inline]
     pub fn mark_dirty(&self, gpa: u64, len: u64) {
-        if !dirty::any_logging() || len == 0 {
-            return;
+        if dirty::any_logging() && len != 0 {
+            self.mark_dirty_logging(gpa, len);
         }
+    }
+
+    /// Whether any mapping in this process is logging writes now (see `dirty`): when
+    /// not, marking is a no-op and callers can skip the work of finding what to mark.
+    #[inline]
+    pub fn logging_writes() -> bool {
+        dirty::any_logging()
+    }
+
+    #[cold]
+    fn mark_dirty_logging(&self, gpa: u64, len: u64) {
         let end = gpa.saturating_add(len);
         let mut cur = gpa;
         while cur < end {

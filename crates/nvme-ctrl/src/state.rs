@@ -287,6 +287,7 @@ impl IoEngine {
                 self.ctx.irq.signal(iv as u16);
             }
         }
+        self.vectors_waiting = false;
     }
 
     fn save_queues(&self) -> EngineQueues {

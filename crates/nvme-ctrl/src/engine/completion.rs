@@ -70,6 +70,8 @@ impl IoEngine {
         }
         if let Err(e) = cq.post(&self.mem, cqe) {
             self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
+        } else if cq.unsignalled == 1 {
+            self.to_signal.push(cqid);
         }
     }
 
@@ -91,6 +93,9 @@ impl IoEngine {
                 if let Err(e) = cq.post(&self.mem, cqe) {
                     self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
                     return;
+                }
+                if cq.unsignalled == 1 {
+                    self.to_signal.push(cqid);
                 }
             }
             let Some(b) = self.shadow else { return };
@@ -122,8 +127,14 @@ impl IoEngine {
 
     /// Signals each vector whose CQs received entries, subject to coalescing.
     pub(crate) fn signal_interrupts(&mut self) {
+        if self.to_signal.is_empty() {
+            return;
+        }
         let now = self.ctx.clock.now_ns();
-        for i in 0..self.cqs.len() {
+        let mut list = std::mem::take(&mut self.to_signal);
+        for &qid in &list {
+            let i = qid as usize;
+            // Deleted (or deleted and created again) since: nothing, or nothing new.
             let Some(cq) = self.cqs[i].as_mut() else { continue };
             if cq.unsignalled == 0 {
                 continue;
@@ -141,22 +152,32 @@ impl IoEngine {
                         QueueStats::bump(&q.interrupts, 1);
                     }
                     self.ctx.irq.signal(iv);
+                } else {
+                    self.vectors_waiting = true;
                 }
             }
         }
+        list.clear();
+        self.to_signal = list;
     }
 
     /// Fires coalesced interrupts whose aggregation time has passed.
     pub fn fire_timers(&mut self) {
+        if !self.vectors_waiting {
+            return;
+        }
         let now = self.ctx.clock.now_ns();
         let c = self.coalescing;
+        let mut waiting = false;
         for (iv, v) in self.vectors.iter_mut().enumerate() {
             if v.due(c, now) {
                 v.fired();
                 Stats::add(&self.ctx.stats.interrupts, 1);
                 self.ctx.irq.signal(iv as u16);
             }
+            waiting |= v.deadline(c).is_some();
         }
+        self.vectors_waiting = waiting;
     }
 
     /// The earliest time (clock ns) a coalesced interrupt must fire, a command may
@@ -164,6 +185,7 @@ impl IoEngine {
     pub fn next_deadline(&self) -> Option<u64> {
         let expiry = (self.next_expiry != u64::MAX).then_some(self.next_expiry);
         let held = self.next_release();
-        self.vectors.iter().filter_map(|v| v.deadline(self.coalescing)).chain(expiry).chain(held).min()
+        let vectors = self.vectors.iter().filter(|_| self.vectors_waiting);
+        vectors.filter_map(|v| v.deadline(self.coalescing)).chain(expiry).chain(held).min()
     }
 }

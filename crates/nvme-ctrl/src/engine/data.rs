@@ -303,7 +303,11 @@ pub(crate) const MAX_IN_FLIGHT: usize = 4096;
 /// Marks the guest memory a backend request wrote into (a read's data, however the
 /// backend moved it: our copy, the kernel's io_uring read, a downstream device) for
 /// a migration's DMA log, now that the write is over. Free unless logging is on.
+#[inline]
 fn mark_written(mem: &GuestMemory, data: &DataBuf) {
+    if !GuestMemory::logging_writes() {
+        return;
+    }
     if let DataBuf::Guest(segs) = data {
         for s in segs {
             if let Segment::Guest { gpa, len } = *s {

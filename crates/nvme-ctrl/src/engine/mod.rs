@@ -201,6 +201,12 @@ pub struct IoEngine {
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
     pub(crate) fatal: Option<Fatal>,
+    /// CQs with completions posted since their last interrupt decision, each once
+    /// (`signal_interrupts` looks at these, not at every CQ).
+    pub(crate) to_signal: Vec<u16>,
+    /// Some vector holds coalesced completions (`fire_timers` and `next_deadline`
+    /// scan the vectors only then).
+    pub(crate) vectors_waiting: bool,
 }
 
 /// How many commands one `poll` takes at most, so a busy guest cannot starve the
@@ -252,6 +258,8 @@ impl IoEngine {
             no_backends: false,
             arm_eventidx: true,
             fatal: None,
+            to_signal: Vec::new(),
+            vectors_waiting: false,
             mem,
             mem_generation,
             ctx,
@@ -362,6 +370,8 @@ impl IoEngine {
         }
         self.shadow = None;
         self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
+        self.to_signal.clear();
+        self.vectors_waiting = false;
         self.coalescing = Coalescing::default();
         self.burst = None;
         self.arm_eventidx = true;
