@@ -263,18 +263,31 @@ fn session(
                 JOBS => {
                     if let Some(j) = &opts.jobs {
                         j.run_pending(device);
-                        let listener = queue.as_ref().map(|(l, _)| *l);
-                        if device.hand_over_if_asked(Some(conn.stream()), listener) {
-                            return Ok(());
-                        }
                     }
                 }
                 // Doorbell kick and backend notifiers: `Inline::run` below.
                 _ => {}
             }
         }
-        if socket_ready && !handle_message(&mut conn, device)? {
-            return Ok(());
+        // Every message that has arrived, with one read (more than one message
+        // usually comes with it: they are handled without going back to epoll).
+        if socket_ready {
+            loop {
+                if !handle_message(&mut conn, device)? {
+                    return Ok(());
+                }
+                if !conn.has_message() {
+                    break;
+                }
+            }
+        }
+        // A hand-over (asked for by a job) only between whole messages: bytes of one
+        // that has begun to arrive are in this process's buffer, and would be lost.
+        if conn.buffered() == 0 {
+            let listener = queue.as_ref().map(|(l, _)| *l);
+            if device.hand_over_if_asked(Some(conn.stream()), listener) {
+                return Ok(());
+            }
         }
         if let Some((l, waiting)) = queue.as_mut() {
             queue_or_refuse(l, waiting, listener_ready && !client_leaving, opts.deadline);

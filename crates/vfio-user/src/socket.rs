@@ -1,7 +1,7 @@
 //! Framing: one message = header + payload, file descriptors as SCM_RIGHTS attached
 //! to the first byte. The one place in the crate with `unsafe` (sendmsg/recvmsg).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -46,16 +46,113 @@ impl Message {
 }
 
 /// One end of a vfio-user socket.
+///
+/// Reading is buffered: one recvmsg takes whatever has arrived, often several
+/// messages (a guest's doorbell writes come in bursts), and [`Connection::recv`]
+/// hands them out one by one; [`Connection::has_message`] says when the next one
+/// needs no system call. Descriptors ride on the first byte of the sendmsg that
+/// carried them, and the kernel ends a read right after the data they came with:
+/// they belong to the last message that begins in that read.
 #[derive(Debug)]
 pub struct Connection {
     sock: UnixStream,
     /// How long a message may take to arrive once begun, and a reply to leave.
     deadline: Option<Duration>,
+    rx: RecvBuffer,
+}
+
+/// Bytes read and not yet handed out, and the descriptors that came with them.
+#[derive(Debug, Default)]
+struct RecvBuffer {
+    buf: Vec<u8>,
+    /// `buf[start..end]` is unparsed; `start` is at stream offset `pos`.
+    start: usize,
+    end: usize,
+    pos: u64,
+    /// Descriptors received, with the stream range of the read that brought them.
+    fds: Vec<(u64, u64, Vec<OwnedFd>)>,
+}
+
+/// The usual size of the receive buffer; a larger message grows it for itself.
+const RX_BUFFER: usize = 64 << 10;
+
+impl RecvBuffer {
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// The header of the next message, if all of it has arrived.
+    fn header(&self) -> Option<Header> {
+        (self.buffered() >= HEADER_SIZE).then(|| {
+            Header::read_from_bytes(&self.buf[self.start..self.start + HEADER_SIZE]).expect("16 bytes")
+        })
+    }
+
+    /// The next message, if all of it has arrived.
+    fn take(&mut self) -> Result<Option<Message>, ProtoError> {
+        let Some(header) = self.header() else { return Ok(None) };
+        let size = header.size.get() as usize;
+        if !(HEADER_SIZE..=MAX_MESSAGE).contains(&size) {
+            return Err(ProtoError::BadSize(size as u32));
+        }
+        if self.buffered() < size {
+            return Ok(None);
+        }
+        let payload = self.buf[self.start + HEADER_SIZE..self.start + size].to_vec();
+        let (at, end) = (self.pos, self.pos + size as u64);
+        // Descriptors whose read began before this message and that no earlier
+        // message took belong to none (a peer that sent them mid-message): dropped.
+        self.fds.retain(|(_, read_end, _)| *read_end > at);
+        let mut fds = Vec::new();
+        if let Some(i) = self.fds.iter().position(|(rs, re, _)| *rs <= at && at < *re && end >= *re) {
+            fds = self.fds.remove(i).2;
+        }
+        self.start += size;
+        self.pos = end;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(Some(Message { header, payload, fds }))
+    }
+
+    /// Room for at least the rest of the next message (or its header) after `end`.
+    fn make_room(&mut self) {
+        let want =
+            self.header().map_or(HEADER_SIZE, |h| (h.size.get() as usize).clamp(HEADER_SIZE, MAX_MESSAGE));
+        if self.buf.len() < RX_BUFFER {
+            self.buf.resize(RX_BUFFER, 0);
+        }
+        if self.buf.len() - self.start < want || self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        } else if self.buf.len() > RX_BUFFER && self.end <= RX_BUFFER && want <= RX_BUFFER {
+            // A large message has gone: back to the usual size.
+            self.buf.truncate(RX_BUFFER);
+            self.buf.shrink_to_fit();
+        }
+    }
 }
 
 impl Connection {
     pub fn new(sock: UnixStream) -> Self {
-        Connection { sock, deadline: None }
+        Connection { sock, deadline: None, rx: RecvBuffer::default() }
+    }
+
+    /// True if a whole message has arrived and not been taken: [`Self::recv`]
+    /// returns it without a system call. A reader that waits for the socket to be
+    /// readable must take these first (the socket does not say they are there).
+    pub fn has_message(&self) -> bool {
+        self.rx.header().is_some_and(|h| self.rx.buffered() >= (h.size.get() as usize).max(HEADER_SIZE))
+    }
+
+    /// Bytes read from the socket and not yet handed out as a message.
+    pub fn buffered(&self) -> usize {
+        self.rx.buffered()
     }
 
     /// A connection to an untrusted peer: a message that has begun to arrive must
@@ -66,15 +163,17 @@ impl Connection {
     pub fn with_deadline(sock: UnixStream, limit: Duration) -> io::Result<Self> {
         sock.set_read_timeout(Some(limit))?;
         sock.set_write_timeout(Some(limit))?;
-        Ok(Connection { sock, deadline: Some(limit) })
+        Ok(Connection { sock, deadline: Some(limit), rx: RecvBuffer::default() })
     }
 
     pub fn stream(&self) -> &UnixStream {
         &self.sock
     }
 
+    /// Another handle on the socket, with its own (empty) receive buffer: for a
+    /// second writer, or a reader taking over once this one's buffer is empty.
     pub fn try_clone(&self) -> io::Result<Self> {
-        Ok(Connection { sock: self.sock.try_clone()?, deadline: self.deadline })
+        Ok(Connection { sock: self.sock.try_clone()?, deadline: self.deadline, rx: RecvBuffer::default() })
     }
 
     /// Maps a socket timeout to the deadline error.
@@ -88,50 +187,40 @@ impl Connection {
         }
     }
 
-    /// Reads one whole message. Blocks until it has arrived.
+    /// Reads one whole message. Blocks until it has arrived. Each read waits at most
+    /// the socket timeout, and once a message has begun, the whole of it must be in
+    /// by the deadline, so a peer trickling a byte at a time cannot hold us either.
     pub fn recv(&mut self) -> Result<Message, ProtoError> {
-        let mut hdr = [0u8; HEADER_SIZE];
-        let (n, fds) = match recv_with_fds(self.sock.as_raw_fd(), &mut hdr) {
-            Err(ProtoError::Io(e)) => return Err(self.stalled(e, "no message arrived")),
-            r => r?,
-        };
-        if n == 0 {
-            return Err(ProtoError::Closed);
-        }
-        let mut stall = Stall::default();
-        if n < HEADER_SIZE {
-            self.read_exact(&mut hdr[n..], &mut stall)?;
-        }
-        let header = Header::read_from_bytes(&hdr).expect("16 bytes");
-        let size = header.size.get();
-        if (size as usize) < HEADER_SIZE || size as usize > MAX_MESSAGE {
-            return Err(ProtoError::BadSize(size));
-        }
-        let mut payload = vec![0u8; size as usize - HEADER_SIZE];
-        self.read_exact(&mut payload, &mut stall)?;
-        Ok(Message { header, payload, fds })
-    }
-
-    /// Reads the rest of a message. Each read waits at most the socket timeout, and
-    /// once reads come up short the whole rest must be in by the deadline, so a peer
-    /// trickling a byte at a time cannot hold us either.
-    fn read_exact(&mut self, mut buf: &mut [u8], stall: &mut Stall) -> Result<(), ProtoError> {
         const WHAT: &str = "a message began to arrive and did not complete";
-        while !buf.is_empty() {
-            match self.sock.read(buf) {
-                Ok(0) => return Err(ProtoError::Closed),
-                Ok(n) => buf = &mut buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.stalled(e, WHAT)),
+        let mut stall = Stall::default();
+        loop {
+            if let Some(m) = self.rx.take()? {
+                return Ok(m);
             }
-            if !buf.is_empty() && stall.over(self.deadline) {
+            let begun = self.rx.buffered() > 0;
+            self.rx.make_room();
+            let rx = &mut self.rx;
+            let (n, fds) = match recv_with_fds(self.sock.as_raw_fd(), &mut rx.buf[rx.end..]) {
+                Err(ProtoError::Io(e)) => {
+                    return Err(self.stalled(e, if begun { WHAT } else { "no message arrived" }))
+                }
+                r => r?,
+            };
+            if n == 0 {
+                return Err(ProtoError::Closed);
+            }
+            let read_at = rx.pos + rx.buffered() as u64;
+            rx.end += n;
+            if !fds.is_empty() {
+                rx.fds.push((read_at, read_at + n as u64, fds));
+            }
+            if !self.has_message() && stall.over(self.deadline) {
                 return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
             }
         }
-        Ok(())
     }
 
-    /// Writes all of `buf`, bounded like [`Self::read_exact`].
+    /// Writes all of `buf`, bounded like [`Self::recv`].
     fn write_all(&mut self, mut buf: &[u8], stall: &mut Stall) -> Result<(), ProtoError> {
         const WHAT: &str = "a message could not be sent (the peer is not reading)";
         while !buf.is_empty() {
@@ -274,7 +363,7 @@ mod tests {
     use super::*;
     use crate::proto::Command;
     use std::fs::File;
-    use std::io::Seek;
+    use std::io::{Read, Seek};
     use zerocopy::little_endian::{U16, U32};
 
     #[test]
@@ -320,5 +409,64 @@ mod tests {
         assert!(fd >= 0);
         // SAFETY: fresh fd we own.
         unsafe { File::from_raw_fd(fd) }
+    }
+
+    fn msg(id: u16, payload: &[u8]) -> (Header, Vec<u8>) {
+        let h =
+            Header { msg_id: U16::new(id), command: U16::new(Command::DmaMap as u16), ..Default::default() };
+        (h, payload.to_vec())
+    }
+
+    /// Messages sent back to back come in with one read, each with its own
+    /// descriptors; the ones after the first need no system call.
+    #[test]
+    fn a_burst_is_read_at_once_and_descriptors_stay_with_their_message() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut a, mut b) = (Connection::new(a), Connection::new(b));
+        let f = tempfile();
+        for (i, with_fd) in [(1u16, false), (2, true), (3, false), (4, true), (5, false)] {
+            let (h, p) = msg(i, &vec![i as u8; 100 * i as usize]);
+            let fds: Vec<RawFd> = if with_fd { vec![f.as_raw_fd()] } else { vec![] };
+            a.send(h, &[&p], &fds).unwrap();
+        }
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            let m = b.recv().unwrap();
+            assert_eq!(m.payload.len(), 100 * m.header.msg_id.get() as usize);
+            got.push((m.header.msg_id.get(), m.fds.len()));
+        }
+        assert_eq!(got, vec![(1, 0), (2, 1), (3, 0), (4, 1), (5, 0)]);
+        assert!(!b.has_message() && b.buffered() == 0);
+    }
+
+    /// A message that arrives in pieces (and one larger than the usual buffer) is
+    /// put together; what follows it stays buffered for the next call.
+    #[test]
+    fn messages_in_pieces_and_large_ones_are_put_together() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut b = Connection::new(b);
+        let mut a = a;
+        let big = vec![7u8; RX_BUFFER * 3 + 5];
+        let mut bytes = Vec::new();
+        for (id, p) in [(1u16, &big[..]), (2, &b"tail"[..])] {
+            let mut h = Header { msg_id: U16::new(id), ..Default::default() };
+            h.size.set((HEADER_SIZE + p.len()) as u32);
+            bytes.extend_from_slice(h.as_bytes());
+            bytes.extend_from_slice(p);
+        }
+        let writer = std::thread::spawn(move || {
+            for chunk in bytes.chunks(7001) {
+                a.write_all(chunk).unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            a
+        });
+        let m = b.recv().unwrap();
+        assert_eq!((m.header.msg_id.get(), m.payload.len()), (1, big.len()));
+        assert!(m.payload.iter().all(|&x| x == 7));
+        let m = b.recv().unwrap();
+        assert_eq!((m.header.msg_id.get(), &m.payload[..]), (2, &b"tail"[..]));
+        drop(writer.join().unwrap());
+        assert!(matches!(b.recv(), Err(ProtoError::Closed)));
     }
 }
