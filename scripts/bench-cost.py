@@ -98,51 +98,68 @@ def syscalls(raw, tag):
 def main():
     ap = argparse.ArgumentParser()
     for a in ["--root", "--out", "--qd", "--doorbells", "--ns", "--short", "--long", "--syscall-run",
-              "--inprocess", "--command"]:
+              "--inprocess", "--reps", "--command"]:
         ap.add_argument(a, required=True)
     ap.add_argument("--history")
     a = ap.parse_args()
     raw = os.path.join(a.out, "raw")
     qds = [int(q) for q in a.qd.split(",")]
     dbs = a.doorbells.split(",")
+    reps = int(a.reps)
+
+    def server_rep(db, qd, r):
+        tag = f"server-{db}-qd{qd}-r{r}"
+        d = per_io_diff(raw, tag + "-short", tag + "-long")
+        by = split(d["functions"])
+        payload = by.get("payload (memset/memcpy)", 0.0)
+        s = syscalls(raw, tag + "-sys")
+        return {"instr_per_io": d["instr_per_io"], "payload_per_io": payload,
+                "controller_per_io": d["instr_per_io"] - payload, "by_crate": by,
+                "syscalls_per_io": s["per_io"].get("total", 0.0), "syscalls": s["per_io"],
+                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
+                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
+
+    def inproc_rep(qd, r):
+        tag = f"inproc-qd{qd}-r{r}"
+        d = per_io_diff(raw, tag + "-short", tag + "-long")
+        by = split(d["functions"])
+        payload = by.get("payload (memset/memcpy)", 0.0)
+        return {"instr_per_io": d["instr_per_io"], "payload_per_io": payload,
+                "controller_per_io": by.get("nvme_ctrl", 0.0) + by.get("guest_mem", 0.0)
+                + by.get("block_backend", 0.0) + by.get("nvme_spec", 0.0),
+                "client_per_io": by.get("nvme_driver", 0.0) + by.get("vnvme", 0.0) + by.get("test_kit", 0.0),
+                "by_crate": by, "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
+                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
+
+    def summarize(base, runs):
+        """The median repetition (by controller instructions) stands for the point;
+        every figure also gets its min and max over the repetitions."""
+        runs = sorted(runs, key=lambda r: r["controller_per_io"])
+        mid = runs[len(runs) // 2]
+        p = dict(base, **mid)
+        for k in ["instr_per_io", "payload_per_io", "controller_per_io", "syscalls_per_io"]:
+            if k in mid:
+                vals = sorted(r[k] for r in runs)
+                p[k] = vals[len(vals) // 2]
+                p[k + "_range"] = [vals[0], vals[-1]]
+        p["reps"] = [{k: v for k, v in r.items() if k != "top"} for r in runs]
+        return p
+
     points = []
     for db in dbs:
         for qd in qds:
-            tag = f"server-{db}-qd{qd}"
-            d = per_io_diff(raw, tag + "-short", tag + "-long")
-            by = split(d["functions"])
-            payload = by.get("payload (memset/memcpy)", 0.0)
-            s = syscalls(raw, tag + "-sys")
-            points.append({
-                "point": f"server {db} qd{qd}", "kind": "server", "doorbells": db, "qd": qd,
-                "instr_per_io": d["instr_per_io"], "payload_per_io": payload,
-                "controller_per_io": d["instr_per_io"] - payload,
-                "by_crate": by, "syscalls_per_io": s["per_io"].get("total", 0.0),
-                "syscalls": s["per_io"], "syscall_run_ios": s["ios"],
-                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
-                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15],
-            })
+            runs = [server_rep(db, qd, r) for r in range(1, reps + 1)]
+            points.append(summarize({"point": f"server {db} qd{qd}", "kind": "server", "doorbells": db, "qd": qd},
+                                    runs))
     if a.inprocess == "1":
         for qd in qds:
-            tag = f"inproc-qd{qd}"
-            d = per_io_diff(raw, tag + "-short", tag + "-long")
-            by = split(d["functions"])
-            payload = by.get("payload (memset/memcpy)", 0.0)
-            client = by.get("nvme_driver", 0.0) + by.get("vnvme", 0.0) + by.get("test_kit", 0.0)
-            points.append({
-                "point": f"in-process qd{qd}", "kind": "in-process", "qd": qd,
-                "instr_per_io": d["instr_per_io"], "payload_per_io": payload,
-                "controller_per_io": by.get("nvme_ctrl", 0.0) + by.get("guest_mem", 0.0)
-                + by.get("block_backend", 0.0) + by.get("nvme_spec", 0.0),
-                "client_per_io": client, "by_crate": by,
-                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
-                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15],
-            })
+            runs = [inproc_rep(qd, r) for r in range(1, reps + 1)]
+            points.append(summarize({"point": f"in-process qd{qd}", "kind": "in-process", "qd": qd}, runs))
     m = machine(a.root)
     knobs = {"namespace": a.ns, "rw": "randread", "bs": 4096, "server": "--poll off --workers 1, one queue",
              "perf": "--completion irq (in-process: --workers 0 --completion poll --doorbells shadow)",
              "qd": qds, "doorbells": dbs, "callgrind_runs_s": [float(a.short), float(a.long)],
-             "syscall_run_s": float(a.syscall_run), "command": a.command}
+             "syscall_run_s": float(a.syscall_run), "reps": reps, "command": a.command}
     prev = {}
     if a.history and os.path.exists(a.history):
         with open(a.history) as f:
@@ -157,7 +174,10 @@ def main():
              f"4 KiB randread, namespace `{a.ns}`, server `--poll off --workers 1`, one queue. "
              "Instructions: callgrind, (long - short run) / (I/O difference). "
              "Payload: libc memset/memcpy/memmove. System calls: perf stat, whole server life, full speed.", "",
-             "| point | instructions/I/O | payload | controller (rest) | vs last recorded | syscalls/I/O | per kind |",
+             f"Median of {reps} repetitions, [min–max] beside it: how many messages or completions one wake-up "
+             "brings, and so the work per I/O, depends on timing.", "",
+             "| point | instructions/I/O | payload | controller (rest) [min–max] | vs last recorded | "
+             "syscalls/I/O [min–max] | per kind (median rep) |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for p in points:
         old = prev.get(p["point"])
@@ -166,9 +186,13 @@ def main():
             delta = f"{(p['controller_per_io'] / old['controller_per_io'] - 1) * 100:+.1f} % ({old['commit'][:8]})"
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in sorted(p.get("syscalls", {}).items(), key=lambda kv: -kv[1])
                           if k != "total")
-        sc = f"{p['syscalls_per_io']:.3f}" if p["kind"] == "server" else "—"
+        rng = p["controller_per_io_range"]
+        sc = "—"
+        if p["kind"] == "server":
+            sr = p["syscalls_per_io_range"]
+            sc = f"{p['syscalls_per_io']:.3f} [{sr[0]:.3f}–{sr[1]:.3f}]"
         lines.append(f"| {p['point']} | {p['instr_per_io']:.0f} | {p['payload_per_io']:.0f} | "
-                     f"{p['controller_per_io']:.0f} | {delta} | {sc} | {kinds or '—'} |")
+                     f"{p['controller_per_io']:.0f} [{rng[0]:.0f}–{rng[1]:.0f}] | {delta} | {sc} | {kinds or '—'} |")
     lines += ["", "By crate (instructions per I/O, self cost):", "",
               "| point | " + " | ".join(CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |",
               "|---|" + "---:|" * (len(CRATES) + 2)]
@@ -202,6 +226,7 @@ def main():
                     "date": m["date_utc"], "commit": m["git_commit"], "namespace": a.ns, "point": p["point"],
                     "instr_per_io": round(p["instr_per_io"], 1), "payload_per_io": round(p["payload_per_io"], 1),
                     "controller_per_io": round(p["controller_per_io"], 1),
+                    "controller_range": [round(x, 1) for x in p["controller_per_io_range"]], "reps": reps,
                     "syscalls_per_io": round(p.get("syscalls_per_io", 0.0), 4) if p["kind"] == "server" else None,
                 }) + "\n")
     print(table)

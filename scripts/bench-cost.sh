@@ -24,7 +24,7 @@
 # that costs more shows in review.
 #
 # Usage: scripts/bench-cost.sh [--qd 1,16] [--doorbells trapped,shadow,eventfd]
-#                              [--ns SPEC] [--short S] [--long S] [--out DIR]
+#                              [--ns SPEC] [--short S] [--long S] [--reps N] [--out DIR]
 #                              [--no-history] [--no-build] [--no-inprocess]
 #
 #   --qd LIST         queue depths (default 1,16)
@@ -34,6 +34,10 @@
 #                     ioeventfd doorbells, with shadow) (default trapped,shadow,eventfd)
 #   --ns SPEC         the namespace (default null:64G:lba=4096; ram:1G for the copy)
 #   --short S, --long S  the two run lengths under callgrind (default 1 and 4 s)
+#   --reps N          repetitions of every point (default 3): the count is exact for
+#                     one run, but how many messages a wake-up brings, and so the
+#                     work per I/O, depends on timing; the table gives the median and
+#                     the min-max
 #   --syscall-run S   the run length for the syscall count (default 3 s)
 #   --out DIR         output folder (default results/cost/<UTC stamp>)
 #   --no-history      do not append to results/cost-history.jsonl
@@ -48,6 +52,7 @@ NS=null:64G:lba=4096
 SHORT=1
 LONG=4
 SYSRUN=3
+REPS=3
 OUT=
 HISTORY=1
 BUILD=1
@@ -64,6 +69,7 @@ while [ $# -gt 0 ]; do
     --short) SHORT=$2; shift 2 ;;
     --long) LONG=$2; shift 2 ;;
     --syscall-run) SYSRUN=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-history) HISTORY=0; shift ;;
     --no-build) BUILD=0; shift ;;
@@ -78,6 +84,7 @@ done
 for n in "$SHORT" "$LONG" "$SYSRUN"; do
   [[ $n =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "bench-cost: run lengths are seconds" >&2; exit 2; }
 done
+[[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "bench-cost: --reps must be at least 1" >&2; exit 2; }
 python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
   || { echo "bench-cost: --long must be longer than --short" >&2; exit 2; }
 
@@ -108,7 +115,7 @@ trap cleanup EXIT
 echo "bench-cost: $COMMAND_LINE"
 echo "  vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
 echo "  namespace $NS, 4 KiB randread, server --poll off --workers 1, one queue; qd $QDS; doorbells $DOORBELLS"
-echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; results in $OUT"
+echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
 
 wait_socket() { # path pid
   local i
@@ -178,24 +185,27 @@ inprocess_point() { # tag qd seconds
 
 IFS=, read -r -a qds <<<"$QDS"
 IFS=, read -r -a dbs <<<"$DOORBELLS"
-for db in "${dbs[@]}"; do
-  for qd in "${qds[@]}"; do
-    echo "  server, doorbells $db, qd $qd"
-    callgrind_point "server-$db-qd$qd-short" "$db" "$qd" "$SHORT"
-    callgrind_point "server-$db-qd$qd-long" "$db" "$qd" "$LONG"
-    syscall_point "server-$db-qd$qd-sys" "$db" "$qd" "$SYSRUN"
+# Repetitions interleaved: every point once, then every point again.
+for r in $(seq 1 "$REPS"); do
+  for db in "${dbs[@]}"; do
+    for qd in "${qds[@]}"; do
+      echo "  rep $r: server, doorbells $db, qd $qd"
+      callgrind_point "server-$db-qd$qd-r$r-short" "$db" "$qd" "$SHORT"
+      callgrind_point "server-$db-qd$qd-r$r-long" "$db" "$qd" "$LONG"
+      syscall_point "server-$db-qd$qd-r$r-sys" "$db" "$qd" "$SYSRUN"
+    done
   done
+  if [ "$INPROC" = 1 ]; then
+    for qd in "${qds[@]}"; do
+      echo "  rep $r: in-process, qd $qd"
+      inprocess_point "inproc-qd$qd-r$r-short" "$qd" "$SHORT"
+      inprocess_point "inproc-qd$qd-r$r-long" "$qd" "$LONG"
+    done
+  fi
 done
-if [ "$INPROC" = 1 ]; then
-  for qd in "${qds[@]}"; do
-    echo "  in-process, qd $qd"
-    inprocess_point "inproc-qd$qd-short" "$qd" "$SHORT"
-    inprocess_point "inproc-qd$qd-long" "$qd" "$LONG"
-  done
-fi
 
 HIST_ARG=()
 [ "$HISTORY" = 1 ] && HIST_ARG=(--history "$ROOT/results/cost-history.jsonl")
 python3 "$ROOT/scripts/bench-cost.py" --root "$ROOT" --out "$OUT" --qd "$QDS" --doorbells "$DOORBELLS" \
-  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" \
+  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" \
   --command "$COMMAND_LINE" "${HIST_ARG[@]}"
