@@ -362,7 +362,9 @@ impl IoEngine {
             };
             cq.sq_count += 1;
             let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
-            (q.head, q.tail, q.eventidx) = (s.head, s.tail, s.eventidx);
+            // EventIdx is published again here (`resume`): what the saved process
+            // last published need not be what guest memory holds any more.
+            (q.head, q.tail, q.eventidx) = (s.head, s.tail, None);
             self.sqs[i] = Some(q);
             let pos = self.active_sqs.partition_point(|&q| q < s.qid);
             self.active_sqs.insert(pos, s.qid);

@@ -130,7 +130,8 @@ impl IoEngine {
         if self.to_signal.is_empty() {
             return;
         }
-        let now = self.ctx.clock.now_ns();
+        // The time only matters to coalescing (when the oldest completion waits from).
+        let now = if self.coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
         let mut list = std::mem::take(&mut self.to_signal);
         for &qid in &list {
             let i = qid as usize;

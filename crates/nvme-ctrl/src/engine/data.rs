@@ -119,10 +119,19 @@ impl IoEngine {
             }
             // Empty: re-arm EventIdx, then look again (see doorbell.rs).
             let Some(b) = self.shadow else { return done };
-            let head = self.sqs[qid as usize].as_ref().expect("exists").head;
+            let sq = self.sqs[qid as usize].as_ref().expect("exists");
+            let head = sq.head;
+            if sq.eventidx == Some(head) {
+                // Armed at this head already, and fenced then: nothing has changed
+                // since, and the tail was read again at the top of this call.
+                return done;
+            }
             Stats::add(&self.ctx.stats.shadow_reads, 1);
             match b.rearm(&self.mem, qid, DoorbellKind::SqTail, head) {
-                Ok(t) if t == head => return done,
+                Ok(t) if t == head => {
+                    self.sqs[qid as usize].as_mut().expect("exists").eventidx = Some(head);
+                    return done;
+                }
                 Ok(t) if self.sqs[qid as usize].as_ref().expect("exists").valid_tail(t) => {
                     Stats::add(&self.ctx.stats.eventidx_races, 1);
                     let sq = self.sqs[qid as usize].as_mut().expect("exists");
@@ -163,6 +172,11 @@ impl IoEngine {
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
+        // Nothing at any backend: nothing to look for (the common case between
+        // commands, which an idle engine polls several times per wake-up).
+        if self.running == 0 && self.abandoned == 0 && self.reaped.is_empty() && self.retiring.is_empty() {
+            return false;
+        }
         self.done_now_ns = None;
         let mut any = !self.reaped.is_empty();
         for &i in &self.open_backends {
@@ -201,6 +215,7 @@ impl IoEngine {
                 *remaining -= 1;
                 if *remaining == 0 {
                     self.inflight[tag] = Slot::Free;
+                    self.abandoned -= 1;
                     self.free_tags.push(tag as u32);
                 }
                 return;

@@ -176,6 +176,9 @@ pub struct IoEngine {
     pub(crate) cur_bytes: u64,
     /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
     pub(crate) running: usize,
+    /// Commands completed to the host (timed out) whose backend requests are still
+    /// out: their completions must still be reaped.
+    pub(crate) abandoned: usize,
     pub(crate) free_tags: Vec<u32>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
@@ -243,6 +246,7 @@ impl IoEngine {
             cur_class: OpClass::Other,
             cur_bytes: 0,
             running: 0,
+            abandoned: 0,
             free_tags: Vec::new(),
             reaped: Vec::new(),
             seg_pool: Vec::new(),

@@ -191,6 +191,7 @@ impl IoEngine {
             return;
         };
         self.inflight[tag] = Slot::Abandoned { remaining: f.remaining };
+        self.abandoned += 1;
         self.stopped_running();
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
             Stats::add(&self.ctx.stats.timeouts, 1);

@@ -113,7 +113,11 @@ impl IdleLoop {
         if self.asleep {
             return Next::Sleep;
         }
-        self.idle_since.get_or_insert_with(Instant::now);
+        if mode != PollMode::Off {
+            // How long idle periods last feeds the adaptive spin budget; with
+            // polling off nothing reads it (and the clock is not free).
+            self.idle_since.get_or_insert_with(Instant::now);
+        }
         match self.spin {
             None => {
                 let budget = self.policy.budget();
