@@ -11,8 +11,8 @@
 #                              [--baseline BIN [--baseline-label TEXT]]
 #
 #   --seconds N   run time of each point (default 3)
-#   --repeat N    runs per point; the table shows the mean and [min–max] (default 2;
-#                 5 with --baseline)
+#   --repeat N    runs per point, interleaved; the table shows the mean and [min–max]
+#                 (default 5: on a small shared host single runs move by ±25 %)
 #   --qd LIST     queue depths (default 1,4,16,64)
 #   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
 #   --pin         taskset: the server on CPU 1, the client on CPU 0 (default: unpinned,
@@ -102,7 +102,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench-vfio-user: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-if [ -z "$REPEAT" ]; then if [ -n "$BASELINE" ]; then REPEAT=5; else REPEAT=2; fi; fi
+if [ -z "$REPEAT" ]; then REPEAT=5; fi
 [[ $SECONDS_PER_POINT =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "--seconds must be a number" >&2; exit 2; }
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "--repeat must be at least 1" >&2; exit 2; }
 [[ $WORKERS =~ ^[0-9]+$ ]] || { echo "--workers must be a number (0: inline)" >&2; exit 2; }
