@@ -11,7 +11,7 @@
 #                              [--baseline BIN [--baseline-label TEXT]]
 #
 #   --seconds N   run time of each point (default 3)
-#   --repeat N    runs per point, interleaved; the table shows the mean and [min–max]
+#   --repeat N    runs per point; the table shows the mean and [min–max]
 #                 (default 5: on a small shared host single runs move by ±25 %)
 #   --qd LIST     queue depths (default 1,4,16,64)
 #   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
