@@ -162,6 +162,11 @@ impl IoEngine {
         self.to_signal = list;
     }
 
+    /// Some CQ has completions waiting for room (a CQ head update lets them in).
+    pub(crate) fn cq_waiting(&self) -> bool {
+        self.cqs.iter().flatten().any(|cq| !cq.overflow.is_empty())
+    }
+
     /// Fires coalesced interrupts whose aggregation time has passed.
     pub fn fire_timers(&mut self) {
         if !self.vectors_waiting {

@@ -57,8 +57,15 @@ struct Shared {
     sleeping: AtomicBool,
     /// Messages sent and not yet taken (so a worker about to sleep can see them).
     pending: AtomicUsize,
+    /// Set by the worker before it sleeps: some CQ of its has completions waiting
+    /// for room, so a CQ head doorbell must wake it. Otherwise a CQ head update can
+    /// wait in the mailbox until something else wakes it (see `Worker::doorbell`).
+    cq_waiting: AtomicBool,
     stats: WorkerStats,
 }
+
+/// Most CQ head doorbells that wait in a sleeping worker's mailbox without waking it.
+pub const LAZY_DOORBELLS: usize = 64;
 
 /// A handle to one worker thread.
 pub struct Worker {
@@ -90,6 +97,7 @@ impl Worker {
             wake: EventFd::new(EFD_NONBLOCK)?,
             sleeping: AtomicBool::new(false),
             pending: AtomicUsize::new(0),
+            cq_waiting: AtomicBool::new(false),
             stats: WorkerStats::default(),
         });
         let sleeper = Sleeper::new(&engine, &shared, kick)?;
@@ -102,6 +110,11 @@ impl Worker {
     }
 
     fn send(&self, m: Msg) {
+        self.send_and_wake(m, true);
+    }
+
+    /// Queues `m`; wakes the worker if it sleeps and `wake` says so.
+    fn send_and_wake(&self, m: Msg, wake: bool) {
         self.shared.pending.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(m).is_err() {
             self.shared.pending.fetch_sub(1, Ordering::SeqCst);
@@ -110,15 +123,25 @@ impl Worker {
         }
         // Pairs with the worker's SeqCst store of `sleeping` before its last check
         // of `pending`: either it sees our message, or we see it asleep and wake it.
-        if self.shared.sleeping.load(Ordering::SeqCst) {
+        if wake && self.shared.sleeping.load(Ordering::SeqCst) {
             self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
             let _ = self.shared.wake.write(1);
         }
     }
 
     /// A trapped doorbell write for one of this worker's queues.
+    ///
+    /// A CQ head update matters to a worker only when it has completions to post:
+    /// one asleep with nothing waiting for room takes it from the mailbox at its next
+    /// wake-up (a completion, an SQ doorbell), before it posts anything, so it is not
+    /// woken for it (trapped doorbells at QD 1: one wake-up per I/O instead of two).
+    /// At most [`LAZY_DOORBELLS`] wait so: a host that only rings CQ heads cannot
+    /// grow the mailbox.
     pub fn doorbell(&self, qid: u16, kind: DoorbellKind, value: u32) {
-        self.send(Msg::Doorbell(qid, kind, value));
+        let lazy = kind == DoorbellKind::CqHead
+            && !self.shared.cq_waiting.load(Ordering::SeqCst)
+            && self.shared.pending.load(Ordering::SeqCst) < LAZY_DOORBELLS;
+        self.send_and_wake(Msg::Doorbell(qid, kind, value), !lazy);
     }
 
     /// Runs `f` on the worker's engine and returns its result.
@@ -240,6 +263,8 @@ fn run(
         if next == Next::Run {
             continue;
         }
+        // Before `sleeping`: a CQ head doorbell must wake us if completions wait.
+        shared.cq_waiting.store(engine.cq_waiting(), Ordering::SeqCst);
         // Pairs with `Worker::send`: either it sees us asleep and wakes us, or we see
         // its message here.
         shared.sleeping.store(true, Ordering::SeqCst);
