@@ -118,8 +118,8 @@ echo "  namespace $NS, 4 KiB randread, server --poll off --workers 1, one queue;
 echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
 
 wait_socket() { # path pid
-  local i
-  for i in $(seq 1 600); do
+  local _
+  for _ in $(seq 1 600); do
     [ -S "$1" ] && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 0.05
@@ -131,13 +131,14 @@ serve_doorbells() { # the server's --doorbells for a perf mode
   case "$1" in eventfd) echo eventfd ;; *) echo trapped ;; esac
 }
 
-# One server run under callgrind, one perf run of $4 seconds against it.
-callgrind_point() { # tag doorbells qd seconds
+# One server, started under the command in WRAP (an array, e.g. valgrind or perf
+# stat), and one perf run of SECONDS against it; the server ends with the client.
+server_point() { # tag doorbells qd seconds extra-serve-flag...
   local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock
+  shift 4
   rm -f "$sock"
-  valgrind --tool=callgrind --callgrind-out-file="$OUT/raw/$tag.callgrind" \
-    "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --sandbox off --once \
-    --doorbells "$(serve_doorbells "$db")" --log warn 2>"$OUT/raw/$tag.serve.log" &
+  "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --once \
+    --doorbells "$(serve_doorbells "$db")" --log warn "$@" 2>"$OUT/raw/$tag.serve.log" &
   SERVER=$!
   wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
   "$VNVME" perf --socket "$sock" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
@@ -145,8 +146,19 @@ callgrind_point() { # tag doorbells qd seconds
     || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
   wait "$SERVER" || true
   SERVER=
-  callgrind_annotate --threshold=100 --inclusive=no --auto=no "$OUT/raw/$tag.callgrind" >"$OUT/raw/$tag.annotate" 2>/dev/null
-  gzip -f -9 "$OUT/raw/$tag.callgrind"
+}
+
+# The server under callgrind (no sandbox: valgrind needs system calls it refuses).
+callgrind_point() { # tag doorbells qd seconds
+  WRAP=(valgrind --tool=callgrind --callgrind-out-file="$OUT/raw/$1.callgrind")
+  server_point "$@" --sandbox off
+  summarize_callgrind "$1"
+}
+
+# The function summary the report reads, then the profile compressed.
+summarize_callgrind() { # tag
+  callgrind_annotate --threshold=100 --inclusive=no --auto=no "$OUT/raw/$1.callgrind" >"$OUT/raw/$1.annotate" 2>/dev/null
+  gzip -f -9 "$OUT/raw/$1.callgrind"
 }
 
 SYSCALLS=(recvmsg recvfrom sendmsg sendto read write readv writev epoll_wait epoll_pwait
@@ -154,22 +166,13 @@ SYSCALLS=(recvmsg recvfrom sendmsg sendto read write readv writev epoll_wait epo
 
 # The server at full speed, its system calls counted over its whole life.
 syscall_point() { # tag doorbells qd seconds
-  local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock ev=raw_syscalls:sys_enter s
+  local ev=raw_syscalls:sys_enter s
   for s in "${SYSCALLS[@]}"; do
     [ -d /sys/kernel/tracing/events/syscalls/sys_enter_"$s" ] || [ -d /sys/kernel/debug/tracing/events/syscalls/sys_enter_"$s" ] \
       && ev+=",syscalls:sys_enter_$s"
   done
-  rm -f "$sock"
-  perf stat -x, -o "$OUT/raw/$tag.perfstat" -e "$ev" -- \
-    "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --once \
-    --doorbells "$(serve_doorbells "$db")" --log warn 2>"$OUT/raw/$tag.serve.log" &
-  SERVER=$!
-  wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
-  "$VNVME" perf --socket "$sock" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
-    --completion irq --json "$OUT/raw/$tag.perf.json" >"$OUT/raw/$tag.perf.txt" 2>&1 \
-    || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
-  wait "$SERVER" || true
-  SERVER=
+  WRAP=(perf stat -x "," -o "$OUT/raw/$1.perfstat" -e "$ev" --)
+  server_point "$@"
 }
 
 # Driver and controller in one process, inline (no workers, no socket).
@@ -179,8 +182,7 @@ inprocess_point() { # tag qd seconds
     "$VNVME" perf --in-process --in-process-ns "$NS" --workers 0 --poll off --qd "$qd" --rw randread \
     --runtime "${secs}s" --doorbells shadow --completion poll --json "$OUT/raw/$tag.perf.json" \
     >"$OUT/raw/$tag.perf.txt" 2>&1 || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
-  callgrind_annotate --threshold=100 --inclusive=no --auto=no "$OUT/raw/$tag.callgrind" >"$OUT/raw/$tag.annotate" 2>/dev/null
-  gzip -f -9 "$OUT/raw/$tag.callgrind"
+  summarize_callgrind "$tag"
 }
 
 IFS=, read -r -a qds <<<"$QDS"

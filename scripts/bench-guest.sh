@@ -427,7 +427,7 @@ echo "guests (one boot each; A+B = a pair, ratio B/A): ${guests[*]}"
 #   NAME.stats0-S / NAME.stats1-S  copies of slot S's --stats-file, at once and 0.7 s later
 # "@@BENCH-PAUSE S@@" / "@@BENCH-RESUME S@@" stop / continue slot S's server.
 bench_watch() {
-    local dir=$1 gd=$2 line name f s sig have pids
+    local dir=$1 gd=$2 line name f s sig have
     shift 2
     mkdir -p "$dir"
     while IFS= read -r line; do
@@ -444,14 +444,7 @@ bench_watch() {
         [[ $line =~ @@VNVME-MARK\ ([A-Za-z0-9_.-]+)@@ ]] || continue
         name=${BASH_REMATCH[1]}
         printf '%s %s\n' "$(vn_cpu_ticks)" "$(date +%s.%N)" >"$dir/$name.host"
-        pids=()
-        : >"$dir/$name.pids"
-        for f in "$@"; do
-            [[ -s $f ]] || continue
-            pids+=("$(cat "$f")")
-            printf '%s %s\n' "$(basename "$f" .pid)" "${pids[-1]}" >>"$dir/$name.pids"
-        done
-        vn_cpu_snapshot "${pids[@]}" >"$dir/$name.cpu"
+        vn_mark_processes "$dir/$name" "$@"
         # cat, not cp: the server replaces the file by rename twice a second.
         have=0
         for s in a b; do

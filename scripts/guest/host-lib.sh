@@ -96,11 +96,26 @@ vn_qmp_action() {
     printf '[host] qmp %s: exit %s: %s\n' "$2" "$rc" "$(head -1 <<<"$out")"
 }
 
+# vn_mark_processes BASE PIDFILE...: at a mark, BASE.pids gets "LABEL PID" per
+# PIDFILE that exists (LABEL: its name without .pid) and BASE.cpu the schedstat
+# snapshot of their threads (vn_cpu_snapshot).
+vn_mark_processes() {
+    local base=$1 f pids=()
+    shift
+    : >"$base.pids"
+    for f in "$@"; do
+        [[ -s $f ]] || continue
+        pids+=("$(cat "$f")")
+        printf '%s %s\n' "$(basename "$f" .pid)" "${pids[-1]}" >>"$base.pids"
+    done
+    vn_cpu_snapshot "${pids[@]}" >"$base.cpu"
+}
+
 # vn_watch DIR STATSFILE [PIDFILE...]: copy stdin to stdout, acting on marks
 # (see the top of this file). PIDFILEs name the processes whose CPU time is
 # sampled (read at each mark, so they may appear after the watcher starts).
 vn_watch() {
-    local dir=$1 stats=$2 line name f pids
+    local dir=$1 stats=$2 line name
     shift 2
     mkdir -p "$dir"
     while IFS= read -r line; do
@@ -122,14 +137,7 @@ vn_watch() {
         [[ $line == *@@VNVME-MARK\ * ]] || continue
         [[ $line =~ @@VNVME-MARK\ ([A-Za-z0-9_.-]+)@@ ]] || continue
         name=${BASH_REMATCH[1]}
-        pids=()
-        : >"$dir/$name.pids"
-        for f in "$@"; do
-            [[ -s $f ]] || continue
-            pids+=("$(cat "$f")")
-            printf '%s %s\n' "$(basename "$f" .pid)" "${pids[-1]}" >>"$dir/$name.pids"
-        done
-        vn_cpu_snapshot "${pids[@]}" >"$dir/$name.cpu"
+        vn_mark_processes "$dir/$name" "$@"
         if [[ -n $stats && -f $stats ]]; then
             # cat, not cp: the server replaces the file by rename twice a
             # second, and GNU cp refuses a source replaced while copying.
