@@ -441,9 +441,7 @@ impl GuestMemory {
     /// completion dword that carries the phase tag).
     pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
         self.atomic_u32(gpa)?.store(v.to_le(), Ordering::Release);
-        if dirty::any_logging() {
-            self.mark_dirty(gpa, 4);
-        }
+        self.mark_dirty(gpa, 4);
         Ok(())
     }
 

@@ -327,9 +327,10 @@ impl IoEngine {
     /// Puts saved queues in place as they were: nothing is written to guest memory
     /// (the shadow slots and EventIdx there are the live ones).
     pub(crate) fn restore_queues(&mut self, sqs: &[SqState], cqs: &[CqState]) -> Result<(), StateError> {
+        let max_qid = self.ctx.max_qid;
         let range = |qid: u16| -> Result<usize, StateError> {
-            (qid <= self.ctx.max_qid).then_some(qid as usize).ok_or_else(|| {
-                StateError::Mismatch(format!("queue {qid} beyond this controller's {}", self.ctx.max_qid))
+            (qid <= max_qid).then_some(qid as usize).ok_or_else(|| {
+                StateError::Mismatch(format!("queue {qid} beyond this controller's {max_qid}"))
             })
         };
         for c in cqs {
@@ -345,6 +346,7 @@ impl IoEngine {
                     .push_back(Cqe::read_from_bytes(&b).map_err(|_| StateError::Mismatch("CQE".into()))?);
             }
             self.cqs[i] = Some(q);
+            self.note_cq(c.qid);
             if let Some(s) = self.page_seen.get_mut(i) {
                 s[1] = c.page_seen;
             }

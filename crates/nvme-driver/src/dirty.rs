@@ -17,14 +17,12 @@ use std::sync::Arc;
 use guest_mem::Mapping;
 
 use vfio_user::client::{Client, ClientError};
+use vfio_user::proto::{
+    DEVICE_FEATURE_DMA_LOGGING_REPORT, DEVICE_FEATURE_DMA_LOGGING_START, DEVICE_FEATURE_DMA_LOGGING_STOP,
+    DEVICE_FEATURE_GET, DEVICE_FEATURE_PROBE, DEVICE_FEATURE_SET,
+};
 use vfio_user::Command;
 
-const FEATURE_GET: u32 = 1 << 16;
-const FEATURE_SET: u32 = 1 << 17;
-const FEATURE_PROBE: u32 = 1 << 18;
-const LOGGING_START: u32 = 6;
-const LOGGING_STOP: u32 = 7;
-const LOGGING_REPORT: u32 = 8;
 /// The unit we ask the log in.
 pub const PAGE: u64 = 4096;
 /// Bytes of guest memory one report covers (a 256 KiB bitmap).
@@ -43,8 +41,12 @@ fn err(e: ClientError) -> io::Error {
 
 /// Whether the server logs DMA (PROBE of START with SET).
 pub fn offered(c: &mut Client) -> bool {
-    c.request(Command::DeviceFeature, &[&feature(FEATURE_PROBE | FEATURE_SET | LOGGING_START, &[], 0)], &[])
-        .is_ok()
+    c.request(
+        Command::DeviceFeature,
+        &[&feature(DEVICE_FEATURE_PROBE | DEVICE_FEATURE_SET | DEVICE_FEATURE_DMA_LOGGING_START, &[], 0)],
+        &[],
+    )
+    .is_ok()
 }
 
 /// DMA_LOGGING_START of everything, at [`PAGE`].
@@ -52,12 +54,22 @@ pub fn start(c: &mut Client) -> io::Result<()> {
     let mut d = PAGE.to_le_bytes().to_vec();
     d.extend_from_slice(&0u32.to_le_bytes()); // no ranges: log everything
     d.extend_from_slice(&0u32.to_le_bytes());
-    c.request(Command::DeviceFeature, &[&feature(FEATURE_SET | LOGGING_START, &d, 0)], &[]).map_err(err)?;
+    c.request(
+        Command::DeviceFeature,
+        &[&feature(DEVICE_FEATURE_SET | DEVICE_FEATURE_DMA_LOGGING_START, &d, 0)],
+        &[],
+    )
+    .map_err(err)?;
     Ok(())
 }
 
 pub fn stop(c: &mut Client) -> io::Result<()> {
-    c.request(Command::DeviceFeature, &[&feature(FEATURE_SET | LOGGING_STOP, &[], 0)], &[]).map_err(err)?;
+    c.request(
+        Command::DeviceFeature,
+        &[&feature(DEVICE_FEATURE_SET | DEVICE_FEATURE_DMA_LOGGING_STOP, &[], 0)],
+        &[],
+    )
+    .map_err(err)?;
     Ok(())
 }
 
@@ -72,7 +84,11 @@ pub fn report(c: &mut Client, iova: u64, len: u64, out: &mut Vec<u64>) -> io::Re
         d.extend_from_slice(&PAGE.to_le_bytes());
         let words = n.div_ceil(PAGE).div_ceil(64) as usize;
         let r = c
-            .request(Command::DeviceFeature, &[&feature(FEATURE_GET | LOGGING_REPORT, &d, words * 8)], &[])
+            .request(
+                Command::DeviceFeature,
+                &[&feature(DEVICE_FEATURE_GET | DEVICE_FEATURE_DMA_LOGGING_REPORT, &d, words * 8)],
+                &[],
+            )
             .map_err(err)?;
         let bitmap = r
             .payload

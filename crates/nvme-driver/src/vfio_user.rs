@@ -140,21 +140,12 @@ pub struct MigrationReport {
     pub to: PathBuf,
 }
 
-// VFIO_USER_DEVICE_FEATURE (linux/vfio.h): flags and features, migration states.
-const FEATURE_GET: u32 = 1 << 16;
-const FEATURE_SET: u32 = 1 << 17;
-const FEATURE_MIGRATION: u32 = 1;
-const FEATURE_MIG_DEVICE_STATE: u32 = 2;
-const MIG_STOP: u32 = 1;
-const MIG_RUNNING: u32 = 2;
-const MIG_STOP_COPY: u32 = 3;
-const MIG_RESUMING: u32 = 4;
 /// Bytes of migration data per MIG_DATA_READ / _WRITE.
 const MIG_CHUNK: u32 = 256 << 10;
 
 fn set_state(c: &mut Client, state: u32) -> io::Result<()> {
     let mut p = 16u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&(FEATURE_SET | FEATURE_MIG_DEVICE_STATE).to_le_bytes());
+    p.extend_from_slice(&(DEVICE_FEATURE_SET | DEVICE_FEATURE_MIG_DEVICE_STATE).to_le_bytes());
     p.extend_from_slice(&state.to_le_bytes());
     p.extend_from_slice(&(-1i32).to_le_bytes());
     c.request(Command::DeviceFeature, &[&p], &[]).map_err(client_err)?;
@@ -381,7 +372,7 @@ impl VfioUserTransport {
         }
         // The source must offer STOP_COPY.
         let mut p = 8u32.to_le_bytes().to_vec();
-        p.extend_from_slice(&(FEATURE_GET | FEATURE_MIGRATION).to_le_bytes());
+        p.extend_from_slice(&(DEVICE_FEATURE_GET | DEVICE_FEATURE_MIGRATION).to_le_bytes());
         let r = self.client.request(Command::DeviceFeature, &[&p], &[]).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -415,7 +406,7 @@ impl VfioUserTransport {
             d.set_irq_eventfds(IRQ_INDEX_MSIX, 0, &self.irq_fds).map_err(client_err)?;
         }
         let t0 = std::time::Instant::now();
-        let stopped = set_state(&mut self.client, MIG_STOP_COPY).and_then(|()| match copy.as_mut() {
+        let stopped = set_state(&mut self.client, MIG_STATE_STOP_COPY).and_then(|()| match copy.as_mut() {
             // Stopped, and the queues paused (the caller's part): what the logs
             // report since the full copy, then the check.
             Some(c) => {
@@ -426,7 +417,7 @@ impl VfioUserTransport {
             None => Ok(()),
         });
         if let Err(e) = stopped {
-            let back = set_state(&mut self.client, MIG_RUNNING);
+            let back = set_state(&mut self.client, MIG_STATE_RUNNING);
             return Err(io::Error::other(format!(
                 "migration to {}: {e}{}",
                 dest.display(),
@@ -434,20 +425,20 @@ impl VfioUserTransport {
             )));
         }
         let moved = read_all_state(&mut self.client).and_then(|data| {
-            set_state(&mut d, MIG_RESUMING)?;
+            set_state(&mut d, MIG_STATE_RESUMING)?;
             for chunk in data.chunks(MIG_CHUNK as usize) {
                 let mut p = (8 + chunk.len() as u32).to_le_bytes().to_vec();
                 p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
                 d.request(Command::MigDataWrite, &[&p, chunk], &[]).map_err(client_err)?;
             }
-            set_state(&mut d, MIG_RUNNING)?;
+            set_state(&mut d, MIG_STATE_RUNNING)?;
             Ok(data.len())
         });
         let bytes = match moved {
             Ok(n) => n,
             Err(e) => {
                 // The source runs on; the destination is dropped (it resets).
-                let back = set_state(&mut self.client, MIG_RUNNING);
+                let back = set_state(&mut self.client, MIG_STATE_RUNNING);
                 return Err(io::Error::other(format!(
                     "migration to {} failed: {e}{}",
                     dest.display(),
@@ -460,7 +451,7 @@ impl VfioUserTransport {
         let memory = copy.take().map(|c| c.report);
         let downtime = t0.elapsed().saturating_sub(memory.map_or(Duration::ZERO, |m| m.check));
         // Stop the source for good before letting go of it (a reset follows).
-        let _ = set_state(&mut self.client, MIG_STOP);
+        let _ = set_state(&mut self.client, MIG_STATE_STOP);
         let from = std::mem::replace(&mut self.path, dest.to_owned());
         self.client = d;
         self.hangup = hangup;

@@ -33,6 +33,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+use vfio_user::proto::{
+    DEVICE_FEATURE_DMA_LOGGING_REPORT, DEVICE_FEATURE_DMA_LOGGING_START, DEVICE_FEATURE_DMA_LOGGING_STOP,
+    DEVICE_FEATURE_GET, DEVICE_FEATURE_MASK, DEVICE_FEATURE_MIGRATION, DEVICE_FEATURE_MIG_DEVICE_STATE,
+    DEVICE_FEATURE_PROBE, DEVICE_FEATURE_SET, MIGRATION_STOP_COPY, MIG_STATE_ERROR, MIG_STATE_RESUMING,
+    MIG_STATE_RUNNING, MIG_STATE_STOP, MIG_STATE_STOP_COPY,
+};
 use vfio_user::Message;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -47,39 +53,29 @@ pub const STOP_LIMIT: Duration = Duration::from_secs(3);
 /// The most migration data a client may write (the real stream is tens of KiB).
 pub const MAX_STREAM: usize = 16 << 20;
 
-// Feature indexes and flags (linux/vfio.h).
-const FEATURE_MASK: u32 = 0xffff;
-const FEATURE_GET: u32 = 1 << 16;
-const FEATURE_SET: u32 = 1 << 17;
-const FEATURE_PROBE: u32 = 1 << 18;
-const FEATURE_MIGRATION: u32 = 1;
-const FEATURE_MIG_DEVICE_STATE: u32 = 2;
-const FEATURE_DMA_LOGGING_START: u32 = 6;
-const FEATURE_DMA_LOGGING_STOP: u32 = 7;
-const FEATURE_DMA_LOGGING_REPORT: u32 = 8;
 /// Largest bitmap one DMA_LOGGING_REPORT returns (it must fit a reply): 1 MiB less
 /// room for the headers covers 32 GiB at 4 KiB; a client asks for more in pieces.
 const MAX_BITMAP: u64 = crate::device::MAX_XFER as u64 - 64;
-const MIGRATION_STOP_COPY: u64 = 1 << 0;
 
 /// `enum vfio_device_mig_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 pub enum MigState {
-    Error = 0,
-    Stop = 1,
-    Running = 2,
-    StopCopy = 3,
-    Resuming = 4,
+    Error = MIG_STATE_ERROR,
+    Stop = MIG_STATE_STOP,
+    Running = MIG_STATE_RUNNING,
+    StopCopy = MIG_STATE_STOP_COPY,
+    Resuming = MIG_STATE_RESUMING,
 }
 
 impl MigState {
     fn from_u32(v: u32) -> Option<Self> {
         Some(match v {
-            0 => MigState::Error,
-            1 => MigState::Stop,
-            2 => MigState::Running,
-            3 => MigState::StopCopy,
-            4 => MigState::Resuming,
+            MIG_STATE_ERROR => MigState::Error,
+            MIG_STATE_STOP => MigState::Stop,
+            MIG_STATE_RUNNING => MigState::Running,
+            MIG_STATE_STOP_COPY => MigState::StopCopy,
+            MIG_STATE_RESUMING => MigState::Resuming,
             _ => return None,
         })
     }
@@ -167,17 +163,20 @@ impl Device {
     pub(crate) fn device_feature(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
         let h: FeatureHeader = msg.payload_as().ok_or_else(|| invalid("DEVICE_FEATURE: short payload"))?;
         let flags = h.flags.get();
-        let feature = flags & FEATURE_MASK;
-        let (get, set, probe) =
-            (flags & FEATURE_GET != 0, flags & FEATURE_SET != 0, flags & FEATURE_PROBE != 0);
+        let feature = flags & DEVICE_FEATURE_MASK;
+        let (get, set, probe) = (
+            flags & DEVICE_FEATURE_GET != 0,
+            flags & DEVICE_FEATURE_SET != 0,
+            flags & DEVICE_FEATURE_PROBE != 0,
+        );
         if get && set && !probe {
             return Err(invalid("DEVICE_FEATURE: GET and SET together without PROBE"));
         }
         let data = &msg.payload[size_of::<FeatureHeader>()..];
         let supported = match feature {
-            FEATURE_MIGRATION | FEATURE_DMA_LOGGING_REPORT => !set,
-            FEATURE_MIG_DEVICE_STATE => true,
-            FEATURE_DMA_LOGGING_START | FEATURE_DMA_LOGGING_STOP => !get,
+            DEVICE_FEATURE_MIGRATION | DEVICE_FEATURE_DMA_LOGGING_REPORT => !set,
+            DEVICE_FEATURE_MIG_DEVICE_STATE => true,
+            DEVICE_FEATURE_DMA_LOGGING_START | DEVICE_FEATURE_DMA_LOGGING_STOP => !get,
             _ => false,
         };
         if !supported {
@@ -194,13 +193,13 @@ impl Device {
             Reply::Ok(v, Vec::new())
         };
         match (feature, get) {
-            (FEATURE_MIGRATION, true) => Ok(reply(&MIGRATION_STOP_COPY.to_le_bytes())),
-            (FEATURE_MIG_DEVICE_STATE, true) => {
+            (DEVICE_FEATURE_MIGRATION, true) => Ok(reply(&MIGRATION_STOP_COPY.to_le_bytes())),
+            (DEVICE_FEATURE_MIG_DEVICE_STATE, true) => {
                 let mut b = (self.mig.state as u32).to_le_bytes().to_vec();
                 b.extend_from_slice(&(-1i32).to_le_bytes());
                 Ok(reply(&b))
             }
-            (FEATURE_MIG_DEVICE_STATE, false) if set => {
+            (DEVICE_FEATURE_MIG_DEVICE_STATE, false) if set => {
                 let want = data
                     .get(..4)
                     .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
@@ -213,7 +212,7 @@ impl Device {
                 b.extend_from_slice(&(-1i32).to_le_bytes());
                 Ok(reply(&b))
             }
-            (FEATURE_DMA_LOGGING_START, false) if set => {
+            (DEVICE_FEATURE_DMA_LOGGING_START, false) if set => {
                 let c: LoggingControl =
                     parse(data).ok_or_else(|| invalid("DMA_LOGGING_START: short payload"))?;
                 let page = c.page_size.get();
@@ -245,14 +244,14 @@ impl Device {
                 b[..8].copy_from_slice(&chosen.to_le_bytes());
                 Ok(reply(&b))
             }
-            (FEATURE_DMA_LOGGING_STOP, false) if set => {
+            (DEVICE_FEATURE_DMA_LOGGING_STOP, false) if set => {
                 if self.dma.logging() {
                     self.dma.stop_logging();
                     info!("DMA logging stopped");
                 }
                 Ok(reply(data))
             }
-            (FEATURE_DMA_LOGGING_REPORT, true) => {
+            (DEVICE_FEATURE_DMA_LOGGING_REPORT, true) => {
                 let r: LoggingReport =
                     parse(data).ok_or_else(|| invalid("DMA_LOGGING_REPORT: short payload"))?;
                 if !self.dma.logging() {

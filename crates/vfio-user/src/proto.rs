@@ -269,3 +269,24 @@ pub const NUM_REGIONS: u32 = 9;
 /// Largest payload we accept in one message (data transfers are capped at 1 MiB by the
 /// negotiated `max_data_xfer_size`; this leaves room for headers).
 pub const MAX_MESSAGE: usize = (1 << 20) + 4096;
+
+/// VFIO_USER_DEVICE_FEATURE (linux/vfio.h `struct vfio_device_feature`): the feature
+/// index in the low 16 bits of `flags`, and what to do with it.
+pub const DEVICE_FEATURE_MASK: u32 = 0xffff;
+pub const DEVICE_FEATURE_GET: u32 = 1 << 16;
+pub const DEVICE_FEATURE_SET: u32 = 1 << 17;
+pub const DEVICE_FEATURE_PROBE: u32 = 1 << 18;
+/// Features (indexes).
+pub const DEVICE_FEATURE_MIGRATION: u32 = 1;
+pub const DEVICE_FEATURE_MIG_DEVICE_STATE: u32 = 2;
+pub const DEVICE_FEATURE_DMA_LOGGING_START: u32 = 6;
+pub const DEVICE_FEATURE_DMA_LOGGING_STOP: u32 = 7;
+pub const DEVICE_FEATURE_DMA_LOGGING_REPORT: u32 = 8;
+/// `DEVICE_FEATURE_MIGRATION` flags: the STOP_COPY state is offered.
+pub const MIGRATION_STOP_COPY: u64 = 1 << 0;
+/// `enum vfio_device_mig_state`: the migration states vfio-user uses.
+pub const MIG_STATE_ERROR: u32 = 0;
+pub const MIG_STATE_STOP: u32 = 1;
+pub const MIG_STATE_RUNNING: u32 = 2;
+pub const MIG_STATE_STOP_COPY: u32 = 3;
+pub const MIG_STATE_RESUMING: u32 = 4;

@@ -164,7 +164,9 @@ impl IoEngine {
 
     /// Some CQ has completions waiting for room (a CQ head update lets them in).
     pub(crate) fn cq_waiting(&self) -> bool {
-        self.cqs.iter().flatten().any(|cq| !cq.overflow.is_empty())
+        self.active_cqs
+            .iter()
+            .any(|&q| self.cqs[q as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()))
     }
 
     /// Fires coalesced interrupts whose aggregation time has passed.

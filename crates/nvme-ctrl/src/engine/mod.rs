@@ -141,6 +141,9 @@ pub struct IoEngine {
     pub(crate) cqs: Vec<Option<CompletionQueue>>,
     /// Identifiers of existing SQs, ascending: the arbitration order.
     pub(crate) active_sqs: Vec<u16>,
+    /// Identifiers of existing CQs, ascending (what a scan of this engine's CQs
+    /// walks, rather than every possible queue identifier).
+    pub(crate) active_cqs: Vec<u16>,
     pub(crate) rr_next: usize,
     pub(crate) shadow: Option<ShadowBuffers>,
     /// One backend queue per active namespace, indexed by nsid - 1 (None: inactive
@@ -230,6 +233,7 @@ impl IoEngine {
             sqs: (0..n).map(|_| None).collect(),
             cqs: (0..n).map(|_| None).collect(),
             active_sqs: Vec::new(),
+            active_cqs: Vec::new(),
             rr_next: 0,
             shadow: None,
             backends,
@@ -310,6 +314,7 @@ impl IoEngine {
 
     pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
         self.cqs[qid as usize] = Some(CompletionQueue::new(base, size, ien, iv));
+        self.note_cq(qid);
         self.clear_page_slot(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
@@ -350,6 +355,14 @@ impl IoEngine {
 
     pub fn delete_cq(&mut self, qid: u16) {
         self.cqs[qid as usize] = None;
+        self.active_cqs.retain(|&q| q != qid);
+    }
+
+    /// Records that CQ `qid` exists (in `active_cqs`).
+    pub(crate) fn note_cq(&mut self, qid: u16) {
+        if let Err(pos) = self.active_cqs.binary_search(&qid) {
+            self.active_cqs.insert(pos, qid);
+        }
     }
 
     /// Drops every I/O queue (controller reset), letting in-flight requests finish
@@ -372,6 +385,7 @@ impl IoEngine {
         for q in self.cqs.iter_mut() {
             *q = None;
         }
+        self.active_cqs.clear();
         self.shadow = None;
         self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
         self.to_signal.clear();
