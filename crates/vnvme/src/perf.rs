@@ -265,35 +265,48 @@ fn spawn_migrations(
     deadline: Instant,
 ) -> std::thread::JoinHandle<Migrations> {
     std::thread::spawn(move || {
-        let mut m = Migrations::default();
-        let mut next = [to, from].into_iter().cycle();
-        loop {
-            let at = Instant::now() + every;
-            if at + Duration::from_millis(100) >= deadline {
+        let m = migrate_until(h, &pause, [from, to], every, deadline);
+        measure::thread_finishing();
+        m
+    })
+}
+
+/// The migration thread's loop (see [`spawn_migrations`]).
+fn migrate_until(
+    h: nvme_driver::DeviceHandle,
+    pause: &load::Pause,
+    [from, to]: [PathBuf; 2],
+    every: Duration,
+    deadline: Instant,
+) -> Migrations {
+    let mut m = Migrations::default();
+    let mut next = [to, from].into_iter().cycle();
+    loop {
+        let at = Instant::now() + every;
+        if at + Duration::from_millis(100) >= deadline {
+            return m;
+        }
+        std::thread::sleep(at - Instant::now());
+        let dest = next.next().expect("cycle");
+        // Guest memory first, while the queues run (a VMM's pre-copy); then the
+        // queues pause between rounds (commands stay in flight), as vCPUs do, for
+        // the stop and the rest of the copy.
+        let r = h.start_memory_copy().and_then(|()| {
+            let _paused = pause.write().unwrap_or_else(|p| p.into_inner());
+            h.migrate(&dest)
+        });
+        match r {
+            Ok(r) => {
+                m.downtimes.push(r.downtime);
+                m.copies.extend(r.memory);
+                m.bytes = r.bytes;
+            }
+            Err(e) => {
+                m.error = Some(format!("to {}: {e}", dest.display()));
                 return m;
             }
-            std::thread::sleep(at - Instant::now());
-            let dest = next.next().expect("cycle");
-            // Guest memory first, while the queues run (a VMM's pre-copy); then the
-            // queues pause between rounds (commands stay in flight), as vCPUs do, for
-            // the stop and the rest of the copy.
-            let r = h.start_memory_copy().and_then(|()| {
-                let _paused = pause.write().unwrap_or_else(|p| p.into_inner());
-                h.migrate(&dest)
-            });
-            match r {
-                Ok(r) => {
-                    m.downtimes.push(r.downtime);
-                    m.copies.extend(r.memory);
-                    m.bytes = r.bytes;
-                }
-                Err(e) => {
-                    m.error = Some(format!("to {}: {e}", dest.display()));
-                    return m;
-                }
-            }
         }
-    })
+    }
 }
 
 #[cfg(test)]

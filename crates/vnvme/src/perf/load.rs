@@ -309,7 +309,11 @@ pub(super) fn run(
             .map(|q| {
                 std::thread::Builder::new()
                     .name(format!("perf-q{}", q.qid()))
-                    .spawn_scoped(s, move || drive(q, a, lba, blocks, deadline, pause))
+                    .spawn_scoped(s, move || {
+                        let r = drive(q, a, lba, blocks, deadline, pause);
+                        super::measure::thread_finishing();
+                        r
+                    })
                     .expect("spawn perf thread")
             })
             .collect();

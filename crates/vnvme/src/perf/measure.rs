@@ -4,22 +4,40 @@
 //! own), each read once before and once after.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvme_ctrl::{Stats, StatsSnapshot};
 use serde_json::{json, Value};
 
-/// CPU time of this process: the sum of its threads' run time in
-/// /proc/self/task/*/schedstat (nanoseconds), or the process CPU clock where that
+/// Run time of this process's threads that already ended (nanoseconds), added by
+/// each as it finishes ([`thread_finishing`]): schedstat exists only for live threads.
+static FINISHED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Run time of one task from its schedstat file (nanoseconds).
+fn schedstat_ns(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Called by a load thread as its last step: keeps its CPU time in
+/// [`cpu_time`] after it is gone.
+pub(super) fn thread_finishing() {
+    if let Some(ns) = schedstat_ns(Path::new("/proc/thread-self/schedstat")) {
+        FINISHED_NS.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// CPU time of this process: the sum of its live threads' run time in
+/// /proc/self/task/*/schedstat (nanoseconds) plus what the load threads that ended
+/// meanwhile reported ([`thread_finishing`]), or the process CPU clock where that
 /// file does not exist. The file first: rustix reads the vDSO itself for the clock,
 /// which faults under valgrind (scripts/bench-cost.sh runs perf under callgrind).
 fn cpu_time() -> Duration {
     let from_schedstat = || -> Option<u64> {
-        let mut ns = 0u64;
+        let mut ns = FINISHED_NS.load(Ordering::Relaxed);
         for t in std::fs::read_dir("/proc/self/task").ok()? {
-            let s = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
-            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+            ns += schedstat_ns(&t.ok()?.path().join("schedstat"))?;
         }
         Some(ns)
     };
