@@ -143,7 +143,8 @@ def ratio_summary(ratios, higher_is_better=True):
     read from (bootstrap 90 % of the median with >= BOOTSTRAP_MIN_PAIRS pairs,
     else min–max) and the verdict: "ahead" or "behind" only when that interval
     lies wholly on one side of 1.0 (which side is better: higher_is_better),
-    else "level (inside the noise)". None without ratios."""
+    else "level (inside the noise)"; one ratio gives no interval and so "no
+    verdict (one pair)". None without ratios."""
     r = [x for x in ratios if x is not None]
     if not r:
         return None
@@ -159,6 +160,8 @@ def ratio_summary(ratios, higher_is_better=True):
         verdict = "behind" if higher_is_better else "ahead"
     else:
         verdict = "level (inside the noise)"
+    if len(r) < 2:
+        verdict = "no verdict (one pair)"
     return {"median": median(r), "min": min(r), "max": max(r), "pairs": len(r),
             "interval": [lo, hi], "interval_kind": kind, "verdict": verdict, "ratios": r}
 

@@ -279,14 +279,6 @@ def ratio(x, y):
     return x / y if x is not None and y else None
 
 
-def summarize(ratios, higher_is_better):
-    """ratio_summary(), except that one pair gives no interval and so no verdict."""
-    r = ratio_summary(ratios, higher_is_better=higher_is_better)
-    if r and r["pairs"] < 2:
-        r["verdict"] = "no verdict (one pair)"
-    return r
-
-
 def compare(a, b):
     """The pair (a, b) of one guest: per point, the repetitions side by side and
     the ratios b/a, summarised over all repetitions and over the undisturbed ones."""
@@ -314,10 +306,10 @@ def compare(a, b):
             "point": name,
             "a_iops_median": median([p["a_iops"] for p in reps if p["a_iops"] is not None]),
             "b_iops_median": median([p["b_iops"] for p in reps if p["b_iops"] is not None]),
-            "iops_ratio": summarize([p["iops_ratio"] for p in reps], True),
-            "iops_ratio_unflagged": summarize([p["iops_ratio"] for p in clean], True),
-            "device_cpu_ratio": summarize([p["device_cpu_ratio"] for p in reps], False),
-            "device_cpu_ratio_unflagged": summarize([p["device_cpu_ratio"] for p in clean], False),
+            "iops_ratio": ratio_summary([p["iops_ratio"] for p in reps], True),
+            "iops_ratio_unflagged": ratio_summary([p["iops_ratio"] for p in clean], True),
+            "device_cpu_ratio": ratio_summary([p["device_cpu_ratio"] for p in reps], False),
+            "device_cpu_ratio_unflagged": ratio_summary([p["device_cpu_ratio"] for p in clean], False),
             "flagged_reps": [p["rep"] for p in reps if p["disturbed"]],
             "reps": reps,
         })
