@@ -5,10 +5,16 @@ per-run `vnvme perf --json` files, and writes results.json, table.md and chart.s
 
 Standard library only; what it shares with the guest benchmark's report (the machine
 description, run statistics, the SVG panels) is in scripts/lib/vnvme_report.py.
-With --baseline (runs/binaries.tsv names a "base" binary), pairs the runs of the
-two builds by repetition and adds the comparison: paired new/base ratios with
-an interval and a verdict (table.md), every pair (results.json), and a ratio
-chart (chart.svg; the new build's own figures go to chart-new.svg).
+Two paired designs, one set of functions (pair_point, pairs_md, ratio_chart):
+- --reference CONFIG (the default, trapped): every other configuration's runs are
+  paired by repetition with the reference's run right beside them; ratios
+  configuration / reference (chart.svg; the figures go to chart-absolute.svg).
+- --baseline (runs/binaries.tsv names a "base" binary): the runs of the two builds
+  paired by repetition; ratios new / base (chart.svg; the new build's own figures
+  go to chart-new.svg).
+Either way: IOPS, server CPU per I/O and client CPU per I/O ratios, each a median
+with an interval and a verdict (table.md, and printed at the end), every pair
+with its disturbance flags (results.json).
 
 Run by bench-vfio-user.sh; can be re-run on a folder:
   python3 scripts/bench-vfio-user.py --dir results/vfio-user-perf/<stamp> --root . ...
@@ -103,7 +109,8 @@ def load(dirpath, matrix, side="new"):
         path = os.path.join(dirpath, r["json"])
         if r["rc"] != "0" or not os.path.exists(path):
             why = "vnvme serve did not start" if r["rc"] == "serve" else f"exit {r['rc']}"
-            p["errors"].append(f"run {r['rep']}: {why} ({perf_log(r['json'])})")
+            beside = f" beside {r['beside']}" if r.get("beside") else ""
+            p["errors"].append(f"run {r['rep']}{beside}: {why} ({perf_log(r['json'])})")
             continue
         with open(path) as f:
             j = json.load(f)
@@ -120,6 +127,7 @@ def load(dirpath, matrix, side="new"):
         p["runs"].append(
             {
                 "rep": int(r["rep"]),
+                "beside": r.get("beside") or None,
                 "json": r["json"],
                 "transport": j.get("transport"),
                 "iops": res["iops"],
@@ -242,7 +250,7 @@ def targets(points, matrix):
     return t
 
 
-# ---- before and after (--baseline)
+# ---- pairs: against the reference configuration (--reference) or before and after (--baseline)
 
 
 def read_binaries(dirpath):
@@ -258,41 +266,83 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+# The paired ratios: key, the run figure it divides, higher is better, what it is.
+RATIOS = [
+    ("iops_ratio", "iops", True, "IOPS"),
+    ("server_cpu_ratio", "server_cpu_us_per_io", False, "server CPU per I/O"),
+    ("client_cpu_ratio", "client_cpu_us_per_io", False, "client CPU per I/O"),
+]
+NO_SERVER = "n/a: in-process, no server process"
+
+
 def run_summary(r):
     """What a pair records of each of its runs."""
     return {"json": r["json"], "iops": r["iops"], "server_cpu_us_per_io": r["server_cpu_us_per_io"],
+            "client_cpu_us_per_io": r["client_cpu_us_per_io"],
             "steal": r["steal"], "other_procs_cpus": r["other_procs_cpus"],
             "disturbed": disturbance(r["steal"], r["other_procs_cpus"])}
 
 
+def pair_point(config, qd, a, b, a_runs, b_runs, errors, no_server_cpu=False, names=None):
+    """One point's pairs: the runs of side a (base, or the reference) and side b
+    (new, or the configuration) matched by repetition (run back to back, a first
+    on odd repetitions), the ratios b/a of each pair and their summaries.
+    no_server_cpu: the two sides' server CPU do not compare (an in-process side
+    has no server), so that ratio is None and says why. names: the two sides
+    as the "order" of a pair names them (default: a and b)."""
+    an, bn = names or (a, b)
+    a_by_rep = {r["rep"]: r for r in a_runs}
+    pairs = []
+    for br in b_runs:
+        ar = a_by_rep.get(br["rep"])
+        if not ar:
+            continue
+        x, y = run_summary(ar), run_summary(br)
+        pair = {"rep": br["rep"], "order": f"{an}, {bn}" if br["rep"] % 2 else f"{bn}, {an}", a: x, b: y}
+        for key, fig, _, _ in RATIOS:
+            pair[key] = None if (no_server_cpu and key == "server_cpu_ratio") else ratio(y[fig], x[fig])
+        pair["disturbed"] = bool(x["disturbed"] or y["disturbed"])
+        pairs.append(pair)
+    out = {"config": config, "qd": qd, "sides": {a: an, b: bn},
+           f"{a}_iops_median": median([p[a]["iops"] for p in pairs]) if pairs else None,
+           f"{b}_iops_median": median([p[b]["iops"] for p in pairs]) if pairs else None}
+    for key, _, higher, _ in RATIOS:
+        out[key] = ratio_summary([p[key] for p in pairs], higher)
+    if no_server_cpu:
+        out["server_cpu_ratio_note"] = NO_SERVER
+    out.update({"disturbed_pairs": sum(p["disturbed"] for p in pairs),
+                "disturbed_reps": [p["rep"] for p in pairs if p["disturbed"]],
+                "pairs": pairs, "errors": errors})
+    return out
+
+
 def compare(base_points, new_points):
-    """Pairs the two builds' runs of each point by repetition (run side by side)
-    and summarises the paired ratios new/base."""
+    """--baseline: each point of the new build paired with the base build's."""
     out = []
     for np_ in new_points:
         bp = next((p for p in base_points if p["config"] == np_["config"] and p["qd"] == np_["qd"]), None)
-        base_runs = {r["rep"]: r for r in bp["runs"]} if bp else {}
-        pairs = []
-        for nr in np_["runs"]:
-            br = base_runs.get(nr["rep"])
-            if not br:
-                continue
-            b, n = run_summary(br), run_summary(nr)
-            pairs.append({"rep": nr["rep"], "order": "base, new" if nr["rep"] % 2 else "new, base",
-                          "base": b, "new": n,
-                          "iops_ratio": ratio(n["iops"], b["iops"]),
-                          "server_cpu_ratio": ratio(n["server_cpu_us_per_io"], b["server_cpu_us_per_io"]),
-                          "disturbed": bool(b["disturbed"] or n["disturbed"])})
-        out.append({
-            "config": np_["config"], "qd": np_["qd"],
-            "base_iops_median": median([p["base"]["iops"] for p in pairs]) if pairs else None,
-            "new_iops_median": median([p["new"]["iops"] for p in pairs]) if pairs else None,
-            "iops_ratio": ratio_summary([p["iops_ratio"] for p in pairs], higher_is_better=True),
-            "server_cpu_ratio": ratio_summary([p["server_cpu_ratio"] for p in pairs], higher_is_better=False),
-            "disturbed_pairs": sum(p["disturbed"] for p in pairs),
-            "pairs": pairs,
-            "errors": [f"base {e}" for e in (bp["errors"] if bp else ["not run"])] + [f"new {e}" for e in np_["errors"]],
-        })
+        errors = [f"base {e}" for e in (bp["errors"] if bp else ["not run"])] + [f"new {e}" for e in np_["errors"]]
+        out.append(pair_point(np_["config"], np_["qd"], "base", "new", bp["runs"] if bp else [], np_["runs"], errors))
+    return out
+
+
+def compare_reference(points, matrix, reference):
+    """--reference: each other configuration's point paired with the reference's
+    runs made beside it (the reference point gathers all of them)."""
+    inproc = {m["id"]: m["in_process"] for m in matrix}
+    out = []
+    for p in points:
+        if p["config"] == reference:
+            continue
+        rp = get(points, reference, p["qd"])
+        ref_runs = [r for r in rp["runs"] if r["beside"] == p["config"]] if rp else []
+        ref_errors = [e for e in (rp["errors"] if rp else []) if f" beside {p['config']}:" in e]
+        errors = [f"{reference} {e}" for e in ref_errors] + [f"{p['config']} {e}" for e in p["errors"]]
+        if not rp:
+            errors.insert(0, f"{reference}: not run")
+        out.append(pair_point(p["config"], p["qd"], "ref", "cfg", ref_runs, p["runs"], errors,
+                              no_server_cpu=inproc.get(p["config"], False) or inproc.get(reference, False),
+                              names=(reference, p["config"])))
     return out
 
 
@@ -303,57 +353,106 @@ def fmt_ratio(s):
     return f"{s['median']:.3f} [{lo:.3f}–{hi:.3f}]"
 
 
+def fmt_verdict(s, note=None):
+    if s is None:
+        return note or "–"
+    v = s["verdict"]
+    return f"**{v}**" if v in ("ahead", "behind") else v
+
+
 def fmt_flags(run):
     return "; ".join(run["disturbed"])
 
 
-def comparison_md(binaries, comparison, knobs):
-    b, n = binaries["base"], binaries["new"]
+def verdict_counts(comparison):
+    """Per ratio: how many rows are ahead, level, behind (and without a verdict or n/a)."""
+    L = []
+    for key, _, _, what in RATIOS:
+        v = [c[key]["verdict"] if c[key] else ("n/a" if c.get(key + "_note") else "no pairs") for c in comparison]
+        level = v.count("level (inside the noise)")
+        rest = {k: v.count(k) for k in sorted(set(v)) if k not in ("ahead", "behind", "level (inside the noise)")}
+        L.append(f"- {what}: **{v.count('ahead')} ahead, {level} level, {v.count('behind')} behind**"
+                 + "".join(f", {n} {k}" for k, n in rest.items()) + f" (of {len(v)} rows)")
+    return L
+
+
+def pairs_md(comparison, spec, knobs):
+    """The paired comparison as Markdown: (summary, every pair). spec: the two
+    sides' keys a and b, their column names and the words for the design."""
+    a, b, an, bn = spec["a"], spec["b"], spec["a_name"], spec["b_name"]
     npairs = sum(len(c["pairs"]) for c in comparison)
     flagged = sum(c["disturbed_pairs"] for c in comparison)
-    verdicts = [c["iops_ratio"]["verdict"] for c in comparison if c["iops_ratio"]]
-    L = ["### Before and after: this build (new) against the baseline (base)", "",
-         f"- base: `{b['name']}`{' (' + b['label'] + ')' if b['label'] else ''}, {b['version']}, "
-         f"sha256 {b['sha256']}",
-         f"- new: `{n['name']}` built from this checkout (the git commit above), {n['version']}, sha256 {n['sha256']}",
-         f"- {knobs['repeat']} pairs per point, each pair run side by side (base first on odd repetitions, new first "
-         f"on even ones); every run against a fresh `vnvme serve` of its own binary",
-         f"- ratio = new / base of the pair; median [interval]: with ≥ {BOOTSTRAP_MIN_PAIRS} pairs a bootstrap 90 % "
-         f"interval of the median (seeded, reproducible), else min–max of the pairs. The verdict names a difference "
-         f"only when the interval excludes 1.0; for server CPU per I/O lower is better (\"ahead\" = new uses less)",
-         f"- IOPS: {verdicts.count('ahead')} point(s) ahead, {verdicts.count('behind')} behind, "
-         f"{len(verdicts) - verdicts.count('ahead') - verdicts.count('behind')} level (inside the noise)",
-         f"- **{flagged} of {npairs} pairs disturbed** (⚠: a run of the pair saw steal > {100 * DISTURBED_STEAL:.0f} % "
-         f"or other processes keeping > {DISTURBED_OTHER_CPUS} CPUs busy); they are in the ratios, marked below"
-         if flagged else f"- 0 of {npairs} pairs disturbed (steal ≤ {100 * DISTURBED_STEAL:.0f} %, other processes "
-         f"≤ {DISTURBED_OTHER_CPUS} CPUs in every run)"]
+    S = [f"- {knobs['repeat']} pairs per point, each pair run back to back ({spec['order']}); " + spec["servers"],
+         f"- ratio = {bn} / {an} of the pair, for IOPS (higher is better) and for server and client CPU per I/O "
+         f"(lower is better: \"ahead\" = {bn} uses less); median [interval]: with ≥ {BOOTSTRAP_MIN_PAIRS} pairs a "
+         f"bootstrap 90 % interval of the median (seeded, reproducible), else min–max of the pairs (one pair: no "
+         f"verdict). The verdict names a difference only when the interval excludes 1.0, else level (inside the "
+         f"noise)"]
+    S += [f"- **{flagged} of {npairs} pairs disturbed** (⚠: a run of the pair saw steal > "
+          f"{100 * DISTURBED_STEAL:.0f} % or other processes keeping > {DISTURBED_OTHER_CPUS} CPUs busy); they are "
+          f"in the ratios, listed per row and marked under \"Every pair\"" if flagged else
+          f"- 0 of {npairs} pairs disturbed (steal ≤ {100 * DISTURBED_STEAL:.0f} %, other processes "
+          f"≤ {DISTURBED_OTHER_CPUS} CPUs in every run)"]
+    if any(c.get("server_cpu_ratio_note") for c in comparison):
+        S.append(f"- server CPU per I/O of an in-process configuration: {NO_SERVER} (its controller runs on worker "
+                 f"threads of the client), so no ratio")
     if knobs["repeat"] < BOOTSTRAP_MIN_PAIRS:
-        L.append(f"- **note: {knobs['repeat']} pairs per point**: the interval is min–max, and all of n pairs fall on "
+        S.append(f"- **note: {knobs['repeat']} pairs per point**: the interval is min–max, and all of n pairs fall on "
                  f"one side of 1.0 by chance with probability 2/2^n ({200 / 2 ** knobs['repeat']:.0f} % for "
-                 f"n = {knobs['repeat']}) even with no change; use ≥ {BOOTSTRAP_MIN_PAIRS} for a verdict")
-    L += ["", "| config | QD | base IOPS | new IOPS | IOPS new/base | verdict | server CPU/IO new/base | verdict | "
-          "disturbed pairs |", "|---|--:|--:|--:|--:|---|--:|---|--:|"]
+                 f"n = {knobs['repeat']}) even with no difference; use ≥ {BOOTSTRAP_MIN_PAIRS} for a verdict")
+    S += ["", f"| config | QD | {an} IOPS | {bn} IOPS | IOPS {bn}/{an} | verdict | server CPU/IO {bn}/{an} | verdict "
+          f"| client CPU/IO {bn}/{an} | verdict | disturbed pairs |", "|---|--:|--:|--:|--:|---|--:|---|--:|---|---|"]
     for c in comparison:
-        ir, cr = c["iops_ratio"], c["server_cpu_ratio"]
-        L.append(f"| {c['config']} | {c['qd']} | {fmt_iops(c['base_iops_median'])} | {fmt_iops(c['new_iops_median'])} "
-                 f"| {fmt_ratio(ir)} | {ir['verdict'] if ir else '–'} | {fmt_ratio(cr)} | "
-                 f"{cr['verdict'] if cr else '–'} | {c['disturbed_pairs']}/{len(c['pairs'])} |"
+        ir, sr, cr = c["iops_ratio"], c["server_cpu_ratio"], c["client_cpu_ratio"]
+        dist = f"{c['disturbed_pairs']}/{len(c['pairs'])}"
+        if c["disturbed_reps"]:
+            dist = f"⚠ {dist} (rep {', '.join(map(str, c['disturbed_reps']))})"
+        S.append(f"| {c['config']} | {c['qd']} | {fmt_iops(c[a + '_iops_median'])} | "
+                 f"{fmt_iops(c[b + '_iops_median'])} | {fmt_ratio(ir)} | {fmt_verdict(ir)} | "
+                 f"{fmt_ratio(sr)} | {fmt_verdict(sr, 'n/a (in-process)' if c.get('server_cpu_ratio_note') else None)}"
+                 f" | {fmt_ratio(cr)} | {fmt_verdict(cr)} | {dist} |"
                  + (f" ⚠ {'; '.join(c['errors'])}" if c["errors"] else ""))
-    L += ["", "base and new IOPS: medians of the paired runs.", "", "#### Every pair", "",
-          "| config | QD | rep | order | base IOPS | new IOPS | ratio | base server CPU µs/IO | new server CPU µs/IO "
-          "| ratio | disturbed |", "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|"]
+    S += ["", f"{an} and {bn} IOPS: medians of the paired runs. Rows by verdict:", ""] + verdict_counts(comparison)
+
     def opt(v, f):
         return f(v) if v is not None else "–"
 
+    P = ["#### Every pair", "",
+         f"| config | QD | rep | order | {an} IOPS | {bn} IOPS | ratio | {an} server CPU µs/IO | {bn} server CPU µs/IO "
+         f"| ratio | {an} client CPU µs/IO | {bn} client CPU µs/IO | ratio | disturbed |",
+         "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for c in comparison:
         for p in c["pairs"]:
-            flags = "; ".join(f"{side}: {fmt_flags(p[side])}" for side in ("base", "new") if p[side]["disturbed"])
-            L.append(f"| {c['config']} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p['base']['iops'])} | "
-                     f"{fmt_iops(p['new']['iops'])} | {opt(p['iops_ratio'], num(3))} | "
-                     f"{opt(p['base']['server_cpu_us_per_io'], num(2))} | "
-                     f"{opt(p['new']['server_cpu_us_per_io'], num(2))} | {opt(p['server_cpu_ratio'], num(3))} | "
+            flags = "; ".join(f"{c['sides'][side]}: {fmt_flags(p[side])}" for side in (a, b) if p[side]["disturbed"])
+            P.append(f"| {c['config']} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p[a]['iops'])} | "
+                     f"{fmt_iops(p[b]['iops'])} | {opt(p['iops_ratio'], num(3))} | "
+                     f"{opt(p[a]['server_cpu_us_per_io'], num(2))} | {opt(p[b]['server_cpu_us_per_io'], num(2))} | "
+                     f"{opt(p['server_cpu_ratio'], num(3))} | {opt(p[a]['client_cpu_us_per_io'], num(2))} | "
+                     f"{opt(p[b]['client_cpu_us_per_io'], num(2))} | {opt(p['client_cpu_ratio'], num(3))} | "
                      f"{'⚠ ' + flags if flags else ''} |")
-    return L
+    return S, P
+
+
+def pair_spec(knobs, binaries):
+    """The two sides of the pairs and how they ran, for the report."""
+    if knobs.get("baseline"):
+        bb, nb = binaries["base"], binaries["new"]
+        return {"a": "base", "b": "new", "a_name": "base", "b_name": "new", "ratio": "new / base",
+                "title": "Before and after: this build (new) against the baseline (base)",
+                "intro": [f"- base: `{bb['name']}`{' (' + bb['label'] + ')' if bb['label'] else ''}, {bb['version']}, "
+                          f"sha256 {bb['sha256']}",
+                          f"- new: `{nb['name']}` built from this checkout (the git commit above), {nb['version']}, "
+                          f"sha256 {nb['sha256']}"],
+                "order": "base first on odd repetitions, new first on even ones",
+                "servers": "every run against a fresh `vnvme serve` of its own binary"}
+    ref = knobs["reference"]
+    return {"a": "ref", "b": "cfg", "a_name": ref, "b_name": "config", "ratio": f"config / {ref}",
+            "title": f"Each configuration against the reference, {ref}, measured beside it",
+            "intro": [f"- reference: {ref}; for every other configuration, QD and repetition its run and the "
+                      f"configuration's run went back to back, so both saw the same host state"],
+            "order": f"{ref} first on odd repetitions, the configuration first on even ones",
+            "servers": "every run against a fresh `vnvme serve`, started for it and stopped after it, so the two "
+                       "never ran at once"}
 
 
 def header_lines(mach, knobs):
@@ -367,12 +466,13 @@ def header_lines(mach, knobs):
         f"({mach['os']}), USER_HZ {mach['clk_tck']}",
         f"- workload: vnvme perf --rw {knobs['rw']} --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
         f"thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
-        f"(mean [min–max] shown)",
+        f"(mean [min–max] shown)" + (f"; the reference {knobs['reference']}: {knobs['repeat']} runs per point beside "
+                                     f"each other configuration, all in its rows" if knobs.get("reference") else ""),
         f"- namespace: {knobs['ns']}" + (" (null backend: no data copied, so this measures the doorbell / interrupt / "
         "queue path, not a disk)" if knobs['ns'].startswith("null") else "") + "; the chain configuration serves it "
         "from a back server that a front server reaches through nvme:// (server CPU counts the front only)",
         f"- server: vnvme serve --workers {knobs['workers']}; "
-        f"{'a fresh server per run (--baseline)' if knobs.get('baseline') else 'one server per configuration'}; "
+        f"{'a fresh server per run, stopped after it (pairs)' if knobs.get('baseline') or knobs.get('reference') else 'one server per configuration'}; "
         f"pinning: {'server on CPU 1, client on CPU 0 (taskset)' if knobs['pin'] else 'none (scheduler decides)'}",
         f"- command: `{knobs['command']}`",
     ]
@@ -386,11 +486,19 @@ def header_lines(mach, knobs):
     return L
 
 
-def table_md(mach, knobs, matrix, points, tgts, comparison=None, binaries=None):
+def summary_md(comparison, spec, knobs):
+    """The paired comparison's summary: what was paired, per configuration and QD
+    the ratios with their verdicts, the counts, the flags."""
+    S, _ = pairs_md(comparison, spec, knobs)
+    return [f"### {spec['title']}", ""] + spec["intro"] + S
+
+
+def table_md(mach, knobs, matrix, points, tgts, comparison=None, spec=None):
     L = ["## vnvme over vfio-user: doorbell modes, `vnvme perf` vs `vnvme serve`", ""]
     L += header_lines(mach, knobs)
     if comparison is not None:
-        L += [""] + comparison_md(binaries, comparison, knobs) + ["", "### The new build's figures", ""]
+        L += [""] + summary_md(comparison, spec, knobs) + [""] + pairs_md(comparison, spec, knobs)[1]
+        L += ["", "### The new build's figures" if knobs.get("baseline") else "### Absolute figures", ""]
     disturbed = [p for p in points if p.get("other_cpus") and p["other_cpus"]["max"] > 0.2]
     if disturbed:
         worst = max(p["other_cpus"]["max"] for p in disturbed)
@@ -429,7 +537,9 @@ def table_md(mach, knobs, matrix, points, tgts, comparison=None, binaries=None):
     L += ["", "driver db/IO: the driver's own SQ+CQ doorbell rings per I/O — REGION_WRITE messages for "
           "trapped/shadow, eventfd signals for eventfd, page stores for mapped. CPUs busy: (client + server CPU "
           "time) / elapsed. Other load: CPUs kept busy by anything else on the machine meanwhile (/proc/stat "
-          "minus client and server; > 0.2 means the point was disturbed).", ""]
+          "minus client and server; > 0.2 means the point was disturbed)."
+          + (f" {knobs['reference']}, the reference: its rows gather every run it made beside another "
+             f"configuration ({knobs['repeat']} per configuration and QD)." if knobs.get("reference") else ""), ""]
     L += ["### Targets (issue 3)", "", "| target | measured | met |", "|---|---|---|"]
     for t in tgts:
         met = "n/a" if t["met"] is None else ("**yes**" if t["met"] else "**no**")
@@ -482,7 +592,9 @@ def chart(mach, knobs, matrix, points):
     sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
            f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']} · {mach['rustc']}")
     o.append(text(20, 56, sub, 13, fill="#444"))
-    sub2 = (f"{knobs['seconds']} s × {knobs['repeat']} runs per point (line = mean, whisker = min–max) · "
+    ref = (f" ({knobs['reference']}, the reference: {knobs['repeat']} beside each configuration)"
+           if knobs.get("reference") else "")
+    sub2 = (f"{knobs['seconds']} s × {knobs['repeat']} runs per point{ref} (line = mean, whisker = min–max) · "
             f"serve --workers {knobs['workers']} · pinning {'on' if knobs['pin'] else 'off'} · 1 I/O queue, "
             f"1 client thread · squares/dashed = in-process (no socket)")
     o.append(text(20, 76, sub2, 13, fill="#444"))
@@ -559,11 +671,13 @@ def chart(mach, knobs, matrix, points):
     return "\n".join(o) + "\n"
 
 
-def compare_chart(mach, knobs, matrix, comparison, binaries):
-    """Paired ratios new/base per point: IOPS and server CPU per I/O, the median
-    with its interval as a whisker, a line at 1.0."""
+def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
+    """The paired ratios per point (spec: which two sides): IOPS, server CPU per
+    I/O and client CPU per I/O, the median with its interval as a whisker, a
+    line at 1.0."""
     qds = knobs["qd_list"]
     cfgs = [m for m in matrix if any(c["config"] == m["id"] for c in comparison)]
+    an, bn = spec["a_name"], spec["b_name"]
 
     def series(key):
         out = []
@@ -578,23 +692,30 @@ def compare_chart(mach, knobs, matrix, comparison, binaries):
                         "values": vals, "ranges": ranges, "dashed": m["in_process"]})
         return out
 
-    W, PW, PH, GAP = 1500, 730, 470, 14
+    W, PW, PH, GAP = 1500, 480, 470, 10
     legend_rows = math.ceil(len(cfgs) / 3)
     top = 112 + legend_rows * 22 + 12
     H = top + PH + 30
-    b, n = binaries["base"], binaries["new"]
     npairs = sum(len(c["pairs"]) for c in comparison)
     flagged = sum(c["disturbed_pairs"] for c in comparison)
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
          '<rect width="100%" height="100%" fill="#f7f7f7"/>']
-    o.append(text(20, 32, f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
-                  f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}",
-                  21, weight="bold"))
-    o.append(text(20, 56, f"{mach['date_utc']} · {mach['cpu_model']} · {mach['cpus_usable']} CPUs · kernel "
-                  f"{mach['kernel']} · base sha256 {b['sha256']}, new sha256 {n['sha256']}", 13, fill="#444"))
+    if knobs.get("baseline"):
+        b, n = binaries["base"], binaries["new"]
+        title = (f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
+                 f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
+        sub = (f"{mach['date_utc']} · {mach['cpu_model']} · {mach['cpus_usable']} CPUs · kernel {mach['kernel']} · "
+               f"base sha256 {b['sha256']}, new sha256 {n['sha256']}")
+    else:
+        title = (f"vnvme over vfio-user: each configuration / {an} (the reference, run beside it), "
+                 f"{knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
+        sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
+               f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']}")
+    o.append(text(20, 32, title, 21, weight="bold"))
+    o.append(text(20, 56, sub, 13, fill="#444"))
     kind = (f"bootstrap 90 % interval of the median (seeded)" if knobs["repeat"] >= BOOTSTRAP_MIN_PAIRS
             else "min–max of the pairs")
-    o.append(text(20, 76, f"{knobs['seconds']} s per run, {knobs['repeat']} pairs per point run side by side · "
+    o.append(text(20, 76, f"{knobs['seconds']} s per run, {knobs['repeat']} pairs per point run back to back · "
                   f"dot = median of the paired ratios, whisker = {kind} · a difference only where the whisker "
                   f"misses 1.0 · serve --workers {knobs['workers']}", 13, fill="#444"))
     o.append(text(20, 96, f"{flagged} of {npairs} pairs disturbed (steal > {100 * DISTURBED_STEAL:.0f} % or other "
@@ -607,14 +728,16 @@ def compare_chart(mach, knobs, matrix, comparison, binaries):
         dash = ' stroke-dasharray="6,3"' if m["in_process"] else ""
         o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5"{dash}/>')
         o.append(text(x + 38, y + 5, f"{m['id']}: {m['label']}", 13))
-    dodge = min(12, 120 / max(1, len(cfgs)))
+    dodge = min(12, 100 / max(1, len(cfgs)))
+    na = " · in-process: n/a (no server)" if any(c.get("server_cpu_ratio_note") for c in comparison) else ""
     for k, (key, title, better) in enumerate([
-            ("iops_ratio", "IOPS, new / base", "above 1.0: new is faster"),
-            ("server_cpu_ratio", "Server CPU per I/O, new / base", "below 1.0: new uses less CPU")]):
+            ("iops_ratio", f"IOPS, {bn} / {an}", f"above 1.0: {bn} is faster"),
+            ("server_cpu_ratio", f"Server CPU per I/O, {bn} / {an}", f"below 1.0: {bn} uses less CPU{na}"),
+            ("client_cpu_ratio", f"Client CPU per I/O, {bn} / {an}", f"below 1.0: {bn} uses less CPU")]):
         s = series(key)
         lo, hi = ratio_bounds([v for ser in s for r in ser["ranges"] if r for v in r])
         o.append(log_panel(20 + k * (PW + GAP), top, PW, PH, title, "ratio (log scale)", s, qds, "", lo, hi,
-                           guide=(1.0, "1.0: no change"), note=better, ticks=ratio_ticks(lo, hi), dodge=dodge,
+                           guide=(1.0, "1.0: no difference"), note=better, ticks=ratio_ticks(lo, hi), dodge=dodge,
                            whisker=2.5))
     o.append("</svg>")
     return "\n".join(o) + "\n"
@@ -638,6 +761,7 @@ def main():
     ap.add_argument("--pin", type=int, default=0)
     ap.add_argument("--ns", default="null:64G:lba=4096")
     ap.add_argument("--rw", default="randread")
+    ap.add_argument("--reference", default="none", help="the configuration the others were run beside, or none")
     ap.add_argument("--matrix", required=True)
     ap.add_argument("--command", default="scripts/bench-vfio-user.sh")
     ap.add_argument("--started", help="run start, UTC, as YYYYmmddTHHMMSSZ")
@@ -654,12 +778,19 @@ def main():
     points = load(a.dir, matrix)
     tgts = targets(points, matrix)
     binaries = read_binaries(a.dir)
-    comparison = None
+    comparison = spec = None
+    # A folder of runs made without pairs (or before --reference) has no "beside".
+    paired = any(r["beside"] for p in points for r in p["runs"])
+    knobs["reference"] = a.reference if a.reference != "none" and paired else None
     if "base" in binaries:
         knobs["baseline"] = True
         base_points = load(a.dir, matrix, side="base")
         comparison = compare(base_points, points)
-    md = table_md(mach, knobs, matrix, points, tgts, comparison, binaries)
+    elif knobs["reference"]:
+        comparison = compare_reference(points, matrix, knobs["reference"])
+    if comparison is not None:
+        spec = pair_spec(knobs, binaries)
+    md = table_md(mach, knobs, matrix, points, tgts, comparison, spec)
     env_path = os.path.join(a.dir, "runs", "environment.txt")
     mach["environment"] = open(env_path).read() if os.path.exists(env_path) else None
     report = {"benchmark": "scripts/bench-vfio-user.sh", "machine": mach, "knobs": knobs,
@@ -668,8 +799,18 @@ def main():
                                  "note": "not measured here"}}
     if comparison is not None:
         report["metrics"] = {**METRICS, **RUN_FIGURES}
-        report["binaries"] = binaries
-        report["baseline_points"] = base_points
+        if knobs.get("baseline"):
+            report["binaries"] = binaries
+            report["baseline_points"] = base_points
+        report["pairs_design"] = {
+            "kind": "baseline" if knobs.get("baseline") else "reference", "ratio": spec["ratio"],
+            "sides": {spec["a"]: spec["a_name"], spec["b"]: spec["b_name"]}, "order": spec["order"],
+            "servers": spec["servers"],
+            "ratios": {key: f"{what}, {spec['ratio']}, {'higher' if higher else 'lower'} is better"
+                       for key, _, higher, what in RATIOS},
+            "interval": f"seeded bootstrap 90 % interval of the median with >= {BOOTSTRAP_MIN_PAIRS} pairs, else "
+                        f"min–max of the pairs; one pair: no verdict",
+            "verdict": "ahead / behind only when the interval excludes 1.0, else level (inside the noise)"}
         report["comparison"] = comparison
         report["disturbance"] = {"steal_above": DISTURBED_STEAL, "other_procs_cpus_above": DISTURBED_OTHER_CPUS,
                                  "pair": "disturbed when either of its runs is"}
@@ -679,12 +820,16 @@ def main():
         f.write(scrub(md, a.root))
     charts = {"chart.svg": chart(mach, knobs, matrix, points)}
     if comparison is not None:
-        charts = {"chart.svg": compare_chart(mach, knobs, matrix, comparison, binaries),
-                  "chart-new.svg": charts["chart.svg"]}
+        charts = {"chart.svg": ratio_chart(mach, knobs, matrix, comparison, spec, binaries),
+                  "chart-new.svg" if knobs.get("baseline") else "chart-absolute.svg": charts["chart.svg"]}
     for name, svg in charts.items():
         with open(os.path.join(a.dir, name), "w") as f:
             f.write(svg)
     print(md)
+    if comparison is not None:
+        # The answer last, where the eye lands when the run ends.
+        print("## Summary (as in table.md)\n")
+        print("\n".join(summary_md(comparison, spec, knobs)) + "\n")
     print(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
     return 0
 

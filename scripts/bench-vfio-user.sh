@@ -8,11 +8,12 @@
 #
 #   scripts/bench-vfio-user.sh [--seconds N] [--repeat N] [--qd 1,4,16,64]
 #                              [--workers N] [--pin] [--configs a,b,...] [--out DIR]
+#                              [--reference CONFIG|none]
 #                              [--baseline BIN [--baseline-label TEXT]]
 #
 #   --seconds N   run time of each point (default 3)
-#   --repeat N    runs per point; the table shows the mean and [min–max]
-#                 (default 5: on a small shared host single runs move by ±25 %)
+#   --repeat N    repetitions per point (default 5: on a small shared host single runs
+#                 move by ±25 %; a verdict wants >= 5, see below)
 #   --qd LIST     queue depths (default 1,4,16,64)
 #   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
 #   --pin         taskset: the server on CPU 1, the client on CPU 0 (default: unpinned,
@@ -24,28 +25,48 @@
 #   --rw MODE     randread (default) or randwrite
 #   --out DIR     output folder (default results/vfio-user-perf/<UTC timestamp>)
 #   --list        print the configurations and exit
+#   --reference CONFIG  the configuration every other one is measured beside (default
+#                 trapped: every doorbell a vfio-user message, the baseline row). For
+#                 each other configuration, QD and repetition the reference's run and
+#                 the configuration's run go back to back (reference first on odd
+#                 repetitions, the configuration first on even ones, so drift cancels),
+#                 each against a fresh `vnvme serve` started for that run and stopped
+#                 after it: the two never run at once (a polling server would take a CPU
+#                 from the other's run) and both see the host as it is at that moment.
+#                 The report gives the per-repetition ratios configuration / reference
+#                 of IOPS (higher is better), server CPU per I/O and client CPU per I/O
+#                 (lower is better), each as median [interval] and a verdict: "ahead" or
+#                 "behind" only when the interval excludes 1.0, else "level"; the
+#                 interval is a seeded bootstrap 90 % interval of the median with >= 5
+#                 pairs, else min–max of the pairs (one pair: no verdict). A pair is
+#                 flagged disturbed when either run saw > 5 % steal or > 0.2 CPUs of
+#                 other load (/proc/stat before and after each run). The reference runs
+#                 whether or not --configs names it; its own rows (absolute figures)
+#                 gather all its runs. In-process configurations have no server, so
+#                 their server CPU ratio is n/a. This doubles the number of runs.
+#                 `--reference none`: no pairs, one server per configuration for all its
+#                 runs, the plain table (mean [min–max]).
 #   --baseline BIN  before/after in one run: another vnvme binary (e.g. a release
 #                 build of an earlier commit). Every point is run with both, in
 #                 pairs side by side (base then new on odd repetitions, new then base
-#                 on even ones, so drift cancels), each run against a fresh server
-#                 started from the same binary as its client. The report adds the
-#                 paired ratios new/base of IOPS and of server CPU per I/O: median,
-#                 [interval] (min–max of the pairs; with >= 5 pairs a seeded
-#                 bootstrap 90 % interval of the median) and a verdict, "ahead" or
-#                 "behind" only when the interval excludes 1.0. A pair is flagged
-#                 disturbed when either run saw > 5 % steal or > 0.2 CPUs of other
-#                 load (/proc/stat before and after each run).
+#                 on even ones), each run against a fresh server started from the same
+#                 binary as its client. The report gives the paired ratios new/base of
+#                 the same three figures, with the same intervals, verdicts and flags
+#                 as --reference. The pairs are then new/base of the same configuration:
+#                 --baseline turns the reference off, and naming a --reference other
+#                 than none with it is refused (one comparison per run).
 #   --baseline-label TEXT  what BIN was built from (e.g. a commit), for the report;
 #                 BIN itself is recorded by file name, --version and SHA-256 only
 #
-# Each configuration starts its own `vnvme serve` (bounded wait for the socket),
-# runs every QD --repeat times, and stops it. Per point: IOPS, p50/p99 latency, trapped
-# doorbells and interrupts per I/O (deltas of the server's --stats-file), the driver's
-# own doorbell writes/signals per I/O, client CPU per I/O (process CPU time) and server
-# CPU per I/O (/proc/<pid>/stat utime+stime over the same window, `perf --server-pid`).
-# Writes results.json, table.md, chart.svg (and runs/ with every raw perf JSON, logs/
-# with every server's stderr) and prints the table. With --baseline: chart.svg shows
-# the ratios, chart-new.svg the figures of the new build alone.
+# Without pairs each configuration starts its own `vnvme serve` (bounded wait for the
+# socket), runs every QD --repeat times, and stops it. Per point: IOPS, p50/p99 latency,
+# trapped doorbells and interrupts per I/O (deltas of the server's --stats-file), the
+# driver's own doorbell writes/signals per I/O, client CPU per I/O (process CPU time)
+# and server CPU per I/O (/proc/<pid>/stat utime+stime over the same window, `perf
+# --server-pid`). Writes results.json, table.md, chart.svg (and runs/ with every raw
+# perf JSON, logs/ with every server's stderr) and prints the table, then the summary.
+# With pairs (--reference, --baseline): chart.svg shows the ratios with their
+# intervals; chart-absolute.svg (reference) or chart-new.svg (baseline) the figures.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +86,8 @@ RW=randread
 BASELINE=
 BASELINE_ARG=
 BASELINE_LABEL=
+REFERENCE=trapped
+REFERENCE_GIVEN=
 
 # id|label|serve --doorbells|serve --poll|perf --doorbells|perf --completion|in-process workers
 # (serve columns are "-" for in-process configurations; an empty last column: via serve).
@@ -95,6 +118,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --ns) NS=$2; shift 2 ;;
     --rw) RW=$2; shift 2 ;;
+    --reference) REFERENCE=$2; REFERENCE_GIVEN=1; shift 2 ;;
     --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
     --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
@@ -109,6 +133,16 @@ if [ -z "$REPEAT" ]; then REPEAT=5; fi
 [[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "--qd must be a list like 1,4,16,64" >&2; exit 2; }
 if [ -n "$BASELINE_LABEL" ] && [ -z "$BASELINE" ]; then
   echo "bench-vfio-user: --baseline-label needs --baseline" >&2; exit 2
+fi
+if [ -n "$BASELINE" ] && [ -n "$REFERENCE_GIVEN" ] && [ "$REFERENCE" != none ]; then
+  echo "bench-vfio-user: --baseline and --reference $REFERENCE: one comparison per run (--baseline pairs each" \
+    "configuration with itself built from BIN; drop --reference, or drop --baseline)" >&2; exit 2
+fi
+[ -z "$BASELINE" ] || REFERENCE=none
+if [ "$REFERENCE" != none ]; then
+  known=
+  for m in "${MATRIX[@]}"; do [[ $m == "$REFERENCE|"* ]] && known=1; done
+  [ -n "$known" ] || { echo "bench-vfio-user: --reference $REFERENCE is not a configuration (see --list; or none)" >&2; exit 2; }
 fi
 if [ -n "$BASELINE" ]; then
   if [ ! -f "$BASELINE" ] || [ ! -x "$BASELINE" ]; then
@@ -160,7 +194,7 @@ if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
 VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
-printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\n' >"$MANIFEST"
+printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\n' >"$MANIFEST"
 
 # The binaries, by side: "new" is the build of this checkout; "base" the --baseline.
 # runs/binaries.tsv names them for the report, by file name, never by path.
@@ -194,12 +228,29 @@ if [ "$CONFIGS" != all ]; then
 fi
 
 IFS=, read -r -a QD_LIST <<<"$QDS"
+# With a reference: the configurations measured beside it (all selected but itself).
+PAIRED=()
+if [ "$REFERENCE" != none ]; then
+  for m in "${MATRIX[@]}"; do
+    IFS='|' read -r id _ <<<"$m"
+    if [ "$id" != "$REFERENCE" ] && selected "$id"; then PAIRED+=("$id"); fi
+  done
+  if [ ${#PAIRED[@]} = 0 ]; then
+    echo "bench-vfio-user: only the reference $REFERENCE selected: nothing to pair with it, plain figures" >&2
+    REFERENCE=none
+  fi
+fi
 npoints=0
-for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoints=$((npoints + ${#QD_LIST[@]} * REPEAT * ${#SIDES[@]})); done
-# A fresh server per run with --baseline: about half a second more each.
-per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] && per_run=$((per_run + 1))
+if [ "$REFERENCE" != none ]; then
+  npoints=$(( ${#PAIRED[@]} * ${#QD_LIST[@]} * REPEAT * 2 ))
+else
+  for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoints=$((npoints + ${#QD_LIST[@]} * REPEAT * ${#SIDES[@]})); done
+fi
+# A fresh server per run in pairs (--baseline, --reference): about half a second more each.
+per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] || [ "$REFERENCE" != none ] && per_run=$((per_run + 1))
 echo "bench-vfio-user: $npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT" >&2
 echo "bench-vfio-user: $(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')" >&2
+[ "$REFERENCE" = none ] || echo "bench-vfio-user: reference $REFERENCE: ${PAIRED[*]} each measured beside it, $REPEAT pairs per point" >&2
 [ -z "$BASELINE" ] || echo "bench-vfio-user: baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point" >&2
 
 case $RW in randread|randwrite) ;; *) echo "--rw must be randread or randwrite" >&2; exit 2 ;; esac
@@ -230,7 +281,8 @@ start_servers() {
 }
 
 # run_perf ID QD REP SIDE: one `vnvme perf` run of SIDE's binary (against the
-# server start_servers started, unless in-process), and its manifest row.
+# server start_servers started, unless in-process), and its manifest row
+# (BESIDE: the configuration it is paired with, if any).
 # SKIP: record the run as failed without running it (its server did not start).
 run_perf() {
   local id=$1 qd=$2 rep=$3 side=$4 skip=${5:-} rc=0 c0 c1 w0 w1 iops json logf
@@ -259,52 +311,93 @@ run_perf() {
   iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
   printf 'bench-vfio-user: [%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s\n' "$done_runs" "$npoints" "$id" "$qd" \
     "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")" >&2
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
     "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((c1[0] - c0[0]))" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
-    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" >>"$MANIFEST"
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "$BESIDE" >>"$MANIFEST"
+}
+
+# config_row ID: configuration ID's matrix row into id, label, sdb, spoll, pdb,
+# compl and inproc (the globals start_servers and run_perf read).
+config_row() {
+  local m
+  for m in "${MATRIX[@]}"; do
+    [[ $m == "$1|"* ]] || continue
+    IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
+    return 0
+  done
+  echo "bench-vfio-user: no configuration $1" >&2
+  return 1
+}
+
+# run_fresh ID QD REP SIDE: one run of configuration ID with SIDE's binary against
+# a fresh server of its own (none in-process), stopped right after the run; a
+# server that does not start is recorded as a failed run.
+run_fresh() {
+  local skip=
+  config_row "$1"
+  serve_cmd=-
+  if [ -z "$inproc" ]; then
+    start_servers "$1" "$4" "-qd$2-r$3$SFX" || skip=1
+  fi
+  run_perf "$1" "$2" "$3" "$4" "$skip"
+  stop_serve
+  stop_back
 }
 
 done_runs=0
 SFX=
-for m in "${MATRIX[@]}"; do
-  IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
-  selected "$id" || continue
-  serve_cmd=-
-  if [ -z "$BASELINE" ]; then
-    # One server for all of the configuration's runs.
-    if [ -z "$inproc" ]; then start_servers "$id" new "" || continue; fi
+BESIDE=
+if [ "$REFERENCE" != none ]; then
+  # Pairs with the reference: both runs of a pair back to back, each against a
+  # fresh server (the two never run at once), the order alternating.
+  for cfg in "${PAIRED[@]}"; do
     for qd in "${QD_LIST[@]}"; do
       for rep in $(seq "$REPEAT"); do
-        run_perf "$id" "$qd" "$rep" new
-        if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
-        echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
-        break 2
-      done
-    done
-    stop_serve
-    stop_back
-    continue
-  fi
-  # Pairs: a fresh server per run, from the run's own binary, so the two never
-  # run at once (a polling server would take a CPU from the other's runs).
-  for qd in "${QD_LIST[@]}"; do
-    for rep in $(seq "$REPEAT"); do
-      order=(base new); [ $((rep % 2)) = 0 ] && order=(new base)
-      for side in "${order[@]}"; do
-        SFX=-$side
-        skip=
-        if [ -z "$inproc" ]; then
-          start_servers "$id" "$side" "-qd$qd-r$rep$SFX" || skip=1
-        fi
-        run_perf "$id" "$qd" "$rep" "$side" "$skip"
-        stop_serve
-        stop_back
+        order=("$REFERENCE" "$cfg"); [ $((rep % 2)) = 0 ] && order=("$cfg" "$REFERENCE")
+        for c in "${order[@]}"; do
+          SFX=; BESIDE=$REFERENCE
+          [ "$c" = "$REFERENCE" ] && { SFX=-beside-$cfg; BESIDE=$cfg; }
+          run_fresh "$c" "$qd" "$rep" new
+        done
       done
     done
   done
-  SFX=
-done
+  SFX=; BESIDE=
+else
+  for m in "${MATRIX[@]}"; do
+    IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
+    selected "$id" || continue
+    serve_cmd=-
+    if [ -z "$BASELINE" ]; then
+      # One server for all of the configuration's runs.
+      if [ -z "$inproc" ]; then start_servers "$id" new "" || continue; fi
+      for qd in "${QD_LIST[@]}"; do
+        for rep in $(seq "$REPEAT"); do
+          run_perf "$id" "$qd" "$rep" new
+          if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
+          echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
+          break 2
+        done
+      done
+      stop_serve
+      stop_back
+      continue
+    fi
+    # Pairs: a fresh server per run, from the run's own binary, so the two never
+    # run at once (a polling server would take a CPU from the other's runs).
+    for qd in "${QD_LIST[@]}"; do
+      for rep in $(seq "$REPEAT"); do
+        order=(base new); [ $((rep % 2)) = 0 ] && order=(new base)
+        for side in "${order[@]}"; do
+          SFX=-$side
+          run_fresh "$id" "$qd" "$rep" "$side"
+        done
+      done
+    done
+    SFX=
+  done
+fi
 
 snapshot end
 # Results name no machine paths: the run's temporary directory (sockets, stats) is
@@ -313,4 +406,4 @@ snapshot end
 { grep -rlF "$TMP/" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
 python3 "$ROOT/scripts/bench-vfio-user.py" --dir "$OUT" --root "$ROOT" \
   --seconds "$SECONDS_PER_POINT" --repeat "$REPEAT" --qd "$QDS" --workers "$WORKERS" --pin "$PIN" \
-  --ns "$NS" --rw "$RW" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
+  --ns "$NS" --rw "$RW" --reference "$REFERENCE" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
