@@ -52,6 +52,8 @@ pub struct Controller {
     pub(crate) workers: Vec<crate::runtime::workers::Worker>,
     /// Without workers: how the thread that calls `process` should wait (inline mode).
     pub(crate) inline_mode: crate::PollMode,
+    /// With adaptive polling: whether its owners spin at all (`runtime/judge.rs`).
+    pub(crate) judge: Option<Arc<crate::runtime::judge::SpinJudge>>,
     pub(crate) book: crate::routing::QueueBook,
     /// Wakes every worker (see `doorbell_kick`).
     pub(crate) kick: Arc<std::os::fd::OwnedFd>,
@@ -149,6 +151,7 @@ impl Controller {
             engine,
             workers: Vec::new(),
             inline_mode: crate::PollMode::Off,
+            judge: None,
             page_size: 4096,
             book: Default::default(),
             kick: Arc::new(rustix::event::eventfd(

@@ -47,6 +47,7 @@ pub use controller::{Controller, Lifecycle};
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use log_limit::LogLimit;
 pub use namespace::Namespace;
+pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};
 pub use runtime::WorkerConfig;

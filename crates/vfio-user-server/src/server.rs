@@ -407,7 +407,8 @@ impl Inline {
         let mut watch = NotifierWatch::new(NOTIFIER);
         watch.sync(epoll, device.ctrl.inline_notifier_generation(), || notifiers)?;
         debug!(?mode, "inline mode: this thread runs the I/O queues");
-        Ok(Inline { idle: IdleLoop::new(mode), timer, asleep: false, notifiers: watch })
+        let idle = IdleLoop::judged(mode, device.ctrl.spin_judge());
+        Ok(Inline { idle, timer, asleep: false, notifiers: watch })
     }
 
     /// How long the next epoll wait may block (ms; -1 forever, 0 not at all).

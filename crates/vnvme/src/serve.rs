@@ -604,6 +604,9 @@ impl Started {
         for w in dev.ctrl.workers() {
             eprintln!("vnvme: {}", w.stats_line());
         }
+        if let Some(j) = dev.ctrl.spin_judge() {
+            eprintln!("vnvme: {}", j.verdict().describe());
+        }
         for n in &namespaces {
             if let Some(line) = n.opened.backend.stats_line() {
                 eprintln!("vnvme: namespace {}: {line}", n.nsid);

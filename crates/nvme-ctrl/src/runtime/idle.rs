@@ -22,10 +22,12 @@
 //! socket too), its mailbox, and the handshake that makes a message sent to a
 //! sleeping worker wake it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::judge::SpinJudge;
 use super::poll::{PoliteSpin, PollMode, SpinClock, SpinPolicy, SpinStats};
 use crate::controller::Controller;
 use crate::engine::IoEngine;
@@ -68,7 +70,12 @@ pub struct IdleLoop {
 
 impl IdleLoop {
     pub fn new(mode: PollMode) -> Self {
-        IdleLoop { policy: SpinPolicy::new(mode), idle_since: None, spin: None, asleep: false }
+        Self::judged(mode, None)
+    }
+
+    /// An idle loop whose spinning `judge` allows or not (see [`super::judge`]).
+    pub fn judged(mode: PollMode, judge: Option<Arc<SpinJudge>>) -> Self {
+        IdleLoop { policy: SpinPolicy::judged(mode, judge), idle_since: None, spin: None, asleep: false }
     }
 
     pub fn mode(&self) -> PollMode {

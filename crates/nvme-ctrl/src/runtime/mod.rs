@@ -4,14 +4,18 @@
 //! - [`idle`]: the one idle loop (busy, spin, re-arm EventIdx, look again, sleep) that
 //!   workers and inline mode (the transport's own thread) both drive.
 //! - [`poll`]: the spin policy that decides how long an idle owner spins.
+//! - [`judge`]: whether adaptive owners spin at all, by the process's CPU time per
+//!   command in each regime.
 //!
 //! Here too: how a controller starts its workers or stays inline, and what its
 //! transport needs to know to run it inline (`Controller::inline_*`).
 
 pub mod idle;
+pub mod judge;
 pub mod poll;
 pub mod workers;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use guest_mem::GuestMemory;
@@ -19,6 +23,7 @@ use guest_mem::GuestMemory;
 use crate::controller::Controller;
 use crate::engine::{IoEngine, TEARDOWN_BOUND};
 use crate::error::CommandError;
+use judge::SpinJudge;
 use poll::PollMode;
 use workers::Worker;
 
@@ -38,6 +43,7 @@ impl Controller {
         if !self.book.is_empty() || !self.workers.is_empty() {
             return Err(std::io::Error::other("workers must be started before any I/O queue exists"));
         }
+        self.judge = (mode == PollMode::Adaptive).then(|| Arc::new(SpinJudge::new(self.stats.clone())));
         if n == 0 {
             self.inline_mode = mode;
             return Ok(());
@@ -50,9 +56,15 @@ impl Controller {
         for i in 0..n {
             let mut e = IoEngine::new(self.engine.ctx.clone())?;
             self.settings().apply(&mut e);
-            self.workers.push(Worker::spawn(i, e, mode, Some(self.kick.clone()))?);
+            self.workers.push(Worker::spawn(i, e, mode, self.judge.clone(), Some(self.kick.clone()))?);
         }
         Ok(())
+    }
+
+    /// With adaptive polling, the judge of whether its owners spin at all (shared by
+    /// every worker, or the inline loop's to use).
+    pub fn spin_judge(&self) -> Option<Arc<SpinJudge>> {
+        self.judge.clone()
     }
 
     /// Inline mode (no workers): how the caller of [`Controller::process`] should

@@ -32,8 +32,15 @@
 //! So a busy host and long gaps both lead to plain sleeping, which is what
 //! [`PollMode::Off`] does: adaptive polling costs at most a short spin now and then
 //! over not polling.
+//!
+//! Whether spinning pays at all is judged apart, for the whole controller, from the
+//! process's CPU time per command with and without it ([`super::judge`]): in the
+//! epochs the judge says sleep, the budget is zero.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::judge::SpinJudge;
 
 /// How queue owners wait for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -175,6 +182,9 @@ pub struct SpinPolicy {
     backoff: u32,
     /// The current contention window: spins, wall and lost nanoseconds.
     window: (u32, u64, u64),
+    /// Whether spinning pays at all, judged for the whole controller (adaptive mode;
+    /// none: the budget alone decides).
+    judge: Option<Arc<SpinJudge>>,
     pub stats: SpinStats,
 }
 
@@ -186,8 +196,14 @@ impl SpinPolicy {
             backoff_left: 0,
             backoff: MIN_BACKOFF,
             window: (0, 0, 0),
+            judge: None,
             stats: SpinStats::default(),
         }
+    }
+
+    /// A policy that spins only in the epochs `judge` allows it (adaptive mode).
+    pub fn judged(mode: PollMode, judge: Option<Arc<SpinJudge>>) -> Self {
+        SpinPolicy { judge, ..SpinPolicy::new(mode) }
     }
 
     pub fn mode(&self) -> PollMode {
@@ -200,6 +216,9 @@ impl SpinPolicy {
             PollMode::Off => Duration::ZERO,
             PollMode::Always => Duration::MAX,
             PollMode::Adaptive => {
+                if self.judge.as_ref().is_some_and(|j| !j.may_spin(Instant::now())) {
+                    return Duration::ZERO;
+                }
                 if self.backoff_left > 0 {
                     self.backoff_left -= 1;
                     return Duration::ZERO;

@@ -21,6 +21,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::idle::{sleep_timeout_ms, IdleLoop, Next, NotifierWatch, WakeTimer};
+use super::judge::SpinJudge;
 pub use super::poll::PollMode;
 use super::poll::SpinStats;
 use crate::engine::IoEngine;
@@ -91,6 +92,7 @@ impl Worker {
         index: usize,
         engine: IoEngine,
         mode: PollMode,
+        judge: Option<Arc<SpinJudge>>,
         kick: Option<Arc<OwnedFd>>,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
@@ -105,7 +107,7 @@ impl Worker {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vnvme-q{index}"))
-            .spawn(move || run(engine, rx, s, mode, sleeper))?;
+            .spawn(move || run(engine, rx, s, IdleLoop::judged(mode, judge), sleeper))?;
         Ok(Worker { tx, shared, thread: Some(thread), index, mode })
     }
 
@@ -235,10 +237,9 @@ fn run(
     mut engine: IoEngine,
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
-    mode: PollMode,
+    mut idle: IdleLoop,
     mut sleeper: Sleeper,
 ) {
-    let mut idle = IdleLoop::new(mode);
     let mut events = [EpollEvent::default(); 8];
     loop {
         // Mailbox first: doorbells and control calls.
