@@ -68,8 +68,9 @@ pub struct ServeArgs {
     /// the lowest latency at low queue depth on small hosts, no parallelism).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
-    /// How idle workers wait: off (sleep until a doorbell), adaptive (spin for an
-    /// adapting budget, then sleep), always (spin).
+    /// How idle workers wait: off (sleep until a doorbell), adaptive (spin, for an
+    /// adapting budget, only while that costs less CPU per command than sleeping:
+    /// both are measured in turn), always (spin).
     #[arg(long, default_value = "adaptive")]
     pub poll: PollMode,
     /// Most I/O queue pairs the controller offers (MSI-X vectors = this + 1).

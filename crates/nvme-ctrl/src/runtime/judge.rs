@@ -13,8 +13,8 @@
 //! decides the budget, as before) or *sleep* (no spinning: what `--poll off` does).
 //! At the end of an epoch the process CPU time and the commands completed give that
 //! regime's cost per command. Most epochs run the regime found cheaper; one every
-//! `explore` epochs runs the other, to notice when the guest's pace or the host's
-//! load changes which one is cheaper. An exploration that confirms the choice
+//! `explore` epochs runs the other for a shorter [`EXPLORE_EPOCH`], to notice when
+//! the guest's pace or the host's load changes which one is cheaper. An exploration that confirms the choice
 //! doubles the interval (from [`MIN_EXPLORE`] up to [`MAX_EXPLORE`] epochs), so a
 //! settled choice costs at most one epoch in [`MAX_EXPLORE`] + 1 run the dearer
 //! way; one that finds the other regime cheaper by more than [`MARGIN_PCT`] % swaps
@@ -34,14 +34,19 @@ use std::time::{Duration, Instant};
 
 use crate::stats::Stats;
 
-/// How long one epoch lasts.
+/// How long one epoch of the chosen regime lasts.
 pub const EPOCH: Duration = Duration::from_millis(50);
+/// How long an exploration lasts: shorter, since exploring the dearer regime is what
+/// the judge pays for its choice (a spin epoch beside a TCG guest at QD 1 burns a
+/// whole CPU).
+pub const EXPLORE_EPOCH: Duration = Duration::from_millis(20);
 /// An epoch with fewer commands than this is not judged.
 pub const MIN_COMMANDS: u64 = 64;
 /// Epochs between explorations, after a change of choice.
 pub const MIN_EXPLORE: u32 = 4;
-/// The most epochs between explorations, once the choice has been confirmed often.
-pub const MAX_EXPLORE: u32 = 64;
+/// The most epochs between explorations, once the choice has been confirmed often
+/// (6.4 s): an exploration of the dearer regime then costs 20 ms of it in 6.4 s.
+pub const MAX_EXPLORE: u32 = 128;
 /// An explored regime must be this much cheaper (per cent) to become the choice.
 pub const MARGIN_PCT: u64 = 10;
 
@@ -92,9 +97,14 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The last cost per command measured for `r` (nanoseconds).
+    pub fn cost(&self, r: Regime) -> Option<u64> {
+        self.cost_ns[r.index()]
+    }
+
     /// One phrase for logs.
     pub fn describe(&self) -> String {
-        let cost = |r: Regime| self.cost_ns[r.index()].map_or("not measured".into(), |n| format!("{n} ns"));
+        let cost = |r: Regime| self.cost(r).map_or("not measured".into(), |n| format!("{n} ns"));
         format!(
             "adaptive polling chose to {} ({} epochs judged, {} changes); CPU per command: sleeping {}, spinning {}",
             self.choice.name(),
@@ -187,6 +197,11 @@ impl Judging {
         self.explore_in = self.explore_every;
     }
 
+    /// The running epoch explores the regime not chosen.
+    pub fn exploring(&self) -> bool {
+        self.running != self.choice
+    }
+
     pub fn verdict(&self) -> Verdict {
         Verdict {
             choice: self.choice,
@@ -239,7 +254,8 @@ impl SpinJudge {
         }
         let next = j.epoch_over(process_cpu_time(), self.stats.io_commands.load(Ordering::Relaxed));
         self.spin.store(next == Regime::Spin, Ordering::Relaxed);
-        self.epoch_end_ns.store(t + EPOCH.as_nanos() as u64, Ordering::Relaxed);
+        let length = if j.exploring() { EXPLORE_EPOCH } else { EPOCH };
+        self.epoch_end_ns.store(t + length.as_nanos() as u64, Ordering::Relaxed);
     }
 
     pub fn verdict(&self) -> Verdict {
@@ -292,9 +308,9 @@ mod tests {
         assert_eq!(v.choice, Regime::Sleep);
         assert_eq!(v.changes, 0);
         let spun = ran.iter().filter(|&&r| r == Regime::Spin).count();
-        // 4, 8, 16, 32, then every 64: about ten explorations in 400 epochs.
-        assert!((6..=12).contains(&spun), "{spun} spin epochs");
-        assert!(ran[300..].iter().filter(|&&r| r == Regime::Spin).count() <= 2);
+        // 4, 8, 16, 32, 64, then every 128: seven explorations in 400 epochs.
+        assert!((5..=9).contains(&spun), "{spun} spin epochs");
+        assert!(ran[280..].iter().filter(|&&r| r == Regime::Spin).count() <= 1);
         assert_eq!(v.cost_ns, [Some(20_000), Some(50_000)]);
         assert!(v.describe().contains("chose to sleep"), "{}", v.describe());
     }

@@ -413,8 +413,21 @@ fn op_json(o: &nvme_ctrl::OpSnapshot) -> Value {
 
 fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
     let s = ctx.stats.snapshot();
-    let (workers, namespaces, queues) = job(ctx, |d| {
+    let (workers, namespaces, queues, poll) = job(ctx, |d| {
         let w = d.ctrl.workers().iter().map(worker_json).collect::<Vec<_>>();
+        let poll = d.ctrl.spin_judge().map(|j| {
+            let v = j.verdict();
+            json!({
+                "choice": v.choice.name(),
+                "running": v.running.name(),
+                "cpu_per_command_ns": {
+                    "sleep": v.cost(nvme_ctrl::Regime::Sleep),
+                    "spin": v.cost(nvme_ctrl::Regime::Spin),
+                },
+                "epochs": v.epochs,
+                "changes": v.changes,
+            })
+        });
         let n = d
             .ctrl
             .namespaces()
@@ -447,7 +460,7 @@ fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
                 })
             })
             .collect::<Vec<_>>();
-        (w, n, q)
+        (w, n, q, poll)
     })?;
     Ok(json!({
         "controller": {
@@ -471,6 +484,7 @@ fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
         "namespaces": namespaces,
         "queues": queues,
         "workers": workers,
+        "adaptive_poll": poll,
     }))
 }
 

@@ -12,7 +12,7 @@ pub mod render;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use nvme_ctrl::{Lifecycle, NsStatsSnapshot, QueueSnapshot, Stats, StatsSnapshot};
+use nvme_ctrl::{Lifecycle, NsStatsSnapshot, QueueSnapshot, Stats, StatsSnapshot, Verdict};
 use vfio_user_server::Device;
 
 /// Everything one scrape reports.
@@ -31,6 +31,8 @@ pub struct Scrape {
     pub namespaces: Vec<NsScrape>,
     pub queues: Vec<QueueSnapshot>,
     pub workers: Vec<WorkerScrape>,
+    /// Adaptive polling's judge (none with `--poll off` or `always`).
+    pub poll: Option<Verdict>,
 }
 
 /// One namespace.
@@ -108,5 +110,6 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
                 }
             })
             .collect(),
+        poll: d.ctrl.spin_judge().map(|j| j.verdict()),
     }
 }

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use nvme_ctrl::{NsStatsSnapshot, OpSnapshot, LATENCY_BOUNDS_NS};
+use nvme_ctrl::{NsStatsSnapshot, OpSnapshot, Regime, LATENCY_BOUNDS_NS};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     prometheus_text, DescriptorEncoder, EncodeCounterValue, EncodeMetric, MetricEncoder, NoLabelSet,
@@ -68,7 +68,8 @@ impl Collector for ScrapeCollector {
         controller(enc, s)?;
         namespaces(enc, s)?;
         queues(enc, s)?;
-        workers(enc, s)
+        workers(enc, s)?;
+        adaptive_poll(enc, s)
     }
 }
 
@@ -366,6 +367,38 @@ fn workers(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     )
 }
 
+fn adaptive_poll(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
+    let Some(v) = &s.poll else { return Ok(()) };
+    single(
+        enc,
+        "adaptive_poll_spinning",
+        "Adaptive polling: 1 while spinning is the regime judged cheaper in process CPU time per command, \
+         0 while sleeping is.",
+        ConstGauge::new(u64::from(v.choice == Regime::Spin)),
+    )?;
+    family(
+        enc,
+        "adaptive_poll_cpu_per_command_seconds",
+        "Adaptive polling: the process's CPU time per command last measured in each regime (spin, sleep).",
+        [Regime::Sleep, Regime::Spin].into_iter().filter_map(|r| {
+            let ns = v.cost(r)?;
+            Some((vec![("regime", r.name().to_owned())], ConstGauge::new(seconds(ns))))
+        }),
+    )?;
+    single(
+        enc,
+        "adaptive_poll_epochs",
+        "Adaptive polling: epochs (50 ms with enough commands) judged.",
+        ConstCounter::new(v.epochs),
+    )?;
+    single(
+        enc,
+        "adaptive_poll_choice_changes",
+        "Adaptive polling: times the cheaper regime changed (the guest's pace or the host's load moved).",
+        ConstCounter::new(v.changes),
+    )
+}
+
 /// One counter sample per worker, labelled with its index.
 fn per_worker<'a, V: EncodeCounterValue + 'a>(
     s: &'a Scrape,
@@ -380,7 +413,7 @@ mod tests {
     use std::path::PathBuf;
     use std::process::{Command, Stdio};
 
-    use nvme_ctrl::{QueueSnapshot, StatsSnapshot, LATENCY_BUCKETS};
+    use nvme_ctrl::{QueueSnapshot, StatsSnapshot, Verdict, LATENCY_BUCKETS};
 
     use super::*;
     use crate::metrics::NsScrape;
@@ -469,6 +502,13 @@ mod tests {
                 spin_ns: 1_500_000_000,
                 spin_lost_ns: 250_000_000,
             }],
+            poll: Some(Verdict {
+                choice: Regime::Sleep,
+                running: Regime::Sleep,
+                cost_ns: [Some(21_000), Some(52_500)],
+                epochs: 120,
+                changes: 1,
+            }),
         }
     }
 
@@ -518,6 +558,12 @@ mod tests {
             "vnvme_worker_sleeps_total{worker=\"0\"} 4",
             "vnvme_worker_spin_seconds_total{worker=\"0\"} 1.5",
             "vnvme_worker_spin_lost_seconds_total{worker=\"0\"} 0.25",
+            "# TYPE vnvme_adaptive_poll_spinning gauge",
+            "vnvme_adaptive_poll_spinning 0",
+            "vnvme_adaptive_poll_cpu_per_command_seconds{regime=\"sleep\"} 0.000021",
+            "vnvme_adaptive_poll_cpu_per_command_seconds{regime=\"spin\"} 0.0000525",
+            "vnvme_adaptive_poll_epochs_total 120",
+            "vnvme_adaptive_poll_choice_changes_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing line {line:?} in:\n{text}");
         }
@@ -571,7 +617,7 @@ mod tests {
                 families.push(name.to_owned());
             }
         }
-        assert_eq!(families.len(), 37, "{families:?}");
+        assert_eq!(families.len(), 41, "{families:?}");
         for l in lines.iter().filter(|l| !l.starts_with('#')) {
             let name = l.split(['{', ' ']).next().expect("a name");
             let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
