@@ -92,7 +92,8 @@ fn error_code(v: &Value) -> i64 {
 
 #[test]
 fn every_method_through_vnvme_ctl() {
-    let (mut server, c) = start(&["--ns", "ram:32M"]);
+    // One worker, whatever this host's default, so stats.get has a worker to show.
+    let (mut server, c) = start(&["--ns", "ram:32M", "--workers", "1"]);
     let mode = std::fs::metadata(&c).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "owner-only");
 
@@ -137,6 +138,10 @@ fn every_method_through_vnvme_ctl() {
     let stats = ctl(&c, &["stats.get"]).unwrap();
     assert_eq!(stats["controller"]["io_commands"], 0);
     assert_eq!(stats["workers"].as_array().map(Vec::len), Some(1));
+    // Adaptive polling (the default) reports its judge.
+    let poll = &stats["adaptive_poll"];
+    assert!(["spin", "sleep"].contains(&poll["choice"].as_str().unwrap_or("")), "{poll}");
+    assert!(poll["epochs"].is_u64() && poll["changes"].is_u64(), "{poll}");
     let l = ctl(&c, &["log.set", "info,vnvme::control=debug"]).unwrap();
     assert_eq!(l["previous"], "info");
     assert_eq!(ctl(&c, &["ctrl.info"]).unwrap()["log_filter"], "info,vnvme::control=debug");
@@ -286,4 +291,18 @@ fn a_hostile_control_client_gets_errors_and_io_goes_on() {
     assert!(ok > 0 && bad == 0, "I/O during the abuse: {ok} verified, {bad} failed");
     assert!(r.call(r#"{"jsonrpc":"2.0","id":10,"method":"ns.list"}"#)["result"].is_object());
     server.assert_alive();
+}
+
+#[test]
+fn workers_default_to_inline_mode_on_a_host_with_two_cpus_or_fewer() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let s = Server::start_with(&["--ns", "ram:16M"]);
+    let log = s.log();
+    if cpus <= 2 {
+        assert!(log.contains("inline: no workers, the default with 2 usable CPUs or fewer"), "{log}");
+    } else {
+        assert!(log.contains("(1 worker(s)"), "{log}");
+    }
+    let s = Server::start_with(&["--ns", "ram:16M", "--workers", "0"]);
+    assert!(s.log().contains("(inline: no workers, polling"), "{}", s.log());
 }

@@ -218,7 +218,11 @@ impl Sleeper {
     fn new(engine: &IoEngine, shared: &Shared, kick: Option<Arc<OwnedFd>>) -> std::io::Result<Self> {
         let epoll = Epoll::new()?;
         let timer = WakeTimer::new()?;
-        epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd(), EpollEvent::new(EventSet::IN, WAKE))?;
+        // Edge triggered and never read: every write is an edge (eventfd wakes its
+        // waiters at each write), so a wake-up costs the worker no read system call.
+        // The counter cannot overflow: one write per wake-up, 2^64 of them.
+        let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, WAKE);
+        epoll.ctl(ControlOperation::Add, shared.wake.as_raw_fd(), ev)?;
         epoll.ctl(ControlOperation::Add, timer.fd(), EpollEvent::new(EventSet::IN, TIMER))?;
         if let Some(k) = &kick {
             // Shared by every worker and never drained: edge triggered.
@@ -291,15 +295,10 @@ fn run(
             }
         };
         shared.sleeping.store(false, Ordering::SeqCst);
-        // Only what fired is read: no system call for a source that stayed quiet.
-        for ev in &events[..n] {
-            match ev.data() {
-                WAKE => {
-                    let _ = shared.wake.read();
-                }
-                TIMER => sleeper.timer.fired(),
-                _ => {}
-            }
+        // Only the timer is read (the wake-up eventfd and the kick are edge
+        // triggered), and only when it fired.
+        if events[..n].iter().any(|ev| ev.data() == TIMER) {
+            sleeper.timer.fired();
         }
         engine.fire_timers();
         debug!(target: "vnvme::worker", "woke");
