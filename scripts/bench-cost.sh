@@ -33,6 +33,9 @@
 #                     EventIdx, trapped when EventIdx asks), eventfd (the server's
 #                     ioeventfd doorbells, with shadow) (default trapped,shadow,eventfd)
 #   --ns SPEC         the namespace (default null:64G:lba=4096; ram:1G for the copy)
+#   --workers N       the server's --workers (default 1, as the history's points; 0:
+#                     inline mode, the default on a host with 2 CPUs or fewer: its
+#                     points are named "... inline", so the history keeps them apart)
 #   --short S, --long S  the two run lengths under callgrind (default 1 and 4 s)
 #   --reps N          repetitions of every point (default 3): the count is exact for
 #                     one run, but how many messages a wake-up brings, and so the
@@ -49,6 +52,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QDS=1,16
 DOORBELLS=trapped,shadow,eventfd
 NS=null:64G:lba=4096
+WORKERS=1
 SHORT=1
 LONG=4
 SYSRUN=3
@@ -66,6 +70,7 @@ while [ $# -gt 0 ]; do
     --qd) QDS=$2; shift 2 ;;
     --doorbells) DOORBELLS=$2; shift 2 ;;
     --ns) NS=$2; shift 2 ;;
+    --workers) WORKERS=$2; shift 2 ;;
     --short) SHORT=$2; shift 2 ;;
     --long) LONG=$2; shift 2 ;;
     --syscall-run) SYSRUN=$2; shift 2 ;;
@@ -85,6 +90,7 @@ for n in "$SHORT" "$LONG" "$SYSRUN"; do
   [[ $n =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "bench-cost: run lengths are seconds" >&2; exit 2; }
 done
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "bench-cost: --reps must be at least 1" >&2; exit 2; }
+[[ $WORKERS =~ ^[0-9]$ ]] || { echo "bench-cost: --workers must be 0..9" >&2; exit 2; }
 python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
   || { echo "bench-cost: --long must be longer than --short" >&2; exit 2; }
 
@@ -114,7 +120,7 @@ trap cleanup EXIT
 
 echo "bench-cost: $COMMAND_LINE"
 echo "  vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
-echo "  namespace $NS, 4 KiB randread, server --poll off --workers 1, one queue; qd $QDS; doorbells $DOORBELLS"
+echo "  namespace $NS, 4 KiB randread, server --poll off --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
 echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
 
 wait_socket() { # path pid
@@ -137,7 +143,7 @@ server_point() { # tag doorbells qd seconds extra-serve-flag...
   local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock
   shift 4
   rm -f "$sock"
-  "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers 1 --once \
+  "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers "$WORKERS" --once \
     --doorbells "$(serve_doorbells "$db")" --log warn "$@" 2>"$OUT/raw/$tag.serve.log" &
   SERVER=$!
   wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
@@ -209,5 +215,5 @@ done
 HIST_ARG=()
 [ "$HISTORY" = 1 ] && HIST_ARG=(--history "$ROOT/results/cost-history.jsonl")
 python3 "$ROOT/scripts/bench-cost.py" --root "$ROOT" --out "$OUT" --qd "$QDS" --doorbells "$DOORBELLS" \
-  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" \
+  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" --workers "$WORKERS" \
   --command "$COMMAND_LINE" "${HIST_ARG[@]}"
