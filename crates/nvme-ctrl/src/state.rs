@@ -595,6 +595,10 @@ impl Controller {
         f.timestamp = a.timestamp_ms.map(|ms| (ms, self.clock.now_ns()));
         self.events.restore(&s.events, events, errors);
         self.stats.restore(&s.stats);
+        if let Some(j) = &self.judge {
+            // The commands counter jumped: the running epoch would look free.
+            j.restart_epoch();
+        }
         for n in &s.namespaces {
             if let Some(ns) = self.namespaces().find(|x| x.nsid == n.nsid) {
                 ns.set_lba_format(n.lba_format);

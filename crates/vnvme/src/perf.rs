@@ -56,7 +56,7 @@ pub struct TargetArgs {
     #[arg(long = "in-process-ns")]
     pub in_process_ns: Vec<NsSpec>,
     /// --in-process: controller I/O worker threads, as `vnvme serve --workers`
-    /// [default: 1].
+    /// [default: 1, whatever the host].
     #[arg(long)]
     pub workers: Option<usize>,
     /// --in-process: how idle workers wait, as `vnvme serve --poll` [default:

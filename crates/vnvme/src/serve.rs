@@ -172,8 +172,14 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         .as_ref()
         .map(|m| crate::metrics::http::bind(m).map_err(|e| format!("--metrics {m:?}: {e}")))
         .transpose()?;
+    let mut argv: Vec<String> = std::env::args().collect();
+    if a.workers.is_none() {
+        // The count this host's default gave is handed on as given, so an upgrade
+        // keeps it even where the new process would default otherwise.
+        argv.extend(["--workers".to_string(), a.worker_count().to_string()]);
+    }
     Running {
-        argv: std::env::args().collect(),
+        argv,
         exe: std::env::current_exe().unwrap_or_default(),
         a,
         namespaces,

@@ -366,8 +366,10 @@ fn shadow_doorbells_keep_trapped_doorbells_well_below_one_per_io() {
         host.sq_doorbell_writes as f64 / N as f64,
         host.cq_doorbell_writes as f64 / N as f64
     );
-    // How far below 1 depends on how often the worker goes idle (and re-arms EventIdx)
-    // between submissions, which scheduling decides; half is a bound with margin.
+    // How far below 1 depends on how often the queues' owner (a worker, or the
+    // server's thread inline, the default on small hosts) goes idle and re-arms
+    // EventIdx between submissions, which scheduling decides; half is a bound with
+    // margin.
     assert!(per_io < 0.5, "shadow doorbells at QD 16: {per_io:.3} trapped doorbell writes per I/O");
     // The same load without shadow doorbells: every submission traps.
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, false, CompletionMode::Polling));

@@ -203,9 +203,16 @@ fn data_namespaces_and_qos_survive_with_and_without_a_client() {
     d.write(1, 100, &a).unwrap();
     d.write(5, 3000, &b).unwrap(); // past the first 8 MiB: the resize is kept
     let before = s.ctl(&["ctrl.info"]).unwrap();
+    // No --workers was given: the count this host's default gave is handed on, so
+    // the new process keeps it even if its own default would differ.
+    let argv = s.ctl(&["upgrade.prepare"]).unwrap()["argv"].clone();
+    let argv: Vec<&str> = argv.as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let workers = s.ctl(&["stats.get"]).unwrap()["workers"].as_array().unwrap().len().to_string();
+    assert_eq!(argv[argv.len() - 2..], ["--workers", workers.as_str()], "{argv:?}");
 
     // With the client connected: it goes on as if nothing happened.
     s.upgrade();
+    assert_eq!(s.ctl(&["stats.get"]).unwrap()["workers"].as_array().unwrap().len().to_string(), workers);
     let mut got = vec![0u8; a.len()];
     d.read(1, 100, &mut got).unwrap();
     assert!(got == a, "namespace 1 after an upgrade under the client");

@@ -355,6 +355,30 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_spins_only_in_the_epochs_its_judge_allows() {
+        use super::super::judge::{SpinJudge, EPOCH};
+        use crate::stats::Stats;
+        use std::sync::atomic::Ordering;
+        // A judge in its first epoch: sleeping. The owner never spins.
+        let stats = Arc::new(Stats::default());
+        let judge = Arc::new(SpinJudge::new(stats.clone()));
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
+        let mut q = Fake::default();
+        until_sleep(&mut l, &mut q);
+        assert_eq!(l.stats().spin_ns, 0);
+        assert_eq!(q.runs.iter().filter(|r| !r.0).count(), 1, "one stale run, then armed: {:?}", q.runs);
+        // That epoch is judged (as if 75 ms had gone by with 1000 commands): the next
+        // explores spinning, and the owner spins before it sleeps.
+        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        assert!(judge.may_spin(Instant::now() + EPOCH * 3 / 2));
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge));
+        let mut q = Fake::default();
+        until_sleep(&mut l, &mut q);
+        assert!(q.runs.iter().filter(|r| !r.0).count() > 1, "it spun: {} stale runs", q.runs.len());
+        assert_eq!(l.stats().misses, 1);
+    }
+
+    #[test]
     fn off_never_spins() {
         let mut l = IdleLoop::new(PollMode::Off);
         let mut q = Fake::default();

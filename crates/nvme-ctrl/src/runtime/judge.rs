@@ -18,9 +18,12 @@
 //! doubles the interval (from [`MIN_EXPLORE`] up to [`MAX_EXPLORE`] epochs), so a
 //! settled choice costs at most one epoch in [`MAX_EXPLORE`] + 1 run the dearer
 //! way; one that finds the other regime cheaper by more than [`MARGIN_PCT`] % swaps
-//! the choice and starts over at [`MIN_EXPLORE`]. Epochs with fewer than
-//! [`MIN_COMMANDS`] commands say nothing and are not counted: an idle device costs
-//! the same either way.
+//! the choice and starts over at [`MIN_EXPLORE`]. An epoch of the choice with fewer
+//! than [`MIN_COMMANDS`] commands (under 1,280 commands/s) says nothing and is not
+//! counted: a nearly idle device costs about the same either way, and the choice
+//! stays as it is. An exploration that short goes on for another [`EXPLORE_EPOCH`],
+//! adding up, until it has seen enough commands; after [`MAX_EXPLORE_WINDOWS`]
+//! windows it is given up unjudged and the choice runs again.
 //!
 //! The judge starts in the sleep regime (the cheaper one whenever the guest is
 //! slower than a wake-up) and explores spinning as soon as one sleep epoch has been
@@ -49,6 +52,9 @@ pub const MIN_EXPLORE: u32 = 4;
 pub const MAX_EXPLORE: u32 = 128;
 /// An explored regime must be this much cheaper (per cent) to become the choice.
 pub const MARGIN_PCT: u64 = 10;
+/// An exploration that has not seen [`MIN_COMMANDS`] after this many of its
+/// windows (the guest slowed down or went idle meanwhile) is given up.
+pub const MAX_EXPLORE_WINDOWS: u32 = 10;
 
 /// The two ways adaptive owners can wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +80,7 @@ impl Regime {
         }
     }
 
+    /// The regime's name in logs, `stats.get` and metric labels.
     pub fn name(self) -> &'static str {
         match self {
             Regime::Sleep => "sleep",
@@ -91,8 +98,9 @@ pub struct Verdict {
     pub running: Regime,
     /// The last cost per command measured for each regime (nanoseconds; sleep, spin).
     pub cost_ns: [Option<u64>; 2],
-    /// Epochs judged, and how many of them changed the choice.
+    /// Epochs judged.
     pub epochs: u64,
+    /// Explorations that changed the choice.
     pub changes: u64,
 }
 
@@ -118,7 +126,7 @@ impl Verdict {
 
 /// The bookkeeping of epochs, apart from clocks (so it can be tested with any figures).
 #[derive(Clone, Debug)]
-pub struct Judging {
+pub(crate) struct Judging {
     running: Regime,
     choice: Regime,
     /// Process CPU time and commands completed when the running epoch started.
@@ -128,6 +136,8 @@ pub struct Judging {
     cost: [Option<u64>; 2],
     explore_every: u32,
     explore_in: u32,
+    /// Windows the running exploration has lasted so far.
+    explore_windows: u32,
     epochs: u64,
     changes: u64,
 }
@@ -141,6 +151,7 @@ impl Default for Judging {
             cost: [None, None],
             explore_every: MIN_EXPLORE,
             explore_in: 0,
+            explore_windows: 0,
             epochs: 0,
             changes: 0,
         }
@@ -154,12 +165,26 @@ impl Judging {
         if let Some((cpu0, n0)) = self.start {
             let n = commands.saturating_sub(n0);
             if n < MIN_COMMANDS {
-                // Too idle to say anything: carry on as is.
+                if !self.exploring() {
+                    // Too idle to say anything: carry on as is.
+                    self.start = Some((cpu, commands));
+                    return self.running;
+                }
+                self.explore_windows += 1;
+                if self.explore_windows < MAX_EXPLORE_WINDOWS {
+                    // An exploration adds up its windows until it has enough.
+                    return self.running;
+                }
+                // Given up: back to the choice, the next exploration in due course.
+                self.explore_windows = 0;
+                self.explore_in = self.explore_every;
                 self.start = Some((cpu, commands));
+                self.running = self.choice;
                 return self.running;
             }
             let per = (cpu.saturating_sub(cpu0).as_nanos() / u128::from(n)) as u64;
             self.judge(per);
+            self.explore_windows = 0;
         }
         self.start = Some((cpu, commands));
         // The choice is measured first; then the other regime is explored.
@@ -197,11 +222,18 @@ impl Judging {
         self.explore_in = self.explore_every;
     }
 
+    /// Forgets the running epoch's start: its counters jumped (a controller state
+    /// restored under it), so the next epoch end only starts a new one.
+    pub fn restart_epoch(&mut self) {
+        self.start = None;
+    }
+
     /// The running epoch explores the regime not chosen.
     pub fn exploring(&self) -> bool {
         self.running != self.choice
     }
 
+    /// What the judge knows now.
     pub fn verdict(&self) -> Verdict {
         Verdict {
             choice: self.choice,
@@ -226,6 +258,10 @@ pub struct SpinJudge {
 }
 
 impl SpinJudge {
+    /// A judge counting the commands of `stats` against the process's CPU time: it
+    /// assumes one controller per process (`vnvme serve`); in a process running
+    /// several, or a load generator beside the controller (`vnvme perf
+    /// --in-process`), every CPU second is charged to this controller's commands.
     pub fn new(stats: Arc<Stats>) -> Self {
         SpinJudge {
             origin: Instant::now(),
@@ -248,7 +284,13 @@ impl SpinJudge {
     }
 
     fn end_epoch(&self, t: u64) {
-        let Ok(mut j) = self.judging.try_lock() else { return };
+        let mut j = match self.judging.try_lock() {
+            Ok(j) => j,
+            // Busy: another owner is judging the epoch.
+            Err(std::sync::TryLockError::WouldBlock) => return,
+            // A panic elsewhere while holding it: the figures are still usable.
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
         if t < self.epoch_end_ns.load(Ordering::Relaxed) {
             return; // another owner judged it meanwhile
         }
@@ -258,8 +300,19 @@ impl SpinJudge {
         self.epoch_end_ns.store(t + length.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// What the judge knows now.
     pub fn verdict(&self) -> Verdict {
-        self.judging.lock().unwrap_or_else(|p| p.into_inner()).verdict()
+        self.lock().verdict()
+    }
+
+    /// After a controller state was restored (upgrade, migration): the commands
+    /// counter jumped, so the running epoch is not judged.
+    pub fn restart_epoch(&self) {
+        self.lock().restart_epoch();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Judging> {
+        self.judging.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -308,7 +361,7 @@ mod tests {
         assert_eq!(v.choice, Regime::Sleep);
         assert_eq!(v.changes, 0);
         let spun = ran.iter().filter(|&&r| r == Regime::Spin).count();
-        // 4, 8, 16, 32, 64, then every 128: seven explorations in 400 epochs.
+        // After 8, 16, 32, 64, then every 128 epochs: six explorations in 400.
         assert!((5..=9).contains(&spun), "{spun} spin epochs");
         assert!(ran[280..].iter().filter(|&&r| r == Regime::Spin).count() <= 1);
         assert_eq!(v.cost_ns, [Some(20_000), Some(50_000)]);
@@ -337,6 +390,47 @@ mod tests {
         let v = j.verdict();
         assert_eq!(v.choice, Regime::Sleep, "5 % cheaper is inside the margin");
         assert_eq!(v.changes, 0);
+    }
+
+    #[test]
+    fn an_exploration_adds_up_short_windows_and_gives_up_when_the_guest_goes_quiet() {
+        let (mut j, mut c) = start();
+        run(&mut j, &mut c, 1, 20_000, 50_000);
+        assert!(j.exploring(), "spinning is explored after one sleep epoch");
+        // 40 commands per 20 ms window (2,000 commands/s): two windows make one judgement.
+        c.1 += 40;
+        assert_eq!(j.epoch_over(c.0, c.1), Regime::Spin, "not enough yet: the exploration goes on");
+        c.0 += Duration::from_micros(80 * 50);
+        c.1 += 40;
+        assert_eq!(j.epoch_over(c.0, c.1), Regime::Sleep, "judged on 80 commands, sleeping stays");
+        assert_eq!(j.verdict().epochs, 2);
+        // An exploration during which the guest goes quiet is given up, unjudged.
+        let (mut j, mut c) = start();
+        run(&mut j, &mut c, 1, 20_000, 50_000);
+        let mut ran = Vec::new();
+        for _ in 0..MAX_EXPLORE_WINDOWS {
+            c.1 += 1;
+            ran.push(j.epoch_over(c.0, c.1));
+        }
+        assert_eq!(ran.last(), Some(&Regime::Sleep), "{ran:?}");
+        assert_eq!(ran.iter().filter(|&&r| r == Regime::Spin).count(), MAX_EXPLORE_WINDOWS as usize - 1);
+        assert_eq!(j.verdict().epochs, 1, "only the first sleep epoch was judged");
+        // And the judge goes on: a busy guest gets its exploration later.
+        let ran = run(&mut j, &mut c, 2 * MAX_EXPLORE as usize, 20_000, 50_000);
+        assert!(ran.contains(&Regime::Spin));
+    }
+
+    #[test]
+    fn a_restored_state_does_not_make_an_epoch_look_free() {
+        let (mut j, mut c) = start();
+        run(&mut j, &mut c, 3, 20_000, 50_000);
+        // The commands counter jumps by a million (restored), the CPU time does not.
+        c.1 += 1_000_000;
+        j.restart_epoch();
+        j.epoch_over(c.0, c.1);
+        run(&mut j, &mut c, 300, 20_000, 50_000);
+        let v = j.verdict();
+        assert_eq!(v.cost_ns, [Some(20_000), Some(50_000)], "no near-zero cost was recorded");
     }
 
     #[test]

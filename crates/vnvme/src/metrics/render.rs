@@ -388,7 +388,7 @@ fn adaptive_poll(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     single(
         enc,
         "adaptive_poll_epochs",
-        "Adaptive polling: epochs (50 ms with enough commands) judged.",
+        "Adaptive polling: epochs judged (50 ms of the chosen regime or a 20 ms exploration, each with enough commands).",
         ConstCounter::new(v.epochs),
     )?;
     single(

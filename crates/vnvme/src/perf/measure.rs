@@ -3,17 +3,18 @@
 //! controller's counters (the server's `--stats-file`, or the in-process controller's
 //! own), each read once before and once after.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvme_ctrl::{Stats, StatsSnapshot};
 use serde_json::{json, Value};
 
-/// Run time of this process's threads that already ended (nanoseconds), added by
-/// each as it finishes ([`thread_finishing`]): schedstat exists only for live threads.
-static FINISHED_NS: AtomicU64 = AtomicU64::new(0);
+/// Run time of this process's load threads as each finished (nanoseconds), by
+/// thread ID ([`thread_finishing`]): schedstat exists only for live threads, and a
+/// thread just joined may still be listed for a moment, so it is counted from here.
+static FINISHED: Mutex<BTreeMap<u32, u64>> = Mutex::new(BTreeMap::new());
 
 /// Run time of one task from its schedstat file (nanoseconds).
 fn schedstat_ns(path: &Path) -> Option<u64> {
@@ -23,21 +24,30 @@ fn schedstat_ns(path: &Path) -> Option<u64> {
 /// Called by a load thread as its last step: keeps its CPU time in
 /// [`cpu_time`] after it is gone.
 pub(super) fn thread_finishing() {
-    if let Some(ns) = schedstat_ns(Path::new("/proc/thread-self/schedstat")) {
-        FINISHED_NS.fetch_add(ns, Ordering::Relaxed);
+    let tid = std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok());
+    if let (Some(tid), Some(ns)) = (tid, schedstat_ns(Path::new("/proc/thread-self/schedstat"))) {
+        FINISHED.lock().unwrap_or_else(|p| p.into_inner()).insert(tid, ns);
     }
 }
 
-/// CPU time of this process: the sum of its live threads' run time in
-/// /proc/self/task/*/schedstat (nanoseconds) plus what the load threads that ended
-/// meanwhile reported ([`thread_finishing`]), or the process CPU clock where that
-/// file does not exist. The file first: rustix reads the vDSO itself for the clock,
-/// which faults under valgrind (scripts/bench-cost.sh runs perf under callgrind).
+/// CPU time of this process: the run time in /proc/self/task/*/schedstat
+/// (nanoseconds) of its live threads, plus what the load threads that finished
+/// reported ([`thread_finishing`]), or the process CPU clock where that file does
+/// not exist. The file first: rustix reads the vDSO itself for the clock, which
+/// faults under valgrind (scripts/bench-cost.sh runs perf under callgrind).
 fn cpu_time() -> Duration {
     let from_schedstat = || -> Option<u64> {
-        let mut ns = FINISHED_NS.load(Ordering::Relaxed);
-        for t in std::fs::read_dir("/proc/self/task").ok()? {
-            ns += schedstat_ns(&t.ok()?.path().join("schedstat"))?;
+        let finished = FINISHED.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ns: u64 = finished.values().sum();
+        for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            // A task that went away meanwhile is skipped, not a reason to give up.
+            let tid = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            if tid.is_some_and(|tid| finished.contains_key(&tid)) {
+                continue;
+            }
+            ns += schedstat_ns(&t.path().join("schedstat")).unwrap_or(0);
         }
         Some(ns)
     };
