@@ -23,7 +23,7 @@ own \`vnvme serve\` (built with cargo build --release first):
 
  main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M --poll off
          --workers 1 (pinned: inline mode is the default on 2-CPU hosts, and the
-         worker path needs a real guest too; faults and live run inline there)
+         worker path needs a real guest too; the faults suite runs inline)
          guest (scripts/guest/tests/main.sh): nvme-cli id-ctrl (serial, nn,
          OACS bits 1 and 8), id-ns, list-ns, smart-log, error-log,
          get/set-feature (arbitration, temperature threshold), the three
