@@ -143,7 +143,8 @@ pub enum Switch {
     Off,
 }
 
-pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     let max_namespaces = max_namespaces(&a)?;
@@ -173,7 +174,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         .map(|m| crate::metrics::http::bind(m).map_err(|e| format!("--metrics {m:?}: {e}")))
         .transpose()?;
     let mut argv: Vec<String> = std::env::args().collect();
-    if a.workers.is_none() {
+    if workers_defaulted {
         // The count this host's default gave is handed on as given, so an upgrade
         // keeps it even where the new process would default otherwise.
         argv.extend(["--workers".to_string(), a.worker_count().to_string()]);
@@ -182,6 +183,7 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         argv,
         exe: std::env::current_exe().unwrap_or_default(),
         a,
+        workers_defaulted,
         namespaces,
         dev,
         listener,
@@ -200,7 +202,8 @@ pub fn run(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
 pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::error::Error>> {
     use crate::upgrade;
     let prepared = upgrade::ask_prepare(&t.control)?;
-    let a = crate::parse_serve(&prepared.argv)?;
+    let mut a = crate::parse_serve(&prepared.argv)?;
+    let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     // What may take time (files, NBD and RBD connections) is opened while the old
@@ -294,6 +297,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             argv: taken.prepared.argv.clone(),
             exe: std::env::current_exe().unwrap_or_default(),
             a,
+            workers_defaulted,
             namespaces,
             dev,
             listener,
@@ -371,6 +375,8 @@ struct Takeover {
 /// Everything set up: serve until the end.
 struct Running {
     a: ServeArgs,
+    /// `--workers` was not given: this host's default settled it.
+    workers_defaulted: bool,
     argv: Vec<String>,
     exe: PathBuf,
     namespaces: Vec<Ns>,
@@ -385,10 +391,19 @@ struct Running {
 }
 
 impl ServeArgs {
-    /// `--workers`, or its default for this host (see the option's help).
+    /// `--workers`, or its default for this host (see the option's help; once
+    /// [`resolve_workers`] ran, the count it settled).
     pub fn worker_count(&self) -> usize {
         self.workers.unwrap_or_else(default_workers)
     }
+}
+
+/// Settles `--workers` once, from this host's default when not given, so every
+/// later use sees the same count. True when the default applied.
+fn resolve_workers(a: &mut ServeArgs) -> bool {
+    let defaulted = a.workers.is_none();
+    a.workers = Some(a.worker_count());
+    defaulted
 }
 
 /// The most usable CPUs (affinity and cgroup quota counted) on which the default is
@@ -477,6 +492,7 @@ impl Running {
     fn start(self) -> Result<Started, Box<dyn std::error::Error>> {
         let Running {
             a,
+            workers_defaulted,
             argv,
             exe,
             namespaces,
@@ -508,9 +524,9 @@ impl Running {
              up to {} DMA regions)",
             namespaces.len(),
             a.socket.display(),
-            match (a.worker_count(), a.workers) {
-                (0, Some(_)) => "inline: no workers".to_string(),
-                (0, None) =>
+            match (a.worker_count(), workers_defaulted) {
+                (0, false) => "inline: no workers".to_string(),
+                (0, true) =>
                     format!("inline: no workers, the default with {} usable CPUs or fewer", INLINE_UP_TO_CPUS),
                 (n, _) => format!("{n} worker(s)"),
             },
