@@ -31,7 +31,7 @@ impl Served {
         let control = dir.join("c.sock");
         let mut args = vec!["--control", control.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let server = Server::start_in(&dir, "s", &args);
+        let server = Server::start_in(&dir, "s", &args).owning_dir();
         let deadline = Instant::now() + common::TIMEOUT;
         while !control.exists() {
             assert!(Instant::now() < deadline, "no control socket:\n{}", server.log());

@@ -108,6 +108,13 @@ impl Server {
         s
     }
 
+    /// Removes the server's directory when it is dropped (a directory made for it
+    /// alone by its caller).
+    pub fn owning_dir(mut self) -> Server {
+        self.owns_dir = true;
+        self
+    }
+
     /// SIGKILL, now: no shutdown, no flush, no chance to finish anything.
     pub fn kill_hard(&mut self) {
         let _ = self.child.kill();
