@@ -13,10 +13,16 @@
 //!
 //! Marking after the write is what makes the log safe to read while writes go on:
 //! a report that misses a mark clears nothing of it, so the next report has it.
-//! While no mapping in the process is logged, a mark is one relaxed load of a
-//! process-wide counter.
+//!
+//! Whether to mark is decided after the write as well, behind a full fence
+//! ([`logging_after_write`]). A writer that looked before writing could find
+//! logging off, be overtaken by a start and the full copy that follows it, and then
+//! write a page nobody copies again. With the fence, either the writer sees the
+//! start (and marks), or its write was visible before the start, so the copy has it.
+//! While no mapping in the process is logged, that is one fence and one relaxed
+//! load of a process-wide counter.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The logging granularity, in bytes.
@@ -26,9 +32,12 @@ const SHIFT: u32 = DIRTY_PAGE.trailing_zeros();
 /// Mappings of this process that are logging now.
 static LOGGING: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether any mapping in the process is logging (the fast path of every mark).
+/// Whether a write that is over must be marked: whether any mapping in the process
+/// is logging now. The fence orders the write before the look, and pairs with the
+/// SeqCst read-modify-writes of [`DirtyLog::start`] (module docs).
 #[inline]
-pub(crate) fn any_logging() -> bool {
+pub(crate) fn logging_after_write() -> bool {
+    fence(Ordering::SeqCst);
     LOGGING.load(Ordering::Relaxed) != 0
 }
 
@@ -204,7 +213,7 @@ mod tests {
         }
         log.take(0, 4096 * DIRTY_PAGE, |p| seen.push(p));
         assert_eq!(seen, (0..4096).collect::<Vec<_>>());
-        assert!(any_logging());
+        assert!(logging_after_write());
         log.stop();
     }
 }

@@ -317,14 +317,16 @@ impl GuestMemory {
         len: u64,
         mut f: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), MemError> {
-        self.each_chunk(gpa, len, dirty::any_logging(), &mut f)
+        self.each_chunk(gpa, len, true, &mut f)
     }
 
+    /// `written`: `f` writes, and each piece is marked dirty once written, if
+    /// logging is on by then (see `dirty`).
     fn each_chunk(
         &self,
         gpa: u64,
         len: u64,
-        mark: bool,
+        written: bool,
         f: &mut impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), MemError> {
         let end = gpa.checked_add(len).ok_or(MemError::Unmapped { gpa, len })?;
@@ -333,7 +335,7 @@ impl GuestMemory {
             if len > 0 {
                 let off = r.map_offset + (gpa - r.gpa);
                 f(r.map.ptr_at(off), len as usize, 0);
-                if mark {
+                if written && dirty::logging_after_write() {
                     r.map.mark_dirty(off, len);
                 }
             }
@@ -353,7 +355,7 @@ impl GuestMemory {
             let n = (r.end().min(end) - cur) as usize;
             let off = r.map_offset + (cur - r.gpa);
             f(r.map.ptr_at(off), n, done);
-            if mark {
+            if written && dirty::logging_after_write() {
                 r.map.mark_dirty(off, n as u64);
             }
             done += n;
@@ -451,16 +453,17 @@ impl GuestMemory {
     /// mapped are ignored. A no-op unless some mapping is logging (see `dirty`).
     #[inline]
     pub fn mark_dirty(&self, gpa: u64, len: u64) {
-        if dirty::any_logging() && len != 0 {
+        if len != 0 && dirty::logging_after_write() {
             self.mark_dirty_logging(gpa, len);
         }
     }
 
     /// Whether any mapping in this process is logging writes now (see `dirty`): when
     /// not, marking is a no-op and callers can skip the work of finding what to mark.
+    /// Ask once the write is over: the answer is ordered after it.
     #[inline]
     pub fn logging_writes() -> bool {
-        dirty::any_logging()
+        dirty::logging_after_write()
     }
 
     #[cold]

@@ -60,11 +60,15 @@ fn migrate_under_verified_load(a_args: &[&str], b_args: &[&str]) {
     assert!(text.contains("; 0 errors)") && text.contains(" 0 mismatches"), "{text}");
     let line = text.lines().find(|l| l.contains("migrations:")).unwrap_or_else(|| panic!("{text}"));
     let n: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(n >= 4, "{line}");
+    // There and back at least; how many more fit in the run depends on the host's
+    // load (a busy host can take seconds over one).
+    assert!(n >= 2, "{line}");
     eprintln!("{text}");
     for s in [&a, &b] {
         assert!(s.log().contains("migration state changed"), "{}", s.log());
     }
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
