@@ -136,6 +136,9 @@ pub struct Device {
     pub(crate) page: Option<DoorbellPage>,
     /// A register write ran the controller and it did some work (see `take_progress`).
     progress: bool,
+    /// A doorbell was written and the controller has not run since: it runs once the
+    /// write is answered ([`Device::after_reply`]).
+    doorbell_pending: bool,
     release_wait: Duration,
     /// A hand-over asked for by a job (`handover`).
     pub(crate) handover: Option<crate::handover::HandoverRequest>,
@@ -189,6 +192,7 @@ impl Device {
             doorbells: opts.doorbells,
             page,
             progress: false,
+            doorbell_pending: false,
             release_wait: opts.release_wait,
             handover: None,
             handed_over: false,
@@ -270,6 +274,26 @@ impl Device {
         (self.page.is_some() || self.ctrl.admin_busy()).then_some(Duration::from_millis(1))
     }
 
+    /// Runs the controller outside a message (an asynchronous event was raised); what
+    /// it did counts as progress, as a register write's does.
+    pub fn run_controller(&mut self) {
+        self.progress |= self.ctrl.process();
+    }
+
+    /// Runs the controller for a doorbell written by the message just answered.
+    ///
+    /// A doorbell write is answered before the controller acts on it, as a posted
+    /// write to hardware is: a client that waits for the reply to every write (Cloud
+    /// Hypervisor, QEMU with `x-no-posted-writes=on`) holds its vCPU only for the
+    /// message's round trip, not for the commands the doorbell starts as well. The
+    /// next message is handled only after this has run, so the order of effects is
+    /// the order of messages.
+    pub fn after_reply(&mut self) {
+        if std::mem::take(&mut self.doorbell_pending) {
+            self.progress |= self.ctrl.process();
+        }
+    }
+
     /// True if the controller did work while handling messages since the last call
     /// (inline mode counts it as the end of an idle period).
     pub fn take_progress(&mut self) -> bool {
@@ -326,6 +350,8 @@ impl Device {
 
     /// Handles one message.
     pub fn handle(&mut self, msg: Message) -> Result<Reply, DeviceError> {
+        // A caller that did not call `after_reply`: the doorbell still runs first.
+        self.after_reply();
         let cmd_raw = msg.header.command.get();
         let cmd = Command::from_u16(cmd_raw).ok_or(DeviceError::Unsupported(cmd_raw))?;
         if cmd != Command::Version && !self.negotiated {
@@ -428,7 +454,7 @@ impl Device {
                 return left;
             }
             if self.ctrl.inline_poll().is_some() {
-                self.ctrl.process();
+                self.progress |= self.ctrl.process();
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
@@ -700,7 +726,11 @@ impl Device {
                         }
                     }
                     self.ctrl.mmio_write(off, data);
-                    self.progress |= self.ctrl.process();
+                    if off >= nvme_spec::regs::offset::DOORBELL_BASE {
+                        self.doorbell_pending = true;
+                    } else {
+                        self.progress |= self.ctrl.process();
+                    }
                 }
             }
             REGION_BAR4 if off < PBA_OFFSET => {

@@ -252,7 +252,7 @@ fn session(
                 }
                 EVENTS => {
                     let _ = events.read();
-                    device.ctrl.process();
+                    device.run_controller();
                 }
                 TIMER => {
                     if let Some(i) = inline.as_mut() {
@@ -361,6 +361,7 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
         if let Reply::Err(errno) = reply {
             debug!(cmd, errno, "the refused request was posted: no error reply");
         }
+        device.after_reply();
         return Ok(true);
     }
     let mut rh = Header { msg_id: h.msg_id, command: h.command, ..Default::default() };
@@ -376,6 +377,7 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
             conn.send(rh, &[], &[])?;
         }
     }
+    device.after_reply();
     Ok(true)
 }
 

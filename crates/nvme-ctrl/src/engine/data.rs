@@ -313,8 +313,6 @@ impl IoEngine {
 /// until their backend returns): what a guest can make a worker hold.
 pub(crate) const MAX_IN_FLIGHT: usize = 4096;
 
-/// Whether the guest's data in `segs` equals `data`, read a page at a time so a
-/// mismatch stops early.
 /// Marks the guest memory a backend request wrote into (a read's data, however the
 /// backend moved it: our copy, the kernel's io_uring read, a downstream device) for
 /// a migration's DMA log, now that the write is over. Free unless logging is on.
@@ -332,6 +330,8 @@ fn mark_written(mem: &GuestMemory, data: &DataBuf) {
     }
 }
 
+/// Whether the guest's data in `segs` equals `data`, read a page at a time so a
+/// mismatch stops early.
 fn compare(mem: &GuestMemory, segs: &[Segment], data: &[u8]) -> Result<bool, block_backend::SegmentError> {
     let mut cur = block_backend::SegmentCursor::for_transfer(segs, data.len() as u64)?;
     let mut chunk = [0u8; 4096];

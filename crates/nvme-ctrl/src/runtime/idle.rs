@@ -118,6 +118,10 @@ impl IdleLoop {
             return Next::Run;
         }
         if self.asleep {
+            // Back to sleep armed: a run outside the steps while the owner sleeps (an
+            // admin event, a control call) must publish EventIdx for what it takes,
+            // or the host, seeing EventIdx stale, rings no more.
+            q.set_arm_eventidx(true);
             return Next::Sleep;
         }
         if mode != PollMode::Off {
@@ -401,6 +405,21 @@ mod tests {
         assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
         assert_eq!(q.runs.last(), Some(&(false, true)));
         assert!(l.idle_since.is_none() && !l.asleep);
+    }
+
+    #[test]
+    fn an_owner_asleep_stays_armed_after_a_wakeup_without_work() {
+        // Inline mode runs the controller outside the steps too (an asynchronous
+        // event, a control call): if a wake-up without work left EventIdx stale, such
+        // a run would take the host's commands without publishing EventIdx, and the
+        // host would never ring again.
+        let mut l = IdleLoop::new(PollMode::Adaptive);
+        let mut q = Fake::default();
+        until_sleep(&mut l, &mut q);
+        for _ in 0..3 {
+            assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Sleep);
+            assert!(q.armed, "asleep, EventIdx is armed");
+        }
     }
 
     #[test]

@@ -310,6 +310,7 @@ fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats, oob: &mut Ou
         Ok(Reply::Err(e)) => Some(e),
         Err(e) => Some(e.errno()),
     };
+    dev.after_reply();
     match errno {
         None => stats.ok_replies += 1,
         Some(e) if e <= 0 => panic!("command {cmd}: an error reply with errno {e}"),
