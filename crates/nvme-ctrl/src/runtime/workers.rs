@@ -246,8 +246,11 @@ fn run(
 ) {
     let mut events = [EpollEvent::default(); 8];
     loop {
-        // Mailbox first: doorbells and control calls.
-        while let Ok(m) = rx.try_recv() {
+        // Mailbox first: doorbells and control calls. `pending` is counted before a
+        // message is queued and after it is taken, so zero means empty: no look into
+        // the channel (the common case when the worker woke for work of its own).
+        while shared.pending.load(Ordering::Acquire) > 0 {
+            let Ok(m) = rx.try_recv() else { break };
             shared.pending.fetch_sub(1, Ordering::SeqCst);
             match m {
                 Msg::Doorbell(q, k, v) => engine.doorbell(q, k, v),
