@@ -56,6 +56,9 @@ Devices (--devices, comma separated; default: all of them):
     thread runs the queues) and trapped doorbells, poll off and adaptive
   vnvme-noshadow-off    --no-shadow-doorbells (OACS bit 8 hidden): the guest
     writes every doorbell register; the baseline for what shadow doorbells save
+  vnvme-...-base        any of the vnvme devices above (before -nopost) with -base
+    appended runs on the --baseline binary: --pair vnvme-inline-adaptive-base:vnvme-inline-adaptive
+    measures a change to vnvme itself, the two builds side by side
   vnvme-...-nopost      any of the vnvme devices above with -nopost appended
     (e.g. vnvme-trapped-adaptive-nopost): QEMU's vfio-user-pci with
     x-no-posted-writes=on, so QEMU waits for the server's reply to every MMIO
@@ -155,13 +158,14 @@ steal and other load.
                  checkout; must not be tmpfs)
   --no-fetch     do not fetch QEMU / the kernel / build the initramfs
   --no-build     do not build vnvme (use target/release/vnvme as it is)
+  --baseline BIN the vnvme binary that -base devices run (an older build)
 
 Under TCG (no usable KVM) the whole --devices list takes about 1.5 h.
 EOF
 }
 
 kernel=newest accel="${VNVME_ACCEL:-auto}" runtime=3 reps=5 size=256M devices="" out="" fetch=1 build=1
-reference=qemu-nvme neighbour=0 pair_list=()
+reference=qemu-nvme neighbour=0 pair_list=() baseline=""
 disk_dir="$VNVME_ROOT/target/bench-disk"
 points="randread:1 randread:4 randread:16 randread:64 randwrite:16"
 while [[ $# -gt 0 ]]; do
@@ -180,6 +184,7 @@ while [[ $# -gt 0 ]]; do
     --neighbour | --neighbor) neighbour=1; shift ;;
     --no-fetch) fetch=0; shift ;;
     --no-build) build=0; shift ;;
+    --baseline) baseline=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
     esac
@@ -241,6 +246,13 @@ if [[ $fetch -eq 1 ]]; then
 fi
 [[ $build -eq 0 ]] || vn_build
 [[ -x $VNVME_BIN ]] || die "no vnvme binary at $VNVME_BIN"
+baseline_bin=""
+if [[ -n $baseline ]]; then
+    [[ -x $baseline ]] || die "--baseline $baseline is not an executable"
+    # A copy: a rebuild of the checkout during the run must not change it.
+    baseline_bin="$work/vnvme-baseline"
+    cp "$baseline" "$baseline_bin"
+fi
 if [[ $accel == auto ]]; then
     "$VNVME_GUEST_DIR/boot.sh" --kernel "$kernel" --accel auto --timeout 120 --cmd true >"$work/accel.log" 2>&1 || true
     accel=$(grep -o 'accel [a-z]*' "$work/accel.log" | head -1 | cut -d' ' -f2)
@@ -288,8 +300,9 @@ fi
 vnvme_ram_dev() {
     local rest=${1#vnvme-}
     [[ $1 == vnvme-* ]] || return 1
-    vr_nopost=0
+    vr_nopost=0 vr_base=0
     if [[ $rest == *-nopost ]]; then vr_nopost=1 rest=${rest%-nopost}; fi
+    if [[ $rest == *-base ]]; then vr_base=1 rest=${rest%-base}; fi
     vr_dbm=${rest%-*} vr_poll=${rest##*-}
     [[ $rest == *-* ]] || return 1
     case $vr_dbm in trapped | eventfd | mapped | inline | noshadow) ;; *) return 1 ;; esac
@@ -370,10 +383,10 @@ design="single: one guest per device, no pairs"
 # benchmarks describe a machine the same way; it prints "CPU (N cpus)".
 host_desc=$(python3 - "$VNVME_ROOT/scripts/lib" "$out/meta.json" "$stamp" "$qemu_ver" "$accel" "$kver" \
     "$VNVME_BIN" "$runtime" "$reps" "$size" "$points" "$drive" "$img" "$(stat -f -c %T "$disk_dir")" \
-    "$reference" "$neigh_desc" "$design" "$COMMAND_LINE" "${guests[@]}" <<'EOF'
+    "$reference" "$neigh_desc" "$design" "$COMMAND_LINE" "$baseline_bin" "${guests[@]}" <<'EOF'
 import json, os, sys
 (lib, out, stamp, qemu, accel, kver, vnvme_bin, runtime, reps, size, points, drive, img, disk_fs,
- reference, neighbour, design, command, *guests) = sys.argv[1:]
+ reference, neighbour, design, command, baseline_bin, *guests) = sys.argv[1:]
 sys.path.insert(0, lib)
 from vnvme_report import DISTURBED_OTHER_CPUS, DISTURBED_STEAL, BOOTSTRAP_MIN_PAIRS, host, version
 h = host()
@@ -389,6 +402,7 @@ json.dump({
     "host_kernel": h["kernel"],
     "clk_tck": os.sysconf("SC_CLK_TCK"),
     "vnvme": version(vnvme_bin),
+    "vnvme_baseline": version(baseline_bin) if baseline_bin else None,
     "runtime_s": json.loads(runtime),
     "reps": json.loads(reps),
     "size": size,
@@ -412,6 +426,7 @@ EOF
 )
 echo "QEMU: $qemu_ver ($qemu_bin); accel $accel; guest kernel $kver; host CPU: $host_desc"
 echo "vnvme: $("$VNVME_BIN" --version 2>/dev/null | head -1) ($VNVME_BIN)"
+[[ -z $baseline ]] || echo "vnvme baseline (-base devices): $("$baseline_bin" --version 2>/dev/null | head -1) ($baseline)"
 [[ $accel != tcg ]] || echo "NOTE: TCG (no usable KVM here): the guest CPUs are emulated; these numbers mostly measure TCG."
 echo "knobs: --reps $reps --runtime $runtime --size $size --points '${points// /,}' --reference $reference" \
     "--neighbour $([[ $neighbour == 1 ]] && echo on || echo off) --kernel $kernel --accel $accel; drive: $drive_cache"
@@ -475,7 +490,7 @@ slot_vfio_args() {
 # (appended to qargs), its lines in DIR/config.sh and DIR/slots.tsv, and its
 # vnvme server(s), started (pid in DIR/vnvme-SLOT.pid). Returns 1 on failure.
 setup_slot() {
-    local dev=$1 s=$2 i=$3 d=$4 kind=nvme desc backing serve=() serial pause=0 sim=$img
+    local dev=$1 s=$2 i=$3 d=$4 kind=nvme desc backing serve=() serial pause=0 sim=$img base=0
     serial="bench-$s"
     [[ $s == a ]] || sim=$img_b
     local sdrive rp="bus=rp$i"
@@ -591,6 +606,10 @@ setup_slot() {
             dbm=trapped extra=", shadow doorbells off"
         fi
         grep -q -- '--doorbells' <<<"$help" && serve+=(--doorbells "$dbm")
+        if [[ $vr_base == 1 ]]; then
+            [[ -n $baseline ]] || die "$dev runs on --baseline, and none was given"
+            base=1 extra="$extra; baseline build"
+        fi
         if [[ $vr_nopost == 1 ]]; then
             slot_vfio_args "$d/vnvme-$s.sock" "$i" nopost
             extra="$extra; QEMU vfio-user-pci x-no-posted-writes=on"
@@ -608,8 +627,10 @@ setup_slot() {
         if [[ $has_serial == 1 ]]; then serve+=(--serial "$serial"); else serial=VNVME0001; fi
         local wrap=("${VN_WRAP[@]}")
         [[ $dev != vnvme-rbd* ]] || VN_WRAP=("${rbd_env[@]}" "${wrap[@]}")
-        vn_serve_start "$d/serve-$s.log" "$d/vnvme-$s.sock" "${serve[@]}" || { VN_WRAP=("${wrap[@]}"); echo "FAILED: $dev: server did not start"; return 1; }
-        VN_WRAP=("${wrap[@]}")
+        local bin=$VNVME_BIN
+        [[ $base != 1 ]] || VNVME_BIN=$baseline_bin
+        vn_serve_start "$d/serve-$s.log" "$d/vnvme-$s.sock" "${serve[@]}" || { VN_WRAP=("${wrap[@]}"); VNVME_BIN=$bin; echo "FAILED: $dev: server did not start"; return 1; }
+        VN_WRAP=("${wrap[@]}") VNVME_BIN=$bin
         SERVER_PIDS+=("$VN_PID")
         echo "$VN_PID" >"$d/vnvme-$s.pid"
         grep -a '^vnvme: serving' "$d/serve-$s.log" | sed "s/^/  $s: /"
