@@ -206,6 +206,11 @@ def main():
     for p in points:
         lines += ["", f"Top functions, {p['point']} (instructions per I/O, self cost):", ""]
         lines += [f"- {v:8.1f}  `{k[:140]}`" for k, v in p["top"]]
+    retries = os.path.join(a.out, "retries.txt")
+    if os.path.exists(retries):
+        with open(retries) as f:
+            lines += ["", "Pairs run again because other load held the long run to less than twice the "
+                      "short run's I/O:", ""] + [f"- {ln.strip()}" for ln in f if ln.strip()]
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(table)

@@ -15,8 +15,10 @@
 //!   runs the queues once more before it answers [`Next::Sleep`]. That last look
 //!   closes the wake-up race: a host that wrote a shadow tail while EventIdx was
 //!   stale decided not to ring, and only a look after the re-arm finds that work
-//!   (the fence pairing is in `doorbell.rs`). A wake-up that brings no work leaves
-//!   the owner asleep without spinning again.
+//!   (the fence pairing is in `doorbell.rs`). With polling off every run is armed,
+//!   and an armed run that finds nothing has made that look itself, so the step
+//!   sleeps without another. A wake-up that brings no work leaves the owner asleep
+//!   without spinning again.
 //!
 //! The owner keeps what is its own: how it sleeps (epoll on its eventfds, or on the
 //! socket too), its mailbox, and the handshake that makes a message sent to a
@@ -99,9 +101,15 @@ impl IdleLoop {
         mut interrupted: impl FnMut() -> bool,
     ) -> Next {
         let mode = self.policy.mode();
-        q.set_arm_eventidx(mode == PollMode::Off);
-        let mut worked = q.run() | worked;
+        let armed = mode == PollMode::Off;
+        q.set_arm_eventidx(armed);
+        let ran = q.run();
+        // A run that found nothing with EventIdx armed has closed the wake-up race
+        // itself (it re-armed every empty queue and looked again): no second look.
+        let mut looked_armed = armed && !ran;
+        let mut worked = ran | worked;
         if let Some(s) = self.spin.filter(|_| !worked) {
+            looked_armed = false;
             let end = s.budget.saturating_sub(s.clock.elapsed()).min(slice);
             let t = Instant::now();
             let mut pause = PoliteSpin::new();
@@ -145,7 +153,7 @@ impl IdleLoop {
         }
         // The wake-up race: re-arm, then look once more before sleeping.
         q.set_arm_eventidx(true);
-        if q.run() {
+        if !looked_armed && q.run() {
             self.busy();
             return Next::Run;
         }
@@ -389,6 +397,21 @@ mod tests {
         assert_eq!(until_sleep(&mut l, &mut q), 1);
         assert!(q.runs.iter().all(|r| r.0));
         assert_eq!(l.stats().spin_ns, 0);
+    }
+
+    #[test]
+    fn off_sleeps_after_one_armed_run_that_found_nothing() {
+        // Every run is armed with polling off: the one that finds nothing has already
+        // looked after re-arming, and the step sleeps without running again.
+        let mut l = IdleLoop::new(PollMode::Off);
+        let mut q = Fake { ready: 1, ..Fake::default() };
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Sleep);
+        assert_eq!(q.runs, [(true, true), (true, false)]);
+        // Work the host queued while it was stale is found by that one armed run.
+        q.hidden = 1;
+        assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
+        assert_eq!(q.runs.last(), Some(&(true, true)));
     }
 
     #[test]
