@@ -278,7 +278,9 @@ impl Controller {
 
     /// The namespace `nsid` if it is active.
     pub(crate) fn active_ns(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        crate::namespace::lookup(&self.namespaces, nsid).cloned().ok_or(CommandError::InvalidNamespace(nsid))
+        crate::namespace::lookup(&self.namespaces, nsid)
+            .cloned()
+            .ok_or_else(|| CommandError::InvalidNamespace(nsid))
     }
 }
 

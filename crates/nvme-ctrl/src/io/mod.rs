@@ -83,7 +83,7 @@ impl IoEngine {
     pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
         crate::namespace::lookup(&self.ctx.namespaces, nsid)
             .cloned()
-            .ok_or(CommandError::InvalidNamespace(nsid))
+            .ok_or_else(|| CommandError::InvalidNamespace(nsid))
     }
 
     /// The guest segments of a command's data pointer for a `len`-byte transfer.
