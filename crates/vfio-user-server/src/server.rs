@@ -434,7 +434,17 @@ impl Inline {
     /// Steps the idle loop: runs the controller and spins for at most a slice.
     fn run(&mut self, device: &mut Device) {
         let worked = device.take_progress();
-        self.asleep = self.idle.step(&mut device.ctrl, worked, SPIN_SLICE, || false) == Next::Sleep;
+        let mut next = self.idle.step(&mut device.ctrl, worked, SPIN_SLICE, || false);
+        if next == Next::Run && self.idle.mode() == PollMode::Off {
+            // Polling off, a step that found work asks for one more run before
+            // sleeping: take it now, not after an epoll_wait that cannot block (a
+            // system call per command at QD 1). A message that arrives meanwhile is
+            // seen by the wait that follows; busy or not, the socket is looked at
+            // every second run.
+            let worked = device.take_progress();
+            next = self.idle.step(&mut device.ctrl, worked, SPIN_SLICE, || false);
+        }
+        self.asleep = next == Next::Sleep;
     }
 }
 

@@ -278,9 +278,11 @@ impl Controller {
 
     /// The namespace `nsid` if it is active.
     pub(crate) fn active_ns(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        crate::namespace::lookup(&self.namespaces, nsid)
-            .cloned()
-            .ok_or_else(|| CommandError::InvalidNamespace(nsid))
+        // A match, not `ok_or`: that builds the error, and drops it, for every command.
+        match crate::namespace::lookup(&self.namespaces, nsid) {
+            Some(ns) => Ok(ns.clone()),
+            None => Err(CommandError::InvalidNamespace(nsid)),
+        }
     }
 }
 

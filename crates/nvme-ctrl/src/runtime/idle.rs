@@ -123,6 +123,12 @@ impl IdleLoop {
         }
         if worked {
             self.busy();
+            if looked_armed {
+                // The work was the owner's (a message it handled ran the queues), and
+                // the armed run after it found nothing: asleep already, no third look.
+                self.asleep = true;
+                return Next::Sleep;
+            }
             return Next::Run;
         }
         if self.asleep {
@@ -353,6 +359,23 @@ mod tests {
             // It slept only after an armed run found nothing.
             assert_eq!(q.runs.last(), Some(&(true, false)), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn off_sleeps_after_the_owners_work_when_the_armed_run_finds_nothing_more() {
+        // Inline mode: the message handler ran the queues (the owner's work); the
+        // step's armed run finds nothing more, and the owner sleeps without a second
+        // step. Work that run finds keeps it awake.
+        let mut l = IdleLoop::new(PollMode::Off);
+        let mut q = Fake::default();
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
+        assert_eq!(q.runs, [(true, false)]);
+        q.ready = 1;
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Run);
+        // Adaptive: the run was stale, so the step does not sleep on it.
+        let mut l = IdleLoop::new(PollMode::Adaptive);
+        let mut q = Fake::default();
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Run);
     }
 
     #[test]
