@@ -100,6 +100,7 @@ def main():
     for a in ["--root", "--out", "--qd", "--doorbells", "--ns", "--short", "--long", "--syscall-run",
               "--inprocess", "--reps", "--workers", "--command"]:
         ap.add_argument(a, required=True)
+    ap.add_argument("--poll", default="off")
     ap.add_argument("--history")
     a = ap.parse_args()
     raw = os.path.join(a.out, "raw")
@@ -110,6 +111,8 @@ def main():
     # Points of a server in inline mode (or with several workers) are named apart,
     # so the history compares like with like.
     suffix = " inline" if workers == 0 else ("" if workers == 1 else f" workers{workers}")
+    if a.poll != "off":
+        suffix += f" poll {a.poll}"
 
     def server_rep(db, qd, r):
         tag = f"server-{db}-qd{qd}-r{r}"
@@ -160,7 +163,7 @@ def main():
             runs = [inproc_rep(qd, r) for r in range(1, reps + 1)]
             points.append(summarize({"point": f"in-process qd{qd}", "kind": "in-process", "qd": qd}, runs))
     m = machine(a.root)
-    knobs = {"namespace": a.ns, "rw": "randread", "bs": 4096, "server": f"--poll off --workers {workers}, one queue",
+    knobs = {"namespace": a.ns, "rw": "randread", "bs": 4096, "server": f"--poll {a.poll} --workers {workers}, one queue",
              "perf": "--completion irq (in-process: --workers 0 --completion poll --doorbells shadow)",
              "qd": qds, "doorbells": dbs, "callgrind_runs_s": [float(a.short), float(a.long)],
              "syscall_run_s": float(a.syscall_run), "reps": reps, "command": a.command}
@@ -175,7 +178,7 @@ def main():
                 if h.get("namespace") == a.ns:
                     prev[h["point"]] = h
     lines = [f"# Cost per I/O ({m['date_utc']}, commit {m['git_commit'][:12]})", "",
-             f"4 KiB randread, namespace `{a.ns}`, server `--poll off --workers {workers}`, one queue. "
+             f"4 KiB randread, namespace `{a.ns}`, server `--poll {a.poll} --workers {workers}`, one queue. "
              "Instructions: callgrind, (long - short run) / (I/O difference). "
              "Payload: libc memset/memcpy/memmove. System calls: perf stat, whole server life, full speed.", "",
              f"Median of {reps} repetitions, [min–max] beside it: how many messages or completions one wake-up "

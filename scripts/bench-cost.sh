@@ -25,7 +25,7 @@
 #
 # Usage: scripts/bench-cost.sh [--qd 1,16] [--doorbells trapped,shadow,eventfd]
 #                              [--ns SPEC] [--short S] [--long S] [--reps N] [--out DIR]
-#                              [--no-history] [--no-build] [--no-inprocess]
+#                              [--poll MODE] [--workers N] [--no-history] [--no-build] [--no-inprocess]
 #
 #   --qd LIST         queue depths (default 1,16)
 #   --doorbells LIST  perf --doorbells modes against the server: trapped (every
@@ -33,6 +33,8 @@
 #                     EventIdx, trapped when EventIdx asks), eventfd (the server's
 #                     ioeventfd doorbells, with shadow) (default trapped,shadow,eventfd)
 #   --ns SPEC         the namespace (default null:64G:lba=4096; ram:1G for the copy)
+#   --poll MODE       the server's --poll (default off, as the history's points;
+#                     adaptive or always: points named "... poll MODE", kept apart)
 #   --workers N       the server's --workers (default 1, as the history's points; 0:
 #                     inline mode, the default on a host with 2 CPUs or fewer: its
 #                     points are named "... inline", so the history keeps them apart)
@@ -53,6 +55,7 @@ QDS=1,16
 DOORBELLS=trapped,shadow,eventfd
 NS=null:64G:lba=4096
 WORKERS=1
+POLL=off
 SHORT=1
 LONG=4
 SYSRUN=3
@@ -71,6 +74,7 @@ while [ $# -gt 0 ]; do
     --doorbells) DOORBELLS=$2; shift 2 ;;
     --ns) NS=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
+    --poll) POLL=$2; shift 2 ;;
     --short) SHORT=$2; shift 2 ;;
     --long) LONG=$2; shift 2 ;;
     --syscall-run) SYSRUN=$2; shift 2 ;;
@@ -91,6 +95,7 @@ for n in "$SHORT" "$LONG" "$SYSRUN"; do
 done
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "bench-cost: --reps must be at least 1" >&2; exit 2; }
 [[ $WORKERS =~ ^[0-9]$ ]] || { echo "bench-cost: --workers must be 0..9" >&2; exit 2; }
+[[ $POLL =~ ^(off|adaptive|always)$ ]] || { echo "bench-cost: --poll must be off, adaptive or always" >&2; exit 2; }
 python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
   || { echo "bench-cost: --long must be longer than --short" >&2; exit 2; }
 
@@ -121,7 +126,7 @@ trap cleanup EXIT
 
 echo "bench-cost: $COMMAND_LINE"
 echo "  vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
-echo "  namespace $NS, 4 KiB randread, server --poll off --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
+echo "  namespace $NS, 4 KiB randread, server --poll $POLL --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
 echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
 
 wait_socket() { # path pid
@@ -144,7 +149,7 @@ server_point() { # tag doorbells qd seconds extra-serve-flag...
   local tag=$1 db=$2 qd=$3 secs=$4 sock=$WORK/$1.sock
   shift 4
   rm -f "$sock"
-  "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll off --workers "$WORKERS" --once \
+  "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll "$POLL" --workers "$WORKERS" --once \
     --doorbells "$(serve_doorbells "$db")" --log warn "$@" 2>"$OUT/raw/$tag.serve.log" &
   SERVER=$!
   wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
@@ -235,5 +240,5 @@ done
 HIST_ARG=()
 [ "$HISTORY" = 1 ] && HIST_ARG=(--history "$ROOT/results/cost-history.jsonl")
 python3 "$ROOT/scripts/bench-cost.py" --root "$ROOT" --out "$OUT" --qd "$QDS" --doorbells "$DOORBELLS" \
-  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" --workers "$WORKERS" \
+  --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" --workers "$WORKERS" --poll "$POLL" \
   --command "$COMMAND_LINE" "${HIST_ARG[@]}"
