@@ -18,6 +18,18 @@ pub fn lookup(slots: &[Option<Arc<Namespace>>], nsid: u32) -> Option<&Arc<Namesp
     slots.get((nsid as usize).wrapping_sub(1))?.as_ref()
 }
 
+/// [`lookup`] for a command: the namespace, or Invalid Namespace or Format. A match,
+/// not `ok_or`: that builds the error, and drops it, for every command.
+pub(crate) fn for_command(
+    slots: &[Option<Arc<Namespace>>],
+    nsid: u32,
+) -> crate::error::CmdResult<Arc<Namespace>> {
+    match lookup(slots, nsid) {
+        Some(ns) => Ok(ns.clone()),
+        None => Err(crate::error::CommandError::InvalidNamespace(nsid)),
+    }
+}
+
 /// The active namespaces in `slots`, in NSID order.
 pub fn active(slots: &[Option<Arc<Namespace>>]) -> impl Iterator<Item = &Arc<Namespace>> + '_ {
     slots.iter().flatten()

@@ -278,11 +278,7 @@ impl Controller {
 
     /// The namespace `nsid` if it is active.
     pub(crate) fn active_ns(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        // A match, not `ok_or`: that builds the error, and drops it, for every command.
-        match crate::namespace::lookup(&self.namespaces, nsid) {
-            Some(ns) => Ok(ns.clone()),
-            None => Err(CommandError::InvalidNamespace(nsid)),
-        }
+        crate::namespace::for_command(&self.namespaces, nsid)
     }
 }
 

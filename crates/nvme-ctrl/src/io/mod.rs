@@ -81,11 +81,7 @@ impl IoEngine {
 
     /// The active namespace `nsid`, or Invalid Namespace or Format.
     pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        // A match, not `ok_or`: that builds the error, and drops it, for every command.
-        match crate::namespace::lookup(&self.ctx.namespaces, nsid) {
-            Some(ns) => Ok(ns.clone()),
-            None => Err(CommandError::InvalidNamespace(nsid)),
-        }
+        crate::namespace::for_command(&self.ctx.namespaces, nsid)
     }
 
     /// The guest segments of a command's data pointer for a `len`-byte transfer.

@@ -431,7 +431,8 @@ mod tests {
         assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
         assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Sleep);
         assert_eq!(q.runs, [(true, true), (true, false)]);
-        // Work the host queued while it was stale is found by that one armed run.
+        // Work only an armed look finds (queued as EventIdx was being published) is
+        // found by that one run.
         q.hidden = 1;
         assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run);
         assert_eq!(q.runs.last(), Some(&(true, true)));
