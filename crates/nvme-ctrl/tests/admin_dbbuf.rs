@@ -161,3 +161,31 @@ fn spec_5_2_5_linux_6_1_reset_race_adopts_the_newer_shadow_tail() {
     }
     assert_alive(&mut h);
 }
+
+#[test]
+fn spec_5_2_5_admin_eventidx_is_armed_when_polling_and_an_idle_admin_queue_is_not_read() {
+    let mut h = enabled();
+    h.doorbell_buffer_config().unwrap();
+    let b = h.dbbuf.unwrap();
+    // A poller leaves I/O queues unarmed; the admin queue is armed whenever it empties.
+    h.ctrl.set_arm_eventidx(false);
+    for _ in 0..3 {
+        h.identify(0x01, 0).unwrap();
+        let tail = h.admin.as_ref().unwrap().sq.tail;
+        let ei = h.mem.load_u32(b.eventidx + slot(0, DoorbellKind::SqTail)).unwrap();
+        assert_eq!(ei, tail, "admin SQ EventIdx at what was consumed");
+        // So a host that used the admin shadow slot would ring for its next command.
+        let next = (tail + 1) % 32;
+        assert!(nvme_spec::regs::need_event(ei as u16, next as u16, tail as u16));
+    }
+    // Idle runs: nothing rang, the armed empty admin SQ is not read again.
+    let before = h.ctrl.stats();
+    for _ in 0..50 {
+        h.process();
+    }
+    let d = h.ctrl.stats() - before;
+    assert_eq!(d.shadow_reads, 0, "idle runs read the admin shadow slot");
+    // And the next trapped admin command still runs.
+    h.identify(0x01, 0).unwrap();
+    assert_alive(&mut h);
+}

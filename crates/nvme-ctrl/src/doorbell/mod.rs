@@ -45,6 +45,12 @@
 //! for every queue. I/O queue writes are not copied: the host updates the shadow slot
 //! first, and an older trapped value written over a newer shadow value would roll the
 //! tail back.
+//!
+//! The admin SQ's EventIdx is published whenever the queue empties, polling or not, so
+//! a host that did use its shadow slot would ring for every admin command; an empty
+//! admin SQ armed at its head is then not read again until a doorbell arrives, which
+//! keeps a shadow read per run off the I/O path of a controller that also owns the
+//! admin queue (inline mode).
 
 mod policy;
 

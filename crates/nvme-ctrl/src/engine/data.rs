@@ -68,6 +68,13 @@ impl IoEngine {
         }
         self.sync_page(qid, DoorbellKind::SqTail);
         if let Some(b) = self.shadow {
+            // The admin SQ is always armed once empty (below), so a host that follows
+            // EventIdx rings for its next command, and the trapped value is the tail
+            // (policy.rs): an empty admin SQ armed at its head has nothing to read.
+            let sq = self.sqs[qid as usize].as_ref().expect("exists");
+            if qid == 0 && sq.is_empty() && sq.eventidx == Some(sq.head) {
+                return 0;
+            }
             if !self.refresh_sq_tail(qid, b) {
                 return 0;
             }
@@ -114,7 +121,9 @@ impl IoEngine {
                     self.execute(qid, sqe);
                 }
             }
-            if done >= limit || !self.arm_eventidx {
+            // A poller leaves I/O queues unarmed so the host does not ring; the admin
+            // queue is armed whenever it empties (hosts ring it anyway).
+            if done >= limit || !(self.arm_eventidx || qid == 0) {
                 return done;
             }
             // Empty: re-arm EventIdx, then look again (see doorbell.rs).
