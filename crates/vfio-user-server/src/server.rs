@@ -91,7 +91,8 @@ pub fn serve_from(
         };
         served += 1;
         info!(client = served, "client connected");
-        let r = session(stream, device, Some((listener, &mut waiting)), opts);
+        let mut traffic = Traffic::new(device);
+        let r = session(stream, device, Some((listener, &mut waiting)), opts, &mut traffic);
         if device.handed_over() {
             // The new process serves this client now; one waiting for its turn is
             // refused (it reconnects, as it would to a busy server).
@@ -100,10 +101,11 @@ pub fn serve_from(
             }
             return Ok(());
         }
+        let t = traffic.summary(device);
         match r {
-            Ok(()) => info!(client = served, "client disconnected"),
-            Err(e @ ProtoError::Deadline { .. }) => warn!(client = served, "client evicted: {e}"),
-            Err(e) => warn!(client = served, "client dropped: {e}"),
+            Ok(()) => info!(client = served, "client disconnected ({t})"),
+            Err(e @ ProtoError::Deadline { .. }) => warn!(client = served, "client evicted: {e} ({t})"),
+            Err(e) => warn!(client = served, "client dropped: {e} ({t})"),
         }
         device.disconnect();
     }
@@ -188,7 +190,64 @@ const JOBS: u64 = 6;
 /// coalescing timers as well, and spins between bursts of work as the controller's
 /// [`PollMode`] says (see [`nvme_ctrl::runtime::idle`]).
 pub fn serve_client(stream: UnixStream, device: &mut Device) -> Result<(), ProtoError> {
-    session(stream, device, None, &ServeOptions::default())
+    session(stream, device, None, &ServeOptions::default(), &mut Traffic::new(device))
+}
+
+/// What one client's session exchanged, for the line logged when it ends: whether
+/// messages stopped arriving (a stalled guest or VMM) or one went unanswered (a
+/// stalled server), and what the guest's controller was doing meanwhile.
+struct Traffic {
+    since: Instant,
+    received: u64,
+    answered: u64,
+    posted: u64,
+    refused: u64,
+    /// The last message's command and when it arrived (the coarse monotonic clock, in
+    /// ns: a few instructions per message, not a system call).
+    last: Option<(u16, u64)>,
+    /// Admin and I/O commands counted before the session, so its own are told apart.
+    commands_before: (u64, u64),
+}
+
+fn coarse_now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+impl Traffic {
+    fn new(device: &Device) -> Self {
+        let s = device.ctrl.stats();
+        Traffic {
+            since: Instant::now(),
+            received: 0,
+            answered: 0,
+            posted: 0,
+            refused: 0,
+            last: None,
+            commands_before: (s.admin_commands, s.io_commands),
+        }
+    }
+
+    fn summary(&self, device: &Device) -> String {
+        let s = device.ctrl.stats();
+        let (admin, io) = (s.admin_commands - self.commands_before.0, s.io_commands - self.commands_before.1);
+        let last = match self.last {
+            Some((cmd, at)) => {
+                let ago_ms = coarse_now_ns().saturating_sub(at) / 1_000_000;
+                format!("last message command {cmd}, {ago_ms} ms before the end")
+            }
+            None => "no message".to_string(),
+        };
+        format!(
+            "{:.1} s; {} messages received, {} answered, {} posted, {} refused; {last}; \
+             NVMe commands: {admin} admin, {io} I/O",
+            self.since.elapsed().as_secs_f64(),
+            self.received,
+            self.answered,
+            self.posted,
+            self.refused,
+        )
+    }
 }
 
 /// A client that connected while another was being served.
@@ -205,6 +264,7 @@ fn session(
     device: &mut Device,
     mut queue: Option<(&UnixListener, &mut Option<Waiting>)>,
     opts: &ServeOptions,
+    traffic: &mut Traffic,
 ) -> Result<(), ProtoError> {
     let epoll = Epoll::new()?;
     if let Some((l, _)) = &queue {
@@ -273,7 +333,7 @@ fn session(
         // usually comes with it: they are handled without going back to epoll).
         if socket_ready {
             loop {
-                if !handle_message(&mut conn, device)? {
+                if !handle_message(&mut conn, device, traffic)? {
                     return Ok(());
                 }
                 if !conn.has_message() {
@@ -336,13 +396,19 @@ fn refuse(stream: UnixStream, why: &str) {
 }
 
 /// Receives one message and answers it. False when the client has gone.
-fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, ProtoError> {
+fn handle_message(
+    conn: &mut Connection,
+    device: &mut Device,
+    traffic: &mut Traffic,
+) -> Result<bool, ProtoError> {
     let msg = match conn.recv() {
         Ok(m) => m,
         Err(ProtoError::Closed) => return Ok(false),
         Err(e) => return Err(e),
     };
     let h = msg.header;
+    traffic.received += 1;
+    traffic.last = Some((h.command.get(), coarse_now_ns()));
     let flags = MsgFlags(h.flags.get());
     if flags.is_reply() {
         nvme_ctrl::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
@@ -354,10 +420,12 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
         Ok(r) => r,
         Err(e) => {
             nvme_ctrl::limited_warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused: {e}");
+            traffic.refused += 1;
             Reply::Err(e.errno())
         }
     };
     if no_reply {
+        traffic.posted += 1;
         if let Reply::Err(errno) = reply {
             debug!(cmd, errno, "the refused request was posted: no error reply");
         }
@@ -377,6 +445,7 @@ fn handle_message(conn: &mut Connection, device: &mut Device) -> Result<bool, Pr
             conn.send(rh, &[], &[])?;
         }
     }
+    traffic.answered += 1;
     device.after_reply();
     Ok(true)
 }

@@ -258,6 +258,17 @@ fn a_client_that_never_reads_its_replies_is_evicted() {
     drop(c);
     let log = server.log();
     assert!(log.contains("client evicted") && log.contains("not reading"), "eviction logged:\n{log}");
+    // The line counts what the session exchanged: the reply that could not leave is
+    // the one message received and not answered.
+    let line = log.lines().find(|l| l.contains("client evicted")).unwrap();
+    let count = |what: &str| -> u64 {
+        let end = line.find(what).unwrap_or_else(|| panic!("no '{what}' in: {line}"));
+        line[..end].trim_end().rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    let (received, answered) = (count(" messages received"), count(" answered"));
+    assert!(received > 10 && answered + 1 == received, "{line}");
+    let last = format!("last message command {},", Command::RegionRead as u16);
+    assert!(line.contains(&last), "{line}");
     server.assert_alive();
 }
 
