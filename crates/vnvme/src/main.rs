@@ -18,9 +18,14 @@ use clap::{Parser, Subcommand};
 
 use logging::LogFormat;
 
+/// The version and the commit this binary was built from (build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("VNVME_COMMIT"), ")");
+/// The commit alone.
+pub const COMMIT: &str = env!("VNVME_COMMIT");
+
 /// vnvme: a fast, correct emulated NVMe controller for virtual machines.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(version = VERSION, about, long_about = None)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vnvme::guest=debug".
     /// A running server's filter can be changed with `vnvme ctl log.set`.

@@ -353,7 +353,8 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
     let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
     let _ = writeln!(std::fs::File::from(to_ctl), "ready {report}");
     eprintln!(
-        "vnvme: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
+        "vnvme {}: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
+        crate::VERSION,
         if has_client { "" } else { "no " }
     );
     started.serve(client)
@@ -506,6 +507,7 @@ impl Running {
             takeover,
         } = self;
         let stats = dev.ctrl.stats_handle();
+        eprintln!("vnvme {} (pid {})", crate::VERSION, std::process::id());
         for n in &namespaces {
             let bi = n.opened.backend.info();
             eprintln!(
@@ -670,6 +672,7 @@ const DEFAULT_MAX_NAMESPACES: u32 = 32;
 fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> serde_json::Value {
     serde_json::json!({
         "vnvme": env!("CARGO_PKG_VERSION"),
+        "commit": crate::COMMIT,
         "serial": a.serial,
         "pci_id": format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
         "socket": a.socket,

@@ -104,6 +104,13 @@ fn every_method_through_vnvme_ctl() {
     assert_eq!(info["state"], "disabled");
     assert_eq!(info["client_connected"], false);
     assert_eq!(info["sandbox"], true);
+    // The build is named the same way everywhere an operator looks.
+    let commit = info["commit"].as_str().expect("commit in ctrl.info");
+    assert!(!commit.is_empty(), "{info}");
+    let v = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme")).arg("--version").output().unwrap();
+    let v = String::from_utf8(v.stdout).unwrap();
+    assert_eq!(v.trim(), format!("vnvme {} (commit {commit})", info["vnvme"].as_str().unwrap()));
+    assert!(server.log().contains(&format!("(commit {commit}) (pid ")), "the first log line names the build");
 
     let img = server.dir.join("data.img");
     let added = ctl(&c, &["ns.add", &format!("file:{}:8M", img.display())]).unwrap();

@@ -20,6 +20,8 @@ use vfio_user_server::Device;
 pub struct Scrape {
     /// Build and identity, for the `vnvme_info` metric's labels.
     pub version: String,
+    /// The commit the binary was built from (build.rs).
+    pub commit: String,
     pub serial: String,
     /// Controller lifecycle: "disabled", "ready", "shut-down" or "fatal".
     pub state: String,
@@ -74,6 +76,7 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Scrape {
         version: env!("CARGO_PKG_VERSION").into(),
+        commit: crate::COMMIT.into(),
         serial: serial.into(),
         state: state_name(d.ctrl.lifecycle()).into(),
         client_connected: d.client_connected(),

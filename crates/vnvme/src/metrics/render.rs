@@ -104,9 +104,12 @@ fn controller(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     family(
         enc,
         "info",
-        "The vnvme program serving this controller: its version, and the serial number \
-         the controller reports in Identify Controller. Always 1.",
-        [(vec![("version", s.version.clone()), ("serial", s.serial.clone())], ConstGauge::new(1u64))],
+        "The vnvme program serving this controller: its version, the commit it was built \
+         from, and the serial number the controller reports in Identify Controller. Always 1.",
+        [(
+            vec![("version", s.version.clone()), ("commit", s.commit.clone()), ("serial", s.serial.clone())],
+            ConstGauge::new(1u64),
+        )],
     )?;
     family(
         enc,
@@ -433,6 +436,7 @@ mod tests {
     fn fixture() -> Scrape {
         Scrape {
             version: "0.1.0".into(),
+            commit: "0123456789ab".into(),
             serial: "VN0001".into(),
             state: "ready".into(),
             client_connected: true,
@@ -522,7 +526,7 @@ mod tests {
         let text = render(&fixture());
         for line in [
             "# TYPE vnvme_info gauge",
-            "vnvme_info{version=\"0.1.0\",serial=\"VN0001\"} 1",
+            "vnvme_info{version=\"0.1.0\",commit=\"0123456789ab\",serial=\"VN0001\"} 1",
             "vnvme_controller_state{state=\"disabled\"} 0",
             "vnvme_controller_state{state=\"ready\"} 1",
             "vnvme_controller_state{state=\"shut-down\"} 0",
