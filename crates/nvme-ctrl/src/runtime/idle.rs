@@ -17,8 +17,10 @@
 //!   stale decided not to ring, and only a look after the re-arm finds that work
 //!   (the fence pairing is in `doorbell.rs`). With polling off every run is armed,
 //!   and an armed run that finds nothing has made that look itself, so the step
-//!   sleeps without another. A wake-up that brings no work leaves the owner asleep
-//!   without spinning again.
+//!   sleeps without another. Adaptive polling in an epoch its judge gave to
+//!   sleeping ([`super::judge`]) runs the same way: a stale run there would only
+//!   add a run, and a system call, before every sleep. A wake-up that brings no
+//!   work leaves the owner asleep without spinning again.
 //!
 //! The owner keeps what is its own: how it sleeps (epoll on its eventfds, or on the
 //! socket too), its mailbox, and the handshake that makes a message sent to a
@@ -101,7 +103,9 @@ impl IdleLoop {
         mut interrupted: impl FnMut() -> bool,
     ) -> Next {
         let mode = self.policy.mode();
-        let armed = mode == PollMode::Off;
+        // Polling off, or adaptive in an epoch given to sleeping (and not spinning
+        // already): every run is armed, as `--poll off` runs them.
+        let armed = mode == PollMode::Off || (self.spin.is_none() && self.policy.sleep_regime());
         q.set_arm_eventidx(armed);
         let ran = q.run();
         // A run that found nothing with EventIdx armed has closed the wake-up race
@@ -126,6 +130,11 @@ impl IdleLoop {
             if looked_armed {
                 // The work was the owner's (a message it handled ran the queues), and
                 // the armed run after it found nothing: asleep already, no third look.
+                // An adaptive owner that only ever wakes this way would never ask the
+                // judge: ask it here, so an epoch that turns to spinning is seen.
+                if mode == PollMode::Adaptive && self.policy.judge_allows_spin() {
+                    return Next::Run;
+                }
                 self.asleep = true;
                 return Next::Sleep;
             }
@@ -401,16 +410,49 @@ mod tests {
         let mut q = Fake::default();
         until_sleep(&mut l, &mut q);
         assert_eq!(l.stats().spin_ns, 0);
-        assert_eq!(q.runs.iter().filter(|r| !r.0).count(), 1, "one stale run, then armed: {:?}", q.runs);
+        // As `--poll off` runs: one armed run that found nothing, and sleep.
+        assert_eq!(q.runs, [(true, false)]);
+        // The owner's own work (a message that ran the queues), then an armed run
+        // that finds nothing more: asleep at once, no second step.
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
+        let mut q = Fake::default();
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
+        assert_eq!(q.runs, [(true, false)]);
         // That epoch is judged (as if 75 ms had gone by with 1000 commands): the next
         // explores spinning, and the owner spins before it sleeps.
         stats.io_commands.fetch_add(1000, Ordering::Relaxed);
         assert!(judge.may_spin(Instant::now() + EPOCH * 3 / 2));
-        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge));
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
         let mut q = Fake::default();
         until_sleep(&mut l, &mut q);
         assert!(q.runs.iter().filter(|r| !r.0).count() > 1, "it spun: {} stale runs", q.runs.len());
         assert_eq!(l.stats().misses, 1);
+    }
+
+    #[test]
+    fn an_owner_that_only_wakes_for_its_own_work_still_sees_the_judge_turn_to_spinning() {
+        use super::super::judge::{SpinJudge, EPOCH};
+        use crate::stats::Stats;
+        use std::sync::atomic::Ordering;
+        // Inline mode at queue depth 1: every command comes with a message the owner
+        // handles, and every step after it finds nothing more. Such an owner never
+        // starts an idle period of its own, so the step after its work asks the judge.
+        let stats = Arc::new(Stats::default());
+        let judge = Arc::new(SpinJudge::new(stats.clone()));
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
+        let mut q = Fake::default();
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
+        // The sleeping epoch is over (1000 commands in it): the judge explores
+        // spinning, and the step after the owner's next work stays awake to spin.
+        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        let t = Instant::now();
+        while t.elapsed() < EPOCH * 3 / 2 {
+            std::thread::sleep(EPOCH / 4);
+        }
+        assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Run);
+        assert!(judge.spinning());
+        until_sleep(&mut l, &mut q);
+        assert!(q.runs.iter().filter(|r| !r.0).count() > 1, "it spun: {:?}", &q.runs[..4]);
     }
 
     #[test]

@@ -300,6 +300,12 @@ impl SpinJudge {
         self.epoch_end_ns.store(t + length.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// The regime of the running epoch as it stands (a load; an epoch that is over
+    /// is judged by the next [`Self::may_spin`], not here).
+    pub fn spinning(&self) -> bool {
+        self.spin.load(Ordering::Relaxed)
+    }
+
     /// What the judge knows now.
     pub fn verdict(&self) -> Verdict {
         self.lock().verdict()

@@ -210,6 +210,19 @@ impl SpinPolicy {
         self.mode
     }
 
+    /// Adaptive mode in an epoch its judge gave to sleeping: the owner then waits
+    /// as `--poll off` does, EventIdx armed on every run. The regime as it stands
+    /// (a load); [`Self::judge_allows_spin`] or [`Self::budget`] end an epoch that is over.
+    pub fn sleep_regime(&self) -> bool {
+        self.mode == PollMode::Adaptive && self.judge.as_ref().is_some_and(|j| !j.spinning())
+    }
+
+    /// Asks the judge (ending its epoch if that is over) whether spinning is
+    /// allowed now. False without a judge.
+    pub fn judge_allows_spin(&self) -> bool {
+        self.judge.as_ref().is_some_and(|j| j.may_spin(Instant::now()))
+    }
+
     /// The spin budget for the idle period starting now (`Duration::MAX`: forever).
     pub fn budget(&mut self) -> Duration {
         match self.mode {
