@@ -202,6 +202,11 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 [[ -n $out ]] || out="$VNVME_ROOT/results/guest-bench/$stamp"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+if [[ -e $out/raw ]]; then
+    # An earlier run's raw logs would sit beside this one's (and block their gzip).
+    echo "bench-guest: $out holds an earlier run: its raw/ is replaced, its reports overwritten"
+    rm -rf "$out/raw"
+fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-bench.XXXXXX")
 # One RAM image per slot of a guest (a: the first device, b: the second of a pair).
 img="/dev/shm/vnvme-bench.$$.img" img_b="/dev/shm/vnvme-bench.$$.b.img"
@@ -750,7 +755,7 @@ for g in "${guests[@]}"; do
 done
 python3 "$VNVME_GUEST_DIR/bench/report.py" "$out"
 # Keep the raw data small: gzip the logs, one tarball per guest for the marks.
-gzip -9 "$out"/raw/*/serial.log "$out"/raw/*/serve*.log 2>/dev/null || true
+gzip -9f "$out"/raw/*/serial.log "$out"/raw/*/serve*.log 2>/dev/null || true
 for m in "$out"/raw/*/marks; do
     [[ -d $m ]] && tar -C "$(dirname "$m")" -czf "$m.tar.gz" marks && rm -r "$m"
 done
