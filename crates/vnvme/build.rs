@@ -26,18 +26,24 @@ fn from_git() -> Option<String> {
     let id = git(&["rev-parse", "--short=12", "HEAD"])?;
     // Rebuild when HEAD moves: HEAD itself (a checkout), the branch it names (a
     // commit) and packed refs; the index, for the modified mark.
+    // Only paths that exist: cargo counts a missing one as changed, every build.
+    let watch = |p: PathBuf| {
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    };
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]).map(PathBuf::from) {
         for f in ["HEAD", "packed-refs", "index"] {
-            println!("cargo:rerun-if-changed={}", dir.join(f).display());
+            watch(dir.join(f));
         }
         if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={}", dir.join(r).display());
+            watch(dir.join(r));
         }
     }
     // And when any source changes, so the mark follows edits made after a commit.
     let top = git(&["rev-parse", "--show-toplevel"]).map(PathBuf::from)?;
     for f in ["crates", "Cargo.toml", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={}", top.join(f).display());
+        watch(top.join(f));
     }
     let modified = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     Some(if modified { format!("{id}-modified") } else { id })
