@@ -349,7 +349,9 @@ impl Device {
     }
 
     /// Handles one message.
-    pub fn handle(&mut self, msg: Message) -> Result<Reply, DeviceError> {
+    /// Handles one message. Descriptors it keeps are taken out of `msg`; the caller
+    /// may reuse the payload's buffer afterwards.
+    pub fn handle(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {
         // A caller that did not call `after_reply`: the doorbell still runs first.
         self.after_reply();
         let cmd_raw = msg.header.command.get();
@@ -358,19 +360,19 @@ impl Device {
             return Err(DeviceError::NoVersion);
         }
         match cmd {
-            Command::Version => self.version(&msg),
+            Command::Version => self.version(msg),
             Command::DmaMap => self.dma_map(msg),
-            Command::DmaUnmap => self.dma_unmap(&msg),
-            Command::DeviceGetInfo => self.get_info(&msg),
-            Command::DeviceGetRegionInfo => self.region_info(&msg),
-            Command::DeviceGetRegionIoFds => self.region_io_fds(&msg),
-            Command::DeviceGetIrqInfo => self.irq_info(&msg),
+            Command::DmaUnmap => self.dma_unmap(msg),
+            Command::DeviceGetInfo => self.get_info(msg),
+            Command::DeviceGetRegionInfo => self.region_info(msg),
+            Command::DeviceGetRegionIoFds => self.region_io_fds(msg),
+            Command::DeviceGetIrqInfo => self.irq_info(msg),
             Command::DeviceSetIrqs => self.set_irqs(msg),
-            Command::RegionRead => self.region_read(&msg),
-            Command::RegionWrite => self.region_write(&msg),
-            Command::DeviceFeature => self.device_feature(&msg),
-            Command::MigDataRead => self.mig_data_read(&msg),
-            Command::MigDataWrite => self.mig_data_write(&msg),
+            Command::RegionRead => self.region_read(msg),
+            Command::RegionWrite => self.region_write(msg),
+            Command::DeviceFeature => self.device_feature(msg),
+            Command::MigDataRead => self.mig_data_read(msg),
+            Command::MigDataWrite => self.mig_data_write(msg),
             Command::DeviceReset => {
                 info!("device reset requested by the client");
                 // Reset first: a stopped device resumes with no queues to fetch from.
@@ -401,7 +403,7 @@ impl Device {
         Ok(Reply::ok(version::encode(version::MAJOR, version::MINOR, &ours)))
     }
 
-    fn dma_map(&mut self, msg: Message) -> Result<Reply, DeviceError> {
+    fn dma_map(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {
         let m: DmaMap = msg.payload_as().ok_or(DeviceError::Malformed(Command::DmaMap, "short payload"))?;
         let flags = m.flags.get();
         if flags & !(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE) != 0 {
@@ -410,7 +412,7 @@ impl Device {
         if msg.fds.len() > 1 {
             return Err(DeviceError::Malformed(Command::DmaMap, "more than one file descriptor"));
         }
-        let fd = msg.fds.into_iter().next();
+        let fd = std::mem::take(&mut msg.fds).into_iter().next();
         let has_fd = fd.is_some();
         self.dma.map(m.address.get(), m.size.get(), fd, m.offset.get(), flags & DMA_MAP_FLAG_WRITE != 0)?;
         self.ctrl.grow_memory(self.dma.memory());
@@ -594,7 +596,7 @@ impl Device {
         Ok(Reply::ok(info.as_bytes()))
     }
 
-    fn set_irqs(&mut self, msg: Message) -> Result<Reply, DeviceError> {
+    fn set_irqs(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {
         let s: SetIrqs =
             msg.payload_as().ok_or(DeviceError::Malformed(Command::DeviceSetIrqs, "short payload"))?;
         let (flags, index, start, count) = (s.flags.get(), s.index.get(), s.start.get(), s.count.get());
@@ -633,7 +635,7 @@ impl Device {
                 let fds: Vec<Option<OwnedFd>> = if msg.fds.is_empty() {
                     (0..count).map(|_| None).collect()
                 } else if msg.fds.len() == count as usize {
-                    msg.fds.into_iter().map(Some).collect()
+                    std::mem::take(&mut msg.fds).into_iter().map(Some).collect()
                 } else {
                     return Err(DeviceError::Malformed(
                         Command::DeviceSetIrqs,
@@ -648,7 +650,7 @@ impl Device {
                 self.irqs.clear_msix()
             }
             (IRQ_INDEX_INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
-                self.irqs.set_intx(msg.fds.into_iter().next());
+                self.irqs.set_intx(std::mem::take(&mut msg.fds).into_iter().next());
             }
             (IRQ_INDEX_INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE) => self.irqs.set_intx(None),
             (_, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE | IRQ_SET_DATA_BOOL) if index == IRQ_INDEX_MSIX => {

@@ -401,7 +401,7 @@ fn handle_message(
     device: &mut Device,
     traffic: &mut Traffic,
 ) -> Result<bool, ProtoError> {
-    let msg = match conn.recv() {
+    let mut msg = match conn.recv() {
         Ok(m) => m,
         Err(ProtoError::Closed) => return Ok(false),
         Err(e) => return Err(e),
@@ -416,7 +416,7 @@ fn handle_message(
     }
     let no_reply = flags.no_reply();
     let cmd = h.command.get();
-    let reply = match device.handle(msg) {
+    let reply = match device.handle(&mut msg) {
         Ok(r) => r,
         Err(e) => {
             nvme_ctrl::limited_warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused: {e}");
@@ -424,6 +424,8 @@ fn handle_message(
             Reply::Err(e.errno())
         }
     };
+    // The next message's payload goes into this one's buffer: no allocation per message.
+    conn.recycle(msg.payload);
     if no_reply {
         traffic.posted += 1;
         if let Reply::Err(errno) = reply {

@@ -71,6 +71,8 @@ struct RecvBuffer {
     pos: u64,
     /// Descriptors received, with the stream range of the read that brought them.
     fds: Vec<(u64, u64, Vec<OwnedFd>)>,
+    /// A payload buffer handed back ([`Connection::recycle`]), for the next message.
+    spare: Vec<u8>,
 }
 
 /// The usual size of the receive buffer; a larger message grows it for itself.
@@ -98,7 +100,9 @@ impl RecvBuffer {
         if self.buffered() < size {
             return Ok(None);
         }
-        let payload = self.buf[self.start + HEADER_SIZE..self.start + size].to_vec();
+        let mut payload = std::mem::take(&mut self.spare);
+        payload.clear();
+        payload.extend_from_slice(&self.buf[self.start + HEADER_SIZE..self.start + size]);
         let (at, end) = (self.pos, self.pos + size as u64);
         // Descriptors whose read began before this message and that no earlier
         // message took belong to none (a peer that sent them mid-message): dropped.
@@ -148,6 +152,17 @@ impl Connection {
     /// readable must take these first (the socket does not say they are there).
     pub fn has_message(&self) -> bool {
         self.rx.header().is_some_and(|h| self.rx.buffered() >= (h.size.get() as usize).max(HEADER_SIZE))
+    }
+
+    /// Hands back a message's payload buffer once it is no longer needed: the next
+    /// message's payload is read into it instead of a new allocation. A buffer
+    /// larger than the usual receive buffer is dropped, so one large message does
+    /// not pin its memory.
+    pub fn recycle(&mut self, mut payload: Vec<u8>) {
+        if payload.capacity() <= RX_BUFFER {
+            payload.clear();
+            self.rx.spare = payload;
+        }
     }
 
     /// Bytes read from the socket and not yet handed out as a message.
@@ -437,6 +452,30 @@ mod tests {
         }
         assert_eq!(got, vec![(1, 0), (2, 1), (3, 0), (4, 1), (5, 0)]);
         assert!(!b.has_message() && b.buffered() == 0);
+    }
+
+    /// A payload handed back is the buffer the next message's payload comes in (no
+    /// allocation per message); one larger than the receive buffer is not kept.
+    #[test]
+    fn a_recycled_payload_buffer_carries_the_next_message() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut a, mut b) = (Connection::new(a), Connection::new(b));
+        for (i, len) in [(1u16, 40usize), (2, 24), (3, 200_000), (4, 16)] {
+            let (h, p) = msg(i, &vec![i as u8; len]);
+            a.send(h, &[&p], &[]).unwrap();
+        }
+        let m1 = b.recv().unwrap();
+        let at = m1.payload.as_ptr();
+        b.recycle(m1.payload);
+        let m2 = b.recv().unwrap();
+        assert_eq!(m2.payload, vec![2u8; 24]);
+        assert_eq!(m2.payload.as_ptr(), at, "the second payload reuses the first's buffer");
+        b.recycle(m2.payload);
+        let m3 = b.recv().unwrap();
+        assert_eq!(m3.payload.len(), 200_000);
+        b.recycle(m3.payload);
+        assert_eq!(b.rx.spare.capacity(), 0, "a large buffer is dropped, not kept");
+        assert_eq!(b.recv().unwrap().payload, vec![4u8; 16]);
     }
 
     /// A message that arrives in pieces (and one larger than the usual buffer) is

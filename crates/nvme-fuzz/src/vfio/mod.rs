@@ -302,7 +302,7 @@ impl OutOfBand {
 fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats, oob: &mut OutOfBand) {
     let cmd = m.header.command.get();
     let t = Instant::now();
-    let errno = match dev.handle(Message { header: m.header, payload: m.payload, fds: m.fds }) {
+    let errno = match dev.handle(&mut Message { header: m.header, payload: m.payload, fds: m.fds }) {
         Ok(Reply::Ok(_, fds)) => {
             oob.keep(cmd, fds);
             None
