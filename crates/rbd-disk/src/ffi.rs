@@ -54,9 +54,9 @@ pub struct Lib {
         Option<unsafe extern "C" fn(ImageT, u64, usize, CompletionT, c_int, c_int) -> c_int>,
 }
 
-// SAFETY: the fields are plain function pointers into a library that is never
-// unloaded (the handle is leaked), and librados/librbd are thread-safe for the calls
-// made through them.
+// The fields are plain function pointers into a library that is never unloaded (the
+// handle is leaked).
+// SAFETY: librados/librbd are thread-safe for the calls made through them.
 unsafe impl Send for Lib {}
 // SAFETY: as for Send: nothing in Lib is mutable.
 unsafe impl Sync for Lib {}
@@ -77,8 +77,9 @@ pub fn loaded() -> bool {
 }
 
 fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by the loader,
-    // valid until the next dl* call on this thread; it is copied at once.
+    // dlerror returns NULL or a NUL-terminated string owned by the loader, valid
+    // until the next dl* call on this thread.
+    // SAFETY: no arguments; the string is copied at once, below.
     let p = unsafe { libc::dlerror() };
     if p.is_null() {
         "unknown error".into()
@@ -91,8 +92,9 @@ fn dlerror() -> String {
 fn load() -> Result<Lib, String> {
     let path = std::env::var(LIBRBD_ENV).unwrap_or_else(|_| LIBRBD_DEFAULT.into());
     let c = CString::new(path.clone()).map_err(|_| format!("{LIBRBD_ENV} holds a NUL byte"))?;
-    // SAFETY: `c` is a valid NUL-terminated path. Loading runs the library's
-    // initialisers, which is what librbd expects of any process that links it.
+    // Loading runs the library's initialisers, which is what librbd expects of any
+    // process that links it.
+    // SAFETY: `c` is a valid NUL-terminated path.
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
         return Err(format!(
@@ -111,9 +113,8 @@ fn load() -> Result<Lib, String> {
         if p.is_null() {
             return Err(format!("librbd has no {name} ({}): Ceph 15 or later is needed", dlerror()));
         }
-        // SAFETY: T is one of the function pointer types above, pointer-sized
-        // (checked), and the symbol is the function the header declares with that
-        // signature.
+        // T is one of the function pointer types above, pointer-sized (checked).
+        // SAFETY: the symbol is the function the header declares with T's signature.
         Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
     }
     let version: unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int) = sym(h, "rbd_version")?;

@@ -29,9 +29,9 @@ pub(crate) struct Image {
     pub(crate) submitted: AtomicU64,
 }
 
-// SAFETY: the handles are librados/librbd objects that the library allows to be used
-// from any thread (the image's asynchronous calls are made from each queue's owner
-// thread, resize from the control thread); the rest is atomics and plain data.
+// The image's asynchronous calls are made from each queue's owner thread, resize
+// from the control thread; the rest of Image is atomics and plain data.
+// SAFETY: the handles are librados/librbd objects usable from any thread.
 unsafe impl Send for Image {}
 // SAFETY: as for Send.
 unsafe impl Sync for Image {}
@@ -52,8 +52,8 @@ impl Image {
         };
         let id = spec.id.as_deref().map(|i| cstr("id", i)).transpose()?;
         let mut cluster: RadosT = ptr::null_mut();
-        // SAFETY: `cluster` is a valid out-pointer; `id` is NULL (admin) or a
-        // NUL-terminated string that outlives the call (librados copies it).
+        // `id` is NULL (admin) or a NUL-terminated string librados copies.
+        // SAFETY: `cluster` is a valid out-pointer; `id` outlives the call.
         let r = unsafe { (lib.rados_create)(&mut cluster, id.as_ref().map_or(ptr::null(), |c| c.as_ptr())) };
         if r < 0 {
             return Err(fail(format!("cannot create a RADOS client for {user}"), r));
@@ -62,18 +62,18 @@ impl Image {
         let mut guard = Partial { lib, cluster, ioctx: ptr::null_mut() };
         let set = |k: &str, v: &str| -> io::Result<i32> {
             let (k, v) = (cstr(k, k)?, cstr(k, v)?);
-            // SAFETY: `cluster` is live (created above, not yet shut down); both
-            // strings are NUL-terminated and outlive the call (librados copies them).
+            // `cluster` was created above and is not yet shut down.
+            // SAFETY: `cluster` is live; both strings are NUL-terminated and outlive the call.
             Ok(unsafe { (lib.rados_conf_set)(cluster, k.as_ptr(), v.as_ptr()) })
         };
         // Defaults a configuration file may override.
         set("client_mount_timeout", CONNECT_TIMEOUT_S)?;
         set("rados_mon_op_timeout", CONNECT_TIMEOUT_S)?;
         let conf = spec.conf.as_ref().map(|p| cstr("conf", &p.to_string_lossy())).transpose()?;
-        // SAFETY: `cluster` is live; the path is NULL (librados' default search) or
-        // NUL-terminated and outlives the call.
-        let r =
-            unsafe { (lib.rados_conf_read_file)(cluster, conf.as_ref().map_or(ptr::null(), |c| c.as_ptr())) };
+        let path = conf.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // The path is NULL (librados' default search) or NUL-terminated.
+        // SAFETY: `cluster` is live; `conf` outlives the call.
+        let r = unsafe { (lib.rados_conf_read_file)(cluster, path) };
         if r < 0 {
             let what = match &spec.conf {
                 Some(p) => format!("cannot read the Ceph configuration {}", p.display()),
@@ -93,12 +93,13 @@ impl Image {
             for key in ["rados_osd_op_timeout", "rados_mon_op_timeout"] {
                 let k = cstr(key, key)?;
                 let mut buf = [0 as std::ffi::c_char; 32];
-                // SAFETY: `cluster` is live; `k` is NUL-terminated; `buf` is writable
-                // for its length, which is passed.
+                // `buf` is writable for its length, which is passed.
+                // SAFETY: `cluster` is live; `k` is NUL-terminated.
                 let r = unsafe { (lib.rados_conf_get)(cluster, k.as_ptr(), buf.as_mut_ptr(), buf.len()) };
-                // SAFETY: on success librados wrote a NUL-terminated value into `buf`.
-                let now =
-                    (r == 0).then(|| unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_bytes().to_vec());
+                let now = (r == 0).then(|| {
+                    // SAFETY: on success librados wrote a NUL-terminated value into `buf`.
+                    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_bytes().to_vec()
+                });
                 let default = match key {
                     "rados_osd_op_timeout" => now.as_deref() == Some(b"0"),
                     _ => now.as_deref() == Some(CONNECT_TIMEOUT_S.as_bytes()),
@@ -114,8 +115,8 @@ impl Image {
                 return Err(fail(format!("keyring={}", k.display()), r));
             }
         }
-        // SAFETY: `cluster` is live and configured; this blocks for at most
-        // client_mount_timeout.
+        // This blocks for at most client_mount_timeout.
+        // SAFETY: `cluster` is live and configured.
         let r = unsafe { (lib.rados_connect)(cluster) };
         if r < 0 {
             let conf =
@@ -124,8 +125,8 @@ impl Image {
         }
         let pool = cstr("pool", &spec.pool)?;
         let mut ioctx: IoctxT = ptr::null_mut();
-        // SAFETY: `cluster` is connected; `pool` is NUL-terminated; `ioctx` is a valid
-        // out-pointer.
+        // `cluster` is connected.
+        // SAFETY: `pool` is NUL-terminated; `ioctx` is a valid out-pointer.
         let r = unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut ioctx) };
         if r == -libc::ENOENT {
             return Err(fail(format!("the cluster has no pool named {:?}", spec.pool), r));
@@ -141,9 +142,8 @@ impl Image {
         let name = cstr("image", &spec.image)?;
         let snap = spec.snap.as_deref().map(|s| cstr("snapshot", s)).transpose()?;
         let mut handle: ImageT = ptr::null_mut();
-        // SAFETY: `ioctx` is live; the names are NUL-terminated (the snapshot may be
-        // NULL: the image itself) and outlive the call; `handle` is a valid
-        // out-pointer.
+        // The snapshot name may be NULL: the image itself.
+        // SAFETY: `ioctx` is live; names NUL-terminated, outliving the call; `handle` an out-pointer.
         let r = unsafe {
             (lib.rbd_open)(
                 ioctx,
@@ -192,8 +192,8 @@ impl Image {
         if self.spec.snap.is_some() {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "a snapshot cannot be resized"));
         }
-        // SAFETY: `handle` is open for the life of `self`; librbd serialises a resize
-        // against the image's I/O itself.
+        // librbd serialises a resize against the image's I/O itself.
+        // SAFETY: `handle` is open for the life of `self`.
         let r = unsafe { (self.lib.rbd_resize)(self.handle, bytes) };
         if r < 0 {
             return Err(io::Error::new(
@@ -223,8 +223,8 @@ impl Drop for Image {
             warn!(target: "vnvme::backend", "{}: {left} librbd requests never ended; the image is left open", self.spec);
             return;
         }
-        // SAFETY: nothing is in flight and no queue holds the image any more (this is
-        // the last reference); each handle is closed once, innermost first.
+        // This is the last reference: no queue holds the image any more.
+        // SAFETY: nothing is in flight; each handle is closed once, innermost first.
         unsafe {
             (self.lib.rbd_close)(self.handle);
             (self.lib.rados_ioctx_destroy)(self.ioctx);
@@ -242,8 +242,8 @@ struct Partial {
 
 impl Drop for Partial {
     fn drop(&mut self) {
-        // SAFETY: only reached on a failed open: the handles were created above, no
-        // image is open on them, and nothing else has them.
+        // Only reached on a failed open: the handles were created above.
+        // SAFETY: no image is open on them, and nothing else has them.
         unsafe {
             if !self.ioctx.is_null() {
                 (self.lib.rados_ioctx_destroy)(self.ioctx);

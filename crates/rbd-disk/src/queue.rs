@@ -56,11 +56,11 @@ struct Call {
 /// Called by librbd, once per completion, with the argument given to
 /// rbd_aio_create_completion: a `Box<Call>` leaked by [`RbdQueue::call`].
 unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
-    // SAFETY: `arg` is the Box<Call> leaked for this completion, handed back once
-    // (see the function's safety section); taking it back frees it at the end.
+    // Taking the box back frees it at the end of this function.
+    // SAFETY: `arg` is the Box<Call> leaked for this completion, handed back once.
     let call = unsafe { Box::from_raw(arg.cast::<Call>()) };
-    // SAFETY: `c` is the completion this callback is for; it is released once, here,
-    // after its return value is read (librbd allows both in the callback).
+    // librbd allows both calls in the callback.
+    // SAFETY: `c` is this callback's completion, released once, after its value is read.
     let ret = unsafe {
         let r = (call.lib.rbd_aio_get_return_value)(c);
         (call.lib.rbd_aio_release)(c);
@@ -187,8 +187,8 @@ impl RbdQueue {
         let data = call.buf.as_ptr();
         let arg = Box::into_raw(call);
         let mut c: CompletionT = std::ptr::null_mut();
-        // SAFETY: `arg` is a leaked Box<Call> that `on_complete` takes back, once;
-        // `c` is a valid out-pointer.
+        // `on_complete` takes `arg` back, once.
+        // SAFETY: `arg` is a leaked Box<Call>; `c` is a valid out-pointer.
         let r = unsafe { (lib.rbd_aio_create_completion)(arg.cast(), on_complete, &mut c) };
         if r < 0 {
             // SAFETY: librbd did not take `arg` (no completion exists): ours again.
@@ -197,11 +197,11 @@ impl RbdQueue {
         }
         self.image.outstanding.fetch_add(1, Ordering::Relaxed);
         let h = self.image.handle;
-        // SAFETY: `h` is the image, open while `self.image` lives (and left open by
-        // Image::drop while requests are outstanding). `data` points into the boxed
-        // Call's buffer of `len` bytes (reads and writes), which stays allocated and
-        // unmoved until `on_complete` frees it; nothing else touches it meanwhile.
-        // `c` is the completion just created, given to exactly one call.
+        // `h` is open while `self.image` lives (and left open by Image::drop while
+        // requests are outstanding). `data` points into the boxed Call's buffer of
+        // `len` bytes, allocated and unmoved until `on_complete` frees it, touched by
+        // nothing else meanwhile. `c` is the completion just created.
+        // SAFETY: image and buffer outlive the request; `c` is given to exactly one call.
         let r = unsafe {
             match what {
                 Issue::Read => (lib.rbd_aio_read)(h, offset, len as usize, data.cast_mut().cast(), c),
