@@ -348,7 +348,6 @@ impl Device {
         self.irqs.set_msix_enabled(false);
     }
 
-    /// Handles one message.
     /// Handles one message. Descriptors it keeps are taken out of `msg`; the caller
     /// may reuse the payload's buffer afterwards.
     pub fn handle(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {

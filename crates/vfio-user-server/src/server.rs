@@ -202,16 +202,12 @@ struct Traffic {
     answered: u64,
     posted: u64,
     refused: u64,
-    /// The last message's command and when it arrived (the coarse monotonic clock, in
-    /// ns: a few instructions per message, not a system call).
-    last: Option<(u16, u64)>,
+    /// The last message's command.
+    last_cmd: Option<u16>,
+    /// When the socket last woke the loop (read once per wake-up, not per message).
+    last_readable: Option<Instant>,
     /// Admin and I/O commands counted before the session, so its own are told apart.
     commands_before: (u64, u64),
-}
-
-fn coarse_now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 impl Traffic {
@@ -223,7 +219,8 @@ impl Traffic {
             answered: 0,
             posted: 0,
             refused: 0,
-            last: None,
+            last_cmd: None,
+            last_readable: None,
             commands_before: (s.admin_commands, s.io_commands),
         }
     }
@@ -231,12 +228,14 @@ impl Traffic {
     fn summary(&self, device: &Device) -> String {
         let s = device.ctrl.stats();
         let (admin, io) = (s.admin_commands - self.commands_before.0, s.io_commands - self.commands_before.1);
-        let last = match self.last {
-            Some((cmd, at)) => {
-                let ago_ms = coarse_now_ns().saturating_sub(at) / 1_000_000;
-                format!("last message command {cmd}, {ago_ms} ms before the end")
+        let last = match (self.last_cmd, self.last_readable) {
+            (Some(cmd), Some(at)) => {
+                format!(
+                    "last message command {cmd}, socket last readable {} ms before the end",
+                    at.elapsed().as_millis()
+                )
             }
-            None => "no message".to_string(),
+            _ => "no message".to_string(),
         };
         format!(
             "{:.1} s; {} messages received, {} answered, {} posted, {} refused; {last}; \
@@ -332,6 +331,7 @@ fn session(
         // Every message that has arrived, with one read (more than one message
         // usually comes with it: they are handled without going back to epoll).
         if socket_ready {
+            traffic.last_readable = Some(Instant::now());
             loop {
                 if !handle_message(&mut conn, device, traffic)? {
                     return Ok(());
@@ -408,7 +408,7 @@ fn handle_message(
     };
     let h = msg.header;
     traffic.received += 1;
-    traffic.last = Some((h.command.get(), coarse_now_ns()));
+    traffic.last_cmd = Some(h.command.get());
     let flags = MsgFlags(h.flags.get());
     if flags.is_reply() {
         nvme_ctrl::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");

@@ -158,9 +158,8 @@ impl Connection {
     /// message's payload is read into it instead of a new allocation. A buffer
     /// larger than the usual receive buffer is dropped, so one large message does
     /// not pin its memory.
-    pub fn recycle(&mut self, mut payload: Vec<u8>) {
+    pub fn recycle(&mut self, payload: Vec<u8>) {
         if payload.capacity() <= RX_BUFFER {
-            payload.clear();
             self.rx.spare = payload;
         }
     }
