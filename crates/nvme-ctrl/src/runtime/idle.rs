@@ -398,23 +398,31 @@ mod tests {
         assert_eq!((l.stats().hits, l.stats().misses), (0, 1));
     }
 
+    /// A judge over fresh counters, in its first epoch (sleeping), and the counters.
+    fn sleeping_judge() -> (Arc<crate::stats::Stats>, Arc<super::super::judge::SpinJudge>) {
+        let stats = Arc::new(crate::stats::Stats::default());
+        (stats.clone(), Arc::new(super::super::judge::SpinJudge::new(stats)))
+    }
+
+    /// Runs made with EventIdx stale: more than one means the owner spun.
+    fn stale_runs(q: &Fake) -> usize {
+        q.runs.iter().filter(|r| !r.0).count()
+    }
+
     #[test]
     fn adaptive_spins_only_in_the_epochs_its_judge_allows() {
-        use super::super::judge::{SpinJudge, EPOCH};
-        use crate::stats::Stats;
+        use super::super::judge::EPOCH;
         use std::sync::atomic::Ordering;
-        // A judge in its first epoch: sleeping. The owner never spins.
-        let stats = Arc::new(Stats::default());
-        let judge = Arc::new(SpinJudge::new(stats.clone()));
+        // A judge in its first epoch: sleeping. The owner never spins, and runs as
+        // `--poll off` does: one armed run that found nothing, and sleep.
+        let (stats, judge) = sleeping_judge();
         let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
         let mut q = Fake::default();
         until_sleep(&mut l, &mut q);
         assert_eq!(l.stats().spin_ns, 0);
-        // As `--poll off` runs: one armed run that found nothing, and sleep.
         assert_eq!(q.runs, [(true, false)]);
         // The owner's own work (a message that ran the queues), then an armed run
         // that finds nothing more: asleep at once, no second step.
-        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
         let mut q = Fake::default();
         assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
         assert_eq!(q.runs, [(true, false)]);
@@ -422,37 +430,32 @@ mod tests {
         // explores spinning, and the owner spins before it sleeps.
         stats.io_commands.fetch_add(1000, Ordering::Relaxed);
         assert!(judge.may_spin(Instant::now() + EPOCH * 3 / 2));
-        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
+        let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge));
         let mut q = Fake::default();
         until_sleep(&mut l, &mut q);
-        assert!(q.runs.iter().filter(|r| !r.0).count() > 1, "it spun: {} stale runs", q.runs.len());
+        assert!(stale_runs(&q) > 1, "it spun: {:?}", q.runs);
         assert_eq!(l.stats().misses, 1);
     }
 
     #[test]
     fn an_owner_that_only_wakes_for_its_own_work_still_sees_the_judge_turn_to_spinning() {
-        use super::super::judge::{SpinJudge, EPOCH};
-        use crate::stats::Stats;
+        use super::super::judge::EPOCH;
         use std::sync::atomic::Ordering;
         // Inline mode at queue depth 1: every command comes with a message the owner
         // handles, and every step after it finds nothing more. Such an owner never
         // starts an idle period of its own, so the step after its work asks the judge.
-        let stats = Arc::new(Stats::default());
-        let judge = Arc::new(SpinJudge::new(stats.clone()));
+        let (stats, judge) = sleeping_judge();
         let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge.clone()));
         let mut q = Fake::default();
         assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
         // The sleeping epoch is over (1000 commands in it): the judge explores
         // spinning, and the step after the owner's next work stays awake to spin.
         stats.io_commands.fetch_add(1000, Ordering::Relaxed);
-        let t = Instant::now();
-        while t.elapsed() < EPOCH * 3 / 2 {
-            std::thread::sleep(EPOCH / 4);
-        }
+        std::thread::sleep(EPOCH * 3 / 2);
         assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Run);
         assert!(judge.spinning());
         until_sleep(&mut l, &mut q);
-        assert!(q.runs.iter().filter(|r| !r.0).count() > 1, "it spun: {:?}", &q.runs[..4]);
+        assert!(stale_runs(&q) > 1, "it spun: {:?}", q.runs);
     }
 
     #[test]
