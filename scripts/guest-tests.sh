@@ -137,7 +137,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "guest-tests: interrupted" >&2; exit 130' INT TERM
 
-result() { # KIND KERNEL TEXT
+# tally KIND KERNEL TEXT: count a result, record it in results.txt (a skip in the
+# skip log too). result also prints it; the guest's own lines are already printed.
+tally() {
     case $1 in
     PASS) n_pass=$((n_pass + 1)) ;;
     FAIL) n_fail=$((n_fail + 1)) ;;
@@ -146,7 +148,12 @@ result() { # KIND KERNEL TEXT
         [[ -z ${VNVME_SKIP_LOG:-} ]] || echo "guest-tests: $2: $3" >>"$VNVME_SKIP_LOG"
         ;;
     esac
-    printf '%s: %s: %s\n' "$1" "$2" "$3" | tee -a "$work/results.txt"
+    printf '%s: %s: %s\n' "$1" "$2" "$3" >>"$work/results.txt"
+}
+
+result() { # KIND KERNEL TEXT
+    tally "$@"
+    printf '%s: %s: %s\n' "$1" "$2" "$3"
 }
 
 summary() {

@@ -3,7 +3,7 @@
 # `vnvme serve --once`, count the guest's PASS/FAIL/SKIP lines, check the
 # doorbell ratios between marks and the server's exit. Uses the runner's
 # globals (work, here, tests_dir, accel, QEMU_EXTRA, VN_PID and the result
-# counters) and its result(); sourced by it after host-lib.sh.
+# counters) and its result() and tally(); sourced by it after host-lib.sh.
 
 # guest_adds: boot.sh --add arguments for every file in scripts/guest/tests
 # plus the generated config.
@@ -39,19 +39,9 @@ run_boot() {
 
 # guest_results KERNEL DIR: count the guest's PASS/FAIL/SKIP lines.
 guest_results() {
-    local k=$1 d=$2 kind text
+    local k=$1 d=$2 line
     while IFS= read -r line; do
-        kind=${line%%:*}
-        text=${line#*: }
-        case $kind in
-        PASS) n_pass=$((n_pass + 1)) ;;
-        FAIL) n_fail=$((n_fail + 1)) ;;
-        SKIP)
-            n_skip=$((n_skip + 1))
-            [[ -z ${VNVME_SKIP_LOG:-} ]] || echo "guest-tests: $k: guest: $text" >>"$VNVME_SKIP_LOG"
-            ;;
-        esac
-        printf '%s: %s: guest: %s\n' "$kind" "$k" "$text" >>"$work/results.txt"
+        tally "${line%%:*}" "$k" "guest: ${line#*: }"
     done < <(grep -aE '^(PASS|FAIL|SKIP): ' "$d/guest.log")
 }
 
