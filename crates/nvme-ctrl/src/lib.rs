@@ -30,6 +30,8 @@ mod dptr;
 mod engine;
 mod error;
 mod events;
+#[cfg(test)]
+mod interleave;
 mod interrupt;
 mod io;
 mod log_limit;

@@ -301,7 +301,7 @@ impl IoEngine {
                 size: q.size,
                 head: q.head,
                 tail: q.tail,
-                eventidx: q.eventidx,
+                eventidx: q.arm.published(),
                 page_seen: seen(qid, 0),
             })
             .collect();
@@ -366,7 +366,7 @@ impl IoEngine {
             let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
             // EventIdx is published again here (`resume`): what the saved process
             // last published need not be what guest memory holds any more.
-            (q.head, q.tail, q.eventidx) = (s.head, s.tail, None);
+            (q.head, q.tail) = (s.head, s.tail);
             self.sqs[i] = Some(q);
             let pos = self.active_sqs.partition_point(|&q| q < s.qid);
             self.active_sqs.insert(pos, s.qid);

@@ -543,3 +543,129 @@ fn dbbuf_eventidx_holds_with_host_and_device_on_separate_threads() {
         worker.join().expect("device thread did not panic");
     }
 }
+
+/// Base §5.2.5 / the EventIdx protocol, the order a polling owner meets: the SQ
+/// EventIdx the controller last published is what it remembers publishing.
+///
+/// A poller leaves EventIdx stale while it spins, then re-arms when it stops. Here
+/// the last value it armed with is 1; a lap of the ring later it re-arms at 0 and
+/// the host submits in that very window (its tail store lands between the
+/// controller's read of the tail and its re-read after the fence), so the re-arm
+/// finds new work; the controller takes it, and its head is 1 again. EventIdx in
+/// memory is now 0, not the 1 it armed with a lap before: if it takes its own
+/// record of "armed at 1" for the truth, it sleeps with EventIdx 0, and the host's
+/// next submission (1 to 2) does not ring. A lost wake-up, a command stranded.
+#[test]
+fn dbbuf_a_rearm_that_races_the_host_is_remembered_at_the_value_it_published() {
+    use std::sync::{Arc, Mutex};
+
+    use nvme_spec::regs::{doorbell_offset, need_event};
+    use nvme_spec::{Cqe, CQE_SIZE, SQE_SIZE};
+
+    type Hook = Box<dyn FnOnce() + Send>;
+    /// RAM whose next submission first runs a hook: the host, acting while the
+    /// controller is between its read of the tail and its re-arm.
+    struct HookedRam(block_backend::RamBackend, Arc<Mutex<Option<Hook>>>);
+    struct HookedQueue(Box<dyn block_backend::BackendQueue>, Arc<Mutex<Option<Hook>>>);
+    impl std::fmt::Debug for HookedRam {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("HookedRam")
+        }
+    }
+    impl std::fmt::Debug for HookedQueue {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("HookedQueue")
+        }
+    }
+    impl block_backend::Backend for HookedRam {
+        fn info(&self) -> block_backend::BackendInfo {
+            self.0.info()
+        }
+        fn open_queue(&self) -> std::io::Result<Box<dyn block_backend::BackendQueue>> {
+            Ok(Box::new(HookedQueue(self.0.open_queue()?, self.1.clone())))
+        }
+    }
+    impl block_backend::BackendQueue for HookedQueue {
+        fn submit(&mut self, mem: &guest_mem::GuestMemory, req: block_backend::Request) {
+            let hook = self.1.lock().unwrap().take();
+            if let Some(h) = hook {
+                h();
+            }
+            self.0.submit(mem, req)
+        }
+        fn reap(&mut self, out: &mut Vec<block_backend::Completion>) -> usize {
+            self.0.reap(out)
+        }
+        fn in_flight(&self) -> usize {
+            self.0.in_flight()
+        }
+    }
+
+    const SIZE: u32 = 8;
+    let hook: Arc<Mutex<Option<Hook>>> = Arc::default();
+    let opts = InitOptions { io_queues: 1, queue_size: SIZE, shadow_doorbells: true, ..Default::default() };
+    let ram = block_backend::RamBackend::new(NS_BYTES);
+    let mut h = host_with(vec![(Arc::new(HookedRam(ram, hook.clone())), 0)], opts);
+    let mem = h.mem.clone();
+    let b = h.dbbuf.expect("shadow doorbells");
+    let (sq_base, cq_base) = (h.io[0].sq.base, h.io[0].cq.base);
+    let buf = h.alloc.alloc_pages(1);
+    let sqe = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+    let sq_off = doorbell_offset(1, SqTail, h.dstrd);
+    // The host's half (Linux nvme_dbbuf_update_and_check_event): true if it rang.
+    let submit = move |slot: u32, cid: u16| -> bool {
+        let mut s = sqe;
+        s.set_cid(cid);
+        mem.write_obj(sq_base + slot as u64 * SQE_SIZE as u64, &s).unwrap();
+        let (old, new) = (slot, (slot + 1) % SIZE);
+        mem.store_u32(b.shadow + sq_off, new).unwrap();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let ei = mem.load_u32(b.eventidx + sq_off).unwrap();
+        need_event(ei as u16, new as u16, old as u16)
+    };
+    let (mut cq_head, mut phase) = (0u32, true);
+    let mut reap = |h: &mut MockHost, want: usize| {
+        for _ in 0..want {
+            let addr = cq_base + cq_head as u64 * CQE_SIZE as u64;
+            let c: Cqe = h.mem.read_obj(addr).unwrap();
+            assert_eq!(c.status.get() & 1 != 0, phase, "a completion is missing");
+            assert_status(&c, Status::SUCCESS, false);
+            cq_head = (cq_head + 1) % SIZE;
+            phase ^= cq_head == 0;
+        }
+        // The CQ head, shadowed (the controller reads it when it needs room).
+        let off = doorbell_offset(1, CqHead, h.dstrd);
+        h.mem.store_u32(b.shadow + off, cq_head).unwrap();
+    };
+
+    // Armed: one command, then the run that finds the queue empty arms at 1.
+    h.ctrl.set_arm_eventidx(true);
+    assert!(submit(0, 0), "the first submission to an idle controller rings");
+    h.ring(1, SqTail, 1);
+    h.process();
+    reap(&mut h, 1);
+    assert_eq!(h.eventidx_slot(1, SqTail), Some(1));
+    // Polling, EventIdx stale: the head goes round to 7 (the host need not ring).
+    h.ctrl.set_arm_eventidx(false);
+    for slot in 1..SIZE - 1 {
+        submit(slot, slot as u16);
+        h.process();
+        reap(&mut h, 1);
+    }
+    assert_eq!(h.eventidx_slot(1, SqTail), Some(1), "a poller leaves EventIdx stale");
+    // The poller stops: its armed run takes the command in slot 7, and while it does
+    // the host submits slot 0 (the hook), reading EventIdx 1: no ring.
+    let rang = Arc::new(Mutex::new(None));
+    *hook.lock().unwrap() = Some(Box::new({
+        let (submit, rang) = (submit.clone(), rang.clone());
+        move || *rang.lock().unwrap() = Some(submit(0, 100))
+    }));
+    submit(SIZE - 1, 99);
+    h.ctrl.set_arm_eventidx(true);
+    h.process();
+    assert_eq!(*rang.lock().unwrap(), Some(false), "the hook ran, and its submission did not ring");
+    reap(&mut h, 2);
+    // Idle and armed: EventIdx is the consumed tail, so the next submission rings.
+    assert_eq!(h.eventidx_slot(1, SqTail), Some(1), "EventIdx left behind the consumed tail");
+    assert!(submit(1, 101), "the next submission rings");
+}

@@ -52,6 +52,8 @@
 //! keeps a shadow read per run off the I/O path of a controller that also owns the
 //! admin queue (inline mode).
 
+#[cfg(test)]
+mod model;
 mod policy;
 
 use std::sync::atomic::{fence, Ordering};
@@ -108,11 +110,116 @@ impl ShadowBuffers {
     /// differs from `seen` the host moved on and may not ring, so the caller must
     /// keep working.
     pub fn rearm(&self, mem: &GuestMemory, qid: u16, kind: DoorbellKind, seen: u32) -> Result<u32, MemError> {
-        self.publish(mem, qid, kind, seen)?;
+        rearm(&mut self.slots(mem, qid, kind), seen)
+    }
+
+    /// One queue's pair of slots, for [`SqArm::rearm`].
+    pub fn slots<'a>(&'a self, mem: &'a GuestMemory, qid: u16, kind: DoorbellKind) -> Slots<'a> {
+        Slots { buffers: self, mem, qid, kind }
+    }
+}
+
+/// The memory a re-arm touches: one queue's EventIdx slot and its shadow slot. The
+/// protocol ([`rearm`], [`SqArm`]) is written against this, so the interleaving
+/// model (`model.rs`) runs the code the engine runs, over a memory
+/// that lets the host act between any two of its accesses.
+pub trait EventIdxSlots {
+    type Error;
+    /// Stores our EventIdx.
+    fn publish(&mut self, v: u32) -> Result<(), Self::Error>;
+    /// A full barrier: the store before it is visible before the load after it.
+    fn fence(&mut self);
+    /// Acquire load of the host's shadow value.
+    fn load_shadow(&mut self) -> Result<u32, Self::Error>;
+}
+
+/// [`EventIdxSlots`] over guest memory.
+#[derive(Debug)]
+pub struct Slots<'a> {
+    buffers: &'a ShadowBuffers,
+    mem: &'a GuestMemory,
+    qid: u16,
+    kind: DoorbellKind,
+}
+
+impl EventIdxSlots for Slots<'_> {
+    type Error = MemError;
+    fn publish(&mut self, v: u32) -> Result<(), MemError> {
+        self.buffers.publish(self.mem, self.qid, self.kind, v)
+    }
+    fn fence(&mut self) {
         // Pairs with the host's full barrier between its shadow store and its
         // EventIdx load (Linux `mb()` in nvme_dbbuf_update_and_check_event).
         fence(Ordering::SeqCst);
-        self.load(mem, qid, kind)
+    }
+    fn load_shadow(&mut self) -> Result<u32, MemError> {
+        self.buffers.load(self.mem, self.qid, self.kind)
+    }
+}
+
+/// Publish `seen`, full barrier, re-read the shadow value (see the module docs).
+pub fn rearm<S: EventIdxSlots>(slots: &mut S, seen: u32) -> Result<u32, S::Error> {
+    slots.publish(seen)?;
+    slots.fence();
+    slots.load_shadow()
+}
+
+/// What re-arming an empty SQ found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rearm {
+    /// EventIdx already holds this head (published, and fenced, when the queue was
+    /// last found empty there): nothing was read or written.
+    Unchanged,
+    /// EventIdx is now this head and the shadow tail still equals it: the host's
+    /// next submission rings.
+    Armed,
+    /// The host wrote this tail meanwhile and may not ring for it: keep working.
+    Moved(u32),
+}
+
+/// The SQ EventIdx value this controller published, so a run that finds an SQ empty
+/// at the head it is already armed at skips the store, the fence and the re-read
+/// (the common case: an owner woken for something else).
+///
+/// The record is exactly what guest memory holds: it changes at every store of the
+/// slot, whatever the re-read after that store finds. A record kept only when the
+/// re-read found nothing new would, after a re-arm that raced the host, still name
+/// the older value; when the head came round to it, the controller would skip the
+/// re-arm and sleep with EventIdx behind the tail, and the host's next submission
+/// would not ring (a lost wake-up seen as one command in a million never completing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqArm {
+    published: Option<u32>,
+}
+
+impl SqArm {
+    /// The SQ is empty at `head` (the tail last read): make sure the host's next
+    /// submission rings, or find the one it made meanwhile.
+    pub fn rearm<S: EventIdxSlots>(&mut self, slots: &mut S, head: u32) -> Result<Rearm, S::Error> {
+        if self.published == Some(head) {
+            return Ok(Rearm::Unchanged);
+        }
+        slots.publish(head)?;
+        self.published = Some(head);
+        slots.fence();
+        let t = slots.load_shadow()?;
+        Ok(if t == head { Rearm::Armed } else { Rearm::Moved(t) })
+    }
+
+    /// The value EventIdx holds, if this controller stored it.
+    pub fn published(&self) -> Option<u32> {
+        self.published
+    }
+
+    /// Whether EventIdx holds `head`.
+    pub fn is_at(&self, head: u32) -> bool {
+        self.published == Some(head)
+    }
+
+    /// The slot was written by something else (buffers attached, a value carried
+    /// into new buffers, state restored): the next re-arm stores again.
+    pub fn forget(&mut self) {
+        self.published = None;
     }
 }
 

@@ -57,7 +57,7 @@ impl IoEngine {
                     Err(_) => false,
                 };
                 let head = sq.head;
-                self.sqs[qid as usize].as_mut().expect("exists").eventidx = None;
+                self.sqs[qid as usize].as_mut().expect("exists").arm.forget();
                 if adopt {
                     // Leave the host's value; EventIdx = what we consumed.
                     if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::SqTail, head) {
@@ -99,7 +99,7 @@ impl IoEngine {
         };
         if kind == DoorbellKind::SqTail {
             if let Some(sq) = self.sqs[qid as usize].as_mut() {
-                sq.eventidx = None;
+                sq.arm.forget();
             }
         }
         let r = b.store_shadow(&self.mem, qid, kind, v).and_then(|_| b.publish(&self.mem, qid, kind, ei));

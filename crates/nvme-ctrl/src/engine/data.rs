@@ -8,6 +8,7 @@ use nvme_spec::Status;
 use tracing::warn;
 
 use super::{Finish, InFlight, IoEngine, Slot, EXPIRY_POLLS, POLL_BUDGET};
+use crate::doorbell::Rearm;
 use crate::stats::{QueueStats, Stats};
 
 impl IoEngine {
@@ -72,7 +73,7 @@ impl IoEngine {
             // EventIdx rings for its next command, and the trapped value is the tail
             // (policy.rs): an empty admin SQ armed at its head has nothing to read.
             let sq = self.sqs[qid as usize].as_ref().expect("exists");
-            if qid == 0 && sq.is_empty() && sq.eventidx == Some(sq.head) {
+            if qid == 0 && sq.is_empty() && sq.arm.is_at(sq.head) {
                 return 0;
             }
             if !self.refresh_sq_tail(qid, b) {
@@ -128,26 +129,24 @@ impl IoEngine {
             }
             // Empty: re-arm EventIdx, then look again (see doorbell.rs).
             let Some(b) = self.shadow else { return done };
-            let sq = self.sqs[qid as usize].as_ref().expect("exists");
+            let sq = self.sqs[qid as usize].as_mut().expect("exists");
             let head = sq.head;
-            if sq.eventidx == Some(head) {
-                // Armed at this head already, and fenced then: nothing has changed
-                // since, and the tail was read again at the top of this call.
-                return done;
-            }
-            Stats::add(&self.ctx.stats.shadow_reads, 1);
-            match b.rearm(&self.mem, qid, DoorbellKind::SqTail, head) {
-                Ok(t) if t == head => {
-                    self.sqs[qid as usize].as_mut().expect("exists").eventidx = Some(head);
+            match sq.arm.rearm(&mut b.slots(&self.mem, qid, DoorbellKind::SqTail), head) {
+                // Armed at this head already (and fenced then): the tail was read
+                // again at the top of this call.
+                Ok(Rearm::Unchanged) => return done,
+                Ok(Rearm::Armed) => {
+                    Stats::add(&self.ctx.stats.shadow_reads, 1);
                     return done;
                 }
-                Ok(t) if self.sqs[qid as usize].as_ref().expect("exists").valid_tail(t) => {
+                Ok(Rearm::Moved(t)) if sq.valid_tail(t) => {
+                    Stats::add(&self.ctx.stats.shadow_reads, 1);
                     Stats::add(&self.ctx.stats.eventidx_races, 1);
-                    let sq = self.sqs[qid as usize].as_mut().expect("exists");
                     sq.tail = t;
                     sq.reported_bad_tail = None;
                 }
-                Ok(t) => {
+                Ok(Rearm::Moved(t)) => {
+                    Stats::add(&self.ctx.stats.shadow_reads, 1);
                     self.bad_shadow_tail(qid, t);
                     return done;
                 }

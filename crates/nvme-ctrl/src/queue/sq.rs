@@ -3,6 +3,8 @@
 use guest_mem::{GuestMemory, MemError};
 use nvme_spec::{Sqe, SQE_SIZE};
 
+use crate::doorbell::SqArm;
+
 /// Controller-side state of one submission queue.
 #[derive(Debug)]
 pub struct SubmissionQueue {
@@ -22,9 +24,8 @@ pub struct SubmissionQueue {
     /// An invalid shadow tail already reported, so a value the host leaves in place
     /// raises one event, not one per poll.
     pub reported_bad_tail: Option<u32>,
-    /// The SQ EventIdx value this controller last published and fenced (None: none
-    /// since creation or since the shadow buffers changed).
-    pub eventidx: Option<u32>,
+    /// The SQ EventIdx value this controller last published (shadow doorbells).
+    pub arm: SqArm,
 }
 
 impl SubmissionQueue {
@@ -38,7 +39,7 @@ impl SubmissionQueue {
             in_flight: 0,
             rung: false,
             reported_bad_tail: None,
-            eventidx: None,
+            arm: SqArm::default(),
         }
     }
 

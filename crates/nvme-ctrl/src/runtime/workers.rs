@@ -112,20 +112,19 @@ impl Worker {
     }
 
     fn send(&self, m: Msg) {
-        self.send_and_wake(m, true);
+        self.post(m, false);
     }
 
-    /// Queues `m`; wakes the worker if it sleeps and `wake` says so.
-    fn send_and_wake(&self, m: Msg, wake: bool) {
-        self.shared.pending.fetch_add(1, Ordering::SeqCst);
+    /// Queues `m`, and wakes the worker if it sleeps, unless `lazy` and the worker
+    /// said it needs no CQ head (see [`Worker::doorbell`]).
+    fn post(&self, m: Msg, lazy: bool) {
+        let pending = self.shared.pending.fetch_add(1, Ordering::SeqCst) + 1;
         if self.tx.send(m).is_err() {
             self.shared.pending.fetch_sub(1, Ordering::SeqCst);
             warn!(worker = self.index, "worker is gone; message dropped");
             return;
         }
-        // Pairs with the worker's SeqCst store of `sleeping` before its last check
-        // of `pending`: either it sees our message, or we see it asleep and wake it.
-        if wake && self.shared.sleeping.load(Ordering::SeqCst) {
+        if wakes(&self.shared, lazy, pending) {
             self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
             let _ = self.shared.wake.write(1);
         }
@@ -140,10 +139,7 @@ impl Worker {
     /// At most [`LAZY_DOORBELLS`] wait so: a host that only rings CQ heads cannot
     /// grow the mailbox.
     pub fn doorbell(&self, qid: u16, kind: DoorbellKind, value: u32) {
-        let lazy = kind == DoorbellKind::CqHead
-            && !self.shared.cq_waiting.load(Ordering::SeqCst)
-            && self.shared.pending.load(Ordering::SeqCst) < LAZY_DOORBELLS;
-        self.send_and_wake(Msg::Doorbell(qid, kind, value), !lazy);
+        self.post(Msg::Doorbell(qid, kind, value), kind == DoorbellKind::CqHead);
     }
 
     /// Runs `f` on the worker's engine and returns its result.
@@ -187,6 +183,23 @@ impl Drop for Worker {
             let _ = t.join();
         }
     }
+}
+
+/// The sender's half of the sleep handshake, after its message is queued and
+/// counted (`pending`, the count with it): whether the worker must be woken.
+///
+/// Every load comes after the message was counted, and pairs with the worker's
+/// stores before its last look at `pending` (`run`: `cq_waiting`, then `sleeping`,
+/// then `pending`): either the worker's look counts this message, or these loads see
+/// it asleep, and see whether it waits for CQ room. Deciding laziness before
+/// counting the message (as this once did) let a worker that began to wait for CQ
+/// room go to sleep between the two, with the CQ head doorbell that would let its
+/// completions in left in the mailbox: a lost wake-up.
+fn wakes(shared: &Shared, lazy: bool, pending: usize) -> bool {
+    if !shared.sleeping.load(Ordering::SeqCst) {
+        return false;
+    }
+    !lazy || pending > LAZY_DOORBELLS || shared.cq_waiting.load(Ordering::SeqCst)
 }
 
 /// Copies the idle loop's spin counters where other threads can read them.
@@ -305,5 +318,107 @@ fn run(
         }
         engine.fire_timers();
         debug!(target: "vnvme::worker", "woke");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The sleep handshake between a worker and whoever sends it a message, in every
+    //! interleaving of the two sides' steps ([`crate::interleave`]). The atomics are
+    //! SeqCst on both sides, so interleavings of whole steps are every behaviour.
+
+    use super::LAZY_DOORBELLS;
+    use crate::interleave::{explore, Choices};
+
+    /// How the sender decides whether a CQ head doorbell may wait in the mailbox.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Order {
+        /// Count the message, then look at `sleeping` and `cq_waiting` (`wakes`).
+        CountThenLook,
+        /// Look at `cq_waiting` first, then count it (the order this once had).
+        LookThenCount,
+    }
+
+    #[derive(Debug, Default)]
+    struct State {
+        pending: usize,
+        sleeping: bool,
+        cq_waiting: bool,
+        /// The wake-up eventfd was written.
+        woken: bool,
+        /// The worker went to sleep (its last look found the mailbox empty).
+        asleep: bool,
+        /// The worker saw the message before sleeping.
+        took: bool,
+    }
+
+    /// One worker about to sleep (`waits_for_room`: some CQ of its has completions
+    /// waiting) and one sender of a doorbell (`lazy`: a CQ head). Fails if the
+    /// worker sleeps unwoken while the message is one it needed.
+    fn execute(ch: &mut Choices, order: Order, lazy: bool, waits_for_room: bool) -> Result<(), String> {
+        let mut s = State::default();
+        let (mut w_pc, mut s_pc) = (0, 0);
+        let mut sender_lazy = lazy;
+        let mut saw_sleeping = false;
+        // Three steps each: the worker's stores and its last look; the sender's
+        // count and its two looks (in one order or the other).
+        const STEPS: usize = 3;
+        while w_pc < STEPS || s_pc < STEPS {
+            let worker = w_pc < STEPS && (s_pc == STEPS || ch.flip());
+            if worker {
+                match w_pc {
+                    0 => s.cq_waiting = waits_for_room,
+                    1 => s.sleeping = true,
+                    _ => {
+                        if s.pending > 0 {
+                            s.sleeping = false;
+                            s.took = true;
+                        } else {
+                            s.asleep = true;
+                        }
+                    }
+                }
+                w_pc += 1;
+                continue;
+            }
+            match (order, s_pc) {
+                (Order::CountThenLook, 0) => s.pending += 1,
+                (Order::CountThenLook, 1) => saw_sleeping = s.sleeping,
+                (Order::CountThenLook, _) => {
+                    let wake = saw_sleeping && (!lazy || s.pending > LAZY_DOORBELLS || s.cq_waiting);
+                    s.woken |= wake;
+                }
+                (Order::LookThenCount, 0) => sender_lazy = lazy && !s.cq_waiting,
+                (Order::LookThenCount, 1) => s.pending += 1,
+                (Order::LookThenCount, _) => s.woken |= s.sleeping && !sender_lazy,
+            }
+            s_pc += 1;
+        }
+        let needed = !lazy || waits_for_room;
+        if s.asleep && !s.woken && needed {
+            return Err(format!("lost wake-up: {s:?}"));
+        }
+        if s.asleep && !s.woken && s.took {
+            return Err(format!("impossible: {s:?}"));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_message_the_worker_needs_always_wakes_it() {
+        for (lazy, room) in [(false, false), (false, true), (true, false), (true, true)] {
+            let r = explore(1000, |ch| execute(ch, Order::CountThenLook, lazy, room))
+                .unwrap_or_else(|f| panic!("lazy {lazy} waits for room {room}: {f}"));
+            assert_eq!(r.executions, 20, "every interleaving of 3 + 3 steps");
+        }
+    }
+
+    #[test]
+    fn deciding_laziness_before_counting_the_message_loses_a_wake_up() {
+        let f = explore(1000, |ch| execute(ch, Order::LookThenCount, true, true))
+            .expect_err("the old order loses the CQ head doorbell");
+        assert!(f.message.contains("lost wake-up"), "{f}");
+        // It was right for SQ doorbells, which were never lazy.
+        explore(1000, |ch| execute(ch, Order::LookThenCount, false, true)).unwrap();
     }
 }
