@@ -74,11 +74,27 @@ pub struct DeviceSaved {
     pub kick: usize,
     /// The client's connection, if one was being served.
     pub client: Option<usize>,
+    /// The start of a message the client had begun to send, if any: it moves with
+    /// the connection (the client cannot tell), its deadline still running.
+    #[serde(default)]
+    pub client_partial: Option<PartialSaved>,
     /// The listening socket.
     pub listener: Option<usize>,
     /// What the caller added (vnvme: its arguments, namespaces, QoS).
     pub extra: serde_json::Value,
     pub extra_fds: Vec<usize>,
+}
+
+/// [`vfio_user::socket::Partial`] as handed over: descriptors are indexes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartialSaved {
+    /// The bytes, as hex.
+    pub bytes: String,
+    /// How long before the hand-over its first byte was seen (ns).
+    pub age_ns: u64,
+    /// Descriptor groups with the stream range (from the first byte) of the read
+    /// that brought each.
+    pub fds: Vec<(u64, u64, Vec<usize>)>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -149,7 +165,7 @@ impl Device {
     /// serving. Ok(false) or an error (logged here): go on serving.
     pub(crate) fn hand_over_if_asked(
         &mut self,
-        client: Option<&UnixStream>,
+        client: Option<&Connection>,
         listener: Option<&UnixListener>,
     ) -> bool {
         let Some(mut r) = self.handover.take() else { return false };
@@ -174,7 +190,7 @@ impl Device {
     fn hand_over(
         &mut self,
         r: HandoverRequest,
-        client: Option<&UnixStream>,
+        client: Option<&Connection>,
         listener: Option<&UnixListener>,
     ) -> io::Result<()> {
         let mut conn = Connection::with_deadline(r.stream, Duration::from_secs(10))?;
@@ -224,7 +240,7 @@ impl Device {
         quiesced_at_ns: u64,
         extra: serde_json::Value,
         extra_fds: Vec<OwnedFd>,
-        client: Option<&UnixStream>,
+        client: Option<&Connection>,
         listener: Option<&UnixListener>,
     ) -> io::Result<()> {
         let mut fds: Vec<OwnedFd> = Vec::new();
@@ -245,7 +261,19 @@ impl Device {
         }
         let page = self.page.as_ref().map(|p| p.fd()).transpose()?.map(&mut add);
         let kick = add(self.ctrl.doorbell_kick()?);
-        let client = client.map(|s| s.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let client_partial = match client.map(Connection::partial).transpose()? {
+            Some(p) if !p.bytes.is_empty() => Some(PartialSaved {
+                bytes: hex(&p.bytes),
+                age_ns: p.age.as_nanos() as u64,
+                fds: p
+                    .fds
+                    .into_iter()
+                    .map(|(s, e, fds)| (s, e, fds.into_iter().map(&mut add).collect()))
+                    .collect(),
+            }),
+            _ => None,
+        };
+        let client = client.map(|c| c.stream().try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
         let listener = listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
         let extra_fds = extra_fds.into_iter().map(&mut add).collect();
         let saved = DeviceSaved {
@@ -263,6 +291,7 @@ impl Device {
             page,
             kick,
             client,
+            client_partial,
             listener,
             extra,
             extra_fds,
@@ -358,6 +387,18 @@ impl Handover {
         self.fds.get_mut(i).and_then(Option::take).ok_or_else(|| {
             io::Error::other(format!("descriptor {i} missing or taken twice in the hand-over"))
         })
+    }
+
+    /// The start of a message the client had begun to send, with its descriptors
+    /// (empty if none).
+    pub fn take_partial(&mut self) -> io::Result<vfio_user::socket::Partial> {
+        let Some(p) = self.saved.client_partial.take() else { return Ok(Default::default()) };
+        let mut fds = Vec::with_capacity(p.fds.len());
+        for (s, e, idx) in p.fds {
+            let group = idx.into_iter().map(|i| self.take(i)).collect::<io::Result<Vec<_>>>()?;
+            fds.push((s, e, group));
+        }
+        Ok(vfio_user::socket::Partial { bytes: unhex(&p.bytes)?, fds, age: Duration::from_nanos(p.age_ns) })
     }
 
     /// Takes descriptor `i` of what the caller added (`extra_fds`), each once.

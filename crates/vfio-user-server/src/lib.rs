@@ -25,3 +25,5 @@ pub mod server;
 pub use device::{Device, DeviceOptions};
 pub use doorbells::DoorbellMode;
 pub use irq::EventFdInterrupts;
+/// The start of a message a client had begun to send, as it moves with an upgrade.
+pub use vfio_user::socket::Partial;

@@ -48,11 +48,16 @@ impl Message {
 /// One end of a vfio-user socket.
 ///
 /// Reading is buffered: one recvmsg takes whatever has arrived, often several
-/// messages (a guest's doorbell writes come in bursts), and [`Connection::recv`]
-/// hands them out one by one; [`Connection::has_message`] says when the next one
-/// needs no system call. Descriptors ride on the first byte of the sendmsg that
-/// carried them, and the kernel ends a read right after the data they came with:
-/// they belong to the last message that begins in that read.
+/// messages (a guest's doorbell writes come in bursts), and they are handed out one
+/// by one. Descriptors ride on the first byte of the sendmsg that carried them, and
+/// the kernel ends a read right after the data they came with: they belong to the
+/// last message that begins in that read.
+///
+/// Two ways to read: [`Connection::recv`] blocks until a whole message is in (a
+/// client waiting for its reply); [`Connection::fill`] takes what has arrived without
+/// ever waiting, [`Connection::next_message`] hands out the whole messages, and
+/// [`Connection::pending_deadline`] says by when the one that has begun must be
+/// complete (a server, whose thread has queues to run meanwhile).
 #[derive(Debug)]
 pub struct Connection {
     sock: UnixStream,
@@ -73,6 +78,20 @@ struct RecvBuffer {
     fds: Vec<(u64, u64, Vec<OwnedFd>)>,
     /// A payload buffer handed back ([`Connection::recycle`]), for the next message.
     spare: Vec<u8>,
+    /// When the first byte of the message now partly buffered was seen (None: no
+    /// message has begun, or the time was not needed yet).
+    begun: Option<Instant>,
+}
+
+/// A message that has begun to arrive and is not complete, as it moves with its
+/// connection to another process (an upgrade): the bytes, the descriptors that came
+/// with them (each group with the stream range of the read that brought it,
+/// relative to the first byte), and how long ago the first byte was seen.
+#[derive(Debug, Default)]
+pub struct Partial {
+    pub bytes: Vec<u8>,
+    pub fds: Vec<(u64, u64, Vec<OwnedFd>)>,
+    pub age: Duration,
 }
 
 /// The usual size of the receive buffer; a larger message grows it for itself.
@@ -117,6 +136,9 @@ impl RecvBuffer {
             self.start = 0;
             self.end = 0;
         }
+        // Whatever follows is another message: its first byte came with the latest
+        // read (every whole message is taken after each read), not with this one's.
+        self.begun = None;
         Ok(Some(Message { header, payload, fds }))
     }
 
@@ -169,6 +191,42 @@ impl Connection {
         self.rx.buffered()
     }
 
+    /// A copy of what is buffered (call it once the whole messages are taken: it is
+    /// the start of a message), its descriptors duplicated: for a hand-over, after
+    /// which this connection is not read again.
+    pub fn partial(&self) -> io::Result<Partial> {
+        let rx = &self.rx;
+        let fds = rx
+            .fds
+            .iter()
+            .map(|(s, e, fds)| {
+                let dup = fds.iter().map(|f| f.try_clone()).collect::<io::Result<Vec<_>>>()?;
+                Ok((s.saturating_sub(rx.pos), e.saturating_sub(rx.pos), dup))
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Partial {
+            bytes: rx.buf[rx.start..rx.end].to_vec(),
+            fds,
+            age: rx.begun.map_or(Duration::ZERO, |t| t.elapsed()),
+        })
+    }
+
+    /// Starts an empty connection's buffer with what another process had received
+    /// of a message ([`Self::partial`] there); its deadline runs from when the first
+    /// byte arrived there.
+    pub fn preload(&mut self, p: Partial) {
+        let rx = &mut self.rx;
+        assert_eq!(rx.buffered(), 0, "preload into a connection that has read");
+        if p.bytes.is_empty() {
+            return;
+        }
+        rx.buf = p.bytes;
+        (rx.start, rx.end) = (0, rx.buf.len());
+        rx.fds = p.fds.into_iter().map(|(s, e, f)| (rx.pos + s, rx.pos + e, f)).collect();
+        let now = Instant::now();
+        rx.begun = Some(now.checked_sub(p.age).unwrap_or(now));
+    }
+
     /// A connection to an untrusted peer: a message that has begun to arrive must
     /// complete within `limit`, and a message we send must leave within `limit`;
     /// otherwise the call fails with [`ProtoError::Deadline`] instead of waiting for
@@ -201,37 +259,77 @@ impl Connection {
         }
     }
 
-    /// Reads one whole message. Blocks until it has arrived. Each read waits at most
-    /// the socket timeout, and once a message has begun, the whole of it must be in
-    /// by the deadline, so a peer trickling a byte at a time cannot hold us either.
+    /// Reads one whole message. Blocks until it has arrived: the first byte for at
+    /// most the socket timeout (the deadline, with [`Self::with_deadline`]), and once
+    /// a message has begun, the whole of it must be in by the deadline counted from
+    /// its first byte, however the peer spreads the rest.
     pub fn recv(&mut self) -> Result<Message, ProtoError> {
-        const WHAT: &str = "a message began to arrive and did not complete";
-        let mut stall = Stall::default();
         loop {
             if let Some(m) = self.rx.take()? {
                 return Ok(m);
             }
-            let begun = self.rx.buffered() > 0;
-            self.rx.make_room();
-            let rx = &mut self.rx;
-            let (n, fds) = match recv_with_fds(self.sock.as_raw_fd(), &mut rx.buf[rx.end..]) {
-                Err(ProtoError::Io(e)) => {
-                    return Err(self.stalled(e, if begun { WHAT } else { "no message arrived" }))
+            if let Some(until) = self.pending_deadline() {
+                if !wait_readable(self.sock.as_raw_fd(), until)? {
+                    return Err(self.late());
                 }
-                r => r?,
-            };
-            if n == 0 {
-                return Err(ProtoError::Closed);
             }
-            let read_at = rx.pos + rx.buffered() as u64;
-            rx.end += n;
-            if !fds.is_empty() {
-                rx.fds.push((read_at, read_at + n as u64, fds));
-            }
-            if !self.has_message() && stall.over(self.deadline) {
-                return Err(self.stalled(io::ErrorKind::TimedOut.into(), WHAT));
+            match self.read(0) {
+                Ok(0) => return Err(ProtoError::Closed),
+                Ok(_) => {}
+                Err(ProtoError::Io(e)) => {
+                    let what = if self.rx.buffered() > 0 { BEGUN } else { "no message arrived" };
+                    return Err(self.stalled(e, what));
+                }
+                Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Reads whatever has arrived, without waiting: true if bytes came, false if
+    /// there were none. [`Self::next_message`] then hands out the whole messages.
+    pub fn fill(&mut self) -> Result<bool, ProtoError> {
+        match self.read(libc::MSG_DONTWAIT) {
+            Ok(0) => Err(ProtoError::Closed),
+            Ok(_) => Ok(true),
+            Err(ProtoError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next whole message already read, if any (no system call).
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtoError> {
+        self.rx.take()
+    }
+
+    /// With a deadline, once the whole messages are taken: when the message that
+    /// has begun to arrive must be complete (None: none has begun). Its first byte
+    /// came with the latest read; the clock is read only the first time a message
+    /// is seen incomplete, so the usual case (whole messages) costs none.
+    pub fn pending_deadline(&mut self) -> Option<Instant> {
+        let limit = self.deadline?;
+        if self.rx.buffered() == 0 {
+            self.rx.begun = None;
+            return None;
+        }
+        Some(*self.rx.begun.get_or_insert_with(Instant::now) + limit)
+    }
+
+    /// The error for a message not complete by its deadline.
+    pub fn late(&self) -> ProtoError {
+        ProtoError::Deadline { what: BEGUN, limit: self.deadline.unwrap_or_default() }
+    }
+
+    /// One recvmsg into the buffer (`flags`: MSG_DONTWAIT or 0). The bytes read.
+    fn read(&mut self, flags: i32) -> Result<usize, ProtoError> {
+        self.rx.make_room();
+        let rx = &mut self.rx;
+        let (n, fds) = recv_with_fds(self.sock.as_raw_fd(), &mut rx.buf[rx.end..], flags)?;
+        let read_at = rx.pos + rx.buffered() as u64;
+        rx.end += n;
+        if !fds.is_empty() {
+            rx.fds.push((read_at, read_at + n as u64, fds));
+        }
+        Ok(n)
     }
 
     /// Writes all of `buf`, bounded like [`Self::recv`].
@@ -270,6 +368,32 @@ impl Connection {
     }
 }
 
+/// What a peer that began a message and did not finish it is told.
+const BEGUN: &str = "a message began to arrive and did not complete";
+
+/// Waits until `fd` is readable or `until` has passed (false).
+fn wait_readable(fd: RawFd, until: Instant) -> Result<bool, ProtoError> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `p` is one live pollfd, and the count says one.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return Ok(true);
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e.into());
+            }
+        }
+    }
+}
+
 /// When a message began to stall. The clock is read only once a read or write comes
 /// up short, so a message that moves in one call, the usual case, costs no clock read;
 /// the deadline then runs from the first short call (the calls before it did not wait).
@@ -285,8 +409,9 @@ impl Stall {
 
 const CMSG_SPACE: usize = 64 + MAX_FDS * 4;
 
-/// recvmsg into `buf`, collecting any SCM_RIGHTS descriptors (close-on-exec).
-fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), ProtoError> {
+/// recvmsg into `buf` with `flags`, collecting any SCM_RIGHTS descriptors
+/// (close-on-exec).
+fn recv_with_fds(fd: RawFd, buf: &mut [u8], flags: i32) -> Result<(usize, Vec<OwnedFd>), ProtoError> {
     let mut cmsg = [0u64; CMSG_SPACE / 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain data; zero is a valid initial value for every field.
@@ -299,7 +424,7 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), Pro
         // `msg` points at `iov` (covering `buf`) and `cmsg`, both live and writable for
         // the duration of the call, with their true lengths.
         // SAFETY: every buffer `msg` names is live and writable at its stated length.
-        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if r >= 0 {
             break r as usize;
         }
@@ -506,5 +631,104 @@ mod tests {
         assert_eq!((m.header.msg_id.get(), &m.payload[..]), (2, &b"tail"[..]));
         drop(writer.join().unwrap());
         assert!(matches!(b.recv(), Err(ProtoError::Closed)));
+    }
+
+    /// The deadline of a message in progress runs from its first byte: bytes that
+    /// trickle in later do not move it, a message taken whole ends it, and the
+    /// start of the next one, read with the end of the one before, starts its own.
+    #[test]
+    fn a_begun_message_is_due_a_deadline_after_its_first_byte() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut b = Connection::with_deadline(b, Duration::from_secs(5)).unwrap();
+        assert!(!b.fill().unwrap(), "nothing to read: fill does not wait");
+        assert_eq!(b.pending_deadline(), None);
+        let p = [1u8; 16];
+        let mut whole = raw(1, (HEADER_SIZE + p.len()) as u32);
+        whole.extend_from_slice(&p);
+        a.write_all(&whole[..5]).unwrap();
+        assert!(b.fill().unwrap());
+        assert!(b.next_message().unwrap().is_none());
+        let due = b.pending_deadline().expect("a message has begun");
+        std::thread::sleep(Duration::from_millis(20));
+        a.write_all(&whole[5..20]).unwrap();
+        assert!(b.fill().unwrap());
+        assert!(b.next_message().unwrap().is_none());
+        assert_eq!(b.pending_deadline(), Some(due), "later bytes do not move the deadline");
+        // The rest, and the first bytes of the next message, in one write.
+        let mut rest = whole[20..].to_vec();
+        rest.extend_from_slice(&whole[..3]);
+        std::thread::sleep(Duration::from_millis(20));
+        a.write_all(&rest).unwrap();
+        assert!(b.fill().unwrap());
+        assert_eq!(b.next_message().unwrap().expect("whole").payload, p);
+        let next = b.pending_deadline().expect("the next message has begun");
+        assert!(next > due, "the next message has a deadline of its own");
+        a.write_all(&whole[3..]).unwrap();
+        assert!(b.fill().unwrap());
+        assert!(b.next_message().unwrap().is_some());
+        assert_eq!(b.pending_deadline(), None);
+        // Without a deadline, nothing is due.
+        let (_c, d) = UnixStream::pair().unwrap();
+        assert_eq!(Connection::new(d).pending_deadline(), None);
+    }
+
+    /// A blocking receive gives up on a begun message a deadline after its first
+    /// byte, however the rest trickles in.
+    #[test]
+    fn recv_gives_up_a_deadline_after_the_first_byte() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut b = Connection::with_deadline(b, Duration::from_millis(300)).unwrap();
+        let trickle = std::thread::spawn(move || {
+            let h = raw(1, 64);
+            for byte in h.iter().chain([0u8; 48].iter()) {
+                if a.write_all(&[*byte]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        });
+        match b.recv() {
+            Err(ProtoError::Deadline { what, .. }) => assert!(what.contains("did not complete"), "{what}"),
+            other => panic!("a trickled message was taken: {other:?}"),
+        }
+        drop(b);
+        trickle.join().unwrap();
+    }
+
+    /// What a connection has of a begun message (bytes and descriptors) goes to
+    /// another connection on the same socket, which finishes it.
+    #[test]
+    fn a_partial_message_moves_to_another_connection() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut a = Connection::new(a);
+        let mut b = Connection::with_deadline(b, Duration::from_secs(5)).unwrap();
+        let f = tempfile();
+        let (h, p) = msg(7, &[7u8; 40]);
+        let mut bytes = Vec::new();
+        let mut hh = h;
+        hh.size.set((HEADER_SIZE + p.len()) as u32);
+        bytes.extend_from_slice(hh.as_bytes());
+        bytes.extend_from_slice(&p);
+        let n = send_with_fds(a.stream().as_raw_fd(), &bytes[..30], &[f.as_raw_fd()]).unwrap();
+        assert_eq!(n, 30);
+        assert!(b.fill().unwrap());
+        assert!(b.next_message().unwrap().is_none());
+        b.pending_deadline();
+        let part = b.partial().unwrap();
+        assert_eq!(part.bytes, &bytes[..30]);
+        assert_eq!(part.fds.len(), 1);
+        let mut c =
+            Connection::with_deadline(b.stream().try_clone().unwrap(), Duration::from_secs(5)).unwrap();
+        c.preload(part);
+        assert!(c.pending_deadline().is_some());
+        a.write_all(&bytes[30..], &mut Stall::default()).unwrap();
+        let m = c.recv().unwrap();
+        assert_eq!((m.header.msg_id.get(), m.payload.len(), m.fds.len()), (7, 40, 1));
+    }
+
+    fn raw(id: u16, size: u32) -> Vec<u8> {
+        let mut h = Header { msg_id: U16::new(id), ..Default::default() };
+        h.size.set(size);
+        h.as_bytes().to_vec()
     }
 }

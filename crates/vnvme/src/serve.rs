@@ -324,7 +324,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
         }
     };
     let client = match taken.handover.saved.client {
-        Some(i) => Some(UnixStream::from(taken.handover.take(i)?)),
+        Some(i) => Some((UnixStream::from(taken.handover.take(i)?), taken.handover.take_partial()?)),
         None => None,
     };
     let quiesced_at = taken.handover.saved.quiesced_at_ns;
@@ -629,8 +629,12 @@ struct Started {
 }
 
 impl Started {
-    /// Serves, starting with `first` (a client taken over) if given.
-    fn serve(self, first: Option<UnixStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// Serves, starting with `first` (a client taken over, and the start of a message
+    /// it had begun to send) if given.
+    fn serve(
+        self,
+        first: Option<(UnixStream, vfio_user_server::Partial)>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let Started { a, namespaces, mut dev, listener, stats, jobs } = self;
         let r = server::serve_from(
             &listener,

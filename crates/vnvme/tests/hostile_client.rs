@@ -384,3 +384,61 @@ fn the_mapped_doorbell_page_is_sealed() {
     assert!(rustix::fs::ftruncate(&fd, 0).is_err(), "the client cannot shrink it");
     server.assert_alive();
 }
+
+/// issue 25.2: a client that has sent a whole message and begun the next in the
+/// same write, then goes quiet, is evicted: the deadline of a message in progress
+/// runs whether or not more bytes ever come (the whole message before it is
+/// answered first).
+#[test]
+fn a_message_begun_behind_a_whole_one_is_evicted_when_the_rest_never_comes() {
+    let mut server = Server::start_with(&["--client-deadline", DEADLINE]);
+    let c = server.raw_negotiated();
+    let mut s = c.stream().try_clone().unwrap();
+    let mut bytes = raw_header(2, Command::DeviceGetInfo as u16, 16 + 16).to_vec();
+    bytes.extend_from_slice(&[0u8; 16]);
+    bytes.extend_from_slice(&raw_header(3, Command::DeviceGetInfo as u16, 16 + 16)[..7]);
+    write_raw(&mut s, &bytes);
+    let mut reply = [0u8; HEADER_SIZE];
+    std::io::Read::read_exact(&mut s, &mut reply).expect("the whole message is answered");
+    assert_eq!(u16::from_le_bytes([reply[0], reply[1]]), 2, "the reply is to message 2");
+    assert!(closed_by_peer(&mut s), "a client holding half a message was never evicted");
+    drop(c);
+    next_client_served(&mut server);
+    let log = server.log();
+    assert!(log.contains("client evicted") && log.contains("did not complete"), "eviction logged:\n{log}");
+    server.assert_alive();
+}
+
+/// issue 25.3: reading a message never blocks the thread that serves the device.
+/// While a client's message is half in, a control call that runs on that thread
+/// (`ctrl.info`) is answered and sees the client connected; the client then
+/// finishes its message and gets its reply. A server that waited for the rest of
+/// the message would answer the call only after evicting the client.
+#[test]
+fn a_message_in_progress_never_holds_up_the_server_thread() {
+    let dir = common::temp_dir("partial");
+    let ctl = dir.join("c.sock");
+    let mut server =
+        Server::start_in(&dir, "s", &["--client-deadline", "8s", "--control", ctl.to_str().unwrap()])
+            .owning_dir();
+    let c = server.raw_negotiated();
+    let mut s = c.stream().try_clone().unwrap();
+    let mut msg = raw_header(4, Command::DeviceGetInfo as u16, 16 + 16).to_vec();
+    msg.extend_from_slice(&[0u8; 16]);
+    write_raw(&mut s, &msg[..10]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .args(["ctl", "--json", "--timeout", "20s", "--control"])
+        .arg(&ctl)
+        .arg("ctrl.info")
+        .output()
+        .expect("run vnvme ctl");
+    assert!(out.status.success(), "ctrl.info failed: {}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(info["client_connected"], true, "answered only after the client was gone: {info}");
+    write_raw(&mut s, &msg[10..]);
+    let mut reply = [0u8; HEADER_SIZE];
+    std::io::Read::read_exact(&mut s, &mut reply).expect("the finished message is answered");
+    assert_eq!(u16::from_le_bytes([reply[0], reply[1]]), 4);
+    assert!(!server.log().contains("client evicted"), "{}", server.log());
+    server.assert_alive();
+}

@@ -332,3 +332,55 @@ fn an_upgrade_waits_for_a_live_migration_to_end() {
     s.ctl(&["upgrade"]).unwrap_or_else(|e| panic!("{e}\n{}", s.server.log()));
     assert_ne!(s.pid(), pid);
 }
+
+/// issue 25.2: an upgrade does not wait for a message the client has begun to
+/// send. The start of it (and the descriptor that came with it) moves with the
+/// connection, and the new process answers it once the rest arrives: here a
+/// DMA_MAP whose memory the new process then maps.
+#[test]
+fn a_message_begun_at_the_upgrade_is_finished_by_the_new_process() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use vfio_user::proto::{DmaMap, DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, HEADER_SIZE};
+    use zerocopy::little_endian::{U32, U64};
+    use zerocopy::IntoBytes;
+
+    let mut s = Served::start(&["--ns", "ram:32M"]);
+    let c = s.server.raw_negotiated();
+    let mut sock = c.stream().try_clone().unwrap();
+    let mem = test_kit::memfd::memfd_named("vnvme-partial-upgrade", 2 << 20);
+    let map = DmaMap {
+        argsz: U32::new(32),
+        flags: U32::new(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE),
+        offset: U64::new(0),
+        address: U64::new(0x4000_0000),
+        size: U64::new(2 << 20),
+    };
+    let mut msg = common::raw_header(9, vfio_user::Command::DmaMap as u16, 16 + 32).to_vec();
+    msg.extend_from_slice(map.as_bytes());
+    // The header and part of the payload, with the memory's descriptor.
+    let fds = [mem.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    assert!(anc.push(SendAncillaryMessage::ScmRights(&fds)));
+    let sent = sendmsg(&sock, &[std::io::IoSlice::new(&msg[..20])], &mut anc, SendFlags::empty()).unwrap();
+    assert_eq!(sent, 20);
+    let old = s.pid();
+    s.upgrade();
+    sock.write_all(&msg[20..]).unwrap();
+    let mut reply = [0u8; HEADER_SIZE];
+    sock.read_exact(&mut reply).expect("the new process answers the message");
+    let h: vfio_user::Header = zerocopy::FromBytes::read_from_bytes(&reply[..]).unwrap();
+    assert_eq!(h.msg_id.get(), 9);
+    assert!(!vfio_user::MsgFlags(h.flags.get()).is_error(), "DMA_MAP refused: errno {}", h.error.get());
+    let new = s.pid();
+    assert_ne!(old, new);
+    let maps = std::fs::read_to_string(format!("/proc/{new}/maps")).unwrap();
+    assert!(
+        maps.contains("vnvme-partial-upgrade"),
+        "the new process did not map the memory sent with the message"
+    );
+    drop(c);
+}
