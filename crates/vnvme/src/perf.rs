@@ -121,6 +121,11 @@ pub struct PerfArgs {
     /// How long to run (e.g. 5s, 500ms).
     #[arg(long, default_value = "5s", value_parser = knobs::parse_duration)]
     pub runtime: Duration,
+    /// How long a command may take before perf gives up on it and reports an error.
+    /// Longer than a server's namespace timeout (`timeout=`, 30 s by default), so the
+    /// error completion that timeout sends is what perf reports.
+    #[arg(long, default_value = "60s", value_parser = knobs::parse_duration)]
+    pub timeout: Duration,
     /// Namespace ID.
     #[arg(long = "ns", default_value_t = 1)]
     pub nsid: u32,

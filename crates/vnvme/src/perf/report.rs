@@ -166,6 +166,7 @@ impl Outcome {
                 "qd": a.qd,
                 "queues": a.queues,
                 "runtime_s": a.runtime.as_secs_f64(),
+                "timeout_s": a.timeout.as_secs_f64(),
                 "nsid": a.nsid,
                 "lba_size": self.lba,
                 "doorbells": a.doorbells.name(),

@@ -3,7 +3,6 @@
 //! against what the controller and the namespace allow.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use nvme_ctrl::{ControllerConfig, Stats};
 use nvme_driver::{DriverOptions, NvmeDriver, Transport, VfioUserOptions, VfioUserTransport};
@@ -97,6 +96,6 @@ fn driver_options(a: &PerfArgs, shadow: bool) -> DriverOptions {
         pool_bytes: (a.qd as u64 * (a.bs.next_multiple_of(4096) + list_pages * 4096))
             .next_multiple_of(2 << 20)
             + (2 << 20),
-        timeout: Duration::from_secs(10),
+        timeout: a.timeout,
     }
 }
