@@ -509,10 +509,10 @@ impl Controller {
 
     /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a
     /// client going away): a Controller Level Reset plus the admin queue registers.
+    /// From any state: what a restore, a migration or a client left behind is gone,
+    /// whatever the lifecycle says.
     pub fn device_reset(&mut self) {
-        if self.state != Lifecycle::Disabled || self.csts.0 != 0 {
-            self.reset();
-        }
+        self.reset();
         self.cc = Cc(0);
         self.aqa = Aqa(0);
         self.asq = 0;

@@ -118,25 +118,22 @@ impl Controller {
     }
 
     /// A saved CQ put back where the routing puts it (`state.rs`).
-    pub(crate) fn io_restore_cq(&mut self, c: crate::state::CqState) -> Result<(), crate::state::StateError> {
-        self.book.cqs.insert(c.qid, 0);
-        match self.worker_for_cq(c.qid) {
-            Some(w) => w.call(move |e| e.restore_queues(&[], &[c])),
-            None => self.engine.restore_queues(&[], &[c]),
+    pub(crate) fn io_restore_cq(&mut self, c: (crate::state::CqState, Vec<nvme_spec::Cqe>)) {
+        self.book.cqs.insert(c.0.qid, 0);
+        match self.worker_for_cq(c.0.qid) {
+            Some(w) => w.call(move |e| e.install_queues(&[], &[c])),
+            None => self.engine.install_queues(&[], &[c]),
         }
     }
 
-    /// A saved SQ put back with its CQ.
-    pub(crate) fn io_restore_sq(&mut self, q: crate::state::SqState) -> Result<(), crate::state::StateError> {
+    /// A saved SQ put back with its CQ (checked: the CQ is there).
+    pub(crate) fn io_restore_sq(&mut self, q: crate::state::SqState) {
         let (qid, cqid) = (q.qid, q.cqid);
-        if !self.book.cqs.contains_key(&cqid) {
-            return Err(crate::state::StateError::Mismatch(format!("SQ {qid} posts to missing CQ {cqid}")));
-        }
         self.book.sqs.insert(qid, cqid);
         *self.book.cqs.entry(cqid).or_default() += 1;
         match self.worker_for_cq(cqid) {
-            Some(w) => w.call(move |e| e.restore_queues(&[q], &[])),
-            None => self.engine.restore_queues(&[q], &[]),
+            Some(w) => w.call(move |e| e.install_queues(&[q], &[])),
+            None => self.engine.install_queues(&[q], &[]),
         }
     }
 

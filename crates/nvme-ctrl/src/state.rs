@@ -324,27 +324,16 @@ impl IoEngine {
         (sqs, cqs)
     }
 
-    /// Puts saved queues in place as they were: nothing is written to guest memory
-    /// (the shadow slots and EventIdx there are the live ones).
-    pub(crate) fn restore_queues(&mut self, sqs: &[SqState], cqs: &[CqState]) -> Result<(), StateError> {
-        let max_qid = self.ctx.max_qid;
-        let range = |qid: u16| -> Result<usize, StateError> {
-            (qid <= max_qid).then_some(qid as usize).ok_or_else(|| {
-                StateError::Mismatch(format!("queue {qid} beyond this controller's {max_qid}"))
-            })
-        };
-        for c in cqs {
-            let i = range(c.qid)?;
-            if c.size < 2 || c.head >= c.size || c.tail >= c.size {
-                return Err(StateError::Mismatch(format!("CQ {}: head/tail outside its size", c.qid)));
-            }
+    /// Puts saved queues in place as they were (checked by
+    /// [`Controller::restore_state`]): nothing is written to guest memory (the shadow
+    /// slots and EventIdx there are the live ones). Each CQ comes with its decoded
+    /// overflow.
+    pub(crate) fn install_queues(&mut self, sqs: &[SqState], cqs: &[(CqState, Vec<Cqe>)]) {
+        for (c, overflow) in cqs {
+            let i = c.qid as usize;
             let mut q = CompletionQueue::new(c.base, c.size, c.ien, c.iv);
             (q.head, q.tail, q.phase, q.waiting_for_space) = (c.head, c.tail, c.phase, c.waiting_for_space);
-            for e in &c.overflow {
-                let b = unhex(e, 16)?;
-                q.overflow
-                    .push_back(Cqe::read_from_bytes(&b).map_err(|_| StateError::Mismatch("CQE".into()))?);
-            }
+            q.overflow.extend(overflow.iter().copied());
             self.cqs[i] = Some(q);
             self.note_cq(c.qid);
             if let Some(s) = self.page_seen.get_mut(i) {
@@ -352,20 +341,13 @@ impl IoEngine {
             }
         }
         for s in sqs {
-            let i = range(s.qid)?;
-            if s.size < 2 || s.head >= s.size || s.tail >= s.size {
-                return Err(StateError::Mismatch(format!("SQ {}: head/tail outside its size", s.qid)));
+            let i = s.qid as usize;
+            if let Some(cq) = self.cqs[s.cqid as usize].as_mut() {
+                cq.sq_count += 1;
             }
-            let Some(cq) = self.cqs.get_mut(s.cqid as usize).and_then(Option::as_mut) else {
-                return Err(StateError::Mismatch(format!(
-                    "SQ {} posts to CQ {}, which is not here",
-                    s.qid, s.cqid
-                )));
-            };
-            cq.sq_count += 1;
-            let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
             // EventIdx is published again here (`resume`): what the saved process
             // last published need not be what guest memory holds any more.
+            let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
             (q.head, q.tail) = (s.head, s.tail);
             self.sqs[i] = Some(q);
             let pos = self.active_sqs.partition_point(|&q| q < s.qid);
@@ -374,7 +356,6 @@ impl IoEngine {
                 p[0] = s.page_seen;
             }
         }
-        Ok(())
     }
 }
 
@@ -503,45 +484,115 @@ impl Controller {
 
     /// Restores `s` into this controller, which must be new (disabled, no queues) and
     /// built over the same configuration and namespaces; its clock should continue
-    /// from `s.clock_ns`. Checks everything before changing anything.
+    /// from `s.clock_ns`. All or nothing: every part of `s` is checked (against this
+    /// controller, against itself, and against what a controller of this
+    /// configuration could have reached) before anything changes, so a refused state
+    /// leaves the controller exactly as new as it was.
     pub fn restore_state(&mut self, s: &ControllerState) -> Result<(), StateError> {
+        let checked = self.check_state(s)?;
+        self.apply_state(s, checked);
+        Ok(())
+    }
+
+    /// Every check of [`Self::restore_state`]; what it decodes on the way.
+    fn check_state(&self, s: &ControllerState) -> Result<Checked, StateError> {
+        let bad = |why: String| Err(StateError::Mismatch(why));
         if s.version != STATE_VERSION {
             return Err(StateError::Version(s.version));
         }
-        if self.state != Lifecycle::Disabled || !self.book.is_empty() {
-            return Err(StateError::Mismatch("the controller is not new".into()));
+        if self.state != Lifecycle::Disabled || !self.book.is_empty() || self.engine.cqs[0].is_some() {
+            return bad("the controller is not new".into());
         }
         if let Some(c) = s.capabilities.filter(|&c| c != self.capabilities()) {
-            return Err(StateError::Mismatch(format!(
+            return bad(format!(
                 "capabilities {c:?}, here {:?} (create the controller with ControllerConfig::capabilities)",
                 self.capabilities()
-            )));
+            ));
         }
         let mine: Vec<(u32, u64)> = self.namespaces().map(|n| (n.nsid, n.size())).collect();
         let theirs: Vec<(u32, u64)> = s.namespaces.iter().map(|n| (n.nsid, n.size)).collect();
         if mine != theirs {
-            return Err(StateError::Mismatch(format!("namespaces (NSID, bytes) {theirs:?}, here {mine:?}")));
+            return bad(format!("namespaces (NSID, bytes) {theirs:?}, here {mine:?}"));
+        }
+        if let Some(n) =
+            s.namespaces.iter().find(|n| n.lba_format as usize >= crate::namespace::LBA_FORMATS.len())
+        {
+            return bad(format!(
+                "namespace {}: LBA format {} (this controller has {})",
+                n.nsid,
+                n.lba_format,
+                crate::namespace::LBA_FORMATS.len()
+            ));
         }
         let lifecycle = match s.regs.lifecycle.as_str() {
             "disabled" => Lifecycle::Disabled,
             "ready" => Lifecycle::Ready,
             "shut-down" => Lifecycle::ShutDown,
             "fatal" => Lifecycle::Fatal,
-            l => return Err(StateError::Mismatch(format!("lifecycle {l:?}"))),
+            l => return bad(format!("lifecycle {l:?}")),
         };
-        if !s.regs.page_size.is_power_of_two() || !(4096..=65536).contains(&s.regs.page_size) {
-            return Err(StateError::Mismatch(format!("page size {}", s.regs.page_size)));
+        self.check_registers(s, lifecycle)?;
+        let cqs = self.check_queues(s, lifecycle)?;
+        if let Some(sh) = s.shadow {
+            let page = s.regs.page_size;
+            if lifecycle == Lifecycle::Disabled {
+                return bad("a Doorbell Buffer Config on a disabled controller".into());
+            }
+            if !sh.shadow.is_multiple_of(page)
+                || !sh.eventidx.is_multiple_of(page)
+                || sh.shadow == sh.eventidx
+            {
+                return bad(format!(
+                    "shadow doorbell buffers {:#x} / {:#x}: two page-aligned buffers",
+                    sh.shadow, sh.eventidx
+                ));
+            }
         }
         for iv in s.cqs.iter().map(|c| c.iv).chain(s.coalescing_disabled.iter().copied()) {
             if iv >= self.cfg.msix_vectors {
-                return Err(StateError::Mismatch(format!("vector {iv} beyond {}", self.cfg.msix_vectors)));
+                return bad(format!("vector {iv} beyond {}", self.cfg.msix_vectors));
             }
         }
+        if s.next_sq.is_some_and(|q| !s.sqs.iter().any(|x| x.qid == q)) {
+            return bad(format!("next SQ {:?} does not exist", s.next_sq));
+        }
+        let a = &s.admin;
+        if a.aers.len() > self.cfg.aerl_z as usize + 1
+            || (lifecycle == Lifecycle::Disabled && !a.aers.is_empty())
+        {
+            return bad(format!(
+                "{} Asynchronous Event Requests outstanding (at most {})",
+                a.aers.len(),
+                self.cfg.aerl_z as usize + 1
+            ));
+        }
+        if has_duplicates(a.aers.iter().copied()) {
+            return bad("an Asynchronous Event Request's command identifier twice".into());
+        }
+        let max_granted_z = self.engine.ctx.max_qid.saturating_sub(1);
+        if a.nsq_granted_z > max_granted_z || a.ncq_granted_z > max_granted_z {
+            return bad(format!(
+                "{} / {} I/O queues granted (0's based; this controller has {})",
+                a.nsq_granted_z, a.ncq_granted_z, self.engine.ctx.max_qid
+            ));
+        }
+        if a.features.power_management & 0x1f != 0 {
+            return bad(format!(
+                "power state {} (this controller has one)",
+                a.features.power_management & 0x1f
+            ));
+        }
         let mut events = Vec::new();
+        if s.events.queued.len() > MAX_QUEUED_EVENTS {
+            return bad(format!("{} events queued", s.events.queued.len()));
+        }
         for dw0 in &s.events.queued {
             let kind =
                 event_type(*dw0 as u8 & 7).ok_or_else(|| StateError::Mismatch(format!("event {dw0:#x}")))?;
             events.push(AsyncEvent { kind, info: (dw0 >> 8) as u8, log_page: (dw0 >> 16) as u8 });
+        }
+        if s.events.errors.len() > crate::events::ERROR_LOG_ENTRIES {
+            return bad(format!("{} error log entries", s.events.errors.len()));
         }
         let mut errors = Vec::new();
         for e in &s.events.errors {
@@ -551,16 +602,142 @@ impl Controller {
                     .map_err(|_| StateError::Mismatch("error entry".into()))?,
             );
         }
+        let nn = self.max_namespaces().max(1);
+        let ns = &s.events.changed_ns;
+        if ns.len() > 1024 || ns.windows(2).any(|w| w[0] >= w[1]) || ns.iter().any(|&n| n == 0 || n > nn) {
+            return bad(format!("changed namespace list {ns:?}"));
+        }
+        Ok(Checked { lifecycle, cqs, events, errors })
+    }
+
+    /// The registers: consistent with each other and with the lifecycle.
+    fn check_registers(&self, s: &ControllerState, lifecycle: Lifecycle) -> Result<(), StateError> {
+        let r = &s.regs;
+        let (cc, csts) = (Cc(r.cc), Csts(r.csts));
+        let bad = |why: &str| {
+            Err(StateError::Mismatch(format!(
+                "registers: {why} (CC {:#x}, CSTS {:#x}, {})",
+                r.cc, r.csts, r.lifecycle
+            )))
+        };
+        let defined = Csts::RDY | Csts::CFS | (3 << Csts::SHST_SHIFT) | Csts::NSSRO | Csts::PP;
+        if r.csts & !defined != 0 {
+            return bad("reserved CSTS bits set");
+        }
+        if !r.page_size.is_power_of_two() || !(4096..=65536).contains(&r.page_size) {
+            return bad(&format!("page size {}", r.page_size));
+        }
+        match lifecycle {
+            Lifecycle::Disabled if cc.en() || csts.rdy() || csts.cfs() => {
+                bad("disabled, yet enabled or ready")
+            }
+            Lifecycle::Ready | Lifecycle::ShutDown if !cc.en() || !csts.rdy() || csts.cfs() => {
+                bad("running, yet not enabled and ready")
+            }
+            Lifecycle::Fatal if !csts.cfs() => bad("fatal without CSTS.CFS"),
+            Lifecycle::Ready | Lifecycle::ShutDown
+                if cc.mps() < self.cap().mpsmin()
+                    || cc.mps() > self.cap().mpsmax()
+                    || r.page_size != 1u64 << (12 + cc.mps() as u32) =>
+            {
+                bad("the page size is not CC.MPS's")
+            }
+            Lifecycle::Ready | Lifecycle::ShutDown
+                if !r.asq.is_multiple_of(r.page_size) || !r.acq.is_multiple_of(r.page_size) =>
+            {
+                bad("ASQ/ACQ not page aligned")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The queues: each within this controller's limits and its own, admin queues
+    /// as the registers say, every SQ on a CQ of the state. Returns the CQs with
+    /// their decoded overflow.
+    fn check_queues(
+        &self,
+        s: &ControllerState,
+        lifecycle: Lifecycle,
+    ) -> Result<Vec<(CqState, Vec<Cqe>)>, StateError> {
+        let bad = |why: String| Err(StateError::Mismatch(why));
+        let max_qid = self.engine.ctx.max_qid;
+        if has_duplicates(s.sqs.iter().map(|q| q.qid)) || has_duplicates(s.cqs.iter().map(|q| q.qid)) {
+            return bad("a queue identifier twice".into());
+        }
+        let running = matches!(lifecycle, Lifecycle::Ready | Lifecycle::ShutDown);
+        let (admin_sq, admin_cq) = (s.sqs.iter().find(|q| q.qid == 0), s.cqs.iter().find(|q| q.qid == 0));
+        if lifecycle == Lifecycle::Disabled && !(s.sqs.is_empty() && s.cqs.is_empty()) {
+            return bad("queues on a disabled controller".into());
+        }
+        if running {
+            let aqa = Aqa(s.regs.aqa);
+            let admin_ok = admin_sq
+                .is_some_and(|q| q.base == s.regs.asq && q.size == aqa.asqs_z() as u32 + 1 && q.cqid == 0)
+                && admin_cq
+                    .is_some_and(|q| q.base == s.regs.acq && q.size == aqa.acqs_z() as u32 + 1 && q.iv == 0);
+            if !admin_ok {
+                return bad("the admin queues are not the ones AQA, ASQ and ACQ describe".into());
+            }
+        }
+        let page = s.regs.page_size;
+        let limit = |qid: u16| if qid == 0 { 4096 } else { self.cap().mqes_z() as u32 + 1 };
+        let granted = |qid: u16, z: u16| qid == 0 || qid <= z + 1;
+        let mut cqs = Vec::with_capacity(s.cqs.len());
+        for c in &s.cqs {
+            let what = format!("CQ {}", c.qid);
+            if c.qid > max_qid || !granted(c.qid, s.admin.ncq_granted_z) {
+                return bad(format!("{what}: beyond the queues granted (this controller has {max_qid})"));
+            }
+            if c.size < 2 || c.size > limit(c.qid) || c.head >= c.size || c.tail >= c.size {
+                return bad(format!("{what}: size {} (head {}, tail {})", c.size, c.head, c.tail));
+            }
+            if !c.base.is_multiple_of(page) {
+                return bad(format!("{what}: base {:#x} not page aligned", c.base));
+            }
+            let posting: u32 = s.sqs.iter().filter(|q| q.cqid == c.qid).map(|q| q.size - 1).sum();
+            if c.overflow.len() as u64 > posting as u64 {
+                return bad(format!(
+                    "{what}: {} completions waiting, more than its SQs hold",
+                    c.overflow.len()
+                ));
+            }
+            let mut overflow = Vec::with_capacity(c.overflow.len());
+            for e in &c.overflow {
+                let b = unhex(e, 16)?;
+                overflow.push(Cqe::read_from_bytes(&b).map_err(|_| StateError::Mismatch("CQE".into()))?);
+            }
+            cqs.push((c.clone(), overflow));
+        }
+        for q in &s.sqs {
+            let what = format!("SQ {}", q.qid);
+            if q.qid > max_qid || !granted(q.qid, s.admin.nsq_granted_z) {
+                return bad(format!("{what}: beyond the queues granted (this controller has {max_qid})"));
+            }
+            if q.size < 2 || q.size > limit(q.qid) || q.head >= q.size || q.tail >= q.size {
+                return bad(format!("{what}: size {} (head {}, tail {})", q.size, q.head, q.tail));
+            }
+            if !q.base.is_multiple_of(page) {
+                return bad(format!("{what}: base {:#x} not page aligned", q.base));
+            }
+            if (q.qid == 0) != (q.cqid == 0) || !s.cqs.iter().any(|c| c.qid == q.cqid) {
+                return bad(format!("{what} posts to CQ {}, which is not in the state", q.cqid));
+            }
+        }
+        Ok(cqs)
+    }
+
+    /// Puts a checked state in place. Cannot fail.
+    fn apply_state(&mut self, s: &ControllerState, c: Checked) {
         // Queues: the admin pair on the controller's engine, I/O queues where the
         // routing puts them (the number of workers may differ from the saved side).
+        let (admin_cqs, io_cqs): (Vec<_>, Vec<_>) = c.cqs.into_iter().partition(|(q, _)| q.qid == 0);
         let admin_sq: Vec<SqState> = s.sqs.iter().filter(|q| q.qid == 0).cloned().collect();
-        let admin_cq: Vec<CqState> = s.cqs.iter().filter(|q| q.qid == 0).cloned().collect();
-        self.engine.restore_queues(&admin_sq, &admin_cq)?;
-        for c in s.cqs.iter().filter(|q| q.qid != 0) {
-            self.io_restore_cq(c.clone())?;
+        self.engine.install_queues(&admin_sq, &admin_cqs);
+        for cq in io_cqs {
+            self.io_restore_cq(cq);
         }
         for q in s.sqs.iter().filter(|q| q.qid != 0) {
-            self.io_restore_sq(q.clone())?;
+            self.io_restore_sq(q.clone());
         }
         if let Some(q) = s.next_sq {
             self.engine.rr_next = self.engine.active_sqs.iter().position(|&x| x == q).unwrap_or(0);
@@ -593,7 +770,7 @@ impl Controller {
         f.aec = nvme_spec::features::AsyncEventConfig(v.aec);
         f.reset_ns = a.reset_ns;
         f.timestamp = a.timestamp_ms.map(|ms| (ms, self.clock.now_ns()));
-        self.events.restore(&s.events, events, errors);
+        self.events.restore(&s.events, c.events, c.errors);
         self.stats.restore(&s.stats);
         if let Some(j) = &self.judge {
             // The commands counter jumped: the running epoch would look free.
@@ -610,13 +787,33 @@ impl Controller {
         self.aqa = Aqa(s.regs.aqa);
         (self.asq, self.acq, self.intms) = (s.regs.asq, s.regs.acq, s.regs.intms);
         self.page_size = s.regs.page_size;
-        self.state = lifecycle;
+        self.state = c.lifecycle;
         if csts_fatal(s.regs.csts) {
             self.engine.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
         }
         self.io_apply_settings();
-        Ok(())
     }
+}
+
+/// What checking a state decoded, for applying it.
+struct Checked {
+    lifecycle: Lifecycle,
+    /// Every CQ of the state with its overflow, decoded.
+    cqs: Vec<(CqState, Vec<Cqe>)>,
+    events: Vec<AsyncEvent>,
+    errors: Vec<ErrorInformationEntry>,
+}
+
+/// Most events a restored controller may have queued: one per event type and
+/// information value it can raise is far fewer.
+const MAX_QUEUED_EVENTS: usize = 256;
+
+fn has_duplicates<T: Ord>(items: impl Iterator<Item = T>) -> bool {
+    let mut v: Vec<T> = items.collect();
+    let n = v.len();
+    v.sort();
+    v.dedup();
+    v.len() != n
 }
 
 fn csts_fatal(csts: u32) -> bool {

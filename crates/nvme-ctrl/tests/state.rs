@@ -275,6 +275,96 @@ fn a_restore_checks_before_it_changes_anything() {
     assert_eq!(h.write_blocks(1, 1, 0, 512, &pattern(5, 4096)), Status::SUCCESS);
 }
 
+/// issue 25.5: a restore is all or nothing. Each state here is a good one with one
+/// field broken (queues, registers, shadow buffers, events, features), many of them
+/// late in the state, after parts an eager restore would already have put in place.
+/// Each is refused, naming what is wrong, and leaves the controller new: the good
+/// state restores into the same controller afterwards, which then serves I/O.
+#[test]
+fn spec_restore_a_state_refused_for_any_field_leaves_the_controller_new() {
+    type Mutation = (&'static str, fn(&mut ControllerState));
+    let mutations: &[Mutation] = &[
+        ("the last SQ posts to a CQ that is not there", |s| s.sqs.last_mut().unwrap().cqid = 9),
+        ("the last CQ's head past its size", |s| {
+            let c = s.cqs.last_mut().unwrap();
+            c.head = c.size
+        }),
+        ("a CQ's waiting completion is not 16 bytes of hex", |s| {
+            s.cqs.last_mut().unwrap().overflow.push("zz".into())
+        }),
+        ("more completions waiting than the SQs hold", |s| {
+            let c = s.cqs.last_mut().unwrap();
+            c.overflow = vec!["00".repeat(16); 5000]
+        }),
+        ("an SQ twice", |s| {
+            let q = s.sqs.last().unwrap().clone();
+            s.sqs.push(q)
+        }),
+        ("a CQ twice", |s| {
+            let q = s.cqs.last().unwrap().clone();
+            s.cqs.push(q)
+        }),
+        ("a queue beyond the controller's", |s| {
+            let q = s.sqs.last_mut().unwrap();
+            q.qid = 4000
+        }),
+        ("a queue beyond those granted", |s| s.admin.nsq_granted_z = 0),
+        ("an I/O queue larger than CAP.MQES allows", |s| s.sqs.last_mut().unwrap().size = 70_000),
+        ("a queue whose base is not page aligned", |s| s.cqs.last_mut().unwrap().base += 8),
+        ("an admin SQ that is not the one AQA describes", |s| s.sqs[0].size += 1),
+        ("ready with CC.EN clear", |s| s.regs.cc &= !1),
+        ("reserved CSTS bits", |s| s.regs.csts |= 1 << 12),
+        ("disabled, yet with queues", |s| {
+            s.regs.lifecycle = "disabled".into();
+            s.regs.cc &= !1;
+            s.regs.csts = 0
+        }),
+        ("fatal without CSTS.CFS", |s| s.regs.lifecycle = "fatal".into()),
+        ("a page size that is not CC.MPS's", |s| s.regs.page_size = 8192),
+        ("a page size that is no page size", |s| s.regs.page_size = 12345),
+        ("shadow buffers not page aligned", |s| s.shadow.as_mut().unwrap().eventidx += 4),
+        ("one buffer for shadow doorbells and EventIdx", |s| {
+            let b = s.shadow.as_mut().unwrap();
+            b.eventidx = b.shadow
+        }),
+        ("more AERs than AERL allows", |s| s.admin.aers = (0..40).collect()),
+        ("an AER's command identifier twice", |s| s.admin.aers = vec![5, 5]),
+        ("more I/O queues granted than the controller has", |s| s.admin.ncq_granted_z = 60_000),
+        ("a power state the controller does not have", |s| s.admin.features.power_management = 3),
+        ("an event of no type", |s| s.events.queued.push(5)),
+        ("an endless event queue", |s| s.events.queued = vec![0x0001_0002; 10_000]),
+        ("more error log entries than the log holds", |s| s.events.errors = vec!["00".repeat(64); 65]),
+        ("a changed namespace list out of order", |s| s.events.changed_ns = vec![1, 1]),
+        ("a changed namespace that cannot exist", |s| s.events.changed_ns = vec![0]),
+        ("an LBA format the namespace does not have", |s| s.namespaces[0].lba_format = 9),
+        ("the next SQ is not there", |s| s.next_sq = Some(7)),
+        ("a vector beyond the controller's", |s| s.cqs.last_mut().unwrap().iv = 5000),
+    ];
+    let ram = RamBackend::new(NS_BYTES);
+    let mut h = MockHost::new(config(&ram), MEM);
+    h.init(InitOptions { io_queues: 2, shadow_doorbells: true, ..Default::default() }).unwrap();
+    h.submit_aer();
+    h.process();
+    h.ctrl.quiesce(std::time::Duration::from_secs(1)).unwrap();
+    let good = h.ctrl.save_state();
+    assert!(good.shadow.is_some() && good.sqs.len() == 3 && good.admin.aers.len() == 1, "{good:?}");
+    let fresh = || Controller::new(config(&ram), h.mem.clone(), h.irq.clone()).unwrap();
+    for (what, mutate) in mutations {
+        let mut bad = good.clone();
+        mutate(&mut bad);
+        let mut c = fresh();
+        match c.restore_state(&bad) {
+            Err(StateError::Mismatch(_)) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+        c.restore_state(&good)
+            .unwrap_or_else(|e| panic!("{what}: the refused restore left state behind: {e}"));
+    }
+    // The original resumes and serves I/O.
+    h.ctrl.resume();
+    assert_eq!(h.write_blocks(1, 1, 0, 512, &pattern(6, 4096)), Status::SUCCESS);
+}
+
 /// Runs the device (its workers run by themselves) and reaps queues 1..=n until
 /// every command submitted there has completed; returns the completions.
 fn drain(h: &mut MockHost, n: u16) -> Vec<(u16, Cqe)> {

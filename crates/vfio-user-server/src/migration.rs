@@ -371,23 +371,36 @@ impl Device {
         if bar4.len() != self.bar4.len() {
             return Err(format!("MSI-X table of {} bytes, this device has {}", bar4.len(), self.bar4.len()));
         }
+        self.config.check_restore(&config)?;
+        let mut check = self.config.clone();
+        check.restore(&config)?;
+        if check.msix_enabled() != d.msix_enabled {
+            return Err(
+                "MSI-X enabled in the stream but not in its config space, or the other way round".into()
+            );
+        }
         let page = match (&d.doorbell_page, &self.page) {
             (Some(h), Some(_)) => Some(unhex(h).map_err(|e| e.to_string())?),
             _ => None,
         };
+        if page.as_ref().is_some_and(|b| b.len() as u64 != crate::doorbells::DOORBELL_PAGE_LEN) {
+            return Err("a doorbell page of the wrong size".into());
+        }
         // The source's clock is not ours: keep the ages (since creation, since reset).
         let now = self.ctrl.clock_now_ns();
         let age = |t: u64| now.saturating_sub(d.controller.clock_ns.saturating_sub(t));
         d.controller.admin.created_ns = age(d.controller.admin.created_ns);
         d.controller.admin.reset_ns = age(d.controller.admin.reset_ns);
         d.controller.clock_ns = now;
+        // Everything is checked; the controller's restore is all or nothing, and
+        // what follows it cannot fail (a failure here is reset by the caller).
+        if let (Some(b), Some(p)) = (page, &self.page) {
+            p.mem.write(crate::doorbells::DOORBELL_PAGE, &b).map_err(|e| e.to_string())?;
+        }
         self.ctrl.restore_state(&d.controller).map_err(|e| e.to_string())?;
         self.config.restore(&config)?;
         self.bar4 = bar4;
         self.irqs.set_msix_enabled(d.msix_enabled);
-        if let (Some(b), Some(p)) = (page, &self.page) {
-            p.mem.write(crate::doorbells::DOORBELL_PAGE, &b).map_err(|e| e.to_string())?;
-        }
         Ok(())
     }
 

@@ -161,11 +161,30 @@ impl ConfigSpace {
         self.data[0x04] & 0x04 != 0
     }
 
-    /// Puts saved contents back (a hand-over); the masks stay this function's own.
-    pub fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+    /// Whether saved contents (a hand-over, a migration stream) fit this function:
+    /// the same size, and every bit a guest cannot write (identity, class, BAR
+    /// sizes, capabilities and their layout) the same as here. A source built
+    /// differently (another PCI ID, another vector count) is refused, as is a
+    /// stream that would change what the guest cannot.
+    pub fn check_restore(&self, data: &[u8]) -> Result<(), String> {
         if data.len() != CONFIG_SIZE {
             return Err(format!("config space of {} bytes, want {CONFIG_SIZE}", data.len()));
         }
+        let differs =
+            (0..CONFIG_SIZE).find(|&o| (data[o] ^ self.data[o]) & !(self.wmask[o] | self.w1c[o]) != 0);
+        match differs {
+            Some(o) => Err(format!(
+                "config space byte {o:#x} is {:#04x}, here {:#04x}, and a guest cannot write it",
+                data[o], self.data[o]
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Puts saved contents back ([`Self::check_restore`] first); the masks stay this
+    /// function's own.
+    pub fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+        self.check_restore(data)?;
         self.data.copy_from_slice(data);
         Ok(())
     }

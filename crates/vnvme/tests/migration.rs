@@ -220,3 +220,86 @@ fn migration_protocol_edges() {
     let r = request(&mut c, 1, FEATURE, &[&feature(GET | 2, &[])], &[]);
     assert_eq!(u32::from_le_bytes(r.payload[8..12].try_into().unwrap()), 2);
 }
+
+/// Reads the whole migration stream (the device in STOP_COPY).
+fn read_stream(c: &mut vfio_user::Connection, id: u16) -> Vec<u8> {
+    let mut stream = Vec::new();
+    loop {
+        let r = request(c, id, MIG_READ, &[&mig(1 << 20, &[])], &[]);
+        assert!(!common::is_error(&r), "MIG_DATA_READ refused");
+        let n = u32::from_le_bytes(r.payload[4..8].try_into().unwrap()) as usize;
+        stream.extend_from_slice(&r.payload[8..8 + n]);
+        if n < 1 << 20 {
+            return stream;
+        }
+    }
+}
+
+/// issue 25.5: a migration stream refused for a field late in it leaves nothing
+/// behind. After the refusal, a reset and a disconnect, the next VM creates its
+/// I/O queues and does I/O (it once got Invalid Queue Identifier for CQ 1), and an
+/// incoming migration with a good stream is taken (it once was refused as "not new").
+/// Streams that would change what a guest cannot write (config space identity) are
+/// refused too.
+#[test]
+fn a_refused_migration_stream_leaves_nothing_for_the_next_vm() {
+    use common::nvme_host::NvmeOverVfioUser;
+
+    let mut s = Server::start();
+    // A VM with I/O queues, and its stream.
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(16, false);
+    h.write_read_verify(0, 1, 3);
+    let c = h.client.connection();
+    assert!(!common::is_error(&request(c, 100, FEATURE, &[&state(3)], &[])));
+    let good = read_stream(c, 101);
+    assert!(!common::is_error(&request(c, 102, FEATURE, &[&state(2)], &[])));
+    drop(h);
+    let v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    assert!(v["controller"]["sqs"].as_array().unwrap().len() >= 2, "the stream has I/O queues");
+    let broken = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = v.clone();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let refused = [
+        // The last SQ posts to a CQ that is not there: found after the CQs.
+        broken(&|v| {
+            let sqs = v["controller"]["sqs"].as_array_mut().unwrap();
+            sqs.last_mut().unwrap()["cqid"] = 9.into();
+        }),
+        // Another vendor ID in config space.
+        broken(&|v| {
+            let cfg = v["config"].as_str().unwrap();
+            v["config"] = format!("8680{}", &cfg[4..]).into();
+        }),
+    ];
+    for (i, stream) in refused.iter().enumerate() {
+        let id = 10 * i as u16;
+        let mut c = s.raw_negotiated();
+        assert!(!common::is_error(&request(&mut c, id + 1, FEATURE, &[&state(4)], &[])));
+        let w = request(&mut c, id + 2, MIG_WRITE, &[&mig(stream.len() as u32, stream)], &[]);
+        assert!(!common::is_error(&w));
+        assert_eq!(
+            expect_error(&mut c, id + 3, FEATURE, &[&state(1)], &[]),
+            libc::EINVAL as u32,
+            "stream {i}"
+        );
+        assert!(!common::is_error(&request(&mut c, id + 4, RESET, &[], &[])));
+        drop(c);
+        // The next VM.
+        let mut h = NvmeOverVfioUser::new(s.client());
+        h.bring_up(16, false);
+        h.write_read_verify(8, 2, 5 + i as u8);
+        drop(h);
+    }
+    // A good stream is still taken.
+    let mut c = s.raw_negotiated();
+    assert!(!common::is_error(&request(&mut c, 1, FEATURE, &[&state(4)], &[])));
+    assert!(!common::is_error(&request(&mut c, 2, MIG_WRITE, &[&mig(good.len() as u32, &good)], &[])));
+    let r = request(&mut c, 3, FEATURE, &[&state(1)], &[]);
+    assert!(!common::is_error(&r), "a good stream refused: errno {}\n{}", r.header.error.get(), s.log());
+    drop(c);
+    assert!(s.log().contains("migration data refused"), "{}", s.log());
+    s.assert_alive();
+}
