@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
-pub use dirty::DIRTY_PAGE;
+pub use dirty::{dirty_log_bytes, LogBudgetExceeded, DIRTY_LOG_BUDGET, DIRTY_PAGE, LOG_BLOCK};
 pub use mmap::Mapping;
 
 /// Why a guest memory access failed.
@@ -639,8 +639,8 @@ mod tests {
             v
         };
         mem.write(0x10000, &[1; 8]).unwrap();
-        a.start_dirty_log();
-        b.start_dirty_log();
+        a.start_dirty_log().unwrap();
+        b.start_dirty_log().unwrap();
         assert!(dirty(&a).is_empty(), "written before the start");
         mem.write(0x10ff0, &[1; 0x20]).unwrap(); // pages 0 and 1
         mem.fill(0x13000, 0x10, 0).unwrap(); // page 3

@@ -78,9 +78,10 @@ impl Mapping {
     }
 
     /// Starts logging the pages this process writes here, all clean at first (a
-    /// second start while logging keeps what is logged).
-    pub fn start_dirty_log(&self) {
-        self.dirty.start();
+    /// second start while logging keeps what is logged). Refused if the log's table
+    /// does not fit the process's budget ([`crate::DIRTY_LOG_BUDGET`]).
+    pub fn start_dirty_log(&self) -> Result<(), crate::LogBudgetExceeded> {
+        self.dirty.start()
     }
 
     /// Stops logging; what was logged is dropped at the next start.

@@ -147,7 +147,7 @@ impl GuestCopy {
     /// Logging on in `local` (the server's must be on already), then the full copy.
     pub fn start(maps: &[(u64, u64, OwnedFd, u64)], local: Vec<(u64, Arc<Mapping>)>) -> io::Result<Self> {
         for (_, m) in &local {
-            m.start_dirty_log();
+            m.start_dirty_log().map_err(io::Error::other)?;
         }
         let mut regions = Vec::with_capacity(maps.len());
         let mut full_bytes = 0;

@@ -587,7 +587,7 @@ impl Transport for VfioUserTransport {
         self.client.dma_map(iova, size, Some(fd.as_fd()), 0).map_err(client_err)?;
         if self.copy.is_some() {
             // Memory that appears mid-copy is not in it: the check would fail.
-            map.start_dirty_log();
+            map.start_dirty_log().map_err(io::Error::other)?;
         }
         self.local.push((iova, map));
         // Kept for a migration's destination.

@@ -75,6 +75,7 @@ impl DeviceError {
             DeviceError::Dma(DmaError::BeyondFile { .. }) => libc::EINVAL,
             DeviceError::Dma(DmaError::UnsealedMemfd | DmaError::UnsealedFile) => libc::EPERM,
             DeviceError::Dma(DmaError::NotMemory(_)) => libc::EINVAL,
+            DeviceError::Dma(DmaError::LogBudget(_)) => libc::ENOMEM,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
             DeviceError::NoVersion => libc::EPROTO,
             DeviceError::StillInUse { .. } | DeviceError::Busy(_) => libc::EBUSY,

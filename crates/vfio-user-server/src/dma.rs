@@ -59,6 +59,8 @@ pub enum DmaError {
     UnsealedFile,
     #[error("the descriptor is {0}, not memory")]
     NotMemory(String),
+    #[error("DMA logging: {0}")]
+    LogBudget(#[from] guest_mem::LogBudgetExceeded),
 }
 
 /// Guest memory taken out of the DMA map. A request in flight (an io_uring read, a
@@ -209,7 +211,7 @@ impl DmaRegions {
         };
         if let Some(m) = &map {
             if self.logging {
-                m.start_dirty_log();
+                m.start_dirty_log()?;
             }
             self.mem = self.mem.with_region(iova, size, m.clone(), 0).expect("overlaps were refused above");
         }
@@ -267,12 +269,21 @@ impl DmaRegions {
     /// Starts logging what the device writes into every reachable region, and into
     /// regions mapped later, all clean at first (vfio-user DMA_LOGGING_START; we
     /// always log everything, which the protocol allows). A second start keeps what
-    /// is logged.
-    pub fn start_logging(&mut self) {
-        self.logging = true;
+    /// is logged. Refused, with nothing started, if the logs would not fit their
+    /// budget (`guest_mem::DIRTY_LOG_BUDGET`); while logging, a map whose log does
+    /// not fit is refused the same way.
+    pub fn start_logging(&mut self) -> Result<(), DmaError> {
+        let was = self.logging;
         for m in self.regions.values().filter_map(|r| r.map.as_ref()) {
-            m.start_dirty_log();
+            if let Err(e) = m.start_dirty_log() {
+                if !was {
+                    self.stop_logging();
+                }
+                return Err(e.into());
+            }
         }
+        self.logging = true;
+        Ok(())
     }
 
     /// DMA_LOGGING_STOP.
@@ -412,7 +423,7 @@ mod tests {
         d.map(0x100000, 0x10000, Some(file("log1", 0x10000)), 0, true).unwrap();
         let mem = d.memory();
         mem.write(0x100000, &[1; 16]).unwrap();
-        d.start_logging();
+        d.start_logging().unwrap();
         d.map(0x200000, 0x4000, Some(file("log2", 0x4000)), 0, true).unwrap();
         d.map(0x300000, 0x1000, None, 0, true).unwrap();
         let mem = d.memory();
@@ -435,7 +446,7 @@ mod tests {
         assert!(d.report(u64::MAX - 10, 0x1000, 0x1000).is_err());
         d.stop_logging();
         mem.write(0x100000, &[1]).unwrap();
-        d.start_logging();
+        d.start_logging().unwrap();
         assert!(d.report(0x100000, 0x10000, 0x1000).unwrap().iter().all(|&w| w == 0), "restarted clean");
         let _ = d.clear();
         assert!(!d.logging());

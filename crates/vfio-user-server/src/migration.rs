@@ -238,7 +238,7 @@ impl Device {
                 // protocol leaves to us); reports come in any unit asked, so the hint
                 // is kept, or raised to our granularity.
                 let chosen = page.max(guest_mem::DIRTY_PAGE);
-                self.dma.start_logging();
+                self.dma.start_logging()?;
                 info!(page_size = chosen, ranges = n, "DMA logging started");
                 let mut b = data[..size_of::<LoggingControl>() + ranges.len()].to_vec();
                 b[..8].copy_from_slice(&chosen.to_le_bytes());
