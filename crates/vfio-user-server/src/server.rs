@@ -231,7 +231,12 @@ impl Traffic {
 
     fn summary(&self, device: &Device) -> String {
         let s = device.ctrl.stats();
-        let (admin, io) = (s.admin_commands - self.commands_before.0, s.io_commands - self.commands_before.1);
+        // A migration restored mid-session sets the counters to the source's, which
+        // may be below where they stood when the session began.
+        let (admin, io) = (s.admin_commands, s.io_commands);
+        let restored = admin < self.commands_before.0 || io < self.commands_before.1;
+        let (admin, io) =
+            (admin.saturating_sub(self.commands_before.0), io.saturating_sub(self.commands_before.1));
         let last = match (self.last_cmd, self.last_readable) {
             (Some(cmd), Some(at)) => {
                 format!(
@@ -243,12 +248,13 @@ impl Traffic {
         };
         format!(
             "{:.1} s; {} messages received, {} answered, {} posted, {} refused; {last}; \
-             NVMe commands: {admin} admin, {io} I/O",
+             NVMe commands: {admin} admin, {io} I/O{}",
             self.since.elapsed().as_secs_f64(),
             self.received,
             self.answered,
             self.posted,
             self.refused,
+            if restored { " (counters restored from a migration stream during the session)" } else { "" },
         )
     }
 }
