@@ -9,6 +9,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use rustix::fs::{FileType, OFlags, SealFlags};
+pub use vfio_user::socket::cloexec_from;
 
 /// What kind of object a descriptor refers to.
 #[derive(Clone, Debug, PartialEq, Eq)]

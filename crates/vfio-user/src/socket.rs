@@ -368,6 +368,23 @@ impl Connection {
     }
 }
 
+/// Marks every descriptor of this process from `first` up close-on-exec, so a
+/// program it starts inherits only what it is handed explicitly (a descriptor the
+/// process itself inherited without meaning to, a lock file say, would otherwise
+/// live on in every program started from it). Nothing is closed here: whoever owns
+/// a descriptor keeps it.
+pub fn cloexec_from(first: RawFd) -> io::Result<()> {
+    let first = u32::try_from(first).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // close_range(2) with CLOSE_RANGE_CLOEXEC changes only the close-on-exec flag
+    // of the descriptors in the range; it takes no pointer and closes nothing.
+    // SAFETY: a flag change on descriptors, no memory is touched.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// What a peer that began a message and did not finish it is told.
 const BEGUN: &str = "a message began to arrive and did not complete";
 

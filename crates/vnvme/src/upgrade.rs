@@ -282,6 +282,12 @@ pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
     // Its own process group: a signal to this command's terminal does not reach it.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // It becomes the server, for as long as the guest runs: it gets what the old
+    // process hands it and the three standard streams, nothing this command
+    // inherited from whoever ran it (a lock held by a script would be held for
+    // good, and passed on at every upgrade).
+    vfio_user_server::fds::cloexec_from(3)
+        .map_err(|e| format!("cannot keep descriptors from the new process: {e}"))?;
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
     let out = child.stdout.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel();

@@ -384,3 +384,34 @@ fn a_message_begun_at_the_upgrade_is_finished_by_the_new_process() {
     );
     drop(c);
 }
+
+/// issue 25.6: the new process inherits nothing of `vnvme ctl upgrade`'s but what
+/// it is handed. A lock a script holds while it runs the upgrade (a descriptor
+/// `vnvme ctl` inherits) is not carried into the server, which would hold it for as
+/// long as the guest runs and pass it on at every upgrade.
+#[test]
+fn an_upgrade_carries_no_descriptor_of_the_command_that_ran_it() {
+    use rustix::fs::{flock, FlockOperation};
+    use rustix::io::{fcntl_setfd, FdFlags};
+
+    let s = Served::start(&["--ns", "ram:16M"]);
+    let path = s.server.dir.join("upgrade.lock");
+    let lock = std::fs::File::create(&path).unwrap();
+    flock(&lock, FlockOperation::NonBlockingLockExclusive).unwrap();
+    // As a shell's `exec 9>file; flock 9` leaves it: inherited by what it runs.
+    fcntl_setfd(&lock, FdFlags::empty()).unwrap();
+    for _ in 0..2 {
+        s.upgrade();
+    }
+    let pid = s.pid();
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|l| l.to_string_lossy().into_owned())
+        .collect();
+    assert!(!fds.iter().any(|l| l.contains("upgrade.lock")), "the server holds the script's lock: {fds:?}");
+    drop(lock);
+    let again = std::fs::File::open(&path).unwrap();
+    flock(&again, FlockOperation::NonBlockingLockExclusive).expect("the lock is free once the script let go");
+}
