@@ -10,6 +10,20 @@ use std::os::fd::OwnedFd;
 use guest_mem::GuestMemory;
 use rustix::event::{eventfd, EventfdFlags};
 
+/// The PCI Command register (PCI Local Bus 3.0 §6.2.2) as the driver leaves it:
+/// memory decoding and bus mastering on, and the legacy INTx pin off, since the
+/// driver polls or takes MSI-X (Linux sets the same bits; SPDK's vfio-user target
+/// reports Controller Fatal Status to a driver that leaves INTx enabled).
+pub mod pci_command {
+    /// Offset in config space.
+    pub const OFFSET: u64 = 0x04;
+    pub const MEMORY_SPACE: u16 = 1 << 1;
+    pub const BUS_MASTER: u16 = 1 << 2;
+    pub const INTX_DISABLE: u16 = 1 << 10;
+    /// What the driver sets.
+    pub const DRIVER: u16 = MEMORY_SPACE | BUS_MASTER | INTX_DISABLE;
+}
+
 /// DMA memory shared with the device.
 #[derive(Clone, Debug)]
 pub struct DmaRegion {

@@ -42,7 +42,7 @@ use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::dirty::GuestCopy;
-use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
+use crate::transport::{new_eventfd, pci_command, DirectDoorbell, DmaRegion, Transport};
 
 /// How doorbell writes reach the server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -180,8 +180,8 @@ fn client_err(e: ClientError) -> io::Error {
 
 impl VfioUserTransport {
     /// Connects to the server at `socket`, negotiates the protocol, checks that the
-    /// device is a PCI function with BAR0, enables memory decoding and bus mastering,
-    /// and sets up the doorbell mode.
+    /// device is a PCI function with BAR0, enables memory decoding and bus mastering
+    /// with INTx off ([`pci_command`]), and sets up the doorbell mode.
     pub fn connect(socket: &Path, opts: VfioUserOptions) -> io::Result<Self> {
         let stream = UnixStream::connect(socket)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
@@ -213,9 +213,8 @@ impl VfioUserTransport {
             copy: None,
             irq_fds: Vec::new(),
         };
-        // PCI Command: Memory Space Enable | Bus Master Enable.
-        let cmd = t.config_read16(0x04)?;
-        t.config_write16(0x04, cmd | 0x6)?;
+        let cmd = t.config_read16(pci_command::OFFSET)?;
+        t.config_write16(pci_command::OFFSET, cmd | pci_command::DRIVER)?;
         match opts.doorbells {
             DoorbellMode::Trapped | DoorbellMode::Sync => {}
             DoorbellMode::Mapped => t.map_doorbells(&bar0, &bar0_caps, bar0_fd)?,
@@ -223,6 +222,11 @@ impl VfioUserTransport {
         }
         info!(socket = %socket.display(), mode = ?opts.doorbells, bar0 = t.bar0_size, "vfio-user device connected");
         Ok(t)
+    }
+
+    /// The device's PCI Command register, as the driver left it ([`pci_command`]).
+    pub fn pci_command(&mut self) -> io::Result<u16> {
+        self.config_read16(pci_command::OFFSET)
     }
 
     fn config_read16(&mut self, off: u64) -> io::Result<u16> {

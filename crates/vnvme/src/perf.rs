@@ -193,6 +193,13 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     for q in queues {
         d.return_queue(q);
     }
+    // A controller that reports a fatal status failed the run, whatever its
+    // completions said: a host would reset it.
+    let fatal = match d.device_handle().csts() {
+        Ok(c) if c.cfs() => Some(format!("the controller reports Controller Fatal Status (CSTS {:#x})", c.0)),
+        Ok(_) => None,
+        Err(e) => Some(format!("CSTS could not be read after the run: {e}")),
+    };
     // A normal shutdown before going away (what Linux does), so the controller is idle
     // when the connection and its DMA mappings go.
     if let Err(e) = d.shutdown() {
@@ -200,6 +207,10 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let counters = counters.delta(totals.ios());
     let mut errors = totals.errors;
+    if let Some(why) = &fatal {
+        eprintln!("vnvme perf: {why}");
+        errors += 1;
+    }
     if let Some(m) = &migrated {
         println!("{}", m.describe());
         if let Some(e) = &m.error {

@@ -413,3 +413,16 @@ fn cli_identify_and_perf() {
     assert!(v["results"]["ios"].as_u64().unwrap() > 0);
     assert!(v["results"]["latency_us"]["p99"].as_f64().is_some());
 }
+
+/// issue 25.6: the driver leaves the PCI Command register as Linux does: memory
+/// decoding and bus mastering on, INTx off (it polls or takes MSI-X). SPDK's
+/// vfio-user target sets CSTS.CFS for a driver that leaves INTx on.
+#[test]
+fn the_driver_enables_bus_mastering_and_disables_intx() {
+    use nvme_driver::transport::pci_command;
+    let s = Server::start_with(&["--ns", "ram:16M"]);
+    let opts = nvme_driver::VfioUserOptions { socket_timeout: Some(common::TIMEOUT), ..Default::default() };
+    let mut t = nvme_driver::VfioUserTransport::connect(&s.socket, opts).unwrap();
+    let cmd = t.pci_command().unwrap();
+    assert_eq!(cmd & pci_command::DRIVER, pci_command::DRIVER, "PCI Command {cmd:#06x}");
+}

@@ -271,15 +271,17 @@ impl KernelVfioTransport {
         Ok(t)
     }
 
-    /// PCI Command: Memory Space Enable and Bus Master Enable.
+    /// PCI Command: memory decoding and bus mastering on, INTx off
+    /// ([`crate::transport::pci_command`]).
     fn enable_bus_master(&mut self) -> io::Result<()> {
+        use crate::transport::pci_command;
         let mut cmd = [0u8; 2];
         self.device
-            .read_exact_at(&mut cmd, self.config_offset + 4)
+            .read_exact_at(&mut cmd, self.config_offset + pci_command::OFFSET)
             .map_err(|e| ctx(e, "reading PCI Command"))?;
-        let v = u16::from_le_bytes(cmd) | 0x0002 | 0x0004;
+        let v = u16::from_le_bytes(cmd) | pci_command::DRIVER;
         self.device
-            .write_all_at(&v.to_le_bytes(), self.config_offset + 4)
+            .write_all_at(&v.to_le_bytes(), self.config_offset + pci_command::OFFSET)
             .map_err(|e| ctx(e, "enabling bus mastering"))
     }
 
