@@ -17,8 +17,10 @@
 //! not change the version.
 //!
 //! Not part of the state: commands in flight (there are none after a quiesce),
-//! coalesced interrupts not yet signalled (a quiesce signals them), per-namespace and
-//! per-queue counters, and QoS limits (the transport keeps and re-applies those).
+//! coalesced interrupts not yet signalled (a quiesce signals them), and QoS limits
+//! (the transport keeps and re-applies those). Every counter is: the controller's,
+//! each namespace's (latency histograms and time held by QoS included) and each
+//! queue's.
 
 use std::time::{Duration, Instant};
 
@@ -66,6 +68,14 @@ pub struct ControllerState {
     pub events: EventsSaved,
     /// The controller's counters (SMART data units, commands, media errors...).
     pub stats: StatsSaved,
+    /// Each namespace's counters (commands, bytes, errors and latency by kind, time
+    /// held by QoS), by NSID, so an upgrade or a migration carries them as it does
+    /// the controller's (empty in a state from a build that did not).
+    #[serde(default)]
+    pub namespace_stats: Vec<(u32, crate::stats::NsStatsSnapshot)>,
+    /// Each queue's counters (commands, doorbells, completions, interrupts).
+    #[serde(default)]
+    pub queue_stats: Vec<crate::stats::QueueSnapshot>,
     /// Active namespaces: the restoring side must have the same ones (NSID, size),
     /// and takes their current LBA format from here (a Format NVM may have changed it).
     pub namespaces: Vec<NamespaceSaved>,
@@ -475,6 +485,16 @@ impl Controller {
             },
             events: self.events.save(),
             stats: self.stats.snapshot().into(),
+            namespace_stats: self.namespaces().map(|n| (n.nsid, n.stats.snapshot())).collect(),
+            queue_stats: self
+                .engine
+                .ctx
+                .queue_stats
+                .iter()
+                .enumerate()
+                .map(|(qid, q)| q.snapshot(qid as u16, None))
+                .filter(|q| *q != crate::stats::QueueSnapshot { qid: q.qid, ..Default::default() })
+                .collect(),
             namespaces: self
                 .namespaces()
                 .map(|n| NamespaceSaved { nsid: n.nsid, size: n.size(), lba_format: n.lba_format() })
@@ -601,6 +621,12 @@ impl Controller {
                 ErrorInformationEntry::read_from_bytes(&b)
                     .map_err(|_| StateError::Mismatch("error entry".into()))?,
             );
+        }
+        if let Some((nsid, _)) = s.namespace_stats.iter().find(|(n, _)| !mine.iter().any(|m| m.0 == *n)) {
+            return bad(format!("counters for namespace {nsid}, which is not here"));
+        }
+        if let Some(q) = s.queue_stats.iter().find(|q| q.qid > self.engine.ctx.max_qid) {
+            return bad(format!("counters for queue {}, beyond this controller's", q.qid));
         }
         let nn = self.max_namespaces().max(1);
         let ns = &s.events.changed_ns;
@@ -772,6 +798,16 @@ impl Controller {
         f.timestamp = a.timestamp_ms.map(|ms| (ms, self.clock.now_ns()));
         self.events.restore(&s.events, c.events, c.errors);
         self.stats.restore(&s.stats);
+        for (nsid, st) in &s.namespace_stats {
+            if let Some(ns) = self.namespaces().find(|x| x.nsid == *nsid) {
+                ns.stats.restore(st);
+            }
+        }
+        for q in &s.queue_stats {
+            if let Some(c) = self.engine.ctx.queue_stats.get(q.qid as usize) {
+                c.restore(q);
+            }
+        }
         if let Some(j) = &self.judge {
             // The commands counter jumped: the running epoch would look free.
             j.restart_epoch();

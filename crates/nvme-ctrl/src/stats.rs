@@ -188,7 +188,7 @@ pub struct OpStats {
 }
 
 /// A copy of [`OpStats`]; `latency` per bucket (not cumulative).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpSnapshot {
     pub commands: u64,
     pub bytes: u64,
@@ -210,6 +210,16 @@ impl OpStats {
         let b = LATENCY_BOUNDS_NS.partition_point(|&bound| bound < latency_ns);
         self.latency[b].fetch_add(1, Ordering::Relaxed);
         self.latency_sum_ns.fetch_add(latency_ns, Ordering::Relaxed);
+    }
+
+    /// Sets every counter to a saved value (a restored controller).
+    pub(crate) fn restore(&self, s: &OpSnapshot) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.commands, s.commands);
+        set(&self.bytes, s.bytes);
+        set(&self.errors, s.errors);
+        self.latency.iter().zip(s.latency).for_each(|(c, v)| set(c, v));
+        set(&self.latency_sum_ns, s.latency_sum_ns);
     }
 
     pub fn snapshot(&self) -> OpSnapshot {
@@ -247,6 +257,16 @@ impl NsStats {
         }
     }
 
+    /// Sets every counter to a saved value (a restored controller).
+    pub(crate) fn restore(&self, s: &NsStatsSnapshot) {
+        self.read.restore(&s.read);
+        self.write.restore(&s.write);
+        self.flush.restore(&s.flush);
+        self.other.restore(&s.other);
+        self.throttled_commands.store(s.throttled_commands, Ordering::Relaxed);
+        self.throttled_ns.store(s.throttled_ns, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> NsStatsSnapshot {
         NsStatsSnapshot {
             read: self.read.snapshot(),
@@ -260,7 +280,7 @@ impl NsStats {
 }
 
 /// A copy of [`NsStats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NsStatsSnapshot {
     pub read: OpSnapshot,
     pub write: OpSnapshot,
@@ -285,7 +305,7 @@ pub struct QueueStats {
 }
 
 /// A copy of [`QueueStats`] with the queue it belongs to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueueSnapshot {
     pub qid: u16,
     /// The worker that owns the queue (None: the controller's own thread).
@@ -301,6 +321,16 @@ impl QueueStats {
     /// Adds `n` to a counter only its owner writes.
     pub(crate) fn bump(c: &AtomicU64, n: u64) {
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Sets every counter to a saved value (a restored controller).
+    pub(crate) fn restore(&self, s: &QueueSnapshot) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.commands, s.commands);
+        set(&self.sq_doorbell_writes, s.sq_doorbell_writes);
+        set(&self.cq_doorbell_writes, s.cq_doorbell_writes);
+        set(&self.completions, s.completions);
+        set(&self.interrupts, s.interrupts);
     }
 
     pub fn snapshot(&self, qid: u16, worker: Option<usize>) -> QueueSnapshot {

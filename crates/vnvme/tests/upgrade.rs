@@ -415,3 +415,32 @@ fn an_upgrade_carries_no_descriptor_of_the_command_that_ran_it() {
     let again = std::fs::File::open(&path).unwrap();
     flock(&again, FlockOperation::NonBlockingLockExclusive).expect("the lock is free once the script let go");
 }
+
+/// issue 25.6: every counter carries over an upgrade, not only the controller's:
+/// each namespace's (commands, bytes, latency) and each queue's, under a connected
+/// client.
+#[test]
+fn namespace_and_queue_counters_carry_over_an_upgrade() {
+    let s = Served::start(&["--ns", "ram:32M"]);
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let data = pattern(3, 4096);
+    for lba in 0..200 {
+        d.write(1, lba * 8, &data).unwrap();
+    }
+    let before = s.ctl(&["stats.get"]).unwrap();
+    let writes = |v: &Value| v["namespaces"][0]["write"]["commands"].as_u64().unwrap();
+    let queue = |v: &Value| {
+        let q = v["queues"].as_array().unwrap().iter().find(|q| q["qid"] == 1).cloned();
+        q.map_or(0, |q| q["commands"].as_u64().unwrap())
+    };
+    assert!(writes(&before) >= 200 && queue(&before) >= 200, "{before}");
+    s.upgrade();
+    let after = s.ctl(&["stats.get"]).unwrap();
+    assert_eq!(writes(&after), writes(&before), "namespace 1's writes: {before} -> {after}");
+    assert_eq!(queue(&after), queue(&before), "queue 1's commands: {before} -> {after}");
+    let lat = |v: &Value| v["namespaces"][0]["write"]["latency_avg_us"].as_f64().unwrap();
+    assert_eq!(lat(&after), lat(&before), "the latency counters");
+    // And they go on counting in the new process.
+    d.write(1, 0, &data).unwrap();
+    assert_eq!(writes(&s.ctl(&["stats.get"]).unwrap()), writes(&before) + 1);
+}
