@@ -55,7 +55,9 @@ impl Events {
     /// Adds an Error Information log entry for a failed command.
     pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
         let mut g = self.lock();
-        g.error_count += 1;
+        // Base: the count never reads 0h (an invalid entry); past FFFFFFFFFFFFFFFFh
+        // it goes on from 1h.
+        g.error_count = g.error_count.checked_add(1).unwrap_or(1);
         let e = ErrorInformationEntry {
             error_count: U64::new(g.error_count),
             sqid: U16::new(sqid),

@@ -479,7 +479,7 @@ impl Controller {
                     write_atomicity: v.write_atomicity,
                     aec: v.aec,
                 },
-                timestamp_ms: f.timestamp.map(|(ms, at)| ms + now.saturating_sub(at) / 1_000_000),
+                timestamp_ms: f.timestamp.map(|(ms, at)| crate::admin::timestamp_now(ms, at, now)),
                 created_ns: self.admin.created_ns,
                 reset_ns: f.reset_ns,
             },
@@ -596,6 +596,9 @@ impl Controller {
                 a.nsq_granted_z, a.ncq_granted_z, self.engine.ctx.max_qid
             ));
         }
+        if a.timestamp_ms.is_some_and(|ms| ms >= 1 << 48) {
+            return bad(format!("timestamp {:?} ms (the field has 48 bits)", a.timestamp_ms));
+        }
         if a.features.power_management & 0x1f != 0 {
             return bad(format!(
                 "power state {} (this controller has one)",
@@ -707,7 +710,7 @@ impl Controller {
         }
         let page = s.regs.page_size;
         let limit = |qid: u16| if qid == 0 { 4096 } else { self.cap().mqes_z() as u32 + 1 };
-        let granted = |qid: u16, z: u16| qid == 0 || qid <= z + 1;
+        let granted = |qid: u16, z: u16| qid == 0 || qid as u32 <= z as u32 + 1;
         let mut cqs = Vec::with_capacity(s.cqs.len());
         for c in &s.cqs {
             let what = format!("CQ {}", c.qid);
@@ -720,8 +723,9 @@ impl Controller {
             if !c.base.is_multiple_of(page) {
                 return bad(format!("{what}: base {:#x} not page aligned", c.base));
             }
-            let posting: u32 = s.sqs.iter().filter(|q| q.cqid == c.qid).map(|q| q.size - 1).sum();
-            if c.overflow.len() as u64 > posting as u64 {
+            let posting: u64 =
+                s.sqs.iter().filter(|q| q.cqid == c.qid).map(|q| q.size.saturating_sub(1) as u64).sum();
+            if c.overflow.len() as u64 > posting {
                 return bad(format!(
                     "{what}: {} completions waiting, more than its SQs hold",
                     c.overflow.len()

@@ -339,6 +339,10 @@ fn spec_restore_a_state_refused_for_any_field_leaves_the_controller_new() {
         ("an LBA format the namespace does not have", |s| s.namespaces[0].lba_format = 9),
         ("the next SQ is not there", |s| s.next_sq = Some(7)),
         ("a vector beyond the controller's", |s| s.cqs.last_mut().unwrap().iv = 5000),
+        // Found by the state fuzzer (nvme-fuzz state.rs): each once overflowed.
+        ("an SQ of no entries", |s| s.sqs.last_mut().unwrap().size = 0),
+        ("every queue identifier granted", |s| s.admin.ncq_granted_z = u16::MAX),
+        ("a timestamp past its 48 bits", |s| s.admin.timestamp_ms = Some(u64::MAX)),
     ];
     let ram = RamBackend::new(NS_BYTES);
     let mut h = MockHost::new(config(&ram), MEM);
@@ -363,6 +367,31 @@ fn spec_restore_a_state_refused_for_any_field_leaves_the_controller_new() {
     // The original resumes and serves I/O.
     h.ctrl.resume();
     assert_eq!(h.write_blocks(1, 1, 0, 512, &pattern(6, 4096)), Status::SUCCESS);
+}
+
+/// Base Error Information log: the Error Count never reads 0h; one restored at its
+/// largest value goes on from 1h at the next error (an increment once overflowed).
+#[test]
+fn spec_error_count_goes_on_from_one_past_its_largest_value() {
+    let ram = RamBackend::new(NS_BYTES);
+    let mut h = MockHost::new(config(&ram), MEM);
+    h.init(InitOptions::default()).unwrap();
+    h.ctrl.quiesce(std::time::Duration::from_secs(1)).unwrap();
+    let mut st = h.ctrl.save_state();
+    st.events.error_count = u64::MAX;
+    let mut c = Controller::new(config(&ram), h.mem.clone(), h.irq.clone()).unwrap();
+    c.restore_state(&st).unwrap();
+    h.ctrl = c;
+    h.ctrl.resume();
+    // A read of a namespace that does not exist: an error, logged.
+    let buf = h.alloc.alloc_pages(1);
+    let sqe = h.rw_sqe(iop::READ, 9, 0, 1, buf, 512);
+    h.submit(1, sqe).unwrap();
+    h.process();
+    let c = h.reap_queue(1);
+    assert!(!c[0].status().is_success());
+    let log = h.get_log(0x01, 0, 64, false).expect("error log");
+    assert_eq!(u64::from_le_bytes(log[..8].try_into().unwrap()), 1, "the newest entry's Error Count");
 }
 
 /// Runs the device (its workers run by themselves) and reaps queues 1..=n until

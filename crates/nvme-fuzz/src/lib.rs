@@ -10,6 +10,8 @@
 //!   hand-built corpus seeds), [`exec`] what is run and checked.
 //! - [`vfio::run_vfio_one`] is the second target: vfio-user message sequences with
 //!   descriptors of every kind, fed to the vfio-user server in process.
+//! - [`state::run_state_counted`] is the third: saved controller states mutated
+//!   field by field, restored (all or nothing) into a new controller.
 //! - A panic anywhere is a bug found: in the controller, or an invariant it broke.
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod gen;
 pub mod guard;
 pub mod program;
 pub mod seeds;
+pub mod state;
 pub mod vfio;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -349,6 +349,18 @@ impl Connection {
         Ok(())
     }
 
+    /// Writes `bytes` as they are, without framing, the descriptors with the first
+    /// byte: for a peer that cuts messages its own way (tests, the fuzzer).
+    pub fn send_bytes(&mut self, bytes: &[u8], fds: &[RawFd]) -> Result<(), ProtoError> {
+        let n = if fds.is_empty() {
+            0
+        } else {
+            send_with_fds(self.sock.as_raw_fd(), bytes, fds)
+                .map_err(|e| self.stalled(e, "a message could not be sent (the peer is not reading)"))?
+        };
+        self.write_all(&bytes[n..], &mut Stall::default())
+    }
+
     /// Sends `header` (its size is filled in) followed by `parts`, with `fds`.
     pub fn send(&mut self, mut header: Header, parts: &[&[u8]], fds: &[RawFd]) -> Result<(), ProtoError> {
         let len = HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -741,6 +753,50 @@ mod tests {
         a.write_all(&bytes[30..], &mut Stall::default()).unwrap();
         let m = c.recv().unwrap();
         assert_eq!((m.header.msg_id.get(), m.payload.len(), m.fds.len()), (7, 40, 1));
+    }
+
+    /// Three messages (the second with a descriptor), each sent as a client sends
+    /// it, and cut once more at every byte of the stream, each piece in a read of
+    /// its own: the receiver hands out the same three messages, the descriptor with
+    /// the second.
+    #[test]
+    fn messages_cut_at_every_byte_come_out_whole() {
+        let payloads: [&[u8]; 3] = [b"first", &[9u8; 40], b""];
+        let mut stream = Vec::new();
+        let mut starts = Vec::new();
+        for (i, p) in payloads.iter().enumerate() {
+            starts.push(stream.len());
+            stream.extend(raw(i as u16 + 1, (HEADER_SIZE + p.len()) as u32));
+            stream.extend_from_slice(p);
+        }
+        let f = tempfile();
+        for cut in 1..stream.len() {
+            let (a, b) = UnixStream::pair().unwrap();
+            let (mut a, mut b) =
+                (Connection::new(a), Connection::with_deadline(b, Duration::from_secs(5)).unwrap());
+            // Each message starts a write of its own, as a client's sendmsg per
+            // message does (the descriptor rides on the second one's first byte).
+            let mut bounds = vec![0, cut, starts[1], starts[2], stream.len()];
+            bounds.sort_unstable();
+            bounds.dedup();
+            for w in bounds.windows(2) {
+                let fds: &[RawFd] = if w[0] == starts[1] { &[f.as_raw_fd()] } else { &[] };
+                a.send_bytes(&stream[w[0]..w[1]], fds).unwrap();
+                // Each piece in a read of its own.
+                assert!(b.fill().unwrap());
+            }
+            let mut got = Vec::new();
+            while let Some(m) = b.next_message().unwrap() {
+                got.push((m.header.msg_id.get(), m.payload.clone(), m.fds.len()));
+            }
+            let want: Vec<_> = payloads
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as u16 + 1, p.to_vec(), (i == 1) as usize))
+                .collect();
+            assert_eq!(got, want, "cut at byte {cut}");
+            assert_eq!(b.pending_deadline(), None);
+        }
     }
 
     fn raw(id: u16, size: u32) -> Vec<u8> {

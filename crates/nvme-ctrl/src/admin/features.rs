@@ -264,7 +264,7 @@ impl Controller {
             fid::TIMESTAMP => {
                 let now = self.clock.now_ns();
                 let (ms, origin) = match self.admin.features.timestamp {
-                    Some((ms, at)) => (ms + now.saturating_sub(at) / 1_000_000, 1u8),
+                    Some((ms, at)) => (super::timestamp_now(ms, at, now), 1u8),
                     // Not set since reset: time since the controller was reset (origin 0).
                     None => (now.saturating_sub(self.admin.features.reset_ns) / 1_000_000, 0u8),
                 };

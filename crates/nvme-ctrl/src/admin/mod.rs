@@ -291,3 +291,9 @@ pub(crate) fn done() -> CmdResult<AdminDone> {
 pub(crate) fn status<T>(s: Status) -> CmdResult<T> {
     Err(CommandError::Status(s.with_dnr()))
 }
+
+/// The Timestamp (Base: Set Features, Timestamp; 48 bits of milliseconds) now, for
+/// one the host set to `ms` at clock reading `at`: it wraps within its 48 bits.
+pub(crate) fn timestamp_now(ms: u64, at: u64, now: u64) -> u64 {
+    ms.wrapping_add(now.saturating_sub(at) / 1_000_000) & ((1 << 48) - 1)
+}

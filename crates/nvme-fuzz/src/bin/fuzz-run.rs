@@ -2,7 +2,7 @@
 //! programs and mutations of the corpus, each run under `catch_unwind` and a watchdog.
 //!
 //! ```text
-//! fuzz-run [--target controller|vfio|both] [--seconds N | --iterations N] [--seed S]
+//! fuzz-run [--target controller|vfio|state|all] [--seconds N | --iterations N] [--seed S]
 //!          [--corpus DIR] [--artifacts DIR] [--timeout SECS] [--quiet] [--known-bugs]
 //! fuzz-run --replay FILE...      run inputs once (exit 1 on a crash, 3 on a hang)
 //! fuzz-run --minimize FILE       shrink a crashing or hanging input to FILE.min
@@ -10,11 +10,13 @@
 //! fuzz-run --write-seeds DIR     write the hand-built seed programs
 //! ```
 //!
-//! Two targets: `controller` (programs of commands, register and memory map changes
-//! against the controller) and `vfio` (vfio-user message sequences with descriptors
-//! of every kind against the vfio-user server); `both`, the default, gives each half
-//! the time or iterations. Inputs of the vfio target are saved with a `-vfio` in
-//! their name, which is how `--replay` (with `--target both`) tells them apart.
+//! Three targets: `controller` (programs of commands, register and memory map changes
+//! against the controller), `vfio` (vfio-user message sequences with descriptors of
+//! every kind against the vfio-user server) and `state` (saved controller states
+//! mutated field by field, restored into a new controller); `all`, the default
+//! (`both` is an older name for it), splits the time or iterations between them.
+//! Inputs of the vfio and state targets are saved with `-vfio` or `-state` in their
+//! name, which is how `--replay` (with `--target all`) tells them apart.
 //!
 //! A crash writes its input to `<artifacts>/crash-<hash>` (one per panic location), a
 //! hang (an input running longer than `--timeout`, default 60 s) to
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use nvme_fuzz::gen::{fnv1a, mutate, random_program, Rng};
 use nvme_fuzz::guard::{catch, install_panic_hook, run_catching, set_quiet, Crash, Watchdog};
+use nvme_fuzz::state::{run_state_counted, StateStats};
 use nvme_fuzz::vfio::{run_vfio_counted, set_check_fd_leaks, VfioStats};
 use nvme_fuzz::{Program, Stats};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,11 +46,13 @@ const DEFAULT_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus");
 enum Target {
     Controller,
     Vfio,
-    Both,
+    State,
+    All,
 }
 
-/// The vfio target is running (names what the watchdog saves).
+/// The vfio or state target is running (names what the watchdog saves).
 static RUNNING_VFIO: AtomicBool = AtomicBool::new(false);
+static RUNNING_STATE: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug)]
 struct Args {
@@ -68,7 +73,7 @@ struct Args {
 fn usage(msg: &str) -> ! {
     eprintln!("fuzz-run: {msg}");
     eprintln!(
-        "usage: fuzz-run [--target controller|vfio|both] [--seconds N | --iterations N] [--seed S] [--corpus DIR] [--artifacts DIR] \
+        "usage: fuzz-run [--target controller|vfio|state|all] [--seconds N | --iterations N] [--seed S] [--corpus DIR] [--artifacts DIR] \
          [--timeout SECS] [--quiet] [--known-bugs] | --replay FILE... | --minimize FILE | --dump FILE | --write-seeds DIR"
     );
     std::process::exit(2)
@@ -84,7 +89,7 @@ fn parse_u64(s: &str) -> u64 {
 
 fn parse_args() -> Args {
     let mut a = Args {
-        target: Target::Both,
+        target: Target::All,
         seconds: None,
         iterations: None,
         seed: None,
@@ -106,7 +111,8 @@ fn parse_args() -> Args {
                 a.target = match val().as_str() {
                     "controller" => Target::Controller,
                     "vfio" => Target::Vfio,
-                    "both" => Target::Both,
+                    "state" => Target::State,
+                    "all" | "both" => Target::All,
                     t => usage(&format!("unknown target {t}")),
                 }
             }
@@ -176,7 +182,13 @@ fn main() -> ExitCode {
     install_panic_hook(args.quiet);
     let artifacts = args.artifacts.clone();
     let wd = Watchdog::spawn(args.timeout, move |data| {
-        let prefix = if RUNNING_VFIO.load(Ordering::Relaxed) { "timeout-vfio" } else { "timeout" };
+        let prefix = if RUNNING_VFIO.load(Ordering::Relaxed) {
+            "timeout-vfio"
+        } else if RUNNING_STATE.load(Ordering::Relaxed) {
+            "timeout-state"
+        } else {
+            "timeout"
+        };
         let p = save(&artifacts, prefix, data);
         eprintln!("fuzz: an input ran for too long (hang?); saved to {}", p.display());
     });
@@ -190,16 +202,20 @@ fn replay(files: &[PathBuf], target: Target, wd: &Watchdog) -> ExitCode {
     let mut failed = false;
     for f in files {
         let data = read(f);
-        let vfio = match target {
-            Target::Both => f.file_name().is_some_and(|n| n.to_string_lossy().contains("vfio")),
-            t => t == Target::Vfio,
+        let named = |s: &str| f.file_name().is_some_and(|n| n.to_string_lossy().contains(s));
+        let which = match target {
+            Target::All if named("vfio") => Target::Vfio,
+            Target::All if named("state") => Target::State,
+            Target::All => Target::Controller,
+            t => t,
         };
-        RUNNING_VFIO.store(vfio, Ordering::Relaxed);
+        RUNNING_VFIO.store(which == Target::Vfio, Ordering::Relaxed);
+        RUNNING_STATE.store(which == Target::State, Ordering::Relaxed);
         wd.arm(&data);
-        let r = if vfio {
-            catch(|| run_vfio_counted(&data, &mut VfioStats::default()))
-        } else {
-            run_catching(&data, &mut Stats::default())
+        let r = match which {
+            Target::Vfio => catch(|| run_vfio_counted(&data, &mut VfioStats::default())),
+            Target::State => catch(|| run_state_counted(&data, &mut StateStats::default())),
+            _ => run_catching(&data, &mut Stats::default()),
         };
         wd.disarm();
         match r {
@@ -225,9 +241,10 @@ fn fuzz(args: &Args, wd: &Watchdog) -> ExitCode {
         t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
     });
     let targets: &[Target] = match args.target {
-        Target::Both => &[Target::Controller, Target::Vfio],
+        Target::All => &[Target::Controller, Target::Vfio, Target::State],
         Target::Controller => &[Target::Controller],
         Target::Vfio => &[Target::Vfio],
+        Target::State => &[Target::State],
     };
     let n = targets.len();
     let iterations = args.iterations.map(|i| i.div_ceil(n as u64));
@@ -240,6 +257,7 @@ fn fuzz(args: &Args, wd: &Watchdog) -> ExitCode {
     for t in targets {
         ok &= match t {
             Target::Vfio => fuzz_vfio(args, wd, seed, limit, iterations),
+            Target::State => fuzz_state(args, wd, seed, limit, iterations),
             _ => fuzz_controller(args, wd, seed, limit, iterations),
         };
     }
@@ -316,6 +334,46 @@ fn fuzz_vfio(
     if slow > 0 {
         println!("fuzz: vfio-user: {slow} inputs took longer than {SLOW:?} (not failures)");
     }
+    for (c, path, n) in crashes.values() {
+        println!("fuzz: CRASH x{n} {c} -> {}", path.display());
+    }
+    crashes.is_empty()
+}
+
+/// The state target: random inputs, each up to three mutations of a saved state.
+fn fuzz_state(
+    args: &Args,
+    wd: &Watchdog,
+    seed: u64,
+    limit: Option<Duration>,
+    iterations: Option<u64>,
+) -> bool {
+    RUNNING_STATE.store(true, Ordering::Relaxed);
+    let mut rng = Rng::new(seed ^ 0x57a7_e5ed);
+    let mut stats = StateStats::default();
+    let mut crashes = Crashes::new();
+    let start = Instant::now();
+    let mut runs = 0u64;
+    while !(iterations.is_some_and(|n| runs >= n) || limit.is_some_and(|l| start.elapsed() >= l)) {
+        let mut input = vec![0u8; 4 + rng.below(64) as usize];
+        rng.fill(&mut input);
+        wd.arm(&input);
+        let r = catch(|| run_state_counted(&input, &mut stats));
+        wd.disarm();
+        runs += 1;
+        if let Err(c) = r {
+            record(&mut crashes, c, &args.artifacts, "crash-state", &input);
+        }
+    }
+    RUNNING_STATE.store(false, Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    let n_crash: u64 = crashes.values().map(|c| c.2).sum();
+    println!(
+        "fuzz: state: {runs} runs in {secs:.1} s ({:.0} runs/s), {n_crash} crashes ({} distinct), seed {seed:#x}",
+        runs as f64 / secs.max(1e-9),
+        crashes.len()
+    );
+    println!("fuzz: state: {}", stats.line());
     for (c, path, n) in crashes.values() {
         println!("fuzz: CRASH x{n} {c} -> {}", path.display());
     }

@@ -24,9 +24,12 @@ pub(super) enum FdKind {
     Socket,
     File,
     DevNull,
+    /// A sealed memfd of [`SPARSE_LEN`] bytes, nothing written: what a client that
+    /// commits no memory maps to make the server commit some (DMA logging).
+    Sparse,
 }
 
-pub(super) const KINDS: [FdKind; 10] = [
+pub(super) const KINDS: [FdKind; 11] = [
     FdKind::Guest,
     FdKind::SealedMemfd,
     FdKind::UnsealedMemfd,
@@ -37,6 +40,7 @@ pub(super) const KINDS: [FdKind; 10] = [
     FdKind::Socket,
     FdKind::File,
     FdKind::DevNull,
+    FdKind::Sparse,
 ];
 
 /// One descriptor of each kind, created per run; messages carry duplicates.
@@ -85,6 +89,7 @@ impl FdPool {
             (FdKind::Socket, sock.into()),
             (FdKind::File, file.into()),
             (FdKind::DevNull, null.into()),
+            (FdKind::Sparse, memfd(SPARSE_LEN, true)),
         ];
         FdPool { fds, guest: File::from(guest), _peer: peer }
     }

@@ -60,6 +60,11 @@ pub(super) struct Outgoing {
     /// before it sends this message: the whole session is decoded up front, and a
     /// queue entry or shadow value must not appear before its turn.
     pub(super) writes: Vec<(u64, Vec<u8>)>,
+    /// Socket runs only: where the message's bytes are cut into separate writes
+    /// (offsets into header and payload, ascending), and whether the client pauses
+    /// before each further piece, so pieces arrive in separate reads, apart in time.
+    pub(super) cuts: Vec<usize>,
+    pub(super) pause: bool,
 }
 
 impl Outgoing {
@@ -72,6 +77,8 @@ impl Outgoing {
             doorbell: None,
             via: 0,
             writes: Vec::new(),
+            cuts: Vec::new(),
+            pause: false,
         }
     }
 
@@ -94,13 +101,62 @@ pub(super) fn address(inp: &mut Input) -> u64 {
 }
 
 pub(super) fn length(inp: &mut Input) -> u64 {
-    match inp.pick(5) {
+    match inp.pick(7) {
         0 => PAGE,
         1 => GUEST_LEN,
         2 => (1 + inp.u8() as u64) * PAGE,
         3 => 0,
+        // Sparse memory: the whole of it, or blocks of the dirty log's size.
+        4 => SPARSE_LEN >> inp.pick(4),
+        5 => (1 + inp.u8() as u64) * guest_mem::LOG_BLOCK,
         _ => inp.u64(),
     }
+}
+
+/// A DEVICE_FEATURE for migration or DMA logging, with plausible arguments (the
+/// states, starts, stops and reports a VMM sends), as `struct
+/// vfio_user_device_feature` with its payload.
+pub(super) fn feature(inp: &mut Input) -> Vec<u8> {
+    const GET: u32 = 1 << 16;
+    const SET: u32 = 1 << 17;
+    const PROBE: u32 = 1 << 18;
+    let (flags, data): (u32, Vec<u8>) = match inp.pick(8) {
+        // MIG_DEVICE_STATE: RUNNING, STOP, STOP_COPY, RESUMING, or anything.
+        0..=2 => {
+            let state = if inp.chance(13) { [2u32, 1, 3, 4][inp.pick(4)] } else { inp.u32() % 10 };
+            (SET | DEVICE_FEATURE_MIG_DEVICE_STATE, [state.to_le_bytes(), (-1i32).to_le_bytes()].concat())
+        }
+        // DMA_LOGGING_START with a few ranges.
+        3 | 4 => {
+            let page: u64 = if inp.chance(13) { 4096 << inp.pick(4) } else { inp.u64() };
+            let n = inp.pick(4) as u32;
+            let mut d = page.to_le_bytes().to_vec();
+            d.extend_from_slice(&n.to_le_bytes());
+            d.extend_from_slice(&0u32.to_le_bytes());
+            for _ in 0..n {
+                d.extend_from_slice(&address(inp).to_le_bytes());
+                d.extend_from_slice(&length(inp).to_le_bytes());
+            }
+            (SET | DEVICE_FEATURE_DMA_LOGGING_START, d)
+        }
+        5 => (SET | DEVICE_FEATURE_DMA_LOGGING_STOP, Vec::new()),
+        // DMA_LOGGING_REPORT: a range, a unit, and room for the bitmap.
+        6 => {
+            let (iova, len) = (address(inp), length(inp));
+            let page: u64 = if inp.chance(13) { 4096 << inp.pick(8) } else { inp.u64() };
+            let d = [iova.to_le_bytes(), len.to_le_bytes(), page.to_le_bytes()].concat();
+            (GET | DEVICE_FEATURE_DMA_LOGGING_REPORT, d)
+        }
+        _ => ([GET, SET, PROBE | GET, PROBE | SET][inp.pick(4)] | (inp.u32() % 10), {
+            let n = inp.pick(24);
+            inp.bytes(n)
+        }),
+    };
+    let room = if flags & GET != 0 && inp.chance(12) { 1 << inp.pick(21) } else { 0u32 };
+    let mut v = (8 + data.len() as u32).saturating_add(room).to_le_bytes().to_vec();
+    v.extend_from_slice(&flags.to_le_bytes());
+    v.extend_from_slice(&data);
+    v
 }
 
 /// Some descriptors: mostly none or one, of any kind.
@@ -266,6 +322,7 @@ pub(super) fn templated(inp: &mut Input, pool: &FdPool) -> Outgoing {
             (p, fds(inp, pool, 0))
         }
         Command::DeviceReset => (Vec::new(), fds(inp, pool, 0)),
+        Command::DeviceFeature if inp.chance(13) => (feature(inp), fds(inp, pool, 0)),
         _ => {
             let n = inp.pick(64);
             (inp.bytes(n), fds(inp, pool, 0))
@@ -309,6 +366,22 @@ pub(super) fn header_fields(inp: &mut Input, m: &mut Outgoing, id: u16, socket: 
     m.header.flags = U32::new(flags);
     if inp.chance(1) {
         m.header.error = U32::new(inp.u32());
+    }
+    if socket && inp.chance(4) {
+        // Cut the message into pieces sent apart: at every byte, sometimes.
+        let len = HEADER_SIZE + m.payload.len();
+        m.cuts = match inp.pick(4) {
+            0 => (1..len).collect(),
+            _ => {
+                let mut c: Vec<usize> =
+                    (0..1 + inp.pick(4)).map(|_| 1 + inp.u16() as usize % len.max(2)).collect();
+                c.sort_unstable();
+                c.dedup();
+                c.retain(|&x| x < len);
+                c
+            }
+        };
+        m.pause = inp.chance(4);
     }
     if socket && inp.pick(32) == 0 {
         let real = (HEADER_SIZE + m.payload.len()) as u32;

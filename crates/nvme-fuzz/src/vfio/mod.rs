@@ -36,7 +36,7 @@ use vfio_user::{Command, Connection, Message};
 use vfio_user_server::device::Reply;
 use vfio_user_server::doorbells::DOORBELL_PAGE;
 use vfio_user_server::{server, Device, DeviceOptions, DoorbellMode, EventFdInterrupts};
-use zerocopy::little_endian::{U16, U32};
+use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
 mod driver;
@@ -71,6 +71,8 @@ pub(super) const ADMIN_ENTRIES: u16 = 16;
 pub(super) const IO_ENTRIES: u16 = 64;
 /// Size of the small memfds and the regular file in the pool.
 pub(super) const SMALL_FILE: u64 = 64 << 10;
+/// Size of the sparse memfd in the pool (1 TiB, none of it written).
+pub(super) const SPARSE_LEN: u64 = 1 << 40;
 pub(super) const PAGE: u64 = 4096;
 
 pub(super) static CHECK_FD_LEAKS: AtomicBool = AtomicBool::new(false);
@@ -97,6 +99,10 @@ pub struct VfioStats {
     /// doorbell page, signals of the ioeventfd kick.
     pub page_doorbells: u64,
     pub kicks: u64,
+    /// Sparse memory mapped and logged: maps, a DMA logging start, reports.
+    pub log_sequences: u64,
+    /// Socket messages sent in pieces (cut at every byte, or at a few places).
+    pub cut_messages: u64,
     /// What the controllers did (how deep the runs got).
     pub admin_commands: u64,
     pub io_commands: u64,
@@ -106,18 +112,20 @@ pub struct VfioStats {
 impl VfioStats {
     pub fn line(&self) -> String {
         format!(
-            "{} runs ({} over a socket, {} with workers), {} messages ({} ok, {} refused), \
-             {} bring-ups, {} I/O bursts, {} fds passed, {} doorbells through the mapped page and \
-             {} kicks; the controllers ran {} admin and {} I/O \
-             commands and sent {} interrupts",
+            "{} runs ({} over a socket, {} with workers), {} messages ({} ok, {} refused, {} sent \
+             in pieces), {} bring-ups, {} I/O bursts, {} sparse-memory logging sequences, {} fds \
+             passed, {} doorbells through the mapped page and {} kicks; the controllers ran {} admin \
+             and {} I/O commands and sent {} interrupts",
             self.runs,
             self.socket_runs,
             self.worker_runs,
             self.messages,
             self.ok_replies,
             self.error_replies,
+            self.cut_messages,
             self.bringups,
             self.io_bursts,
+            self.log_sequences,
             self.fds_sent,
             self.page_doorbells,
             self.kicks,
@@ -146,8 +154,22 @@ pub fn run_vfio_counted(data: &[u8], stats: &mut VfioStats) {
             now = open_fds();
         }
         assert!(now <= before, "descriptor leak: {before} open before the run, {now} after");
+        // Every dirty log went with its mapping.
+        let held = guest_mem::dirty_log_bytes();
+        assert_eq!(held, 0, "dirty logs hold {held} bytes after the run");
     }
 }
+
+/// This process's resident memory, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1));
+    kib.and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) << 10
+}
+
+/// How much a run that maps and logs sparse memory may add to the process's
+/// resident memory: the dirty logs' whole budget, and room for the rest of a run.
+const SPARSE_RSS_LIMIT: u64 = guest_mem::DIRTY_LOG_BUDGET as u64 + (32 << 20);
 
 pub(super) fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
@@ -206,7 +228,11 @@ fn messages(
                 stats.io_bursts += 1;
                 drv.io_burst(inp)
             }
-            80..=239 => vec![templated(inp, pool)],
+            80..=231 => vec![templated(inp, pool)],
+            232..=239 => {
+                stats.log_sequences += 1;
+                log_sequence(inp, pool)
+            }
             _ => {
                 let cmd = if inp.chance(8) { inp.u16() % 24 } else { inp.u16() };
                 let len = inp.pick(80);
@@ -232,7 +258,10 @@ fn run(data: &[u8], stats: &mut VfioStats) {
     let (mut dev, vectors) = device(&mut inp, stats);
     let ctrl_stats = dev.ctrl.stats_handle();
     let pool = FdPool::new();
+    let logged = stats.log_sequences;
     let msgs = messages(&mut inp, &pool, vectors, socket, stats);
+    let logged = stats.log_sequences > logged;
+    let rss_before = if logged { rss() } else { 0 };
     stats.messages += msgs.len() as u64;
     stats.fds_sent += msgs.iter().map(|m| m.fds.len() as u64).sum::<u64>();
     if socket {
@@ -250,6 +279,12 @@ fn run(data: &[u8], stats: &mut VfioStats) {
             }
         }
         dev.disconnect();
+    }
+    if logged {
+        // Terabytes of sparse memory mapped and logged commit no more than the logs'
+        // budget (a bit per page of what is mapped would be 32 MiB per TiB).
+        let grew = rss().saturating_sub(rss_before);
+        assert!(grew < SPARSE_RSS_LIMIT, "logging sparse memory grew the process by {grew} bytes");
     }
     let s = ctrl_stats.snapshot();
     stats.admin_commands += s.admin_commands;
@@ -329,6 +364,77 @@ fn run_device(dev: &mut Device) {
     }
 }
 
+/// Sends `m` cut where it says, its descriptors with the first piece; with `pause`
+/// (and few pieces) each further piece follows a millisecond later, in a read of
+/// its own.
+fn send_in_pieces(conn: &mut Connection, m: &Outgoing) -> bool {
+    let mut h = m.header;
+    h.size = U32::new((HEADER_SIZE + m.payload.len()) as u32);
+    let mut bytes = h.as_bytes().to_vec();
+    bytes.extend_from_slice(&m.payload);
+    let raw_fds: Vec<RawFd> = m.fds.iter().map(|f| f.as_fd().as_raw_fd()).collect();
+    let pause = m.pause && m.cuts.len() <= 8;
+    let mut from = 0;
+    for (i, &to) in m.cuts.iter().chain(std::iter::once(&bytes.len())).enumerate() {
+        if i > 0 && pause {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let fds: &[RawFd] = if i == 0 { &raw_fds } else { &[] };
+        if conn.send_bytes(&bytes[from..to], fds).is_err() {
+            return false;
+        }
+        from = to;
+    }
+    true
+}
+
+/// Sparse memory under DMA logging, as a client that commits none would send it:
+/// maps of the sparse memfd (whole or in part), a start, reports over ranges of
+/// it, and sometimes an unmap or a stop in between.
+fn log_sequence(inp: &mut Input, pool: &FdPool) -> Vec<Outgoing> {
+    const TIB: u64 = 1 << 40;
+    let mut out = Vec::new();
+    let maps = 1 + inp.pick(3) as u64;
+    for i in 0..maps {
+        let m = DmaMap {
+            argsz: U32::new(size_of::<DmaMap>() as u32),
+            flags: U32::new(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE),
+            offset: U64::new(0),
+            address: U64::new((8 + 2 * i) * TIB),
+            size: U64::new(SPARSE_LEN >> inp.pick(3)),
+        };
+        out.push(Outgoing::new(Command::DmaMap, m.as_bytes(), vec![pool.dup(FdKind::Sparse)]));
+    }
+    let feature = |flags: u32, data: &[u8], room: u32| {
+        let mut v = (8 + data.len() as u32 + room).to_le_bytes().to_vec();
+        v.extend_from_slice(&flags.to_le_bytes());
+        v.extend_from_slice(data);
+        Outgoing::new(Command::DeviceFeature, v, Vec::new())
+    };
+    let start = [4096u64.to_le_bytes(), [0u8; 8]].concat();
+    out.push(feature((1 << 17) | DEVICE_FEATURE_DMA_LOGGING_START, &start, 0));
+    for _ in 0..1 + inp.pick(3) {
+        let iova = (8 + 2 * inp.pick(maps as usize) as u64) * TIB + inp.u16() as u64 * guest_mem::LOG_BLOCK;
+        let len = (1 + inp.pick(64) as u64) << 28;
+        let report = [iova.to_le_bytes(), len.to_le_bytes(), 4096u64.to_le_bytes()].concat();
+        let room = (len / 4096 / 8) as u32 + 8;
+        out.push(feature((1 << 16) | DEVICE_FEATURE_DMA_LOGGING_REPORT, &report, room));
+        if inp.chance(3) {
+            let u = DmaUnmap {
+                argsz: U32::new(size_of::<DmaUnmap>() as u32),
+                flags: U32::new(0),
+                address: U64::new(8 * TIB),
+                size: U64::new(SPARSE_LEN >> inp.pick(3)),
+            };
+            out.push(Outgoing::new(Command::DmaUnmap, u.as_bytes(), Vec::new()));
+        }
+    }
+    if inp.chance(8) {
+        out.push(feature((1 << 17) | DEVICE_FEATURE_DMA_LOGGING_STOP, &[], 0));
+    }
+    out
+}
+
 /// The session over a real socket: `serve_client` on a thread, the client's replies
 /// drained on another, and the session must end soon after the client hangs up.
 fn serve(mut dev: Device, msgs: Vec<Outgoing>, guest: &File, stats: &mut VfioStats) {
@@ -366,6 +472,10 @@ fn serve(mut dev: Device, msgs: Vec<Outgoing>, guest: &File, stats: &mut VfioSta
     for m in msgs {
         m.store(guest);
         let sent = match m.bad_size {
+            None if !m.cuts.is_empty() => {
+                stats.cut_messages += 1;
+                send_in_pieces(&mut conn, &m)
+            }
             Some(size) => {
                 let mut h = m.header;
                 h.size = U32::new(size);
