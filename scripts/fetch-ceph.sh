@@ -24,6 +24,9 @@
 # scripts/ceph-cluster.sh runs a single-node cluster with these.
 # Exit 1, saying why, when the packages cannot be had (no network).
 set -euo pipefail
+# Standard output is the bin directory and nothing else (callers read it as a path):
+# what the tools below print (apt-get's progress among it) goes to stderr.
+exec 3>&1 1>&2
 # shellcheck source=scripts/guest/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/guest/lib.sh"
 
@@ -61,7 +64,7 @@ verify() {
 }
 
 if [[ -e $dir/current/.complete ]] && verify "$dir/current"; then
-    printf '%s\n' "$dir/current/bin"
+    printf '%s\n' "$dir/current/bin" >&3
     exit 0
 fi
 
@@ -150,4 +153,4 @@ touch "$dest/.complete"
 ln -sfn "${dest##*/}" "$dir/current.tmp"
 mv -T "$dir/current.tmp" "$dir/current"
 log "ceph $ver in $dir/current"
-printf '%s\n' "$dir/current/bin"
+printf '%s\n' "$dir/current/bin" >&3

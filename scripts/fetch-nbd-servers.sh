@@ -13,6 +13,9 @@
 # its path there, e.g. "$NBDKIT_PLUGINS/nbdkit-memory-plugin.so size=64M").
 # Exit 1, saying why, when the packages cannot be had (no network).
 set -euo pipefail
+# Standard output is the bin directory and nothing else (callers read it as a path):
+# what the tools below print (apt-get's progress among it) goes to stderr.
+exec 3>&1 1>&2
 # shellcheck source=scripts/guest/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/guest/lib.sh"
 
@@ -28,7 +31,7 @@ verify() {
 }
 
 if [[ -e $dir/current/.complete ]] && verify "$dir/current"; then
-    printf '%s\n' "$dir/current/bin"
+    printf '%s\n' "$dir/current/bin" >&3
     exit 0
 fi
 
@@ -71,4 +74,4 @@ touch "$dest/.complete"
 ln -sfn "${dest##*/}" "$dir/current.tmp"
 mv -T "$dir/current.tmp" "$dir/current"
 log "qemu-utils $ver and nbdkit $kver in $dir/current"
-printf '%s\n' "$dir/current/bin"
+printf '%s\n' "$dir/current/bin" >&3

@@ -57,7 +57,9 @@ fn start() -> Option<Cluster> {
         fail("Ceph could not be fetched", &out);
         return None;
     }
-    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    // The script's standard output is the directory alone; the last line, should
+    // anything else ever get there.
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().trim());
     // What env.sh exports for a process that loads librbd.
     let out = Command::new("bash")
         .arg("-c")

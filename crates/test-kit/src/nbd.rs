@@ -35,7 +35,10 @@ pub fn servers() -> Option<PathBuf> {
             ));
             return None;
         }
-        Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        // The script's standard output is the directory alone (its tools print to
+        // stderr); the last line, should anything else ever get there.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        Some(PathBuf::from(stdout.lines().last().unwrap_or_default().trim()))
     })
     .clone()
 }
