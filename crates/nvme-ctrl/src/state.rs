@@ -388,7 +388,10 @@ impl Controller {
                     e.quiet()
                 });
             }
-            if quiet {
+            // A fatal controller fetches and posts nothing more: what its backends
+            // still have in flight waits for the reset its host owes it (which
+            // abandons it within the teardown bound), not for a quiesce.
+            if quiet || self.state == Lifecycle::Fatal {
                 break;
             }
             if Instant::now() >= deadline {

@@ -482,6 +482,38 @@ fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
     assert_eq!((st, d == pattern(1, 4096)), (Status::SUCCESS, true));
 }
 
+/// A fatal controller (CSTS.CFS) fetches and posts nothing more, so a quiesce (a
+/// migration's STOP, an upgrade) does not wait for what its backends still have in
+/// flight: that waits for the reset its host owes it. (The fuzzer found a STOP that
+/// held the server for the whole quiesce bound.)
+#[test]
+fn a_fatal_controller_quiesces_at_once_whatever_its_backends_hold() {
+    use block_backend::{FaultBackend, FaultRule};
+    let ram = RamBackend::new(NS_BYTES);
+    let hung =
+        FaultBackend::new(Arc::new(ram.clone()), vec!["read/hang/lba=0+8".parse::<FaultRule>().unwrap()]);
+    let cfg = ControllerConfig {
+        namespaces: vec![NamespaceConfig {
+            timeout: None,
+            ..NamespaceConfig::new(Arc::new(hung) as Arc<dyn Backend>, 0)
+        }],
+        ..Default::default()
+    };
+    let mut h = MockHost::new(cfg, MEM);
+    h.init(InitOptions::default()).unwrap();
+    let buf = h.alloc.alloc_pages(1);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    h.submit(1, sqe).unwrap();
+    h.process();
+    // The guest's memory goes away under its queues: the next fetch is fatal.
+    h.ctrl.set_memory(guest_mem::GuestMemory::empty());
+    let sqe = h.rw_sqe(iop::READ, 1, 64, 8, buf, 4096);
+    h.submit(2, sqe).unwrap();
+    h.process();
+    assert!(h.csts().cfs(), "the controller is fatal");
+    assert_eq!(h.ctrl.quiesce(std::time::Duration::from_secs(30)), Ok(()));
+}
+
 /// A migration's source whose worker polls leaves EventIdx behind the tail (the
 /// host need not ring: the device looks on its own), and the state it saves says
 /// so. The destination's worker is asleep when it resumes: it must publish its own
