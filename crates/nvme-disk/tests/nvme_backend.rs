@@ -138,7 +138,7 @@ impl Downstream {
         ctrl.spawn_workers(1, poll).unwrap();
         let opts = DeviceOptions { doorbells: s.doorbells, ..Default::default() };
         let mut dev = Device::new(ctrl, irqs, opts).unwrap();
-        let listener = server::bind(&socket).unwrap();
+        let (listener, _socket_file) = server::bind(&socket).unwrap();
         let (tx, conn) = mpsc::channel();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopping = stop.clone();

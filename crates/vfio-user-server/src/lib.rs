@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod migration;
 pub mod pci;
 pub mod server;
+pub mod socket_file;
 
 pub use device::{Device, DeviceOptions};
 pub use doorbells::DoorbellMode;

@@ -22,6 +22,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ use zerocopy::little_endian::U32;
 use crate::device::{Device, Reply};
 use crate::fds::set_blocking;
 use crate::jobs::DeviceJobs;
+use crate::socket_file::SocketFile;
 
 /// How the server treats its clients.
 #[derive(Clone, Debug)]
@@ -45,12 +47,49 @@ pub struct ServeOptions {
     /// Work other threads hand this one (a control socket): run between messages,
     /// and between clients.
     pub jobs: Option<Arc<DeviceJobs>>,
+    /// Asked once the server is to stop (SIGTERM, SIGINT): the client being served
+    /// leaves as if it had disconnected (its commands complete or fail, the device
+    /// is reset) and [`serve_from`] returns.
+    pub stop: Option<Arc<Stop>>,
+}
+
+/// A request to stop, from anywhere, a signal handler included: [`Stop::request`]
+/// is a store and an eventfd write, both async-signal-safe.
+#[derive(Debug)]
+pub struct Stop {
+    requested: std::sync::atomic::AtomicBool,
+    fd: EventFd,
+}
+
+impl Stop {
+    pub fn new() -> io::Result<Self> {
+        Ok(Stop { requested: false.into(), fd: EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)? })
+    }
+
+    /// Asks every loop watching this to stop.
+    pub fn request(&self) {
+        self.requested.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.fd.write(1);
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.requested.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Readable once stop is requested (never read: it stays so for every loop).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { deadline: DEFAULT_DEADLINE, jobs: None }
+        ServeOptions { deadline: DEFAULT_DEADLINE, jobs: None, stop: None }
     }
+}
+
+fn stopping(opts: &ServeOptions) -> bool {
+    opts.stop.as_ref().is_some_and(|s| s.is_requested())
 }
 
 /// QEMU's own limit on a vfio-user reply (hw/vfio-user: 5 s).
@@ -79,22 +118,28 @@ pub fn serve_from(
     max_clients: Option<usize>,
     opts: &ServeOptions,
 ) -> io::Result<()> {
+    // Clients that sent at least one message: a connection closed before its first
+    // (another server checking whether the socket is in use) is not one.
     let mut served = 0;
+    let mut connections = 0;
     let mut waiting: Option<Waiting> = None;
     loop {
-        if max_clients.is_some_and(|m| served >= m) {
+        if max_clients.is_some_and(|m| served >= m) || stopping(opts) {
+            if let Some(w) = waiting.take() {
+                refuse(w.stream, "the server is stopping");
+            }
             return Ok(());
         }
         let (stream, partial) = match (first.take(), waiting.take()) {
             (Some(s), _) => s,
             (None, Some(w)) => (w.stream, Partial::default()),
-            (None, None) => match accept(listener, device, opts.jobs.as_deref())? {
+            (None, None) => match accept(listener, device, opts)? {
                 Some(s) => (s, Partial::default()),
                 None => return Ok(()),
             },
         };
-        served += 1;
-        info!(client = served, "client connected");
+        connections += 1;
+        info!(client = connections, "client connected");
         let mut traffic = Traffic::new(device);
         let r = session(stream, partial, device, Some((listener, &mut waiting)), opts, &mut traffic);
         if device.handed_over() {
@@ -106,27 +151,41 @@ pub fn serve_from(
             return Ok(());
         }
         let t = traffic.summary(device);
+        let stop = if stopping(opts) { "; the server is stopping" } else { "" };
         match r {
-            Ok(()) => info!(client = served, "client disconnected ({t})"),
-            Err(e @ ProtoError::Deadline { .. }) => warn!(client = served, "client evicted: {e} ({t})"),
-            Err(e) => warn!(client = served, "client dropped: {e} ({t})"),
+            Ok(()) if traffic.received == 0 => {
+                info!(
+                    client = connections,
+                    "connection closed before its first message, not counted as a client{stop}"
+                )
+            }
+            Ok(()) => info!(client = connections, "client disconnected ({t}){stop}"),
+            Err(e @ ProtoError::Deadline { .. }) => warn!(client = connections, "client evicted: {e} ({t})"),
+            Err(e) => warn!(client = connections, "client dropped: {e} ({t})"),
+        }
+        if traffic.received > 0 {
+            served += 1;
         }
         device.disconnect();
     }
 }
 
 /// Waits for the next client, running jobs meanwhile. None: the device was handed
-/// over to another process meanwhile.
+/// over to another process meanwhile, or the server is to stop.
 fn accept(
     listener: &UnixListener,
     device: &mut Device,
-    jobs: Option<&DeviceJobs>,
+    opts: &ServeOptions,
 ) -> io::Result<Option<UnixStream>> {
-    let Some(jobs) = jobs else { return Ok(Some(listener.accept()?.0)) };
     let epoll = Epoll::new()?;
     epoll.ctl(ControlOperation::Add, listener.as_raw_fd(), EpollEvent::new(EventSet::IN, LISTENER))?;
-    epoll.ctl(ControlOperation::Add, jobs.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
-    let mut ready = [EpollEvent::default(); 2];
+    if let Some(j) = &opts.jobs {
+        epoll.ctl(ControlOperation::Add, j.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
+    }
+    if let Some(s) = &opts.stop {
+        epoll.ctl(ControlOperation::Add, s.fd(), EpollEvent::new(EventSet::IN, STOP))?;
+    }
+    let mut ready = [EpollEvent::default(); 3];
     loop {
         let n = match epoll.wait(-1, &mut ready) {
             Ok(n) => n,
@@ -134,11 +193,15 @@ fn accept(
             Err(e) => return Err(e),
         };
         for ev in &ready[..n] {
-            if ev.data() == JOBS {
-                jobs.run_pending(device);
-                if device.hand_over_if_asked(None, Some(listener)) {
-                    return Ok(None);
+            match (ev.data(), &opts.jobs) {
+                (JOBS, Some(jobs)) => {
+                    jobs.run_pending(device);
+                    if device.hand_over_if_asked(None, Some(listener)) {
+                        return Ok(None);
+                    }
                 }
+                (STOP, _) => return Ok(None),
+                _ => {}
             }
         }
         if ready[..n].iter().any(|ev| ev.data() == LISTENER) {
@@ -158,20 +221,10 @@ fn accept(
     }
 }
 
-/// Binds `path`, replacing a stale socket file left by an earlier run.
-pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
-        match UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is in use by another server", path.display()),
-                ))
-            }
-            Err(_) => std::fs::remove_file(path)?,
-        }
-    }
-    UnixListener::bind(path)
+/// Binds `path` ([`SocketFile::bind`]: a stale socket file is replaced, a live one
+/// or any other file refused and left as it is).
+pub fn bind(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
+    SocketFile::bind(path, None)
 }
 
 // What woke the server loop (epoll data).
@@ -182,6 +235,7 @@ const KICK: u64 = 3;
 const NOTIFIER: u64 = 4;
 const LISTENER: u64 = 5;
 const JOBS: u64 = 6;
+const STOP: u64 = 7;
 
 /// Handles one client's messages until it disconnects. Protocol errors in a message
 /// are answered with an error reply; only a broken stream ends the session. Between
@@ -291,6 +345,9 @@ fn session(
     if let Some(j) = &opts.jobs {
         epoll.ctl(ControlOperation::Add, j.fd(), EpollEvent::new(EventSet::IN, JOBS))?;
     }
+    if let Some(s) = &opts.stop {
+        epoll.ctl(ControlOperation::Add, s.fd(), EpollEvent::new(EventSet::IN, STOP))?;
+    }
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::with_deadline(stream, opts.deadline)?;
     conn.preload(partial);
@@ -342,6 +399,8 @@ fn session(
                     }
                 }
                 LISTENER => listener_ready = true,
+                // The server is to stop: the client leaves as if it had hung up.
+                STOP => return Ok(()),
                 JOBS => {
                     if let Some(j) = &opts.jobs {
                         j.run_pending(device);

@@ -11,6 +11,7 @@ mod nsspec;
 mod perf;
 mod sandbox;
 mod serve;
+mod signals;
 mod unix_socket;
 mod upgrade;
 
@@ -42,14 +43,17 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Serve a controller to a VMM over vfio-user (QEMU -device vfio-user-pci,
-    /// Cloud Hypervisor --user-device).
+    /// Cloud Hypervisor --user-device). SIGTERM or SIGINT (systemctl stop, Ctrl-C)
+    /// stops it cleanly: the client's session ends as if it had disconnected, the
+    /// summary line and the stats file are written, its socket files removed, exit 0.
     Serve(serve::ServeArgs),
     /// Run the controller in this process against a built-in host that drives it
     /// the way Linux's nvme driver does, and show it working: bring-up, Identify,
     /// shadow doorbells, a write/read/verify pass and the doorbell counters.
     Demo(demo::DemoArgs),
     /// Connect to a vfio-user NVMe device with the userspace driver and print what
-    /// Identify says: controller, capabilities, namespaces.
+    /// Identify says: controller, capabilities, namespaces. It is a client like a
+    /// VMM: a server started with --once exits after it.
     Identify(identify::IdentifyArgs),
     /// Load generator: drive a vfio-user NVMe device with the userspace driver and
     /// report IOPS, bandwidth, latency percentiles, CPU per I/O and doorbell counters.

@@ -35,6 +35,7 @@
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
+//! | its sockets                  | unlinkat with the descriptor of a socket's own directory (held open since the bind) and no flags: at its end the server removes the socket files it bound, if still its own |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
 //! | `rbd:`                       | librados' threads: socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt getsockname getpeername, setsockopt (TCP_NODELAY, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF, SO_PRIORITY, IP_TOS, IPV6_TCLASS), pipe2, uname, epoll_create, and new threads: clone only with CLONE_THREAD; clone3 (whose flags seccomp cannot read) fails ENOSYS through a second filter, so the C library falls back to clone. A new process, execve, datagram sockets stay refused |
 //! | `--control`                  | memfd_create (adding a `ram:` namespace), what adding a `file:` namespace needs on either engine: openat (any flags), ftruncate, statfs fstatfs, io_uring_setup io_uring_register, and the `file:` calls above; and what `nbd://` needs, so an NBD export can be added (to an address: a host name would need a resolver, which is refused). `nvme://` cannot be added under the sandbox (its driver needs more) |
@@ -88,6 +89,10 @@ pub struct Needs {
     /// finishers), open connections to OSDs and monitors as they need them, and start
     /// threads.
     pub rbd: bool,
+    /// The directories (held open, `O_PATH`) of the sockets this server bound: at
+    /// its end it removes its own socket files there with `unlinkat`, allowed in
+    /// these directories alone (see `vfio_user_server::socket_file`).
+    pub socket_dirs: [Option<i32>; 3],
 }
 
 impl Needs {
@@ -102,6 +107,35 @@ impl Needs {
             nbd: self.nbd || o.nbd,
             rbd: self.rbd || o.rbd,
             ram: self.ram || o.ram,
+            socket_dirs: if self.socket_dirs.iter().any(Option::is_some) {
+                self.socket_dirs
+            } else {
+                o.socket_dirs
+            },
+        }
+    }
+
+    /// What the allowlist adds to every mode's, for people: "file:, io_uring,
+    /// --stats-file" (or "nothing more").
+    pub fn describe(&self) -> String {
+        let parts: Vec<&str> = [
+            (self.file, "file:"),
+            (self.uring, "io_uring"),
+            (self.kernel_vfio, "kernel VFIO"),
+            (self.ram, "ram:"),
+            (self.nbd, "nbd://"),
+            (self.rbd, "rbd:"),
+            (self.stats_file, "--stats-file"),
+            (self.control, "--control"),
+            (self.socket_dirs.iter().any(Option::is_some), "removing its sockets at the end"),
+        ]
+        .into_iter()
+        .filter_map(|(on, what)| on.then_some(what))
+        .collect();
+        if parts.is_empty() {
+            "nothing more than every mode needs".into()
+        } else {
+            parts.join(", ")
         }
     }
 }
@@ -217,6 +251,17 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     m.insert(SYS_prctl, one_of(0, &[PR_SET_NAME as u64, PR_GET_AUXV]));
     // abort() signals its own process; no other.
     m.insert(SYS_tgkill, one_of(0, &[std::process::id() as u64]));
+    // At its end the server removes the socket files it bound: a name in one of
+    // their directories, never a directory.
+    let dirs: Vec<SeccompRule> = needs
+        .socket_dirs
+        .iter()
+        .flatten()
+        .map(|&fd| rule(vec![cond(0, SeccompCmpOp::Eq, fd as u64), cond(2, SeccompCmpOp::Eq, 0)]))
+        .collect();
+    if !dirs.is_empty() {
+        m.insert(SYS_unlinkat, dirs);
+    }
 
     if needs.stats_file && !needs.control {
         // std's File::create, for the temporary file that replaces the stats file.
@@ -477,6 +522,10 @@ mod tests {
         assert!(rules(&Needs { nbd: true, ..Default::default() }).contains_key(&libc::SYS_connect));
         assert!(rules(&Needs { rbd: true, ..Default::default() }).contains_key(&libc::SYS_clone));
         assert!(rules(&Needs { ram: true, ..Default::default() }).contains_key(&libc::SYS_fallocate));
+        // unlinkat only with a socket's directory, one rule per directory.
+        assert!(!rules(&Needs::default()).contains_key(&libc::SYS_unlinkat));
+        let dirs = Needs { socket_dirs: [Some(7), None, Some(9)], ..Default::default() };
+        assert_eq!(rules(&dirs)[&libc::SYS_unlinkat].len(), 2);
         filter(&Needs {
             file: true,
             uring: true,
@@ -486,6 +535,7 @@ mod tests {
             nbd: true,
             rbd: true,
             ram: true,
+            socket_dirs: [Some(3), Some(4), None],
         })
         .expect("compiles");
     }

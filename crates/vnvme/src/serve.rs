@@ -9,6 +9,7 @@ use std::time::Duration;
 use nvme_ctrl::qos::QosGroup;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
 use vfio_user_server::pci::PciIds;
+use vfio_user_server::socket_file::SocketFile;
 use vfio_user_server::{server, Device, DeviceOptions, EventFdInterrupts};
 
 use crate::nsspec::NsSpec;
@@ -84,10 +85,14 @@ pub struct ServeArgs {
     /// PCI vendor:device ID in hex.
     #[arg(long, default_value = "1b36:0010", value_parser = parse_pci_id)]
     pub pci_id: (u16, u16),
-    /// Exit after the first client disconnects.
+    /// Exit after the first client disconnects. A client is any connection that
+    /// sends a message: a VMM, or `vnvme identify` / `vnvme perf` (each ends a
+    /// --once server); a connection closed without one (another server checking
+    /// whether the socket is in use) is not.
     #[arg(long)]
     pub once: bool,
-    /// Write the controller's counters (JSON) here twice a second and at exit.
+    /// Write the controller's counters (JSON) here twice a second and at exit
+    /// (SIGTERM and SIGINT included: they stop the server cleanly).
     #[arg(long)]
     pub stats_file: Option<PathBuf>,
     /// How doorbell writes arrive: trapped (REGION_WRITE messages), eventfd (IO FDs
@@ -162,17 +167,26 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     ctrl.spawn_workers(a.worker_count(), poll)?;
     raise_fd_limit();
     let dev = Device::new(ctrl, irqs, device_options(&a))?;
-    let listener = server::bind(&a.socket)?;
-    let control = a
-        .control
-        .as_ref()
-        .map(|p| crate::control::server::bind(p).map_err(|e| format!("--control {}: {e}", p.display())))
-        .transpose()?;
-    let metrics = a
-        .metrics
-        .as_ref()
-        .map(|m| crate::metrics::http::bind(m).map_err(|e| format!("--metrics {m:?}: {e}")))
-        .transpose()?;
+    // Every socket file bound from here on is removed again if the start fails.
+    let mut sockets = Sockets::default();
+    let (listener, file) = server::bind(&a.socket).map_err(|e| format!("--socket {e}"))?;
+    sockets.0.push(file);
+    let control = match &a.control {
+        Some(p) => {
+            let (l, file) = crate::control::server::bind(p).map_err(|e| format!("--control {e}"))?;
+            sockets.0.push(file);
+            Some(l)
+        }
+        None => None,
+    };
+    let metrics = match &a.metrics {
+        Some(m) => {
+            let (l, file) = crate::metrics::http::bind(m).map_err(|e| format!("--metrics {m}: {e}"))?;
+            sockets.0.extend(file);
+            Some(l)
+        }
+        None => None,
+    };
     let mut argv: Vec<String> = std::env::args().collect();
     if workers_defaulted {
         // The count this host's default gave is handed on as given, so an upgrade
@@ -193,6 +207,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         drop_to,
         groups: Default::default(),
         takeover: None,
+        sockets,
     }
     .start()?
     .serve(None)
@@ -292,6 +307,15 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             }
             None => None,
         };
+        // The socket files become this process's to remove at its end; not before
+        // the old process has let go of them (a takeover that fails leaves them).
+        let mut sockets = Sockets(Vec::new(), true);
+        for p in std::iter::once(a.socket.as_path())
+            .chain(a.control.as_deref())
+            .chain(a.metrics.iter().filter_map(|m| m.unix_path()))
+        {
+            sockets.0.push(SocketFile::adopt(p).map_err(|e| format!("{}: {e}", p.display()))?);
+        }
         let stderr = take(h, x.stderr)?;
         Ok(Running {
             argv: taken.prepared.argv.clone(),
@@ -307,6 +331,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
             drop_to,
             groups,
             takeover: Some(Takeover { stderr, old_pid: taken.prepared.pid }),
+            sockets,
         })
     })();
     // Fault injection for the tests of the way back: the new process fails, or
@@ -346,6 +371,8 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
         }
     };
     taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
+    // The old process has let go: the socket files are this one's to remove.
+    started.sockets.1 = false;
     // From here on this process serves: the old one has exited or is exiting.
     started.dev.ctrl.resume();
     let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
@@ -389,6 +416,39 @@ struct Running {
     drop_to: Option<sandbox::DropTo>,
     groups: std::collections::BTreeMap<String, Arc<QosGroup>>,
     takeover: Option<Takeover>,
+    /// The socket files this server bound (or took over): removed at its end if they
+    /// are still its own.
+    sockets: Sockets,
+}
+
+/// Socket files this server bound: removed when dropped (the end, or a start that
+/// failed) if they are still its own, unless kept (`.1`: another process serves
+/// them, or has not let go of them yet).
+#[derive(Debug, Default)]
+struct Sockets(Vec<SocketFile>, bool);
+
+impl Sockets {
+    fn dir_fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.0.iter().map(|f| f.dir_fd())
+    }
+}
+
+impl Drop for Sockets {
+    fn drop(&mut self) {
+        if self.1 {
+            return;
+        }
+        for f in &self.0 {
+            match f.remove() {
+                Ok(true) => {}
+                Ok(false) => eprintln!(
+                    "vnvme: {} is no longer the socket this server bound: left as it is",
+                    f.path().display()
+                ),
+                Err(e) => eprintln!("vnvme: cannot remove {}: {e}", f.path().display()),
+            }
+        }
+    }
 }
 
 impl ServeArgs {
@@ -505,7 +565,9 @@ impl Running {
             drop_to,
             groups,
             takeover,
+            sockets,
         } = self;
+        let stop = crate::signals::stop_on_signals()?;
         let stats = dev.ctrl.stats_handle();
         eprintln!("vnvme {} (pid {})", crate::VERSION, std::process::id());
         for n in &namespaces {
@@ -608,13 +670,16 @@ impl Running {
             let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));
             needs.stats_file = a.stats_file.is_some();
             needs.control = a.control.is_some();
+            for (slot, fd) in needs.socket_dirs.iter_mut().zip(sockets.dir_fds()) {
+                *slot = Some(fd);
+            }
             sandbox::install(&needs)?;
-            eprintln!("vnvme: sandbox on: seccomp allowlist, no_new_privs ({needs:?})");
+            eprintln!("vnvme: sandbox on: seccomp allowlist and no_new_privs; beyond every mode's calls, those of {}", needs.describe());
         } else {
             eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
         }
         let jobs = (a.control.is_some() || a.metrics.is_some()).then_some(jobs);
-        Ok(Started { a, namespaces, dev, listener, stats, jobs })
+        Ok(Started { a, namespaces, dev, listener, stats, jobs, sockets, stop })
     }
 }
 
@@ -626,6 +691,8 @@ struct Started {
     listener: UnixListener,
     stats: Arc<nvme_ctrl::Stats>,
     jobs: Option<Arc<vfio_user_server::jobs::DeviceJobs>>,
+    sockets: Sockets,
+    stop: Arc<server::Stop>,
 }
 
 impl Started {
@@ -635,19 +702,23 @@ impl Started {
         self,
         first: Option<(UnixStream, vfio_user_server::Partial)>,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let Started { a, namespaces, mut dev, listener, stats, jobs } = self;
+        let Started { a, namespaces, mut dev, listener, stats, jobs, mut sockets, stop } = self;
         let r = server::serve_from(
             &listener,
             &mut dev,
             first,
             if a.once { Some(1) } else { None },
-            &server::ServeOptions { deadline: a.client_deadline, jobs },
+            &server::ServeOptions { deadline: a.client_deadline, jobs, stop: Some(stop) },
         );
         let s = stats.snapshot();
         if dev.handed_over() {
             // The new process serves the socket, the stats file and the client now.
+            sockets.1 = true;
             eprintln!("vnvme: handed over to a new process; this one exits ({})", summary(&s));
             return r.map_err(Into::into);
+        }
+        if let Some(sig) = crate::signals::stopped_by() {
+            eprintln!("vnvme: stopped by {sig}: the client's session ended as if it had disconnected");
         }
         eprintln!("vnvme: {}", summary(&s));
         for w in dev.ctrl.workers() {
@@ -664,7 +735,7 @@ impl Started {
         if let Some(p) = &a.stats_file {
             write_stats(p, &s)?;
         }
-        let _ = std::fs::remove_file(&a.socket);
+        drop(sockets);
         r.map_err(Into::into)
     }
 }

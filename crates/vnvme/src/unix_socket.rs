@@ -2,41 +2,21 @@
 //! the metrics endpoint both say what the server does and (control) change it.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::Path;
+
+use vfio_user_server::socket_file::SocketFile;
 
 /// Binds a nonblocking listening socket at `path`, owner-only (0600). A socket
 /// file nobody listens on (left by a server that died) is replaced; a path another
-/// server listens on, or a file that is not a socket, is refused.
-pub fn bind_owner_only(path: &Path) -> io::Result<UnixListener> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            // A mistyped path must not cost the user a file.
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use by another server", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    // No moment in which the socket file is open to others: create it under a umask
-    // that leaves only the owner's bits, then make sure of the mode.
-    let old = rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    rustix::process::umask(old);
-    let l = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+/// server listens on, or a file that is not a socket, is refused
+/// ([`SocketFile::bind`]).
+pub fn bind_owner_only(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
+    let (l, file) = SocketFile::bind(path, Some(0o600))?;
     // fcntl rather than std's FIONBIO ioctl, which the sandbox refuses (this runs
     // before it, but one way for every socket is easier to check).
     vfio_user_server::fds::set_blocking(&l, false)?;
-    Ok(l)
+    Ok((l, file))
 }
 
 #[cfg(test)]
@@ -48,7 +28,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vnvme-unix-socket-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("s.sock");
-        let l = bind_owner_only(&p).unwrap();
+        let (l, _) = bind_owner_only(&p).unwrap();
+        use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         let busy = bind_owner_only(&p).unwrap_err();
         assert_eq!(busy.kind(), io::ErrorKind::AddrInUse, "{busy}");

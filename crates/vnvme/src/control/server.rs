@@ -21,7 +21,7 @@ use super::{
 /// Binds the control socket at `path`, nonblocking and owner-only (0600), replacing
 /// a stale socket file; refuses a path another server is listening on, or a file
 /// that is not a socket.
-pub fn bind(path: &Path) -> io::Result<UnixListener> {
+pub fn bind(path: &Path) -> io::Result<(UnixListener, vfio_user_server::socket_file::SocketFile)> {
     crate::unix_socket::bind_owner_only(path)
 }
 

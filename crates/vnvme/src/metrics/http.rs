@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use tracing::debug;
 use vfio_user_server::fds::set_blocking;
+use vfio_user_server::socket_file::SocketFile;
 
 use super::render::CONTENT_TYPE;
 
@@ -84,6 +85,16 @@ impl FromStr for MetricsAddr {
         };
         check_loopback(&addr)?;
         Ok(MetricsAddr::Tcp(addr))
+    }
+}
+
+impl MetricsAddr {
+    /// The socket file, for a UNIX socket.
+    pub fn unix_path(&self) -> Option<&Path> {
+        match self {
+            MetricsAddr::Unix(p) => Some(p),
+            MetricsAddr::Tcp(_) => None,
+        }
     }
 }
 
@@ -158,15 +169,17 @@ impl AsFd for Listener {
 
 /// Binds the metrics socket, nonblocking: a loopback TCP address, or a UNIX socket
 /// created owner-only (0600) that replaces a stale socket file.
-pub fn bind(addr: &MetricsAddr) -> io::Result<Listener> {
+pub fn bind(addr: &MetricsAddr) -> io::Result<(Listener, Option<SocketFile>)> {
     match addr {
         MetricsAddr::Tcp(a) => {
             check_loopback(a).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             let l = TcpListener::bind(a)?;
             set_blocking(&l, false)?;
-            Ok(Listener::Tcp(l))
+            Ok((Listener::Tcp(l), None))
         }
-        MetricsAddr::Unix(p) => crate::unix_socket::bind_owner_only(p).map(Listener::Unix),
+        MetricsAddr::Unix(p) => {
+            crate::unix_socket::bind_owner_only(p).map(|(l, f)| (Listener::Unix(l), Some(f)))
+        }
     }
 }
 

@@ -121,6 +121,28 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Sends `signal` (e.g. libc::SIGTERM) to the server.
+    pub fn signal(&self, signal: i32) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a pid");
+        let sig = rustix::process::Signal::from_named_raw(signal).expect("a signal");
+        rustix::process::kill_process(pid, sig).expect("signal the server");
+    }
+
+    /// Waits (bounded by [`TIMEOUT`]) for the server to exit by itself; None if it
+    /// did not.
+    pub fn wait_exit(&mut self) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait for vnvme") {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// A vfio-user transport to the server. The socket file appears at bind(), a
     /// moment before listen(), so a refused connection is retried (bounded).
     pub fn transport(

@@ -40,7 +40,8 @@ impl Drop for Served {
 }
 
 fn start(addr: MetricsAddr, lim: Limits, source: Source) -> Served {
-    let l = bind(&addr).unwrap();
+    // The socket file is the test's (its directory goes with it).
+    let (l, _file) = bind(&addr).unwrap();
     let at = l.local_addr().unwrap();
     spawn_with(l, source, lim).unwrap();
     Served(at)

@@ -1,0 +1,111 @@
+//! `vnvme serve` as an operator meets it, across processes: its socket never costs
+//! the operator a file, a second server is refused without ending a `--once` server,
+//! and SIGTERM or SIGINT (`systemctl stop`, Ctrl-C) stop it cleanly under the
+//! sandbox: the client's session ends as if it had disconnected, the summary line
+//! and the stats file are written, its socket files are removed, and it exits 0.
+
+mod common;
+
+use std::process::Command;
+
+use common::{opts, Server};
+use nvme_driver::{CompletionMode, DoorbellMode};
+use test_kit::pattern;
+
+const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
+
+/// `vnvme serve ARGS` that must fail at once: its exit status and stderr.
+fn serve_refused(args: &[&str]) -> (i32, String) {
+    let out = Command::new(VNVME).arg("serve").args(args).output().expect("run vnvme serve");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// issue 32: `--socket` at an ordinary file refuses, naming it, and the file is left
+/// as it was (it was deleted and replaced by the socket); a missing directory is
+/// named with the fix.
+#[test]
+fn a_socket_path_that_is_not_a_socket_is_refused_and_left_alone() {
+    let dir = common::temp_dir("socket-path");
+    let file = dir.join("disk.img");
+    let data = pattern(42, 4096);
+    std::fs::write(&file, &data).unwrap();
+    for opt in ["--socket", "--control"] {
+        let mut args = vec!["--ns", "ram:16M"];
+        let sock = dir.join("s.sock");
+        if opt == "--control" {
+            args.extend(["--socket", sock.to_str().unwrap()]);
+        }
+        args.extend([opt, file.to_str().unwrap()]);
+        let (code, err) = serve_refused(&args);
+        assert_eq!(code, 1, "{opt}: {err}");
+        assert!(err.contains("disk.img exists and is not a socket"), "{opt}: {err}");
+        assert_eq!(std::fs::read(&file).unwrap(), data, "{opt}: the file was changed");
+        assert!(!sock.exists(), "{opt}: a refused start leaves no socket");
+    }
+    let missing = dir.join("no/such/dir/s.sock");
+    let (code, err) = serve_refused(&["--ns", "ram:16M", "--socket", missing.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no/such/dir") && err.contains("create it first"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// issue 32: a second server on a live socket is refused, and its check of the
+/// socket does not count as the `--once` server's one client: that one still
+/// serves the VMM that comes after, and then exits 0.
+#[test]
+fn a_second_server_is_refused_without_ending_a_once_server() {
+    let mut first = Server::start_with(&["--ns", "ram:16M", "--once"]);
+    let (code, err) = serve_refused(&["--ns", "ram:16M", "--socket", first.socket.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is in use"), "{err}");
+    // The one client: it is served, and the server ends after it.
+    common::still_serving(&mut first);
+    let st = first.wait_exit().expect("a --once server exits after its client");
+    assert!(st.success(), "{st}");
+    assert!(first.log().contains("not counted as a client"), "{}", first.log());
+}
+
+/// issue 32: SIGTERM and SIGINT stop the server cleanly under the sandbox, with a
+/// client doing I/O: exit 0, the stop and the final summary logged, the stats file
+/// written with every command the client completed, and every socket file removed.
+#[test]
+fn sigterm_and_sigint_stop_the_server_cleanly_under_the_sandbox() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGINT, "SIGINT")] {
+        let dir = common::temp_dir("stop");
+        let ctl = dir.join("c.sock");
+        let metrics = dir.join("m.sock");
+        let mut s = Server::start_in(
+            &dir,
+            "s",
+            &[
+                "--ns",
+                "ram:32M",
+                "--control",
+                ctl.to_str().unwrap(),
+                "--metrics",
+                &format!("unix:{}", metrics.display()),
+            ],
+        )
+        .owning_dir();
+        assert!(s.log_shows("sandbox on"), "{}", s.log());
+        let mut d = s.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+        let data = pattern(7, 4096);
+        for lba in 0..64 {
+            d.write(1, lba * 8, &data).unwrap();
+        }
+        s.signal(sig);
+        let st = s.wait_exit().unwrap_or_else(|| panic!("{name}: the server did not stop\n{}", s.log()));
+        assert!(st.success(), "{name}: {st}\n{}", s.log());
+        let log = s.log();
+        assert!(log.contains(&format!("stopped by {name}")), "{name}: {log}");
+        assert!(log.contains("I/O commands"), "{name}: the summary line: {log}");
+        let stats: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&s.stats).unwrap()).unwrap();
+        assert!(stats["io_commands"].as_u64().unwrap() >= 64, "{name}: {stats}");
+        for p in [&s.socket, &ctl, &metrics] {
+            assert!(!p.exists(), "{name}: {} was left behind", p.display());
+        }
+        assert!(!log.contains("cannot remove"), "{name}: {log}");
+        drop(d);
+    }
+}
