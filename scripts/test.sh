@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, every test tier that runs on this
 # machine, the guest tests (real Linux guests under QEMU on `vnvme serve`,
-# scripts/guest-tests.sh) and a bounded fuzz run. Prints one summary line at the end:
+# scripts/guest-tests.sh) and a bounded fuzz run. Prints a tally per kind (Rust
+# tests, guest checks, fuzz targets) and one summary line at the end:
 #   vnvme-tests: N passed, N failed, N skipped
-# Skips are tests that need something this machine lacks; each prints its reason.
+# Every Rust test binary runs (--no-fail-fast); one that ends without a result line
+# (a crash) counts as a failure and is named. A test that skips for want of
+# something this machine lacks prints its reason and is counted once, as skipped,
+# never as passed. Each fuzz target is one check: passed if it ran without a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +19,16 @@ cleanup() {
     rm -rf "$LOG"
 }
 trap cleanup EXIT
-export VNVME_SKIP_LOG="$LOG/skips"
-: >"$VNVME_SKIP_LOG"
+# Skips are recorded apart: Rust tests (`test_kit::skip`: one line per skipped test),
+# guest checks (guest-tests.sh counts its own), and notes about what this machine
+# lacks (a tool that could not be fetched), which are not tests.
+RUST_SKIPS="$LOG/skips-rust"
+GUEST_SKIPS="$LOG/skips-guest"
+NOTES="$LOG/notes"
+: >"$RUST_SKIPS"
+: >"$GUEST_SKIPS"
+: >"$NOTES"
+export VNVME_SKIP_LOG="$NOTES"
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -31,8 +43,7 @@ cargo clippy -p vnvme --no-default-features --all-targets --locked -- -D warning
 
 step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
 if ! bash scripts/lib/promtool.sh >/dev/null; then
-    echo "promtool: could not be fetched; the metrics tests will skip their promtool check" |
-        tee -a "$VNVME_SKIP_LOG"
+    echo "promtool: could not be fetched; the metrics tests that need it skip" | tee -a "$NOTES"
 fi
 
 # One Ceph cluster (a monitor, an OSD on memstore) for every rbd: test, the guest
@@ -48,67 +59,112 @@ fi
 
 step "cargo test (unit, in-process host, in-process driver tiers)"
 set +e
-cargo test --workspace --locked 2>&1 | tee "$LOG/test.out"
+VNVME_SKIP_LOG="$RUST_SKIPS" cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$LOG/test.out"
 test_rc=${PIPESTATUS[0]}
 set -e
 
 # Guest tests: they fetch QEMU + kernels (cached after the first run; a failed
 # fetch, e.g. no network, is a loud skip recorded in $VNVME_SKIP_LOG) and build
 # vnvme in release. VNVME_GUEST_TESTS=0 skips them (also recorded).
-guest_rc=0 guest_passed=0 guest_failed=0
+guest_rc=0 guest_passed=0 guest_failed=0 guest_skipped=0
 if [ "${VNVME_GUEST_TESTS:-1}" = 0 ]; then
-    echo "guest tests (scripts/guest-tests.sh): disabled by VNVME_GUEST_TESTS=0" >>"$VNVME_SKIP_LOG"
+    echo "guest tests (scripts/guest-tests.sh): disabled by VNVME_GUEST_TESTS=0" >>"$NOTES"
 else
     step "guest tests: Linux guests under QEMU 11.1 on vnvme serve (scripts/guest-tests.sh)"
     set +e
-    scripts/guest-tests.sh 2>&1 | tee "$LOG/guest.out"
+    VNVME_SKIP_LOG="$GUEST_SKIPS" scripts/guest-tests.sh 2>&1 | tee "$LOG/guest.out"
     guest_rc=${PIPESTATUS[0]}
     set -e
     line=$(grep -E '^guest-tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/guest.out" | tail -1 || true)
     if [ -n "$line" ]; then
-        read -r guest_passed guest_failed < <(sed -E 's/^guest-tests: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
-        # Its skips are already lines in $VNVME_SKIP_LOG, counted below.
+        read -r guest_passed guest_failed guest_skipped < <(
+            sed -E 's/^guest-tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
     fi
     if [ "$guest_rc" -ne 0 ] && [ "$guest_failed" -eq 0 ]; then
         guest_failed=1 # it failed without a summary line
+        echo "guest tests: the suite failed without a summary line (exit $guest_rc)" >>"$LOG/missing"
     fi
 fi
 
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
-    step "fuzz: ${FUZZ_SECONDS}s of structured fuzzing, controller and vfio-user (release, overflow checks on)"
+    step "fuzz: ${FUZZ_SECONDS}s of structured fuzzing: controller, vfio-user and state restores (release, overflow checks on)"
     set +e
-    cargo run --profile fuzz --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS" --quiet
-    fuzz_rc=$?
+    cargo run --profile fuzz --locked -p nvme-fuzz --bin fuzz-run -- --seconds "$FUZZ_SECONDS" --quiet 2>&1 |
+        tee "$LOG/fuzz.out"
+    fuzz_rc=${PIPESTATUS[0]}
     set -e
 fi
 
-# Sum the per-binary "test result:" lines into one.
-read -r passed failed ignored < <(awk '
+# Rust tests: sum the binaries' result lines; a binary that began (Running,
+# Doc-tests) and printed no result line crashed or was killed: a failure, named.
+read -r passed failed ignored crashed < <(awk -v crashes="$LOG/crashed" '
+    /^     Running .* \(.*target\// || /^   Doc-tests / {
+        if (open != "") { c++; print open > crashes }
+        open = $0; sub(/^ +/, "", open)
+    }
     /^test result:/ {
         for (i = 1; i <= NF; i++) {
             if ($(i+1) ~ /^passed/) p += $i
             if ($(i+1) ~ /^failed/) f += $i
             if ($(i+1) ~ /^ignored/) g += $i
         }
+        open = ""
     }
-    END { print p+0, f+0, g+0 }' "$LOG/test.out")
-skips=$(wc -l <"$VNVME_SKIP_LOG")
-if [ "$skips" -gt 0 ]; then
-    step "skipped tests (need something this machine lacks)"
-    sed 's/^/  SKIP: /' "$VNVME_SKIP_LOG"
+    END {
+        if (open != "") { c++; print open > crashes }
+        print p+0, f+0, g+0, c+0
+    }' "$LOG/test.out")
+if [ "$test_rc" -ne 0 ] && [ "$failed" -eq 0 ] && [ "$crashed" -eq 0 ]; then
+    # It failed before any test could (a build error): one failure, said so.
+    echo "cargo test: exited $test_rc without a failed test (a build error? see above)" >>"$LOG/missing"
+    failed=1
+fi
+# Each test that skipped returned early, so the harness counted it as passed.
+rust_skipped=$(cut -f1 "$RUST_SKIPS" | sort -u | grep -c . || true)
+passed=$((passed - rust_skipped))
+failed=$((failed + crashed))
+
+# Fuzz targets: one check each, passed when it ran and found nothing.
+fuzz_passed=0 fuzz_failed=0
+for t in controller vfio-user state; do
+    l=$(grep -E "^fuzz: $t: [0-9]+ runs in" "$LOG/fuzz.out" 2>/dev/null | tail -1 || true)
+    if [ -n "$l" ] && [[ $l == *" 0 crashes "* ]]; then
+        fuzz_passed=$((fuzz_passed + 1))
+    else
+        fuzz_failed=$((fuzz_failed + 1))
+        echo "fuzz target $t: ${l:-no summary line (the run did not finish)}" >>"$LOG/missing"
+    fi
+done
+
+step "summary"
+if [ -s "$RUST_SKIPS" ] || [ -s "$GUEST_SKIPS" ] || [ -s "$NOTES" ]; then
+    echo "skipped (needs something this machine lacks):"
+    cut -f1,2 "$RUST_SKIPS" | sort -u | sed 's/\t/: /; s/^/  SKIP rust: /'
+    sed 's/^/  SKIP guest: /' "$GUEST_SKIPS"
+    sed 's/^/  NOTE: /' "$NOTES"
+fi
+if [ -s "$LOG/crashed" ]; then
+    echo "test binaries that ended without a result line (crashed or killed):"
+    sed 's/^/  CRASHED: /' "$LOG/crashed"
+fi
+if [ -s "$LOG/missing" ]; then
+    sed 's/^/  FAILED: /' "$LOG/missing"
 fi
 if [ "$fuzz_rc" -ne 0 ]; then
     echo "fuzz run FAILED (exit $fuzz_rc): see fuzz-artifacts/"
-    failed=$((failed + 1))
 fi
 if [ "$guest_rc" -ne 0 ]; then
     echo "guest tests FAILED (exit $guest_rc): $guest_failed failure(s), see the FAIL lines above"
 fi
-passed=$((passed + guest_passed))
-failed=$((failed + guest_failed))
+echo "  rust tests:   $passed passed, $failed failed ($crashed binaries crashed), $rust_skipped skipped, $ignored ignored"
+echo "  guest checks: $guest_passed passed, $guest_failed failed, $guest_skipped skipped"
+echo "  fuzz targets: $fuzz_passed passed, $fuzz_failed failed (${FUZZ_SECONDS}s in all)"
+total_passed=$((passed + guest_passed + fuzz_passed))
+total_failed=$((failed + guest_failed + fuzz_failed))
+total_skipped=$((rust_skipped + guest_skipped + ignored))
 echo
-echo "vnvme-tests: ${passed} passed, ${failed} failed, $((ignored + skips)) skipped"
-if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ]; then
+echo "vnvme-tests: ${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
+if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ] || [ "$total_failed" -ne 0 ]; then
     exit 1
 fi

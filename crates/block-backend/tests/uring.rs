@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -21,19 +20,7 @@ use test_kit::pattern;
 
 const MIB: u64 = 1 << 20;
 
-/// Reports a skip loudly: on stderr (written to the stream itself, which the test
-/// harness does not capture, unlike `eprintln!`), and as one line in the skip log
-/// scripts/test.sh counts.
-fn skip(reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIP: {reason}");
-    if let Ok(path) = std::env::var("VNVME_SKIP_LOG") {
-        let line = format!("uring: {reason}\n");
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path);
-        if let Err(e) = f.and_then(|mut f| f.write_all(line.as_bytes())) {
-            eprintln!("could not record the skip in {path}: {e}");
-        }
-    }
-}
+use test_kit::skip;
 
 /// A file that is removed when the test ends, however it ends.
 struct TempFile(PathBuf);

@@ -7,7 +7,6 @@
 //! It is non-destructive: it resets and re-enables the controller and reads Identify
 //! Controller, but never sends an I/O command or anything that changes media.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,19 +17,7 @@ use nvme_spec::identify::cns;
 use nvme_spec::regs::{doorbell_offset, offset, Cap, Cc, Csts, DoorbellKind};
 use nvme_spec::Cqe;
 
-/// Reports a skip loudly: on stderr (written to the stream itself, which the test
-/// harness does not capture, unlike `eprintln!`), and as one line in the skip log
-/// scripts/test.sh counts.
-fn skip(reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIP: {reason}");
-    if let Ok(path) = std::env::var("VNVME_SKIP_LOG") {
-        let line = format!("kernel_vfio: {reason}\n");
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path);
-        if let Err(e) = f.and_then(|mut f| f.write_all(line.as_bytes())) {
-            eprintln!("could not record the skip in {path}: {e}");
-        }
-    }
-}
+use test_kit::skip;
 
 /// The device to test, or why there is none.
 fn device() -> Result<String, String> {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::nbd::skip;
+use crate::skip::skip;
 
 /// Set by scripts/test.sh: the directory of a running test cluster to share.
 pub const CLUSTER_ENV: &str = "VNVME_TEST_CEPH_DIR";
@@ -37,37 +37,45 @@ fn script(name: &str) -> String {
     format!("{}/../../scripts/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The test cluster, started once per process; None (with a skip reported) when
-/// Ceph cannot be had or started.
+/// The test cluster, started once per process; None, with the calling test's skip
+/// reported, when Ceph cannot be had or started.
 pub fn cluster() -> Option<&'static Cluster> {
-    static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
-    CLUSTER.get_or_init(start).as_ref()
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    match CLUSTER.get_or_init(start) {
+        Ok(c) => Some(c),
+        Err(why) => {
+            skip(why);
+            None
+        }
+    }
 }
 
-fn start() -> Option<Cluster> {
+fn start() -> Result<Cluster, String> {
     let fail = |what: &str, out: &std::process::Output| {
         let why = String::from_utf8_lossy(&out.stderr);
-        skip(&format!(
+        format!(
             "rbd: {what} ({}): not tested against a real Ceph cluster",
             why.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no reason given")
-        ));
+        )
     };
-    let out = Command::new("bash").arg(script("fetch-ceph.sh")).stderr(Stdio::piped()).output().ok()?;
+    let run =
+        |what: &str, cmd: &mut Command| cmd.output().map_err(|e| format!("rbd: cannot run {what}: {e}"));
+    let out = run("fetch-ceph.sh", Command::new("bash").arg(script("fetch-ceph.sh")).stderr(Stdio::piped()))?;
     if !out.status.success() {
-        fail("Ceph could not be fetched", &out);
-        return None;
+        return Err(fail("Ceph could not be fetched", &out));
     }
     // The script's standard output is the directory alone; the last line, should
     // anything else ever get there.
     let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().trim());
     // What env.sh exports for a process that loads librbd.
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(r#"source "$1" && printf '%s\n%s\n' "$VNVME_LIBRBD" "$LD_LIBRARY_PATH""#)
-        .arg("-")
-        .arg(bin.join("../env.sh"))
-        .output()
-        .ok()?;
+    let out = run(
+        "env.sh",
+        Command::new("bash")
+            .arg("-c")
+            .arg(r#"source "$1" && printf '%s\n%s\n' "$VNVME_LIBRBD" "$LD_LIBRARY_PATH""#)
+            .arg("-")
+            .arg(bin.join("../env.sh")),
+    )?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines();
     let env = vec![
@@ -78,17 +86,17 @@ fn start() -> Option<Cluster> {
         Some(d) => (PathBuf::from(d), false),
         None => (std::env::temp_dir().join(format!("vnvme-ceph-{}", std::process::id())), true),
     };
-    let out = Command::new("bash")
-        .arg(script("ceph-cluster.sh"))
-        .arg("start")
-        .arg(&dir)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .output()
-        .ok()?;
+    let out = run(
+        "ceph-cluster.sh",
+        Command::new("bash")
+            .arg(script("ceph-cluster.sh"))
+            .arg("start")
+            .arg(&dir)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null()),
+    )?;
     if !out.status.success() {
-        fail(&format!("the test cluster did not start in {}", dir.display()), &out);
-        return None;
+        return Err(fail(&format!("the test cluster did not start in {}", dir.display()), &out));
     }
     if owned {
         // A watcher stops the cluster and removes its directory once this process
@@ -105,7 +113,7 @@ fn start() -> Option<Cluster> {
             .stderr(Stdio::null())
             .spawn();
     }
-    Some(Cluster { dir, bin, env, owned })
+    Ok(Cluster { dir, bin, env, owned })
 }
 
 impl Cluster {

@@ -32,6 +32,7 @@ pub mod nbd;
 pub mod raw;
 pub mod ring;
 mod rng;
+mod skip;
 
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
 pub use in_process::{InProcessOptions, InProcessTransport};
@@ -39,3 +40,4 @@ pub use io::HostSq;
 pub use irq::{CountingIrq, ManualClock};
 pub use ring::{CqRing, SqRing};
 pub use rng::{pattern, Rng};
+pub use skip::skip;

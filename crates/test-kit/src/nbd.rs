@@ -3,44 +3,43 @@
 //! server is a child process on a UNIX socket, killed when dropped. Without them (no
 //! network for the fetch) [`servers`] reports a loud skip and returns None.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Reports a skip on stderr and in `$VNVME_SKIP_LOG` (scripts/test.sh counts them).
-pub fn skip(reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIP: {reason}");
-    if let Ok(path) = std::env::var("VNVME_SKIP_LOG") {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path);
-        if let Err(e) = f.and_then(|mut f| writeln!(f, "{reason}")) {
-            eprintln!("could not record the skip in {path}: {e}");
-        }
-    }
-}
+pub use crate::skip::skip;
 
 /// The servers' bin directory (qemu-nbd, qemu-img, nbdkit), fetched once per
-/// process; None (with a skip reported) when they cannot be had.
+/// process; None, with the calling test's skip reported, when they cannot be had.
 pub fn servers() -> Option<PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch-nbd-servers.sh");
-        let out = Command::new("bash").arg(script).stderr(Stdio::piped()).output().ok()?;
+        let out = Command::new("bash")
+            .arg(script)
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("nbd: cannot run {script}: {e}"))?;
         if !out.status.success() {
             let why = String::from_utf8_lossy(&out.stderr);
-            skip(&format!(
+            return Err(format!(
                 "nbd: qemu-nbd and nbdkit could not be fetched ({}): not tested against real NBD servers",
                 why.lines().last().unwrap_or("no reason given")
             ));
-            return None;
         }
         // The script's standard output is the directory alone (its tools print to
         // stderr); the last line, should anything else ever get there.
         let stdout = String::from_utf8_lossy(&out.stdout);
-        Some(PathBuf::from(stdout.lines().last().unwrap_or_default().trim()))
-    })
-    .clone()
+        Ok(PathBuf::from(stdout.lines().last().unwrap_or_default().trim()))
+    });
+    match dir {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            skip(why);
+            None
+        }
+    }
 }
 
 /// A server process on a UNIX socket, killed on drop.

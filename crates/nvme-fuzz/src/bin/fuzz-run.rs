@@ -427,7 +427,7 @@ fn fuzz_controller(
     let secs = start.elapsed().as_secs_f64();
     let n_crash: u64 = crashes.values().map(|c| c.2).sum();
     println!(
-        "fuzz: {runs} runs in {secs:.1} s ({:.0} runs/s), {n_crash} crashes ({} distinct), seed {seed:#x}",
+        "fuzz: controller: {runs} runs in {secs:.1} s ({:.0} runs/s), {n_crash} crashes ({} distinct), seed {seed:#x}",
         runs as f64 / secs.max(1e-9),
         crashes.len()
     );

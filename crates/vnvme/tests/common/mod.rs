@@ -438,16 +438,3 @@ pub fn opts(
         timeout: TIMEOUT,
     }
 }
-
-/// Reports a skip loudly: on stderr (the stream itself, which the test harness does
-/// not capture), and as a line in the skip log scripts/test.sh counts.
-pub fn skip(reason: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIP: {reason}");
-    if let Ok(path) = std::env::var("VNVME_SKIP_LOG") {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path);
-        if let Err(e) = f.and_then(|mut f| writeln!(f, "{reason}")) {
-            eprintln!("could not record the skip in {path}: {e}");
-        }
-    }
-}
