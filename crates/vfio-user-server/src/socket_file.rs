@@ -23,6 +23,9 @@ pub struct SocketFile {
     dir: OwnedFd,
     name: OsString,
     /// The file's identity when bound: whoever replaced it since owns the new one.
+    /// (An inode number is reused once its file is gone, but ours stays allocated
+    /// while it is linked somewhere or its listening socket is open, which holds
+    /// it: call [`SocketFile::remove`] before closing the listener.)
     dev: u64,
     ino: u64,
 }
@@ -106,7 +109,8 @@ impl SocketFile {
     }
 
     /// Removes the socket file if it is still the one this process bound. Ok(false):
-    /// it is gone, or another file is there now (left alone).
+    /// it is gone, or another file is there now (left alone). Call it while the
+    /// listener is still open (see the identity above).
     pub fn remove(&self) -> io::Result<bool> {
         match rustix::fs::statat(&self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => {
@@ -167,13 +171,19 @@ mod tests {
         let (l, f) = SocketFile::bind(&p, Some(0o600)).unwrap();
         let e = SocketFile::bind(&p, None).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
-        drop(l);
-        // Stale now: replaced; the first owner no longer removes it.
+        // Someone moves the socket aside, and another server binds the path: the
+        // file there is that server's, which the first never removes.
+        std::fs::rename(&p, d.join("moved.sock")).unwrap();
         let (_l2, f2) = SocketFile::bind(&p, None).unwrap();
         assert!(!f.remove().unwrap(), "another server's socket is left alone");
         assert!(p.exists());
         assert!(f2.remove().unwrap());
         assert!(!p.exists());
+        // A stale socket (nobody listens) is replaced.
+        drop(l);
+        std::fs::rename(d.join("moved.sock"), &p).unwrap();
+        let (_l3, f3) = SocketFile::bind(&p, None).unwrap();
+        assert!(f3.remove().unwrap());
         // A missing directory is named, with the fix.
         let e = SocketFile::bind(&d.join("no/such/dir/s.sock"), None).unwrap_err();
         assert!(e.to_string().contains("create it first"), "{e}");

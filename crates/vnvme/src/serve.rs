@@ -402,6 +402,10 @@ struct Takeover {
 
 /// Everything set up: serve until the end.
 struct Running {
+    /// The socket files this server bound (or took over): removed at its end if they
+    /// are still its own. First, so a start that fails removes them while their
+    /// listeners are still open.
+    sockets: Sockets,
     a: ServeArgs,
     /// `--workers` was not given: this host's default settled it.
     workers_defaulted: bool,
@@ -416,9 +420,6 @@ struct Running {
     drop_to: Option<sandbox::DropTo>,
     groups: std::collections::BTreeMap<String, Arc<QosGroup>>,
     takeover: Option<Takeover>,
-    /// The socket files this server bound (or took over): removed at its end if they
-    /// are still its own.
-    sockets: Sockets,
 }
 
 /// Socket files this server bound: removed when dropped (the end, or a start that
