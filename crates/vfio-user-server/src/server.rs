@@ -598,6 +598,6 @@ impl Inline {
 impl Drop for Inline {
     fn drop(&mut self) {
         let mode = self.idle.mode();
-        info!("inline queues (poll {mode:?}): {}", self.idle.stats().describe(mode));
+        info!("inline queues (--poll {mode}): {}", self.idle.stats().describe(mode));
     }
 }

@@ -156,18 +156,89 @@ pub fn report(d: &NvmeDriver) -> String {
     o
 }
 
+/// What `vnvme identify --json` prints: the same facts, for scripts (sizes in bytes,
+/// times in milliseconds, bit fields as numbers and by name).
+pub fn report_json(d: &NvmeDriver) -> serde_json::Value {
+    let c = d.controller();
+    let id = &c.id;
+    let cap = c.cap;
+    let names = |v: u32, list: &[(u32, &str)]| -> Vec<String> {
+        list.iter().filter(|(b, _)| v & b != 0).map(|(_, n)| n.to_string()).collect()
+    };
+    let namespaces: Vec<serde_json::Value> = d
+        .namespaces()
+        .iter()
+        .map(|ns| {
+            let nid = &ns.id;
+            serde_json::json!({
+                "nsid": ns.nsid,
+                "size_bytes": ns.size_bytes(),
+                "blocks": ns.blocks(),
+                "lba_bytes": ns.lba_size(),
+                "lba_format": nid.flbas & 0xf,
+                "metadata_bytes": nid.current_lbaf().ms.get(),
+                "capacity_blocks": nid.ncap.get(),
+                "in_use_blocks": nid.nuse.get(),
+                "formats": nid.lbaf[..=(nid.nlbaf as usize).min(63)]
+                    .iter()
+                    .map(|f| serde_json::json!({ "lba_bytes": f.block_size(), "metadata_bytes": f.ms.get() }))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "transport": d.describe_transport(),
+        "model": c.model(),
+        "serial": c.serial(),
+        "firmware": c.firmware(),
+        "version": c.version().to_string(),
+        "pci_vendor": format!("{:04x}", id.vid.get()),
+        "pci_subsystem_vendor": format!("{:04x}", id.ssvid.get()),
+        "controller_id": id.cntlid.get(),
+        "mdts_bytes": c.mdts_bytes,
+        "max_queue_entries": cap.mqes_z() as u32 + 1,
+        "ready_timeout_ms": cap.to() as u32 * 500,
+        "doorbell_stride": cap.dstrd(),
+        "page_bytes_min": 1u64 << (12 + cap.mpsmin()),
+        "page_bytes_max": 1u64 << (12 + cap.mpsmax()),
+        "oacs": id.oacs.get(),
+        "doorbell_buffer_config": c.supports_dbbuf(),
+        "oncs": id.oncs.get(),
+        "oncs_names": names(id.oncs.get() as u32, &[
+            (oncs::COMPARE as u32, "Compare"),
+            (oncs::DSM as u32, "Dataset Management"),
+            (oncs::WRITE_ZEROES as u32, "Write Zeroes"),
+            (oncs::TIMESTAMP as u32, "Timestamp"),
+            (oncs::VERIFY as u32, "Verify"),
+            (oncs::COPY as u32, "Copy"),
+        ]),
+        "sgls": id.sgls.get(),
+        "volatile_write_cache": id.vwc & vwc::PRESENT != 0,
+        "namespace_count": id.nn.get(),
+        "namespaces": namespaces,
+    })
+}
+
 /// `vnvme identify`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct IdentifyArgs {
     /// UNIX socket of the vfio-user server (e.g. `vnvme serve --socket`).
     #[arg(long)]
     pub socket: PathBuf,
+    /// Print the result as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(a: IdentifyArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let t = VfioUserTransport::connect(&a.socket, VfioUserOptions::default())?;
+    let t = VfioUserTransport::connect(&a.socket, VfioUserOptions::default())
+        .map_err(|e| format!("--socket {}: {e}", a.socket.display()))?;
     let d = NvmeDriver::new(Box::new(t), DriverOptions { io_queues: 0, ..Default::default() })?;
-    print!("{}", report(&d));
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report_json(&d))?);
+    } else {
+        print!("{}", report(&d));
+    }
     d.shutdown()?;
     Ok(())
 }

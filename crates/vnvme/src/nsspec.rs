@@ -157,6 +157,36 @@ impl NsSpec {
         self.open_with(None)
     }
 
+    /// What an operator's `--ns` (or `ns.add`) must not do silently: give a size to a
+    /// `file:` that exists with another size. A size creates a file that does not
+    /// exist yet; an existing one is used as it is, and neither grown nor shrunk
+    /// behind the operator's back. (A process taking over from another opens the
+    /// files as they are now: `ns.resize` may have changed them since.)
+    pub fn check_operator_size(&self) -> std::io::Result<()> {
+        let (Kind::File(p), Some(want)) = (&self.kind, self.size) else { return Ok(()) };
+        let Ok(meta) = std::fs::metadata(p) else { return Ok(()) };
+        use std::os::unix::fs::FileTypeExt;
+        let have = if meta.file_type().is_block_device() {
+            let f = std::fs::File::open(p)?;
+            std::io::Seek::seek(&mut &f, std::io::SeekFrom::End(0))?
+        } else {
+            meta.len()
+        };
+        if have == want {
+            return Ok(());
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {have} bytes, not {want}: a size is for creating a file that does not exist \
+                 yet. To use it as it is, leave the size out (file:{}); to change its size, resize \
+                 it first (truncate -s, or vnvme ctl ns.resize on a running server)",
+                p.display(),
+                p.display()
+            ),
+        ))
+    }
+
     /// [`NsSpec::open`]; a `ram:` namespace takes the memory an earlier process kept
     /// its data in (an upgrade), if given.
     pub fn open_with(&self, memory: Option<std::os::fd::OwnedFd>) -> std::io::Result<Opened> {
@@ -166,10 +196,20 @@ impl NsSpec {
             Kind::Ram => {
                 needs.ram = true;
                 let size = self.size.expect("parsed with a size");
-                match memory {
-                    Some(fd) => Arc::new(RamBackend::from_fd(fd, size)?),
-                    None => Arc::new(RamBackend::create(size)?),
-                }
+                let ram = match memory {
+                    Some(fd) => RamBackend::from_fd(fd, size),
+                    None => RamBackend::create(size),
+                };
+                Arc::new(ram.map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot set aside {} of memory ({e}): a ram: namespace keeps its data in this \
+                             process's memory; give a smaller size, or use a file: namespace",
+                            human_size(size)
+                        ),
+                    )
+                })?)
             }
             Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
             Kind::File(p) => match self.engine.resolve(p) {
@@ -240,6 +280,17 @@ impl NsSpec {
             Kind::Rbd(r) => r.to_string(),
         }
     }
+}
+
+/// A byte count for people: `100 TiB`, `512 MiB`, `4096 bytes`.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    for (unit, shift) in UNITS {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
 }
 
 /// Parses sizes like `512`, `64K`, `64M`, `2G`, `1T` (binary units).

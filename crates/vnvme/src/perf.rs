@@ -126,8 +126,9 @@ pub struct PerfArgs {
     /// error completion that timeout sends is what perf reports.
     #[arg(long, default_value = "60s", value_parser = knobs::parse_duration)]
     pub timeout: Duration,
-    /// Namespace ID.
-    #[arg(long = "ns", default_value_t = 1)]
+    /// The namespace to load, by its NSID (1 is the first `--ns` of `vnvme serve`).
+    /// `--ns` is an older name for it.
+    #[arg(long = "nsid", alias = "ns", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub nsid: u32,
     /// trapped, shadow (EventIdx), sync, eventfd or mapped.
     #[arg(long, default_value = "shadow")]

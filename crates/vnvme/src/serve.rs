@@ -68,19 +68,20 @@ pub struct ServeArgs {
     /// server's own thread runs every queue between messages (one thread hop less
     /// per doorbell, no parallelism). Default: 0 on a host with at most 2 usable
     /// CPUs (a worker could not run beside the vCPUs and the server thread anyway:
-    /// inline took 20 % less CPU per I/O at QD 1 there), else 1.
-    #[arg(long)]
+    /// inline took 20 % less CPU per I/O at QD 1 there), else 1. At most 64.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
     pub workers: Option<usize>,
     /// How idle workers wait: off (sleep until a doorbell), adaptive (spin, for an
     /// adapting budget, only while that costs less CPU per command than sleeping:
     /// both are measured in turn), always (spin).
     #[arg(long, default_value = "adaptive")]
     pub poll: PollMode,
-    /// Most I/O queue pairs the controller offers (MSI-X vectors = this + 1).
-    #[arg(long, default_value_t = 64)]
+    /// Most I/O queue pairs the controller offers (MSI-X vectors = this + 1), 1 to
+    /// 511.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=511))]
     pub queues: u16,
-    /// Controller serial number.
-    #[arg(long, default_value = "VNVME0001")]
+    /// Controller serial number (Identify SN: up to 20 printable ASCII characters).
+    #[arg(long, default_value = "VNVME0001", value_parser = parse_serial)]
     pub serial: String,
     /// PCI vendor:device ID in hex.
     #[arg(long, default_value = "1b36:0010", value_parser = parse_pci_id)]
@@ -107,7 +108,7 @@ pub struct ServeArgs {
     /// How long a vfio-user message may take to arrive once begun, and a reply to
     /// leave; a client that stalls longer is evicted and the device reset (e.g. 5s,
     /// 500ms).
-    #[arg(long, default_value = "5s", value_parser = crate::perf::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_deadline)]
     pub client_deadline: std::time::Duration,
     /// Accept guest memory the VMM could shrink under the server (a memfd without
     /// F_SEAL_SHRINK, or a regular file such as QEMU's memory-backend-file on
@@ -136,8 +137,8 @@ pub struct ServeArgs {
     pub metrics: Option<crate::metrics::http::MetricsAddr>,
     /// Number of Namespaces the controller reports (Identify NN): room for
     /// namespaces added later through the control socket. Default: 32 with
-    /// --control, else as many as --ns gives.
-    #[arg(long, value_name = "N")]
+    /// --control, else as many as --ns gives. 1 to 1024.
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=nvme_ctrl::MAX_NAMESPACES as u64))]
     pub max_namespaces: Option<u32>,
 }
 
@@ -155,7 +156,11 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let max_namespaces = max_namespaces(&a)?;
     let mut namespaces = Vec::new();
     for (i, spec) in a.namespaces.iter().enumerate() {
-        namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened: spec.open()? });
+        let opened = spec
+            .check_operator_size()
+            .and_then(|()| spec.open())
+            .map_err(|e| format!("--ns {}: {e}", spec.text))?;
+        namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened });
     }
     let cfg = ControllerConfig {
         namespaces: namespaces.iter().map(|n| n.opened.config()).collect(),
@@ -478,21 +483,35 @@ fn default_workers() -> usize {
     usize::from(cpus > INLINE_UP_TO_CPUS)
 }
 
+/// What the argument parser cannot see alone: options that do not go together.
 fn check(a: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if !(1..=511).contains(&a.queues) {
-        return Err("--queues must be 1..=511".into());
-    }
-    if a.worker_count() > 64 {
-        return Err("--workers must be 0..=64".into());
+    if a.doorbells == vfio_user_server::DoorbellMode::EventFd && a.no_shadow_doorbells {
+        return Err("--doorbells eventfd needs shadow doorbells (an ioeventfd says that a doorbell was \
+                    written, not its value, which is read from the guest's shadow buffer): leave out \
+                    --no-shadow-doorbells, or use --doorbells trapped"
+            .into());
     }
     Ok(())
 }
 
+/// `--serial`: what Identify's 20-byte SN field can hold.
+fn parse_serial(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(format!("{s:?}: a serial number is 1 to 20 printable ASCII characters"));
+    }
+    Ok(s.to_string())
+}
+
+/// `--client-deadline`: a duration above zero (a client must have some time).
+fn parse_deadline(s: &str) -> Result<std::time::Duration, String> {
+    match crate::perf::parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s}: the deadline must be above zero, e.g. 5s or 500ms")),
+        d => Ok(d),
+    }
+}
+
 fn max_namespaces(a: &ServeArgs) -> Result<u32, Box<dyn std::error::Error>> {
     Ok(match a.max_namespaces {
-        Some(n) if n == 0 || n > nvme_ctrl::MAX_NAMESPACES => {
-            return Err(format!("--max-namespaces must be 1..={}", nvme_ctrl::MAX_NAMESPACES).into())
-        }
         Some(n) if (n as usize) < a.namespaces.len() => {
             return Err(
                 format!("--max-namespaces {n} is fewer than the {} --ns given", a.namespaces.len()).into()
@@ -585,7 +604,7 @@ impl Running {
             );
         }
         eprintln!(
-            "vnvme: serving {} namespace(s) on {} ({}, polling {:?}, doorbells {:?}, {} queue pairs, \
+            "vnvme: serving {} namespace(s) on {} ({}, --poll {}, --doorbells {}, {} queue pairs, \
              up to {} DMA regions)",
             namespaces.len(),
             a.socket.display(),
@@ -596,7 +615,7 @@ impl Running {
                 (n, _) => format!("{n} worker(s)"),
             },
             poll,
-            a.doorbells,
+            a.doorbells.name(),
             a.queues,
             dev.dma_region_limit()
         );
@@ -754,7 +773,7 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> serde_json:
         "socket": a.socket,
         "io_queues": a.queues,
         "workers": a.worker_count(),
-        "poll": format!("{poll:?}").to_lowercase(),
+        "poll": poll.name(),
         "doorbells": format!("{:?}", a.doorbells).to_lowercase(),
         "shadow_doorbells": !a.no_shadow_doorbells,
         "sandbox": a.sandbox == Switch::On,

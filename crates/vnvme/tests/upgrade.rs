@@ -115,7 +115,7 @@ fn perf(socket: &Path, doorbells: &str, nsid: u32, secs: u32) -> Child {
         .args(["perf", "--socket"])
         .arg(socket)
         .args(["--rw", "randrw", "--mix", "50", "--verify", "--qd", "16", "--queues", "2"])
-        .args(["--runtime", &format!("{secs}s"), "--doorbells", doorbells, "--ns", &nsid.to_string()])
+        .args(["--runtime", &format!("{secs}s"), "--doorbells", doorbells, "--nsid", &nsid.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -55,6 +55,23 @@ pub enum PollMode {
     Always,
 }
 
+impl PollMode {
+    /// The name `--poll` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            PollMode::Off => "off",
+            PollMode::Adaptive => "adaptive",
+            PollMode::Always => "always",
+        }
+    }
+}
+
+impl std::fmt::Display for PollMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for PollMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

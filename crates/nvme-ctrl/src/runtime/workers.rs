@@ -167,7 +167,7 @@ impl Worker {
             lost_ns: get(&s.spin_lost_ns),
         };
         format!(
-            "worker {} (poll {:?}): slept {} times; {}",
+            "worker {} (--poll {}): slept {} times; {}",
             self.index,
             self.mode,
             get(&s.sleeps),

@@ -244,7 +244,10 @@ fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
         }
     }
     // Opened here, on the control thread: the device thread only attaches it.
-    let opened = spec.open().map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
+    let opened = spec
+        .check_operator_size()
+        .and_then(|()| spec.open())
+        .map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
     let cfg = opened.config();
     let nsid = job(ctx, move |d| {
         d.ctrl

@@ -1,0 +1,109 @@
+//! Bad input through the command line, as an operator types it: each case must fail
+//! at once with the exit status clap or vnvme gives (2: the arguments; 1: what they
+//! name), a message that names the bad value and says what to do, and nothing
+//! created, changed or deleted in the directory it ran in.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
+
+/// Runs `vnvme ARGS` in `dir`, bounded: (exit status, stderr). A command still
+/// running after the bound (it started serving instead of refusing) is killed and
+/// fails the test.
+fn run_in(dir: &Path, args: &[&str]) -> (i32, String) {
+    let mut child = Command::new(VNVME)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vnvme");
+    let deadline = Instant::now() + common::TIMEOUT;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("vnvme {args:?} did not refuse: it was still running after {:?}", common::TIMEOUT);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("output");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The directory's entries and the kept file's bytes.
+fn snapshot(dir: &Path) -> (Vec<String>, Vec<u8>) {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    (names, std::fs::read(dir.join("keep.img")).unwrap())
+}
+
+#[test]
+fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
+    let dir = common::temp_dir("cli-errors");
+    let keep = test_kit::pattern(11, 8 << 20);
+    std::fs::write(dir.join("keep.img"), &keep).unwrap();
+    let before = snapshot(&dir);
+    // (arguments, exit status, what the message must contain)
+    let cases: &[(&[&str], i32, &[&str])] = &[
+        (&["serve", "--socket", "s.sock", "--queues", "0"], 2, &["'0'", "--queues", "1..=511"]),
+        (&["serve", "--socket", "s.sock", "--workers", "65"], 2, &["'65'", "--workers", "0..=64"]),
+        (
+            &["serve", "--socket", "s.sock", "--serial", "a-serial-far-too-long-for-nvme"],
+            2,
+            &["1 to 20 printable ASCII"],
+        ),
+        (&["serve", "--socket", "s.sock", "--client-deadline", "0"], 2, &["--client-deadline", "positive"]),
+        (&["serve", "--socket", "s.sock", "--max-namespaces", "0"], 2, &["--max-namespaces", "1..=1024"]),
+        (
+            &["serve", "--socket", "s.sock", "--poll", "sometimes"],
+            2,
+            &["sometimes", "off, adaptive or always"],
+        ),
+        (&["serve", "--socket", "s.sock", "--ns", "disk:1G"], 2, &["\"disk\"", "expected ram, null, file"]),
+        (&["serve", "--socket", "s.sock", "--ns", "ram:12Q"], 2, &["'Q'", "K, M, G or T"]),
+        (&["serve", "--socket", "s.sock", "--ns", "ram"], 2, &["missing size", "ram:64M"]),
+        (&["serve", "--socket", "s.sock", "--metrics", "10.0.0.1:9464"], 2, &["10.0.0.1:9464", "loopback"]),
+        (&["serve", "--socket", "s.sock", "--ns", "ram:100T"], 1, &["ram:100T", "100 TiB", "smaller size"]),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "file:keep.img:16M"],
+            1,
+            &["keep.img is 8388608 bytes, not 16777216", "leave the size out"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--doorbells", "eventfd", "--no-shadow-doorbells"],
+            1,
+            &["--doorbells eventfd needs shadow doorbells", "leave out --no-shadow-doorbells"],
+        ),
+        (&["serve", "--socket", "keep.img"], 1, &["keep.img exists and is not a socket", "another path"]),
+        (&["serve", "--socket", "no/such/dir/s.sock"], 1, &["no/such/dir", "create it first"]),
+        (
+            &["serve", "--socket", "s.sock", "--control", "keep.img"],
+            1,
+            &["--control", "keep.img exists and is not a socket"],
+        ),
+        (&["perf", "--socket", "s.sock", "--nsid", "0"], 2, &["'0'", "--nsid"]),
+        (&["identify", "--socket", "missing.sock"], 1, &["missing.sock"]),
+        (&["ctl", "--control", "missing.sock", "ctrl.info"], 1, &["missing.sock"]),
+    ];
+    for (args, code, needles) in cases {
+        let (got, err) = run_in(&dir, args);
+        assert_eq!(got, *code, "vnvme {args:?}: exit status {got}, wanted {code}:\n{err}");
+        for n in *needles {
+            assert!(err.contains(n), "vnvme {args:?}: the message does not say {n:?}:\n{err}");
+        }
+        assert!(!err.contains(" { ") && !err.contains("Os {"), "vnvme {args:?}: Rust debug output:\n{err}");
+        assert_eq!(snapshot(&dir), before, "vnvme {args:?} changed the directory");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
