@@ -309,19 +309,29 @@ fn more_segments_than_iov_max_and_drop_in_flight() {
     drop(mem);
 }
 
+/// FUA and Flush reach the kernel as what makes them durable: a FUA write is a
+/// write the kernel completed with RWF_DSYNC (through the direct descriptor and the
+/// buffered one alike), a Flush an fdatasync. The data alone would not tell: it is
+/// in the page cache either way.
 #[test]
-fn fua_writes_and_flush() {
+fn fua_writes_and_flush_reach_the_kernel_as_dsync_writes_and_fdatasync() {
     let f = TempFile::new(&std::env::temp_dir(), "fua");
     let be = UringBackend::open(&f.0, opts(MIB, DirectMode::Auto)).unwrap();
     let mut q = be.open_queue().unwrap();
     let q = q.as_mut();
     let mem = GuestMemory::anonymous(&[(0, MIB)]).unwrap();
     mem.write(0, &pattern(3, 8192)).unwrap();
+    assert_eq!(be.durability(), (0, 0));
+    ok(&run(q, &mem, Op::Write { fua: false }, 0, 4096, guest(&[(0, 4096)])));
+    assert_eq!(be.durability(), (0, 0), "a plain write asks for nothing");
     ok(&run(q, &mem, Op::Write { fua: true }, 4096, 8192, guest(&[(0, 8192)])));
     ok(&run(q, &mem, Op::Write { fua: true }, 7, 33, guest(&[(0x100, 33)])));
+    assert_eq!(be.durability(), (2, 0), "both FUA writes, aligned and not, were RWF_DSYNC");
     ok(&run(q, &mem, Op::Flush, 0, 0, DataBuf::None));
+    assert_eq!(be.durability(), (2, 1), "the Flush was an fdatasync");
     assert_eq!(file_bytes(&f.0, 4096, 8192), pattern(3, 8192));
     assert_eq!(file_bytes(&f.0, 7, 33), pattern(3, 8192)[0x100..0x121]);
+    assert!(be.stats_line().unwrap().contains("2 FUA writes"));
 }
 
 #[test]

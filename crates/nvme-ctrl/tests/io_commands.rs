@@ -4,6 +4,9 @@
 
 mod io_common;
 
+use std::sync::Arc;
+
+use block_backend::Backend;
 use io_common::*;
 use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
@@ -94,8 +97,55 @@ fn nvm_read_write_random_patterns_at_512_and_4096_byte_lbas() {
     }
 }
 
+/// NVM Write with FUA (and without), Read with FUA, Flush and a Flush to every
+/// namespace, on namespaces whose backends have a volatile write cache: each
+/// reaches the backend as what makes it durable (a FUA write as a FUA write, a
+/// Flush as a backend flush, on every namespace for NSID FFFFFFFFh). The data read
+/// back alone could not tell: it looks the same whether a flush happened or not.
 #[test]
-fn nvm_write_with_fua_is_durable_on_completion() {
+fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
+    use block_backend::Op;
+    use test_kit::recording::{RecordingBackend, Seen};
+    let rec: Vec<RecordingBackend> =
+        (0..2).map(|_| RecordingBackend::new(Arc::new(block_backend::RamBackend::new(NS_BYTES)))).collect();
+    let mut h = host_with(rec.iter().map(|r| (Arc::new(r.clone()) as Arc<dyn Backend>, 0)).collect(), opts());
+    let vwc = h.identify(0x01, 0).unwrap()[525];
+    assert_eq!(vwc & 1, 1, "VWC present");
+    for r in &rec {
+        r.take();
+    }
+    let buf = h.alloc.alloc_pages(1);
+    for (fua, nsid) in [(true, 1u32), (false, 1), (true, 2)] {
+        let mut s = h.rw_sqe(WRITE, nsid, 8, 2, buf, 1024);
+        if fua {
+            s.cdw12 = U32::new(s.cdw12.get() | FUA);
+        }
+        assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
+        let want = Seen { op: Op::Write { fua }, offset: 8 * 512, len: 1024 };
+        assert_eq!(rec[nsid as usize - 1].take(), [want], "write fua={fua} on namespace {nsid}");
+    }
+    let mut s = h.rw_sqe(READ, 1, 8, 2, buf, 1024);
+    s.cdw12 = U32::new(s.cdw12.get() | FUA);
+    assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
+    assert_eq!(rec[0].take(), [Seen { op: Op::Read, offset: 8 * 512, len: 1024 }]);
+    assert_status(&h.io_cmd(1, MockHost::lba_sqe(iop::FLUSH, 2, 0, 1)), Status::SUCCESS, false);
+    assert_eq!(rec[1].take().iter().map(|s| s.op).collect::<Vec<_>>(), [Op::Flush]);
+    assert!(rec[0].take().is_empty(), "a Flush of namespace 2 leaves namespace 1 alone");
+    assert_status(&h.io_cmd(1, MockHost::lba_sqe(iop::FLUSH, NSID_ALL, 0, 1)), Status::SUCCESS, false);
+    for (i, r) in rec.iter().enumerate() {
+        assert_eq!(r.take().iter().map(|s| s.op).collect::<Vec<_>>(), [Op::Flush], "namespace {}", i + 1);
+    }
+    // The host turns the write cache off (Set Features, Volatile Write Cache, WCE 0):
+    // every write is then durable on completion, a FUA write for the backend.
+    let c = h.set_features_raw(nvme_spec::features::fid::VOLATILE_WRITE_CACHE, 0, false);
+    assert_status(&c, Status::SUCCESS, false);
+    let s = h.rw_sqe(WRITE, 1, 8, 2, buf, 1024);
+    assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
+    assert_eq!(rec[0].take(), [Seen { op: Op::Write { fua: true }, offset: 8 * 512, len: 1024 }]);
+}
+
+#[test]
+fn nvm_write_with_fua_stores_the_data_and_read_with_fua_is_allowed() {
     let (mut h, rams) = two_formats();
     for (i, &lba) in LBAS.iter().enumerate() {
         let data = Rng::new(2).bytes(lba as usize * 4);
@@ -357,7 +407,7 @@ fn nvm_dsm_range_outside_namespace_is_lba_out_of_range_and_changes_nothing() {
 }
 
 #[test]
-fn nvm_flush_broadcast_covers_three_namespaces() {
+fn nvm_flush_of_all_namespaces_or_one_succeeds_and_of_a_missing_one_is_invalid_namespace() {
     let (mut h, _) = ram_host(&[(NS_BYTES, 0), (NS_BYTES, 1), (NS_BYTES, 0)], opts());
     for nsid in 1..=3 {
         assert_eq!(h.write_blocks(1, nsid, 0, 4096, &[nsid as u8; 4096]), Status::SUCCESS);

@@ -30,6 +30,7 @@ mod irq;
 pub mod memfd;
 pub mod nbd;
 pub mod raw;
+pub mod recording;
 pub mod ring;
 mod rng;
 mod skip;

@@ -192,6 +192,10 @@ struct Shared {
     removed: AtomicBool,
     /// Zeroes that emulated Write Zeroes writes from (allocated on first use).
     zeroes: OnceLock<AlignedBuf>,
+    /// Writes the kernel completed with RWF_DSYNC (FUA), and fdatasyncs (Flush):
+    /// what the guest's durability asked for, as it reached the file.
+    dsync_writes: AtomicU64,
+    fsyncs: AtomicU64,
 }
 
 impl UringBackend {
@@ -308,6 +312,8 @@ impl UringBackend {
                 info,
                 removed: AtomicBool::new(false),
                 zeroes: OnceLock::new(),
+                dsync_writes: AtomicU64::new(0),
+                fsyncs: AtomicU64::new(0),
             }),
         })
     }
@@ -359,6 +365,17 @@ impl Backend for UringBackend {
     }
     fn data_end(&self, from: u64) -> io::Result<Option<u64>> {
         crate::file_data_end(&self.sh.file, from, self.sh.size())
+    }
+    fn stats_line(&self) -> Option<String> {
+        let (d, f) = self.durability();
+        Some(format!("{d} FUA writes (RWF_DSYNC) and {f} flushes (fdatasync) completed by the kernel"))
+    }
+}
+
+impl UringBackend {
+    /// Writes completed with RWF_DSYNC and fdatasyncs completed, by every queue.
+    pub fn durability(&self) -> (u64, u64) {
+        (self.sh.dsync_writes.load(Ordering::Relaxed), self.sh.fsyncs.load(Ordering::Relaxed))
     }
 }
 

@@ -263,6 +263,16 @@ impl UringQueue {
 
     fn finish(&mut self, idx: usize, mut result: Result<(), BackendError>) {
         let Some(mut slot) = self.slots[idx].take() else { return };
+        if result.is_ok() {
+            let (dsync, fsync) = slot.durability();
+            let count = |c: &std::sync::atomic::AtomicU64, on: bool| {
+                if on {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            count(&self.sh.dsync_writes, dsync);
+            count(&self.sh.fsyncs, fsync);
+        }
         self.free.push(idx);
         self.used -= 1;
         if slot.revoked {

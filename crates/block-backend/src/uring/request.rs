@@ -60,6 +60,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// What the slot asks of the kernel for durability: (a write with RWF_DSYNC, an
+    /// fdatasync).
+    pub(super) fn durability(&self) -> (bool, bool) {
+        let dsync = matches!(self.step, Step::Write { flags } if flags & libc::RWF_DSYNC != 0);
+        (dsync, matches!(self.step, Step::Fsync))
+    }
+
     pub(super) fn new(tag: u64, mem: &GuestMemory, offset: u64, len: u64, step: Step) -> Self {
         Slot {
             tag,
