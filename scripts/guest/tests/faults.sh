@@ -68,7 +68,7 @@ t_run "writes outside the failing range succeed" dd if=/tmp/blk of="$D2" bs=4096
 
 # The controller stays healthy: a short verified fio run away from the faults.
 fio_engine "$D1"
-t_run "fio verify after the failures (n1, 8 MiB from 4 MiB)" fio --name=after --filename="$D1" \
+fio_verified "fio verify after the failures (n1, 8 MiB from 4 MiB)" --name=after --filename="$D1" \
     --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=4M --size=8M \
     --verify=crc32c --do_verify=1 --verify_fatal=1
 state=$(cat /sys/class/nvme/nvme0/state)

@@ -15,13 +15,8 @@ fmt() {
     t_eq "nvme format n2 --lbaf=$1: id-ns in-use format" "$got" "$1 $ds"
     t_eq "after format: n2 nsze" "$(field nsze </tmp/idns)" "$(printf '0x%x' $((N2_BYTES / $2)))"
     t_eq "after format: NSID 2 ($D2) logical block size" "$(blockdev --getss "$D2")" "$2"
-    if fio --filename="$D2" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs="$2" \
-        --iodepth=8 --size=1M --verify=crc32c --verify_fatal=1 --name=f --eta=never >/tmp/o 2>&1; then
-        t_pass "after format: $2 B writes verify on n2"
-    else
-        t_fail "after format: $2 B writes verify on n2"
-        tail -n 10 /tmp/o
-    fi
+    fio_verified "after format: $2 B writes verify on n2" --filename="$D2" --ioengine="$ENGINE" \
+        --direct=1 --rw=randwrite --bs="$2" --iodepth=8 --size=1M --verify=crc32c --verify_fatal=1 --name=f
 }
 fmt 0 512
 fmt 1 4096

@@ -57,6 +57,37 @@ fio_engine() {
     echo "fio engine: $ENGINE"
 }
 
+# fio_rw_bytes FILE: "READ WRITE", the bytes the first job of fio's JSON output
+# read and wrote (with --group_reporting, all the jobs).
+fio_rw_bytes() {
+    awk '/"read" : \{/ { m = "r" } /"write" : \{/ { m = "w" }
+        /"io_bytes"/ && m != "" { v = $3; gsub(/[^0-9]/, "", v)
+            if (m == "r" && r == "") r = v; if (m == "w" && w == "") w = v; m = "" }
+        END { print r + 0, w + 0 }' "$1"
+}
+
+# fio_verified NAME FIO-ARGS...: a fio write + verify job, bounded by its size and
+# never by time (a run that hits a time limit before its writes end skips the verify
+# phase and still exits 0), that passes only if fio succeeded, found no bad block,
+# and read back, to verify, every byte it wrote.
+fio_verified() {
+    _n=$1
+    shift
+    if fio "$@" --group_reporting --eta=never --output-format=json --output=/tmp/fio.json \
+        >/tmp/fio.err 2>&1 && ! grep -q 'verify: bad' /tmp/fio.json /tmp/fio.err; then
+        # shellcheck disable=SC2046 # two numbers
+        set -- $(fio_rw_bytes /tmp/fio.json)
+        if [ "$2" -gt 0 ] && [ "$1" -eq "$2" ]; then
+            t_pass "$_n: wrote and verified $(($2 >> 10)) KiB"
+            return 0
+        fi
+        t_fail "$_n: wrote $2 bytes and verified $1: the verify phase did not read back all of it"
+    else
+        t_fail "$_n"
+    fi
+    tail -n 30 /tmp/fio.err /tmp/fio.json | sed 's/^/    | /'
+}
+
 # fio_json_field FILE KEY: first numeric value of "KEY" in fio's JSON output.
 fio_json_field() {
     grep -o "\"$2\" : [0-9.e+-]*" "$1" | head -1 | awk '{print $3}'

@@ -38,15 +38,10 @@ t_pass "controller probe: nvme0 live"
 # shellcheck disable=SC2034 # read by doorbells.sh
 DB_PREFIX=ad
 . /tests/doorbells.sh
-if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite \
-    --bssplit=512/10:4k/40:32k/25:128k/25 --verify=crc32c --verify_fatal=1 --runtime=3 \
-    --randrepeat=0 --eta=never --numjobs=2 --iodepth=32 --offset=16M --size=16M \
-    --offset_increment=16M --name=w2 >/tmp/o 2>&1; then
-    t_pass "fio verify, 2 jobs at QD32, bs 512B-128K (adaptive polling, 2 workers)"
-else
-    t_fail "fio verify, 2 jobs at QD32 (adaptive polling, 2 workers)"
-    tail -n 20 /tmp/o
-fi
+fio_verified "fio verify, 2 jobs at QD32, bs 512B-128K (adaptive polling, 2 workers)" \
+    --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite \
+    --bssplit=512/10:4k/40:32k/25:128k/25 --verify=crc32c --verify_fatal=1 --randrepeat=0 \
+    --numjobs=2 --iodepth=32 --offset=16M --size=4M --offset_increment=16M --name=w2
 dd if=/dev/urandom of=/tmp/pat bs=65536 count=128 2>/dev/null
 dd if=/tmp/pat of="$D1" bs=65536 seek=128 oflag=direct 2>/dev/null
 sum=$(sha256sum </tmp/pat | cut -d' ' -f1)
