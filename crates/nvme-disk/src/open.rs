@@ -44,7 +44,7 @@ impl NvmeBackend {
             match first {
                 Ok(b) => return Ok(b),
                 Err(e) => {
-                    debug!("{}: eventfd doorbells not available ({e}); using {:?}", target, opts.doorbells)
+                    debug!("{}: eventfd doorbells not available ({e}); using {}", target, opts.doorbells)
                 }
             }
         }

@@ -58,6 +58,24 @@ pub enum DoorbellMode {
     Mapped,
 }
 
+impl DoorbellMode {
+    /// The mode as its command-line word.
+    pub fn name(self) -> &'static str {
+        match self {
+            DoorbellMode::Trapped => "trapped",
+            DoorbellMode::Sync => "sync",
+            DoorbellMode::EventFd => "eventfd",
+            DoorbellMode::Mapped => "mapped",
+        }
+    }
+}
+
+impl std::fmt::Display for DoorbellMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for DoorbellMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -191,7 +209,14 @@ impl VfioUserTransport {
         let mut client = Client::from_stream(stream).map_err(client_err)?;
         let info = client.device_info().map_err(client_err)?;
         if info.flags.get() & DEVICE_FLAGS_PCI == 0 || info.num_regions.get() <= REGION_CONFIG {
-            return Err(io::Error::other(format!("{}: not a PCI device ({info:?})", socket.display())));
+            return Err(io::Error::other(format!(
+                "{}: not a PCI device (device flags {:#x}, {} regions; a PCI device has flag {DEVICE_FLAGS_PCI:#x} \
+                 and at least {} regions)",
+                socket.display(),
+                info.flags.get(),
+                info.num_regions.get(),
+                REGION_CONFIG + 1
+            )));
         }
         let (bar0, bar0_caps, bar0_fd) = client.region_info(REGION_BAR0).map_err(client_err)?;
         if bar0.size.get() <= DOORBELL_BASE + 8 {
@@ -371,7 +396,7 @@ impl VfioUserTransport {
         if !matches!(self.mode, DoorbellMode::Trapped | DoorbellMode::Sync) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("migration with {:?} doorbells (trapped or sync only)", self.mode),
+                format!("migration with {} doorbells (trapped or sync only)", self.mode),
             ));
         }
         // The source must offer STOP_COPY.
@@ -686,7 +711,7 @@ impl Transport for VfioUserTransport {
 
     fn describe(&self) -> String {
         format!(
-            "vfio-user {} (BAR0 {:#x}, doorbells {:?}, {} MiB DMA shared)",
+            "vfio-user {} (BAR0 {:#x}, doorbells {}, {} MiB DMA shared)",
             self.path.display(),
             self.bar0_size,
             self.mode,

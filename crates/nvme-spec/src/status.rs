@@ -120,6 +120,67 @@ impl Status {
     pub const INTERNAL_PATH_ERROR: Status = Status::new(StatusCodeType::PathRelated, 0x00);
 }
 
+impl Status {
+    /// The status's name as the specification writes it, for the common ones
+    /// (flags such as DNR ignored).
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self.code() {
+            Status::SUCCESS => "Successful Completion",
+            Status::INVALID_OPCODE => "Invalid Command Opcode",
+            Status::INVALID_FIELD => "Invalid Field in Command",
+            Status::CID_CONFLICT => "Command ID Conflict",
+            Status::DATA_TRANSFER_ERROR => "Data Transfer Error",
+            Status::POWER_LOSS_ABORT => "Commands Aborted due to Power Loss Notification",
+            Status::INTERNAL_ERROR => "Internal Error",
+            Status::ABORT_REQUESTED => "Command Abort Requested",
+            Status::ABORT_SQ_DELETION => "Command Aborted due to SQ Deletion",
+            Status::INVALID_NAMESPACE => "Invalid Namespace or Format",
+            Status::COMMAND_SEQUENCE_ERROR => "Command Sequence Error",
+            Status::PRP_OFFSET_INVALID => "PRP Offset Invalid",
+            Status::OPERATION_DENIED => "Operation Denied",
+            Status::NAMESPACE_WRITE_PROTECTED => "Namespace is Write Protected",
+            Status::COMMAND_INTERRUPTED => "Command Interrupted",
+            Status::LBA_OUT_OF_RANGE => "LBA Out of Range",
+            Status::CAPACITY_EXCEEDED => "Capacity Exceeded",
+            Status::NAMESPACE_NOT_READY => "Namespace Not Ready",
+            Status::FORMAT_IN_PROGRESS => "Format In Progress",
+            Status::COMPLETION_QUEUE_INVALID => "Completion Queue Invalid",
+            Status::INVALID_QUEUE_IDENTIFIER => "Invalid Queue Identifier",
+            Status::INVALID_QUEUE_SIZE => "Invalid Queue Size",
+            Status::INVALID_INTERRUPT_VECTOR => "Invalid Interrupt Vector",
+            Status::INVALID_LOG_PAGE => "Invalid Log Page",
+            Status::INVALID_FORMAT => "Invalid Format",
+            Status::INVALID_QUEUE_DELETION => "Invalid Queue Deletion",
+            Status::FEATURE_NOT_SAVEABLE => "Feature Identifier Not Saveable",
+            Status::FEATURE_NOT_CHANGEABLE => "Feature Not Changeable",
+            Status::CONFLICTING_ATTRIBUTES => "Conflicting Attributes",
+            Status::WRITE_FAULT => "Write Fault",
+            Status::UNRECOVERED_READ_ERROR => "Unrecovered Read Error",
+            Status::COMPARE_FAILURE => "Compare Failure",
+            Status::ACCESS_DENIED => "Access Denied",
+            Status::INTERNAL_PATH_ERROR => "Internal Path Error",
+            _ => return None,
+        })
+    }
+}
+
+/// For people: the name where known, then the code, e.g. `LBA Out of Range (SCT
+/// 0x0, SC 0x80, DNR)`.
+impl core::fmt::Display for Status {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if let Some(n) = self.name() {
+            write!(f, "{n} (")?;
+        } else {
+            f.write_str("status (")?;
+        }
+        write!(f, "SCT {:#x}, SC {:#04x}", self.sct(), self.sc())?;
+        if self.dnr() {
+            f.write_str(", DNR")?;
+        }
+        f.write_str(")")
+    }
+}
+
 impl core::fmt::Debug for Status {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "Status(sct={:#x}, sc={:#04x}", self.sct(), self.sc())?;
@@ -147,5 +208,9 @@ mod tests {
         assert!(!s.is_success());
         assert!(Status::SUCCESS.is_success());
         assert_eq!(Status::from_raw(s.raw()), s);
+        extern crate std;
+        use std::string::ToString;
+        assert_eq!(s.to_string(), "Invalid Queue Identifier (SCT 0x1, SC 0x01, DNR)");
+        assert_eq!(Status::from_parts(7, 0xc0).to_string(), "status (SCT 0x7, SC 0xc0)");
     }
 }

@@ -10,6 +10,9 @@ use serde_json::{json, Map, Value};
 
 use crate::control::methods::METHODS;
 
+mod human;
+use human::human;
+
 /// `vnvme ctl`'s arguments.
 #[derive(Debug, clap::Args)]
 #[command(after_help = after_help())]
@@ -155,128 +158,6 @@ pub fn run(a: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         print!("{}", human(&a.method, &result));
     }
     Ok(())
-}
-
-fn bytes(n: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (u, name) in UNITS {
-        if n >= u {
-            return if n.is_multiple_of(u) {
-                format!("{} {name}", n / u)
-            } else {
-                format!("{:.2} {name}", n as f64 / u as f64)
-            };
-        }
-    }
-    format!("{n} B")
-}
-
-fn scalar(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
-}
-
-/// The result as people read it.
-fn human(method: &str, r: &Value) -> String {
-    let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
-    match method {
-        "ns.list" => {
-            let mut s =
-                format!("{:>5}  {:>10}  {:>5}  {:>8}  {}\n", "NSID", "SIZE", "LBA", "TIMEOUT", "BACKEND");
-            for n in r["namespaces"].as_array().into_iter().flatten() {
-                let t = n["timeout_ms"].as_u64().map_or("none".to_string(), |ms| format!("{ms} ms"));
-                s.push_str(&format!(
-                    "{:>5}  {:>10}  {:>5}  {:>8}  {}\n",
-                    scalar(&n["nsid"]),
-                    bytes(n["size"].as_u64().unwrap_or(0)),
-                    scalar(&n["lba_size"]),
-                    t,
-                    n["backend"].as_str().unwrap_or("?")
-                ));
-            }
-            s
-        }
-        "ns.add" => format!(
-            "added namespace {}: {}, {} ({} blocks of {} bytes)\n",
-            u("nsid"),
-            r["backend"].as_str().unwrap_or("?"),
-            bytes(u("size")),
-            u("blocks"),
-            u("lba_size")
-        ),
-        "ns.remove" => format!("removed namespace {}\n", u("nsid")),
-        "upgrade" => format!(
-            "upgraded: pid {} -> {} ({}), guest I/O stalled {:.1} ms, {} ms in all{}\n",
-            u("old_pid"),
-            u("new_pid"),
-            r["binary"].as_str().unwrap_or("?"),
-            r["stall_ms"].as_f64().unwrap_or(0.0),
-            u("took_ms"),
-            if r["client"].as_bool() == Some(true) { "" } else { " (no client connected)" }
-        ),
-        "ns.resize" => format!("namespace {}: {} -> {}\n", u("nsid"), bytes(u("old_size")), bytes(u("size"))),
-        "log.set" => format!("log filter: {} (was {})\n", scalar(&r["filter"]), scalar(&r["previous"])),
-        "qos.get" => {
-            let mut s = format!("{:>5}  {:<12}  {:>12}  {}\n", "NSID", "GROUP", "HELD (s)", "LIMITS");
-            for n in r["namespaces"].as_array().into_iter().flatten() {
-                s.push_str(&format!(
-                    "{:>5}  {:<12}  {:>12.3}  {}\n",
-                    scalar(&n["nsid"]),
-                    scalar(&n["group"]),
-                    n["throttled_s"].as_f64().unwrap_or(0.0),
-                    limits_text(&n["limits"])
-                ));
-            }
-            for g in r["groups"].as_array().into_iter().flatten() {
-                s.push_str(&format!("group {}: {}\n", scalar(&g["group"]), limits_text(&g["limits"])));
-            }
-            s
-        }
-        "qos.set" => match r.get("nsid") {
-            Some(n) => format!("namespace {n}: {}\n", limits_text(&r["limits"])),
-            None => format!("group {}: {}\n", scalar(&r["group"]), limits_text(&r["limits"])),
-        },
-        _ => flat(r, ""),
-    }
-}
-
-/// QoS limits as `iops=2000/200 bps_wr=20971520/2097152` (rate/burst), or "none".
-fn limits_text(l: &Value) -> String {
-    let parts: Vec<String> = l
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| format!("{k}={}/{}", scalar(&v["rate"]), scalar(&v["burst"])))
-        .collect();
-    if parts.is_empty() {
-        "none".into()
-    } else {
-        parts.join(" ")
-    }
-}
-
-/// Nested objects as `path: value` lines, arrays of objects numbered.
-fn flat(v: &Value, prefix: &str) -> String {
-    let mut s = String::new();
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m {
-                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                s.push_str(&flat(x, &p));
-            }
-        }
-        Value::Array(a) if a.iter().any(Value::is_object) => {
-            for (i, x) in a.iter().enumerate() {
-                s.push_str(&flat(x, &format!("{prefix}[{i}]")));
-            }
-        }
-        other => s.push_str(&format!("{prefix}: {}\n", scalar(other))),
-    }
-    s
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             let got = h.reap_queue(1);
             for c in &got {
                 if !c.status().is_success() {
-                    return Err(format!("read failed: {:?}", c.status()).into());
+                    return Err(format!("read failed: {}", c.status()).into());
                 }
             }
             completed += got.len() as u32;

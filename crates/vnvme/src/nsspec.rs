@@ -105,6 +105,15 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The engine as its `engine=` word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Auto => "auto",
+            Engine::Uring => "uring",
+            Engine::Sync => "sync",
+        }
+    }
+
     /// The engine `Auto` stands for at `path`: synchronous on memory file systems,
     /// whose files never wait for a device and have no non-blocking read path (so
     /// io_uring would queue every request to a kernel worker thread: a thread
@@ -274,7 +283,7 @@ impl NsSpec {
         match &self.kind {
             Kind::Ram => format!("ram {}", self.size.unwrap_or(0)),
             Kind::Null => format!("null {}", self.size.unwrap_or(0)),
-            Kind::File(p) => format!("file {} ({:?})", p.display(), self.engine),
+            Kind::File(p) => format!("file {} (engine {})", p.display(), self.engine.name()),
             Kind::Nvme(u) | Kind::Nbd(u) => u.clone(),
             #[cfg(feature = "rbd")]
             Kind::Rbd(r) => r.to_string(),

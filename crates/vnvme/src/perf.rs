@@ -12,6 +12,7 @@
 //! its "server" CPU is that of the controller's I/O worker threads (`vnvme-q*`), the
 //! client's the rest of the process.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -136,8 +137,10 @@ pub struct PerfArgs {
     /// poll (spin on the CQ) or irq (sleep on the MSI-X eventfd).
     #[arg(long, default_value = "poll", value_parser = knobs::parse_completion)]
     pub completion: CompletionMode,
-    /// Write the results and every knob as JSON here.
-    #[arg(long)]
+    /// Print the results and every knob as JSON (for scripts) instead of the lines
+    /// for people, which go to stderr; `--json FILE` writes the JSON to FILE and
+    /// keeps the lines on stdout.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
     /// The server's --stats-file, read before and after the run.
     #[arg(long)]
@@ -212,17 +215,26 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("vnvme perf: {why}");
         errors += 1;
     }
+    // With --json and no file, stdout holds the JSON alone.
+    let json_to_stdout = a.json.as_deref() == Some(std::path::Path::new("-"));
+    let mut people: Box<dyn std::io::Write> =
+        if json_to_stdout { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) };
     if let Some(m) = &migrated {
-        println!("{}", m.describe());
+        writeln!(people, "{}", m.describe())?;
         if let Some(e) = &m.error {
             eprintln!("vnvme perf: migration failed: {e}");
             errors += 1;
         }
     }
     let outcome = report::Outcome { transport, lba, shadow, totals, elapsed, cpu, counters };
-    outcome.print(&a);
+    outcome.print(&a, &mut people)?;
     if let Some(p) = &a.json {
-        outcome.write_json(p, &a, &target)?;
+        let text = serde_json::to_string_pretty(&outcome.json(&a, &target))? + "\n";
+        if json_to_stdout {
+            print!("{text}");
+        } else {
+            std::fs::write(p, text).map_err(|e| format!("--json {}: {e}", p.display()))?;
+        }
     }
     if errors > 0 {
         return Err(format!("{errors} I/O errors").into());

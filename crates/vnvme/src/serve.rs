@@ -774,7 +774,7 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> serde_json:
         "io_queues": a.queues,
         "workers": a.worker_count(),
         "poll": poll.name(),
-        "doorbells": format!("{:?}", a.doorbells).to_lowercase(),
+        "doorbells": a.doorbells.name(),
         "shadow_doorbells": !a.no_shadow_doorbells,
         "sandbox": a.sandbox == Switch::On,
         "client_deadline_ms": a.client_deadline.as_millis() as u64,

@@ -384,7 +384,15 @@ fn shadow_doorbells_keep_trapped_doorbells_well_below_one_per_io() {
 
 #[test]
 fn cli_identify_and_perf() {
-    let server = Server::start_with(&["--ns", "null:1G", "--serial", "CLI0001"]);
+    let dir = common::temp_dir("cli");
+    let control = dir.join("s.ctl");
+    let args = ["--ns", "null:1G", "--serial", "CLI0001", "--control", control.to_str().unwrap()];
+    let server = Server::start_in(&dir, "s", &args).owning_dir();
+    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    while !control.exists() {
+        assert!(std::time::Instant::now() < deadline, "no control socket:\n{}", server.log());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_vnvme"))
         .args(["identify", "--socket"])
         .arg(&server.socket)
@@ -412,6 +420,36 @@ fn cli_identify_and_perf() {
     assert_eq!(v["knobs"]["qd"], 8);
     assert!(v["results"]["ios"].as_u64().unwrap() > 0);
     assert!(v["results"]["latency_us"]["p99"].as_f64().is_some());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("IOPS"), "--json FILE keeps the lines on stdout");
+
+    // One --json style: a bare --json prints JSON alone on stdout, in every command
+    // that has it (the lines for people go to stderr).
+    for args in [
+        &["identify", "--json"][..],
+        &["perf", "--json", "--runtime", "100ms", "--qd", "2"][..],
+        &["ctl", "--json"][..],
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_vnvme"));
+        c.args(args);
+        if args[0] == "ctl" {
+            c.arg("--control").arg(&control).arg("ctrl.info");
+        } else {
+            c.arg("--socket").arg(&server.socket);
+        }
+        let out = c.output().expect("run vnvme");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not JSON ({e}):\n{stdout}"));
+        match args[0] {
+            "identify" => assert_eq!(v["serial"], "CLI0001", "{v}"),
+            "perf" => {
+                assert!(v["results"]["ios"].as_u64().unwrap() > 0, "{v}");
+                assert!(String::from_utf8_lossy(&out.stderr).contains("IOPS"), "the lines go to stderr");
+            }
+            _ => assert_eq!(v["serial"], "CLI0001", "{v}"),
+        }
+    }
 }
 
 /// issue 25.6: the driver leaves the PCI Command register as Linux does: memory

@@ -113,7 +113,7 @@ impl Controller {
                     std::io::ErrorKind::InvalidInput,
                     format!(
                         "a doorbell page mapped into the guest needs workers that poll always \
-                         (worker {} polls {:?}): the guest's stores there wake nobody",
+                         (worker {} has --poll {}): the guest's stores there wake nobody",
                         w.index, w.mode
                     ),
                 ));

@@ -221,7 +221,7 @@ fn drive(
             let ok = c.status.is_success();
             if !ok {
                 r.errors += 1;
-                r.first_error.get_or_insert(format!("status {:?}", c.status));
+                r.first_error.get_or_insert(c.status.to_string());
             }
             if let (Some(v), Some((i, gen, write))) = (verify.as_mut(), pending[c.cid as usize].take()) {
                 let slba = (i * stride + first) * nlb as u64;

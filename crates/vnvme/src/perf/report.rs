@@ -1,7 +1,7 @@
 //! What `perf` tells: a few lines on stdout, and with `--json` every figure next to
 //! every knob and the machine, so that a number can be run again.
 
-use std::path::Path;
+use std::io::Write;
 use std::time::Duration;
 
 use nvme_driver::CompletionMode;
@@ -74,67 +74,75 @@ impl Outcome {
         server
     }
 
-    /// Prints the results (errors to stderr).
-    pub(super) fn print(&self, a: &PerfArgs) {
+    /// Writes the results for people to `out` (the first error to stderr).
+    pub(super) fn print(&self, a: &PerfArgs, out: &mut dyn Write) -> std::io::Result<()> {
         let t = &self.totals;
         let (ios, secs) = (t.ios(), self.secs());
         let client_cpu = self.cpu.client.as_secs_f64();
-        println!(
-            "vnvme perf: {} | rw={} mix={} bs={} qd={} queues={} runtime={:?} ns={} doorbells={} completion={}",
+        writeln!(
+                out,
+            "vnvme perf: {} | rw={} mix={} bs={} qd={} queues={} runtime={}s nsid={} doorbells={} completion={}",
             self.transport,
             a.rw.name(),
             a.mix,
             a.bs,
             a.qd,
             a.queues,
-            a.runtime,
+            a.runtime.as_secs_f64(),
             a.nsid,
             a.doorbells.name(),
             completion_name(a.completion)
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  IOPS {:.0}  MB/s {:.1}  ({ios} I/Os: {} reads, {} writes, in {secs:.2} s; {} errors)",
             self.iops(),
             self.mbps(),
             t.reads,
             t.writes,
             t.errors
-        );
+        )?;
         if a.verify {
-            println!(
+            writeln!(
+                out,
                 "  verify: {} reads checked during the run, {} blocks read back at the end, {} mismatches",
                 t.verified, t.read_back, t.mismatches
-            );
+            )?;
         }
-        println!(
+        writeln!(
+            out,
             "  latency us: mean {:.1}  p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
             t.hist.mean() / 1000.0,
             us(t.hist.quantile(0.5)),
             us(t.hist.quantile(0.99)),
             us(t.hist.quantile(0.999)),
             us(t.hist.max())
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  client CPU: {client_cpu:.2} s = {:.0} % of one core, {:.2} us per I/O",
             client_cpu / secs * 100.0,
             self.cpu_us_per_io(client_cpu)
-        );
-        println!(
+        )?;
+        writeln!(
+                out,
             "  driver: SQ doorbell writes {:.4}/IO, CQ head doorbell writes {:.4}/IO, interrupt wakeups {:.4}/IO",
             t.per_io(t.sq_doorbell_writes),
             t.per_io(t.cq_doorbell_writes),
             t.per_io(t.interrupt_wakeups)
-        );
+        )?;
         if let Some(s) = self.counters.as_ref().filter(|s| s.get("io_commands").is_some()) {
-            println!(
+            writeln!(
+                out,
                 "  server: trapped I/O doorbells {:.4}/IO, interrupts {:.4}/IO ({} I/O commands counted)",
                 s["trapped_doorbells_per_io"].as_f64().unwrap_or(0.0),
                 s["interrupts_per_io"].as_f64().unwrap_or(0.0),
                 s["io_commands"]
-            );
+            )?;
         }
         if let Some(c) = self.cpu.server {
-            println!(
+            writeln!(
+                out,
                 "  server CPU: {:.2} s = {:.0} % of one core, {:.2} us per I/O{}",
                 c.seconds(),
                 c.seconds() / secs * 100.0,
@@ -143,17 +151,18 @@ impl Outcome {
                     ServerCpu::Workers { .. } => " (in-process worker threads; client CPU excludes them)",
                     ServerCpu::Process { .. } => "",
                 }
-            );
+            )?;
         }
         if let Some(e) = &t.first_error {
             eprintln!("vnvme perf: first error: {e}");
         }
+        Ok(())
     }
 
-    /// Writes the results, every knob and the machine as JSON to `path`.
-    pub(super) fn write_json(&self, path: &Path, a: &PerfArgs, target: &Target) -> std::io::Result<()> {
+    /// The results, every knob and the machine, as `--json` prints them.
+    pub(super) fn json(&self, a: &PerfArgs, target: &Target) -> Value {
         let t = &self.totals;
-        let v = json!({
+        json!({
             "tool": "vnvme perf",
             "machine": machine(),
             "transport": self.transport,
@@ -200,8 +209,7 @@ impl Outcome {
                 "interrupt_wakeups_per_io": t.per_io(t.interrupt_wakeups),
             },
             "server": self.server(),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
+        })
     }
 }
 

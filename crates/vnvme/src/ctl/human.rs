@@ -1,0 +1,423 @@
+//! `vnvme ctl`'s answers as people read them: labelled, with units. `--json` prints
+//! the server's result unchanged (sizes in bytes, times in the unit their key names).
+
+use serde_json::Value;
+
+/// The result of `method` for people.
+pub(super) fn human(method: &str, r: &Value) -> String {
+    let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+    match method {
+        "ctrl.info" => ctrl_info(r),
+        "stats.get" => stats(r),
+        "ns.list" => {
+            let rows = r["namespaces"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    vec![
+                        scalar(&n["nsid"]),
+                        bytes(n["size"].as_u64().unwrap_or(0)),
+                        format!("{} B", scalar(&n["lba_size"])),
+                        n["timeout_ms"].as_u64().map_or("none".to_string(), |ms| format!("{ms} ms")),
+                        n["backend"].as_str().unwrap_or("?").to_string(),
+                    ]
+                })
+                .collect();
+            table(&["NSID", "SIZE", "LBA", "TIMEOUT", "<BACKEND"], rows)
+        }
+        "ns.add" => format!(
+            "added namespace {}: {}, {} ({} blocks of {} bytes)\n",
+            u("nsid"),
+            r["backend"].as_str().unwrap_or("?"),
+            bytes(u("size")),
+            u("blocks"),
+            u("lba_size")
+        ),
+        "ns.remove" => format!("removed namespace {}\n", u("nsid")),
+        "upgrade" => format!(
+            "upgraded: pid {} -> {} ({}), guest I/O stalled {:.1} ms, {} ms in all{}\n",
+            u("old_pid"),
+            u("new_pid"),
+            r["binary"].as_str().unwrap_or("?"),
+            r["stall_ms"].as_f64().unwrap_or(0.0),
+            u("took_ms"),
+            if r["client"].as_bool() == Some(true) { "" } else { " (no client connected)" }
+        ),
+        "ns.resize" => format!("namespace {}: {} -> {}\n", u("nsid"), bytes(u("old_size")), bytes(u("size"))),
+        "log.set" => format!("log filter: {} (was {})\n", scalar(&r["filter"]), scalar(&r["previous"])),
+        "qos.get" => {
+            let rows = r["namespaces"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    vec![
+                        scalar(&n["nsid"]),
+                        scalar(&n["group"]),
+                        format!("{:.3} s", n["throttled_s"].as_f64().unwrap_or(0.0)),
+                        limits_text(&n["limits"]),
+                    ]
+                })
+                .collect();
+            let mut s = table(&["NSID", "<GROUP", "HELD BACK", "<LIMITS"], rows);
+            for g in r["groups"].as_array().into_iter().flatten() {
+                s.push_str(&format!("group {}: {}\n", scalar(&g["group"]), limits_text(&g["limits"])));
+            }
+            s
+        }
+        "qos.set" => match r.get("nsid") {
+            Some(n) => format!("namespace {n}: {}\n", limits_text(&r["limits"])),
+            None => format!("group {}: {}\n", scalar(&r["group"]), limits_text(&r["limits"])),
+        },
+        _ => flat(r, ""),
+    }
+}
+
+/// `ctrl.info`: one labelled line per fact.
+fn ctrl_info(r: &Value) -> String {
+    let s = |k: &str| scalar(&r[k]);
+    let on = |k: &str| if r[k].as_bool() == Some(true) { "on" } else { "off" };
+    let lines = [
+        (
+            "server",
+            format!(
+                "vnvme {} (commit {}), pid {}, up {} s",
+                s("vnvme"),
+                s("commit"),
+                s("pid"),
+                s("uptime_s")
+            ),
+        ),
+        ("binary", s("exe")),
+        ("socket", s("socket")),
+        ("identity", format!("serial {}, PCI vendor:device {}", s("serial"), s("pci_id"))),
+        (
+            "state",
+            format!(
+                "{}, client {}",
+                s("state"),
+                if r["client_connected"].as_bool() == Some(true) { "connected" } else { "not connected" }
+            ),
+        ),
+        ("namespaces", format!("{} (at most {})", s("namespaces"), s("max_namespaces"))),
+        ("I/O queues", format!("{} (workers {}, polling {})", s("io_queues"), s("workers"), s("poll"))),
+        ("doorbells", format!("{}, shadow doorbells {}", s("doorbells"), on("shadow_doorbells"))),
+        ("DMA regions", format!("{} mapped (at most {})", s("dma_regions"), s("max_dma_regions"))),
+        ("client deadline", format!("{} ms", s("client_deadline_ms"))),
+        ("sandbox", on("sandbox").to_string()),
+        ("log", format!("filter {}, format {}", s("log_filter"), s("log_format"))),
+    ];
+    lines.iter().map(|(k, v)| format!("{k:<16} {v}\n")).collect()
+}
+
+/// `stats.get`: the controller's counters, then a table per namespace, queue and
+/// worker.
+fn stats(r: &Value) -> String {
+    let c = &r["controller"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let per = |k: &str| {
+        let io = n("io_commands");
+        if io == 0 {
+            String::new()
+        } else {
+            format!(" ({:.3} per I/O command)", n(k) as f64 / io as f64)
+        }
+    };
+    let mut s = String::from("controller\n");
+    let lines = [
+        (
+            "I/O commands",
+            format!("{} (reads {}, writes {})", n("io_commands"), n("read_commands"), n("write_commands")),
+        ),
+        ("admin commands", n("admin_commands").to_string()),
+        ("data", format!("{} read, {} written", bytes(n("bytes_read")), bytes(n("bytes_written")))),
+        (
+            "errors",
+            format!(
+                "{} completed with an error status (backend {}, media {}, timed out {})",
+                n("errors"),
+                n("backend_errors"),
+                n("media_errors"),
+                n("timeouts")
+            ),
+        ),
+        ("doorbell writes", format!("{} trapped, all queues", n("doorbell_writes"))),
+        ("  I/O SQ", format!("{}{}", n("io_doorbell_writes"), per("io_doorbell_writes"))),
+        ("  I/O CQ", format!("{}{}", n("io_cq_doorbell_writes"), per("io_cq_doorbell_writes"))),
+        ("shadow reads", format!("{} (EventIdx races {})", n("shadow_reads"), n("eventidx_races"))),
+        ("interrupts", format!("{}{}", n("interrupts"), per("interrupts"))),
+    ];
+    for (k, v) in lines {
+        s.push_str(&format!("  {k:<18} {v}\n"));
+    }
+
+    let mut rows = Vec::new();
+    let mut held = Vec::new();
+    for ns in r["namespaces"].as_array().into_iter().flatten() {
+        for op in ["read", "write", "flush", "other"] {
+            let o = &ns[op];
+            rows.push(vec![
+                scalar(&ns["nsid"]),
+                op.to_string(),
+                scalar(&o["commands"]),
+                bytes(o["bytes"].as_u64().unwrap_or(0)),
+                scalar(&o["errors"]),
+                format!("{:.1} us", o["latency_avg_us"].as_f64().unwrap_or(0.0)),
+            ]);
+        }
+        if ns["throttled_commands"].as_u64().unwrap_or(0) > 0 {
+            held.push(format!(
+                "namespace {}: QoS held back {} commands for {:.3} s in all\n",
+                scalar(&ns["nsid"]),
+                scalar(&ns["throttled_commands"]),
+                ns["throttled_s"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    s.push_str("\nnamespaces\n");
+    s.push_str(&table(&["NSID", "<KIND", "COMMANDS", "DATA", "ERRORS", "AVG LATENCY"], rows));
+    s.extend(held);
+
+    let rows = r["queues"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|q| {
+            let w = q["worker"].as_u64().map_or("inline".to_string(), |w| w.to_string());
+            vec![
+                scalar(&q["qid"]),
+                w,
+                scalar(&q["commands"]),
+                scalar(&q["completions"]),
+                scalar(&q["interrupts"]),
+                scalar(&q["sq_doorbell_writes"]),
+                scalar(&q["cq_doorbell_writes"]),
+            ]
+        })
+        .collect();
+    s.push_str("\nqueues (doorbell writes: trapped ones)\n");
+    s.push_str(&table(
+        &["QID", "WORKER", "COMMANDS", "COMPLETIONS", "INTERRUPTS", "SQ DOORBELLS", "CQ DOORBELLS"],
+        rows,
+    ));
+
+    let workers = r["workers"].as_array().map_or(&[][..], Vec::as_slice);
+    if !workers.is_empty() {
+        let ms = |v: &Value| format!("{:.1} ms", v.as_u64().unwrap_or(0) as f64 / 1e6);
+        let rows = workers
+            .iter()
+            .map(|w| {
+                vec![
+                    scalar(&w["worker"]),
+                    scalar(&w["sleeps"]),
+                    scalar(&w["wakeups"]),
+                    scalar(&w["spin_hits"]),
+                    scalar(&w["spin_misses"]),
+                    scalar(&w["spin_contended"]),
+                    ms(&w["spin_ns"]),
+                    ms(&w["spin_lost_ns"]),
+                ]
+            })
+            .collect();
+        s.push_str("\nworkers\n");
+        s.push_str(&table(
+            &["WORKER", "SLEEPS", "WAKE-UPS", "SPIN HITS", "MISSES", "CONTENDED", "SPINNING", "SPUN IN VAIN"],
+            rows,
+        ));
+    }
+
+    let p = &r["adaptive_poll"];
+    if p.is_object() {
+        let ns = |v: &Value| v.as_f64().map_or("not measured".to_string(), |x| format!("{x:.0} ns"));
+        s.push_str(&format!(
+            "\nadaptive polling: {} now, {} chosen; CPU per command: sleeping {}, spinning {}; {} epochs, {} \
+             changes\n",
+            scalar(&p["running"]),
+            scalar(&p["choice"]),
+            ns(&p["cpu_per_command_ns"]["sleep"]),
+            ns(&p["cpu_per_command_ns"]["spin"]),
+            scalar(&p["epochs"]),
+            scalar(&p["changes"])
+        ));
+    }
+    s
+}
+
+/// Rows under a header, columns right-aligned (left-aligned where the header's
+/// name starts with '<', which is not printed).
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let names: Vec<&str> = header.iter().map(|h| h.trim_start_matches('<')).collect();
+    let left: Vec<bool> = header.iter().map(|h| h.starts_with('<')).collect();
+    let mut width: Vec<usize> = names.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            if left[i] {
+                l.push_str(&format!("{cell:<w$}", w = width[i]));
+            } else {
+                l.push_str(&format!("{cell:>w$}", w = width[i]));
+            }
+        }
+        l.truncate(l.trim_end().len());
+        l.push('\n');
+        l
+    };
+    let mut s = line(&mut names.iter().copied());
+    for r in &rows {
+        s.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    s
+}
+
+/// A byte count in the largest binary unit that keeps it at least 1.
+pub(super) fn bytes(n: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (u, name) in UNITS {
+        if n >= u {
+            return if n.is_multiple_of(u) {
+                format!("{} {name}", n / u)
+            } else {
+                format!("{:.2} {name}", n as f64 / u as f64)
+            };
+        }
+    }
+    format!("{n} B")
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// QoS limits as `iops=2000/s (burst 200) bps_wr=20 MiB/s (burst 2 MiB)`, or "none".
+fn limits_text(l: &Value) -> String {
+    const ORDER: [&str; 6] = ["iops", "iops_rd", "iops_wr", "bps", "bps_rd", "bps_wr"];
+    let parts: Vec<String> = ORDER
+        .iter()
+        .filter_map(|k| l.get(*k).filter(|v| !v.is_null()).map(|v| (k, v)))
+        .map(|(k, v)| {
+            let (rate, burst) = (v["rate"].as_u64().unwrap_or(0), v["burst"].as_u64().unwrap_or(0));
+            if k.starts_with("bps") {
+                format!("{k}={}/s (burst {})", bytes(rate), bytes(burst))
+            } else {
+                format!("{k}={rate}/s (burst {burst})")
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// Nested objects as `path: value` lines, arrays of objects numbered.
+fn flat(v: &Value, prefix: &str) -> String {
+    let mut s = String::new();
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                s.push_str(&flat(x, &p));
+            }
+        }
+        Value::Array(a) if a.iter().any(Value::is_object) => {
+            for (i, x) in a.iter().enumerate() {
+                s.push_str(&flat(x, &format!("{prefix}[{i}]")));
+            }
+        }
+        other => s.push_str(&format!("{prefix}: {}\n", scalar(other))),
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn byte_counts_carry_their_unit() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(4096), "4 KiB");
+        assert_eq!(bytes(3 << 29), "1.50 GiB");
+        assert_eq!(bytes(16 << 40), "16 TiB");
+    }
+
+    #[test]
+    fn qos_limits_name_their_rate_and_burst_units() {
+        let l = json!({"iops": {"rate": 2000, "burst": 200}, "bps_wr": {"rate": 20 << 20, "burst": 2 << 20}, "bps": null});
+        assert_eq!(limits_text(&l), "iops=2000/s (burst 200) bps_wr=20 MiB/s (burst 2 MiB)");
+        assert_eq!(limits_text(&json!({"iops": null})), "none");
+    }
+
+    #[test]
+    fn ctrl_info_labels_every_fact_with_its_unit() {
+        let r = json!({
+            "vnvme": "0.1.0", "commit": "abc1234", "pid": 42, "uptime_s": 7, "exe": "/usr/bin/vnvme",
+            "socket": "/run/vm1.sock", "serial": "VM1", "pci_id": "4e58:0001", "state": "ready",
+            "client_connected": true, "namespaces": 2, "max_namespaces": 1024, "io_queues": 4, "workers": 1,
+            "poll": "adaptive", "doorbells": "eventfd", "shadow_doorbells": true, "dma_regions": 3,
+            "max_dma_regions": 64, "client_deadline_ms": 5000, "sandbox": false, "log_filter": "info",
+            "log_format": "text",
+        });
+        let s = human("ctrl.info", &r);
+        for want in [
+            "server           vnvme 0.1.0 (commit abc1234), pid 42, up 7 s\n",
+            "state            ready, client connected\n",
+            "namespaces       2 (at most 1024)\n",
+            "I/O queues       4 (workers 1, polling adaptive)\n",
+            "doorbells        eventfd, shadow doorbells on\n",
+            "DMA regions      3 mapped (at most 64)\n",
+            "client deadline  5000 ms\n",
+            "sandbox          off\n",
+        ] {
+            assert!(s.contains(want), "{want:?} missing from\n{s}");
+        }
+        assert!(!s.contains('{') && !s.contains('"'), "no JSON in the people's form:\n{s}");
+    }
+
+    #[test]
+    fn stats_are_tables_with_units() {
+        let op = |c: u64, b: u64| json!({"commands": c, "bytes": b, "errors": 0, "latency_avg_us": 12.25});
+        let r = json!({
+            "controller": {"io_commands": 200, "read_commands": 150, "write_commands": 50, "admin_commands": 9,
+                "bytes_read": 150 * 4096, "bytes_written": 50 << 20, "errors": 1, "backend_errors": 1,
+                "media_errors": 0, "timeouts": 0, "doorbell_writes": 60, "io_doorbell_writes": 50,
+                "io_cq_doorbell_writes": 10, "shadow_reads": 300, "eventidx_races": 2, "interrupts": 100},
+            "namespaces": [{"nsid": 1, "read": op(150, 150 * 4096), "write": op(50, 50 << 20), "flush": op(0, 0),
+                "other": op(0, 0), "throttled_commands": 3, "throttled_s": 0.5}],
+            "queues": [{"qid": 1, "worker": null, "commands": 200, "completions": 200, "interrupts": 100,
+                "sq_doorbell_writes": 50, "cq_doorbell_writes": 10}],
+            "workers": [],
+            "adaptive_poll": {"choice": "spin", "running": "spin", "cpu_per_command_ns": {"sleep": 2100.0, "spin": null},
+                "epochs": 4, "changes": 1},
+        });
+        let s = human("stats.get", &r);
+        for want in [
+            "  data               600 KiB read, 50 MiB written\n",
+            "    I/O SQ           50 (0.250 per I/O command)\n",
+            "  interrupts         100 (0.500 per I/O command)\n",
+            "NSID  KIND   COMMANDS     DATA  ERRORS  AVG LATENCY\n",
+            "   1  write        50   50 MiB       0      12.2 us\n",
+            "namespace 1: QoS held back 3 commands for 0.500 s in all\n",
+            "  1  inline       200          200         100            50            10\n",
+            "CPU per command: sleeping 2100 ns, spinning not measured",
+        ] {
+            assert!(s.contains(want), "{want:?} missing from\n{s}");
+        }
+        assert!(!s.contains("workers\n"), "no worker table without workers:\n{s}");
+    }
+}
