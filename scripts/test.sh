@@ -144,6 +144,13 @@ if [ -s "$RUST_SKIPS" ] || [ -s "$GUEST_SKIPS" ] || [ -s "$NOTES" ]; then
     sed 's/^/  SKIP guest: /' "$GUEST_SKIPS"
     sed 's/^/  NOTE: /' "$NOTES"
 fi
+# Each failed Rust test, named with its binary.
+awk '/^     Running / { bin = $2 } /^   Doc-tests / { bin = "doc-tests " $2 }
+     /^test .* \.\.\. FAILED$/ { t = $0; sub(/^test /, "", t); sub(/ \.\.\. FAILED$/, "", t); print bin ": " t }' "$LOG/test.out" >"$LOG/failed-tests"
+if [ -s "$LOG/failed-tests" ]; then
+    echo "failed rust tests:"
+    sed 's/^/  FAILED: /' "$LOG/failed-tests"
+fi
 if [ -s "$LOG/crashed" ]; then
     echo "test binaries that ended without a result line (crashed or killed):"
     sed 's/^/  CRASHED: /' "$LOG/crashed"

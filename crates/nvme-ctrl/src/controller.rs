@@ -437,7 +437,7 @@ impl Controller {
             }
         }
         // One bound for the whole controller, not one per engine or namespace.
-        let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
+        let deadline = crate::engine::Deadline::teardown(&*self.clock);
         if self.state == Lifecycle::Ready {
             crate::runtime::drain_engine(&mut self.engine, deadline);
             if !self.workers.is_empty() {
@@ -447,7 +447,7 @@ impl Controller {
         }
         for ns in active(&self.namespaces.clone()) {
             if ns.info.volatile_cache {
-                self.admin.flush_namespace(ns, &self.engine.mem, deadline);
+                self.admin.flush_namespace(ns, &self.engine.mem, deadline, &*self.clock);
             }
         }
         self.csts = self.csts.with_shst(ShutdownStatus::Complete);

@@ -46,6 +46,7 @@ mod stats;
 pub use attach::NamespaceError;
 pub use config::{Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
 pub use controller::{Controller, Lifecycle};
+pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use log_limit::LogLimit;
 pub use namespace::Namespace;

@@ -187,7 +187,7 @@ impl Controller {
     pub(crate) fn io_reset(&mut self) {
         self.book = QueueBook::default();
         // One bound for the whole controller, not one per engine.
-        let deadline = std::time::Instant::now() + crate::engine::TEARDOWN_BOUND;
+        let deadline = crate::engine::Deadline::teardown(&*self.clock);
         self.on_all_engines(move |e| e.reset_by(deadline));
     }
 }

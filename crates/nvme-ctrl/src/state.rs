@@ -22,7 +22,7 @@
 //! each namespace's (latency histograms and time held by QoS included) and each
 //! queue's.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvme_spec::aer::{AsyncEvent, EventType};
 use nvme_spec::log::ErrorInformationEntry;
@@ -374,7 +374,7 @@ impl Controller {
     /// command already fetched has completed and an erasing Format has finished;
     /// signals every coalesced interrupt. On failure the controller is resumed.
     pub fn quiesce(&mut self, bound: Duration) -> Result<(), StateError> {
-        let deadline = Instant::now() + bound;
+        let deadline = crate::engine::Deadline::after(&*self.clock, bound);
         self.on_all_engines(|e| e.set_quiesced(true));
         self.quiesced = true;
         loop {
@@ -394,7 +394,7 @@ impl Controller {
             if quiet || self.state == Lifecycle::Fatal {
                 break;
             }
-            if Instant::now() >= deadline {
+            if deadline.passed(&*self.clock) {
                 self.resume();
                 return Err(if format { StateError::FormatInProgress } else { StateError::Busy(bound) });
             }

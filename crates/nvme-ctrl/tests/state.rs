@@ -465,16 +465,23 @@ fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
         }],
         ..Default::default()
     };
-    let mut h = MockHost::new(cfg, MEM);
+    // The bound runs on the controller's clock: here 1 ms per reading.
+    let clock = Arc::new(test_kit::SteppingClock::new(std::time::Duration::from_millis(1)));
+    let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
     h.init(InitOptions::default()).unwrap();
     let buf = h.alloc.alloc_pages(1);
     let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
     h.submit(1, sqe).unwrap();
     h.process();
-    let t = std::time::Instant::now();
-    let r = h.ctrl.quiesce(std::time::Duration::from_millis(300));
+    let bound = std::time::Duration::from_millis(300);
+    let t0 = clock.peek();
+    let r = test_kit::bounded("quiesce", || h.ctrl.quiesce(bound));
     assert!(matches!(r, Err(StateError::Busy(_))), "{r:?}");
-    assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    let took = clock.peek() - t0;
+    assert!(
+        took >= bound && took < 2 * bound,
+        "gave up after {took:?} of clock time, not at the {bound:?} bound"
+    );
     assert!(!h.ctrl.is_quiesced(), "a failed quiesce resumes");
     // The controller serves other I/O as before.
     assert_eq!(h.write_blocks(2, 1, 64, 512, &pattern(1, 4096)), Status::SUCCESS);

@@ -2,7 +2,8 @@
 //! past the namespace's timeout completes with Internal Error (no DNR) while other
 //! I/O goes on, a late completion after that is ignored, and Delete SQ, reset and
 //! shutdown finish within a bound with requests hung. Driven by fault injection's
-//! `hang` and `delay=MS`.
+//! `hang` and `delay=MS`; every bound is on the controller's clock, which the tests
+//! move by hand or one step per reading (no test times anything).
 
 mod io_common;
 
@@ -11,14 +12,36 @@ use std::time::{Duration, Instant};
 
 use block_backend::{Backend, FaultBackend, FaultRule, RamBackend};
 use io_common::*;
-use nvme_ctrl::{Clock, ControllerConfig, MonotonicClock, NamespaceConfig};
+use nvme_ctrl::{Clock, ControllerConfig, MonotonicClock, NamespaceConfig, TEARDOWN_BOUND};
 use nvme_spec::{Cqe, Status};
-use test_kit::{InitOptions, ManualClock, MockHost};
+use test_kit::{InitOptions, ManualClock, MockHost, SteppingClock};
 
 const NS_BYTES: u64 = 8 << 20;
 const LBA: u32 = 512;
-/// Generous: tests assert that things finish, never how fast beyond this.
+/// How long a test waits for something that must happen before it fails (real
+/// time; never a measure of speed).
 const LONG: Duration = Duration::from_secs(30);
+
+/// The controller's clock for the teardown tests: 1 ms per reading.
+fn stepping() -> Arc<SteppingClock> {
+    Arc::new(SteppingClock::new(Duration::from_millis(1)))
+}
+
+/// Runs `f` and returns how much of `clock`'s time it took (a watchdog ends the
+/// test run if a broken bound never lets it return).
+fn clock_time<T>(clock: &SteppingClock, f: impl FnOnce() -> T) -> (T, Duration) {
+    let t0 = clock.peek();
+    let r = test_kit::bounded("a teardown on a stepping clock", f);
+    (r, clock.peek() - t0)
+}
+
+/// Checks a teardown waited for its bound (it did not give up early on what a
+/// backend still held) and gave up there (it did not wait one bound per queue,
+/// worker or namespace).
+fn assert_one_bound(what: &str, took: Duration) {
+    assert!(took >= TEARDOWN_BOUND, "{what} gave up after {took:?} of clock time, before the bound");
+    assert!(took < 2 * TEARDOWN_BOUND, "{what} took {took:?} of clock time: more than one bound");
+}
 
 /// A host whose namespace injects `rules` and times commands out after `timeout`,
 /// on `clock`.
@@ -130,12 +153,12 @@ fn a_delayed_write_completes_successfully_after_the_delay() {
 #[test]
 fn delete_sq_with_a_hung_read_aborts_it_within_the_bound() {
     // No timeout: only the teardown bound ends the wait.
-    let mut h = host(&["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+    let clock = stepping();
+    let mut h = host(&["read/hang/lba=0+1"], None, clock.clone());
     let cid = submit_read(&mut h, 1, 0);
     h.process();
-    let t = Instant::now();
-    let c = h.remove_io_sq(1).expect("Delete SQ completes");
-    assert!(t.elapsed() < LONG, "Delete SQ took {:?}", t.elapsed());
+    let (c, took) = clock_time(&clock, || h.remove_io_sq(1).expect("Delete SQ completes"));
+    assert_one_bound("Delete SQ", took);
     assert!(c.status().is_success(), "{:?}", c.status());
     let cqes = h.reap_queue(1);
     let aborted = cqes.iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
@@ -145,15 +168,14 @@ fn delete_sq_with_a_hung_read_aborts_it_within_the_bound() {
 
 #[test]
 fn reset_with_a_hung_read_finishes_once_it_times_out() {
-    let mut h =
-        host(&["read/hang/lba=0+1"], Some(Duration::from_millis(200)), Arc::new(MonotonicClock::default()));
+    let clock = stepping();
+    let mut h = host(&["read/hang/lba=0+1"], Some(Duration::from_millis(200)), clock.clone());
     submit_read(&mut h, 1, 0);
     submit_read(&mut h, 2, 0);
     h.process();
-    let t = Instant::now();
     let cc = h.read32(0x14);
-    h.write32(0x14, cc & !1);
-    assert!(t.elapsed() < LONG, "reset took {:?}", t.elapsed());
+    let ((), took) = clock_time(&clock, || h.write32(0x14, cc & !1));
+    assert!(took < TEARDOWN_BOUND, "the reset took {took:?} of clock time: it waited past the timeout");
     assert!(!h.csts().rdy());
     assert_eq!(h.ctrl.stats().timeouts, 2);
     // The controller comes back up and serves I/O (the hung requests stay retired).
@@ -164,13 +186,13 @@ fn reset_with_a_hung_read_finishes_once_it_times_out() {
 #[test]
 fn shutdown_with_a_hung_read_completes_once_it_times_out() {
     let timeout = Some(Duration::from_millis(200));
-    let mut h = host(&["read/hang/lba=0+1"], timeout, Arc::new(MonotonicClock::default()));
+    let clock = stepping();
+    let mut h = host(&["read/hang/lba=0+1"], timeout, clock.clone());
     let cid = submit_read(&mut h, 1, 0);
     h.process();
-    let t = Instant::now();
     let cc = h.read32(0x14);
-    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
-    assert!(t.elapsed() < LONG, "shutdown took {:?}", t.elapsed());
+    let ((), took) = clock_time(&clock, || h.write32(0x14, cc | 1 << 14)); // CC.SHN = normal
+    assert!(took < TEARDOWN_BOUND, "the shutdown took {took:?} of clock time: it waited past the timeout");
     assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
     let c = h.reap_queue(1).into_iter().find(|c| c.cid.get() == cid).expect("the hung read was completed");
     assert_status(&c, Status::INTERNAL_ERROR, false);
@@ -178,15 +200,13 @@ fn shutdown_with_a_hung_read_completes_once_it_times_out() {
 
 #[test]
 fn shutdown_with_reads_hung_on_two_workers_waits_one_bound_not_one_per_worker() {
-    let mut h = host_on(2, &["read/hang/lba=0+1"], None, Arc::new(MonotonicClock::default()));
+    let clock = stepping();
+    let mut h = host_on(2, &["read/hang/lba=0+1"], None, clock.clone());
     let cids = [submit_read(&mut h, 1, 0), submit_read(&mut h, 2, 0)];
     h.process();
-    let t = Instant::now();
     let cc = h.read32(0x14);
-    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
-    let took = t.elapsed();
-    // One bound is 5 s; one per worker would be 10 s.
-    assert!(took < Duration::from_secs(9), "shutdown took {took:?}");
+    let ((), took) = clock_time(&clock, || h.write32(0x14, cc | 1 << 14)); // CC.SHN = normal
+    assert_one_bound("the shutdown", took);
     assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
     for (qid, cid) in [(1u16, cids[0]), (2, cids[1])] {
         let c =
@@ -242,12 +262,13 @@ fn shutdown_with_a_hung_flush_completes_within_the_bound() {
     let be = FaultBackend::new(file, vec!["flush/hang".parse().unwrap()]);
     let cfg =
         ControllerConfig { namespaces: vec![NamespaceConfig::new(Arc::new(be), 0)], ..Default::default() };
-    let mut h = MockHost::with_clock(cfg, MEM, Arc::new(MonotonicClock::default()));
+    // 100 ms a reading: the flush's wait sleeps up to 10 ms between readings.
+    let clock = Arc::new(SteppingClock::new(Duration::from_millis(100)));
+    let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
     h.init(InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).expect("bring-up");
-    let t = Instant::now();
     let cc = h.read32(0x14);
-    h.write32(0x14, cc | 1 << 14); // CC.SHN = normal
-    assert!(t.elapsed() < LONG, "shutdown took {:?}", t.elapsed());
+    let ((), took) = clock_time(&clock, || h.write32(0x14, cc | 1 << 14)); // CC.SHN = normal
+    assert_one_bound("the shutdown", took);
     assert_eq!((h.read32(0x1c) >> 2) & 3, 2, "CSTS.SHST = shutdown complete");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -333,38 +354,42 @@ fn a_timed_out_read_never_writes_the_buffer_afterwards() {
 fn a_request_the_backend_cannot_stop_completes_when_it_ends_not_at_the_timeout() {
     use block_backend::{BackendInfo, BackendQueue, Completion, Request};
     use guest_mem::GuestMemory;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Reads of LBA 0 finish `RELEASE` after submission; nothing can be revoked.
+    /// Holds reads of LBA 0 until `release` is set; nothing can be revoked.
     #[derive(Debug)]
-    struct Stubborn(RamBackend);
+    struct Stubborn(RamBackend, Arc<AtomicBool>);
     #[derive(Debug)]
     struct StubbornQueue {
         inner: Box<dyn BackendQueue>,
-        held: Vec<(Instant, GuestMemory, Request)>,
+        release: Arc<AtomicBool>,
+        held: Vec<(GuestMemory, Request)>,
     }
-    const RELEASE: Duration = Duration::from_millis(400);
     impl Backend for Stubborn {
         fn info(&self) -> BackendInfo {
             self.0.info()
         }
         fn open_queue(&self) -> std::io::Result<Box<dyn BackendQueue>> {
-            Ok(Box::new(StubbornQueue { inner: self.0.open_queue()?, held: Vec::new() }))
+            Ok(Box::new(StubbornQueue {
+                inner: self.0.open_queue()?,
+                release: self.1.clone(),
+                held: Vec::new(),
+            }))
         }
     }
     impl BackendQueue for StubbornQueue {
         fn submit(&mut self, mem: &GuestMemory, req: Request) {
             if req.op == block_backend::Op::Read && req.offset == 0 {
-                self.held.push((Instant::now() + RELEASE, mem.clone(), req));
+                self.held.push((mem.clone(), req));
             } else {
                 self.inner.submit(mem, req);
             }
         }
         fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
-            let now = Instant::now();
-            let (due, keep): (Vec<_>, Vec<_>) = self.held.drain(..).partition(|(t, _, _)| *t <= now);
-            self.held = keep;
-            for (_, mem, req) in due {
-                self.inner.submit(&mem, req);
+            if self.release.load(Ordering::Relaxed) {
+                for (mem, req) in std::mem::take(&mut self.held) {
+                    self.inner.submit(&mem, req);
+                }
             }
             self.inner.reap(out)
         }
@@ -377,23 +402,32 @@ fn a_request_the_backend_cannot_stop_completes_when_it_ends_not_at_the_timeout()
         // revoke: the default, Some(false): it cannot be stopped.
     }
 
+    let release = Arc::new(AtomicBool::new(false));
     let ram = RamBackend::new(NS_BYTES);
-    let mut ns = NamespaceConfig::new(Arc::new(Stubborn(ram)), 0);
+    let mut ns = NamespaceConfig::new(Arc::new(Stubborn(ram, release.clone())), 0);
     ns.timeout = Some(Duration::from_millis(50));
     let cfg = ControllerConfig { namespaces: vec![ns], ..Default::default() };
-    let mut h = MockHost::with_clock(cfg, MEM, Arc::new(MonotonicClock::default()));
-    h.init(InitOptions { io_queues: 1, queue_size: 64, ..Default::default() }).expect("bring-up");
+    let clock = Arc::new(ManualClock::default());
+    let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
+    h.init(InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).expect("bring-up");
     assert_eq!(h.write_blocks(1, 1, 0, LBA, &[0xcd; LBA as usize]), Status::SUCCESS);
     let buf = h.alloc.alloc_pages(1);
     let s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
-    let t = Instant::now();
     let cid = h.submit(1, s).unwrap();
+    h.process();
+    // Far past the timeout: the read could still land, so it is not completed, and
+    // other I/O (on the other queue, whose completions the helper takes) goes on.
+    clock.advance_us(1_000_000);
+    let mut early = Vec::new();
+    for _ in 0..3 {
+        h.process();
+        early.extend(h.reap_queue(1));
+        assert_still_works(&mut h, 2, 1, LBA);
+    }
+    assert!(early.is_empty(), "completed at the timeout while the read could still land: {early:?}");
+    // The backend ends the read: now it completes, with its data.
+    release.store(true, Ordering::Relaxed);
     let c = wait_for(&mut h, 1, cid);
-    assert!(
-        t.elapsed() >= RELEASE,
-        "completed at the timeout ({:?}) while the read could still land",
-        t.elapsed()
-    );
     assert_status(&c, Status::SUCCESS, false);
     let mut got = vec![0u8; LBA as usize];
     h.mem.read(buf, &mut got).unwrap();

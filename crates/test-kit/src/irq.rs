@@ -50,3 +50,30 @@ impl Clock for ManualClock {
         self.ns.load(Ordering::Relaxed)
     }
 }
+
+/// A clock that moves a fixed step each time the controller reads it: its time is a
+/// count of the controller's own steps, so a wait that ends at a deadline ends after
+/// the same clock time on a fast machine and a loaded one, and a test checks a
+/// bound on it without timing anything.
+#[derive(Debug)]
+pub struct SteppingClock {
+    ns: AtomicU64,
+    step_ns: u64,
+}
+
+impl SteppingClock {
+    pub fn new(step: std::time::Duration) -> Self {
+        SteppingClock { ns: AtomicU64::new(0), step_ns: step.as_nanos() as u64 }
+    }
+
+    /// The time now, without moving it.
+    pub fn peek(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.ns.load(Ordering::Relaxed))
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now_ns(&self) -> u64 {
+        self.ns.fetch_add(self.step_ns, Ordering::Relaxed)
+    }
+}

@@ -18,7 +18,8 @@
 //!   this process (the driver-against-controller test tier, `vnvme perf --in-process`).
 //! - Shared test utilities: one data [`pattern`], one seeded [`Rng`],
 //!   [`memfd`](mod@memfd) helpers (shared-memory files sealed against shrinking), and
-//!   real NBD servers ([`nbd`]: qemu-nbd, nbdkit).
+//!   real NBD servers ([`nbd`]: qemu-nbd, nbdkit), and a [`watchdog`] that ends a
+//!   call that would otherwise hang a test run forever.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -34,11 +35,13 @@ pub mod recording;
 pub mod ring;
 mod rng;
 mod skip;
+mod watchdog;
 
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
 pub use in_process::{InProcessOptions, InProcessTransport};
 pub use io::HostSq;
-pub use irq::{CountingIrq, ManualClock};
+pub use irq::{CountingIrq, ManualClock, SteppingClock};
 pub use ring::{CqRing, SqRing};
 pub use rng::{pattern, Rng};
 pub use skip::skip;
+pub use watchdog::{bounded, watchdog, watchdog_for, Watchdog, WATCHDOG_LIMIT};

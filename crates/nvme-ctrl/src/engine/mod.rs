@@ -19,6 +19,7 @@ mod throttle;
 mod timeout;
 
 pub use memory::SharedMemory;
+pub(crate) use timeout::Deadline;
 pub use timeout::TEARDOWN_BOUND;
 pub(crate) use timeout::{Slot, EXPIRY_POLLS};
 
@@ -335,10 +336,10 @@ impl IoEngine {
     /// are completed or aborted). Commands a backend still holds after
     /// [`TEARDOWN_BOUND`] are aborted (Command Aborted due to SQ Deletion).
     pub fn delete_sq(&mut self, qid: u16) {
-        self.delete_sq_by(qid, std::time::Instant::now() + TEARDOWN_BOUND);
+        self.delete_sq_by(qid, Deadline::teardown(&*self.ctx.clock));
     }
 
-    fn delete_sq_by(&mut self, qid: u16, deadline: std::time::Instant) {
+    fn delete_sq_by(&mut self, qid: u16, deadline: Deadline) {
         self.settle_sq(qid, deadline);
         if let Some(sq) = self.sqs[qid as usize].take() {
             if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
@@ -368,11 +369,11 @@ impl IoEngine {
     /// Drops every I/O queue (controller reset), letting in-flight requests finish
     /// for at most [`TEARDOWN_BOUND`] in all.
     pub fn reset(&mut self) {
-        self.reset_by(std::time::Instant::now() + TEARDOWN_BOUND);
+        self.reset_by(Deadline::teardown(&*self.ctx.clock));
     }
 
     /// As [`IoEngine::reset`], abandoning what is still in flight at `deadline`.
-    pub fn reset_by(&mut self, deadline: std::time::Instant) {
+    pub(crate) fn reset_by(&mut self, deadline: Deadline) {
         for qid in self.active_sqs.clone() {
             self.delete_sq_by(qid, deadline);
         }

@@ -13,19 +13,47 @@
 //! engine keeps the earliest deadline and scans only when an idle poll (or every
 //! [`EXPIRY_POLLS`] busy ones) finds that moment passed. A sleeping owner is woken
 //! for it through `next_deadline`. Teardown (Delete SQ, reset, shutdown) waits at
-//! most [`TEARDOWN_BOUND`] for what is still in flight, then abandons it too.
+//! most [`TEARDOWN_BOUND`] for what is still in flight, then abandons it too. Every
+//! bound runs on the controller's [`Clock`], as command timeouts do, so a test drives
+//! it by hand.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvme_spec::Status;
 
 use super::{InFlight, IoEngine};
 use crate::error::CommandError;
+use crate::interrupt::Clock;
 use crate::stats::Stats;
 
 /// The longest a Delete SQ, reset or shutdown waits for commands still with a
 /// backend before it abandons them.
 pub const TEARDOWN_BOUND: Duration = Duration::from_secs(5);
+
+/// A moment on the controller's [`Clock`] by which a teardown or a quiesce gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deadline(u64);
+
+impl Deadline {
+    /// `bound` from now.
+    pub(crate) fn after(clock: &dyn Clock, bound: Duration) -> Deadline {
+        Deadline(clock.now_ns().saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX)))
+    }
+
+    /// The teardown bound from now.
+    pub(crate) fn teardown(clock: &dyn Clock) -> Deadline {
+        Deadline::after(clock, TEARDOWN_BOUND)
+    }
+
+    pub(crate) fn passed(self, clock: &dyn Clock) -> bool {
+        clock.now_ns() >= self.0
+    }
+
+    /// What is left of it (zero once passed).
+    pub(crate) fn remaining(self, clock: &dyn Clock) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(clock.now_ns()))
+    }
+}
 
 /// The SQ identifier of a command whose queue was torn down while its backend still
 /// held an unstoppable request: its completion goes nowhere.
@@ -107,12 +135,12 @@ impl IoEngine {
 
     /// Waits (at most until `deadline`) for the commands fetched from SQ `qid` to
     /// finish, then abandons those still with a backend.
-    pub(crate) fn settle_sq(&mut self, qid: u16, deadline: Instant) {
+    pub(crate) fn settle_sq(&mut self, qid: u16, deadline: Deadline) {
         // Commands QoS holds back have not started: they are aborted at once.
         self.drop_held(|sqid, _| sqid == qid, Status::ABORT_SQ_DELETION);
         let busy = |e: &Self| e.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0);
         let mut spins = 0u32;
-        while busy(self) && Instant::now() < deadline {
+        while busy(self) && !deadline.passed(&*self.ctx.clock) {
             self.reap();
             self.expire_overdue();
             spins += 1;

@@ -16,12 +16,11 @@ pub mod poll;
 pub mod workers;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use guest_mem::GuestMemory;
 
 use crate::controller::Controller;
-use crate::engine::{IoEngine, TEARDOWN_BOUND};
+use crate::engine::{Deadline, IoEngine, TEARDOWN_BOUND};
 use crate::error::CommandError;
 use judge::SpinJudge;
 use poll::PollMode;
@@ -143,7 +142,7 @@ impl Controller {
     }
 
     /// Lets every worker finish the commands it has (shutdown), all by `deadline`.
-    pub(crate) fn io_drain_workers(&mut self, deadline: Instant) {
+    pub(crate) fn io_drain_workers(&mut self, deadline: Deadline) {
         for w in &self.workers {
             w.call(move |e| drain_engine(e, deadline));
         }
@@ -155,14 +154,14 @@ impl Controller {
 /// [`TEARDOWN_BOUND`], so a stuck backend or a queue whose doorbell value is invalid
 /// cannot hang it); commands still with a backend then are completed as timed out
 /// and abandoned.
-pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Instant) {
+pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Deadline) {
     for _ in 0..10_000 {
         if !e.poll() {
             break;
         }
     }
     let busy = |e: &IoEngine| e.backend_busy() || e.throttle.held_total > 0;
-    while busy(e) && e.fatal().is_none() && Instant::now() < deadline {
+    while busy(e) && e.fatal().is_none() && !deadline.passed(&*e.ctx.clock) {
         if !e.poll() {
             std::thread::yield_now();
         }

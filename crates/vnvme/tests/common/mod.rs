@@ -438,3 +438,38 @@ pub fn opts(
         timeout: TIMEOUT,
     }
 }
+
+/// Runs `cmd` to its end like `Command::output`, but a process still running after
+/// `limit` is killed and the test fails (a hang is a failure, not a wait forever).
+#[allow(dead_code)]
+pub fn output_within(cmd: &mut Command, limit: Duration) -> std::process::Output {
+    let dir = temp_dir("output");
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(File::create(&out).expect("stdout file"))
+        .stderr(File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let e = std::fs::read_to_string(&err).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("{cmd:?} still running after {limit:?}: killed\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = std::process::Output {
+        status,
+        stdout: std::fs::read(&out).unwrap_or_default(),
+        stderr: std::fs::read(&err).unwrap_or_default(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    output
+}
