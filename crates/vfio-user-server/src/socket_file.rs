@@ -108,6 +108,13 @@ impl SocketFile {
         self.dir.as_raw_fd()
     }
 
+    /// Whether this process may remove names in the socket's directory (write and
+    /// search permission, for its user now).
+    pub fn removable(&self) -> bool {
+        use rustix::fs::Access;
+        rustix::fs::accessat(&self.dir, ".", Access::WRITE_OK | Access::EXEC_OK, AtFlags::EACCESS).is_ok()
+    }
+
     /// Removes the socket file if it is still the one this process bound. Ok(false):
     /// it is gone, or another file is there now (left alone). Call it while the
     /// listener is still open (see the identity above).

@@ -394,6 +394,10 @@ impl DropTo {
         Ok(())
     }
 
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
     /// The user's name, uid and gid, for the log.
     pub fn describe(&self) -> String {
         format!("{} (uid {}, gid {})", self.0.name, self.0.uid, self.0.gid)

@@ -122,7 +122,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "on")]
     pub sandbox: Switch,
     /// After start-up (socket bound, namespaces opened, stats file written once),
-    /// change to this user's uid, gid and groups. Needs root to start.
+    /// change to this user's uid, gid and groups. Needs root to start. The
+    /// --stats-file's directory must be writable by that user; sockets in a
+    /// directory it cannot write stay when the server ends (said at start).
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
     /// Serve the control socket (JSON-RPC 2.0, owner-only) here: `vnvme ctl --control
@@ -437,6 +439,23 @@ impl Sockets {
     fn dir_fds(&self) -> impl Iterator<Item = i32> + '_ {
         self.0.iter().map(|f| f.dir_fd())
     }
+
+    /// After a change of user: a socket whose directory that user may not write
+    /// cannot be removed at the end. Say so now, once, and do not try then (the file
+    /// stays; the next `serve` on the path replaces a stale socket).
+    fn forget_unremovable(&mut self, user: &str) {
+        self.0.retain(|f| {
+            if f.removable() {
+                return true;
+            }
+            eprintln!(
+                "vnvme: {} stays when this server ends: its directory is not writable by --user {user} (the \
+                 next vnvme serve on it replaces a stale socket; or give the directory to that user)",
+                f.path().display()
+            );
+            false
+        });
+    }
 }
 
 impl Drop for Sockets {
@@ -585,7 +604,7 @@ impl Running {
             drop_to,
             groups,
             takeover,
-            sockets,
+            mut sockets,
         } = self;
         let stop = crate::signals::stop_on_signals()?;
         let stats = dev.ctrl.stats_handle();
@@ -685,6 +704,19 @@ impl Running {
         if let Some(u) = &drop_to {
             u.apply()?;
             eprintln!("vnvme: running as {}", u.describe());
+            sockets.forget_unremovable(u.name());
+            if let Some(p) = &a.stats_file {
+                // Written again as that user, or the writes from here to the end
+                // (the last one included) would fail.
+                write_stats(p, &stats.snapshot()).map_err(|e| {
+                    format!(
+                        "--stats-file {}: as --user {}: {e} (the file is replaced by a rename: its \
+                         directory must be writable by that user)",
+                        p.display(),
+                        u.name()
+                    )
+                })?;
+            }
         }
         if a.sandbox == Switch::On {
             let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));

@@ -14,9 +14,13 @@ use test_kit::pattern;
 
 const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
 
-/// `vnvme serve ARGS` that must fail at once: its exit status and stderr.
+/// `vnvme serve ARGS` that must fail at once: its exit status and stderr (a server
+/// that starts instead is killed after a while and fails the test).
 fn serve_refused(args: &[&str]) -> (i32, String) {
-    let out = Command::new(VNVME).arg("serve").args(args).output().expect("run vnvme serve");
+    let out = common::output_within(
+        Command::new(VNVME).arg("serve").args(args),
+        std::time::Duration::from_secs(30),
+    );
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -108,4 +112,72 @@ fn sigterm_and_sigint_stop_the_server_cleanly_under_the_sandbox() {
         assert!(!log.contains("cannot remove"), "{name}: {log}");
         drop(d);
     }
+}
+
+/// issue 32: under `systemctl stop` the server has usually changed user (`--user`,
+/// as the unit in contrib/systemd runs it): SIGTERM still stops it cleanly and
+/// writes the stats file, its sockets in a directory that user may write are
+/// removed, and one in a directory it may not (root's /run/vnvme) is named at start
+/// as staying, with no error at the end. A stats file that user could not write
+/// fails the start, naming the fix, instead of the end.
+#[test]
+fn a_server_that_changed_user_stops_cleanly_and_names_the_sockets_it_cannot_remove() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        test_kit::skip("--user needs the test to run as root");
+        return;
+    }
+    let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
+        test_kit::skip("no user named nobody on this machine");
+        return;
+    };
+    // The server's own directory (socket, stats file) belongs to the user; the
+    // control socket goes in one of root's.
+    let dir = common::temp_dir("user-stop");
+    std::os::unix::fs::chown(&dir, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+    let roots = common::temp_dir("user-stop-root");
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ctl = roots.join("c.sock");
+    let mut s = Server::start_in(
+        &dir,
+        "s",
+        &["--ns", "ram:16M", "--user", "nobody", "--control", ctl.to_str().unwrap()],
+    )
+    .owning_dir();
+    assert!(s.log_shows("sandbox on"), "{}", s.log());
+    assert!(s.log().contains("running as nobody"), "{}", s.log());
+    let stays = format!("{} stays when this server ends", ctl.display());
+    assert!(s.log().contains(&stays), "the socket in root's directory is named at start:\n{}", s.log());
+    assert!(!s.log().contains(&format!("{} stays", s.socket.display())), "{}", s.log());
+    let mut d = s.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    d.write(1, 0, &pattern(3, 4096)).unwrap();
+    s.signal(libc::SIGTERM);
+    let st = s.wait_exit().unwrap_or_else(|| panic!("the server did not stop\n{}", s.log()));
+    assert!(st.success(), "{st}\n{}", s.log());
+    let log = s.log();
+    assert!(log.contains("stopped by SIGTERM") && log.contains("I/O commands"), "{log}");
+    assert!(!log.contains("cannot remove"), "no error at the end: {log}");
+    let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&s.stats).unwrap()).unwrap();
+    assert!(stats["io_commands"].as_u64().unwrap() >= 1, "the last stats write, as nobody: {stats}");
+    assert!(!s.socket.exists(), "the socket in the user's directory was left behind");
+    assert!(ctl.exists(), "the socket in root's directory stays, as the start-up line said");
+    drop(d);
+
+    // A stats file in root's directory: refused at start.
+    let sock = dir.join("t.sock");
+    let stats = roots.join("stats.json");
+    let (code, err) = serve_refused(&[
+        "--ns",
+        "ram:16M",
+        "--user",
+        "nobody",
+        "--socket",
+        sock.to_str().unwrap(),
+        "--stats-file",
+        stats.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("as --user nobody") && err.contains("writable by that user"), "{err}");
+    assert!(!sock.exists(), "a refused start leaves no socket");
+    let _ = std::fs::remove_dir_all(&roots);
 }

@@ -32,11 +32,14 @@ fi
 # Kernel discard path: 1 MiB written with direct I/O, discarded, read back.
 dd if=/dev/urandom of=/tmp/mib bs=65536 count=16 2>/dev/null
 dd if=/dev/zero of=/tmp/zmib bs=65536 count=16 2>/dev/null
-dd if=/tmp/mib of="$D1" bs=65536 seek=64 oflag=direct 2>/dev/null
 disc=$(cat "/sys/block/${D1#/dev/}/queue/discard_max_bytes")
-if [ "${disc:-0}" -gt 0 ] && blkdiscard -o 4194304 -l 1048576 "$D1" >/tmp/o 2>&1; then
-    dd if="$D1" of=/tmp/rmib bs=65536 skip=64 count=16 iflag=direct 2>/dev/null
-    if cmp -s /tmp/zmib /tmp/rmib; then
+if ! { dd_write /tmp/mib "$D1" 65536 64 && dd_read "$D1" 65536 64 16 /tmp/rmib; } >/tmp/o 2>&1 ||
+    ! cmp -s /tmp/mib /tmp/rmib; then
+    t_fail "1 MiB of random data to discard did not read back: $(cat /tmp/o)"
+elif [ "${disc:-0}" -gt 0 ] && blkdiscard -o 4194304 -l 1048576 "$D1" >/tmp/o 2>&1; then
+    if ! dd_read "$D1" 65536 64 16 /tmp/rmib >/tmp/o 2>&1; then
+        t_fail "blkdiscard 1 MiB: read back: $(cat /tmp/o)"
+    elif cmp -s /tmp/zmib /tmp/rmib; then
         t_pass "blkdiscard 1 MiB: reads back zeroes"
     else
         t_fail "blkdiscard 1 MiB: reads back zeroes"

@@ -30,6 +30,31 @@ t_eq() {
     if [ "$2" = "$3" ]; then t_pass "$1: $2"; else t_fail "$1: got '$2', want '$3'"; fi
 }
 
+# dd_read DEV BS SKIP COUNT OUT: reads COUNT blocks of BS bytes at block SKIP of
+# DEV (direct I/O) into OUT; fails, saying why, unless dd succeeded and OUT holds
+# every byte (a failed read must never pass as data, e.g. as "all zeroes").
+dd_read() {
+    rm -f "$5"
+    if ! dd if="$1" of="$5" bs="$2" skip="$3" count="$4" iflag=direct 2>/tmp/dd_read.err; then
+        echo "dd read of $1 failed: $(tail -n 1 /tmp/dd_read.err)"
+        return 1
+    fi
+    _got=$(wc -c <"$5")
+    if [ "$_got" -ne $(($2 * $4)) ]; then
+        echo "dd read of $1: $_got bytes, want $(($2 * $4))"
+        return 1
+    fi
+}
+
+# dd_write IN DEV BS SEEK: writes IN to DEV at block SEEK (direct I/O); fails,
+# saying why, unless dd wrote all of it.
+dd_write() {
+    if ! dd if="$1" of="$2" bs="$3" seek="$4" oflag=direct conv=notrunc 2>/tmp/dd_write.err; then
+        echo "dd write to $2 failed: $(tail -n 1 /tmp/dd_write.err)"
+        return 1
+    fi
+}
+
 # mark NAME [SECS]: ask the host for a counter snapshot, then stay idle SECS
 # (default 1.5, enough for the host's delayed copy of the stats file).
 mark() {

@@ -39,10 +39,17 @@ t_run "nvme flush n1 (NBD_CMD_FLUSH to qemu-nbd)" nvme flush "$D1" -n 1
 i=0
 for dev in "$D1" "$D2" ${D3:+"$D3"}; do
     i=$((i + 1))
-    dd if=/dev/urandom of="$dev" bs=65536 count=16 seek=400 oflag=direct 2>/dev/null
-    if nvme write-zeroes "$dev" -n "$i" -s $((400 * 128)) -c 2047 >/tmp/o 2>&1; then
-        z=$(dd if="$dev" bs=65536 count=16 skip=400 iflag=direct 2>/dev/null | tr -d '\0' | wc -c)
-        t_eq "n$i: nvme write-zeroes 1 MiB, non-zero bytes read back" "$z" 0
+    dd if=/dev/urandom of=/tmp/wz bs=65536 count=16 2>/dev/null
+    if ! dd_write /tmp/wz "$dev" 65536 400 >/tmp/o 2>&1 || ! dd_read "$dev" 65536 400 16 /tmp/wz.back >>/tmp/o 2>&1 ||
+        ! cmp -s /tmp/wz /tmp/wz.back; then
+        t_fail "n$i: 1 MiB of random data before write-zeroes did not read back: $(cat /tmp/o)"
+    elif nvme write-zeroes "$dev" -n "$i" -s $((400 * 128)) -c 2047 >/tmp/o 2>&1; then
+        if dd_read "$dev" 65536 400 16 /tmp/wz.back >/tmp/o 2>&1; then
+            z=$(tr -d '\0' </tmp/wz.back | wc -c)
+            t_eq "n$i: nvme write-zeroes over 1 MiB of random data, non-zero bytes of 1048576 read back" "$z" 0
+        else
+            t_fail "n$i: read after nvme write-zeroes: $(cat /tmp/o)"
+        fi
     else
         t_fail "n$i: nvme write-zeroes: $(cat /tmp/o)"
     fi

@@ -76,7 +76,11 @@ feature() {
         return
     fi
     old=$(sed -n 's/.*Current value:\(0x[0-9a-fA-F]*\).*/\1/p' /tmp/gf)
-    t_pass "nvme get-feature $3: $old"
+    if [ -z "$old" ]; then
+        t_fail "nvme get-feature $3: no current value in its output"
+        cat /tmp/gf
+        return
+    fi
     if ! nvme set-feature /dev/nvme0 -f "$1" -v "$2" >/tmp/sf 2>&1; then
         t_fail "nvme set-feature $3 $2"
         cat /tmp/sf

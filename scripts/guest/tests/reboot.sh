@@ -18,14 +18,7 @@ VNVME-REBOOT\ *)
     want=$(echo "$magic" | cut -d' ' -f2)
     got=$(dd if="$D1" bs=65536 skip=128 count=128 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
     t_eq "after guest reboot: 8 MiB written before the reboot, sha256" "$got" "$want"
-    if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k \
-        --iodepth=16 --offset=32M --size=4M --verify=crc32c --verify_fatal=1 --name=r \
-        --eta=never >/tmp/o 2>&1; then
-        t_pass "after guest reboot: fio write + verify"
-    else
-        t_fail "after guest reboot: fio write + verify"
-        tail -n 10 /tmp/o
-    fi
+    fio_verified "after guest reboot: fio write + verify" --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=32M --size=4M --verify=crc32c --verify_fatal=1 --name=r
     dd if=/dev/zero of="$D1" bs=512 count=1 oflag=direct 2>/dev/null
     echo "== reboot suite: $T_FAILED failure(s)"
     [ "$T_FAILED" -eq 0 ]

@@ -15,10 +15,4 @@ else
     dmesg | tail -20
 fi
 t_eq "after reload: NSID 2 logical block size (format survived)" "$(blockdev --getss "$D2" 2>/dev/null)" "$N2_LBA"
-if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 \
-    --offset=56M --size=4M --verify=crc32c --verify_fatal=1 --name=r --eta=never >/tmp/o 2>&1; then
-    t_pass "after reload: fio write + verify on n1"
-else
-    t_fail "after reload: fio write + verify on n1"
-    tail -n 10 /tmp/o
-fi
+fio_verified "after reload: fio write + verify on n1" --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=56M --size=4M --verify=crc32c --verify_fatal=1 --name=r

@@ -7,13 +7,7 @@ if ctrl_live nvme0 20; then
 else
     t_fail "reset_controller: nvme0 not live"
 fi
-if fio --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 \
-    --offset=56M --size=4M --verify=crc32c --verify_fatal=1 --name=r --eta=never >/tmp/o 2>&1; then
-    t_pass "after reset: fio write + verify on n1"
-else
-    t_fail "after reset: fio write + verify on n1"
-    tail -n 10 /tmp/o
-fi
+fio_verified "after reset: fio write + verify on n1" --filename="$D1" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=56M --size=4M --verify=crc32c --verify_fatal=1 --name=r
 if [ -n "${EXT4_SUM:-}" ] && mount -t ext4 -o ro "$D3" /mnt 2>/dev/null; then
     t_eq "after reset: ext4 file checksum" "$(sha256sum /mnt/data/random.bin | cut -d' ' -f1)" "$EXT4_SUM"
     umount /mnt

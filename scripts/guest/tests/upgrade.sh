@@ -97,7 +97,9 @@ else
 fi
 max=$(sort -n /tmp/lat.max 2>/dev/null | tail -1)
 if [ -n "$max" ]; then
-    t_pass "longest fio I/O latency (submit to completion) over all passes: $((max / 1000)) us (the upgrades' stall as the guest saw it)"
+    # A figure, not a check (the kernel log check below catches a stall that
+    # reached the I/O timeout).
+    echo "longest fio I/O latency (submit to completion) over all passes: $((max / 1000)) us (the upgrades' stall as the guest saw it)"
     echo "@@VNVME-STALL $max@@"
 else
     t_fail "fio reported no latency"
