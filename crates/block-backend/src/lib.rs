@@ -76,6 +76,22 @@ pub enum Op {
     Discard,
 }
 
+/// For logs: `read`, `write`, `write (FUA)`, `flush`, `write zeroes`, `write zeroes
+/// (deallocate)`, `discard`.
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Read => "read",
+            Op::Write { fua: false } => "write",
+            Op::Write { fua: true } => "write (FUA)",
+            Op::Flush => "flush",
+            Op::WriteZeroes { deallocate: false } => "write zeroes",
+            Op::WriteZeroes { deallocate: true } => "write zeroes (deallocate)",
+            Op::Discard => "discard",
+        })
+    }
+}
+
 /// One request on a backend queue.
 #[derive(Debug)]
 pub struct Request {

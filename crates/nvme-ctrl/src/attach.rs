@@ -151,7 +151,7 @@ impl Controller {
         }
         match &group {
             Some(g) => {
-                info!(nsid, group = %g.name, limits = ?g.limits(), "namespace QoS set");
+                info!(nsid, group = %g.name, limits = %g.limits(), "namespace QoS set");
                 self.qos.insert(nsid, g.clone());
             }
             None => {

@@ -454,7 +454,7 @@ impl Controller {
         if self.state == Lifecycle::Ready {
             self.state = Lifecycle::ShutDown;
         }
-        info!(?kind, "controller shut down");
+        info!(%kind, "controller shut down");
     }
 
     // ---- running

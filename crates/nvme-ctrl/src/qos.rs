@@ -49,6 +49,24 @@ pub struct QosLimits {
     pub write_bps: Option<Limit>,
 }
 
+/// For logs: `iops=2000/s (burst 200) bps_wr=20971520/s (burst 2097152)`, or `none`.
+impl std::fmt::Display for QosLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const NAMES: [&str; 6] = ["iops", "iops_rd", "iops_wr", "bps", "bps_rd", "bps_wr"];
+        let mut any = false;
+        for (name, l) in NAMES.iter().zip(self.all()) {
+            if let Some(l) = l {
+                write!(f, "{}{name}={}/s (burst {})", if any { " " } else { "" }, l.rate, l.burst())?;
+                any = true;
+            }
+        }
+        if !any {
+            f.write_str("none")?;
+        }
+        Ok(())
+    }
+}
+
 impl QosLimits {
     /// True if no limit is set.
     pub fn is_empty(&self) -> bool {

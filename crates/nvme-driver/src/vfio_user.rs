@@ -245,7 +245,7 @@ impl VfioUserTransport {
             DoorbellMode::Mapped => t.map_doorbells(&bar0, &bar0_caps, bar0_fd)?,
             DoorbellMode::EventFd => t.get_io_fds()?,
         }
-        info!(socket = %socket.display(), mode = ?opts.doorbells, bar0 = t.bar0_size, "vfio-user device connected");
+        info!(socket = %socket.display(), mode = %opts.doorbells, bar0 = t.bar0_size, "vfio-user device connected");
         Ok(t)
     }
 
@@ -484,7 +484,7 @@ impl VfioUserTransport {
         let from = std::mem::replace(&mut self.path, dest.to_owned());
         self.client = d;
         self.hangup = hangup;
-        info!(from = %from.display(), to = %dest.display(), ?downtime, bytes, "device migrated");
+        info!(from = %from.display(), to = %dest.display(), downtime_ms = downtime.as_secs_f64() * 1e3, bytes, "device migrated");
         Ok(MigrationReport { downtime, bytes, memory, from, to: dest.to_owned() })
     }
 }

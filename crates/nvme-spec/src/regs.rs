@@ -35,6 +35,16 @@ pub enum DoorbellKind {
     CqHead,
 }
 
+/// For logs: `SQ tail` or `CQ head`.
+impl core::fmt::Display for DoorbellKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            DoorbellKind::SqTail => "SQ tail",
+            DoorbellKind::CqHead => "CQ head",
+        })
+    }
+}
+
 /// Byte offset of a doorbell relative to the first doorbell (PCIe §3.1.2):
 /// SQyTDBL at `(2y) * (4 << CAP.DSTRD)`, CQyHDBL at `(2y + 1) * (4 << CAP.DSTRD)`.
 ///
@@ -135,6 +145,17 @@ pub enum ShutdownNotification {
     None,
     Normal,
     Abrupt,
+}
+
+/// For logs: `none`, `normal` or `abrupt`.
+impl core::fmt::Display for ShutdownNotification {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            ShutdownNotification::None => "none",
+            ShutdownNotification::Normal => "normal",
+            ShutdownNotification::Abrupt => "abrupt",
+        })
+    }
 }
 
 /// Controller Configuration (Base §3.1.4.5).

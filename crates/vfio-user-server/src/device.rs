@@ -399,7 +399,7 @@ impl Device {
             migration: caps.migration.as_ref().map(|m| Migration { pgsize: m.pgsize, max_bitmap_size: None }),
         };
         self.negotiated = true;
-        info!(client_caps = ?caps, "vfio-user version negotiated");
+        info!(client_caps = %caps, "vfio-user version negotiated");
         Ok(Reply::ok(version::encode(version::MAJOR, version::MINOR, &ours)))
     }
 

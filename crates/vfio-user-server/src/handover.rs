@@ -197,7 +197,7 @@ impl Device {
         // The migration state and the dirty log live in this process only.
         if self.mig.state != crate::migration::MigState::Running || self.dma.logging() {
             let why = format!(
-                "a live migration is in progress (migration state {:?}, DMA logging {}): upgrade after it",
+                "a live migration is in progress (migration state {}, DMA logging {}): upgrade after it",
                 self.mig.state,
                 if self.dma.logging() { "on" } else { "off" }
             );

@@ -68,6 +68,19 @@ pub enum MigState {
     Resuming = MIG_STATE_RESUMING,
 }
 
+/// For logs: the state's name in the vfio-user protocol, e.g. `STOP_COPY`.
+impl std::fmt::Display for MigState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MigState::Error => "ERROR",
+            MigState::Stop => "STOP",
+            MigState::Running => "RUNNING",
+            MigState::StopCopy => "STOP_COPY",
+            MigState::Resuming => "RESUMING",
+        })
+    }
+}
+
 impl MigState {
     fn from_u32(v: u32) -> Option<Self> {
         Some(match v {
@@ -301,7 +314,7 @@ impl Device {
             self.arc(Stop)?;
         }
         self.arc(want)?;
-        info!(?from, to = ?want, "migration state changed");
+        info!(%from, to = %want, "migration state changed");
         Ok(())
     }
 
@@ -408,7 +421,7 @@ impl Device {
     pub(crate) fn mig_data_read(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
         let r: MigData = msg.payload_as().ok_or_else(|| invalid("MIG_DATA_READ: short payload"))?;
         if self.mig.state != MigState::StopCopy {
-            return Err(invalid(format!("MIG_DATA_READ in state {:?}", self.mig.state)));
+            return Err(invalid(format!("MIG_DATA_READ in state {}", self.mig.state)));
         }
         let want = r.size.get() as usize;
         if want > crate::device::MAX_XFER as usize {
@@ -430,7 +443,7 @@ impl Device {
     pub(crate) fn mig_data_write(&mut self, msg: &Message) -> Result<Reply, DeviceError> {
         let r: MigData = msg.payload_as().ok_or_else(|| invalid("MIG_DATA_WRITE: short payload"))?;
         if self.mig.state != MigState::Resuming {
-            return Err(invalid(format!("MIG_DATA_WRITE in state {:?}", self.mig.state)));
+            return Err(invalid(format!("MIG_DATA_WRITE in state {}", self.mig.state)));
         }
         let data = msg.payload[size_of::<MigData>()..]
             .get(..r.size.get() as usize)
@@ -445,7 +458,7 @@ impl Device {
     /// A reset or a client leaving: back to RUNNING, whatever the migration state.
     pub(crate) fn migration_reset(&mut self) {
         if self.mig.state != MigState::Running {
-            info!(from = ?self.mig.state, "migration state back to RUNNING (reset)");
+            info!(from = %self.mig.state, "migration state back to RUNNING (reset)");
             self.mig = MigrationState::default();
             self.ctrl.resume();
         }

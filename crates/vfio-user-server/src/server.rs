@@ -556,7 +556,7 @@ impl Inline {
         )?;
         let mut watch = NotifierWatch::new(NOTIFIER);
         watch.sync(epoll, device.ctrl.inline_notifier_generation(), || notifiers)?;
-        debug!(?mode, "inline mode: this thread runs the I/O queues");
+        debug!(%mode, "inline mode: this thread runs the I/O queues");
         let idle = IdleLoop::judged(mode, device.ctrl.spin_judge());
         Ok(Inline { idle, timer, asleep: false, notifiers: watch })
     }

@@ -22,6 +22,34 @@ pub struct Capabilities {
     pub migration: Option<Migration>,
 }
 
+/// For logs: the capabilities given, e.g. `max_msg_fds 16, max_data_xfer_size
+/// 1048576, max_dma_maps 65535, pgsizes 0x1000`, or `none`.
+impl std::fmt::Display for Capabilities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(v) = self.max_msg_fds {
+            parts.push(format!("max_msg_fds {v}"));
+        }
+        if let Some(v) = self.max_data_xfer_size {
+            parts.push(format!("max_data_xfer_size {v}"));
+        }
+        if let Some(v) = self.max_dma_maps {
+            parts.push(format!("max_dma_maps {v}"));
+        }
+        if let Some(v) = self.pgsizes {
+            parts.push(format!("pgsizes {v:#x}"));
+        }
+        if let Some(m) = &self.migration {
+            parts.push(format!("migration (pgsize {:#x})", m.pgsize));
+        }
+        if parts.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Migration {
     pub pgsize: u64,

@@ -299,7 +299,7 @@ impl IoEngine {
         // A dying disk must not flood the log.
         crate::limited_warn!(
             target: "vnvme::backend",
-            nsid, slba, ?op, status = format_args!("{:#x}", status.raw()),
+            nsid, slba, %op, status = format_args!("{:#x}", status.raw()),
             "backend request failed: {e}"
         );
         let warning = match e {

@@ -196,7 +196,7 @@ impl IoEngine {
             if teardown && f.sqid != ORPHAN {
                 crate::limited_warn!(
                     target: "vnvme::backend",
-                    sqid = f.sqid, cid = f.cid, nsid, ?op,
+                    sqid = f.sqid, cid = f.cid, nsid, %op,
                     "queue torn down while its backend still holds a request it cannot stop: that \
                      request may still move data to or from guest memory"
                 );
@@ -204,7 +204,7 @@ impl IoEngine {
             } else if !f.overdue {
                 crate::limited_warn!(
                     target: "vnvme::backend",
-                    sqid = f.sqid, cid = f.cid, nsid, ?op,
+                    sqid = f.sqid, cid = f.cid, nsid, %op,
                     "command past its timeout, but its backend cannot stop the request safely: it \
                      completes when the backend does"
                 );
@@ -230,7 +230,7 @@ impl IoEngine {
         // A stuck backend must not flood the log.
         crate::limited_warn!(
             target: "vnvme::backend",
-            sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = ?f.op,
+            sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = %f.op,
             status = format_args!("{:#x}", status.raw()),
             "command abandoned: {why}"
         );
