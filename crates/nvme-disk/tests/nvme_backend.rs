@@ -639,11 +639,11 @@ fn many_requests_in_flight_through_the_notifier() {
 fn doorbells_default_to_eventfd_when_offered_else_trapped() {
     let d = Downstream::start(&Setup { doorbells: DoorbellMode::EventFd, ..Setup::default() });
     let b = NvmeBackend::open(&d.uri("queues=1")).unwrap();
-    assert!(b.describe().contains("doorbells EventFd"), "{}", b.describe());
+    assert!(b.describe().contains("doorbells eventfd"), "{}", b.describe());
     drop((b, d));
     let d = Downstream::start(&Setup::default());
     let b = NvmeBackend::open(&d.uri("queues=1")).unwrap();
-    assert!(b.describe().contains("doorbells Trapped"), "{}", b.describe());
+    assert!(b.describe().contains("doorbells trapped"), "{}", b.describe());
     drop((b, d));
     // Asked for explicitly, a mode the server lacks is an error, not a fallback.
     let d = Downstream::start(&Setup::default());
