@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::control::methods::METHODS;
+use crate::control::api::{self, Request, METHODS, UPGRADE};
 
 mod human;
 use human::human;
@@ -34,8 +34,8 @@ pub struct CtlArgs {
 
 fn after_help() -> String {
     let mut s = String::from("Methods:\n");
-    for (m, what) in METHODS {
-        s.push_str(&format!("  {m:<11} {what}\n"));
+    for m in METHODS.iter().filter(|m| m.listed).chain([&UPGRADE]) {
+        s.push_str(&format!("  {:<11} {}\n", m.name, m.summary));
     }
     s.push_str(
         "\nPositional forms (KEY=VALUE works for every method):\n  \
@@ -53,15 +53,7 @@ fn after_help() -> String {
 
 /// The names of a method's positional parameters, in order.
 fn positional(method: &str) -> &'static [&'static str] {
-    match method {
-        "ns.add" => &["spec", "nsid"],
-        "ns.remove" => &["nsid"],
-        "ns.resize" => &["nsid", "size", "force"],
-        "log.set" => &["filter"],
-        "upgrade" => &["binary"],
-        "qos.set" | "qos.get" => &["nsid"],
-        _ => &[],
-    }
+    api::method(method).map_or(&[], |m| m.positional)
 }
 
 /// A command-line value as JSON: integers and booleans typed, the rest strings (the
@@ -150,7 +142,12 @@ pub fn run(a: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         let o = crate::upgrade::UpgradeOptions { control: a.control.clone(), binary, timeout: a.timeout };
         crate::upgrade::ctl_upgrade(&o).map_err(|e| format!("upgrade: {e}"))?
     } else {
-        request(&a.control, &a.method, params, a.timeout).map_err(|e| format!("{}: {e}", a.method))?
+        // Checked here first, as the server will: a typo fails before anything is sent.
+        let req = Request::parse(&a.method, &params)
+            .map_err(|e| format!("{}: {} (error {})", a.method, e.message, e.code))?;
+        let wire = serde_json::to_value(&req)?;
+        request(&a.control, req.name(), wire["params"].clone(), a.timeout)
+            .map_err(|e| format!("{}: {e}", a.method))?
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);

@@ -138,7 +138,7 @@ fn every_method_through_vnvme_ctl() {
     let e = ctl(&c, &["ns.add", "nvme:///nowhere.sock?ns=1"]).unwrap_err();
     assert!(e.contains("sandbox forbids") && e.contains("-32002"), "{e}");
     let e = ctl(&c, &["ns.list", "verbose=1"]).unwrap_err();
-    assert!(e.contains("unknown parameter \"verbose\""), "{e}");
+    assert!(e.contains("unknown parameter `verbose`") && e.contains("-32602"), "{e}");
     let e = ctl(&c, &["nope"]).unwrap_err();
     assert!(e.contains("-32601"), "{e}");
 
@@ -245,6 +245,13 @@ fn a_hostile_control_client_gets_errors_and_io_goes_on() {
     assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ns.list"}"#)), -32600);
     assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":2,"method":7}"#)), -32600);
     assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":3,"method":"ns.remove","params":[1]}"#)), -32602);
+    // The server checks as strictly as ctl does: an unknown parameter, a missing one.
+    let v = r.call(r#"{"jsonrpc":"2.0","id":3,"method":"ns.list","params":{"verbose":1}}"#);
+    assert_eq!(error_code(&v), -32602);
+    assert!(v["error"]["message"].as_str().unwrap().contains("unknown parameter `verbose`"), "{v}");
+    let v = r.call(r#"{"jsonrpc":"2.0","id":3,"method":"ns.resize","params":{"nsid":1}}"#);
+    assert!(v["error"]["message"].as_str().unwrap().contains("missing parameter `size`"), "{v}");
+    assert_eq!(error_code(&r.call(r#"{"jsonrpc":"2.0","id":3,"method":"nope"}"#)), -32601);
     assert_eq!(
         error_code(&r.call(r#"{"jsonrpc":"2.0","id":4,"method":"ns.remove","params":{"nsid":-1}}"#)),
         -32602

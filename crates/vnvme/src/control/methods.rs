@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nvme_ctrl::qos::{Limit, QosGroup, QosLimits};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
 
+use super::api::{LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size};
 use super::{code, RpcError, JOB_LIMIT};
-use crate::nsspec::{parse_size, Kind, NsSpec};
+use crate::nsspec::{Kind, NsSpec};
 
 /// What the methods reach.
 #[derive(Debug)]
@@ -36,127 +37,19 @@ pub struct Context {
     pub upgrade: crate::upgrade::Source,
 }
 
-/// Every method, with a one-line summary (for `vnvme ctl --help` and errors).
-pub const METHODS: &[(&str, &str)] = &[
-    ("ctrl.info", "the controller: identity, configuration, state, client, log filter"),
-    ("ns.list", "the namespaces: NSID, backend, size, LBA size, timeout, the --ns text"),
-    ("ns.add", "add a namespace: spec (the --ns grammar), nsid (optional)"),
-    ("ns.remove", "remove a namespace: nsid"),
-    ("ns.resize", "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)"),
-    ("qos.set", "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear"),
-    ("qos.get", "QoS limits of every namespace (or nsid) and group, and time held back"),
-    ("stats.get", "counters: controller, namespaces (with latency), queues, workers"),
-    ("log.set", "set the log filter: filter (tracing EnvFilter syntax)"),
-    (
-        "upgrade",
-        "replace this server by a new process under the running guest: binary (default: the same path)",
-    ),
-];
-
-/// True for methods that change something (logged at info when they succeed).
-pub fn changes_state(method: &str) -> bool {
-    matches!(method, "ns.add" | "ns.remove" | "ns.resize" | "log.set" | "qos.set")
-}
-
-/// Runs `method`.
-pub fn call(ctx: &Context, method: &str, params: &Value) -> Result<Value, RpcError> {
-    let p = Params::new(params)?;
-    let r = match method {
-        "ctrl.info" => p.done().and_then(|()| ctrl_info(ctx)),
-        "ns.list" => p.done().and_then(|()| ns_list(ctx)),
-        "ns.add" => ns_add(ctx, p),
-        "ns.remove" => ns_remove(ctx, p),
-        "ns.resize" => ns_resize(ctx, p),
-        "stats.get" => p.done().and_then(|()| stats_get(ctx)),
-        "qos.set" => qos_set(ctx, p),
-        "qos.get" => qos_get(ctx, p),
-        "log.set" => log_set(p),
-        "upgrade.prepare" => p.done().and_then(|()| crate::upgrade::prepare(ctx)),
-        "upgrade" => Err(RpcError::new(
-            code::METHOD_NOT_FOUND,
-            "upgrade is run by `vnvme ctl upgrade`, which starts the new process (docs/UPGRADE.md)",
-        )),
-        other => {
-            let names: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
-            return Err(RpcError::new(
-                code::METHOD_NOT_FOUND,
-                format!("no method {other:?} (methods: {})", names.join(", ")),
-            ));
-        }
-    };
-    r
-}
-
-/// A method's parameters: a JSON object (or none), taken key by key; whatever is
-/// left at the end is an error.
-struct Params(Map<String, Value>);
-
-impl Params {
-    fn new(v: &Value) -> Result<Self, RpcError> {
-        match v {
-            Value::Null => Ok(Params(Map::new())),
-            Value::Object(m) => Ok(Params(m.clone())),
-            _ => Err(RpcError::params("params must be an object of named parameters")),
-        }
-    }
-
-    fn take(&mut self, key: &str) -> Option<Value> {
-        self.0.remove(key).filter(|v| !v.is_null())
-    }
-
-    fn str(&mut self, key: &str) -> Result<Option<String>, RpcError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(RpcError::params(format!("{key} must be a string, not {v}"))),
-        }
-    }
-
-    fn u32(&mut self, key: &str) -> Result<Option<u32>, RpcError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(v) => {
-                let n = v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok()));
-                n.and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| {
-                    RpcError::params(format!("{key} must be an integer 0..=4294967295, not {v}"))
-                })
-            }
-        }
-    }
-
-    fn bool(&mut self, key: &str) -> Result<Option<bool>, RpcError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(b)),
-            Some(Value::String(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
-            Some(v) => Err(RpcError::params(format!("{key} must be true or false, not {v}"))),
-        }
-    }
-
-    /// A size in bytes: a number, or a string with an optional K/M/G/T suffix.
-    fn size(&mut self, key: &str) -> Result<Option<u64>, RpcError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                n.as_u64().map(Some).ok_or_else(|| RpcError::params(format!("{key} must be a byte count")))
-            }
-            Some(Value::String(s)) => parse_size(&s).map(Some).map_err(RpcError::params),
-            Some(v) => {
-                Err(RpcError::params(format!("{key} must be a size (bytes, or e.g. \"8G\"), not {v}")))
-            }
-        }
-    }
-
-    fn need<T>(v: Option<T>, key: &str) -> Result<T, RpcError> {
-        v.ok_or_else(|| RpcError::params(format!("{key} is required")))
-    }
-
-    /// Fails on any parameter not taken.
-    fn done(self) -> Result<(), RpcError> {
-        match self.0.keys().next() {
-            None => Ok(()),
-            Some(k) => Err(RpcError::params(format!("unknown parameter {k:?}"))),
-        }
+/// Runs `req`.
+pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
+    match req {
+        Request::CtrlInfo(NoParams {}) => ctrl_info(ctx),
+        Request::NsList(NoParams {}) => ns_list(ctx),
+        Request::NsAdd(a) => ns_add(ctx, a),
+        Request::NsRemove(r) => ns_remove(ctx, r),
+        Request::NsResize(r) => ns_resize(ctx, r),
+        Request::StatsGet(NoParams {}) => stats_get(ctx),
+        Request::QosSet(q) => qos_set(ctx, q),
+        Request::QosGet(q) => qos_get(ctx, q),
+        Request::LogSet(l) => log_set(l),
+        Request::UpgradePrepare(NoParams {}) => crate::upgrade::prepare(ctx),
     }
 }
 
@@ -213,10 +106,7 @@ fn ns_list(ctx: &Context) -> Result<Value, RpcError> {
     Ok(json!({ "namespaces": list }))
 }
 
-fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
-    let text = Params::need(p.str("spec")?, "spec")?;
-    let nsid = p.u32("nsid")?;
-    p.done()?;
+fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, RpcError> {
     let spec: NsSpec = text.parse().map_err(|e: String| RpcError::params(format!("spec: {e}")))?;
     if matches!(spec.kind, Kind::Nvme(_)) && ctx.sandboxed {
         return Err(RpcError::new(
@@ -261,33 +151,23 @@ fn ns_add(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
     Ok(v)
 }
 
-fn ns_remove(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
-    let nsid = Params::need(p.u32("nsid")?, "nsid")?;
-    p.done()?;
+fn ns_remove(ctx: &Context, NsRemove { nsid }: NsRemove) -> Result<Value, RpcError> {
     job(ctx, move |d| d.ctrl.remove_namespace(nsid))?.map_err(RpcError::failed)?;
     ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).remove(&nsid);
     Ok(json!({ "nsid": nsid }))
 }
 
-fn ns_resize(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
-    let nsid = Params::need(p.u32("nsid")?, "nsid")?;
-    let size = Params::need(p.size("size")?, "size")?;
-    let force = p.bool("force")?.unwrap_or(false);
-    p.done()?;
+fn ns_resize(ctx: &Context, NsResize { nsid, size: Size(size), force }: NsResize) -> Result<Value, RpcError> {
+    let force = force.unwrap_or(false);
     let old = job(ctx, move |d| d.ctrl.resize_namespace(nsid, size, force))?.map_err(RpcError::failed)?;
     Ok(json!({ "nsid": nsid, "old_size": old, "size": size }))
 }
 
-/// The limit keys of qos.set, each also with `_burst`; the bps ones take sizes.
-const LIMIT_KEYS: [&str; 6] = ["iops", "iops_rd", "iops_wr", "bps", "bps_rd", "bps_wr"];
-
-/// Takes the limits among `p` (None if none is given).
-fn take_limits(p: &mut Params) -> Result<Option<QosLimits>, RpcError> {
+/// The limits a qos.set gives (None if none is given).
+fn take_limits(q: &QosSet) -> Result<Option<QosLimits>, RpcError> {
     let mut l = QosLimits::default();
     let mut any = false;
-    for key in LIMIT_KEYS {
-        let rate = p.size(key)?;
-        let burst = p.size(&format!("{key}_burst"))?;
+    for (key, rate, burst) in q.limits() {
         let slot = match key {
             "iops" => &mut l.iops,
             "iops_rd" => &mut l.read_iops,
@@ -323,12 +203,10 @@ fn limits_json(l: &QosLimits) -> Value {
 /// qos.set: a namespace's own limits ({nsid, limits}), a named group's ({group,
 /// limits}), a namespace joining a group ({nsid, group}, limits optional), or
 /// limits cleared ({nsid, clear: true}). Limits given replace the whole set.
-fn qos_set(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
-    let nsid = p.u32("nsid")?;
-    let group = p.str("group")?;
-    let clear = p.bool("clear")?.unwrap_or(false);
-    let limits = take_limits(&mut p)?;
-    p.done()?;
+fn qos_set(ctx: &Context, q: QosSet) -> Result<Value, RpcError> {
+    let limits = take_limits(&q)?;
+    let QosSet { nsid, group, clear, .. } = q;
+    let clear = clear.unwrap_or(false);
     if nsid.is_none() && group.is_none() {
         return Err(RpcError::params("give nsid, group or both"));
     }
@@ -373,9 +251,7 @@ fn qos_set(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
     }))
 }
 
-fn qos_get(ctx: &Context, mut p: Params) -> Result<Value, RpcError> {
-    let only = p.u32("nsid")?;
-    p.done()?;
+fn qos_get(ctx: &Context, QosGet { nsid: only }: QosGet) -> Result<Value, RpcError> {
     let namespaces = job(ctx, move |d| {
         d.ctrl
             .namespaces()
@@ -507,9 +383,7 @@ fn worker_json(w: &nvme_ctrl::Worker) -> Value {
     })
 }
 
-fn log_set(mut p: Params) -> Result<Value, RpcError> {
-    let filter = Params::need(p.str("filter")?, "filter")?;
-    p.done()?;
+fn log_set(LogSet { filter }: LogSet) -> Result<Value, RpcError> {
     let previous = crate::logging::set_filter(&filter).map_err(RpcError::params)?;
     Ok(json!({ "filter": filter, "previous": previous }))
 }

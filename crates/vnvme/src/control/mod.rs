@@ -15,6 +15,7 @@
 //! thread as jobs (`vfio_user_server::jobs`), waiting for each at most
 //! [`JOB_LIMIT`].
 
+pub mod api;
 pub mod methods;
 pub mod server;
 

@@ -314,12 +314,18 @@ fn one(req: &Value, ctx: &Context) -> Option<Value> {
         ));
     };
     let params = obj.get("params").cloned().unwrap_or(Value::Null);
-    let result = super::methods::call(ctx, method, &params);
-    match (&result, method) {
-        (Ok(_), m) if super::methods::changes_state(m) => {
-            info!(target: "vnvme::control", method, %params, "control request done")
-        }
-        (Err(e), _) => {
+    let request = match method {
+        "upgrade" => Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            "upgrade is run by `vnvme ctl upgrade`, which starts the new process (docs/UPGRADE.md)",
+        )),
+        _ => super::api::Request::parse(method, &params),
+    };
+    let changes = request.as_ref().is_ok_and(|r| r.changes_state());
+    let result = request.and_then(|r| super::methods::call(ctx, r));
+    match &result {
+        Ok(_) if changes => info!(target: "vnvme::control", method, %params, "control request done"),
+        Err(e) => {
             debug!(target: "vnvme::control", method, code = e.code, "control request failed: {}", e.message)
         }
         _ => {}
