@@ -41,8 +41,9 @@ pub struct Stats {
     pub bytes_written: AtomicU64,
 }
 
-/// A plain copy of [`Stats`] at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A plain copy of [`Stats`] at one moment (serialised with the counters' names as
+/// keys: the stats file and the control socket show it so).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StatsSnapshot {
     pub doorbell_writes: u64,
     pub io_doorbell_writes: u64,

@@ -834,24 +834,7 @@ fn summary(s: &StatsSnapshot) -> String {
 fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
     // A name of this process's own: during an upgrade two processes write the file.
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let v = serde_json::json!({
-        "io_commands": s.io_commands,
-        "admin_commands": s.admin_commands,
-        "doorbell_writes": s.doorbell_writes,
-        "io_doorbell_writes": s.io_doorbell_writes,
-        "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
-        "media_errors": s.media_errors,
-        "backend_errors": s.backend_errors,
-        "timeouts": s.timeouts,
-        "interrupts": s.interrupts,
-        "shadow_reads": s.shadow_reads,
-        "eventidx_races": s.eventidx_races,
-        "errors": s.errors,
-        "read_commands": s.read_commands,
-        "write_commands": s.write_commands,
-        "bytes_read": s.bytes_read,
-        "bytes_written": s.bytes_written,
-    });
+    let v = serde_json::to_string(s).map_err(std::io::Error::other)?;
     let mut f = std::fs::File::create(&tmp)?;
     writeln!(f, "{v}")?;
     std::fs::rename(tmp, path)

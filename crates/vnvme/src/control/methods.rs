@@ -284,103 +284,14 @@ fn qos_get(ctx: &Context, QosGet { nsid: only }: QosGet) -> Result<Value, RpcErr
     Ok(json!({ "namespaces": namespaces, "groups": groups }))
 }
 
-/// One kind of command of a namespace, for stats.get.
-fn op_json(o: &nvme_ctrl::OpSnapshot) -> Value {
-    let avg_us = if o.commands > 0 { o.latency_sum_ns as f64 / o.commands as f64 / 1000.0 } else { 0.0 };
-    json!({ "commands": o.commands, "bytes": o.bytes, "errors": o.errors, "latency_avg_us": (avg_us * 10.0).round() / 10.0 })
-}
-
+/// stats.get: one scrape of the controller (the report Prometheus renders too), as
+/// JSON.
 fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
-    let s = ctx.stats.snapshot();
-    let (workers, namespaces, queues, poll) = job(ctx, |d| {
-        let w = d.ctrl.workers().iter().map(worker_json).collect::<Vec<_>>();
-        let poll = d.ctrl.spin_judge().map(|j| {
-            let v = j.verdict();
-            json!({
-                "choice": v.choice.name(),
-                "running": v.running.name(),
-                "cpu_per_command_ns": {
-                    "sleep": v.cost(nvme_ctrl::Regime::Sleep),
-                    "spin": v.cost(nvme_ctrl::Regime::Spin),
-                },
-                "epochs": v.epochs,
-                "changes": v.changes,
-            })
-        });
-        let n = d
-            .ctrl
-            .namespaces()
-            .map(|n| {
-                let s = n.stats.snapshot();
-                json!({
-                    "nsid": n.nsid,
-                    "read": op_json(&s.read),
-                    "write": op_json(&s.write),
-                    "flush": op_json(&s.flush),
-                    "other": op_json(&s.other),
-                    "throttled_commands": s.throttled_commands,
-                    "throttled_s": s.throttled_ns as f64 / 1e9,
-                })
-            })
-            .collect::<Vec<_>>();
-        let q = d
-            .ctrl
-            .queue_snapshots()
-            .iter()
-            .map(|q| {
-                json!({
-                    "qid": q.qid,
-                    "worker": q.worker,
-                    "commands": q.commands,
-                    "sq_doorbell_writes": q.sq_doorbell_writes,
-                    "cq_doorbell_writes": q.cq_doorbell_writes,
-                    "completions": q.completions,
-                    "interrupts": q.interrupts,
-                })
-            })
-            .collect::<Vec<_>>();
-        (w, n, q, poll)
-    })?;
-    Ok(json!({
-        "controller": {
-            "io_commands": s.io_commands,
-            "admin_commands": s.admin_commands,
-            "read_commands": s.read_commands,
-            "write_commands": s.write_commands,
-            "bytes_read": s.bytes_read,
-            "bytes_written": s.bytes_written,
-            "errors": s.errors,
-            "backend_errors": s.backend_errors,
-            "media_errors": s.media_errors,
-            "timeouts": s.timeouts,
-            "doorbell_writes": s.doorbell_writes,
-            "io_doorbell_writes": s.io_doorbell_writes,
-            "io_cq_doorbell_writes": s.io_cq_doorbell_writes,
-            "shadow_reads": s.shadow_reads,
-            "eventidx_races": s.eventidx_races,
-            "interrupts": s.interrupts,
-        },
-        "namespaces": namespaces,
-        "queues": queues,
-        "workers": workers,
-        "adaptive_poll": poll,
-    }))
-}
-
-fn worker_json(w: &nvme_ctrl::Worker) -> Value {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let s = w.stats();
-    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    json!({
-        "worker": w.index,
-        "sleeps": g(&s.sleeps),
-        "wakeups": g(&s.wakeups),
-        "spin_hits": g(&s.spin_hits),
-        "spin_misses": g(&s.spin_misses),
-        "spin_contended": g(&s.spin_contended),
-        "spin_ns": g(&s.spin_ns),
-        "spin_lost_ns": g(&s.spin_lost_ns),
-    })
+    let stats = ctx.stats.clone();
+    let serial = ctx.facts["serial"].as_str().unwrap_or_default().to_string();
+    let started = ctx.started;
+    let scrape = job(ctx, move |d| crate::metrics::collect(d, &stats, &serial, started))?;
+    Ok(crate::metrics::json(&scrape))
 }
 
 fn log_set(LogSet { filter }: LogSet) -> Result<Value, RpcError> {

@@ -1,7 +1,8 @@
 //! Prometheus metrics: `vnvme serve --metrics ADDR` serves the text exposition format
 //! over HTTP on a loopback TCP address or a UNIX socket.
 //!
-//! - `render`: one [`Scrape`] as exposition text.
+//! - `render`: one [`Scrape`] as exposition text; [`json`]: the same scrape as the
+//!   control socket's `stats.get` answer (the stats file holds its controller part).
 //! - `http`: the bounded HTTP server (its own thread, started before the sandbox).
 //!
 //! A scrape is collected on the device thread (a job, like the control socket's),
@@ -12,7 +13,10 @@ pub mod render;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use nvme_ctrl::{Lifecycle, NsStatsSnapshot, QueueSnapshot, Stats, StatsSnapshot, Verdict};
+use nvme_ctrl::{
+    Lifecycle, NsStatsSnapshot, OpSnapshot, QueueSnapshot, Regime, Stats, StatsSnapshot, Verdict,
+};
+use serde_json::{json, Value};
 use vfio_user_server::Device;
 
 /// Everything one scrape reports.
@@ -115,4 +119,78 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
             .collect(),
         poll: d.ctrl.spin_judge().map(|j| j.verdict()),
     }
+}
+
+/// A scrape as `stats.get` answers: the controller's counters, then each namespace
+/// (per kind of command, with the average latency), queue and worker, and adaptive
+/// polling's verdict. Times carry their unit in their key.
+pub fn json(s: &Scrape) -> Value {
+    let op = |o: &OpSnapshot| {
+        let avg_us = if o.commands > 0 { o.latency_sum_ns as f64 / o.commands as f64 / 1000.0 } else { 0.0 };
+        json!({ "commands": o.commands, "bytes": o.bytes, "errors": o.errors,
+                "latency_avg_us": (avg_us * 10.0).round() / 10.0 })
+    };
+    let namespaces: Vec<Value> = s
+        .namespaces
+        .iter()
+        .map(|n| {
+            let st = &n.stats;
+            json!({
+                "nsid": n.nsid,
+                "read": op(&st.read),
+                "write": op(&st.write),
+                "flush": op(&st.flush),
+                "other": op(&st.other),
+                "throttled_commands": st.throttled_commands,
+                "throttled_s": st.throttled_ns as f64 / 1e9,
+            })
+        })
+        .collect();
+    let queues: Vec<Value> = s
+        .queues
+        .iter()
+        .map(|q| {
+            json!({
+                "qid": q.qid,
+                "worker": q.worker,
+                "commands": q.commands,
+                "sq_doorbell_writes": q.sq_doorbell_writes,
+                "cq_doorbell_writes": q.cq_doorbell_writes,
+                "completions": q.completions,
+                "interrupts": q.interrupts,
+            })
+        })
+        .collect();
+    let workers: Vec<Value> = s
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "worker": w.index,
+                "sleeps": w.sleeps,
+                "wakeups": w.wakeups,
+                "spin_hits": w.spin_hits,
+                "spin_misses": w.spin_misses,
+                "spin_contended": w.spin_contended,
+                "spin_ns": w.spin_ns,
+                "spin_lost_ns": w.spin_lost_ns,
+            })
+        })
+        .collect();
+    let poll = s.poll.as_ref().map(|v| {
+        json!({
+            "choice": v.choice.name(),
+            "running": v.running.name(),
+            "cpu_per_command_ns": { "sleep": v.cost(Regime::Sleep), "spin": v.cost(Regime::Spin) },
+            "epochs": v.epochs,
+            "changes": v.changes,
+        })
+    });
+    json!({
+        "controller": s.controller,
+        "namespaces": namespaces,
+        "queues": queues,
+        "workers": workers,
+        "adaptive_poll": poll,
+    })
 }
