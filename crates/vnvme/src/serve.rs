@@ -656,6 +656,11 @@ impl Running {
         }
         let jobs = vfio_user_server::jobs::DeviceJobs::new()?;
         let metrics_fd = metrics.as_ref().map(|m| m.try_clone_fd()).transpose()?;
+        // What the sandbox allows beyond every mode's calls: decided once, here, and
+        // both installed below and consulted by ns.add.
+        let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));
+        needs.stats_file = a.stats_file.is_some();
+        needs.control = a.control.is_some();
         if let (Some(path), Some(listener)) = (&a.control, control) {
             let specs = namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
             let ctx = crate::control::methods::Context {
@@ -663,8 +668,7 @@ impl Running {
                 stats: stats.clone(),
                 facts: facts(&a, poll, &dev, &exe),
                 specs: std::sync::Mutex::new(specs),
-                sandboxed: a.sandbox == Switch::On,
-                sandbox_rbd: namespaces.iter().any(|n| n.opened.needs.rbd),
+                sandbox: (a.sandbox == Switch::On).then_some(needs),
                 groups: std::sync::Mutex::new(groups),
                 started: std::time::Instant::now(),
                 upgrade: crate::upgrade::Source {
@@ -719,9 +723,6 @@ impl Running {
             }
         }
         if a.sandbox == Switch::On {
-            let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));
-            needs.stats_file = a.stats_file.is_some();
-            needs.control = a.control.is_some();
             for (slot, fd) in needs.socket_dirs.iter_mut().zip(sockets.dir_fds()) {
                 *slot = Some(fd);
             }

@@ -13,7 +13,7 @@ use vfio_user_server::Device;
 
 use super::api::{LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size};
 use super::{code, RpcError, JOB_LIMIT};
-use crate::nsspec::{Kind, NsSpec};
+use crate::nsspec::NsSpec;
 
 /// What the methods reach.
 #[derive(Debug)]
@@ -24,12 +24,8 @@ pub struct Context {
     pub facts: Value,
     /// The `--ns` text each namespace was made from, by NSID.
     pub specs: Mutex<BTreeMap<u32, String>>,
-    /// The sandbox is on: backends that need new connections cannot be opened.
-    pub sandboxed: bool,
-    /// The sandbox allows what librados' threads do (an `rbd:` namespace was given
-    /// at start-up), so more can be added.
-    #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
-    pub sandbox_rbd: bool,
+    /// What the sandbox allows, when it is on: what ns.add may open.
+    pub sandbox: Option<crate::sandbox::Needs>,
     /// Named QoS groups (qos.set with a group), shared by the namespaces in them.
     pub groups: Mutex<BTreeMap<String, Arc<QosGroup>>>,
     pub started: Instant,
@@ -108,30 +104,8 @@ fn ns_list(ctx: &Context) -> Result<Value, RpcError> {
 
 fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, RpcError> {
     let spec: NsSpec = text.parse().map_err(|e: String| RpcError::params(format!("spec: {e}")))?;
-    if matches!(spec.kind, Kind::Nvme(_)) && ctx.sandboxed {
-        return Err(RpcError::new(
-            code::NOT_PERMITTED,
-            "an nvme:// namespace needs a new connection, which the sandbox forbids: give it at start-up \
-             (--ns), or run with --sandbox off",
-        ));
-    }
-    #[cfg(feature = "rbd")]
-    if matches!(spec.kind, Kind::Rbd(_)) && ctx.sandboxed && !ctx.sandbox_rbd {
-        return Err(RpcError::new(
-            code::NOT_PERMITTED,
-            "an rbd: namespace runs librados' threads, which this server's sandbox does not allow: start \
-             it with at least one rbd: namespace (then more can be added), or with --sandbox off",
-        ));
-    }
-    if let Kind::Nbd(uri) = &spec.kind {
-        if ctx.sandboxed && nbd_needs_resolver(uri) {
-            return Err(RpcError::new(
-                code::NOT_PERMITTED,
-                "this nbd:// URI names its server by host name, and the sandbox allows no name lookups: \
-                 give its address (nbd://192.0.2.7/EXPORT, nbd://[2001:db8::7]/EXPORT), or run with \
-                 --sandbox off",
-            ));
-        }
+    if let Some(installed) = &ctx.sandbox {
+        crate::sandbox::may_add(&spec, installed).map_err(|e| RpcError::new(code::NOT_PERMITTED, e))?;
     }
     // Opened here, on the control thread: the device thread only attaches it.
     let opened = spec
@@ -297,14 +271,4 @@ fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
 fn log_set(LogSet { filter }: LogSet) -> Result<Value, RpcError> {
     let previous = crate::logging::set_filter(&filter).map_err(RpcError::params)?;
     Ok(json!({ "filter": filter, "previous": previous }))
-}
-
-/// Whether opening this `nbd://` URI needs a name lookup (its host is not an address).
-fn nbd_needs_resolver(uri: &str) -> bool {
-    match uri.parse::<nbd_disk::NbdUri>().map(|u| u.address) {
-        Ok(nbd_disk::uri::Address::Tcp { host, .. }) => {
-            host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_err()
-        }
-        _ => false,
-    }
 }
