@@ -298,7 +298,7 @@ impl Controller {
             4 => u32::from_le_bytes(data.try_into().expect("len 4")) as u64,
             8 => u64::from_le_bytes(data.try_into().expect("len 8")),
             n => {
-                crate::limited_warn!(target: "vnvme::guest", off, n, "BAR0 write of unsupported size ignored");
+                log_limit::limited_warn!(target: "vnvme::guest", off, n, "BAR0 write of unsupported size ignored");
                 return;
             }
         };
@@ -327,7 +327,7 @@ impl Controller {
         if self.state == Lifecycle::Disabled {
             f(self);
         } else {
-            crate::limited_warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
+            log_limit::limited_warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
         }
     }
 
@@ -383,7 +383,7 @@ impl Controller {
             None
         };
         if let Some(why) = problem {
-            crate::limited_warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
+            log_limit::limited_warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
             self.csts = Csts(Csts::CFS);
             self.state = Lifecycle::Fatal;
             return;

@@ -34,7 +34,6 @@ mod events;
 mod interleave;
 mod interrupt;
 mod io;
-mod log_limit;
 mod namespace;
 pub mod qos;
 mod queue;
@@ -48,7 +47,6 @@ pub use config::{Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAN
 pub use controller::{Controller, Lifecycle};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
-pub use log_limit::LogLimit;
 pub use namespace::Namespace;
 pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};

@@ -324,7 +324,7 @@ impl Device {
         self.ctrl.set_memory(self.dma.memory());
         let left = self.wait_released(&released);
         if left > 0 {
-            nvme_ctrl::limited_warn!(
+            log_limit::limited_warn!(
                 target: "vnvme::backend",
                 "the client left with {left} of its memory region(s) still in use by requests \
                  after {:?} (a backend that does not answer): they stay mapped until those end",
@@ -720,7 +720,7 @@ impl Device {
             }
             REGION_BAR0 => {
                 if !matches!(count, 4 | 8) {
-                    nvme_ctrl::limited_warn!(target: "vnvme::guest", off, count, "BAR0 write of unsupported size ignored");
+                    log_limit::limited_warn!(target: "vnvme::guest", off, count, "BAR0 write of unsupported size ignored");
                 } else {
                     if let Some(p) = &self.page {
                         if (DOORBELL_PAGE..DOORBELL_PAGE + DOORBELL_PAGE_LEN).contains(&off) {

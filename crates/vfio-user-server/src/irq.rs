@@ -101,7 +101,7 @@ impl EventFdInterrupts {
                 // Only an eventfd gets here, and its write fails only as above;
                 // counted and logged in case a kernel does otherwise.
                 self.failed.fetch_add(1, Ordering::Relaxed);
-                nvme_ctrl::limited_warn!(target: "vnvme::client", "interrupt eventfd write failed: {e}");
+                log_limit::limited_warn!(target: "vnvme::client", "interrupt eventfd write failed: {e}");
             }
         }
     }

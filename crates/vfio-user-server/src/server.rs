@@ -472,7 +472,7 @@ fn queue_or_refuse(listener: &UnixListener, waiting: &mut Option<Waiting>, pendi
 
 /// Closes a client's connection, with a (rate-limited) log line saying why.
 fn refuse(stream: UnixStream, why: &str) {
-    nvme_ctrl::limited_warn!(target: "vnvme::client", "refused a client: {why}");
+    log_limit::limited_warn!(target: "vnvme::client", "refused a client: {why}");
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
@@ -488,7 +488,7 @@ fn handle_message(
     traffic.last_cmd = Some(h.command.get());
     let flags = MsgFlags(h.flags.get());
     if flags.is_reply() {
-        nvme_ctrl::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
+        log_limit::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
         return Ok(());
     }
     let no_reply = flags.no_reply();
@@ -496,7 +496,7 @@ fn handle_message(
     let reply = match device.handle(&mut msg) {
         Ok(r) => r,
         Err(e) => {
-            nvme_ctrl::limited_warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused: {e}");
+            log_limit::limited_warn!(target: "vnvme::client", cmd, errno = e.errno(), "request refused: {e}");
             traffic.refused += 1;
             Reply::Err(e.errno())
         }

@@ -156,7 +156,7 @@ impl Controller {
                         Status::SUCCESS
                     }
                     Err(e) => {
-                        crate::limited_warn!(target: "vnvme::backend", "Format NVM (erase) failed: {e}");
+                        log_limit::limited_warn!(target: "vnvme::backend", "Format NVM (erase) failed: {e}");
                         e.status()
                     }
                 };
@@ -170,7 +170,7 @@ impl Controller {
     /// Ends an erasing Format in progress with Internal Error (`why` is logged).
     pub(crate) fn fail_format(&mut self, why: &str) {
         if let Some(job) = self.admin.format.take() {
-            crate::limited_warn!(target: "vnvme::backend", cid = job.cid, "Format NVM (erase) failed: {why}");
+            log_limit::limited_warn!(target: "vnvme::backend", cid = job.cid, "Format NVM (erase) failed: {why}");
             self.engine.complete_deferred(0, job.cid, Status::INTERNAL_ERROR, 0);
         }
     }

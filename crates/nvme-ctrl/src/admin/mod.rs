@@ -209,7 +209,7 @@ impl AdminState {
         clock: &dyn Clock,
     ) {
         if let Err(e) = self.run_backend(ns, mem, Op::Flush, deadline, clock) {
-            crate::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "flush at shutdown failed: {e}");
+            log_limit::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "flush at shutdown failed: {e}");
         }
     }
 }

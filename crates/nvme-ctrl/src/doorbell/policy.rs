@@ -235,7 +235,7 @@ impl IoEngine {
     }
 
     pub(crate) fn doorbell_error(&mut self, info: u8, qid: u16, kind: DoorbellKind, value: u32) {
-        crate::limited_warn!(target: "vnvme::guest", %kind, qid, value, "invalid doorbell write (event info {info:#x})");
+        log_limit::limited_warn!(target: "vnvme::guest", %kind, qid, value, "invalid doorbell write (event info {info:#x})");
         self.ctx.events.raise(AsyncEvent {
             kind: EventType::ErrorStatus,
             info,

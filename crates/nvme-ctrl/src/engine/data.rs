@@ -297,7 +297,7 @@ impl IoEngine {
     pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
         self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A dying disk must not flood the log.
-        crate::limited_warn!(
+        log_limit::limited_warn!(
             target: "vnvme::backend",
             nsid, slba, %op, status = format_args!("{:#x}", status.raw()),
             "backend request failed: {e}"

@@ -194,7 +194,7 @@ impl IoEngine {
         if !self.revoke(tag, nsid, op) {
             let Slot::Running(f) = &mut self.inflight[tag] else { unreachable!("running above") };
             if teardown && f.sqid != ORPHAN {
-                crate::limited_warn!(
+                log_limit::limited_warn!(
                     target: "vnvme::backend",
                     sqid = f.sqid, cid = f.cid, nsid, %op,
                     "queue torn down while its backend still holds a request it cannot stop: that \
@@ -202,7 +202,7 @@ impl IoEngine {
                 );
                 f.sqid = ORPHAN;
             } else if !f.overdue {
-                crate::limited_warn!(
+                log_limit::limited_warn!(
                     target: "vnvme::backend",
                     sqid = f.sqid, cid = f.cid, nsid, %op,
                     "command past its timeout, but its backend cannot stop the request safely: it \
@@ -228,7 +228,7 @@ impl IoEngine {
         // stands; otherwise the reason it is given up on.
         let status: Status = if f.status.is_success() { why.status() } else { f.status };
         // A stuck backend must not flood the log.
-        crate::limited_warn!(
+        log_limit::limited_warn!(
             target: "vnvme::backend",
             sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = %f.op,
             status = format_args!("{:#x}", status.raw()),

@@ -64,7 +64,7 @@ fn serve(listener: UnixListener, ctx: &Context) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => {
-                nvme_ctrl::limited_warn!(target: "vnvme::control", "control socket poll failed: {e}");
+                log_limit::limited_warn!(target: "vnvme::control", "control socket poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -119,7 +119,7 @@ fn accept(listener: &UnixListener, conns: &mut Vec<Conn>) {
         match listener.accept() {
             Ok((stream, _)) => {
                 if conns.len() >= MAX_CONNECTIONS {
-                    nvme_ctrl::limited_warn!(
+                    log_limit::limited_warn!(
                         target: "vnvme::control",
                         "control connection refused: {MAX_CONNECTIONS} are open already"
                     );
@@ -143,7 +143,7 @@ fn accept(listener: &UnixListener, conns: &mut Vec<Conn>) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                nvme_ctrl::limited_warn!(target: "vnvme::control", "control socket accept failed: {e}");
+                log_limit::limited_warn!(target: "vnvme::control", "control socket accept failed: {e}");
                 return;
             }
         }
@@ -188,7 +188,7 @@ fn read(c: &mut Conn, ctx: &Context) -> bool {
                 }
                 c.begun = (!c.inbuf.is_empty()).then_some(c.last);
                 if c.inbuf.len() > MAX_REQUEST {
-                    nvme_ctrl::limited_warn!(
+                    log_limit::limited_warn!(
                         target: "vnvme::control",
                         "control request over {MAX_REQUEST} bytes: connection closed"
                     );
@@ -202,7 +202,7 @@ fn read(c: &mut Conn, ctx: &Context) -> bool {
                 }
                 if c.out.len() > 4 * MAX_REQUEST {
                     // A client that sends without reading what we answer.
-                    nvme_ctrl::limited_warn!(
+                    log_limit::limited_warn!(
                         target: "vnvme::control",
                         "control client does not read its replies: connection closed"
                     );
@@ -252,7 +252,7 @@ fn expire(conns: &mut Vec<Conn>, now: Instant) {
         if why == "idle" {
             debug!(target: "vnvme::control", "control connection closed: idle");
         } else {
-            nvme_ctrl::limited_warn!(target: "vnvme::control", "control connection closed: {why}");
+            log_limit::limited_warn!(target: "vnvme::control", "control connection closed: {why}");
         }
         false
     });

@@ -301,7 +301,7 @@ fn serve(listener: &Listener, source: &dyn Fn() -> Result<String, String>, lim: 
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => {
-                nvme_ctrl::limited_warn!(target: "vnvme::metrics", "metrics socket poll failed: {e}");
+                log_limit::limited_warn!(target: "vnvme::metrics", "metrics socket poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -330,7 +330,7 @@ fn accept(listener: &Listener, conns: &mut Vec<Conn>, lim: Limits) -> bool {
         match listener.accept() {
             Ok(mut stream) => {
                 if conns.len() >= lim.connections {
-                    nvme_ctrl::limited_warn!(
+                    log_limit::limited_warn!(
                         target: "vnvme::metrics",
                         "metrics connection refused: {} are open already",
                         lim.connections
@@ -361,7 +361,7 @@ fn accept(listener: &Listener, conns: &mut Vec<Conn>, lim: Limits) -> bool {
             // Gone before we took it, or a signal: nothing to pause for.
             Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
             Err(e) => {
-                nvme_ctrl::limited_warn!(target: "vnvme::metrics", "metrics socket accept failed: {e}");
+                log_limit::limited_warn!(target: "vnvme::metrics", "metrics socket accept failed: {e}");
                 return false;
             }
         }
@@ -385,7 +385,7 @@ fn step(c: &mut Conn, r: PollFlags, source: &dyn Fn() -> Result<String, String>,
                 reply(c, out, lim)
             }
             HeadRead::TooLarge => {
-                nvme_ctrl::limited_warn!(
+                log_limit::limited_warn!(
                     target: "vnvme::metrics",
                     "metrics request head over {} bytes: answered 431",
                     lim.head
@@ -394,7 +394,7 @@ fn step(c: &mut Conn, r: PollFlags, source: &dyn Fn() -> Result<String, String>,
                 reply(c, response(Status::TooLarge, TEXT, why.as_bytes(), false), lim)
             }
             HeadRead::Truncated => {
-                nvme_ctrl::limited_warn!(
+                log_limit::limited_warn!(
                     target: "vnvme::metrics",
                     "metrics client closed its side within a request head: answered 400"
                 );
@@ -511,13 +511,13 @@ fn expired(c: &Conn, now: Instant, lim: Limits) -> bool {
         return false;
     }
     match &c.phase {
-        Phase::Head(buf) => nvme_ctrl::limited_warn!(
+        Phase::Head(buf) => log_limit::limited_warn!(
             target: "vnvme::metrics",
             "metrics connection closed: no whole request within {:?} ({} bytes came)",
             lim.deadline,
             buf.len()
         ),
-        Phase::Reply { out, sent } => nvme_ctrl::limited_warn!(
+        Phase::Reply { out, sent } => log_limit::limited_warn!(
             target: "vnvme::metrics",
             "metrics connection closed: the client took {sent} of {} reply bytes within {:?}",
             out.len(),
@@ -580,7 +580,7 @@ fn answer(head: &[u8], source: &dyn Fn() -> Result<String, String>) -> Vec<u8> {
     let req = match parse(head) {
         Ok(r) => r,
         Err(why) => {
-            nvme_ctrl::limited_warn!(target: "vnvme::metrics", "malformed metrics request: {why}");
+            log_limit::limited_warn!(target: "vnvme::metrics", "malformed metrics request: {why}");
             return response(Status::BadRequest, TEXT, format!("{why}\n").as_bytes(), false);
         }
     };

@@ -1,4 +1,5 @@
-//! Rate limits for log lines a peer can cause.
+//! Rate limits for log lines a peer can cause: a leaf crate, so the controller, the
+//! vfio-user server and the service's sockets share one rule.
 //!
 //! A guest or a VMM that misbehaves in a loop must not be able to fill the log (or
 //! spend our time formatting lines). Each class of such lines gets a [`LogLimit`]:
@@ -6,6 +7,9 @@
 //! [`LogLimit::EVERY`], each line saying how many there have been so far.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+#[doc(hidden)]
+pub use tracing;
 
 /// Counts occurrences of one kind of peer-caused event and says which to log.
 #[derive(Debug, Default)]
@@ -46,7 +50,7 @@ macro_rules! limited_warn {
     (target: $target:expr, $($rest:tt)+) => {{
         static LIMIT: $crate::LogLimit = $crate::LogLimit::new();
         if let Some(occurrences) = LIMIT.hit() {
-            tracing::warn!(target: $target, occurrences, $($rest)+);
+            $crate::tracing::warn!(target: $target, occurrences, $($rest)+);
         }
     }};
 }
