@@ -797,25 +797,25 @@ impl Started {
 const DEFAULT_MAX_NAMESPACES: u32 = 32;
 
 /// What the control socket reports about this server that never changes.
-fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> serde_json::Value {
-    serde_json::json!({
-        "vnvme": env!("CARGO_PKG_VERSION"),
-        "commit": crate::COMMIT,
-        "serial": a.serial,
-        "pci_id": format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
-        "socket": a.socket,
-        "io_queues": a.queues,
-        "workers": a.worker_count(),
-        "poll": poll.name(),
-        "doorbells": a.doorbells.name(),
-        "shadow_doorbells": !a.no_shadow_doorbells,
-        "sandbox": a.sandbox == Switch::On,
-        "client_deadline_ms": a.client_deadline.as_millis() as u64,
-        "max_dma_regions": dev.dma_region_limit(),
-        "pid": std::process::id(),
-        "exe": exe,
-        "log_format": crate::logging::format_name(),
-    })
+fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> crate::control::reply::Facts {
+    crate::control::reply::Facts {
+        vnvme: env!("CARGO_PKG_VERSION").into(),
+        commit: crate::COMMIT.into(),
+        serial: a.serial.clone(),
+        pci_id: format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
+        socket: a.socket.clone(),
+        io_queues: a.queues,
+        workers: a.worker_count(),
+        poll: poll.name().into(),
+        doorbells: a.doorbells.name().into(),
+        shadow_doorbells: !a.no_shadow_doorbells,
+        sandbox: a.sandbox == Switch::On,
+        client_deadline_ms: a.client_deadline.as_millis() as u64,
+        max_dma_regions: dev.dma_region_limit(),
+        pid: std::process::id(),
+        exe: exe.to_path_buf(),
+        log_format: crate::logging::format_name().into(),
+    }
 }
 
 fn summary(s: &StatsSnapshot) -> String {

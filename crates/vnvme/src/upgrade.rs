@@ -263,7 +263,9 @@ pub struct UpgradeOptions {
     pub timeout: Duration,
 }
 
-/// `vnvme ctl upgrade`: starts the new process and reports what happened.
+/// `vnvme ctl upgrade`: starts the new process and reports what happened. The old
+/// server's `ctrl.info` is read key by key, not as this build's `reply::CtrlInfo`:
+/// the server being replaced may be an older build that lacks a field.
 pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
     let info = crate::ctl::request(&o.control, "ctrl.info", Value::Null, o.timeout)?;
     let old_pid = info["pid"].as_u64().unwrap_or(0);

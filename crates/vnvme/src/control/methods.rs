@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nvme_ctrl::qos::{Limit, QosGroup, QosLimits};
-use serde_json::{json, Value};
+use serde_json::Value;
 use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
 
 use super::api::{LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size};
-use super::{code, RpcError, JOB_LIMIT};
+use super::{code, reply, RpcError, JOB_LIMIT};
 use crate::nsspec::NsSpec;
 
 /// What the methods reach.
@@ -21,7 +21,7 @@ pub struct Context {
     pub jobs: Arc<DeviceJobs>,
     pub stats: Arc<nvme_ctrl::Stats>,
     /// What does not change while the server runs (serial, PCI ID, queues, ...).
-    pub facts: Value,
+    pub facts: reply::Facts,
     /// The `--ns` text each namespace was made from, by NSID.
     pub specs: Mutex<BTreeMap<u32, String>>,
     /// What the sandbox allows, when it is on: what ns.add may open.
@@ -61,45 +61,47 @@ fn job<T: Send + 'static>(
 }
 
 fn ctrl_info(ctx: &Context) -> Result<Value, RpcError> {
-    let state = job(ctx, |d| {
-        json!({
-            "state": crate::metrics::state_name(d.ctrl.lifecycle()),
-            "client_connected": d.client_connected(),
-            "namespaces": d.ctrl.namespaces().count(),
-            "max_namespaces": d.ctrl.max_namespaces(),
-            "dma_regions": d.dma_regions(),
-        })
+    let facts = ctx.facts.clone();
+    let (uptime_s, log_filter) = (ctx.started.elapsed().as_secs(), crate::logging::filter());
+    let info = job(ctx, move |d| reply::CtrlInfo {
+        facts,
+        state: crate::metrics::state_name(d.ctrl.lifecycle()).into(),
+        client_connected: d.client_connected(),
+        namespaces: d.ctrl.namespaces().count(),
+        max_namespaces: d.ctrl.max_namespaces(),
+        dma_regions: d.dma_regions(),
+        uptime_s,
+        log_filter,
     })?;
-    let mut v = ctx.facts.clone();
-    if let (Some(o), Value::Object(s)) = (v.as_object_mut(), state) {
-        o.extend(s);
-        o.insert("uptime_s".into(), json!(ctx.started.elapsed().as_secs()));
-        o.insert("log_filter".into(), json!(crate::logging::filter()));
-    }
-    Ok(v)
+    answer(&info)
+}
+
+/// A reply as the result's JSON.
+fn answer<T: serde::Serialize>(r: &T) -> Result<Value, RpcError> {
+    serde_json::to_value(r).map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
 }
 
 /// One namespace as the methods report it.
-fn ns_json(ns: &nvme_ctrl::Namespace, spec: Option<&String>) -> Value {
-    json!({
-        "nsid": ns.nsid,
-        "backend": ns.info.kind,
-        "size": ns.size(),
-        "lba_size": 1u64 << ns.lba_shift(),
-        "blocks": ns.nsze(),
-        "timeout_ms": (ns.timeout_ns > 0).then_some(ns.timeout_ns / 1_000_000),
-        "volatile_cache": ns.info.volatile_cache,
-        "discard": ns.info.discard,
-        "write_zeroes": ns.info.write_zeroes,
-        "spec": spec,
-    })
+fn ns_info(ns: &nvme_ctrl::Namespace, spec: Option<String>) -> reply::NsInfo {
+    reply::NsInfo {
+        nsid: ns.nsid,
+        backend: ns.info.kind.clone(),
+        size: ns.size(),
+        lba_size: 1u64 << ns.lba_shift(),
+        blocks: ns.nsze(),
+        timeout_ms: (ns.timeout_ns > 0).then_some(ns.timeout_ns / 1_000_000),
+        volatile_cache: ns.info.volatile_cache,
+        discard: ns.info.discard,
+        write_zeroes: ns.info.write_zeroes,
+        spec,
+    }
 }
 
 fn ns_list(ctx: &Context) -> Result<Value, RpcError> {
     let specs = ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let list =
-        job(ctx, move |d| d.ctrl.namespaces().map(|n| ns_json(n, specs.get(&n.nsid))).collect::<Vec<_>>())?;
-    Ok(json!({ "namespaces": list }))
+    let namespaces =
+        job(ctx, move |d| d.ctrl.namespaces().map(|n| ns_info(n, specs.get(&n.nsid).cloned())).collect())?;
+    answer(&reply::NsList { namespaces })
 }
 
 fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, RpcError> {
@@ -114,27 +116,23 @@ fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, Rpc
         .map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
     let cfg = opened.config();
     let nsid = job(ctx, move |d| {
-        d.ctrl
-            .add_namespace(&cfg, nsid)
-            .map(|id| (id, ns_json(&d.ctrl.namespace(id).expect("just added"), None)))
+        d.ctrl.add_namespace(&cfg, nsid).map(|id| ns_info(&d.ctrl.namespace(id).expect("just added"), None))
     })?
     .map_err(RpcError::failed)?;
-    ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).insert(nsid.0, text.clone());
-    let mut v = nsid.1;
-    v["spec"] = json!(text);
-    Ok(v)
+    ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).insert(nsid.nsid, text.clone());
+    answer(&reply::NsInfo { spec: Some(text), ..nsid })
 }
 
 fn ns_remove(ctx: &Context, NsRemove { nsid }: NsRemove) -> Result<Value, RpcError> {
     job(ctx, move |d| d.ctrl.remove_namespace(nsid))?.map_err(RpcError::failed)?;
     ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).remove(&nsid);
-    Ok(json!({ "nsid": nsid }))
+    answer(&reply::NsRemoved { nsid })
 }
 
 fn ns_resize(ctx: &Context, NsResize { nsid, size: Size(size), force }: NsResize) -> Result<Value, RpcError> {
     let force = force.unwrap_or(false);
     let old = job(ctx, move |d| d.ctrl.resize_namespace(nsid, size, force))?.map_err(RpcError::failed)?;
-    Ok(json!({ "nsid": nsid, "old_size": old, "size": size }))
+    answer(&reply::NsResized { nsid, old_size: old, size })
 }
 
 /// The limits a qos.set gives (None if none is given).
@@ -164,14 +162,6 @@ fn take_limits(q: &QosSet) -> Result<Option<QosLimits>, RpcError> {
     }
     l.check().map_err(RpcError::params)?;
     Ok(any.then_some(l))
-}
-
-fn limits_json(l: &QosLimits) -> Value {
-    let one = |x: Option<Limit>| x.map(|l| json!({ "rate": l.rate, "burst": l.burst() }));
-    json!({
-        "iops": one(l.iops), "iops_rd": one(l.read_iops), "iops_wr": one(l.write_iops),
-        "bps": one(l.bps), "bps_rd": one(l.read_bps), "bps_wr": one(l.write_bps),
-    })
 }
 
 /// qos.set: a namespace's own limits ({nsid, limits}), a named group's ({group,
@@ -214,15 +204,16 @@ fn qos_set(ctx: &Context, q: QosSet) -> Result<Value, RpcError> {
         (None, None) => unreachable!("checked above"),
     };
     let Some(nsid) = nsid else {
-        return Ok(json!({ "group": group, "limits": limits_json(&target.expect("a group").limits()) }));
+        let limits = Some((&target.expect("a group").limits()).into());
+        return answer(&reply::QosSet { nsid: None, group, limits });
     };
     let g = target.clone();
     job(ctx, move |d| d.ctrl.set_qos(nsid, g))?.map_err(RpcError::failed)?;
-    Ok(json!({
-        "nsid": nsid,
-        "group": target.as_ref().map(|g| g.name.clone()),
-        "limits": target.map(|g| limits_json(&g.limits())),
-    }))
+    answer(&reply::QosSet {
+        nsid: Some(nsid),
+        group: target.as_ref().map(|g| g.name.clone()),
+        limits: target.map(|g| (&g.limits()).into()),
+    })
 }
 
 fn qos_get(ctx: &Context, QosGet { nsid: only }: QosGet) -> Result<Value, RpcError> {
@@ -233,13 +224,13 @@ fn qos_get(ctx: &Context, QosGet { nsid: only }: QosGet) -> Result<Value, RpcErr
             .map(|n| {
                 let g = d.ctrl.qos(n.nsid);
                 let s = n.stats.snapshot();
-                json!({
-                    "nsid": n.nsid,
-                    "group": g.as_ref().map(|g| g.name.clone()),
-                    "limits": g.map(|g| limits_json(&g.limits())),
-                    "throttled_commands": s.throttled_commands,
-                    "throttled_s": s.throttled_ns as f64 / 1e9,
-                })
+                reply::QosNamespace {
+                    nsid: n.nsid,
+                    group: g.as_ref().map(|g| g.name.clone()),
+                    limits: g.map(|g| (&g.limits()).into()),
+                    throttled_commands: s.throttled_commands,
+                    throttled_s: s.throttled_ns as f64 / 1e9,
+                }
             })
             .collect::<Vec<_>>()
     })?;
@@ -248,21 +239,21 @@ fn qos_get(ctx: &Context, QosGet { nsid: only }: QosGet) -> Result<Value, RpcErr
             return Err(RpcError::failed(format!("there is no namespace {n}")));
         }
     }
-    let groups: Vec<Value> = ctx
+    let groups: Vec<reply::QosGroup> = ctx
         .groups
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .values()
-        .map(|g| json!({ "group": g.name, "limits": limits_json(&g.limits()) }))
+        .map(|g| reply::QosGroup { group: g.name.clone(), limits: (&g.limits()).into() })
         .collect();
-    Ok(json!({ "namespaces": namespaces, "groups": groups }))
+    answer(&reply::QosGet { namespaces, groups })
 }
 
 /// stats.get: one scrape of the controller (the report Prometheus renders too), as
 /// JSON.
 fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
     let stats = ctx.stats.clone();
-    let serial = ctx.facts["serial"].as_str().unwrap_or_default().to_string();
+    let serial = ctx.facts.serial.clone();
     let started = ctx.started;
     let scrape = job(ctx, move |d| crate::metrics::collect(d, &stats, &serial, started))?;
     Ok(crate::metrics::json(&scrape))
@@ -270,5 +261,5 @@ fn stats_get(ctx: &Context) -> Result<Value, RpcError> {
 
 fn log_set(LogSet { filter }: LogSet) -> Result<Value, RpcError> {
     let previous = crate::logging::set_filter(&filter).map_err(RpcError::params)?;
-    Ok(json!({ "filter": filter, "previous": previous }))
+    answer(&reply::LogSet { filter, previous })
 }

@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod methods;
+pub mod reply;
 pub mod server;
 
 use std::time::Duration;

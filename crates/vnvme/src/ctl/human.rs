@@ -1,112 +1,116 @@
 //! `vnvme ctl`'s answers as people read them: labelled, with units. `--json` prints
 //! the server's result unchanged (sizes in bytes, times in the unit their key names).
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// The result of `method` for people.
+use crate::control::reply;
+
+/// The result of `method` for people; an answer this build cannot read as its
+/// type is shown key by key.
 pub(super) fn human(method: &str, r: &Value) -> String {
-    let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
-    match method {
-        "ctrl.info" => ctrl_info(r),
-        "stats.get" => stats(r),
-        "ns.list" => {
-            let rows = r["namespaces"]
-                .as_array()
-                .into_iter()
-                .flatten()
+    fn typed<T: DeserializeOwned>(r: &Value) -> Option<T> {
+        serde_json::from_value(r.clone()).ok()
+    }
+    let text = match method {
+        "ctrl.info" => typed(r).map(|i| ctrl_info(&i)),
+        "stats.get" => Some(stats(r)),
+        "ns.list" => typed(r).map(|l: reply::NsList| {
+            let rows = l
+                .namespaces
+                .iter()
                 .map(|n| {
                     vec![
-                        scalar(&n["nsid"]),
-                        bytes(n["size"].as_u64().unwrap_or(0)),
-                        format!("{} B", scalar(&n["lba_size"])),
-                        n["timeout_ms"].as_u64().map_or("none".to_string(), |ms| format!("{ms} ms")),
-                        n["backend"].as_str().unwrap_or("?").to_string(),
+                        n.nsid.to_string(),
+                        bytes(n.size),
+                        format!("{} B", n.lba_size),
+                        n.timeout_ms.map_or("none".to_string(), |ms| format!("{ms} ms")),
+                        n.backend.clone(),
                     ]
                 })
                 .collect();
             table(&["NSID", "SIZE", "LBA", "TIMEOUT", "<BACKEND"], rows)
+        }),
+        "ns.add" => typed(r).map(|n: reply::NsInfo| {
+            format!(
+                "added namespace {}: {}, {} ({} blocks of {} bytes)\n",
+                n.nsid,
+                n.backend,
+                bytes(n.size),
+                n.blocks,
+                n.lba_size
+            )
+        }),
+        "ns.remove" => typed(r).map(|n: reply::NsRemoved| format!("removed namespace {}\n", n.nsid)),
+        "upgrade" => {
+            let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+            Some(format!(
+                "upgraded: pid {} -> {} ({}), guest I/O stalled {:.1} ms, {} ms in all{}\n",
+                u("old_pid"),
+                u("new_pid"),
+                r["binary"].as_str().unwrap_or("?"),
+                r["stall_ms"].as_f64().unwrap_or(0.0),
+                u("took_ms"),
+                if r["client"].as_bool() == Some(true) { "" } else { " (no client connected)" }
+            ))
         }
-        "ns.add" => format!(
-            "added namespace {}: {}, {} ({} blocks of {} bytes)\n",
-            u("nsid"),
-            r["backend"].as_str().unwrap_or("?"),
-            bytes(u("size")),
-            u("blocks"),
-            u("lba_size")
-        ),
-        "ns.remove" => format!("removed namespace {}\n", u("nsid")),
-        "upgrade" => format!(
-            "upgraded: pid {} -> {} ({}), guest I/O stalled {:.1} ms, {} ms in all{}\n",
-            u("old_pid"),
-            u("new_pid"),
-            r["binary"].as_str().unwrap_or("?"),
-            r["stall_ms"].as_f64().unwrap_or(0.0),
-            u("took_ms"),
-            if r["client"].as_bool() == Some(true) { "" } else { " (no client connected)" }
-        ),
-        "ns.resize" => format!("namespace {}: {} -> {}\n", u("nsid"), bytes(u("old_size")), bytes(u("size"))),
-        "log.set" => format!("log filter: {} (was {})\n", scalar(&r["filter"]), scalar(&r["previous"])),
-        "qos.get" => {
-            let rows = r["namespaces"]
-                .as_array()
-                .into_iter()
-                .flatten()
+        "ns.resize" => typed(r).map(|n: reply::NsResized| {
+            format!("namespace {}: {} -> {}\n", n.nsid, bytes(n.old_size), bytes(n.size))
+        }),
+        "log.set" => {
+            typed(r).map(|l: reply::LogSet| format!("log filter: {} (was {})\n", l.filter, l.previous))
+        }
+        "qos.get" => typed(r).map(|q: reply::QosGet| {
+            let rows = q
+                .namespaces
+                .iter()
                 .map(|n| {
                     vec![
-                        scalar(&n["nsid"]),
-                        scalar(&n["group"]),
-                        format!("{:.3} s", n["throttled_s"].as_f64().unwrap_or(0.0)),
-                        limits_text(&n["limits"]),
+                        n.nsid.to_string(),
+                        n.group.clone().unwrap_or_else(|| "-".into()),
+                        format!("{:.3} s", n.throttled_s),
+                        n.limits.as_ref().map_or("none".into(), limits_text),
                     ]
                 })
                 .collect();
             let mut s = table(&["NSID", "<GROUP", "HELD BACK", "<LIMITS"], rows);
-            for g in r["groups"].as_array().into_iter().flatten() {
-                s.push_str(&format!("group {}: {}\n", scalar(&g["group"]), limits_text(&g["limits"])));
+            for g in &q.groups {
+                s.push_str(&format!("group {}: {}\n", g.group, limits_text(&g.limits)));
             }
             s
-        }
-        "qos.set" => match r.get("nsid") {
-            Some(n) => format!("namespace {n}: {}\n", limits_text(&r["limits"])),
-            None => format!("group {}: {}\n", scalar(&r["group"]), limits_text(&r["limits"])),
-        },
-        _ => flat(r, ""),
-    }
+        }),
+        "qos.set" => typed(r).map(|q: reply::QosSet| {
+            let limits = q.limits.as_ref().map_or("none".into(), limits_text);
+            match (q.nsid, q.group) {
+                (Some(n), _) => format!("namespace {n}: {limits}\n"),
+                (None, g) => format!("group {}: {limits}\n", g.unwrap_or_default()),
+            }
+        }),
+        _ => None,
+    };
+    text.unwrap_or_else(|| flat(r, ""))
 }
 
 /// `ctrl.info`: one labelled line per fact.
-fn ctrl_info(r: &Value) -> String {
-    let s = |k: &str| scalar(&r[k]);
-    let on = |k: &str| if r[k].as_bool() == Some(true) { "on" } else { "off" };
+fn ctrl_info(i: &reply::CtrlInfo) -> String {
+    let f = &i.facts;
+    let on = |b: bool| if b { "on" } else { "off" };
     let lines = [
-        (
-            "server",
-            format!(
-                "vnvme {} (commit {}), pid {}, up {} s",
-                s("vnvme"),
-                s("commit"),
-                s("pid"),
-                s("uptime_s")
-            ),
-        ),
-        ("binary", s("exe")),
-        ("socket", s("socket")),
-        ("identity", format!("serial {}, PCI vendor:device {}", s("serial"), s("pci_id"))),
+        ("server", format!("vnvme {} (commit {}), pid {}, up {} s", f.vnvme, f.commit, f.pid, i.uptime_s)),
+        ("binary", f.exe.display().to_string()),
+        ("socket", f.socket.display().to_string()),
+        ("identity", format!("serial {}, PCI vendor:device {}", f.serial, f.pci_id)),
         (
             "state",
-            format!(
-                "{}, client {}",
-                s("state"),
-                if r["client_connected"].as_bool() == Some(true) { "connected" } else { "not connected" }
-            ),
+            format!("{}, client {}", i.state, if i.client_connected { "connected" } else { "not connected" }),
         ),
-        ("namespaces", format!("{} (at most {})", s("namespaces"), s("max_namespaces"))),
-        ("I/O queues", format!("{} (workers {}, polling {})", s("io_queues"), s("workers"), s("poll"))),
-        ("doorbells", format!("{}, shadow doorbells {}", s("doorbells"), on("shadow_doorbells"))),
-        ("DMA regions", format!("{} mapped (at most {})", s("dma_regions"), s("max_dma_regions"))),
-        ("client deadline", format!("{} ms", s("client_deadline_ms"))),
-        ("sandbox", on("sandbox").to_string()),
-        ("log", format!("filter {}, format {}", s("log_filter"), s("log_format"))),
+        ("namespaces", format!("{} (at most {})", i.namespaces, i.max_namespaces)),
+        ("I/O queues", format!("{} (workers {}, polling {})", f.io_queues, f.workers, f.poll)),
+        ("doorbells", format!("{}, shadow doorbells {}", f.doorbells, on(f.shadow_doorbells))),
+        ("DMA regions", format!("{} mapped (at most {})", i.dma_regions, f.max_dma_regions)),
+        ("client deadline", format!("{} ms", f.client_deadline_ms)),
+        ("sandbox", on(f.sandbox).to_string()),
+        ("log", format!("filter {}, format {}", i.log_filter, f.log_format)),
     ];
     lines.iter().map(|(k, v)| format!("{k:<16} {v}\n")).collect()
 }
@@ -302,17 +306,16 @@ fn scalar(v: &Value) -> String {
 }
 
 /// QoS limits as `iops=2000/s (burst 200) bps_wr=20 MiB/s (burst 2 MiB)`, or "none".
-fn limits_text(l: &Value) -> String {
-    const ORDER: [&str; 6] = ["iops", "iops_rd", "iops_wr", "bps", "bps_rd", "bps_wr"];
-    let parts: Vec<String> = ORDER
-        .iter()
-        .filter_map(|k| l.get(*k).filter(|v| !v.is_null()).map(|v| (k, v)))
-        .map(|(k, v)| {
-            let (rate, burst) = (v["rate"].as_u64().unwrap_or(0), v["burst"].as_u64().unwrap_or(0));
+fn limits_text(l: &reply::Limits) -> String {
+    let parts: Vec<String> = l
+        .all()
+        .into_iter()
+        .filter_map(|(k, r)| r.map(|r| (k, r)))
+        .map(|(k, r)| {
             if k.starts_with("bps") {
-                format!("{k}={}/s (burst {})", bytes(rate), bytes(burst))
+                format!("{k}={}/s (burst {})", bytes(r.rate), bytes(r.burst))
             } else {
-                format!("{k}={rate}/s (burst {burst})")
+                format!("{k}={}/s (burst {})", r.rate, r.burst)
             }
         })
         .collect();
@@ -359,8 +362,9 @@ mod tests {
     #[test]
     fn qos_limits_name_their_rate_and_burst_units() {
         let l = json!({"iops": {"rate": 2000, "burst": 200}, "bps_wr": {"rate": 20 << 20, "burst": 2 << 20}, "bps": null});
+        let l: reply::Limits = serde_json::from_value(l).unwrap();
         assert_eq!(limits_text(&l), "iops=2000/s (burst 200) bps_wr=20 MiB/s (burst 2 MiB)");
-        assert_eq!(limits_text(&json!({"iops": null})), "none");
+        assert_eq!(limits_text(&reply::Limits::default()), "none");
     }
 
     #[test]

@@ -1,0 +1,167 @@
+//! The control methods' answers as types: the server builds them, `vnvme ctl` (and
+//! `vnvme ctl upgrade`) reads them back, so a field is named in one place. Sizes
+//! are bytes; a time's unit is in its name.
+
+use serde::{Deserialize, Serialize};
+
+/// What never changes while a server runs (part of `ctrl.info`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Facts {
+    pub vnvme: String,
+    pub commit: String,
+    pub serial: String,
+    /// `vendor:device`, hex.
+    pub pci_id: String,
+    pub socket: std::path::PathBuf,
+    pub io_queues: u16,
+    pub workers: usize,
+    pub poll: String,
+    pub doorbells: String,
+    pub shadow_doorbells: bool,
+    pub sandbox: bool,
+    pub client_deadline_ms: u64,
+    pub max_dma_regions: usize,
+    pub pid: u32,
+    pub exe: std::path::PathBuf,
+    pub log_format: String,
+}
+
+/// `ctrl.info`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CtrlInfo {
+    #[serde(flatten)]
+    pub facts: Facts,
+    /// "disabled", "ready", "shut-down" or "fatal".
+    pub state: String,
+    pub client_connected: bool,
+    pub namespaces: usize,
+    pub max_namespaces: u32,
+    pub dma_regions: usize,
+    pub uptime_s: u64,
+    pub log_filter: String,
+}
+
+/// One namespace (`ns.list`, `ns.add`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsInfo {
+    pub nsid: u32,
+    /// The backend's description.
+    pub backend: String,
+    pub size: u64,
+    pub lba_size: u64,
+    pub blocks: u64,
+    /// The command timeout; none: commands never time out.
+    pub timeout_ms: Option<u64>,
+    pub volatile_cache: bool,
+    pub discard: bool,
+    pub write_zeroes: bool,
+    /// The `--ns` text it was made from.
+    pub spec: Option<String>,
+}
+
+/// `ns.list`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsList {
+    pub namespaces: Vec<NsInfo>,
+}
+
+/// `ns.remove`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsRemoved {
+    pub nsid: u32,
+}
+
+/// `ns.resize`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsResized {
+    pub nsid: u32,
+    pub old_size: u64,
+    pub size: u64,
+}
+
+/// One QoS limit: per second, and the burst allowed above it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rate {
+    pub rate: u64,
+    pub burst: u64,
+}
+
+/// A set of QoS limits (none: no limit of that kind).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub iops: Option<Rate>,
+    pub iops_rd: Option<Rate>,
+    pub iops_wr: Option<Rate>,
+    pub bps: Option<Rate>,
+    pub bps_rd: Option<Rate>,
+    pub bps_wr: Option<Rate>,
+}
+
+impl Limits {
+    /// Each kind with its name, in a fixed order.
+    pub fn all(&self) -> [(&'static str, Option<Rate>); 6] {
+        [
+            ("iops", self.iops),
+            ("iops_rd", self.iops_rd),
+            ("iops_wr", self.iops_wr),
+            ("bps", self.bps),
+            ("bps_rd", self.bps_rd),
+            ("bps_wr", self.bps_wr),
+        ]
+    }
+}
+
+impl From<&nvme_ctrl::qos::QosLimits> for Limits {
+    fn from(l: &nvme_ctrl::qos::QosLimits) -> Limits {
+        let one = |x: Option<nvme_ctrl::qos::Limit>| x.map(|l| Rate { rate: l.rate, burst: l.burst() });
+        Limits {
+            iops: one(l.iops),
+            iops_rd: one(l.read_iops),
+            iops_wr: one(l.write_iops),
+            bps: one(l.bps),
+            bps_rd: one(l.read_bps),
+            bps_wr: one(l.write_bps),
+        }
+    }
+}
+
+/// `qos.set`: the namespace (with its group, if any) or the group changed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosSet {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+    pub group: Option<String>,
+    pub limits: Option<Limits>,
+}
+
+/// One namespace in `qos.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosNamespace {
+    pub nsid: u32,
+    pub group: Option<String>,
+    pub limits: Option<Limits>,
+    pub throttled_commands: u64,
+    /// Time its commands were held back in all.
+    pub throttled_s: f64,
+}
+
+/// One named group in `qos.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosGroup {
+    pub group: String,
+    pub limits: Limits,
+}
+
+/// `qos.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosGet {
+    pub namespaces: Vec<QosNamespace>,
+    pub groups: Vec<QosGroup>,
+}
+
+/// `log.set`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogSet {
+    pub filter: String,
+    pub previous: String,
+}
