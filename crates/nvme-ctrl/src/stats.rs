@@ -43,7 +43,7 @@ pub struct Stats {
 
 /// A plain copy of [`Stats`] at one moment (serialised with the counters' names as
 /// keys: the stats file and the control socket show it so).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatsSnapshot {
     pub doorbell_writes: u64,
     pub io_doorbell_writes: u64,

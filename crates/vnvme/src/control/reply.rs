@@ -165,3 +165,79 @@ pub struct LogSet {
     pub filter: String,
     pub previous: String,
 }
+
+/// One kind of command of a namespace in `stats.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpStats {
+    pub commands: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    /// Submission to completion, averaged, to 0.1 us.
+    pub latency_avg_us: f64,
+}
+
+/// One namespace in `stats.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsStats {
+    pub nsid: u32,
+    pub read: OpStats,
+    pub write: OpStats,
+    pub flush: OpStats,
+    pub other: OpStats,
+    pub throttled_commands: u64,
+    pub throttled_s: f64,
+}
+
+/// One I/O queue pair in `stats.get` (doorbell writes: trapped ones).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStats {
+    pub qid: u16,
+    /// The worker that runs it; none: the server's own thread (inline).
+    pub worker: Option<usize>,
+    pub commands: u64,
+    pub sq_doorbell_writes: u64,
+    pub cq_doorbell_writes: u64,
+    pub completions: u64,
+    pub interrupts: u64,
+}
+
+/// One I/O worker thread in `stats.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    pub worker: usize,
+    pub sleeps: u64,
+    pub wakeups: u64,
+    pub spin_hits: u64,
+    pub spin_misses: u64,
+    pub spin_contended: u64,
+    pub spin_ns: u64,
+    pub spin_lost_ns: u64,
+}
+
+/// CPU per command adaptive polling measured in each regime (none: not yet).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PollCost {
+    pub sleep: Option<u64>,
+    pub spin: Option<u64>,
+}
+
+/// Adaptive polling's verdict in `stats.get`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdaptivePoll {
+    pub choice: String,
+    pub running: String,
+    pub cpu_per_command_ns: PollCost,
+    pub epochs: u64,
+    pub changes: u64,
+}
+
+/// `stats.get`: one scrape of the controller.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub controller: nvme_ctrl::StatsSnapshot,
+    pub namespaces: Vec<NsStats>,
+    pub queues: Vec<QueueStats>,
+    pub workers: Vec<WorkerStats>,
+    /// None with `--poll off` or `always`.
+    pub adaptive_poll: Option<AdaptivePoll>,
+}

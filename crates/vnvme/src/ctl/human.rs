@@ -14,7 +14,7 @@ pub(super) fn human(method: &str, r: &Value) -> String {
     }
     let text = match method {
         "ctrl.info" => typed(r).map(|i| ctrl_info(&i)),
-        "stats.get" => Some(stats(r)),
+        "stats.get" => typed(r).map(|st| stats(&st)),
         "ns.list" => typed(r).map(|l: reply::NsList| {
             let rows = l
                 .namespaces
@@ -117,40 +117,35 @@ fn ctrl_info(i: &reply::CtrlInfo) -> String {
 
 /// `stats.get`: the controller's counters, then a table per namespace, queue and
 /// worker.
-fn stats(r: &Value) -> String {
-    let c = &r["controller"];
-    let n = |k: &str| c[k].as_u64().unwrap_or(0);
-    let per = |k: &str| {
-        let io = n("io_commands");
-        if io == 0 {
+fn stats(r: &reply::Stats) -> String {
+    let c = &r.controller;
+    let per = |n: u64| {
+        if c.io_commands == 0 {
             String::new()
         } else {
-            format!(" ({:.3} per I/O command)", n(k) as f64 / io as f64)
+            format!(" ({:.3} per I/O command)", n as f64 / c.io_commands as f64)
         }
     };
     let mut s = String::from("controller\n");
     let lines = [
         (
             "I/O commands",
-            format!("{} (reads {}, writes {})", n("io_commands"), n("read_commands"), n("write_commands")),
+            format!("{} (reads {}, writes {})", c.io_commands, c.read_commands, c.write_commands),
         ),
-        ("admin commands", n("admin_commands").to_string()),
-        ("data", format!("{} read, {} written", bytes(n("bytes_read")), bytes(n("bytes_written")))),
+        ("admin commands", c.admin_commands.to_string()),
+        ("data", format!("{} read, {} written", bytes(c.bytes_read), bytes(c.bytes_written))),
         (
             "errors",
             format!(
                 "{} completed with an error status (backend {}, media {}, timed out {})",
-                n("errors"),
-                n("backend_errors"),
-                n("media_errors"),
-                n("timeouts")
+                c.errors, c.backend_errors, c.media_errors, c.timeouts
             ),
         ),
-        ("doorbell writes", format!("{} trapped, all queues", n("doorbell_writes"))),
-        ("  I/O SQ", format!("{}{}", n("io_doorbell_writes"), per("io_doorbell_writes"))),
-        ("  I/O CQ", format!("{}{}", n("io_cq_doorbell_writes"), per("io_cq_doorbell_writes"))),
-        ("shadow reads", format!("{} (EventIdx races {})", n("shadow_reads"), n("eventidx_races"))),
-        ("interrupts", format!("{}{}", n("interrupts"), per("interrupts"))),
+        ("doorbell writes", format!("{} trapped, all queues", c.doorbell_writes)),
+        ("  I/O SQ", format!("{}{}", c.io_doorbell_writes, per(c.io_doorbell_writes))),
+        ("  I/O CQ", format!("{}{}", c.io_cq_doorbell_writes, per(c.io_cq_doorbell_writes))),
+        ("shadow reads", format!("{} (EventIdx races {})", c.shadow_reads, c.eventidx_races)),
+        ("interrupts", format!("{}{}", c.interrupts, per(c.interrupts))),
     ];
     for (k, v) in lines {
         s.push_str(&format!("  {k:<18} {v}\n"));
@@ -158,24 +153,22 @@ fn stats(r: &Value) -> String {
 
     let mut rows = Vec::new();
     let mut held = Vec::new();
-    for ns in r["namespaces"].as_array().into_iter().flatten() {
-        for op in ["read", "write", "flush", "other"] {
-            let o = &ns[op];
+    for ns in &r.namespaces {
+        for (op, o) in [("read", &ns.read), ("write", &ns.write), ("flush", &ns.flush), ("other", &ns.other)]
+        {
             rows.push(vec![
-                scalar(&ns["nsid"]),
+                ns.nsid.to_string(),
                 op.to_string(),
-                scalar(&o["commands"]),
-                bytes(o["bytes"].as_u64().unwrap_or(0)),
-                scalar(&o["errors"]),
-                format!("{:.1} us", o["latency_avg_us"].as_f64().unwrap_or(0.0)),
+                o.commands.to_string(),
+                bytes(o.bytes),
+                o.errors.to_string(),
+                format!("{:.1} us", o.latency_avg_us),
             ]);
         }
-        if ns["throttled_commands"].as_u64().unwrap_or(0) > 0 {
+        if ns.throttled_commands > 0 {
             held.push(format!(
                 "namespace {}: QoS held back {} commands for {:.3} s in all\n",
-                scalar(&ns["nsid"]),
-                scalar(&ns["throttled_commands"]),
-                ns["throttled_s"].as_f64().unwrap_or(0.0)
+                ns.nsid, ns.throttled_commands, ns.throttled_s
             ));
         }
     }
@@ -183,20 +176,18 @@ fn stats(r: &Value) -> String {
     s.push_str(&table(&["NSID", "<KIND", "COMMANDS", "DATA", "ERRORS", "AVG LATENCY"], rows));
     s.extend(held);
 
-    let rows = r["queues"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows = r
+        .queues
+        .iter()
         .map(|q| {
-            let w = q["worker"].as_u64().map_or("inline".to_string(), |w| w.to_string());
             vec![
-                scalar(&q["qid"]),
-                w,
-                scalar(&q["commands"]),
-                scalar(&q["completions"]),
-                scalar(&q["interrupts"]),
-                scalar(&q["sq_doorbell_writes"]),
-                scalar(&q["cq_doorbell_writes"]),
+                q.qid.to_string(),
+                q.worker.map_or("inline".to_string(), |w| w.to_string()),
+                q.commands.to_string(),
+                q.completions.to_string(),
+                q.interrupts.to_string(),
+                q.sq_doorbell_writes.to_string(),
+                q.cq_doorbell_writes.to_string(),
             ]
         })
         .collect();
@@ -206,21 +197,21 @@ fn stats(r: &Value) -> String {
         rows,
     ));
 
-    let workers = r["workers"].as_array().map_or(&[][..], Vec::as_slice);
-    if !workers.is_empty() {
-        let ms = |v: &Value| format!("{:.1} ms", v.as_u64().unwrap_or(0) as f64 / 1e6);
-        let rows = workers
+    if !r.workers.is_empty() {
+        let ms = |ns: u64| format!("{:.1} ms", ns as f64 / 1e6);
+        let rows = r
+            .workers
             .iter()
             .map(|w| {
                 vec![
-                    scalar(&w["worker"]),
-                    scalar(&w["sleeps"]),
-                    scalar(&w["wakeups"]),
-                    scalar(&w["spin_hits"]),
-                    scalar(&w["spin_misses"]),
-                    scalar(&w["spin_contended"]),
-                    ms(&w["spin_ns"]),
-                    ms(&w["spin_lost_ns"]),
+                    w.worker.to_string(),
+                    w.sleeps.to_string(),
+                    w.wakeups.to_string(),
+                    w.spin_hits.to_string(),
+                    w.spin_misses.to_string(),
+                    w.spin_contended.to_string(),
+                    ms(w.spin_ns),
+                    ms(w.spin_lost_ns),
                 ]
             })
             .collect();
@@ -231,18 +222,17 @@ fn stats(r: &Value) -> String {
         ));
     }
 
-    let p = &r["adaptive_poll"];
-    if p.is_object() {
-        let ns = |v: &Value| v.as_f64().map_or("not measured".to_string(), |x| format!("{x:.0} ns"));
+    if let Some(p) = &r.adaptive_poll {
+        let ns = |v: Option<u64>| v.map_or("not measured".to_string(), |x| format!("{x} ns"));
         s.push_str(&format!(
             "\nadaptive polling: {} now, {} chosen; CPU per command: sleeping {}, spinning {}; {} epochs, {} \
              changes\n",
-            scalar(&p["running"]),
-            scalar(&p["choice"]),
-            ns(&p["cpu_per_command_ns"]["sleep"]),
-            ns(&p["cpu_per_command_ns"]["spin"]),
-            scalar(&p["epochs"]),
-            scalar(&p["changes"])
+            p.running,
+            p.choice,
+            ns(p.cpu_per_command_ns.sleep),
+            ns(p.cpu_per_command_ns.spin),
+            p.epochs,
+            p.changes
         ));
     }
     s
@@ -406,7 +396,7 @@ mod tests {
             "queues": [{"qid": 1, "worker": null, "commands": 200, "completions": 200, "interrupts": 100,
                 "sq_doorbell_writes": 50, "cq_doorbell_writes": 10}],
             "workers": [],
-            "adaptive_poll": {"choice": "spin", "running": "spin", "cpu_per_command_ns": {"sleep": 2100.0, "spin": null},
+            "adaptive_poll": {"choice": "spin", "running": "spin", "cpu_per_command_ns": {"sleep": 2100, "spin": null},
                 "epochs": 4, "changes": 1},
         });
         let s = human("stats.get", &r);

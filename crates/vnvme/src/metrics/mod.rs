@@ -16,7 +16,9 @@ use std::time::Instant;
 use nvme_ctrl::{
     Lifecycle, NsStatsSnapshot, OpSnapshot, QueueSnapshot, Regime, Stats, StatsSnapshot, Verdict,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::control::reply;
 use vfio_user_server::Device;
 
 /// Everything one scrape reports.
@@ -123,74 +125,70 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
 
 /// A scrape as `stats.get` answers: the controller's counters, then each namespace
 /// (per kind of command, with the average latency), queue and worker, and adaptive
-/// polling's verdict. Times carry their unit in their key.
+/// polling's verdict.
 pub fn json(s: &Scrape) -> Value {
+    serde_json::to_value(report(s)).unwrap_or(Value::Null)
+}
+
+/// A scrape as the control socket's typed `stats.get` answer.
+pub fn report(s: &Scrape) -> reply::Stats {
     let op = |o: &OpSnapshot| {
         let avg_us = if o.commands > 0 { o.latency_sum_ns as f64 / o.commands as f64 / 1000.0 } else { 0.0 };
-        json!({ "commands": o.commands, "bytes": o.bytes, "errors": o.errors,
-                "latency_avg_us": (avg_us * 10.0).round() / 10.0 })
+        reply::OpStats {
+            commands: o.commands,
+            bytes: o.bytes,
+            errors: o.errors,
+            latency_avg_us: (avg_us * 10.0).round() / 10.0,
+        }
     };
-    let namespaces: Vec<Value> = s
-        .namespaces
-        .iter()
-        .map(|n| {
-            let st = &n.stats;
-            json!({
-                "nsid": n.nsid,
-                "read": op(&st.read),
-                "write": op(&st.write),
-                "flush": op(&st.flush),
-                "other": op(&st.other),
-                "throttled_commands": st.throttled_commands,
-                "throttled_s": st.throttled_ns as f64 / 1e9,
+    reply::Stats {
+        controller: s.controller,
+        namespaces: s
+            .namespaces
+            .iter()
+            .map(|n| reply::NsStats {
+                nsid: n.nsid,
+                read: op(&n.stats.read),
+                write: op(&n.stats.write),
+                flush: op(&n.stats.flush),
+                other: op(&n.stats.other),
+                throttled_commands: n.stats.throttled_commands,
+                throttled_s: n.stats.throttled_ns as f64 / 1e9,
             })
-        })
-        .collect();
-    let queues: Vec<Value> = s
-        .queues
-        .iter()
-        .map(|q| {
-            json!({
-                "qid": q.qid,
-                "worker": q.worker,
-                "commands": q.commands,
-                "sq_doorbell_writes": q.sq_doorbell_writes,
-                "cq_doorbell_writes": q.cq_doorbell_writes,
-                "completions": q.completions,
-                "interrupts": q.interrupts,
+            .collect(),
+        queues: s
+            .queues
+            .iter()
+            .map(|q| reply::QueueStats {
+                qid: q.qid,
+                worker: q.worker,
+                commands: q.commands,
+                sq_doorbell_writes: q.sq_doorbell_writes,
+                cq_doorbell_writes: q.cq_doorbell_writes,
+                completions: q.completions,
+                interrupts: q.interrupts,
             })
-        })
-        .collect();
-    let workers: Vec<Value> = s
-        .workers
-        .iter()
-        .map(|w| {
-            json!({
-                "worker": w.index,
-                "sleeps": w.sleeps,
-                "wakeups": w.wakeups,
-                "spin_hits": w.spin_hits,
-                "spin_misses": w.spin_misses,
-                "spin_contended": w.spin_contended,
-                "spin_ns": w.spin_ns,
-                "spin_lost_ns": w.spin_lost_ns,
+            .collect(),
+        workers: s
+            .workers
+            .iter()
+            .map(|w| reply::WorkerStats {
+                worker: w.index,
+                sleeps: w.sleeps,
+                wakeups: w.wakeups,
+                spin_hits: w.spin_hits,
+                spin_misses: w.spin_misses,
+                spin_contended: w.spin_contended,
+                spin_ns: w.spin_ns,
+                spin_lost_ns: w.spin_lost_ns,
             })
-        })
-        .collect();
-    let poll = s.poll.as_ref().map(|v| {
-        json!({
-            "choice": v.choice.name(),
-            "running": v.running.name(),
-            "cpu_per_command_ns": { "sleep": v.cost(Regime::Sleep), "spin": v.cost(Regime::Spin) },
-            "epochs": v.epochs,
-            "changes": v.changes,
-        })
-    });
-    json!({
-        "controller": s.controller,
-        "namespaces": namespaces,
-        "queues": queues,
-        "workers": workers,
-        "adaptive_poll": poll,
-    })
+            .collect(),
+        adaptive_poll: s.poll.as_ref().map(|v| reply::AdaptivePoll {
+            choice: v.choice.name().into(),
+            running: v.running.name().into(),
+            cpu_per_command_ns: reply::PollCost { sleep: v.cost(Regime::Sleep), spin: v.cost(Regime::Spin) },
+            epochs: v.epochs,
+            changes: v.changes,
+        }),
+    }
 }
