@@ -19,7 +19,7 @@ from vnvme_report import bar_chart, machine  # noqa: E402
 
 PAYLOAD = re.compile(r"(^|[^a-z])(__)?(memset|memcpy|memmove|mempcpy)")
 CRATES = ["nvme_ctrl", "guest_mem", "block_backend", "vfio_user_server", "vfio_user", "nvme_driver",
-          "nvme_spec", "test_kit", "vnvme", "tracing", "std", "core", "alloc"]
+          "nvme_spec", "nvme_inproc", "vnvme", "tracing", "std", "core", "alloc"]
 
 
 def annotate(path):
@@ -134,7 +134,7 @@ def main():
         return {"instr_per_io": d["instr_per_io"], "payload_per_io": payload,
                 "controller_per_io": by.get("nvme_ctrl", 0.0) + by.get("guest_mem", 0.0)
                 + by.get("block_backend", 0.0) + by.get("nvme_spec", 0.0),
-                "client_per_io": by.get("nvme_driver", 0.0) + by.get("vnvme", 0.0) + by.get("test_kit", 0.0),
+                "client_per_io": by.get("nvme_driver", 0.0) + by.get("vnvme", 0.0) + by.get("nvme_inproc", 0.0),
                 "by_crate": by, "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
                 "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
 

@@ -19,7 +19,7 @@ cleanup() {
     rm -rf "$LOG"
 }
 trap cleanup EXIT
-# Skips are recorded apart: Rust tests (`test_kit::skip`: one line per skipped test),
+# Skips are recorded apart: Rust tests (`test_util::skip`: one line per skipped test),
 # guest checks (guest-tests.sh counts its own), and notes about what this machine
 # lacks (a tool that could not be fetched), which are not tests.
 RUST_SKIPS="$LOG/skips-rust"

@@ -16,11 +16,11 @@ use block_backend::{
     UringOptions,
 };
 use guest_mem::GuestMemory;
-use test_kit::pattern;
+use test_util::pattern;
 
 const MIB: u64 = 1 << 20;
 
-use test_kit::skip;
+use test_util::skip;
 
 /// A file that is removed when the test ends, however it ends.
 struct TempFile(PathBuf);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use block_backend::{Backend, BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment};
 use guest_mem::GuestMemory;
 use nbd_disk::NbdBackend;
-use test_kit::nbd::{servers, NbdServer};
+use test_servers::nbd::{servers, NbdServer};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -37,7 +37,7 @@ fn qemu_nbd(bin: &Path, img: &Path, socket: &Path) -> NbdServer {
 
 fn qcow2(bin: &Path, dir: &Path, size: &str) -> PathBuf {
     let img = dir.join("disk.qcow2");
-    test_kit::nbd::qcow2(bin, &img, size);
+    test_servers::nbd::qcow2(bin, &img, size);
     img
 }
 

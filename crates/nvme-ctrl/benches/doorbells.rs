@@ -31,7 +31,8 @@ use block_backend::NullBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, StatsSnapshot};
 use nvme_spec::opcode::nvm as iop;
 use serde::Serialize;
-use test_kit::{InitOptions, MockHost, Rng};
+use test_kit::{InitOptions, MockHost};
+use test_util::Rng;
 
 /// The I/O queue every command goes through (one fio job on one CPU uses one queue).
 const QID: u16 = 1;
@@ -120,7 +121,7 @@ impl Knobs {
             namespace_bytes: NS_BYTES,
             lba_format: LBA_FORMAT,
             interrupts: "MSI-X, one vector per CQ, coalescing off",
-            rng: format!("test_kit::Rng (xorshift64*), seed {RNG_SEED:#x}, uniform 4 KiB-aligned offsets"),
+            rng: format!("test_util::Rng (xorshift64*), seed {RNG_SEED:#x}, uniform 4 KiB-aligned offsets"),
             host_model: "per-command SQ tail update; device runs when the host waits; \
                          one CQ head update per reap pass; one resubmission per completion",
             timing: "wall clock of the I/O loop only (bring-up excluded); host and device \

@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use nvme_spec::Status;
-use test_kit::{pattern, MockHost};
+use test_kit::MockHost;
+use test_util::pattern;
 
 const SES_USER_DATA: u32 = 1 << 9;
 

@@ -7,7 +7,8 @@ use common::*;
 use nvme_spec::log::lid;
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::Status;
-use test_kit::{pattern, MockHost};
+use test_kit::MockHost;
+use test_util::pattern;
 use zerocopy::little_endian::U32;
 
 /// An enabled controller with three RAM namespaces and two I/O queue pairs.

@@ -8,7 +8,8 @@ use common::*;
 use nvme_spec::features::fid;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
-use test_kit::{pattern, MockHost, PAGE};
+use test_kit::{MockHost, PAGE};
+use test_util::pattern;
 
 /// A page-aligned queue ring of `pages` pages.
 fn ring(h: &mut MockHost, pages: u64) -> u64 {

@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 use io_common::*;
 use nvme_spec::regs::DoorbellKind::{CqHead, SqTail};
 use nvme_spec::{Sqe, Status};
-use test_kit::{InitOptions, MockHost, Rng};
+use test_kit::{InitOptions, MockHost};
+use test_util::Rng;
 
 const NS_BYTES: u64 = 1 << 20;
 

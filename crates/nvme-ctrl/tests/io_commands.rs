@@ -11,7 +11,8 @@ use io_common::*;
 use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Status, NSID_ALL};
-use test_kit::{InitOptions, MockHost, Rng, PAGE};
+use test_kit::{InitOptions, MockHost, PAGE};
+use test_util::Rng;
 use zerocopy::little_endian::U32;
 
 const FUA: u32 = 1 << 30;

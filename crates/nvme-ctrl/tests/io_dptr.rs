@@ -10,7 +10,8 @@ use nvme_spec::nvm::DatasetManagementCmd;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::sgl::{SglDescriptor, SglType, SGL_SUBTYPE_OFFSET};
 use nvme_spec::{Cqe, Sqe, Status};
-use test_kit::{MockHost, Rng, PAGE};
+use test_kit::{MockHost, PAGE};
+use test_util::Rng;
 use zerocopy::IntoBytes;
 
 const NS_BYTES: u64 = 8 << 20;

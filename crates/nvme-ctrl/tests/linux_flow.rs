@@ -7,7 +7,8 @@ use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
-use test_kit::{pattern, InitOptions, MockHost, PAGE};
+use test_kit::{InitOptions, MockHost, PAGE};
+use test_util::pattern;
 
 fn ram_host(size: u64, lba_format: u8) -> (MockHost, RamBackend) {
     let ram = RamBackend::new(size);

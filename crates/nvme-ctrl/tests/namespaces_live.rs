@@ -76,7 +76,7 @@ fn added_namespace_takes_io(workers: usize) {
     assert_eq!(notice(&mut h, aer), vec![2]);
     assert_eq!(active_list(&mut h), vec![1, 2]);
     assert_eq!(nsze(&mut h, 2), (4 << 20) / 512);
-    let data = test_kit::pattern(2, 4096);
+    let data = test_util::pattern(2, 4096);
     for qid in [1, 2] {
         assert_eq!(h.write_blocks(qid, 2, 8, 512, &data), Status::SUCCESS);
         assert_eq!(h.read_blocks(qid, 2, 8, 8, 512), (Status::SUCCESS, data.clone()));

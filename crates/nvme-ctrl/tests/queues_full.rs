@@ -17,8 +17,9 @@ use block_backend::{Backend, BackendInfo, BackendQueue, Completion, RamBackend, 
 use guest_mem::GuestMemory;
 use io_common::*;
 use nvme_spec::{Cqe, Status};
-use test_kit::{CqRing, HostSq, Rng};
+use test_kit::{CqRing, HostSq};
 use test_kit::{InitOptions, MockHost};
+use test_util::Rng;
 
 const NS_BYTES: u64 = 1 << 20;
 

@@ -15,7 +15,8 @@ use nvme_ctrl::{Controller, ControllerConfig, ControllerState, NamespaceConfig, 
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Cqe, Status};
-use test_kit::{pattern, HostSq, InitOptions, ManualClock, MockHost, Rng};
+use test_kit::{HostSq, InitOptions, ManualClock, MockHost};
+use test_util::{pattern, Rng};
 
 const MEM: u64 = 64 << 20;
 const NS_BYTES: u64 = 1 << 20;
@@ -475,7 +476,7 @@ fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
     h.process();
     let bound = std::time::Duration::from_millis(300);
     let t0 = clock.peek();
-    let r = test_kit::bounded("quiesce", || h.ctrl.quiesce(bound));
+    let r = test_util::bounded("quiesce", || h.ctrl.quiesce(bound));
     assert!(matches!(r, Err(StateError::Busy(_))), "{r:?}");
     let took = clock.peek() - t0;
     assert!(

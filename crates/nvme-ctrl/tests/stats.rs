@@ -15,7 +15,7 @@ fn namespace_and_queue_counters_follow_the_commands() {
     let mut h = MockHost::new(cfg, MEM);
     h.init(InitOptions { io_queues: 2, queue_size: 64, shadow_doorbells: false, ..Default::default() })
         .unwrap();
-    let data = test_kit::pattern(1, 4096);
+    let data = test_util::pattern(1, 4096);
     for i in 0..5 {
         assert_eq!(h.write_blocks(1, 1, i * 8, 512, &data), Status::SUCCESS);
     }

@@ -31,7 +31,7 @@ fn stepping() -> Arc<SteppingClock> {
 /// test run if a broken bound never lets it return).
 fn clock_time<T>(clock: &SteppingClock, f: impl FnOnce() -> T) -> (T, Duration) {
     let t0 = clock.peek();
-    let r = test_kit::bounded("a teardown on a stepping clock", f);
+    let r = test_util::bounded("a teardown on a stepping clock", f);
     (r, clock.peek() - t0)
 }
 
@@ -133,7 +133,7 @@ fn a_late_completion_after_a_timeout_is_ignored() {
 #[test]
 fn a_delayed_write_completes_successfully_after_the_delay() {
     let mut h = host(&["write/delay=50"], Some(Duration::from_secs(30)), Arc::new(MonotonicClock::default()));
-    let data = test_kit::Rng::new(7).bytes(LBA as usize);
+    let data = test_util::Rng::new(7).bytes(LBA as usize);
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &data).unwrap();
     let s = h.rw_sqe(WRITE, 1, 40, 1, buf, LBA as u64);

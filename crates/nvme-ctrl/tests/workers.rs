@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
 use nvme_spec::opcode::nvm as iop;
-use test_kit::{pattern, InitOptions, MockHost};
+use test_kit::{InitOptions, MockHost};
+use test_util::pattern;
 
 /// Waits (bounded) until queue `qid` has returned `n` completions; returns them.
 fn wait_for(h: &mut MockHost, qid: u16, n: usize) -> Vec<nvme_spec::Cqe> {

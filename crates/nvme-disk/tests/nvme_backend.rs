@@ -23,8 +23,8 @@ use guest_mem::GuestMemory;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode};
 use nvme_disk::{NvmeBackend, NvmeBackendOptions, NvmeBackendStats, NvmeTarget, OpenError};
 use nvme_driver::{CompletionMode, DriverOptions, NvmeDriver, VfioUserOptions, VfioUserTransport};
+use nvme_inproc::{InProcessOptions, InProcessTransport};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use test_kit::{InProcessOptions, InProcessTransport};
 use vfio_user_server::{server, Device, DeviceOptions, DoorbellMode, EventFdInterrupts};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -191,7 +191,7 @@ impl Drop for Downstream {
 
 /// Guest memory backed by sealed memfds (what QEMU hands a vfio-user device), one per
 /// range.
-use test_kit::memfd::memfd_memory;
+use test_kit::memfd_memory;
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i as u64).wrapping_mul(131).wrapping_add(seed * 7919) >> 3) as u8).collect()
@@ -385,7 +385,7 @@ fn fd_backed_guest_memory_moves_zero_copy() {
 
     // A new snapshot with one region more: only that region is mapped; the old ones
     // are reused.
-    let fd = test_kit::memfd::memfd(MIB);
+    let fd = test_util::memfd::memfd(MIB);
     let mem2 = mem.with_fd_region(0x2_0000_0000, MIB, fd.as_fd(), 0, true).unwrap();
     mem2.write(0x2_0000_0000, &data[..4096]).unwrap();
     ok(&run(

@@ -9,7 +9,8 @@ use std::time::Duration;
 use block_backend::RamBackend;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig, PollMode};
 use nvme_driver::{CompletionMode, DriverOptions, IoCommand, LbaRange, NvmeDriver};
-use test_kit::{pattern, InProcessOptions, InProcessTransport};
+use nvme_inproc::{InProcessOptions, InProcessTransport};
+use test_util::pattern;
 
 fn in_process() -> InProcessTransport {
     let cfg = ControllerConfig {

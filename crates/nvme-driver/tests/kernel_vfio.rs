@@ -17,7 +17,7 @@ use nvme_spec::identify::cns;
 use nvme_spec::regs::{doorbell_offset, offset, Cap, Cc, Csts, DoorbellKind};
 use nvme_spec::Cqe;
 
-use test_kit::skip;
+use test_util::skip;
 
 /// The device to test, or why there is none.
 fn device() -> Result<String, String> {

@@ -3,7 +3,7 @@
 
 use crate::program::{Action, Codec, Program, Reader, Setup, MAX_ACTIONS};
 
-pub use test_kit::Rng;
+pub use test_util::Rng;
 
 /// FNV-1a, for naming crash files after their contents.
 pub fn fnv1a(data: &[u8]) -> u64 {

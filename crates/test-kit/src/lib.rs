@@ -1,4 +1,5 @@
-//! The test kit: what tests, the fuzzer and the benchmarks share.
+//! The test kit: the mock host the controller's tests, the fuzzer and the benchmarks
+//! drive it with.
 //!
 //! - [`MockHost`] drives an [`nvme_ctrl::Controller`] the way Linux's nvme driver
 //!   (drivers/nvme/host/pci.c) does, over mock guest memory in this process. It
@@ -14,34 +15,27 @@
 //!   three facades: [`admin`] (send an admin command, get its completion; every one
 //!   runs the device), [`io`] (queue pairs and queues created one at a time) and
 //!   [`raw`] (admin commands with every field given, for the error paths).
-//! - [`InProcessTransport`]: the userspace driver's transport to a controller in
-//!   this process (the driver-against-controller test tier, `vnvme perf --in-process`).
-//! - Shared test utilities: one data [`pattern`], one seeded [`Rng`],
-//!   [`memfd`](mod@memfd) helpers (shared-memory files sealed against shrinking), and
-//!   real NBD servers ([`nbd`]: qemu-nbd, nbdkit), and a [`watchdog`] that ends a
-//!   call that would otherwise hang a test run forever.
+//! - Test doubles around the controller: interrupt sinks and clocks ([`CountingIrq`],
+//!   [`ManualClock`], [`SteppingClock`]), a backend that records what reached it
+//!   ([`recording`]), guest memory over sealed memfds ([`memfd_memory`]).
+//!
+//! What tests share below the controller lives in `test-util` (the seeded generator,
+//! the data pattern, memfds, skips, the watchdog); the real NBD and Ceph servers in
+//! `test-servers`; the in-process transport `vnvme perf --in-process` uses is product
+//! code, in `nvme-inproc`.
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod ceph;
 mod host;
-pub mod in_process;
 pub mod io;
 mod irq;
-pub mod memfd;
-pub mod nbd;
+mod memfd;
 pub mod raw;
 pub mod recording;
 pub mod ring;
-mod rng;
-mod skip;
-mod watchdog;
 
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
-pub use in_process::{InProcessOptions, InProcessTransport};
 pub use io::HostSq;
 pub use irq::{CountingIrq, ManualClock, SteppingClock};
+pub use memfd::memfd_memory;
 pub use ring::{CqRing, SqRing};
-pub use rng::{pattern, Rng};
-pub use skip::skip;
-pub use watchdog::{bounded, watchdog, watchdog_for, Watchdog, WATCHDOG_LIMIT};

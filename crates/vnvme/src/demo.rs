@@ -1,16 +1,14 @@
-//! `vnvme demo`: the controller in this process, driven by the built-in host.
+//! `vnvme demo`: a controller in this process, driven by vnvme's own userspace NVMe
+//! driver over the in-process transport (register writes are function calls, DMA
+//! memory is shared by address): no VMM, no socket, no guest.
 
 use std::time::Instant;
 
-use nvme_ctrl::ControllerConfig;
-use nvme_spec::opcode::nvm as iop;
-use test_kit::{InitOptions, MockHost};
+use nvme_ctrl::{ControllerConfig, PollMode};
+use nvme_driver::{CompletionMode, DriverOptions, IoCommand, NvmeDriver};
+use nvme_inproc::{InProcessOptions, InProcessTransport};
 
-use crate::nsspec::NsSpec;
-
-fn ascii(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
-}
+use crate::nsspec::{human_size, Kind, NsSpec};
 
 /// `vnvme demo`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -29,69 +27,75 @@ pub struct DemoArgs {
     pub no_shadow: bool,
 }
 
+/// The queue depths of the closing table.
+const DEPTHS: [u32; 4] = [1, 4, 16, 64];
+
 pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let DemoArgs { namespaces: specs, queues, commands, no_shadow } = a;
     let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
     let cfg =
         ControllerConfig { namespaces: opened.iter().map(|o| o.config()).collect(), ..Default::default() };
     if !(1..=cfg.max_io_queues).contains(&queues) {
-        return Err(format!("--queues must be 1..={}", cfg.max_io_queues).into());
+        return Err(
+            format!("--queues {queues}: 1..={} (the controller's queue limit)", cfg.max_io_queues).into()
+        );
     }
-    let mut h = MockHost::new(cfg, 256 << 20);
-    h.init(InitOptions {
-        io_queues: queues,
-        queue_size: 256,
-        shadow_doorbells: !no_shadow,
-        ..Default::default()
-    })
-    .map_err(|e| format!("controller bring-up failed: {e:?}"))?;
-    let id = h.identify(0x01, 0).map_err(|e| format!("{e:?}"))?;
-    let oacs = u16::from_le_bytes([id[256], id[257]]);
+    // One I/O worker, as `vnvme serve` runs by default.
+    let t = InProcessTransport::new(cfg, InProcessOptions { workers: 1, poll: PollMode::Adaptive })?;
+    let stats = t.stats_handle();
+    let mut d = NvmeDriver::new(
+        Box::new(t),
+        DriverOptions {
+            io_queues: queues,
+            queue_size: 256,
+            shadow_doorbells: !no_shadow,
+            // Sleep on the MSI-X eventfd, as a guest's driver does.
+            completion: CompletionMode::Interrupts,
+            pool_bytes: 8 << 20,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("controller bring-up failed: {e}"))?;
+    let c = d.controller();
+    println!("controller: {} (serial {}, firmware {})", c.model(), c.serial(), c.firmware());
     println!(
-        "controller: {} (serial {}, firmware {})",
-        ascii(&id[24..64]),
-        ascii(&id[4..24]),
-        ascii(&id[64..72])
+        "  version {}, MDTS {}, {} I/O queue pairs, Doorbell Buffer Config: {}",
+        c.version(),
+        c.mdts_bytes.map_or("no limit".to_string(), |b| format!("{} KiB", b >> 10)),
+        d.io_queue_count(),
+        if c.supports_dbbuf() { "offered" } else { "not offered" }
     );
-    println!(
-        "  version 1.4, MDTS {} KiB, {} I/O queue pairs, OACS {:#06x} (Doorbell Buffer Config: {})",
-        (1u32 << id[77]) * 4,
-        queues,
-        oacs,
-        if oacs & (1 << 8) != 0 { "yes" } else { "no" }
-    );
-    println!("  shadow doorbells: {}", if h.dbbuf.is_some() { "enabled by the host" } else { "off" });
-    for (i, s) in specs.iter().enumerate() {
-        let nsid = i as u32 + 1;
-        let ns = h.identify(0x00, nsid).map_err(|e| format!("{e:?}"))?;
-        let nsze = u64::from_le_bytes(ns[0..8].try_into()?);
-        let lbads = ns[128 + 4 * (ns[26] & 0xf) as usize + 2];
+    println!("  shadow doorbells: {}", if d.shadow_doorbells() { "enabled by the host" } else { "off" });
+    for (s, ns) in specs.iter().zip(d.namespaces()) {
+        let what = match s.kind {
+            Kind::Ram => "ram".to_string(),
+            Kind::Null => "null".to_string(),
+            _ => s.describe(),
+        };
         println!(
-            "namespace {nsid}: {} {} MiB, {} x {} B blocks",
-            s.describe(),
-            opened[i].backend.info().size >> 20,
-            nsze,
-            1u32 << lbads
+            "namespace {} ({what}): {}, {} x {} B blocks",
+            ns.nsid,
+            human_size(ns.size_bytes()),
+            ns.blocks(),
+            ns.lba_size()
         );
     }
 
     // Write a pattern, read it back, compare: on every namespace, through every queue.
+    let data: Vec<u8> = (0..64 * 1024u32).map(|x| (x.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     for (i, s) in specs.iter().enumerate() {
         let nsid = i as u32 + 1;
-        let lba = if opened[i].lba_format == 0 { 512 } else { 4096 };
-        let data: Vec<u8> = (0..64 * 1024u32).map(|x| (x.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        for q in 1..=queues {
-            let slba = (q as u64 - 1) * (data.len() / lba as usize) as u64;
-            let st = h.write_blocks(q, nsid, slba, lba, &data);
-            let (st2, back) = h.read_blocks(q, nsid, slba, (data.len() / lba as usize) as u32, lba);
-            let ok =
-                st.is_success() && st2.is_success() && (s.kind != crate::nsspec::Kind::Ram || back == data);
-            if !ok {
-                return Err(format!(
-                    "namespace {nsid} queue {q}: write {st:?} read {st2:?}, data match {}",
-                    back == data
-                )
-                .into());
+        let lba = d.namespace(nsid).ok_or("a namespace the driver did not find")?.lba_size();
+        for qid in 1..=queues {
+            let slba = (qid as u64 - 1) * (data.len() as u64 / lba);
+            let q = d.queue(qid)?;
+            q.write(nsid, slba, &data, false)
+                .map_err(|e| format!("namespace {nsid} queue {qid}: write: {e}"))?;
+            let mut back = vec![0u8; data.len()];
+            q.read(nsid, slba, &mut back).map_err(|e| format!("namespace {nsid} queue {qid}: read: {e}"))?;
+            // A null namespace reads zeroes; anything else returns what was written.
+            if s.kind != Kind::Null && back != data {
+                return Err(format!("namespace {nsid} queue {qid}: the data read back differs").into());
             }
         }
         println!("namespace {nsid}: 64 KiB written and read back on {queues} queue(s): ok");
@@ -99,52 +103,54 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     println!("\n4 KiB random reads on queue 1, namespace 1 ({commands} commands per queue depth):");
     println!("{:>4} {:>12} {:>22} {:>16}", "QD", "commands/s", "trapped doorbells/cmd", "interrupts/cmd");
-    let lba = if opened[0].lba_format == 0 { 512u32 } else { 4096 };
-    let nlb = 4096 / lba;
-    let blocks = opened[0].backend.info().size / lba as u64;
-    let buf = h.alloc.alloc_pages(1);
-    for qd in [1u32, 4, 16, 64] {
-        let before = h.ctrl.stats();
+    let ns = d.namespace(1).ok_or("no namespace 1")?.clone();
+    let nlb = (4096 / ns.lba_size()).max(1) as u32;
+    let slots = (ns.blocks() / nlb as u64).max(1);
+    let q = d.queue(1)?;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next_lba = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % slots) * nlb as u64
+    };
+    let mut done = Vec::new();
+    for qd in DEPTHS {
+        let qd = qd.min(q.depth() as u32 - 1).min(commands);
+        let before = stats.snapshot();
         let start = Instant::now();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next_lba = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % (blocks / nlb as u64)) * nlb as u64
-        };
         let (mut submitted, mut completed) = (0u32, 0u32);
-        while submitted < qd.min(commands) {
-            let s = h.rw_sqe(iop::READ, 1, next_lba(), nlb, buf, 4096);
-            h.submit(1, s).ok_or("queue full")?;
+        while submitted < qd {
+            let buf = q.alloc_buf(4096)?;
+            q.submit(IoCommand::Read { nsid: 1, slba: next_lba(), nlb, buf })?;
             submitted += 1;
         }
-        while completed < commands {
-            h.process();
-            let got = h.reap_queue(1);
-            for c in &got {
-                if !c.status().is_success() {
-                    return Err(format!("read failed: {}", c.status()).into());
-                }
-            }
-            completed += got.len() as u32;
-            for _ in 0..got.len() {
-                if submitted < commands {
-                    let s = h.rw_sqe(iop::READ, 1, next_lba(), nlb, buf, 4096);
-                    h.submit(1, s).ok_or("queue full")?;
+        while completed < submitted {
+            done.clear();
+            q.wait_completions(&mut done)?;
+            for c in done.drain(..) {
+                completed += 1;
+                let buf = c.into_result().map_err(|e| format!("read failed: {e}"))?;
+                if let Some(buf) = buf.filter(|_| submitted < commands) {
+                    q.submit(IoCommand::Read { nsid: 1, slba: next_lba(), nlb, buf })?;
                     submitted += 1;
                 }
             }
         }
         let secs = start.elapsed().as_secs_f64();
-        let d = h.ctrl.stats() - before;
+        let after = stats.snapshot();
+        let per = |n: u64| n as f64 / completed as f64;
         println!(
             "{qd:>4} {:>12.0} {:>22.3} {:>16.3}",
-            commands as f64 / secs,
-            d.io_doorbell_writes as f64 / commands as f64,
-            d.interrupts as f64 / commands as f64
+            completed as f64 / secs,
+            per(after.io_doorbell_writes - before.io_doorbell_writes),
+            per(after.interrupts - before.interrupts)
         );
     }
-    println!("\nhost and device share one thread here; `vnvme serve` (vfio-user) puts the device in its own process.");
+    d.shutdown()?;
+    println!(
+        "\nthe driver and the controller share this process here (one I/O worker thread); `vnvme serve` \
+         puts the controller in its own process behind a vfio-user socket."
+    );
     Ok(())
 }

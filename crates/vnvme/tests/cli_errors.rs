@@ -51,7 +51,7 @@ fn snapshot(dir: &Path) -> (Vec<String>, Vec<u8>) {
 #[test]
 fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
     let dir = common::temp_dir("cli-errors");
-    let keep = test_kit::pattern(11, 8 << 20);
+    let keep = test_util::pattern(11, 8 << 20);
     std::fs::write(dir.join("keep.img"), &keep).unwrap();
     let before = snapshot(&dir);
     // (arguments, exit status, what the message must contain)

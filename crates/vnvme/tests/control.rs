@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{opts, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue};
 use serde_json::Value;
-use test_kit::pattern;
+use test_util::pattern;
 
 fn start(extra: &[&str]) -> (Server, PathBuf) {
     let dir = common::temp_dir("control");

@@ -11,7 +11,7 @@ use std::process::Command;
 use common::{opts, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange, NvmeDriver};
 use nvme_spec::Status;
-use test_kit::pattern;
+use test_util::pattern;
 
 /// Transfer sizes that exercise PRP1 only, PRP1 + PRP2, a PRP list, and a long list.
 const SIZES: [usize; 4] = [4096, 8192, 12288, 65536];

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use common::{opts, temp_dir, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand};
-use test_kit::pattern;
+use test_util::pattern;
 
 const NS_BYTES: u64 = 64 << 20;
 const BLOCK: u64 = 4096;
@@ -206,11 +206,11 @@ fn backend_file_truncated_then_removed_underneath() {
 /// when a new vnvme opens it.
 #[test]
 fn sigkill_of_a_server_on_nbd_keeps_flushed_writes() {
-    let Some(bin) = test_kit::nbd::servers() else { return };
+    let Some(bin) = test_servers::nbd::servers() else { return };
     let dir = temp_dir("durability-nbd");
     let img = dir.join("disk.qcow2");
-    test_kit::nbd::qcow2(&bin, &img, "64M");
-    let nbd = test_kit::nbd::NbdServer::qemu_nbd(&bin, &img, &dir.join("nbd.sock"));
+    test_servers::nbd::qcow2(&bin, &img, "64M");
+    let nbd = test_servers::nbd::NbdServer::qemu_nbd(&bin, &img, &dir.join("nbd.sock"));
     let uri = nbd.uri();
     sigkill_mid_stream_keeps_flushed_writes(&dir, &uri, &uri);
     drop(nbd);
@@ -223,7 +223,7 @@ fn sigkill_of_a_server_on_nbd_keeps_flushed_writes() {
 /// a flush).
 #[test]
 fn sigkill_of_a_server_on_rbd_keeps_flushed_writes() {
-    let Some(ceph) = test_kit::ceph::cluster() else { return };
+    let Some(ceph) = test_servers::ceph::cluster() else { return };
     let dir = temp_dir("durability-rbd");
     ceph.create_image("durability", "64M");
     let ns = ceph.ns("durability");

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use common::*;
 use rustix::fs::OFlags;
-use test_kit::memfd::memfd;
+use test_util::memfd::memfd;
 use vfio_user::client::{Client, ClientError};
 use vfio_user::proto::*;
 use vfio_user::Command;

@@ -327,7 +327,7 @@ fn dma_logging_over_sparse_terabytes_costs_what_is_written_not_what_is_mapped() 
     const TIB: u64 = 1 << 40;
     let mut s = Server::start();
     let mut c = s.raw_negotiated();
-    let mems: Vec<_> = (0..4).map(|_| test_kit::memfd::memfd(2 * TIB)).collect();
+    let mems: Vec<_> = (0..4).map(|_| test_util::memfd::memfd(2 * TIB)).collect();
     for (i, m) in mems.iter().enumerate() {
         let map = DmaMap {
             argsz: U32::new(32),

@@ -9,8 +9,8 @@ mod common;
 
 use common::{opts, temp_dir, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange};
-use test_kit::nbd::{qcow2, servers, NbdServer};
-use test_kit::pattern;
+use test_servers::nbd::{qcow2, servers, NbdServer};
+use test_util::pattern;
 
 /// Writes 64 blocks of 4 KiB at QD 16 and reads them back.
 fn write_read_verify(q: &mut IoQueue, first_lba: u64, seed: u64) {

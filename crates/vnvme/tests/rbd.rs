@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::{opts, temp_dir, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue, LbaRange};
-use test_kit::ceph::{cluster, Cluster};
-use test_kit::pattern;
+use test_servers::ceph::{cluster, Cluster};
+use test_util::pattern;
 
 /// One test at a time: one of them stops and starts the shared cluster.
 static SERIAL: Mutex<()> = Mutex::new(());

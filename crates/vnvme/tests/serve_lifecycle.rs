@@ -10,7 +10,7 @@ use std::process::Command;
 
 use common::{opts, Server};
 use nvme_driver::{CompletionMode, DoorbellMode};
-use test_kit::pattern;
+use test_util::pattern;
 
 const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
 
@@ -124,11 +124,11 @@ fn sigterm_and_sigint_stop_the_server_cleanly_under_the_sandbox() {
 fn a_server_that_changed_user_stops_cleanly_and_names_the_sockets_it_cannot_remove() {
     use std::os::unix::fs::PermissionsExt;
     if !nix::unistd::geteuid().is_root() {
-        test_kit::skip("--user needs the test to run as root");
+        test_util::skip("--user needs the test to run as root");
         return;
     }
     let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
-        test_kit::skip("no user named nobody on this machine");
+        test_util::skip("no user named nobody on this machine");
         return;
     };
     // The server's own directory (socket, stats file) belongs to the user; the

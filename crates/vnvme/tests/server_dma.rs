@@ -13,7 +13,7 @@ use common::nvme_host::NvmeOverVfioUser;
 use common::protocol::*;
 use common::*;
 use nvme_spec::regs::Cc;
-use test_kit::memfd::memfd;
+use test_util::memfd::memfd;
 use vfio_user::proto::*;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;

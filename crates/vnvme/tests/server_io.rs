@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::nvme_host::{NvmeOverVfioUser, IO_VECTOR, PAGE};
 use common::protocol::*;
 use common::*;
-use test_kit::memfd::memfd;
+use test_util::memfd::memfd;
 use vfio_user::proto::*;
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;

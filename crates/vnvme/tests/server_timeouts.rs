@@ -9,7 +9,7 @@ mod common;
 use common::{opts, Server};
 use nvme_driver::{CompletionMode, DoorbellMode, IoCommand, IoQueue};
 use nvme_spec::Status;
-use test_kit::pattern;
+use test_util::pattern;
 
 const NS: &str = "ram:16M:fault=read/hang:timeout=500ms";
 

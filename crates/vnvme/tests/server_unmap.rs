@@ -16,7 +16,7 @@ use common::nvme_host::{NvmeOverVfioUser, MEM_SIZE, PAGE};
 use common::protocol::server_errno;
 use common::{temp_dir, Server};
 use guest_mem::GuestMemory;
-use test_kit::memfd::memfd_named;
+use test_util::memfd::memfd_named;
 
 /// A second region the client maps, uses for one transfer and unmaps.
 const IOVA2: u64 = 0x8000_0000;

@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 
 use common::protocol::*;
 use common::*;
-use test_kit::memfd::memfd;
+use test_util::memfd::memfd;
 use vfio_user::proto::*;
 use vfio_user::{Command, Connection};
 use zerocopy::little_endian::{U32, U64};

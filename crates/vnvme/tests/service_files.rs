@@ -23,7 +23,7 @@ fn exec_start() -> String {
 #[test]
 fn the_systemd_unit_passes_systemd_analyze_verify() {
     let Ok(out) = Command::new("systemd-analyze").arg("--version").output() else {
-        test_kit::skip("service_files: systemd-analyze is not installed (Debian: systemd)");
+        test_util::skip("service_files: systemd-analyze is not installed (Debian: systemd)");
         return;
     };
     assert!(out.status.success());
@@ -127,7 +127,7 @@ fn the_readme_libvirt_domain_is_valid() {
         .expect("run libvirt-schemas.sh");
     if !fetch.status.success() {
         let why = String::from_utf8_lossy(&fetch.stderr);
-        test_kit::skip(&format!(
+        test_util::skip(&format!(
             "service_files: libvirt's schemas could not be fetched ({}); the README's domain XML is not validated",
             why.lines().last().unwrap_or("no reason given")
         ));

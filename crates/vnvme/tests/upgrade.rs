@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{opts, Server};
 use nvme_driver::{CompletionMode, DoorbellMode};
 use serde_json::Value;
-use test_kit::pattern;
+use test_util::pattern;
 
 const VNVME: &str = env!("CARGO_BIN_EXE_vnvme");
 
@@ -350,7 +350,7 @@ fn a_message_begun_at_the_upgrade_is_finished_by_the_new_process() {
     let mut s = Served::start(&["--ns", "ram:32M"]);
     let c = s.server.raw_negotiated();
     let mut sock = c.stream().try_clone().unwrap();
-    let mem = test_kit::memfd::memfd_named("vnvme-partial-upgrade", 2 << 20);
+    let mem = test_util::memfd::memfd_named("vnvme-partial-upgrade", 2 << 20);
     let map = DmaMap {
         argsz: U32::new(32),
         flags: U32::new(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE),

@@ -538,7 +538,7 @@ mod tests {
         let mut q = Fake::default();
         assert_eq!(l.step(&mut q, false, Duration::from_micros(50), || false), Next::Run);
         // Each step returns (a slice that kept the core would never hand back).
-        test_kit::bounded("ten spin slices", || {
+        test_util::bounded("ten spin slices", || {
             for _ in 0..10 {
                 assert_eq!(l.step(&mut q, false, Duration::from_micros(50), || false), Next::Run);
             }

@@ -9,7 +9,8 @@ use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
-use test_kit::{InitOptions, MockHost, Rng};
+use test_kit::{InitOptions, MockHost};
+use test_util::Rng;
 
 /// Guest memory every test host gets.
 pub const MEM: u64 = 64 << 20;

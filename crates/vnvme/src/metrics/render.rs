@@ -645,7 +645,7 @@ mod tests {
     #[test]
     fn promtool_check_metrics_accepts_it() {
         let Some(promtool) = promtool() else {
-            test_kit::skip(
+            test_util::skip(
                 "promtool not found on PATH or in the vnvme cache, so the exposition text was not \
                  validated by Prometheus's own checker; `bash scripts/lib/promtool.sh` fetches it \
                  (Debian's prometheus package, downloaded, not installed)",

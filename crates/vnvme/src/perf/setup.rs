@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nvme_ctrl::{ControllerConfig, Stats};
 use nvme_driver::{DriverOptions, NvmeDriver, Transport, VfioUserOptions, VfioUserTransport};
-use test_kit::{InProcessOptions, InProcessTransport};
+use nvme_inproc::{InProcessOptions, InProcessTransport};
 
 use super::{Doorbells, PerfArgs, Target};
 

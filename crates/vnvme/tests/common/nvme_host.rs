@@ -15,7 +15,7 @@ use nvme_spec::{Cqe, Sqe};
 use vfio_user::client::Client;
 use vfio_user::proto::{IRQ_INDEX_MSIX, REGION_BAR0};
 
-use test_kit::memfd::memfd;
+use test_util::memfd::memfd;
 
 use super::{TestEventFd, TIMEOUT};
 

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub use crate::skip::skip;
+pub use test_util::skip;
 
 /// The servers' bin directory (qemu-nbd, qemu-img, nbdkit), fetched once per
 /// process; None, with the calling test's skip reported, when they cannot be had.

@@ -9,8 +9,10 @@
 //! `vnvme perf --in-process`, the ceiling a vfio-user transport can approach (same
 //! driver, same controller and I/O worker threads, nothing in between).
 //!
-//! It lives in the test kit, not in `nvme-driver`, so the driver never compiles the
-//! emulator: the driver only defines the [`Transport`] trait this implements.
+//! It is a crate of its own, not part of `nvme-driver`, so the driver never compiles
+//! the emulator (the driver only defines the [`Transport`] trait this implements),
+//! and not part of a test crate, since `vnvme perf --in-process` and `vnvme demo`
+//! ship it.
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::skip::skip;
+use test_util::skip;
 
 /// Set by scripts/test.sh: the directory of a running test cluster to share.
 pub const CLUSTER_ENV: &str = "VNVME_TEST_CEPH_DIR";
