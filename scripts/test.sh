@@ -41,6 +41,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "clippy without default features (vnvme without the rbd: backend still builds)"
 cargo clippy -p vnvme --no-default-features --all-targets --locked -- -D warnings
 
+step "structure (the shipped binary links no test crate; import circles and wide structs no worse than scripts/structure-bound.json)"
+python3 scripts/check-structure.py
+
 step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
 if ! bash scripts/lib/promtool.sh >/dev/null; then
     echo "promtool: could not be fetched; the metrics tests that need it skip" | tee -a "$NOTES"

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""The workspace's shape, checked: what the shipped binary links, import circles
+inside each crate, and structs whose fields are visible outside their module.
+
+    scripts/check-structure.py            print the shape; fail if it got worse
+    scripts/check-structure.py --update   write the current shape as the bound
+
+Import circles: a module "uses" another when its file names it (a `use` or a path:
+`crate::a::b`, `super::x`, `self::x`, or a child module's name); declaring a child
+module (`mod x;`) is ownership, not use. A circle is a strongly connected set of
+such modules. A re-export (`pub use`) is a facade, not a use. Wide structs: named-field
+structs with more than WIDE fields marked `pub`, `pub(crate)` or `pub(super)`, records
+(zerocopy layouts, serde documents, clap arguments) left out.
+
+The bound (scripts/structure-bound.json) only ever comes down: a change that makes a
+circle larger, adds one, or widens a struct fails `scripts/test.sh`. Issue 26 asks
+for no circle in a crate of more than 3 files and no struct over ~12 visible fields;
+the bound records how far the tree still is from that.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOUND = os.path.join(ROOT, "scripts", "structure-bound.json")
+WIDE = 12
+# Derives that make a struct a record of data (a wire layout, a serde document, a
+# command line) rather than a part that owns state.
+RECORD = r"FromBytes|IntoBytes|Immutable|Serialize|Deserialize|clap::Args|\bArgs\b|Parser"
+# Crates that are test code: the shipped binary must link none of them.
+TEST_CRATES = {"test-util", "test-kit", "test-servers", "nvme-fuzz"}
+
+
+def strip(src):
+    """Source without comments, strings and char literals (so paths inside them do
+    not count)."""
+    src = re.sub(r"//[^\n]*", "", src)
+    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    src = re.sub(r'r(#*)".*?"\1', '""', src, flags=re.S)
+    src = re.sub(r'"(\\.|[^"\\])*"', '""', src, flags=re.S)
+    src = re.sub(r"'(\\.|[^'\\])'", "' '", src)
+    return src
+
+
+def modules(src_dir):
+    """{module path (tuple): file} for every file module under src_dir."""
+    out = {}
+    for d, _, files in os.walk(src_dir):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            path = os.path.join(d, f)
+            rel = os.path.relpath(path, src_dir)[:-3].split(os.sep)
+            if rel in (["lib"], ["main"]):
+                mod = ()
+            elif rel[-1] == "mod":
+                mod = tuple(rel[:-1])
+            else:
+                mod = tuple(rel)
+            if rel[0] == "bin" or mod in out:
+                continue
+            out[mod] = path
+    return out
+
+
+def expand_use(tree):
+    """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"]."""
+    tree = re.sub(r"\s+", "", tree)
+    m = re.match(r"^(.*?)\{(.*)\}$", tree)
+    if not m:
+        return [tree]
+    prefix, inner = m.group(1), m.group(2)
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p for part in parts if part for p in expand_use(prefix + part)]
+
+
+def resolve(mod, path, mods, children):
+    """The module a path (a list of segments, as written in `mod`) lands in, or None."""
+    if not path:
+        return None
+    if path[0] == "crate":
+        base, rest = (), path[1:]
+    elif path[0] in ("super", "self"):
+        base = mod
+        rest = path
+        while rest and rest[0] in ("super", "self"):
+            if rest[0] == "super":
+                base = base[:-1]
+            rest = rest[1:]
+    elif path[0] in children.get(mod, ()):
+        base, rest = mod, path
+    else:
+        return None
+    best = base if base in mods else None
+    cur = base
+    for seg in rest:
+        cur = cur + (seg,)
+        if cur in mods:
+            best = cur
+        else:
+            break
+    return best
+
+
+def graph(src_dir):
+    mods = modules(src_dir)
+    children = {}
+    texts = {}
+    for mod, path in mods.items():
+        texts[mod] = strip(open(path, encoding="utf-8").read())
+    for mod, text in texts.items():
+        children[mod] = {m.group(1) for m in re.finditer(r"(?m)^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text)}
+    edges = {m: set() for m in mods}
+    for mod, text in texts.items():
+        paths = []
+        # A re-export (`pub use`, a facade) is not this module using the other.
+        facade = re.sub(r"\bpub(?:\([^)]*\))?\s+use\s+[^;]+;", "", text)
+        for m in re.finditer(r"\buse\s+([^;]+);", facade):
+            paths += expand_use(m.group(1))
+        for m in re.finditer(r"(?<![\w:])((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)+)", facade):
+            paths.append(m.group(1))
+        for p in paths:
+            segs = [s for s in re.split(r"::", p) if s and s != "*"]
+            segs = [re.sub(r"\bas\b.*", "", s) for s in segs]
+            target = resolve(mod, segs, mods, children)
+            if target is not None and target != mod:
+                edges[mod].add(target)
+    return mods, edges
+
+
+def circles(edges):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def wide_structs(src_dir, crate):
+    out = {}
+    for d, _, files in os.walk(src_dir):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            text = strip(open(os.path.join(d, f), encoding="utf-8").read())
+            for m in re.finditer(r"\bstruct\s+(\w+)(?:<[^{;(]*>)?\s*(?:where[^{]*)?\{", text):
+                # Records (wire layouts, serde documents, command lines) are data,
+                # not owners of state: their fields are the point.
+                attrs = text[max(0, m.start() - 400):m.start()].rsplit(";", 1)[-1].rsplit("}", 1)[-1]
+                if re.search(RECORD, attrs):
+                    continue
+                depth, i = 1, m.end()
+                while depth and i < len(text):
+                    depth += {"{": 1, "}": -1}.get(text[i], 0)
+                    i += 1
+                body = text[m.end():i - 1]
+                visible = len(re.findall(r"(?m)^\s*pub(?:\((?:crate|super)\))?\s+(?:r#)?\w+\s*:", body))
+                if visible > WIDE:
+                    out[f"{crate}::{m.group(1)}"] = visible
+    return out
+
+
+def shipped_test_crates():
+    tree = subprocess.run(
+        ["cargo", "tree", "-p", "vnvme", "-e", "normal", "--prefix", "none", "--locked"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    if tree.returncode != 0:
+        sys.exit(f"check-structure: cargo tree failed: {tree.stderr.strip()}")
+    names = {line.split()[0] for line in tree.stdout.splitlines() if line.strip()}
+    return sorted(names & TEST_CRATES)
+
+
+def shape():
+    crates_dir = os.path.join(ROOT, "crates")
+    result = {"circles": {}, "wide_structs": {}}
+    report = []
+    for crate in sorted(os.listdir(crates_dir)):
+        src = os.path.join(crates_dir, crate, "src")
+        if not os.path.isdir(src):
+            continue
+        mods, edges = graph(src)
+        found = circles(edges)
+        largest = max((len(c) for c in found), default=0)
+        # Issue 26: a crate of at most 3 files may keep one.
+        if len(mods) > 3:
+            result["circles"][crate] = sum(len(c) for c in found)
+        for c in found:
+            names = ", ".join("::".join(m) or "(root)" for m in c)
+            report.append(f"  {crate}: a circle of {len(c)} modules: {names}")
+        if not found:
+            report.append(f"  {crate}: {len(mods)} modules, no import circle")
+        elif largest:
+            pass
+        result["wide_structs"].update(wide_structs(src, crate))
+    return result, report
+
+
+def main():
+    update = "--update" in sys.argv[1:]
+    failed = []
+    linked = shipped_test_crates()
+    print("shipped binary (vnvme, normal dependencies): " + (
+        "links test crates: " + ", ".join(linked) if linked else "links no test crate"))
+    if linked:
+        failed.append("the shipped binary links " + ", ".join(linked))
+    cur, report = shape()
+    print("import circles (modules in circles, per crate of more than 3 files):")
+    print("\n".join(report))
+    print(f"structs with more than {WIDE} fields visible outside their module:")
+    for name, n in sorted(cur["wide_structs"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name}: {n}")
+    if update:
+        with open(BOUND, "w", encoding="utf-8") as f:
+            json.dump(cur, f, indent=2, sort_keys=True)
+            f.write("\n")
+        print(f"bound written: {os.path.relpath(BOUND, ROOT)}")
+    else:
+        bound = json.load(open(BOUND, encoding="utf-8"))
+        for crate, n in cur["circles"].items():
+            b = bound["circles"].get(crate, 0)
+            if n > b:
+                failed.append(f"{crate}: {n} modules in import circles, the bound is {b}")
+        for name, n in cur["wide_structs"].items():
+            b = bound["wide_structs"].get(name, WIDE)
+            if n > b:
+                failed.append(f"{name}: {n} visible fields, the bound is {b}")
+        total = sum(cur["circles"].values())
+        btotal = sum(bound["circles"].values())
+        if total < btotal or len(cur["wide_structs"]) < len(bound["wide_structs"]):
+            print("the shape is better than its bound: lower it with scripts/check-structure.py --update")
+    for f in failed:
+        print(f"check-structure: {f}", file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
