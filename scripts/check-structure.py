@@ -45,6 +45,20 @@ def strip(src):
     return src
 
 
+def without_inline_modules(text):
+    """The text without `mod name { ... }` blocks (test modules, mostly): paths in
+    them are relative to a module this parse does not track."""
+    while True:
+        m = re.search(r"\bmod\s+\w+\s*\{", text)
+        if not m:
+            return text
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        text = text[:m.start()] + text[i:]
+
+
 def modules(src_dir):
     """{module path (tuple): file} for every file module under src_dir."""
     out = {}
@@ -121,7 +135,7 @@ def graph(src_dir):
     children = {}
     texts = {}
     for mod, path in mods.items():
-        texts[mod] = strip(open(path, encoding="utf-8").read())
+        texts[mod] = without_inline_modules(strip(open(path, encoding="utf-8").read()))
     for mod, text in texts.items():
         children[mod] = {m.group(1) for m in re.finditer(r"(?m)^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text)}
     edges = {m: set() for m in mods}

@@ -4,6 +4,7 @@
 mod control;
 mod ctl;
 mod demo;
+mod endpoint;
 mod identify;
 mod logging;
 mod metrics;

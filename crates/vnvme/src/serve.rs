@@ -686,7 +686,7 @@ impl Running {
             );
         }
         if let Some(listener) = metrics {
-            let shown = match listener.local_addr()? {
+            let shown = match crate::metrics::http::local_addr(&listener)? {
                 crate::metrics::http::MetricsAddr::Tcp(a) => format!("http://{a}/metrics"),
                 crate::metrics::http::MetricsAddr::Unix(p) => format!("{} (GET /metrics)", p.display()),
             };

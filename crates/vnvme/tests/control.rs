@@ -282,14 +282,20 @@ fn a_hostile_control_client_gets_errors_and_io_goes_on() {
     let _ = big.s.write_all(&vec![b'x'; 70 << 10]);
     assert_eq!(error_code(&big.recv()), -32600);
     assert!(big.closed(), "an oversized request closes the connection");
+    // The server holds a connection it closed until the client closes too (or the
+    // deadline passes), so that its last reply is not lost to a reset.
+    drop(big);
 
-    // At most 16 connections: more are closed at once (r and the stalled one below
-    // count too).
+    // At most 16 connections: one more is told the server is busy and closed (r and
+    // the stalled one below count too).
     let mut stalled = Raw::new(&c);
     stalled.s.write_all(br#"{"jsonrpc":"2.0","id":1,"#).unwrap();
     let mut extra: Vec<Raw> = (0..14).map(|_| Raw::new(&c)).collect();
     let mut refused = Raw::new(&c);
-    assert!(refused.closed(), "the 17th connection is refused");
+    let busy = refused.recv();
+    assert_eq!(error_code(&busy), -32001, "the 17th connection is refused: {busy}");
+    assert!(busy["error"]["message"].as_str().unwrap().contains("16 are open"), "{busy}");
+    assert!(refused.closed(), "the 17th connection is closed");
     for e in &mut extra {
         assert!(e.call(r#"{"jsonrpc":"2.0","id":1,"method":"ns.list"}"#)["result"].is_object());
     }

@@ -1,7 +1,11 @@
 //! The metrics server over loopback TCP and UNIX sockets: answers, bounds, refusals.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use super::*;
 
@@ -39,15 +43,15 @@ impl Drop for Served {
     }
 }
 
-fn start(addr: MetricsAddr, lim: Limits, source: Source) -> Served {
+fn start(addr: MetricsAddr, lim: Bounds, source: Source) -> Served {
     // The socket file is the test's (its directory goes with it).
     let (l, _file) = bind(&addr).unwrap();
-    let at = l.local_addr().unwrap();
+    let at = local_addr(&l).unwrap();
     spawn_with(l, source, lim).unwrap();
     Served(at)
 }
 
-fn serving(addr: MetricsAddr, lim: Limits) -> Served {
+fn serving(addr: MetricsAddr, lim: Bounds) -> Served {
     start(addr, lim, Box::new(|| Ok(BODY.to_owned())))
 }
 
@@ -175,14 +179,14 @@ fn bounds(at: &MetricsAddr, deadline: Duration) {
     let r = exchange(at, &big);
     assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
 
-    // Half a request, then nothing: closed once the deadline has passed (it runs
-    // from the accept, which comes after `t`).
+    // Half a request, then nothing: closed without a reply, and not before the
+    // deadline (it runs from the accept, which comes after `t`). The client's read
+    // gives up after 10 s, so a server that never closed fails the test.
     let t = Instant::now();
     let mut c = connect(at);
     c.write_all(b"GET /metrics HTT").unwrap();
     assert_eq!(read_all(&mut c), "", "closed without a reply");
-    let waited = t.elapsed();
-    assert!(waited >= deadline && waited < deadline + Duration::from_secs(3), "{waited:?}");
+    assert!(t.elapsed() >= deadline, "closed {:?} after the accept, before the deadline", t.elapsed());
 }
 
 /// Eight clients that stall hold every slot; a ninth is turned away at once, and
@@ -208,13 +212,13 @@ fn crowd(at: &MetricsAddr) {
 
 const SHORT: Duration = Duration::from_millis(200);
 
-fn short_limits() -> Limits {
-    Limits { deadline: SHORT, ..Limits::DEFAULT }
+fn short_limits() -> Bounds {
+    Bounds { deadline: SHORT, ..BOUNDS }
 }
 
 #[test]
 fn serves_over_a_unix_socket_owner_only() {
-    let at = serving(unix_addr(), Limits::DEFAULT);
+    let at = serving(unix_addr(), BOUNDS);
     let MetricsAddr::Unix(p) = &*at else { panic!("{}", *at) };
     assert_eq!(std::fs::metadata(p).unwrap().permissions().mode() & 0o777, 0o600);
     answers(&at);
@@ -222,19 +226,19 @@ fn serves_over_a_unix_socket_owner_only() {
 
 #[test]
 fn serves_over_loopback_tcp() {
-    answers(&serving(tcp_addr(), Limits::DEFAULT));
+    answers(&serving(tcp_addr(), BOUNDS));
 }
 
 #[test]
 fn bounds_hold_over_a_unix_socket() {
     bounds(&serving(unix_addr(), short_limits()), SHORT);
-    crowd(&serving(unix_addr(), Limits::DEFAULT));
+    crowd(&serving(unix_addr(), BOUNDS));
 }
 
 #[test]
 fn bounds_hold_over_loopback_tcp() {
     bounds(&serving(tcp_addr(), short_limits()), SHORT);
-    crowd(&serving(tcp_addr(), Limits::DEFAULT));
+    crowd(&serving(tcp_addr(), BOUNDS));
 }
 
 #[test]
@@ -252,10 +256,10 @@ fn a_reply_not_taken_in_time_is_cut_off() {
 
 #[test]
 fn a_failing_source_is_503_with_its_message() {
-    let at = start(unix_addr(), Limits::DEFAULT, Box::new(|| Err("the device thread is busy".into())));
+    let at = start(unix_addr(), BOUNDS, Box::new(|| Err("the device thread is busy".into())));
     let r = exchange(&at, "GET /metrics HTTP/1.1\r\n\r\n");
     assert!(r.starts_with("HTTP/1.1 503 ") && r.ends_with("the device thread is busy\n"), "{r}");
-    let at = start(unix_addr(), Limits::DEFAULT, Box::new(|| panic!("a bug in the source")));
+    let at = start(unix_addr(), BOUNDS, Box::new(|| panic!("a bug in the source")));
     let r = exchange(&at, "GET /metrics HTTP/1.1\r\n\r\n");
     assert!(r.starts_with("HTTP/1.1 503 "), "{r}");
     let r = exchange(&at, "GET / HTTP/1.1\r\n\r\n");
