@@ -494,12 +494,8 @@ impl Controller {
     }
 
     /// The data-path settings every engine honours.
-    pub(crate) fn settings(&self) -> crate::routing::EngineSettings {
-        let f = &self.admin.features;
-        let mut s = f.engine_settings();
-        s.page_size = self.page_size;
-        s.mdts_bytes = self.mdts_bytes();
-        s
+    pub(crate) fn settings(&self) -> crate::engine::Settings {
+        self.admin.features.engine_settings().paged(self.page_size, self.mdts_bytes())
     }
 
     /// MDTS in bytes (MDTS is in units of the minimum memory page size).

@@ -108,6 +108,122 @@ impl VectorState {
     }
 }
 
+/// An engine's interrupt side: one coalescing state per vector, and the CQs that
+/// received completions since their last interrupt decision.
+#[derive(Debug)]
+pub(crate) struct Interrupts {
+    vectors: Vec<VectorState>,
+    /// CQs with completions posted since their last decision, each once.
+    noted: Vec<u16>,
+    /// Some vector holds coalesced completions: only then do the timers and the
+    /// deadline look at the vectors.
+    waiting: bool,
+}
+
+impl Interrupts {
+    pub fn new(vectors: u16) -> Self {
+        Interrupts {
+            vectors: vec![VectorState::default(); vectors as usize],
+            noted: Vec::new(),
+            waiting: false,
+        }
+    }
+
+    /// Back to power-on: nothing pending, no vector with coalescing disabled.
+    pub fn reset(&mut self) {
+        self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
+        self.noted.clear();
+        self.waiting = false;
+    }
+
+    /// CQ `cqid` received its first completion since its last decision.
+    #[inline]
+    pub fn note(&mut self, cqid: u16) {
+        self.noted.push(cqid);
+    }
+
+    pub fn set_coalescing_disabled(&mut self, iv: u16, disabled: bool) {
+        if let Some(v) = self.vectors.get_mut(iv as usize) {
+            v.coalescing_disabled = disabled;
+        }
+    }
+
+    pub fn coalescing_disabled(&self, iv: u16) -> bool {
+        self.vectors.get(iv as usize).is_some_and(|v| v.coalescing_disabled)
+    }
+
+    /// Decides each noted CQ's interrupt. `take(cqid)` hands over the CQ's
+    /// completions not yet signalled and its vector (None: interrupts disabled), or
+    /// None if there are none (the CQ was deleted since, or decided already);
+    /// `fire(vector, cqid)` signals. `now` matters only to coalescing.
+    #[inline]
+    pub fn decide(
+        &mut self,
+        c: Coalescing,
+        now: u64,
+        mut take: impl FnMut(u16) -> Option<(u32, Option<u16>)>,
+        mut fire: impl FnMut(u16, u16),
+    ) {
+        for &qid in &self.noted {
+            let Some((n, Some(iv))) = take(qid) else { continue };
+            if let Some(v) = self.vectors.get_mut(iv as usize) {
+                if v.post(iv, n, c, now) {
+                    v.fired();
+                    fire(iv, qid);
+                } else {
+                    self.waiting = true;
+                }
+            }
+        }
+        self.noted.clear();
+    }
+
+    /// True while some CQ's decision is owed.
+    #[inline]
+    pub fn owed(&self) -> bool {
+        !self.noted.is_empty()
+    }
+
+    /// Fires the coalesced interrupts whose aggregation time has passed.
+    pub fn fire_due(&mut self, c: Coalescing, now: u64, mut fire: impl FnMut(u16)) {
+        if !self.waiting {
+            return;
+        }
+        let mut waiting = false;
+        for (iv, v) in self.vectors.iter_mut().enumerate() {
+            if v.due(c, now) {
+                v.fired();
+                fire(iv as u16);
+            }
+            waiting |= v.deadline(c).is_some();
+        }
+        self.waiting = waiting;
+    }
+
+    /// Fires every vector holding completions, due or not (a quiesce leaves none).
+    pub fn flush(&mut self, mut fire: impl FnMut(u16)) {
+        for (iv, v) in self.vectors.iter_mut().enumerate() {
+            if v.take_pending() {
+                fire(iv as u16);
+            }
+        }
+        self.waiting = false;
+    }
+
+    /// When the earliest coalesced interrupt must fire.
+    pub fn next_deadline(&self, c: Coalescing) -> Option<u64> {
+        if !self.waiting {
+            return None;
+        }
+        self.vectors.iter().filter_map(|v| v.deadline(c)).min()
+    }
+
+    /// Some vector holds coalesced completions.
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,28 +12,7 @@ use nvme_spec::regs::DoorbellKind;
 use crate::controller::Controller;
 use crate::doorbell::ShadowBuffers;
 use crate::engine::IoEngine;
-use crate::interrupt::Coalescing;
 use crate::runtime::workers::Worker;
-
-/// The data-path settings that admin commands change and every engine honours.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct EngineSettings {
-    pub page_size: u64,
-    pub mdts_bytes: u64,
-    pub burst: Option<u32>,
-    pub coalescing: Coalescing,
-    pub write_cache: bool,
-}
-
-impl EngineSettings {
-    pub fn apply(self, e: &mut IoEngine) {
-        e.page_size = self.page_size;
-        e.mdts_bytes = self.mdts_bytes;
-        e.burst = self.burst;
-        e.coalescing = self.coalescing;
-        e.write_cache = self.write_cache;
-    }
-}
 
 /// Which I/O queues exist.
 #[derive(Debug, Default)]
@@ -180,7 +159,7 @@ impl Controller {
 
     pub(crate) fn io_apply_settings(&mut self) {
         let s = self.settings();
-        self.on_all_engines(move |e| s.apply(e));
+        self.on_all_engines(move |e| e.apply_settings(s));
     }
 
     /// Controller Level Reset of the data path: every queue goes.

@@ -288,18 +288,6 @@ impl IoEngine {
         self.running == 0 && self.throttle.held_total == 0 && self.admin_inbox.is_empty()
     }
 
-    /// Signals every coalesced interrupt now (a quiesce leaves none pending).
-    pub(crate) fn flush_interrupts(&mut self) {
-        self.signal_interrupts();
-        for (iv, v) in self.vectors.iter_mut().enumerate() {
-            if v.take_pending() {
-                crate::stats::Stats::add(&self.ctx.stats.interrupts, 1);
-                self.ctx.irq.signal(iv as u16);
-            }
-        }
-        self.vectors_waiting = false;
-    }
-
     fn save_queues(&self) -> EngineQueues {
         let seen = |qid: u16, k: usize| self.page_seen.get(qid as usize).map_or(0, |s| s[k]);
         let sqs = (0..self.sqs.len())

@@ -173,6 +173,20 @@ pub enum OpClass {
     Other,
 }
 
+impl OpClass {
+    /// How a namespace counts an I/O command of `opcode`.
+    #[inline]
+    pub(crate) fn of(opcode: u8) -> Self {
+        use nvme_spec::opcode::nvm as op;
+        match opcode {
+            op::READ => OpClass::Read,
+            op::WRITE => OpClass::Write,
+            op::FLUSH => OpClass::Flush,
+            _ => OpClass::Other,
+        }
+    }
+}
+
 /// Counters of one kind of command on one namespace. Several engines complete
 /// commands of one namespace, so they are shared atomics; each kind has its own
 /// cache line, so readers and writers of different kinds do not collide.

@@ -15,10 +15,10 @@ use nvme_spec::{Sqe, Status};
 use super::{status, AdminDone};
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
+use crate::engine::Settings;
 use crate::error::{CmdResult, CommandError};
 use crate::interrupt::Coalescing;
 use crate::namespace::Namespace;
-use crate::routing::EngineSettings;
 
 /// Default over-temperature threshold: the warning composite temperature (WCTEMP).
 pub(crate) const WCTEMP_K: u16 = 343;
@@ -102,15 +102,13 @@ impl FeatureState {
 
     /// The values the data path honours (page size and MDTS are filled in by the
     /// controller).
-    pub(crate) fn engine_settings(&self) -> EngineSettings {
+    pub(crate) fn engine_settings(&self) -> Settings {
         let ic = InterruptCoalescing(self.cur.coalescing);
-        EngineSettings {
-            page_size: 4096,
-            mdts_bytes: 0,
-            burst: Arbitration(self.cur.arbitration).burst(),
-            coalescing: Coalescing { thr_z: ic.thr_z(), time: ic.time() },
-            write_cache: !self.vwc_present || self.cur.write_cache,
-        }
+        Settings::from_features(
+            Arbitration(self.cur.arbitration).burst(),
+            Coalescing { thr_z: ic.thr_z(), time: ic.time() },
+            !self.vwc_present || self.cur.write_cache,
+        )
     }
 }
 

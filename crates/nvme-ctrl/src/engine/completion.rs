@@ -71,7 +71,7 @@ impl IoEngine {
         if let Err(e) = cq.post(&self.mem, cqe) {
             self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
         } else if cq.unsignalled == 1 {
-            self.to_signal.push(cqid);
+            self.interrupts.note(cqid);
         }
     }
 
@@ -95,7 +95,7 @@ impl IoEngine {
                     return;
                 }
                 if cq.unsignalled == 1 {
-                    self.to_signal.push(cqid);
+                    self.interrupts.note(cqid);
                 }
             }
             let Some(b) = self.shadow else { return };
@@ -127,39 +127,30 @@ impl IoEngine {
 
     /// Signals each vector whose CQs received entries, subject to coalescing.
     pub(crate) fn signal_interrupts(&mut self) {
-        if self.to_signal.is_empty() {
+        if !self.interrupts.owed() {
             return;
         }
+        let coalescing = self.settings.coalescing();
         // The time only matters to coalescing (when the oldest completion waits from).
-        let now = if self.coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
-        let mut list = std::mem::take(&mut self.to_signal);
-        for &qid in &list {
-            let i = qid as usize;
-            // Deleted (or deleted and created again) since: nothing, or nothing new.
-            let Some(cq) = self.cqs[i].as_mut() else { continue };
-            if cq.unsignalled == 0 {
-                continue;
-            }
-            let n = std::mem::take(&mut cq.unsignalled);
-            if !cq.ien {
-                continue;
-            }
-            let iv = cq.iv;
-            if let Some(v) = self.vectors.get_mut(iv as usize) {
-                if v.post(iv, n, self.coalescing, now) {
-                    v.fired();
-                    Stats::add(&self.ctx.stats.interrupts, 1);
-                    if let Some(q) = self.ctx.queue_stats.get(i) {
-                        QueueStats::bump(&q.interrupts, 1);
-                    }
-                    self.ctx.irq.signal(iv);
-                } else {
-                    self.vectors_waiting = true;
+        let now = if coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
+        let (cqs, ctx) = (&mut self.cqs, &self.ctx);
+        self.interrupts.decide(
+            coalescing,
+            now,
+            |qid| {
+                // Deleted (or deleted and created again) since: nothing, or nothing new.
+                let cq = cqs[qid as usize].as_mut()?;
+                let n = std::mem::take(&mut cq.unsignalled);
+                (n > 0).then_some((n, cq.ien.then_some(cq.iv)))
+            },
+            |iv, qid| {
+                Stats::add(&ctx.stats.interrupts, 1);
+                if let Some(q) = ctx.queue_stats.get(qid as usize) {
+                    QueueStats::bump(&q.interrupts, 1);
                 }
-            }
-        }
-        list.clear();
-        self.to_signal = list;
+                ctx.irq.signal(iv);
+            },
+        );
     }
 
     /// Some CQ has completions waiting for room (a CQ head update lets them in).
@@ -171,21 +162,25 @@ impl IoEngine {
 
     /// Fires coalesced interrupts whose aggregation time has passed.
     pub fn fire_timers(&mut self) {
-        if !self.vectors_waiting {
+        if !self.interrupts.waiting() {
             return;
         }
         let now = self.ctx.clock.now_ns();
-        let c = self.coalescing;
-        let mut waiting = false;
-        for (iv, v) in self.vectors.iter_mut().enumerate() {
-            if v.due(c, now) {
-                v.fired();
-                Stats::add(&self.ctx.stats.interrupts, 1);
-                self.ctx.irq.signal(iv as u16);
-            }
-            waiting |= v.deadline(c).is_some();
-        }
-        self.vectors_waiting = waiting;
+        let ctx = &self.ctx;
+        self.interrupts.fire_due(self.settings.coalescing(), now, |iv| {
+            Stats::add(&ctx.stats.interrupts, 1);
+            ctx.irq.signal(iv);
+        });
+    }
+
+    /// Signals every coalesced interrupt now (a quiesce leaves none pending).
+    pub(crate) fn flush_interrupts(&mut self) {
+        self.signal_interrupts();
+        let ctx = &self.ctx;
+        self.interrupts.flush(|iv| {
+            Stats::add(&ctx.stats.interrupts, 1);
+            ctx.irq.signal(iv);
+        });
     }
 
     /// The earliest time (clock ns) a coalesced interrupt must fire, a command may
@@ -193,7 +188,6 @@ impl IoEngine {
     pub fn next_deadline(&self) -> Option<u64> {
         let expiry = (self.next_expiry != u64::MAX).then_some(self.next_expiry);
         let held = self.next_release();
-        let vectors = self.vectors.iter().filter(|_| self.vectors_waiting);
-        vectors.filter_map(|v| v.deadline(self.coalescing)).chain(expiry).chain(held).min()
+        self.interrupts.next_deadline(self.settings.coalescing()).into_iter().chain(expiry).chain(held).min()
     }
 }

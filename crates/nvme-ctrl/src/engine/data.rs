@@ -33,7 +33,7 @@ impl IoEngine {
             }
             let qid = self.active_sqs[self.rr_next];
             self.rr_next += 1;
-            let limit = self.burst.unwrap_or(u32::MAX).min(budget);
+            let limit = self.settings.burst().unwrap_or(u32::MAX).min(budget);
             let n = self.service_sq(qid, limit);
             if n == 0 {
                 idle_turns += 1;
@@ -163,7 +163,6 @@ impl IoEngine {
         f.deadline_ns = self.command_deadline(f.nsid);
         let clock = &self.ctx.clock;
         f.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        (f.class, f.bytes) = (self.cur_class, self.cur_bytes);
         self.running += 1;
         match self.free_tags.pop() {
             Some(t) => {

@@ -15,10 +15,12 @@
 mod completion;
 mod data;
 mod memory;
+mod settings;
 mod throttle;
 mod timeout;
 
 pub use memory::SharedMemory;
+pub(crate) use settings::Settings;
 pub(crate) use timeout::Deadline;
 pub use timeout::TEARDOWN_BOUND;
 pub(crate) use timeout::{Slot, EXPIRY_POLLS};
@@ -33,7 +35,7 @@ use tracing::warn;
 
 use crate::doorbell::ShadowBuffers;
 use crate::events::Events;
-use crate::interrupt::{Clock, Coalescing, InterruptSink, VectorState};
+use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::{OpClass, Stats};
@@ -85,8 +87,8 @@ pub(crate) struct InFlight {
     pub status: Status,
     /// What the backend requests do (all of one command's requests do the same).
     pub op: Op,
-    /// How the namespace counts it, the bytes it moves, and when it was fetched
-    /// (clock ns): set by `track` from the command being started.
+    /// How the namespace counts it (from its opcode), the bytes it moves (reads
+    /// and writes: their length), and when it was fetched (clock ns, set by `track`).
     pub class: OpClass,
     pub bytes: u64,
     pub started_ns: u64,
@@ -99,10 +101,11 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// A command about to hand `remaining` requests doing `op` to a backend.
+    /// Command `sqe` from SQ `sqid`, about to hand `remaining` requests doing `op` to
+    /// a backend.
     pub(crate) fn new(
         sqid: u16,
-        cid: u16,
+        sqe: &Sqe,
         nsid: u32,
         slba: u64,
         op: Op,
@@ -111,13 +114,13 @@ impl InFlight {
     ) -> Self {
         InFlight {
             sqid,
-            cid,
+            cid: sqe.cid(),
             nsid,
             slba,
             remaining,
             status: Status::SUCCESS,
             op,
-            class: OpClass::Other,
+            class: OpClass::of(sqe.opcode()),
             bytes: 0,
             started_ns: 0,
             finish,
@@ -174,10 +177,6 @@ pub struct IoEngine {
     pub(crate) done_now_ns: Option<u64>,
     /// QoS: the limits each namespace draws from, and the commands held back.
     pub(crate) throttle: throttle::Throttle,
-    /// The kind and size of the command being started (`execute` sets them, `track`
-    /// copies them into its in-flight entry).
-    pub(crate) cur_class: OpClass,
-    pub(crate) cur_bytes: u64,
     /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
     pub(crate) running: usize,
     /// Commands completed to the host (timed out) whose backend requests are still
@@ -193,14 +192,10 @@ pub struct IoEngine {
     pub(crate) page_seen: Vec<[u32; 2]>,
     /// Admin commands fetched from SQ 0, for the admin side to execute.
     pub(crate) admin_inbox: Vec<Sqe>,
-    pub(crate) vectors: Vec<VectorState>,
-    pub(crate) coalescing: Coalescing,
-    /// Arbitration Burst: commands taken from one SQ per turn (None = no limit).
-    pub(crate) burst: Option<u32>,
-    pub(crate) page_size: u64,
-    pub(crate) mdts_bytes: u64,
-    /// Volatile Write Cache enabled (writes need not be durable until Flush).
-    pub(crate) write_cache: bool,
+    /// Vectors, coalescing state, and the CQs owed an interrupt decision.
+    interrupts: Interrupts,
+    /// What the admin side last set (page size, MDTS, burst, coalescing, cache).
+    settings: Settings,
     /// This engine runs no I/O (the controller's own, once workers own the I/O
     /// queues): it opens no backend queues for namespaces added later either.
     pub(crate) no_backends: bool,
@@ -208,12 +203,6 @@ pub struct IoEngine {
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
     pub(crate) fatal: Option<Fatal>,
-    /// CQs with completions posted since their last interrupt decision, each once
-    /// (`signal_interrupts` looks at these, not at every CQ).
-    pub(crate) to_signal: Vec<u16>,
-    /// Some vector holds coalesced completions (`fire_timers` and `next_deadline`
-    /// scan the vectors only then).
-    pub(crate) vectors_waiting: bool,
 }
 
 /// How many commands one `poll` takes at most, so a busy guest cannot starve the
@@ -248,8 +237,6 @@ impl IoEngine {
             polls_since_expiry: 0,
             done_now_ns: None,
             throttle: Default::default(),
-            cur_class: OpClass::Other,
-            cur_bytes: 0,
             running: 0,
             abandoned: 0,
             free_tags: Vec::new(),
@@ -258,17 +245,11 @@ impl IoEngine {
             admin_inbox: Vec::new(),
             doorbell_page: None,
             page_seen: vec![[0; 2]; n],
-            vectors: vec![VectorState::default(); ctx.vectors as usize],
-            coalescing: Coalescing::default(),
-            burst: None,
-            page_size: 4096,
-            mdts_bytes: 1 << 20,
-            write_cache: true,
+            interrupts: Interrupts::new(ctx.vectors),
+            settings: Settings::default(),
             no_backends: false,
             arm_eventidx: true,
             fatal: None,
-            to_signal: Vec::new(),
-            vectors_waiting: false,
             mem,
             mem_generation,
             ctx,
@@ -388,23 +369,29 @@ impl IoEngine {
         }
         self.active_cqs.clear();
         self.shadow = None;
-        self.vectors.iter_mut().for_each(|v| *v = VectorState::default());
-        self.to_signal.clear();
-        self.vectors_waiting = false;
-        self.coalescing = Coalescing::default();
-        self.burst = None;
+        self.interrupts.reset();
+        self.settings = Settings::from_features(None, Coalescing::default(), self.settings.write_cache())
+            .paged(self.settings.page_size(), self.settings.mdts_bytes());
         self.arm_eventidx = true;
         self.fatal = None;
     }
 
+    /// The data-path settings this engine honours.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Adopts what the admin side set.
+    pub(crate) fn apply_settings(&mut self, s: Settings) {
+        self.settings = s;
+    }
+
     pub fn set_vector_coalescing_disabled(&mut self, iv: u16, disabled: bool) {
-        if let Some(v) = self.vectors.get_mut(iv as usize) {
-            v.coalescing_disabled = disabled;
-        }
+        self.interrupts.set_coalescing_disabled(iv, disabled);
     }
 
     pub fn vector_coalescing_disabled(&self, iv: u16) -> bool {
-        self.vectors.get(iv as usize).is_some_and(|v| v.coalescing_disabled)
+        self.interrupts.coalescing_disabled(iv)
     }
 
     /// True if commands fetched from a queue are still with a backend.

@@ -20,7 +20,7 @@ impl IoEngine {
             return Ok(Started::Done(Status::SUCCESS));
         }
         let n = targets.len() as u32;
-        let tag = self.track(InFlight::new(sqid, sqe.cid(), nsid, 0, Op::Flush, n, Finish::Plain));
+        let tag = self.track(InFlight::new(sqid, sqe, nsid, 0, Op::Flush, n, Finish::Plain));
         for n in targets {
             let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
             self.backend_submit(n, req);

@@ -36,13 +36,6 @@ impl IoEngine {
     /// Runs a command QoS let through.
     pub(crate) fn run(&mut self, sqid: u16, sqe: Sqe) {
         let cid = sqe.cid();
-        self.cur_class = match sqe.opcode() {
-            op::READ => OpClass::Read,
-            op::WRITE => OpClass::Write,
-            op::FLUSH => OpClass::Flush,
-            _ => OpClass::Other,
-        };
-        self.cur_bytes = 0;
         let nsid = sqe.nsid.get();
         let status = match self.start(sqid, &sqe) {
             Ok(Started::Pending) => return,
@@ -59,7 +52,7 @@ impl IoEngine {
         };
         // Finished without a backend: counted with no latency to speak of.
         if let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) {
-            ns.stats.of(self.cur_class).record(0, 0, status.is_success());
+            ns.stats.of(OpClass::of(sqe.opcode())).record(0, 0, status.is_success());
         }
     }
 
@@ -88,7 +81,9 @@ impl IoEngine {
     pub(crate) fn data_segments(&mut self, sqe: &Sqe, len: u64, dir: Direction) -> CmdResult<Vec<Segment>> {
         let mut segs = self.seg_pool.pop().unwrap_or_default();
         let r = match sqe.psdt() {
-            Psdt::Prp => prp_segments(&self.mem, sqe.prp1(), sqe.prp2(), len, self.page_size, &mut segs),
+            Psdt::Prp => {
+                prp_segments(&self.mem, sqe.prp1(), sqe.prp2(), len, self.settings().page_size(), &mut segs)
+            }
             // No metadata is supported, so MPTR's form does not matter.
             Psdt::SglMptrContiguous | Psdt::SglMptrSgl => {
                 sgl_segments(&self.mem, sqe.sgl1(), len, dir, &mut segs)
@@ -157,7 +152,7 @@ impl IoEngine {
             return Started::Done(Status::SUCCESS);
         }
         let n = work.len() as u32;
-        let tag = self.track(InFlight::new(sqid, sqe.cid(), ns.nsid, slba, op, n, Finish::Plain));
+        let tag = self.track(InFlight::new(sqid, sqe, ns.nsid, slba, op, n, Finish::Plain));
         for (offset, len) in work {
             let req = Request { tag, op, offset, len, data: DataBuf::None };
             self.backend_submit(ns.nsid, req);
@@ -179,7 +174,11 @@ impl IoEngine {
         data: DataBuf,
         finish: Finish,
     ) -> Started {
-        let tag = self.track(InFlight::new(sqid, sqe.cid(), ns.nsid, slba, op, 1, finish));
+        let mut f = InFlight::new(sqid, sqe, ns.nsid, slba, op, 1, finish);
+        if matches!(f.class, OpClass::Read | OpClass::Write) {
+            f.bytes = len;
+        }
+        let tag = self.track(f);
         self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });
         Started::Pending
     }

@@ -38,16 +38,15 @@ impl IoEngine {
         let opcode = sqe.opcode();
         // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
         // by their own limits (WZSL = 0: none; VSL = MDTS) rather than MDTS.
-        if opcode != op::WRITE_ZEROES && len > self.mdts_bytes {
+        if opcode != op::WRITE_ZEROES && len > self.settings().mdts_bytes() {
             return Err(CommandError::TooLarge(len));
         }
-        let fua = rw.fua() || !self.write_cache;
+        let fua = rw.fua() || !self.settings().write_cache();
         let started = match opcode {
             op::READ => {
                 let segs = self.data_segments(sqe, len, Direction::ToHost)?;
                 Stats::add(&self.ctx.stats.bytes_read, len);
                 Stats::add(&self.ctx.stats.read_commands, 1);
-                self.cur_bytes = len;
                 self.submit_one(
                     sqid,
                     sqe,
@@ -64,7 +63,6 @@ impl IoEngine {
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
                 Stats::add(&self.ctx.stats.bytes_written, len);
                 Stats::add(&self.ctx.stats.write_commands, 1);
-                self.cur_bytes = len;
                 self.submit_one(
                     sqid,
                     sqe,

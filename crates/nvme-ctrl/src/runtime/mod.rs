@@ -54,7 +54,7 @@ impl Controller {
         }
         for i in 0..n {
             let mut e = IoEngine::new(self.engine.ctx.clone())?;
-            self.settings().apply(&mut e);
+            e.apply_settings(self.settings());
             self.workers.push(Worker::spawn(i, e, mode, self.judge.clone(), Some(self.kick.clone()))?);
         }
         Ok(())
