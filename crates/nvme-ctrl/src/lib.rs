@@ -23,6 +23,7 @@
 
 mod admin;
 mod attach;
+mod backends;
 mod config;
 mod controller;
 mod doorbell;

@@ -18,6 +18,7 @@ use nvme_spec::opcode::{admin as op, AdminOpcode};
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
+use crate::backends::BackendSet;
 use crate::config::ControllerConfig;
 use crate::controller::Controller;
 use crate::dptr::prp_segments;
@@ -44,12 +45,9 @@ pub struct AdminState {
     pub(crate) aers: Vec<u16>,
     /// An I/O queue was created since the last reset (Number of Queues may no longer change).
     pub(crate) io_queues_created: bool,
-    /// One backend queue per active namespace (indexed by nsid - 1) for admin-driven
-    /// work (Format, shutdown flush).
-    backends: Vec<Option<Box<dyn BackendQueue>>>,
-    /// Queues of removed namespaces still holding requests given up on, kept until
-    /// those come back.
-    retiring: Vec<Box<dyn BackendQueue>>,
+    /// A backend queue per active namespace for admin-driven work (Format, the
+    /// shutdown flush).
+    backends: BackendSet,
     /// Tag of the next request on `backends` (a request abandoned at its deadline
     /// may still complete later: its completion is told apart by the tag).
     next_tag: u64,
@@ -64,16 +62,12 @@ impl AdminState {
         cfg: &ControllerConfig,
         namespaces: &[Option<Arc<Namespace>>],
     ) -> std::io::Result<Self> {
-        let backends = namespaces
-            .iter()
-            .map(|s| s.as_ref().map(|n| n.backend.open_queue()).transpose())
-            .collect::<Result<_, _>>()?;
+        let backends = BackendSet::open(namespaces)?;
         Ok(AdminState {
             features: FeatureState::new(cfg, namespaces),
             aers: Vec::new(),
             io_queues_created: false,
             backends,
-            retiring: Vec::new(),
             next_tag: 0,
             format: None,
             created_ns: 0,
@@ -95,8 +89,7 @@ impl AdminState {
     /// The admin backend queue of `ns`.
     fn queue(&mut self, ns: &Namespace) -> Result<&mut Box<dyn BackendQueue>, BackendError> {
         self.backends
-            .get_mut(ns.nsid as usize - 1)
-            .and_then(Option::as_mut)
+            .queue(ns.nsid)
             .ok_or_else(|| BackendError::NotReady(format!("namespace {} has no backend queue", ns.nsid)))
     }
 
@@ -121,7 +114,8 @@ impl AdminState {
     /// finished (without waiting). Completions of requests given up on earlier are
     /// discarded.
     pub(crate) fn reap_tagged(&mut self, ns: &Namespace, tag: u64) -> Option<Result<(), BackendError>> {
-        self.reap_retiring();
+        // Requests given up on, on removed namespaces' queues: dropped as they end.
+        self.backends.reap_retiring(&mut Vec::new());
         let q = match self.queue(ns) {
             Ok(q) => q,
             Err(e) => return Some(Err(e)),
@@ -134,32 +128,15 @@ impl AdminState {
         out.into_iter().find(|c| c.tag == tag).map(|c| c.result)
     }
 
-    /// Drops the queues of removed namespaces once nothing is in flight on them.
-    fn reap_retiring(&mut self) {
-        let mut out = Vec::new();
-        self.retiring.retain_mut(|q| {
-            q.reap(&mut out);
-            q.in_flight() > 0
-        });
-    }
-
     /// Opens the admin backend queue of a namespace just added.
     pub(crate) fn attach(&mut self, ns: &Namespace) -> std::io::Result<()> {
-        let q = ns.backend.open_queue()?;
-        if let Some(slot) = self.backends.get_mut(ns.nsid as usize - 1) {
-            *slot = Some(q);
-        }
-        Ok(())
+        self.backends.attach(ns)
     }
 
     /// Lets go of the admin backend queue of a namespace just removed (kept until
     /// requests given up on come back); an erasing Format of it fails.
     pub(crate) fn detach(&mut self, nsid: u32) {
-        if let Some(q) = self.backends.get_mut(nsid as usize - 1).and_then(Option::take) {
-            if q.in_flight() > 0 {
-                self.retiring.push(q);
-            }
-        }
+        self.backends.detach(nsid);
     }
 
     /// Runs one request without data (a flush) on the admin backend queue of `ns` and

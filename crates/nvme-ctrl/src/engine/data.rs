@@ -176,33 +176,31 @@ impl IoEngine {
         }
     }
 
+    /// Hands `req` to namespace `nsid`'s backend queue on this engine. An engine
+    /// without backend queues (the controller's own, once workers own the I/O
+    /// queues) never gets I/O; if it did, the request fails instead of panicking.
+    pub(crate) fn backend_submit(&mut self, nsid: u32, req: block_backend::Request) {
+        match self.backends.queue(nsid) {
+            Some(q) => q.submit(&self.mem, req),
+            None => self.reaped.push(block_backend::Completion {
+                tag: req.tag,
+                result: Err(block_backend::BackendError::NotReady("no backend queue on this engine".into())),
+                data: req.data,
+            }),
+        }
+    }
+
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
         // Nothing at any backend: nothing to look for (the common case between
         // commands, which an idle engine polls several times per wake-up).
-        if self.running == 0 && self.abandoned == 0 && self.reaped.is_empty() && self.retiring.is_empty() {
+        if self.running == 0 && self.abandoned == 0 && self.reaped.is_empty() && !self.backends.retiring() {
             return false;
         }
         self.done_now_ns = None;
         let mut any = !self.reaped.is_empty();
-        for &i in &self.open_backends {
-            let Some(b) = self.backends[i].as_mut() else { continue };
-            if b.in_flight() > 0 {
-                b.commit();
-                any |= b.reap(&mut self.reaped) > 0;
-            }
-        }
-        if !self.retiring.is_empty() {
-            for b in &mut self.retiring {
-                any |= b.reap(&mut self.reaped) > 0;
-            }
-            let before = self.retiring.len();
-            self.retiring.retain(|b| b.in_flight() > 0);
-            if self.retiring.len() != before {
-                self.notifier_generation += 1;
-            }
-        }
+        any |= self.backends.reap(&mut self.reaped);
         let mut reaped = std::mem::take(&mut self.reaped);
         for c in reaped.drain(..) {
             self.backend_done(c);

@@ -27,12 +27,13 @@ pub(crate) use timeout::{Slot, EXPIRY_POLLS};
 
 use std::sync::Arc;
 
-use block_backend::{BackendQueue, Completion, Op, Segment};
+use block_backend::{Completion, Op, Segment};
 use guest_mem::GuestMemory;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Sqe, Status};
 use tracing::warn;
 
+use crate::backends::BackendSet;
 use crate::doorbell::ShadowBuffers;
 use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
@@ -150,16 +151,9 @@ pub struct IoEngine {
     pub(crate) active_cqs: Vec<u16>,
     pub(crate) rr_next: usize,
     pub(crate) shadow: Option<ShadowBuffers>,
-    /// One backend queue per active namespace, indexed by nsid - 1 (None: inactive
-    /// NSID, or the queue could not be opened, or this engine runs no I/O).
-    pub(crate) backends: Vec<Option<Box<dyn BackendQueue>>>,
-    /// Indices of `backends` that hold a queue, for the loops over them.
-    pub(crate) open_backends: Vec<usize>,
-    /// Queues of removed namespaces still holding requests whose commands were
-    /// completed at removal; dropped once those come back.
-    pub(crate) retiring: Vec<Box<dyn BackendQueue>>,
-    /// Changes whenever the set of backend queues (and so of notifiers) changes.
-    pub(crate) notifier_generation: u64,
+    /// A backend queue per active namespace (none once workers own the I/O queues
+    /// of the controller's own engine).
+    backends: BackendSet,
     /// Fetch nothing (a state hand-over is under way, `crate::state`).
     pub(crate) quiesced: bool,
     /// Commands at the backends, indexed by tag.
@@ -196,9 +190,6 @@ pub struct IoEngine {
     interrupts: Interrupts,
     /// What the admin side last set (page size, MDTS, burst, coalescing, cache).
     settings: Settings,
-    /// This engine runs no I/O (the controller's own, once workers own the I/O
-    /// queues): it opens no backend queues for namespaces added later either.
-    pub(crate) no_backends: bool,
     /// When false, a poller is spinning and EventIdx is left stale so the host does
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
@@ -212,12 +203,7 @@ pub(crate) const POLL_BUDGET: u32 = 512;
 impl IoEngine {
     pub fn new(ctx: EngineContext) -> std::io::Result<Self> {
         let (mem_generation, mem) = ctx.memory.latest();
-        let backends: Vec<Option<Box<dyn BackendQueue>>> = ctx
-            .namespaces
-            .iter()
-            .map(|s| s.as_ref().map(|ns| ns.backend.open_queue()).transpose())
-            .collect::<Result<_, _>>()?;
-        let open_backends = (0..backends.len()).filter(|&i| backends[i].is_some()).collect();
+        let backends = BackendSet::open(&ctx.namespaces)?;
         let n = ctx.max_qid as usize + 1;
         Ok(IoEngine {
             sqs: (0..n).map(|_| None).collect(),
@@ -227,9 +213,6 @@ impl IoEngine {
             rr_next: 0,
             shadow: None,
             backends,
-            open_backends,
-            retiring: Vec::new(),
-            notifier_generation: 0,
             quiesced: false,
             inflight: Vec::new(),
             next_expiry: u64::MAX,
@@ -247,7 +230,6 @@ impl IoEngine {
             page_seen: vec![[0; 2]; n],
             interrupts: Interrupts::new(ctx.vectors),
             settings: Settings::default(),
-            no_backends: false,
             arm_eventidx: true,
             fatal: None,
             mem,
@@ -260,9 +242,7 @@ impl IoEngine {
     pub(crate) fn adopt_memory(&mut self) {
         if self.ctx.memory.generation() != self.mem_generation {
             (self.mem_generation, self.mem) = self.ctx.memory.latest();
-            for b in self.backends.iter_mut().flatten().chain(self.retiring.iter_mut()) {
-                b.memory_changed(&self.mem);
-            }
+            self.backends.memory_changed(&self.mem);
         }
     }
 
@@ -403,36 +383,25 @@ impl IoEngine {
     /// own every I/O queue, so a backend with a limited number of queues (nvme://)
     /// or a cost per queue (an io_uring ring) spends them on the workers only.
     pub(crate) fn close_backends(&mut self) {
-        self.backends.iter_mut().for_each(|b| *b = None);
-        self.open_backends.clear();
-        self.no_backends = true;
-    }
-
-    /// Every backend queue of this engine, retiring ones included.
-    fn all_backends(&self) -> impl Iterator<Item = &dyn BackendQueue> + '_ {
-        self.open_backends
-            .iter()
-            .filter_map(|&i| self.backends[i].as_deref())
-            .chain(self.retiring.iter().map(|b| &**b))
+        self.backends.close();
     }
 
     /// The descriptors of backend queues that complete asynchronously: the owner
     /// sleeps on them (level triggered) alongside its doorbells.
     pub fn backend_notifiers(&self) -> Vec<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self.all_backends().filter_map(|b| b.notifier().map(|fd| fd.as_raw_fd())).collect()
+        self.backends.notifiers()
     }
 
     /// Changes whenever [`IoEngine::backend_notifiers`] may have changed (a namespace
     /// added or removed, a removed namespace's queue finally closed).
     pub fn notifier_generation(&self) -> u64 {
-        self.notifier_generation
+        self.backends.generation()
     }
 
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
-        self.all_backends().any(|b| b.needs_polling())
+        self.backends.needs_polling()
     }
 
     /// Adopts a new namespace table: opens a backend queue for each namespace
@@ -464,29 +433,17 @@ impl IoEngine {
                 }
                 self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());
                 self.set_qos(nsid, None);
-                if let Some(q) = self.backends.get_mut(i).and_then(Option::take) {
-                    if q.in_flight() > 0 {
-                        self.retiring.push(q);
-                    }
-                }
+                self.backends.detach(nsid);
             }
-            if let (Some(new), false) = (after, self.no_backends) {
-                match new.backend.open_queue() {
-                    Ok(q) => {
-                        if i >= self.backends.len() {
-                            self.backends.resize_with(i + 1, || None);
-                        }
-                        self.backends[i] = Some(q);
-                    }
-                    Err(e) => warn!(
+            if let Some(new) = after {
+                if let Err(e) = self.backends.attach(new) {
+                    warn!(
                         nsid = new.nsid,
                         "cannot open a backend queue for the new namespace ({e}): its I/O on this engine fails"
-                    ),
+                    );
                 }
             }
         }
-        self.open_backends = (0..self.backends.len()).filter(|&i| self.backends[i].is_some()).collect();
-        self.notifier_generation += 1;
     }
 
     /// True if commands are in flight in the backends, held back by QoS, or SQs hold

@@ -170,13 +170,7 @@ impl IoEngine {
         if matches!(op, Op::Flush | Op::Discard | Op::WriteZeroes { .. }) {
             return true;
         }
-        let own = self.backends.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut);
-        for q in own.into_iter().chain(self.retiring.iter_mut()) {
-            if q.revoke(tag as u64) == Some(false) {
-                return false;
-            }
-        }
-        true
+        self.backends.revoke(nsid, tag as u64)
     }
 
     /// Completes the running command at `tag` to the host with `why`'s status and

@@ -109,20 +109,6 @@ impl IoEngine {
         }
     }
 
-    /// Hands `req` to namespace `nsid`'s backend queue on this engine. An engine
-    /// without backend queues (the controller's own, once workers own the I/O
-    /// queues) never gets I/O; if it did, the request fails instead of panicking.
-    pub(crate) fn backend_submit(&mut self, nsid: u32, req: Request) {
-        match self.backends.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut) {
-            Some(q) => q.submit(&self.mem, req),
-            None => self.reaped.push(block_backend::Completion {
-                tag: req.tag,
-                result: Err(block_backend::BackendError::NotReady("no backend queue on this engine".into())),
-                data: req.data,
-            }),
-        }
-    }
-
     /// Submits one backend request per `(offset, len)` range for a command that
     /// moves no data, splitting ranges longer than the backend's limit for `op`.
     pub(crate) fn submit_ranges(
