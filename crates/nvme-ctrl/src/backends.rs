@@ -8,12 +8,9 @@
 //! the queues' notifiers knows when to look at them again.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 
-use block_backend::{BackendQueue, Completion};
+use block_backend::{Backend, BackendQueue, Completion};
 use guest_mem::GuestMemory;
-
-use crate::namespace::Namespace;
 
 #[derive(Debug)]
 pub(crate) struct BackendSet {
@@ -31,12 +28,11 @@ pub(crate) struct BackendSet {
 }
 
 impl BackendSet {
-    /// A queue for each active namespace of `namespaces`.
-    pub fn open(namespaces: &[Option<Arc<Namespace>>]) -> std::io::Result<Self> {
-        let queues: Vec<Option<Box<dyn BackendQueue>>> = namespaces
-            .iter()
-            .map(|s| s.as_ref().map(|ns| ns.backend.open_queue()).transpose())
-            .collect::<Result<_, _>>()?;
+    /// A queue on each backend, the namespace of NSID `i + 1` being the `i`-th
+    /// (None: inactive).
+    pub fn open<'a>(backends: impl Iterator<Item = Option<&'a dyn Backend>>) -> std::io::Result<Self> {
+        let queues: Vec<Option<Box<dyn BackendQueue>>> =
+            backends.map(|b| b.map(|b| b.open_queue()).transpose()).collect::<Result<_, _>>()?;
         let open = (0..queues.len()).filter(|&i| queues[i].is_some()).collect();
         Ok(BackendSet { queues, open, retiring: Vec::new(), generation: 0, closed: false })
     }
@@ -47,13 +43,14 @@ impl BackendSet {
         self.queues.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut)
     }
 
-    /// Opens a queue for namespace `ns`, just added (nothing, if the set is closed).
-    pub fn attach(&mut self, ns: &Namespace) -> std::io::Result<()> {
+    /// Opens a queue on `backend` for namespace `nsid`, just added (nothing, if the
+    /// set is closed).
+    pub fn attach(&mut self, nsid: u32, backend: &dyn Backend) -> std::io::Result<()> {
         if self.closed {
             return Ok(());
         }
-        let q = ns.backend.open_queue()?;
-        let i = ns.nsid as usize - 1;
+        let q = backend.open_queue()?;
+        let i = (nsid as usize).saturating_sub(1);
         if i >= self.queues.len() {
             self.queues.resize_with(i + 1, || None);
         }

@@ -62,7 +62,7 @@ impl AdminState {
         cfg: &ControllerConfig,
         namespaces: &[Option<Arc<Namespace>>],
     ) -> std::io::Result<Self> {
-        let backends = BackendSet::open(namespaces)?;
+        let backends = BackendSet::open(namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
         Ok(AdminState {
             features: FeatureState::new(cfg, namespaces),
             aers: Vec::new(),
@@ -130,7 +130,7 @@ impl AdminState {
 
     /// Opens the admin backend queue of a namespace just added.
     pub(crate) fn attach(&mut self, ns: &Namespace) -> std::io::Result<()> {
-        self.backends.attach(ns)
+        self.backends.attach(ns.nsid, &*ns.backend)
     }
 
     /// Lets go of the admin backend queue of a namespace just removed (kept until

@@ -203,7 +203,7 @@ pub(crate) const POLL_BUDGET: u32 = 512;
 impl IoEngine {
     pub fn new(ctx: EngineContext) -> std::io::Result<Self> {
         let (mem_generation, mem) = ctx.memory.latest();
-        let backends = BackendSet::open(&ctx.namespaces)?;
+        let backends = BackendSet::open(ctx.namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
         let n = ctx.max_qid as usize + 1;
         Ok(IoEngine {
             sqs: (0..n).map(|_| None).collect(),
@@ -436,7 +436,7 @@ impl IoEngine {
                 self.backends.detach(nsid);
             }
             if let Some(new) = after {
-                if let Err(e) = self.backends.attach(new) {
+                if let Err(e) = self.backends.attach(new.nsid, &*new.backend) {
                     warn!(
                         nsid = new.nsid,
                         "cannot open a backend queue for the new namespace ({e}): its I/O on this engine fails"
