@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
 use nvme_spec::log::{critical_warning, lid, ErrorInformationEntry};
 use nvme_spec::Status;
+use serde::{Deserialize, Serialize};
 use zerocopy::little_endian::{U16, U32, U64};
 
 /// Entries the Error Information log keeps (Identify ELPE + 1).
@@ -73,10 +74,10 @@ impl Events {
     }
 
     /// The state a hand-over carries (`state.rs`).
-    pub(crate) fn save(&self) -> crate::state::EventsSaved {
+    pub(crate) fn save(&self) -> EventsSaved {
         use zerocopy::IntoBytes;
         let g = self.lock();
-        crate::state::EventsSaved {
+        EventsSaved {
             errors: g
                 .errors
                 .iter()
@@ -94,7 +95,7 @@ impl Events {
     /// Puts saved state back (`events` and `errors` decoded from `s` by the caller).
     pub(crate) fn restore(
         &self,
-        s: &crate::state::EventsSaved,
+        s: &EventsSaved,
         events: Vec<AsyncEvent>,
         errors: Vec<ErrorInformationEntry>,
     ) {
@@ -229,4 +230,18 @@ impl Events {
         // Asynchronous Event Configuration returns to its default: no events.
         g.warning_events = 0;
     }
+}
+
+/// The events' part of a saved controller state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventsSaved {
+    /// Error Information log entries, newest first, each as 128 hex digits.
+    pub errors: Vec<String>,
+    pub error_count: u64,
+    /// Events raised and not yet reported: completion dword 0 of each.
+    pub queued: Vec<u32>,
+    pub masked: u8,
+    pub changed_ns: Vec<u32>,
+    pub critical_warning: u8,
+    pub warning_events: u8,
 }

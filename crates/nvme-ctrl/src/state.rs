@@ -34,8 +34,9 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::controller::{Controller, Lifecycle};
 use crate::doorbell::ShadowBuffers;
 use crate::engine::IoEngine;
+pub use crate::events::EventsSaved;
 use crate::queue::{CompletionQueue, SubmissionQueue};
-use crate::stats::StatsSnapshot;
+pub use crate::stats::StatsSaved;
 
 /// The version of [`ControllerState`] this build writes and reads.
 pub const STATE_VERSION: u32 = 1;
@@ -162,39 +163,6 @@ pub struct FeaturesSaved {
     pub aec: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EventsSaved {
-    /// Error Information log entries, newest first, each as 128 hex digits.
-    pub errors: Vec<String>,
-    pub error_count: u64,
-    /// Events raised and not yet reported: completion dword 0 of each.
-    pub queued: Vec<u32>,
-    pub masked: u8,
-    pub changed_ns: Vec<u32>,
-    pub critical_warning: u8,
-    pub warning_events: u8,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatsSaved {
-    pub doorbell_writes: u64,
-    pub io_doorbell_writes: u64,
-    pub io_cq_doorbell_writes: u64,
-    pub interrupts: u64,
-    pub admin_commands: u64,
-    pub io_commands: u64,
-    pub shadow_reads: u64,
-    pub eventidx_races: u64,
-    pub errors: u64,
-    pub read_commands: u64,
-    pub write_commands: u64,
-    pub media_errors: u64,
-    pub backend_errors: u64,
-    pub timeouts: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespaceSaved {
     pub nsid: u32,
@@ -249,29 +217,6 @@ fn lifecycle_name(l: Lifecycle) -> &'static str {
     }
 }
 
-impl From<StatsSnapshot> for StatsSaved {
-    fn from(s: StatsSnapshot) -> Self {
-        StatsSaved {
-            doorbell_writes: s.doorbell_writes,
-            io_doorbell_writes: s.io_doorbell_writes,
-            io_cq_doorbell_writes: s.io_cq_doorbell_writes,
-            interrupts: s.interrupts,
-            admin_commands: s.admin_commands,
-            io_commands: s.io_commands,
-            shadow_reads: s.shadow_reads,
-            eventidx_races: s.eventidx_races,
-            errors: s.errors,
-            read_commands: s.read_commands,
-            write_commands: s.write_commands,
-            media_errors: s.media_errors,
-            backend_errors: s.backend_errors,
-            timeouts: s.timeouts,
-            bytes_read: s.bytes_read,
-            bytes_written: s.bytes_written,
-        }
-    }
-}
-
 /// One engine's queues, as saved.
 type EngineQueues = (Vec<SqState>, Vec<CqState>);
 
@@ -285,7 +230,7 @@ impl IoEngine {
     /// Nothing fetched is unfinished: no command at a backend or held back by QoS, no
     /// admin command waiting to run.
     pub(crate) fn quiet(&self) -> bool {
-        self.running == 0 && self.throttle.held_total == 0 && self.admin_inbox.is_empty()
+        !self.backend_busy() && self.held() == 0 && self.admin_inbox.is_empty()
     }
 
     fn save_queues(&self) -> EngineQueues {

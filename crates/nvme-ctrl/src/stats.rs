@@ -1,6 +1,7 @@
 //! Counters the controller keeps: what the benchmarks and the guest tests read to
 //! show shadow doorbells at work.
 
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Live counters, shared with whoever wants to read them (Relaxed: they are statistics).
@@ -87,7 +88,7 @@ impl Stats {
     }
 
     /// Sets every counter to a saved value (a restored controller).
-    pub(crate) fn restore(&self, s: &crate::state::StatsSaved) {
+    pub(crate) fn restore(&self, s: &StatsSaved) {
         let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
         set(&self.doorbell_writes, s.doorbell_writes);
         set(&self.io_doorbell_writes, s.io_doorbell_writes);
@@ -358,6 +359,50 @@ impl QueueStats {
             cq_doorbell_writes: g(&self.cq_doorbell_writes),
             completions: g(&self.completions),
             interrupts: g(&self.interrupts),
+        }
+    }
+}
+
+/// The counters' part of a saved controller state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSaved {
+    pub doorbell_writes: u64,
+    pub io_doorbell_writes: u64,
+    pub io_cq_doorbell_writes: u64,
+    pub interrupts: u64,
+    pub admin_commands: u64,
+    pub io_commands: u64,
+    pub shadow_reads: u64,
+    pub eventidx_races: u64,
+    pub errors: u64,
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub media_errors: u64,
+    pub backend_errors: u64,
+    pub timeouts: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+impl From<StatsSnapshot> for StatsSaved {
+    fn from(s: StatsSnapshot) -> Self {
+        StatsSaved {
+            doorbell_writes: s.doorbell_writes,
+            io_doorbell_writes: s.io_doorbell_writes,
+            io_cq_doorbell_writes: s.io_cq_doorbell_writes,
+            interrupts: s.interrupts,
+            admin_commands: s.admin_commands,
+            io_commands: s.io_commands,
+            shadow_reads: s.shadow_reads,
+            eventidx_races: s.eventidx_races,
+            errors: s.errors,
+            read_commands: s.read_commands,
+            write_commands: s.write_commands,
+            media_errors: s.media_errors,
+            backend_errors: s.backend_errors,
+            timeouts: s.timeouts,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
         }
     }
 }

@@ -186,8 +186,8 @@ impl IoEngine {
     /// The earliest time (clock ns) a coalesced interrupt must fire, a command may
     /// time out or a command QoS held back may start: a sleeping owner wakes then.
     pub fn next_deadline(&self) -> Option<u64> {
-        let expiry = (self.next_expiry != u64::MAX).then_some(self.next_expiry);
-        let held = self.next_release();
+        let expiry = self.commands.next_expiry();
+        let held = self.throttle.next_release();
         self.interrupts.next_deadline(self.settings.coalescing()).into_iter().chain(expiry).chain(held).min()
     }
 }

@@ -4,11 +4,14 @@ use block_backend::{BackendError, Completion, DataBuf, Op, Segment};
 use guest_mem::GuestMemory;
 use nvme_spec::log::critical_warning;
 use nvme_spec::regs::DoorbellKind;
-use nvme_spec::Status;
+use std::sync::Arc;
+
+use nvme_spec::{Sqe, Status};
 use tracing::warn;
 
-use super::{Finish, InFlight, IoEngine, Slot, EXPIRY_POLLS, POLL_BUDGET};
+use super::{Finish, InFlight, IoEngine, EXPIRY_POLLS, POLL_BUDGET};
 use crate::doorbell::Rearm;
+use crate::qos::QosGroup;
 use crate::stats::{QueueStats, Stats};
 
 impl IoEngine {
@@ -95,7 +98,7 @@ impl IoEngine {
                 // its size in fetched, unfinished commands, an engine MAX_IN_FLIGHT
                 // tags; past either the entries wait in the ring until completions
                 // (or timeouts) free room, and the next run fetches them.
-                if sq.in_flight >= sq.size || self.inflight.len() - self.free_tags.len() >= MAX_IN_FLIGHT {
+                if sq.in_flight >= sq.size || self.commands.held() >= MAX_IN_FLIGHT {
                     return done;
                 }
                 // A host may have just been told of new memory and used it: look
@@ -158,22 +161,65 @@ impl IoEngine {
         }
     }
 
+    // ---- QoS (the throttle holds back what the limits do not let through yet)
+
+    /// Makes namespace `nsid` draw from `group` (None: no limits).
+    pub(crate) fn set_qos(&mut self, nsid: u32, group: Option<Arc<QosGroup>>) {
+        self.throttle.set_group(nsid, group);
+    }
+
+    /// Lets a command just fetched start now (true), or holds it back (false).
+    #[inline]
+    pub(crate) fn qos_admits(&mut self, sqid: u16, sqe: &Sqe) -> bool {
+        let ns = crate::namespace::lookup(&self.ctx.namespaces, sqe.nsid.get()).map(|n| &**n);
+        let (clock, poll_now) = (&self.ctx.clock, &mut self.poll_now_ns);
+        self.throttle.admit(sqid, sqe, ns, || *poll_now.get_or_insert_with(|| clock.now_ns()))
+    }
+
+    /// Starts held commands whose time has come (all of them while quiesced: a
+    /// quiesce lets everything held back run now). True if any started.
+    pub(crate) fn release_held(&mut self) -> bool {
+        if self.throttle.held() == 0 {
+            return false;
+        }
+        let clock = &self.ctx.clock;
+        let now = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
+        let mut out = std::mem::take(&mut self.released);
+        let namespaces = &self.ctx.namespaces;
+        self.throttle.release(
+            now,
+            self.quiesced,
+            |nsid| crate::namespace::lookup(namespaces, nsid),
+            &mut out,
+        );
+        let started = !out.is_empty();
+        for (sqid, sqe) in out.drain(..) {
+            self.run(sqid, sqe);
+        }
+        self.released = out;
+        started
+    }
+
+    /// Completes, with `status`, the held commands `pick` chooses (by SQ and NSID).
+    pub(crate) fn drop_held(&mut self, pick: impl Fn(u16, u32) -> bool, status: Status) {
+        let mut out = Vec::new();
+        self.throttle.take_where(pick, &mut out);
+        for (sqid, sqe) in out {
+            self.complete(sqid, sqe.cid(), status, 0, sqe.nsid.get(), 0);
+        }
+    }
+
+    /// Commands QoS holds back.
+    pub(crate) fn held(&self) -> usize {
+        self.throttle.held()
+    }
+
     /// Allocates a tag for an in-flight command and starts its timeout.
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
         f.deadline_ns = self.command_deadline(f.nsid);
         let clock = &self.ctx.clock;
         f.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        self.running += 1;
-        match self.free_tags.pop() {
-            Some(t) => {
-                self.inflight[t as usize] = Slot::Running(f);
-                t as u64
-            }
-            None => {
-                self.inflight.push(Slot::Running(f));
-                (self.inflight.len() - 1) as u64
-            }
-        }
+        self.commands.insert(f)
     }
 
     /// Hands `req` to namespace `nsid`'s backend queue on this engine. An engine
@@ -195,7 +241,7 @@ impl IoEngine {
     pub(crate) fn reap(&mut self) -> bool {
         // Nothing at any backend: nothing to look for (the common case between
         // commands, which an idle engine polls several times per wake-up).
-        if self.running == 0 && self.abandoned == 0 && self.reaped.is_empty() && !self.backends.retiring() {
+        if self.commands.empty() && self.reaped.is_empty() && !self.backends.retiring() {
             return false;
         }
         self.done_now_ns = None;
@@ -211,24 +257,15 @@ impl IoEngine {
 
     pub(crate) fn backend_done(&mut self, c: Completion) {
         let tag = c.tag as usize;
-        let f = match self.inflight.get_mut(tag) {
-            Some(Slot::Running(f)) => f,
-            // Already completed to the host: the late request only hands its tag back.
-            // What it wrote into guest memory still counts for a migration's log.
-            Some(Slot::Abandoned { remaining }) => {
-                mark_written(&self.mem, &c.data);
-                *remaining -= 1;
-                if *remaining == 0 {
-                    self.inflight[tag] = Slot::Free;
-                    self.abandoned -= 1;
-                    self.free_tags.push(tag as u32);
-                }
-                return;
-            }
-            _ => {
-                warn!("backend completion for unknown tag {tag}");
-                return;
-            }
+        // Already completed to the host: the late request only hands its tag back.
+        // What it wrote into guest memory still counts for a migration's log.
+        if self.commands.late(tag) {
+            mark_written(&self.mem, &c.data);
+            return;
+        }
+        let Some(f) = self.commands.running_mut(tag) else {
+            warn!("backend completion for unknown tag {tag}");
+            return;
         };
         f.remaining -= 1;
         let mut failed = None;
@@ -263,11 +300,7 @@ impl IoEngine {
             self.seg_pool.push(v);
         }
         if done {
-            let Slot::Running(f) = std::mem::replace(&mut self.inflight[tag], Slot::Free) else {
-                unreachable!("tag {tag} was running")
-            };
-            self.free_tags.push(tag as u32);
-            self.stopped_running();
+            let f = self.commands.finish(tag).expect("running above");
             self.count_done(&f);
             if let Finish::Compare(mut v) = f.finish {
                 v.clear();

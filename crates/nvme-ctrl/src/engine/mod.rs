@@ -16,18 +16,19 @@ mod completion;
 mod data;
 mod memory;
 mod settings;
+mod table;
 mod throttle;
 mod timeout;
 
 pub use memory::SharedMemory;
 pub(crate) use settings::Settings;
 pub(crate) use timeout::Deadline;
+pub(crate) use timeout::EXPIRY_POLLS;
 pub use timeout::TEARDOWN_BOUND;
-pub(crate) use timeout::{Slot, EXPIRY_POLLS};
 
 use std::sync::Arc;
 
-use block_backend::{Completion, Op, Segment};
+use block_backend::{Completion, Segment};
 use guest_mem::GuestMemory;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Sqe, Status};
@@ -39,7 +40,9 @@ use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
-use crate::stats::{OpClass, Stats};
+use crate::stats::Stats;
+use table::InFlightTable;
+pub(crate) use table::{Finish, InFlight};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]
@@ -67,70 +70,6 @@ pub struct EngineContext {
     pub fatal: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What an in-flight command does when its backend requests finish.
-#[derive(Debug)]
-pub(crate) enum Finish {
-    /// Complete with the collected status.
-    Plain,
-    /// Compare the data read (a host buffer) with these guest segments.
-    Compare(Vec<Segment>),
-}
-
-/// A command whose backend requests have not all completed.
-#[derive(Debug)]
-pub(crate) struct InFlight {
-    pub sqid: u16,
-    pub cid: u16,
-    pub nsid: u32,
-    pub slba: u64,
-    /// Backend requests still outstanding.
-    pub remaining: u32,
-    pub status: Status,
-    /// What the backend requests do (all of one command's requests do the same).
-    pub op: Op,
-    /// How the namespace counts it (from its opcode), the bytes it moves (reads
-    /// and writes: their length), and when it was fetched (clock ns, set by `track`).
-    pub class: OpClass,
-    pub bytes: u64,
-    pub started_ns: u64,
-    pub finish: Finish,
-    /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
-    pub deadline_ns: u64,
-    /// It timed out but its backend could not stop its requests: it completes when
-    /// they end.
-    pub overdue: bool,
-}
-
-impl InFlight {
-    /// Command `sqe` from SQ `sqid`, about to hand `remaining` requests doing `op` to
-    /// a backend.
-    pub(crate) fn new(
-        sqid: u16,
-        sqe: &Sqe,
-        nsid: u32,
-        slba: u64,
-        op: Op,
-        remaining: u32,
-        finish: Finish,
-    ) -> Self {
-        InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid,
-            slba,
-            remaining,
-            status: Status::SUCCESS,
-            op,
-            class: OpClass::of(sqe.opcode()),
-            bytes: 0,
-            started_ns: 0,
-            finish,
-            deadline_ns: u64::MAX,
-            overdue: false,
-        }
-    }
-}
-
 /// Why the engine cannot go on: the controller sets Controller Fatal Status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fatal(pub String);
@@ -141,14 +80,14 @@ pub struct IoEngine {
     pub(crate) ctx: EngineContext,
     pub(crate) mem: GuestMemory,
     /// The generation of `ctx.memory` that `mem` is.
-    pub(crate) mem_generation: u64,
+    mem_generation: u64,
     pub(crate) sqs: Vec<Option<SubmissionQueue>>,
     pub(crate) cqs: Vec<Option<CompletionQueue>>,
     /// Identifiers of existing SQs, ascending: the arbitration order.
     pub(crate) active_sqs: Vec<u16>,
     /// Identifiers of existing CQs, ascending (what a scan of this engine's CQs
     /// walks, rather than every possible queue identifier).
-    pub(crate) active_cqs: Vec<u16>,
+    active_cqs: Vec<u16>,
     pub(crate) rr_next: usize,
     pub(crate) shadow: Option<ShadowBuffers>,
     /// A backend queue per active namespace (none once workers own the I/O queues
@@ -156,27 +95,21 @@ pub struct IoEngine {
     backends: BackendSet,
     /// Fetch nothing (a state hand-over is under way, `crate::state`).
     pub(crate) quiesced: bool,
-    /// Commands at the backends, indexed by tag.
-    pub(crate) inflight: Vec<Slot>,
-    /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
-    /// earlier: the next expiry scan is due then.
-    pub(crate) next_expiry: u64,
+    /// Commands at the backends, by tag.
+    commands: InFlightTable,
     /// The clock read once for the commands one `poll` starts (their timeouts run
     /// from it): one clock read per batch, not per command.
-    pub(crate) poll_now_ns: Option<u64>,
+    poll_now_ns: Option<u64>,
     /// Busy polls since the last expiry check.
-    pub(crate) polls_since_expiry: u32,
+    polls_since_expiry: u32,
     /// The clock read once for the commands one `poll` completes (their latency
     /// ends there).
-    pub(crate) done_now_ns: Option<u64>,
+    done_now_ns: Option<u64>,
     /// QoS: the limits each namespace draws from, and the commands held back.
-    pub(crate) throttle: throttle::Throttle,
-    /// Slots in [`Slot::Running`]; when none are left, no expiry is due.
-    pub(crate) running: usize,
-    /// Commands completed to the host (timed out) whose backend requests are still
-    /// out: their completions must still be reaped.
-    pub(crate) abandoned: usize,
-    pub(crate) free_tags: Vec<u32>,
+    throttle: throttle::Throttle,
+    /// Held commands the throttle let go this poll, about to run (kept for its
+    /// allocation).
+    released: Vec<(u16, Sqe)>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
     /// A doorbell page mapped into the guest (BAR0 0x1000..), polled for doorbell
@@ -214,15 +147,12 @@ impl IoEngine {
             shadow: None,
             backends,
             quiesced: false,
-            inflight: Vec::new(),
-            next_expiry: u64::MAX,
+            commands: InFlightTable::default(),
             poll_now_ns: None,
             polls_since_expiry: 0,
             done_now_ns: None,
             throttle: Default::default(),
-            running: 0,
-            abandoned: 0,
-            free_tags: Vec::new(),
+            released: Vec::new(),
             reaped: Vec::new(),
             seg_pool: Vec::new(),
             admin_inbox: Vec::new(),
@@ -376,7 +306,7 @@ impl IoEngine {
 
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
-        self.running > 0
+        self.commands.running() > 0
     }
 
     /// Closes this engine's backend queues: the controller's own engine, once workers
@@ -424,12 +354,8 @@ impl IoEngine {
                 // still move data into guest memory, which the host reuses once it
                 // has a completion. They finish when the backend is done with them
                 // (or time out), with this status.
-                for slot in &mut self.inflight {
-                    if let Slot::Running(f) = slot {
-                        if f.nsid == nsid {
-                            f.status = Status::INVALID_NAMESPACE.with_dnr();
-                        }
-                    }
+                for f in self.commands.running_iter_mut().filter(|f| f.nsid == nsid) {
+                    f.status = Status::INVALID_NAMESPACE.with_dnr();
                 }
                 self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());
                 self.set_qos(nsid, None);
@@ -450,7 +376,7 @@ impl IoEngine {
     /// unfetched entries.
     pub fn busy(&self) -> bool {
         self.backend_busy()
-            || self.throttle.held_total > 0
+            || self.throttle.held() > 0
             || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
     }
 }

@@ -13,15 +13,15 @@ use std::sync::Arc;
 
 use nvme_spec::nvm::ReadWrite;
 use nvme_spec::opcode::nvm as op;
-use nvme_spec::{Sqe, Status};
+use nvme_spec::Sqe;
 
-use super::IoEngine;
+use crate::namespace::Namespace;
 use crate::qos::QosGroup;
 use crate::stats::OpClass;
 
 /// A command waiting for its namespace's limits.
 #[derive(Debug)]
-pub(crate) struct Held {
+struct Held {
     sqid: u16,
     sqe: Sqe,
     since_ns: u64,
@@ -34,9 +34,9 @@ pub(crate) struct Throttle {
     groups: Vec<Option<Arc<QosGroup>>>,
     held: Vec<VecDeque<Held>>,
     /// Commands held, over all namespaces.
-    pub(crate) held_total: usize,
+    held_total: usize,
     /// The earliest time (clock ns) a held command may start, once looked at.
-    pub(crate) next_release_ns: u64,
+    next_release_ns: u64,
     /// Some namespace has limits: the check runs at all.
     active: bool,
 }
@@ -52,70 +52,67 @@ fn class_and_bytes(sqe: &Sqe, lba_shift: u32) -> (OpClass, u64) {
     }
 }
 
-impl IoEngine {
+impl Throttle {
     /// Makes namespace `nsid` draw from `group` (None: no limits). Held commands of it
-    /// are looked at again on the next poll.
-    pub(crate) fn set_qos(&mut self, nsid: u32, group: Option<Arc<QosGroup>>) {
+    /// are looked at again on the next release.
+    pub fn set_group(&mut self, nsid: u32, group: Option<Arc<QosGroup>>) {
         let i = nsid as usize - 1;
-        let t = &mut self.throttle;
-        if t.groups.len() <= i {
-            t.groups.resize_with(i + 1, || None);
+        if self.groups.len() <= i {
+            self.groups.resize_with(i + 1, || None);
         }
-        t.groups[i] = group;
-        t.active = t.groups.iter().any(Option::is_some);
-        t.next_release_ns = 0;
+        self.groups[i] = group;
+        self.active = self.groups.iter().any(Option::is_some);
+        self.next_release_ns = 0;
     }
 
-    /// Lets a command just fetched start now (true), or holds it back (false).
-    pub(crate) fn qos_admits(&mut self, sqid: u16, sqe: &Sqe) -> bool {
-        if !self.throttle.active {
+    /// Lets command `sqe` from SQ `sqid`, on namespace `ns`, start now (true) or
+    /// holds it back (false). `now` is read only when the namespace has limits.
+    #[inline]
+    pub fn admit(&mut self, sqid: u16, sqe: &Sqe, ns: Option<&Namespace>, now: impl FnOnce() -> u64) -> bool {
+        if !self.active {
             return true;
         }
-        let nsid = sqe.nsid.get();
-        let i = (nsid as usize).wrapping_sub(1);
-        let Some(g) = self.throttle.groups.get(i).and_then(Option::as_ref).cloned() else { return true };
-        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return true };
-        let clock = &self.ctx.clock;
-        let now = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        let queued = self.throttle.held.get(i).is_some_and(|q| !q.is_empty());
+        let i = (sqe.nsid.get() as usize).wrapping_sub(1);
+        let Some(g) = self.groups.get(i).and_then(Option::as_ref) else { return true };
+        let Some(ns) = ns else { return true };
+        let now = now();
+        let queued = self.held.get(i).is_some_and(|q| !q.is_empty());
         if !queued {
             let (class, bytes) = class_and_bytes(sqe, ns.lba_shift());
             let wait = g.admit(class, bytes, now);
             if wait == 0 {
                 return true;
             }
-            let t = &mut self.throttle;
-            t.next_release_ns = t.next_release_ns.min(now + wait).max(1);
+            self.next_release_ns = self.next_release_ns.min(now + wait).max(1);
         }
-        let t = &mut self.throttle;
-        if t.held.len() <= i {
-            t.held.resize_with(i + 1, VecDeque::new);
+        if self.held.len() <= i {
+            self.held.resize_with(i + 1, VecDeque::new);
         }
-        t.held[i].push_back(Held { sqid, sqe: *sqe, since_ns: now });
-        t.held_total += 1;
+        self.held[i].push_back(Held { sqid, sqe: *sqe, since_ns: now });
+        self.held_total += 1;
         false
     }
 
-    /// Starts held commands whose time has come, in order per namespace. True if any
-    /// started.
-    pub(crate) fn release_held(&mut self) -> bool {
-        if self.throttle.held_total == 0 {
-            return false;
-        }
-        let clock = &self.ctx.clock;
-        let now = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        // A quiesce lets everything held back run now (state.rs).
-        if now < self.throttle.next_release_ns && !self.quiesced {
-            return false;
+    /// Moves the held commands whose time has come into `out`, in order per
+    /// namespace (`all`: every one, as a quiesce wants). `ns(nsid)` is the namespace
+    /// of an NSID, if it is still active.
+    pub fn release<'a>(
+        &mut self,
+        now: u64,
+        all: bool,
+        ns: impl Fn(u32) -> Option<&'a Arc<Namespace>>,
+        out: &mut Vec<(u16, Sqe)>,
+    ) {
+        if self.held_total == 0 || (now < self.next_release_ns && !all) {
+            return;
         }
         let mut next = u64::MAX;
-        let mut started = false;
-        for i in 0..self.throttle.held.len() {
-            while let Some(front) = self.throttle.held[i].front() {
-                let group = self.throttle.groups.get(i).and_then(Option::as_ref);
-                let ns = crate::namespace::lookup(&self.ctx.namespaces, i as u32 + 1);
+        for i in 0..self.held.len() {
+            while let Some(front) = self.held[i].front() {
+                let group = self.groups.get(i).and_then(Option::as_ref);
+                let ns = ns(i as u32 + 1);
                 let wait = match (group, ns) {
-                    _ if self.quiesced => 0,
+                    _ if all => 0,
                     (Some(g), Some(ns)) => {
                         let (class, bytes) = class_and_bytes(&front.sqe, ns.lba_shift());
                         g.admit(class, bytes, now)
@@ -127,37 +124,41 @@ impl IoEngine {
                     next = next.min(now + wait);
                     break;
                 }
-                let h = self.throttle.held[i].pop_front().expect("front exists");
-                self.throttle.held_total -= 1;
+                let h = self.held[i].pop_front().expect("front exists");
+                self.held_total -= 1;
                 if let Some(ns) = ns {
                     ns.stats.throttled_commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     ns.stats.throttled_ns.fetch_add(now - h.since_ns, std::sync::atomic::Ordering::Relaxed);
                 }
-                self.run(h.sqid, h.sqe);
-                started = true;
+                out.push((h.sqid, h.sqe));
             }
         }
-        self.throttle.next_release_ns = next;
-        started
+        self.next_release_ns = next;
     }
 
-    /// Completes, with `status`, the held commands `pick` chooses (by SQ and NSID).
-    pub(crate) fn drop_held(&mut self, pick: impl Fn(u16, u32) -> bool, status: Status) {
-        for i in 0..self.throttle.held.len() {
-            let q = std::mem::take(&mut self.throttle.held[i]);
-            for h in q {
-                if pick(h.sqid, h.sqe.nsid.get()) {
-                    self.throttle.held_total -= 1;
-                    self.complete(h.sqid, h.sqe.cid(), status, 0, h.sqe.nsid.get(), 0);
-                } else {
-                    self.throttle.held[i].push_back(h);
+    /// Moves the held commands `pick` chooses (by SQ and NSID) into `out`.
+    pub fn take_where(&mut self, pick: impl Fn(u16, u32) -> bool, out: &mut Vec<(u16, Sqe)>) {
+        for q in &mut self.held {
+            let before = q.len();
+            q.retain(|h| {
+                let take = pick(h.sqid, h.sqe.nsid.get());
+                if take {
+                    out.push((h.sqid, h.sqe));
                 }
-            }
+                !take
+            });
+            self.held_total -= before - q.len();
         }
+    }
+
+    /// Commands held back.
+    #[inline]
+    pub fn held(&self) -> usize {
+        self.held_total
     }
 
     /// The earliest time (clock ns) a held command may start, if any is held.
-    pub(crate) fn next_release(&self) -> Option<u64> {
-        (self.throttle.held_total > 0).then_some(self.throttle.next_release_ns)
+    pub fn next_release(&self) -> Option<u64> {
+        (self.held_total > 0).then_some(self.next_release_ns)
     }
 }

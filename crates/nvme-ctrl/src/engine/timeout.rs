@@ -3,7 +3,7 @@
 //! its backend requests are abandoned.
 //!
 //! Abandoning is safe because a command's tag is not reused until the backend gives
-//! every request back: the slot turns [`Slot::Abandoned`] and counts what is still
+//! every request back: the slot turns abandoned (`table`) and counts what is still
 //! out, a late completion only decrements that count (it never completes the
 //! command a second time, nor reaches a command that reused the tag), and the
 //! buffers stay with the requests (each owns its segments or bounce buffer, and the
@@ -62,20 +62,6 @@ pub(crate) const ORPHAN: u16 = u16::MAX;
 /// Busy polls between expiry checks (idle polls always check).
 pub(crate) const EXPIRY_POLLS: u32 = 1024;
 
-/// One entry of the in-flight table, indexed by tag.
-#[derive(Debug)]
-pub(crate) enum Slot {
-    Free,
-    /// A command with requests at a backend.
-    Running(InFlight),
-    /// A command already completed to the host (timed out, or its queue torn
-    /// down) whose backend still holds `remaining` requests; the tag is retired
-    /// until they come back.
-    Abandoned {
-        remaining: u32,
-    },
-}
-
 impl IoEngine {
     /// The deadline (clock ns) for a command on `nsid` starting now; u64::MAX when
     /// its namespace has no timeout. A broadcast (Flush of every namespace) takes
@@ -91,35 +77,22 @@ impl IoEngine {
             return u64::MAX;
         }
         let clock = &self.ctx.clock;
-        let d = self.poll_now_ns.get_or_insert_with(|| clock.now_ns()).saturating_add(t);
-        self.next_expiry = self.next_expiry.min(d);
-        d
-    }
-
-    /// Counts a command that left [`Slot::Running`]; with none left, no expiry is due
-    /// (so a sleeping owner is not woken for nothing).
-    pub(crate) fn stopped_running(&mut self) {
-        self.running -= 1;
-        if self.running == 0 {
-            self.next_expiry = u64::MAX;
-        }
+        self.poll_now_ns.get_or_insert_with(|| clock.now_ns()).saturating_add(t)
     }
 
     /// Completes every command past its deadline with the timeout status, if the
     /// earliest deadline has passed. True if it completed any.
     pub(crate) fn expire_overdue(&mut self) -> bool {
         self.polls_since_expiry = 0;
-        if self.next_expiry == u64::MAX {
-            return false;
-        }
+        let Some(due) = self.commands.next_expiry() else { return false };
         let now = self.ctx.clock.now_ns();
-        if now < self.next_expiry {
+        if now < due {
             return false;
         }
         let mut next = u64::MAX;
         let mut any = false;
-        for tag in 0..self.inflight.len() {
-            let Slot::Running(f) = &self.inflight[tag] else { continue };
+        for tag in self.commands.tags() {
+            let Some(f) = self.commands.running_at(tag) else { continue };
             if f.deadline_ns > now {
                 next = next.min(f.deadline_ns);
                 continue;
@@ -129,7 +102,7 @@ impl IoEngine {
             self.abandon(tag, CommandError::TimedOut { ms }, false);
             any = true;
         }
-        self.next_expiry = next;
+        self.commands.set_next_expiry(next);
         any
     }
 
@@ -156,8 +129,8 @@ impl IoEngine {
     /// Abandons every running command `pick` chooses (a queue or the controller is
     /// being torn down), completing it with `why`'s status.
     pub(crate) fn abandon_where(&mut self, pick: impl Fn(&InFlight) -> bool, why: impl Fn() -> CommandError) {
-        for tag in 0..self.inflight.len() {
-            if matches!(&self.inflight[tag], Slot::Running(f) if pick(f)) {
+        for tag in self.commands.tags() {
+            if self.commands.running_at(tag).is_some_and(&pick) {
                 self.abandon(tag, why(), true);
             }
         }
@@ -181,12 +154,9 @@ impl IoEngine {
     /// doing) keeps its command running until it ends; torn-down queues leave it
     /// with nowhere to complete to, and that is logged.
     fn abandon(&mut self, tag: usize, why: CommandError, teardown: bool) {
-        let (nsid, op) = match &self.inflight[tag] {
-            Slot::Running(f) => (f.nsid, f.op),
-            _ => return,
-        };
+        let Some((nsid, op)) = self.commands.running_at(tag).map(|f| (f.nsid, f.op)) else { return };
         if !self.revoke(tag, nsid, op) {
-            let Slot::Running(f) = &mut self.inflight[tag] else { unreachable!("running above") };
+            let f = self.commands.running_mut(tag).expect("running above");
             if teardown && f.sqid != ORPHAN {
                 log_limit::limited_warn!(
                     target: "vnvme::backend",
@@ -207,14 +177,7 @@ impl IoEngine {
             f.deadline_ns = u64::MAX;
             return;
         }
-        let slot = std::mem::replace(&mut self.inflight[tag], Slot::Free);
-        let Slot::Running(f) = slot else {
-            self.inflight[tag] = slot;
-            return;
-        };
-        self.inflight[tag] = Slot::Abandoned { remaining: f.remaining };
-        self.abandoned += 1;
-        self.stopped_running();
+        let Some(f) = self.commands.abandon(tag) else { return };
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
             Stats::add(&self.ctx.stats.timeouts, 1);
         }

@@ -160,7 +160,7 @@ pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Deadline) {
             break;
         }
     }
-    let busy = |e: &IoEngine| e.backend_busy() || e.throttle.held_total > 0;
+    let busy = |e: &IoEngine| e.backend_busy() || e.held() > 0;
     while busy(e) && e.fatal().is_none() && !deadline.passed(&*e.ctx.clock) {
         if !e.poll() {
             std::thread::yield_now();

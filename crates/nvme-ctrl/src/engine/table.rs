@@ -1,0 +1,237 @@
+//! The in-flight table: one slot per command whose requests are at a backend,
+//! indexed by the tag the requests carry.
+//!
+//! A tag is not reused until the backend has given back every request of its
+//! command: a command completed early (timed out, its queue torn down) turns
+//! [`Slot::Abandoned`] and counts what is still out, so a late completion only hands
+//! the tag back, never completes the command twice nor reaches a command that
+//! reused the tag. The table also keeps the earliest deadline of its running
+//! commands, so expiry costs nothing until that moment passes.
+
+use block_backend::{Op, Segment};
+use nvme_spec::{Sqe, Status};
+
+use crate::stats::OpClass;
+
+/// What an in-flight command does when its backend requests finish.
+#[derive(Debug)]
+pub(crate) enum Finish {
+    /// Complete with the collected status.
+    Plain,
+    /// Compare the data read (a host buffer) with these guest segments.
+    Compare(Vec<Segment>),
+}
+
+/// A command whose backend requests have not all completed.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub sqid: u16,
+    pub cid: u16,
+    pub nsid: u32,
+    pub slba: u64,
+    /// Backend requests still outstanding.
+    pub remaining: u32,
+    pub status: Status,
+    /// What the backend requests do (all of one command's requests do the same).
+    pub op: Op,
+    /// How the namespace counts it (from its opcode), the bytes it moves (reads
+    /// and writes: their length), and when it was fetched (clock ns, set by `track`).
+    pub class: OpClass,
+    pub bytes: u64,
+    pub started_ns: u64,
+    pub finish: Finish,
+    /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
+    pub deadline_ns: u64,
+    /// It timed out but its backend could not stop its requests: it completes when
+    /// they end.
+    pub overdue: bool,
+}
+
+impl InFlight {
+    /// Command `sqe` from SQ `sqid`, about to hand `remaining` requests doing `op` to
+    /// a backend.
+    pub(crate) fn new(
+        sqid: u16,
+        sqe: &Sqe,
+        nsid: u32,
+        slba: u64,
+        op: Op,
+        remaining: u32,
+        finish: Finish,
+    ) -> Self {
+        InFlight {
+            sqid,
+            cid: sqe.cid(),
+            nsid,
+            slba,
+            remaining,
+            status: Status::SUCCESS,
+            op,
+            class: OpClass::of(sqe.opcode()),
+            bytes: 0,
+            started_ns: 0,
+            finish,
+            deadline_ns: u64::MAX,
+            overdue: false,
+        }
+    }
+}
+
+/// One entry of the in-flight table.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    Free,
+    /// A command with requests at a backend.
+    Running(InFlight),
+    /// A command already completed to the host whose backend still holds
+    /// `remaining` requests; the tag is retired until they come back.
+    Abandoned {
+        remaining: u32,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct InFlightTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Slots in [`Slot::Running`].
+    running: usize,
+    /// Slots in [`Slot::Abandoned`].
+    abandoned: usize,
+    /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
+    /// earlier: an expiry scan is due then.
+    next_expiry: u64,
+}
+
+impl Default for InFlightTable {
+    fn default() -> Self {
+        InFlightTable { slots: Vec::new(), free: Vec::new(), running: 0, abandoned: 0, next_expiry: u64::MAX }
+    }
+}
+
+impl InFlightTable {
+    /// Gives `f` a tag.
+    #[inline]
+    pub fn insert(&mut self, f: InFlight) -> u64 {
+        self.running += 1;
+        self.next_expiry = self.next_expiry.min(f.deadline_ns);
+        match self.free.pop() {
+            Some(t) => {
+                self.slots[t as usize] = Slot::Running(f);
+                t as u64
+            }
+            None => {
+                self.slots.push(Slot::Running(f));
+                (self.slots.len() - 1) as u64
+            }
+        }
+    }
+
+    /// Tags held: running commands and abandoned ones not yet given back.
+    #[inline]
+    pub fn held(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Commands at a backend that the host still waits for.
+    #[inline]
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Nothing at any backend, abandoned or not.
+    #[inline]
+    pub fn empty(&self) -> bool {
+        self.running == 0 && self.abandoned == 0
+    }
+
+    /// The running command at `tag`.
+    #[inline]
+    pub fn running_mut(&mut self, tag: usize) -> Option<&mut InFlight> {
+        match self.slots.get_mut(tag) {
+            Some(Slot::Running(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The running command at `tag`.
+    pub fn running_at(&self, tag: usize) -> Option<&InFlight> {
+        match self.slots.get(tag) {
+            Some(Slot::Running(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Every running command.
+    pub fn running_iter_mut(&mut self) -> impl Iterator<Item = &mut InFlight> {
+        self.slots.iter_mut().filter_map(|s| match s {
+            Slot::Running(f) => Some(f),
+            _ => None,
+        })
+    }
+
+    /// The tags a scan walks (every slot, free or not).
+    pub fn tags(&self) -> std::ops::Range<usize> {
+        0..self.slots.len()
+    }
+
+    /// A request of an abandoned command came back: true if `tag` is one (its tag
+    /// is free again after the last).
+    #[inline]
+    pub fn late(&mut self, tag: usize) -> bool {
+        let Some(Slot::Abandoned { remaining }) = self.slots.get_mut(tag) else { return false };
+        *remaining -= 1;
+        if *remaining == 0 {
+            self.slots[tag] = Slot::Free;
+            self.abandoned -= 1;
+            self.free.push(tag as u32);
+        }
+        true
+    }
+
+    /// Takes out the running command at `tag`, all its requests back: its tag is
+    /// free.
+    #[inline]
+    pub fn finish(&mut self, tag: usize) -> Option<InFlight> {
+        if !matches!(self.slots.get(tag), Some(Slot::Running(_))) {
+            return None;
+        }
+        let Slot::Running(f) = std::mem::replace(&mut self.slots[tag], Slot::Free) else { unreachable!() };
+        self.free.push(tag as u32);
+        self.stopped_running();
+        Some(f)
+    }
+
+    /// Takes out the running command at `tag` while its requests are still out: the
+    /// tag stays retired until they come back.
+    pub fn abandon(&mut self, tag: usize) -> Option<InFlight> {
+        let Some(Slot::Running(f)) = self.slots.get(tag) else { return None };
+        let remaining = f.remaining;
+        let Slot::Running(f) = std::mem::replace(&mut self.slots[tag], Slot::Abandoned { remaining }) else {
+            unreachable!()
+        };
+        self.abandoned += 1;
+        self.stopped_running();
+        Some(f)
+    }
+
+    /// With no command running, no expiry is due (a sleeping owner is not woken for
+    /// nothing).
+    fn stopped_running(&mut self) {
+        self.running -= 1;
+        if self.running == 0 {
+            self.next_expiry = u64::MAX;
+        }
+    }
+
+    /// When the next expiry scan is due (None: no running command has a deadline).
+    #[inline]
+    pub fn next_expiry(&self) -> Option<u64> {
+        (self.next_expiry != u64::MAX).then_some(self.next_expiry)
+    }
+
+    /// After a scan: the earliest deadline left.
+    pub fn set_next_expiry(&mut self, at: u64) {
+        self.next_expiry = at;
+    }
+}
