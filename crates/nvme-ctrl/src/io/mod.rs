@@ -45,7 +45,7 @@ impl IoEngine {
             }
             Err(e) => {
                 debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), &sqe));
-                let slba = rw::ReadWriteView::slba_of(&sqe);
+                let slba = error_slba(&sqe);
                 self.complete(sqid, cid, e.status(), 0, nsid, slba);
                 e.status()
             }
@@ -167,5 +167,15 @@ impl IoEngine {
         let tag = self.track(f);
         self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });
         Started::Pending
+    }
+}
+
+/// The SLBA of commands that carry one (for the Error Information log).
+fn error_slba(sqe: &Sqe) -> u64 {
+    match sqe.opcode() {
+        op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => {
+            nvme_spec::nvm::ReadWrite(sqe).slba()
+        }
+        _ => 0,
     }
 }

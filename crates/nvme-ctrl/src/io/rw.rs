@@ -12,18 +12,6 @@ use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
 use crate::stats::Stats;
 
-pub(crate) struct ReadWriteView;
-
-impl ReadWriteView {
-    /// The SLBA of commands that carry one (for the Error Information log).
-    pub fn slba_of(sqe: &Sqe) -> u64 {
-        match sqe.opcode() {
-            op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => ReadWrite(sqe).slba(),
-            _ => 0,
-        }
-    }
-}
-
 impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let ns = self.namespace(sqe.nsid.get())?;
