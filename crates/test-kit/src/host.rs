@@ -10,9 +10,10 @@ use nvme_ctrl::{Clock, Controller, ControllerConfig};
 use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, DoorbellBufferConfigCmd};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::identify::cns;
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind};
+use nvme_spec::regs::{offset, Cap, Csts, DoorbellKind};
 use nvme_spec::{Status, CQE_SIZE, SQE_SIZE};
 
+use crate::bar::{AdminQueue, Bar0};
 use crate::irq::CountingIrq;
 use crate::ring::{CqRing, SqRing};
 
@@ -193,8 +194,7 @@ impl MockHost {
 
     /// Writes doorbell `kind` of queue `qid` in BAR0 (a trapped write).
     pub fn ring(&mut self, qid: u16, kind: DoorbellKind, v: u32) {
-        let off = offset::DOORBELL_BASE + doorbell_offset(qid, kind, self.dstrd);
-        self.write32(off, v);
+        self.ctrl.ring(self.dstrd, qid, kind, v);
     }
 
     /// Lets the device run until it has nothing left to do.
@@ -206,24 +206,14 @@ impl MockHost {
 
     /// Disables, programs the admin queue and enables the controller.
     pub fn enable(&mut self, admin_size: u32) -> Result<(), HostError> {
-        self.write32(offset::CC, 0);
-        if self.csts().rdy() {
-            return Err(HostError::NotReady(self.csts().0));
-        }
         self.io.clear();
         self.dbbuf = None;
         let asq = self.alloc.alloc_pages((admin_size as u64 * SQE_SIZE as u64).div_ceil(PAGE));
         let acq = self.alloc.alloc_pages((admin_size as u64 * CQE_SIZE as u64).div_ceil(PAGE));
-        self.write32(offset::AQA, Aqa::new(admin_size as u16 - 1, admin_size as u16 - 1).0);
-        self.write64(offset::ASQ, asq);
-        self.write64(offset::ACQ, acq);
-        // Linux writes CC without EN first, then with EN.
-        self.write32(offset::CC, Cc::LINUX.0);
-        self.write32(offset::CC, Cc::LINUX.with_en(true).0);
-        let csts = self.csts();
-        if !csts.rdy() || csts.cfs() {
-            return Err(HostError::NotReady(csts.0));
-        }
+        // The controller is in this process: each change is done when the register
+        // write returns, so nothing is waited for.
+        let admin = AdminQueue { asq, acq, entries: admin_size as u16 };
+        crate::bar::enable(&mut self.ctrl, admin, 0).map_err(HostError::NotReady)?;
         self.admin = Some(HostQueue::new(0, asq, acq, admin_size));
         Ok(())
     }

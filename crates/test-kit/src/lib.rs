@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod bar;
 mod host;
 pub mod io;
 mod irq;
@@ -34,8 +35,9 @@ pub mod raw;
 pub mod recording;
 pub mod ring;
 
+pub use bar::Bar0;
 pub use host::{Allocator, HostDbbuf, HostError, HostQueue, InitOptions, MockHost, PAGE};
 pub use io::HostSq;
 pub use irq::{CountingIrq, ManualClock, SteppingClock};
 pub use memfd::memfd_memory;
-pub use ring::{CqRing, SqRing};
+pub use ring::{CqRing, Doorbells, SqRing};

@@ -2,8 +2,9 @@
 
 use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, DoorbellBufferConfigCmd, IdentifyCmd};
 use nvme_spec::nvm::ReadWriteCmd;
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cc, DoorbellKind};
+use nvme_spec::regs::{doorbell_offset, offset, DoorbellKind};
 use nvme_spec::Sqe;
+use test_kit::bar::{AdminQueue, Bar0};
 use vfio_user::proto::*;
 use vfio_user::version::{self, Capabilities};
 use vfio_user::Command;
@@ -37,8 +38,28 @@ pub(super) fn bar0_write32(off: u64, v: u32) -> Outgoing {
     region_write(REGION_BAR0, off, &v.to_le_bytes())
 }
 
-pub(super) fn bar0_write64(off: u64, v: u64) -> Outgoing {
-    region_write(REGION_BAR0, off, &v.to_le_bytes())
+/// BAR0 as the messages that reach it: each write becomes a REGION_WRITE. The
+/// fuzzer sends and never waits, so reads are answered as by a controller that
+/// follows CC.EN at once.
+struct Recorder<'a> {
+    out: &'a mut Vec<Outgoing>,
+    cc: u32,
+}
+
+impl Bar0 for Recorder<'_> {
+    fn read(&mut self, off: u64, out: &mut [u8]) {
+        out.fill(0);
+        if off == offset::CSTS {
+            out[0] = (self.cc & 1) as u8;
+        }
+    }
+    fn write(&mut self, off: u64, data: &[u8]) {
+        if off == offset::CC {
+            self.cc = u32::from_le_bytes(data.try_into().unwrap_or_default());
+        }
+        self.out.push(region_write(REGION_BAR0, off, data));
+    }
+    fn pause(&mut self) {}
 }
 
 impl Driver {
@@ -111,13 +132,12 @@ impl Driver {
             // Command register: memory space and bus master; MSI-X Enable.
             region_write(REGION_CONFIG, 4, &6u16.to_le_bytes()),
             region_write(REGION_CONFIG, 0x52, &0x8000u16.to_le_bytes()),
-            bar0_write32(offset::CC, 0),
-            bar0_write32(offset::AQA, Aqa::new(ADMIN_ENTRIES - 1, ADMIN_ENTRIES - 1).0),
-            bar0_write64(offset::ASQ, GUEST_IOVA + ADMIN_SQ),
-            bar0_write64(offset::ACQ, GUEST_IOVA + ADMIN_CQ),
-            bar0_write32(offset::CC, Cc::LINUX.0),
-            bar0_write32(offset::CC, Cc::LINUX.with_en(true).0),
         ];
+        // The register half of the bring-up is the test kit's, as every test host's.
+        let admin =
+            AdminQueue { asq: GUEST_IOVA + ADMIN_SQ, acq: GUEST_IOVA + ADMIN_CQ, entries: ADMIN_ENTRIES };
+        let ready = test_kit::bar::enable(&mut Recorder { out: &mut v, cc: 0 }, admin, 0);
+        debug_assert!(ready.is_ok(), "a recorded bring-up always reads ready");
         let mut id = IdentifyCmd { cns: nvme_spec::identify::cns::CONTROLLER, ..Default::default() }.to_sqe();
         id.set_prps(GUEST_IOVA + IDENTIFY, 0);
         v.push(self.submit(0, id));

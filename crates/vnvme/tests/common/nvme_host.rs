@@ -1,7 +1,9 @@
 //! `NvmeOverVfioUser`: a minimal NVMe host that drives the served controller across the
 //! socket the way a guest driver would, with nothing but raw register writes
 //! (REGION_WRITE to BAR0) and a memfd shared through DMA_MAP that holds the queues and
-//! data buffers. Deliberately independent of the `nvme-driver` crate.
+//! data buffers. Deliberately independent of the `nvme-driver` crate: its rings and
+//! its bring-up are the test kit's (`test_kit::ring`, `test_kit::bar`), over a
+//! [`Bar0`] that is the socket.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -10,8 +12,10 @@ use guest_mem::GuestMemory;
 use nvme_spec::admin::{CreateIoCqCmd, CreateIoSqCmd, IdentifyCmd};
 use nvme_spec::identify::{cns, flbas, IdentifyNamespace};
 use nvme_spec::nvm::ReadWriteCmd;
-use nvme_spec::regs::{doorbell_offset, offset, Aqa, Cap, Cc, Csts, DoorbellKind};
+use nvme_spec::regs::{doorbell_offset, offset, Cap, DoorbellKind};
 use nvme_spec::{Cqe, Sqe};
+use test_kit::bar::{self, AdminQueue, Bar0};
+use test_kit::{CqRing, Doorbells, SqRing};
 use vfio_user::client::Client;
 use vfio_user::proto::{IRQ_INDEX_MSIX, REGION_BAR0};
 
@@ -36,16 +40,45 @@ const ADMIN_DEPTH: u16 = 32;
 /// MSI-X vector of the I/O completion queue.
 pub const IO_VECTOR: u16 = 1;
 
-#[derive(Debug, Default)]
+/// A queue pair: an SQ and the CQ of the same identifier.
+#[derive(Debug)]
 struct Queue {
-    qid: u16,
-    sq: u64,
-    cq: u64,
-    depth: u16,
-    sq_tail: u16,
-    cq_head: u16,
-    phase: bool,
+    sq: SqRing,
+    cq: CqRing,
 }
+
+impl Queue {
+    fn new(qid: u16, sq: u64, cq: u64, depth: u16) -> Self {
+        Queue { sq: SqRing::new(qid, sq, depth as u32), cq: CqRing::new(qid, cq, depth as u32) }
+    }
+
+    fn none() -> Self {
+        Queue::new(0, 0, 0, 2)
+    }
+
+    fn depth(&self) -> u16 {
+        self.sq.size as u16
+    }
+}
+
+/// BAR0 over the socket: REGION_READ and REGION_WRITE; a wait is a short sleep.
+#[derive(Debug)]
+struct SocketBar<'a>(&'a mut Client);
+
+impl Bar0 for SocketBar<'_> {
+    fn read(&mut self, off: u64, out: &mut [u8]) {
+        self.0.region_read(REGION_BAR0, off, out).expect("BAR0 read");
+    }
+    fn write(&mut self, off: u64, data: &[u8]) {
+        self.0.region_write(REGION_BAR0, off, data).expect("BAR0 write");
+    }
+    fn pause(&mut self) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Pauses of 1 ms a wait for CSTS.RDY may take.
+const READY_PAUSES: u32 = TIMEOUT.as_millis() as u32;
 
 /// The host side of one controller, over one vfio-user connection.
 #[derive(Debug)]
@@ -82,8 +115,8 @@ impl NvmeOverVfioUser {
             _fd: fd,
             mem,
             dstrd: 0,
-            admin: Queue::default(),
-            io: Queue::default(),
+            admin: Queue::none(),
+            io: Queue::none(),
             next_cid: 1,
             lba_size: 512,
             nsid: 1,
@@ -93,41 +126,30 @@ impl NvmeOverVfioUser {
         h
     }
 
+    fn bar(&mut self) -> SocketBar<'_> {
+        SocketBar(&mut self.client)
+    }
+
     pub fn read32(&mut self, off: u64) -> u32 {
-        let mut b = [0u8; 4];
-        self.client.region_read(REGION_BAR0, off, &mut b).expect("BAR0 read");
-        u32::from_le_bytes(b)
+        self.bar().read32(off)
     }
 
     pub fn read64(&mut self, off: u64) -> u64 {
-        let mut b = [0u8; 8];
-        self.client.region_read(REGION_BAR0, off, &mut b).expect("BAR0 read");
-        u64::from_le_bytes(b)
+        self.bar().read64(off)
     }
 
     pub fn write32(&mut self, off: u64, v: u32) {
-        self.client.region_write(REGION_BAR0, off, &v.to_le_bytes()).expect("BAR0 write");
+        self.bar().write32(off, v)
     }
 
     pub fn write64(&mut self, off: u64, v: u64) {
-        self.client.region_write(REGION_BAR0, off, &v.to_le_bytes()).expect("BAR0 write");
-    }
-
-    fn csts(&mut self) -> Csts {
-        Csts(self.read32(offset::CSTS))
+        self.bar().write64(off, v)
     }
 
     /// Waits (bounded) for CSTS.RDY to become `ready`; fails on CSTS.CFS.
     pub fn wait_ready(&mut self, ready: bool) {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            let c = self.csts();
-            assert!(!c.cfs(), "controller fatal status (CSTS {:#x})", c.0);
-            if c.rdy() == ready {
-                return;
-            }
-            assert!(Instant::now() < deadline, "CSTS.RDY did not become {ready} (CSTS {:#x})", c.0);
-            std::thread::sleep(Duration::from_millis(1));
+        if let Err(csts) = bar::wait_ready(&mut self.bar(), ready, READY_PAUSES) {
+            panic!("CSTS.RDY did not become {ready} within {TIMEOUT:?} (CSTS {csts:#x})");
         }
     }
 
@@ -137,19 +159,19 @@ impl NvmeOverVfioUser {
         self.wait_ready(false);
     }
 
-    /// Controller bring-up from whatever state it is in: disable, program AQA/ASQ/ACQ,
-    /// set CC.EN with 64-byte SQEs and 16-byte CQEs, wait for CSTS.RDY.
+    /// Controller bring-up from whatever state it is in, as Linux does it
+    /// (`test_kit::bar::enable`): disable, program AQA/ASQ/ACQ, set CC.EN with
+    /// 64-byte SQEs and 16-byte CQEs, wait for CSTS.RDY.
     pub fn enable(&mut self) {
+        // Stopped before its queues' memory is cleared under it.
         self.disable();
         self.mem.fill(IOVA, DATA - IOVA, 0).unwrap();
-        self.write32(offset::AQA, Aqa::new(ADMIN_DEPTH - 1, ADMIN_DEPTH - 1).0);
-        self.write64(offset::ASQ, ASQ);
-        self.write64(offset::ACQ, ACQ);
-        self.write32(offset::CC, Cc::LINUX.with_en(true).0);
-        self.wait_ready(true);
-        self.admin =
-            Queue { qid: 0, sq: ASQ, cq: ACQ, depth: ADMIN_DEPTH, phase: true, ..Default::default() };
-        self.io = Queue::default();
+        let admin = AdminQueue { asq: ASQ, acq: ACQ, entries: ADMIN_DEPTH };
+        if let Err(csts) = bar::enable(&mut self.bar(), admin, READY_PAUSES) {
+            panic!("the controller did not become ready within {TIMEOUT:?} (CSTS {csts:#x})");
+        }
+        self.admin = Queue::new(0, ASQ, ACQ, ADMIN_DEPTH);
+        self.io = Queue::none();
     }
 
     /// Full bring-up: enable, Identify Namespace 1, and one I/O queue pair of `depth`
@@ -177,7 +199,7 @@ impl NvmeOverVfioUser {
         let sq = CreateIoSqCmd { qid: 1, qsize_z, base: IO_SQ, pc: true, cqid: 1, ..Default::default() };
         let c = self.admin(sq.to_sqe());
         assert!(c.status().is_success(), "Create I/O SQ: {:?}", c.status());
-        self.io = Queue { qid: 1, sq: IO_SQ, cq: IO_CQ, depth, phase: true, ..Default::default() };
+        self.io = Queue::new(1, IO_SQ, IO_CQ, depth);
     }
 
     fn doorbell(&self, qid: u16, kind: DoorbellKind) -> u64 {
@@ -193,27 +215,13 @@ impl NvmeOverVfioUser {
     /// Writes `s` at the tail of `q` (no doorbell). Returns the command identifier.
     fn push(mem: &GuestMemory, q: &mut Queue, mut s: Sqe, cid: u16) -> u16 {
         s.set_cid(cid);
-        mem.write_obj(q.sq + q.sq_tail as u64 * 64, &s).unwrap();
-        q.sq_tail = (q.sq_tail + 1) % q.depth;
+        q.sq.write(mem, &s);
         cid
     }
 
-    /// Takes the next completion of `q` if the controller has posted one.
-    fn pop(mem: &GuestMemory, q: &mut Queue) -> Option<Cqe> {
-        let at = q.cq + q.cq_head as u64 * 16;
-        // Dword 3 carries the phase tag and is written last: load it first (acquire),
-        // then the rest of the entry.
-        let dw3 = mem.load_u32(at + 12).unwrap();
-        if (dw3 >> 16) & 1 != q.phase as u32 {
-            return None;
-        }
-        let c: Cqe = mem.read_obj(at).unwrap();
-        q.cq_head += 1;
-        if q.cq_head == q.depth {
-            q.cq_head = 0;
-            q.phase = !q.phase;
-        }
-        Some(c)
+    /// How this host updates doorbells: registers only (no Doorbell Buffer Config).
+    fn doorbells(&self) -> Doorbells {
+        Doorbells { dbbuf: None, dstrd: self.dstrd }
     }
 
     /// Runs one admin command to completion.
@@ -225,21 +233,20 @@ impl NvmeOverVfioUser {
     }
 
     /// Submits an admin command and rings the doorbell; returns its identifier.
-    pub fn admin_submit(&mut self, s: Sqe) -> u16 {
-        let cid = self.cid();
-        Self::push(&self.mem, &mut self.admin, s, cid);
-        let tail = self.admin.sq_tail as u32;
-        self.write32(self.doorbell(0, DoorbellKind::SqTail), tail);
-        cid
+    pub fn admin_submit(&mut self, mut s: Sqe) -> u16 {
+        s.set_cid(self.cid());
+        let (mem, d) = (&self.mem, self.doorbells());
+        d.sq_push(mem, &mut SocketBar(&mut self.client), &mut self.admin.sq, &s);
+        s.cid()
     }
 
     /// Waits (bounded) for the next admin completion and acknowledges it.
     pub fn admin_wait(&mut self) -> Cqe {
         let deadline = Instant::now() + TIMEOUT;
         loop {
-            if let Some(c) = Self::pop(&self.mem, &mut self.admin) {
-                let head = self.admin.cq_head as u32;
-                self.write32(self.doorbell(0, DoorbellKind::CqHead), head);
+            let (mem, d) = (&self.mem, self.doorbells());
+            let (mut got, _) = d.cq_pop(mem, &mut SocketBar(&mut self.client), &mut self.admin.cq, 1);
+            if let Some(c) = got.pop() {
                 return c;
             }
             assert!(Instant::now() < deadline, "no admin completion within {TIMEOUT:?}");
@@ -276,8 +283,8 @@ impl NvmeOverVfioUser {
 
     /// Rings the I/O submission queue doorbell, posted (no reply) or not.
     pub fn ring_io(&mut self, posted: bool) {
-        let off = self.doorbell(self.io.qid, DoorbellKind::SqTail);
-        let tail = (self.io.sq_tail as u32).to_le_bytes();
+        let off = self.doorbell(self.io.sq.qid, DoorbellKind::SqTail);
+        let tail = self.io.sq.tail.to_le_bytes();
         if posted {
             self.client.region_write_posted(REGION_BAR0, off, &tail).expect("posted doorbell");
         } else {
@@ -290,7 +297,7 @@ impl NvmeOverVfioUser {
         let deadline = Instant::now() + TIMEOUT;
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            match Self::pop(&self.mem, &mut self.io) {
+            match self.io.cq.take(&self.mem) {
                 Some(c) => out.push(c),
                 None => {
                     assert!(Instant::now() < deadline, "only {} of {n} I/O completions arrived", out.len());
@@ -298,15 +305,15 @@ impl NvmeOverVfioUser {
                 }
             }
         }
-        let head = self.io.cq_head as u32;
-        self.write32(self.doorbell(self.io.qid, DoorbellKind::CqHead), head);
+        let head = self.io.cq.head;
+        self.write32(self.doorbell(self.io.cq.qid, DoorbellKind::CqHead), head);
         out
     }
 
     /// Writes `data` (one page per slot) starting at `lba` and reads it back through
     /// other slots, checking every completion and byte.
     pub fn write_read_verify(&mut self, lba: u64, pages: u16, seed: u8) {
-        assert!(pages * 2 <= SLOTS && pages < self.io.depth);
+        assert!(pages * 2 <= SLOTS && pages < self.io.depth());
         let blocks = PAGE / self.lba_size;
         for p in 0..pages {
             let buf: Vec<u8> = (0..PAGE).map(|i| (i as u8).wrapping_mul(7) ^ seed ^ p as u8).collect();
