@@ -6,6 +6,7 @@
 
 mod fault;
 mod file;
+mod inflight;
 #[allow(unsafe_code)]
 mod memstore;
 mod null;
@@ -21,6 +22,7 @@ use guest_mem::{GuestMemory, MemError};
 
 pub use fault::{FaultBackend, FaultError, FaultOp, FaultRule};
 pub use file::FileBackend;
+pub use inflight::{Admit, Pending, Requests};
 pub use null::NullBackend;
 pub use ram::RamBackend;
 pub use segments::{Pieces, SegmentCursor, SegmentError, SegmentMark};

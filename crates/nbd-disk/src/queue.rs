@@ -5,9 +5,12 @@
 //! read data into guest memory and completes requests. The socket itself is the
 //! notifier: readable when replies wait.
 //!
-//! Data always goes through our buffers (write data is copied out of guest memory at
-//! submission, read data into it as it arrives), so a request given up on
-//! (`revoke`) can always be kept off guest memory: its late data is dropped.
+//! Data always goes through our buffers (write data is copied out of guest memory as
+//! each piece is encoded, read data into it as it arrives), so a request given up on
+//! (`revoke`) can always be kept off guest memory: its late data is dropped, and a
+//! write of it is not sent again after a reconnect. The requests themselves are
+//! block_backend's in-flight core ([`Requests`]); the wire keeps per request the
+//! number of its pieces not yet answered.
 //!
 //! If the connection breaks, the queue reconnects (a few tries within a bound) and
 //! sends the unfinished pieces again; past the bound every request fails with
@@ -21,7 +24,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, SegmentCursor};
+use block_backend::{Admit, BackendError, BackendQueue, Completion, Op, Request, Requests};
 use guest_mem::GuestMemory;
 use rustix::event::epoll;
 use tracing::{info, warn};
@@ -29,24 +32,6 @@ use tracing::{info, warn};
 use crate::handshake::{self, Export, Stream};
 use crate::proto::{self, cflag, chunk, cmd, tflag, ReplyHeader};
 use crate::Shared;
-
-/// A request in flight.
-#[derive(Debug)]
-struct Req {
-    tag: u64,
-    op: Op,
-    /// Device offset of the request.
-    offset: u64,
-    len: u64,
-    data: DataBuf,
-    mem: GuestMemory,
-    /// Pieces sent (or waiting to be resent) and not yet answered.
-    outstanding: u32,
-    error: Option<BackendError>,
-    /// A FUA write on a server without FUA: a flush follows the write pieces.
-    flush_after: bool,
-    revoked: bool,
-}
 
 /// One NBD command of a request; its cookie is its index.
 #[derive(Debug, Clone, Copy)]
@@ -75,15 +60,12 @@ pub(crate) struct NbdQueue {
     /// The notifier the owner watches: an epoll set holding the current connection,
     /// so it stays the same descriptor across reconnects.
     epoll: std::os::fd::OwnedFd,
-    reqs: Vec<Option<Req>>,
-    free_reqs: Vec<usize>,
+    /// Requests at the server; the wire's part of each is its pieces unanswered.
+    reqs: Requests<u32>,
     pieces: Vec<Option<Piece>>,
     free_pieces: Vec<usize>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
-    done: Vec<Completion>,
-    /// Requests submitted and not yet reaped.
-    in_flight: usize,
     /// Why the export is declared gone (commands fail Not Ready), and when it was
     /// last tried.
     dead: Option<String>,
@@ -120,14 +102,11 @@ impl NbdQueue {
             shared,
             stream: Some(stream),
             epoll,
-            reqs: Vec::new(),
-            free_reqs: Vec::new(),
+            reqs: Requests::default(),
             pieces: Vec::new(),
             free_pieces: Vec::new(),
             out: Vec::new(),
             inbuf: Vec::new(),
-            done: Vec::new(),
-            in_flight: 0,
             dead: None,
             last_try: Instant::now(),
         })
@@ -174,22 +153,19 @@ impl NbdQueue {
     /// Writes piece `cookie`'s command (and a write's payload) to the send buffer.
     fn encode(&mut self, cookie: usize) -> Result<(), BackendError> {
         let p = self.pieces[cookie].expect("live piece");
-        let req = self.reqs[p.req].as_ref().expect("live request");
+        let req = self.reqs.get(p.req).expect("live request");
         let wire_len = if p.kind == cmd::FLUSH { 0 } else { p.len as u32 };
         let offset = if p.kind == cmd::FLUSH { 0 } else { req.offset + p.at };
+        // Nothing of a command that cannot be encoded whole is sent.
+        let begin = self.out.len();
         self.out.extend_from_slice(&proto::request(p.flags, p.kind, cookie as u64, offset, wire_len));
         if p.kind == cmd::WRITE {
             let start = self.out.len();
             self.out.resize(start + p.len as usize, 0);
-            let dst = &mut self.out[start..];
-            match &req.data {
-                DataBuf::Guest(segs) => {
-                    let mut c = SegmentCursor::new(segs);
-                    c.advance(p.at)?;
-                    c.read_into(&req.mem, dst)?;
-                }
-                DataBuf::Host(b) => dst.copy_from_slice(&b[p.at as usize..(p.at + p.len) as usize]),
-                DataBuf::None => return Err(invalid("a write without data".into())),
+            // A revoked write fails here instead of sending the host's buffer.
+            if let Err(e) = req.copy_out(p.at, &mut self.out[start..]) {
+                self.out.truncate(begin);
+                return Err(e);
             }
         }
         Ok(())
@@ -198,7 +174,7 @@ impl NbdQueue {
     /// Splits request `r` into pieces and encodes them.
     fn start(&mut self, r: usize) -> Result<(), BackendError> {
         let e = *self.export();
-        let req = self.reqs[r].as_ref().expect("live request");
+        let req = self.reqs.get(r).expect("live request");
         let (kind, flags, max) = match req.op {
             Op::Read => (cmd::READ, 0, self.shared.max_payload),
             Op::Write { fua } => {
@@ -222,47 +198,41 @@ impl NbdQueue {
                 at += n;
             }
         }
-        self.reqs[r].as_mut().expect("live").outstanding = cookies.len() as u32;
+        self.reqs.get_mut(r).expect("live").wire = cookies.len() as u32;
+        // All of the request goes, or none of it: a piece that cannot be encoded
+        // takes the pieces before it back out of the send buffer.
+        let begin = self.out.len();
         for c in cookies {
-            self.encode(c)?;
+            if let Err(e) = self.encode(c) {
+                self.out.truncate(begin);
+                return Err(e);
+            }
         }
         Ok(())
-    }
-
-    fn finish(&mut self, r: usize) {
-        let Some(req) = self.reqs[r].take() else { return };
-        self.free_reqs.push(r);
-        let result = match (req.revoked, req.error) {
-            (true, _) => Err(BackendError::NotReady("given up on before it finished".into())),
-            (false, e) => e.map_or(Ok(()), Err),
-        };
-        let data = if req.revoked { DataBuf::None } else { req.data };
-        self.done.push(Completion { tag: req.tag, result, data });
     }
 
     /// Piece `cookie` is answered (with `err` if it failed).
     fn piece_done(&mut self, cookie: usize, err: Option<BackendError>) {
         let Some(p) = self.pieces.get_mut(cookie).and_then(Option::take) else { return };
         self.free_pieces.push(cookie);
-        let Some(req) = self.reqs[p.req].as_mut() else { return };
+        let Some(req) = self.reqs.get_mut(p.req) else { return };
         if let Some(e) = err {
-            req.error.get_or_insert(e);
+            req.fail(e);
         }
-        req.outstanding -= 1;
-        if req.outstanding > 0 {
+        req.wire -= 1;
+        if req.wire > 0 {
             return;
         }
-        if req.flush_after && req.error.is_none() && !req.revoked {
+        if req.flush_now() {
             // The write is complete: now its flush (a FUA write without FUA).
-            req.flush_after = false;
-            req.outstanding = 1;
+            req.wire = 1;
             let c = self.new_piece(Piece { req: p.req, kind: cmd::FLUSH, flags: 0, at: 0, len: 0 });
             if let Err(e) = self.encode(c) {
                 self.piece_done(c, Some(e));
             }
             return;
         }
-        self.finish(p.req);
+        self.reqs.finish(p.req);
     }
 
     /// Copies read data arriving for piece `cookie` at request offset `at` into the
@@ -272,29 +242,8 @@ impl NbdQueue {
         if at < p.at || at + n > p.at + p.len {
             return Err(invalid(format!("the server sent data outside the read ({at:#x}+{n:#x})")));
         }
-        let req = self.reqs[p.req].as_mut().expect("live request");
-        if req.revoked {
-            return Ok(());
-        }
-        match &mut req.data {
-            DataBuf::Guest(segs) => {
-                let mut c = SegmentCursor::new(segs);
-                c.advance(at)?;
-                match data {
-                    Some(d) => c.write_from(&req.mem, d)?,
-                    None => c.fill(&req.mem, n, 0)?,
-                }
-            }
-            DataBuf::Host(b) => {
-                let dst = &mut b[at as usize..(at + n) as usize];
-                match data {
-                    Some(d) => dst.copy_from_slice(d),
-                    None => dst.fill(0),
-                }
-            }
-            DataBuf::None => {}
-        }
-        Ok(())
+        // Dropped if the request was revoked.
+        self.reqs.get_mut(p.req).expect("live request").copy_in(at, n, data)
     }
 
     /// Sends what the socket takes. False if the connection broke.
@@ -383,7 +332,7 @@ impl NbdQueue {
                         .copied()
                         .flatten()
                         .ok_or(format!("a chunk for unknown cookie {c}"))?;
-                    let base = self.reqs[p.req].as_ref().map_or(0, |r| r.offset);
+                    let base = self.reqs.get(p.req).map_or(0, |r| r.offset);
                     let u64at = |i: usize| u64::from_be_bytes(payload[i..i + 8].try_into().expect("8"));
                     let mut err = None;
                     match kind {
@@ -413,8 +362,8 @@ impl NbdQueue {
                         k => return Err(format!("a reply chunk of type {k:#x} ({} bytes)", payload.len())),
                     }
                     if let Some(e) = err {
-                        if let Some(req) = self.reqs[p.req].as_mut() {
-                            req.error.get_or_insert(e);
+                        if let Some(req) = self.reqs.get_mut(p.req) {
+                            req.fail(e);
                         }
                     }
                     if flags & chunk::FLAG_DONE != 0 {
@@ -526,53 +475,23 @@ fn set_nonblocking(s: &Stream) -> io::Result<()> {
 
 impl BackendQueue for NbdQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
-        self.in_flight += 1;
         if self.dead.is_some() {
             self.maybe_revive();
         }
-        if let Some(why) = &self.dead {
-            let e = BackendError::NotReady(why.clone());
-            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
-            return;
-        }
-        if let Err(e) = self.check(&req) {
-            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
-            return;
-        }
+        let checked = match &self.dead {
+            Some(why) => Err(BackendError::NotReady(why.clone())),
+            None => self.check(&req),
+        };
         let e = *self.export();
         // Nothing to do: no cache to flush, or an empty range.
         let nothing = match req.op {
             Op::Flush => !e.has(tflag::SEND_FLUSH),
             _ => req.len == 0,
         };
-        if nothing {
-            self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
-            return;
-        }
-        let flush_after =
-            matches!(req.op, Op::Write { fua: true }) && !e.has(tflag::SEND_FUA) && e.has(tflag::SEND_FLUSH);
-        let r = Req {
-            tag: req.tag,
-            op: req.op,
-            offset: req.offset,
-            len: req.len,
-            data: req.data,
-            mem: mem.clone(),
-            outstanding: 0,
-            error: None,
-            flush_after,
-            revoked: false,
-        };
-        let r = match self.free_reqs.pop() {
-            Some(i) => {
-                self.reqs[i] = Some(r);
-                i
-            }
-            None => {
-                self.reqs.push(Some(r));
-                self.reqs.len() - 1
-            }
-        };
+        // Without FUA on the wire, a FUA write is a write, then a flush (if there is
+        // a cache to flush at all).
+        let fua_by_flush = !e.has(tflag::SEND_FUA) && e.has(tflag::SEND_FLUSH);
+        let Admit::Slot(r) = self.reqs.admit(mem, req, checked, nothing, fua_by_flush, 0) else { return };
         if let Err(err) = self.start(r) {
             // Nothing of it went out whole: drop its pieces and fail it.
             for c in 0..self.pieces.len() {
@@ -581,10 +500,10 @@ impl BackendQueue for NbdQueue {
                     self.free_pieces.push(c);
                 }
             }
-            let req = self.reqs[r].as_mut().expect("live");
-            req.outstanding = 0;
-            req.error = Some(err);
-            self.finish(r);
+            let req = self.reqs.get_mut(r).expect("live");
+            req.wire = 0;
+            req.fail(err);
+            self.reqs.finish(r);
         }
     }
 
@@ -612,14 +531,11 @@ impl BackendQueue for NbdQueue {
                 self.reconnect("send failed after reconnecting");
             }
         }
-        let n = self.done.len();
-        self.in_flight -= n;
-        out.append(&mut self.done);
-        n
+        self.reqs.reap(out)
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.reqs.in_flight()
     }
 
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
@@ -628,18 +544,13 @@ impl BackendQueue for NbdQueue {
 
     fn needs_polling(&self) -> bool {
         // Unsent bytes: the socket's readability says nothing of its room to write.
-        !self.out.is_empty() || !self.done.is_empty()
+        !self.out.is_empty() || self.reqs.has_done()
     }
 
     fn revoke(&mut self, tag: u64) -> Option<bool> {
-        if self.done.iter().any(|c| c.tag == tag) {
-            return Some(true);
-        }
-        let req = self.reqs.iter_mut().flatten().find(|r| r.tag == tag)?;
-        // Write data was copied at submission; read data is dropped on arrival.
-        req.revoked = true;
-        req.flush_after = false;
-        Some(true)
+        // Read data is dropped on arrival; a write not yet sent (or to be sent again)
+        // fails instead of reading the host's buffer.
+        self.reqs.revoke(tag)
     }
 }
 

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, SegmentCursor};
+use block_backend::{Admit, BackendError, BackendQueue, Completion, Op, Request, Requests};
 use guest_mem::GuestMemory;
 use rustix::event::{eventfd, EventfdFlags};
 
@@ -73,21 +73,6 @@ unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
     let _ = rustix::io::write(&inbox.event, &1u64.to_ne_bytes());
 }
 
-/// A request in flight.
-#[derive(Debug)]
-struct Req {
-    tag: u64,
-    op: Op,
-    offset: u64,
-    len: u64,
-    data: DataBuf,
-    /// The guest memory a read lands in (writes copied theirs at submission).
-    mem: Option<GuestMemory>,
-    /// A FUA write: a flush follows the write.
-    flush_after: bool,
-    revoked: bool,
-}
-
 /// What to hand librbd for a request.
 #[derive(Clone, Copy, Debug)]
 enum Issue {
@@ -102,17 +87,12 @@ enum Issue {
 pub(crate) struct RbdQueue {
     image: Arc<Image>,
     inbox: Arc<Inbox>,
-    reqs: Vec<Option<Req>>,
-    free: Vec<usize>,
-    done: Vec<Completion>,
+    /// The requests librbd holds, by the slot its callbacks name (block_backend's
+    /// in-flight core: revoke, FUA as write then flush, data in and out).
+    reqs: Requests<()>,
     /// Swapped with the inbox's list on reap, so neither side allocates.
     batch: Vec<Finished>,
     spare: Vec<Vec<u8>>,
-    in_flight: usize,
-}
-
-fn invalid(msg: String) -> BackendError {
-    BackendError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg))
 }
 
 impl RbdQueue {
@@ -122,12 +102,9 @@ impl RbdQueue {
         Ok(RbdQueue {
             image,
             inbox,
-            reqs: Vec::new(),
-            free: Vec::new(),
-            done: Vec::new(),
+            reqs: Requests::default(),
             batch: Vec::with_capacity(64),
             spare: Vec::new(),
-            in_flight: 0,
         })
     }
 
@@ -152,24 +129,14 @@ impl RbdQueue {
     /// it (and holds nothing of it).
     fn call(&mut self, slot: usize, what: Issue) -> Result<(), BackendError> {
         let lib = self.image.lib;
-        let req = self.reqs[slot].as_ref().expect("live request");
+        let req = self.reqs.get(slot).expect("live request");
         let (offset, len) = (req.offset, req.len);
         let mut buf = Vec::new();
         match what {
             Issue::Read => buf = self.buffer(len as usize),
             Issue::Write => {
                 buf = self.buffer(len as usize);
-                let req = self.reqs[slot].as_mut().expect("live request");
-                let copied = match (&req.data, req.mem.take()) {
-                    (DataBuf::Guest(segs), Some(mem)) => {
-                        SegmentCursor::new(segs).read_into(&mem, &mut buf).map_err(BackendError::from)
-                    }
-                    (DataBuf::Host(b), _) if b.len() as u64 >= len => {
-                        buf.copy_from_slice(&b[..len as usize]);
-                        Ok(())
-                    }
-                    _ => Err(invalid("a write without data".into())),
-                };
+                let copied = self.reqs.get(slot).expect("live request").copy_out(0, &mut buf);
                 if let Err(e) = copied {
                     self.keep(buf);
                     return Err(e);
@@ -229,20 +196,16 @@ impl RbdQueue {
     }
 
     fn finish(&mut self, slot: usize, error: Option<BackendError>) {
-        let Some(req) = self.reqs[slot].take() else { return };
-        self.free.push(slot);
-        let result = match (req.revoked, error) {
-            (true, _) => Err(BackendError::NotReady("given up on before it finished".into())),
-            (false, e) => e.map_or(Ok(()), Err),
-        };
-        let data = if req.revoked { DataBuf::None } else { req.data };
-        self.done.push(Completion { tag: req.tag, result, data });
+        if let (Some(e), Some(req)) = (error, self.reqs.get_mut(slot)) {
+            req.fail(e);
+        }
+        self.reqs.finish(slot);
     }
 
     /// librbd answered request `f.slot`.
     fn answered(&mut self, f: Finished) {
         let Finished { slot, ret, buf } = f;
-        let Some(req) = self.reqs.get_mut(slot).and_then(Option::as_mut) else {
+        let Some(req) = self.reqs.get_mut(slot) else {
             self.keep(buf);
             return;
         };
@@ -262,22 +225,14 @@ impl RbdQueue {
             return;
         }
         let mut error = None;
-        if req.op == Op::Read && !req.revoked {
-            let copied = match (&mut req.data, &req.mem) {
-                (DataBuf::Guest(segs), Some(mem)) => {
-                    SegmentCursor::new(segs).write_from(mem, &buf).map_err(BackendError::from)
-                }
-                (DataBuf::Host(b), _) => {
-                    let n = b.len().min(buf.len());
-                    b[..n].copy_from_slice(&buf[..n]);
-                    Ok(())
-                }
-                _ => Ok(()),
-            };
-            error = copied.err();
+        if req.op == Op::Read {
+            // Dropped if the request was revoked.
+            error = req.copy_in(0, buf.len() as u64, Some(&buf)).err();
         }
-        let flush_next = error.is_none() && req.flush_after && !req.revoked;
-        req.flush_after = false;
+        if let Some(e) = error.take() {
+            req.fail(e);
+        }
+        let flush_next = req.flush_now();
         self.keep(buf);
         if flush_next {
             // The write is done: now its flush (FUA as write then flush).
@@ -286,13 +241,12 @@ impl RbdQueue {
             }
             return;
         }
-        self.finish(slot, error);
+        self.finish(slot, None);
     }
 }
 
 impl BackendQueue for RbdQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
-        self.in_flight += 1;
         let size = self.image.size();
         let checked = match req.op {
             Op::Flush => Ok(()),
@@ -304,43 +258,19 @@ impl BackendQueue for RbdQueue {
             }
             _ => Ok(()),
         });
-        if let Err(e) = checked {
-            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
-            return;
-        }
-        if req.op != Op::Flush && req.len == 0 {
-            self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
-            return;
-        }
-        let (what, flush_after) = match req.op {
-            Op::Read => (Issue::Read, false),
-            Op::Write { fua } => (Issue::Write, fua),
-            Op::Flush => (Issue::Flush, false),
-            Op::Discard => (Issue::Discard, false),
-            Op::WriteZeroes { .. } => (Issue::WriteZeroes, false),
+        let what = match req.op {
+            Op::Read => Issue::Read,
+            Op::Write { .. } => Issue::Write,
+            Op::Flush => Issue::Flush,
+            Op::Discard => Issue::Discard,
+            Op::WriteZeroes { .. } => Issue::WriteZeroes,
         };
-        let r = Req {
-            tag: req.tag,
-            op: req.op,
-            offset: req.offset,
-            len: req.len,
-            data: req.data,
-            mem: matches!(req.op, Op::Read | Op::Write { .. }).then(|| mem.clone()),
-            flush_after,
-            revoked: false,
-        };
-        let slot = match self.free.pop() {
-            Some(i) => {
-                self.reqs[i] = Some(r);
-                i
+        let nothing = req.op != Op::Flush && req.len == 0;
+        // librbd has no FUA: a FUA write is a write, then a flush.
+        if let Admit::Slot(slot) = self.reqs.admit(mem, req, checked, nothing, true, ()) {
+            if let Err(e) = self.call(slot, what) {
+                self.finish(slot, Some(e));
             }
-            None => {
-                self.reqs.push(Some(r));
-                self.reqs.len() - 1
-            }
-        };
-        if let Err(e) = self.call(slot, what) {
-            self.finish(slot, Some(e));
         }
     }
 
@@ -356,14 +286,11 @@ impl BackendQueue for RbdQueue {
             self.answered(f);
         }
         self.batch = batch;
-        let n = self.done.len();
-        self.in_flight -= n;
-        out.append(&mut self.done);
-        n
+        self.reqs.reap(out)
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.reqs.in_flight()
     }
 
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
@@ -372,19 +299,12 @@ impl BackendQueue for RbdQueue {
 
     fn needs_polling(&self) -> bool {
         // Requests that failed or finished at submission wait here, unsignalled.
-        !self.done.is_empty()
+        self.reqs.has_done()
     }
 
     fn revoke(&mut self, tag: u64) -> Option<bool> {
-        if self.done.iter().any(|c| c.tag == tag) {
-            return Some(true);
-        }
-        let req = self.reqs.iter_mut().flatten().find(|r| r.tag == tag)?;
         // Write data was copied at submission; read data is dropped on arrival.
-        req.revoked = true;
-        req.flush_after = false;
-        req.mem = None;
-        Some(true)
+        self.reqs.revoke(tag)
     }
 
     fn memory_changed(&mut self, _mem: &GuestMemory) {}
