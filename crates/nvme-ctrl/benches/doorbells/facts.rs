@@ -1,4 +1,7 @@
-//! The machine, toolchain and source a run was made on, so its numbers can be re-run.
+//! What only the bench knows about a run: the source and toolchain it was built from and
+//! when and how it ran. The machine it ran on (CPU, cores, kernel) is described by the
+//! report, scripts/bench-doorbells.py, through scripts/lib/vnvme_report.py like every
+//! other benchmark's.
 
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -6,52 +9,29 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
-pub struct Machine {
+pub struct Facts {
     pub crate_version: &'static str,
     /// `git rev-parse --short HEAD`, or "unknown".
     pub git_commit: String,
     /// `rustc --version` of the toolchain cargo runs under (the one that built us).
     pub rustc: String,
     pub profile: String,
-    pub cpu_model: String,
-    /// Logical CPUs the kernel has online, and how many this process may run on.
-    pub cpus_online: usize,
-    pub cpus_usable: usize,
-    pub kernel: String,
-    pub os: String,
     pub date_utc: String,
     /// The run's folder name: the UTC start time without ':' characters.
     pub run_id: String,
     pub command_line: Vec<String>,
 }
 
-impl Machine {
-    pub fn detect() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu_model = cpuinfo
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                matches!(k.trim(), "model name" | "Model" | "cpu model").then(|| v.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown".into());
-        let cpus_online = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
-        let cpus_usable = std::thread::available_parallelism().map_or(0, |n| n.get());
+impl Facts {
+    pub fn detect() -> Facts {
         let (date_utc, run_id) = utc_now();
-        Machine {
+        Facts {
             crate_version: env!("CARGO_PKG_VERSION"),
             git_commit: output("git", &["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
                 .unwrap_or_else(|| "unknown".into()),
             rustc: output(&std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()), &["--version"])
                 .unwrap_or_else(|| "unknown".into()),
             profile: profile(),
-            cpu_model,
-            cpus_online,
-            cpus_usable,
-            kernel: output("uname", &["-r"])
-                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/osrelease").ok())
-                .map_or_else(|| "unknown".into(), |s| s.trim().to_string()),
-            os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
             date_utc,
             run_id,
             // The program by its file name only: no machine paths in the results.
