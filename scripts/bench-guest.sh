@@ -384,8 +384,8 @@ neigh_desc=""
 [[ $neighbour == 0 ]] || neigh_desc="one CPU-bound process on the host during every guest (python3 -c 'while True: pass', unpinned, nice 0; started before the boot, killed after the guest ends)"
 design="single: one guest per device, no pairs"
 [[ " ${guests[*]}" != *+* ]] || design="paired: each pair's two devices attached to one guest; every repetition of every point runs on both, the first device of the pair first on odd repetitions and the second first on even ones; a vnvme server that spins when idle (--poll always) is stopped (SIGSTOP) while the other device runs"
-# The host's description comes from the reports' shared module, so both
-# benchmarks describe a machine the same way; it prints "CPU (N cpus)".
+# The host's description comes from the reports' shared module, so every
+# benchmark describes a machine the same way; it prints "CPU (N cpus)".
 host_desc=$(python3 - "$VNVME_ROOT/scripts/lib" "$out/meta.json" "$stamp" "$qemu_ver" "$accel" "$kver" \
     "$VNVME_BIN" "$runtime" "$reps" "$size" "$points" "$drive" "$img" "$(stat -f -c %T "$disk_dir")" \
     "$reference" "$neigh_desc" "$design" "$COMMAND_LINE" "$baseline_bin" "${guests[@]}" <<'EOF'
@@ -393,9 +393,10 @@ import json, os, sys
 (lib, out, stamp, qemu, accel, kver, vnvme_bin, runtime, reps, size, points, drive, img, disk_fs,
  reference, neighbour, design, command, baseline_bin, *guests) = sys.argv[1:]
 sys.path.insert(0, lib)
-from vnvme_report import DISTURBED_OTHER_CPUS, DISTURBED_STEAL, BOOTSTRAP_MIN_PAIRS, host, version
+from vnvme_report import DISTURBED_OTHER_CPUS, DISTURBED_STEAL, BOOTSTRAP_MIN_PAIRS, host, machine, version
 h = host()
 json.dump({
+    "machine": machine(os.path.dirname(os.path.dirname(lib.rstrip("/")))),
     "timestamp_utc": stamp,
     "command": command.replace(os.path.dirname(lib.rstrip("/")) + "/", "scripts/"),
     "qemu": qemu,

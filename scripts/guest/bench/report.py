@@ -35,8 +35,8 @@ from statistics import mean
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
 from vnvme_report import (  # noqa: E402
-    BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_chart, disturbance, median, other_cpus,
-    per_io, ratio_summary, stats_deltas, steal_share, sum_opt)
+    BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_chart, disturbance, machine_line, machine_md,
+    median, other_cpus, per_io, ratio_summary, stats_deltas, steal_share, sum_opt)
 
 POINT_ORDER = ["randread-qd1", "randread-qd4", "randread-qd16", "randread-qd64", "randwrite-qd16"]
 DEVICE_ORDER = [
@@ -407,7 +407,11 @@ def markdown(meta, devs, pairs):
         L.append(f"**{meta['note']}**\n")
     L.append(f"- QEMU: {meta['qemu']}, accelerator **{meta['accel']}**; guest: {meta['guest']}, "
              f"kernel {meta['guest_kernel']}")
-    L.append(f"- host: {meta['host_cpu']} ({meta['host_cpus']} CPUs), Linux {meta['host_kernel']}; {meta['vnvme']}")
+    if meta.get("machine"):
+        L.append(f"- vnvme under test: {meta['vnvme']}")
+        L += machine_md(meta["machine"])
+    else:  # a run from before the machine was recorded
+        L.append(f"- host: {meta['host_cpu']} ({meta['host_cpus']} CPUs), Linux {meta['host_kernel']}; {meta['vnvme']}")
     eng = next((d["engine"] for d in devs if d.get("engine")), "?")
     fiov = next((d["fio"] for d in devs if d.get("fio")), "?")
     L.append(f"- fio {fiov}, 4 KiB, direct, {eng}, {meta['runtime_s']} s per point, {meta['reps']} reps "
@@ -511,7 +515,9 @@ def svg_chart(meta, devs):
               for i, d in enumerate(devs)]
     # Paired devices have long names ("A (beside B)"): a legend wide enough for them.
     legend_w = max(230, 7 * max((len(d["label"]) for d in devs), default=0) + 30)
-    return bar_chart(title, note or None, pts, series, panels, legend_w=legend_w)
+    sub = [machine_line(meta["machine"])] if meta.get("machine") else [
+        f"{meta['host_cpu']} ({meta['host_cpus']} CPUs) · kernel {meta['host_kernel']} · {meta['vnvme']}"]
+    return bar_chart(title, note or None, pts, series, panels, legend_w=legend_w, subtitle=sub)
 
 
 def guest_order(meta, names):
