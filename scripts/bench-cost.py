@@ -15,7 +15,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from vnvme_report import bar_chart, machine, machine_line, machine_md  # noqa: E402
+from vnvme_report import bar_chart, log, machine, machine_line, machine_md  # noqa: E402
 
 PAYLOAD = re.compile(r"(^|[^a-z])(__)?(memset|memcpy|memmove|mempcpy)")
 CRATES = ["nvme_ctrl", "guest_mem", "block_backend", "vfio_user_server", "vfio_user", "nvme_driver",
@@ -247,8 +247,8 @@ def main():
                     "syscalls_per_io": round(p.get("syscalls_per_io", 0.0), 4) if p["kind"] == "server" else None,
                 }) + "\n")
     print(table)
-    print(f"bench-cost: results in {a.out}/{{table.md,results.json,chart.svg}}"
-          + (f"; history appended to {a.history}" if a.history else ""))
+    log(f"results in {a.out}/{{table.md,results.json,chart.svg}}"
+        + (f"; history appended to {a.history}" if a.history else ""))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from vnvme_report import bar_chart, host, machine_line, machine_md  # noqa: E402
+from vnvme_report import bar_chart, host, log, machine_line, machine_md  # noqa: E402
 
 COLORS = {("randread", False): "#d95f02", ("randread", True): "#1f78b4",
           ("randwrite", False): "#fdb863", ("randwrite", True): "#a6cee3"}
@@ -121,7 +121,8 @@ def chart(doc):
              xlabel="queue depth (fio iodepth)",
              guide=(0.1, "issue target at QD ≥ 16: < 0.1"), labels=lambda v: f"{v:.3f}"),
         dict(metric("commands_per_sec"), label="Commands per second, one thread running host and device — "
-             "measured (median; whiskers min–max)", ylabel="commands / s", xlabel="queue depth (fio iodepth)",
+             "measured (median; whiskers min–max)", ylabel="commands / s",
+             xlabel="queue depth (fio iodepth)",
              labels=lambda v: rate(v).replace(" ", ""), tick=lambda v: f"{v / 1e6:g}M" if v else "0"),
         {"label": f"{seed['label']} — NOT our measurement: MMIO writes per I/O (perf-kvm), fio randread 4 KiB",
          "value": lambda v: v, "groups": [f"QD {q}" for q in seed["qd"]], "series": seed_series,
@@ -135,7 +136,7 @@ def chart(doc):
 
 def main():
     if len(sys.argv) != 2:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        log("usage: bench-doorbells.py DIR")
         return 2
     d = sys.argv[1]
     path = os.path.join(d, "results.json")
@@ -150,7 +151,7 @@ def main():
     with open(os.path.join(d, "chart.svg"), "w") as f:
         f.write(chart(doc))
     print(md)
-    print(f"wrote {d}/{{results.json,table.md,chart.svg}}")
+    log(f"wrote {d}/{{results.json,table.md,chart.svg}}")
     return 0
 
 

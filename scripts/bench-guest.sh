@@ -26,10 +26,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 COMMAND_LINE="$0 $*"
-# shellcheck source=scripts/guest/lib.sh
-source "$here/guest/lib.sh"
-# shellcheck source=scripts/guest/host-lib.sh
-source "$here/guest/host-lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$here/lib/packages.sh"
+# shellcheck source=scripts/lib/guest-host.sh
+source "$here/lib/guest-host.sh"
 
 ALL_QEMU="qemu-nvme qemu-nvme-ioeventfd virtio-blk virtio-blk-iothread"
 
@@ -204,7 +204,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 if [[ -e $out/raw ]]; then
     # An earlier run's raw logs would sit beside this one's (and block their gzip).
-    echo "bench-guest: $out holds an earlier run: its raw/ is replaced, its reports overwritten"
+    log "$out holds an earlier run: its raw/ is replaced, its reports overwritten"
     rm -rf "$out/raw"
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-bench.XXXXXX")
@@ -243,7 +243,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "bench-guest: results in $out (work files in $work, removed at exit)"
+log "results in $out (work files in $work, removed at exit)"
 if [[ $fetch -eq 1 ]]; then
     "$VNVME_GUEST_DIR/fetch-qemu.sh"
     "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
@@ -441,7 +441,7 @@ echo "guests (one boot each; A+B = a pair, ratio B/A): ${guests[*]}"
 
 # bench_watch DIR GUESTDIR PIDFILE...: copy stdin (the guest's console) to
 # stdout and act on its lines. At a "@@VNVME-MARK NAME@@" it saves into DIR
-# (see scripts/guest/host-lib.sh for the protocol of the marks):
+# (see scripts/lib/guest-host.sh for the protocol of the marks):
 #   NAME.host    the host's /proc/stat (vn_cpu_ticks: busy steal total) and the time
 #   NAME.pids    "LABEL PID" per PIDFILE (LABEL: its name without .pid)
 #   NAME.cpu     "PID TID NS COMM" per thread of those processes (schedstat)
@@ -754,12 +754,12 @@ for g in "${guests[@]}"; do
     run_guest "$g"
     snapshot "after $g"
 done
-python3 "$VNVME_GUEST_DIR/bench/report.py" "$out"
+python3 "$here/bench-guest.py" "$out"
 # Keep the raw data small: gzip the logs, one tarball per guest for the marks.
 gzip -9f "$out"/raw/*/serial.log "$out"/raw/*/serve*.log 2>/dev/null || true
 for m in "$out"/raw/*/marks; do
     [[ -d $m ]] && tar -C "$(dirname "$m")" -czf "$m.tar.gz" marks && rm -r "$m"
 done
-python3 "$VNVME_GUEST_DIR/bench/report.py" "$out" >/dev/null # still readable
+python3 "$here/bench-guest.py" "$out" >/dev/null # still readable
 echo
-echo "bench-guest: $(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"
+log "$(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"

@@ -32,8 +32,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from vnvme_report import (  # noqa: E402
     BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_panel, bounds, cores_busy, disturbance, legend,
-    log_panel, machine, machine_line, machine_md, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks, spread,
-    steal_share, svg_doc, title_block)
+    log, log_panel, machine, machine_line, machine_md, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks,
+    spread, steal_share, svg_doc, title_block)
 
 # The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
 # guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
@@ -779,7 +779,7 @@ def main():
         # The answer last, where the eye lands when the run ends.
         print("## Summary (as in table.md)\n")
         print("\n".join(summary_md(comparison, spec, knobs)) + "\n")
-    print(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
+    log(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
     return 0
 
 

@@ -42,7 +42,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib/host.sh
 source "$ROOT/scripts/lib/host.sh"
-VN_TAG=stress-wakeup:
 MINUTES=32
 RUN_S=20
 STALL_S=5
@@ -71,38 +70,38 @@ while [ $# -gt 0 ]; do
     --no-history) HISTORY=0; shift ;;
     --list) printf '%s\n' "${ALL_CONFIGS[@]}"; exit 0 ;;
     -h | --help) usage; exit 0 ;;
-    *) vn_err "unknown argument $1 (--help lists them)"; exit 2 ;;
+    *) bad_usage "unknown argument $1 (--help lists them)" ;;
     esac
 done
 [[ $MINUTES =~ ^[0-9]+([.][0-9]+)?$ && $RUN_S =~ ^[0-9]+$ && $RUN_S -ge 1 && $STALL_S =~ ^[0-9]+$ ]] ||
-    { vn_err "--minutes takes a number, --run and --stall whole seconds (--run at least 1)"; exit 2; }
+    bad_usage "--minutes takes a number, --run and --stall whole seconds (--run at least 1)"
 if [ -n "$CONFIGS" ]; then
     IFS=, read -r -a SELECTED <<<"$CONFIGS"
     for c in "${SELECTED[@]}"; do
-        [[ " ${ALL_CONFIGS[*]} " == *" $c "* ]] || { vn_err "no configuration $c (--list shows them)"; exit 2; }
+        [[ " ${ALL_CONFIGS[*]} " == *" $c "* ]] || bad_usage "no configuration $c (--list shows them)"
     done
 else
     SELECTED=("${ALL_CONFIGS[@]}")
 fi
-[ "$(nproc)" -ge 2 ] || { vn_err "needs 2 CPUs (server and client on different ones); this machine has $(nproc)"; exit 2; }
+[ "$(nproc)" -ge 2 ] || bad_usage "needs 2 CPUs (server and client on different ones); this machine has $(nproc)"
 RUNS=$(python3 -c "import math; print(max(1, math.ceil($MINUTES * 60 / ${#SELECTED[@]} / $RUN_S)))")
 
 if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --release --locked -p vnvme >&2)
 fi
-[ -x "$VNVME_BIN" ] || { vn_err "no binary at $VNVME_BIN (run without --no-build)"; exit 2; }
+[ -x "$VNVME_BIN" ] || bad_usage "no binary at $VNVME_BIN (run without --no-build)"
 OUT=${OUT:-$ROOT/results/stress-wakeup/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/runs" "$OUT/logs"
 PERF_BIN=$VNVME_BIN
 SERVER_BIN=${SERVER_BIN:-$VNVME_BIN}
-[ -x "$SERVER_BIN" ] || { vn_err "--server-bin $SERVER_BIN is not an executable"; exit 2; }
+[ -x "$SERVER_BIN" ] || bad_usage "--server-bin $SERVER_BIN is not an executable"
 VERSION=$("$SERVER_BIN" --version)
 GDB=$(command -v gdb || true)
 
-echo "stress-wakeup: serve $VERSION, perf $("$PERF_BIN" --version); $(nproc) CPUs, $(uname -sr)"
-echo "  perf: randread bs=4k qd=1 doorbells=shadow completion=poll runtime=${RUN_S}s timeout=${STALL_S}s"
-echo "  serve: --ns null:1G:lba=4096 --poll $POLL; $RUNS runs of ${RUN_S}s per configuration, ${#SELECTED[@]} configurations"
-[ -n "$GDB" ] || echo "  (no gdb: a stall keeps the server's counters but not its threads' stacks)"
+log "serve $VERSION, perf $("$PERF_BIN" --version); $(nproc) CPUs, $(uname -sr)"
+log "perf: randread bs=4k qd=1 doorbells=shadow completion=poll runtime=${RUN_S}s timeout=${STALL_S}s"
+log "serve: --ns null:1G:lba=4096 --poll $POLL; $RUNS runs of ${RUN_S}s per configuration, ${#SELECTED[@]} configurations"
+[ -n "$GDB" ] || log "no gdb: a stall keeps the server's counters but not its threads' stacks"
 
 NEIGHBOUR=""
 SERVER=""

@@ -1,10 +1,11 @@
 """The one module every benchmark report draws its charts and describes its
 machine with: the doorbells bench (scripts/bench-doorbells.py, run by
 `cargo bench -p nvme-ctrl --bench doorbells`), scripts/bench-cost.py,
-scripts/bench-vfio-user.py, scripts/guest/bench/report.py (bench-guest.sh) and
+scripts/bench-vfio-user.py, scripts/bench-guest.py (bench-guest.sh) and
 scripts/stress-wakeup.sh. A bench writes JSON; its report reads it and draws
 with this.
 
+- Messages: log() ("[script] message" on stderr, as scripts/lib/log.sh).
 - Figures: spread() (mean, min, max of repeated runs), per_io(), stats_deltas()
   (per-I/O figures between two `vnvme serve --stats-file` snapshots, the
   counters scripts/lib/host.sh's vn_io_deltas reads), cores_busy() and
@@ -36,6 +37,15 @@ import platform
 import random
 import subprocess
 import sys
+
+# ---- messages
+
+
+def log(msg, name=None):
+    """A message on stderr as "[script] message", the convention of
+    scripts/lib/log.sh; stdout is for what a report produces."""
+    print(f"[{name or os.path.basename(sys.argv[0])}] {msg}", file=sys.stderr)
+
 
 # ---- figures
 
@@ -480,7 +490,8 @@ def legend(x, y, items, cols=1, col_w=250, row_h=20):
         c = it["color"]
         if it.get("line"):
             dash = ' stroke-dasharray="6,3"' if it.get("dashed") else ""
-            o.append(f'<line x1="{lx}" y1="{ly + 6}" x2="{lx + 30}" y2="{ly + 6}" stroke="{c}" stroke-width="2.5"{dash}/>')
+            o.append(f'<line x1="{lx}" y1="{ly + 6}" x2="{lx + 30}" y2="{ly + 6}" stroke="{c}" '
+                     f'stroke-width="2.5"{dash}/>')
             if it.get("dashed"):
                 o.append(f'<rect x="{lx + 11}" y="{ly + 2}" width="8" height="8" fill="{c}"/>')
             else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn a scripts/bench-guest.sh run into results.json, results.md and chart.svg.
 
-Usage: report.py RESULTS_DIR
+Usage: bench-guest.py RESULTS_DIR
 
 RESULTS_DIR holds meta.json and raw/<guest>/ (one per boot: a device alone,
 or a pair "A+B" booted together) with serial.log[.gz] (the guest's @@RESULT
@@ -33,7 +33,7 @@ import sys
 import tarfile
 from statistics import mean
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from vnvme_report import (  # noqa: E402
     BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_chart, disturbance, machine_line, machine_md,
     median, other_cpus, per_io, ratio_summary, stats_deltas, steal_share, sum_opt)

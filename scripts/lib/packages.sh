@@ -1,5 +1,8 @@
 # shellcheck shell=bash
-# Shared helpers for scripts/guest/*.sh. Source it; do not execute it.
+# Fetching into the cache, for every script that needs a Debian package, a kernel
+# or QEMU (scripts/guest/*.sh, the fetch-*.sh scripts, bench-cost.sh, the tool
+# fetchers in scripts/lib/). Source it; do not execute it. It sources log.sh
+# (log, die, bad_usage).
 #
 # Everything fetched lives under $VNVME_CACHE (default ~/.cache/vnvme).
 # Debian packages are resolved and downloaded by apt itself, using a private
@@ -24,17 +27,14 @@ host_apt_uri() { # SUFFIX: "debian" or "debian-security"
 }
 VNVME_DEBIAN_MIRROR="${VNVME_DEBIAN_MIRROR:-$(host_apt_uri debian)}"
 VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-$(host_apt_uri debian-security)}"
-if [[ -z $VNVME_DEBIAN_MIRROR ]]; then
-    printf '[%s] error: no Debian archive found in /etc/apt sources; set VNVME_DEBIAN_MIRROR\n' "${0##*/}" >&2
-    exit 1
-fi
+# shellcheck source=scripts/lib/log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/log.sh"
+[[ -n $VNVME_DEBIAN_MIRROR ]] || die "no Debian archive found in /etc/apt sources; set VNVME_DEBIAN_MIRROR"
 VNVME_DEBIAN_SECURITY_MIRROR="${VNVME_DEBIAN_SECURITY_MIRROR:-$VNVME_DEBIAN_MIRROR-security}"
 VNVME_KEYRING="${VNVME_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
+# The guest tooling (boot.sh, fetch-qemu.sh, rootfs/, ...).
 # shellcheck disable=SC2034 # used by the scripts that source this file
-VNVME_GUEST_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-
-log() { printf '[%s] %s\n' "${0##*/}" "$*" >&2; }
-die() { printf '[%s] error: %s\n' "${0##*/}" "$*" >&2; exit 1; }
+VNVME_GUEST_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../guest" && pwd)"
 
 # need_cmds CMD:PKG... -- apt-get install the packages whose command is missing.
 need_cmds() {
@@ -147,7 +147,7 @@ extract_debs() {
     mkdir -p "$root"
     while read -r f; do
         n=$((n + 1))
-        printf '[%s] extracting %3d/%d %s\n' "${0##*/}" "$n" "$total" "${f##*/}" >&2
+        log "$(printf 'extracting %3d/%d %s' "$n" "$total" "${f##*/}")"
         dpkg-deb -x "$f" "$root"
     done <"$list"
 }

@@ -4,7 +4,7 @@
 # protocol that lets a guest script ask the host for counter snapshots.
 # Starting and stopping the server and counter deltas come from
 # scripts/lib/host.sh, sourced here, so every host script shares them.
-# Source after lib.sh.
+# Source after packages.sh.
 #
 # Mark protocol: a guest line "@@VNVME-MARK NAME@@" on the serial console makes
 # vn_watch (reading boot.sh's output) save, into its directory:
@@ -26,7 +26,7 @@
 # Prometheus scrape of the server to NAME.prom.
 
 # shellcheck source=scripts/lib/host.sh
-source "$VNVME_GUEST_DIR/../lib/host.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/host.sh"
 
 # vn_build: cargo build --release -p vnvme (cargo prints its own progress).
 vn_build() {
