@@ -25,7 +25,6 @@ import csv
 import datetime
 import json
 import re
-import math
 import os
 import sys
 
