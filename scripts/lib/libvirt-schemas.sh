@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # libvirt's domain XML schemas and xmllint, for the test that validates the
-# README's libvirt example (crates/vnvme/tests/service_files.rs). Debian ships
+# libvirt example in docs/USAGE.md (crates/vnvme/tests/service_files.rs). Debian ships
 # the schemas in libvirt0 and xmllint in libxml2-utils; both are only downloaded
 # (through the private apt state of scripts/lib/packages.sh, leaving the host's apt
 # alone) and extracted, never installed. Cached.
