@@ -15,7 +15,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from vnvme_report import bar_chart, machine  # noqa: E402
+from vnvme_report import bar_chart, log, machine, machine_line, machine_md  # noqa: E402
 
 PAYLOAD = re.compile(r"(^|[^a-z])(__)?(memset|memcpy|memmove|mempcpy)")
 CRATES = ["nvme_ctrl", "guest_mem", "block_backend", "vfio_user_server", "vfio_user", "nvme_driver",
@@ -177,7 +177,8 @@ def main():
                     continue
                 if h.get("namespace") == a.ns:
                     prev[h["point"]] = h
-    lines = [f"# Cost per I/O ({m['date_utc']}, commit {m['git_commit'][:12]})", "",
+    lines = [f"# Cost per I/O ({m['date_utc']}, commit {m['git_commit'][:12]})", ""] + machine_md(m) + [
+             f"- command: `{a.command}`", "",
              f"4 KiB randread, namespace `{a.ns}`, server `--poll {a.poll} --workers {workers}`, one queue. "
              "Instructions: callgrind, (long - short run) / (I/O difference). "
              "Payload: libc memset/memcpy/memmove. System calls: perf stat, whole server life, full speed.", "",
@@ -220,15 +221,19 @@ def main():
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump({"benchmark": "bench-cost", "machine": m, "knobs": knobs, "points": points}, f, indent=1)
     groups = [p["point"] for p in points]
+    # Each bar: (median, [min, max]) over the repetitions.
     series = [
         {"name": "controller (rest)", "color": "#3b6ea5",
-         "values": {p["point"]: p["controller_per_io"] for p in points}},
+         "values": {p["point"]: (p["controller_per_io"], p["controller_per_io_range"]) for p in points}},
         {"name": "payload (memset/memcpy)", "color": "#c9a227",
-         "values": {p["point"]: p["payload_per_io"] for p in points}},
+         "values": {p["point"]: (p["payload_per_io"], p["payload_per_io_range"]) for p in points}},
     ]
     svg = bar_chart(f"vnvme cost per I/O, {a.ns}, commit {m['git_commit'][:12]}",
                     "callgrind instructions (no hardware counters here); lower is better",
-                    groups, series, [("instructions per I/O", lambda v: v)])
+                    groups, series, [{"label": "instructions per I/O", "value": lambda d: d[0],
+                                      "spread": lambda d: d[1], "labels": lambda v: f"{v:,.0f}"}],
+                    subtitle=[machine_line(m), f"server --poll {a.poll} --workers {workers}, one queue; median of "
+                              f"{reps} repetitions, whiskers min–max"])
     with open(os.path.join(a.out, "chart.svg"), "w") as f:
         f.write(svg)
     if a.history:
@@ -242,8 +247,8 @@ def main():
                     "syscalls_per_io": round(p.get("syscalls_per_io", 0.0), 4) if p["kind"] == "server" else None,
                 }) + "\n")
     print(table)
-    print(f"bench-cost: results in {a.out}/{{table.md,results.json,chart.svg}}"
-          + (f"; history appended to {a.history}" if a.history else ""))
+    log(f"results in {a.out}/{{table.md,results.json,chart.svg}}"
+        + (f"; history appended to {a.history}" if a.history else ""))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/log.sh
+source "$ROOT/scripts/lib/log.sh"
 QDS=1,16
 DOORBELLS=trapped,shadow,eventfd
 NS=null:64G:lba=4096
@@ -84,32 +86,32 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0; shift ;;
     --no-inprocess) INPROC=0; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "bench-cost: unknown argument $1" >&2; usage >&2; exit 2 ;;
+    *) log "unknown argument $1"; usage >&2; exit 2 ;;
   esac
 done
-[[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "bench-cost: --qd must be a list like 1,16" >&2; exit 2; }
+[[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || bad_usage "--qd must be a list like 1,16"
 [[ $DOORBELLS =~ ^(trapped|shadow|eventfd)(,(trapped|shadow|eventfd))*$ ]] \
-  || { echo "bench-cost: --doorbells takes trapped, shadow, eventfd" >&2; exit 2; }
+  || bad_usage "--doorbells takes trapped, shadow, eventfd"
 for n in "$SHORT" "$LONG" "$SYSRUN"; do
-  [[ $n =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "bench-cost: run lengths are seconds" >&2; exit 2; }
+  [[ $n =~ ^[0-9]+([.][0-9]+)?$ ]] || bad_usage "run lengths are seconds"
 done
-[[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "bench-cost: --reps must be at least 1" >&2; exit 2; }
-[[ $WORKERS =~ ^[0-9]$ ]] || { echo "bench-cost: --workers must be 0..9" >&2; exit 2; }
-[[ $POLL =~ ^(off|adaptive|always)$ ]] || { echo "bench-cost: --poll must be off, adaptive or always" >&2; exit 2; }
+[[ $REPS =~ ^[1-9][0-9]*$ ]] || bad_usage "--reps must be at least 1"
+[[ $WORKERS =~ ^[0-9]$ ]] || bad_usage "--workers must be 0..9"
+[[ $POLL =~ ^(off|adaptive|always)$ ]] || bad_usage "--poll must be off, adaptive or always"
 python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
-  || { echo "bench-cost: --long must be longer than --short" >&2; exit 2; }
+  || bad_usage "--long must be longer than --short"
 
 # The tools: valgrind (callgrind) and perf (syscall tracepoints), from Debian's
 # archive when missing.
-# shellcheck source=scripts/guest/lib.sh
-source "$ROOT/scripts/guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$ROOT/scripts/lib/packages.sh"
 need_cmds valgrind:valgrind callgrind_annotate:valgrind perf:linux-perf python3:python3
 
 if [ "$BUILD" = 1 ]; then
   (cd "$ROOT" && cargo build --release -p vnvme >&2)
 fi
 VNVME=$ROOT/target/release/vnvme
-[ -x "$VNVME" ] || { echo "bench-cost: $VNVME is missing (drop --no-build)" >&2; exit 2; }
+[ -x "$VNVME" ] || bad_usage "$VNVME is missing (drop --no-build)"
 
 STAMP=$(date -u +%Y-%m-%dT%H-%M-%SZ)
 [ -n "$OUT" ] || OUT=$ROOT/results/cost/$STAMP
@@ -124,10 +126,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "bench-cost: $COMMAND_LINE"
-echo "  vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
-echo "  namespace $NS, 4 KiB randread, server --poll $POLL --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
-echo "  callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
+log "$COMMAND_LINE"
+log "vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
+log "namespace $NS, 4 KiB randread, server --poll $POLL --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
+log "callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
 
 wait_socket() { # path pid
   local _
@@ -152,10 +154,10 @@ server_point() { # tag doorbells qd seconds extra-serve-flag...
   "${WRAP[@]}" "$VNVME" serve --socket "$sock" --ns "$NS" --poll "$POLL" --workers "$WORKERS" --once \
     --doorbells "$(serve_doorbells "$db")" --log warn "$@" 2>"$OUT/raw/$tag.serve.log" &
   SERVER=$!
-  wait_socket "$sock" "$SERVER" || { echo "bench-cost: $tag: the server did not start" >&2; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
+  wait_socket "$sock" "$SERVER" || { log "$tag: the server did not start"; cat "$OUT/raw/$tag.serve.log" >&2; exit 1; }
   "$VNVME" perf --socket "$sock" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
     --completion irq --json "$OUT/raw/$tag.perf.json" >"$OUT/raw/$tag.perf.txt" 2>&1 \
-    || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+    || { log "$tag: perf failed"; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
   wait "$SERVER" || true
   SERVER=
 }
@@ -193,7 +195,7 @@ inprocess_point() { # tag qd seconds
   valgrind --tool=callgrind --callgrind-out-file="$OUT/raw/$tag.callgrind" \
     "$VNVME" perf --in-process --in-process-ns "$NS" --workers 0 --poll off --qd "$qd" --rw randread \
     --runtime "${secs}s" --doorbells shadow --completion poll --json "$OUT/raw/$tag.perf.json" \
-    >"$OUT/raw/$tag.perf.txt" 2>&1 || { echo "bench-cost: $tag: perf failed" >&2; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+    >"$OUT/raw/$tag.perf.txt" 2>&1 || { log "$tag: perf failed"; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
   summarize_callgrind "$tag"
 }
 
@@ -206,7 +208,7 @@ ios_of() { # perf.json
 # promises (LONG/SHORT times the short run's) says little: the pair is run again
 # (twice at most), and each retry is listed under the report's table.
 callgrind_pair() { # tag point-function args...
-  local tag=$1 fn=$2 try n0 n1
+  local tag=$1 fn=$2 try n0 n1 msg
   shift 2
   for try in 1 2 3; do
     "$fn" "$tag-short" "$@" "$SHORT"
@@ -215,11 +217,10 @@ callgrind_pair() { # tag point-function args...
     n1=$(ios_of "$OUT/raw/$tag-long.perf.json")
     python3 -c 'import sys; n0, n1, s, l = map(float, sys.argv[1:]); sys.exit(0 if n1 > n0 and 2 * n1 * s >= n0 * l else 1)' \
       "$n0" "$n1" "$SHORT" "$LONG" && return 0
-    if [ "$try" -lt 3 ]; then
-      echo "  $tag: the long run did $n1 I/Os, the short $n0 (disturbed); run again" | tee -a "$OUT/retries.txt"
-    else
-      echo "  $tag: the long run did $n1 I/Os, the short $n0 (disturbed), kept after 3 tries" | tee -a "$OUT/retries.txt"
-    fi
+    msg="$tag: the long run did $n1 I/Os, the short $n0 (disturbed)"
+    if [ "$try" -lt 3 ]; then msg+="; run again"; else msg+=", kept after 3 tries"; fi
+    log "$msg"
+    echo "$msg" >>"$OUT/retries.txt"
   done
 }
 
@@ -229,14 +230,14 @@ IFS=, read -r -a dbs <<<"$DOORBELLS"
 for r in $(seq 1 "$REPS"); do
   for db in "${dbs[@]}"; do
     for qd in "${qds[@]}"; do
-      echo "  rep $r: server, doorbells $db, qd $qd"
+      log "rep $r: server, doorbells $db, qd $qd"
       callgrind_pair "server-$db-qd$qd-r$r" callgrind_point "$db" "$qd"
       syscall_point "server-$db-qd$qd-r$r-sys" "$db" "$qd" "$SYSRUN"
     done
   done
   if [ "$INPROC" = 1 ]; then
     for qd in "${qds[@]}"; do
-      echo "  rep $r: in-process, qd $qd"
+      log "rep $r: in-process, qd $qd"
       callgrind_pair "inproc-qd$qd-r$r" inprocess_point "$qd"
     done
   fi

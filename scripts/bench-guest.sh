@@ -26,10 +26,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 COMMAND_LINE="$0 $*"
-# shellcheck source=scripts/guest/lib.sh
-source "$here/guest/lib.sh"
-# shellcheck source=scripts/guest/host-lib.sh
-source "$here/guest/host-lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$here/lib/packages.sh"
+# shellcheck source=scripts/lib/guest-host.sh
+source "$here/lib/guest-host.sh"
 
 ALL_QEMU="qemu-nvme qemu-nvme-ioeventfd virtio-blk virtio-blk-iothread"
 
@@ -204,7 +204,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 if [[ -e $out/raw ]]; then
     # An earlier run's raw logs would sit beside this one's (and block their gzip).
-    echo "bench-guest: $out holds an earlier run: its raw/ is replaced, its reports overwritten"
+    log "$out holds an earlier run: its raw/ is replaced, its reports overwritten"
     rm -rf "$out/raw"
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-bench.XXXXXX")
@@ -243,7 +243,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "bench-guest: results in $out (work files in $work, removed at exit)"
+log "results in $out (work files in $work, removed at exit)"
 if [[ $fetch -eq 1 ]]; then
     "$VNVME_GUEST_DIR/fetch-qemu.sh"
     "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
@@ -384,8 +384,8 @@ neigh_desc=""
 [[ $neighbour == 0 ]] || neigh_desc="one CPU-bound process on the host during every guest (python3 -c 'while True: pass', unpinned, nice 0; started before the boot, killed after the guest ends)"
 design="single: one guest per device, no pairs"
 [[ " ${guests[*]}" != *+* ]] || design="paired: each pair's two devices attached to one guest; every repetition of every point runs on both, the first device of the pair first on odd repetitions and the second first on even ones; a vnvme server that spins when idle (--poll always) is stopped (SIGSTOP) while the other device runs"
-# The host's description comes from the reports' shared module, so both
-# benchmarks describe a machine the same way; it prints "CPU (N cpus)".
+# The host's description comes from the reports' shared module, so every
+# benchmark describes a machine the same way; it prints "CPU (N cpus)".
 host_desc=$(python3 - "$VNVME_ROOT/scripts/lib" "$out/meta.json" "$stamp" "$qemu_ver" "$accel" "$kver" \
     "$VNVME_BIN" "$runtime" "$reps" "$size" "$points" "$drive" "$img" "$(stat -f -c %T "$disk_dir")" \
     "$reference" "$neigh_desc" "$design" "$COMMAND_LINE" "$baseline_bin" "${guests[@]}" <<'EOF'
@@ -393,9 +393,10 @@ import json, os, sys
 (lib, out, stamp, qemu, accel, kver, vnvme_bin, runtime, reps, size, points, drive, img, disk_fs,
  reference, neighbour, design, command, baseline_bin, *guests) = sys.argv[1:]
 sys.path.insert(0, lib)
-from vnvme_report import DISTURBED_OTHER_CPUS, DISTURBED_STEAL, BOOTSTRAP_MIN_PAIRS, host, version
+from vnvme_report import DISTURBED_OTHER_CPUS, DISTURBED_STEAL, BOOTSTRAP_MIN_PAIRS, host, machine, version
 h = host()
 json.dump({
+    "machine": machine(os.path.dirname(os.path.dirname(lib.rstrip("/")))),
     "timestamp_utc": stamp,
     "command": command.replace(os.path.dirname(lib.rstrip("/")) + "/", "scripts/"),
     "qemu": qemu,
@@ -440,7 +441,7 @@ echo "guests (one boot each; A+B = a pair, ratio B/A): ${guests[*]}"
 
 # bench_watch DIR GUESTDIR PIDFILE...: copy stdin (the guest's console) to
 # stdout and act on its lines. At a "@@VNVME-MARK NAME@@" it saves into DIR
-# (see scripts/guest/host-lib.sh for the protocol of the marks):
+# (see scripts/lib/guest-host.sh for the protocol of the marks):
 #   NAME.host    the host's /proc/stat (vn_cpu_ticks: busy steal total) and the time
 #   NAME.pids    "LABEL PID" per PIDFILE (LABEL: its name without .pid)
 #   NAME.cpu     "PID TID NS COMM" per thread of those processes (schedstat)
@@ -753,12 +754,12 @@ for g in "${guests[@]}"; do
     run_guest "$g"
     snapshot "after $g"
 done
-python3 "$VNVME_GUEST_DIR/bench/report.py" "$out"
+python3 "$here/bench-guest.py" "$out"
 # Keep the raw data small: gzip the logs, one tarball per guest for the marks.
 gzip -9f "$out"/raw/*/serial.log "$out"/raw/*/serve*.log 2>/dev/null || true
 for m in "$out"/raw/*/marks; do
     [[ -d $m ]] && tar -C "$(dirname "$m")" -czf "$m.tar.gz" marks && rm -r "$m"
 done
-python3 "$VNVME_GUEST_DIR/bench/report.py" "$out" >/dev/null # still readable
+python3 "$here/bench-guest.py" "$out" >/dev/null # still readable
 echo
-echo "bench-guest: $(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"
+log "$(($(date +%s) - T0)) s; results: $out/{results.md,results.json,chart.svg}"

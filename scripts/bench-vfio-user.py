@@ -25,14 +25,14 @@ import csv
 import datetime
 import json
 import re
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from vnvme_report import (  # noqa: E402
-    BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, FONT, bounds, cores_busy, disturbance, log_panel,
-    machine, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks, spread, steal_share, text)
+    BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_panel, bounds, cores_busy, disturbance, legend,
+    log, log_panel, machine, machine_line, machine_md, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks,
+    spread, steal_share, svg_doc, title_block)
 
 # The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
 # guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
@@ -456,14 +456,7 @@ def pair_spec(knobs, binaries):
 
 
 def header_lines(mach, knobs):
-    L = [
-        f"- date: {mach['date_utc']}",
-        f"- git commit: {mach['git_commit']} ({mach['git_ref']}; {mach['git_note']})",
-        f"- vnvme: {mach['vnvme']}, {mach['build']}",
-        f"- rustc: {mach['rustc']}; {mach['cargo']}",
-        f"- CPU: {mach['cpu_model']}",
-        f"- cores: {mach['cpus_online']} online, {mach['cpus_usable']} usable; kernel {mach['kernel']} "
-        f"({mach['os']}), USER_HZ {mach['clk_tck']}",
+    L = machine_md(mach) + [
         f"- workload: vnvme perf --rw {knobs['rw']} --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
         f"thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
         f"(mean [min–max] shown)" + (f"; the reference {knobs['reference']}: {knobs['repeat']} runs per point beside "
@@ -581,23 +574,11 @@ def chart(mach, knobs, matrix, points):
         return spread(tot)
 
     W, PW, PH, GAP = 1500, 730, 430, 14
-    legend_rows = math.ceil(len(cfgs) / 3)
-    top = 112 + legend_rows * 22 + 12
-    seed_h = 300
-    H = top + 2 * (PH + GAP) + seed_h + 30
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
-         f'<rect width="100%" height="100%" fill="#f7f7f7"/>']
-    o.append(text(20, 32, f"vnvme over vfio-user: vnvme perf vs vnvme serve, {knobs['ns'].split(':')[0]} namespace, "
-                  f"4 KiB {knobs['rw']}", 21, weight="bold"))
-    sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
-           f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']} · {mach['rustc']}")
-    o.append(text(20, 56, sub, 13, fill="#444"))
     ref = (f" ({knobs['reference']}, the reference: {knobs['repeat']} beside each configuration)"
            if knobs.get("reference") else "")
     sub2 = (f"{knobs['seconds']} s × {knobs['repeat']} runs per point{ref} (line = mean, whisker = min–max) · "
             f"serve --workers {knobs['workers']} · pinning {'on' if knobs['pin'] else 'off'} · 1 I/O queue, "
             f"1 client thread · squares/dashed = in-process (no socket)")
-    o.append(text(20, 76, sub2, 13, fill="#444"))
     notes = []
     if mach["cpus_usable"] <= 2:
         notes.append(f"only {mach['cpus_usable']} CPUs: client, server main thread and workers compete "
@@ -606,18 +587,16 @@ def chart(mach, knobs, matrix, points):
     if disturbed:
         notes.append(f"{len(disturbed)} of {len(points)} points disturbed by other load on the machine (up to "
                      f"{max(p['other_cpus']['max'] for p in disturbed):.1f} CPUs; see table.md)")
-    o.append(text(20, 96, " · ".join(notes), 13, weight="bold", fill="#b00"))
-    for i, m in enumerate(cfgs):
-        col, row = i % 3, i // 3
-        x, y = 30 + col * 490, 122 + row * 22
-        c = COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])
-        if m["in_process"]:
-            o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5" stroke-dasharray="6,3"/>')
-            o.append(f'<rect x="{x + 11}" y="{y - 4}" width="8" height="8" fill="{c}"/>')
-        else:
-            o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5"/>')
-            o.append(f'<circle cx="{x + 15}" cy="{y}" r="4" fill="{c}"/>')
-        o.append(text(x + 38, y + 5, f"{m['id']}: {m['label']}", 13))
+    head, y = title_block(20, 8, f"vnvme over vfio-user: vnvme perf vs vnvme serve, {knobs['ns'].split(':')[0]} "
+                          f"namespace, 4 KiB {knobs['rw']}", [machine_line(mach), sub2], " · ".join(notes) or None,
+                          size=21)
+    keys, top = legend(30, y, [{"name": f"{m['id']}: {m['label']}", "line": True, "dashed": m["in_process"],
+                                "color": COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])}
+                               for i, m in enumerate(cfgs)], cols=3, col_w=490, row_h=22)
+    top += 12
+    seed_h = 300
+    H = top + 2 * (PH + GAP) + seed_h + 30
+    o = [head, keys]
 
     s_iops = series("iops")
     lo, hi = bounds([v for s in s_iops for v in s["values"]])
@@ -640,35 +619,14 @@ def chart(mach, knobs, matrix, points):
                    s_p99, qds, "", lo, hi))
 
     # the seed reference, apart and grey
-    y0 = top + 2 * (PH + GAP)
-    o.append(f'<rect x="20" y="{y0}" width="{W - 40}" height="{seed_h}" fill="#ececec" stroke="#bbbbbb"/>')
-    o.append(text(32, y0 + 24, "Seed reference — NOT measured here: QEMU hw/nvme ablation (KIOPS), " + SEED_SOURCE,
-                  13, weight="bold", fill="#444"))
     greys = ["#bdbdbd", "#969696", "#737373", "#525252", "#252525", "#6a51a3", "#d9a066"]
-    bx0, by0, bw, bh = 80, y0 + 58, W - 360, seed_h - 96
-    maxv = max(max(v) for _, v in SEED_KIOPS)
-    for t in range(0, int(maxv) + 100, 100):
-        yy = by0 + bh - t / (maxv * 1.1) * bh
-        o.append(f'<line x1="{bx0}" y1="{yy:.1f}" x2="{bx0 + bw}" y2="{yy:.1f}" stroke="#d6d6d6"/>')
-        o.append(text(bx0 - 6, yy + 4, f"{t}k", 11, "end", fill="#555"))
-    gw = bw / len(SEED_QD)
-    nb = len(SEED_KIOPS)
-    for gi, q in enumerate(SEED_QD):
-        o.append(text(bx0 + gi * gw + gw / 2, by0 + bh + 18, f"QD {q}", 12, "middle", fill="#444"))
-        for si, (name, vals) in enumerate(SEED_KIOPS):
-            v = vals[gi]
-            x = bx0 + gi * gw + 10 + si * (gw - 20) / nb
-            hh = v / (maxv * 1.1) * bh
-            bwid = (gw - 20) / nb - 3
-            o.append(f'<rect x="{x:.1f}" y="{by0 + bh - hh:.1f}" width="{bwid:.1f}" height="{hh:.1f}" '
-                     f'fill="{greys[si]}"/>')
-            o.append(text(x + bwid / 2, by0 + bh - hh - 4, v, 10, "middle", fill="#333"))
-    for si, (name, _) in enumerate(SEED_KIOPS):
-        ly = by0 + 8 + si * 20
-        o.append(f'<rect x="{bx0 + bw + 30}" y="{ly - 10}" width="14" height="12" fill="{greys[si]}"/>')
-        o.append(text(bx0 + bw + 50, ly, name, 12, fill="#333"))
-    o.append("</svg>")
-    return "\n".join(o) + "\n"
+    seed = [{"name": name, "color": greys[i % len(greys)], "values": {f"QD {q}": v for q, v in zip(SEED_QD, vals)}}
+            for i, (name, vals) in enumerate(SEED_KIOPS)]
+    o.append(bar_panel(20, top + 2 * (PH + GAP), W - 40, seed_h,
+                       "Seed reference — NOT measured here: QEMU hw/nvme ablation (KIOPS)",
+                       [f"QD {q}" for q in SEED_QD], seed, labels=lambda v: f"{v:g}", tick=lambda v: f"{v:g}k",
+                       note=SEED_SOURCE, background="#ececec", legend_w=250))
+    return svg_doc(W, H, o, background="#f7f7f7")
 
 
 def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
@@ -693,41 +651,32 @@ def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
         return out
 
     W, PW, PH, GAP = 1500, 480, 470, 10
-    legend_rows = math.ceil(len(cfgs) / 3)
-    top = 112 + legend_rows * 22 + 12
-    H = top + PH + 30
     npairs = sum(len(c["pairs"]) for c in comparison)
     flagged = sum(c["disturbed_pairs"] for c in comparison)
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" {FONT}>',
-         '<rect width="100%" height="100%" fill="#f7f7f7"/>']
     if knobs.get("baseline"):
         b, n = binaries["base"], binaries["new"]
         title = (f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
                  f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
-        sub = (f"{mach['date_utc']} · {mach['cpu_model']} · {mach['cpus_usable']} CPUs · kernel {mach['kernel']} · "
-               f"base sha256 {b['sha256']}, new sha256 {n['sha256']}")
+        sub = f"{machine_line(mach)} · base sha256 {b['sha256']}, new sha256 {n['sha256']}"
     else:
         title = (f"vnvme over vfio-user: each configuration / {an} (the reference, run beside it), "
                  f"{knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
-        sub = (f"{mach['date_utc']} · commit {mach['git_commit'][:12]} · {mach['cpu_model']} · "
-               f"{mach['cpus_usable']} CPUs · kernel {mach['kernel']}")
-    o.append(text(20, 32, title, 21, weight="bold"))
-    o.append(text(20, 56, sub, 13, fill="#444"))
+        sub = machine_line(mach)
     kind = (f"bootstrap 90 % interval of the median (seeded)" if knobs["repeat"] >= BOOTSTRAP_MIN_PAIRS
             else "min–max of the pairs")
-    o.append(text(20, 76, f"{knobs['seconds']} s per run, {knobs['repeat']} pairs per point run back to back · "
-                  f"dot = median of the paired ratios, whisker = {kind} · a difference only where the whisker "
-                  f"misses 1.0 · serve --workers {knobs['workers']}", 13, fill="#444"))
-    o.append(text(20, 96, f"{flagged} of {npairs} pairs disturbed (steal > {100 * DISTURBED_STEAL:.0f} % or other "
-                  f"load > {DISTURBED_OTHER_CPUS} CPUs; see table.md)" if flagged else
-                  f"no pair disturbed (0 of {npairs})", 13, weight="bold", fill="#b00" if flagged else "#444"))
-    for i, m in enumerate(cfgs):
-        col, row = i % 3, i // 3
-        x, y = 30 + col * 490, 122 + row * 22
-        c = COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])
-        dash = ' stroke-dasharray="6,3"' if m["in_process"] else ""
-        o.append(f'<line x1="{x}" y1="{y}" x2="{x + 30}" y2="{y}" stroke="{c}" stroke-width="2.5"{dash}/>')
-        o.append(text(x + 38, y + 5, f"{m['id']}: {m['label']}", 13))
+    how = (f"{knobs['seconds']} s per run, {knobs['repeat']} pairs per point run back to back · "
+           f"dot = median of the paired ratios, whisker = {kind} · a difference only where the whisker "
+           f"misses 1.0 · serve --workers {knobs['workers']}")
+    disturbed = (f"{flagged} of {npairs} pairs disturbed (steal > {100 * DISTURBED_STEAL:.0f} % or other "
+                 f"load > {DISTURBED_OTHER_CPUS} CPUs; see table.md)" if flagged else None)
+    quiet = None if flagged else f"no pair disturbed (0 of {npairs})"
+    head, y = title_block(20, 8, title, [sub, how, quiet], disturbed, size=21)
+    keys, top = legend(30, y, [{"name": f"{m['id']}: {m['label']}", "line": True, "dashed": m["in_process"],
+                                "color": COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])}
+                               for i, m in enumerate(cfgs)], cols=3, col_w=490, row_h=22)
+    top += 12
+    H = top + PH + 30
+    o = [head, keys]
     dodge = min(12, 100 / max(1, len(cfgs)))
     na = " · in-process: n/a (no server)" if any(c.get("server_cpu_ratio_note") for c in comparison) else ""
     for k, (key, title, better) in enumerate([
@@ -739,8 +688,7 @@ def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
         o.append(log_panel(20 + k * (PW + GAP), top, PW, PH, title, "ratio (log scale)", s, qds, "", lo, hi,
                            guide=(1.0, "1.0: no difference"), note=better, ticks=ratio_ticks(lo, hi), dodge=dodge,
                            whisker=2.5))
-    o.append("</svg>")
-    return "\n".join(o) + "\n"
+    return svg_doc(W, H, o, background="#f7f7f7")
 
 
 def scrub(text, root):
@@ -830,7 +778,7 @@ def main():
         # The answer last, where the eye lands when the run ends.
         print("## Summary (as in table.md)\n")
         print("\n".join(summary_md(comparison, spec, knobs)) + "\n")
-    print(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
+    log(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
     return 0
 
 

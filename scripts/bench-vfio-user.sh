@@ -72,7 +72,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib/host.sh
 source "$ROOT/scripts/lib/host.sh"
-VN_TAG=bench-vfio-user:
 COMMAND_LINE="$0 $*"
 SECONDS_PER_POINT=3
 REPEAT=
@@ -123,33 +122,34 @@ while [ $# -gt 0 ]; do
     --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "bench-vfio-user: unknown argument $1" >&2; usage >&2; exit 2 ;;
+    *) log "unknown argument $1"; usage >&2; exit 2 ;;
   esac
 done
 if [ -z "$REPEAT" ]; then REPEAT=5; fi
-[[ $SECONDS_PER_POINT =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "--seconds must be a number" >&2; exit 2; }
-[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "--repeat must be at least 1" >&2; exit 2; }
-[[ $WORKERS =~ ^[0-9]+$ ]] || { echo "--workers must be a number (0: inline)" >&2; exit 2; }
-[[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "--qd must be a list like 1,4,16,64" >&2; exit 2; }
+[[ $SECONDS_PER_POINT =~ ^[0-9]+([.][0-9]+)?$ ]] || bad_usage "--seconds must be a number"
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || bad_usage "--repeat must be at least 1"
+[[ $WORKERS =~ ^[0-9]+$ ]] || bad_usage "--workers must be a number (0: inline)"
+[[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || bad_usage "--qd must be a list like 1,4,16,64"
+case $RW in randread|randwrite) ;; *) bad_usage "--rw must be randread or randwrite" ;; esac
 if [ -n "$BASELINE_LABEL" ] && [ -z "$BASELINE" ]; then
-  echo "bench-vfio-user: --baseline-label needs --baseline" >&2; exit 2
+  bad_usage "--baseline-label needs --baseline"
 fi
 if [ -n "$BASELINE" ] && [ -n "$REFERENCE_GIVEN" ] && [ "$REFERENCE" != none ]; then
-  echo "bench-vfio-user: --baseline and --reference $REFERENCE: one comparison per run (--baseline pairs each" \
-    "configuration with itself built from BIN; drop --reference, or drop --baseline)" >&2; exit 2
+  bad_usage "--baseline and --reference $REFERENCE: one comparison per run (--baseline pairs each" \
+    "configuration with itself built from BIN; drop --reference, or drop --baseline)"
 fi
 [ -z "$BASELINE" ] || REFERENCE=none
 if [ "$REFERENCE" != none ]; then
   known=
   for m in "${MATRIX[@]}"; do [[ $m == "$REFERENCE|"* ]] && known=1; done
-  [ -n "$known" ] || { echo "bench-vfio-user: --reference $REFERENCE is not a configuration (see --list; or none)" >&2; exit 2; }
+  [ -n "$known" ] || bad_usage "--reference $REFERENCE is not a configuration (see --list; or none)"
 fi
 if [ -n "$BASELINE" ]; then
   if [ ! -f "$BASELINE" ] || [ ! -x "$BASELINE" ]; then
-    echo "bench-vfio-user: --baseline $BASELINE is not an executable file" >&2; exit 2
+    bad_usage "--baseline $BASELINE is not an executable file"
   fi
   BASELINE=$(cd "$(dirname "$BASELINE")" && pwd)/$(basename "$BASELINE")
-  "$BASELINE" --version >/dev/null 2>&1 || { echo "bench-vfio-user: --baseline: $BASELINE --version failed (not a vnvme binary?)" >&2; exit 2; }
+  "$BASELINE" --version >/dev/null 2>&1 || bad_usage "--baseline: $BASELINE --version failed (not a vnvme binary?)"
 fi
 # The baseline is named by its file name in everything written: where it lies is
 # this machine's business.
@@ -163,10 +163,10 @@ hide_baseline() {
 }
 COMMAND_LINE=$(printf '%s' "$COMMAND_LINE" | hide_baseline)
 if [ "$PIN" = 1 ] && ! command -v taskset >/dev/null; then
-  echo "bench-vfio-user: --pin needs taskset (util-linux)" >&2; exit 2
+  bad_usage "--pin needs taskset (util-linux)"
 fi
 if [ "$PIN" = 1 ] && [ "$(nproc)" -lt 2 ]; then
-  echo "bench-vfio-user: --pin needs at least 2 CPUs" >&2; exit 2
+  bad_usage "--pin needs at least 2 CPUs"
 fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -181,9 +181,9 @@ stop_back() { vn_serve_stop "$BACK_PID"; BACK_PID=; }
 stop_serve() { vn_serve_stop "$SERVE_PID"; SERVE_PID=; }
 cleanup() { stop_serve; stop_back; rm -rf "$TMP"; }
 trap cleanup EXIT
-trap 'echo "bench-vfio-user: interrupted" >&2; exit 130' INT TERM
+trap 'log "interrupted"; exit 130' INT TERM
 
-echo "bench-vfio-user: building vnvme (release)" >&2
+log "building vnvme (release)"
 (cd "$ROOT" && cargo build --release -p vnvme --quiet)
 # The binary just built, whatever $VNVME_BIN says.
 VNVME="$ROOT/target/release/vnvme"
@@ -223,7 +223,7 @@ snapshot start
 selected() { [ "$CONFIGS" = all ] || [[ ",$CONFIGS," == *",$1,"* ]]; }
 if [ "$CONFIGS" != all ]; then
   for c in ${CONFIGS//,/ }; do
-    printf '%s\n' "${MATRIX[@]}" | grep -q "^$c|" || { echo "bench-vfio-user: unknown config $c (see --list)" >&2; exit 2; }
+    printf '%s\n' "${MATRIX[@]}" | grep -q "^$c|" || bad_usage "unknown config $c (see --list)"
   done
 fi
 
@@ -236,7 +236,7 @@ if [ "$REFERENCE" != none ]; then
     if [ "$id" != "$REFERENCE" ] && selected "$id"; then PAIRED+=("$id"); fi
   done
   if [ ${#PAIRED[@]} = 0 ]; then
-    echo "bench-vfio-user: only the reference $REFERENCE selected: nothing to pair with it, plain figures" >&2
+    log "only the reference $REFERENCE selected: nothing to pair with it, plain figures"
     REFERENCE=none
   fi
 fi
@@ -248,12 +248,10 @@ else
 fi
 # A fresh server per run in pairs (--baseline, --reference): about half a second more each.
 per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] || [ "$REFERENCE" != none ] && per_run=$((per_run + 1))
-echo "bench-vfio-user: $npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT" >&2
-echo "bench-vfio-user: $(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')" >&2
-[ "$REFERENCE" = none ] || echo "bench-vfio-user: reference $REFERENCE: ${PAIRED[*]} each measured beside it, $REPEAT pairs per point" >&2
-[ -z "$BASELINE" ] || echo "bench-vfio-user: baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point" >&2
-
-case $RW in randread|randwrite) ;; *) echo "--rw must be randread or randwrite" >&2; exit 2 ;; esac
+log "$npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT"
+log "$(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')"
+[ "$REFERENCE" = none ] || log "reference $REFERENCE: ${PAIRED[*]} each measured beside it, $REPEAT pairs per point"
+[ -z "$BASELINE" ] || log "baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point"
 
 # start_servers ID SIDE TAG: start configuration ID's server(s) from SIDE's binary
 # (the chain: a back server too). Sets SERVE_PID, BACK_PID, sock, stats, serve_cmd;
@@ -309,8 +307,8 @@ run_perf() {
   read -r -a c1 < <(vn_cpu_ticks); w1=$(now)
   done_runs=$((done_runs + 1))
   iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
-  printf 'bench-vfio-user: [%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s\n' "$done_runs" "$npoints" "$id" "$qd" \
-    "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")" >&2
+  log "$(printf '[%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s' "$done_runs" "$npoints" "$id" "$qd" \
+    "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")")"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
     "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((c1[0] - c0[0]))" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
@@ -326,7 +324,7 @@ config_row() {
     IFS='|' read -r id label sdb spoll pdb compl inproc <<<"$m"
     return 0
   done
-  echo "bench-vfio-user: no configuration $1" >&2
+  log "no configuration $1"
   return 1
 }
 
@@ -376,7 +374,7 @@ else
         for rep in $(seq "$REPEAT"); do
           run_perf "$id" "$qd" "$rep" new
           if [ -n "$inproc" ] || vn_alive "$SERVE_PID"; then continue; fi
-          echo "bench-vfio-user: $id: vnvme serve died (logs/serve-$id.log)" >&2
+          log "$id: vnvme serve died (logs/serve-$id.log)"
           break 2
         done
       done

@@ -26,8 +26,8 @@
 # Removing DIR (after stop) discards the cluster.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=scripts/guest/lib.sh
-source "$here/guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$here/lib/packages.sh"
 
 usage() { die "usage: ${0##*/} start|stop|status DIR"; }
 [[ $# -eq 2 ]] || usage

@@ -3,7 +3,7 @@
 # the admin tools (ceph-authtool, monmaptool, rbd, rados, the `ceph` CLI), librbd /
 # librados with their headers, and the python3 rados/rbd bindings. The packages and
 # every library they need are downloaded through the private apt state of
-# scripts/guest/lib.sh and extracted into the cache, never installed. Bookworm is
+# scripts/lib/packages.sh and extracted into the cache, never installed. Bookworm is
 # the host's own suite: its Python modules are built for the host's python3.11 and
 # its librbd runs against the host's glibc.
 #
@@ -27,8 +27,8 @@ set -euo pipefail
 # Standard output is the bin directory and nothing else (callers read it as a path):
 # what the tools below print (apt-get's progress among it) goes to stderr.
 exec 3>&1 1>&2
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/packages.sh"
 
 suite=bookworm
 dir="$VNVME_CACHE/ceph"

@@ -2,7 +2,7 @@
 # Real NBD servers for the nbd:// tests: qemu-nbd and qemu-img (Debian's qemu-utils,
 # from the suite the guest tests take QEMU from) and nbdkit with its basic plugins
 # (memory among them). The packages and every library they need are downloaded
-# through the private apt state of scripts/guest/lib.sh and extracted into the cache,
+# through the private apt state of scripts/lib/packages.sh and extracted into the cache,
 # never installed; wrappers run each program through the extracted root's own
 # dynamic loader, so host paths (sockets, images) work unchanged.
 #
@@ -16,8 +16,8 @@ set -euo pipefail
 # Standard output is the bin directory and nothing else (callers read it as a path):
 # what the tools below print (apt-get's progress among it) goes to stderr.
 exec 3>&1 1>&2
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/packages.sh"
 
 suite="${VNVME_QEMU_SUITE:-trixie-backports}"
 dir="$VNVME_CACHE/nbd-servers"

@@ -10,8 +10,8 @@
 # Result: $VNVME_CACHE/qemu-rbd/current/bin/qemu-system-x86_64.
 # Exit 1, saying why, when the packages cannot be had.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/packages.sh"
 
 suite="${VNVME_QEMU_SUITE:-trixie-backports}"
 dir="$VNVME_CACHE/qemu-rbd"

@@ -6,10 +6,10 @@
 # Ends with: guest-tests: N passed, N failed, N skipped
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=scripts/guest/lib.sh
-source "$here/guest/lib.sh"
-# shellcheck source=scripts/guest/host-lib.sh
-source "$here/guest/host-lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$here/lib/packages.sh"
+# shellcheck source=scripts/lib/guest-host.sh
+source "$here/lib/guest-host.sh"
 # shellcheck source=scripts/lib/promtool.sh
 source "$here/lib/promtool.sh"
 # shellcheck source=scripts/guest/suite-lib.sh

@@ -3,10 +3,10 @@
 # a controller over vfio-user and boots a real Linux guest on it under QEMU.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=scripts/guest/lib.sh
-source "$here/guest/lib.sh"
-# shellcheck source=scripts/guest/host-lib.sh
-source "$here/guest/host-lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$here/lib/packages.sh"
+# shellcheck source=scripts/lib/guest-host.sh
+source "$here/lib/guest-host.sh"
 
 usage() {
     cat <<EOF

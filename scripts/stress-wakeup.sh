@@ -18,7 +18,7 @@
 #
 #   scripts/stress-wakeup.sh [--minutes N] [--run SECONDS] [--stall SECONDS]
 #                            [--configs a,b,...] [--poll MODE] [--out DIR] [--no-build]
-#                            [--server-bin BIN]
+#                            [--server-bin BIN] [--no-history]
 #
 #   --minutes N    total load time over every configuration (default 32: 4 minutes
 #                  each of the 8)
@@ -31,6 +31,7 @@
 #   --no-build     use target/release/vnvme as it is
 #   --server-bin BIN  serve with another vnvme binary (an earlier build, to show
 #                  what it did); perf is always this tree's
+#   --no-history   do not append to results/stress-wakeup-history.jsonl
 #
 # Prints a table (configuration, runs, minutes, I/Os, stalls) and writes
 # results.json and table.md to the output folder, with every run's perf JSON and
@@ -41,7 +42,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib/host.sh
 source "$ROOT/scripts/lib/host.sh"
-VN_TAG=stress-wakeup:
 MINUTES=32
 RUN_S=20
 STALL_S=5
@@ -50,6 +50,7 @@ CONFIGS=""
 OUT=""
 BUILD=1
 SERVER_BIN=""
+HISTORY=1
 ALL_CONFIGS=(
     inline-s0c1 inline-s1c0 inline-s0c1-neighbour inline-s1c0-neighbour
     worker-s0c1 worker-s1c0 worker-s0c1-neighbour worker-s1c0-neighbour
@@ -66,40 +67,41 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --server-bin) SERVER_BIN=$2; shift 2 ;;
+    --no-history) HISTORY=0; shift ;;
     --list) printf '%s\n' "${ALL_CONFIGS[@]}"; exit 0 ;;
     -h | --help) usage; exit 0 ;;
-    *) vn_err "unknown argument $1 (--help lists them)"; exit 2 ;;
+    *) bad_usage "unknown argument $1 (--help lists them)" ;;
     esac
 done
 [[ $MINUTES =~ ^[0-9]+([.][0-9]+)?$ && $RUN_S =~ ^[0-9]+$ && $RUN_S -ge 1 && $STALL_S =~ ^[0-9]+$ ]] ||
-    { vn_err "--minutes takes a number, --run and --stall whole seconds (--run at least 1)"; exit 2; }
+    bad_usage "--minutes takes a number, --run and --stall whole seconds (--run at least 1)"
 if [ -n "$CONFIGS" ]; then
     IFS=, read -r -a SELECTED <<<"$CONFIGS"
     for c in "${SELECTED[@]}"; do
-        [[ " ${ALL_CONFIGS[*]} " == *" $c "* ]] || { vn_err "no configuration $c (--list shows them)"; exit 2; }
+        [[ " ${ALL_CONFIGS[*]} " == *" $c "* ]] || bad_usage "no configuration $c (--list shows them)"
     done
 else
     SELECTED=("${ALL_CONFIGS[@]}")
 fi
-[ "$(nproc)" -ge 2 ] || { vn_err "needs 2 CPUs (server and client on different ones); this machine has $(nproc)"; exit 2; }
+[ "$(nproc)" -ge 2 ] || bad_usage "needs 2 CPUs (server and client on different ones); this machine has $(nproc)"
 RUNS=$(python3 -c "import math; print(max(1, math.ceil($MINUTES * 60 / ${#SELECTED[@]} / $RUN_S)))")
 
 if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --release --locked -p vnvme >&2)
 fi
-[ -x "$VNVME_BIN" ] || { vn_err "no binary at $VNVME_BIN (run without --no-build)"; exit 2; }
+[ -x "$VNVME_BIN" ] || bad_usage "no binary at $VNVME_BIN (run without --no-build)"
 OUT=${OUT:-$ROOT/results/stress-wakeup/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/runs" "$OUT/logs"
 PERF_BIN=$VNVME_BIN
 SERVER_BIN=${SERVER_BIN:-$VNVME_BIN}
-[ -x "$SERVER_BIN" ] || { vn_err "--server-bin $SERVER_BIN is not an executable"; exit 2; }
+[ -x "$SERVER_BIN" ] || bad_usage "--server-bin $SERVER_BIN is not an executable"
 VERSION=$("$SERVER_BIN" --version)
 GDB=$(command -v gdb || true)
 
-echo "stress-wakeup: serve $VERSION, perf $("$PERF_BIN" --version); $(nproc) CPUs, $(uname -sr)"
-echo "  perf: randread bs=4k qd=1 doorbells=shadow completion=poll runtime=${RUN_S}s timeout=${STALL_S}s"
-echo "  serve: --ns null:1G:lba=4096 --poll $POLL; $RUNS runs of ${RUN_S}s per configuration, ${#SELECTED[@]} configurations"
-[ -n "$GDB" ] || echo "  (no gdb: a stall keeps the server's counters but not its threads' stacks)"
+log "serve $VERSION, perf $("$PERF_BIN" --version); $(nproc) CPUs, $(uname -sr)"
+log "perf: randread bs=4k qd=1 doorbells=shadow completion=poll runtime=${RUN_S}s timeout=${STALL_S}s"
+log "serve: --ns null:1G:lba=4096 --poll $POLL; $RUNS runs of ${RUN_S}s per configuration, ${#SELECTED[@]} configurations"
+[ -n "$GDB" ] || log "no gdb: a stall keeps the server's counters but not its threads' stacks"
 
 NEIGHBOUR=""
 SERVER=""
@@ -186,15 +188,19 @@ for name in "${SELECTED[@]}"; do
     run_config "$name" || echo "  FAILED $name: the server did not start"
 done
 
-python3 - "$OUT" "$VERSION" "$POLL" "$RUN_S" "$STALL_S" "$ROOT/results/stress-wakeup-history.jsonl" <<'PY'
-import json, sys, time
-out, version, poll, run_s, stall_s, history = sys.argv[1:]
+python3 - "$OUT" "$VERSION" "$POLL" "$RUN_S" "$STALL_S" "$ROOT" "$HISTORY" <<'PY'
+import json, os, sys, time
+out, version, poll, run_s, stall_s, root, keep_history = sys.argv[1:]
+history = os.path.join(root, "results", "stress-wakeup-history.jsonl") if keep_history == "1" else None
+sys.path.insert(0, os.path.join(root, "scripts", "lib"))
+from vnvme_report import machine, machine_md
 configs = [json.loads(l) for l in open(f"{out}/configs.jsonl")]
 total = {k: sum(c[k] for c in configs) for k in ("runs", "seconds", "ios", "stalls", "failures")}
 doc = {
     "tool": "scripts/stress-wakeup.sh",
     "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "vnvme": version,
+    "machine": machine(root),
     "knobs": {"poll": poll, "run_s": int(run_s), "stall_s": int(stall_s), "ns": "null:1G:lba=4096",
               "perf": "randread bs=4k qd=1 doorbells=shadow completion=poll"},
     "configs": configs,
@@ -204,9 +210,12 @@ json.dump(doc, open(f"{out}/results.json", "w"), indent=1)
 rows = ["| configuration | runs | minutes | I/Os | stalls | other failures |", "|---|---|---|---|---|---|"]
 for c in configs + [dict(total, config="**total**")]:
     rows.append(f"| {c['config']} | {c['runs']} | {c['seconds'] / 60:.1f} | {c['ios']:,} | {c['stalls']} | {c['failures']} |")
-open(f"{out}/table.md", "w").write(f"{version}, --poll {poll}, runs of {run_s} s, stall = {stall_s} s without a completion\n\n" + "\n".join(rows) + "\n")
-with open(history, "a") as h:
-    h.write(json.dumps({"when_utc": doc["when_utc"], "vnvme": version, "poll": poll, **total}) + "\n")
+head = [f"{version} (the server), --poll {poll}, runs of {run_s} s, stall = {stall_s} s without a completion", ""]
+head += machine_md(doc["machine"]) + [""]
+open(f"{out}/table.md", "w").write("\n".join(head + rows) + "\n")
+if history:
+    with open(history, "a") as h:
+        h.write(json.dumps({"when_utc": doc["when_utc"], "vnvme": version, "poll": poll, **total}) + "\n")
 print(f"stress-wakeup: {total['runs']} runs, {total['seconds'] / 60:.1f} minutes, {total['ios']:,} I/Os, "
       f"{total['stalls']} stalls, {total['failures']} other failures ({out})")
 sys.exit(1 if total["stalls"] or total["failures"] else 0)

@@ -2,8 +2,8 @@
 # Boot a guest kernel + initramfs under the fetched QEMU, run a script in the
 # guest and return its exit status.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 usage() {
     cat <<EOF

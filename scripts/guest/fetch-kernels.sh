@@ -2,8 +2,8 @@
 # Fetch guest kernels from Debian: vmlinuz plus the module subset the guest
 # needs (with dependencies from modules.dep), decompressed for busybox insmod.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 DEFAULT_MODULES="nvme nvme_core virtio_pci virtio_blk null_blk ext4"
 OPTIONAL_MODULES="crc32c_generic crc32c_intel"

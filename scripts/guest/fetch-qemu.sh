@@ -2,8 +2,8 @@
 # Fetch a newer QEMU (qemu-system-x86 from a newer Debian suite) and make it
 # runnable on this older host with the suite's own dynamic loader and libraries.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 usage() {
     cat <<EOF

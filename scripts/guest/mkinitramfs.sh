@@ -3,8 +3,8 @@
 # their shared libraries, from bookworm packages), the kernel's modules and
 # the /init of scripts/guest/rootfs.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 usage() {
     cat <<EOF

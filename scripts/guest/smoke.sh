@@ -2,8 +2,8 @@
 # Smoke test of the guest tooling: boot each kernel with QEMU's own emulated
 # NVMe controller and exercise it with nvme-cli, fio and ext4.
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 usage() {
     cat <<EOF

@@ -1,11 +1,12 @@
 # shellcheck shell=bash
 # The host side of a `vnvme serve` process, for every script that starts one or
-# reads its counters: bench-vfio-user.sh sources it directly; run-guest.sh,
-# guest-tests.sh and bench-guest.sh through scripts/guest/host-lib.sh, which
-# adds what only guest boots need (device arguments, the mark protocol).
-# Source it; it needs nothing sourced before it (bench-vfio-user.sh has no use
-# for the guest tooling in scripts/guest/lib.sh) and sets only VNVME_ROOT,
-# VNVME_BIN (unless already set) and VN_WRAP (unless already set).
+# reads its counters: bench-vfio-user.sh and stress-wakeup.sh source it
+# directly; run-guest.sh, guest-tests.sh and bench-guest.sh through
+# scripts/lib/guest-host.sh, which adds what only guest boots need (device
+# arguments, the mark protocol). Source it; it needs nothing sourced before it
+# (bench-vfio-user.sh has no use for the fetching in scripts/lib/packages.sh),
+# sources log.sh (log, die, bad_usage) and sets only VNVME_ROOT, VNVME_BIN
+# (unless already set) and VN_WRAP (unless already set).
 #
 # Servers
 #   vn_serve_start LOG SOCKET [SERVE ARGS...]  start in the background, wait
@@ -20,15 +21,15 @@
 #   vn_ratio NUM DEN               NUM/DEN with 3 decimals, "n/a" for DEN 0
 # The machine
 #   vn_cpu_ticks                   /proc/stat now: busy, steal and total ticks
-# Messages go to stderr as "$VN_TAG message"; VN_TAG defaults to
-# "[script name]", the format of scripts/guest/lib.sh's log.
+# Messages go to stderr through log.sh: "[script name] message".
 
 VNVME_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VNVME_BIN="${VNVME_BIN:-$VNVME_ROOT/target/release/vnvme}"
 # A command vn_serve_start puts before the binary, e.g. VN_WRAP=(taskset -c 1).
 [[ -v VN_WRAP ]] || VN_WRAP=()
 
-vn_err() { printf '%s %s\n' "${VN_TAG:-[${0##*/}]}" "$*" >&2; }
+# shellcheck source=scripts/lib/log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/log.sh"
 
 # vn_alive PID: is PID running (a zombie counts as gone)?
 vn_alive() {
@@ -62,14 +63,14 @@ vn_serve_start() {
             rc=0
             wait "$VN_PID" 2>/dev/null || rc=$?
             VN_PID=""
-            vn_err "vnvme serve exited at startup (status $rc); the end of its log $logf:"
+            log "vnvme serve exited at startup (status $rc); the end of its log $logf:"
             tail -n 20 "$logf" | sed 's/^/  | /' >&2
             return 1
         fi
         sleep 0.1
     done
     [[ -S $sock ]] && return 0
-    vn_err "vnvme serve did not create $sock within 10 s (stopped it); the end of its log $logf:"
+    log "vnvme serve did not create $sock within 10 s (stopped it); the end of its log $logf:"
     tail -n 20 "$logf" | sed 's/^/  | /' >&2
     vn_serve_stop "$VN_PID"
     VN_PID=""

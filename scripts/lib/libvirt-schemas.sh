@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # libvirt's domain XML schemas and xmllint, for the test that validates the
-# README's libvirt example (crates/vnvme/tests/service_files.rs). Debian ships
+# libvirt example in docs/USAGE.md (crates/vnvme/tests/service_files.rs). Debian ships
 # the schemas in libvirt0 and xmllint in libxml2-utils; both are only downloaded
-# (through the private apt state of scripts/guest/lib.sh, leaving the host's apt
+# (through the private apt state of scripts/lib/packages.sh, leaving the host's apt
 # alone) and extracted, never installed. Cached.
 #
 #   bash scripts/lib/libvirt-schemas.sh   prints the directory ROOT, with
@@ -13,8 +13,8 @@
 #
 # Cache: $VNVME_CACHE/libvirt-schemas (VNVME_CACHE defaults to ~/.cache/vnvme).
 set -euo pipefail
-# shellcheck source=scripts/guest/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../guest/lib.sh"
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
 
 root="${VNVME_CACHE:-${HOME:?HOME is not set}/.cache/vnvme}/libvirt-schemas"
 ok() { [[ -x $root/usr/bin/xmllint && -s $root/usr/share/libvirt/schemas/domain.rng ]] &&

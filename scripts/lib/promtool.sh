@@ -3,7 +3,7 @@
 # `vnvme serve --metrics` exposes (`promtool check metrics`). Debian ships it
 # in the `prometheus` package; installing that package would also set up and
 # start a Prometheus service, so the package is only downloaded (apt-get
-# download, through the private apt state of scripts/guest/lib.sh, which
+# download, through the private apt state of scripts/lib/packages.sh, which
 # leaves the host's apt untouched and takes no lock) and promtool extracted
 # from it with dpkg-deb. It is a Go binary that needs only glibc.
 #
@@ -35,7 +35,7 @@ vn_promtool() {
     fi
     p=$(vn_promtool_cache) || return 1
     if [[ ! -x $p ]] || ! "$p" --version >/dev/null 2>&1; then
-        # A process of its own: scripts/guest/lib.sh may exit, and errexit must
+        # A process of its own: scripts/lib/packages.sh may exit, and errexit must
         # hold in the fetch whatever the caller's options.
         bash "${BASH_SOURCE[0]}" --fetch >&2 || {
             printf '%s\n' "[promtool.sh] error: could not fetch promtool: Debian's prometheus package" \
@@ -50,8 +50,8 @@ vn_promtool() {
 # the cache. Runs in its own bash process (see vn_promtool), with errexit.
 _vn_promtool_fetch() {
     set -euo pipefail
-    # shellcheck source=scripts/guest/lib.sh
-    source "$(dirname "${BASH_SOURCE[0]}")/../guest/lib.sh"
+    # shellcheck source=scripts/lib/packages.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
     local suite=${VNVME_PROMTOOL_SUITE:-bookworm} bin dir tmp deb
     if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
         die "apt-get and dpkg-deb are needed to fetch promtool (a Debian host)"

@@ -6,7 +6,7 @@
 Exit status 0 if QEMU answered with "return", 1 with "error" (printed), 2 if the
 monitor could not be reached. Events QEMU sends meanwhile are skipped. Used by the
 guest tests to hot-plug a vfio-user-pci device the way an operator would
-(device_add / device_del), see scripts/guest/host-lib.sh (vn_qmp_action).
+(device_add / device_del), see scripts/lib/guest-host.sh (vn_qmp_action).
 """
 import json
 import socket

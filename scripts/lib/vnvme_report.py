@@ -1,6 +1,11 @@
-"""What the benchmark reports share: scripts/bench-vfio-user.py (vnvme perf
-against vnvme serve) and scripts/guest/bench/report.py (Linux guests on QEMU).
+"""The one module every benchmark report draws its charts and describes its
+machine with: the doorbells bench (scripts/bench-doorbells.py, run by
+`cargo bench -p nvme-ctrl --bench doorbells`), scripts/bench-cost.py,
+scripts/bench-vfio-user.py, scripts/bench-guest.py (bench-guest.sh) and
+scripts/stress-wakeup.sh. A bench writes JSON; its report reads it and draws
+with this.
 
+- Messages: log() ("[script] message" on stderr, as scripts/lib/log.sh).
 - Figures: spread() (mean, min, max of repeated runs), per_io(), stats_deltas()
   (per-I/O figures between two `vnvme serve --stats-file` snapshots, the
   counters scripts/lib/host.sh's vn_io_deltas reads), cores_busy() and
@@ -10,21 +15,37 @@ against vnvme serve) and scripts/guest/bench/report.py (Linux guests on QEMU).
   median of paired new/base ratios, an interval, and a verdict that names a
   difference only when the interval excludes 1.0).
 - The machine: host() (CPU model and count, kernel), git_commit(), version(),
-  machine() (all of it plus the toolchain, for a result file).
-- SVG, hand-written (no plotting library): esc(), text(), log_panel() (log-y
-  lines over queue depths, min-max whiskers; ratios too), bounds(), ratio_ticks(), bar_chart() (grouped
-  bars, one panel per figure, a legend), nice_max().
+  machine() (all of it plus the toolchain, for a result file), machine_md()
+  (as a report's Markdown head) and machine_line() (as a chart's subtitle).
+  `python3 scripts/lib/vnvme_report.py machine [ROOT]` prints machine() as JSON,
+  for shell scripts.
+- SVG, hand-written (no plotting library): svg_doc(), title_block(),
+  legend(), text(), esc(); log_panel() (log-y lines over queue depths, min-max
+  whiskers; ratios too) with bounds(), ratio_bounds() and ratio_ticks();
+  bar_panel() (grouped bars, whiskers, a guide line, value labels) and
+  bar_chart() (a whole SVG of bar panels, one per figure).
 
 Standard library only. Import it from a script with
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), RELATIVE_PATH_TO_scripts/lib))
 """
 
 import datetime
+import json
 import math
 import os
 import platform
 import random
 import subprocess
+import sys
+
+# ---- messages
+
+
+def log(msg, name=None):
+    """A message on stderr as "[script] message", the convention of
+    scripts/lib/log.sh; stdout is for what a report produces."""
+    print(f"[{name or os.path.basename(sys.argv[0])}] {msg}", file=sys.stderr)
+
 
 # ---- figures
 
@@ -262,6 +283,49 @@ def machine(root, started=None):
     }
 
 
+def machine_md(m):
+    """A machine description (machine(), or a bench's own facts completed by
+    host()) as Markdown list items, for the head of a report; what m lacks is
+    left out."""
+    L = []
+    if m.get("date_utc"):
+        L.append(f"- date (UTC): {m['date_utc']}")
+    if m.get("git_commit"):
+        how = "; ".join(x for x in (m.get("git_ref"), m.get("git_note")) if x)
+        L.append(f"- git commit: {m['git_commit']}" + (f" ({how})" if how else ""))
+    if m.get("vnvme"):
+        L.append(f"- vnvme: {m['vnvme']}" + (f", {m['build']}" if m.get("build") else ""))
+    if m.get("crate_version"):
+        L.append(f"- {m.get('crate', 'crate')} version: {m['crate_version']}")
+    if m.get("rustc"):
+        L.append(f"- rustc: {m['rustc']}" + (f"; {m['cargo']}" if m.get("cargo") else ""))
+    if m.get("profile"):
+        L.append(f"- build: {m['profile']}")
+    if m.get("cpu_model"):
+        L.append(f"- CPU: {m['cpu_model']}")
+    if m.get("cpus_online") or m.get("cpus_usable"):
+        L.append(f"- cores: {m.get('cpus_online', '?')} online, {m.get('cpus_usable', '?')} usable by this process")
+    if m.get("kernel"):
+        extra = ", ".join(x for x in (m.get("os"), f"USER_HZ {m['clk_tck']}" if m.get("clk_tck") else None) if x)
+        L.append(f"- kernel: {m['kernel']}" + (f" ({extra})" if extra else ""))
+    if m.get("python"):
+        L.append(f"- report: Python {m['python']}, scripts/lib/vnvme_report.py")
+    return L
+
+
+def machine_line(m):
+    """The same in one line, for a chart's subtitle."""
+    parts = [m.get("date_utc")]
+    if m.get("git_commit"):
+        parts.append(f"commit {m['git_commit'][:12]}")
+    if m.get("cpu_model"):
+        parts.append(f"{m['cpu_model']} ({m.get('cpus_usable', '?')} CPUs)")
+    if m.get("kernel"):
+        parts.append(f"kernel {m['kernel']}")
+    parts.append(m.get("rustc"))
+    return " · ".join(p for p in parts if p)
+
+
 # ---- SVG
 
 FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
@@ -393,58 +457,197 @@ def ratio_bounds(values, pad=1.05):
     return 1 / m, m
 
 
-def nice_max(v):
-    """The smallest round number (1, 1.2, 1.5, 2, ... times a power of ten) >= v."""
-    if v <= 0:
-        return 1
-    e = 10 ** math.floor(math.log10(v))
-    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if m * e >= v:
-            return m * e
-    return 10 * e
+def svg_doc(w, h, parts, background="#ffffff"):
+    """A whole SVG document of w x h px: a background, then parts (strings)."""
+    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:g}" height="{h:g}" '
+                      f'viewBox="0 0 {w:g} {h:g}" {FONT}>',
+                      f'<rect width="100%" height="100%" fill="{background}"/>', *parts, "</svg>"]) + "\n"
 
 
-def bar_chart(title, note, groups, series, panels, legend_w=230):
-    """A whole SVG: one grouped bar panel per (label, value-of-data) in panels,
-    a bar per series in each group, a legend at the right (legend_w px wide).
-    series: [{"name", "color", "values": {group: data}}]; a series without a
-    group's data leaves a gap."""
-    W, PH, top, left = 1180, 300, 72, 70
-    H = top + len(panels) * (PH + 60) + 20
-    plot_w = W - left - legend_w - 20
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           '<rect width="100%" height="100%" fill="white"/>']
-    out.append(f'<text x="{left}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>')
+def title_block(x, y, title, lines=(), note=None, size=20):
+    """A chart's head at (x, y): the title in bold, then lines in grey (the
+    machine, the knobs), then a note in bold red (what to be wary of). Returns
+    (svg, the y below it)."""
+    o = [text(x, y + size, title, size, weight="bold")]
+    y += size + 8
+    for line in lines:
+        if line:
+            o.append(text(x, y + 13, line, 13, fill="#444"))
+            y += 20
     if note:
-        out.append(f'<text x="{left}" y="42" fill="#b00">{esc(note)}</text>')
-    for pi, (label, getv) in enumerate(panels):
-        y0 = top + pi * (PH + 60)
-        vals = [getv(s["values"][g]) for s in series for g in groups if g in s["values"]]
-        vmax = nice_max(max(vals) if vals else 1)
-        out.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{esc(label)}</text>')
-        for t in range(5):
-            v = vmax * t / 4
-            y = y0 + PH - PH * t / 4
-            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
-        gw = plot_w / len(groups)
-        bw = (gw - 14) / max(1, len(series))
-        for gi, g in enumerate(groups):
-            gx = left + gi * gw + 7
-            out.append(f'<text x="{gx + (gw - 14) / 2:.1f}" y="{y0 + PH + 16}" text-anchor="middle">{g}</text>')
-            for si, s in enumerate(series):
-                if g not in s["values"]:
-                    continue
-                v = getv(s["values"][g])
-                h = PH * v / vmax if vmax else 0
-                x = gx + si * bw
-                out.append(f'<rect x="{x:.1f}" y="{y0 + PH - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
-                           f'fill="{s["color"]}"><title>{esc(s["name"])} {g}: {v:.1f}</title></rect>')
-        out.append(f'<line x1="{left}" y1="{y0 + PH}" x2="{left + plot_w}" y2="{y0 + PH}" stroke="#333"/>')
-    lx = W - legend_w + 10
-    for si, s in enumerate(series):
-        y = top + si * 18
-        out.append(f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{s["color"]}"/>')
-        out.append(f'<text x="{lx + 18}" y="{y + 10}">{esc(s["name"])}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+        o.append(text(x, y + 13, note, 13, weight="bold", fill="#b00"))
+        y += 20
+    return "\n".join(o), y + 8
+
+
+def legend(x, y, items, cols=1, col_w=250, row_h=20):
+    """Legend entries ({"name", "color"}; "line": a line swatch, dashed with
+    square markers when "dashed", else a box) in cols columns from (x, y).
+    Returns (svg, the y below it)."""
+    o = []
+    for i, it in enumerate(items):
+        lx, ly = x + (i % cols) * col_w, y + (i // cols) * row_h
+        c = it["color"]
+        if it.get("line"):
+            dash = ' stroke-dasharray="6,3"' if it.get("dashed") else ""
+            o.append(f'<line x1="{lx}" y1="{ly + 6}" x2="{lx + 30}" y2="{ly + 6}" stroke="{c}" '
+                     f'stroke-width="2.5"{dash}/>')
+            if it.get("dashed"):
+                o.append(f'<rect x="{lx + 11}" y="{ly + 2}" width="8" height="8" fill="{c}"/>')
+            else:
+                o.append(f'<circle cx="{lx + 15}" cy="{ly + 6}" r="4" fill="{c}"/>')
+            o.append(text(lx + 38, ly + 11, it["name"], 13))
+        else:
+            o.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{c}"/>')
+            o.append(text(lx + 18, ly + 10, it["name"], 12))
+    rows = (len(items) + cols - 1) // cols
+    return "\n".join(o), y + rows * row_h
+
+
+def wrap(s, width):
+    """s in lines of at most width characters, broken at spaces (a longer word
+    keeps its own line)."""
+    lines = []
+    for word in str(s).split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def axis_ticks(top, most=6):
+    """A linear axis from 0 to at least top: its ticks, in steps of 1, 2, 2.5
+    or 5 times a power of ten, at most `most` steps."""
+    if top <= 0:
+        top = 1
+    e = 10 ** math.floor(math.log10(top / most))
+    step = next(m * e for m in (1, 2, 2.5, 5, 10, 20) if top / (m * e) <= most)
+    n = math.ceil(top / step - 1e-9)
+    return [float(f"{k * step:.10g}") for k in range(n + 1)]
+
+
+def bar_panel(x0, y0, w, h, title, groups, series, value=lambda d: d, spread=None, guide=None, labels=None,
+              tick=None, ylabel=None, xlabel=None, note=None, background="#ffffff", legend_w=0):
+    """One panel of grouped bars in the box (x0, y0, w, h): in each group a bar
+    per series ({"name", "color", "values": {group: data}}; a series without
+    the group's data leaves a gap), value(data) its height. spread(data) ->
+    (min, max) or None: a min–max whisker. guide (value, label): a dashed red
+    line, named in the legend. labels(v) -> the text printed over each bar.
+    tick(v): the y axis labels (default "{v:g}"). ylabel, xlabel: the axes'
+    names. legend_w > 0: the series' legend in a column that wide at the
+    panel's right."""
+    o = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="{background}" stroke="#cccccc"/>']
+    o.append(text(x0 + 12, y0 + 22, title, 15, weight="bold"))
+    top = y0 + 34
+    if note:
+        o.append(text(x0 + 12, y0 + 40, note, 11, fill="#555"))
+        top = y0 + 50
+    L, R = x0 + 70, x0 + w - legend_w - 16
+    gw = (R - L) / max(1, len(groups))
+    # Group names wider than their slot go on more lines (about 6.5 px a character).
+    names = [wrap(g, max(4, int(gw / 6.5))) for g in groups]
+    extra = 13 * (max((len(n) for n in names), default=1) - 1)
+    T, B = top + 18, y0 + h - (48 if xlabel else 30) - extra
+    vals, highs = [], []
+    for s in series:
+        for g in groups:
+            if g in s["values"]:
+                d = s["values"][g]
+                vals.append(value(d))
+                r = spread(d) if spread else None
+                if r:
+                    highs.append(r[1])
+    ticks = axis_ticks(max(vals + highs + ([guide[0]] if guide else []) or [1]) * (1.08 if labels else 1))
+    vmax = ticks[-1]
+    fmt_tick = tick or (lambda v: f"{v:g}")
+
+    def ypos(v):
+        return B - (B - T) * v / vmax if vmax else B
+
+    for v in ticks:
+        y = ypos(v)
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="#dddddd"/>')
+        o.append(text(L - 6, y + 4, fmt_tick(v), 11, "end", fill="#333"))
+    if xlabel:
+        o.append(text((L + R) / 2, B + 36 + extra, xlabel, 12, "middle"))
+    if ylabel:
+        o.append(text(x0 + 16, (T + B) / 2, ylabel, 12, "middle",
+                      extra=f'transform="rotate(-90 {x0 + 16} {(T + B) / 2:.1f})"'))
+    bw = gw * 0.84 / max(1, len(series))
+    for gi, g in enumerate(groups):
+        gx = L + gi * gw + gw * 0.08
+        for li, line in enumerate(names[gi]):
+            o.append(text(L + gi * gw + gw / 2, B + 17 + 13 * li, line, 12, "middle"))
+        for si, s in enumerate(series):
+            if g not in s["values"]:
+                continue
+            d = s["values"][g]
+            v = value(d)
+            x, y = gx + si * bw, ypos(v)
+            o.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bw - 1.5, 1):.1f}" height="{max(B - y, 0):.1f}" '
+                     f'fill="{s["color"]}"><title>{esc(s["name"])} {esc(g)}: {v:g}</title></rect>')
+            label_y = y - 4
+            r = spread(d) if spread else None
+            if r and r[0] != r[1]:
+                cx = x + bw / 2
+                o.append(f'<path d="M{cx:.1f} {ypos(r[0]):.1f}V{ypos(r[1]):.1f}M{cx - 4:.1f} {ypos(r[0]):.1f}h8'
+                         f'M{cx - 4:.1f} {ypos(r[1]):.1f}h8" stroke="#222" fill="none"/>')
+                label_y = min(label_y, ypos(r[1]) - 4)
+            if labels:
+                # A white halo keeps the value legible where it crosses a line.
+                o.append(text(x + bw / 2, label_y, labels(v), 10, "middle",
+                              extra='paint-order="stroke" stroke="#ffffff" stroke-width="3"'))
+    o.append(f'<line x1="{L}" y1="{B}" x2="{R}" y2="{B}" stroke="#333"/>')
+    o.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{B}" stroke="#333"/>')
+    if guide:
+        y = ypos(guide[0])
+        o.append(f'<line x1="{L}" y1="{y:.1f}" x2="{R}" y2="{y:.1f}" stroke="#c00" stroke-width="1.5" '
+                 f'stroke-dasharray="7,4"/>')
+    if legend_w:
+        svg, ly = legend(R + 16, T, series, col_w=legend_w)
+        o.append(svg)
+        if guide:
+            o.append(f'<line x1="{R + 16}" y1="{ly + 6}" x2="{R + 44}" y2="{ly + 6}" stroke="#c00" stroke-width="1.5" '
+                     f'stroke-dasharray="7,4"/>')
+            o.append(text(R + 50, ly + 10, guide[1], 12, fill="#c00"))
+    return "\n".join(o)
+
+
+def bar_chart(title, note, groups, series, panels, legend_w=230, subtitle=()):
+    """A whole SVG of grouped bar panels, one under the other, the series'
+    legend at the right of each panel (legend_w px wide). series: [{"name", "color",
+    "values": {group: data}}]. panels: (label, value-of-data) pairs, or dicts
+    {"label", "value"} with any of bar_panel()'s options ("spread", "guide",
+    "labels", "tick", "ylabel", "xlabel", "note", "background"), their own "groups"
+    and "series" for a panel of other data (a reference that is not ours),
+    and "height" (px). subtitle: grey lines under the title (the
+    machine, the knobs); note: one red line under them."""
+    W, PH, left = 1180, 330, 10
+    head, top = title_block(left + 10, 4, title, subtitle, note, size=15)
+    panels = [p if isinstance(p, dict) else {"label": p[0], "value": p[1]} for p in panels]
+    heights = [p.get("height", PH) for p in panels]
+    H = top + sum(h + 16 for h in heights) + 4
+    out = [head]
+    y = top
+    for p, ph in zip(panels, heights):
+        opts = {k: p[k] for k in ("spread", "guide", "labels", "tick", "ylabel", "xlabel", "note", "background")
+                if k in p}
+        out.append(bar_panel(left, y, W - 2 * left, ph, p["label"], p.get("groups", groups), p.get("series", series),
+                             p["value"], legend_w=legend_w, **opts))
+        y += ph + 16
+    return svg_doc(W, H, out)
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[1] == "machine" and len(argv) <= 3:
+        root = argv[2] if len(argv) == 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        print(json.dumps(machine(os.path.abspath(root)), indent=1))
+        return 0
+    print("usage: vnvme_report.py machine [ROOT]   (the machine as JSON; import the module for the rest)",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

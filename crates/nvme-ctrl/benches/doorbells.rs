@@ -17,13 +17,17 @@
 //!
 //! Host and device share one thread, so commands/s is the cost of both sides together
 //! with no VM exits: it ranks changes to the controller, it is not a guest's IOPS.
+//!
+//! The bench prints its knobs and versions, measures, and writes `results.json`; the
+//! report, `scripts/bench-doorbells.py` (which it runs), adds the machine's description
+//! and writes `table.md` and `chart.svg` with the module every benchmark draws with
+//! (`scripts/lib/vnvme_report.py`).
 
-#[path = "doorbells/chart.rs"]
-mod chart;
-#[path = "doorbells/machine.rs"]
-mod machine;
+#[path = "doorbells/facts.rs"]
+mod facts;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -164,7 +168,9 @@ const USAGE: &str = "usage: cargo bench -p nvme-ctrl --bench doorbells -- \
   --repeat N    runs per point; the median and min/max are reported (default 3)\n\
   --qd LIST     queue depths (default 1,4,16,64)\n\
   --out DIR     write results.json, table.md and chart.svg into DIR\n\
-                (default <workspace>/results/mock-doorbells/<UTC timestamp>/)";
+                (default <workspace>/results/mock-doorbells/<UTC timestamp>/)\n\
+The table and chart are drawn by scripts/bench-doorbells.py DIR (python3), which the\n\
+bench runs; run it again to redraw them.";
 
 /// What one run counted and how long its I/O loop took.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -341,7 +347,8 @@ const SEED: SeedReference = SeedReference {
 #[derive(Serialize)]
 struct Report<'a> {
     benchmark: &'static str,
-    machine: &'a machine::Machine,
+    /// The bench's own facts; the report adds the machine (CPU, cores, kernel).
+    machine: &'a facts::Facts,
     knobs: &'a Knobs,
     metrics: Vec<Metric>,
     measured: &'a [Point],
@@ -378,7 +385,7 @@ fn main() {
             std::process::exit(if e.is_empty() { 0 } else { 2 });
         }
     };
-    let m = machine::Machine::detect();
+    let f = facts::Facts::detect();
     if !k.write_files {
         println!(
             "doorbells: no --bench argument, so a quick check ({} commands a point, nothing written); \
@@ -386,7 +393,7 @@ fn main() {
             k.commands
         );
     }
-    print!("{}", header(&m, &k));
+    print!("{}", header(&f, &k));
 
     let mut points = Vec::new();
     for &w in &k.workloads {
@@ -395,11 +402,13 @@ fn main() {
                 let runs = (0..k.repeat).map(|_| run_once(&k, w, qd, shadow)).collect();
                 let p = Point::new(w, qd, shadow, runs);
                 eprintln!(
-                    "  {:<9} qd {:>3} shadow {:<3}: {:>10.0} cmd/s, {:.4} trapped/cmd",
+                    "  {:<9} qd {:>3} shadow {:<3}: {:>10.0} cmd/s [{:.0}–{:.0}], {:.4} trapped/cmd",
                     w.name(),
                     qd,
                     if shadow { "on" } else { "off" },
                     p.commands_per_sec.median,
+                    p.commands_per_sec.min,
+                    p.commands_per_sec.max,
                     p.trapped_io_doorbells_per_cmd.median
                 );
                 points.push(p);
@@ -407,33 +416,42 @@ fn main() {
         }
     }
 
-    let table = table(&m, &k, &points);
-    println!("\n{table}");
     if !k.write_files {
         return;
     }
-    let dir = k
-        .out
-        .clone()
-        .unwrap_or_else(|| workspace_root().join("results").join("mock-doorbells").join(&m.run_id));
+    let root = workspace_root();
+    let dir = k.out.clone().unwrap_or_else(|| root.join("results").join("mock-doorbells").join(&f.run_id));
     let report = Report {
         benchmark: "nvme-ctrl/benches/doorbells.rs",
-        machine: &m,
+        machine: &f,
         knobs: &k,
         metrics: METRICS.iter().map(|&(name, meaning)| Metric { name, meaning }).collect(),
         measured: &points,
         seed_reference: SEED,
     };
     let json = serde_json::to_string_pretty(&report).expect("serialize");
-    let svg = chart::render(&m, &k, &points);
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|_| std::fs::write(dir.join("results.json"), json + "\n"))
-        .and_then(|_| std::fs::write(dir.join("table.md"), &table))
-        .and_then(|_| std::fs::write(dir.join("chart.svg"), svg));
-    match written {
-        Ok(()) => println!("wrote {}/{{results.json,table.md,chart.svg}}", dir.display()),
-        Err(e) => {
-            eprintln!("doorbells: cannot write {}: {e}", dir.display());
+    let written =
+        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join("results.json"), json + "\n"));
+    if let Err(e) = written {
+        eprintln!("doorbells: cannot write {}: {e}", dir.display());
+        std::process::exit(1);
+    }
+    // The machine's description, the table and the chart: the report every benchmark's
+    // charts come from. It prints the table and the files it wrote.
+    let script = root.join("scripts").join("bench-doorbells.py");
+    println!();
+    match Command::new("python3").arg(&script).arg(&dir).status() {
+        Ok(st) if st.success() => {}
+        other => {
+            let why = match other {
+                Ok(st) => format!("it failed ({st})"),
+                Err(e) => format!("python3 did not run ({e})"),
+            };
+            eprintln!(
+                "doorbells: wrote {}/results.json, but the report did not: {why}; \
+                 draw the table and chart with `python3 scripts/bench-doorbells.py DIR`",
+                dir.display()
+            );
             std::process::exit(1);
         }
     }
@@ -445,20 +463,18 @@ fn workspace_root() -> PathBuf {
     root.canonicalize().unwrap_or(root)
 }
 
-fn header(m: &machine::Machine, k: &Knobs) -> String {
+fn header(f: &facts::Facts, k: &Knobs) -> String {
     let mut s = String::new();
     let mut line = |key: &str, v: &dyn std::fmt::Display| s.push_str(&format!("- {key}: {v}\n"));
     line("benchmark", &"nvme-ctrl/benches/doorbells.rs (null namespace, mock host, one thread)");
-    line("date (UTC)", &m.date_utc);
-    line("nvme-ctrl version", &m.crate_version);
-    line("git commit", &m.git_commit);
-    line("rustc", &m.rustc);
-    line("build", &m.profile);
-    line("CPU", &m.cpu_model);
-    line("cores", &format!("{} online, {} usable by this process", m.cpus_online, m.cpus_usable));
-    line("kernel", &m.kernel);
+    line("date (UTC)", &f.date_utc);
+    line("nvme-ctrl version", &f.crate_version);
+    line("git commit", &f.git_commit);
+    line("rustc", &f.rustc);
+    line("build", &f.profile);
+    line("command", &f.command_line.join(" "));
     line("commands per run", &k.commands);
-    line("runs per point", &format!("{} (median [min–max] shown)", k.repeat));
+    line("runs per point", &format!("{} (the report gives median [min–max])", k.repeat));
     let qds: Vec<String> = k.qd.iter().map(u32::to_string).collect();
     line("queue depths", &qds.join(", "));
     let ws: Vec<&str> = k.workloads.iter().map(|w| w.name()).collect();
@@ -477,65 +493,5 @@ fn header(m: &machine::Machine, k: &Knobs) -> String {
     line("offsets", &k.rng);
     line("host model", &k.host_model);
     line("commands/s", &k.timing);
-    s
-}
-
-fn fmt_rate(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2} M", v / 1e6)
-    } else {
-        format!("{:.1} k", v / 1e3)
-    }
-}
-
-/// `median [min–max]`, or just the value when every run agreed.
-fn fmt_spread(s: Spread, f: impl Fn(f64) -> String) -> String {
-    if s.min == s.max {
-        f(s.median)
-    } else {
-        format!("{} [{}–{}]", f(s.median), f(s.min), f(s.max))
-    }
-}
-
-fn table(m: &machine::Machine, k: &Knobs, points: &[Point]) -> String {
-    let mut s = String::from("## vnvme mock host doorbell microbenchmark\n\n");
-    s.push_str(&header(m, k));
-    s.push_str(
-        "\n### Measured (this run)\n\n\
-         | workload | QD | shadow doorbells | commands/s (1 thread, host+device) | trapped I/O doorbell \
-         writes/cmd | all doorbell writes/cmd (incl. admin) | interrupts/cmd | EventIdx races \
-         caught | shadow reads/cmd |\n\
-         |---|--:|---|--:|--:|--:|--:|--:|--:|\n",
-    );
-    let r3 = |v: f64| format!("{v:.3}");
-    for p in points {
-        s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            p.workload.name(),
-            p.qd,
-            if p.shadow_doorbells { "on" } else { "off" },
-            fmt_spread(p.commands_per_sec, fmt_rate),
-            fmt_spread(p.trapped_io_doorbells_per_cmd, |v| format!("{v:.4}")),
-            fmt_spread(p.total_doorbells_per_cmd, |v| format!("{v:.4}")),
-            fmt_spread(p.interrupts_per_cmd, r3),
-            fmt_spread(p.eventidx_races, |v| format!("{v:.0}")),
-            fmt_spread(p.shadow_reads_per_cmd, r3),
-        ));
-    }
-    s.push_str(&format!(
-        "\n### {SEED_LABEL}: not measured here\n\n\
-         {}. {}.\n\n\
-         | | QD {} | QD {} | QD {} | QD {} |\n|---|--:|--:|--:|--:|\n",
-        SEED.source, SEED.setup, SEED_QD[0], SEED_QD[1], SEED_QD[2], SEED_QD[3]
-    ));
-    let row = |name: &str, v: &[f64; 4], f: &dyn Fn(f64) -> String| {
-        format!("| {name} | {} | {} | {} | {} |\n", f(v[0]), f(v[1]), f(v[2]), f(v[3]))
-    };
-    let two = |v: f64| format!("{v:.2}");
-    let kiops = |v: f64| format!("{:.1} k", v / 1e3);
-    s.push_str(&row("QEMU, MMIO writes per I/O", &SEED_MMIO_QEMU, &two));
-    s.push_str(&row("QEMU +dbbuf, MMIO writes per I/O", &SEED_MMIO_DBBUF, &two));
-    s.push_str(&row("QEMU, IOPS", &SEED_IOPS_QEMU, &kiops));
-    s.push_str(&row("QEMU +dbbuf, IOPS", &SEED_IOPS_DBBUF, &kiops));
     s
 }

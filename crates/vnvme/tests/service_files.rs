@@ -96,13 +96,13 @@ fn the_units_command_line_starts_a_server_with_every_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The libvirt domain in the README validates against libvirt's own schema, and its
+/// The libvirt domain in docs/USAGE.md validates against libvirt's own schema, and its
 /// QEMU device argument is the vfio-user-pci device the guest tests use.
 #[test]
-fn the_readme_libvirt_domain_is_valid() {
-    let readme = include_str!("../../../README.md");
-    let start = readme.find("<!-- libvirt-domain-example -->").expect("the README marks its libvirt example");
-    let rest = &readme[start..];
+fn the_documented_libvirt_domain_is_valid() {
+    let doc = include_str!("../../../docs/USAGE.md");
+    let start = doc.find("<!-- libvirt-domain-example -->").expect("docs/USAGE.md marks its libvirt example");
+    let rest = &doc[start..];
     let xml = &rest[rest.find("```xml\n").expect("an xml block") + 7..];
     let xml = &xml[..xml.find("```").expect("the block ends")];
     // The device argument: JSON for vfio-user-pci on a UNIX socket, on a root port.
@@ -128,7 +128,7 @@ fn the_readme_libvirt_domain_is_valid() {
     if !fetch.status.success() {
         let why = String::from_utf8_lossy(&fetch.stderr);
         test_util::skip(&format!(
-            "service_files: libvirt's schemas could not be fetched ({}); the README's domain XML is not validated",
+            "service_files: libvirt's schemas could not be fetched ({}); the documented domain XML is not validated",
             why.lines().last().unwrap_or("no reason given")
         ));
         return;
@@ -144,6 +144,6 @@ fn the_readme_libvirt_domain_is_valid() {
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "libvirt's domain schema refuses the README's example:\n{text}\n{xml}");
+    assert!(out.status.success(), "libvirt's domain schema refuses the documented example:\n{text}\n{xml}");
     let _ = std::fs::remove_dir_all(&dir);
 }
