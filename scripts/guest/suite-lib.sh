@@ -3,7 +3,7 @@
 # `vnvme serve --once`, count the guest's PASS/FAIL/SKIP lines, check the
 # doorbell ratios between marks and the server's exit. Uses the runner's
 # globals (work, here, tests_dir, accel, QEMU_EXTRA, VN_PID and the result
-# counters) and its result() and tally(); sourced by it after host-lib.sh.
+# counters) and its result() and tally(); sourced by it after guest-host.sh (scripts/lib).
 
 # guest_adds: boot.sh --add arguments for every file in scripts/guest/tests
 # plus the generated config.

@@ -4,7 +4,7 @@
 #
 # Result lines, parsed by scripts/guest-tests.sh on the host:
 #   PASS: name[: detail]    FAIL: name[: detail]    SKIP: name: reason
-# Marks ("@@VNVME-MARK NAME@@", see scripts/guest/host-lib.sh) make the host
+# Marks ("@@VNVME-MARK NAME@@", see scripts/lib/guest-host.sh) make the host
 # snapshot the server's counters.
 
 T_FAILED=0
