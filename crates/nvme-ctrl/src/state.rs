@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use nvme_spec::aer::{AsyncEvent, EventType};
 use nvme_spec::log::ErrorInformationEntry;
-use nvme_spec::regs::{Aqa, Cc, Csts};
+use nvme_spec::regs::{Aqa, Cc, Csts, DoorbellKind};
 use nvme_spec::Cqe;
 use serde::{Deserialize, Serialize};
 use zerocopy::{FromBytes, IntoBytes};
@@ -234,7 +234,6 @@ impl IoEngine {
     }
 
     fn save_queues(&self) -> EngineQueues {
-        let seen = |qid: u16, k: usize| self.page_seen.get(qid as usize).map_or(0, |s| s[k]);
         let sqs = (0..self.sqs.len())
             .filter_map(|i| self.sqs[i].as_ref().map(|q| (i as u16, q)))
             .map(|(qid, q)| SqState {
@@ -245,7 +244,7 @@ impl IoEngine {
                 head: q.head,
                 tail: q.tail,
                 eventidx: q.arm.published(),
-                page_seen: seen(qid, 0),
+                page_seen: self.page.seen(qid, DoorbellKind::SqTail),
             })
             .collect();
         let cqs = (0..self.cqs.len())
@@ -261,7 +260,7 @@ impl IoEngine {
                 iv: q.iv,
                 overflow: q.overflow.iter().map(|c| hex(c.as_bytes())).collect(),
                 waiting_for_space: q.waiting_for_space,
-                page_seen: seen(qid, 1),
+                page_seen: self.page.seen(qid, DoorbellKind::CqHead),
             })
             .collect();
         (sqs, cqs)
@@ -279,9 +278,7 @@ impl IoEngine {
             q.overflow.extend(overflow.iter().copied());
             self.cqs[i] = Some(q);
             self.note_cq(c.qid);
-            if let Some(s) = self.page_seen.get_mut(i) {
-                s[1] = c.page_seen;
-            }
+            self.page.restore_seen(c.qid, DoorbellKind::CqHead, c.page_seen);
         }
         for s in sqs {
             let i = s.qid as usize;
@@ -295,9 +292,7 @@ impl IoEngine {
             self.sqs[i] = Some(q);
             let pos = self.active_sqs.partition_point(|&q| q < s.qid);
             self.active_sqs.insert(pos, s.qid);
-            if let Some(p) = self.page_seen.get_mut(i) {
-                p[0] = s.page_seen;
-            }
+            self.page.restore_seen(s.qid, DoorbellKind::SqTail, s.page_seen);
         }
     }
 }

@@ -54,7 +54,10 @@
 
 #[cfg(test)]
 mod model;
+mod page;
 mod policy;
+
+pub(crate) use page::MappedPage;
 
 use std::sync::atomic::{fence, Ordering};
 

@@ -134,41 +134,20 @@ impl IoEngine {
 
     /// Uses a mapped doorbell page (or stops using one).
     pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) {
-        self.doorbell_page = page;
-        self.page_seen.iter_mut().for_each(|s| *s = [0; 2]);
-    }
-
-    pub(crate) fn page_slot(&self, qid: u16, kind: DoorbellKind) -> u64 {
-        nvme_spec::regs::offset::DOORBELL_BASE + nvme_spec::regs::doorbell_offset(qid, kind, self.ctx.dstrd)
+        self.page.set(page);
     }
 
     /// Picks up a value the guest stored in the mapped doorbell page, as if it had been
     /// a trapped write (without counting it as one). With shadow doorbells the shadow
     /// slot is the source for I/O queues, but the admin queue's value only ever
     /// arrives here (hosts never write its shadow slot).
+    #[inline]
     pub(crate) fn sync_page(&mut self, qid: u16, kind: DoorbellKind) {
-        let Some(page) = &self.doorbell_page else { return };
-        if self.shadow.is_some() && qid != 0 {
+        if !self.page.is_mapped() || (self.shadow.is_some() && qid != 0) {
             return;
         }
-        let Ok(v) = page.load_u32(self.page_slot(qid, kind)) else { return };
-        let seen = &mut self.page_seen[qid as usize][kind as usize];
-        if *seen == v {
-            return;
-        }
-        *seen = v;
-        self.apply_doorbell(qid, kind, v);
-    }
-
-    /// Zeroes a queue's doorbell page slot (queue created or controller reset), so a
-    /// value left by an earlier queue is not read as new work.
-    pub(crate) fn clear_page_slot(&mut self, qid: u16, kind: DoorbellKind) {
-        let slot = self.page_slot(qid, kind);
-        if let Some(page) = &self.doorbell_page {
-            let _ = page.store_u32(slot, 0);
-        }
-        if let Some(s) = self.page_seen.get_mut(qid as usize) {
-            s[kind as usize] = 0;
+        if let Some(v) = self.page.take_new(qid, kind) {
+            self.apply_doorbell(qid, kind, v);
         }
     }
 

@@ -35,7 +35,7 @@ use nvme_spec::{Sqe, Status};
 use tracing::warn;
 
 use crate::backends::BackendSet;
-use crate::doorbell::ShadowBuffers;
+use crate::doorbell::{MappedPage, ShadowBuffers};
 use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
@@ -112,11 +112,8 @@ pub struct IoEngine {
     released: Vec<(u16, Sqe)>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
-    /// A doorbell page mapped into the guest (BAR0 0x1000..), polled for doorbell
-    /// values the guest stores with no exit; addressed by BAR0 offset.
-    pub(crate) doorbell_page: Option<GuestMemory>,
-    /// Last value seen in each doorbell page slot: [sq tail, cq head] per queue.
-    pub(crate) page_seen: Vec<[u32; 2]>,
+    /// A doorbell page mapped into the guest, polled for values stored with no exit.
+    pub(crate) page: MappedPage,
     /// Admin commands fetched from SQ 0, for the admin side to execute.
     pub(crate) admin_inbox: Vec<Sqe>,
     /// Vectors, coalescing state, and the CQs owed an interrupt decision.
@@ -156,8 +153,7 @@ impl IoEngine {
             reaped: Vec::new(),
             seg_pool: Vec::new(),
             admin_inbox: Vec::new(),
-            doorbell_page: None,
-            page_seen: vec![[0; 2]; n],
+            page: MappedPage::new(ctx.max_qid, ctx.dstrd),
             interrupts: Interrupts::new(ctx.vectors),
             settings: Settings::default(),
             arm_eventidx: true,
@@ -207,13 +203,13 @@ impl IoEngine {
     pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
         self.cqs[qid as usize] = Some(CompletionQueue::new(base, size, ien, iv));
         self.note_cq(qid);
-        self.clear_page_slot(qid, DoorbellKind::CqHead);
+        self.page.clear(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
 
     pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
         self.sqs[qid as usize] = Some(SubmissionQueue::new(cqid, base, size));
-        self.clear_page_slot(qid, DoorbellKind::SqTail);
+        self.page.clear(qid, DoorbellKind::SqTail);
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.sq_count += 1;
         }
@@ -268,10 +264,10 @@ impl IoEngine {
         for qid in self.active_sqs.clone() {
             self.delete_sq_by(qid, deadline);
         }
-        if self.doorbell_page.is_some() {
+        if self.page.is_mapped() {
             for qid in 0..=self.ctx.max_qid {
-                self.clear_page_slot(qid, DoorbellKind::SqTail);
-                self.clear_page_slot(qid, DoorbellKind::CqHead);
+                self.page.clear(qid, DoorbellKind::SqTail);
+                self.page.clear(qid, DoorbellKind::CqHead);
             }
         }
         for q in self.cqs.iter_mut() {
