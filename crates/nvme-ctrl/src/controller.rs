@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
-use nvme_spec::regs::{
-    doorbell_from_offset, offset, Aqa, Cap, Cc, Csts, ShutdownNotification, ShutdownStatus, NVME_VERSION_1_4,
-};
+use nvme_spec::regs::{doorbell_from_offset, offset, Cap, Csts, ShutdownNotification, ShutdownStatus};
 use tracing::{debug, info, warn};
 
 use crate::admin::AdminState;
@@ -15,6 +13,7 @@ use crate::engine::{EngineContext, IoEngine};
 use crate::events::Events;
 use crate::interrupt::{Clock, InterruptSink, MonotonicClock};
 use crate::namespace::{active, Namespace, NamespaceSlots};
+use crate::registers::RegisterFile;
 use crate::stats::{Stats, StatsSnapshot};
 
 /// Where the controller is in its life.
@@ -36,13 +35,8 @@ pub enum Lifecycle {
 #[derive(Debug)]
 pub struct Controller {
     pub(crate) cfg: ControllerConfig,
-    cap: Cap,
-    pub(crate) cc: Cc,
-    pub(crate) csts: Csts,
-    pub(crate) aqa: Aqa,
-    pub(crate) asq: u64,
-    pub(crate) acq: u64,
-    pub(crate) intms: u32,
+    /// CAP, CC, CSTS, AQA, ASQ, ACQ, INTMS: what the host reads and writes.
+    pub(crate) regs: RegisterFile,
     pub(crate) state: Lifecycle,
     /// Fetching is stopped for a state hand-over (`state.rs`).
     pub(crate) quiesced: bool,
@@ -139,13 +133,7 @@ impl Controller {
         admin.created_ns = clock.now_ns();
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
-            cap,
-            cc: Cc(0),
-            csts: Csts(0),
-            aqa: Aqa(0),
-            asq: 0,
-            acq: 0,
-            intms: 0,
+            regs: RegisterFile::new(cap),
             state: Lifecycle::Disabled,
             quiesced: false,
             engine,
@@ -229,7 +217,7 @@ impl Controller {
     }
 
     pub fn cap(&self) -> Cap {
-        self.cap
+        self.regs.cap()
     }
 
     /// Bytes of BAR0 the controller decodes: registers plus every doorbell.
@@ -246,27 +234,14 @@ impl Controller {
 
     /// Interrupt Mask (INTMS), for transports that use pin-based or MSI interrupts.
     pub fn intms(&self) -> u32 {
-        self.intms
+        self.regs.intms()
     }
 
     // ---- register access
 
     fn reg64(&self, off: u64) -> Option<u64> {
-        Some(match off {
-            offset::CAP => self.cap.0,
-            offset::VS => NVME_VERSION_1_4 as u64,
-            offset::INTMS | offset::INTMC => self.intms as u64,
-            offset::CC => self.cc.0 as u64,
-            offset::CSTS => {
-                let fatal = self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire);
-                (self.csts.0 | if fatal { Csts::CFS } else { 0 }) as u64
-            }
-            offset::NSSR => 0,
-            offset::AQA => self.aqa.0 as u64,
-            offset::ASQ => self.asq,
-            offset::ACQ => self.acq,
-            _ => return None,
-        })
+        let fatal = off == offset::CSTS && self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire);
+        self.regs.read(off, fatal)
     }
 
     /// Reads `data.len()` (1, 2, 4 or 8) bytes of BAR0 at `off`. Unimplemented and
@@ -307,25 +282,25 @@ impl Controller {
             return;
         }
         match (off, data.len()) {
-            (offset::CC, 4) => self.write_cc(Cc(v as u32)),
-            (offset::AQA, 4) => self.write_when_disabled("AQA", |c| c.aqa = Aqa(v as u32 & 0x0fff_0fff)),
-            (offset::ASQ, 8) => self.write_when_disabled("ASQ", |c| c.asq = v),
-            (offset::ACQ, 8) => self.write_when_disabled("ACQ", |c| c.acq = v),
-            (offset::ASQ, 4) => self.write_when_disabled("ASQ", |c| c.asq = (c.asq & !0xffff_ffff) | v),
-            (0x2c, 4) => self.write_when_disabled("ASQ", |c| c.asq = (c.asq & 0xffff_ffff) | (v << 32)),
-            (offset::ACQ, 4) => self.write_when_disabled("ACQ", |c| c.acq = (c.acq & !0xffff_ffff) | v),
-            (0x34, 4) => self.write_when_disabled("ACQ", |c| c.acq = (c.acq & 0xffff_ffff) | (v << 32)),
-            (offset::INTMS, 4) => self.intms |= v as u32,
-            (offset::INTMC, 4) => self.intms &= !(v as u32),
+            (offset::CC, 4) => self.write_cc(v as u32),
+            (offset::AQA, 4) => self.write_when_disabled("AQA", |r| r.set_aqa(v as u32)),
+            (offset::ASQ, 8) => self.write_when_disabled("ASQ", |r| r.set_queue_base(false, v, None)),
+            (offset::ACQ, 8) => self.write_when_disabled("ACQ", |r| r.set_queue_base(true, v, None)),
+            (offset::ASQ, 4) => self.write_when_disabled("ASQ", |r| r.set_queue_base(false, v, Some(false))),
+            (0x2c, 4) => self.write_when_disabled("ASQ", |r| r.set_queue_base(false, v, Some(true))),
+            (offset::ACQ, 4) => self.write_when_disabled("ACQ", |r| r.set_queue_base(true, v, Some(false))),
+            (0x34, 4) => self.write_when_disabled("ACQ", |r| r.set_queue_base(true, v, Some(true))),
+            (offset::INTMS, 4) => self.regs.mask(v as u32, true),
+            (offset::INTMC, 4) => self.regs.mask(v as u32, false),
             // NVM Subsystem Reset is not supported (CAP.NSSRS = 0): writes are ignored.
             (offset::NSSR, 4) => {}
             _ => debug!(target: "vnvme::guest", off, v, "write to read-only or reserved register ignored"),
         }
     }
 
-    fn write_when_disabled(&mut self, name: &str, f: impl FnOnce(&mut Self)) {
+    fn write_when_disabled(&mut self, name: &str, f: impl FnOnce(&mut RegisterFile)) {
         if self.state == Lifecycle::Disabled {
-            f(self);
+            f(&mut self.regs);
         } else {
             log_limit::limited_warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
         }
@@ -346,10 +321,9 @@ impl Controller {
         }
     }
 
-    fn write_cc(&mut self, new: Cc) {
-        let new = Cc(new.0 & Cc::WRITABLE);
-        let old = self.cc;
-        self.cc = new;
+    fn write_cc(&mut self, v: u32) {
+        let old = self.regs.set_cc(v);
+        let new = self.regs.cc();
         if old.en() && !new.en() {
             self.reset();
             return;
@@ -364,40 +338,40 @@ impl Controller {
 
     /// CC.EN 0 -> 1 (Base §3.5.1): validate the configuration, create the admin queue.
     fn enable(&mut self) {
-        if self.state == Lifecycle::Fatal || self.csts.cfs() {
+        if self.state == Lifecycle::Fatal || self.regs.csts().cfs() {
             return;
         }
-        let cc = self.cc;
+        let (cc, cap) = (self.regs.cc(), self.regs.cap());
+        let (asq, acq, asqs, acqs) = self.regs.admin_queue();
         let page = 1u64 << (12 + cc.mps() as u32);
-        let problem = if cc.mps() < self.cap.mpsmin() || cc.mps() > self.cap.mpsmax() {
+        let problem = if cc.mps() < cap.mpsmin() || cc.mps() > cap.mpsmax() {
             Some("CC.MPS outside CAP.MPSMIN..MPSMAX")
         } else if cc.css() != 0 {
             Some("CC.CSS selects an I/O command set other than NVM")
         } else if cc.ams() != 0 {
             Some("CC.AMS selects an arbitration mechanism other than round robin")
-        } else if self.aqa.asqs_z() == 0 || self.aqa.acqs_z() == 0 {
+        } else if asqs < 2 || acqs < 2 {
             Some("AQA: admin queues must have at least 2 entries")
-        } else if !self.asq.is_multiple_of(page) || !self.acq.is_multiple_of(page) {
+        } else if !asq.is_multiple_of(page) || !acq.is_multiple_of(page) {
             Some("ASQ/ACQ not aligned to the memory page size")
         } else {
             None
         };
         if let Some(why) = problem {
             log_limit::limited_warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
-            self.csts = Csts(Csts::CFS);
+            self.regs.set_csts(Csts(Csts::CFS));
             self.state = Lifecycle::Fatal;
             return;
         }
         self.page_size = page;
-        let (asqs, acqs) = (self.aqa.asqs_z() as u32 + 1, self.aqa.acqs_z() as u32 + 1);
-        self.engine.create_cq(0, self.acq, acqs, true, 0);
-        self.engine.create_sq(0, 0, self.asq, asqs);
+        self.engine.create_cq(0, acq, acqs, true, 0);
+        self.engine.create_sq(0, 0, asq, asqs);
         self.io_apply_settings();
-        self.csts = Csts(Csts::RDY);
+        self.regs.set_csts(Csts(Csts::RDY));
         self.state = Lifecycle::Ready;
         info!(
-            asq = format_args!("{:#x}", self.asq),
-            acq = format_args!("{:#x}", self.acq),
+            asq = format_args!("{asq:#x}"),
+            acq = format_args!("{acq:#x}"),
             asqs,
             acqs,
             "controller enabled"
@@ -414,9 +388,9 @@ impl Controller {
         self.io_apply_settings();
         self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
-        self.csts = Csts(0);
+        self.regs.set_csts(Csts(0));
         self.state = Lifecycle::Disabled;
-        self.cc = Cc(self.cc.0 & !1);
+        self.regs.clear_enable();
         info!("controller reset");
     }
 
@@ -424,7 +398,7 @@ impl Controller {
     /// Normal and abrupt notifications both complete every command already fetched;
     /// nothing is lost because the backends complete or fail each request.
     fn shutdown(&mut self, kind: ShutdownNotification) {
-        self.csts = self.csts.with_shst(ShutdownStatus::Occurring);
+        self.regs.set_shutdown_status(ShutdownStatus::Occurring);
         // Run the whole controller, not just the engine: an admin command fetched here
         // must execute now, or it would sit in the inbox and complete after the next
         // enable with a stale command identifier. `process` also reads shadow tails,
@@ -450,7 +424,7 @@ impl Controller {
                 self.admin.flush_namespace(ns, &self.engine.mem, deadline, &*self.clock);
             }
         }
-        self.csts = self.csts.with_shst(ShutdownStatus::Complete);
+        self.regs.set_shutdown_status(ShutdownStatus::Complete);
         if self.state == Lifecycle::Ready {
             self.state = Lifecycle::ShutDown;
         }
@@ -480,7 +454,7 @@ impl Controller {
             if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
                 warn!(target: "vnvme::guest", "controller fatal status: {why}");
-                self.csts = Csts(self.csts.0 | Csts::CFS);
+                self.regs.set_fatal();
                 self.state = Lifecycle::Fatal;
                 return true;
             }
@@ -500,7 +474,7 @@ impl Controller {
 
     /// MDTS in bytes (MDTS is in units of the minimum memory page size).
     pub(crate) fn mdts_bytes(&self) -> u64 {
-        (1u64 << self.cfg.mdts) * (1 << (12 + self.cap.mpsmin() as u32))
+        (1u64 << self.cfg.mdts) * (1 << (12 + self.regs.cap().mpsmin() as u32))
     }
 
     /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a
@@ -509,12 +483,7 @@ impl Controller {
     /// whatever the lifecycle says.
     pub fn device_reset(&mut self) {
         self.reset();
-        self.cc = Cc(0);
-        self.aqa = Aqa(0);
-        self.asq = 0;
-        self.acq = 0;
-        self.intms = 0;
-        self.csts = Csts(0);
+        self.regs.power_on();
         self.state = Lifecycle::Disabled;
     }
 

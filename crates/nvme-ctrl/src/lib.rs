@@ -38,6 +38,7 @@ mod io;
 mod namespace;
 pub mod qos;
 mod queue;
+mod registers;
 mod routing;
 pub mod runtime;
 pub mod state;

@@ -36,6 +36,7 @@ use crate::doorbell::ShadowBuffers;
 use crate::engine::IoEngine;
 pub use crate::events::EventsSaved;
 use crate::queue::{CompletionQueue, SubmissionQueue};
+use crate::registers::RegisterValues;
 pub use crate::stats::StatsSaved;
 
 /// The version of [`ControllerState`] this build writes and reads.
@@ -371,17 +372,18 @@ impl Controller {
         let v = &f.cur;
         let coalescing_disabled =
             (0..self.cfg.msix_vectors).filter(|&iv| self.engine.vector_coalescing_disabled(iv)).collect();
+        let r = self.regs.values();
         ControllerState {
             version: STATE_VERSION,
             clock_ns: now,
             capabilities: Some(self.capabilities()),
             regs: Registers {
-                cc: self.cc.0,
-                csts: self.csts.0,
-                aqa: self.aqa.0,
-                asq: self.asq,
-                acq: self.acq,
-                intms: self.intms,
+                cc: r.cc,
+                csts: r.csts,
+                aqa: r.aqa,
+                asq: r.asq,
+                acq: r.acq,
+                intms: r.intms,
                 lifecycle: lifecycle_name(self.state).into(),
                 page_size: self.page_size,
             },
@@ -753,10 +755,14 @@ impl Controller {
             }
         }
         // Registers last: the controller is live from here.
-        self.cc = Cc(s.regs.cc);
-        self.csts = Csts(s.regs.csts);
-        self.aqa = Aqa(s.regs.aqa);
-        (self.asq, self.acq, self.intms) = (s.regs.asq, s.regs.acq, s.regs.intms);
+        self.regs.restore(RegisterValues {
+            cc: s.regs.cc,
+            csts: s.regs.csts,
+            aqa: s.regs.aqa,
+            asq: s.regs.asq,
+            acq: s.regs.acq,
+            intms: s.regs.intms,
+        });
         self.page_size = s.regs.page_size;
         self.state = c.lifecycle;
         if csts_fatal(s.regs.csts) {
