@@ -26,11 +26,13 @@
 //! later).
 #![deny(unsafe_code)]
 
+// The FFI and the safe layers over it; the queue is safe code.
+#[allow(unsafe_code)]
+mod aio;
 #[allow(unsafe_code)]
 pub mod ffi;
 #[allow(unsafe_code)]
 mod image;
-#[allow(unsafe_code)]
 mod queue;
 
 use std::fmt;

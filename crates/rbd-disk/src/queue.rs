@@ -1,77 +1,24 @@
-//! One queue on the shared image: requests go to librbd as `rbd_aio_*` calls, and
-//! librbd's callback (on a librbd thread) hands each result back through the
-//! queue's inbox and eventfd.
-//!
-//! Ownership across the C boundary: every call librbd holds owns its buffer and a
-//! reference to the inbox (a boxed [`Call`], the callback's argument). The callback
-//! takes the box back, so a buffer lives exactly as long as librbd may use it, even
-//! if the queue is gone by then.
+//! One queue on the shared image: requests go to librbd as `rbd_aio_*` calls
+//! through the safe layer (`crate::aio`, which owns what crosses the C boundary), and
+//! librbd's callback (on a librbd thread) hands each result back through the queue's
+//! inbox and eventfd. Safe code only.
+#![forbid(unsafe_code)]
 
-use std::ffi::c_void;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use block_backend::{Admit, BackendError, BackendQueue, Completion, Op, Request, Requests};
 use guest_mem::GuestMemory;
 use rustix::event::{eventfd, EventfdFlags};
 
-use crate::ffi::{self, CompletionT, Lib};
+use crate::aio::{self, Aio, Finished, Inbox};
+use crate::ffi;
 use crate::image::Image;
 
 /// Read buffers kept for reuse, per queue.
 const SPARE_BUFFERS: usize = 64;
 /// Larger buffers are not kept.
 const SPARE_MAX_BYTES: usize = 1 << 20;
-
-/// A result librbd handed back.
-#[derive(Debug)]
-struct Finished {
-    slot: usize,
-    ret: isize,
-    buf: Vec<u8>,
-}
-
-/// Where librbd's callbacks leave results for the queue's owner.
-#[derive(Debug)]
-struct Inbox {
-    done: Mutex<Vec<Finished>>,
-    /// Readable while results wait: the queue's notifier (an eventfd).
-    event: std::os::fd::OwnedFd,
-}
-
-/// One call librbd holds: the callback's argument.
-#[derive(Debug)]
-struct Call {
-    lib: &'static Lib,
-    inbox: Arc<Inbox>,
-    outstanding: Arc<std::sync::atomic::AtomicUsize>,
-    slot: usize,
-    buf: Vec<u8>,
-}
-
-/// librbd's completion callback.
-///
-/// # Safety
-/// Called by librbd, once per completion, with the argument given to
-/// rbd_aio_create_completion: a `Box<Call>` leaked by [`RbdQueue::call`].
-unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
-    // Taking the box back frees it at the end of this function.
-    // SAFETY: `arg` is the Box<Call> leaked for this completion, handed back once.
-    let call = unsafe { Box::from_raw(arg.cast::<Call>()) };
-    // librbd allows both calls in the callback.
-    // SAFETY: `c` is this callback's completion, released once, after its value is read.
-    let ret = unsafe {
-        let r = (call.lib.rbd_aio_get_return_value)(c);
-        (call.lib.rbd_aio_release)(c);
-        r
-    };
-    let Call { inbox, outstanding, slot, buf, .. } = *call;
-    inbox.done.lock().unwrap_or_else(|p| p.into_inner()).push(Finished { slot, ret, buf });
-    outstanding.fetch_sub(1, Ordering::Release);
-    // A full counter still means readable: nothing is lost.
-    let _ = rustix::io::write(&inbox.event, &1u64.to_ne_bytes());
-}
 
 /// What to hand librbd for a request.
 #[derive(Clone, Copy, Debug)]
@@ -128,71 +75,27 @@ impl RbdQueue {
     /// Hands request `slot` to librbd as `what`. An error means librbd did not take
     /// it (and holds nothing of it).
     fn call(&mut self, slot: usize, what: Issue) -> Result<(), BackendError> {
-        let lib = self.image.lib;
         let req = self.reqs.get(slot).expect("live request");
         let (offset, len) = (req.offset, req.len);
-        let mut buf = Vec::new();
-        match what {
-            Issue::Read => buf = self.buffer(len as usize),
+        let (aio, buf) = match what {
+            Issue::Read => (Aio::Read { offset }, self.buffer(len as usize)),
             Issue::Write => {
-                buf = self.buffer(len as usize);
+                let mut buf = self.buffer(len as usize);
                 let copied = self.reqs.get(slot).expect("live request").copy_out(0, &mut buf);
                 if let Err(e) = copied {
                     self.keep(buf);
                     return Err(e);
                 }
+                (Aio::Write { offset }, buf)
             }
-            Issue::Flush | Issue::Discard | Issue::WriteZeroes => {}
-        }
-        let call = Box::new(Call {
-            lib,
-            inbox: self.inbox.clone(),
-            outstanding: self.image.outstanding.clone(),
-            slot,
-            buf,
-        });
-        let data = call.buf.as_ptr();
-        let arg = Box::into_raw(call);
-        let mut c: CompletionT = std::ptr::null_mut();
-        // `on_complete` takes `arg` back, once.
-        // SAFETY: `arg` is a leaked Box<Call>; `c` is a valid out-pointer.
-        let r = unsafe { (lib.rbd_aio_create_completion)(arg.cast(), on_complete, &mut c) };
-        if r < 0 {
-            // SAFETY: librbd did not take `arg` (no completion exists): ours again.
-            drop(unsafe { Box::from_raw(arg) });
-            return Err(ffi::errno(r.into()).into());
-        }
-        self.image.outstanding.fetch_add(1, Ordering::Relaxed);
-        let h = self.image.handle;
-        // `h` is open while `self.image` lives (and left open by Image::drop while
-        // requests are outstanding). `data` points into the boxed Call's buffer of
-        // `len` bytes, allocated and unmoved until `on_complete` frees it, touched by
-        // nothing else meanwhile. `c` is the completion just created.
-        // SAFETY: image and buffer outlive the request; `c` is given to exactly one call.
-        let r = unsafe {
-            match what {
-                Issue::Read => (lib.rbd_aio_read)(h, offset, len as usize, data.cast_mut().cast(), c),
-                Issue::Write => (lib.rbd_aio_write)(h, offset, len as usize, data.cast(), c),
-                Issue::Flush => (lib.rbd_aio_flush)(h, c),
-                Issue::Discard => (lib.rbd_aio_discard)(h, offset, len, c),
-                Issue::WriteZeroes => match lib.rbd_aio_write_zeroes {
-                    Some(f) => f(h, offset, len as usize, c, 0, 0),
-                    None => -libc::EOPNOTSUPP,
-                },
-            }
+            Issue::Flush => (Aio::Flush, Vec::new()),
+            Issue::Discard => (Aio::Discard { offset, len }, Vec::new()),
+            Issue::WriteZeroes => (Aio::WriteZeroes { offset, len }, Vec::new()),
         };
-        if r < 0 {
-            // librbd refused the request: the callback will not run.
-            self.image.outstanding.fetch_sub(1, Ordering::Relaxed);
-            // SAFETY: the completion was not handed to librbd, and `arg` is ours again.
-            unsafe { (lib.rbd_aio_release)(c) };
-            // SAFETY: as above: librbd holds no reference to `arg`.
-            let call = unsafe { Box::from_raw(arg) };
-            self.keep(call.buf);
-            return Err(ffi::errno(r.into()).into());
-        }
-        self.image.submitted.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        aio::submit(&self.image, &self.inbox, slot, aio, buf).map_err(|(e, buf)| {
+            self.keep(buf);
+            e
+        })
     }
 
     fn finish(&mut self, slot: usize, error: Option<BackendError>) {
