@@ -42,15 +42,9 @@ pub struct Controller {
     pub(crate) quiesced: bool,
     /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,
-    /// I/O worker threads (empty: everything runs in `process`).
-    pub(crate) workers: Vec<crate::runtime::workers::Worker>,
-    /// Without workers: how the thread that calls `process` should wait (inline mode).
-    pub(crate) inline_mode: crate::PollMode,
-    /// With adaptive polling: whether its owners spin at all (`runtime/judge.rs`).
-    pub(crate) judge: Option<Arc<crate::runtime::judge::SpinJudge>>,
+    /// Who runs the I/O queues: workers, or (none) `process` inline.
+    pub(crate) runtime: crate::runtime::Runtime,
     pub(crate) book: crate::routing::QueueBook,
-    /// Wakes every worker (see `doorbell_kick`).
-    pub(crate) kick: Arc<std::os::fd::OwnedFd>,
     pub(crate) admin: AdminState,
     /// Memory page size from CC.MPS (valid while enabled).
     pub(crate) page_size: u64,
@@ -137,15 +131,9 @@ impl Controller {
             state: Lifecycle::Disabled,
             quiesced: false,
             engine,
-            workers: Vec::new(),
-            inline_mode: crate::PollMode::Off,
-            judge: None,
+            runtime: crate::runtime::Runtime::new()?,
             page_size: 4096,
             book: Default::default(),
-            kick: Arc::new(rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )?),
             admin,
             namespaces,
             qos: Default::default(),
@@ -414,7 +402,7 @@ impl Controller {
         let deadline = crate::engine::Deadline::teardown(&*self.clock);
         if self.state == Lifecycle::Ready {
             crate::runtime::drain_engine(&mut self.engine, deadline);
-            if !self.workers.is_empty() {
+            if !self.runtime.inline() {
                 self.io_drain_workers(deadline);
             }
             self.process();

@@ -32,11 +32,7 @@ impl QueueBook {
 
 impl Controller {
     fn worker_for_cq(&self, cqid: u16) -> Option<&Worker> {
-        if self.workers.is_empty() || cqid == 0 {
-            None
-        } else {
-            Some(&self.workers[(cqid as usize - 1) % self.workers.len()])
-        }
+        self.runtime.worker_for_cq(cqid)
     }
 
     /// The counters of every queue that exists now (the admin queue first), each
@@ -61,7 +57,7 @@ impl Controller {
     /// Runs `f` on every engine: the controller's own and each worker's.
     pub(crate) fn on_all_engines(&mut self, f: impl Fn(&mut IoEngine) + Clone + Send + 'static) {
         f(&mut self.engine);
-        for w in &self.workers {
+        for w in self.runtime.workers() {
             let g = f.clone();
             w.call(move |e| g(e));
         }

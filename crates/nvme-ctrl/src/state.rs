@@ -311,7 +311,7 @@ impl Controller {
             self.process();
             let format = self.admin.format.is_some();
             let mut quiet = self.engine.quiet() && !format;
-            for w in &self.workers {
+            for w in self.runtime.workers() {
                 quiet &= w.call(|e| {
                     e.poll();
                     e.quiet()
@@ -361,7 +361,7 @@ impl Controller {
     pub fn save_state(&mut self) -> ControllerState {
         let now = self.clock.now_ns();
         let (mut sqs, mut cqs) = self.engine.save_queues();
-        for w in &self.workers {
+        for w in self.runtime.workers() {
             let (s, c) = w.call(|e| e.save_queues());
             sqs.extend(s);
             cqs.extend(c);
@@ -745,7 +745,7 @@ impl Controller {
                 c.restore(q);
             }
         }
-        if let Some(j) = &self.judge {
+        if let Some(j) = self.runtime.judge() {
             // The commands counter jumped: the running epoch would look free.
             j.restart_epoch();
         }

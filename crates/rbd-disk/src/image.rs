@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tracing::warn;
 
 use crate::ffi::{self, ImageT, IoctxT, Lib, RadosT};
-use crate::RbdSpec;
+use crate::spec::RbdSpec;
 
 /// How long connecting to the monitors and each monitor request may take, unless the
 /// configuration says otherwise (librados waits 300 s by default: a start-up that

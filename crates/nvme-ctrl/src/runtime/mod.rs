@@ -33,43 +33,111 @@ pub struct WorkerConfig {
     pub poll: PollMode,
 }
 
+/// Who runs the I/O queues (worker threads, or the controller's own thread when
+/// there are none: inline mode) and how an idle owner waits.
+#[derive(Debug)]
+pub(crate) struct Runtime {
+    workers: Vec<Worker>,
+    /// Without workers: how the thread that calls `process` should wait.
+    inline_mode: PollMode,
+    /// With adaptive polling: whether its owners spin at all (`judge.rs`).
+    judge: Option<Arc<SpinJudge>>,
+    /// Wakes every worker (see `Controller::doorbell_kick`).
+    kick: Arc<std::os::fd::OwnedFd>,
+}
+
+impl Runtime {
+    /// Inline, not polling, with a kick eventfd of its own.
+    pub fn new() -> std::io::Result<Self> {
+        let kick = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        Ok(Runtime { workers: Vec::new(), inline_mode: PollMode::Off, judge: None, kick: Arc::new(kick) })
+    }
+
+    pub fn workers(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    /// No workers: the controller's own thread runs every queue.
+    #[inline]
+    pub fn inline(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// The worker that owns CQ `cqid` (None: the controller's own engine).
+    pub fn worker_for_cq(&self, cqid: u16) -> Option<&Worker> {
+        if self.workers.is_empty() || cqid == 0 {
+            None
+        } else {
+            Some(&self.workers[(cqid as usize - 1) % self.workers.len()])
+        }
+    }
+
+    /// Starts `n` workers polling as `mode`, each on an engine `engine` makes (none:
+    /// inline, waiting as `mode` says).
+    fn start(
+        &mut self,
+        n: usize,
+        mode: PollMode,
+        stats: &Arc<crate::stats::Stats>,
+        mut engine: impl FnMut() -> std::io::Result<IoEngine>,
+    ) -> std::io::Result<()> {
+        self.judge = (mode == PollMode::Adaptive).then(|| Arc::new(SpinJudge::new(stats.clone())));
+        if n == 0 {
+            self.inline_mode = mode;
+            return Ok(());
+        }
+        for i in 0..n {
+            self.workers.push(Worker::spawn(
+                i,
+                engine()?,
+                mode,
+                self.judge.clone(),
+                Some(self.kick.clone()),
+            )?);
+        }
+        Ok(())
+    }
+
+    pub fn judge(&self) -> Option<&Arc<SpinJudge>> {
+        self.judge.as_ref()
+    }
+}
+
 impl Controller {
     /// Starts `n` I/O worker threads; I/O queues created from now on run on them.
     /// Must be called while no I/O queue exists. With `n` = 0 the controller stays in
     /// inline mode: [`Controller::process`] runs the I/O queues too, and `mode` is how
     /// its caller should wait ([`Controller::inline_poll`]).
     pub fn spawn_workers(&mut self, n: usize, mode: PollMode) -> std::io::Result<()> {
-        if !self.book.is_empty() || !self.workers.is_empty() {
+        if !self.book.is_empty() || !self.runtime.inline() {
             return Err(std::io::Error::other("workers must be started before any I/O queue exists"));
-        }
-        self.judge = (mode == PollMode::Adaptive).then(|| Arc::new(SpinJudge::new(self.stats.clone())));
-        if n == 0 {
-            self.inline_mode = mode;
-            return Ok(());
         }
         if n > 0 {
             // I/O queues will all live on the workers: the controller's own engine
             // keeps the admin queue only and needs no backend queues.
             self.engine.close_backends();
         }
-        for i in 0..n {
-            let mut e = IoEngine::new(self.engine.ctx.clone())?;
-            e.apply_settings(self.settings());
-            self.workers.push(Worker::spawn(i, e, mode, self.judge.clone(), Some(self.kick.clone()))?);
-        }
-        Ok(())
+        let (ctx, settings) = (self.engine.ctx.clone(), self.settings());
+        self.runtime.start(n, mode, &self.stats, || {
+            let mut e = IoEngine::new(ctx.clone())?;
+            e.apply_settings(settings);
+            Ok(e)
+        })
     }
 
     /// With adaptive polling, the judge of whether its owners spin at all (shared by
     /// every worker, or the inline loop's to use).
     pub fn spin_judge(&self) -> Option<Arc<SpinJudge>> {
-        self.judge.clone()
+        self.runtime.judge().cloned()
     }
 
     /// Inline mode (no workers): how the caller of [`Controller::process`] should
     /// wait for work. `None` when workers own the I/O queues.
     pub fn inline_poll(&self) -> Option<PollMode> {
-        self.workers.is_empty().then_some(self.inline_mode)
+        self.runtime.inline().then_some(self.runtime.inline_mode)
     }
 
     /// Inline mode: descriptors that signal work for [`Controller::process`] besides
@@ -78,8 +146,8 @@ impl Controller {
     /// never drained and must be watched edge triggered). Empty with workers.
     pub fn inline_wake_fds(&self) -> (std::os::fd::RawFd, Vec<std::os::fd::RawFd>) {
         use std::os::fd::AsRawFd;
-        let notifiers = if self.workers.is_empty() { self.engine.backend_notifiers() } else { Vec::new() };
-        (self.kick.as_raw_fd(), notifiers)
+        let notifiers = if self.runtime.inline() { self.engine.backend_notifiers() } else { Vec::new() };
+        (self.runtime.kick.as_raw_fd(), notifiers)
     }
 
     /// Inline mode: changes whenever the notifiers of [`Controller::inline_wake_fds`]
@@ -91,12 +159,12 @@ impl Controller {
     /// Inline mode: a backend with requests in flight can only be polled, so the
     /// caller must not sleep for long.
     pub fn inline_needs_polling(&self) -> bool {
-        self.workers.is_empty() && self.engine.backend_needs_polling()
+        self.runtime.inline() && self.engine.backend_needs_polling()
     }
 
     /// The worker threads (for their statistics).
     pub fn workers(&self) -> &[Worker] {
-        &self.workers
+        self.runtime.workers()
     }
 
     /// Polls a doorbell page mapped into the guest (BAR0 offsets, starting at the first
@@ -107,7 +175,7 @@ impl Controller {
     /// Fails if a worker would sleep: nothing would ever wake it.
     pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) -> std::io::Result<()> {
         if page.is_some() {
-            if let Some(w) = self.workers.iter().find(|w| w.mode != PollMode::Always) {
+            if let Some(w) = self.runtime.workers().iter().find(|w| w.mode != PollMode::Always) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!(
@@ -130,20 +198,20 @@ impl Controller {
     /// Uses `fd` as the doorbell kick eventfd (the one an earlier process handed its
     /// client). Before the workers start.
     pub fn set_doorbell_kick(&mut self, fd: std::os::fd::OwnedFd) -> std::io::Result<()> {
-        if !self.workers.is_empty() {
+        if !self.runtime.inline() {
             return Err(std::io::Error::other("the doorbell kick must be set before the workers start"));
         }
-        self.kick = std::sync::Arc::new(fd);
+        self.runtime.kick = std::sync::Arc::new(fd);
         Ok(())
     }
 
     pub fn doorbell_kick(&self) -> std::io::Result<std::os::fd::OwnedFd> {
-        self.kick.try_clone()
+        self.runtime.kick.try_clone()
     }
 
     /// Lets every worker finish the commands it has (shutdown), all by `deadline`.
     pub(crate) fn io_drain_workers(&mut self, deadline: Deadline) {
-        for w in &self.workers {
+        for w in self.runtime.workers() {
             w.call(move |e| drain_engine(e, deadline));
         }
     }
