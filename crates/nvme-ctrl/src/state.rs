@@ -235,8 +235,9 @@ impl IoEngine {
     }
 
     fn save_queues(&self) -> EngineQueues {
-        let sqs = (0..self.sqs.len())
-            .filter_map(|i| self.sqs[i].as_ref().map(|q| (i as u16, q)))
+        let sqs = self
+            .queues
+            .sqs()
             .map(|(qid, q)| SqState {
                 qid,
                 cqid: q.cqid,
@@ -248,8 +249,9 @@ impl IoEngine {
                 page_seen: self.page.seen(qid, DoorbellKind::SqTail),
             })
             .collect();
-        let cqs = (0..self.cqs.len())
-            .filter_map(|i| self.cqs[i].as_ref().map(|q| (i as u16, q)))
+        let cqs = self
+            .queues
+            .cqs()
             .map(|(qid, q)| CqState {
                 qid,
                 base: q.base,
@@ -273,26 +275,18 @@ impl IoEngine {
     /// overflow.
     pub(crate) fn install_queues(&mut self, sqs: &[SqState], cqs: &[(CqState, Vec<Cqe>)]) {
         for (c, overflow) in cqs {
-            let i = c.qid as usize;
             let mut q = CompletionQueue::new(c.base, c.size, c.ien, c.iv);
             (q.head, q.tail, q.phase, q.waiting_for_space) = (c.head, c.tail, c.phase, c.waiting_for_space);
             q.overflow.extend(overflow.iter().copied());
-            self.cqs[i] = Some(q);
-            self.note_cq(c.qid);
+            self.queues.insert_cq(c.qid, q);
             self.page.restore_seen(c.qid, DoorbellKind::CqHead, c.page_seen);
         }
         for s in sqs {
-            let i = s.qid as usize;
-            if let Some(cq) = self.cqs[s.cqid as usize].as_mut() {
-                cq.sq_count += 1;
-            }
             // EventIdx is published again here (`resume`): what the saved process
             // last published need not be what guest memory holds any more.
             let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
             (q.head, q.tail) = (s.head, s.tail);
-            self.sqs[i] = Some(q);
-            let pos = self.active_sqs.partition_point(|&q| q < s.qid);
-            self.active_sqs.insert(pos, s.qid);
+            self.queues.insert_sq(s.qid, q);
             self.page.restore_seen(s.qid, DoorbellKind::SqTail, s.page_seen);
         }
     }
@@ -389,11 +383,7 @@ impl Controller {
             },
             sqs,
             cqs,
-            next_sq: self
-                .engine
-                .active_sqs
-                .get(self.engine.rr_next % self.engine.active_sqs.len().max(1))
-                .copied(),
+            next_sq: self.engine.queues.upcoming(),
             shadow: self.engine.shadow.map(|b| ShadowState { shadow: b.shadow, eventidx: b.eventidx }),
             coalescing_disabled,
             admin: AdminSaved {
@@ -453,7 +443,7 @@ impl Controller {
         if s.version != STATE_VERSION {
             return Err(StateError::Version(s.version));
         }
-        if self.state != Lifecycle::Disabled || !self.book.is_empty() || self.engine.cqs[0].is_some() {
+        if self.state != Lifecycle::Disabled || !self.book.is_empty() || self.engine.cq_exists(0) {
             return bad("the controller is not new".into());
         }
         if let Some(c) = s.capabilities.filter(|&c| c != self.capabilities()) {
@@ -703,7 +693,7 @@ impl Controller {
             self.io_restore_sq(q.clone());
         }
         if let Some(q) = s.next_sq {
-            self.engine.rr_next = self.engine.active_sqs.iter().position(|&x| x == q).unwrap_or(0);
+            self.engine.queues.set_upcoming(q);
         }
         if let Some(sh) = s.shadow {
             let b = ShadowBuffers { shadow: sh.shadow, eventidx: sh.eventidx, dstrd: self.cfg.dstrd };

@@ -27,20 +27,20 @@ impl IoEngine {
         if let Some(old) = self.shadow {
             // Replacing buffers in use: the host's latest values are in the old ones.
             // Pick them up, then carry them into the new slots.
-            for qid in self.active_sqs.clone() {
+            for qid in self.queues.active_sqs().to_vec() {
                 self.refresh_sq_tail(qid, old);
             }
             for qid in 0..=self.ctx.max_qid {
-                if self.cqs[qid as usize].is_some() {
+                if self.queues.cq(qid).is_some() {
                     self.refresh_cq_head(qid);
                 }
             }
             self.shadow = Some(buffers);
             for qid in 0..=self.ctx.max_qid {
-                if let Some(t) = self.sqs[qid as usize].as_ref().map(|q| q.tail) {
+                if let Some(t) = self.queues.sq(qid).map(|q| q.tail) {
                     self.init_shadow_slots(qid, DoorbellKind::SqTail, t);
                 }
-                if let Some(h) = self.cqs[qid as usize].as_ref().map(|q| q.head) {
+                if let Some(h) = self.queues.cq(qid).map(|q| q.head) {
                     self.init_shadow_slots(qid, DoorbellKind::CqHead, h);
                 }
             }
@@ -48,7 +48,7 @@ impl IoEngine {
         }
         self.shadow = Some(buffers);
         for qid in 0..=self.ctx.max_qid {
-            if let Some(sq) = self.sqs[qid as usize].as_ref() {
+            if let Some(sq) = self.queues.sq(qid) {
                 let (tail, size, rung) = (sq.tail, sq.size, sq.rung && qid != 0);
                 let adopt = match buffers.load(&self.mem, qid, DoorbellKind::SqTail) {
                     // Never adopt a value behind our own tail: that is a stale or zeroed
@@ -57,7 +57,7 @@ impl IoEngine {
                     Err(_) => false,
                 };
                 let head = sq.head;
-                self.sqs[qid as usize].as_mut().expect("exists").arm.forget();
+                self.queues.sq_mut(qid).expect("exists").arm.forget();
                 if adopt {
                     // Leave the host's value; EventIdx = what we consumed.
                     if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::SqTail, head) {
@@ -67,7 +67,7 @@ impl IoEngine {
                     self.init_shadow_slots(qid, DoorbellKind::SqTail, tail);
                 }
             }
-            if let Some(cq) = self.cqs[qid as usize].as_ref() {
+            if let Some(cq) = self.queues.cq(qid) {
                 let head = cq.head;
                 let adopt = match buffers.load(&self.mem, qid, DoorbellKind::CqHead) {
                     Ok(v) => qid != 0 && cq.valid_head(v),
@@ -75,7 +75,7 @@ impl IoEngine {
                 };
                 if adopt {
                     self.refresh_cq_head(qid);
-                    let h = self.cqs[qid as usize].as_ref().expect("exists").head;
+                    let h = self.queues.cq(qid).expect("exists").head;
                     let ei = self.cq_idle_eventidx(qid, h);
                     if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::CqHead, ei) {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
@@ -98,7 +98,7 @@ impl IoEngine {
             DoorbellKind::CqHead => self.cq_idle_eventidx(qid, v),
         };
         if kind == DoorbellKind::SqTail {
-            if let Some(sq) = self.sqs[qid as usize].as_mut() {
+            if let Some(sq) = self.queues.sq_mut(qid) {
                 sq.arm.forget();
             }
         }
@@ -110,7 +110,7 @@ impl IoEngine {
 
     /// The CQ EventIdx when the controller needs no ring: one entry behind the head.
     pub(crate) fn cq_idle_eventidx(&self, qid: u16, head: u32) -> u32 {
-        let size = self.cqs[qid as usize].as_ref().map_or(1, |q| q.size);
+        let size = self.queues.cq(qid).map_or(1, |q| q.size);
         (head + size - 1) % size
     }
 
@@ -156,14 +156,14 @@ impl IoEngine {
             // With shadow doorbells an I/O queue's tail may already be newer than this
             // (late) register value, so only the ring bounds apply to it; the shadow
             // value gets the full check when it is read.
-            DoorbellKind::SqTail => match self.sqs.get(qid as usize).and_then(|q| q.as_ref()) {
+            DoorbellKind::SqTail => match self.queues.sq(qid) {
                 Some(sq) if self.shadow.is_some() && qid != 0 => (true, value < sq.size),
                 Some(sq) => (true, sq.valid_tail(value)),
                 None => (false, false),
             },
             // Likewise a late CQ head register write may be older than the head already
             // taken from the shadow slot.
-            DoorbellKind::CqHead => match self.cqs.get(qid as usize).and_then(|q| q.as_ref()) {
+            DoorbellKind::CqHead => match self.queues.cq(qid) {
                 Some(cq) if self.shadow.is_some() && qid != 0 => (true, value < cq.size),
                 Some(cq) => (true, cq.valid_head(value)),
                 None => (false, false),
@@ -189,11 +189,11 @@ impl IoEngine {
         // one (the host writes it first), so the trapped value only wakes us up.
         if self.shadow.is_some() && qid != 0 {
             match kind {
-                DoorbellKind::SqTail => self.sqs[qid as usize].as_mut().expect("checked").rung = true,
+                DoorbellKind::SqTail => self.queues.sq_mut(qid).expect("checked").rung = true,
                 // The host rang because it made room we asked for. Drain here rather
                 // than only when servicing an SQ: the CQ may have no SQ left.
                 DoorbellKind::CqHead => {
-                    if self.cqs[qid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+                    if self.queues.cq(qid).is_some_and(|cq| !cq.overflow.is_empty()) {
                         self.drain_overflow(qid);
                     }
                 }
@@ -202,12 +202,12 @@ impl IoEngine {
         }
         match kind {
             DoorbellKind::SqTail => {
-                let sq = self.sqs[qid as usize].as_mut().expect("checked");
+                let sq = self.queues.sq_mut(qid).expect("checked");
                 sq.tail = value;
                 sq.rung = true;
             }
             DoorbellKind::CqHead => {
-                self.cqs[qid as usize].as_mut().expect("checked").head = value;
+                self.queues.cq_mut(qid).expect("checked").head = value;
                 self.drain_overflow(qid);
             }
         }
@@ -228,7 +228,7 @@ impl IoEngine {
         Stats::add(&self.ctx.stats.shadow_reads, 1);
         match b.load(&self.mem, qid, DoorbellKind::SqTail) {
             Ok(t) => {
-                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                let sq = self.queues.sq_mut(qid).expect("exists");
                 if sq.valid_tail(t) {
                     sq.tail = t;
                     sq.reported_bad_tail = None;
@@ -248,7 +248,7 @@ impl IoEngine {
     /// SQ `qid`'s shadow tail holds `t`, which it may not: report it once (the
     /// queue is left alone until the host writes a valid value).
     pub(crate) fn bad_shadow_tail(&mut self, qid: u16, t: u32) {
-        let sq = self.sqs[qid as usize].as_mut().expect("exists");
+        let sq = self.queues.sq_mut(qid).expect("exists");
         if sq.reported_bad_tail.replace(t) != Some(t) {
             self.doorbell_error(error_info::INVALID_DOORBELL_WRITE_VALUE, qid, DoorbellKind::SqTail, t);
         }
@@ -261,7 +261,7 @@ impl IoEngine {
         Stats::add(&self.ctx.stats.shadow_reads, 1);
         match b.load(&self.mem, qid, DoorbellKind::CqHead) {
             Ok(h) => {
-                let cq = self.cqs[qid as usize].as_mut().expect("exists");
+                let cq = self.queues.cq_mut(qid).expect("exists");
                 if cq.valid_head(h) {
                     cq.head = h;
                     cq.reported_bad_head = None;

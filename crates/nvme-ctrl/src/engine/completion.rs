@@ -11,14 +11,14 @@ impl IoEngine {
     /// Stops counting a fetched command as in flight without completing it (an
     /// Asynchronous Event Request parked until an event arrives).
     pub(crate) fn release(&mut self, sqid: u16) {
-        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+        if let Some(sq) = self.queues.sq_mut(sqid) {
             sq.in_flight = sq.in_flight.saturating_sub(1);
         }
     }
 
     /// Completes a command earlier [`IoEngine::release`]d.
     pub(crate) fn complete_deferred(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32) {
-        if let Some(sq) = self.sqs[sqid as usize].as_mut() {
+        if let Some(sq) = self.queues.sq_mut(sqid) {
             sq.in_flight += 1;
             self.complete(sqid, cid, status, dw0, 0, 0);
         }
@@ -27,7 +27,7 @@ impl IoEngine {
     /// Posts the completion of a command fetched from SQ `sqid`.
     pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
         // None: the queue is gone (or the command was orphaned by its teardown).
-        let Some(sq) = self.sqs.get_mut(sqid as usize).and_then(Option::as_mut) else { return };
+        let Some(sq) = self.queues.sq_mut(sqid) else { return };
         sq.in_flight = sq.in_flight.saturating_sub(1);
         let cqe = Cqe {
             dw0: U32::new(dw0),
@@ -51,7 +51,7 @@ impl IoEngine {
     }
 
     pub(crate) fn post(&mut self, cqid: u16, cqe: Cqe) {
-        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        let Some(cq) = self.queues.cq_mut(cqid) else { return };
         if let Some(q) = self.ctx.queue_stats.get(cqid as usize) {
             QueueStats::bump(&q.completions, 1);
         }
@@ -62,7 +62,7 @@ impl IoEngine {
         if cq.is_full() {
             self.refresh_cq_head(cqid);
         }
-        let cq = self.cqs[cqid as usize].as_mut().expect("exists");
+        let cq = self.queues.cq_mut(cqid).expect("exists");
         if cq.is_full() {
             cq.overflow.push_back(cqe);
             self.drain_overflow(cqid);
@@ -87,7 +87,7 @@ impl IoEngine {
     pub(crate) fn drain_overflow(&mut self, cqid: u16) {
         loop {
             self.refresh_cq_head(cqid);
-            let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+            let Some(cq) = self.queues.cq_mut(cqid) else { return };
             while !cq.is_full() {
                 let Some(cqe) = cq.overflow.pop_front() else { break };
                 if let Err(e) = cq.post(&self.mem, cqe) {
@@ -133,13 +133,13 @@ impl IoEngine {
         let coalescing = self.settings.coalescing();
         // The time only matters to coalescing (when the oldest completion waits from).
         let now = if coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
-        let (cqs, ctx) = (&mut self.cqs, &self.ctx);
+        let (queues, ctx) = (&mut self.queues, &self.ctx);
         self.interrupts.decide(
             coalescing,
             now,
             |qid| {
                 // Deleted (or deleted and created again) since: nothing, or nothing new.
-                let cq = cqs[qid as usize].as_mut()?;
+                let cq = queues.cq_mut(qid)?;
                 let n = std::mem::take(&mut cq.unsignalled);
                 (n > 0).then_some((n, cq.ien.then_some(cq.iv)))
             },
@@ -155,9 +155,8 @@ impl IoEngine {
 
     /// Some CQ has completions waiting for room (a CQ head update lets them in).
     pub(crate) fn cq_waiting(&self) -> bool {
-        self.active_cqs
-            .iter()
-            .any(|&q| self.cqs[q as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()))
+        let q = &self.queues;
+        q.active_cqs().iter().any(|&c| q.cq(c).is_some_and(|cq| !cq.overflow.is_empty()))
     }
 
     /// Fires coalesced interrupts whose aggregation time has passed.

@@ -30,12 +30,8 @@ impl IoEngine {
         progress |= self.release_held();
         let mut budget = POLL_BUDGET;
         let mut idle_turns = 0;
-        while budget > 0 && !self.active_sqs.is_empty() && idle_turns < self.active_sqs.len() {
-            if self.rr_next >= self.active_sqs.len() {
-                self.rr_next = 0;
-            }
-            let qid = self.active_sqs[self.rr_next];
-            self.rr_next += 1;
+        while budget > 0 && idle_turns < self.queues.active_sqs().len() {
+            let Some(qid) = self.queues.next_in_turn() else { break };
             let limit = self.settings.burst().unwrap_or(u32::MAX).min(budget);
             let n = self.service_sq(qid, limit);
             if n == 0 {
@@ -61,12 +57,12 @@ impl IoEngine {
 
     /// Fetches and starts up to `limit` commands from one SQ. Returns how many.
     pub(crate) fn service_sq(&mut self, qid: u16, limit: u32) -> u32 {
-        let Some(sq) = self.sqs[qid as usize].as_ref() else { return 0 };
+        let Some(sq) = self.queues.sq(qid) else { return 0 };
         let cqid = sq.cqid;
         // Back-pressure: while the CQ has completions waiting for room, fetch nothing.
-        if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+        if self.queues.cq(cqid).is_some_and(|cq| !cq.overflow.is_empty()) {
             self.drain_overflow(cqid);
-            if self.cqs[cqid as usize].as_ref().is_some_and(|cq| !cq.overflow.is_empty()) {
+            if self.queues.cq(cqid).is_some_and(|cq| !cq.overflow.is_empty()) {
                 return 0;
             }
         }
@@ -75,7 +71,7 @@ impl IoEngine {
             // The admin SQ is always armed once empty (below), so a host that follows
             // EventIdx rings for its next command, and the trapped value is the tail
             // (policy.rs): an empty admin SQ armed at its head has nothing to read.
-            let sq = self.sqs[qid as usize].as_ref().expect("exists");
+            let sq = self.queues.sq(qid).expect("exists");
             if qid == 0 && sq.is_empty() && sq.arm.is_at(sq.head) {
                 return 0;
             }
@@ -90,7 +86,7 @@ impl IoEngine {
         }
         loop {
             while done < limit {
-                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                let sq = self.queues.sq_mut(qid).expect("exists");
                 if sq.is_empty() {
                     break;
                 }
@@ -106,7 +102,7 @@ impl IoEngine {
                 if self.ctx.memory.generation() != self.mem_generation {
                     self.adopt_memory();
                 }
-                let sq = self.sqs[qid as usize].as_mut().expect("exists");
+                let sq = self.queues.sq_mut(qid).expect("exists");
                 let sqe = match sq.fetch(&self.mem) {
                     Ok(s) => s,
                     Err(e) => {
@@ -132,7 +128,7 @@ impl IoEngine {
             }
             // Empty: re-arm EventIdx, then look again (see doorbell.rs).
             let Some(b) = self.shadow else { return done };
-            let sq = self.sqs[qid as usize].as_mut().expect("exists");
+            let sq = self.queues.sq_mut(qid).expect("exists");
             let head = sq.head;
             match sq.arm.rearm(&mut b.slots(&self.mem, qid, DoorbellKind::SqTail), head) {
                 // Armed at this head already (and fenced then): the tail was read

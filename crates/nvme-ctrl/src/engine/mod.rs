@@ -15,6 +15,7 @@
 mod completion;
 mod data;
 mod memory;
+mod queues;
 mod settings;
 mod table;
 mod throttle;
@@ -41,6 +42,7 @@ use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::Stats;
+use queues::QueueTable;
 use table::InFlightTable;
 pub(crate) use table::{Finish, InFlight};
 
@@ -81,14 +83,8 @@ pub struct IoEngine {
     pub(crate) mem: GuestMemory,
     /// The generation of `ctx.memory` that `mem` is.
     mem_generation: u64,
-    pub(crate) sqs: Vec<Option<SubmissionQueue>>,
-    pub(crate) cqs: Vec<Option<CompletionQueue>>,
-    /// Identifiers of existing SQs, ascending: the arbitration order.
-    pub(crate) active_sqs: Vec<u16>,
-    /// Identifiers of existing CQs, ascending (what a scan of this engine's CQs
-    /// walks, rather than every possible queue identifier).
-    active_cqs: Vec<u16>,
-    pub(crate) rr_next: usize,
+    /// The SQs and CQs, the lists of those that exist, the round-robin turn.
+    pub(crate) queues: QueueTable,
     pub(crate) shadow: Option<ShadowBuffers>,
     /// A backend queue per active namespace (none once workers own the I/O queues
     /// of the controller's own engine).
@@ -134,13 +130,8 @@ impl IoEngine {
     pub fn new(ctx: EngineContext) -> std::io::Result<Self> {
         let (mem_generation, mem) = ctx.memory.latest();
         let backends = BackendSet::open(ctx.namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
-        let n = ctx.max_qid as usize + 1;
         Ok(IoEngine {
-            sqs: (0..n).map(|_| None).collect(),
-            cqs: (0..n).map(|_| None).collect(),
-            active_sqs: Vec::new(),
-            active_cqs: Vec::new(),
-            rr_next: 0,
+            queues: QueueTable::new(ctx.max_qid),
             shadow: None,
             backends,
             quiesced: false,
@@ -188,33 +179,22 @@ impl IoEngine {
     // ---- queue management (called by the admin side after it validated the command)
 
     pub fn sq_exists(&self, qid: u16) -> bool {
-        self.sqs.get(qid as usize).is_some_and(|q| q.is_some())
+        self.queues.sq(qid).is_some()
     }
 
     pub fn cq_exists(&self, qid: u16) -> bool {
-        self.cqs.get(qid as usize).is_some_and(|q| q.is_some())
-    }
-
-    /// Number of SQs posting to CQ `qid`.
-    pub fn cq_users(&self, qid: u16) -> u32 {
-        self.cqs.get(qid as usize).and_then(|q| q.as_ref()).map_or(0, |q| q.sq_count)
+        self.queues.cq(qid).is_some()
     }
 
     pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
-        self.cqs[qid as usize] = Some(CompletionQueue::new(base, size, ien, iv));
-        self.note_cq(qid);
+        self.queues.insert_cq(qid, CompletionQueue::new(base, size, ien, iv));
         self.page.clear(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
 
     pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
-        self.sqs[qid as usize] = Some(SubmissionQueue::new(cqid, base, size));
+        self.queues.insert_sq(qid, SubmissionQueue::new(cqid, base, size));
         self.page.clear(qid, DoorbellKind::SqTail);
-        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
-            cq.sq_count += 1;
-        }
-        let pos = self.active_sqs.partition_point(|&q| q < qid);
-        self.active_sqs.insert(pos, qid);
         self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
     }
 
@@ -228,29 +208,16 @@ impl IoEngine {
 
     fn delete_sq_by(&mut self, qid: u16, deadline: Deadline) {
         self.settle_sq(qid, deadline);
-        if let Some(sq) = self.sqs[qid as usize].take() {
-            if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
-                cq.sq_count -= 1;
-            }
-        }
-        self.active_sqs.retain(|&q| q != qid);
+        self.queues.remove_sq(qid);
     }
 
     /// Queue parameters, for the admin side's checks.
     pub fn sq_info(&self, qid: u16) -> Option<(u16, u32)> {
-        self.sqs.get(qid as usize)?.as_ref().map(|q| (q.cqid, q.in_flight))
+        self.queues.sq(qid).map(|q| (q.cqid, q.in_flight))
     }
 
     pub fn delete_cq(&mut self, qid: u16) {
-        self.cqs[qid as usize] = None;
-        self.active_cqs.retain(|&q| q != qid);
-    }
-
-    /// Records that CQ `qid` exists (in `active_cqs`).
-    pub(crate) fn note_cq(&mut self, qid: u16) {
-        if let Err(pos) = self.active_cqs.binary_search(&qid) {
-            self.active_cqs.insert(pos, qid);
-        }
+        self.queues.remove_cq(qid);
     }
 
     /// Drops every I/O queue (controller reset), letting in-flight requests finish
@@ -261,7 +228,7 @@ impl IoEngine {
 
     /// As [`IoEngine::reset`], abandoning what is still in flight at `deadline`.
     pub(crate) fn reset_by(&mut self, deadline: Deadline) {
-        for qid in self.active_sqs.clone() {
+        for qid in self.queues.active_sqs().to_vec() {
             self.delete_sq_by(qid, deadline);
         }
         if self.page.is_mapped() {
@@ -270,10 +237,7 @@ impl IoEngine {
                 self.page.clear(qid, DoorbellKind::CqHead);
             }
         }
-        for q in self.cqs.iter_mut() {
-            *q = None;
-        }
-        self.active_cqs.clear();
+        self.queues.clear_cqs();
         self.shadow = None;
         self.interrupts.reset();
         self.settings = Settings::from_features(None, Coalescing::default(), self.settings.write_cache())
@@ -373,7 +337,7 @@ impl IoEngine {
     pub fn busy(&self) -> bool {
         self.backend_busy()
             || self.throttle.held() > 0
-            || self.active_sqs.iter().any(|&q| self.sqs[q as usize].as_ref().is_some_and(|s| !s.is_empty()))
+            || self.queues.active_sqs().iter().any(|&q| self.queues.sq(q).is_some_and(|s| !s.is_empty()))
     }
 }
 

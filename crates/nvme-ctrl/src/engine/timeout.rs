@@ -111,7 +111,7 @@ impl IoEngine {
     pub(crate) fn settle_sq(&mut self, qid: u16, deadline: Deadline) {
         // Commands QoS holds back have not started: they are aborted at once.
         self.drop_held(|sqid, _| sqid == qid, Status::ABORT_SQ_DELETION);
-        let busy = |e: &Self| e.sqs[qid as usize].as_ref().is_some_and(|q| q.in_flight > 0);
+        let busy = |e: &Self| e.queues.sq(qid).is_some_and(|q| q.in_flight > 0);
         let mut spins = 0u32;
         while busy(self) && !deadline.passed(&*self.ctx.clock) {
             self.reap();

@@ -24,8 +24,6 @@ pub struct CompletionQueue {
     pub ien: bool,
     /// Interrupt vector.
     pub iv: u16,
-    /// Submission queues that post here.
-    pub sq_count: u32,
     /// Completions waiting for room, in order.
     pub overflow: VecDeque<Cqe>,
     /// Entries posted since the last interrupt decision.
@@ -46,7 +44,6 @@ impl CompletionQueue {
             phase: true,
             ien,
             iv,
-            sq_count: 0,
             overflow: VecDeque::new(),
             unsignalled: 0,
             waiting_for_space: false,
