@@ -31,13 +31,53 @@ pub enum Lifecycle {
     Fatal,
 }
 
+/// The lifecycle with what exists only in a state: the memory page size CC.MPS chose
+/// exists while the controller is enabled (ready, or shut down until a reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Disabled,
+    Ready { page_size: u64 },
+    ShutDown { page_size: u64 },
+    Fatal,
+}
+
+impl Phase {
+    /// `lifecycle`, enabled with `page_size` if it is an enabled state (a restore).
+    pub(crate) fn of(lifecycle: Lifecycle, page_size: u64) -> Phase {
+        match lifecycle {
+            Lifecycle::Disabled => Phase::Disabled,
+            Lifecycle::Ready => Phase::Ready { page_size },
+            Lifecycle::ShutDown => Phase::ShutDown { page_size },
+            Lifecycle::Fatal => Phase::Fatal,
+        }
+    }
+
+    pub(crate) fn lifecycle(self) -> Lifecycle {
+        match self {
+            Phase::Disabled => Lifecycle::Disabled,
+            Phase::Ready { .. } => Lifecycle::Ready,
+            Phase::ShutDown { .. } => Lifecycle::ShutDown,
+            Phase::Fatal => Lifecycle::Fatal,
+        }
+    }
+
+    /// The memory page size, while enabled.
+    pub(crate) fn page_size(self) -> Option<u64> {
+        match self {
+            Phase::Ready { page_size } | Phase::ShutDown { page_size } => Some(page_size),
+            Phase::Disabled | Phase::Fatal => None,
+        }
+    }
+}
+
 /// An NVMe controller.
 #[derive(Debug)]
 pub struct Controller {
     pub(crate) cfg: ControllerConfig,
     /// CAP, CC, CSTS, AQA, ASQ, ACQ, INTMS: what the host reads and writes.
     pub(crate) regs: RegisterFile,
-    pub(crate) state: Lifecycle,
+    /// Where the controller is in its life, and what exists only there.
+    pub(crate) phase: Phase,
     /// Fetching is stopped for a state hand-over (`state.rs`).
     pub(crate) quiesced: bool,
     /// The admin queue's engine; without workers it also owns every I/O queue.
@@ -46,8 +86,6 @@ pub struct Controller {
     pub(crate) runtime: crate::runtime::Runtime,
     pub(crate) book: crate::routing::QueueBook,
     pub(crate) admin: AdminState,
-    /// Memory page size from CC.MPS (valid while enabled).
-    pub(crate) page_size: u64,
     /// Every NSID (NN of them), active or not. Engines each hold the same table.
     pub(crate) namespaces: NamespaceSlots,
     /// QoS groups by NSID (what the engines hold, for reporting).
@@ -128,11 +166,10 @@ impl Controller {
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             regs: RegisterFile::new(cap),
-            state: Lifecycle::Disabled,
+            phase: Phase::Disabled,
             quiesced: false,
             engine,
             runtime: crate::runtime::Runtime::new()?,
-            page_size: 4096,
             book: Default::default(),
             admin,
             namespaces,
@@ -154,7 +191,12 @@ impl Controller {
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
-        self.state
+        self.phase.lifecycle()
+    }
+
+    /// The memory page size CC.MPS chose (4 KiB, the minimum, while disabled).
+    pub(crate) fn page_size(&self) -> u64 {
+        self.phase.page_size().unwrap_or(4096)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
@@ -287,7 +329,7 @@ impl Controller {
     }
 
     fn write_when_disabled(&mut self, name: &str, f: impl FnOnce(&mut RegisterFile)) {
-        if self.state == Lifecycle::Disabled {
+        if self.lifecycle() == Lifecycle::Disabled {
             f(&mut self.regs);
         } else {
             log_limit::limited_warn!(target: "vnvme::guest", "{name} written while the controller is enabled: ignored");
@@ -295,7 +337,7 @@ impl Controller {
     }
 
     fn doorbell_write(&mut self, rel: u64, value: u32) {
-        if !matches!(self.state, Lifecycle::Ready) {
+        if self.lifecycle() != Lifecycle::Ready {
             debug!(target: "vnvme::guest", rel, value, "doorbell write while not ready ignored");
             return;
         }
@@ -326,7 +368,7 @@ impl Controller {
 
     /// CC.EN 0 -> 1 (Base §3.5.1): validate the configuration, create the admin queue.
     fn enable(&mut self) {
-        if self.state == Lifecycle::Fatal || self.regs.csts().cfs() {
+        if self.lifecycle() == Lifecycle::Fatal || self.regs.csts().cfs() {
             return;
         }
         let (cc, cap) = (self.regs.cc(), self.regs.cap());
@@ -348,15 +390,14 @@ impl Controller {
         if let Some(why) = problem {
             log_limit::limited_warn!(target: "vnvme::guest", cc = format_args!("{:#x}", cc.0), "enable refused: {why}");
             self.regs.set_csts(Csts(Csts::CFS));
-            self.state = Lifecycle::Fatal;
+            self.phase = Phase::Fatal;
             return;
         }
-        self.page_size = page;
         self.engine.create_cq(0, acq, acqs, true, 0);
         self.engine.create_sq(0, 0, asq, asqs);
         self.io_apply_settings();
         self.regs.set_csts(Csts(Csts::RDY));
-        self.state = Lifecycle::Ready;
+        self.phase = Phase::Ready { page_size: page };
         info!(
             asq = format_args!("{asq:#x}"),
             acq = format_args!("{acq:#x}"),
@@ -377,7 +418,7 @@ impl Controller {
         self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
         self.regs.set_csts(Csts(0));
-        self.state = Lifecycle::Disabled;
+        self.phase = Phase::Disabled;
         self.regs.clear_enable();
         info!("controller reset");
     }
@@ -394,13 +435,13 @@ impl Controller {
         // Bounded by progress: once a round does nothing, what is left cannot move
         // (e.g. a queue whose doorbell value is invalid) and waiting would not help.
         for _ in 0..10_000 {
-            if !self.process() || self.state != Lifecycle::Ready {
+            if !self.process() || self.lifecycle() != Lifecycle::Ready {
                 break;
             }
         }
         // One bound for the whole controller, not one per engine or namespace.
         let deadline = crate::engine::Deadline::teardown(&*self.clock);
-        if self.state == Lifecycle::Ready {
+        if self.lifecycle() == Lifecycle::Ready {
             crate::runtime::drain_engine(&mut self.engine, deadline);
             if !self.runtime.inline() {
                 self.io_drain_workers(deadline);
@@ -413,8 +454,8 @@ impl Controller {
             }
         }
         self.regs.set_shutdown_status(ShutdownStatus::Complete);
-        if self.state == Lifecycle::Ready {
-            self.state = Lifecycle::ShutDown;
+        if let Phase::Ready { page_size } = self.phase {
+            self.phase = Phase::ShutDown { page_size };
         }
         info!(%kind, "controller shut down");
     }
@@ -426,7 +467,7 @@ impl Controller {
     /// a doorbell was written or a backend notifier fired; the in-process host calls
     /// it whenever it waits.
     pub fn process(&mut self) -> bool {
-        if self.state != Lifecycle::Ready {
+        if self.lifecycle() != Lifecycle::Ready {
             return false;
         }
         let mut any = false;
@@ -443,7 +484,7 @@ impl Controller {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
                 warn!(target: "vnvme::guest", "controller fatal status: {why}");
                 self.regs.set_fatal();
-                self.state = Lifecycle::Fatal;
+                self.phase = Phase::Fatal;
                 return true;
             }
             any |= progress;
@@ -457,7 +498,7 @@ impl Controller {
 
     /// The data-path settings every engine honours.
     pub(crate) fn settings(&self) -> crate::engine::Settings {
-        self.admin.features.engine_settings().paged(self.page_size, self.mdts_bytes())
+        self.admin.features.engine_settings().paged(self.page_size(), self.mdts_bytes())
     }
 
     /// MDTS in bytes (MDTS is in units of the minimum memory page size).
@@ -472,7 +513,7 @@ impl Controller {
     pub fn device_reset(&mut self) {
         self.reset();
         self.regs.power_on();
-        self.state = Lifecycle::Disabled;
+        self.phase = Phase::Disabled;
     }
 
     /// The next time (clock ns) `process` must run for a coalesced interrupt.

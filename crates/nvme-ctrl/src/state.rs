@@ -31,7 +31,7 @@ use nvme_spec::Cqe;
 use serde::{Deserialize, Serialize};
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::controller::{Controller, Lifecycle};
+use crate::controller::{Controller, Lifecycle, Phase};
 use crate::doorbell::ShadowBuffers;
 use crate::engine::IoEngine;
 pub use crate::events::EventsSaved;
@@ -314,7 +314,7 @@ impl Controller {
             // A fatal controller fetches and posts nothing more: what its backends
             // still have in flight waits for the reset its host owes it (which
             // abandons it within the teardown bound), not for a quiesce.
-            if quiet || self.state == Lifecycle::Fatal {
+            if quiet || self.lifecycle() == Lifecycle::Fatal {
                 break;
             }
             if deadline.passed(&*self.clock) {
@@ -378,8 +378,8 @@ impl Controller {
                 asq: r.asq,
                 acq: r.acq,
                 intms: r.intms,
-                lifecycle: lifecycle_name(self.state).into(),
-                page_size: self.page_size,
+                lifecycle: lifecycle_name(self.lifecycle()).into(),
+                page_size: self.page_size(),
             },
             sqs,
             cqs,
@@ -443,7 +443,7 @@ impl Controller {
         if s.version != STATE_VERSION {
             return Err(StateError::Version(s.version));
         }
-        if self.state != Lifecycle::Disabled || !self.book.is_empty() || self.engine.cq_exists(0) {
+        if self.lifecycle() != Lifecycle::Disabled || !self.book.is_empty() || self.engine.cq_exists(0) {
             return bad("the controller is not new".into());
         }
         if let Some(c) = s.capabilities.filter(|&c| c != self.capabilities()) {
@@ -753,8 +753,7 @@ impl Controller {
             acq: s.regs.acq,
             intms: s.regs.intms,
         });
-        self.page_size = s.regs.page_size;
-        self.state = c.lifecycle;
+        self.phase = Phase::of(c.lifecycle, s.regs.page_size);
         if csts_fatal(s.regs.csts) {
             self.engine.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
         }

@@ -16,7 +16,7 @@ impl Controller {
     pub(crate) fn doorbell_buffer_config(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = DoorbellBufferConfig(sqe);
         let (shadow, eventidx) = (c.shadow_doorbell(), c.eventidx());
-        let page = self.page_size;
+        let page = self.page_size();
         if shadow % page != 0 || eventidx % page != 0 {
             return Err(CommandError::InvalidField("Doorbell Buffer Config buffers must be page aligned"));
         }

@@ -254,7 +254,7 @@ impl Controller {
             return Err(CommandError::TooLarge(len));
         }
         let mut segs = Vec::new();
-        prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.page_size, &mut segs)?;
+        prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.page_size(), &mut segs)?;
         Ok(segs)
     }
 

@@ -25,7 +25,7 @@ impl Controller {
             // CAP.CQR = 1: only physically contiguous queues are supported.
             return Err(CommandError::InvalidField("PC = 0 but CAP.CQR requires contiguous queues"));
         }
-        if !base.is_multiple_of(self.page_size) {
+        if !base.is_multiple_of(self.page_size()) {
             return status(Status::PRP_OFFSET_INVALID);
         }
         let len = (qsize_z as u64 + 1) * entry;
