@@ -55,6 +55,11 @@ fn run(q: &mut Box<dyn BackendQueue>, mem: &GuestMemory, req: Request) -> Comple
     let tag = req.tag;
     q.submit(mem, req);
     q.commit();
+    wait_for(q, tag)
+}
+
+/// Runs `q` until request `tag` completes (bounded), sleeping on its notifier.
+fn wait_for(q: &mut Box<dyn BackendQueue>, tag: u64) -> Completion {
     let t = Instant::now();
     let mut out = Vec::new();
     loop {
@@ -199,20 +204,6 @@ fn an_unreachable_server_fails_open_naming_it() {
     let e = NbdBackend::open("nbd://127.0.0.1:1/x").unwrap_err();
     assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Runs `q` until request `tag` completes (bounded).
-fn wait_for(q: &mut Box<dyn BackendQueue>, tag: u64) -> Completion {
-    let t = Instant::now();
-    let mut out = Vec::new();
-    loop {
-        q.reap(&mut out);
-        if let Some(i) = out.iter().position(|c| c.tag == tag) {
-            return out.remove(i);
-        }
-        assert!(t.elapsed() < TIMEOUT, "request {tag} did not complete");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The revoke guarantee on this wire (block_backend's in-flight core states it):
