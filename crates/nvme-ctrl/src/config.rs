@@ -84,6 +84,13 @@ pub struct ControllerConfig {
     pub capabilities: Option<Capabilities>,
 }
 
+impl ControllerConfig {
+    /// MDTS in bytes: MDTS is in units of the minimum memory page size (CAP.MPSMIN).
+    pub(crate) fn mdts_bytes(&self, cap: nvme_spec::regs::Cap) -> u64 {
+        (1u64 << self.mdts) * (1 << (12 + cap.mpsmin() as u32))
+    }
+}
+
 impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {

@@ -78,11 +78,7 @@ impl Events {
         use zerocopy::IntoBytes;
         let g = self.lock();
         EventsSaved {
-            errors: g
-                .errors
-                .iter()
-                .map(|e| e.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
-                .collect(),
+            errors: g.errors.iter().map(|e| crate::saved::hex(e.as_bytes())).collect(),
             error_count: g.error_count,
             queued: g.queued.iter().map(|e| e.dw0()).collect(),
             masked: g.masked,
@@ -92,20 +88,16 @@ impl Events {
         }
     }
 
-    /// Puts saved state back (`events` and `errors` decoded from `s` by the caller).
-    pub(crate) fn restore(
-        &self,
-        s: &EventsSaved,
-        events: Vec<AsyncEvent>,
-        errors: Vec<ErrorInformationEntry>,
-    ) {
+    /// Puts a checked saved state back ([`EventsSaved::check`]).
+    pub(crate) fn restore(&self, c: EventsChecked) {
+        let EventsChecked { saved: s, queued, errors } = c;
         let mut g = self.lock();
         g.errors = errors.into();
         g.errors.truncate(ERROR_LOG_ENTRIES);
         g.error_count = s.error_count;
-        g.queued = events.into();
+        g.queued = queued.into();
         g.masked = s.masked;
-        g.changed_ns = s.changed_ns.clone();
+        g.changed_ns = s.changed_ns;
         g.critical_warning = s.critical_warning;
         g.warning_events = s.warning_events;
     }
@@ -230,6 +222,65 @@ impl Events {
         // Asynchronous Event Configuration returns to its default: no events.
         g.warning_events = 0;
     }
+}
+
+/// Most events a restored controller may have queued: one per event type and
+/// information value it can raise is far fewer.
+const MAX_QUEUED_EVENTS: usize = 256;
+
+/// A saved events part, decoded.
+#[derive(Debug)]
+pub(crate) struct EventsChecked {
+    saved: EventsSaved,
+    queued: Vec<AsyncEvent>,
+    errors: Vec<ErrorInformationEntry>,
+}
+
+impl EventsSaved {
+    /// Decodes the queued events and the error log, refusing what a controller with
+    /// `nn` NSIDs could not hold.
+    pub(crate) fn check(&self, nn: u32) -> Result<EventsChecked, String> {
+        use zerocopy::FromBytes;
+        if self.queued.len() > MAX_QUEUED_EVENTS {
+            return Err(format!("{} events queued", self.queued.len()));
+        }
+        let mut queued = Vec::with_capacity(self.queued.len());
+        for &dw0 in &self.queued {
+            let kind = event_type(dw0 as u8 & 7).ok_or_else(|| format!("event {dw0:#x}"))?;
+            queued.push(AsyncEvent { kind, info: (dw0 >> 8) as u8, log_page: (dw0 >> 16) as u8 });
+        }
+        if self.errors.len() > ERROR_LOG_ENTRIES {
+            return Err(format!("{} error log entries", self.errors.len()));
+        }
+        let mut errors = Vec::with_capacity(self.errors.len());
+        for e in &self.errors {
+            let b = crate::saved::unhex(e, 64).map_err(|why| format!("error log entry: {why}"))?;
+            errors
+                .push(ErrorInformationEntry::read_from_bytes(&b).map_err(|_| "error log entry".to_string())?);
+        }
+        let ns = &self.changed_ns;
+        if ns.len() > 1024
+            || ns.windows(2).any(|w| w[0] >= w[1])
+            || ns.iter().any(|&n| n == 0 || n > nn.max(1))
+        {
+            return Err(format!("changed namespace list {ns:?}"));
+        }
+        Ok(EventsChecked { saved: self.clone(), queued, errors })
+    }
+}
+
+/// The event type of an Asynchronous Event's type field, if it names one.
+fn event_type(v: u8) -> Option<EventType> {
+    Some(match v {
+        0 => EventType::ErrorStatus,
+        1 => EventType::SmartHealth,
+        2 => EventType::Notice,
+        3 => EventType::Immediate,
+        4 => EventType::OneShot,
+        6 => EventType::IoCommandSpecific,
+        7 => EventType::VendorSpecific,
+        _ => return None,
+    })
 }
 
 /// The events' part of a saved controller state.

@@ -6,23 +6,27 @@
 //! doorbells with EventIdx, and the NVM command set over pluggable block backends.
 //!
 //! Module map:
-//! - `controller`: BAR0 register file and lifecycle (enable, reset, shutdown, fatal).
-//!   `impl Controller` continues in `admin/*` (one file per command group), `routing`
-//!   (which engine owns a queue) and `runtime` (starting workers, inline mode).
+//! - `controller`: BAR0 registers and the lifecycle (enable, reset, shutdown, fatal),
+//!   the one place `impl Controller` lives: `controller/attach` (namespaces under a
+//!   running host), `controller/handover` (quiesce, save, restore), `controller/workers`
+//!   (starting workers, inline mode). It lends admin commands the parts they need
+//!   (`admin::Admin`).
+//! - `registers`, `lifecycle`: the register file, and where the controller is in its life.
 //! - `engine`: queues and the data path, owned by one thread.
 //! - `doorbell`: shadow doorbells and EventIdx — every memory-ordering rule.
 //! - `queue`: SQ fetch and CQ post (phase tag last).
 //! - `dptr`: PRP and SGL walks.
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
-//! - `attach`: namespaces added, removed and resized under a running host.
 //! - `qos`: IOPS and bandwidth limits per namespace or group (`engine::throttle`
 //!   holds back what they do not let through yet).
-//! - `runtime`: worker threads and the idle loop they share with inline mode.
+//! - `runtime`: worker threads, the idle loop they share with inline mode, and
+//!   `runtime::routing`: which engine owns a queue.
+//! - `state`: the saved state's envelope; each part saves and checks its own record
+//!   (`saved` holds what they share).
 #![forbid(unsafe_code)]
 
 mod admin;
-mod attach;
 mod backends;
 mod config;
 mod controller;
@@ -35,20 +39,21 @@ mod events;
 mod interleave;
 mod interrupt;
 mod io;
+mod lifecycle;
 mod namespace;
 pub mod qos;
 mod queue;
 mod registers;
-mod routing;
 pub mod runtime;
+mod saved;
 pub mod state;
 mod stats;
 
-pub use attach::NamespaceError;
 pub use config::{Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
-pub use controller::{Controller, Lifecycle};
+pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
+pub use lifecycle::Lifecycle;
 pub use namespace::Namespace;
 pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};

@@ -125,3 +125,28 @@ impl Namespace {
 fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
+
+/// True if `lba`-byte blocks work on a backend of `block_size` holding `size` bytes:
+/// a multiple of its block size that divides its capacity.
+pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
+    let bs = u64::from(block_size.max(1));
+    lba.is_multiple_of(bs) && size.is_multiple_of(lba) && size >= lba
+}
+
+/// Namespace `nsid` as `n` describes it, or why it cannot be.
+pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) -> Result<Namespace, String> {
+    let info = n.backend.info();
+    let Some(&lbads) = LBA_FORMATS.get(n.lba_format as usize) else {
+        return Err(format!("namespace {nsid}: no LBA format {}", n.lba_format));
+    };
+    if !lba_fits(1 << lbads, info.block_size, info.size) {
+        return Err(format!(
+            "namespace {nsid} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
+            info.kind,
+            1u32 << lbads,
+            info.block_size,
+            info.size
+        ));
+    }
+    Ok(Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout))
+}

@@ -4,6 +4,9 @@
 //! values and their masks.
 
 use nvme_spec::regs::{offset, Aqa, Cap, Cc, Csts, ShutdownStatus, NVME_VERSION_1_4};
+use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::{Lifecycle, Phase};
 
 #[derive(Debug)]
 pub(crate) struct RegisterFile {
@@ -16,15 +19,67 @@ pub(crate) struct RegisterFile {
     intms: u32,
 }
 
-/// What a saved state holds of the registers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RegisterValues {
+/// The registers' part of a saved controller state, with the lifecycle they go with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Registers {
     pub cc: u32,
     pub csts: u32,
     pub aqa: u32,
     pub asq: u64,
     pub acq: u64,
     pub intms: u32,
+    /// "disabled", "ready", "shut-down" or "fatal".
+    pub lifecycle: String,
+    /// CC.MPS in bytes.
+    pub page_size: u64,
+}
+
+impl Registers {
+    /// The phase these registers say the controller was in, if they are consistent
+    /// with each other, with the lifecycle and with `cap`; or why not.
+    pub(crate) fn check(&self, cap: Cap) -> Result<Phase, String> {
+        let lifecycle =
+            Lifecycle::from_name(&self.lifecycle).ok_or_else(|| format!("lifecycle {:?}", self.lifecycle))?;
+        let (cc, csts) = (Cc(self.cc), Csts(self.csts));
+        let why = |why: &str| {
+            format!("registers: {why} (CC {:#x}, CSTS {:#x}, {})", self.cc, self.csts, self.lifecycle)
+        };
+        let defined = Csts::RDY | Csts::CFS | (3 << Csts::SHST_SHIFT) | Csts::NSSRO | Csts::PP;
+        if self.csts & !defined != 0 {
+            return Err(why("reserved CSTS bits set"));
+        }
+        let page = self.page_size;
+        if !page.is_power_of_two() || !(4096..=65536).contains(&page) {
+            return Err(why(&format!("page size {page}")));
+        }
+        let running = matches!(lifecycle, Lifecycle::Ready | Lifecycle::ShutDown);
+        let problem = if lifecycle == Lifecycle::Disabled && (cc.en() || csts.rdy() || csts.cfs()) {
+            Some("disabled, yet enabled or ready")
+        } else if running && (!cc.en() || !csts.rdy() || csts.cfs()) {
+            Some("running, yet not enabled and ready")
+        } else if lifecycle == Lifecycle::Fatal && !csts.cfs() {
+            Some("fatal without CSTS.CFS")
+        } else if running
+            && (cc.mps() < cap.mpsmin() || cc.mps() > cap.mpsmax() || page != 1u64 << (12 + cc.mps() as u32))
+        {
+            Some("the page size is not CC.MPS's")
+        } else if running && (!self.asq.is_multiple_of(page) || !self.acq.is_multiple_of(page)) {
+            Some("ASQ/ACQ not page aligned")
+        } else {
+            None
+        };
+        if let Some(p) = problem {
+            return Err(why(p));
+        }
+        Ok(Phase::of(lifecycle, page))
+    }
+
+    /// The admin queues as AQA, ASQ and ACQ describe them: (base, entries) of the
+    /// SQ and of the CQ.
+    pub(crate) fn admin_queues(&self) -> ((u64, u32), (u64, u32)) {
+        let aqa = Aqa(self.aqa);
+        ((self.asq, aqa.asqs_z() as u32 + 1), (self.acq, aqa.acqs_z() as u32 + 1))
+    }
 }
 
 impl RegisterFile {
@@ -125,20 +180,22 @@ impl RegisterFile {
         self.csts = self.csts.with_shst(s);
     }
 
-    /// For a saved state.
-    pub fn values(&self) -> RegisterValues {
-        RegisterValues {
+    /// For a saved state, with the phase the controller is in.
+    pub fn save(&self, phase: Phase) -> Registers {
+        Registers {
             cc: self.cc.0,
             csts: self.csts.0,
             aqa: self.aqa.0,
             asq: self.asq,
             acq: self.acq,
             intms: self.intms,
+            lifecycle: phase.lifecycle().name().into(),
+            page_size: phase.page_size().unwrap_or(4096),
         }
     }
 
-    /// From a saved state (checked by the restore).
-    pub fn restore(&mut self, v: RegisterValues) {
+    /// From a saved state ([`Registers::check`]ed).
+    pub fn restore(&mut self, v: &Registers) {
         (self.cc, self.csts, self.aqa) = (Cc(v.cc), Csts(v.csts), Aqa(v.aqa));
         (self.asq, self.acq, self.intms) = (v.asq, v.acq, v.intms);
     }
@@ -165,10 +222,45 @@ mod tests {
         let old = r.set_cc(0xffff_ffff);
         assert_eq!((old.0, r.cc().0), (0, Cc::WRITABLE));
         assert_eq!(r.read(0x3c, false), None);
-        let v = r.values();
+        let phase = Phase::Ready { page_size: 8192 };
+        let v = r.save(phase);
+        assert_eq!((v.lifecycle.as_str(), v.page_size), ("ready", 8192));
         r.power_on();
         assert_eq!(r.read(offset::ASQ, false), Some(0));
-        r.restore(v);
-        assert_eq!(r.values(), v);
+        r.restore(&v);
+        assert_eq!(r.save(phase), v);
+    }
+
+    /// A saved register part is checked against itself, the lifecycle it names and
+    /// CAP before a restore uses it.
+    #[test]
+    fn a_saved_register_part_is_checked() {
+        let cap = Cap::new(1023, 20, 0, 0, 4);
+        let ready = Registers {
+            cc: 1 | (1 << 7), // EN, MPS = 1 (8 KiB)
+            csts: Csts::RDY,
+            aqa: 0x001f_001f,
+            asq: 0x4000,
+            acq: 0x6000,
+            intms: 0,
+            lifecycle: "ready".into(),
+            page_size: 8192,
+        };
+        assert_eq!(ready.check(cap), Ok(Phase::Ready { page_size: 8192 }));
+        assert_eq!(ready.admin_queues(), ((0x4000, 32), (0x6000, 32)));
+        type Break = (&'static str, fn(&mut Registers));
+        let broken: [Break; 6] = [
+            ("an unknown lifecycle", |r| r.lifecycle = "sleeping".into()),
+            ("ready, not enabled", |r| r.cc &= !1),
+            ("a page size that is not CC.MPS's", |r| r.page_size = 4096),
+            ("no page size", |r| r.page_size = 3000),
+            ("ASQ not page aligned", |r| r.asq += 4096),
+            ("fatal without CFS", |r| r.lifecycle = "fatal".into()),
+        ];
+        for (what, f) in broken {
+            let mut r = ready.clone();
+            f(&mut r);
+            assert!(r.check(cap).is_err(), "{what} was not refused");
+        }
     }
 }

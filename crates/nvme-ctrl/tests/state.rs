@@ -293,6 +293,12 @@ fn spec_restore_a_state_refused_for_any_field_leaves_the_controller_new() {
         ("a CQ's waiting completion is not 16 bytes of hex", |s| {
             s.cqs.last_mut().unwrap().overflow.push("zz".into())
         }),
+        ("a waiting completion with a character across a byte's two digits", |s| {
+            s.cqs.last_mut().unwrap().overflow.push(format!("0\u{e9}{}", "0".repeat(29)))
+        }),
+        ("an error log entry with a character across a byte's two digits", |s| {
+            s.events.errors.push(format!("0\u{e9}{}", "0".repeat(125)))
+        }),
         ("more completions waiting than the SQs hold", |s| {
             let c = s.cqs.last_mut().unwrap();
             c.overflow = vec!["00".repeat(16); 5000]

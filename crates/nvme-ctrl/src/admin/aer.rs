@@ -3,11 +3,10 @@
 use nvme_spec::admin::Abort;
 use nvme_spec::{Sqe, Status};
 
-use super::{status, AdminDone};
-use crate::controller::Controller;
+use super::{status, Admin, AdminDone};
 use crate::error::CmdResult;
 
-impl Controller {
+impl Admin<'_> {
     pub(crate) fn async_event_request(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         if self.admin.aers.len() > self.cfg.aerl_z as usize {
             return status(Status::AER_LIMIT_EXCEEDED);

@@ -4,12 +4,11 @@ use nvme_spec::admin::DoorbellBufferConfig;
 use nvme_spec::Sqe;
 use tracing::info;
 
-use super::{done, AdminDone};
-use crate::controller::Controller;
+use super::{done, Admin, AdminDone};
 use crate::doorbell::ShadowBuffers;
 use crate::error::{CmdResult, CommandError};
 
-impl Controller {
+impl Admin<'_> {
     /// Both buffers must be memory-page aligned (Invalid Field in Command otherwise),
     /// distinct, and inside guest memory. On success every existing queue is attached
     /// (see `IoEngine::attach_shadow`); queues created later attach at creation.
@@ -31,7 +30,7 @@ impl Controller {
                 "Doorbell Buffer Config buffers are outside guest memory",
             ));
         }
-        self.io_attach_shadow(ShadowBuffers { shadow, eventidx, dstrd: self.cfg.dstrd });
+        self.runtime.attach_shadow(self.engine, ShadowBuffers { shadow, eventidx, dstrd: self.cfg.dstrd });
         info!(
             shadow = format_args!("{shadow:#x}"),
             eventidx = format_args!("{eventidx:#x}"),

@@ -12,9 +12,8 @@ use nvme_spec::features::{
 use nvme_spec::log::{critical_warning, lid};
 use nvme_spec::{Sqe, Status};
 
-use super::{status, AdminDone};
+use super::{status, Admin, AdminDone};
 use crate::config::ControllerConfig;
-use crate::controller::Controller;
 use crate::engine::Settings;
 use crate::error::{CmdResult, CommandError};
 use crate::interrupt::Coalescing;
@@ -41,18 +40,19 @@ pub(crate) struct FeatureState {
     pub(crate) reset_ns: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct FeatureValues {
-    pub(crate) arbitration: u32,
-    pub(crate) power_management: u32,
+/// The value of each feature the controller keeps (what a saved state carries too).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FeatureValues {
+    pub arbitration: u32,
+    pub power_management: u32,
     /// Over and under thresholds of the composite temperature.
-    pub(crate) temp_over: u16,
-    pub(crate) temp_under: u16,
-    pub(crate) error_recovery: u32,
-    pub(crate) write_cache: bool,
-    pub(crate) coalescing: u32,
-    pub(crate) write_atomicity: u32,
-    pub(crate) aec: u32,
+    pub temp_over: u16,
+    pub temp_under: u16,
+    pub error_recovery: u32,
+    pub write_cache: bool,
+    pub coalescing: u32,
+    pub write_atomicity: u32,
+    pub aec: u32,
 }
 
 impl FeatureState {
@@ -112,7 +112,7 @@ impl FeatureState {
     }
 }
 
-impl Controller {
+impl Admin<'_> {
     pub(crate) fn set_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let f = Features(sqe);
         if f.sv() {
@@ -178,7 +178,7 @@ impl Controller {
                 if c.iv() == 0 && c.cd() {
                     // The admin vector is never coalesced; CD is accepted and moot.
                 }
-                self.io_set_vector_coalescing_disabled(c.iv(), c.cd());
+                self.runtime.set_vector_coalescing_disabled(self.engine, c.iv(), c.cd());
             }
             fid::WRITE_ATOMICITY_NORMAL => cur.write_atomicity = v & 1,
             fid::ASYNC_EVENT_CONFIG => {
@@ -194,7 +194,7 @@ impl Controller {
             }
             _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
         }
-        self.io_apply_settings();
+        self.apply_settings();
         Ok(AdminDone::Complete(dw0))
     }
 

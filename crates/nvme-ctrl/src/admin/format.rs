@@ -4,7 +4,7 @@
 //! An erase writes zeroes over whole namespaces, which can take longer than any one
 //! call of the admin side may: the thread that runs the admin queue (the vfio-user
 //! server's) must keep answering its client (QEMU waits at most 5 s for a register
-//! read). So an erasing Format is a [`FormatJob`] that [`Controller::process`]
+//! read). So an erasing Format is a [`FormatJob`] that `Controller::process`
 //! advances a piece at a time, for at most [`FORMAT_SLICE`] per call, and completes
 //! when the last piece has. Each piece is bounded by the namespace's command timeout;
 //! a piece the backend does not finish in time fails the Format with Internal Error.
@@ -19,8 +19,9 @@ use nvme_spec::log::lid;
 use nvme_spec::{Sqe, Status, NSID_ALL};
 use tracing::info;
 
-use super::{done, status, AdminDone};
-use crate::controller::Controller;
+use super::erase::{FormatJob, Piece};
+use super::{done, status, Admin, AdminDone, AdminState};
+use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::{Namespace, LBA_FORMATS};
 
@@ -30,40 +31,32 @@ const PIECE_MAX: u64 = 256 << 20;
 /// The most time one `process` call spends starting erase pieces.
 pub(crate) const FORMAT_SLICE: Duration = Duration::from_millis(2);
 
-/// An erasing Format NVM in progress.
-#[derive(Debug)]
-pub(crate) struct FormatJob {
-    cid: u16,
-    lbaf: u8,
-    targets: Vec<Arc<Namespace>>,
-    /// The namespace being erased (index into `targets`) and the bytes done.
-    at: usize,
-    done: u64,
-    piece: Option<Piece>,
-}
+impl AdminState {
+    /// Ends an erasing Format in progress with Internal Error (`why` is logged).
+    pub(crate) fn fail_format(&mut self, engine: &mut IoEngine, why: &str) {
+        if let Some(job) = self.format.take() {
+            log_limit::limited_warn!(target: "vnvme::backend", cid = job.cid, "Format NVM (erase) failed: {why}");
+            engine.complete_deferred(0, job.cid, Status::INTERNAL_ERROR, 0);
+        }
+    }
 
-impl FormatJob {
-    /// True if the job formats namespace `nsid`.
-    pub(crate) fn targets(&self, nsid: u32) -> bool {
-        self.targets.iter().any(|n| n.nsid == nsid)
+    /// True while an erasing Format is in progress.
+    pub(crate) fn formatting(&self) -> bool {
+        self.format.is_some()
+    }
+
+    /// True while an erasing Format of namespace `nsid` is in progress.
+    pub(crate) fn formatting_ns(&self, nsid: u32) -> bool {
+        self.format.as_ref().is_some_and(|f| f.targets(nsid))
     }
 }
 
-/// The erase piece at the backend.
-#[derive(Debug)]
-struct Piece {
-    tag: u64,
-    len: u64,
-    /// Clock ns after which it has timed out (u64::MAX: never).
-    expires_ns: u64,
-}
-
-impl Controller {
+impl Admin<'_> {
     pub(crate) fn format_nvm(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let f = FormatNvm(sqe);
         let nsid = sqe.nsid.get();
         let targets = if nsid == NSID_ALL {
-            crate::namespace::active(&self.namespaces).cloned().collect()
+            crate::namespace::active(self.namespaces).cloned().collect()
         } else {
             vec![self.active_ns(nsid)?]
         };
@@ -77,7 +70,7 @@ impl Controller {
             _ => return Err(CommandError::InvalidField("cryptographic erase is not supported")),
         };
         let lba = 1u64 << LBA_FORMATS[f.lbaf() as usize];
-        if targets.iter().any(|ns| !crate::controller::lba_fits(lba, ns.info.block_size, ns.size())) {
+        if targets.iter().any(|ns| !crate::namespace::lba_fits(lba, ns.info.block_size, ns.size())) {
             // The backend cannot do blocks that small (or its size is not a multiple).
             return status(Status::INVALID_FORMAT);
         }
@@ -167,14 +160,6 @@ impl Controller {
         progress
     }
 
-    /// Ends an erasing Format in progress with Internal Error (`why` is logged).
-    pub(crate) fn fail_format(&mut self, why: &str) {
-        if let Some(job) = self.admin.format.take() {
-            log_limit::limited_warn!(target: "vnvme::backend", cid = job.cid, "Format NVM (erase) failed: {why}");
-            self.engine.complete_deferred(0, job.cid, Status::INTERNAL_ERROR, 0);
-        }
-    }
-
     /// Puts LBA format `lbaf` into effect on `targets` and tells the host.
     fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, erase: bool) {
         for ns in targets {
@@ -189,13 +174,5 @@ impl Controller {
                 log_page: lid::CHANGED_NAMESPACE_LIST,
             });
         }
-    }
-
-    /// True while an erasing Format is in progress: the transport must call
-    /// [`Controller::process`] at least every millisecond or so until it ends (its
-    /// pieces complete on the admin side's own backend queues, which nothing else
-    /// watches).
-    pub fn admin_busy(&self) -> bool {
-        self.admin.format.is_some()
     }
 }

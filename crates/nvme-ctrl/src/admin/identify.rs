@@ -13,8 +13,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::features::{CCTEMP_K, WCTEMP_K};
-use super::AdminDone;
-use crate::controller::Controller;
+use super::{Admin, AdminDone};
 use crate::error::{CmdResult, CommandError};
 use crate::events::ERROR_LOG_ENTRIES;
 use crate::namespace::{active, Namespace, LBA_FORMATS};
@@ -22,7 +21,7 @@ use crate::namespace::{active, Namespace, LBA_FORMATS};
 /// Command set identifier of the NVM command set.
 const CSI_NVM: u8 = 0;
 
-impl Controller {
+impl Admin<'_> {
     pub(crate) fn identify(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let id = Identify(sqe);
         let nsid = id.nsid();
@@ -59,11 +58,11 @@ impl Controller {
                 // The backends' limits, where they have them (0: none). WZSL is a
                 // power of two in units of the 4 KiB minimum page size, rounded down.
                 let wz =
-                    active(&self.namespaces).filter(|n| n.info.write_zeroes).map(|n| n.info.write_zeroes_max);
+                    active(self.namespaces).filter(|n| n.info.write_zeroes).map(|n| n.info.write_zeroes_max);
                 if let Some(max) = wz.filter(|&m| m > 0).min() {
                     c.wzsl = (max / 4096).max(1).ilog2().max(1) as u8;
                 }
-                let dm = active(&self.namespaces).filter(|n| n.info.discard && n.info.discard_max > 0);
+                let dm = active(self.namespaces).filter(|n| n.info.discard && n.info.discard_max > 0);
                 if let Some(blocks) = dm.map(|n| n.info.discard_max >> n.lba_shift()).min() {
                     c.dmrsl = U32::new(blocks.clamp(1, u32::MAX as u64) as u32);
                 }
@@ -85,7 +84,7 @@ impl Controller {
         if after >= 0xffff_fffe {
             return Err(CommandError::InvalidNamespace(after));
         }
-        Ok(active_ns_list(after, active(&self.namespaces).map(|n| n.nsid)).to_vec())
+        Ok(active_ns_list(after, active(self.namespaces).map(|n| n.nsid)).to_vec())
     }
 
     pub(crate) fn identify_controller(&self) -> IdentifyController {

@@ -11,12 +11,11 @@ use nvme_spec::{Sqe, Status};
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromZeros, IntoBytes};
 
-use super::{status, AdminDone};
-use crate::controller::Controller;
+use super::{status, Admin, AdminDone};
 use crate::error::{CmdResult, CommandError};
 use crate::events::ERROR_LOG_ENTRIES;
 
-impl Controller {
+impl Admin<'_> {
     pub(crate) fn get_log_page(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let g = GetLogPage(sqe);
         if g.ot() {

@@ -2,11 +2,13 @@
 
 mod aer;
 mod dbbuf;
+mod erase;
 mod features;
 mod format;
 mod identify;
 mod log_page;
 mod queue_mgmt;
+mod saved;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,16 +20,43 @@ use nvme_spec::opcode::{admin as op, AdminOpcode};
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
+use nvme_spec::regs::Cap;
+
 use crate::backends::BackendSet;
 use crate::config::ControllerConfig;
-use crate::controller::Controller;
 use crate::dptr::prp_segments;
-use crate::engine::{describe, Deadline};
+use crate::engine::{describe, Deadline, IoEngine};
 use crate::error::{CmdResult, CommandError};
+use crate::events::Events;
 use crate::interrupt::Clock;
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, NamespaceSlots};
+use crate::runtime::Runtime;
+use crate::stats::Stats;
 
 pub(crate) use features::FeatureState;
+pub use features::FeatureValues;
+pub(crate) use saved::AdminBounds;
+pub use saved::AdminSaved;
+
+/// What an admin command works on: the parts of the controller it needs, borrowed
+/// for one command. Registers and the lifecycle are not among them: no admin
+/// command changes those.
+pub(crate) struct Admin<'a> {
+    pub cfg: &'a ControllerConfig,
+    pub cap: Cap,
+    /// The memory page size CC.MPS chose.
+    pub page_size: u64,
+    /// Admin-side state: features, outstanding AERs, a Format in progress.
+    pub admin: &'a mut AdminState,
+    /// The controller's own engine: the admin queue (and every I/O queue inline).
+    pub engine: &'a mut IoEngine,
+    /// Where I/O queues live: queue creation and deletion go through it.
+    pub runtime: &'a mut Runtime,
+    pub namespaces: &'a NamespaceSlots,
+    pub events: &'a Events,
+    pub stats: &'a Stats,
+    pub clock: &'a dyn Clock,
+}
 
 /// How an admin command finished.
 pub(crate) enum AdminDone {
@@ -52,7 +81,7 @@ pub struct AdminState {
     /// may still complete later: its completion is told apart by the tag).
     next_tag: u64,
     /// An erasing Format NVM in progress.
-    pub(crate) format: Option<format::FormatJob>,
+    pub(crate) format: Option<erase::FormatJob>,
     /// Clock reading when the controller was created (SMART power-on hours).
     pub(crate) created_ns: u64,
 }
@@ -191,9 +220,9 @@ impl AdminState {
     }
 }
 
-impl Controller {
+impl Admin<'_> {
     /// Executes one admin command fetched from the admin SQ and posts its completion.
-    pub(crate) fn execute_admin(&mut self, sqe: Sqe) {
+    pub(crate) fn execute(&mut self, sqe: Sqe) {
         let cid = sqe.cid();
         let result = if sqe.psdt() != Psdt::Prp {
             // PCIe transport: admin commands use PRPs only.
@@ -260,7 +289,31 @@ impl Controller {
 
     /// The namespace `nsid` if it is active.
     pub(crate) fn active_ns(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        crate::namespace::for_command(&self.namespaces, nsid)
+        crate::namespace::for_command(self.namespaces, nsid)
+    }
+
+    /// Number of Namespaces (Identify NN).
+    fn max_namespaces(&self) -> u32 {
+        self.namespaces.len() as u32
+    }
+
+    fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// MDTS in bytes.
+    fn mdts_bytes(&self) -> u64 {
+        self.cfg.mdts_bytes(self.cap)
+    }
+
+    /// The settings the features now make, on every engine.
+    fn apply_settings(&mut self) {
+        let s = self.admin.features.engine_settings().paged(self.page_size, self.mdts_bytes());
+        self.runtime.apply_settings(self.engine, s);
     }
 }
 

@@ -5,11 +5,10 @@ use nvme_spec::admin::{CreateIoCq, CreateIoSq, DeleteIoQueue};
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
-use super::{done, status, AdminDone};
-use crate::controller::Controller;
+use super::{done, status, Admin, AdminDone};
 use crate::error::{CmdResult, CommandError};
 
-impl Controller {
+impl Admin<'_> {
     /// An I/O queue identifier the controller can allocate: 1..=max, within the number
     /// of queues granted by Set Features (Number of Queues).
     fn io_qid_ok(&self, qid: u16, granted_z: u16) -> bool {
@@ -38,14 +37,14 @@ impl Controller {
     pub(crate) fn create_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = CreateIoCq(sqe);
         let qid = c.qid();
-        if !self.io_qid_ok(qid, self.admin.features.ncq_granted_z) || self.io_cq_exists(qid) {
+        if !self.io_qid_ok(qid, self.admin.features.ncq_granted_z) || self.runtime.cq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
         self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::CQE_SIZE as u64)?;
         if c.ien() && c.iv() >= self.cfg.msix_vectors {
             return status(Status::INVALID_INTERRUPT_VECTOR);
         }
-        self.io_create_cq(qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
+        self.runtime.create_cq(self.engine, qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
         self.admin.io_queues_created = true;
         debug!(qid, size = c.qsize_z() as u32 + 1, iv = c.iv(), ien = c.ien(), "created I/O CQ");
         done()
@@ -54,18 +53,18 @@ impl Controller {
     pub(crate) fn create_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let c = CreateIoSq(sqe);
         let qid = c.qid();
-        if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.io_sq_exists(qid) {
+        if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.runtime.sq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
         let cqid = c.cqid();
-        if cqid == 0 || !self.io_cq_exists(cqid) {
+        if cqid == 0 || !self.runtime.cq_exists(cqid) {
             return status(Status::COMPLETION_QUEUE_INVALID);
         }
         self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::SQE_SIZE as u64)?;
         if c.nvmsetid() != 0 {
             return Err(CommandError::InvalidField("NVM Sets are not supported"));
         }
-        self.io_create_sq(qid, cqid, c.base(), c.qsize_z() as u32 + 1);
+        self.runtime.create_sq(self.engine, qid, cqid, c.base(), c.qsize_z() as u32 + 1);
         self.admin.io_queues_created = true;
         debug!(qid, cqid, size = c.qsize_z() as u32 + 1, "created I/O SQ");
         done()
@@ -73,23 +72,23 @@ impl Controller {
 
     pub(crate) fn delete_io_sq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let qid = DeleteIoQueue(sqe).qid();
-        if qid == 0 || !self.io_sq_exists(qid) {
+        if qid == 0 || !self.runtime.sq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
-        self.io_delete_sq(qid);
+        self.runtime.delete_sq(self.engine, qid);
         debug!(qid, "deleted I/O SQ");
         done()
     }
 
     pub(crate) fn delete_io_cq(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let qid = DeleteIoQueue(sqe).qid();
-        if qid == 0 || !self.io_cq_exists(qid) {
+        if qid == 0 || !self.runtime.cq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
-        if self.io_cq_users(qid) > 0 {
+        if self.runtime.cq_users(qid) > 0 {
             return status(Status::INVALID_QUEUE_DELETION);
         }
-        self.io_delete_cq(qid);
+        self.runtime.delete_cq(self.engine, qid);
         debug!(qid, "deleted I/O CQ");
         done()
     }

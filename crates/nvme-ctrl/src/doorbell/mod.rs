@@ -74,7 +74,39 @@ pub struct ShadowBuffers {
     pub dstrd: u8,
 }
 
+/// The Doorbell Buffer Config's part of a saved controller state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShadowState {
+    pub shadow: u64,
+    pub eventidx: u64,
+}
+
+impl ShadowState {
+    /// The buffers, if a controller running with `page_size` pages (None: disabled)
+    /// and doorbell stride `dstrd` could have them; or why not.
+    pub(crate) fn check(self, page_size: Option<u64>, dstrd: u8) -> Result<ShadowBuffers, String> {
+        let Some(page) = page_size else {
+            return Err("a Doorbell Buffer Config on a disabled controller".into());
+        };
+        if !self.shadow.is_multiple_of(page)
+            || !self.eventidx.is_multiple_of(page)
+            || self.shadow == self.eventidx
+        {
+            return Err(format!(
+                "shadow doorbell buffers {:#x} / {:#x}: two page-aligned buffers",
+                self.shadow, self.eventidx
+            ));
+        }
+        Ok(ShadowBuffers { shadow: self.shadow, eventidx: self.eventidx, dstrd })
+    }
+}
+
 impl ShadowBuffers {
+    /// For a saved state.
+    pub fn save(&self) -> ShadowState {
+        ShadowState { shadow: self.shadow, eventidx: self.eventidx }
+    }
+
     /// Bytes each buffer must hold for queue identifiers `0..=max_qid`.
     pub fn required_len(max_qid: u16, dstrd: u8) -> u64 {
         doorbell_offset(max_qid, DoorbellKind::CqHead, dstrd) + 4

@@ -16,6 +16,7 @@ mod completion;
 mod data;
 mod memory;
 mod queues;
+mod saved;
 mod settings;
 mod table;
 mod throttle;
@@ -247,6 +248,18 @@ impl IoEngine {
     }
 
     /// The data-path settings this engine honours.
+    /// Stops (or restarts) fetching commands; completions, doorbells and interrupts
+    /// go on.
+    pub(crate) fn set_quiesced(&mut self, q: bool) {
+        self.quiesced = q;
+    }
+
+    /// Nothing fetched is unfinished: no command at a backend or held back by QoS, no
+    /// admin command waiting to run.
+    pub(crate) fn quiet(&self) -> bool {
+        !self.backend_busy() && self.held() == 0 && self.admin_inbox.is_empty()
+    }
+
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }

@@ -33,7 +33,6 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::judge::SpinJudge;
 use super::poll::{PoliteSpin, PollMode, SpinClock, SpinPolicy, SpinStats};
-use crate::controller::Controller;
 use crate::engine::IoEngine;
 
 /// The queues an idle loop runs: an I/O engine, or a controller in inline mode.
@@ -195,17 +194,6 @@ impl Queues for IoEngine {
     }
     fn set_arm_eventidx(&mut self, arm: bool) {
         self.arm_eventidx = arm;
-    }
-}
-
-/// A controller in inline mode: its own engine holds every queue, and a run also
-/// executes admin commands and delivers events.
-impl Queues for Controller {
-    fn run(&mut self) -> bool {
-        self.process()
-    }
-    fn set_arm_eventidx(&mut self, arm: bool) {
-        Controller::set_arm_eventidx(self, arm);
     }
 }
 

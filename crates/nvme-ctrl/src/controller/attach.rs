@@ -15,8 +15,9 @@ use nvme_spec::aer::{notice_info, AsyncEvent, EventType};
 use nvme_spec::log::lid;
 use tracing::info;
 
+use super::Controller;
 use crate::config::NamespaceConfig;
-use crate::controller::{lba_fits, make_namespace, Controller};
+use crate::namespace::{lba_fits, make as make_namespace};
 use crate::namespace::{lookup, Namespace, NamespaceSlots};
 use crate::qos::QosGroup;
 
@@ -75,8 +76,8 @@ impl Controller {
         let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
             return Err(NamespaceError::NotFound(nsid));
         };
-        if self.admin.format.as_ref().is_some_and(|f| f.targets(nsid)) {
-            self.fail_format("its namespace was removed");
+        if self.admin.formatting_ns(nsid) {
+            self.admin.fail_format(&mut self.engine, "its namespace was removed");
         }
         let mut slots = self.namespaces.to_vec();
         slots[nsid as usize - 1] = None;

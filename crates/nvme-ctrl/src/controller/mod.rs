@@ -7,68 +7,21 @@ use guest_mem::GuestMemory;
 use nvme_spec::regs::{doorbell_from_offset, offset, Cap, Csts, ShutdownNotification, ShutdownStatus};
 use tracing::{debug, info, warn};
 
-use crate::admin::AdminState;
+use crate::admin::{Admin, AdminState};
 use crate::config::ControllerConfig;
 use crate::engine::{EngineContext, IoEngine};
 use crate::events::Events;
 use crate::interrupt::{Clock, InterruptSink, MonotonicClock};
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::namespace::{active, Namespace, NamespaceSlots};
 use crate::registers::RegisterFile;
 use crate::stats::{Stats, StatsSnapshot};
 
-/// Where the controller is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifecycle {
-    /// CC.EN = 0: registers may be programmed, no queues exist.
-    Disabled,
-    /// CSTS.RDY = 1: the admin queue (and any I/O queues) run.
-    Ready,
-    /// A shutdown notification was processed; CSTS.SHST = complete. Only a reset
-    /// (CC.EN = 0) leaves this state.
-    ShutDown,
-    /// CSTS.CFS = 1: something the host did (or the memory it gave us) made the
-    /// controller unable to go on. Only a reset leaves this state.
-    Fatal,
-}
+mod attach;
+mod handover;
+mod workers;
 
-/// The lifecycle with what exists only in a state: the memory page size CC.MPS chose
-/// exists while the controller is enabled (ready, or shut down until a reset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
-    Disabled,
-    Ready { page_size: u64 },
-    ShutDown { page_size: u64 },
-    Fatal,
-}
-
-impl Phase {
-    /// `lifecycle`, enabled with `page_size` if it is an enabled state (a restore).
-    pub(crate) fn of(lifecycle: Lifecycle, page_size: u64) -> Phase {
-        match lifecycle {
-            Lifecycle::Disabled => Phase::Disabled,
-            Lifecycle::Ready => Phase::Ready { page_size },
-            Lifecycle::ShutDown => Phase::ShutDown { page_size },
-            Lifecycle::Fatal => Phase::Fatal,
-        }
-    }
-
-    pub(crate) fn lifecycle(self) -> Lifecycle {
-        match self {
-            Phase::Disabled => Lifecycle::Disabled,
-            Phase::Ready { .. } => Lifecycle::Ready,
-            Phase::ShutDown { .. } => Lifecycle::ShutDown,
-            Phase::Fatal => Lifecycle::Fatal,
-        }
-    }
-
-    /// The memory page size, while enabled.
-    pub(crate) fn page_size(self) -> Option<u64> {
-        match self {
-            Phase::Ready { page_size } | Phase::ShutDown { page_size } => Some(page_size),
-            Phase::Disabled | Phase::Fatal => None,
-        }
-    }
-}
+pub use attach::NamespaceError;
 
 /// An NVMe controller.
 #[derive(Debug)]
@@ -82,9 +35,8 @@ pub struct Controller {
     pub(crate) quiesced: bool,
     /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,
-    /// Who runs the I/O queues: workers, or (none) `process` inline.
+    /// Who runs the I/O queues (workers, or (none) `process` inline) and which exist.
     pub(crate) runtime: crate::runtime::Runtime,
-    pub(crate) book: crate::routing::QueueBook,
     pub(crate) admin: AdminState,
     /// Every NSID (NN of them), active or not. Engines each hold the same table.
     pub(crate) namespaces: NamespaceSlots,
@@ -136,7 +88,8 @@ impl Controller {
             if slot.is_some() {
                 return Err(std::io::Error::other(format!("namespace {nsid} given twice")));
             }
-            *slot = Some(Arc::new(make_namespace(nsid, n, &cfg.serial).map_err(std::io::Error::other)?));
+            *slot =
+                Some(Arc::new(crate::namespace::make(nsid, n, &cfg.serial).map_err(std::io::Error::other)?));
         }
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
@@ -170,7 +123,6 @@ impl Controller {
             quiesced: false,
             engine,
             runtime: crate::runtime::Runtime::new()?,
-            book: Default::default(),
             admin,
             namespaces,
             qos: Default::default(),
@@ -342,7 +294,9 @@ impl Controller {
             return;
         }
         match doorbell_from_offset(rel, self.cfg.dstrd) {
-            Some((qid, kind)) if qid <= self.cfg.max_io_queues => self.io_doorbell(qid, kind, value),
+            Some((qid, kind)) if qid <= self.cfg.max_io_queues => {
+                self.runtime.doorbell(&mut self.engine, qid, kind, value)
+            }
             _ => {
                 // Not a doorbell of any queue the controller can have.
                 self.stats.doorbell_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -395,7 +349,7 @@ impl Controller {
         }
         self.engine.create_cq(0, acq, acqs, true, 0);
         self.engine.create_sq(0, 0, asq, asqs);
-        self.io_apply_settings();
+        self.apply_settings();
         self.regs.set_csts(Csts(Csts::RDY));
         self.phase = Phase::Ready { page_size: page };
         info!(
@@ -410,11 +364,12 @@ impl Controller {
     /// Controller Level Reset (CC.EN 1 -> 0, Base §3.7.2): delete every queue, forget
     /// the Doorbell Buffer Config and volatile feature settings, clear CSTS.
     fn reset(&mut self) {
-        self.io_reset();
+        let deadline = crate::engine::Deadline::teardown(&*self.clock);
+        self.runtime.reset(&mut self.engine, deadline);
         // Admin commands fetched and not executed belong to the queue being deleted.
         self.engine.admin_inbox.clear();
         self.admin.reset(self.clock.now_ns());
-        self.io_apply_settings();
+        self.apply_settings();
         self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
         self.regs.set_csts(Csts(0));
@@ -443,9 +398,7 @@ impl Controller {
         let deadline = crate::engine::Deadline::teardown(&*self.clock);
         if self.lifecycle() == Lifecycle::Ready {
             crate::runtime::drain_engine(&mut self.engine, deadline);
-            if !self.runtime.inline() {
-                self.io_drain_workers(deadline);
-            }
+            self.runtime.drain_workers(deadline);
             self.process();
         }
         for ns in active(&self.namespaces.clone()) {
@@ -474,12 +427,13 @@ impl Controller {
         for _ in 0..64 {
             let mut progress = self.engine.poll();
             let inbox = std::mem::take(&mut self.engine.admin_inbox);
+            let mut admin = self.admin_parts();
             for sqe in inbox {
                 progress = true;
-                self.execute_admin(sqe);
+                admin.execute(sqe);
             }
-            progress |= self.advance_format();
-            progress |= self.deliver_events();
+            progress |= admin.advance_format();
+            progress |= admin.deliver_events();
             if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
                 warn!(target: "vnvme::guest", "controller fatal status: {why}");
@@ -501,9 +455,33 @@ impl Controller {
         self.admin.features.engine_settings().paged(self.page_size(), self.mdts_bytes())
     }
 
-    /// MDTS in bytes (MDTS is in units of the minimum memory page size).
+    /// MDTS in bytes.
     pub(crate) fn mdts_bytes(&self) -> u64 {
-        (1u64 << self.cfg.mdts) * (1 << (12 + self.regs.cap().mpsmin() as u32))
+        self.cfg.mdts_bytes(self.regs.cap())
+    }
+
+    /// The parts an admin command works on, borrowed for one command.
+    fn admin_parts(&mut self) -> Admin<'_> {
+        Admin {
+            cfg: &self.cfg,
+            cap: self.regs.cap(),
+            page_size: self.page_size(),
+            admin: &mut self.admin,
+            engine: &mut self.engine,
+            runtime: &mut self.runtime,
+            namespaces: &self.namespaces,
+            events: &self.events,
+            stats: &self.stats,
+            clock: &*self.clock,
+        }
+    }
+
+    /// True while an erasing Format is in progress: the transport must call
+    /// [`Controller::process`] at least every millisecond or so until it ends (its
+    /// pieces complete on the admin side's own backend queues, which nothing else
+    /// watches).
+    pub fn admin_busy(&self) -> bool {
+        self.admin.formatting()
     }
 
     /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a
@@ -530,33 +508,4 @@ impl Controller {
     pub fn set_arm_eventidx(&mut self, arm: bool) {
         self.engine.arm_eventidx = arm;
     }
-}
-
-/// True if `lba`-byte blocks work on a backend of `block_size` holding `size` bytes:
-/// a multiple of its block size that divides its capacity.
-pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
-    let bs = u64::from(block_size.max(1));
-    lba.is_multiple_of(bs) && size.is_multiple_of(lba) && size >= lba
-}
-
-/// Namespace `nsid` as `n` describes it, or why it cannot be.
-pub(crate) fn make_namespace(
-    nsid: u32,
-    n: &crate::config::NamespaceConfig,
-    serial: &str,
-) -> Result<Namespace, String> {
-    let info = n.backend.info();
-    let Some(&lbads) = crate::namespace::LBA_FORMATS.get(n.lba_format as usize) else {
-        return Err(format!("namespace {nsid}: no LBA format {}", n.lba_format));
-    };
-    if !lba_fits(1 << lbads, info.block_size, info.size) {
-        return Err(format!(
-            "namespace {nsid} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
-            info.kind,
-            1u32 << lbads,
-            info.block_size,
-            info.size
-        ));
-    }
-    Ok(Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout))
 }

@@ -1,0 +1,98 @@
+//! The admin side's part of a saved controller state: outstanding Asynchronous
+//! Event Requests, the queues granted, feature values and the clock readings they
+//! count from.
+
+use serde::{Deserialize, Serialize};
+
+use super::FeatureValues;
+use super::{timestamp_now, AdminState};
+use crate::saved::has_duplicates;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdminSaved {
+    /// Command identifiers of outstanding Asynchronous Event Requests.
+    pub aers: Vec<u16>,
+    pub io_queues_created: bool,
+    pub nsq_granted_z: u16,
+    pub ncq_granted_z: u16,
+    pub features: FeatureValues,
+    /// The host's Timestamp (ms) as of the state's clock reading, if it set one.
+    pub timestamp_ms: Option<u64>,
+    /// Clock readings of the controller's creation and of its last reset.
+    pub created_ns: u64,
+    pub reset_ns: u64,
+}
+
+/// What a saved admin part must fit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdminBounds {
+    /// Asynchronous Event Requests the controller accepts (AERL + 1).
+    pub aers: usize,
+    /// I/O queues the controller has.
+    pub max_qid: u16,
+    /// The saved controller was enabled (a disabled one has no AER outstanding).
+    pub enabled: bool,
+}
+
+impl AdminSaved {
+    /// Refuses what a controller within `b` could not have reached.
+    pub(crate) fn check(&self, b: AdminBounds) -> Result<(), String> {
+        if self.aers.len() > b.aers || (!b.enabled && !self.aers.is_empty()) {
+            return Err(format!(
+                "{} Asynchronous Event Requests outstanding (at most {})",
+                self.aers.len(),
+                b.aers
+            ));
+        }
+        if has_duplicates(self.aers.iter().copied()) {
+            return Err("an Asynchronous Event Request's command identifier twice".into());
+        }
+        let max_granted_z = b.max_qid.saturating_sub(1);
+        if self.nsq_granted_z > max_granted_z || self.ncq_granted_z > max_granted_z {
+            return Err(format!(
+                "{} / {} I/O queues granted (0's based; this controller has {})",
+                self.nsq_granted_z, self.ncq_granted_z, b.max_qid
+            ));
+        }
+        if self.timestamp_ms.is_some_and(|ms| ms >= 1 << 48) {
+            return Err(format!("timestamp {:?} ms (the field has 48 bits)", self.timestamp_ms));
+        }
+        if self.features.power_management & 0x1f != 0 {
+            return Err(format!(
+                "power state {} (this controller has one)",
+                self.features.power_management & 0x1f
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AdminState {
+    /// For a saved state taken at clock reading `now`.
+    pub(crate) fn save(&self, now: u64) -> AdminSaved {
+        let f = &self.features;
+        AdminSaved {
+            aers: self.aers.clone(),
+            io_queues_created: self.io_queues_created,
+            nsq_granted_z: f.nsq_granted_z,
+            ncq_granted_z: f.ncq_granted_z,
+            features: f.cur.clone(),
+            timestamp_ms: f.timestamp.map(|(ms, at)| timestamp_now(ms, at, now)),
+            created_ns: self.created_ns,
+            reset_ns: f.reset_ns,
+        }
+    }
+
+    /// Puts a checked saved part back, at clock reading `now`.
+    pub(crate) fn restore(&mut self, s: &AdminSaved, now: u64) {
+        self.aers = s.aers.clone();
+        self.io_queues_created = s.io_queues_created;
+        self.created_ns = s.created_ns;
+        let f = &mut self.features;
+        (f.nsq_granted_z, f.ncq_granted_z) = (s.nsq_granted_z, s.ncq_granted_z);
+        f.cur = s.features.clone();
+        f.aec = nvme_spec::features::AsyncEventConfig(s.features.aec);
+        f.reset_ns = s.reset_ns;
+        f.timestamp = s.timestamp_ms.map(|ms| (ms, now));
+    }
+}
