@@ -142,11 +142,11 @@ pub struct Device {
     doorbell_pending: bool,
     release_wait: Duration,
     /// A hand-over asked for by a job (`handover`).
-    pub(crate) handover: Option<crate::handover::HandoverRequest>,
+    pub(crate) handover: Option<crate::transfer::HandoverRequest>,
     /// Handed over: the process exits without touching the client.
     pub(crate) handed_over: bool,
     /// vfio-user live migration (`migration`).
-    pub(crate) mig: crate::migration::MigrationState,
+    pub(crate) mig: crate::transfer::MigrationState,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -199,73 +199,6 @@ impl Device {
             handed_over: false,
             mig: Default::default(),
         })
-    }
-
-    /// The device an earlier process handed over (`handover`): `ctrl` is a new
-    /// controller over the same configuration and namespaces (its doorbell kick
-    /// already the handed-over one, its workers started); this restores the PCI
-    /// function, the client's interrupts and memory, then the controller's state,
-    /// quiesced: call `ctrl.resume()` once the old process has let go.
-    pub fn restore(
-        ctrl: Controller,
-        irqs: Arc<EventFdInterrupts>,
-        opts: DeviceOptions,
-        h: &mut crate::handover::Handover,
-    ) -> std::io::Result<Self> {
-        let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-        let s = h.saved.clone();
-        if s.doorbells != opts.doorbells.name() {
-            return Err(bad(format!(
-                "doorbells were {}, this server is set for {}",
-                s.doorbells,
-                opts.doorbells.name()
-            )));
-        }
-        let mut ctrl = ctrl;
-        let bar0_len = ctrl.bar0_len();
-        let page = match s.page {
-            Some(i) => {
-                let p = DoorbellPage::from_fd(h.take(i)?, bar0_len)?;
-                ctrl.set_doorbell_page(Some(p.mem.clone()))?;
-                Some(p)
-            }
-            None if opts.doorbells == DoorbellMode::Mapped => {
-                return Err(bad("no doorbell page handed over".into()))
-            }
-            None => None,
-        };
-        let mut d = Device::new(ctrl, irqs, DeviceOptions { doorbells: DoorbellMode::Trapped, ..opts })?;
-        d.doorbells = opts.doorbells;
-        d.page = page;
-        d.config.restore(&crate::handover::unhex(&s.config)?).map_err(bad)?;
-        let bar4 = crate::handover::unhex(&s.bar4)?;
-        if bar4.len() != d.bar4.len() {
-            return Err(bad(format!("MSI-X table of {} bytes, want {}", bar4.len(), d.bar4.len())));
-        }
-        d.bar4 = bar4;
-        let mut msix = Vec::new();
-        for v in &s.msix {
-            msix.push(v.map(|i| h.take(i)).transpose()?);
-        }
-        d.irqs.set_msix(0, msix).map_err(bad)?;
-        d.irqs.set_intx(s.intx.map(|i| h.take(i)).transpose()?);
-        d.irqs.set_msix_enabled(s.msix_enabled);
-        for r in &s.dma {
-            let fd = r.fd.map(|i| h.take(i)).transpose()?;
-            let writable = fd.is_some();
-            d.dma
-                .map(r.iova, r.size, fd, r.offset, writable)
-                .map_err(|e| bad(format!("DMA region {:#x}: {e}", r.iova)))?;
-        }
-        d.ctrl.set_memory(d.dma.memory());
-        // Restored quiesced: nothing is fetched until the old process has let go
-        // (`Controller::resume` after GO). Were this process to fail before that,
-        // the old one resumes from where it stopped, and a command fetched here
-        // would run twice.
-        d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
-        d.ctrl.restore_state(&s.controller).map_err(|e| bad(e.to_string()))?;
-        d.negotiated = s.negotiated;
-        Ok(d)
     }
 
     /// How often the server loop must run the admin side without a message: the

@@ -19,8 +19,10 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::Duration;
 
+use nvme_ctrl::Controller;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use vfio_user::proto::Header;
@@ -28,7 +30,11 @@ use vfio_user::socket::MAX_FDS;
 use vfio_user::{Connection, ProtoError};
 use zerocopy::little_endian::U16;
 
-use crate::device::Device;
+use crate::device::{Device, DeviceOptions};
+use crate::doorbells::{DoorbellMode, DoorbellPage};
+use crate::irq::EventFdInterrupts;
+pub use crate::transfer::HandoverRequest;
+use crate::transfer::{hex, unhex};
 
 /// The version of [`DeviceSaved`] this build writes and reads.
 pub const HANDOVER_VERSION: u32 = 1;
@@ -107,34 +113,6 @@ pub struct DmaSaved {
     pub offset: u64,
 }
 
-/// A hand-over the server thread is asked to do (from a job): the new process's
-/// connection, and what the caller adds.
-#[derive(Debug)]
-pub struct HandoverRequest {
-    pub stream: UnixStream,
-    pub extra: serde_json::Value,
-    pub extra_fds: Vec<OwnedFd>,
-    /// How long the quiesce may wait for commands in flight.
-    pub quiesce: Duration,
-    /// Told the outcome (true: handed over, GO sent). A thread that shares a
-    /// listener with the new process (the control socket's) waits for it without
-    /// accepting, and never accepts again once handed over: otherwise it could take
-    /// a connection meant for the new process and close it as this one exits.
-    pub done: Option<std::sync::mpsc::Sender<bool>>,
-}
-
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub(crate) fn unhex(s: &str) -> io::Result<Vec<u8>> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad hex in the handed-over state");
-    if !s.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())).collect()
-}
-
 fn proto(e: ProtoError) -> io::Error {
     match e {
         ProtoError::Io(e) => e,
@@ -149,6 +127,73 @@ fn send(conn: &mut Connection, cmd: u16, payload: &[u8], fds: &[OwnedFd]) -> io:
 }
 
 impl Device {
+    /// The device an earlier process handed over (`handover`): `ctrl` is a new
+    /// controller over the same configuration and namespaces (its doorbell kick
+    /// already the handed-over one, its workers started); this restores the PCI
+    /// function, the client's interrupts and memory, then the controller's state,
+    /// quiesced: call `ctrl.resume()` once the old process has let go.
+    pub fn restore(
+        ctrl: Controller,
+        irqs: Arc<EventFdInterrupts>,
+        opts: DeviceOptions,
+        h: &mut Handover,
+    ) -> std::io::Result<Self> {
+        let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let s = h.saved.clone();
+        if s.doorbells != opts.doorbells.name() {
+            return Err(bad(format!(
+                "doorbells were {}, this server is set for {}",
+                s.doorbells,
+                opts.doorbells.name()
+            )));
+        }
+        let mut ctrl = ctrl;
+        let bar0_len = ctrl.bar0_len();
+        let page = match s.page {
+            Some(i) => {
+                let p = DoorbellPage::from_fd(h.take(i)?, bar0_len)?;
+                ctrl.set_doorbell_page(Some(p.mem.clone()))?;
+                Some(p)
+            }
+            None if opts.doorbells == DoorbellMode::Mapped => {
+                return Err(bad("no doorbell page handed over".into()))
+            }
+            None => None,
+        };
+        let mut d = Device::new(ctrl, irqs, DeviceOptions { doorbells: DoorbellMode::Trapped, ..opts })?;
+        d.doorbells = opts.doorbells;
+        d.page = page;
+        d.config.restore(&unhex(&s.config)?).map_err(bad)?;
+        let bar4 = unhex(&s.bar4)?;
+        if bar4.len() != d.bar4.len() {
+            return Err(bad(format!("MSI-X table of {} bytes, want {}", bar4.len(), d.bar4.len())));
+        }
+        d.bar4 = bar4;
+        let mut msix = Vec::new();
+        for v in &s.msix {
+            msix.push(v.map(|i| h.take(i)).transpose()?);
+        }
+        d.irqs.set_msix(0, msix).map_err(bad)?;
+        d.irqs.set_intx(s.intx.map(|i| h.take(i)).transpose()?);
+        d.irqs.set_msix_enabled(s.msix_enabled);
+        for r in &s.dma {
+            let fd = r.fd.map(|i| h.take(i)).transpose()?;
+            let writable = fd.is_some();
+            d.dma
+                .map(r.iova, r.size, fd, r.offset, writable)
+                .map_err(|e| bad(format!("DMA region {:#x}: {e}", r.iova)))?;
+        }
+        d.ctrl.set_memory(d.dma.memory());
+        // Restored quiesced: nothing is fetched until the old process has let go
+        // (`Controller::resume` after GO). Were this process to fail before that,
+        // the old one resumes from where it stopped, and a command fetched here
+        // would run twice.
+        d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
+        d.ctrl.restore_state(&s.controller).map_err(|e| bad(e.to_string()))?;
+        d.negotiated = s.negotiated;
+        Ok(d)
+    }
+
     /// Asks the server loop to hand the device over (it does so between messages,
     /// right after the job that calls this).
     pub fn request_handover(&mut self, r: HandoverRequest) {
@@ -195,7 +240,7 @@ impl Device {
     ) -> io::Result<()> {
         let mut conn = Connection::with_deadline(r.stream, Duration::from_secs(10))?;
         // The migration state and the dirty log live in this process only.
-        if self.mig.state != crate::migration::MigState::Running || self.dma.logging() {
+        if self.mig.state != crate::transfer::MigState::Running || self.dma.logging() {
             let why = format!(
                 "a live migration is in progress (migration state {}, DMA logging {}): upgrade after it",
                 self.mig.state,

@@ -8,6 +8,8 @@
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
 //! - `jobs`: work other threads (a control socket) hand the server thread.
 //! - `handover`: the device handed to another process (an upgrade).
+//! - `migration`: vfio-user live migration (v2) of the device.
+//! - `transfer`: what the device holds between messages of either.
 //! - `server`: the socket loop.
 #![forbid(unsafe_code)]
 
@@ -22,6 +24,7 @@ pub mod migration;
 pub mod pci;
 pub mod server;
 pub mod socket_file;
+mod transfer;
 
 pub use device::{Device, DeviceOptions};
 pub use doorbells::DoorbellMode;

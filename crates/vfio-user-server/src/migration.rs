@@ -36,15 +36,15 @@ use tracing::{info, warn};
 use vfio_user::proto::{
     DEVICE_FEATURE_DMA_LOGGING_REPORT, DEVICE_FEATURE_DMA_LOGGING_START, DEVICE_FEATURE_DMA_LOGGING_STOP,
     DEVICE_FEATURE_GET, DEVICE_FEATURE_MASK, DEVICE_FEATURE_MIGRATION, DEVICE_FEATURE_MIG_DEVICE_STATE,
-    DEVICE_FEATURE_PROBE, DEVICE_FEATURE_SET, MIGRATION_STOP_COPY, MIG_STATE_ERROR, MIG_STATE_RESUMING,
-    MIG_STATE_RUNNING, MIG_STATE_STOP, MIG_STATE_STOP_COPY,
+    DEVICE_FEATURE_PROBE, DEVICE_FEATURE_SET, MIGRATION_STOP_COPY,
 };
 use vfio_user::Message;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::device::{Device, DeviceError, Reply};
-use crate::handover::{hex, unhex};
+use crate::transfer::{hex, unhex};
+pub use crate::transfer::{MigState, MigrationState};
 
 /// Version of [`MigrationData`] this build writes and reads.
 pub const MIGRATION_VERSION: u32 = 1;
@@ -56,60 +56,6 @@ pub const MAX_STREAM: usize = 16 << 20;
 /// Largest bitmap one DMA_LOGGING_REPORT returns (it must fit a reply): 1 MiB less
 /// room for the headers covers 32 GiB at 4 KiB; a client asks for more in pieces.
 const MAX_BITMAP: u64 = crate::device::MAX_XFER as u64 - 64;
-
-/// `enum vfio_device_mig_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum MigState {
-    Error = MIG_STATE_ERROR,
-    Stop = MIG_STATE_STOP,
-    Running = MIG_STATE_RUNNING,
-    StopCopy = MIG_STATE_STOP_COPY,
-    Resuming = MIG_STATE_RESUMING,
-}
-
-/// For logs: the state's name in the vfio-user protocol, e.g. `STOP_COPY`.
-impl std::fmt::Display for MigState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            MigState::Error => "ERROR",
-            MigState::Stop => "STOP",
-            MigState::Running => "RUNNING",
-            MigState::StopCopy => "STOP_COPY",
-            MigState::Resuming => "RESUMING",
-        })
-    }
-}
-
-impl MigState {
-    fn from_u32(v: u32) -> Option<Self> {
-        Some(match v {
-            MIG_STATE_ERROR => MigState::Error,
-            MIG_STATE_STOP => MigState::Stop,
-            MIG_STATE_RUNNING => MigState::Running,
-            MIG_STATE_STOP_COPY => MigState::StopCopy,
-            MIG_STATE_RESUMING => MigState::Resuming,
-            _ => return None,
-        })
-    }
-}
-
-/// The migration side of a device.
-#[derive(Debug)]
-pub struct MigrationState {
-    pub state: MigState,
-    /// STOP_COPY: the stream, and how much the client has read.
-    out: Vec<u8>,
-    read: usize,
-    /// RESUMING: what the client has written.
-    inbuf: Vec<u8>,
-}
-
-impl Default for MigrationState {
-    fn default() -> Self {
-        MigrationState { state: MigState::Running, out: Vec::new(), read: 0, inbuf: Vec::new() }
-    }
-}
 
 /// The device as migrated: what guest and client can observe that is not in
 /// guest memory, nor in descriptors the client sets up again (DMA maps,

@@ -15,15 +15,13 @@ mod serve;
 mod signals;
 mod unix_socket;
 mod upgrade;
+mod version;
 
 use clap::{Parser, Subcommand};
 
 use logging::LogFormat;
 
-/// The version and the commit this binary was built from (build.rs).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("VNVME_COMMIT"), ")");
-/// The commit alone.
-pub const COMMIT: &str = env!("VNVME_COMMIT");
+use version::VERSION;
 
 /// vnvme: a fast, correct emulated NVMe controller for virtual machines.
 #[derive(Debug, Parser)]
@@ -90,7 +88,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Identify(a) => identify::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Ctl(a) => ctl::run(a),
-        Cmd::Takeover(a) => serve::takeover(a),
+        Cmd::Takeover(a) => serve::takeover(a, parse_serve),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -438,6 +438,43 @@ impl FromStr for NsSpec {
     }
 }
 
+impl NsSpec {
+    /// Whether this namespace may be added (`ns.add`) to a server whose sandbox was
+    /// installed with `installed`: the one place that decides it, from the same
+    /// needs the allowlist was built from. Err: why not, and the way out.
+    pub fn may_add(&self, installed: &Needs) -> Result<(), String> {
+        match &self.kind {
+        Kind::Nvme(_) => Err("an nvme:// namespace needs a new connection, which the sandbox forbids: give it at \
+                              start-up (--ns), or run with --sandbox off"
+            .into()),
+        #[cfg(feature = "rbd")]
+        Kind::Rbd(_) if !installed.rbd => Err("an rbd: namespace runs librados' threads, which this server's \
+                                               sandbox does not allow: start it with at least one rbd: \
+                                               namespace (then more can be added), or with --sandbox off"
+            .into()),
+        Kind::Nbd(uri) if nbd_needs_resolver(uri) => Err("this nbd:// URI names its server by host name, and \
+                                                          the sandbox allows no name lookups: give its address \
+                                                          (nbd://192.0.2.7/EXPORT, nbd://[2001:db8::7]/EXPORT), \
+                                                          or run with --sandbox off"
+            .into()),
+        // Opening, creating and sizing files, memfds and NBD connections: what
+        // `control` allows.
+        _ if installed.control => Ok(()),
+        _ => Err("this server has no control socket allowance in its sandbox".into()),
+    }
+    }
+}
+
+/// Whether opening this `nbd://` URI needs a name lookup (its host is not an address).
+fn nbd_needs_resolver(uri: &str) -> bool {
+    match uri.parse::<nbd_disk::NbdUri>().map(|u| u.address) {
+        Ok(nbd_disk::uri::Address::Tcp { host, .. }) => {
+            host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_err()
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

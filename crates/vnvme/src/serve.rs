@@ -221,10 +221,15 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
-pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::error::Error>> {
+/// `parse` reads the running server's command line (`vnvme serve`'s arguments from
+/// the whole of it: the program's own parser).
+pub fn takeover(
+    t: crate::upgrade::TakeoverArgs,
+    parse: fn(&[String]) -> Result<ServeArgs, String>,
+) -> Result<(), Box<dyn std::error::Error>> {
     use crate::upgrade;
     let prepared = upgrade::ask_prepare(&t.control)?;
-    let mut a = crate::parse_serve(&prepared.argv)?;
+    let mut a = parse(&prepared.argv)?;
     let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
@@ -388,7 +393,7 @@ pub fn takeover(t: crate::upgrade::TakeoverArgs) -> Result<(), Box<dyn std::erro
     let _ = writeln!(std::fs::File::from(to_ctl), "ready {report}");
     eprintln!(
         "vnvme {}: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
-        crate::VERSION,
+        crate::version::VERSION,
         if has_client { "" } else { "no " }
     );
     started.serve(client)
@@ -608,7 +613,7 @@ impl Running {
         } = self;
         let stop = crate::signals::stop_on_signals()?;
         let stats = dev.ctrl.stats_handle();
-        eprintln!("vnvme {} (pid {})", crate::VERSION, std::process::id());
+        eprintln!("vnvme {} (pid {})", crate::version::VERSION, std::process::id());
         for n in &namespaces {
             let bi = n.opened.backend.info();
             eprintln!(
@@ -800,7 +805,7 @@ const DEFAULT_MAX_NAMESPACES: u32 = 32;
 fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> crate::control::reply::Facts {
     crate::control::reply::Facts {
         vnvme: env!("CARGO_PKG_VERSION").into(),
-        commit: crate::COMMIT.into(),
+        commit: crate::version::COMMIT.into(),
         serial: a.serial.clone(),
         pci_id: format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
         socket: a.socket.clone(),

@@ -31,8 +31,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use vfio_user_server::handover::{self, HandoverRequest};
 
-use crate::control::methods::Context;
 use crate::control::{code, RpcError};
+
+/// What `upgrade.prepare` and `upgrade.handover` read of the running server.
+pub struct Running<'a> {
+    pub jobs: &'a vfio_user_server::jobs::DeviceJobs,
+    /// The `--ns` text each namespace was made from, by NSID.
+    pub specs: &'a std::sync::Mutex<BTreeMap<u32, String>>,
+    /// Named QoS groups.
+    pub groups: &'a std::sync::Mutex<BTreeMap<String, Arc<QosGroup>>>,
+    pub source: &'a Source,
+}
 
 /// How long the old process may take to quiesce (commands in flight finish).
 pub const QUIESCE_LIMIT: Duration = Duration::from_secs(5);
@@ -93,8 +102,8 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// `upgrade.prepare`: what a new process needs to open before it takes over.
-pub fn prepare(ctx: &Context) -> Result<Value, RpcError> {
-    let namespaces = lock(&ctx.specs).clone();
+pub fn prepare(r: &Running<'_>) -> Result<Value, RpcError> {
+    let namespaces = lock(r.specs).clone();
     if let Some((nsid, spec)) = namespaces.iter().find(|(_, s)| s.starts_with("nvme://")) {
         return Err(RpcError::new(
             code::NOT_PERMITTED,
@@ -105,10 +114,10 @@ pub fn prepare(ctx: &Context) -> Result<Value, RpcError> {
         ));
     }
     let groups =
-        lock(&ctx.groups).values().map(|g| GroupSaved { name: g.name.clone(), limits: g.limits() }).collect();
+        lock(r.groups).values().map(|g| GroupSaved { name: g.name.clone(), limits: g.limits() }).collect();
     let p = Prepared {
-        argv: ctx.upgrade.argv.clone(),
-        exe: ctx.upgrade.exe.clone(),
+        argv: r.source.argv.clone(),
+        exe: r.source.exe.clone(),
         namespaces,
         groups,
         log_filter: crate::logging::filter(),
@@ -121,8 +130,8 @@ pub fn prepare(ctx: &Context) -> Result<Value, RpcError> {
 /// control server): hands the device over, or tells the new process why not.
 /// Waits for the outcome; true once handed over (the caller, the control thread,
 /// must not accept again: the listener is the new process's).
-pub fn hand_over(ctx: &Context, stream: UnixStream, params: &Value) -> bool {
-    match start_hand_over(ctx, &stream, params) {
+pub fn hand_over(r: &Running<'_>, stream: UnixStream, params: &Value) -> bool {
+    match start_hand_over(r, &stream, params) {
         // Bounded by the job, the quiesce and the wait for the new process.
         Ok(done) => done
             .recv_timeout(crate::control::JOB_LIMIT + QUIESCE_LIMIT + handover::READY_WAIT)
@@ -136,14 +145,14 @@ pub fn hand_over(ctx: &Context, stream: UnixStream, params: &Value) -> bool {
 }
 
 fn start_hand_over(
-    ctx: &Context,
+    r: &Running<'_>,
     stream: &UnixStream,
     params: &Value,
 ) -> Result<std::sync::mpsc::Receiver<bool>, String> {
     let expect: Prepared = serde_json::from_value(params.get("prepared").cloned().unwrap_or(Value::Null))
         .map_err(|e| format!("upgrade.handover needs what upgrade.prepare answered: {e}"))?;
     let now: Prepared =
-        serde_json::from_value(prepare(ctx).map_err(|e| e.message)?).map_err(|e| e.to_string())?;
+        serde_json::from_value(prepare(r).map_err(|e| e.message)?).map_err(|e| e.to_string())?;
     if now.namespaces != expect.namespaces {
         return Err("the namespaces changed since upgrade.prepare: try again".into());
     }
@@ -151,17 +160,17 @@ fn start_hand_over(
     vfio_user_server::fds::set_blocking(&stream, true).map_err(|e| e.to_string())?;
     let mut fds: Vec<OwnedFd> = Vec::new();
     let stderr = push(&mut fds, std::io::stderr().as_fd().try_clone_to_owned().map_err(|e| e.to_string())?);
-    let control = match &ctx.upgrade.control {
+    let control = match &r.source.control {
         Some(l) => Some(push(&mut fds, l.try_clone().map_err(|e| e.to_string())?.into())),
         None => None,
     };
-    let metrics = match &ctx.upgrade.metrics {
+    let metrics = match &r.source.metrics {
         Some(m) => Some(push(&mut fds, m.try_clone().map_err(|e| e.to_string())?)),
         None => None,
     };
     let specs = now.namespaces.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let r = ctx.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
+    let r = r.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
         let mut namespaces = Vec::new();
         for ns in d.ctrl.namespaces() {
             let spec =

@@ -273,6 +273,17 @@ fn a_refused_migration_stream_leaves_nothing_for_the_next_vm() {
             let cfg = v["config"].as_str().unwrap();
             v["config"] = format!("8680{}", &cfg[4..]).into();
         }),
+        // A character of two bytes across a byte's two hex digits, in config space
+        // and in a completion waiting in a CQ: refused, not cut through (a panic).
+        broken(&|v| {
+            let cfg = v["config"].as_str().unwrap();
+            v["config"] = format!("a\u{e9}b{}", &cfg[4..]).into();
+        }),
+        broken(&|v| {
+            let cqs = v["controller"]["cqs"].as_array_mut().unwrap();
+            let waiting = format!("0\u{e9}{}", "0".repeat(29));
+            cqs.last_mut().unwrap()["overflow"] = serde_json::json!([waiting]);
+        }),
     ];
     for (i, stream) in refused.iter().enumerate() {
         let id = 10 * i as u16;

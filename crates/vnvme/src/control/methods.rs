@@ -33,6 +33,18 @@ pub struct Context {
     pub upgrade: crate::upgrade::Source,
 }
 
+impl Context {
+    /// What handing the server over reads of it.
+    pub fn running(&self) -> crate::upgrade::Running<'_> {
+        crate::upgrade::Running {
+            jobs: &self.jobs,
+            specs: &self.specs,
+            groups: &self.groups,
+            source: &self.upgrade,
+        }
+    }
+}
+
 /// Runs `req`.
 pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
     match req {
@@ -45,7 +57,7 @@ pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
         Request::QosSet(q) => qos_set(ctx, q),
         Request::QosGet(q) => qos_get(ctx, q),
         Request::LogSet(l) => log_set(l),
-        Request::UpgradePrepare(NoParams {}) => crate::upgrade::prepare(ctx),
+        Request::UpgradePrepare(NoParams {}) => crate::upgrade::prepare(&ctx.running()),
     }
 }
 
@@ -107,7 +119,7 @@ fn ns_list(ctx: &Context) -> Result<Value, RpcError> {
 fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, RpcError> {
     let spec: NsSpec = text.parse().map_err(|e: String| RpcError::params(format!("spec: {e}")))?;
     if let Some(installed) = &ctx.sandbox {
-        crate::sandbox::may_add(&spec, installed).map_err(|e| RpcError::new(code::NOT_PERMITTED, e))?;
+        spec.may_add(installed).map_err(|e| RpcError::new(code::NOT_PERMITTED, e))?;
     }
     // Opened here, on the control thread: the device thread only attaches it.
     let opened = spec

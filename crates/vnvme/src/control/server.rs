@@ -66,7 +66,7 @@ impl Protocol for JsonLines {
             // here on (vfio-user framing, descriptors).
             if let Stream::Unix(s) = stream {
                 if let Ok(stream) = s.try_clone() {
-                    if crate::upgrade::hand_over(&self.ctx, stream, &params) {
+                    if crate::upgrade::hand_over(&self.ctx.running(), stream, &params) {
                         // The listener is the new process's now; this one exits in a
                         // moment and must not take a connection.
                         loop {

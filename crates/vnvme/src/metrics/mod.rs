@@ -82,7 +82,7 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Scrape {
         version: env!("CARGO_PKG_VERSION").into(),
-        commit: crate::COMMIT.into(),
+        commit: crate::version::COMMIT.into(),
         serial: serial.into(),
         state: state_name(d.ctrl.lifecycle()).into(),
         client_connected: d.client_connected(),

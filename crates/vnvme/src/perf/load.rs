@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use super::{Histogram, PerfArgs, Workload};
+use super::args::PerfArgs;
+use super::histogram::Histogram;
+use super::knobs::Workload;
 use nvme_driver::{IoCommand, IoQueue, QueueStats};
 
 /// Where the random patterns go: xorshift64*, seeded per queue so two queues do not

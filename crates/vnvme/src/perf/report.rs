@@ -7,9 +7,9 @@ use std::time::Duration;
 use nvme_driver::CompletionMode;
 use serde_json::{json, Value};
 
+use super::args::{PerfArgs, Target};
 use super::load::Totals;
 use super::measure::{CpuUse, ServerCpu};
-use super::{PerfArgs, Target};
 
 /// What a run measured.
 pub(super) struct Outcome {

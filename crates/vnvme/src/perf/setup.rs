@@ -8,7 +8,8 @@ use nvme_ctrl::{ControllerConfig, Stats};
 use nvme_driver::{DriverOptions, NvmeDriver, Transport, VfioUserOptions, VfioUserTransport};
 use nvme_inproc::{InProcessOptions, InProcessTransport};
 
-use super::{Doorbells, PerfArgs, Target};
+use super::args::{PerfArgs, Target};
+use super::knobs::Doorbells;
 
 /// A driver with `a.queues` I/O queues, ready to run.
 pub(super) struct Setup {
