@@ -26,6 +26,7 @@
 pub mod handshake;
 pub mod proto;
 mod queue;
+mod shared;
 pub mod uri;
 
 use std::io;
@@ -40,28 +41,10 @@ pub use uri::NbdUri;
 
 use handshake::Stream;
 use proto::tflag;
+use shared::Shared;
 
 /// How long connecting and the handshake may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What a backend's queues share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) uri: NbdUri,
-    /// What the URI resolved to at open: reconnects make no name lookups.
-    pub(crate) target: handshake::Target,
-    pub(crate) export: Export,
-    /// Most bytes per READ or WRITE command, and per TRIM or WRITE_ZEROES.
-    pub(crate) max_payload: u64,
-    pub(crate) max_other: u64,
-    size: AtomicU64,
-}
-
-impl Shared {
-    pub(crate) fn size(&self) -> u64 {
-        self.size.load(Ordering::Relaxed)
-    }
-}
 
 /// The transmission flags an operator cares about, as words.
 fn flag_names(flags: u16) -> String {
@@ -115,7 +98,7 @@ impl NbdBackend {
             export,
             max_payload: round(u64::from(export.max_block).min(32 << 20)),
             max_other: round(u64::from(u32::MAX)),
-            size: AtomicU64::new(export.size),
+            size: export.size,
         };
         Ok(NbdBackend {
             shared: Arc::new(shared),
@@ -135,7 +118,7 @@ impl Backend for NbdBackend {
         let e = &self.shared.export;
         BackendInfo {
             kind: format!("nbd:{}", self.shared.uri),
-            size: self.shared.size(),
+            size: self.shared.size,
             block_size: e.min_block,
             volatile_cache: e.has(tflag::SEND_FLUSH),
             discard: e.has(tflag::SEND_TRIM),

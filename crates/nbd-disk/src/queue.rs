@@ -31,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::handshake::{self, Export, Stream};
 use crate::proto::{self, cflag, chunk, cmd, tflag, ReplyHeader};
-use crate::Shared;
+use crate::shared::Shared;
 
 /// One NBD command of a request; its cookie is its index.
 #[derive(Debug, Clone, Copy)]
@@ -121,7 +121,7 @@ impl NbdQueue {
         let e = self.export();
         let min = u64::from(e.min_block);
         if req.op != Op::Flush {
-            block_backend::check_range(req.offset, req.len, self.shared.size())?;
+            block_backend::check_range(req.offset, req.len, self.shared.size)?;
             if !req.offset.is_multiple_of(min) || !req.len.is_multiple_of(min) {
                 return Err(invalid(format!(
                     "range {:#x}+{:#x} is not in whole {min}-byte blocks of the export",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::transport::DirectDoorbell;
 
-use super::{invalid, last_error};
+use super::ioctl::{invalid, last_error};
 
 /// BAR0 mapped into this process.
 pub(super) struct BarMapping {

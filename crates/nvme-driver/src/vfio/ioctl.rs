@@ -8,8 +8,6 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use vfio_bindings::bindings::vfio::{vfio_irq_set, vfio_region_info, VFIO_BASE, VFIO_TYPE};
 
-use super::last_error;
-
 // ---- ioctl numbers (linux/vfio.h: `_IO(VFIO_TYPE, VFIO_BASE + n)`; bindgen does not
 // translate the macros, so they are computed here and checked in the tests).
 
@@ -90,6 +88,19 @@ pub(super) fn irq_set_buffer(flags: u32, index: u32, start: u32, fds: &[RawFd]) 
         *w = *fd as u32;
     }
     words
+}
+
+/// An error that keeps the OS error kind and says what was being done.
+pub(super) fn ctx(e: io::Error, what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+pub(super) fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
+}
+
+pub(super) fn last_error(what: impl std::fmt::Display) -> io::Error {
+    ctx(io::Error::last_os_error(), what)
 }
 
 #[cfg(test)]

@@ -41,30 +41,32 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::transport::{new_eventfd, DirectDoorbell, DmaRegion, Transport};
-use guest_mem::GuestMemory;
+use guest_mem::{GuestMemory, Mapping};
 use tracing::{debug, info, warn};
 use vfio_bindings::bindings::vfio::{
-    vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_irq_info, VFIO_TYPE1v2_IOMMU,
-    VFIO_API_VERSION, VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_GROUP_FLAGS_VIABLE, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD,
-    VFIO_IRQ_SET_DATA_NONE, VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+    vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_irq_info,
+    VFIO_TYPE1v2_IOMMU, VFIO_API_VERSION, VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_GROUP_FLAGS_VIABLE, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 
 use self::bar::{Bar0, BarMapping, MappedDoorbell};
-use self::dma::{align_up, DmaMapping};
+use self::dma::{align_up, memfd, DmaMapping, MFD_HUGE_2MB};
 use self::ioctl::{
     argsz, ioctl_ptr, ioctl_val, irq_set_buffer, region_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_GET_INFO,
     VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION,
     VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER, VFIO_IOMMU_MAP_DMA,
     VFIO_IOMMU_UNMAP_DMA, VFIO_SET_IOMMU,
 };
+use self::ioctl::{ctx, invalid};
+use self::pagemap::translate;
 
 /// The ioctls an open transport still issues (DMA mappings as a client's memory comes
 /// and goes, interrupt wiring, reset): what a sandbox around it must allow.
@@ -82,19 +84,6 @@ const HUGE_PAGE: u64 = 2 << 20;
 const MIN_BAR0: u64 = 0x1008;
 /// PCI class code of an NVM Express I/O controller (base 01h, sub 08h, prog-if 02h).
 const NVME_CLASS: [u8; 3] = [0x02, 0x08, 0x01];
-
-/// An error that keeps the OS error kind and says what was being done.
-fn ctx(e: io::Error, what: impl std::fmt::Display) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
-}
-
-fn last_error(what: impl std::fmt::Display) -> io::Error {
-    ctx(io::Error::last_os_error(), what)
-}
 
 mod bar;
 mod dma;
@@ -307,6 +296,90 @@ impl KernelVfioTransport {
             Some(end) if end <= size && off.is_multiple_of(4) => Ok(off),
             _ => Err(invalid(format!("BAR0 offset {off:#x} is unaligned or beyond {size:#x}"))),
         }
+    }
+}
+
+/// DMA memory (`dma.rs` has the pieces).
+impl KernelVfioTransport {
+    pub(super) fn dma_alloc_iommu(&mut self, len: u64) -> io::Result<DmaRegion> {
+        let size = align_up(len, PAGE).ok_or_else(|| invalid("DMA length overflows"))?;
+        let fd = memfd(c"vnvme-vfio-dma", 0, size)?;
+        let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
+        // Large buffers start on a 2 MiB boundary so the IOMMU can use large pages.
+        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
+        let iova = align_up(self.next_iova, align)
+            .filter(|i| i.checked_add(size).is_some())
+            .ok_or_else(|| io::Error::other("IOVA space exhausted"))?;
+        let (vaddr, _) = map.as_raw();
+        let mut m = vfio_iommu_type1_dma_map {
+            argsz: argsz::<vfio_iommu_type1_dma_map>(),
+            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+            vaddr: vaddr as u64,
+            iova,
+            size,
+        };
+        // `m` is a live vfio_iommu_type1_dma_map of the size argsz names; the range it
+        // names is our own mapping, kept alive by `self.dma` until unmapped.
+        // SAFETY: a live argument, and a range that stays mapped until unmapped here.
+        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA") }.map_err(
+            |e| {
+                if e.raw_os_error() == Some(libc::ENOMEM) {
+                    ctx(e, "pinning DMA memory (raise the locked-memory limit, ulimit -l)")
+                } else {
+                    e
+                }
+            },
+        )?;
+        self.next_iova = iova + size;
+        self.dma.push(DmaMapping { iova, size, _map: map.clone(), in_iommu: true });
+        let mem = GuestMemory::empty().with_region(iova, size, map, 0)?;
+        debug!(iova = format_args!("{iova:#x}"), size, "DMA memory mapped through the IOMMU");
+        Ok(DmaRegion { iova, len: size, mem })
+    }
+
+    pub(super) fn iommu_unmap(&self, iova: u64, size: u64) -> io::Result<()> {
+        let mut u = vfio_iommu_type1_dma_unmap {
+            argsz: argsz::<vfio_iommu_type1_dma_unmap>(),
+            iova,
+            size,
+            ..Default::default()
+        };
+        // `u` is a live vfio_iommu_type1_dma_unmap of the size argsz names (no dirty
+        // bitmap requested, so no trailing data).
+        // SAFETY: a live argument of exactly the size argsz names.
+        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut u, "VFIO_IOMMU_UNMAP_DMA") }?;
+        Ok(())
+    }
+
+    pub(super) fn dma_alloc_noiommu(&mut self, len: u64) -> io::Result<DmaRegion> {
+        let size = align_up(len, HUGE_PAGE).ok_or_else(|| invalid("DMA length overflows"))?;
+        let fd = memfd(c"vnvme-vfio-dma", libc::MFD_HUGETLB | MFD_HUGE_2MB, size).map_err(|e| {
+            ctx(
+                e,
+                "no-IOMMU DMA memory comes from 2 MiB huge pages: reserve some (/proc/sys/vm/nr_hugepages)",
+            )
+        })?;
+        // A shared hugetlb mapping reserves its pages here, so a shortage fails now
+        // rather than as SIGBUS on first touch.
+        let map = Arc::new(Mapping::from_fd(fd.as_fd(), 0, size, true)?);
+        let scratch = GuestMemory::empty().with_region(0, size, map.clone(), 0)?;
+        scratch.fill(0, size, 0)?; // fault every huge page in
+        let pagemap = File::open("/proc/self/pagemap").map_err(|e| ctx(e, "/proc/self/pagemap"))?;
+        let (base, _) = map.as_raw();
+        let phys0 = translate(&pagemap, base as u64)?;
+        for i in 1..size / HUGE_PAGE {
+            let p = translate(&pagemap, base as u64 + i * HUGE_PAGE)?;
+            if p != phys0 + i * HUGE_PAGE {
+                return Err(io::Error::other(format!(
+                    "no-IOMMU mode: the {size}-byte DMA buffer is not physically contiguous; \
+                     allocate at most {HUGE_PAGE} bytes at a time"
+                )));
+            }
+        }
+        self.dma.push(DmaMapping { iova: phys0, size, _map: map.clone(), in_iommu: false });
+        let mem = GuestMemory::empty().with_region(phys0, size, map, 0)?;
+        debug!(phys = format_args!("{phys0:#x}"), size, "no-IOMMU DMA memory");
+        Ok(DmaRegion { iova: phys0, len: size, mem })
     }
 }
 

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::ctx;
+use super::ioctl::ctx;
 
 /// Why a virtual address could not be translated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{ctx, invalid};
+use super::ioctl::{ctx, invalid};
 
 /// Canonical `DDDD:BB:DD.F` form of a PCI address; `BB:DD.F` gets domain 0000.
 pub fn normalize_bdf(s: &str) -> io::Result<String> {

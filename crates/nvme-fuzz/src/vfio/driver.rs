@@ -11,7 +11,11 @@ use vfio_user::Command;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
-use super::*;
+use vfio_user_server::doorbells::DOORBELL_PAGE;
+
+use super::fds::{FdKind, FdPool};
+use super::gen::{Input, Outgoing};
+use super::layout::*;
 
 /// What the driver-like sequences know of the controller they brought up.
 #[derive(Default)]

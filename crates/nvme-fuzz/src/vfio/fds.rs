@@ -6,7 +6,10 @@ use std::os::fd::OwnedFd;
 use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::{MemfdFlags, OFlags, SealFlags};
 
-use super::*;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+
+use super::layout::*;
 
 /// The kinds of descriptor a client may pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

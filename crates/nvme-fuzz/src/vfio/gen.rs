@@ -11,7 +11,12 @@ use vfio_user::{Command, Header};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
-use super::*;
+use std::os::unix::fs::FileExt;
+
+use vfio_user_server::doorbells::DOORBELL_PAGE;
+
+use super::fds::{FdPool, KINDS};
+use super::layout::*;
 
 /// The input, read leniently: past its end every value is zero.
 pub(super) struct Input<'a>(pub(super) Unstructured<'a>);
