@@ -3,6 +3,7 @@
 //! (which reports invalid doorbells and failed commands). Off the hot path: a mutex.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
@@ -39,6 +40,9 @@ pub type Notifier = Box<dyn Fn() + Send + Sync>;
 #[derive(Default)]
 pub struct Events {
     inner: Mutex<Inner>,
+    /// Some event is queued (set under the lock whenever the queue changes): the
+    /// admin side looks for one to deliver without taking the lock when none is.
+    any_queued: AtomicBool,
     notifier: std::sync::OnceLock<Notifier>,
 }
 
@@ -96,6 +100,7 @@ impl Events {
         g.errors.truncate(ERROR_LOG_ENTRIES);
         g.error_count = s.error_count;
         g.queued = queued.into();
+        self.any_queued.store(!g.queued.is_empty(), Ordering::Release);
         g.masked = s.masked;
         g.changed_ns = s.changed_ns;
         g.critical_warning = s.critical_warning;
@@ -121,6 +126,7 @@ impl Events {
                 return;
             }
             g.queued.push_back(ev);
+            self.any_queued.store(true, Ordering::Release);
         }
         if let Some(n) = self.notifier.get() {
             n();
@@ -136,12 +142,21 @@ impl Events {
     /// host reads the log page (Base §5.1.2: events of a type are not reported again
     /// until the associated log page is read).
     pub fn take_deliverable(&self) -> Option<AsyncEvent> {
+        if !self.any_queued.load(Ordering::Acquire) {
+            return None;
+        }
         let mut g = self.lock();
         let masked = g.masked;
         let idx = g.queued.iter().position(|e| masked & (1 << e.kind as u8) == 0)?;
         let ev = g.queued.remove(idx)?;
+        self.any_queued.store(!g.queued.is_empty(), Ordering::Release);
         g.masked |= 1 << ev.kind as u8;
         Some(ev)
+    }
+
+    /// Some event is queued (whether or not its type is masked now).
+    pub fn any_queued(&self) -> bool {
+        self.any_queued.load(Ordering::Acquire)
     }
 
     /// The host read log page `log_id` without Retain Asynchronous Event: unmask the
@@ -218,6 +233,7 @@ impl Events {
     pub fn reset(&self) {
         let mut g = self.lock();
         g.queued.clear();
+        self.any_queued.store(false, Ordering::Release);
         g.masked = 0;
         // Asynchronous Event Configuration returns to its default: no events.
         g.warning_events = 0;

@@ -115,6 +115,12 @@ impl AdminState {
         }
     }
 
+    /// Whether the admin side has work besides commands: an erasing Format to move
+    /// on, or an event for an outstanding Asynchronous Event Request.
+    pub(crate) fn has_work(&self, events: &Events) -> bool {
+        self.format.is_some() || (!self.aers.is_empty() && events.any_queued())
+    }
+
     /// The admin backend queue of `ns`.
     fn queue(&mut self, ns: &Namespace) -> Result<&mut Box<dyn BackendQueue>, BackendError> {
         self.backends

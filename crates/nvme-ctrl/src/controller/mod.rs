@@ -427,13 +427,17 @@ impl Controller {
         for _ in 0..64 {
             let mut progress = self.engine.poll();
             let inbox = std::mem::take(&mut self.engine.admin_inbox);
-            let mut admin = self.admin_parts();
-            for sqe in inbox {
-                progress = true;
-                admin.execute(sqe);
+            // Admin work: commands fetched, an erasing Format, events for the AERs
+            // outstanding (borrowing the parts only then: this runs per poll).
+            if !inbox.is_empty() || self.admin.has_work(&self.events) {
+                let mut admin = self.admin_parts();
+                for sqe in inbox {
+                    progress = true;
+                    admin.execute(sqe);
+                }
+                progress |= admin.advance_format();
+                progress |= admin.deliver_events();
             }
-            progress |= admin.advance_format();
-            progress |= admin.deliver_events();
             if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
                 warn!(target: "vnvme::guest", "controller fatal status: {why}");
