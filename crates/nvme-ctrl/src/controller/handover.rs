@@ -104,7 +104,7 @@ impl Controller {
             sqs,
             cqs,
             next_sq: self.engine.queues.upcoming(),
-            shadow: self.engine.shadow.map(|b| b.save()),
+            shadow: self.engine.shadow().map(|b| b.save()),
             coalescing_disabled: (0..self.cfg.msix_vectors)
                 .filter(|&iv| self.engine.vector_coalescing_disabled(iv))
                 .collect(),
@@ -220,7 +220,7 @@ impl Controller {
             self.engine.queues.set_upcoming(q);
         }
         if let Some(b) = c.shadow {
-            self.on_all_engines(move |e| e.shadow = Some(b));
+            self.on_all_engines(move |e| e.restore_shadow(b));
         }
         for &iv in &s.coalescing_disabled {
             self.runtime.set_vector_coalescing_disabled(&mut self.engine, iv, true);

@@ -31,7 +31,7 @@ pub struct Controller {
     pub(crate) regs: RegisterFile,
     /// Where the controller is in its life, and what exists only there.
     pub(crate) phase: Phase,
-    /// Fetching is stopped for a state hand-over (`state.rs`).
+    /// Fetching is stopped for a state hand-over (`handover.rs`).
     pub(crate) quiesced: bool,
     /// The admin queue's engine; without workers it also owns every I/O queue.
     pub(crate) engine: IoEngine,

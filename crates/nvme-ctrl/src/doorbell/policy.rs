@@ -91,6 +91,12 @@ impl IoEngine {
         self.shadow
     }
 
+    /// The buffers of a restored state, as they were: nothing is written to guest
+    /// memory (the slots there are the live ones; `resume` publishes EventIdx).
+    pub(crate) fn restore_shadow(&mut self, buffers: ShadowBuffers) {
+        self.shadow = Some(buffers);
+    }
+
     pub(crate) fn init_shadow_slots(&mut self, qid: u16, kind: DoorbellKind, v: u32) {
         let Some(b) = self.shadow else { return };
         let ei = match kind {

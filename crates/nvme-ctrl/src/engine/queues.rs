@@ -4,7 +4,7 @@
 //!
 //! Creating or deleting a queue through the table keeps the lists in step; nothing
 //! else writes them. Which SQs post to which CQ is the controller's book
-//! (`routing.rs`), the one record the admin side validates against.
+//! (`runtime::routing`), the one record the admin side validates against.
 
 use crate::queue::{CompletionQueue, SubmissionQueue};
 

@@ -44,7 +44,7 @@ pub(crate) struct Runtime {
     judge: Option<Arc<SpinJudge>>,
     /// Wakes every worker (see `Controller::doorbell_kick`).
     kick: Arc<std::os::fd::OwnedFd>,
-    /// Which I/O queues exist (`routing.rs`).
+    /// Which I/O queues exist (`runtime::routing`).
     book: QueueBook,
 }
 
