@@ -1,8 +1,6 @@
 //! Set Features and Get Features (Base §5.1.25, §5.1.11), and the feature values
 //! the controller honours.
 
-use std::sync::Arc;
-
 use nvme_spec::admin::{FeatureSelect, Features};
 use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
 use nvme_spec::features::{
@@ -17,7 +15,6 @@ use crate::config::ControllerConfig;
 use crate::engine::Settings;
 use crate::error::{CmdResult, CommandError};
 use crate::interrupt::Coalescing;
-use crate::namespace::Namespace;
 
 /// Default over-temperature threshold: the warning composite temperature (WCTEMP).
 pub(crate) const WCTEMP_K: u16 = 343;
@@ -56,16 +53,9 @@ pub struct FeatureValues {
 }
 
 impl FeatureState {
-    pub(crate) fn new(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]) -> Self {
-        // A host reads VWC once, at bring-up, and sends Flush only if it is present:
-        // with room for namespaces added later (which may have a cache), say present.
-        let vwc_present = cfg.capabilities.map_or_else(
-            || {
-                crate::namespace::active(namespaces).any(|n| n.info.volatile_cache)
-                    || namespaces.iter().any(Option::is_none)
-            },
-            |c| c.volatile_write_cache,
-        );
+    /// The defaults of a controller of `cfg` that has a volatile write cache if
+    /// `vwc_present` (`Capabilities::of`).
+    pub(crate) fn new(cfg: &ControllerConfig, vwc_present: bool) -> Self {
         let defaults = FeatureValues {
             // AB = 7: no burst limit.
             arbitration: 7,

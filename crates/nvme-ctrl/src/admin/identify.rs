@@ -116,8 +116,8 @@ impl Admin<'_> {
         c.cqes = 0x44;
         c.nn = U32::new(self.namespaces.len() as u32);
         // Deallocation and Write Zeroes only where a backend does them natively.
-        let dsm = if self.engine.ctx.dsm { oncs::DSM } else { 0 };
-        let wz = if self.engine.ctx.write_zeroes { oncs::WRITE_ZEROES } else { 0 };
+        let dsm = if self.engine.ctx.caps.dsm { oncs::DSM } else { 0 };
+        let wz = if self.engine.ctx.caps.write_zeroes { oncs::WRITE_ZEROES } else { 0 };
         c.oncs = U16::new(oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | oncs::TIMESTAMP | oncs::VERIFY);
         c.fna = 0;
         c.vwc =

@@ -90,10 +90,11 @@ impl AdminState {
     pub(crate) fn new(
         cfg: &ControllerConfig,
         namespaces: &[Option<Arc<Namespace>>],
+        vwc_present: bool,
     ) -> std::io::Result<Self> {
         let backends = BackendSet::open(namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
         Ok(AdminState {
-            features: FeatureState::new(cfg, namespaces),
+            features: FeatureState::new(cfg, vwc_present),
             aers: Vec::new(),
             io_queues_created: false,
             backends,

@@ -94,6 +94,7 @@ impl Controller {
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
         let events = Arc::new(Events::default());
+        let caps = capabilities_of(&cfg, &namespaces);
         let ctx = EngineContext {
             namespaces: namespaces.clone(),
             irq,
@@ -104,17 +105,14 @@ impl Controller {
             max_qid: cfg.max_io_queues,
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
-            dsm: cfg.capabilities.map_or_else(|| active(&namespaces).any(|n| n.info.discard), |c| c.dsm),
-            write_zeroes: cfg
-                .capabilities
-                .map_or_else(|| active(&namespaces).any(|n| n.info.write_zeroes), |c| c.write_zeroes),
+            caps,
             memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let engine = IoEngine::new(ctx)?;
         // TO = 20 (10 s): generous for a loaded host; MPSMIN 4 KiB, MPSMAX 64 KiB.
         let cap = Cap::new(cfg.mqes_z, 20, cfg.dstrd, 0, 4);
-        let mut admin = AdminState::new(&cfg, &namespaces)?;
+        let mut admin = AdminState::new(&cfg, &namespaces, caps.volatile_write_cache)?;
         admin.created_ns = clock.now_ns();
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
@@ -135,11 +133,7 @@ impl Controller {
 
     /// What the controller told its host it can do (fixed at creation).
     pub fn capabilities(&self) -> crate::Capabilities {
-        crate::Capabilities {
-            dsm: self.engine.ctx.dsm,
-            write_zeroes: self.engine.ctx.write_zeroes,
-            volatile_write_cache: self.admin.features.vwc_present,
-        }
+        self.engine.ctx.caps
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
@@ -512,4 +506,19 @@ impl Controller {
     pub fn set_arm_eventidx(&mut self, arm: bool) {
         self.engine.arm_eventidx = arm;
     }
+}
+
+/// What a controller of `cfg` over `namespaces` tells its host it can do: what
+/// `cfg` says, or else what its backends do natively. With room for namespaces
+/// added later (which may have a cache) a volatile write cache is present: a host
+/// reads VWC once, at bring-up, and sends Flush only if it is.
+fn capabilities_of(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]) -> crate::Capabilities {
+    cfg.capabilities.unwrap_or_else(|| {
+        let any = |f: fn(&Namespace) -> bool| active(namespaces).any(|n| f(n));
+        crate::Capabilities {
+            dsm: any(|n| n.info.discard),
+            write_zeroes: any(|n| n.info.write_zeroes),
+            volatile_write_cache: any(|n| n.info.volatile_cache) || namespaces.iter().any(Option::is_none),
+        }
+    })
 }

@@ -62,10 +62,9 @@ pub struct EngineContext {
     pub vectors: u16,
     /// CAP.DSTRD.
     pub dstrd: u8,
-    /// Some namespace's backend deallocates natively: Dataset Management is in ONCS.
-    pub dsm: bool,
-    /// Some namespace's backend writes zeroes natively: Write Zeroes is in ONCS.
-    pub write_zeroes: bool,
+    /// What the controller told its host it can do (Dataset Management and Write
+    /// Zeroes in ONCS, a volatile write cache).
+    pub caps: crate::Capabilities,
     /// The guest memory map, as the transport last published it.
     pub memory: Arc<SharedMemory>,
     /// Set by any engine that hit a fault it cannot report per command; the controller

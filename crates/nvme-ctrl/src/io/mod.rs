@@ -66,8 +66,8 @@ impl IoEngine {
             op::WRITE | op::READ | op::COMPARE | op::VERIFY => self.read_write(sqid, sqe),
             // Optional commands exist only where Identify ONCS reports them: some
             // namespace's backend does them natively.
-            op::WRITE_ZEROES if self.ctx.write_zeroes => self.read_write(sqid, sqe),
-            op::DATASET_MANAGEMENT if self.ctx.dsm => self.dataset_management(sqid, sqe),
+            op::WRITE_ZEROES if self.ctx.caps.write_zeroes => self.read_write(sqid, sqe),
+            op::DATASET_MANAGEMENT if self.ctx.caps.dsm => self.dataset_management(sqid, sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
