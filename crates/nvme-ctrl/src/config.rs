@@ -9,6 +9,15 @@ use block_backend::Backend;
 /// Linux waits for an I/O before it aborts it (nvme_core.io_timeout).
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Command Retry Delay Times (Identify Controller CRDT1-3, in 100 ms): how long a
+/// host that enabled Advanced Command Retry (Linux does) waits before it retries a
+/// command whose status names one (CRD; `error::retry_delay` decides which).
+/// CRD 1, 1 s: the storage is unreachable (Namespace Not Ready): Linux's five
+/// retries then span five seconds, what a network backend's reconnect takes, instead
+/// of failing the I/O within microseconds. CRD 2, 5 s: a command timed out at the
+/// backend (Internal Error after the namespace timeout). CRDT3 is not used.
+pub const RETRY_DELAYS: [u16; 3] = [10, 50, 0];
+
 /// The most namespaces a controller may have (NN): the Changed Namespace List log
 /// names up to 1,024, and every engine keeps a slot per NSID.
 pub const MAX_NAMESPACES: u32 = 1024;

@@ -118,11 +118,36 @@ pub fn backend_status(write: bool, e: &BackendError) -> Status {
     }
 }
 
+/// The Command Retry Delay a failed command's status carries when the host enabled
+/// Advanced Command Retry (`config::RETRY_DELAYS` has the times): 1 when the storage
+/// is unreachable, 2 after a backend timeout, 0 otherwise (success, DNR, and errors
+/// a retry at once may clear).
+pub(crate) fn retry_delay(status: Status) -> u8 {
+    if status.dnr() {
+        return 0;
+    }
+    match status.code() {
+        Status::NAMESPACE_NOT_READY => 1,
+        Status::INTERNAL_ERROR => 2,
+        _ => 0,
+    }
+}
+
 pub type CmdResult<T = ()> = Result<T, CommandError>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_delays_go_to_what_waiting_may_clear() {
+        let gone = backend_status(false, &BackendError::NotReady("reconnecting".into()));
+        assert_eq!(retry_delay(gone), 1);
+        assert_eq!(retry_delay(CommandError::TimedOut { ms: 30_000 }.status()), 2);
+        assert_eq!(retry_delay(Status::UNRECOVERED_READ_ERROR), 0);
+        assert_eq!(retry_delay(Status::INTERNAL_ERROR.with_dnr()), 0);
+        assert_eq!(retry_delay(Status::SUCCESS), 0);
+    }
 
     #[test]
     fn a_guest_fault_in_a_segment_copy_is_a_memory_error() {

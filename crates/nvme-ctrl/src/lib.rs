@@ -49,7 +49,9 @@ mod saved;
 pub mod state;
 mod stats;
 
-pub use config::{Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES};
+pub use config::{
+    Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, RETRY_DELAYS,
+};
 pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};

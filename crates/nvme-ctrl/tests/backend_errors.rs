@@ -271,3 +271,87 @@ fn lba_size_must_suit_the_backend() {
     assert_eq!(h.format_raw(1, 0).code(), Status::INVALID_FORMAT.code());
     assert_still_works(&mut h, 1, 1, 4096);
 }
+
+/// Sets Host Behavior Support with ACRE = `acre` (the 512-byte buffer in the admin
+/// buffer) and reads it back.
+fn set_acre(h: &mut MockHost, acre: bool) {
+    let mut data = [0u8; 512];
+    data[0] = acre as u8;
+    h.mem.write(h.admin_buf, &data).unwrap();
+    let c = h.set_features_raw(fid::HOST_BEHAVIOR_SUPPORT, 0, false);
+    assert_eq!(c.status(), Status::SUCCESS, "Set Features Host Behavior Support");
+    h.mem.fill(h.admin_buf, 512, 0xff).unwrap();
+    let c = h.get_features_raw(fid::HOST_BEHAVIOR_SUPPORT, 0, 0);
+    assert_eq!(c.status(), Status::SUCCESS, "Get Features Host Behavior Support");
+    let mut back = [0u8; 512];
+    h.mem.read(h.admin_buf, &mut back).unwrap();
+    assert_eq!(back[0], acre as u8, "ACRE reads back");
+    assert!(back[1..].iter().all(|&b| b == 0), "fields not supported read back as 0");
+}
+
+/// Command Retry Delay (Base: Completion Queue Entry, CRD; Identify Controller
+/// CRDT1-3; Host Behavior Support, ACRE): Identify reports the delay times; once the
+/// host enables Advanced Command Retry, a command that failed because the storage is
+/// unreachable carries CRD 1 (retry after CRDT1), a timed-out one CRD 2, and a
+/// failure a retry at once may clear, or one with DNR, none; without ACRE no status
+/// carries a CRD; a reset turns ACRE off again.
+#[test]
+fn retryable_failures_carry_a_command_retry_delay_once_the_host_enables_acre() {
+    let (mut h, _be) = faulty(&["read/gone/lba=0+8", "read/eio/lba=8+8", "write/enospc/lba=16+8"]);
+    let id = h.identify(1, 0).unwrap();
+    let crdt = |i: usize| u16::from_le_bytes([id[128 + 2 * i], id[129 + 2 * i]]);
+    assert_eq!([crdt(0), crdt(1), crdt(2)], nvme_ctrl::RETRY_DELAYS);
+    assert!(crdt(0) > 0, "CRDT1 must be set, or Linux never enables ACRE");
+    let read = |h: &mut MockHost, slba: u64| {
+        let buf = h.alloc.alloc_pages(1);
+        let mut s = MockHost::lba_sqe(iop::READ, 1, slba, 1);
+        s.set_prps(buf, 0);
+        h.io_cmd(1, s).status()
+    };
+    let write = |h: &mut MockHost, slba: u64| {
+        let buf = h.alloc.alloc_pages(1);
+        let mut s = MockHost::lba_sqe(iop::WRITE, 1, slba, 1);
+        s.set_prps(buf, 0);
+        h.io_cmd(1, s).status()
+    };
+    // Before ACRE: no delay anywhere.
+    assert_eq!(read(&mut h, 0), Status::NAMESPACE_NOT_READY);
+    set_acre(&mut h, true);
+    let gone = read(&mut h, 0);
+    assert_eq!((gone.code(), gone.crd(), gone.dnr()), (Status::NAMESPACE_NOT_READY, 1, false));
+    let media = read(&mut h, 8);
+    assert_eq!((media.code(), media.crd()), (Status::UNRECOVERED_READ_ERROR, 0));
+    let full = write(&mut h, 16);
+    assert_eq!((full.code(), full.crd(), full.dnr()), (Status::CAPACITY_EXCEEDED, 0, true));
+    assert_eq!(read(&mut h, 100), Status::SUCCESS);
+    // The Error Information log keeps the status as completed.
+    let (_, _, _, status, _, _) = newest_error(&mut h);
+    assert_eq!(Status::from_raw(status).code(), Status::CAPACITY_EXCEEDED);
+    set_acre(&mut h, false);
+    assert_eq!(read(&mut h, 0).crd(), 0, "ACRE off again: no delay");
+    set_acre(&mut h, true);
+    h.enable(32).unwrap();
+    let c = h.get_features_raw(fid::HOST_BEHAVIOR_SUPPORT, 0, 0);
+    assert_eq!(c.status(), Status::SUCCESS);
+    let mut back = [0u8; 1];
+    h.mem.read(h.admin_buf, &mut back).unwrap();
+    assert_eq!(back[0], 0, "a Controller Level Reset turns ACRE off");
+}
+
+/// A command that timed out at the backend carries CRD 2 once ACRE is on.
+#[test]
+fn a_timed_out_command_carries_the_second_retry_delay() {
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
+    let be = FaultBackend::new(ram, vec!["read/hang".parse::<FaultRule>().unwrap()]);
+    let mut n = NamespaceConfig::new(Arc::new(be), 0);
+    n.timeout = Some(std::time::Duration::from_millis(50));
+    let cfg = ControllerConfig { namespaces: vec![n], ..Default::default() };
+    let mut h = MockHost::new(cfg, 64 << 20);
+    h.init(opts()).unwrap();
+    set_acre(&mut h, true);
+    let buf = h.alloc.alloc_pages(1);
+    let mut s = MockHost::lba_sqe(iop::READ, 1, 0, 1);
+    s.set_prps(buf, 0);
+    let st = h.io_cmd(1, s).status();
+    assert_eq!((st.code(), st.crd(), st.dnr()), (Status::INTERNAL_ERROR, 2, false));
+}

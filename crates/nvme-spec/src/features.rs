@@ -16,6 +16,16 @@ pub mod fid {
     pub const HOST_MEMORY_BUFFER: u8 = 0x0d;
     pub const TIMESTAMP: u8 = 0x0e;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
+    pub const HOST_BEHAVIOR_SUPPORT: u8 = 0x16;
+}
+
+/// The Host Behavior Support feature's data (Base: Set / Get Features, Host Behavior Support; a
+/// 512-byte buffer): what the host tells the controller it does.
+pub mod host_behavior {
+    /// Bytes of the data structure.
+    pub const LEN: usize = 512;
+    /// Byte 0, bit 0: Advanced Command Retry Enable (the host honours CRD).
+    pub const ACRE: usize = 0;
 }
 
 /// Get Features "supported capabilities" bits (Base Figure 192).

@@ -51,6 +51,15 @@ impl Status {
     pub const fn with_more(self) -> Self {
         Status(self.0 | (1 << 13))
     }
+    /// Command Retry Delay (bits 12:11): which of Identify Controller's CRDT1-3 the
+    /// host waits before it retries (0: none).
+    pub const fn crd(self) -> u8 {
+        ((self.0 >> 11) & 3) as u8
+    }
+    /// The same status with Command Retry Delay `crd` (1-3; 0 clears it).
+    pub const fn with_crd(self, crd: u8) -> Self {
+        Status((self.0 & !(3 << 11)) | (((crd & 3) as u16) << 11))
+    }
     pub const fn is_success(self) -> bool {
         self.0 & 0x7ff == 0
     }
@@ -212,5 +221,16 @@ mod tests {
         use std::string::ToString;
         assert_eq!(s.to_string(), "Invalid Queue Identifier (SCT 0x1, SC 0x01, DNR)");
         assert_eq!(Status::from_parts(7, 0xc0).to_string(), "status (SCT 0x7, SC 0xc0)");
+    }
+
+    #[test]
+    fn command_retry_delay_sits_in_bits_12_11() {
+        let s = Status::NAMESPACE_NOT_READY.with_crd(2);
+        assert_eq!(s.crd(), 2);
+        assert_eq!(s.raw() >> 11 & 3, 2);
+        assert_eq!(s.code(), Status::NAMESPACE_NOT_READY);
+        assert!(!s.dnr() && !s.more());
+        assert_eq!(s.with_crd(0), Status::NAMESPACE_NOT_READY);
+        assert_eq!(Status::INTERNAL_ERROR.with_dnr().with_crd(3).crd(), 3);
     }
 }

@@ -4,7 +4,7 @@
 use nvme_spec::admin::{FeatureSelect, Features};
 use nvme_spec::aer::{smart_info, AsyncEvent, EventType};
 use nvme_spec::features::{
-    capability, fid, Arbitration, AsyncEventConfig, ErrorRecovery, InterruptCoalescing,
+    capability, fid, host_behavior, Arbitration, AsyncEventConfig, ErrorRecovery, InterruptCoalescing,
     InterruptVectorConfig, NumberOfQueues, PowerManagement, TemperatureThreshold,
 };
 use nvme_spec::log::{critical_warning, lid};
@@ -50,6 +50,10 @@ pub struct FeatureValues {
     pub coalescing: u32,
     pub write_atomicity: u32,
     pub aec: u32,
+    /// Host Behavior Support: Advanced Command Retry Enable (absent from a state
+    /// saved before it existed: off).
+    #[serde(default)]
+    pub acre: bool,
 }
 
 impl FeatureState {
@@ -67,6 +71,7 @@ impl FeatureState {
             coalescing: 0,
             write_atomicity: 0,
             aec: 0,
+            acre: false,
         };
         let z = cfg.max_io_queues - 1;
         FeatureState {
@@ -98,6 +103,7 @@ impl FeatureState {
             Arbitration(self.cur.arbitration).burst(),
             Coalescing { thr_z: ic.thr_z(), time: ic.time() },
             !self.vwc_present || self.cur.write_cache,
+            self.cur.acre,
         )
     }
 }
@@ -176,6 +182,18 @@ impl Admin<'_> {
                 self.admin.features.aec = AsyncEventConfig(v);
                 self.events.set_warning_events(AsyncEventConfig(v).critical_warnings());
             }
+            fid::HOST_BEHAVIOR_SUPPORT => {
+                // Only ACRE is supported; the other fields (ETDAS, LBAFEE, ...) read
+                // back as 0, which tells the host they are not in effect.
+                let data = self.copy_from_host(sqe, host_behavior::LEN)?;
+                let acre = data[host_behavior::ACRE] & 1 != 0;
+                self.admin.features.cur.acre = acre;
+                tracing::info!(
+                    acre,
+                    "host behavior: advanced command retry {}",
+                    if acre { "enabled" } else { "disabled" }
+                );
+            }
             fid::TIMESTAMP => {
                 let data = self.copy_from_host(sqe, 8)?;
                 let mut ms = [0u8; 8];
@@ -206,6 +224,7 @@ impl Admin<'_> {
                     | fid::INTERRUPT_VECTOR_CONFIG
                     | fid::WRITE_ATOMICITY_NORMAL
                     | fid::ASYNC_EVENT_CONFIG
+                    | fid::HOST_BEHAVIOR_SUPPORT
                     | fid::TIMESTAMP => Ok(AdminDone::Complete(capability::CHANGEABLE)),
                     fid::VOLATILE_WRITE_CACHE if self.admin.features.vwc_present => {
                         Ok(AdminDone::Complete(capability::CHANGEABLE))
@@ -249,6 +268,12 @@ impl Admin<'_> {
             }
             fid::WRITE_ATOMICITY_NORMAL => vals.write_atomicity,
             fid::ASYNC_EVENT_CONFIG => vals.aec,
+            fid::HOST_BEHAVIOR_SUPPORT => {
+                let mut data = [0u8; host_behavior::LEN];
+                data[host_behavior::ACRE] = vals.acre as u8;
+                self.copy_to_host(sqe, &data)?;
+                0
+            }
             fid::TIMESTAMP => {
                 let now = self.clock.now_ns();
                 let (ms, origin) = match self.admin.features.timestamp {

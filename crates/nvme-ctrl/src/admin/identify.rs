@@ -105,6 +105,8 @@ impl Admin<'_> {
         let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
         c.oacs = U16::new(oacs::FORMAT | dbbuf);
         c.acl = cfg.acl_z;
+        let [crdt1, crdt2, crdt3] = crate::config::RETRY_DELAYS;
+        (c.crdt1, c.crdt2, c.crdt3) = (U16::new(crdt1), U16::new(crdt2), U16::new(crdt3));
         c.aerl = cfg.aerl_z;
         c.frmw = frmw::SLOT1_READ_ONLY | frmw::num_slots(1);
         c.lpa = lpa::COMMANDS_EFFECTS | lpa::EXTENDED_DATA;

@@ -27,6 +27,7 @@ impl IoEngine {
     /// Posts the completion of a command fetched from SQ `sqid`.
     pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
         // None: the queue is gone (or the command was orphaned by its teardown).
+        let status = if status.is_success() { status } else { self.settings().retry_delayed(status) };
         let Some(sq) = self.queues.sq_mut(sqid) else { return };
         sq.in_flight = sq.in_flight.saturating_sub(1);
         let cqe = Cqe {

@@ -240,13 +240,13 @@ impl IoEngine {
         self.queues.clear_cqs();
         self.shadow = None;
         self.interrupts.reset();
-        self.settings = Settings::from_features(None, Coalescing::default(), self.settings.write_cache())
-            .paged(self.settings.page_size(), self.settings.mdts_bytes());
+        self.settings =
+            Settings::from_features(None, Coalescing::default(), self.settings.write_cache(), false)
+                .paged(self.settings.page_size(), self.settings.mdts_bytes());
         self.arm_eventidx = true;
         self.fatal = None;
     }
 
-    /// The data-path settings this engine honours.
     /// Stops (or restarts) fetching commands; completions, doorbells and interrupts
     /// go on.
     pub(crate) fn set_quiesced(&mut self, q: bool) {
@@ -259,6 +259,7 @@ impl IoEngine {
         !self.backend_busy() && self.held() == 0 && self.admin_inbox.is_empty()
     }
 
+    /// The data-path settings this engine honours.
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }

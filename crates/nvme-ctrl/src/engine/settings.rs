@@ -1,6 +1,9 @@
 //! The data-path settings admin commands change and every engine honours: the
 //! memory page size (CC.MPS), MDTS, the Arbitration Burst, Interrupt Coalescing and
-//! the Volatile Write Cache. The admin side builds them; an engine reads them.
+//! the Volatile Write Cache, and whether failed commands carry a Command Retry
+//! Delay. The admin side builds them; an engine reads them.
+
+use nvme_spec::Status;
 
 use crate::interrupt::Coalescing;
 
@@ -13,6 +16,9 @@ pub(crate) struct Settings {
     coalescing: Coalescing,
     /// Writes need not be durable until a Flush.
     write_cache: bool,
+    /// The host enabled Advanced Command Retry (Host Behavior Support): failed
+    /// commands carry a Command Retry Delay.
+    acre: bool,
 }
 
 impl Default for Settings {
@@ -25,15 +31,17 @@ impl Default for Settings {
             burst: None,
             coalescing: Coalescing::default(),
             write_cache: true,
+            acre: false,
         }
     }
 }
 
 impl Settings {
     /// What the features say (Arbitration, Interrupt Coalescing, Volatile Write
-    /// Cache); the page size and MDTS stay at their defaults until [`Self::paged`].
-    pub fn from_features(burst: Option<u32>, coalescing: Coalescing, write_cache: bool) -> Self {
-        Settings { burst, coalescing, write_cache, ..Default::default() }
+    /// Cache, Host Behavior Support); the page size and MDTS stay at their defaults
+    /// until [`Self::paged`].
+    pub fn from_features(burst: Option<u32>, coalescing: Coalescing, write_cache: bool, acre: bool) -> Self {
+        Settings { burst, coalescing, write_cache, acre, ..Default::default() }
     }
 
     /// With the page size CC.MPS sets and the MDTS it implies.
@@ -59,5 +67,16 @@ impl Settings {
 
     pub fn write_cache(&self) -> bool {
         self.write_cache
+    }
+
+    /// `status` as the host is told it: with the Command Retry Delay its kind calls
+    /// for if the host enabled Advanced Command Retry, without one otherwise.
+    #[inline]
+    pub fn retry_delayed(&self, status: Status) -> Status {
+        if self.acre {
+            status.with_crd(crate::error::retry_delay(status))
+        } else {
+            status
+        }
     }
 }
