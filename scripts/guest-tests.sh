@@ -45,8 +45,11 @@ own \`vnvme serve\` (built with cargo build --release first):
          guest (scripts/guest/tests/faults.sh): a read of an injected media
          error fails with a medium error in dmesg, smart-log critical warning
          bit 2 and media_errors, error-log entry at the LBA, ENOSPC write
-         fails, I/O around the faults and fio verify still work.
-         host: the server logged the backend failures.
+         fails, a read that finds the storage unreachable three times
+         succeeds after three 1 s Command Retry Delays with nothing in dmesg,
+         I/O around the faults and fio verify still work.
+         host: the server logged the backend failures and the guest enabling
+         Advanced Command Retry.
  live    (every kernel) server: n1 ram:64M, n2 ram:32M, n3 file:IMG:64M, --control,
          --max-namespaces 8; the guest (scripts/guest/tests/live-ns.sh) asks the host
          to run vnvme ctl: a namespace hot-added while fio verify runs on n1 appears
@@ -283,13 +286,18 @@ suite_faults() {
     echo
     echo "== [$k] faults suite: injected backend failures, inline (--workers 0, --poll adaptive)"
     write_config "$d/config.sh" VNVMEGT0003 $((64 << 20)) 512 $((16 << 20)) 512 0 512
-    suite_boot "$k" "$d" faults faults.sh --timeout 240 -- --ns "ram:64M:fault=read/eio/lba=2048+8" \
+    suite_boot "$k" "$d" faults faults.sh --timeout 240 -- --ns "ram:64M:fault=read/eio/lba=2048+8:fault=read/gone/lba=16384+8/count=3" \
         --ns "ram:16M:fault=write/enospc/lba=4096+8" --workers 0 --poll adaptive --serial VNVMEGT0003 || return
     n=$(grep -ac 'backend request failed' "$d/serve.log")
     if [[ $n -ge 2 ]]; then
         result PASS "$k" "server log: $n backend failures logged ($(grep -a 'backend request failed' "$d/serve.log" | head -1 | grep -o 'I/O error.*\|no space.*' | head -1))"
     else
         result FAIL "$k" "server log: $n backend failures logged, want >= 2"
+    fi
+    if grep -qa 'advanced command retry enabled' "$d/serve.log"; then
+        result PASS "$k" "the guest enabled Advanced Command Retry (Host Behavior Support)"
+    else
+        result FAIL "$k" "the guest never enabled Advanced Command Retry (no Host Behavior Support in the server log)"
     fi
     line=$(grep -a 'inline queues' "$d/serve.log" | head -1 | sed 's/.*inline queues/inline queues/')
     if [[ -n $line ]] && grep -qa 'inline: no workers' "$d/serve.log"; then

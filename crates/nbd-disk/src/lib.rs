@@ -46,6 +46,26 @@ use shared::Shared;
 /// How long connecting and the handshake may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long commands wait for a lost connection to come back by default: a daemon
+/// restart takes a few seconds; below the 30 s a Linux guest waits for a command
+/// (nvme_core.io_timeout) before it aborts it and resets the controller.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
+
+/// How a backend behaves when its server goes away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NbdOptions {
+    /// How long commands wait (kept, sent again on the new connection, in order)
+    /// while the queue reconnects; past it they fail with NotReady and the export
+    /// counts as gone until a connection succeeds again.
+    pub hold: Duration,
+}
+
+impl Default for NbdOptions {
+    fn default() -> Self {
+        NbdOptions { hold: DEFAULT_HOLD }
+    }
+}
+
 /// The transmission flags an operator cares about, as words.
 fn flag_names(flags: u16) -> String {
     let names = [
@@ -77,6 +97,11 @@ impl NbdBackend {
     /// Connects to `uri` and learns the export. Fails, naming the server, when it is
     /// unreachable or refuses the export.
     pub fn open(uri: &str) -> io::Result<NbdBackend> {
+        Self::open_with(uri, NbdOptions::default())
+    }
+
+    /// [`NbdBackend::open`] with `opts`.
+    pub fn open_with(uri: &str, opts: NbdOptions) -> io::Result<NbdBackend> {
         let uri: NbdUri = uri.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let (stream, export, target) = handshake::open(&uri, CONNECT_TIMEOUT)?;
         tracing::info!(
@@ -99,6 +124,7 @@ impl NbdBackend {
             max_payload: round(u64::from(export.max_block).min(32 << 20)),
             max_other: round(u64::from(u32::MAX)),
             size: export.size,
+            hold: opts.hold,
         };
         Ok(NbdBackend {
             shared: Arc::new(shared),

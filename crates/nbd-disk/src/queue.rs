@@ -12,12 +12,15 @@
 //! block_backend's in-flight core ([`Requests`]); the wire keeps per request the
 //! number of its pieces not yet answered.
 //!
-//! If the connection breaks, the queue reconnects (a few tries within a bound) and
-//! sends the unfinished pieces again; past the bound every request fails with
-//! NotReady (Namespace Not Ready for the guest), and a new request tries the server
-//! again at most every few seconds, so the namespace comes back with its server.
-//! Reconnecting blocks the queue's thread (and so the other namespaces it serves)
-//! for as long as it takes, within those bounds.
+//! If the connection breaks, commands wait: the queue keeps every unanswered piece
+//! (and takes new requests), tries the server again with a backoff (50 ms doubling to
+//! 2 s, each try at most 1 s) for as long as the hold (`NbdOptions::hold`) allows,
+//! and on a new connection sends them all again in the order they first came. Past
+//! the hold every request fails with NotReady (Namespace Not Ready for the guest,
+//! with a retry delay when it asked for one) and the export counts as gone: a new
+//! request tries the server again at most every second, so the namespace comes back
+//! with its server. A try blocks the queue's thread (and so the other namespaces it
+//! serves) for at most that second; a refused connection returns at once.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -36,6 +39,8 @@ use crate::shared::Shared;
 /// One NBD command of a request; its cookie is its index.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
+    /// Order of creation: a new connection gets the pieces again in this order.
+    seq: u64,
     req: usize,
     kind: u16,
     flags: u16,
@@ -44,13 +49,35 @@ struct Piece {
     len: u64,
 }
 
-/// How long reconnecting may take before the namespace is declared gone.
-const RECONNECT_BOUND: Duration = Duration::from_secs(10);
-const RECONNECT_TRIES: u32 = 3;
-/// Once declared gone, how often a new command may try the server again, and how
-/// long that one try may take.
-const REVIVE_EVERY: Duration = Duration::from_secs(5);
-const REVIVE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The wait after the first failed try to reconnect; it doubles up to MAX_BACKOFF.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The most one try (connect and handshake) may take.
+const TRY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Once the export is gone, how often a new command may try the server again.
+const REVIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the queue's connection is.
+#[derive(Debug)]
+enum Link {
+    Up,
+    /// Lost (`why`) at `since`: commands wait, kept, until the hold runs out. The
+    /// next try is at `next_try`; `backoff` is the wait after it, should it fail.
+    Down {
+        since: Instant,
+        why: String,
+        last: String,
+        tries: u32,
+        next_try: Instant,
+        backoff: Duration,
+    },
+    /// Past the hold: commands fail Not Ready (`why`); one tries the server again
+    /// at most every REVIVE_EVERY.
+    Gone {
+        why: String,
+        last_try: Instant,
+    },
+}
 
 /// One connection to the export, owned by the thread that opened it.
 #[derive(Debug)]
@@ -66,10 +93,13 @@ pub(crate) struct NbdQueue {
     free_pieces: Vec<usize>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
-    /// Why the export is declared gone (commands fail Not Ready), and when it was
-    /// last tried.
-    dead: Option<String>,
-    last_try: Instant,
+    link: Link,
+    /// Since when the server has not answered anything: a connection that comes
+    /// back and breaks again before a reply continues the same outage (the hold is
+    /// counted from here, not from each break).
+    silent_since: Option<Instant>,
+    /// Pieces created so far (their `seq`).
+    pieces_made: u64,
 }
 
 fn invalid(msg: String) -> BackendError {
@@ -107,8 +137,9 @@ impl NbdQueue {
             free_pieces: Vec::new(),
             out: Vec::new(),
             inbuf: Vec::new(),
-            dead: None,
-            last_try: Instant::now(),
+            link: Link::Up,
+            silent_since: None,
+            pieces_made: 0,
         })
     }
 
@@ -137,7 +168,9 @@ impl NbdQueue {
         Ok(())
     }
 
-    fn new_piece(&mut self, p: Piece) -> usize {
+    fn new_piece(&mut self, mut p: Piece) -> usize {
+        p.seq = self.pieces_made;
+        self.pieces_made += 1;
         match self.free_pieces.pop() {
             Some(i) => {
                 self.pieces[i] = Some(p);
@@ -189,12 +222,12 @@ impl NbdQueue {
         };
         let (len, mut cookies) = (req.len, Vec::new());
         if kind == cmd::FLUSH {
-            cookies.push(self.new_piece(Piece { req: r, kind, flags, at: 0, len: 0 }));
+            cookies.push(self.new_piece(Piece { seq: 0, req: r, kind, flags, at: 0, len: 0 }));
         } else {
             let mut at = 0;
             while at < len {
                 let n = (len - at).min(max);
-                cookies.push(self.new_piece(Piece { req: r, kind, flags, at, len: n }));
+                cookies.push(self.new_piece(Piece { seq: 0, req: r, kind, flags, at, len: n }));
                 at += n;
             }
         }
@@ -226,7 +259,7 @@ impl NbdQueue {
         if req.flush_now() {
             // The write is complete: now its flush (a FUA write without FUA).
             req.wire = 1;
-            let c = self.new_piece(Piece { req: p.req, kind: cmd::FLUSH, flags: 0, at: 0, len: 0 });
+            let c = self.new_piece(Piece { seq: 0, req: p.req, kind: cmd::FLUSH, flags: 0, at: 0, len: 0 });
             if let Err(e) = self.encode(c) {
                 self.piece_done(c, Some(e));
             }
@@ -372,45 +405,92 @@ impl NbdQueue {
                 }
             }
         }
+        if at > 0 {
+            self.silent_since = None;
+        }
         self.inbuf.drain(..at);
         Ok(())
     }
 
-    /// The connection broke: reconnect (bounded) and send every unanswered piece
-    /// again, or give up on the export.
-    fn reconnect(&mut self, why: &str) {
+    /// The connection broke (`why`): commands wait while the queue reconnects
+    /// (`try_reconnect`, a first try at once).
+    fn lost(&mut self, why: &str) {
         self.stream = None;
         self.inbuf.clear();
         self.out.clear();
-        if self.dead.is_some() {
+        if !matches!(self.link, Link::Up) {
             return;
         }
-        warn!(target: "vnvme::backend", uri = %self.shared.uri, "NBD connection lost ({why}): reconnecting");
-        let deadline = Instant::now() + RECONNECT_BOUND;
-        let mut last = String::new();
-        for _ in 0..RECONNECT_TRIES {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.connect_again(left.min(Duration::from_secs(3))) {
-                Ok(()) => {
-                    info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD connection re-established");
-                    return;
-                }
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        let now = Instant::now();
+        let since = *self.silent_since.get_or_insert(now);
+        warn!(
+            target: "vnvme::backend",
+            uri = %self.shared.uri,
+            "NBD connection lost ({why}): reconnecting; {} command(s) wait, at most {:?}",
+            self.reqs.in_flight(),
+            self.shared.hold.saturating_sub(now - since)
+        );
+        self.link = Link::Down {
+            since,
+            why: why.to_string(),
+            last: String::new(),
+            tries: 0,
+            next_try: now,
+            backoff: FIRST_BACKOFF,
+        };
+        self.try_reconnect();
+    }
+
+    /// While the connection is down: a try if one is due; past the hold the export
+    /// is gone and every request fails Not Ready.
+    fn try_reconnect(&mut self) {
+        let hold = self.shared.hold;
+        let Link::Down { since, next_try, .. } = &self.link else { return };
+        let (since, now) = (*since, Instant::now());
+        if now < *next_try {
+            return;
         }
-        let msg = format!("NBD server {} gone ({why}; reconnecting: {last})", self.shared.uri);
-        warn!(target: "vnvme::backend", "{msg}; its commands fail Not Ready, and one tries it again every {}s", REVIVE_EVERY.as_secs());
-        self.dead = Some(msg);
-        self.last_try = Instant::now();
-        self.fail_all();
+        let left = (since + hold).saturating_duration_since(now);
+        let attempt = if left.is_zero() { None } else { Some(self.connect_again(left.min(TRY_TIMEOUT))) };
+        let Link::Down { why, last, tries, next_try, backoff, .. } = &mut self.link else { return };
+        *tries += attempt.is_some() as u32;
+        match attempt {
+            Some(Ok(())) => {
+                info!(
+                    target: "vnvme::backend",
+                    uri = %self.shared.uri,
+                    "NBD connection re-established after {} ms ({} tr{}); {} command(s) sent again",
+                    since.elapsed().as_millis(),
+                    tries,
+                    if *tries == 1 { "y" } else { "ies" },
+                    self.reqs.in_flight()
+                );
+                self.link = Link::Up;
+            }
+            failed => {
+                if let Some(Err(e)) = failed {
+                    *last = e;
+                }
+                let now = Instant::now();
+                if now >= since + hold {
+                    let msg = format!(
+                        "NBD server {} gone ({why}; not back within the hold of {hold:?}, {tries} tries; last: {last})",
+                        self.shared.uri
+                    );
+                    warn!(target: "vnvme::backend", "{msg}; its commands fail Not Ready, and one tries it again every {}s", REVIVE_EVERY.as_secs());
+                    self.link = Link::Gone { why: msg, last_try: now };
+                    self.fail_all();
+                } else {
+                    *next_try = (now + *backoff).min(since + hold);
+                    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
     }
 
     /// One try at a new connection to the same export (same size), within
-    /// `timeout`; on success every unanswered piece is sent again.
+    /// `timeout`; on success every unanswered piece is sent again, in the order the
+    /// pieces were made.
     fn connect_again(&mut self, timeout: Duration) -> Result<(), String> {
         let (s, e) =
             handshake::reopen(&self.shared.uri, &self.shared.target, timeout).map_err(|e| e.to_string())?;
@@ -422,7 +502,12 @@ impl NbdQueue {
             .and_then(|()| watch(&self.epoll, &s))
             .map_err(|e| e.to_string())?;
         self.stream = Some(s);
-        let unanswered: Vec<usize> = (0..self.pieces.len()).filter(|&i| self.pieces[i].is_some()).collect();
+        // What was encoded while down goes again below, once.
+        self.out.clear();
+        self.inbuf.clear();
+        let mut unanswered: Vec<usize> =
+            (0..self.pieces.len()).filter(|&i| self.pieces[i].is_some()).collect();
+        unanswered.sort_by_key(|&i| self.pieces[i].map_or(0, |p| p.seq));
         for c in unanswered {
             if let Err(e) = self.encode(c) {
                 self.piece_done(c, Some(e));
@@ -431,16 +516,18 @@ impl NbdQueue {
         Ok(())
     }
 
-    /// A command arrived for an export declared gone: try it again, at most every
-    /// REVIVE_EVERY and for REVIVE_TIMEOUT, so it comes back when its server does.
+    /// A command arrived for an export that is gone: try it again, at most every
+    /// REVIVE_EVERY and for TRY_TIMEOUT, so it comes back when its server does.
     fn maybe_revive(&mut self) {
-        if self.last_try.elapsed() < REVIVE_EVERY {
+        let Link::Gone { last_try, .. } = &mut self.link else { return };
+        if last_try.elapsed() < REVIVE_EVERY {
             return;
         }
-        self.last_try = Instant::now();
-        match self.connect_again(REVIVE_TIMEOUT) {
+        *last_try = Instant::now();
+        match self.connect_again(TRY_TIMEOUT) {
             Ok(()) => {
-                self.dead = None;
+                self.link = Link::Up;
+                self.silent_since = None;
                 info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD server back: namespace ready again");
             }
             Err(e) => {
@@ -450,7 +537,10 @@ impl NbdQueue {
     }
 
     fn fail_all(&mut self) {
-        let why = self.dead.clone().unwrap_or_default();
+        let why = match &self.link {
+            Link::Gone { why, .. } => why.clone(),
+            _ => "the NBD server is gone".to_string(),
+        };
         for c in 0..self.pieces.len() {
             if self.pieces[c].is_some() {
                 self.piece_done(c, Some(BackendError::NotReady(why.clone())));
@@ -475,12 +565,10 @@ fn set_nonblocking(s: &Stream) -> io::Result<()> {
 
 impl BackendQueue for NbdQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
-        if self.dead.is_some() {
-            self.maybe_revive();
-        }
-        let checked = match &self.dead {
-            Some(why) => Err(BackendError::NotReady(why.clone())),
-            None => self.check(&req),
+        self.maybe_revive();
+        let checked = match &self.link {
+            Link::Gone { why, .. } => Err(BackendError::NotReady(why.clone())),
+            Link::Up | Link::Down { .. } => self.check(&req),
         };
         let e = *self.export();
         // Nothing to do: no cache to flush, or an empty range.
@@ -508,28 +596,30 @@ impl BackendQueue for NbdQueue {
     }
 
     fn commit(&mut self) {
-        if !self.out.is_empty() && !self.send() {
-            self.reconnect("send failed");
-            // What the reconnect queued again goes now.
-            if self.stream.is_some() && !self.send() {
-                self.reconnect("send failed again");
-            }
+        self.try_reconnect();
+        if self.stream.is_some() && !self.out.is_empty() && !self.send() {
+            // What a reconnect queues again goes with it.
+            self.lost("send failed");
         }
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        self.try_reconnect();
         if self.stream.is_some() {
             let ok = self.send() && self.receive();
-            let parsed = self.parse();
-            match (ok, parsed) {
+            match (ok, self.parse()) {
                 (true, Ok(())) => {}
-                (false, _) => self.reconnect("the server closed the connection"),
-                (_, Err(e)) => self.reconnect(&e),
+                (false, _) => self.lost("the server closed the connection"),
+                (_, Err(e)) => self.lost(&e),
             }
             // What a reconnect queued again goes now.
-            if !self.out.is_empty() && self.stream.is_some() && !self.send() {
-                self.reconnect("send failed after reconnecting");
+            if self.stream.is_some() && !self.out.is_empty() && !self.send() {
+                self.lost("send failed after reconnecting");
             }
+        }
+        if matches!(self.link, Link::Up) && self.reqs.in_flight() == 0 {
+            // Nothing unanswered: no outage goes on.
+            self.silent_since = None;
         }
         self.reqs.reap(out)
     }
@@ -544,7 +634,8 @@ impl BackendQueue for NbdQueue {
 
     fn needs_polling(&self) -> bool {
         // Unsent bytes: the socket's readability says nothing of its room to write.
-        !self.out.is_empty() || self.reqs.has_done()
+        // Down: the next try to reconnect falls due with no event to say so.
+        !self.out.is_empty() || self.reqs.has_done() || matches!(self.link, Link::Down { .. })
     }
 
     fn revoke(&mut self, tag: u64) -> Option<bool> {

@@ -14,4 +14,6 @@ pub(crate) struct Shared {
     pub(crate) max_other: u64,
     /// The export's size in bytes, as the handshake reported it.
     pub(crate) size: u64,
+    /// How long commands wait for a lost connection (`NbdOptions::hold`).
+    pub(crate) hold: std::time::Duration,
 }

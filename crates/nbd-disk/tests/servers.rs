@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use block_backend::{Backend, BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment};
 use guest_mem::GuestMemory;
-use nbd_disk::NbdBackend;
+use nbd_disk::{NbdBackend, NbdOptions};
 use test_servers::nbd::{servers, NbdServer};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -178,18 +178,78 @@ fn qemu_nbd_serves_a_qcow2_image_and_a_restart_is_survived() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// issue 27: the server restarted 2.1 s after it died (qemu-nbd SIGKILLed, a new
+/// one on the same socket): the requests that came meanwhile wait, nothing fails,
+/// and a write sent before and during the outage reads back.
+#[test]
+fn requests_wait_through_a_server_restart_within_the_hold() {
+    let Some(bin) = servers() else { return };
+    let dir = temp_dir("hold");
+    let img = qcow2(&bin, &dir, "16M");
+    let socket = dir.join("q.sock");
+    let s = qemu_nbd(&bin, &img, &socket);
+    let be =
+        NbdBackend::open_with(&uri(&socket), NbdOptions { hold: Duration::from_secs(15) }).expect("open");
+    let mut q = be.open_queue().unwrap();
+    let m = mem();
+    m.write(0, &pattern(21, 65536)).unwrap();
+    assert!(run(&mut q, &m, rw(Op::Write { fua: true }, 1 << 20, 65536, 0)).result.is_ok());
+    drop(s);
+    let died = Instant::now();
+    // Three requests while the server is down: a read of what was written, a new
+    // write, and a flush after it.
+    m.write(1 << 20, &pattern(22, 65536)).unwrap();
+    let read = rw(Op::Read, 1 << 20, 65536, 2 << 20);
+    let write = rw(Op::Write { fua: false }, 3 << 20, 65536, 1 << 20);
+    let flush = Request { tag: 7, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
+    let tags = [read.tag, write.tag, flush.tag];
+    for r in [read, write, flush] {
+        q.submit(&m, r);
+    }
+    q.commit();
+    let mut out = Vec::new();
+    while died.elapsed() < Duration::from_millis(2100) {
+        q.reap(&mut out);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(out.is_empty(), "requests completed while the server was down: {out:?}");
+    let _s2 = qemu_nbd(&bin, &img, &socket);
+    let restarted = Instant::now();
+    while out.len() < tags.len() {
+        assert!(restarted.elapsed() < TIMEOUT, "only {} of the held requests completed: {out:?}", out.len());
+        q.reap(&mut out);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for c in &out {
+        assert!(c.result.is_ok(), "request {} through the restart: {:?}", c.tag, c.result);
+    }
+    let mut back = vec![0u8; 65536];
+    m.read(2 << 20, &mut back).unwrap();
+    assert!(back == pattern(21, 65536), "the read held through the restart returned other data");
+    m.fill(0, 65536, 0).unwrap();
+    assert!(run(&mut q, &m, rw(Op::Read, 3 << 20, 65536, 0)).result.is_ok());
+    m.read(0, &mut back).unwrap();
+    assert!(back == pattern(22, 65536), "the write held through the restart did not land");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_server_that_stays_gone_makes_the_namespace_not_ready() {
     let Some(bin) = servers() else { return };
     let dir = temp_dir("gone");
     let s = nbdkit(&bin, &dir, "16M");
-    let be = NbdBackend::open(&uri(&s.socket)).expect("open");
+    let hold = Duration::from_millis(1500);
+    let be = NbdBackend::open_with(&uri(&s.socket), NbdOptions { hold }).expect("open");
     let mut q = be.open_queue().unwrap();
     let m = mem();
     assert!(run(&mut q, &m, rw(Op::Read, 0, 4096, 0)).result.is_ok());
     drop(s);
+    let t = Instant::now();
     let c = run(&mut q, &m, rw(Op::Read, 4096, 4096, 0));
     assert!(matches!(c.result, Err(BackendError::NotReady(_))), "{:?}", c.result);
+    // Held for the hold, no longer (the last try ends by it).
+    let held = t.elapsed();
+    assert!(held >= hold && held < hold + Duration::from_secs(2), "held {held:?} for a hold of {hold:?}");
     // And every later request at once.
     let c = run(&mut q, &m, rw(Op::Read, 8192, 4096, 0));
     assert!(matches!(c.result, Err(BackendError::NotReady(_))), "{:?}", c.result);

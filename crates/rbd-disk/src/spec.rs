@@ -20,8 +20,8 @@ pub struct RbdSpec {
     pub keyring: Option<PathBuf>,
     /// How long librados waits for an OSD or monitor before failing a request
     /// (ETIMEDOUT, which the guest sees as Namespace Not Ready), unless the
-    /// configuration sets its own: vnvme sets it below the namespace's command
-    /// timeout. None: librados' default (forever).
+    /// configuration sets its own: vnvme sets it to the namespace's hold (`hold=`,
+    /// within its command timeout). None: librados' default (forever).
     pub op_timeout: Option<std::time::Duration>,
 }
 

@@ -7,8 +7,8 @@
 //!                                 block device, on io_uring
 //! nvme://...                      a namespace of another NVMe controller, through the
 //!                                 userspace driver (see `vnvme serve --help`)
-//! nbd://HOST[:PORT]/EXPORT        an export of an NBD server (qemu-nbd, nbdkit, ...)
-//! nbd+unix:///EXPORT?socket=PATH
+//! nbd://HOST[:PORT]/EXPORT[:OPT...]  an export of an NBD server (qemu-nbd, nbdkit, ...)
+//! nbd+unix:///EXPORT?socket=PATH[:OPT...]
 //! rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:OPT...]
 //!                                 a Ceph RBD image (librbd); OPT also conf=PATH,
 //!                                 id=USER, keyring=PATH
@@ -24,6 +24,13 @@
 //!                          ERROR hang never completes; OP/delay=MS only delays
 //!      timeout=T           commands the backend has not finished after T (30s by
 //!                          default; ms or s; 0 or off: never) complete with an error
+//!      hold=T              nbd:// and rbd: only: how long commands wait for storage
+//!                          that went away (a reconnect, a cluster that does not
+//!                          answer) before they fail Not Ready (25s by default, or
+//!                          5/6 of a shorter timeout; shorter than the timeout)
+//!
+//! A URI kind (nbd://, nvme://) takes its options after the URI, each as `:NAME=VALUE`
+//! with a NAME above: they are read from the end, so a URI keeps its own colons.
 //! ```
 
 use std::path::PathBuf;
@@ -56,7 +63,17 @@ pub struct NsSpec {
     pub faults: Vec<FaultRule>,
     /// Command timeout (None: never).
     pub timeout: Option<Duration>,
+    /// How long commands wait for storage that went away (`hold=`; None: the default).
+    pub hold: Option<Duration>,
 }
+
+/// How long commands wait for an nbd:// or rbd: namespace's storage to come back by
+/// default: a daemon restart, an OSD failover; below the 30 s a Linux guest gives a
+/// command before it aborts it and resets the controller.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
+
+/// Options a URI kind takes after its URI (`:NAME=VALUE`).
+const URI_OPTIONS: [&str; 4] = ["lba", "fault", "timeout", "hold"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -85,6 +102,16 @@ impl Kind {
     }
 
     /// The options only this kind takes, for error messages.
+    /// The kind waits (`hold=`) for storage that goes away and comes back.
+    fn waits_for_storage(&self) -> bool {
+        match self {
+            Kind::Nbd(_) => true,
+            #[cfg(feature = "rbd")]
+            Kind::Rbd(_) => true,
+            _ => false,
+        }
+    }
+
     fn own_options(&self) -> &'static str {
         match self {
             Kind::File(_) => ", direct=, engine=",
@@ -235,15 +262,15 @@ impl NsSpec {
             },
             Kind::Nbd(uri) => {
                 needs.nbd = true;
-                Arc::new(nbd_disk::NbdBackend::open(uri)?)
+                Arc::new(nbd_disk::NbdBackend::open_with(uri, nbd_disk::NbdOptions { hold: self.hold() })?)
             }
             #[cfg(feature = "rbd")]
             Kind::Rbd(spec) => {
                 needs.rbd = true;
-                // librados gives up well before the command times out (a write may
-                // take a few steps: object map, data, flush), so the guest sees
-                // Namespace Not Ready (a backend gone) rather than Internal Error.
-                let spec = rbd_disk::RbdSpec { op_timeout: self.timeout.map(|t| t / 4), ..spec.clone() };
+                // librados waits for the cluster as long as the hold, and gives up
+                // (ETIMEDOUT: Namespace Not Ready) when it runs out, before the
+                // command's timeout: an OSD failover is waited through.
+                let spec = rbd_disk::RbdSpec { op_timeout: Some(self.hold()), ..spec.clone() };
                 Arc::new(rbd_disk::RbdBackend::open(&spec)?)
             }
             Kind::Nvme(uri) => {
@@ -347,17 +374,21 @@ impl FromStr for NsSpec {
             engine: Engine::Auto,
             faults: Vec::new(),
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
+            hold: None,
         };
-        if s.starts_with("nvme://") {
-            spec.kind = Kind::Nvme(s.to_string());
-            return Ok(spec);
+        let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
+        let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
+        if head.starts_with("nvme://") {
+            spec.kind = Kind::Nvme(head.to_string());
+        } else if head.starts_with("nbd://") || head.starts_with("nbd+unix://") || head.starts_with("nbds") {
+            head.parse::<nbd_disk::NbdUri>()?;
+            spec.kind = Kind::Nbd(head.to_string());
         }
-        if s.starts_with("nbd://") || s.starts_with("nbd+unix://") || s.starts_with("nbds") {
-            // Options follow the URI after a space-free '|' would be unusual in a URI:
-            // none are taken here; the URI says everything.
-            s.parse::<nbd_disk::NbdUri>()?;
-            spec.kind = Kind::Nbd(s.to_string());
-            return Ok(spec);
+        if uri_kind {
+            for opt in opts.split(':').filter(|o| !o.is_empty()) {
+                spec.set_option(opt)?;
+            }
+            return spec.checked();
         }
         let mut parts = s.split(':').peekable();
         spec.kind = match parts.next().unwrap_or_default() {
@@ -382,7 +413,6 @@ impl FromStr for NsSpec {
             _ if spec.kind.sized_by_backend() => {}
             _ => return Err("missing size, e.g. ram:64M".into()),
         }
-        let is_file = matches!(spec.kind, Kind::File(_));
         for opt in parts {
             #[cfg(feature = "rbd")]
             if let (Kind::Rbd(r), Some((k, v))) = (&mut spec.kind, opt.split_once('=')) {
@@ -390,51 +420,9 @@ impl FromStr for NsSpec {
                     continue;
                 }
             }
-            match opt.split_once('=') {
-                Some(("lba", "512")) => spec.lba_format = Some(0),
-                Some(("lba", "4096")) => spec.lba_format = Some(1),
-                Some(("lba", v)) => return Err(format!("lba={v}: the LBA size is 512 or 4096")),
-                Some(("direct", v)) if is_file => {
-                    spec.direct = match v {
-                        "auto" => DirectMode::Auto,
-                        "on" => DirectMode::On,
-                        "off" => DirectMode::Off,
-                        _ => return Err(format!("direct={v}: expected auto, on or off")),
-                    }
-                }
-                Some(("engine", v)) if is_file => {
-                    spec.engine = match v {
-                        "auto" => Engine::Auto,
-                        "uring" => Engine::Uring,
-                        "sync" => Engine::Sync,
-                        _ => return Err(format!("engine={v}: expected auto, uring or sync")),
-                    }
-                }
-                Some(("fault", v)) => spec.faults.push(v.parse()?),
-                Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,
-                _ => {
-                    return Err(format!(
-                        "unknown namespace option {opt:?} (expected lba=, fault=, timeout={})",
-                        spec.kind.own_options()
-                    ))
-                }
-            }
+            spec.set_option(opt)?;
         }
-        #[cfg(feature = "rbd")]
-        if matches!(spec.kind, Kind::Rbd(_)) && spec.size.is_some() {
-            return Err("rbd: the namespace has the image's size; give none (resize the image with \
-                        `rbd resize` or `vnvme ctl ns.resize`)"
-                .into());
-        }
-        if let Some(size) = spec.size {
-            let lba = if spec.lba_format == Some(1) { 4096 } else { 512 };
-            if size == 0 || size % lba != 0 {
-                return Err(format!(
-                    "namespace size {size} is not a non-zero multiple of the {lba}-byte LBA"
-                ));
-            }
-        }
-        Ok(spec)
+        spec.checked()
     }
 }
 
@@ -473,6 +461,101 @@ fn nbd_needs_resolver(uri: &str) -> bool {
         }
         _ => false,
     }
+}
+
+impl NsSpec {
+    /// Takes one `NAME=VALUE` option.
+    fn set_option(&mut self, opt: &str) -> Result<(), String> {
+        let spec = self;
+        let is_file = matches!(spec.kind, Kind::File(_));
+        match opt.split_once('=') {
+            Some(("lba", "512")) => spec.lba_format = Some(0),
+            Some(("lba", "4096")) => spec.lba_format = Some(1),
+            Some(("lba", v)) => return Err(format!("lba={v}: the LBA size is 512 or 4096")),
+            Some(("direct", v)) if is_file => {
+                spec.direct = match v {
+                    "auto" => DirectMode::Auto,
+                    "on" => DirectMode::On,
+                    "off" => DirectMode::Off,
+                    _ => return Err(format!("direct={v}: expected auto, on or off")),
+                }
+            }
+            Some(("engine", v)) if is_file => {
+                spec.engine = match v {
+                    "auto" => Engine::Auto,
+                    "uring" => Engine::Uring,
+                    "sync" => Engine::Sync,
+                    _ => return Err(format!("engine={v}: expected auto, uring or sync")),
+                }
+            }
+            Some(("fault", v)) => spec.faults.push(v.parse()?),
+            Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,
+            // 0 or off: commands fail at once when the storage goes away.
+            Some(("hold", v)) => spec.hold = Some(parse_timeout(v)?.unwrap_or(Duration::ZERO)),
+            _ => {
+                return Err(format!(
+                    "unknown namespace option {opt:?} (expected lba=, fault=, timeout={}{})",
+                    if spec.kind.waits_for_storage() { ", hold=" } else { "" },
+                    spec.kind.own_options()
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// What no single option shows: sizes against the LBA, the hold against the
+    /// timeout, options the kind does not take.
+    fn checked(self) -> Result<Self, String> {
+        let spec = self;
+        #[cfg(feature = "rbd")]
+        if matches!(spec.kind, Kind::Rbd(_)) && spec.size.is_some() {
+            return Err("rbd: the namespace has the image's size; give none (resize the image with \
+                        `rbd resize` or `vnvme ctl ns.resize`)"
+                .into());
+        }
+        if let Some(size) = spec.size {
+            let lba = if spec.lba_format == Some(1) { 4096 } else { 512 };
+            if size == 0 || size % lba != 0 {
+                return Err(format!(
+                    "namespace size {size} is not a non-zero multiple of the {lba}-byte LBA"
+                ));
+            }
+        }
+        if let Some(h) = spec.hold {
+            if !spec.kind.waits_for_storage() {
+                return Err("hold=: only nbd:// and rbd: namespaces wait for storage that went away".into());
+            }
+            if spec.timeout.is_some_and(|t| h >= t) {
+                return Err(format!(
+                    "hold={h:?} is not shorter than timeout={:?}: a command would time out while it waits",
+                    spec.timeout.unwrap_or_default()
+                ));
+            }
+        }
+        Ok(spec)
+    }
+
+    /// How long commands wait for storage that went away: `hold=`, or the default
+    /// (five sixths of the timeout, at most 25 s).
+    pub fn hold(&self) -> Duration {
+        self.hold.unwrap_or_else(|| self.timeout.map_or(DEFAULT_HOLD, |t| (t * 5 / 6).min(DEFAULT_HOLD)))
+    }
+}
+
+/// `s` split into the URI and the options after it: trailing `:NAME=VALUE` pieces
+/// whose NAME is one of [`URI_OPTIONS`] (so the URI's own colons, a port or a path,
+/// stay in the URI).
+fn split_uri_options(s: &str) -> (&str, &str) {
+    let mut end = s.len();
+    while let Some(i) = s[..end].rfind(':') {
+        let piece = &s[i + 1..end];
+        let named = piece.split_once('=').is_some_and(|(k, _)| URI_OPTIONS.contains(&k));
+        if !named {
+            break;
+        }
+        end = i;
+    }
+    (&s[..end], s.get(end + 1..).unwrap_or(""))
 }
 
 #[cfg(test)]
@@ -546,5 +629,39 @@ mod tests {
             std::fs::remove_file(&shm).unwrap();
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// issue 27: URI kinds take the options too, after the URI, read from the end
+    /// so a port, a path or a query keeps its colons; hold= is for kinds that wait
+    /// for their storage, and within the timeout.
+    #[test]
+    fn uri_kinds_take_options_after_the_uri() {
+        let n: NsSpec = "nbd://192.0.2.7:10810/exp:timeout=5s:hold=2s:lba=4096".parse().unwrap();
+        assert_eq!(n.kind, Kind::Nbd("nbd://192.0.2.7:10810/exp".into()));
+        assert_eq!(
+            (n.timeout, n.hold, n.lba_format),
+            (Some(Duration::from_secs(5)), Some(Duration::from_secs(2)), Some(1))
+        );
+        assert_eq!(n.hold(), Duration::from_secs(2));
+        let n: NsSpec = "nbd+unix:///e?socket=/run/a:b.sock:fault=read/eio/lba=0+8".parse().unwrap();
+        assert_eq!(n.kind, Kind::Nbd("nbd+unix:///e?socket=/run/a:b.sock".into()));
+        assert_eq!(n.faults.len(), 1);
+        let n: NsSpec = "nbd://h/e".parse().unwrap();
+        assert_eq!((n.hold, n.hold()), (None, DEFAULT_HOLD), "the default hold");
+        let n: NsSpec = "nbd://h/e:timeout=12s".parse().unwrap();
+        assert_eq!(n.hold(), Duration::from_secs(10), "the default hold stays within the timeout");
+        let n: NsSpec = "nbd://h/e:hold=0".parse().unwrap();
+        assert_eq!(n.hold(), Duration::ZERO, "hold=0: fail at once");
+        let n: NsSpec = "nvme:///run/a.sock?ns=2:timeout=3s".parse().unwrap();
+        assert_eq!(
+            (n.kind, n.timeout),
+            (Kind::Nvme("nvme:///run/a.sock?ns=2".into()), Some(Duration::from_secs(3)))
+        );
+        let e = "nbd://h/e:hold=30s".parse::<NsSpec>().unwrap_err();
+        assert!(e.contains("not shorter than timeout"), "{e}");
+        let e = "ram:1M:hold=5s".parse::<NsSpec>().unwrap_err();
+        assert!(e.contains("only nbd:// and rbd:"), "{e}");
+        let e = "file:/tmp/x:hold=5s".parse::<NsSpec>().unwrap_err();
+        assert!(e.contains("only nbd:// and rbd:"), "{e}");
     }
 }

@@ -38,9 +38,10 @@ pub struct ServeArgs {
     ///                   nbdkit); port 10809 by default, an empty EXPORT is the
     ///                   server's default; one connection per worker when the
     ///                   server allows several (multi-conn), else --workers 0;
-    ///                   a lost connection is made again (three tries within 10 s),
-    ///                   then commands fail Namespace Not Ready and one tries the
-    ///                   server again every 5 s. The namespace has the export's size
+    ///                   a lost connection is made again while commands wait (the
+    ///                   hold, below), then they fail Namespace Not Ready and one
+    ///                   tries the server again every second. The namespace has
+    ///                   the export's size. Options follow the URI (:timeout=5s)
     /// rbd:POOL[/NAMESPACE]/IMAGE[@SNAP]
     ///                   a Ceph RBD image through librbd (loaded at start: librbd1
     ///                   installed, or VNVME_LIBRBD=PATH); options conf=PATH (else
@@ -60,6 +61,13 @@ pub struct ServeArgs {
     ///   timeout=T                commands the backend has not finished after T
     ///                            (default 30s; ms or s; 0 or off: never) complete
     ///                            with Internal Error and the request is abandoned
+    ///   hold=T                   nbd:// and rbd: only: how long commands wait for
+    ///                            storage that went away (a reconnect; a cluster
+    ///                            that does not answer) before they fail Namespace
+    ///                            Not Ready (default 25s, or 5/6 of a shorter
+    ///                            timeout; 0: fail at once). A guest that enabled Advanced
+    ///                            Command Retry (Linux does) then waits 1 s before
+    ///                            each of its retries
     ///
     /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
     #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]

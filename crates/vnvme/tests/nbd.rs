@@ -163,23 +163,31 @@ fn added_through_the_control_socket(workers: &str) {
 }
 
 #[test]
-fn a_server_gone_past_the_reconnect_bound_is_not_ready_then_comes_back() {
+fn a_server_gone_past_the_hold_is_not_ready_then_comes_back() {
     let Some(bin) = servers() else { return };
     let dir = temp_dir("nbd-gone");
     let img = dir.join("disk.qcow2");
     qcow2(&bin, &img, "16M");
     let sock = dir.join("nbd.sock");
     let nbd = NbdServer::qemu_nbd(&bin, &img, &sock);
-    let server = Server::start_in(&dir, "s", &["--ns", &nbd.uri(), "--workers", "1"]);
+    let ns = format!("{}:hold=2s", nbd.uri());
+    let server = Server::start_in(&dir, "s", &["--ns", &ns, "--workers", "1"]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let data = pattern(9, 8192);
     d.write(1, 64, &data).unwrap();
     d.flush(1).unwrap();
     drop(nbd);
-    // Past the reconnect bound (10 s): Namespace Not Ready, not a hang (the driver
-    // gives up on a command after TIMEOUT).
+    // Past the hold (hold=2s): Namespace Not Ready, not a hang (the driver gives up
+    // on a command after TIMEOUT), and not before the hold.
     let mut got = vec![0u8; 8192];
-    match d.read(1, 64, &mut got) {
+    let t = std::time::Instant::now();
+    let first = d.read(1, 64, &mut got);
+    assert!(
+        t.elapsed() >= std::time::Duration::from_secs(2),
+        "failed after {:?}, within the hold",
+        t.elapsed()
+    );
+    match first {
         Err(nvme_driver::DriverError::Nvme { status, .. }) => {
             assert_eq!(status.code(), nvme_spec::Status::NAMESPACE_NOT_READY.code(), "{status:?}")
         }

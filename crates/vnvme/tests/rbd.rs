@@ -222,8 +222,9 @@ fn a_cluster_gone_mid_run_is_namespace_not_ready_then_serves_again() {
     let Some(ceph) = cluster() else { return };
     let dir = temp_dir("rbd-gone");
     ceph.create_image("gone", "16M");
-    // An 8 s command timeout: librados gives up after 2 s (rados_osd_op_timeout).
-    let ns = format!("{}:timeout=8s", ceph.ns("gone"));
+    // An 8 s command timeout and a 2 s hold: librados gives up after 2 s
+    // (rados_osd_op_timeout), Namespace Not Ready before the timeout.
+    let ns = format!("{}:timeout=8s:hold=2s", ceph.ns("gone"));
     let server = Server::start_in_env(&dir, "s", &["--ns", &ns, "--workers", "1"], &ceph.env);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
     let data = pattern(11, 8192);

@@ -3,6 +3,8 @@
 # failures (`--ns ...:fault=RULE`) and the guest sees the NVMe statuses, the logs
 # and the SMART warning they must produce, and keeps working around them.
 #   n1: ram, reads of LBAs 2048..2055 fail with a media error (EIO)
+#       and its first three reads of LBAs 16384..16391 find the storage
+#       unreachable (Namespace Not Ready)
 #   n2: ram, writes to LBAs 4096..4103 fail with "no space" (ENOSPC)
 . /tests/lib.sh
 echo "== guest-tests faults suite: Linux $(uname -r)"
@@ -65,6 +67,32 @@ else
     dmesg | tail -20
 fi
 t_run "writes outside the failing range succeed" dd if=/tmp/blk of="$D2" bs=4096 seek=0 count=1 oflag=direct
+
+# Storage unreachable for three tries: Namespace Not Ready, with a Command Retry
+# Delay. Linux enabled Advanced Command Retry (Host Behavior Support) because
+# Identify Controller reports CRDT1 (1 s), so it waits that long before each retry
+# and the read succeeds on the fourth try, about 3 s later, with no error. Without
+# the delay its retries would come at once and the read would end within
+# milliseconds (the host log checks that the guest enabled it).
+errs0=$(dmesg | grep -ciE 'I/O error|Not Ready|blk_update_request')
+t0=$(now_cs)
+if dd if="$D1" of=/dev/null bs=512 skip=16384 count=1 iflag=direct 2>/tmp/dd.err; then
+    dt=$(($(now_cs) - t0))
+    if [ "$dt" -ge 270 ]; then
+        t_pass "read through three Namespace Not Ready completions: succeeded after $((dt * 10)) ms (three 1 s retry delays)"
+    else
+        t_fail "read through three Namespace Not Ready completions took $((dt * 10)) ms: the guest did not wait the retry delay"
+    fi
+else
+    t_fail "read through three Namespace Not Ready completions failed: $(grep -v records /tmp/dd.err | head -1)"
+fi
+errs1=$(dmesg | grep -ciE 'I/O error|Not Ready|blk_update_request')
+if [ "$errs1" = "$errs0" ]; then
+    t_pass "guest kernel logged nothing for the retried read"
+else
+    t_fail "guest kernel logged $((errs1 - errs0)) error line(s) for a read that succeeded on retry"
+    dmesg | tail -10
+fi
 
 # The controller stays healthy: a short verified fio run away from the faults.
 fio_engine "$D1"

@@ -25,6 +25,12 @@ t_run() {
     fi
 }
 
+# now_cs: the guest's uptime in centiseconds (what the kernel's timers run on).
+now_cs() {
+    read -r _up _ </proc/uptime
+    echo "${_up%.*}${_up#*.}"
+}
+
 # t_eq NAME GOT WANT: PASS if the two strings are equal.
 t_eq() {
     if [ "$2" = "$3" ]; then t_pass "$1: $2"; else t_fail "$1: got '$2', want '$3'"; fi
