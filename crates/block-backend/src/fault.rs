@@ -253,6 +253,9 @@ impl Backend for FaultBackend {
     fn handover_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
         self.inner.handover_fd()
     }
+    fn storage(&self) -> Option<crate::StorageReport> {
+        self.inner.storage()
+    }
     fn stats_line(&self) -> Option<String> {
         let own = format!("{} request(s) failed by fault injection", self.injected());
         Some(match self.inner.stats_line() {

@@ -12,6 +12,7 @@ mod memstore;
 mod null;
 mod ram;
 mod segments;
+mod storage;
 #[allow(unsafe_code)]
 mod uring;
 
@@ -26,6 +27,7 @@ pub use inflight::{Admit, Pending, Requests};
 pub use null::NullBackend;
 pub use ram::RamBackend;
 pub use segments::{Pieces, SegmentCursor, SegmentError, SegmentMark};
+pub use storage::{StorageReport, StorageState, StorageTracker, OUTAGE_BOUNDS_S};
 pub use uring::{DirectMode, UringBackend, UringOptions};
 
 /// Where one piece of a transfer lives.
@@ -217,6 +219,11 @@ pub trait Backend: Send + Sync + Debug {
     /// What another process needs to take the backend over with its data (an
     /// upgrade), when that is more than reopening it: the RAM backend's memory.
     fn handover_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        None
+    }
+    /// Whether its storage is there, what waits for it and how long it was away,
+    /// for backends whose storage can go away and come back (none by default).
+    fn storage(&self) -> Option<StorageReport> {
         None
     }
 }

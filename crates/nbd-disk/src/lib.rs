@@ -125,6 +125,7 @@ impl NbdBackend {
             max_other: round(u64::from(u32::MAX)),
             size: export.size,
             hold: opts.hold,
+            storage: Default::default(),
         };
         Ok(NbdBackend {
             shared: Arc::new(shared),
@@ -154,6 +155,10 @@ impl Backend for NbdBackend {
             write_zeroes: e.has(tflag::SEND_WRITE_ZEROES),
             write_zeroes_max: self.shared.max_other,
         }
+    }
+
+    fn storage(&self) -> Option<block_backend::StorageReport> {
+        Some(self.shared.storage.report())
     }
 
     fn open_queue(&self) -> io::Result<Box<dyn BackendQueue>> {

@@ -100,6 +100,8 @@ pub(crate) struct NbdQueue {
     silent_since: Option<Instant>,
     /// Pieces created so far (their `seq`).
     pieces_made: u64,
+    /// The commands this queue counts as waiting in the backend's storage report.
+    waiting_reported: i64,
 }
 
 fn invalid(msg: String) -> BackendError {
@@ -140,6 +142,7 @@ impl NbdQueue {
             link: Link::Up,
             silent_since: None,
             pieces_made: 0,
+            waiting_reported: 0,
         })
     }
 
@@ -430,6 +433,7 @@ impl NbdQueue {
             self.reqs.in_flight(),
             self.shared.hold.saturating_sub(now - since)
         );
+        self.shared.storage.lost();
         self.link = Link::Down {
             since,
             why: why.to_string(),
@@ -465,6 +469,7 @@ impl NbdQueue {
                     if *tries == 1 { "y" } else { "ies" },
                     self.reqs.in_flight()
                 );
+                self.shared.storage.back(since.elapsed());
                 self.link = Link::Up;
             }
             failed => {
@@ -478,6 +483,7 @@ impl NbdQueue {
                         self.shared.uri
                     );
                     warn!(target: "vnvme::backend", "{msg}; its commands fail Not Ready, and one tries it again every {}s", REVIVE_EVERY.as_secs());
+                    self.shared.storage.gave_up(now - since);
                     self.link = Link::Gone { why: msg, last_try: now };
                     self.fail_all();
                 } else {
@@ -526,6 +532,7 @@ impl NbdQueue {
         *last_try = Instant::now();
         match self.connect_again(TRY_TIMEOUT) {
             Ok(()) => {
+                self.shared.storage.revived();
                 self.link = Link::Up;
                 self.silent_since = None;
                 info!(target: "vnvme::backend", uri = %self.shared.uri, "NBD server back: namespace ready again");
@@ -533,6 +540,16 @@ impl NbdQueue {
             Err(e) => {
                 tracing::debug!(target: "vnvme::backend", uri = %self.shared.uri, "NBD server still gone: {e}")
             }
+        }
+    }
+
+    /// Keeps the storage report's count of waiting commands in step with this
+    /// queue's: what it holds while down, nothing otherwise.
+    fn report_waiting(&mut self) {
+        let now = if matches!(self.link, Link::Down { .. }) { self.reqs.in_flight() as i64 } else { 0 };
+        if now != self.waiting_reported {
+            self.shared.storage.waiting(now - self.waiting_reported);
+            self.waiting_reported = now;
         }
     }
 
@@ -593,6 +610,7 @@ impl BackendQueue for NbdQueue {
             req.fail(err);
             self.reqs.finish(r);
         }
+        self.report_waiting();
     }
 
     fn commit(&mut self) {
@@ -621,7 +639,9 @@ impl BackendQueue for NbdQueue {
             // Nothing unanswered: no outage goes on.
             self.silent_since = None;
         }
-        self.reqs.reap(out)
+        let n = self.reqs.reap(out);
+        self.report_waiting();
+        n
     }
 
     fn in_flight(&self) -> usize {
@@ -647,6 +667,12 @@ impl BackendQueue for NbdQueue {
 
 impl Drop for NbdQueue {
     fn drop(&mut self) {
+        self.shared.storage.waiting(-self.waiting_reported);
+        self.shared.storage.closed(match self.link {
+            Link::Up => block_backend::StorageState::Up,
+            Link::Down { .. } => block_backend::StorageState::Waiting,
+            Link::Gone { .. } => block_backend::StorageState::Gone,
+        });
         // Tell the server we are leaving (best effort).
         if let Some(s) = self.stream.as_mut() {
             let _ = s.write(&proto::request(0, cmd::DISC, 0, 0, 0));

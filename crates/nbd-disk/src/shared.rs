@@ -16,4 +16,6 @@ pub(crate) struct Shared {
     pub(crate) size: u64,
     /// How long commands wait for a lost connection (`NbdOptions::hold`).
     pub(crate) hold: std::time::Duration,
+    /// What the queues saw of the server: outages, commands waiting.
+    pub(crate) storage: block_backend::StorageTracker,
 }

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use block_backend::{Backend, BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment};
+use block_backend::{
+    Backend, BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment, StorageState,
+};
 use guest_mem::GuestMemory;
 use nbd_disk::{NbdBackend, NbdOptions};
 use test_servers::nbd::{servers, NbdServer};
@@ -213,6 +215,8 @@ fn requests_wait_through_a_server_restart_within_the_hold() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(out.is_empty(), "requests completed while the server was down: {out:?}");
+    let r = be.storage().expect("an NBD backend reports its storage");
+    assert_eq!((r.state, r.waiting, r.outages), (StorageState::Waiting, 3, 1), "{r:?}");
     let _s2 = qemu_nbd(&bin, &img, &socket);
     let restarted = Instant::now();
     while out.len() < tags.len() {
@@ -223,6 +227,10 @@ fn requests_wait_through_a_server_restart_within_the_hold() {
     for c in &out {
         assert!(c.result.is_ok(), "request {} through the restart: {:?}", c.tag, c.result);
     }
+    let r = be.storage().unwrap();
+    assert_eq!((r.state, r.waiting, r.outages, r.outages_past_hold), (StorageState::Up, 0, 1, 0), "{r:?}");
+    assert_eq!(r.outage_buckets.iter().sum::<u64>(), 1);
+    assert!(r.outage_ms_sum >= 2100, "the outage lasted {} ms", r.outage_ms_sum);
     let mut back = vec![0u8; 65536];
     m.read(2 << 20, &mut back).unwrap();
     assert!(back == pattern(21, 65536), "the read held through the restart returned other data");
@@ -250,6 +258,8 @@ fn a_server_that_stays_gone_makes_the_namespace_not_ready() {
     // Held for the hold, no longer (the last try ends by it).
     let held = t.elapsed();
     assert!(held >= hold && held < hold + Duration::from_secs(2), "held {held:?} for a hold of {hold:?}");
+    let r = be.storage().unwrap();
+    assert_eq!((r.state, r.waiting, r.outages_past_hold), (StorageState::Gone, 0, 1), "{r:?}");
     // And every later request at once.
     let c = run(&mut q, &m, rw(Op::Read, 8192, 4096, 0));
     assert!(matches!(c.result, Err(BackendError::NotReady(_))), "{:?}", c.result);

@@ -209,3 +209,72 @@ fn a_server_gone_past_the_hold_is_not_ready_then_comes_back() {
     assert!(server.log().contains("ready again"), "{}", server.log());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// issue 27: qemu-nbd killed under a running guest's I/O and restarted 2.1 s later
+/// on the same socket. The command sent meanwhile waits and succeeds (no error
+/// reaches the host), and `stats.get` shows the outage as it happens (storage
+/// "waiting", the command counted) and after it (up again, one outage of at least
+/// 2.1 s).
+#[test]
+fn a_qemu_nbd_restart_within_the_hold_is_waited_through_and_reported() {
+    let Some(bin) = servers() else { return };
+    let dir = temp_dir("nbd-hold");
+    let img = dir.join("disk.qcow2");
+    qcow2(&bin, &img, "16M");
+    let sock = dir.join("nbd.sock");
+    let nbd = NbdServer::qemu_nbd(&bin, &img, &sock);
+    let control = dir.join("c.sock");
+    let server = Server::start_in(
+        &dir,
+        "s",
+        &["--ns", &nbd.uri(), "--workers", "1", "--control", control.to_str().unwrap()],
+    );
+    while !control.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+    let data = pattern(12, 16384);
+    d.write(1, 256, &data).unwrap();
+    d.flush(1).unwrap();
+    let storage = |control: &std::path::Path| -> serde_json::Value {
+        let (ok, text) = ctl(control, &["--json", "stats.get"]);
+        assert!(ok, "stats.get: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("stats.get answers JSON");
+        v["namespaces"][0]["storage"].clone()
+    };
+    assert_eq!(storage(&control)["state"], "up");
+    drop(nbd);
+    let died = std::time::Instant::now();
+    // The read goes while the server is down; it must wait, not fail.
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; 16384];
+        let r = d.read(1, 256, &mut got);
+        (r, got)
+    });
+    let mut seen = serde_json::Value::Null;
+    while died.elapsed() < std::time::Duration::from_millis(2100) {
+        let s = storage(&control);
+        if s["state"] == "waiting" && s["waiting"].as_u64() >= Some(1) {
+            seen = s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        seen != serde_json::Value::Null,
+        "stats.get never showed a command waiting: {}",
+        storage(&control)
+    );
+    let _nbd = NbdServer::qemu_nbd(&bin, &img, &sock);
+    let (r, got) = reader.join().unwrap();
+    assert!(r.is_ok(), "a read held through a 2.1 s restart failed: {r:?}\n{}", server.log());
+    assert!(got == data, "the read held through the restart returned other data");
+    let s = storage(&control);
+    assert_eq!(
+        (s["state"].as_str(), s["outages"].as_u64(), s["outages_past_hold"].as_u64()),
+        (Some("up"), Some(1), Some(0)),
+        "{s}"
+    );
+    assert!(s["outage_s"].as_f64() >= Some(2.1), "{s}");
+    assert!(server.log().contains("re-established after"), "{}", server.log());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -186,6 +186,26 @@ pub struct NsStats {
     pub other: OpStats,
     pub throttled_commands: u64,
     pub throttled_s: f64,
+    /// The storage behind a namespace whose backend can lose it (nbd://); absent
+    /// for the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageStats>,
+}
+
+/// A namespace's storage in `stats.get`: whether it is there, what waits for it,
+/// its outages.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StorageStats {
+    /// "up", "waiting" (lost: commands wait, within the hold) or "gone" (past the
+    /// hold: commands fail Namespace Not Ready until it is back).
+    pub state: String,
+    /// Commands waiting for it now.
+    pub waiting: u64,
+    pub outages: u64,
+    /// Outages that outlasted the hold.
+    pub outages_past_hold: u64,
+    /// Their total length, until the storage was back or the hold ran out.
+    pub outage_s: f64,
 }
 
 /// One I/O queue pair in `stats.get` (doorbell writes: trapped ones).

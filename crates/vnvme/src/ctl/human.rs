@@ -171,6 +171,17 @@ fn stats(r: &reply::Stats) -> String {
                 ns.nsid, ns.throttled_commands, ns.throttled_s
             ));
         }
+        if let Some(st) = &ns.storage {
+            held.push(format!(
+                "namespace {}: storage {}{}; {} outage(s) ({} past the hold), {:.3} s in all\n",
+                ns.nsid,
+                st.state,
+                if st.waiting > 0 { format!(", {} command(s) waiting", st.waiting) } else { String::new() },
+                st.outages,
+                st.outages_past_hold,
+                st.outage_s
+            ));
+        }
     }
     s.push_str("\nnamespaces\n");
     s.push_str(&table(&["NSID", "<KIND", "COMMANDS", "DATA", "ERRORS", "AVG LATENCY"], rows));
@@ -392,7 +403,8 @@ mod tests {
                 "media_errors": 0, "timeouts": 0, "doorbell_writes": 60, "io_doorbell_writes": 50,
                 "io_cq_doorbell_writes": 10, "shadow_reads": 300, "eventidx_races": 2, "interrupts": 100},
             "namespaces": [{"nsid": 1, "read": op(150, 150 * 4096), "write": op(50, 50 << 20), "flush": op(0, 0),
-                "other": op(0, 0), "throttled_commands": 3, "throttled_s": 0.5}],
+                "other": op(0, 0), "throttled_commands": 3, "throttled_s": 0.5,
+                "storage": {"state": "waiting", "waiting": 4, "outages": 2, "outages_past_hold": 1, "outage_s": 27.5}}],
             "queues": [{"qid": 1, "worker": null, "commands": 200, "completions": 200, "interrupts": 100,
                 "sq_doorbell_writes": 50, "cq_doorbell_writes": 10}],
             "workers": [],
@@ -407,6 +419,7 @@ mod tests {
             "NSID  KIND   COMMANDS     DATA  ERRORS  AVG LATENCY\n",
             "   1  write        50   50 MiB       0      12.2 us\n",
             "namespace 1: QoS held back 3 commands for 0.500 s in all\n",
+            "namespace 1: storage waiting, 4 command(s) waiting; 2 outage(s) (1 past the hold), 27.500 s in all\n",
             "  1  inline       200          200         100            50            10\n",
             "CPU per command: sleeping 2100 ns, spinning not measured",
         ] {

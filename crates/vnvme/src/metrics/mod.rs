@@ -52,6 +52,8 @@ pub struct NsScrape {
     /// The backend's description ("ram", "uring:/srv/a.img (O_DIRECT, ...)").
     pub backend: String,
     pub stats: NsStatsSnapshot,
+    /// Its storage, when the backend can lose it (nbd://).
+    pub storage: Option<block_backend::StorageReport>,
 }
 
 /// One I/O worker thread's polling counters.
@@ -98,6 +100,7 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
                 lba_size: 1 << n.lba_shift(),
                 backend: n.info.kind.clone(),
                 stats: n.stats.snapshot(),
+                storage: n.backend.storage(),
             })
             .collect(),
         queues: d.ctrl.queue_snapshots(),
@@ -154,6 +157,13 @@ pub fn report(s: &Scrape) -> reply::Stats {
                 other: op(&n.stats.other),
                 throttled_commands: n.stats.throttled_commands,
                 throttled_s: n.stats.throttled_ns as f64 / 1e9,
+                storage: n.storage.as_ref().map(|r| reply::StorageStats {
+                    state: r.state.name().into(),
+                    waiting: r.waiting,
+                    outages: r.outages,
+                    outages_past_hold: r.outages_past_hold,
+                    outage_s: r.outage_ms_sum as f64 / 1e3,
+                }),
             })
             .collect(),
         queues: s

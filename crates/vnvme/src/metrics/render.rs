@@ -16,6 +16,7 @@
 
 use std::fmt;
 
+use block_backend::{StorageReport, StorageState, OUTAGE_BOUNDS_S};
 use nvme_ctrl::{NsStatsSnapshot, OpSnapshot, Regime, LATENCY_BOUNDS_NS};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -259,7 +260,73 @@ fn namespaces(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
         "Time commands spent held back by each namespace's QoS limits, summed over the \
          commands.",
         s.namespaces.iter().map(|n| (nsid(n.nsid), ConstCounter::new(seconds(n.stats.throttled_ns)))),
+    )?;
+    storage(enc, s)
+}
+
+/// The storage of namespaces whose backend can lose it (nbd://): where it is, what
+/// waits for it, its outages.
+fn storage(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
+    let nsid = |n: u32| vec![("nsid", n.to_string())];
+    let with = || s.namespaces.iter().filter_map(|n| n.storage.as_ref().map(|r| (n.nsid, r)));
+    family(
+        enc,
+        "namespace_storage_state",
+        "Where each network namespace's storage is, one series per state, 1 for the current \
+         one: up; waiting (lost: commands wait, within the hold); gone (past the hold: \
+         commands fail Namespace Not Ready until it is back).",
+        with().flat_map(|(n, r)| {
+            [StorageState::Up, StorageState::Waiting, StorageState::Gone].into_iter().map(move |st| {
+                (
+                    vec![("nsid", n.to_string()), ("state", st.name().to_owned())],
+                    ConstGauge::new((r.state == st) as u64),
+                )
+            })
+        }),
+    )?;
+    family(
+        enc,
+        "namespace_storage_waiting_commands",
+        "Commands waiting for each network namespace's storage to come back.",
+        with().map(|(n, r)| (nsid(n), ConstGauge::new(r.waiting))),
+    )?;
+    family(
+        enc,
+        "namespace_storage_outages",
+        "Times each network namespace lost its storage (a connection lost).",
+        with().map(|(n, r)| (nsid(n), ConstCounter::new(r.outages))),
+    )?;
+    family(
+        enc,
+        "namespace_storage_outages_past_hold",
+        "Outages that outlasted the namespace's hold, after which its commands failed.",
+        with().map(|(n, r)| (nsid(n), ConstCounter::new(r.outages_past_hold))),
+    )?;
+    family(
+        enc,
+        "namespace_storage_outage_seconds",
+        "How long each outage of a network namespace's storage lasted: until it was back, \
+         or until the hold ran out.",
+        with().map(|(n, r)| (nsid(n), Outages(r))),
     )
+}
+
+/// The outage-length histogram of a storage report.
+#[derive(Debug)]
+struct Outages<'a>(&'a StorageReport);
+
+impl EncodeMetric for Outages<'_> {
+    fn encode(&self, mut enc: MetricEncoder) -> fmt::Result {
+        let counts = &self.0.outage_buckets;
+        let bounds = OUTAGE_BOUNDS_S.iter().copied().chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds.zip(counts.iter().copied()).collect();
+        let count = counts.iter().sum();
+        enc.encode_histogram::<NoLabelSet>(self.0.outage_ms_sum as f64 / 1e3, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// One latency histogram, from the controller's own buckets.
@@ -468,6 +535,7 @@ mod tests {
                         throttled_ns: 1_500_000_000,
                         ..Default::default()
                     },
+                    storage: None,
                 },
                 NsScrape {
                     nsid: 2,
@@ -475,6 +543,15 @@ mod tests {
                     lba_size: 4096,
                     backend: AWKWARD_BACKEND.into(),
                     stats: NsStatsSnapshot::default(),
+                    // Waiting for its second outage; the first lasted 2.1 s.
+                    storage: Some(StorageReport {
+                        state: StorageState::Waiting,
+                        waiting: 5,
+                        outages: 2,
+                        outages_past_hold: 0,
+                        outage_buckets: [0, 0, 0, 0, 1, 0, 0, 0, 0],
+                        outage_ms_sum: 2100,
+                    }),
                 },
             ],
             queues: vec![
@@ -556,6 +633,18 @@ mod tests {
             "vnvme_namespace_latency_seconds_count{nsid=\"1\",op=\"read\"} 3",
             "vnvme_namespace_qos_throttled_commands_total{nsid=\"1\"} 4",
             "vnvme_namespace_qos_throttled_seconds_total{nsid=\"1\"} 1.5",
+            "# TYPE vnvme_namespace_storage_state gauge",
+            "vnvme_namespace_storage_state{nsid=\"2\",state=\"up\"} 0",
+            "vnvme_namespace_storage_state{nsid=\"2\",state=\"waiting\"} 1",
+            "vnvme_namespace_storage_state{nsid=\"2\",state=\"gone\"} 0",
+            "vnvme_namespace_storage_waiting_commands{nsid=\"2\"} 5",
+            "vnvme_namespace_storage_outages_total{nsid=\"2\"} 2",
+            "vnvme_namespace_storage_outages_past_hold_total{nsid=\"2\"} 0",
+            "vnvme_namespace_storage_outage_seconds_bucket{nsid=\"2\",le=\"2\"} 0",
+            "vnvme_namespace_storage_outage_seconds_bucket{nsid=\"2\",le=\"5\"} 1",
+            "vnvme_namespace_storage_outage_seconds_bucket{nsid=\"2\",le=\"+Inf\"} 1",
+            "vnvme_namespace_storage_outage_seconds_sum{nsid=\"2\"} 2.1",
+            "vnvme_namespace_storage_outage_seconds_count{nsid=\"2\"} 1",
             "vnvme_queue_commands_total{qid=\"0\",worker=\"controller\"} 7",
             "vnvme_queue_sq_doorbell_writes_total{qid=\"1\",worker=\"0\"} 2",
             "vnvme_queue_interrupts_total{qid=\"1\",worker=\"0\"} 3",
@@ -621,7 +710,7 @@ mod tests {
                 families.push(name.to_owned());
             }
         }
-        assert_eq!(families.len(), 41, "{families:?}");
+        assert_eq!(families.len(), 46, "{families:?}");
         for l in lines.iter().filter(|l| !l.starts_with('#')) {
             let name = l.split(['{', ' ']).next().expect("a name");
             let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
