@@ -17,6 +17,33 @@
 //!   offset within the request, so a wire may split a request as it likes.
 //!
 //! The wire keeps what it needs per request in `W` (its pieces outstanding, say).
+//!
+//! # Direct wires
+//!
+//! A wire that copies all data itself (nbd://, rbd:) keeps every request off guest
+//! memory by the rules above: its revoke always succeeds, and the request completes
+//! when the wire finishes it. io_uring and nvme:// instead hand the kernel or a
+//! device descriptors it moves data through by itself: straight into guest memory
+//! (zero copy) or into a bounce buffer the wire keeps in `W`. A piece handed over
+//! cannot be called back. Their table is [`Requests::direct`]; they tell the core of
+//! every piece they hand over ([`Pending::sent`], saying whether it reaches guest
+//! memory itself) and of every one that comes back ([`Requests::landed`]), and revoke
+//! ([`Requests::give_up`]) then means:
+//!
+//! - **Refused** while a piece that reaches guest memory itself is at the device:
+//!   nothing keeps that one off guest memory, so the owner must let the command run
+//!   to its end ([`BackendQueue::revoke`](crate::BackendQueue::revoke)'s
+//!   `Some(false)`). The request keeps its `GuestMemory` meanwhile, and with it the
+//!   mappings the device moves data through.
+//! - **Otherwise given up on at once**: the request completes now (NotReady, no
+//!   data), nothing more of it goes to the device, and its slot, with what the wire
+//!   keeps there (bounce buffers, vectors, a host buffer the kernel writes), stays
+//!   the device's until its last piece lands. That answer is swallowed
+//!   ([`Landed::Swallowed`]): the caller never sees it, and only then may the slot be
+//!   reused. A held slot no longer answers to its tag (the owner may reuse the tag as
+//!   soon as it has reaped the completion), and held slots are bounded by the
+//!   device's queue depth. A request none of whose pieces is at the device (waiting
+//!   for room) is freed at once, and [`Revoked::Given`] hands the wire what it kept.
 
 use guest_mem::GuestMemory;
 
@@ -37,6 +64,10 @@ pub struct Pending<W> {
     flush_after: bool,
     revoked: bool,
     error: Option<BackendError>,
+    /// Pieces at the device (direct wires), and how many of them reach guest memory
+    /// themselves.
+    at_device: u32,
+    direct_at_device: u32,
     /// What the wire keeps for the request.
     pub wire: W,
 }
@@ -58,6 +89,36 @@ impl<W> Pending<W> {
 
     pub fn failed(&self) -> bool {
         self.error.is_some()
+    }
+
+    /// The first failure recorded.
+    pub fn error(&self) -> Option<&BackendError> {
+        self.error.as_ref()
+    }
+
+    /// The request's buffer, for a wire that builds zero-copy descriptors onto it.
+    pub fn data(&self) -> &DataBuf {
+        &self.data
+    }
+
+    /// The guest memory the data moves to or from: None once revoked, or for a
+    /// request that moves none.
+    pub fn mem(&self) -> Option<&GuestMemory> {
+        self.mem.as_ref()
+    }
+
+    /// A piece of the request went to the device (direct wires): it is the device's
+    /// until it lands ([`Requests::landed`]). `direct`: it reaches guest memory
+    /// itself (zero copy), so revoke cannot stop it.
+    pub fn sent(&mut self, direct: bool) {
+        debug_assert!(!self.revoked, "a piece sent for a revoked request");
+        self.at_device += 1;
+        self.direct_at_device += u32::from(direct);
+    }
+
+    /// Pieces at the device.
+    pub fn at_device(&self) -> u32 {
+        self.at_device
     }
 
     /// Fills `dst` with the write's data from request offset `at`. Fails for a
@@ -130,12 +191,53 @@ pub struct Requests<W> {
     done: Vec<Completion>,
     /// Submitted and not yet reaped.
     in_flight: usize,
+    /// A direct wire's table (see the module).
+    direct: bool,
 }
 
+/// A table for a wire that copies all data itself.
 impl<W> Default for Requests<W> {
     fn default() -> Self {
-        Requests { slots: Vec::new(), free: Vec::new(), done: Vec::new(), in_flight: 0 }
+        Requests { slots: Vec::new(), free: Vec::new(), done: Vec::new(), in_flight: 0, direct: false }
     }
+}
+
+/// What [`Requests::give_up`] did.
+#[derive(Debug)]
+pub enum Revoked<W> {
+    /// The queue does not hold the tag.
+    NotHere,
+    /// Its completion waits for a reap: done with guest memory already.
+    Done,
+    /// A piece at the device reaches guest memory itself: it cannot be stopped.
+    Refused,
+    /// Given up on, in `slot`. `freed` (direct wires): nothing of it was at the
+    /// device, so the slot is free already, and this is what the wire kept there
+    /// (the wire forgets the slot: it may be handed out again).
+    Given { slot: usize, freed: Option<W> },
+}
+
+impl<W> Revoked<W> {
+    /// As [`BackendQueue::revoke`](crate::BackendQueue::revoke) answers.
+    pub fn answer(&self) -> Option<bool> {
+        match self {
+            Revoked::NotHere => None,
+            Revoked::Refused => Some(false),
+            Revoked::Done | Revoked::Given { .. } => Some(true),
+        }
+    }
+}
+
+/// What [`Requests::landed`] found.
+#[derive(Debug)]
+pub enum Landed<'a, W> {
+    /// The request goes on: the wire takes in the piece's result.
+    Live(&'a mut Pending<W>),
+    /// The request was given up on: the piece's answer is swallowed. `freed`: it was
+    /// its last piece, so the slot is free now, and this is what the wire kept there.
+    Swallowed { freed: Option<W> },
+    /// No request in that slot.
+    Unknown,
 }
 
 /// How [`Requests::admit`] takes a request in.
@@ -148,6 +250,11 @@ pub enum Admit {
 }
 
 impl<W> Requests<W> {
+    /// A table for a direct wire (see the module).
+    pub fn direct() -> Self {
+        Requests { direct: true, ..Requests::default() }
+    }
+
     /// Takes `req` in and counts it in flight. A request `checked` refused completes
     /// at once with that error; one with `nothing` to do (an empty range, a flush
     /// without a cache) completes at once, successfully; any other gets a slot, with
@@ -181,6 +288,8 @@ impl<W> Requests<W> {
             flush_after: fua_by_flush && matches!(req.op, Op::Write { fua: true }),
             revoked: false,
             error: None,
+            at_device: 0,
+            direct_at_device: 0,
             wire,
         };
         Admit::Slot(match self.free.pop() {
@@ -203,30 +312,90 @@ impl<W> Requests<W> {
         self.slots.get_mut(slot).and_then(Option::as_mut)
     }
 
-    /// Completes the request in `slot`: its first error, or NotReady and no data if
-    /// it was revoked, or success.
-    pub fn finish(&mut self, slot: usize) {
-        let Some(p) = self.slots.get_mut(slot).and_then(Option::take) else { return };
+    /// Completes the request in `slot` and frees the slot: its first error, or
+    /// NotReady and no data if it was revoked (a direct wire's revoked request
+    /// completed when it was revoked: nothing more), or success. Hands back what the
+    /// wire kept. The device must hold no piece of it.
+    pub fn finish(&mut self, slot: usize) -> Option<W> {
+        let p = self.slots.get_mut(slot).and_then(Option::take)?;
+        debug_assert_eq!(p.at_device, 0, "a slot freed while the device holds a piece of it");
         self.free.push(slot);
-        let (result, data) = if p.revoked {
-            (Err(BackendError::NotReady("given up on before it finished".into())), DataBuf::None)
-        } else {
-            (p.error.map_or(Ok(()), Err), p.data)
+        let (result, data) = match (p.revoked, self.direct) {
+            (true, true) => return Some(p.wire),
+            (true, false) => {
+                (Err(BackendError::NotReady("given up on before it finished".into())), DataBuf::None)
+            }
+            (false, _) => (p.error.map_or(Ok(()), Err), p.data),
         };
         self.done.push(Completion { tag: p.tag, result, data });
+        Some(p.wire)
+    }
+
+    /// A piece of the request in `slot` came back from the device (direct wires;
+    /// `direct` as it was [`sent`](Pending::sent)). A revoked request's answer is
+    /// swallowed here, and its slot freed with its last piece.
+    pub fn landed(&mut self, slot: usize, direct: bool) -> Landed<'_, W> {
+        let Some(p) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return Landed::Unknown };
+        debug_assert!(p.at_device > 0 && (!direct || p.direct_at_device > 0), "a piece landed twice");
+        p.at_device = p.at_device.saturating_sub(1);
+        if direct {
+            p.direct_at_device = p.direct_at_device.saturating_sub(1);
+        }
+        if !p.revoked {
+            return Landed::Live(self.slots[slot].as_mut().expect("held"));
+        }
+        if p.at_device > 0 {
+            return Landed::Swallowed { freed: None };
+        }
+        Landed::Swallowed { freed: self.finish(slot) }
     }
 
     /// Gives up on request `tag`: from now on it keeps off guest memory (see the
-    /// module). Some(true) if the queue holds it (or its completion), None if not.
+    /// module). Some(true) if the queue holds it (or its completion), Some(false) if
+    /// it cannot be stopped, None if the queue does not hold it. A direct wire uses
+    /// [`give_up`](Self::give_up), which says what became of the slot.
     pub fn revoke(&mut self, tag: u64) -> Option<bool> {
+        self.give_up(tag).answer()
+    }
+
+    /// [`revoke`](Self::revoke), saying what became of the request.
+    pub fn give_up(&mut self, tag: u64) -> Revoked<W> {
         if self.done.iter().any(|c| c.tag == tag) {
-            return Some(true);
+            return Revoked::Done;
         }
-        let p = self.slots.iter_mut().flatten().find(|p| p.tag == tag)?;
+        // A direct wire's revoked request has completed: its held slot is not the tag's.
+        let direct = self.direct;
+        let Some(slot) = self
+            .slots
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.tag == tag && !(direct && p.revoked)))
+        else {
+            return Revoked::NotHere;
+        };
+        let p = self.slots[slot].as_mut().expect("found");
+        if p.direct_at_device > 0 {
+            return Revoked::Refused;
+        }
         p.revoked = true;
         p.flush_after = false;
         p.mem = None;
-        Some(true)
+        if !direct {
+            return Revoked::Given { slot, freed: None };
+        }
+        let held = p.at_device > 0;
+        self.done.push(Completion {
+            tag,
+            result: Err(BackendError::NotReady("given up on before it finished".into())),
+            data: DataBuf::None,
+        });
+        let freed = if held { None } else { self.finish(slot) };
+        Revoked::Given { slot, freed }
+    }
+
+    /// The table's slots, free or not: for a wire that must visit every request
+    /// (the device is gone).
+    pub fn slots(&self) -> std::ops::Range<usize> {
+        0..self.slots.len()
     }
 
     /// Moves the completions waiting into `out`; how many.
@@ -342,6 +511,73 @@ mod tests {
         assert!(matches!(out[0].result, Err(BackendError::ReadOnly)));
         assert!(matches!(out[1].result, Err(BackendError::ReadOnly)));
         assert!(out[2].result.is_ok());
+    }
+
+    /// The direct-I/O rule: a request revoked while the device holds a piece of it
+    /// completes at once, the device's answer is swallowed, and its slot (with what
+    /// the wire keeps there) is not handed out again before that answer lands; one
+    /// whose piece reaches guest memory itself cannot be revoked; one with nothing at
+    /// the device is freed at once.
+    #[test]
+    fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
+        let mem = memory();
+        let mut r: Requests<u32> = Requests::direct();
+        let mut out = Vec::new();
+        let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 70));
+        r.get_mut(s).unwrap().sent(false);
+        match r.give_up(7) {
+            Revoked::Given { slot, freed: None } => assert_eq!(slot, s),
+            other => panic!("a bounced piece at the device: {other:?}"),
+        }
+        assert_eq!(r.reap(&mut out), 1, "a revoked request completes at once");
+        assert!(matches!(out[0].result, Err(BackendError::NotReady(_))), "{:?}", out[0].result);
+        assert!(matches!(out[0].data, DataBuf::None));
+        assert_eq!(r.in_flight(), 0);
+        // The owner reuses the tag at once; the slot the device holds is not reused.
+        let s2 = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 71));
+        assert_ne!(s2, s, "a slot was handed out while the device held it");
+        assert!(r.get(s).is_some_and(|p| p.revoked() && p.wire == 70));
+        assert!(
+            matches!(r.give_up(7), Revoked::Given { slot, .. } if slot == s2),
+            "the tag is the new request's"
+        );
+        out.clear();
+        r.reap(&mut out);
+        // The device answers the revoked piece: swallowed, and the slot is free.
+        assert!(matches!(r.landed(s, false), Landed::Swallowed { freed: Some(70) }));
+        assert!(r.get(s).is_none());
+        assert!(matches!(r.landed(s2, false), Landed::Unknown), "nothing of s2 was at the device");
+        assert_eq!(r.reap(&mut out), 0, "the device's answer reached the caller");
+        assert_eq!(slot(r.admit(&mem, guest(Op::Read, 8), Ok(()), false, false, 80)), s, "reused after it");
+
+        // A piece into guest memory itself: refused until it lands.
+        let z = slot(r.admit(&mem, guest(Op::Write { fua: false }, 9), Ok(()), false, false, 90));
+        r.get_mut(z).unwrap().sent(true);
+        r.get_mut(z).unwrap().sent(false);
+        assert!(matches!(r.give_up(9), Revoked::Refused));
+        assert_eq!(r.revoke(9), Some(false));
+        assert!(r.get(z).unwrap().mem().is_some(), "a refused revoke keeps the guest mappings");
+        assert!(matches!(r.landed(z, true), Landed::Live(_)));
+        assert!(matches!(r.give_up(9), Revoked::Given { freed: None, .. }), "a bounced piece is still out");
+        assert!(matches!(r.landed(z, false), Landed::Swallowed { freed: Some(90) }));
+        out.clear();
+        assert_eq!(r.reap(&mut out), 1, "9 completed once, when revoked");
+        assert_eq!(out[0].tag, 9);
+        assert_eq!(r.in_flight(), 1, "tag 8");
+    }
+
+    #[test]
+    fn a_direct_request_not_at_the_device_is_freed_when_revoked() {
+        let mem = memory();
+        let mut r: Requests<u32> = Requests::direct();
+        let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(()), false, false, 10));
+        assert!(matches!(r.give_up(1), Revoked::Given { freed: Some(10), .. }));
+        assert!(r.get(s).is_none());
+        assert_eq!(slot(r.admit(&mem, guest(Op::Read, 2), Ok(()), false, false, 20)), s);
+        let mut out = Vec::new();
+        assert_eq!(r.reap(&mut out), 1);
+        assert_eq!(out[0].tag, 1);
+        assert_eq!(r.in_flight(), 1);
     }
 
     #[test]
