@@ -173,6 +173,22 @@ impl<W> Pending<W> {
         Ok(())
     }
 
+    /// What the owner is told when the request ends (taking its error and data):
+    /// nothing for a direct wire's revoked request, which was told when revoked.
+    fn completion(&mut self, direct: bool) -> Option<Completion> {
+        debug_assert_eq!(self.at_device, 0, "a slot freed while the device holds a piece of it");
+        let (result, data) = match (self.revoked, direct) {
+            (true, true) => return None,
+            (true, false) => {
+                (Err(BackendError::NotReady("given up on before it finished".into())), DataBuf::None)
+            }
+            (false, _) => {
+                (self.error.take().map_or(Ok(()), Err), std::mem::replace(&mut self.data, DataBuf::None))
+            }
+        };
+        Some(Completion { tag: self.tag, result, data })
+    }
+
     /// The write is done: true, once, if its flush must go now (a FUA write done as
     /// write then flush, neither failed nor revoked).
     pub fn flush_now(&mut self) -> bool {
@@ -278,7 +294,16 @@ impl<W> Requests<W> {
             return Admit::Done;
         }
         let moves_data = matches!(req.op, Op::Read | Op::Write { .. });
-        let p = Pending {
+        // The slot first, so the request is built where it stays (no copy of it).
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        // A free slot is empty: built in it, with nothing to drop first.
+        self.slots[slot].get_or_insert_with(|| Pending {
             tag: req.tag,
             op: req.op,
             offset: req.offset,
@@ -291,17 +316,8 @@ impl<W> Requests<W> {
             at_device: 0,
             direct_at_device: 0,
             wire,
-        };
-        Admit::Slot(match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(p);
-                i
-            }
-            None => {
-                self.slots.push(Some(p));
-                self.slots.len() - 1
-            }
-        })
+        });
+        Admit::Slot(slot)
     }
 
     pub fn get(&self, slot: usize) -> Option<&Pending<W>> {
@@ -314,20 +330,28 @@ impl<W> Requests<W> {
 
     /// Completes the request in `slot` and frees the slot: its first error, or
     /// NotReady and no data if it was revoked (a direct wire's revoked request
-    /// completed when it was revoked: nothing more), or success. Hands back what the
-    /// wire kept. The device must hold no piece of it.
-    pub fn finish(&mut self, slot: usize) -> Option<W> {
-        let p = self.slots.get_mut(slot).and_then(Option::take)?;
-        debug_assert_eq!(p.at_device, 0, "a slot freed while the device holds a piece of it");
+    /// completed when it was revoked: nothing more), or success. What the wire kept
+    /// is dropped with it (a wire that recycles buffers takes them out first). The
+    /// device must hold no piece of it.
+    pub fn finish(&mut self, slot: usize) {
+        // In place, not moved out of its slot: every request leaves this way.
+        let Some(cell) = self.slots.get_mut(slot) else { return };
+        let Some(p) = cell.as_mut() else { return };
+        if let Some(c) = p.completion(self.direct) {
+            self.done.push(c);
+        }
+        *cell = None;
         self.free.push(slot);
-        let (result, data) = match (p.revoked, self.direct) {
-            (true, true) => return Some(p.wire),
-            (true, false) => {
-                (Err(BackendError::NotReady("given up on before it finished".into())), DataBuf::None)
-            }
-            (false, _) => (p.error.map_or(Ok(()), Err), p.data),
-        };
-        self.done.push(Completion { tag: p.tag, result, data });
+    }
+
+    /// [`finish`](Self::finish), handing back what the wire kept.
+    fn finish_taking(&mut self, slot: usize) -> Option<W> {
+        let mut p = self.slots.get_mut(slot)?.take()?;
+        let completion = p.completion(self.direct);
+        self.free.push(slot);
+        if let Some(c) = completion {
+            self.done.push(c);
+        }
         Some(p.wire)
     }
 
@@ -347,7 +371,7 @@ impl<W> Requests<W> {
         if p.at_device > 0 {
             return Landed::Swallowed { freed: None };
         }
-        Landed::Swallowed { freed: self.finish(slot) }
+        Landed::Swallowed { freed: self.finish_taking(slot) }
     }
 
     /// Gives up on request `tag`: from now on it keeps off guest memory (see the
@@ -388,7 +412,7 @@ impl<W> Requests<W> {
             result: Err(BackendError::NotReady("given up on before it finished".into())),
             data: DataBuf::None,
         });
-        let freed = if held { None } else { self.finish(slot) };
+        let freed = if held { None } else { self.finish_taking(slot) };
         Revoked::Given { slot, freed }
     }
 
