@@ -29,8 +29,9 @@ impl UringQueue {
         !self.sh.direct || (offset.is_multiple_of(self.sh.off_align) && len.is_multiple_of(self.sh.off_align))
     }
 
-    /// Turns a request into a run (`None`: it is already done). A bounced write's
-    /// data is gathered once the request has its slot.
+    /// Turns a request into a run (`None`: it is already done), and its vectors into
+    /// `self.iov` (cleared by the caller). A bounced write's data is gathered once the
+    /// request has its slot.
     pub(super) fn plan(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Option<Run>, BackendError> {
         if self.sh.removed.load(Ordering::Relaxed) {
             return Err(removed_error());
@@ -129,8 +130,8 @@ impl UringQueue {
     fn plan_zero_write(&mut self, req: &Request) -> Run {
         let mut run = Run::new(Step::WriteZeroBufs);
         run.fd = if self.direct_ok(req.offset, req.len) { FD_MAIN } else { FD_BUFFERED };
-        run.iov = self.take_iov();
-        fill_zero_iov(&mut run.iov, self.zero_addr(), req.len);
+        let zeroes = self.zero_addr();
+        fill_zero_iov(&mut self.iov, zeroes, req.len);
         run
     }
 
@@ -151,24 +152,16 @@ impl UringQueue {
         };
         let mut run = Run::new(step);
         run.fd = if direct_ok { FD_MAIN } else { FD_BUFFERED };
-        run.iov = self.take_iov();
         let trash = self.trash.as_ref().map_or(0, |t| t.addr());
         let straight =
-            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut run.iov);
-        let straight = match straight {
-            Ok(s) => s,
-            Err(e) => {
-                self.recycle_iov(std::mem::take(&mut run.iov));
-                return Err(e);
-            }
-        };
+            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut self.iov)?;
         if straight {
             run.zero_copy = matches!(req.data, DataBuf::Guest(_));
         } else {
             let n = len as usize;
             let b = self.get_bounce(n);
-            run.iov.clear();
-            run.iov.push(IoVec { base: b.addr(), len: n });
+            self.iov.clear();
+            self.iov.push(IoVec { base: b.addr(), len: n });
             run.bounce = Some(b);
         }
         Ok(run)

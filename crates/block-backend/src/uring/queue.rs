@@ -54,7 +54,13 @@ pub(super) struct UringQueue {
     /// Scratch buffer SGL bit buckets read into; the kernel writes it, nobody reads it.
     pub(super) trash: Option<AlignedBuf>,
     bounce_pool: Vec<AlignedBuf>,
-    iov_pool: Vec<Vec<IoVec>>,
+    /// The vectors of each slot's SQEs. A slot's are left alone while it is held
+    /// (until its CQE, even for a request given up on), and reused by the slot's next
+    /// request.
+    iovs: Vec<Vec<IoVec>>,
+    /// The vectors of the request being planned, traded for its slot's once it has
+    /// one.
+    pub(super) iov: Vec<IoVec>,
     pub(super) ranges: Vec<HostRange>,
     cqes: Vec<(u64, i32)>,
     last_check: Instant,
@@ -90,7 +96,8 @@ impl UringQueue {
             in_kernel: 0,
             trash: Some(AlignedBuf::new(TRASH_CHUNK, align)),
             bounce_pool: Vec::new(),
-            iov_pool: Vec::new(),
+            iovs: Vec::new(),
+            iov: Vec::new(),
             ranges: Vec::new(),
             cqes: Vec::new(),
             last_check: Instant::now(),
@@ -125,10 +132,6 @@ impl UringQueue {
         }
     }
 
-    pub(super) fn take_iov(&mut self) -> Vec<IoVec> {
-        self.iov_pool.pop().unwrap_or_default()
-    }
-
     pub(super) fn get_bounce(&mut self, len: usize) -> AlignedBuf {
         let fit =
             self.bounce_pool.iter().enumerate().filter(|(_, b)| b.cap >= len).min_by_key(|(_, b)| b.cap);
@@ -146,19 +149,28 @@ impl UringQueue {
         }
     }
 
-    pub(super) fn recycle_iov(&mut self, mut iov: Vec<IoVec>) {
-        iov.clear();
-        if self.iov_pool.len() < 64 {
-            self.iov_pool.push(iov);
-        }
-    }
-
     /// Takes back what a finished request's run held.
     fn release(&mut self, run: Run) {
         if let Some(b) = run.bounce {
             self.put_bounce(b);
         }
-        self.recycle_iov(run.iov);
+    }
+
+    /// Gives slot `idx` the vectors just planned. A bounced transfer's one vector is
+    /// copied (what it was planned in keeps its room, grown by however many pieces
+    /// the transfer had); any other list is traded for the slot's old one, the next
+    /// request's to plan in. A slot's list so holds at most IOV_MAX vectors' room.
+    fn trade_iov(&mut self, idx: usize, bounced: bool) {
+        if self.iovs.len() <= idx {
+            self.iovs.resize_with(idx + 1, Vec::new);
+        }
+        let slot = &mut self.iovs[idx];
+        if bounced {
+            slot.clear();
+            slot.extend_from_slice(&self.iov);
+        } else {
+            std::mem::swap(slot, &mut self.iov);
+        }
     }
 
     /// Gathers a bounced write's data into its bounce buffer.
@@ -179,14 +191,16 @@ impl UringQueue {
                 self.pending.pop_front();
                 continue;
             };
-            let entry = p.wire.entry(p.offset, idx);
-            // Everything the entry points at lives in the request's slot until its CQE
-            // is reaped, revoked or not (the core holds a revoked request's slot until
-            // its last piece lands): the vector array (`wire.iov`, not touched while
-            // the SQE is out), the bounce buffer, a host buffer (the request's data),
-            // the guest mappings (the request's `GuestMemory`, which revoke does not
-            // drop while a zero-copy SQE is out), and the per-queue scratch and shared
-            // zero buffers, which outlive the ring (Drop waits for every SQE).
+            let entry = p.wire.entry(p.offset, idx, &self.iovs[idx]);
+            // Everything the entry points at lives until its CQE is reaped, revoked or
+            // not (the core holds a revoked request's slot until its last piece lands,
+            // and hands the slot to no other request meanwhile): the vector array
+            // (`iovs[idx]`, the slot's, not touched while the SQE is out; growing `iovs`
+            // moves no list's array), the request's bounce buffer, a host buffer (the
+            // request's data), the guest mappings (the request's `GuestMemory`, which
+            // revoke does not drop while a zero-copy SQE is out), and the per-queue
+            // scratch and shared zero buffers, which outlive the ring (Drop waits for
+            // every SQE).
             // SAFETY: every buffer the entry names outlives its completion, as listed above.
             let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
             if !pushed {
@@ -260,7 +274,7 @@ impl UringQueue {
                 return;
             }
         };
-        match p.wire.on_result(p.len, res) {
+        match p.wire.on_result(p.len, res, &mut self.iovs[idx]) {
             Outcome::Again => self.pending.push_back(idx),
             Outcome::Done(result) => self.finish(idx, result),
             Outcome::Eof { done, len } => {
@@ -269,8 +283,8 @@ impl UringQueue {
             }
             Outcome::MoreZeroes => {
                 let zeroes = self.zero_addr();
-                let p = self.reqs.get_mut(idx).expect("live slot");
-                fill_zero_iov(&mut p.wire.iov, zeroes, p.len - p.wire.done);
+                let p = self.reqs.get(idx).expect("live slot");
+                fill_zero_iov(&mut self.iovs[idx], zeroes, p.len - p.wire.done);
                 self.pending.push_back(idx);
             }
         }
@@ -301,30 +315,31 @@ impl UringQueue {
                 }
             }
         }
-        // Its buffers back to the pools, then the request out.
-        let iov = std::mem::take(&mut p.wire.iov);
+        // Its bounce buffer back to the pool, then the request out.
         let bounce = p.wire.bounce.take();
         self.reqs.finish(idx);
         if let Some(b) = bounce {
             self.put_bounce(b);
         }
-        self.recycle_iov(iov);
     }
 }
 
 impl BackendQueue for UringQueue {
     fn submit(&mut self, mem: &GuestMemory, mut req: Request) {
+        self.iov.clear();
         let (checked, run) = match self.plan(mem, &mut req) {
             Ok(run) => (Ok(()), run),
             Err(e) => (Err(e), None),
         };
         let nothing = checked.is_ok() && run.is_none();
-        let bounced_write = req.op != Op::Read && run.as_ref().is_some_and(|r| r.bounce.is_some());
+        let bounced = run.as_ref().is_some_and(|r| r.bounce.is_some());
+        let bounced_write = bounced && req.op != Op::Read;
         // Unused when the request completes at admission.
         let run = run.unwrap_or_else(|| Run::new(Step::Fsync));
         // The wire has FUA (RWF_DSYNC): a FUA write is not followed by a flush.
         match self.reqs.admit(mem, req, checked, nothing, false, run) {
             Admit::Slot(idx) => {
+                self.trade_iov(idx, bounced);
                 if bounced_write {
                     if let Err(e) = self.gather(idx) {
                         self.finish(idx, Err(e));
@@ -414,6 +429,7 @@ impl Drop for UringQueue {
                     // Better to leak the buffers than to free memory the kernel may
                     // still write.
                     std::mem::forget(std::mem::take(&mut self.reqs));
+                    std::mem::forget(std::mem::take(&mut self.iovs));
                     std::mem::forget(self.trash.take());
                     std::mem::forget(self.sh.clone());
                     return;

@@ -34,7 +34,8 @@ pub(super) enum Step {
 
 /// What the queue keeps for a request in flight, in its slot of the in-flight core
 /// (`Requests<Run>`, whose `Pending` holds the tag, the range, the data and the guest
-/// memory): the steps, and everything the current SQE points at.
+/// memory): the steps, and the bounce buffer. The vectors its SQEs transfer are the
+/// queue's, by slot.
 #[derive(Debug)]
 pub(super) struct Run {
     step: Step,
@@ -43,8 +44,6 @@ pub(super) struct Run {
     pub(super) fd: u32,
     /// Bytes moved so far by the current read/write step.
     pub(super) done: u64,
-    /// What the next read/write SQE transfers (advanced after partial transfers).
-    pub(super) iov: Vec<IoVec>,
     /// The bounce buffer a misaligned transfer goes through (a read is copied out of
     /// it on success).
     pub(super) bounce: Option<AlignedBuf>,
@@ -63,24 +62,15 @@ impl Run {
     }
 
     pub(super) fn new(step: Step) -> Self {
-        Run {
-            step,
-            next: None,
-            fd: FD_MAIN,
-            done: 0,
-            iov: Vec::new(),
-            bounce: None,
-            zero_copy: false,
-            retries: 0,
-        }
+        Run { step, next: None, fd: FD_MAIN, done: 0, bounce: None, zero_copy: false, retries: 0 }
     }
 
     /// The SQE of the current step of a request at device offset `offset`, in slot
-    /// `idx` (its user data).
-    pub(super) fn entry(&self, offset: u64, idx: usize) -> squeue::Entry {
+    /// `idx` (its user data), transferring `iov`.
+    pub(super) fn entry(&self, offset: u64, idx: usize, iov: &[IoVec]) -> squeue::Entry {
         let fd = types::Fixed(self.fd);
-        let iov = self.iov.as_ptr().cast::<libc::iovec>();
-        let n = self.iov.len() as u32;
+        let n = iov.len() as u32;
+        let iov = iov.as_ptr().cast::<libc::iovec>();
         let off = offset + self.done;
         let e = match self.step {
             Step::Read => opcode::Readv::new(fd, iov, n).offset(off).build(),
@@ -116,8 +106,9 @@ pub(super) enum Outcome {
 }
 
 impl Run {
-    /// Takes in one completion result for a request of `len` bytes.
-    pub(super) fn on_result(&mut self, len: u64, res: i32) -> Outcome {
+    /// Takes in one completion result for a request of `len` bytes whose SQE
+    /// transferred `iov` (advanced past what moved, after a partial transfer).
+    pub(super) fn on_result(&mut self, len: u64, res: i32, iov: &mut Vec<IoVec>) -> Outcome {
         if res < 0 {
             let errno = -res;
             if matches!(errno, libc::EAGAIN | libc::EINTR) && self.retries < MAX_RETRIES {
@@ -140,8 +131,8 @@ impl Run {
             self.done += n;
             if self.done < len {
                 // A partial transfer: send the rest.
-                advance(&mut self.iov, n as usize);
-                return match (self.iov.is_empty(), self.step) {
+                advance(iov, n as usize);
+                return match (iov.is_empty(), self.step) {
                     (false, _) => Outcome::Again,
                     (true, Step::WriteZeroBufs) => Outcome::MoreZeroes,
                     (true, _) => Outcome::Done(Err(BackendError::Short { done: self.done, len })),
