@@ -47,7 +47,7 @@
 
 use guest_mem::GuestMemory;
 
-use crate::{BackendError, Completion, DataBuf, Op, Request, SegmentCursor};
+use crate::{BackendError, Completion, DataBuf, Op, Request, Segment, SegmentCursor, SegmentMark};
 
 /// A request at the backend.
 #[derive(Debug)]
@@ -70,6 +70,23 @@ pub struct Pending<W> {
     direct_at_device: u32,
     /// What the wire keeps for the request.
     pub wire: W,
+}
+
+/// A cursor at transfer offset `at` of `segs`: resumed from `mark` (which must lie
+/// there) or walked to from the start.
+fn cursor(segs: &[Segment], at: u64, mark: Option<SegmentMark>) -> Result<SegmentCursor<'_>, BackendError> {
+    match mark {
+        Some(m) => {
+            let c = SegmentCursor::resume(segs, m);
+            debug_assert_eq!(c.offset(), at, "a segment mark not at the offset it is given for");
+            Ok(c)
+        }
+        None => {
+            let mut c = SegmentCursor::new(segs);
+            c.advance(at)?;
+            Ok(c)
+        }
+    }
 }
 
 fn invalid(msg: &str) -> BackendError {
@@ -168,6 +185,91 @@ impl<W> Pending<W> {
                     None => dst.fill(0),
                 }
             }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// [`copy_out`](Self::copy_out) in chunks: hands `sink(offset in the span, bytes)`
+    /// the `len` bytes of the write's data from request offset `at`, at most
+    /// `scratch.len()` at a time (guest data is staged in `scratch`, a host buffer's
+    /// handed over as it is), walking the segments once. For a bounce buffer the host
+    /// reaches only through copies (a device's DMA memory). `mark`: where `at` lies in
+    /// the guest segments, if the wire keeps it (a request sent in pieces), so they
+    /// are not walked from their start.
+    pub fn copy_out_chunks(
+        &self,
+        at: u64,
+        mark: Option<SegmentMark>,
+        len: u64,
+        scratch: &mut [u8],
+        mut sink: impl FnMut(u64, &[u8]) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        if self.revoked {
+            return Err(BackendError::NotReady("given up on before it was sent".into()));
+        }
+        let step = scratch.len().max(1) as u64;
+        match (&self.data, &self.mem) {
+            (DataBuf::Guest(segs), Some(mem)) => {
+                let mut c = cursor(segs, at, mark)?;
+                let mut done = 0;
+                while done < len {
+                    let part = &mut scratch[..(len - done).min(step) as usize];
+                    c.read_into(mem, part)?;
+                    sink(done, part)?;
+                    done += part.len() as u64;
+                }
+            }
+            (DataBuf::Host(b), _) => {
+                let src =
+                    b.get(at as usize..(at + len) as usize).ok_or_else(|| invalid("a short write buffer"))?;
+                for (i, part) in src.chunks(step as usize).enumerate() {
+                    sink(i as u64 * step, part)?;
+                }
+            }
+            _ => return Err(invalid("a write without data")),
+        }
+        Ok(())
+    }
+
+    /// [`copy_in`](Self::copy_in) in chunks: `len` bytes of read data for request
+    /// offset `at`, which `fill(offset in the span, room)` puts in the room it is
+    /// handed, at most `scratch.len()` bytes at a time (staged in `scratch` for guest
+    /// memory, straight into a host buffer), walking the segments once (from `mark`,
+    /// as for [`copy_out_chunks`](Self::copy_out_chunks)). Nothing is asked of `fill`
+    /// for a revoked request: its data is dropped.
+    pub fn copy_in_chunks(
+        &mut self,
+        at: u64,
+        mark: Option<SegmentMark>,
+        len: u64,
+        scratch: &mut [u8],
+        mut fill: impl FnMut(u64, &mut [u8]) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        if self.revoked {
+            return Ok(());
+        }
+        let step = scratch.len().max(1) as u64;
+        match (&mut self.data, &self.mem) {
+            (DataBuf::Guest(segs), Some(mem)) => {
+                let mut c = cursor(segs, at, mark)?;
+                let mut done = 0;
+                while done < len {
+                    let part = &mut scratch[..(len - done).min(step) as usize];
+                    fill(done, part)?;
+                    c.write_from(mem, part)?;
+                    done += part.len() as u64;
+                }
+            }
+            (DataBuf::Host(b), _) => {
+                let dst = b
+                    .get_mut(at as usize..(at + len) as usize)
+                    .ok_or_else(|| invalid("read data beyond the buffer"))?;
+                for (i, part) in dst.chunks_mut(step as usize).enumerate() {
+                    fill(i as u64 * step, part)?;
+                }
+            }
+            // Data nobody wants (a Verify).
             _ => {}
         }
         Ok(())
@@ -442,181 +544,4 @@ impl<W> Requests<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The revoke guarantee and the FUA rule, once, against the core; each backend's
-    //! tests check its wire keeps to them.
-
-    use super::*;
-    use crate::Segment;
-
-    const PAGE: u64 = 4096;
-
-    fn memory() -> GuestMemory {
-        GuestMemory::anonymous(&[(0, 4 * PAGE)]).unwrap()
-    }
-
-    fn guest(op: Op, tag: u64) -> Request {
-        let segs = vec![Segment::Guest { gpa: PAGE, len: PAGE }];
-        Request { tag, op, offset: 0, len: PAGE, data: DataBuf::Guest(segs) }
-    }
-
-    fn slot(a: Admit) -> usize {
-        match a {
-            Admit::Slot(s) => s,
-            Admit::Done => panic!("completed at admission"),
-        }
-    }
-
-    #[test]
-    fn a_revoked_read_drops_its_data_and_completes_without_it() {
-        let mem = memory();
-        mem.fill(PAGE, PAGE, 0xee).unwrap();
-        let mut r: Requests<()> = Requests::default();
-        let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, ()));
-        assert_eq!(r.revoke(7), Some(true));
-        r.get_mut(s).unwrap().copy_in(0, PAGE, Some(&[0x11; PAGE as usize])).unwrap();
-        r.finish(s);
-        let mut out = Vec::new();
-        assert_eq!(r.reap(&mut out), 1);
-        assert!(matches!(out[0].result, Err(BackendError::NotReady(_))), "{:?}", out[0].result);
-        assert!(matches!(out[0].data, DataBuf::None));
-        let mut b = vec![0u8; PAGE as usize];
-        mem.read(PAGE, &mut b).unwrap();
-        assert!(b.iter().all(|&x| x == 0xee), "late read data reached guest memory");
-        assert_eq!(r.in_flight(), 0);
-    }
-
-    #[test]
-    fn a_revoked_write_cannot_read_guest_memory_nor_flush() {
-        let mem = memory();
-        let mut r: Requests<()> = Requests::default();
-        let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 3), Ok(()), false, true, ()));
-        let mut buf = vec![0u8; PAGE as usize];
-        r.get(s).unwrap().copy_out(0, &mut buf).expect("before revoke the data is there");
-        assert_eq!(r.revoke(3), Some(true));
-        assert!(
-            r.get(s).unwrap().copy_out(0, &mut buf).is_err(),
-            "a resend after revoke reads the host's buffer"
-        );
-        assert!(!r.get_mut(s).unwrap().flush_now(), "a revoked write's flush went out");
-    }
-
-    #[test]
-    fn fua_by_flush_flushes_once_after_a_good_write_only() {
-        let mem = memory();
-        let mut r: Requests<()> = Requests::default();
-        let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 1), Ok(()), false, true, ()));
-        assert!(r.get_mut(s).unwrap().flush_now());
-        assert!(!r.get_mut(s).unwrap().flush_now(), "the flush is sent once");
-        let s2 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 2), Ok(()), false, true, ()));
-        r.get_mut(s2).unwrap().fail(BackendError::NoSpace);
-        assert!(!r.get_mut(s2).unwrap().flush_now(), "a failed write is not flushed");
-        let s3 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 4), Ok(()), false, false, ()));
-        assert!(!r.get_mut(s3).unwrap().flush_now(), "a wire with FUA sends no flush");
-    }
-
-    #[test]
-    fn the_first_error_stands_and_refusals_complete_at_once() {
-        let mem = memory();
-        let mut r: Requests<()> = Requests::default();
-        let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(()), false, false, ()));
-        r.get_mut(s).unwrap().fail(BackendError::ReadOnly);
-        r.get_mut(s).unwrap().fail(BackendError::NoSpace);
-        r.finish(s);
-        assert!(matches!(
-            r.admit(&mem, guest(Op::Read, 2), Err(BackendError::ReadOnly), false, false, ()),
-            Admit::Done
-        ));
-        assert!(matches!(r.admit(&mem, guest(Op::Read, 3), Ok(()), true, false, ()), Admit::Done));
-        assert_eq!(r.revoke(2), Some(true), "a completion not yet reaped is revoked trivially");
-        assert_eq!(r.revoke(99), None);
-        let mut out = Vec::new();
-        assert_eq!(r.reap(&mut out), 3);
-        assert!(matches!(out[0].result, Err(BackendError::ReadOnly)));
-        assert!(matches!(out[1].result, Err(BackendError::ReadOnly)));
-        assert!(out[2].result.is_ok());
-    }
-
-    /// The direct-I/O rule: a request revoked while the device holds a piece of it
-    /// completes at once, the device's answer is swallowed, and its slot (with what
-    /// the wire keeps there) is not handed out again before that answer lands; one
-    /// whose piece reaches guest memory itself cannot be revoked; one with nothing at
-    /// the device is freed at once.
-    #[test]
-    fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
-        let mem = memory();
-        let mut r: Requests<u32> = Requests::direct();
-        let mut out = Vec::new();
-        let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 70));
-        r.get_mut(s).unwrap().sent(false);
-        match r.give_up(7) {
-            Revoked::Given { slot, freed: None } => assert_eq!(slot, s),
-            other => panic!("a bounced piece at the device: {other:?}"),
-        }
-        assert_eq!(r.reap(&mut out), 1, "a revoked request completes at once");
-        assert!(matches!(out[0].result, Err(BackendError::NotReady(_))), "{:?}", out[0].result);
-        assert!(matches!(out[0].data, DataBuf::None));
-        assert_eq!(r.in_flight(), 0);
-        // The owner reuses the tag at once; the slot the device holds is not reused.
-        let s2 = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 71));
-        assert_ne!(s2, s, "a slot was handed out while the device held it");
-        assert!(r.get(s).is_some_and(|p| p.revoked() && p.wire == 70));
-        assert!(
-            matches!(r.give_up(7), Revoked::Given { slot, .. } if slot == s2),
-            "the tag is the new request's"
-        );
-        out.clear();
-        r.reap(&mut out);
-        // The device answers the revoked piece: swallowed, and the slot is free.
-        assert!(matches!(r.landed(s, false), Landed::Swallowed { freed: Some(70) }));
-        assert!(r.get(s).is_none());
-        assert!(matches!(r.landed(s2, false), Landed::Unknown), "nothing of s2 was at the device");
-        assert_eq!(r.reap(&mut out), 0, "the device's answer reached the caller");
-        assert_eq!(slot(r.admit(&mem, guest(Op::Read, 8), Ok(()), false, false, 80)), s, "reused after it");
-
-        // A piece into guest memory itself: refused until it lands.
-        let z = slot(r.admit(&mem, guest(Op::Write { fua: false }, 9), Ok(()), false, false, 90));
-        r.get_mut(z).unwrap().sent(true);
-        r.get_mut(z).unwrap().sent(false);
-        assert!(matches!(r.give_up(9), Revoked::Refused));
-        assert_eq!(r.revoke(9), Some(false));
-        assert!(r.get(z).unwrap().mem().is_some(), "a refused revoke keeps the guest mappings");
-        assert!(matches!(r.landed(z, true), Landed::Live(_)));
-        assert!(matches!(r.give_up(9), Revoked::Given { freed: None, .. }), "a bounced piece is still out");
-        assert!(matches!(r.landed(z, false), Landed::Swallowed { freed: Some(90) }));
-        out.clear();
-        assert_eq!(r.reap(&mut out), 1, "9 completed once, when revoked");
-        assert_eq!(out[0].tag, 9);
-        assert_eq!(r.in_flight(), 1, "tag 8");
-    }
-
-    #[test]
-    fn a_direct_request_not_at_the_device_is_freed_when_revoked() {
-        let mem = memory();
-        let mut r: Requests<u32> = Requests::direct();
-        let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(()), false, false, 10));
-        assert!(matches!(r.give_up(1), Revoked::Given { freed: Some(10), .. }));
-        assert!(r.get(s).is_none());
-        assert_eq!(slot(r.admit(&mem, guest(Op::Read, 2), Ok(()), false, false, 20)), s);
-        let mut out = Vec::new();
-        assert_eq!(r.reap(&mut out), 1);
-        assert_eq!(out[0].tag, 1);
-        assert_eq!(r.in_flight(), 1);
-    }
-
-    #[test]
-    fn data_moves_at_any_offset_within_the_request() {
-        let mem = memory();
-        let mut r: Requests<()> = Requests::default();
-        let segs = vec![Segment::Guest { gpa: PAGE, len: 512 }, Segment::Guest { gpa: 3 * PAGE, len: 512 }];
-        let req = Request { tag: 1, op: Op::Read, offset: 0, len: 1024, data: DataBuf::Guest(segs) };
-        let s = slot(r.admit(&mem, req, Ok(()), false, false, ()));
-        r.get_mut(s).unwrap().copy_in(256, 512, Some(&[0x5a; 512])).unwrap();
-        r.get_mut(s).unwrap().copy_in(768, 256, None).unwrap();
-        let (mut a, mut b) = (vec![0u8; 512], vec![0u8; 512]);
-        mem.read(PAGE, &mut a).unwrap();
-        mem.read(3 * PAGE, &mut b).unwrap();
-        assert!(a[..256].iter().all(|&x| x == 0) && a[256..].iter().all(|&x| x == 0x5a));
-        assert!(b[..256].iter().all(|&x| x == 0x5a) && b[256..].iter().all(|&x| x == 0));
-    }
-}
+mod tests;
