@@ -23,7 +23,7 @@ use guest_mem::{GuestMemory, MemError};
 
 pub use fault::{FaultBackend, FaultError, FaultOp, FaultRule};
 pub use file::FileBackend;
-pub use inflight::{Admit, Pending, Requests};
+pub use inflight::{Admit, Landed, Pending, Requests, Revoked};
 pub use null::NullBackend;
 pub use ram::RamBackend;
 pub use segments::{Pieces, SegmentCursor, SegmentError, SegmentMark};

@@ -514,6 +514,99 @@ fn notifier_fires_and_reap_drains_it() {
     assert!(!readable(q, 0));
 }
 
+/// 1100 separate 512-byte pieces from `base` (every other KiB): beyond IOV_MAX, so
+/// the transfer goes through a bounce buffer.
+fn scattered(base: u64) -> DataBuf {
+    guest(&(0..1100).map(|i| (base + i * 1024, 512)).collect::<Vec<_>>())
+}
+
+/// Whether every byte of `len` at `gpa` is `byte`.
+fn all(mem: &GuestMemory, gpa: u64, len: usize, byte: u8) -> bool {
+    let mut b = vec![0u8; len];
+    mem.read(gpa, &mut b).unwrap();
+    b.iter().all(|&x| x == byte)
+}
+
+/// The revoke guarantee on this wire (block_backend's in-flight core, direct mode,
+/// states it). A read through a bounce buffer, given up on while the kernel holds
+/// it, completes at once as given up on and leaves guest memory alone; the kernel's
+/// completion never reaches the caller; and its bounce buffer and slot are not
+/// handed to a write submitted meanwhile (the kernel reads into that buffer when it
+/// runs the read, so the write would carry the read's bytes). A read the kernel does
+/// straight into guest memory cannot be stopped. A request still waiting for room in
+/// the ring never reaches the kernel.
+#[test]
+fn requests_given_up_on_while_the_kernel_holds_them() {
+    let f = TempFile::new(&std::env::temp_dir(), "revoke");
+    let be = UringBackend::open(&f.0, opts(4 * MIB, DirectMode::Off)).unwrap();
+    let mut q = be.open_queue().unwrap();
+    let q = q.as_mut();
+    let mem = GuestMemory::anonymous(&[(0, 4 * MIB)]).unwrap();
+    let n = 1100 * 512;
+    let old = pattern(41, n);
+    std::fs::OpenOptions::new().write(true).open(&f.0).unwrap().write_all_at(&old, 0).unwrap();
+
+    // The read's SQE is in the ring when it is revoked; the kernel runs it later.
+    mem.fill(0, 2 * MIB, 0xee).unwrap();
+    q.submit(&mem, Request { tag: 1, op: Op::Read, offset: 0, len: n as u64, data: scattered(0) });
+    assert_eq!(q.revoke(1), Some(true), "a bounced read can be given up on");
+    let mut out = Vec::new();
+    assert_eq!(q.reap(&mut out), 1, "it completes at once");
+    assert!(matches!(out[0].result, Err(BackendError::NotReady(_))), "{:?}", out[0].result);
+    assert!(matches!(out[0].data, DataBuf::None));
+    assert_eq!(q.in_flight(), 0);
+    // A bounced write (reusing the tag) before the kernel has the read done with.
+    let new = pattern(42, n);
+    for i in 0..1100 {
+        mem.write(2 * MIB + i * 1024, &new[i as usize * 512..(i as usize + 1) * 512]).unwrap();
+    }
+    let w = Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        offset: MIB,
+        len: n as u64,
+        data: scattered(2 * MIB),
+    };
+    q.submit(&mem, w);
+    let done = wait(q, 1);
+    ok(&done[0]);
+    assert!(file_bytes(&f.0, MIB, n) == new, "the write carried another request's bytes");
+    // The read's CQE has landed by now: swallowed.
+    for _ in 0..5 {
+        readable(q, 20);
+        assert_eq!(q.reap(&mut out), 0, "the kernel's completion of a revoked read reached the caller");
+    }
+    assert!(all(&mem, 0, 2 * MIB as usize, 0xee), "a revoked read's data reached guest memory");
+
+    // Straight into guest memory: the kernel cannot be stopped, so revoke says so,
+    // and the read completes with its data.
+    q.submit(&mem, Request { tag: 2, op: Op::Read, offset: 0, len: 4096, data: guest(&[(0, 4096)]) });
+    assert_eq!(q.revoke(2), Some(false), "a zero-copy read with the kernel cannot be stopped");
+    ok(&wait(q, 1)[0]);
+    let mut got = vec![0u8; 4096];
+    mem.read(0, &mut got).unwrap();
+    assert!(got == old[..4096], "the zero-copy read's data");
+    drop(be);
+
+    // Waiting for room (a ring of one): never reaches the kernel.
+    let be =
+        UringBackend::open(&f.0, UringOptions { queue_depth: 1, ..opts(4 * MIB, DirectMode::Off) }).unwrap();
+    let mut q = be.open_queue().unwrap();
+    let q = q.as_mut();
+    mem.fill(0, 2 * MIB, 0xee).unwrap();
+    q.submit(&mem, Request { tag: 3, op: Op::Read, offset: 0, len: 4096, data: guest(&[(0, 4096)]) });
+    q.submit(&mem, Request { tag: 4, op: Op::Read, offset: 0, len: 4096, data: guest(&[(MIB, 4096)]) });
+    q.submit(&mem, Request { tag: 5, op: Op::Read, offset: 4096, len: 4096, data: guest(&[(8192, 4096)]) });
+    assert_eq!(q.revoke(4), Some(true), "a request waiting for room can be given up on");
+    let done: HashMap<u64, Completion> = wait(q, 3).into_iter().map(|c| (c.tag, c)).collect();
+    ok(&done[&3]);
+    ok(&done[&5]);
+    assert!(matches!(done[&4].result, Err(BackendError::NotReady(_))), "{:?}", done[&4].result);
+    assert!(all(&mem, MIB, 4096, 0xee), "a request given up on before the kernel had it moved data");
+    mem.read(8192, &mut got).unwrap();
+    assert!(got == old[4096..8192], "the read after the one given up on");
+}
+
 #[test]
 fn direct_mode_parses() {
     assert_eq!("auto".parse::<DirectMode>().unwrap(), DirectMode::Auto);

@@ -3,6 +3,15 @@
 //! became, fails everything with `NotReady` once the downstream is gone, and on drop
 //! waits (bounded) for its commands before it gives the pair back.
 //!
+//! The requests are block_backend's in-flight core in its direct mode
+//! (`Requests<Split>`): each command submitted is a piece sent, each completion a
+//! piece landed. Revoke (`BackendQueue::revoke`): a request with a zero-copy piece
+//! downstream cannot be stopped (`Some(false)`: the device may still move its data;
+//! the piece's `MemView` keeps the guest memory DMA-mapped until it completes); any
+//! other completes at once with NotReady and sends no more pieces, and its slot stays
+//! held until its bounced pieces complete (their DMA buffers are the driver's until
+//! then), whose answers are swallowed.
+//!
 //! - `submit`: checking a request, splitting it into downstream commands (zero copy
 //!   or bounced), the backlog of pieces waiting for a slot, ringing the doorbell.
 //! - `complete`: the notifier, reaping the downstream CQ, finishing pieces.
@@ -16,7 +25,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, SegmentMark};
+use block_backend::{
+    Admit, BackendError, BackendQueue, Completion, Op, Request, Requests, Revoked, SegmentMark,
+};
 use guest_mem::GuestMemory;
 use nvme_driver::Completion as DrvCompletion;
 use nvme_driver::IoQueue;
@@ -36,26 +47,18 @@ struct Notifier {
     armed: bool,
 }
 
-/// A front request while it is in flight.
+/// What the queue keeps for a front request in flight, in its slot of the in-flight
+/// core (whose `Pending` holds the tag, the range, the data, the guest memory, the
+/// first error and the pieces downstream): how far it has been split.
 #[derive(Debug)]
-struct Req {
-    tag: u64,
-    op: Op,
-    offset: u64,
-    len: u64,
-    data: DataBuf,
-    mem: GuestMemory,
+struct Split {
     /// Units handed downstream so far (bytes; Flush has one unit).
     next: u64,
     end: u64,
     /// Where `next` lies in the guest segments.
     seg: SegmentMark,
-    /// Pieces sent and not yet completed.
-    outstanding: u32,
+    /// Pieces sent in all.
     pieces: u32,
-    error: Option<BackendError>,
-    /// Given up on by the owner (`revoke`): no more pieces, no copy back.
-    revoked: bool,
 }
 
 /// One downstream command of a request.
@@ -89,16 +92,13 @@ pub(crate) struct NvmeQueue {
     notifier: Option<Notifier>,
     /// The view of the last guest memory snapshot seen.
     view: Option<Arc<MemView>>,
-    reqs: Vec<Option<Req>>,
-    free_reqs: Vec<usize>,
+    /// Front requests by slot (the in-flight core, direct mode).
+    reqs: Requests<Split>,
     /// By command identifier.
     pieces: Vec<Option<Piece>>,
     pieces_in_flight: usize,
     /// Requests with pieces still to send, in arrival order.
     backlog: VecDeque<usize>,
-    done: Vec<Completion>,
-    /// Requests submitted and not yet reaped.
-    in_flight: usize,
     comps: Vec<DrvCompletion>,
     segs: Vec<(u64, u64)>,
     scratch: Vec<u8>,
@@ -122,13 +122,10 @@ impl NvmeQueue {
             shared,
             notifier,
             view: None,
-            reqs: Vec::new(),
-            free_reqs: Vec::new(),
+            reqs: Requests::direct(),
             pieces: (0..depth).map(|_| None).collect(),
             pieces_in_flight: 0,
             backlog: VecDeque::new(),
-            done: Vec::new(),
-            in_flight: 0,
             comps: Vec::new(),
             segs: Vec::new(),
             scratch: Vec::new(),
@@ -141,25 +138,30 @@ impl NvmeQueue {
         self.q.as_mut().expect("queue present until drop")
     }
 
-    fn finish(&mut self, r: usize) {
-        let Some(req) = self.reqs[r].take() else { return };
-        self.free_reqs.push(r);
-        if matches!(req.error, Some(BackendError::NotReady(_))) {
+    /// Counts how a request ended (`pieces` sent; NotReady or not).
+    fn count_end(&self, pieces: u32, not_ready: bool) {
+        if not_ready {
             bump(&self.shared.stats.not_ready, 1);
         }
-        if req.pieces > 1 {
+        if pieces > 1 {
             bump(&self.shared.stats.split_requests, 1);
         }
-        self.done.push(Completion { tag: req.tag, result: req.error.map_or(Ok(()), Err), data: req.data });
+    }
+
+    fn finish(&mut self, r: usize) {
+        let Some(req) = self.reqs.get(r) else { return };
+        self.count_end(req.wire.pieces, matches!(req.error(), Some(BackendError::NotReady(_))));
+        self.reqs.finish(r);
     }
 
     /// Stops sending pieces of request `r` and records `e` (unless it already failed);
-    /// it completes once its outstanding pieces have.
+    /// it completes once its pieces downstream have.
     fn fail_req(&mut self, r: usize, e: BackendError) {
-        let Some(req) = self.reqs[r].as_mut() else { return };
-        req.error.get_or_insert(e);
-        req.next = req.end;
-        if req.outstanding == 0 {
+        // A request given up on has completed; its held slot frees itself.
+        let Some(req) = self.reqs.get_mut(r).filter(|q| !q.revoked()) else { return };
+        req.fail(e);
+        req.wire.next = req.wire.end;
+        if req.at_device() == 0 {
             self.finish(r);
         }
     }
@@ -167,14 +169,13 @@ impl NvmeQueue {
     /// The downstream is gone: every request fails with NotReady, now and later.
     fn fail_all(&mut self, why: &str) {
         self.dead = true;
+        // Its commands will not complete: they are as good as landed.
         for p in self.pieces.iter_mut().filter_map(Option::take) {
-            if let Some(req) = self.reqs[p.req].as_mut() {
-                req.outstanding -= 1;
-            }
+            let _ = self.reqs.landed(p.req, p._view.is_some());
         }
         self.pieces_in_flight = 0;
         self.backlog.clear();
-        for r in 0..self.reqs.len() {
+        for r in self.reqs.slots() {
             self.fail_req(r, BackendError::NotReady(why.to_string()));
         }
     }
@@ -198,51 +199,24 @@ impl NvmeQueue {
 
 impl BackendQueue for NvmeQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
-        self.in_flight += 1;
         self.arm();
         bump(&self.shared.stats.requests, 1);
         self.check_health();
-        let early = if self.dead {
-            Some(BackendError::NotReady(self.shared.health.dead().unwrap_or("downstream gone").to_string()))
+        let checked = if self.dead {
+            Err(BackendError::NotReady(self.shared.health.dead().unwrap_or("downstream gone").to_string()))
         } else {
-            self.check(&req).err()
+            self.check(&req)
         };
+        if matches!(checked, Err(BackendError::NotReady(_))) {
+            bump(&self.shared.stats.not_ready, 1);
+        }
         let end = match req.op {
             Op::Flush => 1,
             _ => req.len,
         };
-        if early.is_some() || end == 0 {
-            if matches!(early, Some(BackendError::NotReady(_))) {
-                bump(&self.shared.stats.not_ready, 1);
-            }
-            self.done.push(Completion { tag: req.tag, result: early.map_or(Ok(()), Err), data: req.data });
-            return;
-        }
-        let r = Req {
-            tag: req.tag,
-            op: req.op,
-            offset: req.offset,
-            len: req.len,
-            data: req.data,
-            mem: mem.clone(),
-            next: 0,
-            end,
-            seg: SegmentMark::default(),
-            outstanding: 0,
-            pieces: 0,
-            error: None,
-            revoked: false,
-        };
-        let r = match self.free_reqs.pop() {
-            Some(i) => {
-                self.reqs[i] = Some(r);
-                i
-            }
-            None => {
-                self.reqs.push(Some(r));
-                self.reqs.len() - 1
-            }
-        };
+        let split = Split { next: 0, end, seg: SegmentMark::default(), pieces: 0 };
+        // The wire has FUA (the command's FUA bit): a FUA write is not followed by a flush.
+        let Admit::Slot(r) = self.reqs.admit(mem, req, checked, end == 0, false, split) else { return };
         if self.backlog.is_empty() && self.drive(r) {
             return;
         }
@@ -258,20 +232,21 @@ impl BackendQueue for NvmeQueue {
     }
 
     fn revoke(&mut self, tag: u64) -> Option<bool> {
-        if self.done.iter().any(|c| c.tag == tag) {
-            return Some(true);
-        }
-        let r = self.reqs.iter().position(|q| q.as_ref().is_some_and(|q| q.tag == tag))?;
         // A piece whose PRPs point into guest memory is the downstream device's to
-        // finish: it cannot be stopped from here.
-        if self.pieces.iter().flatten().any(|p| p.req == r && p._view.is_some()) {
-            return Some(false);
+        // finish: the core refuses while one is out.
+        match self.reqs.give_up(tag) {
+            Revoked::Given { slot, freed } => {
+                // No more of its pieces go down.
+                self.backlog.retain(|&b| b != slot);
+                let pieces = match freed {
+                    Some(split) => split.pieces,
+                    None => self.reqs.get(slot).map_or(0, |q| q.wire.pieces),
+                };
+                self.count_end(pieces, true);
+                Some(true)
+            }
+            r => r.answer(),
         }
-        self.backlog.retain(|&b| b != r);
-        let req = self.reqs[r].as_mut().expect("found");
-        req.revoked = true;
-        self.fail_req(r, BackendError::NotReady("given up on before it finished".into()));
-        Some(true)
     }
 
     fn memory_changed(&mut self, mem: &GuestMemory) {
@@ -298,17 +273,15 @@ impl BackendQueue for NvmeQueue {
                 self.ring();
             }
         }
-        let n = self.done.len();
-        self.in_flight -= n;
-        out.append(&mut self.done);
-        if self.in_flight == 0 {
+        let n = self.reqs.reap(out);
+        if self.reqs.in_flight() == 0 {
             self.disarm();
         }
         n
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.reqs.in_flight()
     }
 
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
@@ -330,7 +303,6 @@ impl Drop for NvmeQueue {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
-        self.in_flight = 0;
         self.disarm();
         let Some(mut q) = self.q.take() else { return };
         if self.pieces_in_flight == 0 && !self.dead {

@@ -1,7 +1,8 @@
-//! Turning a [`Request`] into a [`Slot`]: which descriptor takes it (the direct one,
+//! Turning a [`Request`] into a [`Run`]: which descriptor takes it (the direct one,
 //! or the buffered one when its offset or length is misaligned), which fallocate
 //! mode or discard command serves Discard and Write Zeroes, and whether a transfer
-//! goes zero copy into the request's own buffers or through a bounce buffer.
+//! goes zero copy into the request's own buffers or through a bounce buffer (filled
+//! and emptied by the in-flight core, over `SegmentCursor`).
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -10,9 +11,9 @@ use guest_mem::{GuestMemory, HostRange};
 
 use super::buf::{fill_zero_iov, push_repeated, AlignedBuf, IoVec};
 use super::queue::UringQueue;
-use super::request::{Slot, Step};
+use super::request::{Run, Step};
 use super::{FD_BUFFERED, FD_MAIN, IOV_MAX, TRASH_CHUNK, ZERO_CHUNK};
-use crate::{check_range, BackendError, DataBuf, Op, Request, Segment, SegmentCursor};
+use crate::{check_range, BackendError, DataBuf, Op, Request, Segment};
 
 fn removed_error() -> BackendError {
     BackendError::NotReady("backend file was removed".into())
@@ -28,18 +29,15 @@ impl UringQueue {
         !self.sh.direct || (offset.is_multiple_of(self.sh.off_align) && len.is_multiple_of(self.sh.off_align))
     }
 
-    /// Turns a request into a slot (`None`: it is already done).
-    pub(super) fn plan(
-        &mut self,
-        mem: &GuestMemory,
-        req: &mut Request,
-    ) -> Result<Option<Slot>, BackendError> {
+    /// Turns a request into a run (`None`: it is already done), and its vectors into
+    /// `self.iov` (cleared by the caller). A bounced write's data is gathered once the
+    /// request has its slot.
+    pub(super) fn plan(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Option<Run>, BackendError> {
         if self.sh.removed.load(Ordering::Relaxed) {
             return Err(removed_error());
         }
         let (offset, len) = (req.offset, req.len);
-        let tag = req.tag;
-        let new = move |step| Slot::new(tag, mem, offset, len, step);
+        let new = Run::new;
         let fallocate = |mode, offset, len| Step::Fallocate { mode, offset, len, optional: false };
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
@@ -118,23 +116,23 @@ impl UringQueue {
                 };
                 match step {
                     Some(step) => {
-                        let mut slot = new(step);
-                        slot.next = next;
-                        Ok(Some(slot))
+                        let mut run = new(step);
+                        run.next = next;
+                        Ok(Some(run))
                     }
-                    None => Ok(Some(self.plan_zero_write(mem, req))),
+                    None => Ok(Some(self.plan_zero_write(req))),
                 }
             }
         }
     }
 
     /// Write Zeroes by writing zero buffers.
-    fn plan_zero_write(&mut self, mem: &GuestMemory, req: &Request) -> Slot {
-        let mut slot = Slot::new(req.tag, mem, req.offset, req.len, Step::WriteZeroBufs);
-        slot.fd = if self.direct_ok(req.offset, req.len) { FD_MAIN } else { FD_BUFFERED };
-        slot.iov = self.take_iov();
-        fill_zero_iov(&mut slot.iov, self.zero_addr(), req.len);
-        slot
+    fn plan_zero_write(&mut self, req: &Request) -> Run {
+        let mut run = Run::new(Step::WriteZeroBufs);
+        run.fd = if self.direct_ok(req.offset, req.len) { FD_MAIN } else { FD_BUFFERED };
+        let zeroes = self.zero_addr();
+        fill_zero_iov(&mut self.iov, zeroes, req.len);
+        run
     }
 
     /// The shared zero buffer's address (allocated on first use).
@@ -142,7 +140,7 @@ impl UringQueue {
         self.sh.zeroes.get_or_init(|| AlignedBuf::new(ZERO_CHUNK, self.sh.mem_align as usize)).addr()
     }
 
-    fn plan_rw(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Slot, BackendError> {
+    fn plan_rw(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Run, BackendError> {
         let write = req.op != Op::Read;
         let len = req.len;
         let direct_ok = self.direct_ok(req.offset, len);
@@ -152,35 +150,21 @@ impl UringQueue {
             Op::Write { fua: false } => Step::Write { flags: 0 },
             _ => Step::Read,
         };
-        let mut slot = Slot::new(req.tag, mem, req.offset, len, step);
-        slot.fd = if direct_ok { FD_MAIN } else { FD_BUFFERED };
-        slot.iov = self.take_iov();
+        let mut run = Run::new(step);
+        run.fd = if direct_ok { FD_MAIN } else { FD_BUFFERED };
         let trash = self.trash.as_ref().map_or(0, |t| t.addr());
         let straight =
-            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut slot.iov);
-        let straight = match straight {
-            Ok(s) => s,
-            Err(e) => {
-                self.recycle_iov(std::mem::take(&mut slot.iov));
-                return Err(e);
-            }
-        };
-        if !straight {
+            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut self.iov)?;
+        if straight {
+            run.zero_copy = matches!(req.data, DataBuf::Guest(_));
+        } else {
             let n = len as usize;
-            let mut b = self.get_bounce(n);
-            if write {
-                if let Err(e) = copy_in(mem, &req.data, b.slice_mut(n)) {
-                    self.put_bounce(b);
-                    self.recycle_iov(std::mem::take(&mut slot.iov));
-                    return Err(e);
-                }
-            }
-            slot.iov.clear();
-            slot.iov.push(IoVec { base: b.addr(), len: n });
-            slot.bounce = Some(b);
-            slot.copy_out = !write;
+            let b = self.get_bounce(n);
+            self.iov.clear();
+            self.iov.push(IoVec { base: b.addr(), len: n });
+            run.bounce = Some(b);
         }
-        Ok(slot)
+        Ok(run)
     }
 }
 
@@ -249,25 +233,4 @@ fn straight_iov(
         }
     }
     Ok(straight && iov.len() <= IOV_MAX)
-}
-
-/// Gathers a write's data into a bounce buffer.
-fn copy_in(mem: &GuestMemory, data: &DataBuf, buf: &mut [u8]) -> Result<(), BackendError> {
-    match data {
-        DataBuf::Host(v) => buf.copy_from_slice(&v[..buf.len()]),
-        // `straight_iov` checked that the segments add up to the request.
-        DataBuf::Guest(segs) => SegmentCursor::new(segs).read_into(mem, buf)?,
-        DataBuf::None => buf.fill(0),
-    }
-    Ok(())
-}
-
-/// Scatters a read's data from a bounce buffer.
-pub(super) fn copy_out(mem: &GuestMemory, data: &mut DataBuf, buf: &[u8]) -> Result<(), BackendError> {
-    match data {
-        DataBuf::Host(v) => v[..buf.len()].copy_from_slice(buf),
-        DataBuf::Guest(segs) => SegmentCursor::new(segs).write_from(mem, buf)?,
-        DataBuf::None => {}
-    }
-    Ok(())
 }

@@ -3,6 +3,16 @@
 //! `io_uring_enter`, `reap` drains the eventfd, then the completion ring; requests
 //! beyond the queue depth wait in `pending`. Dropping a queue waits for every SQE
 //! the kernel still holds.
+//!
+//! The requests are block_backend's in-flight core in its direct mode (`Requests<Run>`,
+//! slot = SQE user data): each SQE pushed is a piece sent, each CQE a piece landed.
+//! Revoke (`BackendQueue::revoke`): a request waiting for room in the ring never
+//! reaches the kernel and completes at once; one whose SQE the kernel holds and
+//! whose vectors point into guest memory cannot be stopped (`Some(false)`: the
+//! kernel may still move its data, and the request's `GuestMemory` keeps the
+//! mappings alive until the CQE); any other (through a bounce buffer, into a host
+//! buffer, or moving no data) completes at once with NotReady, and its slot, bounce
+//! buffer, vectors and buffers stay held until its CQE, which is swallowed.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -19,10 +29,9 @@ use io_uring::IoUring;
 use tracing::{error, warn};
 
 use super::buf::{fill_zero_iov, AlignedBuf, IoVec};
-use super::plan::copy_out;
-use super::request::{Outcome, Slot};
+use super::request::{Outcome, Run, Step};
 use super::{sys, Shared, BOUNCE_KEEP_MAX, BOUNCE_POOL_MAX, BUF_ALIGN, REMOVAL_CHECK_PERIOD, TRASH_CHUNK};
-use crate::{BackendError, BackendQueue, Completion, DataBuf, Request};
+use crate::{Admit, BackendError, BackendQueue, Completion, Landed, Op, Request, Requests, Revoked};
 
 /// One queue: a ring, its eventfd, and the requests in flight.
 pub(super) struct UringQueue {
@@ -34,21 +43,24 @@ pub(super) struct UringQueue {
     /// completion was taken after the last drain (or we kicked it). When false and
     /// the ring is empty, reap skips the read.
     event_dirty: bool,
-    /// Requests by ring user_data; `free` lists the empty slots.
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
-    used: usize,
+    /// Requests by slot, as SQE user data names them (the in-flight core, direct
+    /// mode).
+    reqs: Requests<Run>,
     /// Requests waiting for room in the ring (new ones beyond the depth, and
     /// resubmissions after a partial transfer).
     pending: VecDeque<usize>,
     /// SQEs pushed and not yet completed.
     in_kernel: u32,
-    /// Finished requests waiting for reap.
-    done: Vec<Completion>,
     /// Scratch buffer SGL bit buckets read into; the kernel writes it, nobody reads it.
     pub(super) trash: Option<AlignedBuf>,
     bounce_pool: Vec<AlignedBuf>,
-    iov_pool: Vec<Vec<IoVec>>,
+    /// The vectors of each slot's SQEs. A slot's are left alone while it is held
+    /// (until its CQE, even for a request given up on), and reused by the slot's next
+    /// request.
+    iovs: Vec<Vec<IoVec>>,
+    /// The vectors of the request being planned, traded for its slot's once it has
+    /// one.
+    pub(super) iov: Vec<IoVec>,
     pub(super) ranges: Vec<HostRange>,
     cqes: Vec<(u64, i32)>,
     last_check: Instant,
@@ -79,28 +91,21 @@ impl UringQueue {
             ring,
             event,
             event_dirty: false,
-            slots: Vec::new(),
-            free: Vec::new(),
-            used: 0,
+            reqs: Requests::direct(),
             pending: VecDeque::new(),
             in_kernel: 0,
-            done: Vec::new(),
             trash: Some(AlignedBuf::new(TRASH_CHUNK, align)),
             bounce_pool: Vec::new(),
-            iov_pool: Vec::new(),
+            iovs: Vec::new(),
+            iov: Vec::new(),
             ranges: Vec::new(),
             cqes: Vec::new(),
             last_check: Instant::now(),
         })
     }
 
-    /// Completes a request without the kernel, and makes the notifier readable so an
-    /// owner asleep on it comes to reap.
-    fn finish_now(&mut self, tag: u64, result: Result<(), BackendError>, data: DataBuf) {
-        self.done.push(Completion { tag, result, data });
-        self.kick();
-    }
-
+    /// Makes the notifier readable, so an owner asleep on it comes to reap a
+    /// completion that did not come from the kernel.
     fn kick(&mut self) {
         let _ = (&self.event).write(&1u64.to_ne_bytes());
         self.event_dirty = true;
@@ -127,10 +132,6 @@ impl UringQueue {
         }
     }
 
-    pub(super) fn take_iov(&mut self) -> Vec<IoVec> {
-        self.iov_pool.pop().unwrap_or_default()
-    }
-
     pub(super) fn get_bounce(&mut self, len: usize) -> AlignedBuf {
         let fit =
             self.bounce_pool.iter().enumerate().filter(|(_, b)| b.cap >= len).min_by_key(|(_, b)| b.cap);
@@ -148,25 +149,37 @@ impl UringQueue {
         }
     }
 
-    pub(super) fn recycle_iov(&mut self, mut iov: Vec<IoVec>) {
-        iov.clear();
-        if self.iov_pool.len() < 64 {
-            self.iov_pool.push(iov);
+    /// Takes back what a finished request's run held.
+    fn release(&mut self, run: Run) {
+        if let Some(b) = run.bounce {
+            self.put_bounce(b);
         }
     }
 
-    fn alloc_slot(&mut self, slot: Slot) -> usize {
-        self.used += 1;
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
+    /// Gives slot `idx` the vectors just planned. A bounced transfer's one vector is
+    /// copied (what it was planned in keeps its room, grown by however many pieces
+    /// the transfer had); any other list is traded for the slot's old one, the next
+    /// request's to plan in. A slot's list so holds at most IOV_MAX vectors' room.
+    fn trade_iov(&mut self, idx: usize, bounced: bool) {
+        if self.iovs.len() <= idx {
+            self.iovs.resize_with(idx + 1, Vec::new);
         }
+        let slot = &mut self.iovs[idx];
+        if bounced {
+            slot.clear();
+            slot.extend_from_slice(&self.iov);
+        } else {
+            std::mem::swap(slot, &mut self.iov);
+        }
+    }
+
+    /// Gathers a bounced write's data into its bounce buffer.
+    fn gather(&mut self, idx: usize) -> Result<(), BackendError> {
+        let p = self.reqs.get_mut(idx).expect("admitted");
+        let Some(mut b) = p.wire.bounce.take() else { return Ok(()) };
+        let copied = p.copy_out(0, b.slice_mut(p.len as usize));
+        p.wire.bounce = Some(b);
+        copied
     }
 
     /// Moves waiting requests into the submission ring while fewer than the queue
@@ -174,16 +187,20 @@ impl UringQueue {
     fn fill(&mut self) {
         while self.in_kernel < self.sh.queue_depth {
             let Some(&idx) = self.pending.front() else { break };
-            let Some(slot) = self.slots[idx].as_ref() else {
+            let Some(p) = self.reqs.get_mut(idx) else {
                 self.pending.pop_front();
                 continue;
             };
-            let entry = slot.entry(idx);
-            // Everything the entry points at lives in the slot until its CQE is reaped:
-            // the vector array (`slot.iov`, not touched while the SQE is out), the
-            // bounce buffer, a host buffer (`slot.data`), the guest mappings
-            // (`slot.mem` keeps them mapped), and the per-queue scratch and shared zero
-            // buffers, which outlive the ring (Drop waits for every SQE).
+            let entry = p.wire.entry(p.offset, idx, &self.iovs[idx]);
+            // Everything the entry points at lives until its CQE is reaped, revoked or
+            // not (the core holds a revoked request's slot until its last piece lands,
+            // and hands the slot to no other request meanwhile): the vector array
+            // (`iovs[idx]`, the slot's, not touched while the SQE is out; growing `iovs`
+            // moves no list's array), the request's bounce buffer, a host buffer (the
+            // request's data), the guest mappings (the request's `GuestMemory`, which
+            // revoke does not drop while a zero-copy SQE is out), and the per-queue
+            // scratch and shared zero buffers, which outlive the ring (Drop waits for
+            // every SQE).
             // SAFETY: every buffer the entry names outlives its completion, as listed above.
             let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
             if !pushed {
@@ -198,6 +215,7 @@ impl UringQueue {
             }
             self.pending.pop_front();
             self.in_kernel += 1;
+            p.sent(p.wire.zero_copy);
         }
     }
 
@@ -241,11 +259,22 @@ impl UringQueue {
 
     fn on_cqe(&mut self, idx: usize, res: i32) {
         self.in_kernel = self.in_kernel.saturating_sub(1);
-        let Some(slot) = self.slots.get_mut(idx).and_then(Option::as_mut) else {
-            warn!("io_uring completion for unknown slot {idx}");
-            return;
+        let zero_copy = self.reqs.get(idx).is_some_and(|p| p.wire.zero_copy);
+        let p = match self.reqs.landed(idx, zero_copy) {
+            Landed::Live(p) => p,
+            Landed::Swallowed { freed } => {
+                // Given up on while the kernel held it: it completed then.
+                if let Some(run) = freed {
+                    self.release(run);
+                }
+                return;
+            }
+            Landed::Unknown => {
+                warn!("io_uring completion for unknown slot {idx}");
+                return;
+            }
         };
-        match slot.on_result(res) {
+        match p.wire.on_result(p.len, res, &mut self.iovs[idx]) {
             Outcome::Again => self.pending.push_back(idx),
             Outcome::Done(result) => self.finish(idx, result),
             Outcome::Eof { done, len } => {
@@ -254,53 +283,74 @@ impl UringQueue {
             }
             Outcome::MoreZeroes => {
                 let zeroes = self.zero_addr();
-                let slot = self.slots[idx].as_mut().expect("live slot");
-                fill_zero_iov(&mut slot.iov, zeroes, slot.len - slot.done);
+                let p = self.reqs.get(idx).expect("live slot");
+                fill_zero_iov(&mut self.iovs[idx], zeroes, p.len - p.wire.done);
                 self.pending.push_back(idx);
             }
         }
     }
 
-    fn finish(&mut self, idx: usize, mut result: Result<(), BackendError>) {
-        let Some(mut slot) = self.slots[idx].take() else { return };
-        if result.is_ok() {
-            let (dsync, fsync) = slot.durability();
-            let count = |c: &std::sync::atomic::AtomicU64, on: bool| {
-                if on {
-                    c.fetch_add(1, Ordering::Relaxed);
-                }
-            };
-            count(&self.sh.dsync_writes, dsync);
-            count(&self.sh.fsyncs, fsync);
-        }
-        self.free.push(idx);
-        self.used -= 1;
-        if slot.revoked {
-            result = Err(BackendError::NotReady("given up on before it finished".into()));
-            slot.data = DataBuf::None;
-        }
-        if let Some(b) = slot.bounce.take() {
-            if result.is_ok() && slot.copy_out {
-                result = copy_out(&slot.mem, &mut slot.data, b.slice(slot.len as usize));
+    fn finish(&mut self, idx: usize, result: Result<(), BackendError>) {
+        let Some(p) = self.reqs.get_mut(idx) else { return };
+        match result {
+            Ok(()) => {
+                let (dsync, fsync) = p.wire.durability();
+                let count = |c: &std::sync::atomic::AtomicU64, on: bool| {
+                    if on {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    }
+                };
+                count(&self.sh.dsync_writes, dsync);
+                count(&self.sh.fsyncs, fsync);
             }
+            Err(e) => p.fail(e),
+        }
+        if p.op == Op::Read && !p.failed() {
+            // A bounced read: its data out of the bounce buffer.
+            if let Some(b) = p.wire.bounce.take() {
+                let copied = p.copy_in(0, p.len, Some(b.slice(p.len as usize)));
+                p.wire.bounce = Some(b);
+                if let Err(e) = copied {
+                    p.fail(e);
+                }
+            }
+        }
+        // Its bounce buffer back to the pool, then the request out.
+        let bounce = p.wire.bounce.take();
+        self.reqs.finish(idx);
+        if let Some(b) = bounce {
             self.put_bounce(b);
         }
-        self.recycle_iov(std::mem::take(&mut slot.iov));
-        self.done.push(Completion { tag: slot.tag, result, data: slot.data });
     }
 }
 
 impl BackendQueue for UringQueue {
     fn submit(&mut self, mem: &GuestMemory, mut req: Request) {
-        match self.plan(mem, &mut req) {
-            Ok(Some(mut slot)) => {
-                slot.data = std::mem::replace(&mut req.data, DataBuf::None);
-                let idx = self.alloc_slot(slot);
+        self.iov.clear();
+        let (checked, run) = match self.plan(mem, &mut req) {
+            Ok(run) => (Ok(()), run),
+            Err(e) => (Err(e), None),
+        };
+        let nothing = checked.is_ok() && run.is_none();
+        let bounced = run.as_ref().is_some_and(|r| r.bounce.is_some());
+        let bounced_write = bounced && req.op != Op::Read;
+        // Unused when the request completes at admission.
+        let run = run.unwrap_or_else(|| Run::new(Step::Fsync));
+        // The wire has FUA (RWF_DSYNC): a FUA write is not followed by a flush.
+        match self.reqs.admit(mem, req, checked, nothing, false, run) {
+            Admit::Slot(idx) => {
+                self.trade_iov(idx, bounced);
+                if bounced_write {
+                    if let Err(e) = self.gather(idx) {
+                        self.finish(idx, Err(e));
+                        self.kick();
+                        return;
+                    }
+                }
                 self.pending.push_back(idx);
                 self.fill();
             }
-            Ok(None) => self.finish_now(req.tag, Ok(()), req.data),
-            Err(e) => self.finish_now(req.tag, Err(e), req.data),
+            Admit::Done => self.kick(),
         }
     }
 
@@ -310,28 +360,21 @@ impl BackendQueue for UringQueue {
     }
 
     fn revoke(&mut self, tag: u64) -> Option<bool> {
-        if self.done.iter().any(|c| c.tag == tag) {
-            return Some(true);
+        match self.reqs.give_up(tag) {
+            Revoked::Given { slot, freed } => {
+                if let Some(run) = freed {
+                    // It was waiting for room in the ring: it never reaches the kernel.
+                    if let Some(at) = self.pending.iter().position(|&i| i == slot) {
+                        self.pending.remove(at);
+                    }
+                    self.release(run);
+                }
+                // Its completion waits for a reap.
+                self.kick();
+                Some(true)
+            }
+            r => r.answer(),
         }
-        let idx = self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.tag == tag))?;
-        let slot = self.slots[idx].as_mut().expect("found");
-        // The kernel touches guest memory only through vectors into it: not when the
-        // data goes through a bounce buffer, and not for steps that move none.
-        let guest_io = slot.bounce.is_none() && matches!(slot.data, DataBuf::Guest(_));
-        if let Some(p) = self.pending.iter().position(|&i| i == idx) {
-            // Waiting for room in the ring, not in the kernel: it stops here.
-            self.pending.remove(p);
-            slot.revoked = true;
-            self.finish(idx, Ok(()));
-            self.kick();
-            return Some(true);
-        }
-        if guest_io {
-            return Some(false);
-        }
-        slot.revoked = true;
-        slot.copy_out = false;
-        Some(true)
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
@@ -360,13 +403,11 @@ impl BackendQueue for UringQueue {
             // Nothing in the kernel will wake the owner: come back by ourselves.
             self.kick();
         }
-        let n = self.done.len();
-        out.append(&mut self.done);
-        n
+        self.reqs.reap(out)
     }
 
     fn in_flight(&self) -> usize {
-        self.used + self.done.len()
+        self.reqs.in_flight()
     }
 
     fn notifier(&self) -> Option<BorrowedFd<'_>> {
@@ -387,7 +428,8 @@ impl Drop for UringQueue {
                     error!(path = %self.sh.path.display(), "io_uring wait failed while closing a queue: {e}");
                     // Better to leak the buffers than to free memory the kernel may
                     // still write.
-                    std::mem::forget(std::mem::take(&mut self.slots));
+                    std::mem::forget(std::mem::take(&mut self.reqs));
+                    std::mem::forget(std::mem::take(&mut self.iovs));
                     std::mem::forget(self.trash.take());
                     std::mem::forget(self.sh.clone());
                     return;

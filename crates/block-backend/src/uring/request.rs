@@ -3,12 +3,11 @@
 //! the SQE of the current step, and what each completion means for it (retry,
 //! resend the rest after a partial transfer, next step, EOF, done).
 
-use guest_mem::GuestMemory;
 use io_uring::{opcode, squeue, types};
 
 use super::buf::{advance, AlignedBuf, IoVec};
 use super::{sys, FD_MAIN, MAX_RETRIES};
-use crate::{BackendError, DataBuf};
+use crate::BackendError;
 
 /// One step of a request, one SQE at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,64 +32,46 @@ pub(super) enum Step {
     },
 }
 
+/// What the queue keeps for a request in flight, in its slot of the in-flight core
+/// (`Requests<Run>`, whose `Pending` holds the tag, the range, the data and the guest
+/// memory): the steps, and the bounce buffer. The vectors its SQEs transfer are the
+/// queue's, by slot.
 #[derive(Debug)]
-pub(super) struct Slot {
-    pub(super) tag: u64,
-    pub(super) data: DataBuf,
-    /// Keeps guest mappings alive while the kernel may touch them, and is what
-    /// bounced reads are copied out through.
-    pub(super) mem: GuestMemory,
-    offset: u64,
-    pub(super) len: u64,
+pub(super) struct Run {
     step: Step,
     pub(super) next: Option<Step>,
     /// Fixed-file index.
     pub(super) fd: u32,
     /// Bytes moved so far by the current read/write step.
     pub(super) done: u64,
-    /// What the next read/write SQE transfers (advanced after partial transfers).
-    pub(super) iov: Vec<IoVec>,
+    /// The bounce buffer a misaligned transfer goes through (a read is copied out of
+    /// it on success).
     pub(super) bounce: Option<AlignedBuf>,
-    /// A read through `bounce`: copy out on success.
-    pub(super) copy_out: bool,
-    /// Given up on by the owner (`revoke`): it touches guest memory no more and
-    /// completes with an error.
-    pub(super) revoked: bool,
+    /// The vectors point into guest memory: the kernel moves the data there itself,
+    /// and revoke cannot stop an SQE of it.
+    pub(super) zero_copy: bool,
     retries: u8,
 }
 
-impl Slot {
-    /// What the slot asks of the kernel for durability: (a write with RWF_DSYNC, an
+impl Run {
+    /// What the run asks of the kernel for durability: (a write with RWF_DSYNC, an
     /// fdatasync).
     pub(super) fn durability(&self) -> (bool, bool) {
         let dsync = matches!(self.step, Step::Write { flags } if flags & libc::RWF_DSYNC != 0);
         (dsync, matches!(self.step, Step::Fsync))
     }
 
-    pub(super) fn new(tag: u64, mem: &GuestMemory, offset: u64, len: u64, step: Step) -> Self {
-        Slot {
-            tag,
-            data: DataBuf::None,
-            mem: mem.clone(),
-            offset,
-            len,
-            step,
-            next: None,
-            fd: FD_MAIN,
-            done: 0,
-            iov: Vec::new(),
-            bounce: None,
-            copy_out: false,
-            revoked: false,
-            retries: 0,
-        }
+    pub(super) fn new(step: Step) -> Self {
+        Run { step, next: None, fd: FD_MAIN, done: 0, bounce: None, zero_copy: false, retries: 0 }
     }
 
-    pub(super) fn entry(&self, idx: usize) -> squeue::Entry {
+    /// The SQE of the current step of a request at device offset `offset`, in slot
+    /// `idx` (its user data), transferring `iov`.
+    pub(super) fn entry(&self, offset: u64, idx: usize, iov: &[IoVec]) -> squeue::Entry {
         let fd = types::Fixed(self.fd);
-        let iov = self.iov.as_ptr().cast::<libc::iovec>();
-        let n = self.iov.len() as u32;
-        let off = self.offset + self.done;
+        let n = iov.len() as u32;
+        let iov = iov.as_ptr().cast::<libc::iovec>();
+        let off = offset + self.done;
         let e = match self.step {
             Step::Read => opcode::Readv::new(fd, iov, n).offset(off).build(),
             Step::Write { flags } => opcode::Writev::new(fd, iov, n).offset(off).rw_flags(flags).build(),
@@ -124,9 +105,10 @@ pub(super) enum Outcome {
     Done(Result<(), BackendError>),
 }
 
-impl Slot {
-    /// Takes in one completion result.
-    pub(super) fn on_result(&mut self, res: i32) -> Outcome {
+impl Run {
+    /// Takes in one completion result for a request of `len` bytes whose SQE
+    /// transferred `iov` (advanced past what moved, after a partial transfer).
+    pub(super) fn on_result(&mut self, len: u64, res: i32, iov: &mut Vec<IoVec>) -> Outcome {
         if res < 0 {
             let errno = -res;
             if matches!(errno, libc::EAGAIN | libc::EINTR) && self.retries < MAX_RETRIES {
@@ -138,22 +120,22 @@ impl Slot {
                 return Outcome::Done(Err(BackendError::from_errno(errno)));
             }
         } else if matches!(self.step, Step::Read | Step::Write { .. } | Step::WriteZeroBufs) {
-            let n = (res as u64).min(self.len - self.done);
+            let n = (res as u64).min(len - self.done);
             if n == 0 {
-                let (done, len) = (self.done, self.len);
+                let done = self.done;
                 return match self.step {
                     Step::Read => Outcome::Eof { done, len },
                     _ => Outcome::Done(Err(BackendError::Short { done, len })),
                 };
             }
             self.done += n;
-            if self.done < self.len {
+            if self.done < len {
                 // A partial transfer: send the rest.
-                advance(&mut self.iov, n as usize);
-                return match (self.iov.is_empty(), self.step) {
+                advance(iov, n as usize);
+                return match (iov.is_empty(), self.step) {
                     (false, _) => Outcome::Again,
                     (true, Step::WriteZeroBufs) => Outcome::MoreZeroes,
-                    (true, _) => Outcome::Done(Err(BackendError::Short { done: self.done, len: self.len })),
+                    (true, _) => Outcome::Done(Err(BackendError::Short { done: self.done, len })),
                 };
             }
         }

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use block_backend::Landed;
 use nvme_driver::Completion as DrvCompletion;
 use nvme_driver::IoQueue;
 use rustix::event::epoll;
@@ -73,26 +74,24 @@ impl NvmeQueue {
             return;
         };
         self.pieces_in_flight -= 1;
-        let Some(req) = self.reqs[p.req].as_mut() else { return };
-        req.outstanding -= 1;
+        // A request given up on completed then: this answer is swallowed.
+        let Landed::Live(req) = self.reqs.landed(p.req, p._view.is_some()) else { return };
         let err = if !c.status.is_success() {
             bump(&self.shared.stats.errors, 1);
             Some(downstream_status(c.status))
-        } else if p.copy_back && !req.revoked {
+        } else if p.copy_back {
             match &c.buf {
-                Some(buf) => {
-                    stage_out(&mut req.data, &req.mem, p.off, p.len, p.seg, buf, &mut self.scratch).err()
-                }
+                Some(buf) => stage_out(req, p.off, p.len, p.seg, buf, &mut self.scratch).err(),
                 None => Some(invalid("a read completed without its buffer".into())),
             }
         } else {
             None
         };
         if let Some(e) = err {
-            req.error.get_or_insert(e);
-            req.next = req.end;
+            req.fail(e);
+            req.wire.next = req.wire.end;
         }
-        if req.outstanding == 0 && req.next >= req.end {
+        if req.at_device() == 0 && req.wire.next >= req.wire.end {
             self.finish(p.req);
         }
     }

@@ -58,8 +58,8 @@ impl NvmeQueue {
         }
         let sh = &*self.shared;
         let lba = sh.lba;
-        let req = self.reqs[r].as_ref().expect("live request");
-        let (off, seg) = (req.next, req.seg);
+        let req = self.reqs.get(r).expect("live request");
+        let (off, seg) = (req.wire.next, req.wire.seg);
         let mut view = None;
         let mut copy_back = false;
         let (sqe, data, aux, n) = match req.op {
@@ -107,9 +107,9 @@ impl NvmeQueue {
                 let mut sqe = rw.to_sqe(opcode);
                 let pool = self.q.as_ref().expect("queue").pool().clone();
                 // Zero copy when every byte is in shared memory and fits PRP rules.
-                if let DataBuf::Guest(segs) = &req.data {
-                    if self.view.as_ref().is_none_or(|v| !v.mem.same_map(&req.mem)) {
-                        self.view = Some(sh.maps.view_for(&req.mem));
+                if let (DataBuf::Guest(segs), Some(mem)) = (req.data(), req.mem()) {
+                    if self.view.as_ref().is_none_or(|v| !v.mem.same_map(mem)) {
+                        self.view = Some(sh.maps.view_for(mem));
                     }
                     let v = self.view.as_ref().expect("just set");
                     if v.device_ranges(segs, seg, n, &mut self.segs) && prp::segments_fit(&self.segs) {
@@ -129,7 +129,7 @@ impl NvmeQueue {
                         Err(e) => return self.no_buffer(e),
                     };
                     if opcode == op::WRITE {
-                        if let Err(e) = stage_in(&req.data, &req.mem, off, seg, &buf, &mut self.scratch) {
+                        if let Err(e) = stage_in(req, off, seg, &buf, &mut self.scratch) {
                             return Step::Failed(e);
                         }
                     } else {
@@ -149,28 +149,28 @@ impl NvmeQueue {
             Err(DriverError::QueueFull(_)) => return Step::Blocked,
             Err(e) => return Step::Failed(driver_failed(e)),
         };
-        let req = self.reqs[r].as_mut().expect("live request");
-        let next_seg = match &req.data {
+        let req = self.reqs.get_mut(r).expect("live request");
+        let next_seg = match req.data() {
             DataBuf::Guest(segs) if n > 0 && matches!(req.op, Op::Read | Op::Write { .. }) => {
                 let mut cur = SegmentCursor::resume(segs, seg);
                 cur.advance(n).map(|()| cur.mark())
             }
             _ => Ok(seg),
         };
-        req.next += n;
+        req.wire.next += n;
         match next_seg {
-            Ok(m) => req.seg = m,
+            Ok(m) => req.wire.seg = m,
             // `check` made the segments add up to the request, so they cannot end
             // first; if they did, the request fails rather than send the wrong bytes.
             Err(e) => {
-                req.error.get_or_insert(e.into());
-                req.next = req.end;
+                req.fail(e.into());
+                req.wire.next = req.wire.end;
             }
         }
-        req.outstanding += 1;
-        req.pieces += 1;
-        let rw = matches!(req.op, Op::Read | Op::Write { .. });
         let zero_copy = view.is_some();
+        req.sent(zero_copy);
+        req.wire.pieces += 1;
+        let rw = matches!(req.op, Op::Read | Op::Write { .. });
         self.pieces[cid as usize] = Some(Piece { req: r, off, len: n, seg, copy_back, _view: view });
         self.pieces_in_flight += 1;
         let st = &sh.stats;
@@ -197,8 +197,8 @@ impl NvmeQueue {
     /// Sends pieces of request `r` until it is all sent or something blocks.
     pub(super) fn drive(&mut self, r: usize) -> bool {
         loop {
-            match self.reqs[r].as_ref() {
-                Some(req) if req.next < req.end => {}
+            match self.reqs.get(r) {
+                Some(req) if req.wire.next < req.wire.end && !req.revoked() => {}
                 _ => return true,
             }
             match self.send_piece(r) {
