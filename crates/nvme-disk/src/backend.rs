@@ -3,58 +3,14 @@
 //! the front about itself. Bring-up is in `open`.
 
 use std::io;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo, BackendQueue};
-use nvme_driver::{DeviceHandle, IoQueue, NvmeDriver};
-use tracing::debug;
 
-use crate::health::{Health, Watcher};
 use crate::lock;
-use crate::map::GuestMaps;
 use crate::queue::NvmeQueue;
-use crate::stats::{Counters, NvmeBackendStats, NvmeStatsHandle};
-use crate::uri::NvmeTarget;
-
-/// What a backend and all its queues share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) target: NvmeTarget,
-    pub(crate) nsid: u32,
-    pub(crate) lba: u64,
-    pub(crate) info: BackendInfo,
-    /// Most bytes per downstream Read or Write.
-    pub(crate) max_rw: u64,
-    /// Most blocks per Write Zeroes / per deallocated range.
-    pub(crate) max_wz: u64,
-    pub(crate) max_dsm: u64,
-    pub(crate) total_queues: usize,
-    pub(crate) free: Mutex<Vec<IoQueue>>,
-    pub(crate) device: DeviceHandle,
-    pub(crate) maps: GuestMaps,
-    pub(crate) stats: Arc<Counters>,
-    pub(crate) health: Arc<Health>,
-    pub(crate) poll: bool,
-    /// Bound on waiting for a dropped queue's commands.
-    pub(crate) timeout: Duration,
-    pub(crate) watcher: Mutex<Option<Watcher>>,
-    pub(crate) driver: Mutex<Option<NvmeDriver>>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        drop(lock(&self.watcher).take());
-        self.maps.forget();
-        if let Some(d) = lock(&self.driver).take() {
-            if self.health.dead().is_none() {
-                if let Err(e) = d.shutdown() {
-                    debug!("{}: shutdown: {e}", self.target);
-                }
-            }
-        }
-    }
-}
+use crate::shared::Shared;
+use crate::stats::{NvmeBackendStats, NvmeStatsHandle};
 
 /// A namespace of another NVMe controller as a block backend (crate documentation).
 #[derive(Debug)]
@@ -75,7 +31,7 @@ impl NvmeBackend {
 
     /// Most bytes one downstream Read or Write carries (longer requests are split).
     pub fn max_transfer(&self) -> u64 {
-        self.shared.max_rw
+        self.shared.sizes.max_rw
     }
 
     /// Why the downstream controller is unusable, once it is.

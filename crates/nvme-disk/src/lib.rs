@@ -127,6 +127,7 @@ mod health;
 mod map;
 mod open;
 mod queue;
+mod shared;
 mod stats;
 mod uri;
 

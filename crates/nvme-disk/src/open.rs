@@ -13,11 +13,12 @@ use nvme_driver::{
 use nvme_spec::identify::{dlfeat, oncs, vwc};
 use tracing::{debug, info, warn};
 
-use crate::backend::{NvmeBackend, Shared};
+use crate::backend::NvmeBackend;
 use crate::error::OpenError;
 use crate::health::{Health, Watcher};
 use crate::lock;
 use crate::map::GuestMaps;
+use crate::shared::{Shared, Sizes};
 use crate::stats::Counters;
 use crate::uri::{NvmeBackendOptions, NvmeTarget};
 
@@ -116,11 +117,8 @@ impl NvmeBackend {
                 maps: GuestMaps::new(device.clone(), stats.clone(), target.clone()),
                 target,
                 nsid: opts.nsid,
-                lba,
+                sizes: Sizes { lba, max_rw, max_wz, max_dsm },
                 info,
-                max_rw,
-                max_wz,
-                max_dsm,
                 total_queues,
                 free: Mutex::new(queues),
                 device,

@@ -34,9 +34,9 @@ use nvme_driver::IoQueue;
 use rustix::event::epoll;
 use tracing::warn;
 
-use crate::backend::Shared;
 use crate::lock;
 use crate::map::MemView;
+use crate::shared::Shared;
 use crate::stats::bump;
 
 /// The owner's wake-up descriptor: an epoll set holding the downstream interrupt

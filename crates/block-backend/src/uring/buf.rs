@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::{BUF_ALIGN, IOV_MAX, ZERO_CHUNK};
+use super::limits::{BUF_ALIGN, IOV_MAX, ZERO_CHUNK};
 
 /// A zero-initialised buffer whose start is aligned to [`BUF_ALIGN`] (or more).
 pub(super) struct AlignedBuf {

@@ -48,10 +48,12 @@
 //! the aligned buffers and vector lists, and `sys` the system calls outside the ring.
 
 mod buf;
+mod limits;
 mod plan;
 mod probe;
 mod queue;
 mod request;
+mod shared;
 mod sys;
 
 use std::fmt;
@@ -59,40 +61,18 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use tracing::warn;
 
-use self::buf::AlignedBuf;
-use self::probe::{probe_discard_cmd, probe_file_caps, queue_attr};
+use self::limits::MAX_QUEUE_DEPTH;
+use self::probe::{probe_discard_cmd, probe_file_caps, queue_attr, Caps};
 use self::queue::UringQueue;
+use self::shared::{Layout, Shared};
 use crate::{Backend, BackendInfo, BackendQueue};
-
-/// The most vectors one readv/writev takes (Linux UIO_MAXIOV).
-const IOV_MAX: usize = 1024;
-/// Alignment of every buffer this backend allocates (bounce, zeroes, scratch).
-const BUF_ALIGN: usize = 4096;
-/// Size of the shared zero buffer that emulated Write Zeroes writes from.
-const ZERO_CHUNK: usize = 256 << 10;
-/// Size of the per-queue scratch buffer that SGL bit buckets read into.
-const TRASH_CHUNK: usize = 64 << 10;
-/// Bounce buffers kept per queue, and the largest one kept.
-const BOUNCE_POOL_MAX: usize = 16;
-const BOUNCE_KEEP_MAX: usize = 4 << 20;
-/// How often reap checks whether the backing file was unlinked.
-const REMOVAL_CHECK_PERIOD: Duration = Duration::from_secs(1);
-/// Retries of a request the kernel answered with EAGAIN or EINTR.
-const MAX_RETRIES: u8 = 16;
-/// The largest ring the kernel accepts without clamping.
-const MAX_QUEUE_DEPTH: u32 = 32768;
-/// Fixed-file slots: the main descriptor and the buffered one (the main one again
-/// when the main one is buffered already).
-const FD_MAIN: u32 = 0;
-const FD_BUFFERED: u32 = 1;
 
 /// Whether to open the backing storage with O_DIRECT.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -153,49 +133,6 @@ impl Default for UringOptions {
 #[derive(Clone, Debug)]
 pub struct UringBackend {
     sh: Arc<Shared>,
-}
-
-/// What the fallocate family can do here, probed at open.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Caps {
-    /// `PUNCH_HOLE|KEEP_SIZE`: a hole in a file; zero-and-unmap on a block device.
-    punch: bool,
-    /// `ZERO_RANGE`.
-    zero_range: bool,
-    /// `BLOCK_URING_CMD_DISCARD` on a block device.
-    discard_cmd: bool,
-}
-
-/// What every queue of a backend shares.
-#[derive(Debug)]
-struct Shared {
-    path: PathBuf,
-    file: File,
-    /// A descriptor without O_DIRECT, for requests whose offset or length the direct
-    /// one cannot take. Only in direct mode.
-    buffered: Option<File>,
-    /// Bytes (a resize changes it).
-    size: AtomicU64,
-    direct: bool,
-    /// Direct I/O alignment of buffer addresses and of offsets/lengths (1 if buffered).
-    mem_align: u64,
-    off_align: u64,
-    block_dev: bool,
-    /// A block device's logical block size (1 for files): fallocate and discard on a
-    /// block device need ranges in whole blocks.
-    lbs: u64,
-    read_only: bool,
-    caps: Caps,
-    queue_depth: u32,
-    info: BackendInfo,
-    /// The file was unlinked: every request fails.
-    removed: AtomicBool,
-    /// Zeroes that emulated Write Zeroes writes from (allocated on first use).
-    zeroes: OnceLock<AlignedBuf>,
-    /// Writes the kernel completed with RWF_DSYNC (FUA), and fdatasyncs (Flush):
-    /// what the guest's durability asked for, as it reached the file.
-    dsync_writes: AtomicU64,
-    fsyncs: AtomicU64,
 }
 
 impl UringBackend {
@@ -301,13 +238,15 @@ impl UringBackend {
                 file,
                 buffered,
                 size: AtomicU64::new(size),
-                direct,
-                mem_align,
-                off_align,
-                block_dev,
-                lbs,
-                read_only: opts.read_only,
-                caps,
+                layout: Layout {
+                    direct,
+                    mem_align,
+                    off_align,
+                    block_dev,
+                    lbs,
+                    read_only: opts.read_only,
+                    caps,
+                },
                 queue_depth: opts.queue_depth,
                 info,
                 removed: AtomicBool::new(false),
@@ -320,17 +259,17 @@ impl UringBackend {
 
     /// True if the storage was opened with O_DIRECT.
     pub fn is_direct(&self) -> bool {
-        self.sh.direct
+        self.sh.layout.direct
     }
 
     /// True if the storage is a block device (rather than a regular file).
     pub fn is_block_device(&self) -> bool {
-        self.sh.block_dev
+        self.sh.layout.block_dev
     }
 
     /// Direct I/O alignment as `(memory, offset)` in bytes; `(1, 1)` when buffered.
     pub fn alignment(&self) -> (u64, u64) {
-        (self.sh.mem_align, self.sh.off_align)
+        (self.sh.layout.mem_align, self.sh.layout.off_align)
     }
 
     /// The path the backend was opened from.
@@ -347,16 +286,16 @@ impl Backend for UringBackend {
         Ok(Box::new(UringQueue::new(self.sh.clone())?))
     }
     fn resize(&self, bytes: u64) -> io::Result<()> {
-        if self.sh.block_dev {
+        if self.sh.layout.block_dev {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "a block device's size is not ours to change",
             ));
         }
-        if !bytes.is_multiple_of(self.sh.off_align) {
+        if !bytes.is_multiple_of(self.sh.layout.off_align) {
             return Err(io::Error::other(format!(
                 "{bytes} bytes is not a multiple of the {}-byte direct I/O alignment",
-                self.sh.off_align
+                self.sh.layout.off_align
             )));
         }
         crate::resize_file(&self.sh.file, bytes)?;
@@ -376,13 +315,6 @@ impl UringBackend {
     /// Writes completed with RWF_DSYNC and fdatasyncs completed, by every queue.
     pub fn durability(&self) -> (u64, u64) {
         (self.sh.dsync_writes.load(Ordering::Relaxed), self.sh.fsyncs.load(Ordering::Relaxed))
-    }
-}
-
-impl Shared {
-    /// The size now.
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
     }
 }
 

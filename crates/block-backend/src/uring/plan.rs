@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use guest_mem::{GuestMemory, HostRange};
 
 use super::buf::{fill_zero_iov, push_repeated, AlignedBuf, IoVec};
+use super::limits::{FD_BUFFERED, FD_MAIN, IOV_MAX, TRASH_CHUNK, ZERO_CHUNK};
 use super::queue::UringQueue;
 use super::request::{Run, Step};
-use super::{FD_BUFFERED, FD_MAIN, IOV_MAX, TRASH_CHUNK, ZERO_CHUNK};
 use crate::{check_range, BackendError, DataBuf, Op, Request, Segment};
 
 fn removed_error() -> BackendError {
@@ -26,7 +26,9 @@ fn invalid(msg: String) -> BackendError {
 impl UringQueue {
     /// True if the direct descriptor can take a transfer at `offset` of `len` bytes.
     fn direct_ok(&self, offset: u64, len: u64) -> bool {
-        !self.sh.direct || (offset.is_multiple_of(self.sh.off_align) && len.is_multiple_of(self.sh.off_align))
+        !self.sh.layout.direct
+            || (offset.is_multiple_of(self.sh.layout.off_align)
+                && len.is_multiple_of(self.sh.layout.off_align))
     }
 
     /// Turns a request into a run (`None`: it is already done), and its vectors into
@@ -51,7 +53,7 @@ impl UringQueue {
             }
             Op::Read | Op::Write { .. } => {
                 check_range(offset, len, self.sh.size())?;
-                if req.op != Op::Read && self.sh.read_only {
+                if req.op != Op::Read && self.sh.layout.read_only {
                     return Err(BackendError::ReadOnly);
                 }
                 if len == 0 {
@@ -61,23 +63,23 @@ impl UringQueue {
             }
             Op::Discard => {
                 check_range(offset, len, self.sh.size())?;
-                if self.sh.read_only {
+                if self.sh.layout.read_only {
                     return Err(BackendError::ReadOnly);
                 }
                 if !self.sh.info.discard || len == 0 {
                     // Advisory, and not advertised: nothing to do.
                     return Ok(None);
                 }
-                if !self.sh.block_dev {
+                if !self.sh.layout.block_dev {
                     return Ok(Some(new(fallocate(punch, offset, len))));
                 }
                 // A device discards whole logical blocks only: keep the ones inside.
-                let start = offset.next_multiple_of(self.sh.lbs);
-                let end = (offset + len) / self.sh.lbs * self.sh.lbs;
+                let start = offset.next_multiple_of(self.sh.layout.lbs);
+                let end = (offset + len) / self.sh.layout.lbs * self.sh.layout.lbs;
                 if start >= end {
                     return Ok(None);
                 }
-                let step = if self.sh.caps.discard_cmd {
+                let step = if self.sh.layout.caps.discard_cmd {
                     Step::DiscardCmd { offset: start, len: end - start }
                 } else {
                     fallocate(punch, start, end - start)
@@ -86,16 +88,17 @@ impl UringQueue {
             }
             Op::WriteZeroes { deallocate } => {
                 check_range(offset, len, self.sh.size())?;
-                if self.sh.read_only {
+                if self.sh.layout.read_only {
                     return Err(BackendError::ReadOnly);
                 }
                 if len == 0 {
                     return Ok(None);
                 }
-                let caps = self.sh.caps;
+                let caps = self.sh.layout.caps;
                 let mut next = None;
-                let step = if self.sh.block_dev {
-                    let whole = offset.is_multiple_of(self.sh.lbs) && len.is_multiple_of(self.sh.lbs);
+                let step = if self.sh.layout.block_dev {
+                    let whole =
+                        offset.is_multiple_of(self.sh.layout.lbs) && len.is_multiple_of(self.sh.layout.lbs);
                     if !whole || !caps.zero_range {
                         None
                     } else if deallocate && caps.punch {
@@ -137,14 +140,15 @@ impl UringQueue {
 
     /// The shared zero buffer's address (allocated on first use).
     pub(super) fn zero_addr(&self) -> usize {
-        self.sh.zeroes.get_or_init(|| AlignedBuf::new(ZERO_CHUNK, self.sh.mem_align as usize)).addr()
+        self.sh.zeroes.get_or_init(|| AlignedBuf::new(ZERO_CHUNK, self.sh.layout.mem_align as usize)).addr()
     }
 
     fn plan_rw(&mut self, mem: &GuestMemory, req: &mut Request) -> Result<Run, BackendError> {
         let write = req.op != Op::Read;
         let len = req.len;
         let direct_ok = self.direct_ok(req.offset, len);
-        let align = (self.sh.direct && direct_ok).then_some((self.sh.mem_align, self.sh.off_align));
+        let align = (self.sh.layout.direct && direct_ok)
+            .then_some((self.sh.layout.mem_align, self.sh.layout.off_align));
         let step = match req.op {
             Op::Write { fua: true } => Step::Write { flags: libc::RWF_DSYNC },
             Op::Write { fua: false } => Step::Write { flags: 0 },

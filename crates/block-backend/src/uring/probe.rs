@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{sys, Caps};
+use super::sys;
 
 /// A block device's `queue/<name>` attribute in sysfs (a partition's lives in its
 /// parent disk's directory).
@@ -50,4 +50,15 @@ pub(super) fn probe_discard_cmd(fd: BorrowedFd<'_>) -> bool {
         Ok(matches!(res, Some(r) if r == 0 || r == -libc::EINVAL))
     };
     probe().unwrap_or(false)
+}
+
+/// What the fallocate family can do here, probed at open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Caps {
+    /// `PUNCH_HOLE|KEEP_SIZE`: a hole in a file; zero-and-unmap on a block device.
+    pub(super) punch: bool,
+    /// `ZERO_RANGE`.
+    pub(super) zero_range: bool,
+    /// `BLOCK_URING_CMD_DISCARD` on a block device.
+    pub(super) discard_cmd: bool,
 }

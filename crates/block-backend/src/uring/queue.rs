@@ -29,8 +29,10 @@ use io_uring::IoUring;
 use tracing::{error, warn};
 
 use super::buf::{fill_zero_iov, AlignedBuf, IoVec};
+use super::limits::{BOUNCE_KEEP_MAX, BOUNCE_POOL_MAX, BUF_ALIGN, REMOVAL_CHECK_PERIOD, TRASH_CHUNK};
 use super::request::{Outcome, Run, Step};
-use super::{sys, Shared, BOUNCE_KEEP_MAX, BOUNCE_POOL_MAX, BUF_ALIGN, REMOVAL_CHECK_PERIOD, TRASH_CHUNK};
+use super::shared::Shared;
+use super::sys;
 use crate::{Admit, BackendError, BackendQueue, Completion, Landed, Op, Request, Requests, Revoked};
 
 /// One queue: a ring, its eventfd, and the requests in flight.
@@ -85,7 +87,7 @@ impl UringQueue {
         ring.submitter().register_files(&[main, buffered])?;
         let event = File::from(sys::eventfd()?);
         ring.submitter().register_eventfd(event.as_raw_fd())?;
-        let align = sh.mem_align as usize;
+        let align = sh.layout.mem_align as usize;
         Ok(UringQueue {
             sh,
             ring,
@@ -137,9 +139,10 @@ impl UringQueue {
             self.bounce_pool.iter().enumerate().filter(|(_, b)| b.cap >= len).min_by_key(|(_, b)| b.cap);
         match fit.map(|(i, _)| i) {
             Some(i) => self.bounce_pool.swap_remove(i),
-            None => {
-                AlignedBuf::new(len.next_multiple_of(BUF_ALIGN).max(BUF_ALIGN), self.sh.mem_align as usize)
-            }
+            None => AlignedBuf::new(
+                len.next_multiple_of(BUF_ALIGN).max(BUF_ALIGN),
+                self.sh.layout.mem_align as usize,
+            ),
         }
     }
 
@@ -243,7 +246,7 @@ impl UringQueue {
 
     /// The error for a read that found EOF before its end.
     fn eof_error(&self, done: u64, len: u64) -> BackendError {
-        let now = if self.sh.block_dev {
+        let now = if self.sh.layout.block_dev {
             sys::blk_size(self.sh.file.as_fd()).ok()
         } else {
             self.sh.file.metadata().ok().map(|m| m.len())

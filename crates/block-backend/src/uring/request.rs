@@ -6,7 +6,8 @@
 use io_uring::{opcode, squeue, types};
 
 use super::buf::{advance, AlignedBuf, IoVec};
-use super::{sys, FD_MAIN, MAX_RETRIES};
+use super::limits::{FD_MAIN, MAX_RETRIES};
+use super::sys;
 use crate::BackendError;
 
 /// One step of a request, one SQE at a time.

@@ -23,7 +23,7 @@ fn nlb_z(blocks: u64) -> u16 {
 impl NvmeQueue {
     /// Checks a request before anything goes downstream.
     pub(super) fn check(&self, req: &Request) -> Result<(), BackendError> {
-        let lba = self.shared.lba;
+        let lba = self.shared.sizes.lba;
         if req.op != Op::Flush && (!req.offset.is_multiple_of(lba) || !req.len.is_multiple_of(lba)) {
             return Err(invalid(format!(
                 "range {:#x}+{:#x} is not in whole {lba}-byte blocks of the downstream namespace",
@@ -57,7 +57,7 @@ impl NvmeQueue {
             return Step::Blocked;
         }
         let sh = &*self.shared;
-        let lba = sh.lba;
+        let lba = sh.sizes.lba;
         let req = self.reqs.get(r).expect("live request");
         let (off, seg) = (req.wire.next, req.wire.seg);
         let mut view = None;
@@ -65,7 +65,7 @@ impl NvmeQueue {
         let (sqe, data, aux, n) = match req.op {
             Op::Flush => (FlushCmd { nsid: sh.nsid }.to_sqe(), None, None, 1),
             Op::WriteZeroes { deallocate } => {
-                let n = (req.len - off).min(sh.max_wz * lba);
+                let n = (req.len - off).min(sh.sizes.max_wz * lba);
                 let slba = (req.offset + off) / lba;
                 let wz = WriteZeroesCmd {
                     nsid: sh.nsid,
@@ -77,7 +77,7 @@ impl NvmeQueue {
                 (wz.to_sqe(), None, None, n)
             }
             Op::Discard => {
-                let n = (req.len - off).min(sh.max_dsm * lba);
+                let n = (req.len - off).min(sh.sizes.max_dsm * lba);
                 let range = DsmRange::new((req.offset + off) / lba, (n / lba) as u32);
                 let list = match self.q.as_ref().expect("queue").alloc_buf(16) {
                     Ok(b) => b,
@@ -92,7 +92,7 @@ impl NvmeQueue {
                 (s, None, Some(list), n)
             }
             Op::Read | Op::Write { .. } => {
-                let n = (req.len - off).min(sh.max_rw);
+                let n = (req.len - off).min(sh.sizes.max_rw);
                 let (opcode, fua) = match req.op {
                     Op::Write { fua } => (op::WRITE, fua),
                     _ => (op::READ, false),
