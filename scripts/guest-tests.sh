@@ -74,6 +74,15 @@ own \`vnvme serve\` (built with cargo build --release first):
          host: qemu-img check on the qcow2 image; e2fsck and the file's
          checksum in the qcow2 image (converted to raw) and in the RBD image
          (rbd export).
+ outage  (last kernel only) n1 on qemu-nbd (qcow2), n2 on nbdkit (memory); the
+         guest (scripts/guest/tests/outage.sh) runs fio randwrite + crc32c verify
+         on n1 and an ext4 write / sync / drop caches / checksum loop on n2 while
+         the host SIGKILLs qemu-nbd and starts it again 2.1 s later, then
+         SIGSTOPs nbdkit for 10 s: no fio error, checksums right, fsck clean, no
+         I/O error, timeout, reset or read-only ext4 in the kernel log. Once on
+         vnvme (--workers 0, the default hold) and once on QEMU's own nvme device
+         with QEMU's NBD client (reconnect-delay=20), the control: its results are
+         printed beside vnvme's (the outage table), not counted.
  upgrade (last kernel only) server: n1 ram:256M, n2 file:IMG:128M, --control,
          --workers 1; the guest (scripts/guest/tests/upgrade.sh) runs fio
          randwrite + crc32c verify on n1 and an ext4 write / sync / drop caches /
@@ -89,7 +98,8 @@ own \`vnvme serve\` (built with cargo build --release first):
          data and I/O again after the reboot.
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
-  --suite S         run only suite S (repeat; main, reboot, faults, netstore, live, upgrade;
+  --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
+                    upgrade;
                     default: all)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
@@ -564,6 +574,126 @@ suite_netstore() {
 }
 
 # net_servers_stop: stop the NBD servers net_server_start started.
+# outage_action DIR ACTION: what the outage suite's guest asks the host for
+# (@@VNVME-HOST ACTION@@, run by vn_watch in the background). The servers' PIDs
+# are in files, so a restarted one is found by the next action and the cleanup.
+outage_action() {
+    local d=$OUTAGE_DIR pid
+    case $2 in
+    nbd-restart)
+        pid=$(cat "$d/qemu-nbd.pid")
+        kill -KILL "$pid" 2>/dev/null
+        sleep 2.1
+        rm -f "$d/qnbd.sock"
+        "$OUTAGE_BIN/qemu-nbd" --format qcow2 --shared 8 --persistent --discard unmap \
+            --cache=writethrough --socket "$d/qnbd.sock" "$d/n1.qcow2" </dev/null >>"$d/qemu-nbd.log" 2>&1 &
+        echo $! >"$d/qemu-nbd.pid"
+        echo "[host] qemu-nbd (pid $pid) SIGKILLed, a new one (pid $!) on its socket 2.1 s later"
+        ;;
+    nbdkit-pause)
+        pid=$(cat "$d/nbdkit.pid")
+        kill -STOP "$pid"
+        sleep 10
+        kill -CONT "$pid"
+        echo "[host] nbdkit (pid $pid) SIGSTOPped for 10 s, then SIGCONTed"
+        ;;
+    *) echo "[host] unknown action $2" ;;
+    esac
+}
+
+# outage_servers_stop: the outage suite's servers, by their PID files.
+outage_servers_stop() {
+    local f
+    for f in "$OUTAGE_DIR/qemu-nbd.pid" "$OUTAGE_DIR/nbdkit.pid"; do
+        [[ -s $f ]] && kill -CONT "$(cat "$f")" 2>/dev/null && kill "$(cat "$f")" 2>/dev/null
+    done
+    return 0
+}
+
+# outage_row DIR: "fio OK|FAIL, ext4 OK|FAIL, kernel log clean|ERRORS, longest I/O
+# N ms, longest ext4 round M ms" from a boot of the outage suite.
+outage_row() {
+    local g=$1/guest.log fio ext4 klog stall
+    fio=$(grep -aq '^PASS: fio randwrite' "$g" && echo "fio verify ok" || echo "fio FAILED")
+    ext4=$(grep -aq '^PASS: ext4 on n2 through' "$g" && echo "ext4 ok" || echo "ext4 FAILED")
+    klog=$(grep -aq '^PASS: guest kernel log: no I/O error' "$g" && echo "kernel log clean" ||
+        echo "kernel log: errors")
+    stall=$(grep -ao '@@VNVME-STALL [0-9]* [0-9]*@@' "$g" | tail -1 | tr -d '@' | awk '{printf "longest I/O %d ms, longest ext4 round %d ms", $2 / 1e6, $3 * 10}')
+    echo "$fio, $ext4, $klog, ${stall:-no figures}"
+}
+
+# The outage suite: qemu-nbd restarted (2.1 s down) and nbdkit paused (10 s)
+# under a guest running fio verify and an ext4 loop (scripts/guest/tests/outage.sh),
+# once on vnvme and once on QEMU's own nvme device with QEMU's NBD client
+# (reconnect-delay=20), the control. vnvme's run counts; QEMU's is reported.
+suite_outage() {
+    local k=$1 d="$work/$k-outage" t0 plugins
+    mkdir -p "$d/vnvme" "$d/qemu"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] outage suite: qemu-nbd restarted and nbdkit paused under fio verify and ext4, vnvme and QEMU"
+    if ! OUTAGE_BIN=$("$here/fetch-nbd-servers.sh" 2>"$d/fetch.log"); then
+        result SKIP "$k" "outage suite: qemu-nbd and nbdkit could not be fetched ($(tail -1 "$d/fetch.log"))"
+        return
+    fi
+    OUTAGE_DIR=$d
+    plugins="$(dirname "$OUTAGE_BIN")/plugins"
+    if ! "$OUTAGE_BIN/qemu-img" create -q -f qcow2 "$d/n1.qcow2" 64M >"$d/qemu-img.log" 2>&1; then
+        result FAIL "$k" "qemu-img create: $(tail -1 "$d/qemu-img.log")"
+        return
+    fi
+    # Write-through: a SIGKILLed qemu-nbd's write-back cache would lose writes it
+    # had acknowledged (the guest flushes nothing under fio --direct), whoever the
+    # client.
+    if ! net_server_start "$d/qemu-nbd.log" "$d/qnbd.sock" "$OUTAGE_BIN/qemu-nbd" --format qcow2 \
+        --shared 8 --persistent --discard unmap --cache=writethrough --socket "$d/qnbd.sock" "$d/n1.qcow2"; then
+        result FAIL "$k" "qemu-nbd did not start ($d/qemu-nbd.log)"
+        net_servers_stop
+        return
+    fi
+    echo "$NET_PID" >"$d/qemu-nbd.pid"
+    if ! net_server_start "$d/nbdkit.log" "$d/kit.sock" "$OUTAGE_BIN/nbdkit" --foreground \
+        --unix "$d/kit.sock" "$plugins/nbdkit-memory-plugin.so" size=32M; then
+        result FAIL "$k" "nbdkit did not start ($d/nbdkit.log)"
+        outage_servers_stop
+        net_servers_stop
+        return
+    fi
+    echo "$NET_PID" >"$d/nbdkit.pid"
+    NET_PIDS=()
+    VN_HOST_ACTION=outage_action
+    write_config "$d/vnvme/config.sh" VNVMEGT0009 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    suite_boot "$k" "$d/vnvme" outage outage.sh --timeout 300 -- \
+        --ns "nbd+unix:///?socket=$d/qnbd.sock" --ns "nbd+unix:///?socket=$d/kit.sock" --workers 0 \
+        --serial VNVMEGT0009
+    if grep -aq 're-established after' "$d/vnvme/serve.log"; then
+        result PASS "$k" "server log: $(grep -a 're-established after' "$d/vnvme/serve.log" | head -1 | sed 's/.*NBD connection/NBD connection/')"
+    else
+        result FAIL "$k" "server log: the NBD connection to the restarted qemu-nbd was never re-established"
+    fi
+
+    # The control: QEMU's own nvme device on the same servers.
+    write_config "$d/qemu/config.sh" QEMUOUTAGE0 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    guest_adds "$d/qemu/config.sh"
+    {
+        local brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/outage.sh" \
+            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+            -blockdev "driver=nbd,node-name=q1,server.type=unix,server.path=$d/qnbd.sock,reconnect-delay=20" \
+            -blockdev "driver=nbd,node-name=q2,server.type=unix,server.path=$d/kit.sock,reconnect-delay=20" \
+            -device nvme,id=nv0,serial=QEMUOUTAGE0 -device nvme-ns,drive=q1,bus=nv0,nsid=1 \
+            -device nvme-ns,drive=q2,bus=nv0,nsid=2 || brc=$?
+        echo "$brc" >"$d/qemu/boot.rc"
+    } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
+        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
+    VN_HOST_ACTION=""
+    outage_servers_stop
+    echo "  [$k] outage table (the same outages, the same servers, one run; QEMU: its nvme device and NBD client, reconnect-delay=20):"
+    echo "    vnvme (nbd://, hold 25 s):  $(outage_row "$d/vnvme")"
+    echo "    QEMU nvme (NBD client):    $(outage_row "$d/qemu")"
+    echo "  [$k] outage suite: $(($(date +%s) - t0)) s"
+}
+
 net_servers_stop() {
     local p
     for p in "${NET_PIDS[@]}"; do
@@ -664,6 +794,7 @@ k_last=${kernels[${#kernels[@]}-1]}
 if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     want faults && suite_faults "$k_last"
     want netstore && suite_netstore "$k_last"
+    want outage && suite_outage "$k_last"
     want upgrade && suite_upgrade "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan

@@ -23,7 +23,9 @@
 # runs `vnvme ctl ARGS` against that control socket (vn_ctl_action); with
 # VN_QMP_SOCKET set, "@@VNVME-QMP NAME@@" sends a prepared QMP command to QEMU
 # (vn_qmp_action); with VN_METRICS_SOCKET set, "@@VNVME-SCRAPE NAME@@" saves a
-# Prometheus scrape of the server to NAME.prom.
+# Prometheus scrape of the server to NAME.prom; with VN_HOST_ACTION naming a
+# function, "@@VNVME-HOST ACTION@@" runs it (DIR ACTION) in the background (the
+# outage suite's server restarts and pauses).
 
 # shellcheck source=scripts/lib/host.sh
 source "$(dirname "${BASH_SOURCE[0]}")/host.sh"
@@ -128,6 +130,11 @@ vn_watch() {
             curl -s --max-time 10 --unix-socket "$VN_METRICS_SOCKET" http://localhost/metrics \
                 >"$dir/${BASH_REMATCH[1]}.prom" 2>"$dir/${BASH_REMATCH[1]}.prom.err" || true
             printf '[host] scraped %s: %s lines\n' "${BASH_REMATCH[1]}" "$(wc -l <"$dir/${BASH_REMATCH[1]}.prom")"
+            continue
+        fi
+        if [[ -n ${VN_HOST_ACTION:-} && $line =~ @@VNVME-HOST\ ([A-Za-z0-9_-]+)@@ ]]; then
+            # In the background: the guest goes on while the host acts.
+            "$VN_HOST_ACTION" "$dir" "${BASH_REMATCH[1]}" &
             continue
         fi
         if [[ -n ${VN_QMP_SOCKET:-} && $line =~ @@VNVME-QMP\ ([A-Za-z0-9_-]+)@@ ]]; then

@@ -14,7 +14,7 @@
 //!
 //! If the connection breaks, commands wait: the queue keeps every unanswered piece
 //! (and takes new requests), tries the server again with a backoff (50 ms doubling to
-//! 2 s, each try at most 1 s) for as long as the hold (`NbdOptions::hold`) allows,
+//! 1 s, each try at most 1 s) for as long as the hold (`NbdOptions::hold`) allows,
 //! and on a new connection sends them all again in the order they first came. Past
 //! the hold every request fails with NotReady (Namespace Not Ready for the guest,
 //! with a retry delay when it asked for one) and the export counts as gone: a new
@@ -51,7 +51,7 @@ struct Piece {
 
 /// The wait after the first failed try to reconnect; it doubles up to MAX_BACKOFF.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The most one try (connect and handshake) may take.
 const TRY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Once the export is gone, how often a new command may try the server again.
