@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo, BackendQueue};
 
-use crate::lock;
 use crate::queue::NvmeQueue;
 use crate::shared::Shared;
 use crate::stats::{NvmeBackendStats, NvmeStatsHandle};
@@ -56,15 +55,16 @@ impl Backend for NvmeBackend {
 
     fn open_queue(&self) -> io::Result<Box<dyn BackendQueue>> {
         let s = &self.shared;
-        let mut q = lock(&s.free).pop().ok_or_else(|| {
+        let mut q = s.pairs.take().ok_or_else(|| {
             io::Error::other(format!(
                 "{}: all {} downstream I/O queue pair(s) are in use; raise queues= in the nvme:// URI \
                  (a vnvme front opens one per I/O worker plus one for its admin side: workers + 1)",
-                s.target, s.total_queues
+                s.target,
+                s.pairs.total()
             ))
         })?;
         if let Err(e) = q.set_deferred_doorbell(true) {
-            lock(&s.free).push(q);
+            s.pairs.give_back(q);
             return Err(io::Error::other(e));
         }
         Ok(Box::new(NvmeQueue::new(q, s.clone())?))

@@ -18,7 +18,7 @@ use crate::error::OpenError;
 use crate::health::{Health, Watcher};
 use crate::lock;
 use crate::map::GuestMaps;
-use crate::shared::{Shared, Sizes};
+use crate::shared::{Pairs, QueueOptions, Shared, Sizes};
 use crate::stats::Counters;
 use crate::uri::{NvmeBackendOptions, NvmeTarget};
 
@@ -110,7 +110,6 @@ impl NvmeBackend {
             if opts.poll { "polled" } else { "interrupts" },
             max_rw
         );
-        let total_queues = queues.len();
         let stats = Arc::new(Counters::default());
         Ok(NvmeBackend {
             shared: Arc::new(Shared {
@@ -119,13 +118,11 @@ impl NvmeBackend {
                 nsid: opts.nsid,
                 sizes: Sizes { lba, max_rw, max_wz, max_dsm },
                 info,
-                total_queues,
-                free: Mutex::new(queues),
+                pairs: Pairs::new(queues),
                 device,
                 stats,
                 health,
-                poll: opts.poll,
-                timeout: opts.timeout,
+                queues: QueueOptions { poll: opts.poll, timeout: opts.timeout },
                 watcher: Mutex::new(Some(watcher)),
                 driver: Mutex::new(Some(driver)),
             }),

@@ -110,7 +110,7 @@ pub(crate) struct NvmeQueue {
 impl NvmeQueue {
     /// A queue over `q`, a pair taken from the backend (given back on drop).
     pub(crate) fn new(q: IoQueue, shared: Arc<Shared>) -> io::Result<Self> {
-        let notifier = match (shared.poll, q.interrupt_fd().is_some()) {
+        let notifier = match (shared.queues.poll, q.interrupt_fd().is_some()) {
             (false, true) => {
                 Some(Notifier { epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?, armed: false })
             }
@@ -293,7 +293,7 @@ impl Drop for NvmeQueue {
     fn drop(&mut self) {
         // Commands still downstream may be moving guest memory: let them finish
         // (bounded) before the pair goes back to the backend.
-        let deadline = Instant::now() + self.shared.timeout;
+        let deadline = Instant::now() + self.shared.queues.timeout;
         if !self.dead {
             self.ring();
         }
@@ -307,7 +307,7 @@ impl Drop for NvmeQueue {
         let Some(mut q) = self.q.take() else { return };
         if self.pieces_in_flight == 0 && !self.dead {
             q.clear_interrupt();
-            lock(&self.shared.free).push(q);
+            self.shared.pairs.give_back(q);
         } else {
             warn!(
                 "{}: a dropped queue still has {} command(s) downstream; its queue pair is retired",

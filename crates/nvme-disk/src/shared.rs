@@ -15,6 +15,43 @@ use crate::map::GuestMaps;
 use crate::stats::Counters;
 use crate::uri::NvmeTarget;
 
+/// The downstream I/O queue pairs: how many there are, and those no backend queue
+/// has now (taken by `open_queue`, given back when its queue is dropped).
+#[derive(Debug)]
+pub(crate) struct Pairs {
+    total: usize,
+    free: Mutex<Vec<IoQueue>>,
+}
+
+impl Pairs {
+    pub(crate) fn new(queues: Vec<IoQueue>) -> Self {
+        Pairs { total: queues.len(), free: Mutex::new(queues) }
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// A pair no queue has, if one is left.
+    pub(crate) fn take(&self) -> Option<IoQueue> {
+        lock(&self.free).pop()
+    }
+
+    /// A pair back from a queue.
+    pub(crate) fn give_back(&self, q: IoQueue) {
+        lock(&self.free).push(q);
+    }
+}
+
+/// How the backend's queues run their pairs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueOptions {
+    /// Poll the completion queues (no interrupts).
+    pub(crate) poll: bool,
+    /// Bound on waiting for a dropped queue's commands.
+    pub(crate) timeout: Duration,
+}
+
 /// The downstream namespace's block size and what one command may carry.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Sizes {
@@ -34,15 +71,12 @@ pub(crate) struct Shared {
     pub(crate) nsid: u32,
     pub(crate) sizes: Sizes,
     pub(crate) info: BackendInfo,
-    pub(crate) total_queues: usize,
-    pub(crate) free: Mutex<Vec<IoQueue>>,
+    pub(crate) pairs: Pairs,
     pub(crate) device: DeviceHandle,
     pub(crate) maps: GuestMaps,
     pub(crate) stats: Arc<Counters>,
     pub(crate) health: Arc<Health>,
-    pub(crate) poll: bool,
-    /// Bound on waiting for a dropped queue's commands.
-    pub(crate) timeout: Duration,
+    pub(crate) queues: QueueOptions,
     pub(crate) watcher: Mutex<Option<Watcher>>,
     pub(crate) driver: Mutex<Option<NvmeDriver>>,
 }

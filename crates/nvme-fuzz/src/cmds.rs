@@ -59,7 +59,7 @@ impl Fuzzer<'_> {
             7 => (MEM_BYTES - (r % 8192 + 4)) & !3,
             8 => MEM_BYTES + r % (1 << 30),
             9 => u64::MAX - r % 8192,
-            10 => self.lists + ((r % (LIST_PAGES * PAGE)) & !7),
+            10 => self.areas.lists + ((r % (LIST_PAGES * PAGE)) & !7),
             _ => 0,
         }
     }
@@ -67,14 +67,13 @@ impl Fuzzer<'_> {
     /// The next list page. If the command that last used it may still be
     /// outstanding, its list is about to change under it: taint.
     fn list_page(&mut self) -> (usize, u64) {
-        let i = self.list_next as usize;
-        self.list_next = (self.list_next + 1) % LIST_PAGES;
-        if let Some((q, cid)) = self.list_owner[i].take() {
+        let (i, addr, owner) = self.areas.next_list_page();
+        if let Some((q, cid)) = owner {
             if self.outstanding.get(&q).is_some_and(|s| s.contains(&cid)) {
                 self.tainted = true;
             }
         }
-        (i, self.lists + i as u64 * PAGE)
+        (i, addr)
     }
 
     fn write_mem(&self, addr: u64, bytes: &[u8]) {
@@ -186,7 +185,7 @@ impl Fuzzer<'_> {
             20 => sqe.cdw0 = U32::new((cdw0 & !0xff) | (v as u32 & 0xff)),
             21 => match pages.first() {
                 Some(&i) => {
-                    let at = self.lists + i as u64 * PAGE + (v >> 56) * 8 % PAGE;
+                    let at = self.areas.lists + i as u64 * PAGE + (v >> 56) * 8 % PAGE;
                     let w = self.wild(v);
                     self.write_mem(at, &w.to_le_bytes());
                 }
@@ -215,7 +214,7 @@ impl Fuzzer<'_> {
         let nlb = 1 + c.nlb as u64 % max_nlb;
         let slba = c.slba as u64 % (nsze - nlb + 1);
         let len = nlb << shift;
-        let buf = self.data + (c.buf as u64 * 4) % 0x10000;
+        let buf = self.areas.data + (c.buf as u64 * 4) % 0x10000;
         let opcode = [
             iop::READ,
             iop::WRITE,
@@ -286,7 +285,7 @@ impl Fuzzer<'_> {
 
     fn submit_owning(&mut self, qid: u16, sqe: Sqe, pages: &[usize]) {
         match self.submit(qid, sqe) {
-            Some(cid) => pages.iter().for_each(|&i| self.list_owner[i] = Some((qid, cid))),
+            Some(cid) => pages.iter().for_each(|&i| self.areas.own(i, qid, cid)),
             None => self.stats.skipped += 1,
         }
     }
@@ -318,8 +317,7 @@ impl Fuzzer<'_> {
 
     /// A pool page for the ring of a queue created by a fuzzed admin command.
     fn pool_page(&mut self) -> u64 {
-        self.pool_next = (self.pool_next + 1) % 64;
-        self.pool + self.pool_next * PAGE
+        self.areas.next_pool_page()
     }
 
     pub(crate) fn admin_cmd(&mut self, c: &AdminCmd) {
@@ -411,10 +409,10 @@ impl Fuzzer<'_> {
                 // Doorbell Buffer Config with addresses the host will not use.
                 self.tainted = true;
                 let pick = |f: &Self, v: u32| match v % 4 {
-                    0 => f.pool + (v as u64 >> 2) % 64 * PAGE,
+                    0 => f.areas.pool + (v as u64 >> 2) % 64 * PAGE,
                     1 => f.wild(v as u64 * 0x0100_0001) & !(PAGE - 1),
                     2 => f.wild((v as u64) << 8 | 4),
-                    _ => f.h.dbbuf.map_or(f.pool, |d| d.shadow),
+                    _ => f.h.dbbuf.map_or(f.areas.pool, |d| d.shadow),
                 };
                 let shadow = pick(self, a);
                 let ei = if b % 5 == 0 { shadow } else { pick(self, b) };

@@ -109,6 +109,52 @@ pub(crate) struct Params {
     pub max_io_queues: u16,
     pub mdts_bytes: u64,
     pub dstrd: u8,
+    /// I/O queues run on worker threads: their completions arrive asynchronously.
+    pub workers: bool,
+}
+
+/// The fuzzer's areas of guest memory: data buffers, the pages PRP and SGL lists
+/// are built in (handed out in turn, each remembering the command that last used
+/// it), and pool pages for the rings of queues fuzzed admin commands create.
+#[derive(Debug)]
+pub(crate) struct Areas {
+    pub data: u64,
+    pub lists: u64,
+    pub pool: u64,
+    list_next: u64,
+    /// The command that last used each list page, while it may still be outstanding.
+    list_owner: Vec<Option<(u16, u16)>>,
+    pool_next: u64,
+}
+
+impl Areas {
+    fn new(data: u64, lists: u64, pool: u64) -> Self {
+        Areas { data, lists, pool, list_next: 0, list_owner: vec![None; LIST_PAGES as usize], pool_next: 0 }
+    }
+
+    /// The next list page (its index and address), with the command that last used
+    /// it, if one did.
+    pub(crate) fn next_list_page(&mut self) -> (usize, u64, Option<(u16, u16)>) {
+        let i = self.list_next as usize;
+        self.list_next = (self.list_next + 1) % LIST_PAGES;
+        (i, self.lists + i as u64 * PAGE, self.list_owner[i].take())
+    }
+
+    /// List page `i` now belongs to command `cid` of SQ `qid`.
+    pub(crate) fn own(&mut self, i: usize, qid: u16, cid: u16) {
+        self.list_owner[i] = Some((qid, cid));
+    }
+
+    /// No command owns a list page any more (a reset ended them all).
+    pub(crate) fn forget_owners(&mut self) {
+        self.list_owner.iter_mut().for_each(|o| *o = None);
+    }
+
+    /// The next pool page, for a queue's ring.
+    pub(crate) fn next_pool_page(&mut self) -> u64 {
+        self.pool_next = (self.pool_next + 1) % POOL_PAGES;
+        self.pool + self.pool_next * PAGE
+    }
 }
 
 /// One run's state: the host, the controller inside it, and what the host believes.
@@ -118,14 +164,8 @@ pub(crate) struct Fuzzer<'s> {
     pub clock: Arc<ManualClock>,
     pub map: Arc<Mapping>,
     pub p: Params,
-    /// Guest addresses of the data, list and pool areas.
-    pub data: u64,
-    pub lists: u64,
-    pub pool: u64,
-    pub list_next: u64,
-    /// The command that last used each list page, while it may still be outstanding.
-    pub list_owner: Vec<Option<(u16, u16)>>,
-    pub pool_next: u64,
+    /// Where data buffers, list pages and ring pages go in guest memory.
+    pub areas: Areas,
     /// Commands submitted and not yet reaped: qid -> CIDs.
     pub outstanding: BTreeMap<u16, BTreeSet<u16>>,
     /// Asynchronous Event Requests among the admin queue's outstanding commands.
@@ -135,8 +175,6 @@ pub(crate) struct Fuzzer<'s> {
     pub inits: u32,
     /// The controller's memory map is not the whole of guest memory.
     pub memory_reduced: bool,
-    /// I/O queues run on worker threads: their completions arrive asynchronously.
-    pub workers: bool,
     /// The admin host queue survived a reset: the mock host's free CID list may have
     /// lost CIDs (commands the reset ended) or gained some (garbage completions), so
     /// its helpers, which assume a free CID, are not used.
@@ -237,8 +275,12 @@ impl<'s> Fuzzer<'s> {
             namespaces,
             ..Default::default()
         };
-        let p =
-            Params { max_io_queues: cfg.max_io_queues, mdts_bytes: (1u64 << mdts) * PAGE, dstrd: cfg.dstrd };
+        let p = Params {
+            max_io_queues: cfg.max_io_queues,
+            mdts_bytes: (1u64 << mdts) * PAGE,
+            dstrd: cfg.dstrd,
+            workers: s.workers() > 0,
+        };
         let clock = Arc::new(ManualClock::default());
         let mut h = MockHost::with_clock(cfg, MEM_BYTES, clock.clone());
         // Our own mapping, so the memory map can later be cut into pieces of it.
@@ -259,18 +301,12 @@ impl<'s> Fuzzer<'s> {
             clock,
             map,
             p,
-            data,
-            lists,
-            pool,
-            list_next: 0,
-            list_owner: vec![None; LIST_PAGES as usize],
-            pool_next: 0,
+            areas: Areas::new(data, lists, pool),
             outstanding: BTreeMap::new(),
             aers: BTreeSet::new(),
             tainted: false,
             inits: 0,
             memory_reduced: false,
-            workers: workers > 0,
             admin_reused: false,
             stats,
         }
@@ -358,7 +394,7 @@ impl<'s> Fuzzer<'s> {
     fn forget_all(&mut self) {
         self.outstanding.clear();
         self.aers.clear();
-        self.list_owner.iter_mut().for_each(|o| *o = None);
+        self.areas.forget_owners();
     }
 
     /// Reaps host queue `qid`, checking each completion. Returns how many.
@@ -446,7 +482,7 @@ impl<'s> Fuzzer<'s> {
             let csts = f.h.csts();
             !f.tainted && csts.rdy() && !csts.cfs() && f.h.ctrl.lifecycle() == Lifecycle::Ready
         };
-        if self.workers && checkable(self) {
+        if self.p.workers && checkable(self) {
             self.wait_for_workers();
         }
         if !checkable(self) {

@@ -214,7 +214,7 @@ impl IoEngine {
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
         f.deadline_ns = self.command_deadline(f.nsid);
         let clock = &self.ctx.clock;
-        f.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
+        f.tally.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
         self.commands.insert(f)
     }
 
@@ -312,7 +312,8 @@ impl IoEngine {
         let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, f.nsid) else { return };
         let clock = &self.ctx.clock;
         let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
-        ns.stats.of(f.class).record(f.bytes, now.saturating_sub(f.started_ns), f.status.is_success());
+        let t = f.tally;
+        ns.stats.of(t.class).record(t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
     }
 
     /// Side effects of a failed backend request, besides its status: the log line,

@@ -34,11 +34,8 @@ pub(crate) struct InFlight {
     pub status: Status,
     /// What the backend requests do (all of one command's requests do the same).
     pub op: Op,
-    /// How the namespace counts it (from its opcode), the bytes it moves (reads
-    /// and writes: their length), and when it was fetched (clock ns, set by `track`).
-    pub class: OpClass,
-    pub bytes: u64,
-    pub started_ns: u64,
+    /// How the namespace counts it.
+    pub tally: Tally,
     pub finish: Finish,
     /// When the command times out (clock ns; u64::MAX: never). Set by `track`.
     pub deadline_ns: u64,
@@ -67,14 +64,22 @@ impl InFlight {
             remaining,
             status: Status::SUCCESS,
             op,
-            class: OpClass::of(sqe.opcode()),
-            bytes: 0,
-            started_ns: 0,
+            tally: Tally { class: OpClass::of(sqe.opcode()), bytes: 0, started_ns: 0 },
             finish,
             deadline_ns: u64::MAX,
             overdue: false,
         }
     }
+}
+
+/// How a namespace counts a command: its kind (from its opcode), the bytes it moves
+/// (reads and writes: their length), and when it was fetched (clock ns, set by
+/// `track`), so its latency ends where it completes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tally {
+    pub class: OpClass,
+    pub bytes: u64,
+    pub started_ns: u64,
 }
 
 /// One entry of the in-flight table.

@@ -161,8 +161,8 @@ impl IoEngine {
         finish: Finish,
     ) -> Started {
         let mut f = InFlight::new(sqid, sqe, ns.nsid, slba, op, 1, finish);
-        if matches!(f.class, OpClass::Read | OpClass::Write) {
-            f.bytes = len;
+        if matches!(f.tally.class, OpClass::Read | OpClass::Write) {
+            f.tally.bytes = len;
         }
         let tag = self.track(f);
         self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });

@@ -154,7 +154,7 @@ impl Fuzzer<'_> {
         // The controller never reads EventIdx, so inline only shadow stores break
         // agreement. A worker that sleeps until a doorbell is another matter: a stale
         // EventIdx tells the host not to ring, so the worker never looks.
-        if !eventidx || self.workers {
+        if !eventidx || self.p.workers {
             self.tainted = true;
         }
         let qid = s.qid % (self.p.max_io_queues + 2);
