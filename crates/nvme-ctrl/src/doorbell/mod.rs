@@ -56,8 +56,10 @@
 mod model;
 mod page;
 mod policy;
+mod source;
 
 pub(crate) use page::MappedPage;
+pub(crate) use source::DoorbellSource;
 
 use std::sync::atomic::{fence, Ordering};
 

@@ -24,7 +24,7 @@ impl IoEngine {
     /// gets our value written into its slot, so a zeroed or stale buffer is never
     /// read as new work. EventIdx is then published for each queue.
     pub fn attach_shadow(&mut self, buffers: ShadowBuffers) {
-        if let Some(old) = self.shadow {
+        if let Some(old) = self.doorbells.shadow() {
             // Replacing buffers in use: the host's latest values are in the old ones.
             // Pick them up, then carry them into the new slots.
             for qid in self.queues.active_sqs().to_vec() {
@@ -35,7 +35,7 @@ impl IoEngine {
                     self.refresh_cq_head(qid);
                 }
             }
-            self.shadow = Some(buffers);
+            self.doorbells.set_shadow(Some(buffers));
             for qid in 0..=self.ctx.max_qid {
                 if let Some(t) = self.queues.sq(qid).map(|q| q.tail) {
                     self.init_shadow_slots(qid, DoorbellKind::SqTail, t);
@@ -46,7 +46,7 @@ impl IoEngine {
             }
             return;
         }
-        self.shadow = Some(buffers);
+        self.doorbells.set_shadow(Some(buffers));
         for qid in 0..=self.ctx.max_qid {
             if let Some(sq) = self.queues.sq(qid) {
                 let (tail, size, rung) = (sq.tail, sq.size, sq.rung && qid != 0);
@@ -88,17 +88,17 @@ impl IoEngine {
     }
 
     pub fn shadow(&self) -> Option<ShadowBuffers> {
-        self.shadow
+        self.doorbells.shadow()
     }
 
     /// The buffers of a restored state, as they were: nothing is written to guest
     /// memory (the slots there are the live ones; `resume` publishes EventIdx).
     pub(crate) fn restore_shadow(&mut self, buffers: ShadowBuffers) {
-        self.shadow = Some(buffers);
+        self.doorbells.set_shadow(Some(buffers));
     }
 
     pub(crate) fn init_shadow_slots(&mut self, qid: u16, kind: DoorbellKind, v: u32) {
-        let Some(b) = self.shadow else { return };
+        let Some(b) = self.doorbells.shadow() else { return };
         let ei = match kind {
             DoorbellKind::SqTail => v,
             DoorbellKind::CqHead => self.cq_idle_eventidx(qid, v),
@@ -140,7 +140,7 @@ impl IoEngine {
 
     /// Uses a mapped doorbell page (or stops using one).
     pub fn set_doorbell_page(&mut self, page: Option<GuestMemory>) {
-        self.page.set(page);
+        self.doorbells.set_page(page);
     }
 
     /// Picks up a value the guest stored in the mapped doorbell page, as if it had been
@@ -149,10 +149,10 @@ impl IoEngine {
     /// arrives here (hosts never write its shadow slot).
     #[inline]
     pub(crate) fn sync_page(&mut self, qid: u16, kind: DoorbellKind) {
-        if !self.page.is_mapped() || (self.shadow.is_some() && qid != 0) {
+        if !self.doorbells.page_mapped() || (self.doorbells.shadow().is_some() && qid != 0) {
             return;
         }
-        if let Some(v) = self.page.take_new(qid, kind) {
+        if let Some(v) = self.doorbells.take_new(qid, kind) {
             self.apply_doorbell(qid, kind, v);
         }
     }
@@ -163,14 +163,14 @@ impl IoEngine {
             // (late) register value, so only the ring bounds apply to it; the shadow
             // value gets the full check when it is read.
             DoorbellKind::SqTail => match self.queues.sq(qid) {
-                Some(sq) if self.shadow.is_some() && qid != 0 => (true, value < sq.size),
+                Some(sq) if self.doorbells.shadow().is_some() && qid != 0 => (true, value < sq.size),
                 Some(sq) => (true, sq.valid_tail(value)),
                 None => (false, false),
             },
             // Likewise a late CQ head register write may be older than the head already
             // taken from the shadow slot.
             DoorbellKind::CqHead => match self.queues.cq(qid) {
-                Some(cq) if self.shadow.is_some() && qid != 0 => (true, value < cq.size),
+                Some(cq) if self.doorbells.shadow().is_some() && qid != 0 => (true, value < cq.size),
                 Some(cq) => (true, cq.valid_head(value)),
                 None => (false, false),
             },
@@ -185,7 +185,7 @@ impl IoEngine {
         }
         // Hosts never write the admin queue's shadow slots: copy the trapped value there
         // so the shadow is right for every queue (see doorbell.rs).
-        if let (0, Some(b)) = (qid, self.shadow) {
+        if let (0, Some(b)) = (qid, self.doorbells.shadow()) {
             if let Err(e) = b.store_shadow(&self.mem, 0, kind, value) {
                 self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                 return;
@@ -193,7 +193,7 @@ impl IoEngine {
         }
         // With shadow doorbells the shadow slot already holds this value or a newer
         // one (the host writes it first), so the trapped value only wakes us up.
-        if self.shadow.is_some() && qid != 0 {
+        if self.doorbells.shadow().is_some() && qid != 0 {
             match kind {
                 DoorbellKind::SqTail => self.queues.sq_mut(qid).expect("checked").rung = true,
                 // The host rang because it made room we asked for. Drain here rather
@@ -263,7 +263,7 @@ impl IoEngine {
     /// Refreshes CQ `qid`'s head from its shadow slot.
     pub(crate) fn refresh_cq_head(&mut self, qid: u16) {
         self.sync_page(qid, DoorbellKind::CqHead);
-        let Some(b) = self.shadow else { return };
+        let Some(b) = self.doorbells.shadow() else { return };
         Stats::add(&self.ctx.stats.shadow_reads, 1);
         match b.load(&self.mem, qid, DoorbellKind::CqHead) {
             Ok(h) => {

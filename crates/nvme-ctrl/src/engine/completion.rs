@@ -99,7 +99,7 @@ impl IoEngine {
                     self.interrupts.note(cqid);
                 }
             }
-            let Some(b) = self.shadow else { return };
+            let Some(b) = self.doorbells.shadow() else { return };
             let (head, size) = (cq.head, cq.size);
             if cq.overflow.is_empty() {
                 if cq.waiting_for_space {

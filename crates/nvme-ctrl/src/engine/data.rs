@@ -67,7 +67,7 @@ impl IoEngine {
             }
         }
         self.sync_page(qid, DoorbellKind::SqTail);
-        if let Some(b) = self.shadow {
+        if let Some(b) = self.doorbells.shadow() {
             // The admin SQ is always armed once empty (below), so a host that follows
             // EventIdx rings for its next command, and the trapped value is the tail
             // (policy.rs): an empty admin SQ armed at its head has nothing to read.
@@ -127,7 +127,7 @@ impl IoEngine {
                 return done;
             }
             // Empty: re-arm EventIdx, then look again (see doorbell.rs).
-            let Some(b) = self.shadow else { return done };
+            let Some(b) = self.doorbells.shadow() else { return done };
             let sq = self.queues.sq_mut(qid).expect("exists");
             let head = sq.head;
             match sq.arm.rearm(&mut b.slots(&self.mem, qid, DoorbellKind::SqTail), head) {

@@ -37,7 +37,7 @@ use nvme_spec::{Sqe, Status};
 use tracing::warn;
 
 use crate::backends::BackendSet;
-use crate::doorbell::{MappedPage, ShadowBuffers};
+use crate::doorbell::DoorbellSource;
 use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
@@ -85,7 +85,6 @@ pub struct IoEngine {
     mem_generation: u64,
     /// The SQs and CQs, the lists of those that exist, the round-robin turn.
     pub(crate) queues: QueueTable,
-    pub(crate) shadow: Option<ShadowBuffers>,
     /// A backend queue per active namespace (none once workers own the I/O queues
     /// of the controller's own engine).
     backends: BackendSet,
@@ -108,8 +107,8 @@ pub struct IoEngine {
     released: Vec<(u16, Sqe)>,
     pub(crate) reaped: Vec<Completion>,
     pub(crate) seg_pool: Vec<Vec<Segment>>,
-    /// A doorbell page mapped into the guest, polled for values stored with no exit.
-    pub(crate) page: MappedPage,
+    /// Shadow doorbell buffers and a doorbell page mapped into the guest.
+    pub(crate) doorbells: DoorbellSource,
     /// Admin commands fetched from SQ 0, for the admin side to execute.
     pub(crate) admin_inbox: Vec<Sqe>,
     /// Vectors, coalescing state, and the CQs owed an interrupt decision.
@@ -132,7 +131,6 @@ impl IoEngine {
         let backends = BackendSet::open(ctx.namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
         Ok(IoEngine {
             queues: QueueTable::new(ctx.max_qid),
-            shadow: None,
             backends,
             quiesced: false,
             commands: InFlightTable::default(),
@@ -144,7 +142,7 @@ impl IoEngine {
             reaped: Vec::new(),
             seg_pool: Vec::new(),
             admin_inbox: Vec::new(),
-            page: MappedPage::new(ctx.max_qid, ctx.dstrd),
+            doorbells: DoorbellSource::new(ctx.max_qid, ctx.dstrd),
             interrupts: Interrupts::new(ctx.vectors),
             settings: Settings::default(),
             arm_eventidx: true,
@@ -188,13 +186,13 @@ impl IoEngine {
 
     pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
         self.queues.insert_cq(qid, CompletionQueue::new(base, size, ien, iv));
-        self.page.clear(qid, DoorbellKind::CqHead);
+        self.doorbells.clear(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
 
     pub fn create_sq(&mut self, qid: u16, cqid: u16, base: u64, size: u32) {
         self.queues.insert_sq(qid, SubmissionQueue::new(cqid, base, size));
-        self.page.clear(qid, DoorbellKind::SqTail);
+        self.doorbells.clear(qid, DoorbellKind::SqTail);
         self.init_shadow_slots(qid, DoorbellKind::SqTail, 0);
     }
 
@@ -231,14 +229,14 @@ impl IoEngine {
         for qid in self.queues.active_sqs().to_vec() {
             self.delete_sq_by(qid, deadline);
         }
-        if self.page.is_mapped() {
+        if self.doorbells.page_mapped() {
             for qid in 0..=self.ctx.max_qid {
-                self.page.clear(qid, DoorbellKind::SqTail);
-                self.page.clear(qid, DoorbellKind::CqHead);
+                self.doorbells.clear(qid, DoorbellKind::SqTail);
+                self.doorbells.clear(qid, DoorbellKind::CqHead);
             }
         }
         self.queues.clear_cqs();
-        self.shadow = None;
+        self.doorbells.set_shadow(None);
         self.interrupts.reset();
         self.settings =
             Settings::from_features(None, Coalescing::default(), self.settings.write_cache(), false)

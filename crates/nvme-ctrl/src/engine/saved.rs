@@ -24,7 +24,7 @@ impl IoEngine {
                 head: q.head,
                 tail: q.tail,
                 eventidx: q.arm.published(),
-                page_seen: self.page.seen(qid, DoorbellKind::SqTail),
+                page_seen: self.doorbells.seen(qid, DoorbellKind::SqTail),
             })
             .collect();
         let cqs = self
@@ -41,7 +41,7 @@ impl IoEngine {
                 iv: q.iv,
                 overflow: q.overflow.iter().map(|c| hex(c.as_bytes())).collect(),
                 waiting_for_space: q.waiting_for_space,
-                page_seen: self.page.seen(qid, DoorbellKind::CqHead),
+                page_seen: self.doorbells.seen(qid, DoorbellKind::CqHead),
             })
             .collect();
         (sqs, cqs)
@@ -76,7 +76,7 @@ impl IoEngine {
             (q.head, q.tail, q.phase, q.waiting_for_space) = (c.head, c.tail, c.phase, c.waiting_for_space);
             q.overflow.extend(overflow.iter().copied());
             self.queues.insert_cq(c.qid, q);
-            self.page.restore_seen(c.qid, DoorbellKind::CqHead, c.page_seen);
+            self.doorbells.restore_seen(c.qid, DoorbellKind::CqHead, c.page_seen);
         }
         for s in sqs {
             // EventIdx is published again here (`resume`): what the saved process
@@ -84,7 +84,7 @@ impl IoEngine {
             let mut q = SubmissionQueue::new(s.cqid, s.base, s.size);
             (q.head, q.tail) = (s.head, s.tail);
             self.queues.insert_sq(s.qid, q);
-            self.page.restore_seen(s.qid, DoorbellKind::SqTail, s.page_seen);
+            self.doorbells.restore_seen(s.qid, DoorbellKind::SqTail, s.page_seen);
         }
     }
 }
