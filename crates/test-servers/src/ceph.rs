@@ -151,6 +151,23 @@ impl Cluster {
         self.run("start");
     }
 
+    /// Stops the OSD answering for `d` (SIGSTOP, then SIGCONT: an OSD that stalls,
+    /// as one being failed over does), from a thread of its own; join it to wait.
+    pub fn pause_osd(&self, d: std::time::Duration) -> std::thread::JoinHandle<()> {
+        let pid = std::fs::read_to_string(self.dir.join("run/osd.0.pid")).expect("osd.0 runs");
+        let pid = pid.trim().to_string();
+        let signal = |sig: &str| {
+            let ok = Command::new("kill").args([sig, &pid]).status().is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} {pid} (osd.0)");
+        };
+        signal("-STOP");
+        std::thread::spawn(move || {
+            std::thread::sleep(d);
+            let ok = Command::new("kill").args(["-CONT", &pid]).status().is_ok_and(|s| s.success());
+            assert!(ok, "kill -CONT {pid} (osd.0)");
+        })
+    }
+
     fn run(&self, cmd: &str) {
         let out = Command::new("bash")
             .arg(script("ceph-cluster.sh"))

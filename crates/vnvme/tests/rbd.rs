@@ -297,3 +297,71 @@ fn a_snapshot_is_served_read_only() {
     ceph.tool("rbd", &["snap", "purge", "rbd/snapped"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// issue 27: an OSD that stops answering for 4 s (SIGSTOPped, as a stalled OSD or
+/// one being failed over does) under a write and a flush. With a hold longer than
+/// the stall (8 s) they wait and succeed: librados is told to wait as long as the
+/// hold. With a hold shorter than the stall (1 s) the flush fails Namespace Not
+/// Ready when the hold runs out, not when the stall ends, and the namespace
+/// serves again afterwards.
+#[test]
+fn a_stalled_osd_is_waited_for_within_the_hold() {
+    let _one = serial();
+    let Some(ceph) = cluster() else { return };
+    let dir = temp_dir("rbd-stall");
+    for (hold, waits) in [("8s", true), ("1s", false)] {
+        let image = format!("stall{}", hold.trim_end_matches('s'));
+        ceph.create_image(&image, "16M");
+        let ns = format!("{}:timeout=12s:hold={hold}", ceph.ns(&image));
+        let server =
+            Server::start_in_env(&dir, &format!("s{hold}"), &["--ns", &ns, "--workers", "1"], &ceph.env);
+        let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
+        let data = pattern(13, 8192);
+        d.write(1, 100, &data).unwrap();
+        d.flush(1).unwrap();
+        let resume = ceph.pause_osd(Duration::from_secs(4));
+        let t = Instant::now();
+        let r = d.write(1, 200, &data).and_then(|()| d.flush(1));
+        let took = t.elapsed();
+        resume.join().unwrap();
+        if waits {
+            assert!(
+                r.is_ok(),
+                "hold={hold}: a write and flush through a 4 s OSD stall: {r:?}\n{}",
+                server.log()
+            );
+            assert!(
+                took >= Duration::from_secs(3),
+                "hold={hold}: done in {took:?}, before the OSD answered again"
+            );
+        } else {
+            match r {
+                Err(nvme_driver::DriverError::Nvme { status, .. }) => assert_eq!(
+                    status.code(),
+                    nvme_spec::Status::NAMESPACE_NOT_READY.code(),
+                    "{status:?}\n{}",
+                    server.log()
+                ),
+                other => panic!(
+                    "hold={hold}: a write and flush through a 4 s OSD stall: {other:?}\n{}",
+                    server.log()
+                ),
+            }
+            assert!(
+                took < Duration::from_millis(3500),
+                "hold={hold}: failed after {took:?}, not at the hold"
+            );
+        }
+        let mut got = vec![0u8; 8192];
+        let t = Instant::now();
+        while let Err(e) = d.read(1, 100, &mut got) {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "hold={hold}: the namespace never served again: {e}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(got == data, "hold={hold}: data written before the stall reads back different");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
