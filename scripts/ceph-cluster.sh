@@ -2,7 +2,10 @@
 # A private single-node Ceph cluster for the rbd:// tests: one monitor on
 # 127.0.0.1 (free ports picked at deploy time, msgr v2 and v1), one OSD on memstore
 # (objects in memory, saved into DIR when the OSD stops cleanly), no manager,
-# cephx on, and a pool `rbd` (size 1, application rbd). Everything (conf,
+# cephx on, and a pool `rbd` (size 1, application rbd). With VNVME_CEPH_OSDS=2 at
+# deploy time: two OSDs and the pool replicated on both (size 2, min_size 1, so
+# one OSD can go and I/O goes on), with heartbeats shortened (an OSD that stops
+# answering is marked down after about 4 s instead of 20) for the outage tests. Everything (conf,
 # keyrings, mon/osd data, logs, pid files, admin sockets, crash dumps) lives in
 # DIR; nothing under /etc/ceph, /var/lib/ceph or /var/run/ceph is used. The
 # binaries come from scripts/fetch-ceph.sh (fetched on first use, cached).
@@ -37,6 +40,10 @@ conf=$D/ceph.conf
 
 # Seconds: for the whole start, and for each daemon to exit on TERM before KILL.
 start_timeout=${VNVME_CEPH_START_TIMEOUT:-90}
+# OSDs: what the cluster was deployed with, else what a new deploy gets.
+osds() {
+    if [[ -s $D/osds ]]; then cat "$D/osds"; else echo "${VNVME_CEPH_OSDS:-1}"; fi
+}
 stop_timeout=${VNVME_CEPH_STOP_TIMEOUT:-20}
 
 # daemon_pid NAME: the pid of DIR's daemon NAME (mon.a, osd.0) when it runs.
@@ -125,6 +132,16 @@ osd_op_num_shards = 2
 osd_op_num_threads_per_shard = 2
 ms_async_op_threads = 2
 
+$(if [[ $(osds) -gt 1 ]]; then cat <<EOS
+# Two OSDs (outage tests): one that stops answering is marked down after ~4 s.
+osd_heartbeat_interval = 1
+osd_heartbeat_grace = 4
+mon_osd_adjust_heartbeat_grace = false
+mon_osd_min_down_reporters = 1
+mon_osd_reporter_subtree_level = osd
+EOS
+fi)
+
 [client]
 keyring = $D/\$cluster.\$name.keyring
 log_file = $D/log/\$cluster-\$name.log
@@ -136,11 +153,14 @@ at() { "$B/ceph-authtool" "$@" >/dev/null; }
 
 deploy() {
     log "deploying a new cluster in $D"
-    rm -rf "$D/mon" "$D/osd" "$D/run" "$D/log" "$D/crash" "$D"/*.keyring "$D/.deployed"
-    mkdir -p "$D/mon/ceph-a" "$D/osd/ceph-0" "$D/run" "$D/log" "$D/crash"
-    local fsid osd_uuid p2 p1
+    rm -rf "$D/mon" "$D/osd" "$D/run" "$D/log" "$D/crash" "$D"/*.keyring "$D/.deployed" "$D/osds"
+    local n=${VNVME_CEPH_OSDS:-1} i
+    [[ $n =~ ^[12]$ ]] || die "VNVME_CEPH_OSDS=$n: 1 or 2"
+    echo "$n" >"$D/osds"
+    mkdir -p "$D/mon/ceph-a" "$D/run" "$D/log" "$D/crash"
+    for ((i = 0; i < n; i++)); do mkdir -p "$D/osd/ceph-$i"; done
+    local fsid p2 p1
     fsid=$(cat /proc/sys/kernel/random/uuid)
-    osd_uuid=$(cat /proc/sys/kernel/random/uuid)
     p2=$(free_port)
     p1=$(free_port)
     while [[ $p1 == "$p2" ]]; do p1=$(free_port); done
@@ -154,22 +174,28 @@ deploy() {
         --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
     at "$D/ceph.client.vnvme.keyring" --create-keyring --gen-key -n client.vnvme \
         --cap mon 'profile rbd' --cap osd 'profile rbd pool=rbd'
-    at "$D/osd/ceph-0/keyring" --create-keyring --gen-key -n osd.0 \
-        --cap mon 'allow profile osd' --cap mgr 'allow profile osd' --cap osd 'allow *'
+    for ((i = 0; i < n; i++)); do
+        at "$D/osd/ceph-$i/keyring" --create-keyring --gen-key -n "osd.$i" \
+            --cap mon 'allow profile osd' --cap mgr 'allow profile osd' --cap osd 'allow *'
+    done
     local k
-    for k in "$D/ceph.client.admin.keyring" "$D/ceph.client.vnvme.keyring" "$D/osd/ceph-0/keyring"; do
+    for k in "$D/ceph.client.admin.keyring" "$D/ceph.client.vnvme.keyring" "$D"/osd/ceph-*/keyring; do
         at "$mk" --import-keyring "$k"
     done
-    chmod 600 "$D"/*.keyring "$D/osd/ceph-0/keyring"
+    chmod 600 "$D"/*.keyring "$D"/osd/ceph-*/keyring
 
     "$B/monmaptool" -c "$conf" --create --fsid "$fsid" \
         --addv a "[v2:127.0.0.1:$p2,v1:127.0.0.1:$p1]" "$D/monmap" >/dev/null
     "$B/ceph-mon" -c "$conf" --mkfs -i a --monmap "$D/monmap" --keyring "$mk" ||
         die "ceph-mon --mkfs failed; see $D/log/ceph-mon.a.log"
-    "$B/ceph-osd" -c "$conf" --no-mon-config --mkfs -i 0 --osd-uuid "$osd_uuid" >"$D/log/osd-mkfs.out" 2>&1 ||
-        die "ceph-osd --mkfs failed; see $D/log/osd-mkfs.out and $D/log/ceph-osd.0.log"
-    printf '%s\n' "$osd_uuid" >"$D/osd/ceph-0/vnvme-uuid"
-    touch "$D/osd/ceph-0/vnvme-clean"
+    local osd_uuid
+    for ((i = 0; i < n; i++)); do
+        osd_uuid=$(cat /proc/sys/kernel/random/uuid)
+        "$B/ceph-osd" -c "$conf" --no-mon-config --mkfs -i "$i" --osd-uuid "$osd_uuid" >"$D/log/osd-mkfs.out" 2>&1 ||
+            die "ceph-osd --mkfs failed; see $D/log/osd-mkfs.out and $D/log/ceph-osd.$i.log"
+        printf '%s\n' "$osd_uuid" >"$D/osd/ceph-$i/vnvme-uuid"
+        touch "$D/osd/ceph-$i/vnvme-clean"
+    done
 
     cat >"$D/env.sh" <<EOF
 # Source this for a client of the test cluster in $D (client.vnvme, pool rbd).
@@ -197,11 +223,12 @@ run_daemon() {
 
 start() {
     mkdir -p "$D"
-    local mon osd
+    local mon osd i n
+    n=$(osds)
     mon=$(daemon_pid mon.a || true)
     osd=$(daemon_pid osd.0 || true)
     if [[ -n $mon && -n $osd && -e $D/.ready ]]; then
-        log "already running in $D (mon.a pid $mon, osd.0 pid $osd)"
+        log "already running in $D (mon.a pid $mon, osd.0 pid $osd, $n OSD(s))"
         bin_dir
         ceph_ health || true
         return 0
@@ -220,26 +247,29 @@ start() {
         log "mon.a started (pid $(<"$D/run/mon.a.pid"))"
     fi
     if [[ ! -e $D/.deployed ]]; then
-        # The OSD must exist in the osdmap before it can boot.
+        # The OSDs must exist in the osdmap before they can boot.
         local id
-        id=$(ceph_ osd new "$(<"$D/osd/ceph-0/vnvme-uuid")" 0) ||
-            die "ceph osd new failed; see $D/log/ceph-mon.a.log"
-        [[ $id == 0 ]] || die "ceph osd new gave osd.$id, not osd.0"
+        for ((i = 0; i < n; i++)); do
+            id=$(ceph_ osd new "$(<"$D/osd/ceph-$i/vnvme-uuid")" "$i") ||
+                die "ceph osd new failed; see $D/log/ceph-mon.a.log"
+            [[ $id == "$i" ]] || die "ceph osd new gave osd.$id, not osd.$i"
+        done
     fi
-    if [[ -z $osd ]]; then
+    for ((i = 0; i < n; i++)); do
+        daemon_pid "osd.$i" >/dev/null && continue
         # The memstore is in memory: what osd_data holds is what the last clean
         # stop saved. After a crash or a KILL it is stale, and serving it would
         # hand out old data.
-        [[ -e $D/osd/ceph-0/vnvme-clean ]] ||
-            die "osd.0 of $D did not stop cleanly: its data is lost; run '${0##*/} stop $D', remove $D and start again"
-        rm -f "$D/osd/ceph-0/vnvme-clean"
-        run_daemon osd.0 ceph-osd -i 0
-        log "osd.0 started (pid $(<"$D/run/osd.0.pid"))"
-    fi
+        [[ -e $D/osd/ceph-$i/vnvme-clean ]] ||
+            die "osd.$i of $D did not stop cleanly: its data is lost; run '${0##*/} stop $D', remove $D and start again"
+        rm -f "$D/osd/ceph-$i/vnvme-clean"
+        run_daemon "osd.$i" ceph-osd -i "$i"
+        log "osd.$i started (pid $(<"$D/run/osd.$i.pid"))"
+    done
     if [[ ! -e $D/.deployed ]]; then
         {
             ceph_ osd pool create rbd 8 8 replicated &&
-                ceph_ osd pool set rbd size 1 --yes-i-really-mean-it &&
+                ceph_ osd pool set rbd size "$n" --yes-i-really-mean-it &&
                 ceph_ osd pool set rbd min_size 1
         } >/dev/null || die "could not create the pool rbd; see $D/log/ceph-mon.a.log"
         rbd_ pool init rbd || die "rbd pool init failed; see $D/log"
@@ -251,7 +281,9 @@ start() {
     until "${quick[@]}" create --size 16M "$probe" 2>/dev/null &&
         "${quick[@]}" rm --no-progress "$probe" 2>/dev/null; do
         daemon_pid mon.a >/dev/null || die "mon.a exited; see $D/log/ceph-mon.a.log and $D/log/mon.a.out"
-        daemon_pid osd.0 >/dev/null || die "osd.0 exited; see $D/log/ceph-osd.0.log and $D/log/osd.0.out"
+        for ((i = 0; i < n; i++)); do
+            daemon_pid "osd.$i" >/dev/null || die "osd.$i exited; see $D/log/ceph-osd.$i.log and $D/log/osd.$i.out"
+        done
         ((SECONDS < deadline)) || die "the cluster in $D serves no I/O after ${start_timeout}s; see $D/log"
         sleep 1
     done
@@ -283,14 +315,16 @@ stop_daemon() {
 stop() {
     [[ -d $D ]] || { log "no cluster in $D"; return 0; }
     rm -f "$D/.ready"
-    stop_daemon osd.0
+    local i
+    for ((i = $(osds) - 1; i >= 0; i--)); do stop_daemon "osd.$i"; done
     stop_daemon mon.a
     log "stopped ($D)"
 }
 
 status() {
-    local n p rc=0
-    for n in mon.a osd.0; do
+    local n p rc=0 i names=(mon.a)
+    for ((i = 0; i < $(osds); i++)); do names+=("osd.$i"); done
+    for n in "${names[@]}"; do
         if p=$(daemon_pid "$n"); then
             printf '%s: running (pid %s)\n' "$n" "$p"
         else

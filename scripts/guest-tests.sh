@@ -74,15 +74,18 @@ own \`vnvme serve\` (built with cargo build --release first):
          host: qemu-img check on the qcow2 image; e2fsck and the file's
          checksum in the qcow2 image (converted to raw) and in the RBD image
          (rbd export).
- outage  (last kernel only) n1 on qemu-nbd (qcow2), n2 on nbdkit (memory); the
-         guest (scripts/guest/tests/outage.sh) runs fio randwrite + crc32c verify
-         on n1 and an ext4 write / sync / drop caches / checksum loop on n2 while
-         the host SIGKILLs qemu-nbd and starts it again 2.1 s later, then
-         SIGSTOPs nbdkit for 10 s: no fio error, checksums right, fsck clean, no
-         I/O error, timeout, reset or read-only ext4 in the kernel log. Once on
-         vnvme (--workers 0, the default hold) and once on QEMU's own nvme device
-         with QEMU's NBD client (reconnect-delay=20), the control: its results are
-         printed beside vnvme's (the outage table), not counted.
+ outage  (last kernel only) n1 on qemu-nbd (qcow2), n2 on nbdkit (memory), n3 an
+         RBD image on a fresh Ceph cluster of two OSDs (pool size 2, min_size 1,
+         heartbeat grace 4 s); the guest (scripts/guest/tests/outage.sh) runs fio
+         randwrite + crc32c verify on n1 and n3 and an ext4 write / sync / drop
+         caches / checksum loop on n2 while the host SIGKILLs qemu-nbd and starts
+         it again 2.1 s later, SIGSTOPs nbdkit for 10 s, SIGKILLs one OSD for good
+         and SIGSTOPs the other for 15 s: no fio error, checksums right, fsck
+         clean, no I/O error, timeout, reset or read-only ext4 in the kernel log.
+         Once on vnvme (--workers 0, the default hold) and once on QEMU's own nvme
+         device with QEMU's NBD client (reconnect-delay=20) and rbd driver, the
+         control: its results are printed beside vnvme's (the outage table), not
+         counted.
  upgrade (last kernel only) server: n1 ram:256M, n2 file:IMG:128M, --control,
          --workers 1; the guest (scripts/guest/tests/upgrade.sh) runs fio
          randwrite + crc32c verify on n1 and an ext4 write / sync / drop caches /
@@ -597,6 +600,18 @@ outage_action() {
         kill -CONT "$pid"
         echo "[host] nbdkit (pid $pid) SIGSTOPped for 10 s, then SIGCONTed"
         ;;
+    osd-lose)
+        pid=$(cat "$OUTAGE_CEPH/run/osd.1.pid")
+        kill -KILL "$pid"
+        echo "[host] osd.1 (pid $pid) SIGKILLed for good"
+        ;;
+    osd-pause)
+        pid=$(cat "$OUTAGE_CEPH/run/osd.0.pid")
+        kill -STOP "$pid"
+        sleep 15
+        kill -CONT "$pid"
+        echo "[host] osd.0 (pid $pid) SIGSTOPped for 15 s, then SIGCONTed"
+        ;;
     *) echo "[host] unknown action $2" ;;
     esac
 }
@@ -607,19 +622,43 @@ outage_servers_stop() {
     for f in "$OUTAGE_DIR/qemu-nbd.pid" "$OUTAGE_DIR/nbdkit.pid"; do
         [[ -s $f ]] && kill -CONT "$(cat "$f")" 2>/dev/null && kill "$(cat "$f")" 2>/dev/null
     done
+    outage_ceph_stop
     return 0
+}
+
+# outage_ceph_start DIR: a fresh cluster of two OSDs in DIR (pool rbd size 2,
+# min_size 1, heartbeats shortened), with a 64 MiB image rbd/outage; OUTAGE_CEPH set.
+outage_ceph_start() {
+    OUTAGE_CEPH=$1
+    rm -rf "$OUTAGE_CEPH"
+    VNVME_CEPH_OSDS=2 "$here/ceph-cluster.sh" start "$OUTAGE_CEPH" >"$OUTAGE_CEPH.log" 2>&1 &&
+        CEPH_CONF=$OUTAGE_CEPH/ceph.conf "$OUTAGE_CBIN/rbd" create --size 64M rbd/outage >>"$OUTAGE_CEPH.log" 2>&1
+}
+
+outage_ceph_stop() {
+    [[ -n ${OUTAGE_CEPH:-} ]] || return 0
+    kill -CONT "$(cat "$OUTAGE_CEPH/run/osd.0.pid" 2>/dev/null)" 2>/dev/null
+    "$here/ceph-cluster.sh" stop "$OUTAGE_CEPH" >>"$OUTAGE_CEPH.log" 2>&1
+    rm -rf "$OUTAGE_CEPH"
+    OUTAGE_CEPH=""
 }
 
 # outage_row DIR: "fio OK|FAIL, ext4 OK|FAIL, kernel log clean|ERRORS, longest I/O
 # N ms, longest ext4 round M ms" from a boot of the outage suite.
 outage_row() {
-    local g=$1/guest.log fio ext4 klog stall
-    fio=$(grep -aq '^PASS: fio randwrite' "$g" && echo "fio verify ok" || echo "fio FAILED")
+    local g=$1/guest.log fio ext4 klog stall rbd
+    fio=$(grep -aq '^PASS: fio randwrite + crc32c verify on n1' "$g" && echo "fio verify ok" || echo "fio FAILED")
     ext4=$(grep -aq '^PASS: ext4 on n2 through' "$g" && echo "ext4 ok" || echo "ext4 FAILED")
     klog=$(grep -aq '^PASS: guest kernel log: no I/O error' "$g" && echo "kernel log clean" ||
         echo "kernel log: errors")
     stall=$(grep -ao '@@VNVME-STALL [0-9]* [0-9]*@@' "$g" | tail -1 | tr -d '@' | awk '{printf "longest I/O %d ms, longest ext4 round %d ms", $2 / 1e6, $3 * 10}')
-    echo "$fio, $ext4, $klog, ${stall:-no figures}"
+    if grep -aq 'NSID 1..3' "$g"; then
+        rbd=$(grep -aq '^PASS: fio randwrite + crc32c verify on n3' "$g" && echo "rbd fio verify ok" || echo "rbd fio FAILED")
+        rbd="$rbd ($(grep -ao '@@VNVME-STALL-RBD [0-9]*@@' "$g" | tail -1 | tr -d '@' | awk '{printf "longest I/O %d ms", $2 / 1e6}'))"
+    else
+        rbd="no rbd namespace"
+    fi
+    echo "$fio, $ext4, $rbd, $klog, ${stall:-no figures}"
 }
 
 # The outage suite: qemu-nbd restarted (2.1 s down) and nbdkit paused (10 s)
@@ -661,34 +700,61 @@ suite_outage() {
     fi
     echo "$NET_PID" >"$d/nbdkit.pid"
     NET_PIDS=()
+    # n3: an RBD image on a fresh cluster of two OSDs, per boot (one is lost).
+    local n3=0 rbd_args=() wrap=("${VN_WRAP[@]}") ceph_env=()
+    OUTAGE_CEPH=""
+    if ! OUTAGE_CBIN=$("$here/fetch-ceph.sh" 2>"$d/ceph-fetch.log"); then
+        result SKIP "$k" "outage suite, rbd namespace: Ceph could not be fetched ($(tail -1 "$d/ceph-fetch.log"))"
+    elif ! outage_ceph_start "$d/ceph-vnvme"; then
+        result FAIL "$k" "outage suite: the two-OSD Ceph cluster did not start ($(tail -1 "$d/ceph-vnvme.log"))"
+    else
+        n3=$((64 << 20))
+        rbd_args=(--ns "rbd:rbd/outage:conf=$OUTAGE_CEPH/ceph.conf:id=vnvme:keyring=$OUTAGE_CEPH/ceph.client.vnvme.keyring")
+        ceph_env=("$(. "$OUTAGE_CBIN/../env.sh" && printf 'VNVME_LIBRBD=%s' "$VNVME_LIBRBD")"
+            "$(. "$OUTAGE_CBIN/../env.sh" && printf 'LD_LIBRARY_PATH=%s' "$LD_LIBRARY_PATH")")
+        VN_WRAP=(env "${ceph_env[@]}" "${wrap[@]}")
+    fi
     VN_HOST_ACTION=outage_action
-    write_config "$d/vnvme/config.sh" VNVMEGT0009 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    write_config "$d/vnvme/config.sh" VNVMEGT0009 $((64 << 20)) 512 $((32 << 20)) 512 "$n3" 512
     suite_boot "$k" "$d/vnvme" outage outage.sh --timeout 300 -- \
-        --ns "nbd+unix:///?socket=$d/qnbd.sock" --ns "nbd+unix:///?socket=$d/kit.sock" --workers 0 \
-        --serial VNVMEGT0009
+        --ns "nbd+unix:///?socket=$d/qnbd.sock" --ns "nbd+unix:///?socket=$d/kit.sock" "${rbd_args[@]}" \
+        --workers 0 --serial VNVMEGT0009
+    VN_WRAP=("${wrap[@]}")
+    outage_ceph_stop
     if grep -aq 're-established after' "$d/vnvme/serve.log"; then
         result PASS "$k" "server log: $(grep -a 're-established after' "$d/vnvme/serve.log" | head -1 | sed 's/.*NBD connection/NBD connection/')"
     else
         result FAIL "$k" "server log: the NBD connection to the restarted qemu-nbd was never re-established"
     fi
 
-    # The control: QEMU's own nvme device on the same servers.
-    write_config "$d/qemu/config.sh" QEMUOUTAGE0 $((64 << 20)) 512 $((32 << 20)) 512 0 512
+    # The control: QEMU's own nvme device on the same servers (and its rbd driver
+    # on a fresh cluster like vnvme's).
+    local qemu_rbd=() qemu_bin=""
+    n3=0
+    if [[ -n ${OUTAGE_CBIN:-} ]] && qemu_bin=$("$here/fetch-qemu-rbd.sh" 2>"$d/qemu-rbd-fetch.log") &&
+        outage_ceph_start "$d/ceph-qemu"; then
+        n3=$((64 << 20))
+        qemu_rbd=(-blockdev "driver=rbd,node-name=q3,pool=rbd,image=outage,conf=$OUTAGE_CEPH/ceph.conf,user=vnvme"
+            -device nvme-ns,drive=q3,bus=nv0,nsid=3)
+    else
+        echo "  [$k qemu] no rbd namespace for QEMU (QEMU with block-rbd or the cluster unavailable)"
+    fi
+    write_config "$d/qemu/config.sh" QEMUOUTAGE0 $((64 << 20)) 512 $((32 << 20)) 512 "$n3" 512
     guest_adds "$d/qemu/config.sh"
     {
         local brc=0
-        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/outage.sh" \
-            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+        VNVME_QEMU=${qemu_bin:-${VNVME_QEMU:-}} "$here/guest/boot.sh" --kernel "$k" --accel "$accel" \
+            --run "$tests_dir/outage.sh" "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
             -blockdev "driver=nbd,node-name=q1,server.type=unix,server.path=$d/qnbd.sock,reconnect-delay=20" \
             -blockdev "driver=nbd,node-name=q2,server.type=unix,server.path=$d/kit.sock,reconnect-delay=20" \
             -device nvme,id=nv0,serial=QEMUOUTAGE0 -device nvme-ns,drive=q1,bus=nv0,nsid=1 \
-            -device nvme-ns,drive=q2,bus=nv0,nsid=2 || brc=$?
+            -device nvme-ns,drive=q2,bus=nv0,nsid=2 "${qemu_rbd[@]}" || brc=$?
         echo "$brc" >"$d/qemu/boot.rc"
     } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
         grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
     VN_HOST_ACTION=""
     outage_servers_stop
-    echo "  [$k] outage table (the same outages, the same servers, one run; QEMU: its nvme device and NBD client, reconnect-delay=20):"
+    echo "  [$k] outage table (the same outages, the same servers, one run; QEMU: its nvme device, its NBD client with reconnect-delay=20 and its rbd driver):"
     echo "    vnvme (nbd://, hold 25 s):  $(outage_row "$d/vnvme")"
     echo "    QEMU nvme (NBD client):    $(outage_row "$d/qemu")"
     echo "  [$k] outage suite: $(($(date +%s) - t0)) s"

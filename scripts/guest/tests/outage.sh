@@ -7,20 +7,25 @@
 # (QEMU's NBD client with reconnect-delay), the control.
 #
 # While fio verifies n1 and an ext4 loop writes and checksums files on n2, the
-# guest asks the host for two outages ("@@VNVME-HOST ACTION@@"):
+# guest asks the host for outages ("@@VNVME-HOST ACTION@@"):
 #   nbd-restart    qemu-nbd SIGKILLed and started again on its socket 2.1 s later
 #   nbdkit-pause   nbdkit SIGSTOPped for 10 s, then SIGCONTed
+#   osd-lose       (with n3: an RBD image on a cluster of two OSDs, pool size 2,
+#                  min_size 1) one OSD SIGKILLed for good
+#   osd-pause      the remaining OSD SIGSTOPped for 15 s, then SIGCONTed
 # Acceptance: no fio error, every checksum right, fsck clean, no I/O error, timeout
 # or controller reset in the kernel log. The longest I/O latency fio saw is
 # reported ("@@VNVME-STALL NS@@"), and each outage's longest ext4 round.
 . /tests/lib.sh
 . /tests/config.sh
 echo "== guest-tests outage suite: Linux $(uname -r)"
-probe_or_exit 2
-t_pass "controller probe: nvme0 live, NSID 1/2 = $D1 $D2"
+n=2
+[ "$N3_BYTES" -gt 0 ] && n=3
+probe_or_exit "$n"
+t_pass "controller probe: nvme0 live, NSID 1..$n = $D1 $D2 ${D3:-}"
 fio_engine "$D1"
 
-rm -f /tmp/stop /tmp/fio.fail /tmp/ext4.fail /tmp/lat.max /tmp/round.max
+rm -f /tmp/stop /tmp/fio.fail /tmp/ext4.fail /tmp/lat.max /tmp/round.max /tmp/rbd.fail /tmp/rbd.max
 (
     n=0
     while [ ! -e /tmp/stop ]; do
@@ -64,14 +69,41 @@ fi
 ) &
 EXT4=$!
 
+# n3 (rbd): fio verify passes, like n1's.
+if [ "$n" = 3 ]; then
+    (
+        m=0
+        while [ ! -e /tmp/stop ]; do
+            if ! fio --name=rbd --filename="$D3" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k \
+                --iodepth=16 --size=8M --offset=$(((m % 4) * 8))M --verify=crc32c --do_verify=1 \
+                --verify_fatal=1 --output-format=json >/tmp/rbd.out 2>&1; then
+                { echo "pass $m"; grep -iE 'verify|bad|crc|err[ =]|error' /tmp/rbd.out | grep -v '"' | head -20; } >/tmp/rbd.fail
+                break
+            fi
+            tr -d ' \n' </tmp/rbd.out | grep -o '"lat_ns":{"min":[0-9]*,"max":[0-9]*' |
+                sed 's/.*"max"://' >>/tmp/rbd.max
+            m=$((m + 1))
+        done
+        echo "$m" >/tmp/rbd.passes
+    ) &
+    RBD=$!
+fi
+
 sleep 3
 echo "@@VNVME-HOST nbd-restart@@"
 sleep 8
 echo "@@VNVME-HOST nbdkit-pause@@"
 sleep 14
+if [ "$n" = 3 ]; then
+    echo "@@VNVME-HOST osd-lose@@"
+    sleep 14
+    echo "@@VNVME-HOST osd-pause@@"
+    sleep 20
+fi
 touch /tmp/stop
 wait $FIO
 wait $EXT4
+[ "$n" = 3 ] && wait $RBD
 
 passes=$(cat /tmp/fio.passes 2>/dev/null || echo 0)
 if [ -e /tmp/fio.fail ]; then
@@ -89,6 +121,20 @@ elif [ "$rounds" -ge 2 ]; then
     t_pass "ext4 on n2 through a 10 s nbdkit pause: $rounds rounds of write 1 MiB, sync, drop caches, checksum match"
 else
     t_fail "ext4 on n2: $rounds round(s) completed, want 2 or more"
+fi
+if [ "$n" = 3 ]; then
+    passes=$(cat /tmp/rbd.passes 2>/dev/null || echo 0)
+    if [ -e /tmp/rbd.fail ]; then
+        t_fail "fio verify on n3 (rbd) through losing an OSD and a 15 s OSD pause failed after $passes pass(es)"
+        sed 's/^/    | /' /tmp/rbd.fail
+    elif [ "$passes" -ge 2 ]; then
+        t_pass "fio randwrite + crc32c verify on n3 (rbd) through losing an OSD and a 15 s pause of the other: $passes passes of 8 MiB, no error"
+    else
+        t_fail "fio on n3: $passes pass(es) completed, want 2 or more"
+    fi
+    rmax=$(sort -n /tmp/rbd.max 2>/dev/null | tail -1)
+    echo "longest fio I/O latency on n3: $((${rmax:-0} / 1000000)) ms"
+    echo "@@VNVME-STALL-RBD ${rmax:-0}@@"
 fi
 if umount /mnt; then
     t_run "fsck.ext4 -fn on n2 after the outages" fsck.ext4 -fn "$D2"
