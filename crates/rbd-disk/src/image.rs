@@ -27,6 +27,8 @@ pub(crate) struct Image {
     /// Requests handed to librbd and not yet called back, over every queue.
     pub(crate) outstanding: Arc<AtomicUsize>,
     pub(crate) submitted: AtomicU64,
+    /// Whether the cluster answers, as the queues see it.
+    pub(crate) liveness: Arc<crate::liveness::Liveness>,
 }
 
 // The image's asynchronous calls are made from each queue's owner thread, resize
@@ -181,6 +183,7 @@ impl Image {
             size: AtomicU64::new(size),
             outstanding: Arc::new(AtomicUsize::new(0)),
             submitted: AtomicU64::new(0),
+            liveness: Default::default(),
         })
     }
 

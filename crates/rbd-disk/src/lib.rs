@@ -33,6 +33,7 @@ mod aio;
 pub mod ffi;
 #[allow(unsafe_code)]
 mod image;
+mod liveness;
 mod queue;
 mod spec;
 
@@ -107,6 +108,10 @@ impl Backend for RbdBackend {
 
     fn stats_line(&self) -> Option<String> {
         Some(self.image.stats_line())
+    }
+
+    fn storage(&self) -> Option<block_backend::StorageReport> {
+        Some(self.image.liveness.report())
     }
 }
 

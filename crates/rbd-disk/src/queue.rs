@@ -40,6 +40,8 @@ pub(crate) struct RbdQueue {
     /// Swapped with the inbox's list on reap, so neither side allocates.
     batch: Vec<Finished>,
     spare: Vec<Vec<u8>>,
+    /// What this queue sees of the cluster (`crate::liveness`).
+    watch: crate::liveness::Watch,
 }
 
 impl RbdQueue {
@@ -47,6 +49,7 @@ impl RbdQueue {
         let event = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let inbox = Arc::new(Inbox { done: Mutex::new(Vec::with_capacity(64)), event });
         Ok(RbdQueue {
+            watch: image.liveness.watch(),
             image,
             inbox,
             reqs: Requests::default(),
@@ -95,7 +98,9 @@ impl RbdQueue {
         aio::submit(&self.image, &self.inbox, slot, aio, buf).map_err(|(e, buf)| {
             self.keep(buf);
             e
-        })
+        })?;
+        self.watch.sent();
+        Ok(())
     }
 
     fn finish(&mut self, slot: usize, error: Option<BackendError>) {
@@ -108,6 +113,7 @@ impl RbdQueue {
     /// librbd answered request `f.slot`.
     fn answered(&mut self, f: Finished) {
         let Finished { slot, ret, buf } = f;
+        self.watch.answered(matches!(-ret as i32, libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN));
         let Some(req) = self.reqs.get_mut(slot) else {
             self.keep(buf);
             return;

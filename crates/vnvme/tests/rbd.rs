@@ -313,16 +313,45 @@ fn a_stalled_osd_is_waited_for_within_the_hold() {
         let image = format!("stall{}", hold.trim_end_matches('s'));
         ceph.create_image(&image, "16M");
         let ns = format!("{}:timeout=12s:hold={hold}", ceph.ns(&image));
-        let server =
-            Server::start_in_env(&dir, &format!("s{hold}"), &["--ns", &ns, "--workers", "1"], &ceph.env);
+        let control = dir.join(format!("c{hold}.sock"));
+        let server = Server::start_in_env(
+            &dir,
+            &format!("s{hold}"),
+            &["--ns", &ns, "--workers", "1", "--control", control.to_str().unwrap()],
+            &ceph.env,
+        );
+        while !control.exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let storage = || -> serde_json::Value {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+                .args(["ctl", "--control", control.to_str().unwrap(), "--json", "stats.get"])
+                .output()
+                .expect("vnvme ctl");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats.get answers JSON");
+            v["namespaces"][0]["storage"].clone()
+        };
         let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Interrupts));
         let data = pattern(13, 8192);
         d.write(1, 100, &data).unwrap();
         d.flush(1).unwrap();
+        assert_eq!(storage()["state"], "up");
         let resume = ceph.pause_osd(Duration::from_secs(4));
         let t = Instant::now();
-        let r = d.write(1, 200, &data).and_then(|()| d.flush(1));
-        let took = t.elapsed();
+        let writer = std::thread::spawn(move || {
+            let r = d.write(1, 200, &pattern(13, 8192)).and_then(|()| d.flush(1));
+            (r, t.elapsed(), d)
+        });
+        if waits {
+            // Past the stall bound (1 s) the namespace shows it waits.
+            std::thread::sleep(Duration::from_millis(2500));
+            let s = storage();
+            assert!(
+                s["state"] == "waiting" && s["waiting"].as_u64() >= Some(1),
+                "hold={hold}: during the stall: {s}"
+            );
+        }
+        let (r, took, mut d) = writer.join().unwrap();
         resume.join().unwrap();
         if waits {
             assert!(
@@ -334,6 +363,9 @@ fn a_stalled_osd_is_waited_for_within_the_hold() {
                 took >= Duration::from_secs(3),
                 "hold={hold}: done in {took:?}, before the OSD answered again"
             );
+            let s = storage();
+            assert_eq!((s["state"].as_str(), s["outages_past_hold"].as_u64()), (Some("up"), Some(0)), "{s}");
+            assert!(s["outages"].as_u64() >= Some(1) && s["outage_s"].as_f64() >= Some(3.0), "{s}");
         } else {
             match r {
                 Err(nvme_driver::DriverError::Nvme { status, .. }) => assert_eq!(
@@ -351,6 +383,8 @@ fn a_stalled_osd_is_waited_for_within_the_hold() {
                 took < Duration::from_millis(3500),
                 "hold={hold}: failed after {took:?}, not at the hold"
             );
+            let s = storage();
+            assert!(s["outages_past_hold"].as_u64() >= Some(1), "hold={hold}: {s}");
         }
         let mut got = vec![0u8; 8192];
         let t = Instant::now();
@@ -362,6 +396,14 @@ fn a_stalled_osd_is_waited_for_within_the_hold() {
             std::thread::sleep(Duration::from_millis(200));
         }
         assert!(got == data, "hold={hold}: data written before the stall reads back different");
+        // Idle past the stall bound: nothing waits, nothing is counted as waiting.
+        std::thread::sleep(Duration::from_millis(1500));
+        let s = storage();
+        assert_eq!(
+            (s["state"].as_str(), s["waiting"].as_u64()),
+            (Some("up"), Some(0)),
+            "hold={hold}: idle: {s}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

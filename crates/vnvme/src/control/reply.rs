@@ -186,8 +186,8 @@ pub struct NsStats {
     pub other: OpStats,
     pub throttled_commands: u64,
     pub throttled_s: f64,
-    /// The storage behind a namespace whose backend can lose it (nbd://); absent
-    /// for the others.
+    /// The storage behind a namespace whose backend can lose it (nbd://, rbd:);
+    /// absent for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageStats>,
 }

@@ -52,7 +52,7 @@ pub struct NsScrape {
     /// The backend's description ("ram", "uring:/srv/a.img (O_DIRECT, ...)").
     pub backend: String,
     pub stats: NsStatsSnapshot,
-    /// Its storage, when the backend can lose it (nbd://).
+    /// Its storage, when the backend can lose it (nbd://, rbd:).
     pub storage: Option<block_backend::StorageReport>,
 }
 

@@ -264,7 +264,7 @@ fn namespaces(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     storage(enc, s)
 }
 
-/// The storage of namespaces whose backend can lose it (nbd://): where it is, what
+/// The storage of namespaces whose backend can lose it (nbd://, rbd:): where it is, what
 /// waits for it, its outages.
 fn storage(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     let nsid = |n: u32| vec![("nsid", n.to_string())];
