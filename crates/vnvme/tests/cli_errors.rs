@@ -73,6 +73,12 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
         (&["serve", "--socket", "s.sock", "--ns", "disk:1G"], 2, &["\"disk\"", "expected ram, null, file"]),
         (&["serve", "--socket", "s.sock", "--ns", "ram:12Q"], 2, &["'Q'", "K, M, G or T"]),
         (&["serve", "--socket", "s.sock", "--ns", "ram"], 2, &["missing size", "ram:64M"]),
+        (&["serve", "--socket", "s.sock", "--ns", "ram:1M:hold=5s"], 2, &["hold=", "only nbd:// and rbd:"]),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "nbd://192.0.2.7/disk:hold=30s"],
+            2,
+            &["hold=30s", "not shorter than timeout=30s"],
+        ),
         (&["serve", "--socket", "s.sock", "--metrics", "10.0.0.1:9464"], 2, &["10.0.0.1:9464", "loopback"]),
         (&["serve", "--socket", "s.sock", "--ns", "ram:100T"], 1, &["ram:100T", "100 TiB", "smaller size"]),
         (
@@ -106,4 +112,25 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
         assert_eq!(snapshot(&dir), before, "vnvme {args:?} changed the directory");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `vnvme serve --help` states the hold, the timeout and the retry delay as they
+/// are (their behaviour is pinned by the nbd, rbd, nsspec and controller tests).
+#[test]
+fn serve_help_states_the_hold_timeout_and_retry_delay() {
+    let out = Command::new(VNVME).args(["serve", "--help"]).output().expect("vnvme serve --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for needle in [
+        "timeout=T",
+        "(default 30s",
+        "hold=T",
+        "nbd:// and rbd: only",
+        "(default 25s, or 5/6 of a shorter",
+        "Advanced",
+        "waits 1 s before",
+        "Options follow the URI (:timeout=5s)",
+    ] {
+        assert!(help.contains(needle), "serve --help does not say {needle:?}:\n{help}");
+    }
 }
