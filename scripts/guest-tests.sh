@@ -606,6 +606,22 @@ outage_action() {
         echo "[host] osd.1 (pid $pid) SIGKILLed for good"
         ;;
     osd-pause)
+        # One outage at a time: the cluster first gets over the lost OSD (the
+        # monitor marks it down after the heartbeat grace, seconds more on a
+        # loaded host; its placement groups then peer on osd.0). The monitor
+        # says which OSDs are down; PG states would need a manager (none here).
+        local t0=$SECONDS down=""
+        while ((SECONDS - t0 < 60)); do
+            down=$(timeout 15 "$OUTAGE_CBIN/ceph" -c "$OUTAGE_CEPH/ceph.conf" --connect-timeout 10 osd dump 2>&1 |
+                grep -E '^osd\.1 down') && break
+            sleep 1
+        done
+        if [[ -n $down ]]; then
+            sleep 2
+            echo "[host] the monitor has osd.1 down; osd.0 paused $((SECONDS - t0)) s after the guest asked (2 s of them for peering)"
+        else
+            echo "[host] the monitor still has osd.1 up after 60 s; osd.0 paused anyway"
+        fi
         pid=$(cat "$OUTAGE_CEPH/run/osd.0.pid")
         kill -STOP "$pid"
         sleep 15

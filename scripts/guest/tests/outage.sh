@@ -12,7 +12,8 @@
 #   nbdkit-pause   nbdkit SIGSTOPped for 10 s, then SIGCONTed
 #   osd-lose       (with n3: an RBD image on a cluster of two OSDs, pool size 2,
 #                  min_size 1) one OSD SIGKILLed for good
-#   osd-pause      the remaining OSD SIGSTOPped for 15 s, then SIGCONTed
+#   osd-pause      the remaining OSD SIGSTOPped for 15 s, then SIGCONTed, once the
+#                  monitor has the lost one down (one outage at a time)
 # Acceptance: no fio error, every checksum right, fsck clean, no I/O error, timeout
 # or controller reset in the kernel log. The longest I/O latency fio saw is
 # reported ("@@VNVME-STALL NS@@"), and each outage's longest ext4 round.
@@ -98,7 +99,8 @@ if [ "$n" = 3 ]; then
     echo "@@VNVME-HOST osd-lose@@"
     sleep 14
     echo "@@VNVME-HOST osd-pause@@"
-    sleep 20
+    # The host pauses osd.0 once the monitor has marked osd.1 down (about 5 s).
+    sleep 26
 fi
 touch /tmp/stop
 wait $FIO
