@@ -69,7 +69,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     for (s, ns) in specs.iter().zip(d.namespaces()) {
         let what = match s.kind {
             Kind::Ram => "ram".to_string(),
-            Kind::Null => "null".to_string(),
+            Kind::Null(_) => "null".to_string(),
             _ => s.describe(),
         };
         println!(
@@ -94,7 +94,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             let mut back = vec![0u8; data.len()];
             q.read(nsid, slba, &mut back).map_err(|e| format!("namespace {nsid} queue {qid}: read: {e}"))?;
             // A null namespace reads zeroes; anything else returns what was written.
-            if s.kind != Kind::Null && back != data {
+            if !matches!(s.kind, Kind::Null(_)) && back != data {
                 return Err(format!("namespace {nsid} queue {qid}: the data read back differs").into());
             }
         }

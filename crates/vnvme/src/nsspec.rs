@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! ram:SIZE[:OPT...]               RAM, zero filled
-//! null:SIZE[:OPT...]              reads return zeroes, writes are dropped
+//! null:SIZE[:OPT...]              reads return zeroes, writes are dropped; with
+//!                                 reads=untouched (benchmarks only) reads leave
+//!                                 the guest's buffer as it was
 //! file:PATH[:SIZE][:OPT...]       a regular file (created or extended to SIZE) or a
 //!                                 block device, on io_uring
 //! nvme://...                      a namespace of another NVMe controller, through the
@@ -78,7 +80,8 @@ const URI_OPTIONS: [&str; 4] = ["lba", "fault", "timeout", "hold"];
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
     Ram,
-    Null,
+    /// Reads return zeroes (`Zeroes`) or complete without writing the buffer.
+    Null(NullReads),
     /// A regular file or a block device.
     File(PathBuf),
     /// `nvme://` URI, handed to the userspace driver.
@@ -115,11 +118,23 @@ impl Kind {
     fn own_options(&self) -> &'static str {
         match self {
             Kind::File(_) => ", direct=, engine=",
+            Kind::Null(_) => ", reads=",
             #[cfg(feature = "rbd")]
             Kind::Rbd(_) => ", conf=, id=, keyring=",
             _ => "",
         }
     }
+}
+
+/// What a null namespace's reads do to the guest's buffer (`reads=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NullReads {
+    /// Fill it with zeroes: a disk that reads back zeroes (the default).
+    #[default]
+    Zeroes,
+    /// Leave it as it was, as Linux's null_blk and SPDK's null bdev do: what a
+    /// benchmark of the controller and its transport alone wants, never a disk.
+    Untouched,
 }
 
 /// How a file namespace does its I/O.
@@ -247,7 +262,13 @@ impl NsSpec {
                     )
                 })?)
             }
-            Kind::Null => Arc::new(NullBackend::new(self.size.expect("parsed with a size"))),
+            Kind::Null(reads) => {
+                let size = self.size.expect("parsed with a size");
+                Arc::new(match reads {
+                    NullReads::Zeroes => NullBackend::new(size),
+                    NullReads::Untouched => NullBackend::untouched(size),
+                })
+            }
             Kind::File(p) => match self.engine.resolve(p) {
                 Engine::Uring | Engine::Auto => {
                     (needs.file, needs.uring) = (true, true);
@@ -309,7 +330,8 @@ impl NsSpec {
     pub fn describe(&self) -> String {
         match &self.kind {
             Kind::Ram => format!("ram {}", self.size.unwrap_or(0)),
-            Kind::Null => format!("null {}", self.size.unwrap_or(0)),
+            Kind::Null(NullReads::Zeroes) => format!("null {}", self.size.unwrap_or(0)),
+            Kind::Null(NullReads::Untouched) => format!("null {} (reads untouched)", self.size.unwrap_or(0)),
             Kind::File(p) => format!("file {} (engine {})", p.display(), self.engine.name()),
             Kind::Nvme(u) | Kind::Nbd(u) => u.clone(),
             #[cfg(feature = "rbd")]
@@ -393,7 +415,7 @@ impl FromStr for NsSpec {
         let mut parts = s.split(':').peekable();
         spec.kind = match parts.next().unwrap_or_default() {
             "ram" => Kind::Ram,
-            "null" => Kind::Null,
+            "null" => Kind::Null(NullReads::Zeroes),
             #[cfg(feature = "rbd")]
             "rbd" => Kind::Rbd(rbd_disk::RbdSpec::parse_image(parts.next().unwrap_or_default())?),
             #[cfg(not(feature = "rbd"))]
@@ -488,6 +510,13 @@ impl NsSpec {
                     _ => return Err(format!("engine={v}: expected auto, uring or sync")),
                 }
             }
+            Some(("reads", v)) if matches!(spec.kind, Kind::Null(_)) => {
+                spec.kind = Kind::Null(match v {
+                    "zeroes" => NullReads::Zeroes,
+                    "untouched" => NullReads::Untouched,
+                    _ => return Err(format!("reads={v}: expected zeroes or untouched")),
+                })
+            }
             Some(("fault", v)) => spec.faults.push(v.parse()?),
             Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,
             // 0 or off: commands fail at once when the storage goes away.
@@ -567,7 +596,14 @@ mod tests {
         let n: NsSpec = "ram:64M".parse().unwrap();
         assert_eq!((n.kind, n.size, n.lba_format), (Kind::Ram, Some(64 << 20), None));
         let n: NsSpec = "null:1G:lba=4096".parse().unwrap();
-        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Null, Some(1 << 30), Some(1)));
+        assert_eq!((n.kind, n.size, n.lba_format), (Kind::Null(NullReads::Zeroes), Some(1 << 30), Some(1)));
+        let n: NsSpec = "null:1G:reads=untouched".parse().unwrap();
+        assert_eq!(n.kind, Kind::Null(NullReads::Untouched));
+        assert_eq!(n.open().expect("opens").backend.info().kind, "null (reads untouched)");
+        let e = "null:1G:reads=random".parse::<NsSpec>().unwrap_err();
+        assert!(e.contains("reads=random: expected zeroes or untouched"), "{e}");
+        let e = "ram:1G:reads=untouched".parse::<NsSpec>().unwrap_err();
+        assert!(e.contains("unknown namespace option \"reads=untouched\""), "{e}");
         assert!("disk:1G".parse::<NsSpec>().is_err());
         assert!("ram".parse::<NsSpec>().is_err());
         assert!("ram:lba=512".parse::<NsSpec>().is_err(), "ram needs a size");

@@ -24,7 +24,9 @@ pub struct ServeArgs {
     /// A namespace (repeat for several): ram:SIZE, null:SIZE, file:PATH[:SIZE], nvme://..., nbd://... or rbd:...
     ///
     /// ram:SIZE          RAM, allocated on first write
-    /// null:SIZE         reads return zeroes, writes are dropped
+    /// null:SIZE         reads return zeroes, writes are dropped; reads=untouched
+    ///                   (for benchmarks of the controller alone, like null_blk)
+    ///                   completes reads without writing the guest's buffer
     /// file:PATH[:SIZE]  a regular file (created or extended to SIZE) or a block
     ///                   device; io_uring with O_DIRECT when the file system allows
     ///                   it, pread/pwrite on tmpfs and ramfs
