@@ -663,6 +663,11 @@ outage_ceph_stop() {
 # N ms, longest ext4 round M ms" from a boot of the outage suite.
 outage_row() {
     local g=$1/guest.log fio ext4 klog stall rbd
+    if ! grep -aq '^== outage suite: ' "$g"; then
+        echo "the guest never finished: $(grep -ao 'guest ended without a status after [0-9.]*s' "$g" | tail -1 ||
+            echo 'no status')$(grep -a '^\[host\] ' "$g" | tail -1 | sed 's/^\[host\]/; the last host action:/')"
+        return
+    fi
     fio=$(grep -aq '^PASS: fio randwrite + crc32c verify on n1' "$g" && echo "fio verify ok" || echo "fio FAILED")
     ext4=$(grep -aq '^PASS: ext4 on n2 through' "$g" && echo "ext4 ok" || echo "ext4 FAILED")
     klog=$(grep -aq '^PASS: guest kernel log: no I/O error' "$g" && echo "kernel log clean" ||
@@ -744,7 +749,9 @@ suite_outage() {
     fi
 
     # The control: QEMU's own nvme device on the same servers (and its rbd driver
-    # on a fresh cluster like vnvme's).
+    # on a fresh cluster like vnvme's). Its guest takes about 80 s; the bound is
+    # shorter than vnvme's, since the control's result is reported, not counted
+    # (QEMU's guest has been seen never to come back from the OSD pause).
     local qemu_rbd=() qemu_bin=""
     n3=0
     if [[ -n ${OUTAGE_CBIN:-} ]] && qemu_bin=$("$here/fetch-qemu-rbd.sh" 2>"$d/qemu-rbd-fetch.log") &&
@@ -760,7 +767,7 @@ suite_outage() {
     {
         local brc=0
         VNVME_QEMU=${qemu_bin:-${VNVME_QEMU:-}} "$here/guest/boot.sh" --kernel "$k" --accel "$accel" \
-            --run "$tests_dir/outage.sh" "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+            --run "$tests_dir/outage.sh" "${GUEST_ADDS[@]}" --timeout 200 -- -pidfile "$d/qemu/qemu.pid" \
             -blockdev "driver=nbd,node-name=q1,server.type=unix,server.path=$d/qnbd.sock,reconnect-delay=20" \
             -blockdev "driver=nbd,node-name=q2,server.type=unix,server.path=$d/kit.sock,reconnect-delay=20" \
             -device nvme,id=nv0,serial=QEMUOUTAGE0 -device nvme-ns,drive=q1,bus=nv0,nsid=1 \
