@@ -29,6 +29,9 @@ pub const MAX_XFER: u32 = 1 << 20;
 pub enum Reply {
     /// A successful reply with this payload and these file descriptors.
     Ok(Vec<u8>, Vec<OwnedFd>),
+    /// A REGION_WRITE's reply: its head echoed, built on the stack (a posted write,
+    /// the doorbell path, drops it unsent).
+    Access(RegionAccess),
     /// An error reply carrying errno.
     Err(i32),
 }
@@ -674,7 +677,7 @@ impl Device {
             }
             _ => {}
         }
-        Ok(Reply::ok(a.as_bytes()))
+        Ok(Reply::Access(a))
     }
 
     /// Raw fds a reply carries (for the framing layer).

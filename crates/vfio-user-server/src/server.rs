@@ -33,6 +33,7 @@ use vfio_user::proto::{Header, MsgFlags};
 use vfio_user::socket::Partial;
 use vfio_user::{Connection, Message, ProtoError};
 use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
 
 use crate::device::{Device, Reply};
 use crate::fds::set_blocking;
@@ -517,6 +518,10 @@ fn handle_message(
             rh.flags = U32::new(MsgFlags::REPLY);
             let raw = Device::raw_fds(&fds);
             conn.send(rh, &[&payload], &raw)?;
+        }
+        Reply::Access(a) => {
+            rh.flags = U32::new(MsgFlags::REPLY);
+            conn.send(rh, &[a.as_bytes()], &[])?;
         }
         Reply::Err(errno) => {
             rh.flags = U32::new(MsgFlags::REPLY | MsgFlags::ERROR);

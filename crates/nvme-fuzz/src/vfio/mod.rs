@@ -313,6 +313,7 @@ fn handle_one(dev: &mut Device, m: Outgoing, stats: &mut VfioStats, oob: &mut Ou
             oob.keep(cmd, fds);
             None
         }
+        Ok(Reply::Access(_)) => None,
         Ok(Reply::Err(e)) => Some(e),
         Err(e) => Some(e.errno()),
     };
