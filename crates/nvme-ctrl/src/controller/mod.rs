@@ -292,8 +292,8 @@ impl Controller {
                 self.runtime.doorbell(&mut self.engine, qid, kind, value)
             }
             _ => {
-                // Not a doorbell of any queue the controller can have.
-                self.stats.doorbell_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Not a doorbell of any queue the controller can have (the engine
+                // counts it).
                 self.engine.doorbell(u16::MAX, nvme_spec::regs::DoorbellKind::SqTail, value);
             }
         }

@@ -8,7 +8,7 @@ use nvme_spec::regs::DoorbellKind;
 
 use super::ShadowBuffers;
 use crate::engine::IoEngine;
-use crate::stats::Stats;
+use crate::stats::Count;
 
 impl IoEngine {
     // ---- shadow doorbells
@@ -124,11 +124,11 @@ impl IoEngine {
 
     /// A trapped doorbell register write for I/O queue `qid`.
     pub fn doorbell(&mut self, qid: u16, kind: DoorbellKind, value: u32) {
-        Stats::add(&self.ctx.stats.doorbell_writes, 1);
+        self.count(Count::DoorbellWrites, 1);
         if qid != 0 {
-            Stats::add(&self.ctx.stats.io_doorbell_writes, 1);
+            self.count(Count::IoDoorbellWrites, 1);
             if kind == DoorbellKind::CqHead {
-                Stats::add(&self.ctx.stats.io_cq_doorbell_writes, 1);
+                self.count(Count::IoCqDoorbellWrites, 1);
             }
         }
         if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
@@ -231,7 +231,7 @@ impl IoEngine {
     /// Reads SQ `qid`'s shadow tail. False if it is invalid (the event is raised and
     /// the queue is left alone until the host writes a valid value).
     pub(crate) fn refresh_sq_tail(&mut self, qid: u16, b: ShadowBuffers) -> bool {
-        Stats::add(&self.ctx.stats.shadow_reads, 1);
+        self.count(Count::ShadowReads, 1);
         match b.load(&self.mem, qid, DoorbellKind::SqTail) {
             Ok(t) => {
                 let sq = self.queues.sq_mut(qid).expect("exists");
@@ -264,7 +264,7 @@ impl IoEngine {
     pub(crate) fn refresh_cq_head(&mut self, qid: u16) {
         self.sync_page(qid, DoorbellKind::CqHead);
         let Some(b) = self.doorbells.shadow() else { return };
-        Stats::add(&self.ctx.stats.shadow_reads, 1);
+        self.count(Count::ShadowReads, 1);
         match b.load(&self.mem, qid, DoorbellKind::CqHead) {
             Ok(h) => {
                 let cq = self.queues.cq_mut(qid).expect("exists");

@@ -5,7 +5,7 @@ use nvme_spec::{Cqe, Status};
 use zerocopy::little_endian::{U16, U32};
 
 use super::IoEngine;
-use crate::stats::{QueueStats, Stats};
+use crate::stats::{Count, QueueStats};
 
 impl IoEngine {
     /// Stops counting a fetched command as in flight without completing it (an
@@ -40,12 +40,12 @@ impl IoEngine {
         };
         let cqid = sq.cqid;
         if sqid == 0 {
-            Stats::add(&self.ctx.stats.admin_commands, 1);
+            self.counts.add(Count::AdminCommands, 1);
         } else {
-            Stats::add(&self.ctx.stats.io_commands, 1);
+            self.counts.add(Count::IoCommands, 1);
         }
         if !status.is_success() {
-            Stats::add(&self.ctx.stats.errors, 1);
+            self.counts.add(Count::Errors, 1);
             self.ctx.events.record_error(sqid, cid, status, nsid, slba);
         }
         self.post(cqid, cqe);
@@ -114,7 +114,7 @@ impl IoEngine {
             cq.waiting_for_space = true;
             match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
                 Ok(h) if h != head && cq.valid_head(h) => {
-                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                    self.counts.add(Count::EventidxRaces, 1);
                 }
                 // Unchanged (the host will ring), or invalid (reported by the refresh).
                 Ok(_) => return,
@@ -134,7 +134,7 @@ impl IoEngine {
         let coalescing = self.settings.coalescing();
         // The time only matters to coalescing (when the oldest completion waits from).
         let now = if coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
-        let (queues, ctx) = (&mut self.queues, &self.ctx);
+        let (queues, ctx, counts) = (&mut self.queues, &self.ctx, &self.counts);
         self.interrupts.decide(
             coalescing,
             now,
@@ -145,7 +145,7 @@ impl IoEngine {
                 (n > 0).then_some((n, cq.ien.then_some(cq.iv)))
             },
             |iv, qid| {
-                Stats::add(&ctx.stats.interrupts, 1);
+                counts.add(Count::Interrupts, 1);
                 if let Some(q) = ctx.queue_stats.get(qid as usize) {
                     QueueStats::bump(&q.interrupts, 1);
                 }
@@ -166,9 +166,9 @@ impl IoEngine {
             return;
         }
         let now = self.ctx.clock.now_ns();
-        let ctx = &self.ctx;
+        let (ctx, counts) = (&self.ctx, &self.counts);
         self.interrupts.fire_due(self.settings.coalescing(), now, |iv| {
-            Stats::add(&ctx.stats.interrupts, 1);
+            counts.add(Count::Interrupts, 1);
             ctx.irq.signal(iv);
         });
     }
@@ -176,9 +176,9 @@ impl IoEngine {
     /// Signals every coalesced interrupt now (a quiesce leaves none pending).
     pub(crate) fn flush_interrupts(&mut self) {
         self.signal_interrupts();
-        let ctx = &self.ctx;
+        let (ctx, counts) = (&self.ctx, &self.counts);
         self.interrupts.flush(|iv| {
-            Stats::add(&ctx.stats.interrupts, 1);
+            counts.add(Count::Interrupts, 1);
             ctx.irq.signal(iv);
         });
     }

@@ -12,7 +12,7 @@ use tracing::warn;
 use super::{Finish, InFlight, IoEngine, EXPIRY_POLLS, POLL_BUDGET};
 use crate::doorbell::Rearm;
 use crate::qos::QosGroup;
-use crate::stats::{QueueStats, Stats};
+use crate::stats::{Count, QueueStats};
 
 impl IoEngine {
     // ---- the data path
@@ -135,17 +135,17 @@ impl IoEngine {
                 // again at the top of this call.
                 Ok(Rearm::Unchanged) => return done,
                 Ok(Rearm::Armed) => {
-                    Stats::add(&self.ctx.stats.shadow_reads, 1);
+                    self.counts.add(Count::ShadowReads, 1);
                     return done;
                 }
                 Ok(Rearm::Moved(t)) if sq.valid_tail(t) => {
-                    Stats::add(&self.ctx.stats.shadow_reads, 1);
-                    Stats::add(&self.ctx.stats.eventidx_races, 1);
+                    self.counts.add(Count::ShadowReads, 1);
+                    self.counts.add(Count::EventidxRaces, 1);
                     sq.tail = t;
                     sq.reported_bad_tail = None;
                 }
                 Ok(Rearm::Moved(t)) => {
-                    Stats::add(&self.ctx.stats.shadow_reads, 1);
+                    self.counts.add(Count::ShadowReads, 1);
                     self.bad_shadow_tail(qid, t);
                     return done;
                 }
@@ -309,11 +309,10 @@ impl IoEngine {
     /// Counts a command that ran at a backend on its namespace: kind, bytes, status,
     /// and the latency from its fetch to now (one clock read per reap).
     pub(crate) fn count_done(&mut self, f: &InFlight) {
-        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, f.nsid) else { return };
         let clock = &self.ctx.clock;
         let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
         let t = f.tally;
-        ns.stats.of(t.class).record(t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
+        self.count_ns(f.nsid, t.class, t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
     }
 
     /// Side effects of a failed backend request, besides its status: the log line,
@@ -322,7 +321,7 @@ impl IoEngine {
     /// storage became read-only), which raise a SMART / Health event when the host
     /// enabled it.
     pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
-        self.ctx.stats.backend_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counts.add(Count::BackendErrors, 1);
         // A dying disk must not flood the log.
         log_limit::limited_warn!(
             target: "vnvme::backend",
@@ -331,7 +330,7 @@ impl IoEngine {
         );
         let warning = match e {
             BackendError::Io(_) | BackendError::Short { .. } => {
-                Stats::add(&self.ctx.stats.media_errors, 1);
+                self.counts.add(Count::MediaErrors, 1);
                 critical_warning::RELIABILITY
             }
             BackendError::NotReady(_) => critical_warning::RELIABILITY,

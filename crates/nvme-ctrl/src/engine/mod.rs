@@ -28,7 +28,7 @@ pub(crate) use timeout::Deadline;
 pub(crate) use timeout::EXPIRY_POLLS;
 pub use timeout::TEARDOWN_BOUND;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use block_backend::{Completion, Segment};
 use guest_mem::GuestMemory;
@@ -42,7 +42,7 @@ use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
-use crate::stats::Stats;
+use crate::stats::{EngineCounts, NsCounts, OpClass, Stats};
 use queues::QueueTable;
 use table::InFlightTable;
 pub(crate) use table::{Finish, InFlight};
@@ -119,6 +119,11 @@ pub struct IoEngine {
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
     pub(crate) fatal: Option<Fatal>,
+    /// This engine's shard of the controller's counters.
+    counts: EngineCounts,
+    /// This engine's shard of each namespace's counters (by NSID - 1), taken when
+    /// it first counts a command there; the Weak tells a namespace replaced since.
+    ns_counts: Vec<Option<(Weak<crate::namespace::Namespace>, NsCounts)>>,
 }
 
 /// How many commands one `poll` takes at most, so a busy guest cannot starve the
@@ -147,6 +152,8 @@ impl IoEngine {
             settings: Settings::default(),
             arm_eventidx: true,
             fatal: None,
+            counts: ctx.stats.engine_counts(),
+            ns_counts: Vec::new(),
             mem,
             mem_generation,
             ctx,
@@ -164,6 +171,28 @@ impl IoEngine {
     /// The reason the engine stopped, if it hit a fault it cannot report per command.
     pub fn fatal(&self) -> Option<&Fatal> {
         self.fatal.as_ref()
+    }
+
+    /// Counts a command of `class` on namespace `nsid` that moved `bytes` and took
+    /// `latency_ns`, in this engine's shard of the namespace's counters.
+    pub(crate) fn count_ns(&mut self, nsid: u32, class: OpClass, bytes: u64, latency_ns: u64, ok: bool) {
+        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return };
+        let i = nsid as usize - 1;
+        if self.ns_counts.len() <= i {
+            self.ns_counts.resize_with(i + 1, || None);
+        }
+        let slot = &mut self.ns_counts[i];
+        let counts = match slot {
+            Some((w, c)) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(ns)) => c,
+            _ => &slot.insert((Arc::downgrade(ns), ns.stats.engine_counts())).1,
+        };
+        counts.record(class, bytes, latency_ns, ok);
+    }
+
+    /// Counts `n` in this engine's shard of the controller's counters.
+    #[inline]
+    pub(crate) fn count(&self, c: crate::stats::Count, n: u64) {
+        self.counts.add(c, n);
     }
 
     pub(crate) fn set_fatal(&mut self, why: String) {

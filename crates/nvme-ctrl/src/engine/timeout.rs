@@ -24,7 +24,7 @@ use nvme_spec::Status;
 use super::{InFlight, IoEngine};
 use crate::error::CommandError;
 use crate::interrupt::Clock;
-use crate::stats::Stats;
+use crate::stats::Count;
 
 /// The longest a Delete SQ, reset or shutdown waits for commands still with a
 /// backend before it abandons them.
@@ -179,7 +179,7 @@ impl IoEngine {
         }
         let Some(f) = self.commands.abandon(tag) else { return };
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
-            Stats::add(&self.ctx.stats.timeouts, 1);
+            self.counts.add(Count::Timeouts, 1);
         }
         // A status decided earlier (its namespace was removed, a request failed)
         // stands; otherwise the reason it is given up on.

@@ -51,9 +51,7 @@ impl IoEngine {
             }
         };
         // Finished without a backend: counted with no latency to speak of.
-        if let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) {
-            ns.stats.of(OpClass::of(sqe.opcode())).record(0, 0, status.is_success());
-        }
+        self.count_ns(nsid, OpClass::of(sqe.opcode()), 0, 0, status.is_success());
     }
 
     fn start(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {

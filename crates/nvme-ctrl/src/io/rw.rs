@@ -10,7 +10,7 @@ use super::Started;
 use crate::dptr::Direction;
 use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
-use crate::stats::Stats;
+use crate::stats::Count;
 
 impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
@@ -33,8 +33,8 @@ impl IoEngine {
         let started = match opcode {
             op::READ => {
                 let segs = self.data_segments(sqe, len, Direction::ToHost)?;
-                Stats::add(&self.ctx.stats.bytes_read, len);
-                Stats::add(&self.ctx.stats.read_commands, 1);
+                self.count(Count::BytesRead, len);
+                self.count(Count::ReadCommands, 1);
                 self.submit_one(
                     sqid,
                     sqe,
@@ -49,8 +49,8 @@ impl IoEngine {
             }
             op::WRITE => {
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
-                Stats::add(&self.ctx.stats.bytes_written, len);
-                Stats::add(&self.ctx.stats.write_commands, 1);
+                self.count(Count::BytesWritten, len);
+                self.count(Count::WriteCommands, 1);
                 self.submit_one(
                     sqid,
                     sqe,

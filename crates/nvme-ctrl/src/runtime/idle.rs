@@ -400,7 +400,6 @@ mod tests {
     #[test]
     fn adaptive_spins_only_in_the_epochs_its_judge_allows() {
         use super::super::judge::EPOCH;
-        use std::sync::atomic::Ordering;
         // A judge in its first epoch: sleeping. The owner never spins, and runs as
         // `--poll off` does: one armed run that found nothing, and sleep.
         let (stats, judge) = sleeping_judge();
@@ -416,7 +415,7 @@ mod tests {
         assert_eq!(q.runs, [(true, false)]);
         // That epoch is judged (as if 75 ms had gone by with 1000 commands): the next
         // explores spinning, and the owner spins before it sleeps.
-        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        stats.add_io_commands(1000);
         assert!(judge.may_spin(Instant::now() + EPOCH * 3 / 2));
         let mut l = IdleLoop::judged(PollMode::Adaptive, Some(judge));
         let mut q = Fake::default();
@@ -428,7 +427,6 @@ mod tests {
     #[test]
     fn an_owner_that_only_wakes_for_its_own_work_still_sees_the_judge_turn_to_spinning() {
         use super::super::judge::EPOCH;
-        use std::sync::atomic::Ordering;
         // Inline mode at queue depth 1: every command comes with a message the owner
         // handles, and every step after it finds nothing more. Such an owner never
         // starts an idle period of its own, so the step after its work asks the judge.
@@ -438,7 +436,7 @@ mod tests {
         assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Sleep);
         // The sleeping epoch is over (1000 commands in it): the judge explores
         // spinning, and the step after the owner's next work stays awake to spin.
-        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        stats.add_io_commands(1000);
         std::thread::sleep(EPOCH * 3 / 2);
         assert_eq!(l.step(&mut q, true, FOREVER, || false), Next::Run);
         assert!(judge.spinning());

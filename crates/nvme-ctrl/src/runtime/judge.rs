@@ -294,7 +294,7 @@ impl SpinJudge {
         if t < self.epoch_end_ns.load(Ordering::Relaxed) {
             return; // another owner judged it meanwhile
         }
-        let next = j.epoch_over(process_cpu_time(), self.stats.io_commands.load(Ordering::Relaxed));
+        let next = j.epoch_over(process_cpu_time(), self.stats.io_commands());
         self.spin.store(next == Regime::Spin, Ordering::Relaxed);
         let length = if j.exploring() { EXPLORE_EPOCH } else { EPOCH };
         self.epoch_end_ns.store(t + length.as_nanos() as u64, Ordering::Relaxed);
@@ -458,11 +458,11 @@ mod tests {
         // The first question starts the first epoch: it sleeps.
         assert!(!judge.may_spin(t0));
         // Within the epoch nothing changes, whatever happens meanwhile.
-        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        stats.add_io_commands(1000);
         assert!(!judge.may_spin(t0 + EPOCH / 2));
         // Past it, the sleep epoch is judged and spinning is explored next.
         assert!(judge.may_spin(t0 + EPOCH * 3 / 2));
-        stats.io_commands.fetch_add(1000, Ordering::Relaxed);
+        stats.add_io_commands(1000);
         judge.may_spin(t0 + EPOCH * 3);
         let v = judge.verdict();
         assert_eq!(v.epochs, 2);
