@@ -217,14 +217,16 @@ impl Device {
         self.progress |= self.ctrl.process();
     }
 
-    /// Runs the controller for a doorbell written by the message just answered.
+    /// Runs the controller for doorbells written by the messages just handled.
     ///
     /// A doorbell write is answered before the controller acts on it, as a posted
     /// write to hardware is: a client that waits for the reply to every write (Cloud
     /// Hypervisor, QEMU with `x-no-posted-writes=on`) holds its vCPU only for the
-    /// message's round trip, not for the commands the doorbell starts as well. The
-    /// next message is handled only after this has run, so the order of effects is
-    /// the order of messages.
+    /// message's round trip, not for the commands the doorbell starts as well.
+    /// Doorbell writes that arrive together (one read of the socket brings several
+    /// at a queue depth above 1) run the controller once, after the last: the server
+    /// loop calls this when it has handled what it read. Any other message runs it
+    /// first ([`Device::handle`]), so the order of effects is the order of messages.
     pub fn after_reply(&mut self) {
         if std::mem::take(&mut self.doorbell_pending) {
             self.progress |= self.ctrl.process();
@@ -288,9 +290,12 @@ impl Device {
     /// Handles one message. Descriptors it keeps are taken out of `msg`; the caller
     /// may reuse the payload's buffer afterwards.
     pub fn handle(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {
-        // A caller that did not call `after_reply`: the doorbell still runs first.
-        self.after_reply();
         let cmd_raw = msg.header.command.get();
+        // Doorbells written before this message take effect before it, unless it is
+        // one more doorbell write (see `after_reply`).
+        if !(cmd_raw == Command::RegionWrite as u16 && is_doorbell_write(msg)) {
+            self.after_reply();
+        }
         let cmd = Command::from_u16(cmd_raw).ok_or(DeviceError::Unsupported(cmd_raw))?;
         if cmd != Command::Version && !self.negotiated {
             return Err(DeviceError::NoVersion);
@@ -699,4 +704,13 @@ impl Device {
     pub fn parse<T: FromBytes>(b: &[u8]) -> Option<T> {
         T::read_from_prefix(b).ok().map(|(v, _)| v)
     }
+}
+
+/// Whether a REGION_WRITE message writes a doorbell register (BAR0 from the first
+/// doorbell on): its effect may wait for the doorbell writes that follow it.
+fn is_doorbell_write(msg: &Message) -> bool {
+    let a: Option<RegionAccess> = msg.payload_as();
+    a.is_some_and(|a| {
+        a.region.get() == REGION_BAR0 && a.offset.get() >= nvme_spec::regs::offset::DOORBELL_BASE
+    })
 }

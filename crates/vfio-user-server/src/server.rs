@@ -424,6 +424,8 @@ fn session(
             while let Some(msg) = conn.next_message()? {
                 handle_message(&mut conn, msg, device, traffic)?;
             }
+            // The doorbells those messages wrote, at once.
+            device.after_reply();
         }
         // A hand-over (asked for by a job) between whole messages; the start of one
         // that has begun goes with the connection.
@@ -509,7 +511,6 @@ fn handle_message(
         if let Reply::Err(errno) = reply {
             debug!(cmd, errno, "the refused request was posted: no error reply");
         }
-        device.after_reply();
         return Ok(());
     }
     let mut rh = Header { msg_id: h.msg_id, command: h.command, ..Default::default() };
@@ -530,7 +531,6 @@ fn handle_message(
         }
     }
     traffic.answered += 1;
-    device.after_reply();
     Ok(())
 }
 
