@@ -7,65 +7,50 @@ use std::sync::{Arc, Mutex};
 
 /// Live counters, shared with whoever wants to read them (Relaxed: they are statistics).
 ///
-/// What the I/O path counts, each engine counts in a shard of its own (a load and a
-/// store: no locked read-modify-write, about 20 cycles each, on a path that runs
-/// millions of commands a second); the fields here hold what others count and what
-/// a restore set. A snapshot adds the shards to the fields.
+/// Each engine counts in a shard of its own (a load and a store: no locked
+/// read-modify-write, about 20 cycles each, on a path that runs millions of commands
+/// a second); the base holds what a restore set. A snapshot adds the shards to it.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Doorbell register writes that reached the controller (trapped MMIO writes).
-    doorbell_writes: AtomicU64,
-    /// Trapped doorbell writes to I/O queues only.
-    io_doorbell_writes: AtomicU64,
-    /// Of those, writes to I/O completion queue head doorbells. With shadow doorbells
-    /// the controller keeps CQ EventIdx one entry behind the head, so a host following
-    /// the EventIdx rule writes these about once per queue wrap.
-    io_cq_doorbell_writes: AtomicU64,
-    /// Interrupts signalled.
-    interrupts: AtomicU64,
-    /// Admin commands completed.
-    admin_commands: AtomicU64,
-    /// I/O commands completed.
-    io_commands: AtomicU64,
-    /// Shadow doorbell reads.
-    shadow_reads: AtomicU64,
-    /// EventIdx re-arms that found new work after the fence (the race the re-read closes).
-    eventidx_races: AtomicU64,
-    /// Commands that completed with an error status.
-    errors: AtomicU64,
-    /// Read commands completed.
-    read_commands: AtomicU64,
-    /// Write commands completed.
-    write_commands: AtomicU64,
-    /// Commands that failed with a media error.
-    media_errors: AtomicU64,
-    /// Backend requests that failed (any reason).
-    backend_errors: AtomicU64,
-    /// Commands completed with an error because their backend did not answer in time
-    /// (the namespace's timeout, or the bound on a queue's teardown).
-    timeouts: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
+    /// By [`Count`]: what a restore set, less what the shards held then.
+    base: [AtomicU64; Count::N],
     /// The engines' shards.
     shards: Shards<[AtomicU64; Count::N]>,
 }
 
-/// What an engine counts in its shard of [`Stats`].
+/// The counters of [`Stats`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Count {
+    /// Doorbell register writes that reached the controller (trapped MMIO writes).
     DoorbellWrites,
+    /// Trapped doorbell writes to I/O queues only.
     IoDoorbellWrites,
+    /// Of those, writes to I/O completion queue head doorbells. With shadow doorbells
+    /// the controller keeps CQ EventIdx one entry behind the head, so a host following
+    /// the EventIdx rule writes these about once per queue wrap.
     IoCqDoorbellWrites,
+    /// Interrupts signalled.
     Interrupts,
+    /// Admin commands completed.
     AdminCommands,
+    /// I/O commands completed.
     IoCommands,
+    /// Shadow doorbell reads.
     ShadowReads,
+    /// EventIdx re-arms that found new work after the fence (the race the re-read closes).
     EventidxRaces,
+    /// Commands that completed with an error status.
     Errors,
+    /// Read commands completed.
     ReadCommands,
+    /// Write commands completed.
     WriteCommands,
+    /// Commands that failed with a media error.
     MediaErrors,
+    /// Backend requests that failed (any reason).
     BackendErrors,
+    /// Commands completed with an error because their backend did not answer in time
+    /// (the namespace's timeout, or the bound on a queue's teardown).
     Timeouts,
     BytesRead,
     BytesWritten,
@@ -191,62 +176,70 @@ impl Stats {
         sum
     }
 
+    /// Every counter: the base and the shards.
+    fn values(&self) -> [u64; Count::N] {
+        let mut v = self.sharded();
+        v.iter_mut().zip(&self.base).for_each(|(v, b)| *v = v.wrapping_add(b.load(Ordering::Relaxed)));
+        v
+    }
+
     /// Counts `n` I/O commands as completed (tests that need a busy controller).
     #[cfg(test)]
     pub(crate) fn add_io_commands(&self, n: u64) {
-        self.io_commands.fetch_add(n, Ordering::Relaxed);
+        self.base[Count::IoCommands as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// I/O commands completed.
     pub fn io_commands(&self) -> u64 {
-        self.io_commands.load(Ordering::Relaxed).wrapping_add(self.sharded()[Count::IoCommands as usize])
+        self.values()[Count::IoCommands as usize]
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let e = self.sharded();
-        let h = |c: &AtomicU64, k: Count| c.load(Ordering::Relaxed).wrapping_add(e[k as usize]);
+        let v = self.values();
+        let g = |k: Count| v[k as usize];
         StatsSnapshot {
-            doorbell_writes: h(&self.doorbell_writes, Count::DoorbellWrites),
-            io_doorbell_writes: h(&self.io_doorbell_writes, Count::IoDoorbellWrites),
-            io_cq_doorbell_writes: h(&self.io_cq_doorbell_writes, Count::IoCqDoorbellWrites),
-            interrupts: h(&self.interrupts, Count::Interrupts),
-            admin_commands: h(&self.admin_commands, Count::AdminCommands),
-            io_commands: h(&self.io_commands, Count::IoCommands),
-            shadow_reads: h(&self.shadow_reads, Count::ShadowReads),
-            eventidx_races: h(&self.eventidx_races, Count::EventidxRaces),
-            errors: h(&self.errors, Count::Errors),
-            read_commands: h(&self.read_commands, Count::ReadCommands),
-            write_commands: h(&self.write_commands, Count::WriteCommands),
-            media_errors: h(&self.media_errors, Count::MediaErrors),
-            backend_errors: h(&self.backend_errors, Count::BackendErrors),
-            timeouts: h(&self.timeouts, Count::Timeouts),
-            bytes_read: h(&self.bytes_read, Count::BytesRead),
-            bytes_written: h(&self.bytes_written, Count::BytesWritten),
+            doorbell_writes: g(Count::DoorbellWrites),
+            io_doorbell_writes: g(Count::IoDoorbellWrites),
+            io_cq_doorbell_writes: g(Count::IoCqDoorbellWrites),
+            interrupts: g(Count::Interrupts),
+            admin_commands: g(Count::AdminCommands),
+            io_commands: g(Count::IoCommands),
+            shadow_reads: g(Count::ShadowReads),
+            eventidx_races: g(Count::EventidxRaces),
+            errors: g(Count::Errors),
+            read_commands: g(Count::ReadCommands),
+            write_commands: g(Count::WriteCommands),
+            media_errors: g(Count::MediaErrors),
+            backend_errors: g(Count::BackendErrors),
+            timeouts: g(Count::Timeouts),
+            bytes_read: g(Count::BytesRead),
+            bytes_written: g(Count::BytesWritten),
         }
     }
 
     /// Sets every counter to a saved value (a restored controller).
     pub(crate) fn restore(&self, s: &StatsSaved) {
-        // The shards keep what they counted (their owners write them): the fields
-        // take the rest, so that a snapshot shows the saved values.
+        // The shards keep what they counted (their owners write them): the base
+        // takes the rest, so that a snapshot shows the saved values.
         let e = self.sharded();
-        let set = |c: &AtomicU64, v: u64, k: Count| c.store(v.wrapping_sub(e[k as usize]), Ordering::Relaxed);
-        set(&self.doorbell_writes, s.doorbell_writes, Count::DoorbellWrites);
-        set(&self.io_doorbell_writes, s.io_doorbell_writes, Count::IoDoorbellWrites);
-        set(&self.io_cq_doorbell_writes, s.io_cq_doorbell_writes, Count::IoCqDoorbellWrites);
-        set(&self.interrupts, s.interrupts, Count::Interrupts);
-        set(&self.admin_commands, s.admin_commands, Count::AdminCommands);
-        set(&self.io_commands, s.io_commands, Count::IoCommands);
-        set(&self.shadow_reads, s.shadow_reads, Count::ShadowReads);
-        set(&self.eventidx_races, s.eventidx_races, Count::EventidxRaces);
-        set(&self.errors, s.errors, Count::Errors);
-        set(&self.read_commands, s.read_commands, Count::ReadCommands);
-        set(&self.write_commands, s.write_commands, Count::WriteCommands);
-        set(&self.media_errors, s.media_errors, Count::MediaErrors);
-        set(&self.backend_errors, s.backend_errors, Count::BackendErrors);
-        set(&self.timeouts, s.timeouts, Count::Timeouts);
-        set(&self.bytes_read, s.bytes_read, Count::BytesRead);
-        set(&self.bytes_written, s.bytes_written, Count::BytesWritten);
+        let set =
+            |k: Count, v: u64| self.base[k as usize].store(v.wrapping_sub(e[k as usize]), Ordering::Relaxed);
+        set(Count::DoorbellWrites, s.doorbell_writes);
+        set(Count::IoDoorbellWrites, s.io_doorbell_writes);
+        set(Count::IoCqDoorbellWrites, s.io_cq_doorbell_writes);
+        set(Count::Interrupts, s.interrupts);
+        set(Count::AdminCommands, s.admin_commands);
+        set(Count::IoCommands, s.io_commands);
+        set(Count::ShadowReads, s.shadow_reads);
+        set(Count::EventidxRaces, s.eventidx_races);
+        set(Count::Errors, s.errors);
+        set(Count::ReadCommands, s.read_commands);
+        set(Count::WriteCommands, s.write_commands);
+        set(Count::MediaErrors, s.media_errors);
+        set(Count::BackendErrors, s.backend_errors);
+        set(Count::Timeouts, s.timeouts);
+        set(Count::BytesRead, s.bytes_read);
+        set(Count::BytesWritten, s.bytes_written);
     }
 }
 
@@ -410,14 +403,11 @@ impl OpStats {
 
 /// What one namespace counts: commands, bytes, errors and latency by kind, and the
 /// time its commands spent held back by QoS. Each engine counts its commands in a
-/// shard of its own (see [`Stats`]); the fields hold what a restore set, and a
-/// snapshot adds the shards to them.
+/// shard of its own (see [`Stats`]); a snapshot adds the shards to the base.
 #[derive(Debug, Default)]
 pub struct NsStats {
-    read: OpStats,
-    write: OpStats,
-    flush: OpStats,
-    other: OpStats,
+    /// What a restore set, less what the shards held then.
+    base: OpCounts,
     /// Commands QoS held back, and the nanoseconds they waited in all.
     pub throttled_commands: AtomicU64,
     pub throttled_ns: AtomicU64,
@@ -458,10 +448,6 @@ impl NsStats {
         NsCounts(self.shards.take())
     }
 
-    fn base(&self) -> [&OpStats; 4] {
-        [&self.read, &self.write, &self.flush, &self.other]
-    }
-
     /// The shards' counts by kind.
     fn sharded(&self) -> [OpSnapshot; 4] {
         let mut sum = [OpSnapshot::default(); 4];
@@ -473,7 +459,7 @@ impl NsStats {
     pub(crate) fn restore(&self, s: &NsStatsSnapshot) {
         let e = self.sharded();
         let saved = [&s.read, &s.write, &s.flush, &s.other];
-        for ((base, saved), less) in self.base().into_iter().zip(saved).zip(&e) {
+        for ((base, saved), less) in self.base.0.iter().zip(saved).zip(&e) {
             base.restore_less(saved, less);
         }
         self.throttled_commands.store(s.throttled_commands, Ordering::Relaxed);
@@ -482,7 +468,7 @@ impl NsStats {
 
     pub fn snapshot(&self) -> NsStatsSnapshot {
         let mut k = self.sharded();
-        for (base, s) in self.base().into_iter().zip(&mut k) {
+        for (base, s) in self.base.0.iter().zip(&mut k) {
             base.add_to(s);
         }
         let [read, write, flush, other] = k;
@@ -635,7 +621,7 @@ mod tests {
         a.add(Count::IoCommands, 3);
         b.add(Count::IoCommands, 4);
         b.add(Count::BytesRead, 4096);
-        stats.io_commands.fetch_add(10, Ordering::Relaxed);
+        stats.add_io_commands(10);
         assert_eq!(stats.io_commands(), 17);
         assert_eq!((stats.snapshot().io_commands, stats.snapshot().bytes_read), (17, 4096));
         // A dropped owner's counts stay, and its shard is the next owner's.

@@ -291,9 +291,10 @@ impl Device {
     /// may reuse the payload's buffer afterwards.
     pub fn handle(&mut self, msg: &mut Message) -> Result<Reply, DeviceError> {
         let cmd_raw = msg.header.command.get();
-        // Doorbells written before this message take effect before it, unless it is
-        // one more doorbell write (see `after_reply`).
-        if !(cmd_raw == Command::RegionWrite as u16 && is_doorbell_write(msg)) {
+        // Doorbells written before this message take effect before it; a region
+        // write decides for itself, since one more doorbell write may wait with them
+        // (see `after_reply`).
+        if cmd_raw != Command::RegionWrite as u16 {
             self.after_reply();
         }
         let cmd = Command::from_u16(cmd_raw).ok_or(DeviceError::Unsupported(cmd_raw))?;
@@ -654,6 +655,9 @@ impl Device {
             .payload
             .get(size_of::<RegionAccess>()..size_of::<RegionAccess>() + count as usize)
             .ok_or(DeviceError::Malformed(Command::RegionWrite, "payload shorter than count"))?;
+        if !(a.region.get() == REGION_BAR0 && off >= nvme_spec::regs::offset::DOORBELL_BASE) {
+            self.after_reply();
+        }
         match a.region.get() {
             REGION_CONFIG => {
                 self.config.write(off, data);
@@ -704,13 +708,4 @@ impl Device {
     pub fn parse<T: FromBytes>(b: &[u8]) -> Option<T> {
         T::read_from_prefix(b).ok().map(|(v, _)| v)
     }
-}
-
-/// Whether a REGION_WRITE message writes a doorbell register (BAR0 from the first
-/// doorbell on): its effect may wait for the doorbell writes that follow it.
-fn is_doorbell_write(msg: &Message) -> bool {
-    let a: Option<RegionAccess> = msg.payload_as();
-    a.is_some_and(|a| {
-        a.region.get() == REGION_BAR0 && a.offset.get() >= nvme_spec::regs::offset::DOORBELL_BASE
-    })
 }

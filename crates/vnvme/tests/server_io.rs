@@ -196,3 +196,46 @@ fn doorbells_that_arrive_together_all_run() {
         server.assert_alive();
     }
 }
+
+/// A posted 4-byte BAR0 write as raw bytes (header, access, value).
+fn posted_bar0_write(id: u16, offset: u64, value: u32) -> Vec<u8> {
+    let mut m = raw_header(id, WRITE, (HEADER_SIZE + size_of::<RegionAccess>() + 4) as u32).to_vec();
+    m[8..12].copy_from_slice(&MsgFlags::NO_REPLY.to_le_bytes());
+    m.extend_from_slice(access(REGION_BAR0, offset, 4).as_bytes());
+    m.extend_from_slice(&value.to_le_bytes());
+    m
+}
+
+/// Doorbell writes wait for the ones that come with them, but a message that is not
+/// a doorbell write runs them first: writes rung just before a posted CC.EN = 0, in
+/// one socket write, reach the namespace before the controller stops (inline, where
+/// the doorbell's commands run on the thread that reads the socket).
+#[test]
+fn a_register_write_after_doorbells_in_one_read_sees_their_effect() {
+    let mut server = Server::start_with(&["--ns", "ram:16M", "--workers", "0", "--poll", "off"]);
+    let mut h = NvmeOverVfioUser::new(server.client());
+    h.bring_up(64, false);
+    let blocks = PAGE / h.lba_size;
+    for i in 0..8u16 {
+        h.mem.fill(NvmeOverVfioUser::slot(i), PAGE, 0x40 + i as u8).unwrap();
+        h.queue_rw(true, i, i as u64 * blocks);
+    }
+    // I/O queue 1's SQ tail doorbell (CAP.DSTRD = 0), then CC = 0.
+    let mut burst = posted_bar0_write(0x200, 0x1008, 8);
+    burst.extend_from_slice(&posted_bar0_write(0x201, 0x14, 0));
+    write_raw(&mut h.client.connection().stream().try_clone().unwrap(), &burst);
+    h.wait_ready(false);
+    h.bring_up(64, false);
+    for i in 0..8u16 {
+        h.mem.fill(NvmeOverVfioUser::slot(8 + i), PAGE, 0xee).unwrap();
+        h.queue_rw(false, 8 + i, i as u64 * blocks);
+    }
+    h.ring_io(false);
+    assert!(h.reap_io(8).iter().all(|c| c.status().is_success()));
+    for i in 0..8u16 {
+        let mut got = vec![0u8; PAGE as usize];
+        h.mem.read(NvmeOverVfioUser::slot(8 + i), &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x40 + i as u8), "write {i} rung before CC.EN = 0 did not land");
+    }
+    server.assert_alive();
+}
