@@ -2,7 +2,6 @@
 //! phase tag flipping on every wrap (Base §4.2.4, §4.6? "Completion Queue Entry").
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, Ordering};
 
 use guest_mem::{GuestMemory, MemError};
 use nvme_spec::{Cqe, CQE_SIZE};
@@ -74,10 +73,12 @@ impl CompletionQueue {
         let status = (cqe.status.get() & !1) | self.phase as u16;
         cqe.status.set(status);
         let addr = self.base + self.tail as u64 * CQE_SIZE as u64;
-        mem.write(addr, &cqe.as_bytes()[..12])?;
-        // Pairs with the host's read barrier after it sees the new phase tag.
-        fence(Ordering::Release);
-        mem.store_u32(addr + 12, cqe.dw3())?;
+        let bytes = cqe.as_bytes();
+        let mut head = [0u8; 12];
+        head.copy_from_slice(&bytes[..12]);
+        // The release store of dword 3 pairs with the host's read barrier after it
+        // sees the new phase tag.
+        mem.write_then_publish_u32(addr, &head, cqe.dw3())?;
         self.tail += 1;
         if self.tail == self.size {
             self.tail = 0;

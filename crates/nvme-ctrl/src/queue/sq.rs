@@ -64,8 +64,11 @@ impl SubmissionQueue {
 
     /// Fetches the entry at head and advances head.
     pub fn fetch(&mut self, mem: &GuestMemory) -> Result<Sqe, MemError> {
-        let sqe = mem.read_obj::<Sqe>(self.base + self.head as u64 * SQE_SIZE as u64)?;
-        self.head = (self.head + 1) % self.size;
+        let sqe = mem.read_small::<Sqe>(self.base + self.head as u64 * SQE_SIZE as u64)?;
+        self.head += 1;
+        if self.head == self.size {
+            self.head = 0;
+        }
         Ok(sqe)
     }
 }
