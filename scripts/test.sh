@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, every test tier that runs on this
 # machine, the guest tests (real Linux guests under QEMU on `vnvme serve`,
-# scripts/guest-tests.sh) and a bounded fuzz run. Prints a tally per kind (Rust
-# tests, guest checks, fuzz targets) and one summary line at the end:
+# scripts/guest-tests.sh), the Debian package installed and removed
+# (scripts/package-test.sh) and a bounded fuzz run. Prints a tally per kind (Rust
+# tests, guest checks, package checks, fuzz targets) and one summary line at the end:
 #   vnvme-tests: N passed, N failed, N skipped
 # Every Rust test binary runs (--no-fail-fast); one that ends without a result line
 # (a crash) counts as a failure and is named. A test that skips for want of
@@ -89,6 +90,24 @@ else
     fi
 fi
 
+# The Debian package: built, lintian-checked, installed with dpkg -i, used and
+# purged (scripts/package-test.sh; its skips are recorded like the guests').
+step "Debian package: build, lintian, dpkg -i, use, purge (scripts/package-test.sh)"
+pkg_passed=0 pkg_failed=0 pkg_skipped=0
+set +e
+VNVME_SKIP_LOG="$LOG/skips-package" scripts/package-test.sh 2>&1 | tee "$LOG/package.out"
+pkg_rc=${PIPESTATUS[0]}
+set -e
+line=$(grep -E '^package-checks: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/package.out" | tail -1 || true)
+if [ -n "$line" ]; then
+    read -r pkg_passed pkg_failed pkg_skipped < <(
+        sed -E 's/^package-checks: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
+fi
+if [ "$pkg_rc" -ne 0 ] && [ "$pkg_failed" -eq 0 ]; then
+    pkg_failed=1
+    echo "package checks: the script failed without a summary line (exit $pkg_rc)" >>"$LOG/missing"
+fi
+
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
     step "fuzz: ${FUZZ_SECONDS}s of structured fuzzing: controller, vfio-user and state restores (release, overflow checks on)"
@@ -141,10 +160,11 @@ for t in controller vfio-user state; do
 done
 
 step "summary"
-if [ -s "$RUST_SKIPS" ] || [ -s "$GUEST_SKIPS" ] || [ -s "$NOTES" ]; then
+if [ -s "$RUST_SKIPS" ] || [ -s "$GUEST_SKIPS" ] || [ -s "$LOG/skips-package" ] || [ -s "$NOTES" ]; then
     echo "skipped (needs something this machine lacks):"
     cut -f1,2 "$RUST_SKIPS" | sort -u | sed 's/\t/: /; s/^/  SKIP rust: /'
     sed 's/^/  SKIP guest: /' "$GUEST_SKIPS"
+    [ -f "$LOG/skips-package" ] && sed 's/\t/: /; s/^/  SKIP /' "$LOG/skips-package"
     sed 's/^/  NOTE: /' "$NOTES"
 fi
 # Each failed Rust test, named with its binary.
@@ -169,12 +189,13 @@ if [ "$guest_rc" -ne 0 ]; then
 fi
 echo "  rust tests:   $passed passed, $failed failed ($crashed binaries crashed), $rust_skipped skipped, $ignored ignored"
 echo "  guest checks: $guest_passed passed, $guest_failed failed, $guest_skipped skipped"
+echo "  package:      $pkg_passed passed, $pkg_failed failed, $pkg_skipped skipped"
 echo "  fuzz targets: $fuzz_passed passed, $fuzz_failed failed (${FUZZ_SECONDS}s in all)"
-total_passed=$((passed + guest_passed + fuzz_passed))
-total_failed=$((failed + guest_failed + fuzz_failed))
-total_skipped=$((rust_skipped + guest_skipped + ignored))
+total_passed=$((passed + guest_passed + pkg_passed + fuzz_passed))
+total_failed=$((failed + guest_failed + pkg_failed + fuzz_failed))
+total_skipped=$((rust_skipped + guest_skipped + pkg_skipped + ignored))
 echo
 echo "vnvme-tests: ${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
-if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ] || [ "$total_failed" -ne 0 ]; then
+if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ] || [ "$pkg_rc" -ne 0 ] || [ "$total_failed" -ne 0 ]; then
     exit 1
 fi

@@ -4,6 +4,7 @@
 mod control;
 mod ctl;
 mod demo;
+mod docs;
 mod endpoint;
 mod identify;
 mod logging;
@@ -25,7 +26,16 @@ use version::VERSION;
 
 /// vnvme: a fast, correct emulated NVMe controller for virtual machines.
 #[derive(Debug, Parser)]
-#[command(version = VERSION, about, long_about = None)]
+#[command(
+    version = VERSION,
+    about,
+    long_about = "An emulated NVMe controller for virtual machines that runs as its own process \
+        and plugs into the VMM over vfio-user (QEMU -device vfio-user-pci, Cloud Hypervisor \
+        --user-device). Namespaces on RAM, files and block devices (io_uring), another NVMe \
+        controller (nvme://), NBD exports and Ceph RBD images; shadow doorbells, a control \
+        socket, Prometheus metrics, live upgrade and migration. One `vnvme serve` per VM \
+        (the vnvme@.service template runs one per /etc/vnvme/NAME.conf)."
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vnvme::guest=debug".
     /// A running server's filter can be changed with `vnvme ctl log.set`.
@@ -41,32 +51,52 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Serve a controller to a VMM over vfio-user (QEMU -device vfio-user-pci,
-    /// Cloud Hypervisor --user-device). SIGTERM or SIGINT (systemctl stop, Ctrl-C)
-    /// stops it cleanly: the client's session ends as if it had disconnected, the
-    /// summary line and the stats file are written, its socket files removed, exit 0.
+    /// Serve an emulated NVMe controller to a VMM over vfio-user.
+    ///
+    /// The VMM connects to --socket (QEMU -device vfio-user-pci, Cloud Hypervisor
+    /// --user-device). SIGTERM or SIGINT (systemctl stop, Ctrl-C) stops it cleanly:
+    /// the client's session ends as if it had disconnected, the summary line and the
+    /// stats file are written, its socket files removed, exit 0.
     Serve(serve::ServeArgs),
-    /// Run the controller in this process against a built-in host that drives it
-    /// the way Linux's nvme driver does, and show it working: bring-up, Identify,
+    /// Show the controller working against a built-in host, in this process.
+    ///
+    /// The host drives it the way Linux's nvme driver does: bring-up, Identify,
     /// shadow doorbells, a write/read/verify pass and the doorbell counters.
     Demo(demo::DemoArgs),
-    /// Connect to a vfio-user NVMe device with the userspace driver and print what
-    /// Identify says: controller, capabilities, namespaces. It is a client like a
-    /// VMM: a server started with --once exits after it.
+    /// Print what a vfio-user NVMe device's Identify says.
+    ///
+    /// Connects with the userspace driver and prints the controller, its
+    /// capabilities and namespaces. It is a client like a VMM: a server started with
+    /// --once exits after it.
     Identify(identify::IdentifyArgs),
-    /// Load generator: drive a vfio-user NVMe device with the userspace driver and
-    /// report IOPS, bandwidth, latency percentiles, CPU per I/O and doorbell counters.
-    /// With --in-process, drive a controller in this process instead (no socket, no
-    /// server process): the ceiling for a vfio-user transport.
+    /// Load generator for a vfio-user NVMe device.
+    ///
+    /// Drives the device with the userspace driver and reports IOPS, bandwidth,
+    /// latency percentiles, CPU per I/O and doorbell counters. With --in-process,
+    /// drives a controller in this process instead (no socket, no server process):
+    /// the ceiling for a vfio-user transport.
     Perf(perf::PerfArgs),
-    /// Talk to a running `vnvme serve --control PATH`: read its state and counters,
-    /// add, remove and resize namespaces, set QoS limits and the log filter
+    /// Talk to a running server's control socket.
+    ///
+    /// The socket of `vnvme serve --control PATH`: read its state and counters, add,
+    /// remove and resize namespaces, set QoS limits and the log filter
     /// (docs/CONTROL.md has every method with examples).
     Ctl(ctl::CtlArgs),
-    /// Take over a running server's device, guest connection included (what `vnvme
-    /// ctl upgrade` starts; docs/UPGRADE.md). Serves with the running server's
-    /// arguments once it has let go; if anything fails first, it serves on.
+    /// Take over a running server's device, guest connection included.
+    ///
+    /// What `vnvme ctl upgrade` starts (docs/UPGRADE.md). Serves with the running
+    /// server's arguments once it has let go; if anything fails first, it serves on.
     Takeover(upgrade::TakeoverArgs),
+    /// Print a shell completion script on stdout.
+    ///
+    /// For example `vnvme completions bash > /etc/bash_completion.d/vnvme` (the
+    /// Debian package installs the bash, zsh and fish ones already).
+    Completions(docs::CompletionsArgs),
+    /// Write the man pages (vnvme.1, vnvme-serve.1, ...) into a directory.
+    ///
+    /// How the package build makes them.
+    #[command(hide = true)]
+    Manpages(docs::ManpagesArgs),
 }
 
 /// `vnvme serve`'s arguments from a whole command line (a server handed over
@@ -89,6 +119,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Perf(a) => perf::run(a),
         Cmd::Ctl(a) => ctl::run(a),
         Cmd::Takeover(a) => serve::takeover(a, parse_serve),
+        Cmd::Completions(a) => docs::completions(<Cli as clap::CommandFactory>::command(), a),
+        Cmd::Manpages(a) => docs::manpages(<Cli as clap::CommandFactory>::command(), a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -29,7 +29,7 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     assert!(out.status.success());
     let dir = common::temp_dir("unit");
     // The instance, with the binary this build made in place of the installed path.
-    let unit = UNIT.replace("/usr/local/bin/vnvme", env!("CARGO_BIN_EXE_vnvme"));
+    let unit = UNIT.replace("/usr/bin/vnvme", env!("CARGO_BIN_EXE_vnvme"));
     let path = dir.join("vnvme@vm1.service");
     std::fs::write(&path, unit).unwrap();
     let out = Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&path).output().unwrap();
@@ -45,7 +45,7 @@ fn the_units_command_line_starts_a_server_with_every_socket() {
     let dir = common::temp_dir("unit-run");
     let run = dir.to_str().unwrap();
     let line = exec_start()
-        .replace("/usr/local/bin/vnvme", env!("CARGO_BIN_EXE_vnvme"))
+        .replace("/usr/bin/vnvme", env!("CARGO_BIN_EXE_vnvme"))
         .replace("/run/vnvme", run)
         .replace("%i", "vm1")
         .replace("$VNVME_NS", "--ns ram:16M")

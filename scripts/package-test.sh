@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The Debian package, checked the way a host gets it: built (scripts/package-deb.sh),
+# lintian-clean (each override in contrib/debian/lintian-overrides says why), then
+# installed on this machine with dpkg -i, used (vnvme --version, man -w vnvme-serve,
+# the completions, the unit, a server dropping to the package's account answering
+# `vnvme identify`), and purged with nothing left behind. Prints one line per check
+# (PASS, FAIL with the reason, SKIP with the reason) and ends with
+#   package-checks: N passed, N failed, N skipped
+# Exit 1 if any check failed. Needs root (dpkg -i); a host that has a vnvme package
+# installed already is left alone (the install checks skip, saying so).
+#
+# Usage: scripts/package-test.sh [--no-build]
+#   --no-build  package target/release/vnvme as it is (test.sh: the guest tests built it)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/packages.sh
+source "$ROOT/scripts/lib/packages.sh"
+BUILD_ARGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) BUILD_ARGS+=(--no-build); shift ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) bad_usage "unknown argument: $1" ;;
+    esac
+done
+
+passed=0 failed=0 skipped=0
+pass() { echo "PASS package: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL package: $1: $2"; failed=$((failed + 1)); }
+skip() {
+    echo "SKIP package: $1: $2"
+    skipped=$((skipped + 1))
+    [ -n "${VNVME_SKIP_LOG:-}" ] && printf 'package: %s\t%s\n' "$1" "$2" >>"$VNVME_SKIP_LOG"
+}
+# check NAME COMMAND...: PASS if the command succeeds, else FAIL with its output.
+check() {
+    local name=$1 out
+    shift
+    if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$(tail -3 <<<"$out" | tr '\n' ' ')"; fi
+}
+summary() {
+    echo "package-checks: $passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+TMP=$(mktemp -d)
+INSTALLED=0
+cleanup() {
+    [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null
+    # An install this script made is never left behind, whatever failed.
+    if [ "$INSTALLED" = 1 ]; then
+        dpkg --purge vnvme >/dev/null 2>&1
+        rm -f /etc/vnvme/vm1.conf
+        rmdir /etc/vnvme 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+# ---- build
+if ! deb=$("$ROOT/scripts/package-deb.sh" "${BUILD_ARGS[@]}" 2>"$TMP/build.log" | tail -1) || [ ! -f "$deb" ]; then
+    fail "build (scripts/package-deb.sh)" "$(tail -5 "$TMP/build.log" | tr '\n' ' ')"
+    summary
+fi
+pass "build: ${deb##*/}"
+
+# ---- contents: what the package must carry, where Debian looks for it
+dpkg-deb -c "$deb" | awk '{print $NF}' | sed 's#^\./#/#' >"$TMP/contents"
+for f in /usr/bin/vnvme /lib/systemd/system/vnvme@.service /usr/share/man/man1/vnvme.1.gz \
+    /usr/share/man/man1/vnvme-serve.1.gz /usr/share/man/man1/vnvme-ctl.1.gz \
+    /usr/share/bash-completion/completions/vnvme /usr/share/zsh/vendor-completions/_vnvme \
+    /usr/share/fish/vendor_completions.d/vnvme.fish /usr/share/doc/vnvme/copyright \
+    /usr/share/doc/vnvme/changelog.Debian.gz /usr/share/doc/vnvme/examples/vm1.conf.example; do
+    grep -qxF "$f" "$TMP/contents" || echo "$f" >>"$TMP/absent"
+done
+if [ -s "$TMP/absent" ]; then fail "contents" "missing: $(tr '\n' ' ' <"$TMP/absent")"; else pass "contents: binary, unit, man pages, completions, docs"; fi
+
+# ---- lintian: errors, warnings and pedantic tags fail; overrides carry their reason
+if ! (need_cmds lintian:lintian) >"$TMP/apt-lintian.log" 2>&1; then
+    skip "lintian" "lintian could not be installed (see apt's log: $(tail -1 "$TMP/apt-lintian.log"))"
+else
+    lintian --pedantic --suppress-tags running-with-root-privileges "$deb" >"$TMP/lintian" 2>&1
+    if grep -E '^[EWP]: ' "$TMP/lintian" >"$TMP/lintian-bad"; then
+        fail "lintian --pedantic" "$(tr '\n' ' ' <"$TMP/lintian-bad")"
+    else
+        pass "lintian --pedantic: no error, warning or pedantic tag"
+    fi
+fi
+
+# ---- install, use, purge
+if [ "$(id -u)" -ne 0 ]; then
+    skip "install" "dpkg -i needs root"
+    summary
+fi
+if dpkg-query -W -f '${Status}' vnvme 2>/dev/null | grep -q 'installed'; then
+    skip "install" "a vnvme package is installed on this host already; not replacing it"
+    summary
+fi
+if ! (need_cmds man:man-db adduser:adduser) >"$TMP/apt-man.log" 2>&1; then
+    skip "install" "man-db or adduser could not be installed (see apt's log: $(tail -1 "$TMP/apt-man.log"))"
+    summary
+fi
+user_before=$(getent passwd vnvme || true)
+if [ -n "$user_before" ]; then
+    skip "install" "an account named vnvme exists already; the purge check would remove it"
+    summary
+fi
+
+INSTALLED=1
+if ! out=$(dpkg -i "$deb" 2>&1); then
+    fail "dpkg -i" "$(tail -3 <<<"$out" | tr '\n' ' ')"
+    summary
+fi
+pass "dpkg -i"
+want=$("$ROOT/target/release/vnvme" --version)
+check "vnvme --version from /usr/bin ($want)" bash -c "[ \"\$(/usr/bin/vnvme --version)\" = '$want' ]"
+check "man -w vnvme-serve" bash -c '[ "$(man -w vnvme-serve)" = /usr/share/man/man1/vnvme-serve.1.gz ]'
+check "man vnvme-serve renders its options" bash -c 'MANWIDTH=100 man vnvme-serve 2>/dev/null | grep -q -- "--socket"'
+check "bash completion loads" bash -c 'source /usr/share/bash-completion/completions/vnvme && complete -p vnvme'
+check "account vnvme (system user, group vnvme, no login)" bash -c \
+    'u=$(getent passwd vnvme) && getent group vnvme >/dev/null && [ "$(cut -d: -f3 <<<"$u")" -lt 1000 ] && [ "$(cut -d: -f7 <<<"$u")" = /usr/sbin/nologin ]'
+check "/etc/vnvme made" test -d /etc/vnvme
+# The README's next line: the operator's configuration, from the example.
+check "cp the example configuration to /etc/vnvme/vm1.conf" \
+    cp /usr/share/doc/vnvme/examples/vm1.conf.example /etc/vnvme/vm1.conf
+check "the unit starts the packaged binary" bash -c \
+    'grep -q "^ExecStart=/usr/bin/vnvme " /lib/systemd/system/vnvme@.service && test -x /usr/bin/vnvme'
+if command -v systemd-analyze >/dev/null; then
+    cp /lib/systemd/system/vnvme@.service "$TMP/vnvme@vm1.service"
+    check "systemd-analyze verify (installed unit)" bash -c \
+        "out=\$(systemd-analyze verify --man=no '$TMP/vnvme@vm1.service' 2>&1) && [ -z \"\$out\" ] || { echo \"\$out\"; false; }"
+    score=$(cd "$TMP" && systemd-analyze security --offline=yes "$TMP/vnvme@vm1.service" 2>/dev/null | tail -1)
+    echo "  (systemd-analyze security --offline: ${score#→ })"
+else
+    skip "systemd-analyze verify" "systemd-analyze is not installed (Debian: systemd)"
+fi
+# The example configuration's account, in use: a server started as root drops to
+# the package's user and serves.
+sock="$TMP/vm1.sock"
+/usr/bin/vnvme serve --socket "$sock" --ns ram:16M --user vnvme --once 2>"$TMP/serve.log" &
+SERVER=$!
+uid=$(id -u vnvme) euid=
+for _ in $(seq 100); do
+    euid=$(awk '/^Uid:/ {print $3}' "/proc/$SERVER/status" 2>/dev/null)
+    [ -S "$sock" ] && [ "$euid" = "$uid" ] && break
+    sleep 0.1
+done
+if [ "$euid" != "$uid" ]; then
+    fail "serve --user vnvme" "the server runs as uid ${euid:-?}, not vnvme's $uid: $(tail -2 "$TMP/serve.log" | tr '\n' ' ')"
+elif ! out=$(timeout 30 /usr/bin/vnvme identify --socket "$sock" 2>&1) || ! grep -q 'vnvme' <<<"$out"; then
+    fail "serve --user vnvme" "identify: $(tail -2 <<<"$out" | tr '\n' ' '); server: $(tail -2 "$TMP/serve.log" | tr '\n' ' ')"
+elif ! wait "$SERVER"; then
+    fail "serve --user vnvme" "the server exited non-zero: $(tail -2 "$TMP/serve.log" | tr '\n' ' ')"
+else
+    pass "serve --user vnvme: runs as vnvme, identify answered, the server ended cleanly"
+fi
+SERVER=
+
+# Purge: nothing the package put down, nor the account and directory it made, stays.
+if ! out=$(dpkg --purge vnvme 2>&1); then
+    fail "dpkg --purge" "$(tail -3 <<<"$out" | tr '\n' ' ')"
+    summary
+fi
+INSTALLED=0
+left=()
+while read -r f; do
+    [ -z "$f" ] || [ "${f: -1}" = / ] && continue
+    [ -e "$f" ] && left+=("$f")
+done <"$TMP/contents"
+# The operator's file survives the purge (and with it the directory); then it goes.
+if [ -f /etc/vnvme/vm1.conf ] && [ "$(ls -A /etc/vnvme)" = vm1.conf ]; then
+    pass "dpkg --purge keeps the operator's /etc/vnvme/vm1.conf"
+else
+    fail "dpkg --purge keeps the operator's /etc/vnvme/vm1.conf" "$(ls -A /etc/vnvme 2>&1 | tr '\n' ' ')"
+fi
+rm -f /etc/vnvme/vm1.conf
+rmdir /etc/vnvme 2>/dev/null
+[ -e /etc/vnvme ] && left+=(/etc/vnvme)
+getent passwd vnvme >/dev/null && left+=("account vnvme")
+getent group vnvme >/dev/null && left+=("group vnvme")
+dpkg-query -W -f '${Status}' vnvme 2>/dev/null | grep -q 'installed\|config-files' && left+=("dpkg status")
+if [ ${#left[@]} -eq 0 ]; then
+    pass "dpkg --purge leaves nothing ($(grep -c . "$TMP/contents") paths checked, account, group, /etc/vnvme)"
+else
+    fail "dpkg --purge leaves nothing" "left: ${left[*]}"
+fi
+summary
