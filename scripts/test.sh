@@ -2,8 +2,9 @@
 # The project's test command: formatting, lints, every test tier that runs on this
 # machine, the guest tests (real Linux guests under QEMU on `vnvme serve`,
 # scripts/guest-tests.sh), the Debian package installed and removed
-# (scripts/package-test.sh) and a bounded fuzz run. Prints a tally per kind (Rust
-# tests, guest checks, package checks, fuzz targets) and one summary line at the end:
+# (scripts/package-test.sh), libvirt starting a VM on vnvme (scripts/libvirt-test.sh)
+# and a bounded fuzz run. Prints a tally per kind (Rust tests, guest checks, package
+# and libvirt checks, fuzz targets) and one summary line at the end:
 #   vnvme-tests: N passed, N failed, N skipped
 # Every Rust test binary runs (--no-fail-fast); one that ends without a result line
 # (a crash) counts as a failure and is named. A test that skips for want of
@@ -108,6 +109,24 @@ if [ "$pkg_rc" -ne 0 ] && [ "$pkg_failed" -eq 0 ]; then
     echo "package checks: the script failed without a summary line (exit $pkg_rc)" >>"$LOG/missing"
 fi
 
+# libvirt starts a VM on vnvme (scripts/libvirt-test.sh): after the guest tests,
+# which fetched QEMU and the kernels it boots.
+step "libvirt: virsh define, start, suspend/resume, destroy, the next VM (scripts/libvirt-test.sh)"
+lv_passed=0 lv_failed=0 lv_skipped=0
+set +e
+VNVME_SKIP_LOG="$LOG/skips-package" scripts/libvirt-test.sh 2>&1 | tee "$LOG/libvirt.out"
+lv_rc=${PIPESTATUS[0]}
+set -e
+line=$(grep -E '^libvirt-checks: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/libvirt.out" | tail -1 || true)
+if [ -n "$line" ]; then
+    read -r lv_passed lv_failed lv_skipped < <(
+        sed -E 's/^libvirt-checks: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
+fi
+if [ "$lv_rc" -ne 0 ] && [ "$lv_failed" -eq 0 ]; then
+    lv_failed=1
+    echo "libvirt checks: the script failed without a summary line (exit $lv_rc)" >>"$LOG/missing"
+fi
+
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
     step "fuzz: ${FUZZ_SECONDS}s of structured fuzzing: controller, vfio-user and state restores (release, overflow checks on)"
@@ -190,12 +209,13 @@ fi
 echo "  rust tests:   $passed passed, $failed failed ($crashed binaries crashed), $rust_skipped skipped, $ignored ignored"
 echo "  guest checks: $guest_passed passed, $guest_failed failed, $guest_skipped skipped"
 echo "  package:      $pkg_passed passed, $pkg_failed failed, $pkg_skipped skipped"
+echo "  libvirt:      $lv_passed passed, $lv_failed failed, $lv_skipped skipped"
 echo "  fuzz targets: $fuzz_passed passed, $fuzz_failed failed (${FUZZ_SECONDS}s in all)"
-total_passed=$((passed + guest_passed + pkg_passed + fuzz_passed))
-total_failed=$((failed + guest_failed + pkg_failed + fuzz_failed))
-total_skipped=$((rust_skipped + guest_skipped + pkg_skipped + ignored))
+total_passed=$((passed + guest_passed + pkg_passed + lv_passed + fuzz_passed))
+total_failed=$((failed + guest_failed + pkg_failed + lv_failed + fuzz_failed))
+total_skipped=$((rust_skipped + guest_skipped + pkg_skipped + lv_skipped + ignored))
 echo
 echo "vnvme-tests: ${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
-if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ] || [ "$pkg_rc" -ne 0 ] || [ "$total_failed" -ne 0 ]; then
+if [ "$test_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ] || [ "$guest_rc" -ne 0 ] || [ "$pkg_rc" -ne 0 ] || [ "$lv_rc" -ne 0 ] || [ "$total_failed" -ne 0 ]; then
     exit 1
 fi
