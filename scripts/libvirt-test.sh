@@ -6,7 +6,8 @@
 # TCG domain unless KVM can boot here, the test kernel and a serial log, the socket
 # path, 1 GiB), and `vnvme serve` running as the same user. Checked: virsh define and
 # start; the guest sees the namespace and fio verifies on it; virsh suspend and resume
-# (the device keeps its state: fio verifies again); virsh destroy (the server serves
+# (the device keeps its state: fio verifies again); virsh reset (the device is reset
+# and the rebooted guest binds it again); virsh destroy (the server serves
 # the next VM: started again, it boots, fio verifies, the guest powers off); the
 # server ends cleanly on SIGTERM. One line per check (PASS, FAIL with the reason,
 # SKIP with the reason), then
@@ -57,6 +58,37 @@ if ! (libvirt_tools) >/tmp/libvirt-apt.$$ 2>&1; then
 fi
 rm -f /tmp/libvirt-apt.$$
 
+# The ACPI power button (virsh shutdown and reboot press it): the kernel's button
+# and evdev modules, which the guest tests' module set leaves out, from the same
+# kernel package (fetched once, cached beside the kernel).
+KVER=$(cat "$KDIR/KVER")
+ACPI_MODS="$VNVME_CACHE/kernels/acpi-modules-$KVER"
+acpi_modules() {
+    local tmp f m
+    [ -s "$ACPI_MODS/button.ko" ] && [ -s "$ACPI_MODS/evdev.ko" ] && return 0
+    tmp=$(mktemp -d)
+    papt_init bookworm "$(suite_sources bookworm)"
+    papt_update bookworm
+    papt_download bookworm "$tmp" "linux-image-$KVER" || { rm -rf "$tmp"; return 1; }
+    dpkg-deb -x "$tmp"/linux-image-"$KVER"_*.deb "$tmp/x" || { rm -rf "$tmp"; return 1; }
+    mkdir -p "$ACPI_MODS.tmp"
+    for m in button evdev; do
+        f=$(find "$tmp/x" -name "$m.ko*" | head -1)
+        [ -n "$f" ] || { rm -rf "$tmp" "$ACPI_MODS.tmp"; return 1; }
+        case $f in
+        *.xz) xz -dc "$f" ;; *.zst) zstd -q -dc "$f" ;; *.gz) gzip -dc "$f" ;; *) cat "$f" ;;
+        esac >"$ACPI_MODS.tmp/$m.ko"
+    done
+    rm -rf "$tmp" "$ACPI_MODS"
+    mv "$ACPI_MODS.tmp" "$ACPI_MODS"
+}
+ACPI=1
+if ! (acpi_modules) >/tmp/libvirt-acpi.$$ 2>&1; then
+    ACPI=0
+    acpi_why="the kernel's ACPI button module could not be fetched: $(tail -1 /tmp/libvirt-acpi.$$)"
+fi
+rm -f /tmp/libvirt-acpi.$$
+
 W=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-libvirt.XXXXXX")
 chmod 755 "$W"
 SERVER=
@@ -79,26 +111,67 @@ mkdir -p "$W/home" "$W/run" "$W/extra"
 cp -al "$QEMU_DIR" "$W/qemu" 2>/dev/null || cp -a "$QEMU_DIR" "$W/qemu"
 cp "$KDIR/vmlinuz" "$W/vmlinuz"
 cp "$VNVME" "$W/vnvme"
+if [ "$ACPI" = 1 ]; then
+    mkdir -p "$W/extra/acpi"
+    cp "$ACPI_MODS/button.ko" "$ACPI_MODS/evdev.ko" "$W/extra/acpi/"
+fi
 cat >"$W/extra/guest-run.sh" <<'EOF'
-# The first boot writes a mark at LBA 0 of the namespace; a later boot finds it.
+# Which boot this is, the namespace says: each boot leaves a mark at LBA 0 for the
+# next (the first VM's boot, its reset, then the next VM).
 set -e
 dev=/dev/nvme0n1
+# The power button powers the guest off (acpid's job in a full system): virsh
+# shutdown, and virsh reboot, which libvirt turns into a power-off and a fresh start.
+if [ -d /acpi ]; then
+    insmod /acpi/button.ko 2>/dev/null || true
+    insmod /acpi/evdev.ko 2>/dev/null || true
+    for i in /sys/class/input/input*; do
+        grep -q 'Power Button' "$i/name" 2>/dev/null || continue
+        for e in "$i"/event*; do
+            [ -e "$e" ] || continue
+            (dd if=/dev/input/${e##*/} bs=24 count=1 >/dev/null 2>&1
+             echo LV_POWER_BUTTON; sync; poweroff -f) &
+            echo LV_ACPI_READY
+            break 2
+        done
+    done
+fi
 nvme list | grep -q 'vnvme' && echo LV_SEEN
 verify() {
     fio --name=v --filename=$dev --offset=1M --size=16M --rw=randwrite --bs=4k --iodepth=8 \
         --ioengine=libaio --direct=1 --verify=crc32c --do_verify=1 --output-format=terse >/tmp/fio.out
     [ "$(cut -d';' -f5 /tmp/fio.out)" = 0 ] && echo "LV_FIO_OK_$1"
 }
-if [ "$(dd if=$dev bs=512 count=1 2>/dev/null | head -c 8)" = LVBOOT1! ]; then
+mark() { printf 'LVBOOT%s!' "$1" | dd of=$dev bs=512 count=1 conv=sync,fsync 2>/dev/null; }
+case "$(dd if=$dev bs=512 count=1 2>/dev/null | head -c 8)" in
+LVBOOT4!)
+    # After virsh reboot: a fresh start of the VM.
+    verify 6
+    exit 0 ;;
+LVBOOT3!)
+    # The next VM, started after virsh shutdown; virsh reboot comes now.
+    mark 4
+    verify 5
+    sleep 600 ;;
+LVBOOT2!)
+    mark 3
+    verify 4
+    # virsh shutdown comes now (or, without the button, the script ends here).
+    [ -d /acpi ] && sleep 600
+    exit 0 ;;
+LVBOOT1!)
+    # After virsh reset: the device was reset and the driver bound it again.
+    mark 2
     verify 3
-    exit 0
-fi
-printf 'LVBOOT1!' | dd of=$dev bs=512 count=1 conv=sync,fsync 2>/dev/null
+    # The host destroys the VM now.
+    sleep 600 ;;
+esac
+mark 1
 verify 1
 # The host suspends and resumes the VM in this window.
 sleep 15
 verify 2
-# The host destroys the VM now.
+# The host resets the VM now.
 sleep 600
 EOF
 (cd "$W/extra" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >"$W/initrd"
@@ -183,25 +256,67 @@ else
 fi
 if wait_serial LV_FIO_OK_2 120; then pass "after resume the device keeps its state: fio verify passes again"; else
     fail "after resume: fio verify" "no verified fio run: $(guest_tail)"; fi
+# A hard reset: QEMU resets the machine and the device (a vfio-user reset the server
+# logs), the guest boots again in the same VM and its driver binds the device anew.
+resets_before=$(grep -c 'device reset requested' "$W/serve.log")
+if virsh_ reset vm1 >/dev/null && wait_serial LV_FIO_OK_3 240 &&
+    [ "$(grep -c 'device reset requested' "$W/serve.log")" -gt "$resets_before" ]; then
+    pass "virsh reset: the device is reset (vnvme saw $resets_before -> $(grep -c 'device reset requested' "$W/serve.log") resets), the rebooted guest binds it again, fio verify passes"
+else
+    fail "virsh reset" "resets seen by vnvme $resets_before -> $(grep -c 'device reset requested' "$W/serve.log"); $(guest_tail)"
+fi
 if virsh_ destroy vm1 >/dev/null && [ "$(state)" = "shut off" ] && kill -0 "$SERVER" 2>/dev/null; then
     pass "virsh destroy (the VM is off, the server serves on)"
 else
     fail "virsh destroy" "state $(state); server $(kill -0 "$SERVER" 2>/dev/null && echo alive || echo gone)"
 fi
 : >"$W/serial.log"
-if virsh_ start vm1 >/dev/null 2>&1 && wait_serial 'VNVME_GUEST_EXIT=0' 240 && grep -aq LV_FIO_OK_3 "$W/serial.log"; then
+if virsh_ start vm1 >/dev/null 2>&1 && wait_serial LV_FIO_OK_4 240; then
     pass "the server serves the next VM: it boots, finds the first VM's mark, fio verify passes"
 else
     fail "the next VM" "$(guest_tail)"
 fi
-# The guest powered off: libvirt sees the domain end.
-for _ in $(seq 30); do [ "$(state)" = "shut off" ] && break; sleep 1; done
-[ "$(state)" = "shut off" ] && pass "guest power-off ends the domain" || fail "guest power-off" "state $(state)"
-kill -TERM "$SERVER"
-if wait "$SERVER" && [ "$(grep -c 'client disconnected' "$W/serve.log")" -ge 2 ]; then
-    pass "vnvme ends cleanly: exit 0, both sessions ended ($(grep -o 'client disconnected ([0-9.]* s' "$W/serve.log" | tr '\n' ' '))"
+# wait_off SECS: the domain is shut off within SECS.
+wait_off() {
+    local end=$((SECONDS + $1))
+    while [ $SECONDS -lt $end ]; do [ "$(state)" = "shut off" ] && return 0; sleep 1; done
+    return 1
+}
+sessions=2
+if [ "$ACPI" = 1 ]; then
+    # virsh shutdown: the power button, the guest powers off, the domain ends, and
+    # vnvme sees the session end.
+    if grep -aq LV_ACPI_READY "$W/serial.log" && virsh_ shutdown vm1 >/dev/null && wait_off 60 &&
+        grep -aq LV_POWER_BUTTON "$W/serial.log" && sleep 1 &&
+        [ "$(grep -c 'client disconnected' "$W/serve.log")" -ge 2 ]; then
+        pass "virsh shutdown: the guest powers off on the button, the domain ends, vnvme's session ends"
+    else
+        fail "virsh shutdown" "state $(state); $(guest_tail)"
+        virsh_ destroy vm1 >/dev/null 2>&1
+    fi
+    # virsh reboot: libvirt powers the guest off with the button and starts it again
+    # in the same QEMU (the device reset, the driver binding it again).
+    : >"$W/serial.log"
+    resets_before=$(grep -c 'device reset requested' "$W/serve.log")
+    if virsh_ start vm1 >/dev/null 2>&1 && wait_serial LV_FIO_OK_5 240 && virsh_ reboot vm1 >/dev/null &&
+        wait_serial LV_FIO_OK_6 240 && grep -aq LV_POWER_BUTTON "$W/serial.log"; then
+        pass "virsh reboot: the guest boots again, binds the device again, fio verify passes (vnvme saw $resets_before -> $(grep -c 'device reset requested' "$W/serve.log") resets)"
+    else
+        fail "virsh reboot" "state $(state); $(guest_tail)"
+    fi
+    sessions=3
 else
-    fail "vnvme's clean end" "$(tail -3 "$W/serve.log" | tr '\n' ' ')"
+    skip "virsh shutdown" "$acpi_why"
+    skip "virsh reboot" "$acpi_why"
+fi
+# The last guest powers off: libvirt sees the domain end.
+wait_serial 'VNVME_GUEST_EXIT=0' 120
+wait_off 30 && pass "guest power-off ends the domain" || fail "guest power-off" "state $(state); $(guest_tail)"
+kill -TERM "$SERVER"
+if wait "$SERVER" && [ "$(grep -c 'client disconnected' "$W/serve.log")" -ge "$sessions" ]; then
+    pass "vnvme ends cleanly: exit 0, all $sessions sessions ended (after $(grep -o 'client disconnected ([0-9.]* s' "$W/serve.log" | sed 's/.*(//' | paste -sd, -))"
+else
+    fail "vnvme's clean end" "$(grep -c 'client disconnected' "$W/serve.log") of $sessions sessions ended; $(tail -3 "$W/serve.log" | tr '\n' ' ')"
 fi
 SERVER=
 summary
