@@ -508,12 +508,21 @@ def table_md(mach, knobs, matrix, points, tgts, comparison=None, spec=None):
     L += ["", "`mapped` forces the server's workers to poll always (mapped stores notify nobody), so it has no "
           "irq+adaptive point; its irq row is irq+always. In-process doorbells are function calls "
           "(`mmio_write` + `process`, routed to the worker's mailbox), counted as trapped.", ""]
-    L += ["### IOPS (mean of runs)", "", "| config | " + " | ".join(f"QD {q}" for q in knobs["qd_list"]) + " |",
+    cost = {(c["config"], c["qd"]): c["instr_per_io"] for c in knobs.get("cost") or []}
+    L += ["### IOPS (mean of runs)" + (", and the server's instructions per I/O" if cost else ""), "",
+          "| config | " + " | ".join(f"QD {q}" for q in knobs["qd_list"]) + " |",
           "|---|" + "--:|" * len(knobs["qd_list"])]
     for m in matrix:
         cells = [fmt_iops(mean(get(points, m["id"], q), "iops")) for q in knobs["qd_list"]]
+        if cost:
+            cells = [c + (f" · {cost[(m['id'], q)]:,.0f} instr" if (m["id"], q) in cost else "")
+                     for c, q in zip(cells, knobs["qd_list"])]
         if any(c != "–" for c in cells):
             L.append(f"| {m['id']} | " + " | ".join(cells) + " |")
+    if cost:
+        L += ["", "instr: the server's own instructions per I/O, the payload copy apart (scripts/bench-cost.sh "
+              "under callgrind, `--poll off`, median of 2 repetitions, in cost/ with the per-function tables); "
+              "a count, not a time: it does not move with the machine's load."]
     L += ["", "### Every point", "",
           "| config | QD | IOPS | p50 µs | p99 µs | trapped db/IO (server) | driver db/IO | irq/IO | "
           "client CPU µs/IO | server CPU µs/IO | CPUs busy | other load |",
@@ -722,6 +731,13 @@ def main():
     if a.started:
         started = datetime.datetime.strptime(a.started, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M:%S UTC")
     mach = machine(a.root, started)
+    cost_path = os.path.join(a.dir, "cost", "results.json")
+    if os.path.exists(cost_path):
+        # bench-cost's server points: "server <doorbells> qd<N>[ inline]".
+        knobs["cost"] = [{"config": p["doorbells"], "qd": p["qd"], "instr_per_io": p["controller_per_io"],
+                          "instr_per_io_range": p.get("controller_per_io_range"),
+                          "syscalls_per_io": p.get("syscalls_per_io")}
+                         for p in json.load(open(cost_path))["points"] if p.get("kind") == "server"]
     matrix = parse_matrix(a.matrix, a.workers)
     points = load(a.dir, matrix)
     tgts = targets(points, matrix)

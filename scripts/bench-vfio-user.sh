@@ -25,6 +25,12 @@
 #   --rw MODE     randread (default) or randwrite
 #   --out DIR     output folder (default results/vfio-user-perf/<UTC timestamp>)
 #   --list        print the configurations and exit
+#   --cost        also the server's instructions per I/O beside the IOPS: after the runs,
+#                 scripts/bench-cost.sh (callgrind, --poll off, the payload copy apart)
+#                 for the configurations it can cost (trapped, shadow, eventfd) at the
+#                 same QDs, namespace and --workers, 2 repetitions, into cost/ of the
+#                 output; the tables gain its medians (polling configurations have none:
+#                 a spinning server's instruction count is mostly the spin)
 #   --reference CONFIG  the configuration every other one is measured beside (default
 #                 trapped: every doorbell a vfio-user message, the baseline row). For
 #                 each other configuration, QD and repetition the reference's run and
@@ -85,6 +91,7 @@ RW=randread
 BASELINE=
 BASELINE_ARG=
 BASELINE_LABEL=
+COST=0
 REFERENCE=trapped
 REFERENCE_GIVEN=
 
@@ -117,6 +124,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --ns) NS=$2; shift 2 ;;
     --rw) RW=$2; shift 2 ;;
+    --cost) COST=1; shift ;;
     --reference) REFERENCE=$2; REFERENCE_GIVEN=1; shift 2 ;;
     --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
     --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
@@ -402,6 +410,21 @@ snapshot end
 # written as $TMPDIR in the logs and raw files.
 # (Nothing may name it, e.g. in-process runs only: grep then finds nothing.)
 { grep -rlF "$TMP/" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
+if [ "$COST" = 1 ]; then
+  costed=()
+  for m in "${MATRIX[@]}"; do
+    IFS='|' read -r id _ <<<"$m"
+    case $id in trapped|shadow|eventfd) costed+=("$id") ;; esac
+  done
+  if [ ${#costed[@]} -gt 0 ]; then
+    log "instructions per I/O: scripts/bench-cost.sh for ${costed[*]} (callgrind; several minutes)"
+    "$ROOT/scripts/bench-cost.sh" --qd "$QDS" --doorbells "$(IFS=,; echo "${costed[*]}")" --ns "$NS" \
+      --workers "$WORKERS" --reps 2 --no-history --no-build --no-inprocess --out "$OUT/cost" >"$OUT/logs/cost.log" 2>&1 ||
+      log "bench-cost.sh failed (logs/cost.log): the tables have no instructions"
+  else
+    log "--cost: none of the configurations run here can be costed (trapped, shadow, eventfd)"
+  fi
+fi
 python3 "$ROOT/scripts/bench-vfio-user.py" --dir "$OUT" --root "$ROOT" \
   --seconds "$SECONDS_PER_POINT" --repeat "$REPEAT" --qd "$QDS" --workers "$WORKERS" --pin "$PIN" \
   --ns "$NS" --rw "$RW" --reference "$REFERENCE" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
