@@ -42,9 +42,8 @@ pub fn manpages(cmd: Command, args: ManpagesArgs) -> Result<(), Box<dyn std::err
 
 /// Section 1 pages for `cmd` and every visible command under it, named the git way
 /// (vnvme-serve.1, vnvme-ctl.1), each saying which command line it documents.
-fn write_pages(cmd: Command, out: &Path) -> io::Result<Vec<PathBuf>> {
+fn write_pages(mut cmd: Command, out: &Path) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out)?;
-    let mut cmd = cmd;
     cmd.build();
     let mut written = Vec::new();
     page(&cmd, cmd.get_name(), out, &mut written)?;
