@@ -47,8 +47,10 @@ summary() {
 
 TMP=$(mktemp -d)
 INSTALLED=0
+NSPAWN=
 cleanup() {
     [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null
+    [ -n "${NSPAWN:-}" ] && kill "$NSPAWN" 2>/dev/null && wait "$NSPAWN" 2>/dev/null
     # An install this script made is never left behind, whatever failed.
     if [ "$INSTALLED" = 1 ]; then
         dpkg --purge vnvme >/dev/null 2>&1
@@ -157,6 +159,78 @@ else
     pass "serve --user vnvme: runs as vnvme, identify answered, the server ended cleanly"
 fi
 SERVER=
+
+# ---- the README's lines under a real systemd: a Debian container booted with
+# systemd-nspawn (this host's PID 1 is not systemd), the package installed in it,
+# the example configuration with a RAM namespace, systemctl enable --now vnvme@vm1.
+systemd_checks() {
+    local cache="$VNVME_CACHE/systemd-root" tarball root nspawn init out i
+    tarball="$cache/bookworm-minbase-systemd.tar"
+    if [ ! -s "$tarball" ]; then
+        log "a Debian root with systemd for the container (debootstrap, once, cached)"
+        mkdir -p "$cache"
+        rm -rf "$cache/tmp"
+        debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,adduser bookworm \
+            "$cache/tmp" "$VNVME_DEBIAN_MIRROR" >"$TMP/debootstrap.log" 2>&1 ||
+            { skip "systemd" "debootstrap failed: $(tail -1 "$TMP/debootstrap.log")"; return; }
+        tar -C "$cache/tmp" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
+        rm -rf "$cache/tmp"
+    fi
+    root="$TMP/root"
+    mkdir -p "$root"
+    tar -C "$root" -xf "$tarball"
+    cp "$deb" "$root/root/vnvme.deb"
+    systemd-nspawn -q -D "$root" --boot --register=no --keep-unit --console=passive \
+        --machine="vnvme-pkg-$$" </dev/null >"$TMP/nspawn.log" 2>&1 &
+    nspawn=$!
+    NSPAWN=$nspawn
+    for i in $(seq 100); do
+        init=$(pgrep -P "$nspawn" | head -1)
+        [ -n "$init" ] && nsenter -t "$init" -a systemctl is-system-running 2>/dev/null | grep -qE 'running|degraded' && break
+        init=
+        sleep 0.3
+    done
+    if [ -z "$init" ]; then
+        fail "systemd in a container" "the container did not boot: $(tail -2 "$TMP/nspawn.log" | tr '\n' ' ')"
+        return
+    fi
+    in_ct() { nsenter -t "$init" -a "$@"; }
+    pass "systemd boots in a container (systemd-nspawn, Debian bookworm)"
+    # The README, line by line (dpkg -i, the example configuration, systemctl).
+    if out=$(in_ct bash -c 'dpkg -i /root/vnvme.deb &&
+            cp /usr/share/doc/vnvme/examples/vm1.conf.example /etc/vnvme/vm1.conf &&
+            sed -i "s#^VNVME_NS=.*#VNVME_NS=--ns ram:64M#" /etc/vnvme/vm1.conf &&
+            systemctl enable --now vnvme@vm1' 2>&1) &&
+        in_ct bash -c 'for i in $(seq 50); do [ -S /run/vnvme/vm1.sock ] && exit 0; sleep 0.1; done; exit 1'; then
+        pass "systemctl enable --now vnvme@vm1: active, /run/vnvme/vm1.sock there"
+    else
+        fail "systemctl enable --now vnvme@vm1" "$(in_ct systemctl status vnvme@vm1 --no-pager 2>&1 | tail -3 | tr '\n' ' ') $out"
+        return
+    fi
+    if out=$(in_ct vnvme identify --socket /run/vnvme/vm1.sock 2>&1) && grep -q 'vnvme' <<<"$out"; then
+        pass "the unit's server answers vnvme identify"
+    else
+        fail "the unit's server answers vnvme identify" "$(tail -2 <<<"$out" | tr '\n' ' ')"
+    fi
+    out=$(in_ct bash -c 'stat -c %U /proc/$(systemctl show -p MainPID --value vnvme@vm1)' 2>&1)
+    [ "$out" = vnvme ] && pass "the unit's server runs as vnvme (the example's --user)" ||
+        fail "the unit's server runs as vnvme" "runs as $out"
+    echo "  (systemd-analyze security vnvme@vm1, online: $(in_ct systemd-analyze security vnvme@vm1 2>/dev/null | tail -1 | sed 's/^→ //'))"
+    out=$(in_ct bash -c 'systemctl stop vnvme@vm1; systemctl show -p Result --value vnvme@vm1; systemctl show -p ExecMainStatus --value vnvme@vm1' 2>&1)
+    if [ "$(tr '\n' ' ' <<<"$out")" = "success 0 " ]; then
+        pass "systemctl stop: the server ends cleanly (result success, exit 0)"
+    else
+        fail "systemctl stop" "$(tr '\n' ' ' <<<"$out")"
+    fi
+    in_ct systemctl poweroff >/dev/null 2>&1 || kill "$nspawn" 2>/dev/null
+    wait "$nspawn" 2>/dev/null
+    NSPAWN=
+}
+if ! (need_cmds systemd-nspawn:systemd-container debootstrap:debootstrap nsenter:util-linux) >"$TMP/apt-ns.log" 2>&1; then
+    skip "systemd" "systemd-nspawn or debootstrap could not be installed ($(tail -1 "$TMP/apt-ns.log"))"
+else
+    systemd_checks
+fi
 
 # Purge: nothing the package put down, nor the account and directory it made, stays.
 if ! out=$(dpkg --purge vnvme 2>&1); then
