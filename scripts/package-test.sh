@@ -3,7 +3,10 @@
 # lintian-clean (each override in contrib/debian/lintian-overrides says why), then
 # installed on this machine with dpkg -i, used (vnvme --version, man -w vnvme-serve,
 # the completions, the unit, a server dropping to the package's account answering
-# `vnvme identify`), and purged with nothing left behind. Prints one line per check
+# `vnvme identify`), run under a real systemd (a Debian container booted with
+# systemd-nspawn: the README's dpkg -i, example configuration and systemctl enable --now
+# vnvme@vm1, identify, systemctl stop), and purged with nothing left behind. Prints one
+# line per check
 # (PASS, FAIL with the reason, SKIP with the reason) and ends with
 #   package-checks: N passed, N failed, N skipped
 # Exit 1 if any check failed. Needs root (dpkg -i); a host that has a vnvme package

@@ -93,7 +93,7 @@ fi
 
 # The Debian package: built, lintian-checked, installed with dpkg -i, used and
 # purged (scripts/package-test.sh; its skips are recorded like the guests').
-step "Debian package: build, lintian, dpkg -i, use, purge (scripts/package-test.sh)"
+step "Debian package: build, lintian, dpkg -i, use, systemd in a container, purge (scripts/package-test.sh)"
 pkg_passed=0 pkg_failed=0 pkg_skipped=0
 set +e
 VNVME_SKIP_LOG="$LOG/skips-package" scripts/package-test.sh 2>&1 | tee "$LOG/package.out"
