@@ -21,19 +21,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/scripts/lib/packages.sh"
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; }
 
-passed=0 failed=0 skipped=0
-pass() { echo "PASS libvirt: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL libvirt: $1: $2"; failed=$((failed + 1)); }
-skip() {
-    echo "SKIP libvirt: $1: $2"
-    skipped=$((skipped + 1))
-    [ -n "${VNVME_SKIP_LOG:-}" ] && printf 'libvirt: %s\t%s\n' "$1" "$2" >>"$VNVME_SKIP_LOG"
-}
-summary() {
-    echo "libvirt-checks: $passed passed, $failed failed, $skipped skipped"
-    [ "$failed" -eq 0 ]
-    exit
-}
+CHECKS=libvirt
+# shellcheck source=scripts/lib/checks.sh
+source "$ROOT/scripts/lib/checks.sh"
 
 USER_NAME=nobody
 VNVME="$ROOT/target/release/vnvme"

@@ -28,25 +28,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-passed=0 failed=0 skipped=0
-pass() { echo "PASS package: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL package: $1: $2"; failed=$((failed + 1)); }
-skip() {
-    echo "SKIP package: $1: $2"
-    skipped=$((skipped + 1))
-    [ -n "${VNVME_SKIP_LOG:-}" ] && printf 'package: %s\t%s\n' "$1" "$2" >>"$VNVME_SKIP_LOG"
-}
-# check NAME COMMAND...: PASS if the command succeeds, else FAIL with its output.
-check() {
-    local name=$1 out
-    shift
-    if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$(tail -3 <<<"$out" | tr '\n' ' ')"; fi
-}
-summary() {
-    echo "package-checks: $passed passed, $failed failed, $skipped skipped"
-    [ "$failed" -eq 0 ]
-    exit
-}
+CHECKS=package
+# shellcheck source=scripts/lib/checks.sh
+source "$ROOT/scripts/lib/checks.sh"
 
 TMP=$(mktemp -d)
 INSTALLED=0

@@ -71,61 +71,49 @@ set -e
 # Guest tests: they fetch QEMU + kernels (cached after the first run; a failed
 # fetch, e.g. no network, is a loud skip recorded in $VNVME_SKIP_LOG) and build
 # vnvme in release. VNVME_GUEST_TESTS=0 skips them (also recorded).
+# run_checks NAME SUMMARY SKIPS COMMAND...: a check script, its output teed to
+# $LOG/NAME.out and its skips recorded in SKIPS; sets RUN_RC, RUN_PASSED, RUN_FAILED
+# and RUN_SKIPPED from its last "SUMMARY: N passed, N failed, N skipped" line. A script
+# that fails without that line counts as one failure, said in $LOG/missing.
+run_checks() {
+    local name=$1 summary=$2 skips=$3 line
+    shift 3
+    set +e
+    VNVME_SKIP_LOG="$skips" "$@" 2>&1 | tee "$LOG/$name.out"
+    RUN_RC=${PIPESTATUS[0]}
+    set -e
+    RUN_PASSED=0 RUN_FAILED=0 RUN_SKIPPED=0
+    line=$(grep -E "^$summary: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped\$" "$LOG/$name.out" | tail -1 || true)
+    if [ -n "$line" ]; then
+        read -r RUN_PASSED RUN_FAILED RUN_SKIPPED < <(
+            sed -E "s/^$summary: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/" <<<"$line")
+    fi
+    if [ "$RUN_RC" -ne 0 ] && [ "$RUN_FAILED" -eq 0 ]; then
+        RUN_FAILED=1
+        echo "$1: failed without a summary line (exit $RUN_RC)" >>"$LOG/missing"
+    fi
+}
+
 guest_rc=0 guest_passed=0 guest_failed=0 guest_skipped=0
 if [ "${VNVME_GUEST_TESTS:-1}" = 0 ]; then
     echo "guest tests (scripts/guest-tests.sh): disabled by VNVME_GUEST_TESTS=0" >>"$NOTES"
 else
     step "guest tests: Linux guests under QEMU 11.1 on vnvme serve (scripts/guest-tests.sh)"
-    set +e
-    VNVME_SKIP_LOG="$GUEST_SKIPS" scripts/guest-tests.sh 2>&1 | tee "$LOG/guest.out"
-    guest_rc=${PIPESTATUS[0]}
-    set -e
-    line=$(grep -E '^guest-tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/guest.out" | tail -1 || true)
-    if [ -n "$line" ]; then
-        read -r guest_passed guest_failed guest_skipped < <(
-            sed -E 's/^guest-tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
-    fi
-    if [ "$guest_rc" -ne 0 ] && [ "$guest_failed" -eq 0 ]; then
-        guest_failed=1 # it failed without a summary line
-        echo "guest tests: the suite failed without a summary line (exit $guest_rc)" >>"$LOG/missing"
-    fi
+    run_checks guest guest-tests "$GUEST_SKIPS" scripts/guest-tests.sh
+    guest_rc=$RUN_RC guest_passed=$RUN_PASSED guest_failed=$RUN_FAILED guest_skipped=$RUN_SKIPPED
 fi
 
 # The Debian package: built, lintian-checked, installed with dpkg -i, used and
 # purged (scripts/package-test.sh; its skips are recorded like the guests').
 step "Debian package: build, lintian, dpkg -i, use, systemd in a container, purge (scripts/package-test.sh)"
-pkg_passed=0 pkg_failed=0 pkg_skipped=0
-set +e
-VNVME_SKIP_LOG="$LOG/skips-package" scripts/package-test.sh 2>&1 | tee "$LOG/package.out"
-pkg_rc=${PIPESTATUS[0]}
-set -e
-line=$(grep -E '^package-checks: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/package.out" | tail -1 || true)
-if [ -n "$line" ]; then
-    read -r pkg_passed pkg_failed pkg_skipped < <(
-        sed -E 's/^package-checks: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
-fi
-if [ "$pkg_rc" -ne 0 ] && [ "$pkg_failed" -eq 0 ]; then
-    pkg_failed=1
-    echo "package checks: the script failed without a summary line (exit $pkg_rc)" >>"$LOG/missing"
-fi
+run_checks package package-checks "$LOG/skips-package" scripts/package-test.sh
+pkg_rc=$RUN_RC pkg_passed=$RUN_PASSED pkg_failed=$RUN_FAILED pkg_skipped=$RUN_SKIPPED
 
 # libvirt starts a VM on vnvme (scripts/libvirt-test.sh): after the guest tests,
 # which fetched QEMU and the kernels it boots.
 step "libvirt: virsh define, start, suspend/resume, destroy, the next VM (scripts/libvirt-test.sh)"
-lv_passed=0 lv_failed=0 lv_skipped=0
-set +e
-VNVME_SKIP_LOG="$LOG/skips-package" scripts/libvirt-test.sh 2>&1 | tee "$LOG/libvirt.out"
-lv_rc=${PIPESTATUS[0]}
-set -e
-line=$(grep -E '^libvirt-checks: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$LOG/libvirt.out" | tail -1 || true)
-if [ -n "$line" ]; then
-    read -r lv_passed lv_failed lv_skipped < <(
-        sed -E 's/^libvirt-checks: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/' <<<"$line")
-fi
-if [ "$lv_rc" -ne 0 ] && [ "$lv_failed" -eq 0 ]; then
-    lv_failed=1
-    echo "libvirt checks: the script failed without a summary line (exit $lv_rc)" >>"$LOG/missing"
-fi
+run_checks libvirt libvirt-checks "$LOG/skips-package" scripts/libvirt-test.sh
+lv_rc=$RUN_RC lv_passed=$RUN_PASSED lv_failed=$RUN_FAILED lv_skipped=$RUN_SKIPPED
 
 fuzz_rc=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"nvme-fuzz"'; then
