@@ -79,8 +79,8 @@ own \`vnvme serve\` (built with cargo build --release first):
          heartbeat grace 4 s); the guest (scripts/guest/tests/outage.sh) runs fio
          randwrite + crc32c verify on n1 and n3 and an ext4 write / sync / drop
          caches / checksum loop on n2 while the host SIGKILLs qemu-nbd and starts
-         it again 2.1 s later, SIGSTOPs nbdkit for 10 s, SIGKILLs one OSD for good
-         and SIGSTOPs the other for 15 s: no fio error, checksums right, fsck
+         it again 2.1 s later, SIGSTOPs nbdkit for 10 s, SIGSTOPs both OSDs for
+         15 s, then SIGKILLs one for good: no fio error, checksums right, fsck
          clean, no I/O error, timeout, reset or read-only ext4 in the kernel log.
          Once on vnvme (--workers 0, the default hold) and once on QEMU's own nvme
          device with QEMU's NBD client (reconnect-delay=20) and rbd driver, the
@@ -600,33 +600,24 @@ outage_action() {
         kill -CONT "$pid"
         echo "[host] nbdkit (pid $pid) SIGSTOPped for 10 s, then SIGCONTed"
         ;;
+    osds-pause)
+        # The cluster stops answering for 15 s: both OSDs stopped at once, so
+        # neither reports the other down and the placement groups keep their
+        # two-OSD acting sets. (Pausing the last OSD of an acting set instead hits
+        # a Ceph 16.2 bug: a placement group that an op finds past its read lease
+        # on resuming stays "laggy" for good, though the lease is renewed; every op
+        # waits "for readable" and no client, QEMU's included, gets an answer.)
+        local p0 p1
+        p0=$(cat "$OUTAGE_CEPH/run/osd.0.pid") p1=$(cat "$OUTAGE_CEPH/run/osd.1.pid")
+        kill -STOP "$p0" "$p1"
+        sleep 15
+        kill -CONT "$p0" "$p1"
+        echo "[host] osd.0 and osd.1 (pids $p0 $p1) SIGSTOPped for 15 s, then SIGCONTed"
+        ;;
     osd-lose)
         pid=$(cat "$OUTAGE_CEPH/run/osd.1.pid")
         kill -KILL "$pid"
         echo "[host] osd.1 (pid $pid) SIGKILLed for good"
-        ;;
-    osd-pause)
-        # One outage at a time: the cluster first gets over the lost OSD (the
-        # monitor marks it down after the heartbeat grace, seconds more on a
-        # loaded host; its placement groups then peer on osd.0). The monitor
-        # says which OSDs are down; PG states would need a manager (none here).
-        local t0=$SECONDS down=""
-        while ((SECONDS - t0 < 60)); do
-            down=$(timeout 15 "$OUTAGE_CBIN/ceph" -c "$OUTAGE_CEPH/ceph.conf" --connect-timeout 10 osd dump 2>&1 |
-                grep -E '^osd\.1 down') && break
-            sleep 1
-        done
-        if [[ -n $down ]]; then
-            sleep 2
-            echo "[host] the monitor has osd.1 down; osd.0 paused $((SECONDS - t0)) s after the guest asked (2 s of them for peering)"
-        else
-            echo "[host] the monitor still has osd.1 up after 60 s; osd.0 paused anyway"
-        fi
-        pid=$(cat "$OUTAGE_CEPH/run/osd.0.pid")
-        kill -STOP "$pid"
-        sleep 15
-        kill -CONT "$pid"
-        echo "[host] osd.0 (pid $pid) SIGSTOPped for 15 s, then SIGCONTed"
         ;;
     *) echo "[host] unknown action $2" ;;
     esac
@@ -653,8 +644,14 @@ outage_ceph_start() {
 
 outage_ceph_stop() {
     [[ -n ${OUTAGE_CEPH:-} ]] || return 0
-    kill -CONT "$(cat "$OUTAGE_CEPH/run/osd.0.pid" 2>/dev/null)" 2>/dev/null
+    local i
+    for i in 0 1; do
+        kill -CONT "$(cat "$OUTAGE_CEPH/run/osd.$i.pid" 2>/dev/null)" 2>/dev/null
+    done
     "$here/ceph-cluster.sh" stop "$OUTAGE_CEPH" >>"$OUTAGE_CEPH.log" 2>&1
+    # The daemons' logs stay with the suite's (what the cluster did in an outage).
+    rm -rf "$OUTAGE_CEPH-logs"
+    cp -r "$OUTAGE_CEPH/log" "$OUTAGE_CEPH-logs" 2>/dev/null
     rm -rf "$OUTAGE_CEPH"
     OUTAGE_CEPH=""
 }
@@ -750,8 +747,7 @@ suite_outage() {
 
     # The control: QEMU's own nvme device on the same servers (and its rbd driver
     # on a fresh cluster like vnvme's). Its guest takes about 80 s; the bound is
-    # shorter than vnvme's, since the control's result is reported, not counted
-    # (QEMU's guest has been seen never to come back from the OSD pause).
+    # shorter than vnvme's, since the control's result is reported, not counted.
     local qemu_rbd=() qemu_bin=""
     n3=0
     if [[ -n ${OUTAGE_CBIN:-} ]] && qemu_bin=$("$here/fetch-qemu-rbd.sh" 2>"$d/qemu-rbd-fetch.log") &&

@@ -5,8 +5,9 @@ use std::io;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::ffi::{self, ImageT, IoctxT, Lib, RadosT};
 use crate::spec::RbdSpec;
@@ -226,12 +227,24 @@ impl Drop for Image {
             warn!(target: "vnvme::backend", "{}: {left} librbd requests never ended; the image is left open", self.spec);
             return;
         }
+        // Closing releases the image's lock and watch, which needs the cluster: one
+        // that stopped answering makes it wait until librados gives up (the hold).
+        if self.liveness.closed_gone() {
+            info!(target: "vnvme::backend", "{}: closing the image while the cluster is gone (librados gives up after {})",
+                self.spec,
+                self.spec.op_timeout.map_or("rados_osd_op_timeout".into(), |t| format!("{} s", t.as_secs())));
+        }
+        let t0 = Instant::now();
         // This is the last reference: no queue holds the image any more.
         // SAFETY: nothing is in flight; each handle is closed once, innermost first.
         unsafe {
             (self.lib.rbd_close)(self.handle);
             (self.lib.rados_ioctx_destroy)(self.ioctx);
             (self.lib.rados_shutdown)(self.cluster);
+        }
+        let took = t0.elapsed();
+        if took >= Duration::from_secs(2) {
+            warn!(target: "vnvme::backend", "{}: closing the image took {:.1} s (the cluster did not answer)", self.spec, took.as_secs_f64());
         }
     }
 }

@@ -7,7 +7,7 @@
 //! stalls going on now.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,9 @@ pub(crate) struct Liveness {
     tracker: StorageTracker,
     queues: Mutex<Vec<Weak<Progress>>>,
     epoch: Instant,
+    /// A queue closed while its last answer was Not Ready: closing the image will
+    /// wait for the cluster too.
+    closed_gone: AtomicBool,
 }
 
 /// One queue's requests at librbd, and when it last heard from the cluster (ns
@@ -42,7 +45,12 @@ pub(crate) struct Watch {
 
 impl Default for Liveness {
     fn default() -> Self {
-        Liveness { tracker: StorageTracker::default(), queues: Mutex::new(Vec::new()), epoch: Instant::now() }
+        Liveness {
+            tracker: StorageTracker::default(),
+            queues: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
+            closed_gone: AtomicBool::new(false),
+        }
     }
 }
 
@@ -58,6 +66,11 @@ impl Liveness {
         qs.retain(|w| w.strong_count() > 0);
         qs.push(Arc::downgrade(&progress));
         Watch { live: self.clone(), progress, gone: false }
+    }
+
+    /// Whether a queue closed with the cluster gone (its last answer Not Ready).
+    pub(crate) fn closed_gone(&self) -> bool {
+        self.closed_gone.load(Ordering::Relaxed)
     }
 
     /// The storage report: what the queues recorded, and the stalls going on now.
@@ -119,6 +132,9 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        if self.gone {
+            self.live.closed_gone.store(true, Ordering::Relaxed);
+        }
         self.live.tracker.closed(if self.gone { StorageState::Gone } else { StorageState::Up });
     }
 }
@@ -163,5 +179,11 @@ mod tests {
         assert_eq!(live.report().state, StorageState::Up);
         drop(w);
         assert_eq!(live.report().state, StorageState::Up);
+        assert!(!live.closed_gone(), "closed with the cluster answering");
+        let mut w = live.watch();
+        w.sent();
+        w.answered(true);
+        drop(w);
+        assert!(live.closed_gone(), "closed after a Not Ready answer");
     }
 }

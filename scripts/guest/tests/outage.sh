@@ -10,10 +10,11 @@
 # guest asks the host for outages ("@@VNVME-HOST ACTION@@"):
 #   nbd-restart    qemu-nbd SIGKILLed and started again on its socket 2.1 s later
 #   nbdkit-pause   nbdkit SIGSTOPped for 10 s, then SIGCONTed
-#   osd-lose       (with n3: an RBD image on a cluster of two OSDs, pool size 2,
-#                  min_size 1) one OSD SIGKILLed for good
-#   osd-pause      the remaining OSD SIGSTOPped for 15 s, then SIGCONTed, once the
-#                  monitor has the lost one down (one outage at a time)
+#   osds-pause     (with n3: an RBD image on a cluster of two OSDs, pool size 2,
+#                  min_size 1) both OSDs SIGSTOPped for 15 s, then SIGCONTed: the
+#                  cluster answers nothing for 15 s
+#   osd-lose       one OSD SIGKILLed for good: the other takes its placement
+#                  groups once the monitor has it down (seconds)
 # Acceptance: no fio error, every checksum right, fsck clean, no I/O error, timeout
 # or controller reset in the kernel log. The longest I/O latency fio saw is
 # reported ("@@VNVME-STALL NS@@"), and each outage's longest ext4 round.
@@ -96,11 +97,11 @@ sleep 8
 echo "@@VNVME-HOST nbdkit-pause@@"
 sleep 14
 if [ "$n" = 3 ]; then
+    echo "@@VNVME-HOST osds-pause@@"
+    # The host's pause takes 15 s; then some time back to normal before the next.
+    sleep 22
     echo "@@VNVME-HOST osd-lose@@"
-    sleep 14
-    echo "@@VNVME-HOST osd-pause@@"
-    # The host pauses osd.0 once the monitor has marked osd.1 down (about 5 s).
-    sleep 26
+    sleep 16
 fi
 touch /tmp/stop
 wait $FIO
@@ -127,10 +128,10 @@ fi
 if [ "$n" = 3 ]; then
     passes=$(cat /tmp/rbd.passes 2>/dev/null || echo 0)
     if [ -e /tmp/rbd.fail ]; then
-        t_fail "fio verify on n3 (rbd) through losing an OSD and a 15 s OSD pause failed after $passes pass(es)"
+        t_fail "fio verify on n3 (rbd) through a 15 s pause of the cluster and losing an OSD failed after $passes pass(es)"
         sed 's/^/    | /' /tmp/rbd.fail
     elif [ "$passes" -ge 2 ]; then
-        t_pass "fio randwrite + crc32c verify on n3 (rbd) through losing an OSD and a 15 s pause of the other: $passes passes of 8 MiB, no error"
+        t_pass "fio randwrite + crc32c verify on n3 (rbd) through a 15 s pause of both OSDs and losing one for good: $passes passes of 8 MiB, no error"
     else
         t_fail "fio on n3: $passes pass(es) completed, want 2 or more"
     fi
