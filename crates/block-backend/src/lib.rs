@@ -233,6 +233,18 @@ pub trait BackendQueue: Send + Debug {
     /// Starts a request (or queues it until [`BackendQueue::commit`]). Failures are
     /// reported as completions, never here.
     fn submit(&mut self, mem: &GuestMemory, req: Request);
+    /// Whether [`BackendQueue::run_now`] runs requests to their end (a synchronous
+    /// queue). Asked once, when the queue is opened, so owners can skip the call on
+    /// queues that would only hand the request back.
+    fn runs_now(&self) -> bool {
+        false
+    }
+    /// Runs `req` to its end inside the call and returns its completion, which then
+    /// never goes through `reap`; or hands `req` back untouched (the default), for
+    /// [`BackendQueue::submit`]. Failures are completions, as with `submit`.
+    fn run_now(&mut self, _mem: &GuestMemory, req: Request) -> Result<Completion, Request> {
+        Err(req)
+    }
     /// Hands every request queued by `submit` to the storage. The queue's owner calls
     /// it after each batch of submissions (before it reaps or sleeps), so a backend
     /// can start a batch with one system call. Backends that start requests in
@@ -310,8 +322,9 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), BackendError>
     }
 }
 
-/// A queue for synchronous backends: `submit` runs the request through `exec` at
-/// once and parks its completion for the next `reap`.
+/// A queue for synchronous backends: `run_now` runs the request through `exec` and
+/// returns its completion; `submit` does the same and parks the completion for the
+/// next `reap`.
 #[derive(Debug, Default)]
 pub struct SyncQueue<B> {
     backend: B,
@@ -327,6 +340,12 @@ impl<B: SyncExec> SyncQueue<B> {
     pub fn new(backend: B) -> Self {
         SyncQueue { backend, done: Vec::new() }
     }
+
+    #[inline]
+    fn run(&mut self, mem: &GuestMemory, mut req: Request) -> Completion {
+        let result = self.backend.exec(mem, &mut req);
+        Completion { tag: req.tag, result, data: req.data }
+    }
 }
 
 impl<B: SyncExec> BackendQueue for SyncQueue<B> {
@@ -335,9 +354,15 @@ impl<B: SyncExec> BackendQueue for SyncQueue<B> {
         // completion, done with guest memory.
         self.done.iter().any(|c| c.tag == tag).then_some(true)
     }
-    fn submit(&mut self, mem: &GuestMemory, mut req: Request) {
-        let result = self.backend.exec(mem, &mut req);
-        self.done.push(Completion { tag: req.tag, result, data: req.data });
+    fn submit(&mut self, mem: &GuestMemory, req: Request) {
+        let c = self.run(mem, req);
+        self.done.push(c);
+    }
+    fn runs_now(&self) -> bool {
+        true
+    }
+    fn run_now(&mut self, mem: &GuestMemory, req: Request) -> Result<Completion, Request> {
+        Ok(self.run(mem, req))
     }
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let n = self.done.len();

@@ -17,6 +17,8 @@ pub(crate) struct BackendSet {
     /// Indexed by nsid - 1; None: inactive NSID, a queue that could not be opened,
     /// or a closed set.
     queues: Vec<Option<Box<dyn BackendQueue>>>,
+    /// Per entry of `queues`: it runs requests to their end in `run_now`.
+    runs_now: Vec<bool>,
     /// Indices of `queues` that hold a queue, for the loops over them.
     open: Vec<usize>,
     /// Queues of removed namespaces with requests still out.
@@ -33,14 +35,34 @@ impl BackendSet {
     pub fn open<'a>(backends: impl Iterator<Item = Option<&'a dyn Backend>>) -> std::io::Result<Self> {
         let queues: Vec<Option<Box<dyn BackendQueue>>> =
             backends.map(|b| b.map(|b| b.open_queue()).transpose()).collect::<Result<_, _>>()?;
-        let open = (0..queues.len()).filter(|&i| queues[i].is_some()).collect();
-        Ok(BackendSet { queues, open, retiring: Vec::new(), generation: 0, closed: false })
+        let mut set = BackendSet {
+            queues,
+            runs_now: Vec::new(),
+            open: Vec::new(),
+            retiring: Vec::new(),
+            generation: 0,
+            closed: false,
+        };
+        set.index();
+        Ok(set)
     }
 
     /// Namespace `nsid`'s queue.
     #[inline]
     pub fn queue(&mut self, nsid: u32) -> Option<&mut Box<dyn BackendQueue>> {
         self.queues.get_mut((nsid as usize).wrapping_sub(1)).and_then(Option::as_mut)
+    }
+
+    /// Namespace `nsid`'s queue, if it runs requests to their end in
+    /// [`BackendQueue::run_now`].
+    #[inline]
+    pub fn queue_running_now(&mut self, nsid: u32) -> Option<&mut Box<dyn BackendQueue>> {
+        let i = (nsid as usize).wrapping_sub(1);
+        if *self.runs_now.get(i)? {
+            self.queues[i].as_mut()
+        } else {
+            None
+        }
     }
 
     /// Opens a queue on `backend` for namespace `nsid`, just added (nothing, if the
@@ -80,8 +102,14 @@ impl BackendSet {
     }
 
     fn changed(&mut self) {
-        self.open = (0..self.queues.len()).filter(|&i| self.queues[i].is_some()).collect();
+        self.index();
         self.generation += 1;
+    }
+
+    /// Which queues are open, and which of them run requests now.
+    fn index(&mut self) {
+        self.open = (0..self.queues.len()).filter(|&i| self.queues[i].is_some()).collect();
+        self.runs_now = self.queues.iter().map(|q| q.as_ref().is_some_and(|q| q.runs_now())).collect();
     }
 
     /// Every queue, retiring ones included.

@@ -26,6 +26,7 @@ impl IoEngine {
         }
         self.adopt_memory();
         self.poll_now_ns = None;
+        self.done_now_ns = None;
         let mut progress = self.reap();
         progress |= self.release_held();
         let mut budget = POLL_BUDGET;
@@ -232,6 +233,21 @@ impl IoEngine {
         }
     }
 
+    /// Runs `req` to its end now if namespace `nsid`'s queue is synchronous, with
+    /// the poll's start time (the command's, as [`IoEngine::track`] would set it);
+    /// or hands `req` back, for a tag and [`IoEngine::backend_submit`].
+    #[inline]
+    pub(crate) fn backend_run_now(
+        &mut self,
+        nsid: u32,
+        req: block_backend::Request,
+    ) -> Result<(Completion, u64), block_backend::Request> {
+        let Some(q) = self.backends.queue_running_now(nsid) else { return Err(req) };
+        let clock = &self.ctx.clock;
+        let started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
+        q.run_now(&self.mem, req).map(|c| (c, started_ns))
+    }
+
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
@@ -304,6 +320,43 @@ impl IoEngine {
             }
             self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
         }
+    }
+
+    /// Completes a command whose one backend request ran to its end inside
+    /// `run_now` ([`IoEngine::backend_done`] without the in-flight table).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finished_now(
+        &mut self,
+        sqid: u16,
+        cid: u16,
+        nsid: u32,
+        slba: u64,
+        op: Op,
+        tally: super::Tally,
+        c: Completion,
+    ) {
+        let status = match &c.result {
+            Ok(()) => Status::SUCCESS,
+            Err(e) => {
+                let status = crate::error::backend_status(!matches!(op, Op::Read), e);
+                self.backend_failed(nsid, slba, op, status, e);
+                status
+            }
+        };
+        if matches!(op, Op::Read) {
+            mark_written(&self.mem, &c.data);
+        }
+        if let DataBuf::Guest(mut v) = c.data {
+            v.clear();
+            self.seg_pool.push(v);
+        }
+        // Fetched and done within this poll: one clock read for the poll's starts
+        // (set by the caller, as `track` does) and one for its ends.
+        let clock = &self.ctx.clock;
+        let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
+        let latency = now.saturating_sub(tally.started_ns);
+        self.count_ns(nsid, tally.class, tally.bytes, latency, status.is_success());
+        self.complete(sqid, cid, status, 0, nsid, slba);
     }
 
     /// Counts a command that ran at a backend on its namespace: kind, bytes, status,

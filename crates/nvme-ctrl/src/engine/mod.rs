@@ -45,7 +45,7 @@ use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::{EngineCounts, NsCounts, OpClass, Stats};
 use queues::QueueTable;
 use table::InFlightTable;
-pub(crate) use table::{Finish, InFlight};
+pub(crate) use table::{Finish, InFlight, Tally};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
 use crate::dptr::{prp_segments, sgl_segments, Direction};
-use crate::engine::{describe, Finish, InFlight, IoEngine};
+use crate::engine::{describe, Finish, InFlight, IoEngine, Tally};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::stats::OpClass;
@@ -23,6 +23,8 @@ pub(crate) enum Started {
     Pending,
     /// Done already (nothing to transfer), with this status.
     Done(Status),
+    /// Run to its end at the backend already: completed and counted.
+    Finished,
 }
 
 impl IoEngine {
@@ -38,7 +40,7 @@ impl IoEngine {
         let cid = sqe.cid();
         let nsid = sqe.nsid.get();
         let status = match self.start(sqid, &sqe) {
-            Ok(Started::Pending) => return,
+            Ok(Started::Pending | Started::Finished) => return,
             Ok(Started::Done(status)) => {
                 self.complete(sqid, cid, status, 0, nsid, 0);
                 status
@@ -73,6 +75,16 @@ impl IoEngine {
     /// The active namespace `nsid`, or Invalid Namespace or Format.
     pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
         crate::namespace::for_command(&self.ctx.namespaces, nsid)
+    }
+
+    /// `f` of the active namespace `nsid` (a borrow, where [`IoEngine::namespace`]
+    /// takes a reference), or Invalid Namespace or Format.
+    #[inline]
+    pub(crate) fn with_namespace<T>(&self, nsid: u32, f: impl FnOnce(&Namespace) -> T) -> CmdResult<T> {
+        match crate::namespace::lookup(&self.ctx.namespaces, nsid) {
+            Some(ns) => Ok(f(ns)),
+            None => Err(CommandError::InvalidNamespace(nsid)),
+        }
     }
 
     /// The guest segments of a command's data pointer for a `len`-byte transfer.
@@ -150,7 +162,7 @@ impl IoEngine {
         &mut self,
         sqid: u16,
         sqe: &Sqe,
-        ns: &Namespace,
+        nsid: u32,
         slba: u64,
         op: Op,
         offset: u64,
@@ -158,12 +170,26 @@ impl IoEngine {
         data: DataBuf,
         finish: Finish,
     ) -> Started {
-        let mut f = InFlight::new(sqid, sqe, ns.nsid, slba, op, 1, finish);
-        if matches!(f.tally.class, OpClass::Read | OpClass::Write) {
-            f.tally.bytes = len;
+        let class = OpClass::of(sqe.opcode());
+        let bytes = if matches!(class, OpClass::Read | OpClass::Write) { len } else { 0 };
+        let mut req = Request { tag: 0, op, offset, len, data };
+        // A synchronous backend (null, RAM, a file without io_uring) runs the request
+        // here: no tag, no timeout, no reap, the completion posted now. A Compare
+        // needs its command's state when the data is back, so it takes the tag path.
+        if matches!(finish, Finish::Plain) {
+            match self.backend_run_now(nsid, req) {
+                Ok((c, started_ns)) => {
+                    let tally = Tally { class, bytes, started_ns };
+                    self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c);
+                    return Started::Finished;
+                }
+                Err(r) => req = r,
+            }
         }
-        let tag = self.track(f);
-        self.backend_submit(ns.nsid, Request { tag, op, offset, len, data });
+        let mut f = InFlight::new(sqid, sqe, nsid, slba, op, 1, finish);
+        f.tally.bytes = bytes;
+        req.tag = self.track(f);
+        self.backend_submit(nsid, req);
         Started::Pending
     }
 }

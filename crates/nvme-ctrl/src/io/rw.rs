@@ -14,14 +14,15 @@ use crate::stats::Count;
 
 impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
-        let ns = self.namespace(sqe.nsid.get())?;
+        let nsid = sqe.nsid.get();
+        // Its size and LBA format, read in place: no reference taken per command.
+        let (nsze, shift) = self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift()))?;
         let rw = ReadWrite(sqe);
         let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.nsze() => {}
+            Some(end) if end <= nsze => {}
             _ => return Err(CommandError::LbaOutOfRange { slba, nlb }),
         }
-        let shift = ns.lba_shift();
         let (offset, len) = (slba << shift, nlb << shift);
         let opcode = sqe.opcode();
         // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
@@ -38,7 +39,7 @@ impl IoEngine {
                 self.submit_one(
                     sqid,
                     sqe,
-                    &ns,
+                    nsid,
                     slba,
                     Op::Read,
                     offset,
@@ -54,7 +55,7 @@ impl IoEngine {
                 self.submit_one(
                     sqid,
                     sqe,
-                    &ns,
+                    nsid,
                     slba,
                     Op::Write { fua },
                     offset,
@@ -66,15 +67,16 @@ impl IoEngine {
             op::COMPARE => {
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
                 let buf = DataBuf::Host(vec![0; len as usize]);
-                self.submit_one(sqid, sqe, &ns, slba, Op::Read, offset, len, buf, Finish::Compare(segs))
+                self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Compare(segs))
             }
             op::VERIFY => {
                 // Verify checks the media can be read; the data goes nowhere.
                 let buf = DataBuf::Host(vec![0; len as usize]);
-                self.submit_one(sqid, sqe, &ns, slba, Op::Read, offset, len, buf, Finish::Plain)
+                self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Plain)
             }
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
+                let ns = self.namespace(nsid)?;
                 self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)])
             }
             _ => unreachable!("dispatched by opcode"),
