@@ -38,6 +38,13 @@ pub enum CommandError {
     LbaOutOfRange { slba: u64, nlb: u64 },
     #[error("transfer of {0} bytes exceeds MDTS")]
     TooLarge(u64),
+    /// A Copy past MSSRL, MCL or MSRC.
+    #[error("copy exceeds a limit: {0}")]
+    CopyLimit(&'static str),
+    /// The engine's commands hold as many host buffers as it allows (Compare,
+    /// Verify, Copy): the command is to be retried.
+    #[error("{0} bytes of host buffer wanted, the engine's budget is in use")]
+    HostBuffersBusy(u64),
     #[error("backend failed (write: {write}): {source}")]
     Backend { write: bool, source: BackendError },
     /// The backend did not finish the command within the namespace's timeout.
@@ -70,6 +77,9 @@ impl CommandError {
             CommandError::SglOffset => Status::SGL_OFFSET_INVALID.with_dnr(),
             CommandError::LbaOutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
             CommandError::TooLarge(_) => Status::INVALID_FIELD.with_dnr(),
+            CommandError::CopyLimit(_) => Status::COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr(),
+            // Without DNR: the host retries once other commands gave their buffers back.
+            CommandError::HostBuffersBusy(_) => Status::COMMAND_INTERRUPTED,
             CommandError::Backend { write, source } => backend_status(*write, source),
             // Internal Error without DNR: Linux retries it (nvme_max_retries times),
             // then fails the I/O with EIO, so a stall that clears goes unseen and a

@@ -245,15 +245,14 @@ fn nvm_invalid_nsid_is_invalid_namespace_or_format() {
 #[test]
 fn nvm_unsupported_io_opcode_is_invalid_opcode() {
     let (mut h, _) = two_formats();
-    // Write Uncorrectable, Reservations and Copy are not in ONCS; the rest are not
-    // defined at all.
+    // Write Uncorrectable and Reservations are not in ONCS; the rest are not defined
+    // at all.
     for opcode in [
         iop::WRITE_UNCORRECTABLE,
         iop::RESERVATION_REGISTER,
         iop::RESERVATION_REPORT,
         iop::RESERVATION_ACQUIRE,
         iop::RESERVATION_RELEASE,
-        iop::COPY,
         0x03,
         0x7d,
         0x80,

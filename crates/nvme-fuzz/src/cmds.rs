@@ -6,7 +6,9 @@ use nvme_spec::admin::{
     FeatureSelect, FormatNvmCmd, GetFeaturesCmd, GetLogPageCmd, IdentifyCmd, SetFeaturesCmd,
 };
 use nvme_spec::command::Psdt;
-use nvme_spec::nvm::{DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd};
+use nvme_spec::nvm::{
+    CopyCmd, CopyRange, DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd,
+};
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::sgl::{SglDescriptor, SglType};
 use nvme_spec::{Sqe, CQE_SIZE, NSID_ALL, SQE_SIZE};
@@ -223,10 +225,11 @@ impl Fuzzer<'_> {
             iop::WRITE_ZEROES,
             iop::FLUSH,
             iop::DATASET_MANAGEMENT,
+            iop::COPY,
             iop::FLUSH,
-        ][c.op as usize % 8];
+        ][c.op as usize % 9];
         let mut pages = Vec::new();
-        let nsid = if c.op % 8 == 7 { NSID_ALL } else { ns.nsid };
+        let nsid = if c.op % 9 == 8 { NSID_ALL } else { ns.nsid };
         let form = c.flags & 3;
         let writes_host = opcode == iop::READ;
         let (nlb_z, fua) = ((nlb - 1) as u16, c.flags & 4 != 0);
@@ -257,6 +260,24 @@ impl Fuzzer<'_> {
                 self.write_mem(page, &raw);
                 let nr_z = (n - 1) as u8;
                 let mut s = DatasetManagementCmd { nsid, nr_z, ad: fua, ..Default::default() }.to_sqe();
+                s.set_prps(page, 0);
+                return (s, pages, false);
+            }
+            iop::COPY => {
+                // Up to 8 ranges, now and then one past MSSRL (256 blocks of 512
+                // bytes) or past the end, and now and then descriptor format 1h.
+                let n = 1 + c.nlb as u64 % 8;
+                let (i, page) = self.list_page();
+                pages.push(i);
+                let mut raw = Vec::new();
+                for k in 0..n {
+                    let nlb = 1 + (c.slba as u64 >> (k * 5)) % 300;
+                    let slba = (c.slba as u64).wrapping_mul(k + 3) % (nsze + 2);
+                    raw.extend_from_slice(CopyRange::new(slba, nlb as u32).as_bytes());
+                }
+                self.write_mem(page, &raw);
+                let (nr_z, desfmt) = ((n - 1) as u8, (c.flags >> 4) & 1);
+                let mut s = CopyCmd { nsid, sdlba: slba, nr_z, desfmt, fua }.to_sqe();
                 s.set_prps(page, 0);
                 return (s, pages, false);
             }

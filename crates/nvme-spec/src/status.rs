@@ -117,6 +117,9 @@ impl Status {
     // Command Specific Status Values").
     pub const CONFLICTING_ATTRIBUTES: Status = Status::new(StatusCodeType::CommandSpecific, 0x80);
     pub const INVALID_PROTECTION_INFORMATION: Status = Status::new(StatusCodeType::CommandSpecific, 0x81);
+    pub const WRITE_TO_READ_ONLY_RANGE: Status = Status::new(StatusCodeType::CommandSpecific, 0x82);
+    /// A Copy past MSSRL, MCL or MSRC.
+    pub const COMMAND_SIZE_LIMIT_EXCEEDED: Status = Status::new(StatusCodeType::CommandSpecific, 0x83);
 
     // Media and Data Integrity Errors (Base §4.2.3.3, Figure 104; NVM values).
     pub const WRITE_FAULT: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x80);
@@ -163,6 +166,9 @@ impl Status {
             Status::FEATURE_NOT_SAVEABLE => "Feature Identifier Not Saveable",
             Status::FEATURE_NOT_CHANGEABLE => "Feature Not Changeable",
             Status::CONFLICTING_ATTRIBUTES => "Conflicting Attributes",
+            Status::INVALID_PROTECTION_INFORMATION => "Invalid Protection Information",
+            Status::WRITE_TO_READ_ONLY_RANGE => "Attempted Write to Read Only Range",
+            Status::COMMAND_SIZE_LIMIT_EXCEEDED => "Command Size Limit Exceeded",
             Status::WRITE_FAULT => "Write Fault",
             Status::UNRECOVERED_READ_ERROR => "Unrecovered Read Error",
             Status::COMPARE_FAILURE => "Compare Failure",

@@ -48,3 +48,33 @@ else
     t_fail "blkdiscard (discard_max_bytes $disc)"
     cat /tmp/o
 fi
+# Copy (NVM Copy, descriptor format 0h) through nvme-cli: Identify says so (ONCS
+# bit 8, OCFS bit 0, MSSRL/MCL/MSRC), and two ranges of 4 blocks, second half first,
+# land one after another at SDLBA (--blocks is the 0's based NLB field).
+oncs=$(nvme id-ctrl "$D1" | field oncs)
+nvme id-ns "$D1" >/tmp/idns 2>&1
+mssrl=$(field mssrl </tmp/idns) mcl=$(field mcl </tmp/idns) msrc=$(field msrc </tmp/idns)
+if [ $(((oncs >> 8) & 1)) = 1 ] && [ "${mssrl:-0}" -gt 0 ] && [ "${mcl:-0}" -gt 0 ]; then
+    t_pass "id-ctrl oncs $oncs: Copy (bit 8); id-ns mssrl $mssrl, mcl $mcl, msrc $msrc"
+else
+    t_fail "Copy not advertised: oncs ${oncs:-?}, mssrl ${mssrl:-?}, mcl ${mcl:-?}, msrc ${msrc:-?}"
+fi
+ok=1
+nvme write "$D1" --start-block=6144 --block-count=7 --data-size=4096 --data=/tmp/pat >/tmp/o 2>&1 || ok=0
+{ dd if=/tmp/pat bs=2048 skip=1 count=1 && dd if=/tmp/pat bs=2048 count=1; } >/tmp/want 2>/dev/null
+nvme copy "$D1" --sdlba=8192 --slbs=6148,6144 --blocks=3,3 >>/tmp/o 2>&1 || ok=0
+nvme read "$D1" --start-block=8192 --block-count=7 --data-size=4096 --data=/tmp/rd >>/tmp/o 2>&1 || ok=0
+if [ $ok = 1 ] && cmp -s /tmp/want /tmp/rd; then
+    t_pass "nvme copy: two ranges of 4 blocks land in order at SDLBA 8192"
+else
+    t_fail "nvme copy: two ranges of 4 blocks land in order at SDLBA 8192"
+    cat /tmp/o
+fi
+# One range past MSSRL: Command Size Limit Exceeded, nothing written.
+if nvme copy "$D1" --sdlba=8192 --slbs=0 --blocks="${mssrl:-1}" >/tmp/o 2>&1; then
+    t_fail "nvme copy of MSSRL + 1 blocks was accepted"
+elif grep -qi 'size limit\|0x183\|0x4183' /tmp/o; then
+    t_pass "nvme copy of MSSRL + 1 blocks: $(grep -io 'command size limit[^(]*' /tmp/o | head -1)"
+else
+    t_fail "nvme copy of MSSRL + 1 blocks failed otherwise: $(cat /tmp/o)"
+fi

@@ -120,7 +120,11 @@ impl Admin<'_> {
         // Deallocation and Write Zeroes only where a backend does them natively.
         let dsm = if self.engine.ctx.caps.dsm { oncs::DSM } else { 0 };
         let wz = if self.engine.ctx.caps.write_zeroes { oncs::WRITE_ZEROES } else { 0 };
-        c.oncs = U16::new(oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | oncs::TIMESTAMP | oncs::VERIFY);
+        c.oncs = U16::new(
+            oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | oncs::TIMESTAMP | oncs::VERIFY | oncs::COPY,
+        );
+        // Copy descriptor format 0h only (1h needs protection information).
+        c.ocfs = U16::new(1);
         c.fna = 0;
         c.vwc =
             if self.admin.features.vwc_present { vwc::PRESENT | vwc::FLUSH_BROADCAST_SUPPORTED } else { 0 };
@@ -164,6 +168,10 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
         // Relative performance: 4 KiB is "better" (0), 512 B "good" (1).
         d.lbaf[i] = LbaFormat { ms: U16::new(0), lbads, rp: if lbads == 12 { 0 } else { 1 } };
     }
+    let (mssrl, mcl, msrc) = crate::io::copy_limits(ns.lba_shift());
+    d.mssrl = U16::new(mssrl);
+    d.mcl = U32::new(mcl);
+    d.msrc = msrc;
     d.nguid = ns.nguid;
     d.eui64 = ns.eui64;
     d

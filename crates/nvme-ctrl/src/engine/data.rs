@@ -211,6 +211,12 @@ impl IoEngine {
         self.throttle.held()
     }
 
+    /// Bytes of host buffers the commands at the backends hold (see
+    /// [`HOST_BUFFER_BUDGET`]).
+    pub(crate) fn host_bytes_held(&self) -> u64 {
+        self.commands.host_bytes()
+    }
+
     /// Allocates a tag for an in-flight command and starts its timeout.
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
         f.deadline_ns = self.command_deadline(f.nsid);
@@ -301,24 +307,52 @@ impl IoEngine {
         }
         let done = f.remaining == 0;
         let into_guest = matches!(f.op, Op::Read);
+        let mut data = Some(c.data);
+        // A Copy goes on to its next request (same tag, same deadline) while its
+        // requests succeed.
+        let mut next = None;
+        if done && f.status.is_success() {
+            if let Finish::Copy(job) = &mut f.finish {
+                match job.advance(tag as u64, data.take().expect("taken once")) {
+                    Ok(Some(req)) => {
+                        f.op = req.op;
+                        f.remaining = 1;
+                        next = Some((f.nsid, req));
+                    }
+                    Ok(None) => {}
+                    Err(()) => f.status = Status::INTERNAL_ERROR,
+                }
+            }
+        }
         if let (Some((nsid, slba, op, status)), Err(e)) = (failed, &c.result) {
             self.backend_failed(nsid, slba, op, status, e);
         }
-        if into_guest {
-            mark_written(&self.mem, &c.data);
+        if let Some((nsid, req)) = next {
+            self.backend_submit(nsid, req);
+            return;
         }
-        if let DataBuf::Guest(mut v) = c.data {
-            v.clear();
-            self.seg_pool.push(v);
+        if let Some(data) = data {
+            if into_guest {
+                mark_written(&self.mem, &data);
+            }
+            if let DataBuf::Guest(mut v) = data {
+                v.clear();
+                self.seg_pool.push(v);
+            }
         }
         if done {
             let f = self.commands.finish(tag).expect("running above");
             self.count_done(&f);
+            let dw0 = match &f.finish {
+                // Dword 0 of a failed Copy: the first source range not copied.
+                Finish::Copy(job) if !f.status.is_success() => job.first_not_copied(),
+                _ => 0,
+            };
             if let Finish::Compare(mut v) = f.finish {
                 v.clear();
                 self.seg_pool.push(v);
             }
-            self.complete(f.sqid, f.cid, f.status, 0, f.nsid, f.slba);
+            self.complete(f.sqid, f.cid, f.status, dw0, f.nsid, f.slba);
         }
     }
 
@@ -399,6 +433,12 @@ impl IoEngine {
 /// Most commands one engine tracks at once (running, or abandoned after a timeout
 /// until their backend returns): what a guest can make a worker hold.
 pub(crate) const MAX_IN_FLIGHT: usize = 4096;
+
+/// Most bytes of host buffers (Compare's and Verify's data, a Copy's range) the
+/// commands of one engine hold at once, until their backend requests are back: what
+/// a guest can make a worker allocate (MAX_IN_FLIGHT commands of MDTS each would be
+/// 4 GiB). Past it a command completes Command Interrupted, which the host retries.
+pub(crate) const HOST_BUFFER_BUDGET: u64 = 64 << 20;
 
 /// Marks the guest memory a backend request wrote into (a read's data, however the
 /// backend moved it: our copy, the kernel's io_uring read, a downstream device) for

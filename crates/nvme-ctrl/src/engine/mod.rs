@@ -22,6 +22,7 @@ mod table;
 mod throttle;
 mod timeout;
 
+pub(crate) use data::HOST_BUFFER_BUDGET;
 pub use memory::SharedMemory;
 pub(crate) use settings::Settings;
 pub(crate) use timeout::Deadline;
@@ -45,7 +46,7 @@ use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::{EngineCounts, NsCounts, OpClass, Stats};
 use queues::QueueTable;
 use table::InFlightTable;
-pub(crate) use table::{Finish, InFlight, Tally};
+pub(crate) use table::{CopyJob, Finish, InFlight, Tally};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]

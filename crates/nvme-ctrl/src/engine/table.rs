@@ -8,7 +8,7 @@
 //! reused the tag. The table also keeps the earliest deadline of its running
 //! commands, so expiry costs nothing until that moment passes.
 
-use block_backend::{Op, Segment};
+use block_backend::{DataBuf, Op, Request, Segment};
 use nvme_spec::{Sqe, Status};
 
 use crate::stats::OpClass;
@@ -20,6 +20,8 @@ pub(crate) enum Finish {
     Plain,
     /// Compare the data read (a host buffer) with these guest segments.
     Compare(Vec<Segment>),
+    /// Go on with a Copy's next request while its requests succeed.
+    Copy(Box<CopyJob>),
 }
 
 /// A command whose backend requests have not all completed.
@@ -42,6 +44,9 @@ pub(crate) struct InFlight {
     /// It timed out but its backend could not stop its requests: it completes when
     /// they end.
     pub overdue: bool,
+    /// Bytes of host buffers its requests carry (Compare, Verify, Copy): counted
+    /// against the engine's budget until every request is back.
+    pub host_bytes: u64,
 }
 
 impl InFlight {
@@ -68,6 +73,7 @@ impl InFlight {
             finish,
             deadline_ns: u64::MAX,
             overdue: false,
+            host_bytes: 0,
         }
     }
 }
@@ -92,6 +98,7 @@ pub(crate) enum Slot {
     /// `remaining` requests; the tag is retired until they come back.
     Abandoned {
         remaining: u32,
+        host_bytes: u64,
     },
 }
 
@@ -103,6 +110,8 @@ pub(crate) struct InFlightTable {
     running: usize,
     /// Slots in [`Slot::Abandoned`].
     abandoned: usize,
+    /// Host buffer bytes of the running and abandoned commands.
+    host_bytes: u64,
     /// The earliest deadline of a running command (clock ns; u64::MAX: none), or
     /// earlier: an expiry scan is due then.
     next_expiry: u64,
@@ -110,7 +119,14 @@ pub(crate) struct InFlightTable {
 
 impl Default for InFlightTable {
     fn default() -> Self {
-        InFlightTable { slots: Vec::new(), free: Vec::new(), running: 0, abandoned: 0, next_expiry: u64::MAX }
+        InFlightTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            running: 0,
+            abandoned: 0,
+            host_bytes: 0,
+            next_expiry: u64::MAX,
+        }
     }
 }
 
@@ -119,6 +135,7 @@ impl InFlightTable {
     #[inline]
     pub fn insert(&mut self, f: InFlight) -> u64 {
         self.running += 1;
+        self.host_bytes += f.host_bytes;
         self.next_expiry = self.next_expiry.min(f.deadline_ns);
         match self.free.pop() {
             Some(t) => {
@@ -136,6 +153,12 @@ impl InFlightTable {
     #[inline]
     pub fn held(&self) -> usize {
         self.slots.len() - self.free.len()
+    }
+
+    /// Host buffer bytes that commands at the backends hold.
+    #[inline]
+    pub fn host_bytes(&self) -> u64 {
+        self.host_bytes
     }
 
     /// Commands at a backend that the host still waits for.
@@ -184,9 +207,10 @@ impl InFlightTable {
     /// is free again after the last).
     #[inline]
     pub fn late(&mut self, tag: usize) -> bool {
-        let Some(Slot::Abandoned { remaining }) = self.slots.get_mut(tag) else { return false };
+        let Some(Slot::Abandoned { remaining, host_bytes }) = self.slots.get_mut(tag) else { return false };
         *remaining -= 1;
         if *remaining == 0 {
+            self.host_bytes -= *host_bytes;
             self.slots[tag] = Slot::Free;
             self.abandoned -= 1;
             self.free.push(tag as u32);
@@ -202,6 +226,7 @@ impl InFlightTable {
             return None;
         }
         let Slot::Running(f) = std::mem::replace(&mut self.slots[tag], Slot::Free) else { unreachable!() };
+        self.host_bytes -= f.host_bytes;
         self.free.push(tag as u32);
         self.stopped_running();
         Some(f)
@@ -211,8 +236,10 @@ impl InFlightTable {
     /// tag stays retired until they come back.
     pub fn abandon(&mut self, tag: usize) -> Option<InFlight> {
         let Some(Slot::Running(f)) = self.slots.get(tag) else { return None };
-        let remaining = f.remaining;
-        let Slot::Running(f) = std::mem::replace(&mut self.slots[tag], Slot::Abandoned { remaining }) else {
+        let (remaining, host_bytes) = (f.remaining, f.host_bytes);
+        let Slot::Running(f) =
+            std::mem::replace(&mut self.slots[tag], Slot::Abandoned { remaining, host_bytes })
+        else {
             unreachable!()
         };
         self.abandoned += 1;
@@ -238,5 +265,48 @@ impl InFlightTable {
     /// After a scan: the earliest deadline left.
     pub fn set_next_expiry(&mut self, at: u64) {
         self.next_expiry = at;
+    }
+}
+
+/// A Copy under way: its source ranges (byte offset, length), the one being
+/// copied, whether its read is done (its write in flight), and where it goes.
+#[derive(Debug)]
+pub(crate) struct CopyJob {
+    ranges: Vec<(u64, u64)>,
+    next: usize,
+    writing: bool,
+    dest: u64,
+    fua: bool,
+}
+
+impl CopyJob {
+    /// A Copy of `ranges` (byte offset, length) to consecutive bytes from `dest`.
+    pub(crate) fn new(ranges: Vec<(u64, u64)>, dest: u64, fua: bool) -> Self {
+        CopyJob { ranges, next: 0, writing: false, dest, fua }
+    }
+
+    /// The first range not (yet) copied: Dword 0 of a failed Copy.
+    pub(crate) fn first_not_copied(&self) -> u32 {
+        self.next as u32
+    }
+
+    /// After a request of the current range succeeded, with its buffer back: that
+    /// range's write, or the next range's read; Ok(None) once every range is
+    /// copied. Err: the buffer did not come back as the host buffer it went out as.
+    pub(crate) fn advance(&mut self, tag: u64, data: DataBuf) -> Result<Option<Request>, ()> {
+        let DataBuf::Host(mut buf) = data else { return Err(()) };
+        let (_, len) = self.ranges[self.next];
+        if !self.writing {
+            self.writing = true;
+            let op = Op::Write { fua: self.fua };
+            return Ok(Some(Request { tag, op, offset: self.dest, len, data: DataBuf::Host(buf) }));
+        }
+        self.writing = false;
+        self.dest += len;
+        self.next += 1;
+        let Some(&(offset, len)) = self.ranges.get(self.next) else { return Ok(None) };
+        buf.clear();
+        buf.resize(len as usize, 0);
+        Ok(Some(Request { tag, op: Op::Read, offset, len, data: DataBuf::Host(buf) }))
     }
 }

@@ -1,8 +1,11 @@
 //! NVM command set I/O commands (NVM §3): one file per command family.
 
+mod copy;
 mod dsm;
 mod flush;
 mod rw;
+
+pub(crate) use copy::copy_limits;
 
 use block_backend::{DataBuf, Op, Request, Segment};
 use nvme_spec::command::Psdt;
@@ -68,6 +71,7 @@ impl IoEngine {
             // namespace's backend does them natively.
             op::WRITE_ZEROES if self.ctx.caps.write_zeroes => self.read_write(sqid, sqe),
             op::DATASET_MANAGEMENT if self.ctx.caps.dsm => self.dataset_management(sqid, sqe),
+            op::COPY => self.copy(sqid, sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
@@ -85,6 +89,15 @@ impl IoEngine {
             Some(ns) => Ok(f(ns)),
             None => Err(CommandError::InvalidNamespace(nsid)),
         }
+    }
+
+    /// A zeroed host buffer of `len` bytes for a command's backend request, within
+    /// the engine's [`HOST_BUFFER_BUDGET`](crate::engine::HOST_BUFFER_BUDGET).
+    pub(crate) fn host_buffer(&self, len: u64) -> CmdResult<Vec<u8>> {
+        if self.host_bytes_held() + len > crate::engine::HOST_BUFFER_BUDGET {
+            return Err(CommandError::HostBuffersBusy(len));
+        }
+        Ok(vec![0; len as usize])
     }
 
     /// The guest segments of a command's data pointer for a `len`-byte transfer.
@@ -188,6 +201,9 @@ impl IoEngine {
         }
         let mut f = InFlight::new(sqid, sqe, nsid, slba, op, 1, finish);
         f.tally.bytes = bytes;
+        if let DataBuf::Host(b) = &req.data {
+            f.host_bytes = b.len() as u64;
+        }
         req.tag = self.track(f);
         self.backend_submit(nsid, req);
         Started::Pending
@@ -197,7 +213,8 @@ impl IoEngine {
 /// The SLBA of commands that carry one (for the Error Information log).
 fn error_slba(sqe: &Sqe) -> u64 {
     match sqe.opcode() {
-        op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES => {
+        // Copy's SDLBA has the same place.
+        op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES | op::COPY => {
             nvme_spec::nvm::ReadWrite(sqe).slba()
         }
         _ => 0,

@@ -65,13 +65,13 @@ impl IoEngine {
                 )
             }
             op::COMPARE => {
+                let buf = DataBuf::Host(self.host_buffer(len)?);
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
-                let buf = DataBuf::Host(vec![0; len as usize]);
                 self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Compare(segs))
             }
             op::VERIFY => {
                 // Verify checks the media can be read; the data goes nowhere.
-                let buf = DataBuf::Host(vec![0; len as usize]);
+                let buf = DataBuf::Host(self.host_buffer(len)?);
                 self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Plain)
             }
             op::WRITE_ZEROES => {

@@ -1,0 +1,91 @@
+//! Copy (NVM §3.3.1), source range descriptor format 0h: the source ranges are
+//! copied one after another to consecutive LBAs from SDLBA on, within the namespace,
+//! through its backend: a read of a range into a host buffer, then its write, then
+//! the next range. One buffer, of the largest range, counted against the engine's
+//! host buffer budget. On a failure Dword 0 of the completion names the first range
+//! not copied (the ranges before it are on the medium).
+
+use block_backend::{DataBuf, Op, Request, SegmentCursor};
+use nvme_spec::nvm::{Copy, CopyRange};
+use nvme_spec::Sqe;
+use zerocopy::FromBytes;
+
+use super::Started;
+use crate::dptr::Direction;
+use crate::engine::{CopyJob, Finish, InFlight, IoEngine};
+use crate::error::{CmdResult, CommandError};
+
+/// The largest source range, in bytes: the host buffer one Copy holds.
+pub(crate) const COPY_RANGE_MAX_BYTES: u64 = 128 << 10;
+/// The most source ranges one Copy carries (MSRC is this, 0's based).
+pub(crate) const COPY_MAX_RANGES: usize = 128;
+/// The most bytes one Copy moves in all (MCL), which bounds the work one command
+/// makes the engine do.
+pub(crate) const COPY_MAX_BYTES: u64 = 8 << 20;
+
+/// What Identify Namespace advertises for a namespace of `1 << shift`-byte LBAs,
+/// and what a Copy on it is held to: (MSSRL, MCL, MSRC 0's based).
+pub(crate) fn copy_limits(shift: u32) -> (u16, u32, u8) {
+    let mssrl = (COPY_RANGE_MAX_BYTES >> shift).min(u16::MAX as u64) as u16;
+    let mcl = (COPY_MAX_BYTES >> shift).min(u32::MAX as u64) as u32;
+    (mssrl, mcl, (COPY_MAX_RANGES - 1) as u8)
+}
+
+impl IoEngine {
+    pub(crate) fn copy(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+        let nsid = sqe.nsid.get();
+        let (nsze, shift) = self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift()))?;
+        let cmd = Copy(sqe);
+        if cmd.desfmt() != 0 {
+            // Format 1h carries protection information fields; none is supported.
+            return Err(CommandError::InvalidField("Copy descriptor format (only 0h is supported)"));
+        }
+        let (mssrl, mcl, msrc_z) = copy_limits(shift);
+        if cmd.ranges() > msrc_z as usize + 1 {
+            return Err(CommandError::CopyLimit("more source ranges than MSRC allows"));
+        }
+        let len = (cmd.ranges() * size_of::<CopyRange>()) as u64;
+        let segs = self.data_segments(sqe, len, Direction::FromHost)?;
+        let mut raw = vec![0u8; len as usize];
+        let read = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
+        let mut segs = segs;
+        segs.clear();
+        self.seg_pool.push(segs);
+        read?;
+        let entries = <[CopyRange]>::ref_from_bytes(&raw).expect("length is a multiple of 32");
+        let mut ranges = Vec::with_capacity(entries.len());
+        let mut total = 0u64;
+        for r in entries {
+            let (slba, nlb) = (r.slba.get(), r.nlb_z.get() as u64 + 1);
+            if nlb > mssrl as u64 {
+                return Err(CommandError::CopyLimit("a source range longer than MSSRL"));
+            }
+            if slba.checked_add(nlb).is_none_or(|end| end > nsze) {
+                return Err(CommandError::LbaOutOfRange { slba, nlb });
+            }
+            total += nlb;
+            ranges.push((slba << shift, nlb << shift));
+        }
+        if total > mcl as u64 {
+            return Err(CommandError::CopyLimit("more blocks in all than MCL allows"));
+        }
+        let sdlba = cmd.sdlba();
+        if sdlba.checked_add(total).is_none_or(|end| end > nsze) {
+            return Err(CommandError::LbaOutOfRange { slba: sdlba, nlb: total });
+        }
+        let largest = ranges.iter().map(|&(_, l)| l).max().expect("at least one range");
+        let mut buf = self.host_buffer(largest)?;
+        let (offset, first) = ranges[0];
+        buf.truncate(first as usize);
+        let fua = cmd.fua() || !self.settings().write_cache();
+        let job = CopyJob::new(ranges, sdlba << shift, fua);
+        let mut f = InFlight::new(sqid, sqe, nsid, sdlba, Op::Read, 1, Finish::Copy(Box::new(job)));
+        f.host_bytes = largest;
+        let tag = self.track(f);
+        self.backend_submit(
+            nsid,
+            Request { tag, op: Op::Read, offset, len: first, data: DataBuf::Host(buf) },
+        );
+        Ok(Started::Pending)
+    }
+}
