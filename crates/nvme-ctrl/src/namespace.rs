@@ -24,8 +24,17 @@ pub(crate) fn for_command(
     slots: &[Option<Arc<Namespace>>],
     nsid: u32,
 ) -> crate::error::CmdResult<Arc<Namespace>> {
+    for_command_ref(slots, nsid).cloned()
+}
+
+/// [`for_command`] without taking a reference.
+#[inline]
+pub(crate) fn for_command_ref(
+    slots: &[Option<Arc<Namespace>>],
+    nsid: u32,
+) -> crate::error::CmdResult<&Arc<Namespace>> {
     match lookup(slots, nsid) {
-        Some(ns) => Ok(ns.clone()),
+        Some(ns) => Ok(ns),
         None => Err(crate::error::CommandError::InvalidNamespace(nsid)),
     }
 }

@@ -5,11 +5,13 @@
 //! fault injection backend; what the controller advertises for optional commands
 //! follows what the backend can do.
 
+mod common;
 mod io_common;
 
 use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo, FaultBackend, FaultRule, RamBackend};
+use common::{le16, le32, le64};
 use io_common::*;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::features::fid;
@@ -36,16 +38,6 @@ fn smart(h: &mut MockHost) -> Vec<u8> {
 fn newest_error(h: &mut MockHost) -> (u64, u16, u16, u16, u64, u32) {
     let e = h.get_log(lid::ERROR_INFORMATION, 0xffff_ffff, 64, false).unwrap();
     (le64(&e, 0), le16(&e, 8), le16(&e, 10), le16(&e, 12) >> 1, le64(&e, 16), le32(&e, 24))
-}
-
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-fn le64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
 
 #[test]

@@ -5,11 +5,13 @@
 //! range is named in Dword 0 with the ranges before it copied; and the host buffers
 //! a guest can make an engine hold (Verify, Compare, Copy) are bounded.
 
+mod common;
 mod io_common;
 
 use std::sync::Arc;
 
 use block_backend::{Backend, FaultBackend, FaultRule, RamBackend};
+use common::{le16, le32};
 use io_common::*;
 use nvme_spec::identify::oncs;
 use nvme_spec::nvm::{CopyCmd, CopyRange};
@@ -38,13 +40,6 @@ fn read(h: &mut MockHost, nsid: u32, slba: u64, nlb: u32, lba: u32) -> Vec<u8> {
     let (st, v) = h.read_blocks(1, nsid, slba, nlb, lba);
     assert_eq!(st, Status::SUCCESS);
     v
-}
-
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
 }
 
 #[test]

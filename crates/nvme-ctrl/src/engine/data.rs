@@ -332,13 +332,7 @@ impl IoEngine {
             return;
         }
         if let Some(data) = data {
-            if into_guest {
-                mark_written(&self.mem, &data);
-            }
-            if let DataBuf::Guest(mut v) = data {
-                v.clear();
-                self.seg_pool.push(v);
-            }
+            self.release_data(data, into_guest);
         }
         if done {
             let f = self.commands.finish(tag).expect("running above");
@@ -377,13 +371,7 @@ impl IoEngine {
                 status
             }
         };
-        if matches!(op, Op::Read) {
-            mark_written(&self.mem, &c.data);
-        }
-        if let DataBuf::Guest(mut v) = c.data {
-            v.clear();
-            self.seg_pool.push(v);
-        }
+        self.release_data(c.data, matches!(op, Op::Read));
         // Fetched and done within this poll: one clock read for the poll's starts
         // (set by the caller, as `track` does) and one for its ends.
         let clock = &self.ctx.clock;
@@ -391,6 +379,19 @@ impl IoEngine {
         let latency = now.saturating_sub(tally.started_ns);
         self.count_ns(nsid, tally.class, tally.bytes, latency, status.is_success());
         self.complete(sqid, cid, status, 0, nsid, slba);
+    }
+
+    /// A finished request's buffer handed back: what it read into guest memory marked
+    /// for a migration's log, its segment list kept for the next command.
+    #[inline]
+    fn release_data(&mut self, data: DataBuf, into_guest: bool) {
+        if into_guest {
+            mark_written(&self.mem, &data);
+        }
+        if let DataBuf::Guest(mut v) = data {
+            v.clear();
+            self.seg_pool.push(v);
+        }
     }
 
     /// Counts a command that ran at a backend on its namespace: kind, bytes, status,

@@ -5,13 +5,12 @@
 //! host buffer budget. On a failure Dword 0 of the completion names the first range
 //! not copied (the ranges before it are on the medium).
 
-use block_backend::{DataBuf, Op, Request, SegmentCursor};
+use block_backend::{DataBuf, Op, Request};
 use nvme_spec::nvm::{Copy, CopyRange};
 use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
-use crate::dptr::Direction;
 use crate::engine::{CopyJob, Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 
@@ -45,13 +44,7 @@ impl IoEngine {
             return Err(CommandError::CopyLimit("more source ranges than MSRC allows"));
         }
         let len = (cmd.ranges() * size_of::<CopyRange>()) as u64;
-        let segs = self.data_segments(sqe, len, Direction::FromHost)?;
-        let mut raw = vec![0u8; len as usize];
-        let read = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
-        let mut segs = segs;
-        segs.clear();
-        self.seg_pool.push(segs);
-        read?;
+        let raw = self.read_command_data(sqe, len)?;
         let entries = <[CopyRange]>::ref_from_bytes(&raw).expect("length is a multiple of 32");
         let mut ranges = Vec::with_capacity(entries.len());
         let mut total = 0u64;

@@ -1,13 +1,12 @@
 //! Dataset Management (NVM §3.2.3): only the Deallocate attribute has an effect; the
 //! others are hints the controller may ignore.
 
-use block_backend::{Op, SegmentCursor};
+use block_backend::Op;
 use nvme_spec::nvm::{DatasetManagement, DsmRange};
 use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
-use crate::dptr::Direction;
 use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
 
@@ -17,14 +16,7 @@ impl IoEngine {
         let dsm = DatasetManagement(sqe);
         let n = dsm.ranges();
         let len = (n * size_of::<DsmRange>()) as u64;
-        let segs = self.data_segments(sqe, len, Direction::FromHost)?;
-        let mut raw = vec![0u8; len as usize];
-        let result =
-            SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
-        let mut segs = segs;
-        segs.clear();
-        self.seg_pool.push(segs);
-        result?;
+        let raw = self.read_command_data(sqe, len)?;
         let ranges = <[DsmRange]>::ref_from_bytes(&raw).expect("length is a multiple of 16");
         let nsze = ns.nsze();
         for r in ranges {

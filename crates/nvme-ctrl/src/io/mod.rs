@@ -7,7 +7,7 @@ mod rw;
 
 pub(crate) use copy::copy_limits;
 
-use block_backend::{DataBuf, Op, Request, Segment};
+use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;
 use nvme_spec::opcode::{nvm as op, NvmOpcode};
 use nvme_spec::{Sqe, Status};
@@ -85,10 +85,7 @@ impl IoEngine {
     /// takes a reference), or Invalid Namespace or Format.
     #[inline]
     pub(crate) fn with_namespace<T>(&self, nsid: u32, f: impl FnOnce(&Namespace) -> T) -> CmdResult<T> {
-        match crate::namespace::lookup(&self.ctx.namespaces, nsid) {
-            Some(ns) => Ok(f(ns)),
-            None => Err(CommandError::InvalidNamespace(nsid)),
-        }
+        crate::namespace::for_command_ref(&self.ctx.namespaces, nsid).map(|ns| f(ns))
     }
 
     /// A zeroed host buffer of `len` bytes for a command's backend request, within
@@ -130,6 +127,18 @@ impl IoEngine {
                 Err(e)
             }
         }
+    }
+
+    /// The `len` bytes a command's data pointer holds (a DSM range list, Copy's
+    /// source range entries), read out of guest memory.
+    pub(crate) fn read_command_data(&mut self, sqe: &Sqe, len: u64) -> CmdResult<Vec<u8>> {
+        let mut segs = self.data_segments(sqe, len, Direction::FromHost)?;
+        let mut raw = vec![0u8; len as usize];
+        let read = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
+        segs.clear();
+        self.seg_pool.push(segs);
+        read?;
+        Ok(raw)
     }
 
     /// Submits one backend request per `(offset, len)` range for a command that
