@@ -48,6 +48,7 @@ pub mod runtime;
 mod saved;
 pub mod state;
 mod stats;
+pub mod zoned;
 
 pub use config::{
     Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, RETRY_DELAYS,

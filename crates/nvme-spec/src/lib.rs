@@ -5,6 +5,7 @@
 //! - NVM Express Base Specification, Revision 2.1 ("Base")
 //! - NVM Express NVM Command Set Specification, Revision 1.1 ("NVM")
 //! - NVM Express NVMe over PCIe Transport Specification, Revision 1.1 ("PCIe")
+//! - NVM Express Zoned Namespace Command Set Specification, Revision 1.1 ("ZNS")
 //!
 //! The controller advertises version 1.4 in VS (see [`regs::NVME_VERSION_1_4`]); the
 //! structures here are the 2.1 layouts, which are backwards compatible in every field
@@ -27,6 +28,7 @@ pub mod opcode;
 pub mod regs;
 pub mod sgl;
 pub mod status;
+pub mod zns;
 
 pub use command::Sqe;
 pub use completion::Cqe;

@@ -46,6 +46,13 @@ pub mod nvm {
     pub const COPY: u8 = 0x19;
 }
 
+/// Zoned Namespace Command Set I/O opcodes (ZNS §3.4).
+pub mod zns {
+    pub const ZONE_MGMT_SEND: u8 = 0x79;
+    pub const ZONE_MGMT_RECV: u8 = 0x7a;
+    pub const ZONE_APPEND: u8 = 0x7d;
+}
+
 /// An admin opcode that prints as the command's name in the Base specification
 /// ("Create I/O Submission Queue"), or as hex when it names no command we know.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,6 +112,9 @@ impl NvmOpcode {
             nvm::RESERVATION_ACQUIRE => "Reservation Acquire",
             nvm::RESERVATION_RELEASE => "Reservation Release",
             nvm::COPY => "Copy",
+            zns::ZONE_MGMT_SEND => "Zone Management Send",
+            zns::ZONE_MGMT_RECV => "Zone Management Receive",
+            zns::ZONE_APPEND => "Zone Append",
             _ => return None,
         })
     }

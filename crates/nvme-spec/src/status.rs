@@ -120,6 +120,16 @@ impl Status {
     pub const WRITE_TO_READ_ONLY_RANGE: Status = Status::new(StatusCodeType::CommandSpecific, 0x82);
     /// A Copy past MSSRL, MCL or MSRC.
     pub const COMMAND_SIZE_LIMIT_EXCEEDED: Status = Status::new(StatusCodeType::CommandSpecific, 0x83);
+    // Command Specific Status, Zoned Namespace command set values (ZNS Figure
+    // "Status Code - Command Specific Status Values").
+    pub const ZONE_BOUNDARY_ERROR: Status = Status::new(StatusCodeType::CommandSpecific, 0xb8);
+    pub const ZONE_IS_FULL: Status = Status::new(StatusCodeType::CommandSpecific, 0xb9);
+    pub const ZONE_IS_READ_ONLY: Status = Status::new(StatusCodeType::CommandSpecific, 0xba);
+    pub const ZONE_IS_OFFLINE: Status = Status::new(StatusCodeType::CommandSpecific, 0xbb);
+    pub const ZONE_INVALID_WRITE: Status = Status::new(StatusCodeType::CommandSpecific, 0xbc);
+    pub const TOO_MANY_ACTIVE_ZONES: Status = Status::new(StatusCodeType::CommandSpecific, 0xbd);
+    pub const TOO_MANY_OPEN_ZONES: Status = Status::new(StatusCodeType::CommandSpecific, 0xbe);
+    pub const INVALID_ZONE_STATE_TRANSITION: Status = Status::new(StatusCodeType::CommandSpecific, 0xbf);
 
     // Media and Data Integrity Errors (Base §4.2.3.3, Figure 104; NVM values).
     pub const WRITE_FAULT: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x80);
@@ -169,6 +179,14 @@ impl Status {
             Status::INVALID_PROTECTION_INFORMATION => "Invalid Protection Information",
             Status::WRITE_TO_READ_ONLY_RANGE => "Attempted Write to Read Only Range",
             Status::COMMAND_SIZE_LIMIT_EXCEEDED => "Command Size Limit Exceeded",
+            Status::ZONE_BOUNDARY_ERROR => "Zone Boundary Error",
+            Status::ZONE_IS_FULL => "Zone Is Full",
+            Status::ZONE_IS_READ_ONLY => "Zone Is Read Only",
+            Status::ZONE_IS_OFFLINE => "Zone Is Offline",
+            Status::ZONE_INVALID_WRITE => "Zone Invalid Write",
+            Status::TOO_MANY_ACTIVE_ZONES => "Too Many Active Zones",
+            Status::TOO_MANY_OPEN_ZONES => "Too Many Open Zones",
+            Status::INVALID_ZONE_STATE_TRANSITION => "Invalid Zone State Transition",
             Status::WRITE_FAULT => "Write Fault",
             Status::UNRECOVERED_READ_ERROR => "Unrecovered Read Error",
             Status::COMPARE_FAILURE => "Compare Failure",

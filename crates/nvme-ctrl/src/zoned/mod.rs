@@ -1,0 +1,509 @@
+//! Zoned namespaces (NVMe Zoned Namespace Command Set 1.1): the zones of one
+//! namespace, their state machine and write pointers, shared by every engine and
+//! the admin side.
+//!
+//! Every zone is Sequential Write Required. A write (Write, Write Zeroes, a Copy's
+//! destination, Zone Append) takes its place in its zone when it is started: the
+//! zone opens implicitly, its write pointer moves past the write, and at its
+//! capacity it becomes full; so writes started one after another land one after
+//! another whichever finishes first. The pointer a host sees in Report Zones, and
+//! the one kept durably, moves only when a write has finished at the backend: a
+//! write the host was told is done is always below it, after a crash too.
+//!
+//! Units are bytes inside, logical blocks at the command boundary (the LBA format
+//! can change, the zones' layout in bytes does not).
+
+mod store;
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use nvme_spec::zns::{ZoneDescriptor, ZoneState};
+use nvme_spec::Status;
+
+use store::ZoneFile;
+pub use store::ZoneFileError;
+
+/// The layout and limits of a zoned namespace, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZonedConfig {
+    /// Bytes per zone: a power of two, at least 4 KiB (Linux needs a power-of-two
+    /// number of sectors per zone).
+    pub zone_size: u64,
+    /// Bytes of each zone that can be written (ZCAP): a multiple of 4 KiB, at most
+    /// `zone_size`.
+    pub zone_capacity: u64,
+    /// Most zones open at once (MOR + 1; 0: no limit).
+    pub max_open: u32,
+    /// Most zones active (open or closed) at once (MAR + 1; 0: no limit). At least
+    /// `max_open` when both are set.
+    pub max_active: u32,
+}
+
+impl ZonedConfig {
+    /// What is wrong with it, for a namespace of `size` bytes.
+    pub fn check(&self, size: u64) -> Result<(), String> {
+        if !self.zone_size.is_power_of_two() || self.zone_size < 4096 {
+            return Err(format!("zone size {} is not a power of two of at least 4 KiB", self.zone_size));
+        }
+        if self.zone_capacity == 0 || self.zone_capacity > self.zone_size || self.zone_capacity % 4096 != 0 {
+            return Err(format!(
+                "zone capacity {} is not a multiple of 4 KiB between 4 KiB and the zone size {}",
+                self.zone_capacity, self.zone_size
+            ));
+        }
+        if size < self.zone_size {
+            return Err(format!("a namespace of {size} bytes holds no zone of {} bytes", self.zone_size));
+        }
+        if self.max_open > 0 && self.max_active > 0 && self.max_open > self.max_active {
+            return Err(format!(
+                "max-open={} is more than max-active={}: an open zone is an active one",
+                self.max_open, self.max_active
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a zoned write or zone action cannot be done (each names its status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ZoneError {
+    #[error("the write crosses the end of its zone's capacity")]
+    Boundary,
+    #[error("the zone is full")]
+    Full,
+    #[error("the zone is read only")]
+    ReadOnly,
+    #[error("the zone is offline")]
+    Offline,
+    #[error("the write is not at the zone's write pointer (LBA {0})")]
+    NotAtWritePointer(u64),
+    #[error("as many zones are active as the namespace allows")]
+    TooManyActive,
+    #[error("as many zones are open as the namespace allows")]
+    TooManyOpen,
+    #[error("a zone {0} cannot be {1}")]
+    Transition(&'static str, &'static str),
+    #[error("the LBA is not the start of a zone")]
+    NotZoneStart,
+}
+
+impl ZoneError {
+    pub fn status(self) -> Status {
+        match self {
+            ZoneError::Boundary => Status::ZONE_BOUNDARY_ERROR,
+            ZoneError::Full => Status::ZONE_IS_FULL,
+            ZoneError::ReadOnly => Status::ZONE_IS_READ_ONLY,
+            ZoneError::Offline => Status::ZONE_IS_OFFLINE,
+            ZoneError::NotAtWritePointer(_) => Status::ZONE_INVALID_WRITE,
+            ZoneError::TooManyActive => Status::TOO_MANY_ACTIVE_ZONES,
+            ZoneError::TooManyOpen => Status::TOO_MANY_OPEN_ZONES,
+            ZoneError::Transition(..) => Status::INVALID_ZONE_STATE_TRANSITION,
+            ZoneError::NotZoneStart => Status::INVALID_FIELD,
+        }
+        .with_dnr()
+    }
+}
+
+/// A Zone Management Send action on zones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneAction {
+    Open,
+    Close,
+    Finish,
+    Reset,
+    Offline,
+}
+
+impl ZoneAction {
+    fn verb(self) -> &'static str {
+        match self {
+            ZoneAction::Open => "opened",
+            ZoneAction::Close => "closed",
+            ZoneAction::Finish => "finished",
+            ZoneAction::Reset => "reset",
+            ZoneAction::Offline => "taken offline",
+        }
+    }
+
+    /// Whether Select All applies it to a zone in `s` (ZNS "Zone Management Send"
+    /// per action: Open acts on closed zones, Close on open ones, Finish on open and
+    /// closed ones, Reset on those and full ones, Offline on read-only ones).
+    fn selects(self, s: ZoneState) -> bool {
+        match self {
+            ZoneAction::Open => s == ZoneState::Closed,
+            ZoneAction::Close => s.is_open(),
+            ZoneAction::Finish => s.is_active(),
+            ZoneAction::Reset => s.is_active() || s == ZoneState::Full,
+            ZoneAction::Offline => s == ZoneState::ReadOnly,
+        }
+    }
+}
+
+/// Where a started write goes: its zone, and its byte offset in the namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneWrite {
+    pub zone: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Zone {
+    state: ZoneState,
+    /// Bytes past the zone's start that writes were started on.
+    started: u64,
+    /// Bytes past the zone's start that writes finished on (what the host sees).
+    written: u64,
+}
+
+#[derive(Debug)]
+struct Table {
+    zones: Vec<Zone>,
+    open: u32,
+    active: u32,
+    file: Option<ZoneFile>,
+}
+
+/// The zones of one namespace.
+#[derive(Debug)]
+pub struct Zones {
+    cfg: ZonedConfig,
+    count: u32,
+    table: Mutex<Table>,
+    /// Some zone is offline (reads then look at the zones; otherwise they need not).
+    any_offline: AtomicBool,
+}
+
+impl Zones {
+    /// The zones of a namespace of `size` bytes (the last partial zone, if any, is
+    /// not part of it), each empty, or as `state` recorded them. Open zones come
+    /// back closed (empty if nothing was written), as after a controller reset.
+    pub fn new(cfg: &ZonedConfig, size: u64, state: Option<File>) -> Result<Zones, String> {
+        cfg.check(size)?;
+        let count = u32::try_from(size / cfg.zone_size).map_err(|_| "more than 2^32 zones".to_string())?;
+        let empty = Zone { state: ZoneState::Empty, started: 0, written: 0 };
+        let mut zones = vec![empty; count as usize];
+        let file = match state {
+            Some(f) => {
+                let (file, saved) = ZoneFile::open(f, cfg, count).map_err(|e| e.to_string())?;
+                for (z, (state, written)) in zones.iter_mut().zip(saved) {
+                    *z = Zone { state, started: written, written };
+                }
+                Some(file)
+            }
+            None => None,
+        };
+        let mut t = Table { zones, open: 0, active: 0, file };
+        t.after_reset(cfg);
+        let any_offline = t.zones.iter().any(|z| z.state == ZoneState::Offline);
+        Ok(Zones { cfg: cfg.clone(), count, table: Mutex::new(t), any_offline: AtomicBool::new(any_offline) })
+    }
+
+    pub fn config(&self) -> &ZonedConfig {
+        &self.cfg
+    }
+
+    /// Number of zones.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes the zones span (the namespace's size).
+    pub fn span(&self) -> u64 {
+        self.count as u64 * self.cfg.zone_size
+    }
+
+    /// Whether the zones' state is kept in a file.
+    pub fn durable(&self) -> bool {
+        self.lock().file.is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding it leaves the table as consistent as any single
+        // step leaves it: go on with it.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The zone holding byte `offset`.
+    fn zone_of(&self, offset: u64) -> u32 {
+        (offset / self.cfg.zone_size) as u32
+    }
+
+    /// Starts a write of `len` bytes at byte `offset` (for an append: `offset` is
+    /// the zone's start, and the write goes at its write pointer).
+    pub fn start_write(&self, offset: u64, len: u64, append: bool) -> Result<ZoneWrite, ZoneError> {
+        let zi = self.zone_of(offset);
+        let zstart = zi as u64 * self.cfg.zone_size;
+        if append && offset != zstart {
+            return Err(ZoneError::NotZoneStart);
+        }
+        let mut t = self.lock();
+        let Some(z) = t.zones.get(zi as usize).copied() else { return Err(ZoneError::Boundary) };
+        match z.state {
+            ZoneState::Full => return Err(ZoneError::Full),
+            ZoneState::ReadOnly => return Err(ZoneError::ReadOnly),
+            ZoneState::Offline => return Err(ZoneError::Offline),
+            _ => {}
+        }
+        let at = zstart + z.started;
+        if !append && offset != at {
+            return Err(ZoneError::NotAtWritePointer(at));
+        }
+        if z.started + len > self.cfg.zone_capacity {
+            return Err(ZoneError::Boundary);
+        }
+        if !z.state.is_open() {
+            t.make_open(&self.cfg, zi, ZoneState::ImplicitlyOpened)?;
+        }
+        let z = &mut t.zones[zi as usize];
+        z.started += len;
+        if z.started == self.cfg.zone_capacity {
+            t.set_state(zi, ZoneState::Full);
+        }
+        Ok(ZoneWrite { zone: zi, offset: at, len })
+    }
+
+    /// A started write finished at the backend (well or not: its place is taken
+    /// either way, as on a device that failed to program it).
+    pub fn finish_write(&self, w: ZoneWrite) {
+        let mut t = self.lock();
+        let cap = self.cfg.zone_capacity;
+        let Some(z) = t.zones.get_mut(w.zone as usize) else { return };
+        // A zone reset while the write was out starts again from its start.
+        if z.state == ZoneState::Empty {
+            return;
+        }
+        z.written = (z.written + w.len).min(z.started).min(cap);
+        t.save(w.zone);
+    }
+
+    /// Reads of `len` bytes at `offset` touch no offline zone.
+    #[inline]
+    pub fn check_read(&self, offset: u64, len: u64) -> Result<(), ZoneError> {
+        if !self.any_offline.load(Ordering::Relaxed) || len == 0 {
+            return Ok(());
+        }
+        let t = self.lock();
+        let (first, last) = (self.zone_of(offset), self.zone_of(offset + len - 1));
+        if (first..=last).any(|i| t.zones.get(i as usize).is_some_and(|z| z.state == ZoneState::Offline)) {
+            return Err(ZoneError::Offline);
+        }
+        Ok(())
+    }
+
+    /// Does `action` on the zone starting at byte `offset`, or with `all` on every
+    /// zone it applies to. Returns the byte ranges whose data a reset leaves behind
+    /// (to be deallocated).
+    pub fn act(&self, action: ZoneAction, offset: u64, all: bool) -> Result<Vec<(u64, u64)>, ZoneError> {
+        let mut t = self.lock();
+        let mut stale = Vec::new();
+        if all {
+            // Opening every closed zone: all of them within the open limit, or none.
+            if action == ZoneAction::Open && self.cfg.max_open > 0 {
+                let closed = t.zones.iter().filter(|z| z.state == ZoneState::Closed).count() as u32;
+                if t.open + closed > self.cfg.max_open {
+                    return Err(ZoneError::TooManyOpen);
+                }
+            }
+            for zi in 0..self.count {
+                if action.selects(t.zones[zi as usize].state) {
+                    // Each selected zone holds the resources its new state needs.
+                    t.act_on(&self.cfg, zi, action, &mut stale)?;
+                }
+            }
+        } else {
+            if offset % self.cfg.zone_size != 0 || offset >= self.span() {
+                return Err(ZoneError::NotZoneStart);
+            }
+            t.act_on(&self.cfg, self.zone_of(offset), action, &mut stale)?;
+        }
+        if action == ZoneAction::Offline {
+            self.any_offline.store(t.zones.iter().any(|z| z.state == ZoneState::Offline), Ordering::Relaxed);
+        }
+        Ok(stale)
+    }
+
+    /// Makes the zone starting at byte `offset` read only (a zone the medium can no
+    /// longer write; only the operator does this, to see how a host copes).
+    pub fn make_read_only(&self, offset: u64) -> Result<(), ZoneError> {
+        let mut t = self.lock();
+        let zi = self.zone_of(offset);
+        if offset % self.cfg.zone_size != 0 || zi >= self.count {
+            return Err(ZoneError::NotZoneStart);
+        }
+        if t.zones[zi as usize].state == ZoneState::Offline {
+            return Err(ZoneError::Transition("offline", "made read only"));
+        }
+        t.set_state(zi, ZoneState::ReadOnly);
+        Ok(())
+    }
+
+    /// Zone descriptors from the zone holding byte `offset` on, those in `filter`'s
+    /// state (None: all), with LBAs of `1 << shift` bytes: at most `max`, and how
+    /// many match in all.
+    pub fn report(
+        &self,
+        offset: u64,
+        filter: Option<ZoneState>,
+        shift: u32,
+        max: usize,
+    ) -> (u64, Vec<ZoneDescriptor>) {
+        let t = self.lock();
+        let (mut matching, mut out) = (0u64, Vec::new());
+        let cap = self.cfg.zone_capacity >> shift;
+        for zi in self.zone_of(offset)..self.count {
+            let z = t.zones[zi as usize];
+            if filter.is_some_and(|f| f != z.state) {
+                continue;
+            }
+            matching += 1;
+            if out.len() < max {
+                let start = (zi as u64 * self.cfg.zone_size) >> shift;
+                // Full, read-only and offline zones have no write pointer to speak
+                // of: all ones, as the specification has it for the last two.
+                let wp = match z.state {
+                    ZoneState::Full | ZoneState::ReadOnly | ZoneState::Offline => u64::MAX,
+                    _ => start + (z.written >> shift),
+                };
+                out.push(ZoneDescriptor::new(z.state, start, cap, wp));
+            }
+        }
+        (matching, out)
+    }
+
+    /// How many zones are open and active now.
+    pub fn resources(&self) -> (u32, u32) {
+        let t = self.lock();
+        (t.open, t.active)
+    }
+
+    /// A controller reset, or a format: open zones close (or empty, if nothing was
+    /// written); with `erase` every zone but read-only and offline ones is emptied.
+    pub fn reset_controller(&self, erase: bool) {
+        let mut t = self.lock();
+        if erase {
+            for zi in 0..self.count {
+                if !matches!(t.zones[zi as usize].state, ZoneState::ReadOnly | ZoneState::Offline) {
+                    t.set_state(zi, ZoneState::Empty);
+                }
+            }
+        }
+        t.after_reset(&self.cfg);
+    }
+
+    /// Makes the recorded zone state durable (a Flush).
+    pub fn sync(&self) -> std::io::Result<()> {
+        let t = self.lock();
+        t.file.as_ref().map_or(Ok(()), ZoneFile::sync)
+    }
+}
+
+impl Table {
+    /// Sets zone `zi`'s state, keeping the counts of open and active zones and the
+    /// pointers a state implies (empty: at the start; full: at the capacity).
+    fn set_state(&mut self, zi: u32, to: ZoneState) {
+        let z = &mut self.zones[zi as usize];
+        let from = z.state;
+        self.open = self.open + to.is_open() as u32 - from.is_open() as u32;
+        self.active = self.active + to.is_active() as u32 - from.is_active() as u32;
+        z.state = to;
+        if to == ZoneState::Empty {
+            (z.started, z.written) = (0, 0);
+        }
+        self.save(zi);
+    }
+
+    fn save(&mut self, zi: u32) {
+        let z = self.zones[zi as usize];
+        if let Some(f) = &mut self.file {
+            f.save(zi, z.state, z.written);
+        }
+    }
+
+    /// Opens zone `zi` (empty or closed, or implicitly open for an explicit open)
+    /// into `to`, within the open and active limits: an implicitly opened zone is
+    /// closed to make room where the open limit is reached.
+    fn make_open(&mut self, cfg: &ZonedConfig, zi: u32, to: ZoneState) -> Result<(), ZoneError> {
+        let from = self.zones[zi as usize].state;
+        if from.is_open() {
+            self.set_state(zi, to);
+            return Ok(());
+        }
+        if from == ZoneState::Empty && cfg.max_active > 0 && self.active >= cfg.max_active {
+            return Err(ZoneError::TooManyActive);
+        }
+        if cfg.max_open > 0 && self.open >= cfg.max_open {
+            let Some(victim) = self.zones.iter().position(|z| z.state == ZoneState::ImplicitlyOpened) else {
+                return Err(ZoneError::TooManyOpen);
+            };
+            self.set_state(victim as u32, ZoneState::Closed);
+        }
+        self.set_state(zi, to);
+        Ok(())
+    }
+
+    fn act_on(
+        &mut self,
+        cfg: &ZonedConfig,
+        zi: u32,
+        action: ZoneAction,
+        stale: &mut Vec<(u64, u64)>,
+    ) -> Result<(), ZoneError> {
+        use ZoneState as S;
+        let z = self.zones[zi as usize];
+        let refuse = || Err(ZoneError::Transition(z.state.name(), action.verb()));
+        match (action, z.state) {
+            (ZoneAction::Open, S::ExplicitlyOpened) => {}
+            (ZoneAction::Open, S::Empty | S::Closed | S::ImplicitlyOpened) => {
+                self.make_open(cfg, zi, S::ExplicitlyOpened)?
+            }
+            (ZoneAction::Close, S::Closed) => {}
+            (ZoneAction::Close, S::ImplicitlyOpened | S::ExplicitlyOpened) => {
+                // Nothing written: back to empty rather than holding a resource.
+                self.set_state(zi, if z.started == 0 { S::Empty } else { S::Closed })
+            }
+            (ZoneAction::Finish, S::Full) => {}
+            (ZoneAction::Finish, S::Empty | S::ImplicitlyOpened | S::ExplicitlyOpened | S::Closed) => {
+                let z = &mut self.zones[zi as usize];
+                (z.started, z.written) = (cfg.zone_capacity, cfg.zone_capacity);
+                self.set_state(zi, S::Full)
+            }
+            (ZoneAction::Reset, S::Empty) => {}
+            (ZoneAction::Reset, S::ImplicitlyOpened | S::ExplicitlyOpened | S::Closed | S::Full) => {
+                // What writes reached (a finished zone: up to where they stopped,
+                // which the pointer no longer says: the whole capacity).
+                let start = zi as u64 * cfg.zone_size;
+                let used = if z.state == S::Full { cfg.zone_capacity } else { z.started };
+                if used > 0 {
+                    stale.push((start, used));
+                }
+                self.set_state(zi, S::Empty)
+            }
+            (ZoneAction::Offline, S::Offline) => {}
+            (ZoneAction::Offline, S::ReadOnly) => self.set_state(zi, S::Offline),
+            _ => return refuse(),
+        }
+        Ok(())
+    }
+
+    /// Open zones close (empty if nothing was written to them); the counts are
+    /// rebuilt from the states.
+    fn after_reset(&mut self, cfg: &ZonedConfig) {
+        self.open = self.zones.iter().filter(|z| z.state.is_open()).count() as u32;
+        self.active = self.zones.iter().filter(|z| z.state.is_active()).count() as u32;
+        for zi in 0..self.zones.len() as u32 {
+            let z = &mut self.zones[zi as usize];
+            z.started = z.written.min(cfg.zone_capacity);
+            z.written = z.started;
+            if z.state.is_open() {
+                let to = if z.written == 0 { ZoneState::Empty } else { ZoneState::Closed };
+                self.set_state(zi, to);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

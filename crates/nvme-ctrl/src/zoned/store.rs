@@ -1,0 +1,143 @@
+//! A zoned namespace's zone state kept in a file beside its data, so a restart (a
+//! crash, SIGKILL, an upgrade) finds every zone as it was.
+//!
+//! Layout (little-endian; docs/zoned.md has it for operators):
+//!
+//! ```text
+//! 0    8  magic "VNVMEZNS"
+//! 8    4  version (1)
+//! 12   4  reserved
+//! 16   8  zone size, bytes
+//! 24   8  zone capacity, bytes
+//! 32   8  number of zones
+//! 40  24  reserved
+//! 64 + 16 * i: zone i
+//!      8  bytes written from the zone's start (its write pointer)
+//!      1  state (the Zone Descriptor's ZS value)
+//!      7  reserved
+//! ```
+//!
+//! A zone's record is written (into the page cache: a SIGKILL loses nothing) each
+//! time its state or pointer changes, before the command that changed it completes;
+//! a Flush makes the file durable with the data.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use nvme_spec::zns::ZoneState;
+
+use super::ZonedConfig;
+
+const MAGIC: &[u8; 8] = b"VNVMEZNS";
+const VERSION: u32 = 1;
+const HEADER: u64 = 64;
+const RECORD: u64 = 16;
+
+/// Why a zone state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ZoneFileError {
+    #[error("zone state file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("zone state file: not one (no \"VNVMEZNS\" at its start): give a new path, or remove it")]
+    NotOurs,
+    #[error("zone state file: version {0}, this vnvme reads version {VERSION}")]
+    Version(u32),
+    #[error(
+        "zone state file: recorded for {have}, the namespace has {want}: give the options it was made \
+         with, or remove the file to start with every zone empty"
+    )]
+    Layout { have: String, want: String },
+    #[error("zone state file: zone {zone} has a state ({state:#x}) or pointer ({written}) no zone can have")]
+    Record { zone: u32, state: u8, written: u64 },
+}
+
+#[derive(Debug)]
+pub(super) struct ZoneFile {
+    file: File,
+    /// The first write error, logged once: the state then lives on in memory.
+    failed: bool,
+}
+
+fn layout(zone_size: u64, zone_capacity: u64, zones: u64) -> String {
+    format!("{zones} zones of {zone_size} bytes, {zone_capacity} writable")
+}
+
+impl ZoneFile {
+    /// Opens `file` for `count` zones of `cfg`'s layout: a new (empty) file is
+    /// written with every zone empty; an existing one must hold the same layout.
+    /// Returns each zone's recorded state and bytes written.
+    pub(super) fn open(
+        file: File,
+        cfg: &ZonedConfig,
+        count: u32,
+    ) -> Result<(ZoneFile, Vec<(ZoneState, u64)>), ZoneFileError> {
+        let len = file.metadata()?.len();
+        let mut f = ZoneFile { file, failed: false };
+        let want = layout(cfg.zone_size, cfg.zone_capacity, count as u64);
+        if len == 0 {
+            let mut h = [0u8; HEADER as usize];
+            h[..8].copy_from_slice(MAGIC);
+            h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            h[16..24].copy_from_slice(&cfg.zone_size.to_le_bytes());
+            h[24..32].copy_from_slice(&cfg.zone_capacity.to_le_bytes());
+            h[32..40].copy_from_slice(&(count as u64).to_le_bytes());
+            let mut all = h.to_vec();
+            for _ in 0..count {
+                let mut r = [0u8; RECORD as usize];
+                r[8] = ZoneState::Empty as u8;
+                all.extend_from_slice(&r);
+            }
+            f.file.write_all_at(&all, 0)?;
+            f.file.sync_data()?;
+            return Ok((f, vec![(ZoneState::Empty, 0); count as usize]));
+        }
+        let mut h = [0u8; HEADER as usize];
+        f.file.read_exact_at(&mut h, 0).map_err(|_| ZoneFileError::NotOurs)?;
+        if &h[..8] != MAGIC {
+            return Err(ZoneFileError::NotOurs);
+        }
+        let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(ZoneFileError::Version(version));
+        }
+        let have = layout(word(16), word(24), word(32));
+        if have != want {
+            return Err(ZoneFileError::Layout { have, want });
+        }
+        let mut raw = vec![0u8; (count as u64 * RECORD) as usize];
+        f.file.read_exact_at(&mut raw, HEADER)?;
+        let mut zones = Vec::with_capacity(count as usize);
+        for (zone, r) in raw.chunks_exact(RECORD as usize).enumerate() {
+            let written = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let state = ZoneState::from_raw(r[8]);
+            let bad = || ZoneFileError::Record { zone: zone as u32, state: r[8], written };
+            let state = state.ok_or_else(bad)?;
+            if written > cfg.zone_capacity
+                || written % 512 != 0
+                || (state == ZoneState::Empty && written != 0)
+            {
+                return Err(bad());
+            }
+            zones.push((state, written));
+        }
+        Ok((f, zones))
+    }
+
+    /// Records zone `zi`'s state and pointer.
+    pub(super) fn save(&mut self, zi: u32, state: ZoneState, written: u64) {
+        let mut r = [0u8; RECORD as usize];
+        r[..8].copy_from_slice(&written.to_le_bytes());
+        r[8] = state as u8;
+        if let Err(e) = self.file.write_all_at(&r, HEADER + zi as u64 * RECORD) {
+            if !self.failed {
+                self.failed = true;
+                tracing::error!("cannot record zone {zi}'s state ({e}): a restart will not find it as it is");
+            }
+        }
+    }
+
+    pub(super) fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+}

@@ -1,0 +1,147 @@
+use std::os::unix::fs::FileExt;
+
+use super::*;
+
+const Z: u64 = 1 << 20;
+
+fn cfg(max_open: u32, max_active: u32) -> ZonedConfig {
+    ZonedConfig { zone_size: Z, zone_capacity: Z / 2, max_open, max_active }
+}
+
+fn state(z: &Zones, zi: u64) -> (ZoneState, u64) {
+    let (_, d) = z.report(zi * Z, None, 9, 1);
+    (d[0].state().unwrap(), d[0].wp.get())
+}
+
+#[test]
+fn writes_go_at_the_pointer_and_fill_the_zone() {
+    let z = Zones::new(&cfg(0, 0), 4 * Z + 4096, None).unwrap();
+    assert_eq!(z.count(), 4);
+    assert_eq!(state(&z, 1), (ZoneState::Empty, Z >> 9));
+    let w = z.start_write(Z, 4096, false).unwrap();
+    assert_eq!(w, ZoneWrite { zone: 1, offset: Z, len: 4096 });
+    // Started, not finished: the host still sees the pointer at the start.
+    assert_eq!(state(&z, 1), (ZoneState::ImplicitlyOpened, Z >> 9));
+    assert_eq!(z.start_write(Z, 4096, false), Err(ZoneError::NotAtWritePointer(Z + 4096)));
+    z.finish_write(w);
+    assert_eq!(state(&z, 1), (ZoneState::ImplicitlyOpened, (Z + 4096) >> 9));
+    // An append goes at the pointer, whatever was asked of it.
+    let a = z.start_write(Z, 4096, true).unwrap();
+    assert_eq!(a.offset, Z + 4096);
+    assert_eq!(z.start_write(Z + 512, 512, true), Err(ZoneError::NotZoneStart));
+    // Past the capacity: a boundary error; up to it: full.
+    assert_eq!(z.start_write(Z + 8192, Z / 2, false), Err(ZoneError::Boundary));
+    z.start_write(Z + 8192, Z / 2 - 8192, false).unwrap();
+    assert_eq!(state(&z, 1).0, ZoneState::Full);
+    assert_eq!(z.start_write(Z, 512, true), Err(ZoneError::Full));
+    assert_eq!(z.resources(), (0, 0));
+}
+
+#[test]
+fn open_and_active_limits() {
+    let z = Zones::new(&cfg(2, 3), 8 * Z, None).unwrap();
+    z.start_write(0, 512, false).unwrap();
+    z.act(ZoneAction::Open, Z, false).unwrap();
+    assert_eq!(z.resources(), (2, 2));
+    // A third open zone: the implicitly opened one is closed to make room.
+    z.start_write(2 * Z, 512, false).unwrap();
+    assert_eq!(state(&z, 0).0, ZoneState::Closed);
+    assert_eq!(z.resources(), (2, 3));
+    // Active limit reached: an empty zone cannot open.
+    assert_eq!(z.start_write(3 * Z, 512, false), Err(ZoneError::TooManyActive));
+    // Both open zones explicitly opened: no room for a closed zone to reopen.
+    z.act(ZoneAction::Open, 2 * Z, false).unwrap();
+    assert_eq!(z.start_write(512, 512, false), Err(ZoneError::TooManyOpen));
+    assert_eq!(z.act(ZoneAction::Open, 0, true), Err(ZoneError::TooManyOpen));
+    // Finishing one frees both resources.
+    z.act(ZoneAction::Finish, Z, false).unwrap();
+    assert_eq!(z.resources(), (1, 2));
+    z.start_write(512, 512, false).unwrap();
+}
+
+#[test]
+fn transitions_and_select_all() {
+    let z = Zones::new(&cfg(0, 0), 4 * Z, None).unwrap();
+    let refused = |a, off| matches!(z.act(a, off, false), Err(ZoneError::Transition(..)));
+    assert!(refused(ZoneAction::Close, 0));
+    assert!(refused(ZoneAction::Offline, 0));
+    assert_eq!(z.act(ZoneAction::Reset, 512, false), Err(ZoneError::NotZoneStart));
+    assert_eq!(z.act(ZoneAction::Reset, 4 * Z, false), Err(ZoneError::NotZoneStart));
+    // Close of a zone nothing was written to empties it.
+    z.act(ZoneAction::Open, 0, false).unwrap();
+    z.act(ZoneAction::Close, 0, false).unwrap();
+    assert_eq!(state(&z, 0).0, ZoneState::Empty);
+    let w = z.start_write(Z, 8192, false).unwrap();
+    z.finish_write(w);
+    z.start_write(2 * Z, 512, false).unwrap();
+    z.act(ZoneAction::Close, 0, true).unwrap();
+    assert_eq!(state(&z, 1), (ZoneState::Closed, (Z + 8192) >> 9));
+    // Reset all: each written zone hands back the range writes reached.
+    let stale = z.act(ZoneAction::Reset, 0, true).unwrap();
+    assert_eq!(stale, vec![(Z, 8192), (2 * Z, 512)]);
+    assert_eq!(z.resources(), (0, 0));
+    assert_eq!(state(&z, 1), (ZoneState::Empty, Z >> 9));
+    // Read only, then offline; reads of an offline zone fail.
+    z.make_read_only(3 * Z).unwrap();
+    assert_eq!(z.start_write(3 * Z, 512, true), Err(ZoneError::ReadOnly));
+    assert!(refused(ZoneAction::Reset, 3 * Z));
+    z.check_read(3 * Z, 4096).unwrap();
+    z.act(ZoneAction::Offline, 0, true).unwrap();
+    assert_eq!(z.check_read(3 * Z - 512, 1024), Err(ZoneError::Offline));
+    z.check_read(0, 4096).unwrap();
+    let (n, d) = z.report(0, Some(ZoneState::Offline), 12, 8);
+    assert_eq!((n, d.len(), d[0].zslba.get()), (1, 1, (3 * Z) >> 12));
+}
+
+#[test]
+fn a_reset_controller_closes_open_zones() {
+    let z = Zones::new(&cfg(0, 0), 2 * Z, None).unwrap();
+    let w = z.start_write(0, 4096, false).unwrap();
+    z.finish_write(w);
+    z.act(ZoneAction::Open, Z, false).unwrap();
+    z.reset_controller(false);
+    assert_eq!((state(&z, 0).0, state(&z, 1).0), (ZoneState::Closed, ZoneState::Empty));
+    z.reset_controller(true);
+    assert_eq!(state(&z, 0), (ZoneState::Empty, 0));
+}
+
+#[test]
+fn the_state_file_keeps_pointers_and_refuses_another_layout() {
+    // One file, opened again as a restart would: its page cache is what a SIGKILL
+    // leaves.
+    let file = File::from(test_util::memfd::memfd_unsealed(0));
+    let open = || file.try_clone();
+    {
+        let z = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap();
+        assert!(z.durable());
+        let w = z.start_write(Z, 8192, false).unwrap();
+        z.finish_write(w);
+        // Started but never finished: not recorded.
+        z.start_write(Z + 8192, 4096, false).unwrap();
+        z.act(ZoneAction::Finish, 2 * Z, false).unwrap();
+        z.act(ZoneAction::Open, 3 * Z, false).unwrap();
+    }
+    let z = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap();
+    assert_eq!(state(&z, 1), (ZoneState::Closed, (Z + 8192) >> 9));
+    assert_eq!(state(&z, 2).0, ZoneState::Full);
+    assert_eq!(state(&z, 3).0, ZoneState::Empty);
+    z.start_write(Z + 8192, 512, false).unwrap();
+    let e = Zones::new(&cfg(0, 0), 8 * Z, Some(open().unwrap())).unwrap_err();
+    assert!(e.contains("recorded for 4 zones"), "{e}");
+    file.write_all_at(b"not a zone file at all, no", 0).unwrap();
+    let e = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap_err();
+    assert!(e.contains("VNVMEZNS"), "{e}");
+}
+
+#[test]
+fn configs_are_checked() {
+    let bad = |zone_size, zone_capacity, size| {
+        ZonedConfig { zone_size, zone_capacity, max_open: 0, max_active: 0 }.check(size).is_err()
+    };
+    assert!(bad(3 << 20, 1 << 20, 1 << 30));
+    assert!(bad(Z, Z + 4096, 1 << 30));
+    assert!(bad(Z, 1000, 1 << 30));
+    assert!(bad(Z, Z, Z / 2));
+    assert!(!bad(Z, Z, Z));
+    assert!(ZonedConfig { max_open: 4, max_active: 2, ..cfg(0, 0) }.check(Z).is_err());
+}
