@@ -33,12 +33,20 @@ pub struct NamespaceConfig {
     pub timeout: Option<Duration>,
     /// Its NSID (None: its position in [`ControllerConfig::namespaces`] plus one).
     pub nsid: Option<u32>,
+    /// A zoned namespace's layout (None: the NVM command set).
+    pub zoned: Option<crate::zoned::ZonedConfig>,
 }
 
 impl NamespaceConfig {
     /// A namespace with the default command timeout.
     pub fn new(backend: Arc<dyn Backend>, lba_format: u8) -> Self {
-        NamespaceConfig { backend, lba_format, timeout: Some(DEFAULT_COMMAND_TIMEOUT), nsid: None }
+        NamespaceConfig {
+            backend,
+            lba_format,
+            timeout: Some(DEFAULT_COMMAND_TIMEOUT),
+            nsid: None,
+            zoned: None,
+        }
     }
 }
 

@@ -64,6 +64,8 @@ pub struct Namespace {
     pub timeout_ns: u64,
     /// Commands, bytes, errors and latency by kind.
     pub stats: crate::stats::NsStats,
+    /// A zoned namespace's zones (None: a namespace of the NVM command set).
+    pub zones: Option<crate::zoned::Zones>,
 }
 
 impl Namespace {
@@ -93,6 +95,23 @@ impl Namespace {
             uuid,
             timeout_ns: 0,
             stats: Default::default(),
+            zones: None,
+        }
+    }
+
+    /// Makes it a zoned namespace of `zones`: its size is what they span.
+    pub fn with_zones(mut self, zones: crate::zoned::Zones) -> Self {
+        self.size = AtomicU64::new(zones.span());
+        self.zones = Some(zones);
+        self
+    }
+
+    /// Its Command Set Identifier: the Zoned Namespace or the NVM command set.
+    pub fn csi(&self) -> u8 {
+        if self.zones.is_some() {
+            nvme_spec::zns::CSI_ZNS
+        } else {
+            nvme_spec::zns::CSI_NVM
         }
     }
 
@@ -157,5 +176,15 @@ pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) 
             info.size
         ));
     }
-    Ok(Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout))
+    let ns = Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout);
+    match &n.zoned {
+        Some(z) => {
+            let state = z.state_file.as_ref().map(|f| f.try_clone()).transpose();
+            let state = state.map_err(|e| format!("namespace {nsid}: zone state file: {e}"))?;
+            let zones = crate::zoned::Zones::new(z, info.size, state)
+                .map_err(|e| format!("namespace {nsid} ({}): {e}", info.kind))?;
+            Ok(ns.with_zones(zones))
+        }
+        None => Ok(ns),
+    }
 }

@@ -311,7 +311,7 @@ impl OpClass {
         use nvme_spec::opcode::nvm as op;
         match opcode {
             op::READ => OpClass::Read,
-            op::WRITE => OpClass::Write,
+            op::WRITE | nvme_spec::opcode::zns::ZONE_APPEND => OpClass::Write,
             op::FLUSH => OpClass::Flush,
             _ => OpClass::Other,
         }

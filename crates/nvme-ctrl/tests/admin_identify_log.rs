@@ -129,17 +129,21 @@ fn spec_5_1_13_cns_03_descriptor_list_has_eui64_nguid_uuid_and_csi() {
 #[test]
 fn spec_5_1_13_cns_05_06_07_nvm_command_set_structures() {
     let mut h = three_ns();
-    // CSI is CDW11 bits 31:24; only the NVM command set (0) exists.
+    // CSI is CDW11 bits 31:24: the NVM (0) and Zoned Namespace (2) command sets
+    // exist; these namespaces are all NVM ones.
     assert!(h.identify_raw(0x05, 2, 0).is_ok());
+    assert_eq!(h.identify_raw(0x05, 2, 2 << 24), Err(Status::INVALID_FIELD.with_dnr()));
     assert_eq!(h.identify_raw(0x05, 2, 1 << 24), Err(Status::INVALID_FIELD.with_dnr()));
     assert_eq!(h.identify_raw(0x05, 4, 0), Err(Status::INVALID_NAMESPACE.with_dnr()));
     assert_eq!(h.identify_raw(0x05, 0, 0), Err(Status::INVALID_NAMESPACE.with_dnr()));
     let c = h.identify_raw(0x06, 0, 0).unwrap();
     assert_eq!(c[0], 8, "VSL = MDTS");
-    assert_eq!(h.identify_raw(0x06, 0, 2 << 24), Err(Status::INVALID_FIELD.with_dnr()));
+    assert_eq!(h.identify_raw(0x06, 0, 1 << 24), Err(Status::INVALID_FIELD.with_dnr()));
+    assert_eq!(h.identify_raw(0x06, 0, 2 << 24).unwrap()[0], 0, "ZNS: ZASL 0 (MDTS)");
     assert_eq!(ns_list(&h.identify_raw(0x07, 0, 0).unwrap()), vec![1, 2, 3]);
     assert_eq!(ns_list(&h.identify_raw(0x07, 2, 0).unwrap()), vec![3]);
-    assert_eq!(h.identify_raw(0x07, 0, 2 << 24), Err(Status::INVALID_FIELD.with_dnr()));
+    assert_eq!(h.identify_raw(0x07, 0, 1 << 24), Err(Status::INVALID_FIELD.with_dnr()));
+    assert_eq!(ns_list(&h.identify_raw(0x07, 0, 2 << 24).unwrap()), Vec::<u32>::new(), "no zoned namespace");
     assert_eq!(h.identify_raw(0x07, 0xffff_ffff, 0), Err(Status::INVALID_NAMESPACE.with_dnr()));
     assert_alive(&mut h);
 }
@@ -270,13 +274,14 @@ fn spec_5_1_12_1_6_commands_supported_and_effects() {
         iop::WRITE_ZEROES,
         iop::DATASET_MANAGEMENT,
         iop::VERIFY,
+        iop::COPY,
     ];
     for op in 0..=255u8 {
         assert_eq!(acs(op) & 1 != 0, admin_impl.contains(&op), "admin opcode {op:#x} CSUPP");
         assert_eq!(iocs(op) & 1 != 0, io_impl.contains(&op), "I/O opcode {op:#x} CSUPP");
     }
     // LBCC (bit 1) where logical block content changes.
-    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT] {
+    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
         assert_ne!(iocs(op) & 2, 0, "I/O opcode {op:#x} LBCC");
     }
     for op in [iop::READ, iop::FLUSH, iop::COMPARE, iop::VERIFY] {

@@ -15,6 +15,9 @@ pub mod fid {
     pub const AUTONOMOUS_POWER_STATE: u8 = 0x0c;
     pub const HOST_MEMORY_BUFFER: u8 = 0x0d;
     pub const TIMESTAMP: u8 = 0x0e;
+    /// I/O Command Set Profile (Base §5.1.25.1.19): which combination of
+    /// Identify CNS 1Ch is in use.
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_BEHAVIOR_SUPPORT: u8 = 0x16;
 }

@@ -105,6 +105,7 @@ impl Cap {
         v |= (to as u64) << 24;
         v |= ((dstrd & 0xf) as u64) << 32;
         v |= 1 << 37; // CSS bit 0: NVM command set
+        v |= 1 << 43; // CSS bit 6: one or more I/O command sets (CC.CSS = 110b)
         v |= ((mpsmin & 0xf) as u64) << 48;
         v |= ((mpsmax & 0xf) as u64) << 52;
         Cap(v)
@@ -125,7 +126,8 @@ impl Cap {
     pub const fn dstrd(self) -> u8 {
         bits64(self.0, 32, 4) as u8
     }
-    /// Command Sets Supported, bit 0 = NVM command set.
+    /// Command Sets Supported: bit 0 the NVM command set, bit 6 I/O command sets
+    /// chosen through CC.CSS = 110b.
     pub const fn css(self) -> u8 {
         bits64(self.0, 37, 8) as u8
     }

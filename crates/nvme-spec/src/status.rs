@@ -113,6 +113,8 @@ impl Status {
     pub const FEATURE_NOT_SAVEABLE: Status = Status::new(StatusCodeType::CommandSpecific, 0x0d);
     pub const FEATURE_NOT_CHANGEABLE: Status = Status::new(StatusCodeType::CommandSpecific, 0x0e);
     pub const FEATURE_NOT_NS_SPECIFIC: Status = Status::new(StatusCodeType::CommandSpecific, 0x0f);
+    pub const IO_COMMAND_SET_COMBINATION_REJECTED: Status =
+        Status::new(StatusCodeType::CommandSpecific, 0x2b);
     // Command Specific Status, NVM command set values (NVM Figure "Status Code -
     // Command Specific Status Values").
     pub const CONFLICTING_ATTRIBUTES: Status = Status::new(StatusCodeType::CommandSpecific, 0x80);
@@ -175,6 +177,7 @@ impl Status {
             Status::INVALID_QUEUE_DELETION => "Invalid Queue Deletion",
             Status::FEATURE_NOT_SAVEABLE => "Feature Identifier Not Saveable",
             Status::FEATURE_NOT_CHANGEABLE => "Feature Not Changeable",
+            Status::IO_COMMAND_SET_COMBINATION_REJECTED => "I/O Command Set Combination Rejected",
             Status::CONFLICTING_ATTRIBUTES => "Conflicting Attributes",
             Status::INVALID_PROTECTION_INFORMATION => "Invalid Protection Information",
             Status::WRITE_TO_READ_ONLY_RANGE => "Attempted Write to Read Only Range",

@@ -112,7 +112,7 @@ impl ZoneMgmtRecv<'_> {
         self.0.cdw10.get() as u64 | ((self.0.cdw11.get() as u64) << 32)
     }
     /// Bytes of the data buffer (NUMD is 0's based, in dwords).
-    pub fn len(&self) -> u64 {
+    pub fn buffer_len(&self) -> u64 {
         (self.0.cdw12.get() as u64 + 1) * 4
     }
     /// Zone Receive Action.
@@ -297,7 +297,7 @@ mod tests {
         );
         let r = ZoneMgmtCmd { nsid: 3, slba: 64 }.receive(zra::REPORT_ZONES, 4, true, 4096);
         let v = ZoneMgmtRecv(&r);
-        assert_eq!((v.slba(), v.len(), v.zra(), v.zrasf(), v.partial()), (64, 4096, 0, 4, true));
+        assert_eq!((v.slba(), v.buffer_len(), v.zra(), v.zrasf(), v.partial()), (64, 4096, 0, 4, true));
     }
 
     #[test]

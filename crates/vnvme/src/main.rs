@@ -17,6 +17,7 @@ mod signals;
 mod unix_socket;
 mod upgrade;
 mod version;
+mod zonespec;
 
 use clap::{Parser, Subcommand};
 

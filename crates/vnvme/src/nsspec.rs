@@ -31,6 +31,9 @@
 //!                          answer) before they fail Not Ready (25s by default, or
 //!                          5/6 of a shorter timeout; shorter than the timeout)
 //!
+//! Any kind can be zoned: zoned=SIZE, zone-cap=, max-open=, max-active=,
+//! zone-state= (see `zonespec`).
+//!
 //! A URI kind (nbd://, nvme://) takes its options after the URI, each as `:NAME=VALUE`
 //! with a NAME above: they are read from the end, so a URI keeps its own colons.
 //! ```
@@ -43,6 +46,7 @@ use std::time::Duration;
 use nvme_ctrl::{NamespaceConfig, DEFAULT_COMMAND_TIMEOUT};
 
 use crate::sandbox::Needs;
+use crate::zonespec::{StateHome, ZoneSpec};
 
 use block_backend::{
     Backend, DirectMode, FaultBackend, FaultRule, FileBackend, NullBackend, RamBackend, UringBackend,
@@ -67,6 +71,8 @@ pub struct NsSpec {
     pub timeout: Option<Duration>,
     /// How long commands wait for storage that went away (`hold=`; None: the default).
     pub hold: Option<Duration>,
+    /// A zoned namespace's options (None: the NVM command set).
+    pub zoned: Option<crate::zonespec::ZoneSpec>,
 }
 
 /// How long commands wait for an nbd:// or rbd: namespace's storage to come back by
@@ -75,7 +81,8 @@ pub struct NsSpec {
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
 
 /// Options a URI kind takes after its URI (`:NAME=VALUE`).
-const URI_OPTIONS: [&str; 4] = ["lba", "fault", "timeout", "hold"];
+const URI_OPTIONS: [&str; 9] =
+    ["lba", "fault", "timeout", "hold", "zoned", "zone-cap", "max-open", "max-active", "zone-state"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -190,6 +197,8 @@ pub struct Opened {
     /// What the backend does after start-up, for the sandbox's allowlist.
     pub needs: Needs,
     pub timeout: Option<Duration>,
+    /// A zoned namespace's layout, its state file open.
+    pub zoned: Option<nvme_ctrl::zoned::ZonedConfig>,
 }
 
 impl Opened {
@@ -197,6 +206,7 @@ impl Opened {
     pub fn config(&self) -> NamespaceConfig {
         NamespaceConfig {
             timeout: self.timeout,
+            zoned: self.zoned.clone(),
             ..NamespaceConfig::new(self.backend.clone(), self.lba_format)
         }
     }
@@ -323,7 +333,16 @@ impl NsSpec {
             let rules = self.faults.iter().cloned().map(|r| r.lba_size(lba)).collect();
             Arc::new(FaultBackend::new(backend, rules))
         };
-        Ok(Opened { backend, lba_format, needs, timeout: self.timeout })
+        let zoned = match &self.zoned {
+            Some(z) => Some(z.open(match &self.kind {
+                Kind::File(p) if std::fs::metadata(p).is_ok_and(|m| m.is_file()) => StateHome::Beside(p),
+                Kind::File(_) => StateHome::Required("on a block device"),
+                Kind::Ram | Kind::Null(_) => StateHome::Memory,
+                _ => StateHome::Required("on storage outside this host"),
+            })?),
+            None => None,
+        };
+        Ok(Opened { backend, lba_format, needs, timeout: self.timeout, zoned })
     }
 
     /// A short description for logs.
@@ -397,6 +416,7 @@ impl FromStr for NsSpec {
             faults: Vec::new(),
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             hold: None,
+            zoned: None,
         };
         let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
         let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
@@ -489,6 +509,11 @@ impl NsSpec {
     /// Takes one `NAME=VALUE` option.
     fn set_option(&mut self, opt: &str) -> Result<(), String> {
         let spec = self;
+        if let Some((k, v)) = opt.split_once('=') {
+            if ZoneSpec::set_option(&mut spec.zoned, k, v)? {
+                return Ok(());
+            }
+        }
         let is_file = matches!(spec.kind, Kind::File(_));
         match opt.split_once('=') {
             Some(("lba", "512")) => spec.lba_format = Some(0),
@@ -523,7 +548,7 @@ impl NsSpec {
             Some(("hold", v)) => spec.hold = Some(parse_timeout(v)?.unwrap_or(Duration::ZERO)),
             _ => {
                 return Err(format!(
-                    "unknown namespace option {opt:?} (expected lba=, fault=, timeout={}{})",
+                    "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, zoned={}{})",
                     if spec.kind.waits_for_storage() { ", hold=" } else { "" },
                     spec.kind.own_options()
                 ))
@@ -536,6 +561,9 @@ impl NsSpec {
     /// timeout, options the kind does not take.
     fn checked(self) -> Result<Self, String> {
         let spec = self;
+        if let Some(z) = &spec.zoned {
+            z.checked()?;
+        }
         #[cfg(feature = "rbd")]
         if matches!(spec.kind, Kind::Rbd(_)) && spec.size.is_some() {
             return Err("rbd: the namespace has the image's size; give none (resize the image with \

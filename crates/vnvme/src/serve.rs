@@ -70,8 +70,16 @@ pub struct ServeArgs {
     ///                            timeout; 0: fail at once). A guest that enabled Advanced
     ///                            Command Retry (Linux does) then waits 1 s before
     ///                            each of its retries
+    ///   zoned=SIZE               a zoned namespace (NVMe ZNS) of SIZE zones (a power
+    ///                            of two, at least 4K); with zone-cap=SIZE (writable
+    ///                            bytes per zone, default all), max-open=N and
+    ///                            max-active=N (default: no limit), zone-state=PATH
+    ///                            (where write pointers are kept: by default
+    ///                            FILE.zones beside a regular file, in memory for
+    ///                            ram: and null:, required for other kinds)
     ///
     /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
+    ///           file:zns.img:4G:zoned=64M:max-open=14
     #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]
     pub namespaces: Vec<NsSpec>,
     /// I/O worker threads; each owns the queues assigned to it. 0: inline, the

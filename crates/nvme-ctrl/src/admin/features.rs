@@ -200,6 +200,11 @@ impl Admin<'_> {
                 ms[..6].copy_from_slice(&data[..6]);
                 self.admin.features.timestamp = Some((u64::from_le_bytes(ms), self.clock.now_ns()));
             }
+            // Only combination 0 of Identify CNS 1Ch exists.
+            fid::IO_COMMAND_SET_PROFILE if v & 0x1ff != 0 => {
+                return status(Status::IO_COMMAND_SET_COMBINATION_REJECTED.with_dnr())
+            }
+            fid::IO_COMMAND_SET_PROFILE => {}
             _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
         }
         self.apply_settings();
@@ -229,7 +234,7 @@ impl Admin<'_> {
                     fid::VOLATILE_WRITE_CACHE if self.admin.features.vwc_present => {
                         Ok(AdminDone::Complete(capability::CHANGEABLE))
                     }
-                    fid::VOLATILE_WRITE_CACHE => Ok(AdminDone::Complete(0)),
+                    fid::VOLATILE_WRITE_CACHE | fid::IO_COMMAND_SET_PROFILE => Ok(AdminDone::Complete(0)),
                     _ => Err(CommandError::InvalidField("unsupported feature identifier")),
                 };
             }
@@ -267,6 +272,7 @@ impl Admin<'_> {
                 iv as u32 | ((cd as u32) << 16)
             }
             fid::WRITE_ATOMICITY_NORMAL => vals.write_atomicity,
+            fid::IO_COMMAND_SET_PROFILE => 0,
             fid::ASYNC_EVENT_CONFIG => vals.aec,
             fid::HOST_BEHAVIOR_SUPPORT => {
                 let mut data = [0u8; host_behavior::LEN];

@@ -164,6 +164,10 @@ impl Admin<'_> {
     fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, erase: bool) {
         for ns in targets {
             ns.set_lba_format(lbaf);
+            // A formatted zoned namespace starts over with every zone empty.
+            if let Some(z) = &ns.zones {
+                z.reset_controller(true);
+            }
             self.events.namespace_changed(ns.nsid);
             info!(nsid = ns.nsid, lba_size = 1u32 << ns.lba_shift(), erase, "namespace formatted");
         }

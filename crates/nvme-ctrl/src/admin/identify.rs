@@ -8,6 +8,7 @@ use nvme_spec::identify::{
     oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace, IoCommandSetNvmController, LbaFormat,
 };
 use nvme_spec::regs::NVME_VERSION_1_4;
+use nvme_spec::zns::{IdentifyControllerZns, IdentifyNamespaceZns, ZoneFormatExtension, CSI_NVM, CSI_ZNS};
 use nvme_spec::{Sqe, NSID_ALL};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromZeros, IntoBytes};
@@ -18,8 +19,8 @@ use crate::error::{CmdResult, CommandError};
 use crate::events::ERROR_LOG_ENTRIES;
 use crate::namespace::{active, Namespace, LBA_FORMATS};
 
-/// Command set identifier of the NVM command set.
-const CSI_NVM: u8 = 0;
+/// CNS 1Ch: the I/O Command Set data structure (Base §5.1.13.2.19).
+const CNS_IO_COMMAND_SETS: u8 = 0x1c;
 
 impl Admin<'_> {
     pub(crate) fn identify(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
@@ -35,18 +36,23 @@ impl Admin<'_> {
                     (nidt::EUI64, &ns.eui64[..]),
                     (nidt::NGUID, &ns.nguid[..]),
                     (nidt::UUID, &ns.uuid[..]),
-                    (nidt::CSI, &[CSI_NVM][..]),
+                    (nidt::CSI, &[ns.csi()][..]),
                 ])
                 .to_vec()
             }
             cns::CSI_NAMESPACE => {
-                if id.csi() != CSI_NVM {
-                    return Err(CommandError::InvalidField("unsupported command set"));
+                let ns = self.active_ns(nsid)?;
+                match id.csi() {
+                    // The NVM command set specific namespace structure: nothing beyond
+                    // the defaults (no extended LBA formats, no PI) to report.
+                    CSI_NVM => vec![0u8; 4096],
+                    CSI_ZNS if ns.zones.is_some() => zoned_namespace_data(&ns).as_bytes().to_vec(),
+                    _ => return Err(CommandError::InvalidField("the namespace is not of that command set")),
                 }
-                self.active_ns(nsid)?;
-                // The NVM command set specific namespace structure: nothing beyond
-                // the defaults (no extended LBA formats, no PI) to report.
-                vec![0u8; 4096]
+            }
+            cns::CSI_CONTROLLER if id.csi() == CSI_ZNS => {
+                // Zone Append Size Limit 0: MDTS.
+                IdentifyControllerZns::default().as_bytes().to_vec()
             }
             cns::CSI_CONTROLLER => {
                 if id.csi() != CSI_NVM {
@@ -69,10 +75,22 @@ impl Admin<'_> {
                 c.as_bytes().to_vec()
             }
             cns::CSI_ACTIVE_NAMESPACE_LIST => {
-                if id.csi() != CSI_NVM {
+                let csi = id.csi();
+                if csi != CSI_NVM && csi != CSI_ZNS {
                     return Err(CommandError::InvalidField("unsupported command set"));
                 }
-                self.active_list(nsid)?
+                if nsid >= 0xffff_fffe {
+                    return Err(CommandError::InvalidNamespace(nsid));
+                }
+                let of_set = active(self.namespaces).filter(|n| n.csi() == csi).map(|n| n.nsid);
+                active_ns_list(nsid, of_set).to_vec()
+            }
+            CNS_IO_COMMAND_SETS => {
+                // One combination, index 0: the NVM (bit 0) and Zoned Namespace (bit
+                // 2) command sets, each namespace of one of them.
+                let mut v = vec![0u8; 4096];
+                v[0] = 1 << CSI_NVM | 1 << CSI_ZNS;
+                v
             }
             _ => return Err(CommandError::InvalidField("unsupported CNS value")),
         };
@@ -174,5 +192,23 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.msrc = msrc;
     d.nguid = ns.nguid;
     d.eui64 = ns.eui64;
+    d
+}
+
+/// The Zoned Namespace command set's Identify Namespace structure of zoned `ns`.
+fn zoned_namespace_data(ns: &Namespace) -> IdentifyNamespaceZns {
+    let zones = ns.zones.as_ref().expect("a zoned namespace");
+    let cfg = zones.config();
+    let limit = |n: u32| U32::new(if n == 0 { nvme_spec::zns::NO_LIMIT } else { n - 1 });
+    let mut d = IdentifyNamespaceZns {
+        // Reads may cross zone boundaries; capacity is fixed, no active excursions.
+        ozcs: U16::new(nvme_spec::zns::OZCS_RAZB),
+        mar: limit(cfg.max_active),
+        mor: limit(cfg.max_open),
+        ..Default::default()
+    };
+    for (i, &lbads) in LBA_FORMATS.iter().enumerate() {
+        d.lbafe[i] = ZoneFormatExtension { zsze: U64::new(cfg.zone_size >> lbads), ..Default::default() };
+    }
     d
 }

@@ -6,7 +6,8 @@ use nvme_spec::log::{
     effects, lid, u128_le, ChangedNamespaceList, CommandsSupportedAndEffects, ErrorInformationEntry,
     FirmwareSlotLog, SmartHealthLog,
 };
-use nvme_spec::opcode::{admin as aop, nvm as iop};
+use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
+use nvme_spec::zns::{CSI_NVM, CSI_ZNS};
 use nvme_spec::{Sqe, Status};
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromZeros, IntoBytes};
@@ -37,7 +38,15 @@ impl Admin<'_> {
             lid::CHANGED_NAMESPACE_LIST => {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
-            lid::COMMANDS_SUPPORTED_AND_EFFECTS => command_effects().as_bytes().to_vec(),
+            lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
+                CSI_NVM => command_effects(false).as_bytes().to_vec(),
+                CSI_ZNS => command_effects(true).as_bytes().to_vec(),
+                _ => {
+                    return Err(CommandError::InvalidField(
+                        "Commands Supported and Effects of an unknown CSI",
+                    ))
+                }
+            },
             _ => return status(Status::INVALID_LOG_PAGE),
         };
         let off = g.offset();
@@ -83,8 +92,10 @@ impl Admin<'_> {
 }
 
 /// Commands Supported and Effects: what each supported opcode may change, so the host
-/// knows to quiesce around Format NVM.
-fn command_effects() -> CommandsSupportedAndEffects {
+/// knows to quiesce around Format NVM; with `zoned`, of the Zoned Namespace command
+/// set (the NVM set's commands and its own: a Linux host reads Zone Append's entry
+/// before it lets a zoned namespace be written).
+fn command_effects(zoned: bool) -> CommandsSupportedAndEffects {
     let mut e = CommandsSupportedAndEffects::new_zeroed();
     let s = effects::CSUPP;
     for op in [
@@ -107,8 +118,14 @@ fn command_effects() -> CommandsSupportedAndEffects {
     for op in [iop::FLUSH, iop::READ, iop::COMPARE, iop::VERIFY] {
         e.iocs[op as usize] = U32::new(s);
     }
-    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT] {
+    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
         e.iocs[op as usize] = U32::new(s | effects::LBCC);
+    }
+    if zoned {
+        e.iocs[zop::ZONE_MGMT_RECV as usize] = U32::new(s);
+        for op in [zop::ZONE_MGMT_SEND, zop::ZONE_APPEND] {
+            e.iocs[op as usize] = U32::new(s | effects::LBCC);
+        }
     }
     e
 }

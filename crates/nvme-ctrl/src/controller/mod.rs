@@ -23,6 +23,12 @@ mod workers;
 
 pub use attach::NamespaceError;
 
+/// CC.CSS: the NVM command set only.
+const CSS_NVM: u8 = 0b000;
+/// CC.CSS: every I/O command set CAP.CSS bit 6 says is supported (NVM and Zoned
+/// Namespace), chosen per namespace.
+const CSS_ALL_SUPPORTED: u8 = 0b110;
+
 /// An NVMe controller.
 #[derive(Debug)]
 pub struct Controller {
@@ -324,8 +330,8 @@ impl Controller {
         let page = 1u64 << (12 + cc.mps() as u32);
         let problem = if cc.mps() < cap.mpsmin() || cc.mps() > cap.mpsmax() {
             Some("CC.MPS outside CAP.MPSMIN..MPSMAX")
-        } else if cc.css() != 0 {
-            Some("CC.CSS selects an I/O command set other than NVM")
+        } else if !matches!(cc.css(), CSS_NVM | CSS_ALL_SUPPORTED) {
+            Some("CC.CSS selects neither the NVM command set (000b) nor all I/O command sets (110b)")
         } else if cc.ams() != 0 {
             Some("CC.AMS selects an arbitration mechanism other than round robin")
         } else if asqs < 2 || acqs < 2 {
@@ -366,6 +372,12 @@ impl Controller {
         self.apply_settings();
         self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
+        // Open zones close (ZNS: a Controller Level Reset).
+        for ns in crate::namespace::active(&self.namespaces) {
+            if let Some(z) = &ns.zones {
+                z.reset_controller(false);
+            }
+        }
         self.regs.set_csts(Csts(0));
         self.phase = Phase::Disabled;
         self.regs.clear_enable();

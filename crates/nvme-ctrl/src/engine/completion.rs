@@ -25,14 +25,29 @@ impl IoEngine {
     }
 
     /// Posts the completion of a command fetched from SQ `sqid`.
+    #[inline]
     pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
+        self.complete_wide(sqid, cid, status, dw0 as u64, nsid, slba)
+    }
+
+    /// [`IoEngine::complete`] with a 64-bit result in Dwords 0 and 1 (Zone Append's
+    /// LBA).
+    pub(crate) fn complete_wide(
+        &mut self,
+        sqid: u16,
+        cid: u16,
+        status: Status,
+        result: u64,
+        nsid: u32,
+        slba: u64,
+    ) {
         // None: the queue is gone (or the command was orphaned by its teardown).
         let status = if status.is_success() { status } else { self.settings().retry_delayed(status) };
         let Some(sq) = self.queues.sq_mut(sqid) else { return };
         sq.in_flight = sq.in_flight.saturating_sub(1);
         let cqe = Cqe {
-            dw0: U32::new(dw0),
-            dw1: U32::new(0),
+            dw0: U32::new(result as u32),
+            dw1: U32::new((result >> 32) as u32),
             sqhd: U16::new(sq.head as u16),
             sqid: U16::new(sqid),
             cid: U16::new(cid),

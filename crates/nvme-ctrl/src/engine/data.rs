@@ -337,16 +337,30 @@ impl IoEngine {
         if done {
             let f = self.commands.finish(tag).expect("running above");
             self.count_done(&f);
-            let dw0 = match &f.finish {
+            let mut result = 0;
+            match f.finish {
                 // Dword 0 of a failed Copy: the first source range not copied.
-                Finish::Copy(job) if !f.status.is_success() => job.first_not_copied(),
-                _ => 0,
-            };
-            if let Finish::Compare(mut v) = f.finish {
-                v.clear();
-                self.seg_pool.push(v);
+                Finish::Copy(job) => {
+                    if let Some(w) = job.zone {
+                        self.zone_written(f.nsid, w);
+                    }
+                    if !f.status.is_success() {
+                        result = job.first_not_copied() as u64;
+                    }
+                }
+                Finish::Compare(mut v) => {
+                    v.clear();
+                    self.seg_pool.push(v);
+                }
+                Finish::Zoned { write, append } => {
+                    let shift = self.zone_written(f.nsid, write);
+                    if append && f.status.is_success() {
+                        result = write.offset >> shift;
+                    }
+                }
+                Finish::Plain => {}
             }
-            self.complete(f.sqid, f.cid, f.status, dw0, f.nsid, f.slba);
+            self.complete_wide(f.sqid, f.cid, f.status, result, f.nsid, f.slba);
         }
     }
 
@@ -381,10 +395,21 @@ impl IoEngine {
         self.complete(sqid, cid, status, 0, nsid, slba);
     }
 
+    /// A write to zoned namespace `nsid` is back from its backend: its zone's pointer
+    /// moves past it. Returns the namespace's LBA shift.
+    fn zone_written(&self, nsid: u32, w: crate::zoned::ZoneWrite) -> u32 {
+        let ns = crate::namespace::lookup(&self.ctx.namespaces, nsid);
+        let Some(ns) = ns else { return 0 };
+        if let Some(z) = &ns.zones {
+            z.finish_write(w);
+        }
+        ns.lba_shift()
+    }
+
     /// A finished request's buffer handed back: what it read into guest memory marked
     /// for a migration's log, its segment list kept for the next command.
     #[inline]
-    fn release_data(&mut self, data: DataBuf, into_guest: bool) {
+    pub(crate) fn release_data(&mut self, data: DataBuf, into_guest: bool) {
         if into_guest {
             mark_written(&self.mem, &data);
         }

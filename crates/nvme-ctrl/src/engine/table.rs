@@ -12,6 +12,7 @@ use block_backend::{DataBuf, Op, Request, Segment};
 use nvme_spec::{Sqe, Status};
 
 use crate::stats::OpClass;
+use crate::zoned::ZoneWrite;
 
 /// What an in-flight command does when its backend requests finish.
 #[derive(Debug)]
@@ -22,6 +23,9 @@ pub(crate) enum Finish {
     Compare(Vec<Segment>),
     /// Go on with a Copy's next request while its requests succeed.
     Copy(Box<CopyJob>),
+    /// A write to a zoned namespace: its zone's pointer moves when it is done, and
+    /// a Zone Append completes with the LBA it went to.
+    Zoned { write: ZoneWrite, append: bool },
 }
 
 /// A command whose backend requests have not all completed.
@@ -277,12 +281,19 @@ pub(crate) struct CopyJob {
     writing: bool,
     dest: u64,
     fua: bool,
+    /// Its place in a zoned namespace's zone, taken when it started.
+    pub zone: Option<ZoneWrite>,
 }
 
 impl CopyJob {
     /// A Copy of `ranges` (byte offset, length) to consecutive bytes from `dest`.
     pub(crate) fn new(ranges: Vec<(u64, u64)>, dest: u64, fua: bool) -> Self {
-        CopyJob { ranges, next: 0, writing: false, dest, fua }
+        CopyJob { ranges, next: 0, writing: false, dest, fua, zone: None }
+    }
+
+    /// Its source ranges (byte offset, length).
+    pub(crate) fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges
     }
 
     /// The first range not (yet) copied: Dword 0 of a failed Copy.

@@ -71,7 +71,15 @@ impl IoEngine {
         let (offset, first) = ranges[0];
         buf.truncate(first as usize);
         let fua = cmd.fua() || !self.settings().write_cache();
-        let job = CopyJob::new(ranges, sdlba << shift, fua);
+        let mut job = CopyJob::new(ranges, sdlba << shift, fua);
+        // On a zoned namespace the destination is a write at its zone's pointer,
+        // and no source may be in an offline zone.
+        if let Some(zones) = self.namespace(nsid)?.zones.as_ref() {
+            for &(offset, len) in job.ranges() {
+                zones.check_read(offset, len)?;
+            }
+            job.zone = Some(zones.start_write(sdlba << shift, total << shift, false)?);
+        }
         let mut f = InFlight::new(sqid, sqe, nsid, sdlba, Op::Read, 1, Finish::Copy(Box::new(job)));
         f.host_bytes = largest;
         let tag = self.track(f);

@@ -16,6 +16,14 @@ impl IoEngine {
         } else {
             vec![self.namespace(nsid)?.nsid]
         };
+        // A zoned namespace's zone state file is made durable with its data (the
+        // data's flush is the backend's, below).
+        for &n in &targets {
+            if let Some(Err(e)) = self.with_namespace(n, |ns| ns.zones.as_ref().map(|z| z.sync()))? {
+                tracing::warn!(nsid = n, "cannot make the zone state file durable: {e}");
+                return Ok(Started::Done(Status::WRITE_FAULT));
+            }
+        }
         if targets.is_empty() {
             return Ok(Started::Done(Status::SUCCESS));
         }

@@ -4,12 +4,13 @@ mod copy;
 mod dsm;
 mod flush;
 mod rw;
+mod zns;
 
 pub(crate) use copy::copy_limits;
 
 use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::{nvm as op, NvmOpcode};
+use nvme_spec::opcode::{nvm as op, zns as zop, NvmOpcode};
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
@@ -72,6 +73,9 @@ impl IoEngine {
             op::WRITE_ZEROES if self.ctx.caps.write_zeroes => self.read_write(sqid, sqe),
             op::DATASET_MANAGEMENT if self.ctx.caps.dsm => self.dataset_management(sqid, sqe),
             op::COPY => self.copy(sqid, sqe),
+            zop::ZONE_APPEND => self.read_write(sqid, sqe),
+            zop::ZONE_MGMT_SEND => self.zone_mgmt_send(sqid, sqe),
+            zop::ZONE_MGMT_RECV => self.zone_mgmt_recv(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
@@ -223,7 +227,7 @@ impl IoEngine {
 fn error_slba(sqe: &Sqe) -> u64 {
     match sqe.opcode() {
         // Copy's SDLBA has the same place.
-        op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES | op::COPY => {
+        op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES | op::COPY | zop::ZONE_APPEND => {
             nvme_spec::nvm::ReadWrite(sqe).slba()
         }
         _ => 0,

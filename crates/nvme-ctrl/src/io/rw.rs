@@ -3,7 +3,7 @@
 
 use block_backend::{DataBuf, Op};
 use nvme_spec::nvm::ReadWrite;
-use nvme_spec::opcode::nvm as op;
+use nvme_spec::opcode::{nvm as op, zns as zop};
 use nvme_spec::Sqe;
 
 use super::Started;
@@ -16,7 +16,8 @@ impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         // Its size and LBA format, read in place: no reference taken per command.
-        let (nsze, shift) = self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift()))?;
+        let (nsze, shift, zoned) =
+            self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift(), ns.zones.is_some()))?;
         let rw = ReadWrite(sqe);
         let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
         match slba.checked_add(nlb) {
@@ -25,6 +26,14 @@ impl IoEngine {
         }
         let (offset, len) = (slba << shift, nlb << shift);
         let opcode = sqe.opcode();
+        // A zoned namespace's writes take their zone's place; its reads go as any
+        // other, but for offline zones. Zone Append exists only there.
+        if zoned || opcode == zop::ZONE_APPEND {
+            match opcode {
+                op::READ | op::COMPARE | op::VERIFY => self.zoned_check_read(nsid, offset, len)?,
+                _ => return self.zoned_write(sqid, sqe, shift),
+            }
+        }
         // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
         // by their own limits (WZSL = 0: none; VSL = MDTS) rather than MDTS.
         if opcode != op::WRITE_ZEROES && len > self.settings().mdts_bytes() {

@@ -26,7 +26,7 @@ use store::ZoneFile;
 pub use store::ZoneFileError;
 
 /// The layout and limits of a zoned namespace, as configured.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct ZonedConfig {
     /// Bytes per zone: a power of two, at least 4 KiB (Linux needs a power-of-two
     /// number of sectors per zone).
@@ -39,6 +39,8 @@ pub struct ZonedConfig {
     /// Most zones active (open or closed) at once (MAR + 1; 0: no limit). At least
     /// `max_open` when both are set.
     pub max_active: u32,
+    /// Where the zones' state is kept across restarts (None: in memory only).
+    pub state_file: Option<std::sync::Arc<File>>,
 }
 
 impl ZonedConfig {
@@ -47,7 +49,10 @@ impl ZonedConfig {
         if !self.zone_size.is_power_of_two() || self.zone_size < 4096 {
             return Err(format!("zone size {} is not a power of two of at least 4 KiB", self.zone_size));
         }
-        if self.zone_capacity == 0 || self.zone_capacity > self.zone_size || self.zone_capacity % 4096 != 0 {
+        if self.zone_capacity == 0
+            || self.zone_capacity > self.zone_size
+            || !self.zone_capacity.is_multiple_of(4096)
+        {
             return Err(format!(
                 "zone capacity {} is not a multiple of 4 KiB between 4 KiB and the zone size {}",
                 self.zone_capacity, self.zone_size
@@ -314,7 +319,7 @@ impl Zones {
                 }
             }
         } else {
-            if offset % self.cfg.zone_size != 0 || offset >= self.span() {
+            if !offset.is_multiple_of(self.cfg.zone_size) || offset >= self.span() {
                 return Err(ZoneError::NotZoneStart);
             }
             t.act_on(&self.cfg, self.zone_of(offset), action, &mut stale)?;
@@ -330,7 +335,7 @@ impl Zones {
     pub fn make_read_only(&self, offset: u64) -> Result<(), ZoneError> {
         let mut t = self.lock();
         let zi = self.zone_of(offset);
-        if offset % self.cfg.zone_size != 0 || zi >= self.count {
+        if !offset.is_multiple_of(self.cfg.zone_size) || zi >= self.count {
             return Err(ZoneError::NotZoneStart);
         }
         if t.zones[zi as usize].state == ZoneState::Offline {

@@ -72,7 +72,7 @@ impl ZoneFile {
         count: u32,
     ) -> Result<(ZoneFile, Vec<(ZoneState, u64)>), ZoneFileError> {
         let len = file.metadata()?.len();
-        let mut f = ZoneFile { file, failed: false };
+        let f = ZoneFile { file, failed: false };
         let want = layout(cfg.zone_size, cfg.zone_capacity, count as u64);
         if len == 0 {
             let mut h = [0u8; HEADER as usize];
@@ -114,7 +114,7 @@ impl ZoneFile {
             let bad = || ZoneFileError::Record { zone: zone as u32, state: r[8], written };
             let state = state.ok_or_else(bad)?;
             if written > cfg.zone_capacity
-                || written % 512 != 0
+                || !written.is_multiple_of(512)
                 || (state == ZoneState::Empty && written != 0)
             {
                 return Err(bad());

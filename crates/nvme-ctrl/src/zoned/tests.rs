@@ -5,7 +5,7 @@ use super::*;
 const Z: u64 = 1 << 20;
 
 fn cfg(max_open: u32, max_active: u32) -> ZonedConfig {
-    ZonedConfig { zone_size: Z, zone_capacity: Z / 2, max_open, max_active }
+    ZonedConfig { zone_size: Z, zone_capacity: Z / 2, max_open, max_active, state_file: None }
 }
 
 fn state(z: &Zones, zi: u64) -> (ZoneState, u64) {
@@ -136,7 +136,7 @@ fn the_state_file_keeps_pointers_and_refuses_another_layout() {
 #[test]
 fn configs_are_checked() {
     let bad = |zone_size, zone_capacity, size| {
-        ZonedConfig { zone_size, zone_capacity, max_open: 0, max_active: 0 }.check(size).is_err()
+        ZonedConfig { zone_size, zone_capacity, ..Default::default() }.check(size).is_err()
     };
     assert!(bad(3 << 20, 1 << 20, 1 << 30));
     assert!(bad(Z, Z + 4096, 1 << 30));
