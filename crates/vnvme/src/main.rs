@@ -14,6 +14,7 @@ mod perf;
 mod sandbox;
 mod serve;
 mod signals;
+mod units;
 mod unix_socket;
 mod upgrade;
 mod version;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use nvme_ctrl::zoned::ZonedConfig;
 
-use crate::nsspec::parse_size;
+use crate::units::parse_size;
 
 /// The option names, for a URI kind's option list.
 pub const OPTIONS: [&str; 5] = ["zoned", "zone-cap", "max-open", "max-active", "zone-state"];

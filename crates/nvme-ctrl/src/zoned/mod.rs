@@ -192,7 +192,8 @@ impl Zones {
         let mut zones = vec![empty; count as usize];
         let file = match state {
             Some(f) => {
-                let (file, saved) = ZoneFile::open(f, cfg, count).map_err(|e| e.to_string())?;
+                let (file, saved) =
+                    ZoneFile::open(f, cfg.zone_size, cfg.zone_capacity, count).map_err(|e| e.to_string())?;
                 for (z, (state, written)) in zones.iter_mut().zip(saved) {
                     *z = Zone { state, started: written, written };
                 }

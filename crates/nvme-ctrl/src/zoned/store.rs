@@ -26,8 +26,6 @@ use std::os::unix::fs::FileExt;
 
 use nvme_spec::zns::ZoneState;
 
-use super::ZonedConfig;
-
 const MAGIC: &[u8; 8] = b"VNVMEZNS";
 const VERSION: u32 = 1;
 const HEADER: u64 = 64;
@@ -68,18 +66,19 @@ impl ZoneFile {
     /// Returns each zone's recorded state and bytes written.
     pub(super) fn open(
         file: File,
-        cfg: &ZonedConfig,
+        zone_size: u64,
+        zone_capacity: u64,
         count: u32,
     ) -> Result<(ZoneFile, Vec<(ZoneState, u64)>), ZoneFileError> {
         let len = file.metadata()?.len();
         let f = ZoneFile { file, failed: false };
-        let want = layout(cfg.zone_size, cfg.zone_capacity, count as u64);
+        let want = layout(zone_size, zone_capacity, count as u64);
         if len == 0 {
             let mut h = [0u8; HEADER as usize];
             h[..8].copy_from_slice(MAGIC);
             h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-            h[16..24].copy_from_slice(&cfg.zone_size.to_le_bytes());
-            h[24..32].copy_from_slice(&cfg.zone_capacity.to_le_bytes());
+            h[16..24].copy_from_slice(&zone_size.to_le_bytes());
+            h[24..32].copy_from_slice(&zone_capacity.to_le_bytes());
             h[32..40].copy_from_slice(&(count as u64).to_le_bytes());
             let mut all = h.to_vec();
             for _ in 0..count {
@@ -113,7 +112,7 @@ impl ZoneFile {
             let state = ZoneState::from_raw(r[8]);
             let bad = || ZoneFileError::Record { zone: zone as u32, state: r[8], written };
             let state = state.ok_or_else(bad)?;
-            if written > cfg.zone_capacity
+            if written > zone_capacity
                 || !written.is_multiple_of(512)
                 || (state == ZoneState::Empty && written != 0)
             {
