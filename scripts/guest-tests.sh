@@ -23,7 +23,8 @@ Usage: ${0##*/} [--kernel K]... [--suite S]... [--accel auto|kvm|tcg] [--no-fetc
 For each guest kernel (default: bookworm newest) two boots, each against its
 own \`vnvme serve\` (built with cargo build --release first):
 
- main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M --poll off
+ main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M
+         --ns file:ZNS:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16 --poll off
          --workers 1 (pinned: inline mode is the default on 2-CPU hosts, and the
          worker path needs a real guest too; the faults suite runs inline)
          guest (scripts/guest/tests/main.sh): nvme-cli id-ctrl (serial, nn,
@@ -32,12 +33,17 @@ own \`vnvme serve\` (built with cargo build --release first):
          namespaces' sizes, nvme write/read/dsm --ad and blkdiscard read back
          zeroes, fio verify=crc32c with bs 512 B..128 KiB at QD 1/16/64 on the
          512 B and 4 KiB namespaces, format 4 KiB -> 512 B -> 4 KiB with id-ns
-         and the block size checked, ext4 on the file namespace + fsck,
+         and the block size checked, ext4 on the file namespace + fsck; the
+         zoned namespace (scripts/guest/tests/zns.sh): sysfs zoned model and
+         limits, nvme zns id-ns, blkzone report/open/finish/reset, a write off
+         the write pointer refused, nvme zns zone-append's LBA, report-zones,
+         fio --zonemode=zbd with verify, btrfs -O zoned mounted twice;
          reset_controller, rmmod/modprobe nvme, then 2 s runs of 4k randread
          between marks: 2 jobs x QD 32, then 1 job x QD 64, 16, 1.
          host: trapped doorbells per I/O over the 2 x QD 32 run below
          --max-db-ratio, the others reported (from the server's
          --stats-file), e2fsck -fn and debugfs checksum of the ext4 image,
+         the zone state file against the guest's last zone report,
          server log (shadow doorbells re-enabled after reset and reload,
          clean shutdown), server exit status.
  faults  (last kernel only) server: two RAM namespaces with fault= rules,
@@ -217,6 +223,47 @@ if [[ $accel == auto ]]; then
 fi
 echo "accelerator: $accel"
 
+# zones_check KERNEL DIR: the zone state file the server kept beside the zoned
+# namespace's data holds, zone by zone, the condition and write pointer the
+# guest last saw (open zones may have been closed by the controller reset at
+# the guest's power-off).
+zones_check() {
+    local k=$1 d=$2 line out
+    line=$(grep -a -o '@@VNVME-ZONES [^@]*@@' "$d/guest.log" | tail -1)
+    if [[ -z $line ]]; then
+        result FAIL "$k" "zone state file check: the guest printed no zone report"
+        return
+    fi
+    line=${line#@@VNVME-ZONES }
+    if out=$(python3 - "$d/zns.img.zones" ${line%@@} <<'PY' 2>&1
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+magic, version, zsize, zcap, nz = raw[:8], *struct.unpack_from("<I", raw, 8), *struct.unpack_from("<QQQ", raw, 16)
+assert magic == b"VNVMEZNS" and version == 1, f"header {magic!r} v{version}"
+seen = [tuple(map(int, z.split(":"))) for z in sys.argv[2:]]
+assert len(seen) == nz, f"{len(seen)} zones in the guest's report, {nz} in the file"
+bad = []
+for i, (cond, wp) in enumerate(seen):
+    written, state = struct.unpack_from("<QB", raw, 64 + 16 * i)
+    if cond == 14:
+        ok = state == 14
+    elif cond in (2, 3, 4):
+        ok = state in (2, 3, 4) and written == wp * 512
+    else:
+        ok = state == cond and written == wp * 512
+    if not ok:
+        bad.append(f"zone {i}: guest cond {cond} wp {wp}, file state {state} written {written // 512}")
+print("; ".join(bad) if bad else f"{nz} zones, {sum(1 for c, _ in seen if c != 1)} written")
+sys.exit(1 if bad else 0)
+PY
+    ); then
+        result PASS "$k" "zone state file: every zone's state and write pointer as the guest last saw them ($out)"
+    else
+        result FAIL "$k" "zone state file differs from the guest's zone report: $out"
+    fi
+    rm -f "$d/zns.img" "$d/zns.img.zones"
+}
+
 suite_main() {
     local k=$1
     local d="$work/$k-main" t0 img line sum_guest sum_host path
@@ -224,10 +271,15 @@ suite_main() {
     t0=$(date +%s)
     img="$d/ext4.img"
     echo
-    echo "== [$k] main suite: 3 namespaces, --poll off, one worker"
+    echo "== [$k] main suite: 4 namespaces (the 4th zoned), --poll off, one worker"
     write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
-    suite_boot "$k" "$d" main main.sh --timeout 360 -- --ns ram:64M --ns ram:32M:lba=4096 \
-        --ns "file:$img:128M" --poll off --workers 1 --serial VNVMEGT0001 || return
+    printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\n' $((256 << 20)) $((8 << 20)) \
+        $((6 << 20)) 16 >>"$d/config.sh"
+    rm -f "$d/zns.img" "$d/zns.img.zones"
+    suite_boot "$k" "$d" main main.sh --timeout 420 -- --ns ram:64M --ns ram:32M:lba=4096 \
+        --ns "file:$img:128M" --ns "file:$d/zns.img:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16" \
+        --poll off --workers 1 --serial VNVMEGT0001 || return
+    zones_check "$k" "$d"
 
     # Shadow doorbells, from the server's own counters (--poll off).
     db_check "$k" "$d" db off "$max_db"

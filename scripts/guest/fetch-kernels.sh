@@ -6,7 +6,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
 
 DEFAULT_MODULES="nvme nvme_core virtio_pci virtio_blk null_blk ext4"
-OPTIONAL_MODULES="crc32c_generic crc32c_intel"
+OPTIONAL_MODULES="crc32c_generic crc32c_intel btrfs"
 
 usage() {
     cat <<EOF
@@ -48,6 +48,8 @@ kroot="$VNVME_CACHE/kernels"
 verify() {
     local d=$1 kver m
     [[ -e $d/.complete && -s $d/vmlinuz && -s $d/KVER ]] || return 1
+    # Fetched for another module list: fetch again.
+    [[ $(cat "$d/MODULES" 2>/dev/null) == "$modules + $OPTIONAL_MODULES" ]] || return 1
     kver=$(cat "$d/KVER")
     [[ -s $d/lib/modules/$kver/modules.load && -s $d/lib/modules/$kver/modules.dep ]] || return 1
     while read -r m; do
@@ -194,6 +196,7 @@ fetch_one() {
         >"$out/lib/modules/$kver/modules.dep"
     printf '%s\n' "$kver" >"$out/KVER"
     printf '%s\n' "${debs[@]##*/}" >"$out/PACKAGE"
+    printf '%s\n' "$modules + $OPTIONAL_MODULES" >"$out/MODULES"
     touch "$out/.complete"
 
     rm -rf "${kroot:?}/$kver"

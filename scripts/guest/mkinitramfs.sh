@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build a guest initramfs per kernel: busybox, fio, nvme-cli, e2fsprogs (with
-# their shared libraries, from bookworm packages), the kernel's modules and
-# the /init of scripts/guest/rootfs.
+# Build a guest initramfs per kernel: busybox, fio, nvme-cli, e2fsprogs,
+# blkzone (util-linux) and mkfs.btrfs (with their shared libraries, from
+# bookworm packages), the kernel's modules and the /init of
+# scripts/guest/rootfs.
 set -euo pipefail
 # shellcheck source=scripts/lib/packages.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/packages.sh"
@@ -13,7 +14,8 @@ Usage: ${0##*/} [--rebuild] [--help] [KERNEL...]
 KERNEL: bookworm, newest (see fetch-kernels.sh) or a kernel release fetched
 into \$VNVME_CACHE/kernels. Default: bookworm newest.
 
-1. Once: downloads busybox-static, fio, nvme-cli, e2fsprogs and their
+1. Once: downloads busybox-static, fio, nvme-cli, e2fsprogs, util-linux,
+   btrfs-progs and their
    dependency closure from bookworm, extracts them, and stages the binaries
    plus exactly the shared libraries they need (ELF NEEDED entries resolved by
    the packaged ld-linux --list) into \$VNVME_CACHE/userland/bookworm.
@@ -40,15 +42,20 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#kernels[@]} -gt 0 ]] || kernels=(bookworm newest)
 
-USERLAND_PKGS=(busybox-static fio nvme-cli e2fsprogs)
+USERLAND_PKGS=(busybox-static fio nvme-cli e2fsprogs util-linux btrfs-progs)
 # Binaries taken from the packages (path inside the extracted tree).
 USERLAND_BINS=(bin/busybox usr/bin/fio usr/sbin/nvme sbin/mke2fs sbin/e2fsck
-    sbin/tune2fs sbin/dumpe2fs sbin/resize2fs sbin/debugfs)
+    sbin/tune2fs sbin/dumpe2fs sbin/resize2fs sbin/debugfs sbin/blkzone sbin/mkfs.btrfs)
 uldir="$VNVME_CACHE/userland/bookworm"
 rootfs_src="$VNVME_GUEST_DIR/rootfs"
 
+# What the staged userland is made of: a change restages it.
+userland_inputs() {
+    printf '%s\n' "${USERLAND_PKGS[@]}" "${USERLAND_BINS[@]}" | sha256sum | cut -d' ' -f1
+}
+
 stage_userland() {
-    if [[ $rebuild -eq 0 && -e $uldir/.complete ]]; then
+    if [[ $rebuild -eq 0 && -e $uldir/.complete && $(cat "$uldir/.inputs" 2>/dev/null) == "$(userland_inputs)" ]]; then
         log "userland: cached ($uldir)"
         return 0
     fi
@@ -109,6 +116,7 @@ stage_userland() {
     rm -rf "$x"
     rm -rf "$uldir"
     mv "$tmp" "$uldir"
+    userland_inputs >"$uldir/.inputs"
     sha256sum "$uldir/root/.packages" | cut -d' ' -f1 >"$uldir/.complete"
     papt bookworm apt-get clean # the .debs are no longer needed
     log "userland: staged $(du -sh "$uldir/root" | cut -f1) ($(find "$uldir/root" -type f | wc -l) files)"

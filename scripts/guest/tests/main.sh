@@ -1,15 +1,16 @@
 # shellcheck shell=dash
 # The main guest suite (scripts/guest-tests.sh, one boot per kernel). The host
-# serves one controller with three namespaces (see config.sh, written by the
-# host): n1 RAM with 512 B LBAs, n2 RAM with 4 KiB LBAs, n3 file-backed, and
-# runs the server with --poll off so the doorbell counters reflect EventIdx.
+# serves one controller with four namespaces (see config.sh, written by the
+# host): n1 RAM with 512 B LBAs, n2 RAM with 4 KiB LBAs, n3 file-backed, n4 a
+# zoned namespace on a file, and runs the server with --poll off so the doorbell
+# counters reflect EventIdx.
 . /tests/lib.sh
 . /tests/config.sh
 echo "== guest-tests main suite: Linux $(uname -r)"
-probe_or_exit 3
-t_pass "controller probe: nvme0 live, NSID 1/2/3 = $D1 $D2 $D3"
+probe_or_exit 4
+t_pass "controller probe: nvme0 live, NSID 1/2/3/4 = $D1 $D2 $D3 $D4"
 fio_engine "$D1"
-for t in nvme-cli multi-ns dsm fio-verify format ext4 reset reload doorbells; do
+for t in nvme-cli multi-ns dsm fio-verify format ext4 zns reset reload doorbells; do
     echo "== $t"
     # shellcheck disable=SC1090
     . "/tests/$t.sh"

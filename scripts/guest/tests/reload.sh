@@ -8,8 +8,8 @@ else
     cat /tmp/o
 fi
 modprobe nvme >/tmp/o 2>&1 || cat /tmp/o
-if ctrl_live nvme0 20 && wait_ns 3 20; then
-    t_pass "modprobe nvme: nvme0 live, NSID 1/2/3 = $D1 $D2 $D3"
+if ctrl_live nvme0 20 && wait_ns 4 20; then
+    t_pass "modprobe nvme: nvme0 live, NSID 1/2/3/4 = $D1 $D2 $D3 $D4"
 else
     t_fail "modprobe nvme: controller did not come back"
     dmesg | tail -20
