@@ -9,8 +9,9 @@ use nvme_spec::command::Psdt;
 use nvme_spec::nvm::{
     CopyCmd, CopyRange, DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd,
 };
-use nvme_spec::opcode::{admin as aop, nvm as iop};
+use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
 use nvme_spec::sgl::{SglDescriptor, SglType};
+use nvme_spec::zns::ZoneMgmtCmd;
 use nvme_spec::{Sqe, CQE_SIZE, NSID_ALL, SQE_SIZE};
 use test_kit::PAGE;
 use zerocopy::little_endian::{U32, U64};
@@ -227,15 +228,24 @@ impl Fuzzer<'_> {
             iop::DATASET_MANAGEMENT,
             iop::COPY,
             iop::FLUSH,
-        ][c.op as usize % 9];
+            zop::ZONE_APPEND,
+            zop::ZONE_MGMT_SEND,
+            zop::ZONE_MGMT_RECV,
+        ][c.op as usize % 12];
         let mut pages = Vec::new();
-        let nsid = if c.op % 9 == 8 { NSID_ALL } else { ns.nsid };
+        let nsid = if c.op % 12 == 8 { NSID_ALL } else { ns.nsid };
+        // On a zoned namespace, zone commands mostly name a zone's start (and Zone
+        // Append then mostly goes to the zone's write pointer); on others they are
+        // refused.
+        let zone_blocks = ns.zones.as_ref().map_or(1 << 20, |z| z.config().zone_size >> shift);
+        let zslba = if c.flags & 0x40 == 0 { slba - slba % zone_blocks } else { slba };
         let form = c.flags & 3;
         let writes_host = opcode == iop::READ;
         let (nlb_z, fua) = ((nlb - 1) as u16, c.flags & 4 != 0);
         let rw = ReadWriteCmd { nsid, slba, nlb_z, fua, lr: false };
         let s = match opcode {
-            iop::READ | iop::WRITE | iop::COMPARE => {
+            iop::READ | iop::WRITE | iop::COMPARE | zop::ZONE_APPEND => {
+                let rw = if opcode == zop::ZONE_APPEND { ReadWriteCmd { slba: zslba, ..rw } } else { rw };
                 let mut s = rw.to_sqe(opcode);
                 if form == 0 {
                     let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
@@ -280,6 +290,23 @@ impl Fuzzer<'_> {
                 let mut s = CopyCmd { nsid, sdlba: slba, nr_z, desfmt, fua }.to_sqe();
                 s.set_prps(page, 0);
                 return (s, pages, false);
+            }
+            zop::ZONE_MGMT_SEND => {
+                // Close, finish, open, reset, offline, and now and then a reserved
+                // or unsupported action; Select All now and then.
+                let zsa = [1, 2, 3, 4, 5, 0x10, 0][c.nlb as usize % 7];
+                ZoneMgmtCmd { nsid, slba: zslba }.send(zsa, c.flags & 8 != 0)
+            }
+            zop::ZONE_MGMT_RECV => {
+                // Report Zones (now and then Extended) of every filter, partial or
+                // not, into a buffer of 1 to 64 descriptors.
+                let len = ((1 + c.nlb as u64 % 64) * 64).min(self.p.mdts_bytes);
+                let (zrasf, partial) = ((c.nlb >> 6) as u8 % 9, c.flags & 8 != 0);
+                let mut s =
+                    ZoneMgmtCmd { nsid, slba: zslba }.receive((c.flags >> 4) & 1, zrasf, partial, len as u32);
+                let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
+                s.set_prps(p1, p2);
+                return (s, pages, true);
             }
             iop::FLUSH => FlushCmd { nsid }.to_sqe(),
             iop::WRITE_ZEROES => WriteZeroesCmd { nsid, slba, nlb_z, deac: c.flags & 8 != 0, fua }.to_sqe(),

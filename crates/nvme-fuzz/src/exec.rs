@@ -261,7 +261,17 @@ impl<'s> Fuzzer<'s> {
                 if let Some(rule) = fault_rule(n.kind) {
                     backend = Arc::new(FaultBackend::new(backend, vec![rule]));
                 }
-                NamespaceConfig::new(backend, n.lba_format % 2)
+                let zoned = (n.mib & 0x10 != 0).then(|| {
+                    let max_open = (n.mib >> 6) as u32;
+                    nvme_ctrl::zoned::ZonedConfig {
+                        zone_size: 256 << 10,
+                        zone_capacity: if n.mib & 0x20 != 0 { 192 << 10 } else { 256 << 10 },
+                        max_open,
+                        max_active: if max_open > 0 { max_open + 1 } else { 0 },
+                        state_file: None,
+                    }
+                });
+                NamespaceConfig { zoned, ..NamespaceConfig::new(backend, n.lba_format % 2) }
             })
             .collect();
         let mdts = 1 + s.mdts % 8;

@@ -115,7 +115,9 @@ record! {
         /// fault rule whose error is EIO, ENOSPC, short, gone or read-only; bits 4-6
         /// (mod 5) pick the operation it hits; bit 7 limits it to blocks 0..64.
         pub kind: u8,
-        /// Size: 1 + mib % 8 MiB.
+        /// Size: 1 + mib % 8 MiB. Bit 4: a zoned namespace of 256 KiB zones, bit 5
+        /// their capacity 192 KiB, bits 6-7 the open limit (0: none; the active
+        /// limit one more).
         pub mib: u8,
         /// LBA format: lba_format % 2 (512 B or 4 KiB).
         pub lba_format: u8,
