@@ -88,6 +88,10 @@ pub struct NamespaceSaved {
     pub nsid: u32,
     pub size: u64,
     pub lba_format: u8,
+    /// A zoned namespace's zones, each its state (the Zone Descriptor's ZS value)
+    /// and bytes written; the restoring side's namespace must be zoned alike.
+    #[serde(default)]
+    pub zones: Option<Vec<(u8, u64)>>,
 }
 
 /// Why a quiesce or a restore failed.

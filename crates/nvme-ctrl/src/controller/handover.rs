@@ -115,7 +115,12 @@ impl Controller {
             queue_stats: self.engine.save_queue_stats(),
             namespaces: self
                 .namespaces()
-                .map(|n| NamespaceSaved { nsid: n.nsid, size: n.size(), lba_format: n.lba_format() })
+                .map(|n| NamespaceSaved {
+                    nsid: n.nsid,
+                    size: n.size(),
+                    lba_format: n.lba_format(),
+                    zones: n.zones.as_ref().map(|z| z.save()),
+                })
                 .collect(),
         }
     }
@@ -197,6 +202,21 @@ impl Controller {
                 n.nsid, n.lba_format
             ));
         }
+        for n in &s.namespaces {
+            let here = self.namespaces().find(|x| x.nsid == n.nsid).and_then(|x| x.zones.as_ref());
+            match (here, &n.zones) {
+                (None, None) => {}
+                (Some(z), Some(saved)) => {
+                    z.check_saved(saved).map_err(|e| format!("namespace {}: {e}", n.nsid))?
+                }
+                (Some(_), None) => {
+                    return Err(format!("namespace {} is zoned here, not in the state", n.nsid))
+                }
+                (None, Some(_)) => {
+                    return Err(format!("namespace {} is zoned in the state, not here", n.nsid))
+                }
+            }
+        }
         if let Some((nsid, _)) = s.namespace_stats.iter().find(|(n, _)| !mine.iter().any(|m| m.0 == *n)) {
             return Err(format!("counters for namespace {nsid}, which is not here"));
         }
@@ -241,6 +261,9 @@ impl Controller {
         for n in &s.namespaces {
             if let Some(ns) = self.namespaces().find(|x| x.nsid == n.nsid) {
                 ns.set_lba_format(n.lba_format);
+                if let (Some(z), Some(saved)) = (&ns.zones, &n.zones) {
+                    z.restore(saved);
+                }
             }
         }
         // Registers last: the controller is live from here.

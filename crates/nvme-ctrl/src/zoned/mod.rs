@@ -399,6 +399,56 @@ impl Zones {
         t.after_reset(&self.cfg);
     }
 
+    /// Each zone's state and bytes written, for a saved controller state (taken
+    /// quiesced: no write is between its start and its finish).
+    pub fn save(&self) -> Vec<(u8, u64)> {
+        self.lock().zones.iter().map(|z| (z.state as u8, z.written)).collect()
+    }
+
+    /// Whether `saved` ([`Zones::save`]) fits these zones: as many, each a state
+    /// with a pointer it can have, open and active ones within the limits.
+    pub fn check_saved(&self, saved: &[(u8, u64)]) -> Result<(), String> {
+        if saved.len() != self.count as usize {
+            return Err(format!("{} zones in the state, {} here", saved.len(), self.count));
+        }
+        let (mut open, mut active) = (0, 0);
+        for (i, &(raw, written)) in saved.iter().enumerate() {
+            let state = ZoneState::from_raw(raw).ok_or_else(|| format!("zone {i}: state {raw:#x}"))?;
+            let fits = match state {
+                ZoneState::Empty => written == 0,
+                ZoneState::Full => written == self.cfg.zone_capacity,
+                _ => written <= self.cfg.zone_capacity && written.is_multiple_of(512),
+            };
+            if !fits {
+                return Err(format!("zone {i}: {} with {written} bytes written", state.name()));
+            }
+            open += state.is_open() as u32;
+            active += state.is_active() as u32;
+        }
+        let over = |n: u32, max: u32| max > 0 && n > max;
+        if over(open, self.cfg.max_open) || over(active, self.cfg.max_active) {
+            return Err(format!(
+                "{open} open and {active} active zones, the limits are {} and {}",
+                self.cfg.max_open, self.cfg.max_active
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes `saved` (checked by [`Zones::check_saved`]) as the zones' state,
+    /// recorded in the state file too.
+    pub fn restore(&self, saved: &[(u8, u64)]) {
+        let mut t = self.lock();
+        for (zi, &(raw, written)) in saved.iter().enumerate() {
+            let state = ZoneState::from_raw(raw).unwrap_or(ZoneState::Offline);
+            t.zones[zi] = Zone { state, started: written, written };
+            t.save(zi as u32);
+        }
+        t.open = t.zones.iter().filter(|z| z.state.is_open()).count() as u32;
+        t.active = t.zones.iter().filter(|z| z.state.is_active()).count() as u32;
+        self.any_offline.store(t.zones.iter().any(|z| z.state == ZoneState::Offline), Ordering::Relaxed);
+    }
+
     /// Makes the recorded zone state durable (a Flush).
     pub fn sync(&self) -> std::io::Result<()> {
         let t = self.lock();
