@@ -444,3 +444,42 @@ fn namespace_and_queue_counters_carry_over_an_upgrade() {
     d.write(1, 0, &data).unwrap();
     assert_eq!(writes(&s.ctl(&["stats.get"]).unwrap()), writes(&before) + 1);
 }
+
+/// Zoned namespaces keep their zones over an upgrade, with a client and without:
+/// one in RAM (the zones travel in the controller state) and one on a file added
+/// through the control socket (its zone state file too); the write each zone takes
+/// next is where it was, and a resize of a zoned namespace is refused.
+#[test]
+fn zoned_namespaces_keep_their_write_pointers_over_an_upgrade() {
+    use nvme_spec::Status;
+    let s = Served::start(&["--ns", "ram:8M:zoned=1M"]);
+    let img = s.server.dir.join("zns.img");
+    s.ctl(&["ns.add", &format!("file:{}:8M:zoned=1M:max-open=4", img.display()), "2"]).unwrap();
+    let e = s.ctl(&["ns.resize", "2", "16M"]).unwrap_err();
+    assert!(e.contains("zoned"), "{e}");
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    // 1 MiB zones of 2,048 blocks: ns 1 zone 1 gets 16 blocks, ns 2 zone 3 gets 8.
+    d.write(1, 2048, &pattern(21, 8192)).unwrap();
+    d.write(2, 3 * 2048, &pattern(22, 4096)).unwrap();
+    let check = |d: &mut nvme_driver::NvmeDriver, nsid: u32, wp: u64, when: &str| {
+        let e = d.write(nsid, wp - 8, &[0; 4096]).expect_err("a write below the pointer");
+        assert_eq!(e.status().map(|s| s.code()), Some(Status::ZONE_INVALID_WRITE), "{when}: ns {nsid}: {e}");
+        d.write(nsid, wp, &[7; 4096]).unwrap_or_else(|e| panic!("{when}: ns {nsid}: a write at {wp}: {e}"));
+    };
+    s.upgrade();
+    check(&mut d, 1, 2048 + 16, "after an upgrade under the client");
+    check(&mut d, 2, 3 * 2048 + 8, "after an upgrade under the client");
+    drop(d);
+    let deadline = Instant::now() + common::TIMEOUT;
+    while s.ctl(&["ctrl.info"]).unwrap()["client_connected"] == true {
+        assert!(Instant::now() < deadline, "the client did not leave");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.upgrade();
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    check(&mut d, 1, 2048 + 24, "after an upgrade with no client");
+    check(&mut d, 2, 3 * 2048 + 16, "after an upgrade with no client");
+    let mut got = vec![0u8; 8192];
+    d.read(1, 2048, &mut got).unwrap();
+    assert!(got == pattern(21, 8192), "zone data after two upgrades");
+}

@@ -97,6 +97,12 @@ impl Controller {
             return Err(NamespaceError::NotFound(nsid));
         };
         let old = ns.size();
+        if ns.zones.is_some() {
+            // The zones, their count and the zone state file's layout are fixed.
+            return Err(NamespaceError::Invalid(format!(
+                "namespace {nsid} is zoned: its zones are fixed, it cannot be resized (add a new namespace)"
+            )));
+        }
         let lba = 1u64 << ns.lba_shift();
         if !lba_fits(lba, ns.info.block_size, bytes) {
             return Err(NamespaceError::Invalid(format!(
