@@ -100,6 +100,14 @@ own \`vnvme serve\` (built with cargo build --release first):
          guest; fsck clean; the longest fio latency and each upgrade's server-side
          stall reported. host: 10 upgrades, 10 takeovers in the log, the first
          server gone, the last one exits with QEMU.
+ zns-qemu (asked for only; last kernel) the zoned namespace checks of the main
+         suite (scripts/guest/tests/zns.sh) on vnvme with one zoned namespace
+         (zoned=8M:zone-cap=6M:max-open=16:max-active=16), counted, and on QEMU's
+         nvme with zoned.zone_size=8M, zone_capacity=6M, max_open=16,
+         max_active=16 on a raw file, reported: what each passes side by side;
+         then each again on the same storage after a restart of the device
+         (scripts/guest/tests/zns-again.sh): the zones written before, and the
+         zoned btrfs made before mounting with its file intact.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -108,8 +116,8 @@ own \`vnvme serve\` (built with cargo build --release first):
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
-                    upgrade;
-                    default: all)
+                    upgrade, zns-qemu;
+                    default: all but zns-qemu)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
@@ -261,7 +269,6 @@ PY
     else
         result FAIL "$k" "zone state file differs from the guest's zone report: $out"
     fi
-    rm -f "$d/zns.img" "$d/zns.img.zones"
 }
 
 suite_main() {
@@ -280,6 +287,7 @@ suite_main() {
         --ns "file:$img:128M" --ns "file:$d/zns.img:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16" \
         --poll off --workers 1 --serial VNVMEGT0001 || return
     zones_check "$k" "$d"
+    rm -f "$d/zns.img" "$d/zns.img.zones"
 
     # Shadow doorbells, from the server's own counters (--poll off).
     db_check "$k" "$d" db off "$max_db"
@@ -915,7 +923,90 @@ suite_upgrade() {
     echo "  [$k] upgrade suite: $(($(date +%s) - t0)) s"
 }
 
+# zns_again_config GUEST_LOG: the config lines for the boot after a zns-alone.sh
+# boot: the sum of the btrfs file it wrote, how many zones it left written.
+zns_again_config() {
+    local sum zones
+    sum=$(grep -a -o '@@VNVME-BTRFS [0-9a-f]*@@' "$1" | tail -1 | cut -d' ' -f2 | tr -d @)
+    zones=$(grep -a -o '@@VNVME-ZONES [^@]*@@' "$1" | tail -1 | sed 's/@@VNVME-ZONES //; s/@@//' |
+        tr ' ' '\n' | awk -F: '$1 == 14 || $2 > 0' | grep -c .)
+    printf 'BTRFS_SUM=%s\nWRITTEN_ZONES=%s\n' "${sum:-none}" "${zones:-0}"
+}
+
+# The zoned namespace checks side by side (not in the default run: a comparison,
+# not a test of vnvme): zns.sh on vnvme with one zoned namespace, counted, and on
+# QEMU's nvme with the matching options (zoned.zone_size, zone_capacity,
+# max_open, max_active), reported.
+suite_zns_qemu() {
+    local k=$1
+    local d="$work/$k-zns" t0 opts="zoned=8M:zone-cap=6M:max-open=16:max-active=16"
+    mkdir -p "$d/vnvme" "$d/qemu"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] zns-qemu suite: the zoned namespace checks on vnvme and on QEMU's nvme ($opts)"
+    local cfg
+    cfg=$(printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\n' $((256 << 20)) $((8 << 20)) \
+        $((6 << 20)) 16)
+    write_config "$d/vnvme/config.sh" VNVMEGT0010 $((256 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=vnvme\n' "$cfg" >>"$d/vnvme/config.sh"
+    suite_boot "$k" "$d/vnvme" zns zns-alone.sh --timeout 300 -- --ns "file:$d/vnvme/zns.img:256M:$opts" \
+        --poll off --workers 1 --serial VNVMEGT0010 || return
+    zones_check "$k" "$d/vnvme"
+    write_config "$d/qemu/config.sh" QEMUZNS0001 $((256 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
+    truncate -s 256M "$d/qemu/zns.img"
+    guest_adds "$d/qemu/config.sh"
+    {
+        local brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/zns-alone.sh" \
+            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+            -drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring" \
+            -device nvme,id=nv0,serial=QEMUZNS0001 \
+            -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16 ||
+            brc=$?
+        echo "$brc" >"$d/qemu/boot.rc"
+    } 2>&1 | tee "$d/qemu/guest.log" | grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== ' |
+        sed -u "s/^/  [$k qemu] /"
+    # Then each side again on the same storage, as after a restart of the device
+    # (the vnvme server is a new process; QEMU a new process on the same image).
+    local again
+    again=$(zns_again_config "$d/vnvme/guest.log")
+    mkdir -p "$d/vnvme2"
+    write_config "$d/vnvme2/config.sh" VNVMEGT0010 $((256 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=vnvme\n' "$again" >>"$d/vnvme2/config.sh"
+    suite_boot "$k" "$d/vnvme2" zns-again zns-again.sh --timeout 200 -- --ns "file:$d/vnvme/zns.img:$opts" \
+        --poll off --workers 1 --serial VNVMEGT0010
+    again=$(zns_again_config "$d/qemu/guest.log")
+    mkdir -p "$d/qemu2"
+    write_config "$d/qemu2/config.sh" QEMUZNS0001 $((256 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=qemu-nvme\n' "$again" >>"$d/qemu2/config.sh"
+    guest_adds "$d/qemu2/config.sh"
+    {
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/zns-again.sh" \
+            "${GUEST_ADDS[@]}" --timeout 200 -- -pidfile "$d/qemu2/qemu.pid" \
+            -drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring" \
+            -device nvme,id=nv0,serial=QEMUZNS0001 \
+            -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16 ||
+            true
+    } 2>&1 | tee "$d/qemu2/guest.log" | grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== ' |
+        sed -u "s/^/  [$k qemu] /"
+    local side
+    echo "  [$k] zns checks side by side (the same kernel and scripts; a boot, then one after a restart):"
+    for side in vnvme qemu; do
+        printf '    %-10s first boot %s passed, %s failed; after a restart %s passed, %s failed%s\n' \
+            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
+            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
+            "$(grep -ac '^PASS: ' "$d/${side}2/guest.log")" "$(grep -ac '^FAIL: ' "$d/${side}2/guest.log")" \
+            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
+    done
+    grep -ah '^FAIL: ' "$d/qemu/guest.log" "$d/qemu2/guest.log" | sed "s/^/      QEMU /"
+    rm -f "$d/vnvme/zns.img" "$d/vnvme/zns.img.zones" "$d/qemu/zns.img"
+    echo "  [$k] zns-qemu suite: $(($(date +%s) - t0)) s"
+}
+
 want() { [[ ${#suites[@]} -eq 0 || " ${suites[*]} " == *" $1 "* ]]; }
+# Suites only run when asked for by name.
+asked() { [[ " ${suites[*]} " == *" $1 "* ]]; }
 
 for k in "${kernels[@]}"; do
     if [[ ! -e $(kernel_dir "$k")/.complete ]]; then
@@ -933,6 +1024,7 @@ if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     want netstore && suite_netstore "$k_last"
     want outage && suite_outage "$k_last"
     want upgrade && suite_upgrade "$k_last"
+    asked zns-qemu && suite_zns_qemu "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

@@ -109,6 +109,8 @@ else
     umount /mnt
     if mount -t btrfs "$D4" /mnt >/tmp/o 2>&1 && [ "$(sha256sum /mnt/f | cut -d' ' -f1)" = "$sum" ]; then
         t_pass "btrfs -O zoned: 16 MiB file reads back after umount and mount (${sum%"${sum#????????????????}"}...)"
+        # For a boot after this one (the zns-qemu suite): the file to find again.
+        echo "@@VNVME-BTRFS $sum@@"
     else
         t_fail "btrfs -O zoned: the file did not read back after mount ($(tail -2 /tmp/o))"
     fi
