@@ -32,6 +32,8 @@ source "$here/lib/packages.sh"
 source "$here/lib/guest-host.sh"
 
 ALL_QEMU="qemu-nvme qemu-nvme-ioeventfd virtio-blk virtio-blk-iothread"
+# The zone size of the zoned devices (qemu-nvme-zns, vnvme-zns).
+ZNS_ZONE=8M
 
 usage() {
     cat <<EOF
@@ -70,6 +72,12 @@ Devices (--devices, comma separated; default: all of them):
                           the reference, plus --pair vnvme-trapped-off:vnvme-trapped-adaptive
                           (adaptive polling against none; add --neighbour for a busy host)
   --devices nopost      = vnvme-trapped-off,vnvme-trapped-adaptive and their -nopost variants
+  --devices zns         = qemu-nvme-zns beside vnvme-zns in one guest, paired:
+                          zoned namespaces of 8M zones (QEMU: nvme-ns zoned=true on
+                          a tmpfs file; vnvme: ram:SIZE:zoned=8M, default doorbells
+                          and polling). fio runs in --zonemode=zbd (writes at the
+                          write pointers, at most 8 zones open; full zones reset
+                          by fio), randread anywhere
   Backends (the file backend against QEMU on the same kind of file; run alone,
   one guest per device, never paired):
   qemu-nvme-disk        -device nvme on a file on disk (--disk-dir), cache=none,
@@ -295,6 +303,10 @@ fi
 [[ $devices != backends ]] || devices="qemu-nvme qemu-nvme-disk vnvme-file-tmpfs vnvme-file-disk vnvme-chain-tmpfs"
 [[ $devices != netstore ]] || devices="qemu-nvme-nbd virtio-blk-nbd vnvme-nbd vnvme-nbd-off qemu-nvme-rbd virtio-blk-rbd vnvme-rbd vnvme-rbd-off"
 [[ $devices != nopost ]] || devices="vnvme-trapped-off vnvme-trapped-adaptive vnvme-trapped-off-nopost vnvme-trapped-adaptive-nopost"
+if [[ $devices == zns ]]; then
+    devices=""
+    pair_list+=(qemu-nvme-zns:vnvme-zns)
+fi
 if [[ $devices == polling ]]; then
     devices="vnvme-trapped-off vnvme-trapped-adaptive"
     pair_list+=(vnvme-trapped-off:vnvme-trapped-adaptive)
@@ -315,7 +327,7 @@ vnvme_ram_dev() {
 }
 pairable() {
     case $1 in
-    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread) return 0 ;;
+    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-zns | vnvme-zns) return 0 ;;
     esac
     vnvme_ram_dev "$1"
 }
@@ -496,15 +508,19 @@ slot_vfio_args() {
 # (appended to qargs), its lines in DIR/config.sh and DIR/slots.tsv, and its
 # vnvme server(s), started (pid in DIR/vnvme-SLOT.pid). Returns 1 on failure.
 setup_slot() {
-    local dev=$1 s=$2 i=$3 d=$4 kind=nvme desc backing serve=() serial pause=0 sim=$img base=0
+    local dev=$1 s=$2 i=$3 d=$4 kind=nvme desc backing serve=() serial pause=0 sim=$img base=0 zoned=0
     serial="bench-$s"
     [[ $s == a ]] || sim=$img_b
     local sdrive rp="bus=rp$i"
     sdrive=$(drive_of "$sim" "d$i")
     case $dev in
-    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk)
+    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk | qemu-nvme-zns)
         qargs+=(-device "pcie-root-port,id=rp$i,chassis=$((i + 1))")
         case $dev in
+        qemu-nvme-zns)
+            qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,id=nvz$i,$rp"
+                -device "nvme-ns,drive=d$i,bus=nvz$i,nsid=1,zoned=true,zoned.zone_size=$ZNS_ZONE,zoned.zone_capacity=$ZNS_ZONE")
+            zoned=1 desc="QEMU nvme, zoned ($ZNS_ZONE zones)" backing="$drive_cache, tmpfs file" ;;
         qemu-nvme)
             qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,drive=d$i,$rp")
             desc="QEMU nvme" backing="$drive_cache, tmpfs file" ;;
@@ -599,6 +615,11 @@ setup_slot() {
             slot_vfio_args "$d/vnvme-$s.sock" "$i"
             desc="vnvme rbd: backend, doorbells trapped, poll $poll" ;;
         esac ;;
+    vnvme-zns)
+        # vnvme's defaults, as the main table's "vnvme (default)", on a zoned RAM namespace.
+        serve=(--ns "ram:$size:zoned=$ZNS_ZONE" --once --stats-file "$d/stats-$s.json" --log info)
+        slot_vfio_args "$d/vnvme-$s.sock" "$i"
+        zoned=1 desc="vnvme, zoned ($ZNS_ZONE zones), default doorbells and polling" backing="ram:$size:zoned=$ZNS_ZONE (vnvme RAM namespace)" ;;
     vnvme-*)
         vnvme_ram_dev "$dev" || die "unknown device $dev"
         local dbm=$vr_dbm workers=1 extra=""
@@ -648,8 +669,8 @@ setup_slot() {
     fi
     local prefill=1
     [[ $kind != nullb ]] || prefill=0
-    printf 'KIND_%s=%s\nSERIAL_%s=%s\nPREFILL_%s=%s\nPAUSE_%s=%s\n' "$s" "$kind" "$s" "$serial" "$s" "$prefill" \
-        "$s" "$pause" >>"$d/config.sh"
+    printf 'KIND_%s=%s\nSERIAL_%s=%s\nPREFILL_%s=%s\nPAUSE_%s=%s\nZONED_%s=%s\n' "$s" "$kind" "$s" "$serial" \
+        "$s" "$prefill" "$s" "$pause" "$s" "$zoned" >>"$d/config.sh"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$dev" "$desc" "$backing" "$serial" "$pause" >>"$d/slots.tsv"
 }
 

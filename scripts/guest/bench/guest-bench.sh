@@ -87,12 +87,19 @@ fio --name=probe --filename="$dev" --ioengine=io_uring --direct=1 --rw=read --bs
     >/dev/null 2>&1 || ENGINE=libaio
 echo "@@INFO engine=$ENGINE fio=$(fio --version) kernel=$(uname -r) ncpu=$(nproc)@@"
 
+# zbd_args SLOT: fio's zoned block device mode for a zoned device (writes go to
+# the write pointers of at most 8 open zones; full zones are reset), else nothing.
+zbd_args() {
+    [ "$(get "ZONED_$1")" = 1 ] && echo "--zonemode=zbd --max_open_zones=8"
+}
+
 for s in $DEVS; do
     [ "$(get "PREFILL_$s")" = 1 ] || continue
     dev=$(get "dev_$s")
     echo "prefill $s ($dev): sequential 128k writes over the whole device"
+    # shellcheck disable=SC2046 # zbd options, or none
     fio --name=prefill --filename="$dev" --ioengine="$ENGINE" --direct=1 --rw=write --bs=128k \
-        --iodepth=16 --size=100% --eta=never >/tmp/prefill.out 2>&1 || {
+        --iodepth=16 --size=100% --eta=never $(zbd_args "$s") >/tmp/prefill.out 2>&1 || {
         cat /tmp/prefill.out
         fail "prefill $s"
     }
@@ -137,8 +144,9 @@ run() {
     set -- $(cpu_ticks)
     b0=$1 t0=$2 i0=$(irq_sum "$irqpat") c0=$(ctx)
     mark "p-$name-$rep-$s-start" 0
+    # shellcheck disable=SC2046 # zbd options, or none
     fio --name="$name" --filename="$dev" --ioengine="$ENGINE" --direct=1 --rw="$rw" --bs=4k \
-        --iodepth="$qd" --runtime="$RUNTIME" --time_based --norandommap --randrepeat=0 \
+        --iodepth="$qd" --runtime="$RUNTIME" --time_based --norandommap --randrepeat=0 $(zbd_args "$s") \
         --lat_percentiles=1 --output-format=json --output=/tmp/fio.json >/tmp/fio.err 2>&1
     frc=$?
     # shellcheck disable=SC2046 # two numbers

@@ -156,6 +156,22 @@ impl IoEngine {
         op: Op,
         ranges: &[(u64, u64)],
     ) -> Started {
+        self.submit_ranges_then(sqid, sqe, ns, slba, op, ranges, Finish::Plain)
+    }
+
+    /// [`IoEngine::submit_ranges`] for a command that does `finish` when its last
+    /// request is back.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_ranges_then(
+        &mut self,
+        sqid: u16,
+        sqe: &Sqe,
+        ns: &Namespace,
+        slba: u64,
+        op: Op,
+        ranges: &[(u64, u64)],
+        finish: Finish,
+    ) -> Started {
         let max = match op {
             Op::Discard => ns.info.discard_max,
             Op::WriteZeroes { .. } => ns.info.write_zeroes_max,
@@ -174,7 +190,7 @@ impl IoEngine {
             return Started::Done(Status::SUCCESS);
         }
         let n = work.len() as u32;
-        let tag = self.track(InFlight::new(sqid, sqe, ns.nsid, slba, op, n, Finish::Plain));
+        let tag = self.track(InFlight::new(sqid, sqe, ns.nsid, slba, op, n, finish));
         for (offset, len) in work {
             let req = Request { tag, op, offset, len, data: DataBuf::None };
             self.backend_submit(ns.nsid, req);

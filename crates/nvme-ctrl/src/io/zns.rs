@@ -68,6 +68,10 @@ impl IoEngine {
         };
         let finish = Finish::Zoned { write, append };
         let slba = write.offset >> shift;
+        if let Op::WriteZeroes { .. } = op {
+            // Split at the backend's Write Zeroes limit, as on any namespace.
+            return Ok(self.submit_ranges_then(sqid, sqe, &ns, slba, op, &[(write.offset, len)], finish));
+        }
         Ok(self.submit_one(sqid, sqe, nsid, slba, op, write.offset, len, data, finish))
     }
 
