@@ -365,7 +365,8 @@ impl IoEngine {
     }
 
     /// Completes a command whose one backend request ran to its end inside
-    /// `run_now` ([`IoEngine::backend_done`] without the in-flight table).
+    /// `run_now` ([`IoEngine::backend_done`] without the in-flight table): a
+    /// `Finish::Plain` or `Finish::Zoned` one.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finished_now(
         &mut self,
@@ -376,6 +377,7 @@ impl IoEngine {
         op: Op,
         tally: super::Tally,
         c: Completion,
+        finish: &Finish,
     ) {
         let status = match &c.result {
             Ok(()) => Status::SUCCESS,
@@ -392,7 +394,15 @@ impl IoEngine {
         let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
         let latency = now.saturating_sub(tally.started_ns);
         self.count_ns(nsid, tally.class, tally.bytes, latency, status.is_success());
-        self.complete(sqid, cid, status, 0, nsid, slba);
+        let mut result = 0;
+        if let &Finish::Zoned { write, append } = finish {
+            // The zone's pointer moves (and is recorded) before the host hears of it.
+            let shift = self.zone_written(nsid, write);
+            if append && status.is_success() {
+                result = write.offset >> shift;
+            }
+        }
+        self.complete_wide(sqid, cid, status, result, nsid, slba);
     }
 
     /// A write to zoned namespace `nsid` is back from its backend: its zone's pointer

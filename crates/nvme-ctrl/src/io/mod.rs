@@ -218,11 +218,11 @@ impl IoEngine {
         // A synchronous backend (null, RAM, a file without io_uring) runs the request
         // here: no tag, no timeout, no reap, the completion posted now. A Compare
         // needs its command's state when the data is back, so it takes the tag path.
-        if matches!(finish, Finish::Plain) {
+        if matches!(finish, Finish::Plain | Finish::Zoned { .. }) {
             match self.backend_run_now(nsid, req) {
                 Ok((c, started_ns)) => {
                     let tally = Tally { class, bytes, started_ns };
-                    self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c);
+                    self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c, &finish);
                     return Started::Finished;
                 }
                 Err(r) => req = r,
