@@ -12,7 +12,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use block_backend::{Backend, RamBackend};
-use common::{le32, le64};
+use common::{le16, le32, le64};
 use io_common::*;
 use nvme_ctrl::zoned::ZonedConfig;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
@@ -370,4 +370,51 @@ fn a_saved_state_carries_the_zones() {
     }
     assert_eq!(zone(&mut h, 1).0, ZoneState::Closed);
     assert_status(&send(&mut h, 1, 7 * BLOCKS, zsa::OPEN, false), Status::TOO_MANY_OPEN_ZONES, true);
+}
+
+/// A zone the operator fails (read only, then offline) changes as a medium's
+/// would: writes get Zone Is Read Only, then reads Zone Is Offline; a host that
+/// enabled Zone Descriptor Changed notices gets one, and the Changed Zone List of
+/// the namespace names the zone until the host reads it.
+#[test]
+fn a_failed_zone_is_reported_and_refused() {
+    use nvme_spec::features::fid;
+    let (mut h, _) = host(zoned(0, 0, None));
+    let id = h.identify(cns::CONTROLLER, 0).unwrap();
+    assert_ne!(le32(&id, 92) & (1 << 27), 0, "OAES: Zone Descriptor Changed notices");
+    h.set_feature(fid::ASYNC_EVENT_CONFIG, 1 << 27).unwrap();
+    let aer = h.submit_aer();
+    write_at(&mut h, WRITE, 2 * BLOCKS, &pattern(1, 4096));
+    assert!(h.ctrl.fail_zone(1, 2 * BLOCKS, ZoneState::ReadOnly).unwrap());
+    let ev = h.reap_admin().into_iter().find(|c| c.cid.get() == aer).expect("the notice");
+    assert_eq!(ev.dw0.get(), 0x02 | 0xef << 8 | 0xbf << 16, "Notice, Zone Descriptor Changed, log BFh");
+    assert_eq!(zone(&mut h, 2).0, ZoneState::ReadOnly);
+    assert_status(
+        &write_at(&mut h, zop::ZONE_APPEND, 2 * BLOCKS, &[0; 512]),
+        Status::ZONE_IS_READ_ONLY,
+        true,
+    );
+    assert!(h.read_blocks(1, 1, 2 * BLOCKS, 8, 512).1 == pattern(1, 4096), "a read-only zone reads");
+    // The list names the zone until read without RAE; another NSID has none.
+    let log = |h: &mut MockHost, nsid: u32, rae: bool| {
+        let mut c = GetLogPageCmd { nsid, lid: 0xbf, numd_z: 1023, rae, ..Default::default() }.to_sqe();
+        c.set_prps(h.admin_buf, h.admin_buf + 4096);
+        let st = h.admin_raw(c).status();
+        let mut v = vec![0u8; 4096];
+        h.mem.read(h.admin_buf, &mut v).unwrap();
+        (st, v)
+    };
+    let (st, page) = log(&mut h, 1, true);
+    assert_eq!((st, le16(&page, 0), le64(&page, 8)), (Status::SUCCESS, 1, 2 * BLOCKS));
+    assert_eq!(le16(&log(&mut h, 1, false).1, 0), 1);
+    assert_eq!(le16(&log(&mut h, 1, false).1, 0), 0, "read without RAE: emptied");
+    assert_eq!(log(&mut h, 2, false).0.code(), Status::INVALID_FIELD);
+    // Offline: reads fail too; the zone can only be taken offline again.
+    assert!(h.ctrl.fail_zone(1, 2 * BLOCKS, ZoneState::Offline).unwrap());
+    assert_eq!(h.read_blocks(1, 1, 2 * BLOCKS, 8, 512).0.code(), Status::ZONE_IS_OFFLINE);
+    assert_eq!(h.read_blocks(1, 1, 3 * BLOCKS, 8, 512).0, Status::SUCCESS);
+    assert!(h.ctrl.fail_zone(1, 2 * BLOCKS, ZoneState::ReadOnly).is_err());
+    assert!(h.ctrl.fail_zone(1, 2 * BLOCKS + 1, ZoneState::Offline).is_err(), "not a zone's start");
+    assert!(h.ctrl.fail_zone(2, 0, ZoneState::Offline).is_err(), "NSID 2 is not zoned");
+    assert!(h.ctrl.fail_zone(1, 3 * BLOCKS, ZoneState::Full).is_err(), "only read only or offline");
 }

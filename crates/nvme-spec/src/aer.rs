@@ -34,6 +34,9 @@ pub mod smart_info {
 pub mod notice_info {
     pub const NAMESPACE_ATTRIBUTE_CHANGED: u8 = 0x00;
     pub const FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
+    /// Zone Descriptor Changed (ZNS): the Changed Zone List log page of the
+    /// namespace names the zones.
+    pub const ZONE_DESCRIPTOR_CHANGED: u8 = 0xef;
 }
 
 /// An asynchronous event as reported in completion dword 0.

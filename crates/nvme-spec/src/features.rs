@@ -160,4 +160,8 @@ impl AsyncEventConfig {
     pub fn fw_activation_notices(self) -> bool {
         self.0 & (1 << 9) != 0
     }
+    /// Zone Descriptor Changed Notices (ZNS).
+    pub fn zone_descriptor_notices(self) -> bool {
+        self.0 & (1 << 27) != 0
+    }
 }

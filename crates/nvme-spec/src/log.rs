@@ -16,6 +16,8 @@ pub mod lid {
     pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 0x05;
     pub const DEVICE_SELF_TEST: u8 = 0x06;
     pub const TELEMETRY_HOST: u8 = 0x07;
+    /// Changed Zone List (ZNS; namespace specific).
+    pub const CHANGED_ZONE_LIST: u8 = 0xbf;
 }
 
 /// One Error Information log entry (LID 01h; Base §5.1.12, Figure "Error Information

@@ -260,6 +260,24 @@ impl Default for IdentifyNamespaceZns {
     }
 }
 
+/// The Changed Zone List log page (LID BFh; ZNS Figure "Changed Zone List"): up
+/// to [`CHANGED_ZONE_LIST_MAX`] zones whose descriptors changed, by ZSLBA.
+pub fn changed_zone_list(zslbas: &[u64], overflowed: bool) -> [u8; 4096] {
+    let mut page = [0u8; 4096];
+    if overflowed || zslbas.len() > CHANGED_ZONE_LIST_MAX {
+        page[..2].copy_from_slice(&0xffffu16.to_le_bytes());
+        return page;
+    }
+    page[..2].copy_from_slice(&(zslbas.len() as u16).to_le_bytes());
+    for (i, z) in zslbas.iter().enumerate() {
+        page[8 + 8 * i..16 + 8 * i].copy_from_slice(&z.to_le_bytes());
+    }
+    page
+}
+
+/// The most zones the Changed Zone List names; past it, NZID is FFFFh.
+pub const CHANGED_ZONE_LIST_MAX: usize = 511;
+
 /// Optional Zoned Command Support: Read Across Zone Boundaries.
 pub const OZCS_RAZB: u16 = 1 << 0;
 /// MAR and MOR's "no limit".
@@ -298,6 +316,16 @@ mod tests {
         let r = ZoneMgmtCmd { nsid: 3, slba: 64 }.receive(zra::REPORT_ZONES, 4, true, 4096);
         let v = ZoneMgmtRecv(&r);
         assert_eq!((v.slba(), v.buffer_len(), v.zra(), v.zrasf(), v.partial()), (64, 4096, 0, 4, true));
+    }
+
+    #[test]
+    fn changed_zone_list_layout() {
+        let p = changed_zone_list(&[0x4000, 0x8000], false);
+        assert_eq!((p[0], p[1]), (2, 0));
+        assert_eq!(u64::from_le_bytes(p[8..16].try_into().unwrap()), 0x4000);
+        assert_eq!(u64::from_le_bytes(p[16..24].try_into().unwrap()), 0x8000);
+        assert_eq!(&changed_zone_list(&[1; 512], false)[..2], &[0xff, 0xff]);
+        assert_eq!(&changed_zone_list(&[], true)[..2], &[0xff, 0xff]);
     }
 
     #[test]

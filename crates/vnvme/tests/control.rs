@@ -357,3 +357,36 @@ fn workers_default_to_inline_mode_on_a_host_with_two_cpus_or_fewer() {
     let s = Server::start_with(&["--ns", "ram:16M", "--workers", "0"]);
     assert!(s.log_shows("(inline: no workers, --poll"), "{}", s.log());
 }
+
+/// zone.fail: the operator fails a zone of a zoned namespace under a connected host,
+/// as a medium would; writes to it, then reads, are refused with the ZNS statuses,
+/// and the other zones go on. Bad requests are refused naming why.
+#[test]
+fn zone_fail_makes_a_zone_read_only_then_offline() {
+    use nvme_spec::Status;
+    let (mut server, c) = start(&["--ns", "ram:8M:zoned=1M", "--ns", "ram:4M"]);
+    let mut d = server.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+    let q = d.queue(1).unwrap();
+    assert_eq!(write(q, 1, 2048, &[5; 4096]), Status::SUCCESS);
+    let r = ctl(&c, &["zone.fail", "1", "2048", "read-only"]).unwrap();
+    assert_eq!((r["state"].as_str(), r["changed"].as_bool()), (Some("read-only"), Some(true)), "{r}");
+    assert_eq!(ctl(&c, &["zone.fail", "1", "2048", "read-only"]).unwrap()["changed"], false);
+    assert_eq!(write(q, 1, 2048 + 8, &[6; 4096]).code(), Status::ZONE_IS_READ_ONLY);
+    assert_eq!(read(q, 1, 2048), (Status::SUCCESS, vec![5; 4096]));
+    ctl(&c, &["zone.fail", "1", "2048", "offline"]).unwrap();
+    assert_eq!(read(q, 1, 2048).0.code(), Status::ZONE_IS_OFFLINE);
+    assert_eq!(write(q, 1, 4096, &[7; 4096]), Status::SUCCESS, "the next zone goes on");
+    for (args, why) in [
+        (["zone.fail", "2", "0", "offline"], "not zoned"),
+        (["zone.fail", "1", "2049", "offline"], "not the start of a zone"),
+        (["zone.fail", "1", "2048", "read-only"], "offline"),
+        (["zone.fail", "1", "99999999", "offline"], "has no LBA"),
+        (["zone.fail", "1", "0", "full"], "unknown variant"),
+    ] {
+        let e = ctl(&c, &args).unwrap_err();
+        assert!(e.contains(why), "{args:?}: {e}");
+    }
+    assert!(server.log().contains("zone failed by the operator"), "logged");
+    drop(d);
+    server.assert_alive();
+}

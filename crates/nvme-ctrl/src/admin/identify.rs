@@ -118,7 +118,7 @@ impl Admin<'_> {
         c.cntlid = U16::new(0);
         c.ver = U32::new(NVME_VERSION_1_4);
         // Namespace attribute notices: Linux only sends AERs if OAES has a bit it knows.
-        c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED);
+        c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED);
         c.cntrltype = cntrltype::IO;
         let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
         c.oacs = U16::new(oacs::FORMAT | dbbuf);

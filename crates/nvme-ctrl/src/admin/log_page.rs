@@ -47,6 +47,14 @@ impl Admin<'_> {
                     ))
                 }
             },
+            lid::CHANGED_ZONE_LIST => {
+                let ns = self.active_ns(sqe.nsid.get())?;
+                let Some(zones) = &ns.zones else {
+                    return Err(CommandError::InvalidField("the Changed Zone List is a zoned namespace's"));
+                };
+                let (list, overflow) = zones.changed_zones(ns.lba_shift(), !g.rae());
+                nvme_spec::zns::changed_zone_list(&list, overflow).to_vec()
+            }
             _ => return status(Status::INVALID_LOG_PAGE),
         };
         let off = g.offset();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use nvme_spec::aer::{notice_info, AsyncEvent, EventType};
 use nvme_spec::log::lid;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Controller;
 use crate::config::NamespaceConfig;
@@ -92,6 +92,41 @@ impl Controller {
     /// Resizes namespace `nsid` to `bytes` and tells the host. Shrinking is refused
     /// when the backend may hold data beyond the new end (the guest's data), unless
     /// `force`. Returns the old size.
+    /// Fails the zone of zoned namespace `nsid` starting at LBA `zslba` into
+    /// `state` (read only or offline), as a medium would, and tells the host (Zone
+    /// Descriptor Changed, if it enabled those notices). Returns whether the zone
+    /// changed (false: it was in that state already).
+    pub fn fail_zone(
+        &mut self,
+        nsid: u32,
+        zslba: u64,
+        state: nvme_spec::zns::ZoneState,
+    ) -> Result<bool, NamespaceError> {
+        let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
+            return Err(NamespaceError::NotFound(nsid));
+        };
+        let Some(zones) = &ns.zones else {
+            return Err(NamespaceError::Invalid(format!("namespace {nsid} is not zoned")));
+        };
+        if zslba >= ns.nsze() {
+            return Err(NamespaceError::Invalid(format!("namespace {nsid} has no LBA {zslba}")));
+        }
+        let changed = zones.fail_zone(zslba << ns.lba_shift(), state).map_err(|e| {
+            NamespaceError::Invalid(format!("namespace {nsid}, the zone at LBA {zslba}: {e}"))
+        })?;
+        if changed {
+            warn!(nsid, zslba, state = state.name(), "zone failed by the operator");
+            if self.admin.features.aec.zone_descriptor_notices() {
+                self.events.raise(AsyncEvent {
+                    kind: EventType::Notice,
+                    info: notice_info::ZONE_DESCRIPTOR_CHANGED,
+                    log_page: lid::CHANGED_ZONE_LIST,
+                });
+            }
+        }
+        Ok(changed)
+    }
+
     pub fn resize_namespace(&mut self, nsid: u32, bytes: u64, force: bool) -> Result<u64, NamespaceError> {
         let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
             return Err(NamespaceError::NotFound(nsid));

@@ -169,6 +169,10 @@ struct Table {
     open: u32,
     active: u32,
     file: Option<ZoneFile>,
+    /// Zones the controller changed on its own since the host last read the
+    /// Changed Zone List (ascending), and whether more changed than it can name.
+    changed: Vec<u32>,
+    changed_overflow: bool,
 }
 
 /// The zones of one namespace.
@@ -201,7 +205,7 @@ impl Zones {
             }
             None => None,
         };
-        let mut t = Table { zones, open: 0, active: 0, file };
+        let mut t = Table { zones, open: 0, active: 0, file, changed: Vec::new(), changed_overflow: false };
         t.after_reset(cfg);
         let any_offline = t.zones.iter().any(|z| z.state == ZoneState::Offline);
         Ok(Zones { cfg: cfg.clone(), count, table: Mutex::new(t), any_offline: AtomicBool::new(any_offline) })
@@ -331,19 +335,47 @@ impl Zones {
         Ok(stale)
     }
 
-    /// Makes the zone starting at byte `offset` read only (a zone the medium can no
-    /// longer write; only the operator does this, to see how a host copes).
-    pub fn make_read_only(&self, offset: u64) -> Result<(), ZoneError> {
+    /// The controller, on its own, makes the zone starting at byte `offset` read
+    /// only (the medium can no longer write it) or offline (nor read it): only the
+    /// operator does this, to see how a host copes. The zone is listed in the
+    /// Changed Zone List. Returns whether the zone changed.
+    pub fn fail_zone(&self, offset: u64, to: ZoneState) -> Result<bool, ZoneError> {
         let mut t = self.lock();
         let zi = self.zone_of(offset);
         if !offset.is_multiple_of(self.cfg.zone_size) || zi >= self.count {
             return Err(ZoneError::NotZoneStart);
         }
-        if t.zones[zi as usize].state == ZoneState::Offline {
-            return Err(ZoneError::Transition("offline", "made read only"));
+        let from = t.zones[zi as usize].state;
+        match (from, to) {
+            (f, t) if f == t => return Ok(false),
+            (ZoneState::Offline, _) => return Err(ZoneError::Transition("offline", "made read only")),
+            (_, ZoneState::ReadOnly | ZoneState::Offline) => {}
+            _ => return Err(ZoneError::Transition(from.name(), "failed into that state")),
         }
-        t.set_state(zi, ZoneState::ReadOnly);
-        Ok(())
+        t.set_state(zi, to);
+        if let Err(at) = t.changed.binary_search(&zi) {
+            if t.changed.len() < nvme_spec::zns::CHANGED_ZONE_LIST_MAX {
+                t.changed.insert(at, zi);
+            } else {
+                t.changed_overflow = true;
+            }
+        }
+        self.any_offline.store(t.zones.iter().any(|z| z.state == ZoneState::Offline), Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// The Changed Zone List with LBAs of `1 << shift` bytes: the ZSLBAs of the zones
+    /// changed, and whether more changed than it names; emptied with `clear` (a read
+    /// without Retain Asynchronous Event).
+    pub fn changed_zones(&self, shift: u32, clear: bool) -> (Vec<u64>, bool) {
+        let mut t = self.lock();
+        let list = t.changed.iter().map(|&zi| (zi as u64 * self.cfg.zone_size) >> shift).collect();
+        let overflow = t.changed_overflow;
+        if clear {
+            t.changed.clear();
+            t.changed_overflow = false;
+        }
+        (list, overflow)
     }
 
     /// Zone descriptors from the zone holding byte `offset` on, those in `filter`'s

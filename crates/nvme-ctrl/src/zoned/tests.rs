@@ -82,12 +82,18 @@ fn transitions_and_select_all() {
     assert_eq!(z.resources(), (0, 0));
     assert_eq!(state(&z, 1), (ZoneState::Empty, Z >> 9));
     // Read only, then offline; reads of an offline zone fail.
-    z.make_read_only(3 * Z).unwrap();
+    assert_eq!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Ok(true));
+    assert_eq!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Ok(false));
+    assert_eq!(z.changed_zones(9, false), (vec![(3 * Z) >> 9], false));
     assert_eq!(z.start_write(3 * Z, 512, true), Err(ZoneError::ReadOnly));
     assert!(refused(ZoneAction::Reset, 3 * Z));
     z.check_read(3 * Z, 4096).unwrap();
     z.act(ZoneAction::Offline, 0, true).unwrap();
     assert_eq!(z.check_read(3 * Z - 512, 1024), Err(ZoneError::Offline));
+    assert!(matches!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Err(ZoneError::Transition(..))));
+    assert!(matches!(z.fail_zone(0, ZoneState::Full), Err(ZoneError::Transition(..))));
+    assert_eq!(z.changed_zones(12, true), (vec![(3 * Z) >> 12], false));
+    assert_eq!(z.changed_zones(12, true), (vec![], false));
     z.check_read(0, 4096).unwrap();
     let (n, d) = z.report(0, Some(ZoneState::Offline), 12, 8);
     assert_eq!((n, d.len(), d[0].zslba.get()), (1, 1, (3 * Z) >> 12));

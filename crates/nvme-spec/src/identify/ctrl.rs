@@ -369,6 +369,8 @@ pub mod oaes {
     pub const FW_ACTIVATION: u32 = 1 << 9;
     /// Asymmetric Namespace Access Change Notices.
     pub const ANA_CHANGE: u32 = 1 << 11;
+    /// Zone Descriptor Changed Notices (ZNS).
+    pub const ZONE_DESCRIPTOR_CHANGED: u32 = 1 << 27;
 }
 
 /// Firmware Updates (FRMW) bits.

@@ -62,6 +62,8 @@ methods! {
         "remove a namespace: nsid";
     NsResize(NsResize) = "ns.resize", changes: true, listed: true, positional: ["nsid", "size", "force"],
         "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)";
+    ZoneFail(ZoneFail) = "zone.fail", changes: true, listed: true, positional: ["nsid", "zslba", "state"],
+        "fail a zone of a zoned namespace as a medium would: nsid, zslba (the zone's first LBA), state (read-only or offline)";
     QosSet(QosSet) = "qos.set", changes: true, listed: true, positional: ["nsid"],
         "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear";
     QosGet(QosGet) = "qos.get", changes: false, listed: true, positional: ["nsid"],
@@ -154,6 +156,26 @@ pub struct NsResize {
     /// Shrink even over data.
     #[serde(default, deserialize_with = "opt_bool", skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
+}
+
+/// zone.fail: the zone starting at `zslba` of zoned namespace `nsid` made read only
+/// or offline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneFail {
+    #[serde(deserialize_with = "req_u32")]
+    pub nsid: u32,
+    #[serde(deserialize_with = "req_u64")]
+    pub zslba: u64,
+    pub state: FailedZoneState,
+}
+
+/// What `zone.fail` makes a zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailedZoneState {
+    ReadOnly,
+    Offline,
 }
 
 /// qos.set: a namespace's own limits (nsid, limits), a named group's (group,
@@ -252,6 +274,13 @@ fn as_u32<E: de::Error>(v: &Value) -> Result<u32, E> {
 
 fn req_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     as_u32(&Value::deserialize(d)?)
+}
+
+fn req_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = Value::deserialize(d)?;
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .ok_or_else(|| de::Error::custom(format!("a non-negative integer, not {v}")))
 }
 
 fn opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {

@@ -11,7 +11,9 @@ use serde_json::Value;
 use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
 
-use super::api::{LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size};
+use super::api::{
+    FailedZoneState, LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size, ZoneFail,
+};
 use super::{code, reply, RpcError, JOB_LIMIT};
 use crate::nsspec::NsSpec;
 
@@ -53,6 +55,7 @@ pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
         Request::NsAdd(a) => ns_add(ctx, a),
         Request::NsRemove(r) => ns_remove(ctx, r),
         Request::NsResize(r) => ns_resize(ctx, r),
+        Request::ZoneFail(r) => zone_fail(ctx, r),
         Request::StatsGet(NoParams {}) => stats_get(ctx),
         Request::QosSet(q) => qos_set(ctx, q),
         Request::QosGet(q) => qos_get(ctx, q),
@@ -145,6 +148,15 @@ fn ns_resize(ctx: &Context, NsResize { nsid, size: Size(size), force }: NsResize
     let force = force.unwrap_or(false);
     let old = job(ctx, move |d| d.ctrl.resize_namespace(nsid, size, force))?.map_err(RpcError::failed)?;
     answer(&reply::NsResized { nsid, old_size: old, size })
+}
+
+fn zone_fail(ctx: &Context, ZoneFail { nsid, zslba, state }: ZoneFail) -> Result<Value, RpcError> {
+    let (to, name) = match state {
+        FailedZoneState::ReadOnly => (nvme_spec::zns::ZoneState::ReadOnly, "read-only"),
+        FailedZoneState::Offline => (nvme_spec::zns::ZoneState::Offline, "offline"),
+    };
+    let changed = job(ctx, move |d| d.ctrl.fail_zone(nsid, zslba, to))?.map_err(RpcError::failed)?;
+    answer(&reply::ZoneFailed { nsid, zslba, state: name.into(), changed })
 }
 
 /// The limits a qos.set gives (None if none is given).

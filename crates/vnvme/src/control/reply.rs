@@ -79,6 +79,17 @@ pub struct NsResized {
     pub size: u64,
 }
 
+/// `zone.fail`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ZoneFailed {
+    pub nsid: u32,
+    pub zslba: u64,
+    /// `read-only` or `offline`.
+    pub state: String,
+    /// False: the zone was in that state already.
+    pub changed: bool,
+}
+
 /// One QoS limit: per second, and the burst allowed above it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rate {
