@@ -92,6 +92,9 @@ pub struct NamespaceSaved {
     /// and bytes written; the restoring side's namespace must be zoned alike.
     #[serde(default)]
     pub zones: Option<Vec<(u8, u64)>>,
+    /// A zoned namespace's zone size and capacity (bytes).
+    #[serde(default)]
+    pub zone_layout: Option<(u64, u64)>,
 }
 
 /// Why a quiesce or a restore failed.

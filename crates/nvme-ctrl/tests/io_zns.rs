@@ -418,3 +418,23 @@ fn a_failed_zone_is_reported_and_refused() {
     assert!(h.ctrl.fail_zone(2, 0, ZoneState::Offline).is_err(), "NSID 2 is not zoned");
     assert!(h.ctrl.fail_zone(1, 3 * BLOCKS, ZoneState::Full).is_err(), "only read only or offline");
 }
+
+/// A write its backend never finishes times out, and keeps its place in its zone:
+/// the pointer moves past it, so the next write (at the pointer the host then
+/// reads) is taken instead of refused forever.
+#[test]
+fn a_write_given_up_on_keeps_its_place_in_its_zone() {
+    use block_backend::{FaultBackend, FaultRule};
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(8 * ZONE));
+    let rule: FaultRule = "write/hang/count=1".parse().unwrap();
+    let be = Arc::new(FaultBackend::new(ram, vec![rule]));
+    let mut ns = NamespaceConfig { zoned: Some(zoned(0, 0, None)), ..NamespaceConfig::new(be, 0) };
+    ns.timeout = Some(std::time::Duration::from_millis(200));
+    let mut h = MockHost::new(ControllerConfig { namespaces: vec![ns], ..Default::default() }, MEM);
+    h.init(opts()).unwrap();
+    let c = write_at(&mut h, WRITE, BLOCKS, &pattern(1, 4096));
+    assert_eq!(c.status().code(), Status::INTERNAL_ERROR, "timed out");
+    assert_eq!(zone(&mut h, 1), (ZoneState::ImplicitlyOpened, BLOCKS + 8), "past the write given up on");
+    assert_status(&write_at(&mut h, WRITE, BLOCKS + 8, &pattern(2, 4096)), Status::SUCCESS, false);
+    assert_eq!(zone(&mut h, 1).1, BLOCKS + 16);
+}

@@ -52,7 +52,8 @@ impl Admin<'_> {
                 let Some(zones) = &ns.zones else {
                     return Err(CommandError::InvalidField("the Changed Zone List is a zoned namespace's"));
                 };
-                let (list, overflow) = zones.changed_zones(ns.lba_shift(), !g.rae());
+                // Emptied below, once the host has the page.
+                let (list, overflow) = zones.changed_zones(ns.lba_shift(), false);
                 nvme_spec::zns::changed_zone_list(&list, overflow).to_vec()
             }
             _ => return status(Status::INVALID_LOG_PAGE),
@@ -73,6 +74,11 @@ impl Admin<'_> {
         self.copy_to_host(sqe, &out)?;
         if !g.rae() {
             self.events.log_read(g.lid());
+            if let (lid::CHANGED_ZONE_LIST, Ok(ns)) = (g.lid(), self.active_ns(sqe.nsid.get())) {
+                if let Some(z) = &ns.zones {
+                    z.changed_zones(0, true);
+                }
+            }
         }
         Ok(AdminDone::Complete(0))
     }

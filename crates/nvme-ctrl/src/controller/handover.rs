@@ -120,6 +120,7 @@ impl Controller {
                     size: n.size(),
                     lba_format: n.lba_format(),
                     zones: n.zones.as_ref().map(|z| z.save()),
+                    zone_layout: n.zones.as_ref().map(|z| z.layout()),
                 })
                 .collect(),
         }
@@ -207,7 +208,9 @@ impl Controller {
             match (here, &n.zones) {
                 (None, None) => {}
                 (Some(z), Some(saved)) => {
-                    z.check_saved(saved).map_err(|e| format!("namespace {}: {e}", n.nsid))?
+                    let shift = crate::namespace::LBA_FORMATS[n.lba_format as usize] as u32;
+                    z.check_saved(saved, n.zone_layout, shift)
+                        .map_err(|e| format!("namespace {}: {e}", n.nsid))?
                 }
                 (Some(_), None) => {
                     return Err(format!("namespace {} is zoned here, not in the state", n.nsid))

@@ -411,6 +411,10 @@ impl Controller {
             if ns.info.volatile_cache {
                 self.admin.flush_namespace(ns, &self.engine.mem, deadline, &*self.clock);
             }
+            // The zones' state is made durable with the data.
+            if let Some(Err(e)) = ns.zones.as_ref().map(|z| z.sync()) {
+                warn!(nsid = ns.nsid, "cannot make the zone state file durable at shutdown: {e}");
+            }
         }
         self.regs.set_shutdown_status(ShutdownStatus::Complete);
         if let Phase::Ready { page_size } = self.phase {

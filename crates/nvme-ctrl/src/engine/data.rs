@@ -407,7 +407,7 @@ impl IoEngine {
 
     /// A write to zoned namespace `nsid` is back from its backend: its zone's pointer
     /// moves past it. Returns the namespace's LBA shift.
-    fn zone_written(&self, nsid: u32, w: crate::zoned::ZoneWrite) -> u32 {
+    pub(crate) fn zone_written(&self, nsid: u32, w: crate::zoned::ZoneWrite) -> u32 {
         let ns = crate::namespace::lookup(&self.ctx.namespaces, nsid);
         let Some(ns) = ns else { return 0 };
         if let Some(z) = &ns.zones {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use nvme_spec::Status;
 
-use super::{InFlight, IoEngine};
+use super::{Finish, InFlight, IoEngine};
 use crate::error::CommandError;
 use crate::interrupt::Clock;
 use crate::stats::Count;
@@ -178,6 +178,19 @@ impl IoEngine {
             return;
         }
         let Some(f) = self.commands.abandon(tag) else { return };
+        // A write given up on keeps its place in its zone (the backend may still
+        // write it): the zone's pointer moves past it, or no write could follow.
+        match &f.finish {
+            Finish::Zoned { write, .. } => {
+                self.zone_written(f.nsid, *write);
+            }
+            Finish::Copy(job) => {
+                if let Some(w) = job.zone {
+                    self.zone_written(f.nsid, w);
+                }
+            }
+            _ => {}
+        }
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
             self.counts.add(Count::Timeouts, 1);
         }

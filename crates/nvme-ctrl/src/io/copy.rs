@@ -78,7 +78,7 @@ impl IoEngine {
             for &(offset, len) in job.ranges() {
                 zones.check_read(offset, len)?;
             }
-            job.zone = Some(zones.start_write(sdlba << shift, total << shift, false)?);
+            job.zone = Some(zones.start_write(sdlba << shift, total << shift, false, fua)?);
         }
         let mut f = InFlight::new(sqid, sqe, nsid, sdlba, Op::Read, 1, Finish::Copy(Box::new(job)));
         f.host_bytes = largest;

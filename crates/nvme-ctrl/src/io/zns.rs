@@ -50,14 +50,14 @@ impl IoEngine {
             op::WRITE_ZEROES => DataBuf::None,
             _ => DataBuf::Guest(self.data_segments(sqe, len, Direction::FromHost)?),
         };
-        let write = match zones.start_write(offset, len, append) {
+        let fua = rw.fua() || !self.settings().write_cache();
+        let write = match zones.start_write(offset, len, append, fua) {
             Ok(w) => w,
             Err(e) => {
                 self.release_data(data, false);
                 return Err(e.into());
             }
         };
-        let fua = rw.fua() || !self.settings().write_cache();
         let op = match opcode {
             op::WRITE_ZEROES => Op::WriteZeroes { deallocate: false },
             _ => {

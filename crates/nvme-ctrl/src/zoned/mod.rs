@@ -7,8 +7,9 @@
 //! zone opens implicitly, its write pointer moves past the write, and at its
 //! capacity it becomes full; so writes started one after another land one after
 //! another whichever finishes first. The pointer a host sees in Report Zones, and
-//! the one kept durably, moves only when a write has finished at the backend: a
-//! write the host was told is done is always below it, after a crash too.
+//! the one kept durably, moves when a write has finished at the backend (or was
+//! given up on), to the end of the furthest one: a write the host was told is done
+//! is always below it, after a crash too, however the writes finished.
 //!
 //! Units are bytes inside, logical blocks at the command boundary (the LBA format
 //! can change, the zones' layout in bytes does not).
@@ -152,6 +153,12 @@ pub struct ZoneWrite {
     pub zone: u32,
     pub offset: u64,
     pub len: u64,
+    /// The zone's generation when the write started: a write that finishes after
+    /// its zone was reset (or the namespace formatted) moves nothing.
+    pub generation: u32,
+    /// Durable when done (FUA, or no volatile write cache): its zone record is
+    /// synced too before the host hears of it.
+    pub durable: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -159,8 +166,11 @@ struct Zone {
     state: ZoneState,
     /// Bytes past the zone's start that writes were started on.
     started: u64,
-    /// Bytes past the zone's start that writes finished on (what the host sees).
+    /// Bytes past the zone's start up to the end of the furthest write that
+    /// finished (what the host sees, and what the zone state file keeps).
     written: u64,
+    /// Bumped by every reset of the zone.
+    generation: u32,
 }
 
 #[derive(Debug)]
@@ -192,14 +202,14 @@ impl Zones {
     pub fn new(cfg: &ZonedConfig, size: u64, state: Option<File>) -> Result<Zones, String> {
         cfg.check(size)?;
         let count = u32::try_from(size / cfg.zone_size).map_err(|_| "more than 2^32 zones".to_string())?;
-        let empty = Zone { state: ZoneState::Empty, started: 0, written: 0 };
+        let empty = Zone { state: ZoneState::Empty, started: 0, written: 0, generation: 0 };
         let mut zones = vec![empty; count as usize];
         let file = match state {
             Some(f) => {
                 let (file, saved) =
                     ZoneFile::open(f, cfg.zone_size, cfg.zone_capacity, count).map_err(|e| e.to_string())?;
                 for (z, (state, written)) in zones.iter_mut().zip(saved) {
-                    *z = Zone { state, started: written, written };
+                    *z = Zone { state, started: written, written, generation: 0 };
                 }
                 Some(file)
             }
@@ -242,8 +252,15 @@ impl Zones {
     }
 
     /// Starts a write of `len` bytes at byte `offset` (for an append: `offset` is
-    /// the zone's start, and the write goes at its write pointer).
-    pub fn start_write(&self, offset: u64, len: u64, append: bool) -> Result<ZoneWrite, ZoneError> {
+    /// the zone's start, and the write goes at its write pointer); `durable`: the
+    /// write is durable when it completes (FUA, or no volatile write cache).
+    pub fn start_write(
+        &self,
+        offset: u64,
+        len: u64,
+        append: bool,
+        durable: bool,
+    ) -> Result<ZoneWrite, ZoneError> {
         let zi = self.zone_of(offset);
         let zstart = zi as u64 * self.cfg.zone_size;
         if append && offset != zstart {
@@ -269,24 +286,35 @@ impl Zones {
         }
         let z = &mut t.zones[zi as usize];
         z.started += len;
+        let generation = z.generation;
         if z.started == self.cfg.zone_capacity {
             t.set_state(zi, ZoneState::Full);
         }
-        Ok(ZoneWrite { zone: zi, offset: at, len })
+        Ok(ZoneWrite { zone: zi, offset: at, len, generation, durable })
     }
 
-    /// A started write finished at the backend (well or not: its place is taken
-    /// either way, as on a device that failed to program it).
+    /// A started write finished at the backend, well or not, or was given up on:
+    /// its place is taken either way, as on a device that failed to program it. The
+    /// zone's pointer moves to its end if that is further; a durable write's record
+    /// is synced before this returns.
     pub fn finish_write(&self, w: ZoneWrite) {
         let mut t = self.lock();
-        let cap = self.cfg.zone_capacity;
+        let zstart = w.zone as u64 * self.cfg.zone_size;
         let Some(z) = t.zones.get_mut(w.zone as usize) else { return };
-        // A zone reset while the write was out starts again from its start.
-        if z.state == ZoneState::Empty {
+        // The zone was reset (or formatted) while the write was out: it is not part
+        // of what the zone holds now.
+        if z.generation != w.generation {
             return;
         }
-        z.written = (z.written + w.len).min(z.started).min(cap);
+        let end = (w.offset + w.len - zstart).min(z.started);
+        if end <= z.written {
+            return;
+        }
+        z.written = end;
         t.save(w.zone);
+        if w.durable {
+            t.sync_file();
+        }
     }
 
     /// Reads of `len` bytes at `offset` touch no offline zone.
@@ -434,22 +462,46 @@ impl Zones {
     /// Each zone's state and bytes written, for a saved controller state (taken
     /// quiesced: no write is between its start and its finish).
     pub fn save(&self) -> Vec<(u8, u64)> {
-        self.lock().zones.iter().map(|z| (z.state as u8, z.written)).collect()
+        let cap = self.cfg.zone_capacity;
+        let t = self.lock();
+        t.zones
+            .iter()
+            .map(|z| (z.state as u8, if z.state == ZoneState::Full { cap } else { z.written }))
+            .collect()
     }
 
-    /// Whether `saved` ([`Zones::save`]) fits these zones: as many, each a state
-    /// with a pointer it can have, open and active ones within the limits.
-    pub fn check_saved(&self, saved: &[(u8, u64)]) -> Result<(), String> {
+    /// Bytes per zone and writable bytes per zone, for a saved state.
+    pub fn layout(&self) -> (u64, u64) {
+        (self.cfg.zone_size, self.cfg.zone_capacity)
+    }
+
+    /// Whether `saved` ([`Zones::save`], zones of `layout`, LBAs of `1 << shift`
+    /// bytes) fits these zones: the same layout and count, each a state with a
+    /// pointer it can have, open and active ones within the limits.
+    pub fn check_saved(
+        &self,
+        saved: &[(u8, u64)],
+        layout: Option<(u64, u64)>,
+        shift: u32,
+    ) -> Result<(), String> {
+        if layout.is_some_and(|l| l != self.layout()) {
+            return Err(format!("zones (size, capacity) {layout:?} in the state, {:?} here", self.layout()));
+        }
         if saved.len() != self.count as usize {
             return Err(format!("{} zones in the state, {} here", saved.len(), self.count));
         }
+        let cap = self.cfg.zone_capacity;
         let (mut open, mut active) = (0, 0);
         for (i, &(raw, written)) in saved.iter().enumerate() {
             let state = ZoneState::from_raw(raw).ok_or_else(|| format!("zone {i}: state {raw:#x}"))?;
             let fits = match state {
                 ZoneState::Empty => written == 0,
-                ZoneState::Full => written == self.cfg.zone_capacity,
-                _ => written <= self.cfg.zone_capacity && written.is_multiple_of(512),
+                ZoneState::Full => written == cap,
+                // A pointer at the capacity is a full zone's.
+                ZoneState::ImplicitlyOpened | ZoneState::ExplicitlyOpened | ZoneState::Closed => {
+                    written < cap && written.is_multiple_of(1 << shift)
+                }
+                _ => written <= cap && written.is_multiple_of(1 << shift),
             };
             if !fits {
                 return Err(format!("zone {i}: {} with {written} bytes written", state.name()));
@@ -473,7 +525,8 @@ impl Zones {
         let mut t = self.lock();
         for (zi, &(raw, written)) in saved.iter().enumerate() {
             let state = ZoneState::from_raw(raw).unwrap_or(ZoneState::Offline);
-            t.zones[zi] = Zone { state, started: written, written };
+            let generation = t.zones[zi].generation.wrapping_add(1);
+            t.zones[zi] = Zone { state, started: written, written, generation };
             t.save(zi as u32);
         }
         t.open = t.zones.iter().filter(|z| z.state.is_open()).count() as u32;
@@ -485,6 +538,12 @@ impl Zones {
     pub fn sync(&self) -> std::io::Result<()> {
         let t = self.lock();
         t.file.as_ref().map_or(Ok(()), ZoneFile::sync)
+    }
+
+    /// Whether a write to this namespace changes the zone state file (a durable
+    /// write then syncs it).
+    pub fn has_file(&self) -> bool {
+        self.lock().file.is_some()
     }
 }
 
@@ -499,8 +558,17 @@ impl Table {
         z.state = to;
         if to == ZoneState::Empty {
             (z.started, z.written) = (0, 0);
+            z.generation = z.generation.wrapping_add(1);
         }
         self.save(zi);
+    }
+
+    /// Syncs the zone state file (a durable write's record); a failure is logged
+    /// once and remembered, and every later Flush fails.
+    fn sync_file(&mut self) {
+        if let Some(f) = &mut self.file {
+            f.sync_or_remember();
+        }
     }
 
     fn save(&mut self, zi: u32) {
@@ -583,6 +651,10 @@ impl Table {
         self.active = self.zones.iter().filter(|z| z.state.is_active()).count() as u32;
         for zi in 0..self.zones.len() as u32 {
             let z = &mut self.zones[zi as usize];
+            // A zone that filled while its last write was out is full all the same.
+            if z.state == ZoneState::Full {
+                z.written = cfg.zone_capacity;
+            }
             z.started = z.written.min(cfg.zone_capacity);
             z.written = z.started;
             if z.state.is_open() {

@@ -52,7 +52,8 @@ pub enum ZoneFileError {
 #[derive(Debug)]
 pub(super) struct ZoneFile {
     file: File,
-    /// The first write error, logged once: the state then lives on in memory.
+    /// The first write or sync error, logged once: the state then lives on in
+    /// memory, and every Flush fails (the state on disk is not what it says).
     failed: bool,
 }
 
@@ -136,7 +137,24 @@ impl ZoneFile {
         }
     }
 
+    /// Makes the file durable; fails if an earlier record could not be written.
     pub(super) fn sync(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other("an earlier zone record could not be written"));
+        }
         self.file.sync_data()
+    }
+
+    /// [`ZoneFile::sync`] for one durable write: a failure is logged once and
+    /// remembered.
+    pub(super) fn sync_or_remember(&mut self) {
+        if let Err(e) = self.sync() {
+            if !self.failed {
+                self.failed = true;
+                tracing::error!(
+                    "cannot make the zone state file durable ({e}): a power loss may lose pointers"
+                );
+            }
+        }
     }
 }
