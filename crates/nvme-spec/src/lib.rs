@@ -25,6 +25,7 @@ pub mod identify;
 pub mod log;
 pub mod nvm;
 pub mod opcode;
+pub mod pi;
 pub mod regs;
 pub mod sgl;
 pub mod status;
