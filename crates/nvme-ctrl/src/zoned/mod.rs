@@ -159,6 +159,9 @@ pub struct ZoneWrite {
     /// Durable when done (FUA, or no volatile write cache): its zone record is
     /// synced too before the host hears of it.
     pub durable: bool,
+    /// Which [`Zones`] it started in: a write finishing after its namespace was
+    /// removed (and another added with the NSID) moves nothing.
+    pub owner: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -188,6 +191,8 @@ struct Table {
 /// The zones of one namespace.
 #[derive(Debug)]
 pub struct Zones {
+    /// Unique in the process: what a [`ZoneWrite`] names as its owner.
+    id: u64,
     cfg: ZonedConfig,
     count: u32,
     table: Mutex<Table>,
@@ -218,7 +223,14 @@ impl Zones {
         let mut t = Table { zones, open: 0, active: 0, file, changed: Vec::new(), changed_overflow: false };
         t.after_reset(cfg);
         let any_offline = t.zones.iter().any(|z| z.state == ZoneState::Offline);
-        Ok(Zones { cfg: cfg.clone(), count, table: Mutex::new(t), any_offline: AtomicBool::new(any_offline) })
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Ok(Zones {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            cfg: cfg.clone(),
+            count,
+            table: Mutex::new(t),
+            any_offline: AtomicBool::new(any_offline),
+        })
     }
 
     pub fn config(&self) -> &ZonedConfig {
@@ -290,7 +302,7 @@ impl Zones {
         if z.started == self.cfg.zone_capacity {
             t.set_state(zi, ZoneState::Full);
         }
-        Ok(ZoneWrite { zone: zi, offset: at, len, generation, durable })
+        Ok(ZoneWrite { zone: zi, offset: at, len, generation, durable, owner: self.id })
     }
 
     /// A started write finished at the backend, well or not, or was given up on:
@@ -298,6 +310,9 @@ impl Zones {
     /// zone's pointer moves to its end if that is further; a durable write's record
     /// is synced before this returns.
     pub fn finish_write(&self, w: ZoneWrite) {
+        if w.owner != self.id {
+            return;
+        }
         let mut t = self.lock();
         let zstart = w.zone as u64 * self.cfg.zone_size;
         let Some(z) = t.zones.get_mut(w.zone as usize) else { return };

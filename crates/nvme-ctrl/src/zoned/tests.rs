@@ -206,3 +206,15 @@ fn saved_states_that_no_zone_can_be_in_are_refused() {
     assert!(bad(vec![(1, 0)]), "one zone short");
     assert!(z.check_saved(&good, Some((Z, Z)), shift).is_err(), "another capacity");
 }
+
+#[test]
+fn a_write_of_other_zones_moves_nothing_here() {
+    // Another namespace's zones (the NSID removed and added again): same layout,
+    // same zone, same generation, still not this zone's write.
+    let (here, there) =
+        (Zones::new(&cfg(0, 0), 2 * Z, None).unwrap(), Zones::new(&cfg(0, 0), 2 * Z, None).unwrap());
+    let w = there.start_write(0, 8192, false, false).unwrap();
+    here.start_write(0, 512, false, false).unwrap();
+    here.finish_write(w);
+    assert_eq!(state(&here, 0).1, 0);
+}
