@@ -955,14 +955,16 @@ suite_zns_qemu() {
     write_config "$d/qemu/config.sh" QEMUZNS0001 $((256 << 20)) 512 0 512 0 512
     printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
     truncate -s 256M "$d/qemu/zns.img"
+    # QEMU's zoned namespace, the same for both of its boots.
+    local qemu_zns=(-drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring"
+        -device nvme,id=nv0,serial=QEMUZNS0001
+        -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16)
     guest_adds "$d/qemu/config.sh"
     {
         local brc=0
         "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/zns-alone.sh" \
             "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
-            -drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring" \
-            -device nvme,id=nv0,serial=QEMUZNS0001 \
-            -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16 ||
+            "${qemu_zns[@]}" ||
             brc=$?
         echo "$brc" >"$d/qemu/boot.rc"
     } 2>&1 | tee "$d/qemu/guest.log" | grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== ' |
@@ -984,9 +986,7 @@ suite_zns_qemu() {
     {
         "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/zns-again.sh" \
             "${GUEST_ADDS[@]}" --timeout 200 -- -pidfile "$d/qemu2/qemu.pid" \
-            -drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring" \
-            -device nvme,id=nv0,serial=QEMUZNS0001 \
-            -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16 ||
+            "${qemu_zns[@]}" ||
             true
     } 2>&1 | tee "$d/qemu2/guest.log" | grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== ' |
         sed -u "s/^/  [$k qemu] /"

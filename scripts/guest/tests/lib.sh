@@ -165,3 +165,9 @@ probe_or_exit() {
         exit 1
     fi
 }
+
+# zone_conds DEV: one line per zone of zoned DEV, "COND WPTR" as blkzone reports
+# them (the condition in decimal, the write pointer offset in its zone in hex).
+zone_conds() {
+    blkzone report "$1" | sed -n 's/.*wptr \(0x[0-9a-f]*\).*zcond: *\([0-9]*\).*/\2 \1/p'
+}

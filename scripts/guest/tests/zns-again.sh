@@ -8,7 +8,7 @@
 echo "== guest-tests zns suite, after a restart ($DEVICE): Linux $(uname -r)"
 probe_or_exit 1
 D4=$D1
-blkzone report "$D4" | sed -n 's/.*wptr \(0x[0-9a-f]*\).*zcond: *\([0-9]*\).*/\2 \1/p' >/tmp/zw
+zone_conds "$D4" >/tmp/zw
 n=0
 while read -r cond wp; do
     if [ "$cond" = 14 ] || [ $((wp)) -gt 0 ]; then n=$((n + 1)); fi

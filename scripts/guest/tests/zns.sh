@@ -118,7 +118,7 @@ else
 fi
 # What the host checks against the zone state file: every zone's condition and
 # write pointer offset in its zone (sectors).
-blkzone report "$D4" | sed -n 's/.*wptr \(0x[0-9a-f]*\).*zcond: *\([0-9]*\).*/\2 \1/p' >/tmp/zw
+zone_conds "$D4" >/tmp/zw
 zl=""
 while read -r cond wp; do zl="$zl$cond:$((wp)) "; done </tmp/zw
 echo "@@VNVME-ZONES $zl@@"

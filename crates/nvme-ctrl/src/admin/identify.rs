@@ -29,7 +29,7 @@ impl Admin<'_> {
         let data: Vec<u8> = match id.cns() {
             cns::NAMESPACE => self.identify_namespace(nsid)?.as_bytes().to_vec(),
             cns::CONTROLLER => self.identify_controller().as_bytes().to_vec(),
-            cns::ACTIVE_NAMESPACE_LIST => self.active_list(nsid)?,
+            cns::ACTIVE_NAMESPACE_LIST => self.active_list(nsid, None)?,
             cns::NS_DESCRIPTOR_LIST => {
                 let ns = self.active_ns(nsid)?;
                 ns_descriptor_list(&[
@@ -79,11 +79,7 @@ impl Admin<'_> {
                 if csi != CSI_NVM && csi != CSI_ZNS {
                     return Err(CommandError::InvalidField("unsupported command set"));
                 }
-                if nsid >= 0xffff_fffe {
-                    return Err(CommandError::InvalidNamespace(nsid));
-                }
-                let of_set = active(self.namespaces).filter(|n| n.csi() == csi).map(|n| n.nsid);
-                active_ns_list(nsid, of_set).to_vec()
+                self.active_list(nsid, Some(csi))?
             }
             CNS_IO_COMMAND_SETS => {
                 // One combination, index 0: the NVM (bit 0) and Zoned Namespace (bit
@@ -98,11 +94,13 @@ impl Admin<'_> {
         Ok(AdminDone::Complete(0))
     }
 
-    fn active_list(&self, after: u32) -> CmdResult<Vec<u8>> {
+    /// The active NSIDs above `after`, of command set `csi` if given.
+    fn active_list(&self, after: u32, csi: Option<u8>) -> CmdResult<Vec<u8>> {
         if after >= 0xffff_fffe {
             return Err(CommandError::InvalidNamespace(after));
         }
-        Ok(active_ns_list(after, active(self.namespaces).map(|n| n.nsid)).to_vec())
+        let of_set = active(self.namespaces).filter(|n| csi.is_none_or(|c| n.csi() == c));
+        Ok(active_ns_list(after, of_set.map(|n| n.nsid)).to_vec())
     }
 
     pub(crate) fn identify_controller(&self) -> IdentifyController {

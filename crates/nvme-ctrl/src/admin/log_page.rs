@@ -53,7 +53,7 @@ impl Admin<'_> {
                     return Err(CommandError::InvalidField("the Changed Zone List is a zoned namespace's"));
                 };
                 // Emptied below, once the host has the page.
-                let (list, overflow) = zones.changed_zones(ns.lba_shift(), false);
+                let (list, overflow) = zones.changed_zones(ns.lba_shift());
                 nvme_spec::zns::changed_zone_list(&list, overflow).to_vec()
             }
             _ => return status(Status::INVALID_LOG_PAGE),
@@ -76,7 +76,7 @@ impl Admin<'_> {
             self.events.log_read(g.lid());
             if let (lid::CHANGED_ZONE_LIST, Ok(ns)) = (g.lid(), self.active_ns(sqe.nsid.get())) {
                 if let Some(z) = &ns.zones {
-                    z.changed_zones(0, true);
+                    z.clear_changed_zones();
                 }
             }
         }

@@ -7,7 +7,7 @@ use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
-use crate::engine::IoEngine;
+use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
 
 impl IoEngine {
@@ -35,6 +35,6 @@ impl IoEngine {
         } else {
             Vec::new()
         };
-        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work))
+        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work, Finish::Plain))
     }
 }

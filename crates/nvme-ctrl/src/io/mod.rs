@@ -146,23 +146,10 @@ impl IoEngine {
     }
 
     /// Submits one backend request per `(offset, len)` range for a command that
-    /// moves no data, splitting ranges longer than the backend's limit for `op`.
-    pub(crate) fn submit_ranges(
-        &mut self,
-        sqid: u16,
-        sqe: &Sqe,
-        ns: &Namespace,
-        slba: u64,
-        op: Op,
-        ranges: &[(u64, u64)],
-    ) -> Started {
-        self.submit_ranges_then(sqid, sqe, ns, slba, op, ranges, Finish::Plain)
-    }
-
-    /// [`IoEngine::submit_ranges`] for a command that does `finish` when its last
-    /// request is back.
+    /// moves no data, splitting ranges longer than the backend's limit for `op`;
+    /// the command does `finish` when its last request is back.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn submit_ranges_then(
+    pub(crate) fn submit_ranges(
         &mut self,
         sqid: u16,
         sqe: &Sqe,

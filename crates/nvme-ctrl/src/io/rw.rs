@@ -86,7 +86,7 @@ impl IoEngine {
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
                 let ns = self.namespace(nsid)?;
-                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)])
+                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)], Finish::Plain)
             }
             _ => unreachable!("dispatched by opcode"),
         };

@@ -70,7 +70,7 @@ impl IoEngine {
         let slba = write.offset >> shift;
         if let Op::WriteZeroes { .. } = op {
             // Split at the backend's Write Zeroes limit, as on any namespace.
-            return Ok(self.submit_ranges_then(sqid, sqe, &ns, slba, op, &[(write.offset, len)], finish));
+            return Ok(self.submit_ranges(sqid, sqe, &ns, slba, op, &[(write.offset, len)], finish));
         }
         Ok(self.submit_one(sqid, sqe, nsid, slba, op, write.offset, len, data, finish))
     }
@@ -108,7 +108,9 @@ impl IoEngine {
             None
         };
         match dealloc {
-            Some(op) if !stale.is_empty() => Ok(self.submit_ranges(sqid, sqe, &ns, slba, op, &stale)),
+            Some(op) if !stale.is_empty() => {
+                Ok(self.submit_ranges(sqid, sqe, &ns, slba, op, &stale, Finish::Plain))
+            }
             _ => Ok(Started::Done(Status::SUCCESS)),
         }
     }

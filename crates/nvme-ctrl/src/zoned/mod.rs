@@ -408,17 +408,19 @@ impl Zones {
     }
 
     /// The Changed Zone List with LBAs of `1 << shift` bytes: the ZSLBAs of the zones
-    /// changed, and whether more changed than it names; emptied with `clear` (a read
-    /// without Retain Asynchronous Event).
-    pub fn changed_zones(&self, shift: u32, clear: bool) -> (Vec<u64>, bool) {
-        let mut t = self.lock();
+    /// changed, and whether more changed than it names.
+    pub fn changed_zones(&self, shift: u32) -> (Vec<u64>, bool) {
+        let t = self.lock();
         let list = t.changed.iter().map(|&zi| (zi as u64 * self.cfg.zone_size) >> shift).collect();
-        let overflow = t.changed_overflow;
-        if clear {
-            t.changed.clear();
-            t.changed_overflow = false;
-        }
-        (list, overflow)
+        (list, t.changed_overflow)
+    }
+
+    /// Empties the Changed Zone List (the host read it without Retain Asynchronous
+    /// Event).
+    pub fn clear_changed_zones(&self) {
+        let mut t = self.lock();
+        t.changed.clear();
+        t.changed_overflow = false;
     }
 
     /// Zone descriptors from the zone holding byte `offset` on, those in `filter`'s
@@ -553,12 +555,6 @@ impl Zones {
     pub fn sync(&self) -> std::io::Result<()> {
         let t = self.lock();
         t.file.as_ref().map_or(Ok(()), ZoneFile::sync)
-    }
-
-    /// Whether a write to this namespace changes the zone state file (a durable
-    /// write then syncs it).
-    pub fn has_file(&self) -> bool {
-        self.lock().file.is_some()
     }
 }
 

@@ -84,7 +84,7 @@ fn transitions_and_select_all() {
     // Read only, then offline; reads of an offline zone fail.
     assert_eq!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Ok(true));
     assert_eq!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Ok(false));
-    assert_eq!(z.changed_zones(9, false), (vec![(3 * Z) >> 9], false));
+    assert_eq!(z.changed_zones(9), (vec![(3 * Z) >> 9], false));
     assert_eq!(z.start_write(3 * Z, 512, true, false), Err(ZoneError::ReadOnly));
     assert!(refused(ZoneAction::Reset, 3 * Z));
     z.check_read(3 * Z, 4096).unwrap();
@@ -92,8 +92,9 @@ fn transitions_and_select_all() {
     assert_eq!(z.check_read(3 * Z - 512, 1024), Err(ZoneError::Offline));
     assert!(matches!(z.fail_zone(3 * Z, ZoneState::ReadOnly), Err(ZoneError::Transition(..))));
     assert!(matches!(z.fail_zone(0, ZoneState::Full), Err(ZoneError::Transition(..))));
-    assert_eq!(z.changed_zones(12, true), (vec![(3 * Z) >> 12], false));
-    assert_eq!(z.changed_zones(12, true), (vec![], false));
+    assert_eq!(z.changed_zones(12), (vec![(3 * Z) >> 12], false));
+    z.clear_changed_zones();
+    assert_eq!(z.changed_zones(12), (vec![], false));
     z.check_read(0, 4096).unwrap();
     let (n, d) = z.report(0, Some(ZoneState::Offline), 12, 8);
     assert_eq!((n, d.len(), d[0].zslba.get()), (1, 1, (3 * Z) >> 12));
