@@ -26,7 +26,8 @@ pub const MAX_NAMESPACES: u32 = 1024;
 #[derive(Clone, Debug)]
 pub struct NamespaceConfig {
     pub backend: Arc<dyn Backend>,
-    /// Index into [`crate::namespace::LBA_FORMATS`] (0 = 512 B, 1 = 4 KiB).
+    /// Index into [`crate::namespace::LBA_FORMATS`] (0 = 512 B, 1 = 4 KiB; those
+    /// with metadata only with [`NamespaceConfig::metadata`]).
     pub lba_format: u8,
     /// A command its backend has not finished after this long completes with an
     /// error and its backend requests are abandoned (None: wait forever).
@@ -35,6 +36,37 @@ pub struct NamespaceConfig {
     pub nsid: Option<u32>,
     /// A zoned namespace's layout (None: the NVM command set).
     pub zoned: Option<crate::zoned::ZonedConfig>,
+    /// Where its metadata is kept, and its protection settings (None: formats
+    /// without metadata only).
+    pub metadata: Option<MetadataConfig>,
+}
+
+/// A namespace's metadata store and the protection settings it starts with.
+#[derive(Clone, Debug)]
+pub struct MetadataConfig {
+    /// The store's file (a regular file or a memfd); None: metadata is not kept.
+    pub store: MetaFile,
+    /// Identify DPS: the PI type (0-3) and bit 3 for the first bytes of the metadata.
+    pub dps: u8,
+}
+
+/// A metadata store's file, shared by every namespace made from one configuration.
+#[derive(Clone, Debug)]
+pub struct MetaFile(pub Option<Arc<std::fs::File>>);
+
+impl MetaFile {
+    /// A store in a memfd of its own.
+    pub fn memory() -> std::io::Result<MetaFile> {
+        let fd = rustix::fs::memfd_create("vnvme-meta", rustix::fs::MemfdFlags::CLOEXEC)?;
+        Ok(MetaFile(Some(Arc::new(std::fs::File::from(fd)))))
+    }
+
+    pub(crate) fn try_clone(&self) -> std::io::Result<crate::metadata::MetaStore> {
+        Ok(match &self.0 {
+            Some(f) => crate::metadata::MetaStore::file(f.try_clone()?),
+            None => crate::metadata::MetaStore::discard(),
+        })
+    }
 }
 
 impl NamespaceConfig {
@@ -46,6 +78,7 @@ impl NamespaceConfig {
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             nsid: None,
             zoned: None,
+            metadata: None,
         }
     }
 }

@@ -54,6 +54,13 @@ pub enum CommandError {
     /// still held it, and the teardown bound ran out.
     #[error("aborted: its queue was deleted while the backend still held it")]
     SqDeleted,
+    /// A block's protection information failed a check the command asked for.
+    #[error("protection information check failed: {0:?}")]
+    Protection(nvme_spec::pi::PiError),
+    /// The command's protection information fields cannot go together, or with
+    /// the namespace's format.
+    #[error("invalid protection information: {0}")]
+    InvalidProtection(&'static str),
     /// A status already decided by the handler (queue management and features, whose
     /// errors are named per field by the spec).
     #[error("{0:?}")]
@@ -81,6 +88,8 @@ impl CommandError {
             // Without DNR: the host retries once other commands gave their buffers back.
             CommandError::HostBuffersBusy(_) => Status::COMMAND_INTERRUPTED,
             CommandError::Backend { write, source } => backend_status(*write, source),
+            CommandError::Protection(e) => crate::io::pi_status(*e),
+            CommandError::InvalidProtection(_) => Status::INVALID_PROTECTION_INFORMATION.with_dnr(),
             // Internal Error without DNR: Linux retries it (nvme_max_retries times),
             // then fails the I/O with EIO, so a stall that clears goes unseen and a
             // dead backend fails cleanly instead of waiting for the host's own timeout.

@@ -18,6 +18,7 @@
 //! - `dptr`: PRP and SGL walks.
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
+//! - `metadata`: where a namespace's blocks' metadata (and protection information) lives.
 //! - `qos`: IOPS and bandwidth limits per namespace or group (`engine::throttle`
 //!   holds back what they do not let through yet).
 //! - `runtime`: worker threads, the idle loop they share with inline mode, and
@@ -40,6 +41,7 @@ mod interleave;
 mod interrupt;
 mod io;
 mod lifecycle;
+pub mod metadata;
 mod namespace;
 pub mod qos;
 mod queue;
@@ -51,13 +53,14 @@ mod stats;
 pub mod zoned;
 
 pub use config::{
-    Capabilities, ControllerConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, RETRY_DELAYS,
+    Capabilities, ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT,
+    MAX_NAMESPACES, RETRY_DELAYS,
 };
 pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use lifecycle::Lifecycle;
-pub use namespace::Namespace;
+pub use namespace::{format_index, LbaFormatDef, Namespace, LBA_FORMATS};
 pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};

@@ -5,8 +5,30 @@ use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo};
 
-/// Supported LBA data sizes as log2, indexed by LBA format (Identify Namespace LBAF).
-pub const LBA_FORMATS: [u8; 2] = [9, 12];
+/// One LBA format: the data size as log2, and the metadata bytes per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LbaFormatDef {
+    pub shift: u8,
+    pub ms: u16,
+}
+
+const fn lbaf(shift: u8, ms: u16) -> LbaFormatDef {
+    LbaFormatDef { shift, ms }
+}
+
+/// The LBA formats, indexed as Identify Namespace LBAF lists them: the first
+/// [`PLAIN_FORMATS`] without metadata (every namespace), then those with (a
+/// namespace that can keep metadata, [`Namespace::meta`]).
+pub const LBA_FORMATS: [LbaFormatDef; 6] =
+    [lbaf(9, 0), lbaf(12, 0), lbaf(9, 8), lbaf(12, 8), lbaf(12, 16), lbaf(12, 64)];
+
+/// How many of [`LBA_FORMATS`] have no metadata.
+pub const PLAIN_FORMATS: usize = 2;
+
+/// The index of the format of `2^shift`-byte blocks with `ms` bytes of metadata.
+pub fn format_index(shift: u8, ms: u16) -> Option<u8> {
+    LBA_FORMATS.iter().position(|f| *f == lbaf(shift, ms)).map(|i| i as u8)
+}
 
 /// Every NSID the controller reports (Identify NN), each inactive (None) or active:
 /// read-only and shared by the admin side and every engine, replaced as a whole when
@@ -66,6 +88,11 @@ pub struct Namespace {
     pub stats: crate::stats::NsStats,
     /// A zoned namespace's zones (None: a namespace of the NVM command set).
     pub zones: Option<crate::zoned::Zones>,
+    /// Where its blocks' metadata is kept (None: it has only the formats without).
+    pub meta: Option<crate::metadata::MetaStore>,
+    /// End-to-end Data Protection Type Settings (Identify DPS: the PI type, and
+    /// bit 3 for the first bytes of the metadata); changes only through Format NVM.
+    dps: AtomicU8,
 }
 
 impl Namespace {
@@ -89,14 +116,24 @@ impl Namespace {
             backend,
             size: AtomicU64::new(info.size),
             info,
-            lba_format: AtomicU8::new(lba_format.min(LBA_FORMATS.len() as u8 - 1)),
+            lba_format: AtomicU8::new(lba_format.min(PLAIN_FORMATS as u8 - 1)),
             nguid,
             eui64,
             uuid,
             timeout_ns: 0,
             stats: Default::default(),
             zones: None,
+            meta: None,
+            dps: AtomicU8::new(0),
         }
+    }
+
+    /// Gives it a metadata store (formats with metadata become possible), in LBA
+    /// format `lba_format` with protection settings `dps`. The caller checked both.
+    pub fn with_metadata(mut self, store: crate::metadata::MetaStore, dps: u8) -> Self {
+        self.meta = Some(store);
+        self.dps = AtomicU8::new(dps);
+        self
     }
 
     /// Makes it a zoned namespace of `zones`: its size is what they span.
@@ -125,13 +162,47 @@ impl Namespace {
         self.lba_format.load(Ordering::Acquire)
     }
 
-    pub fn set_lba_format(&self, f: u8) {
+    /// Puts format `f` with protection settings `dps` into effect (the caller
+    /// checked the namespace can have them).
+    pub fn set_lba_format(&self, f: u8, dps: u8) {
+        self.dps.store(dps, Ordering::Release);
         self.lba_format.store(f, Ordering::Release);
+    }
+
+    /// The number of LBA formats it offers (Identify NLBAF plus one).
+    pub fn format_count(&self) -> usize {
+        if self.meta.is_some() {
+            LBA_FORMATS.len()
+        } else {
+            PLAIN_FORMATS
+        }
     }
 
     /// log2 of the LBA data size.
     pub fn lba_shift(&self) -> u32 {
-        LBA_FORMATS[self.lba_format() as usize] as u32
+        LBA_FORMATS[self.lba_format() as usize].shift as u32
+    }
+
+    /// Metadata bytes per block in the current format.
+    pub fn meta_size(&self) -> u16 {
+        LBA_FORMATS[self.lba_format() as usize].ms
+    }
+
+    /// The protection settings (Identify DPS).
+    pub fn dps(&self) -> u8 {
+        self.dps.load(Ordering::Acquire)
+    }
+
+    /// The protection information of the current format (None: none).
+    pub fn protection(&self) -> Option<nvme_spec::pi::PiLayout> {
+        let dps = self.dps();
+        let ty = nvme_spec::pi::PiType::from_dps(dps)?;
+        let ms = self.meta_size() as usize;
+        (ms >= 8).then_some(nvme_spec::pi::PiLayout {
+            ty,
+            ms,
+            first: dps & nvme_spec::identify::dps::FIRST != 0,
+        })
     }
 
     /// Namespace size in bytes.
@@ -150,6 +221,23 @@ impl Namespace {
     }
 }
 
+/// Why protection settings `dps` cannot go with `ms` bytes of metadata per block,
+/// if they cannot: a type needs 8 bytes of metadata at least, bit 3 means nothing
+/// without a type, and no other bit is defined.
+pub(crate) fn format_fits(ms: u16, dps: u8) -> Result<(), &'static str> {
+    use nvme_spec::identify::dps;
+    if dps & !(dps::TYPE_MASK | dps::FIRST) != 0 || dps & dps::TYPE_MASK > 3 {
+        return Err("protection information type 1, 2 or 3 only");
+    }
+    if dps & dps::TYPE_MASK != 0 && ms < 8 {
+        return Err("protection information needs 8 bytes of metadata per block at least");
+    }
+    if dps == dps::FIRST {
+        return Err("a protection information location without a type");
+    }
+    Ok(())
+}
+
 fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
@@ -164,9 +252,19 @@ pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
 /// Namespace `nsid` as `n` describes it, or why it cannot be.
 pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) -> Result<Namespace, String> {
     let info = n.backend.info();
-    let Some(&lbads) = LBA_FORMATS.get(n.lba_format as usize) else {
+    let formats = if n.metadata.is_some() { LBA_FORMATS.len() } else { PLAIN_FORMATS };
+    let Some(f) = LBA_FORMATS[..formats].get(n.lba_format as usize) else {
         return Err(format!("namespace {nsid}: no LBA format {}", n.lba_format));
     };
+    let lbads = f.shift;
+    if let Some(m) = &n.metadata {
+        if let Err(e) = format_fits(f.ms, m.dps) {
+            return Err(format!("namespace {nsid}: {e}"));
+        }
+        if n.zoned.is_some() && f.ms > 0 {
+            return Err(format!("namespace {nsid}: a zoned namespace cannot have metadata (not yet)"));
+        }
+    }
     if !lba_fits(1 << lbads, info.block_size, info.size) {
         return Err(format!(
             "namespace {nsid} ({}): a {}-byte LBA does not suit the backend (block size {}, size {})",
@@ -176,7 +274,12 @@ pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) 
             info.size
         ));
     }
-    let ns = Namespace::new(nsid, n.backend.clone(), n.lba_format, serial).with_timeout(n.timeout);
+    let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
+    ns.lba_format = AtomicU8::new(n.lba_format);
+    if let Some(m) = &n.metadata {
+        let store = m.store.try_clone().map_err(|e| format!("namespace {nsid}: metadata file: {e}"))?;
+        ns = ns.with_metadata(store, m.dps);
+    }
     match &n.zoned {
         Some(z) => {
             let state = z.state_file.as_ref().map(|f| f.try_clone()).transpose();

@@ -95,6 +95,9 @@ pub struct NamespaceSaved {
     /// A zoned namespace's zone size and capacity (bytes).
     #[serde(default)]
     pub zone_layout: Option<(u64, u64)>,
+    /// Its protection settings (Identify DPS; 0: none).
+    #[serde(default)]
+    pub dps: u8,
 }
 
 /// Why a quiesce or a restore failed.

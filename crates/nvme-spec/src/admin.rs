@@ -445,6 +445,10 @@ impl FormatNvm<'_> {
     pub fn pi(&self) -> u8 {
         ((self.0.cdw10.get() >> 5) & 7) as u8
     }
+    /// Protection Information Location: the first bytes of the metadata (else the last).
+    pub fn pil(&self) -> bool {
+        self.0.cdw10.get() & (1 << 8) != 0
+    }
     /// Secure Erase Settings: 0 none, 1 user data erase, 2 cryptographic erase.
     pub fn ses(&self) -> u8 {
         ((self.0.cdw10.get() >> 9) & 7) as u8

@@ -39,6 +39,20 @@ impl ReadWrite<'_> {
     pub fn prinfo(&self) -> u8 {
         ((self.0.cdw12.get() >> 26) & 0xf) as u8
     }
+    /// Expected (reads) or Initial (writes) Logical Block Reference Tag, low 32
+    /// bits (Dword 14).
+    pub fn eilbrt(&self) -> u32 {
+        self.0.cdw14.get()
+    }
+    /// Expected Logical Block Application Tag, or the one written with PRACT
+    /// (Dword 15, 15:0).
+    pub fn elbat(&self) -> u16 {
+        self.0.cdw15.get() as u16
+    }
+    /// Expected Logical Block Application Tag Mask (Dword 15, 31:16).
+    pub fn elbatm(&self) -> u16 {
+        (self.0.cdw15.get() >> 16) as u16
+    }
     /// Write Zeroes: Deallocate (bit 25).
     pub fn deac(&self) -> bool {
         self.0.cdw12.get() & (1 << 25) != 0
@@ -222,6 +236,12 @@ impl Copy<'_> {
         ((self.0.cdw12.get() >> 8) & 0xf) as u8
     }
     /// Force Unit Access (CDW12 bit 30), for the writes of the destination.
+    /// Protection Information Read and Write fields (PRINFOR, 15:12; PRINFOW,
+    /// 29:26), together: zero when neither asks anything.
+    pub fn prinfo(&self) -> u8 {
+        let v = self.0.cdw12.get();
+        (((v >> 12) & 0xf) | (((v >> 26) & 0xf) << 4)) as u8
+    }
     pub fn fua(&self) -> bool {
         self.0.cdw12.get() & (1 << 30) != 0
     }

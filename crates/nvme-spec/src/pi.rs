@@ -95,6 +95,149 @@ impl Pi16 {
     }
 }
 
+/// The Protection Information field of Read, Write, Compare, Verify and Write
+/// Zeroes (PRINFO, Dword 12 bits 29:26).
+pub mod prinfo {
+    /// Protection Information Action: the controller inserts (writes) or strips
+    /// (reads) the protection information.
+    pub const PRACT: u8 = 1 << 3;
+    /// Check the guard field.
+    pub const PRCHK_GUARD: u8 = 1 << 2;
+    /// Check the application tag field.
+    pub const PRCHK_APP: u8 = 1 << 1;
+    /// Check the reference tag field.
+    pub const PRCHK_REF: u8 = 1 << 0;
+    pub const PRCHK_MASK: u8 = 0b111;
+}
+
+/// Protection information types (DPS bits 2:0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiType {
+    /// Reference tag: the low 32 bits of the block's LBA.
+    Type1,
+    /// Reference tag: the command's initial reference tag plus the block's index.
+    Type2,
+    /// Reference tag: opaque, not incremented.
+    Type3,
+}
+
+impl PiType {
+    /// The type DPS bits 2:0 name (None: no protection information, or a reserved value).
+    pub fn from_dps(dps: u8) -> Option<PiType> {
+        match dps & 0b111 {
+            1 => Some(PiType::Type1),
+            2 => Some(PiType::Type2),
+            3 => Some(PiType::Type3),
+            _ => None,
+        }
+    }
+    pub fn dps_value(self) -> u8 {
+        match self {
+            PiType::Type1 => 1,
+            PiType::Type2 => 2,
+            PiType::Type3 => 3,
+        }
+    }
+}
+
+/// Which check a block's protection information failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiError {
+    Guard,
+    AppTag,
+    RefTag,
+}
+
+/// The 16-bit guard protection information of a namespace's format: its type, and
+/// where its 8 bytes sit in each block's `ms` bytes of metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PiLayout {
+    pub ty: PiType,
+    /// Metadata bytes per block (8 or more).
+    pub ms: usize,
+    /// The first 8 bytes of the metadata (DPS bit 3), else the last.
+    pub first: bool,
+}
+
+/// What a command says about its blocks' tags (Dwords 14 and 15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PiTags {
+    /// The first block's reference tag: expected (reads) or initial (writes).
+    pub ref_tag: u32,
+    pub app_tag: u16,
+    /// Which application tag bits are checked.
+    pub app_mask: u16,
+}
+
+impl PiLayout {
+    /// Where the protection information starts in a block's metadata.
+    pub fn offset(&self) -> usize {
+        if self.first {
+            0
+        } else {
+            self.ms - 8
+        }
+    }
+
+    /// The guard of a block whose data's CRC is `data_crc` and whose metadata is
+    /// `meta`: the CRC goes on over the metadata bytes before the protection
+    /// information (none when it comes first).
+    pub fn guard(&self, data_crc: u16, meta: &[u8]) -> u16 {
+        crc16_t10dif_update(data_crc, &meta[..self.offset()])
+    }
+
+    /// The reference tag of block `i` of a command whose first block's is `first`.
+    pub fn ref_tag(&self, first: u32, i: u32) -> u32 {
+        match self.ty {
+            PiType::Type3 => first,
+            PiType::Type1 | PiType::Type2 => first.wrapping_add(i),
+        }
+    }
+
+    /// The protection information of block `i` in `meta` (its `ms` bytes).
+    pub fn read(&self, meta: &[u8]) -> Pi16 {
+        let o = self.offset();
+        Pi16::from_bytes(meta[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Writes the protection information of a block into its metadata `meta`:
+    /// the guard over `data_crc` and the bytes before it, the tags of block `i`.
+    pub fn generate(&self, data_crc: u16, tags: PiTags, i: u32, meta: &mut [u8]) {
+        let pi = Pi16 {
+            guard: self.guard(data_crc, meta),
+            app_tag: tags.app_tag,
+            ref_tag: self.ref_tag(tags.ref_tag, i),
+        };
+        let o = self.offset();
+        meta[o..o + 8].copy_from_slice(&pi.to_bytes());
+    }
+
+    /// True if the checks of a block are disabled by its tags: an application tag
+    /// of FFFFh (types 1 and 2), with a reference tag of FFFFFFFFh (type 3).
+    pub fn escaped(&self, pi: Pi16) -> bool {
+        pi.app_tag == 0xffff && (self.ty != PiType::Type3 || pi.ref_tag == 0xffff_ffff)
+    }
+
+    /// Checks block `i`'s protection information in `meta` against its data's CRC
+    /// and the command's tags, for the checks `prchk` (PRINFO bits 2:0) asks.
+    pub fn check(&self, prchk: u8, data_crc: u16, meta: &[u8], tags: PiTags, i: u32) -> Result<(), PiError> {
+        let pi = self.read(meta);
+        if self.escaped(pi) {
+            return Ok(());
+        }
+        if prchk & prinfo::PRCHK_GUARD != 0 && pi.guard != self.guard(data_crc, meta) {
+            return Err(PiError::Guard);
+        }
+        if prchk & prinfo::PRCHK_APP != 0 && (pi.app_tag ^ tags.app_tag) & tags.app_mask != 0 {
+            return Err(PiError::AppTag);
+        }
+        if prchk & prinfo::PRCHK_REF != 0 && pi.ref_tag != self.ref_tag(tags.ref_tag, i) {
+            return Err(PiError::RefTag);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +277,63 @@ mod tests {
         let pi = Pi16 { guard: 0xd0db, app_tag: 0x1234, ref_tag: 0x0a0b_0c0d };
         assert_eq!(pi.to_bytes(), [0xd0, 0xdb, 0x12, 0x34, 0x0a, 0x0b, 0x0c, 0x0d]);
         assert_eq!(Pi16::from_bytes(pi.to_bytes()), pi);
+    }
+
+    fn layout(ty: PiType, ms: usize, first: bool) -> PiLayout {
+        PiLayout { ty, ms, first }
+    }
+
+    #[test]
+    fn generated_protection_information_checks_and_a_changed_byte_does_not() {
+        let data = [0x5au8; 512];
+        let crc = crc16_t10dif(&data);
+        let tags = PiTags { ref_tag: 100, app_tag: 0x1234, app_mask: 0xffff };
+        for (ty, ms, first) in [
+            (PiType::Type1, 8, true),
+            (PiType::Type2, 16, false),
+            (PiType::Type3, 16, true),
+            (PiType::Type1, 64, false),
+        ] {
+            let l = layout(ty, ms, first);
+            let mut buf = [7u8; 64];
+            let meta = &mut buf[..ms];
+            l.generate(crc, tags, 3, meta);
+            assert_eq!(l.check(prinfo::PRCHK_MASK, crc, meta, tags, 3), Ok(()), "{l:?}");
+            // The other bytes of the metadata are left as they were.
+            let o = l.offset();
+            assert!(meta[..o].iter().chain(&meta[o + 8..]).all(|&b| b == 7));
+            assert_eq!(l.check(prinfo::PRCHK_GUARD, crc ^ 1, meta, tags, 3), Err(PiError::Guard));
+            let other = PiTags { app_tag: 0x1235, ..tags };
+            assert_eq!(l.check(prinfo::PRCHK_APP, crc, meta, other, 3), Err(PiError::AppTag));
+            // Only the bits the mask names are compared.
+            let masked = PiTags { app_tag: 0x1235, app_mask: 0xfff0, ..tags };
+            assert_eq!(l.check(prinfo::PRCHK_APP, crc, meta, masked, 3), Ok(()));
+            // Not asked: not checked.
+            assert_eq!(l.check(prinfo::PRCHK_REF, crc ^ 1, meta, other, 3), Ok(()));
+            // Type 3 keeps one reference tag for every block; the others count up.
+            let ref_ok = l.check(prinfo::PRCHK_REF, crc, meta, tags, 4);
+            assert_eq!(ref_ok.is_ok(), ty == PiType::Type3, "{l:?}");
+            if !first {
+                // The guard covers the metadata bytes before the protection information.
+                meta[0] ^= 1;
+                assert_eq!(l.check(prinfo::PRCHK_GUARD, crc, meta, tags, 3), Err(PiError::Guard));
+            }
+        }
+    }
+
+    #[test]
+    fn all_ones_tags_disable_the_checks() {
+        let tags = PiTags { ref_tag: 5, app_tag: 0, app_mask: 0xffff };
+        let ones = [0xffu8; 8];
+        for ty in [PiType::Type1, PiType::Type2, PiType::Type3] {
+            assert_eq!(layout(ty, 8, true).check(prinfo::PRCHK_MASK, 0x1111, &ones, tags, 0), Ok(()));
+        }
+        // Type 3 needs the reference tag all ones too; types 1 and 2 do not.
+        let app_only = Pi16 { guard: 0, app_tag: 0xffff, ref_tag: 9 }.to_bytes();
+        assert_eq!(layout(PiType::Type1, 8, true).check(prinfo::PRCHK_MASK, 1, &app_only, tags, 0), Ok(()));
+        assert_eq!(
+            layout(PiType::Type3, 8, true).check(prinfo::PRCHK_GUARD, 1, &app_only, tags, 0),
+            Err(PiError::Guard)
+        );
     }
 }

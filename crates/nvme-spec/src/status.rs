@@ -136,6 +136,11 @@ impl Status {
     // Media and Data Integrity Errors (Base §4.2.3.3, Figure 104; NVM values).
     pub const WRITE_FAULT: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x81);
+    pub const END_TO_END_GUARD_CHECK_ERROR: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x82);
+    pub const END_TO_END_APPLICATION_TAG_CHECK_ERROR: Status =
+        Status::new(StatusCodeType::MediaAndDataIntegrity, 0x83);
+    pub const END_TO_END_REFERENCE_TAG_CHECK_ERROR: Status =
+        Status::new(StatusCodeType::MediaAndDataIntegrity, 0x84);
     pub const COMPARE_FAILURE: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x85);
     pub const ACCESS_DENIED: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x86);
     pub const DEALLOCATED_OR_UNWRITTEN: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x87);

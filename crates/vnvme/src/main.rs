@@ -8,6 +8,7 @@ mod docs;
 mod endpoint;
 mod identify;
 mod logging;
+mod metaspec;
 mod metrics;
 mod nsspec;
 mod perf;

@@ -32,7 +32,8 @@
 //!                          5/6 of a shorter timeout; shorter than the timeout)
 //!
 //! Any kind can be zoned: zoned=SIZE, zone-cap=, max-open=, max-active=,
-//! zone-state= (see `zonespec`).
+//! zone-state= (see `zonespec`); or have metadata and protection information:
+//! ms=8|16|64, pi=0|1|2|3, pil=first|last, meta=PATH (see `metaspec`).
 //!
 //! A URI kind (nbd://, nvme://) takes its options after the URI, each as `:NAME=VALUE`
 //! with a NAME above: they are read from the end, so a URI keeps its own colons.
@@ -74,6 +75,8 @@ pub struct NsSpec {
     pub hold: Option<Duration>,
     /// A zoned namespace's options (None: the NVM command set).
     pub zoned: Option<crate::zonespec::ZoneSpec>,
+    /// Metadata and protection options (None: formats without metadata only).
+    pub meta: Option<crate::metaspec::MetaSpec>,
 }
 
 /// How long commands wait for an nbd:// or rbd: namespace's storage to come back by
@@ -82,8 +85,21 @@ pub struct NsSpec {
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
 
 /// Options a URI kind takes after its URI (`:NAME=VALUE`).
-const URI_OPTIONS: [&str; 9] =
-    ["lba", "fault", "timeout", "hold", "zoned", "zone-cap", "max-open", "max-active", "zone-state"];
+const URI_OPTIONS: [&str; 13] = [
+    "lba",
+    "fault",
+    "timeout",
+    "hold",
+    "zoned",
+    "zone-cap",
+    "max-open",
+    "max-active",
+    "zone-state",
+    "ms",
+    "pi",
+    "pil",
+    "meta",
+];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -190,6 +206,14 @@ impl Engine {
     }
 }
 
+/// What an earlier process kept of a `ram:` namespace (an upgrade): the memory its
+/// data is in, and its metadata's.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub data: Option<std::os::fd::OwnedFd>,
+    pub meta: Option<std::os::fd::OwnedFd>,
+}
+
 /// An opened namespace: its backend and LBA format.
 #[derive(Debug)]
 pub struct Opened {
@@ -200,6 +224,8 @@ pub struct Opened {
     pub timeout: Option<Duration>,
     /// A zoned namespace's layout, its state file open.
     pub zoned: Option<nvme_ctrl::zoned::ZonedConfig>,
+    /// Its metadata store, open, and starting protection settings.
+    pub metadata: Option<nvme_ctrl::MetadataConfig>,
 }
 
 impl Opened {
@@ -208,6 +234,7 @@ impl Opened {
         NamespaceConfig {
             timeout: self.timeout,
             zoned: self.zoned.clone(),
+            metadata: self.metadata.clone(),
             ..NamespaceConfig::new(self.backend.clone(), self.lba_format)
         }
     }
@@ -216,7 +243,7 @@ impl Opened {
 impl NsSpec {
     /// Opens the backend and settles the LBA format.
     pub fn open(&self) -> std::io::Result<Opened> {
-        self.open_with(None)
+        self.open_with(Kept::default())
     }
 
     /// What an operator's `--ns` (or `ns.add`) must not do silently: give a size to a
@@ -250,8 +277,9 @@ impl NsSpec {
     }
 
     /// [`NsSpec::open`]; a `ram:` namespace takes the memory an earlier process kept
-    /// its data in (an upgrade), if given.
-    pub fn open_with(&self, memory: Option<std::os::fd::OwnedFd>) -> std::io::Result<Opened> {
+    /// its data (and metadata) in (an upgrade), if given.
+    pub fn open_with(&self, kept: Kept) -> std::io::Result<Opened> {
+        let memory = kept.data;
         let ctx = |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
         let mut needs = Needs::default();
         let backend: Arc<dyn Backend> = match &self.kind {
@@ -322,6 +350,13 @@ impl NsSpec {
             None => 0,
         };
         let lba = if lba_format == 0 { 512 } else { 4096 };
+        // Metadata starts the namespace in a format with it (lba= picked its block size).
+        let lba_format = match &self.meta {
+            Some(m) if m.ms > 0 => m.format_index(Some(lba_format)).ok_or_else(|| {
+                std::io::Error::other(format!("ms={} does not go with {lba}-byte blocks", m.ms))
+            })?,
+            _ => lba_format,
+        };
         if info.size < lba || !info.size.is_multiple_of(lba) {
             return Err(std::io::Error::other(format!(
                 "{}: size {} is not a non-zero multiple of the {lba}-byte LBA",
@@ -334,16 +369,23 @@ impl NsSpec {
             let rules = self.faults.iter().cloned().map(|r| r.lba_size(lba)).collect();
             Arc::new(FaultBackend::new(backend, rules))
         };
+        let home = || match &self.kind {
+            Kind::File(p) if std::fs::metadata(p).is_ok_and(|m| m.is_file()) => StateHome::Beside(p),
+            Kind::File(_) => StateHome::Required("on a block device"),
+            Kind::Ram | Kind::Null(_) => StateHome::Memory,
+            _ => StateHome::Required("on storage outside this host"),
+        };
         let zoned = match &self.zoned {
-            Some(z) => Some(z.open(match &self.kind {
-                Kind::File(p) if std::fs::metadata(p).is_ok_and(|m| m.is_file()) => StateHome::Beside(p),
-                Kind::File(_) => StateHome::Required("on a block device"),
-                Kind::Ram | Kind::Null(_) => StateHome::Memory,
-                _ => StateHome::Required("on storage outside this host"),
-            })?),
+            Some(z) => Some(z.open(home())?),
             None => None,
         };
-        Ok(Opened { backend, lba_format, needs, timeout: self.timeout, zoned })
+        let metadata = match &self.meta {
+            // A null: namespace keeps no metadata, as it keeps no data.
+            Some(m) if matches!(self.kind, Kind::Null(_)) => Some(m.open(StateHome::Nowhere, None)?),
+            Some(m) => Some(m.open(home(), kept.meta)?),
+            None => None,
+        };
+        Ok(Opened { backend, lba_format, needs, timeout: self.timeout, zoned, metadata })
     }
 
     /// A short description for logs.
@@ -387,6 +429,7 @@ impl FromStr for NsSpec {
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             hold: None,
             zoned: None,
+            meta: None,
         };
         let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
         let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
@@ -480,7 +523,9 @@ impl NsSpec {
     fn set_option(&mut self, opt: &str) -> Result<(), String> {
         let spec = self;
         if let Some((k, v)) = opt.split_once('=') {
-            if ZoneSpec::set_option(&mut spec.zoned, k, v)? {
+            if ZoneSpec::set_option(&mut spec.zoned, k, v)?
+                || crate::metaspec::MetaSpec::set_option(&mut spec.meta, k, v)?
+            {
                 return Ok(());
             }
         }
@@ -518,10 +563,10 @@ impl NsSpec {
             Some(("hold", v)) => spec.hold = Some(parse_timeout(v)?.unwrap_or(Duration::ZERO)),
             _ => {
                 return Err(format!(
-                    "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, zoned={}{})",
-                    if spec.kind.waits_for_storage() { ", hold=" } else { "" },
-                    spec.kind.own_options()
-                ))
+                "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, zoned=, ms=, pi={}{})",
+                if spec.kind.waits_for_storage() { ", hold=" } else { "" },
+                spec.kind.own_options()
+            ))
             }
         }
         Ok(())
@@ -533,6 +578,12 @@ impl NsSpec {
         let spec = self;
         if let Some(z) = &spec.zoned {
             z.checked()?;
+        }
+        if let Some(m) = &spec.meta {
+            m.checked(spec.lba_format)?;
+            if spec.zoned.is_some() {
+                return Err("a zoned namespace cannot have metadata (ms=, pi=, meta=) yet".into());
+            }
         }
         #[cfg(feature = "rbd")]
         if matches!(spec.kind, Kind::Rbd(_)) && spec.size.is_some() {

@@ -279,12 +279,11 @@ pub fn takeover(
                         n.spec.parse().map_err(|e| format!("namespace {}: {e}", n.nsid))?;
                     // Its size now (it may have been resized), not as first given.
                     spec.size = size.or(spec.size);
-                    let memory = n
-                        .memory
-                        .map(|i| h.take(h.saved.extra_fds[i]))
-                        .transpose()
-                        .map_err(|e| e.to_string())?;
-                    spec.open_with(memory).map_err(|e| format!("namespace {}: {e}", n.nsid))?
+                    let mut take = |i: Option<usize>| {
+                        i.map(|i| h.take(h.saved.extra_fds[i])).transpose().map_err(|e| e.to_string())
+                    };
+                    let kept = crate::nsspec::Kept { data: take(n.memory)?, meta: take(n.meta_memory)? };
+                    spec.open_with(kept).map_err(|e| format!("namespace {}: {e}", n.nsid))?
                 }
             };
             namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });

@@ -92,6 +92,9 @@ pub struct NsSaved {
     pub spec: String,
     /// A RAM namespace's memfd.
     pub memory: Option<usize>,
+    /// A RAM namespace's metadata memfd.
+    #[serde(default)]
+    pub meta_memory: Option<usize>,
     /// The QoS group it draws from (a named one, or its own), and its limits.
     pub group: Option<String>,
     pub limits: Option<QosLimits>,
@@ -179,9 +182,25 @@ fn start_hand_over(
                 Some(fd) => Some(push(&mut fds, fd.map_err(|e| format!("namespace {}: {e}", ns.nsid))?)),
                 None => None,
             };
+            // Its metadata lives in memory too: the next process maps the same.
+            let meta = ns.meta.as_ref().and_then(|m| m.fd()).filter(|_| memory.is_some());
+            let meta_memory = match meta {
+                Some(fd) => Some(push(
+                    &mut fds,
+                    fd.try_clone_to_owned().map_err(|e| format!("namespace {}: metadata: {e}", ns.nsid))?,
+                )),
+                None => None,
+            };
             let qos = d.ctrl.qos(ns.nsid);
             let (group, limits) = (qos.as_ref().map(|g| g.name.clone()), qos.map(|g| g.limits()));
-            namespaces.push(NsSaved { nsid: ns.nsid, spec: spec.clone(), memory, group, limits });
+            namespaces.push(NsSaved {
+                nsid: ns.nsid,
+                spec: spec.clone(),
+                memory,
+                meta_memory,
+                group,
+                limits,
+            });
         }
         let extra = Extra { prepared: now, namespaces, control, metrics, stderr };
         let extra = serde_json::to_value(extra).map_err(|e| e.to_string())?;

@@ -40,6 +40,8 @@ pub enum StateHome<'a> {
     Beside(&'a Path),
     /// In memory: the data does not outlive the process either.
     Memory,
+    /// Not kept at all (a `null:` namespace keeps no data either).
+    Nowhere,
     /// Nowhere by default: the operator must name a file.
     Required(&'static str),
 }
@@ -95,7 +97,7 @@ impl ZoneSpec {
                 p.push(".zones");
                 Some(PathBuf::from(p))
             }
-            (None, StateHome::Memory) => None,
+            (None, StateHome::Memory | StateHome::Nowhere) => None,
             (None, StateHome::Required(why)) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,

@@ -12,6 +12,8 @@ pub(crate) struct FormatJob {
     pub cid: u16,
     /// The LBA format the namespaces take when it ends.
     pub lbaf: u8,
+    /// The protection settings (Identify DPS) they take with it.
+    pub dps: u8,
     pub targets: Vec<Arc<Namespace>>,
     /// The namespace being erased (index into `targets`) and the bytes done.
     pub at: usize,

@@ -60,8 +60,20 @@ impl Admin<'_> {
         } else {
             vec![self.active_ns(nsid)?]
         };
-        if f.lbaf() as usize >= LBA_FORMATS.len() || f.mset() || f.pi() != 0 {
-            // No metadata and no protection information formats exist.
+        // Protection information type and location (PIL means nothing without a type).
+        let dps = match f.pi() {
+            0 => 0,
+            pi => pi | if f.pil() { nvme_spec::identify::dps::FIRST } else { 0 },
+        };
+        let lbaf = f.lbaf();
+        let fits = |ns: &Arc<Namespace>| {
+            let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
+            crate::namespace::format_fits(def.ms, dps).is_ok() && (def.ms == 0 || ns.zones.is_none())
+        };
+        // Metadata only in a separate buffer (MSET 1, extended LBAs, is not offered);
+        // formats with metadata only where it can be kept; a PI type only with
+        // metadata for it.
+        if f.mset() || !targets.iter().all(fits) {
             return status(Status::INVALID_FORMAT);
         }
         let erase = match f.ses() {
@@ -69,7 +81,7 @@ impl Admin<'_> {
             1 => true,
             _ => return Err(CommandError::InvalidField("cryptographic erase is not supported")),
         };
-        let lba = 1u64 << LBA_FORMATS[f.lbaf() as usize];
+        let lba = 1u64 << LBA_FORMATS[lbaf as usize].shift;
         if targets.iter().any(|ns| !crate::namespace::lba_fits(lba, ns.info.block_size, ns.size())) {
             // The backend cannot do blocks that small (or its size is not a multiple).
             return status(Status::INVALID_FORMAT);
@@ -78,11 +90,11 @@ impl Admin<'_> {
             return status(Status::FORMAT_IN_PROGRESS);
         }
         if !erase {
-            self.apply_format(&targets, f.lbaf(), false);
+            self.apply_format(&targets, lbaf, dps, false);
             return done();
         }
         self.admin.format =
-            Some(FormatJob { cid: sqe.cid(), lbaf: f.lbaf(), targets, at: 0, done: 0, piece: None });
+            Some(FormatJob { cid: sqe.cid(), lbaf, dps, targets, at: 0, done: 0, piece: None });
         self.advance_format();
         Ok(AdminDone::Deferred)
     }
@@ -145,7 +157,7 @@ impl Admin<'_> {
             Some(result) => {
                 let status = match result {
                     Ok(()) => {
-                        self.apply_format(&job.targets, job.lbaf, true);
+                        self.apply_format(&job.targets, job.lbaf, job.dps, true);
                         Status::SUCCESS
                     }
                     Err(e) => {
@@ -160,16 +172,31 @@ impl Admin<'_> {
         progress
     }
 
-    /// Puts LBA format `lbaf` into effect on `targets` and tells the host.
-    fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, erase: bool) {
+    /// Puts LBA format `lbaf` with protection settings `dps` into effect on
+    /// `targets` and tells the host. Metadata kept in another layout means nothing
+    /// in this one: it starts over never written (so unchecked), as after an erase.
+    fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, dps: u8, erase: bool) {
         for ns in targets {
-            ns.set_lba_format(lbaf);
+            let changed = (ns.lba_format(), ns.dps()) != (lbaf, dps);
+            if let Some(m) = ns.meta.as_ref().filter(|_| changed || erase) {
+                if let Err(e) = m.clear_all() {
+                    log_limit::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "cannot clear the metadata: {e}");
+                }
+            }
+            ns.set_lba_format(lbaf, dps);
             // A formatted zoned namespace starts over with every zone empty.
             if let Some(z) = &ns.zones {
                 z.reset_controller(true);
             }
             self.events.namespace_changed(ns.nsid);
-            info!(nsid = ns.nsid, lba_size = 1u32 << ns.lba_shift(), erase, "namespace formatted");
+            info!(
+                nsid = ns.nsid,
+                lba_size = 1u32 << ns.lba_shift(),
+                metadata = ns.meta_size(),
+                pi = dps & nvme_spec::identify::dps::TYPE_MASK,
+                erase,
+                "namespace formatted"
+            );
         }
         if self.admin.features.aec.ns_attribute_notices() {
             self.events.raise(AsyncEvent {

@@ -4,8 +4,8 @@
 
 use nvme_spec::admin::Identify;
 use nvme_spec::identify::{
-    active_ns_list, ascii_pad, cns, cntrltype, dlfeat, frmw, lpa, nidt, ns_descriptor_list, nul_pad, oacs,
-    oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace, IoCommandSetNvmController, LbaFormat,
+    active_ns_list, ascii_pad, cns, cntrltype, dlfeat, dpc, frmw, lpa, mc, nidt, ns_descriptor_list, nul_pad,
+    oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace, IoCommandSetNvmController, LbaFormat,
 };
 use nvme_spec::regs::NVME_VERSION_1_4;
 use nvme_spec::zns::{IdentifyControllerZns, IdentifyNamespaceZns, ZoneFormatExtension, CSI_NVM, CSI_ZNS};
@@ -175,14 +175,23 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.nsze = U64::new(nsze);
     d.ncap = U64::new(nsze);
     d.nuse = U64::new(nsze);
-    d.nlbaf = (LBA_FORMATS.len() - 1) as u8;
-    d.flbas = ns.lba_format();
+    let formats = &LBA_FORMATS[..ns.format_count()];
+    d.nlbaf = (formats.len() - 1) as u8;
+    // Metadata goes in a separate buffer (MPTR) only: no extended LBAs.
+    d.flbas = nvme_spec::identify::flbas::from_index(ns.lba_format(), false);
+    if ns.meta.is_some() {
+        d.mc = mc::SEPARATE;
+        d.dpc = dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST;
+        d.dps = ns.dps();
+    }
     if ns.info.discard && ns.info.discard_zeroes {
         d.dlfeat = dlfeat::READ_ZEROES | dlfeat::WRITE_ZEROES_DEALLOC;
     }
-    for (i, &lbads) in LBA_FORMATS.iter().enumerate() {
-        // Relative performance: 4 KiB is "better" (0), 512 B "good" (1).
-        d.lbaf[i] = LbaFormat { ms: U16::new(0), lbads, rp: if lbads == 12 { 0 } else { 1 } };
+    for (i, f) in formats.iter().enumerate() {
+        // Relative performance: 4 KiB is "best" (0), 512 B "better" (1), either
+        // with metadata (kept apart from the data) "good" (2).
+        let rp = (f.shift != 12) as u8 + if f.ms > 0 { 1 } else { 0 };
+        d.lbaf[i] = LbaFormat { ms: U16::new(f.ms), lbads: f.shift, rp };
     }
     let (mssrl, mcl, msrc) = crate::io::copy_limits(ns.lba_shift());
     d.mssrl = U16::new(mssrl);
@@ -205,8 +214,8 @@ fn zoned_namespace_data(ns: &Namespace) -> IdentifyNamespaceZns {
         mor: limit(cfg.max_open),
         ..Default::default()
     };
-    for (i, &lbads) in LBA_FORMATS.iter().enumerate() {
-        d.lbafe[i] = ZoneFormatExtension { zsze: U64::new(cfg.zone_size >> lbads), ..Default::default() };
+    for (i, f) in LBA_FORMATS[..ns.format_count()].iter().enumerate() {
+        d.lbafe[i] = ZoneFormatExtension { zsze: U64::new(cfg.zone_size >> f.shift), ..Default::default() };
     }
     d
 }

@@ -119,6 +119,7 @@ impl Controller {
                     nsid: n.nsid,
                     size: n.size(),
                     lba_format: n.lba_format(),
+                    dps: n.dps(),
                     zones: n.zones.as_ref().map(|z| z.save()),
                     zone_layout: n.zones.as_ref().map(|z| z.layout()),
                 })
@@ -196,19 +197,26 @@ impl Controller {
         if mine != theirs {
             return Err(format!("namespaces (NSID, bytes) {theirs:?}, here {mine:?}"));
         }
-        let formats = crate::namespace::LBA_FORMATS.len();
-        if let Some(n) = s.namespaces.iter().find(|n| n.lba_format as usize >= formats) {
-            return Err(format!(
-                "namespace {}: LBA format {} (this controller has {formats})",
-                n.nsid, n.lba_format
-            ));
+        for n in &s.namespaces {
+            let ns = self.namespaces().find(|x| x.nsid == n.nsid).expect("the same NSIDs (above)");
+            let formats = ns.format_count();
+            if n.lba_format as usize >= formats {
+                return Err(format!(
+                    "namespace {}: LBA format {} (it has {formats} here{})",
+                    n.nsid,
+                    n.lba_format,
+                    if ns.meta.is_none() { ": no metadata store" } else { "" }
+                ));
+            }
+            let ms = crate::namespace::LBA_FORMATS[n.lba_format as usize].ms;
+            crate::namespace::format_fits(ms, n.dps).map_err(|e| format!("namespace {}: {e}", n.nsid))?;
         }
         for n in &s.namespaces {
             let here = self.namespaces().find(|x| x.nsid == n.nsid).and_then(|x| x.zones.as_ref());
             match (here, &n.zones) {
                 (None, None) => {}
                 (Some(z), Some(saved)) => {
-                    let shift = crate::namespace::LBA_FORMATS[n.lba_format as usize] as u32;
+                    let shift = crate::namespace::LBA_FORMATS[n.lba_format as usize].shift as u32;
                     z.check_saved(saved, n.zone_layout, shift)
                         .map_err(|e| format!("namespace {}: {e}", n.nsid))?
                 }
@@ -263,7 +271,7 @@ impl Controller {
         }
         for n in &s.namespaces {
             if let Some(ns) = self.namespaces().find(|x| x.nsid == n.nsid) {
-                ns.set_lba_format(n.lba_format);
+                ns.set_lba_format(n.lba_format, n.dps);
                 if let (Some(z), Some(saved)) = (&ns.zones, &n.zones) {
                     z.restore(saved);
                 }

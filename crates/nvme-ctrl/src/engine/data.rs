@@ -293,17 +293,18 @@ impl IoEngine {
                 failed = Some((f.nsid, f.slba, f.op, f.status));
             }
             Err(_) => {}
-            Ok(()) => {
-                if let (Finish::Compare(segs), DataBuf::Host(buf)) = (&f.finish, &c.data) {
-                    if f.status.is_success() {
-                        f.status = match compare(&self.mem, segs, buf) {
-                            Ok(true) => Status::SUCCESS,
-                            Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
-                            Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
-                        };
-                    }
+            Ok(()) if f.status.is_success() => match (&f.finish, &c.data) {
+                (Finish::Compare(segs), DataBuf::Host(buf)) => {
+                    f.status = match compare(&self.mem, segs, buf) {
+                        Ok(true) => Status::SUCCESS,
+                        Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
+                        Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
+                    };
                 }
-            }
+                (Finish::Meta(job), data) => f.status = job.finish(&self.mem, data, f.nsid, f.slba),
+                _ => {}
+            },
+            Ok(()) => {}
         }
         let done = f.remaining == 0;
         let into_guest = matches!(f.op, Op::Read);
@@ -358,7 +359,7 @@ impl IoEngine {
                         result = write.offset >> shift;
                     }
                 }
-                Finish::Plain => {}
+                Finish::Plain | Finish::Meta(_) => {}
             }
             self.complete_wide(f.sqid, f.cid, f.status, result, f.nsid, f.slba);
         }

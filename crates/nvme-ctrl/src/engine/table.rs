@@ -26,6 +26,9 @@ pub(crate) enum Finish {
     /// A write to a zoned namespace: its zone's pointer moves when it is done, and
     /// a Zone Append completes with the LBA it went to.
     Zoned { write: ZoneWrite, append: bool },
+    /// A read of a namespace with metadata: check the data against its protection
+    /// information, then hand the metadata to the host.
+    Meta(Box<crate::io::MetaRead>),
 }
 
 /// A command whose backend requests have not all completed.

@@ -35,6 +35,14 @@ impl IoEngine {
         } else {
             Vec::new()
         };
+        // Deallocated blocks' metadata reads as never written (unchecked) from now.
+        let ms = ns.meta_size() as u64;
+        if let Some(store) = ns.meta.as_ref().filter(|_| ms > 0 && !work.is_empty()) {
+            for r in ranges.iter().filter(|r| r.nlb.get() > 0) {
+                let cleared = store.clear(r.slba.get() * ms, r.nlb.get() as u64 * ms);
+                cleared.map_err(|e| CommandError::Backend { write: true, source: e.into() })?;
+            }
+        }
         Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work, Finish::Plain))
     }
 }

@@ -3,10 +3,12 @@
 mod copy;
 mod dsm;
 mod flush;
+mod meta;
 mod rw;
 mod zns;
 
 pub(crate) use copy::copy_limits;
+pub(crate) use meta::{pi_status, MetaRead};
 
 use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;

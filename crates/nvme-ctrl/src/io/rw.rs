@@ -16,8 +16,8 @@ impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         // Its size and LBA format, read in place: no reference taken per command.
-        let (nsze, shift, zoned) =
-            self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift(), ns.zones.is_some()))?;
+        let (nsze, shift, zoned, ms) =
+            self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift(), ns.zones.is_some(), ns.meta_size()))?;
         let rw = ReadWrite(sqe);
         let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
         match slba.checked_add(nlb) {
@@ -33,6 +33,11 @@ impl IoEngine {
                 op::READ | op::COMPARE | op::VERIFY => self.zoned_check_read(nsid, offset, len)?,
                 _ => return self.zoned_write(sqid, sqe, shift),
             }
+        }
+        // Metadata moves beside the data (but a Compare compares the data alone).
+        if ms != 0 && opcode != op::COMPARE {
+            let ns = self.namespace(nsid)?;
+            return self.read_write_meta(sqid, sqe, &ns, slba, nlb);
         }
         // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
         // by their own limits (WZSL = 0: none; VSL = MDTS) rather than MDTS.

@@ -19,7 +19,7 @@ pub use ctrl::{
 pub use lists::{
     active_ns_list, nidt, ns_descriptor_list, ActiveNamespaceList, NsIdDescriptorHeader, NS_LIST_MAX,
 };
-pub use ns::{dlfeat, flbas, nsfeat, IdentifyNamespace, LbaFormat};
+pub use ns::{dlfeat, dpc, dps, flbas, mc, nsfeat, IdentifyNamespace, LbaFormat};
 
 /// Size of every Identify data structure.
 pub const IDENTIFY_DATA_SIZE: usize = 4096;

@@ -186,6 +186,32 @@ pub mod dlfeat {
     pub const GUARD_CRC: u8 = 1 << 4;
 }
 
+/// Metadata Capabilities (MC) bits.
+pub mod mc {
+    /// Metadata may be transferred as part of an extended data LBA.
+    pub const EXTENDED: u8 = 1 << 0;
+    /// Metadata may be transferred in a separate buffer (MPTR).
+    pub const SEPARATE: u8 = 1 << 1;
+}
+
+/// End-to-end Data Protection Capabilities (DPC) bits.
+pub mod dpc {
+    pub const TYPE1: u8 = 1 << 0;
+    pub const TYPE2: u8 = 1 << 1;
+    pub const TYPE3: u8 = 1 << 2;
+    /// Protection information may be the first bytes of the metadata.
+    pub const FIRST: u8 = 1 << 3;
+    /// Protection information may be the last bytes of the metadata.
+    pub const LAST: u8 = 1 << 4;
+}
+
+/// End-to-end Data Protection Type Settings (DPS): the type in bits 2:0 (0: none),
+/// bit 3 set when the protection information is the metadata's first bytes.
+pub mod dps {
+    pub const TYPE_MASK: u8 = 0b111;
+    pub const FIRST: u8 = 1 << 3;
+}
+
 /// Formatted LBA Size (FLBAS) encoding.
 pub mod flbas {
     /// Metadata is transferred at the end of the data LBA (extended LBA).

@@ -1,0 +1,307 @@
+//! Read, Write, Verify and Write Zeroes on a namespace whose format has metadata
+//! (NVM §5.2.3 and §5.3): the metadata moves between the host's separate buffer
+//! (MPTR) and the namespace's metadata store, and protection information is
+//! generated (PRACT) or checked (PRCHK) block by block.
+//!
+//! A write's metadata is checked (or generated) and stored before its data goes to
+//! the backend, so a block whose protection information is wrong never lands; a
+//! read's data and metadata are checked when the data is back, before the host
+//! hears of it. With PRACT and metadata that is only the protection information
+//! (8 bytes), nothing moves through MPTR: the controller inserts it on writes and
+//! strips it on reads.
+
+use block_backend::{DataBuf, Op, SegmentCursor, SegmentError};
+use guest_mem::GuestMemory;
+use nvme_spec::command::Psdt;
+use nvme_spec::nvm::ReadWrite;
+use nvme_spec::opcode::nvm as op;
+use nvme_spec::pi::{crc16_t10dif, prinfo, PiError, PiLayout, PiTags, PiType};
+use nvme_spec::{Sqe, Status};
+
+use super::Started;
+use crate::dptr::Direction;
+use crate::engine::{Finish, IoEngine};
+use crate::error::{CmdResult, CommandError};
+use crate::namespace::Namespace;
+use crate::stats::Count;
+
+/// What a read of a namespace with metadata does once its data is back.
+#[derive(Debug)]
+pub(crate) struct MetaRead {
+    /// The blocks' metadata, read from the store when the command started.
+    meta: Vec<u8>,
+    /// Bytes of data per block.
+    block: usize,
+    ms: usize,
+    pi: Option<PiLayout>,
+    /// The checks asked for (PRINFO bits 2:0).
+    prchk: u8,
+    tags: PiTags,
+    /// Where the metadata goes in guest memory (None: nowhere: stripped, or a Verify).
+    to: Option<u64>,
+}
+
+impl MetaRead {
+    /// Checks the data read (`data`: guest segments or a host buffer of `len`
+    /// bytes) against the blocks' protection information, then hands the metadata
+    /// to the host. Returns the command's status.
+    pub(crate) fn finish(&self, mem: &GuestMemory, data: &DataBuf, nsid: u32, slba: u64) -> Status {
+        if let Some(l) = self.pi.filter(|_| self.prchk != 0) {
+            let len = (self.meta.len() / self.ms * self.block) as u64;
+            let r = each_block_crc(mem, data, len, self.block, |i, crc| {
+                let m = &self.meta[i as usize * self.ms..][..self.ms];
+                l.check(self.prchk, crc, m, self.tags, i).map_err(|e| (i, e))
+            });
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err((i, e))) => {
+                    log_limit::limited_warn!(
+                        target: "vnvme::guest",
+                        nsid, lba = slba + i as u64, check = ?e,
+                        "protection information check failed on a read"
+                    );
+                    return pi_status(e);
+                }
+                Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
+            }
+        }
+        if let Some(gpa) = self.to {
+            if mem.write(gpa, &self.meta).is_err() {
+                return Status::DATA_TRANSFER_ERROR.with_dnr();
+            }
+            if GuestMemory::logging_writes() {
+                mem.mark_dirty(gpa, self.meta.len() as u64);
+            }
+        }
+        Status::SUCCESS
+    }
+}
+
+/// The status of a failed protection information check.
+pub(crate) fn pi_status(e: PiError) -> Status {
+    match e {
+        PiError::Guard => Status::END_TO_END_GUARD_CHECK_ERROR,
+        PiError::AppTag => Status::END_TO_END_APPLICATION_TAG_CHECK_ERROR,
+        PiError::RefTag => Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR,
+    }
+    .with_dnr()
+}
+
+/// Calls `f(i, crc)` with the CRC-16 T10-DIF of each `block`-byte block of the
+/// `len` bytes of `data`, in order, until `f` fails.
+fn each_block_crc<E>(
+    mem: &GuestMemory,
+    data: &DataBuf,
+    len: u64,
+    block: usize,
+    mut f: impl FnMut(u32, u16) -> Result<(), E>,
+) -> Result<Result<(), E>, SegmentError> {
+    match data {
+        DataBuf::Host(buf) => {
+            for (i, b) in buf[..len as usize].chunks(block).enumerate() {
+                if let Err(e) = f(i as u32, crc16_t10dif(b)) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        DataBuf::Guest(segs) => {
+            let mut cur = SegmentCursor::for_transfer(segs, len)?;
+            let mut scratch = vec![0u8; block];
+            for i in 0..(len / block as u64) as u32 {
+                cur.read_into(mem, &mut scratch)?;
+                if let Err(e) = f(i, crc16_t10dif(&scratch)) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        DataBuf::None => {}
+    }
+    Ok(Ok(()))
+}
+
+/// A command's protection information fields, as they apply to `ns` now.
+struct Prot {
+    pi: Option<PiLayout>,
+    pract: bool,
+    prchk: u8,
+    tags: PiTags,
+}
+
+impl Prot {
+    fn of(ns: &Namespace, rw: &ReadWrite<'_>, prinfo_bits: u8) -> Prot {
+        let pi = ns.protection();
+        // Without protection information the field means nothing.
+        let bits = if pi.is_some() { prinfo_bits } else { 0 };
+        Prot {
+            pi,
+            pract: bits & prinfo::PRACT != 0,
+            prchk: bits & prinfo::PRCHK_MASK,
+            tags: PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() },
+        }
+    }
+
+    /// Whether the metadata moves through MPTR: not when PRACT inserts or strips
+    /// metadata that is only the protection information.
+    fn moved(&self) -> bool {
+        !(self.pract && self.pi.is_some_and(|l| l.ms == 8))
+    }
+
+    /// Type 1's reference tag is the LBA's low 32 bits: a command whose initial
+    /// reference tag says otherwise, and asks for it to be checked, is refused.
+    fn check_initial_ref(&self, slba: u64) -> CmdResult<()> {
+        let type1 = self.pi.is_some_and(|l| l.ty == PiType::Type1);
+        if type1 && self.prchk & prinfo::PRCHK_REF != 0 && self.tags.ref_tag != slba as u32 {
+            return Err(CommandError::InvalidProtection("type 1: the initial reference tag is not the LBA"));
+        }
+        Ok(())
+    }
+}
+
+impl IoEngine {
+    /// Read, Write, Verify or Write Zeroes of `nlb` blocks at `slba` of namespace
+    /// `ns` (already checked to be in range), whose format has metadata.
+    pub(crate) fn read_write_meta(
+        &mut self,
+        sqid: u16,
+        sqe: &Sqe,
+        ns: &Namespace,
+        slba: u64,
+        nlb: u64,
+    ) -> CmdResult<Started> {
+        let rw = ReadWrite(sqe);
+        let opcode = sqe.opcode();
+        let p = Prot::of(ns, &rw, rw.prinfo());
+        let (shift, ms) = (ns.lba_shift(), ns.meta_size() as u64);
+        let store = ns.meta.as_ref().expect("a format with metadata has a store");
+        let (offset, len) = (slba << shift, nlb << shift);
+        let (moff, mlen) = (slba * ms, (nlb * ms) as usize);
+        if opcode != op::WRITE_ZEROES && len > self.settings().mdts_bytes() {
+            return Err(CommandError::TooLarge(len));
+        }
+        p.check_initial_ref(slba)?;
+        // The host's metadata buffer, for the commands that move metadata.
+        let mptr = if matches!(opcode, op::READ | op::WRITE) && p.moved() {
+            if sqe.psdt() == Psdt::SglMptrSgl {
+                return Err(CommandError::InvalidField("metadata SGLs are not supported"));
+            }
+            let gpa = sqe.mptr.get();
+            if gpa & 3 != 0 {
+                return Err(CommandError::InvalidField("MPTR is not dword aligned"));
+            }
+            self.mem.check_range(gpa, mlen as u64)?;
+            Some(gpa)
+        } else {
+            None
+        };
+        let meta_err = |write| move |e: std::io::Error| CommandError::Backend { write, source: e.into() };
+        let fua = rw.fua() || !self.settings().write_cache();
+        match opcode {
+            op::WRITE => {
+                let data = DataBuf::Guest(self.data_segments(sqe, len, Direction::FromHost)?);
+                let stored = self.write_metadata(&p, mptr, &data, len, 1 << shift, mlen).and_then(|meta| {
+                    store.write(moff, &meta).map_err(meta_err(true))?;
+                    if fua {
+                        store.sync().map_err(meta_err(true))?;
+                    }
+                    Ok(())
+                });
+                if let Err(e) = stored {
+                    self.release_data(data, false);
+                    return Err(e);
+                }
+                self.count(Count::BytesWritten, len);
+                self.count(Count::WriteCommands, 1);
+                Ok(self.submit_one(
+                    sqid,
+                    sqe,
+                    ns.nsid,
+                    slba,
+                    Op::Write { fua },
+                    offset,
+                    len,
+                    data,
+                    Finish::Plain,
+                ))
+            }
+            op::READ | op::VERIFY => {
+                let mut meta = vec![0u8; mlen];
+                store.read(moff, &mut meta).map_err(meta_err(false))?;
+                let job = MetaRead {
+                    meta,
+                    block: 1 << shift,
+                    ms: ms as usize,
+                    pi: p.pi,
+                    prchk: p.prchk,
+                    tags: p.tags,
+                    to: mptr,
+                };
+                let finish = Finish::Meta(Box::new(job));
+                let data = if opcode == op::READ {
+                    let segs = self.data_segments(sqe, len, Direction::ToHost)?;
+                    self.count(Count::BytesRead, len);
+                    self.count(Count::ReadCommands, 1);
+                    DataBuf::Guest(segs)
+                } else {
+                    DataBuf::Host(self.host_buffer(len)?)
+                };
+                Ok(self.submit_one(sqid, sqe, ns.nsid, slba, Op::Read, offset, len, data, finish))
+            }
+            op::WRITE_ZEROES => {
+                if p.prchk != 0 {
+                    return Err(CommandError::InvalidProtection("Write Zeroes checks nothing"));
+                }
+                match p.pi.filter(|_| p.pract) {
+                    // Generated for blocks of zeroes (whose CRC is 0).
+                    Some(l) => {
+                        let mut meta = vec![0u8; mlen];
+                        for (i, m) in meta.chunks_mut(l.ms).enumerate() {
+                            l.generate(0, p.tags, i as u32, m);
+                        }
+                        store.write(moff, &meta).map_err(meta_err(true))?;
+                    }
+                    // Deallocated: never written; else zeroes, as the data.
+                    None if rw.deac() => store.clear(moff, mlen as u64).map_err(meta_err(true))?,
+                    None => store.write(moff, &vec![0u8; mlen]).map_err(meta_err(true))?,
+                }
+                if fua {
+                    store.sync().map_err(meta_err(true))?;
+                }
+                let op = Op::WriteZeroes { deallocate: rw.deac() };
+                Ok(self.submit_ranges(sqid, sqe, ns, slba, op, &[(offset, len)], Finish::Plain))
+            }
+            _ => unreachable!("dispatched by opcode"),
+        }
+    }
+
+    /// A write's metadata: the host's (from `mptr`), its protection information
+    /// generated (PRACT) or checked (PRCHK) against the data.
+    fn write_metadata(
+        &self,
+        p: &Prot,
+        mptr: Option<u64>,
+        data: &DataBuf,
+        len: u64,
+        block: usize,
+        mlen: usize,
+    ) -> CmdResult<Vec<u8>> {
+        let mut meta = vec![0u8; mlen];
+        if let Some(gpa) = mptr {
+            self.mem.read(gpa, &mut meta)?;
+        }
+        let Some(l) = p.pi.filter(|_| p.pract || p.prchk != 0) else { return Ok(meta) };
+        let r = each_block_crc(&self.mem, data, len, block, |i, crc| {
+            let m = &mut meta[i as usize * l.ms..][..l.ms];
+            if p.pract {
+                l.generate(crc, p.tags, i, m);
+                Ok(())
+            } else {
+                l.check(p.prchk, crc, m, p.tags, i)
+            }
+        });
+        match r {
+            Ok(Ok(())) => Ok(meta),
+            Ok(Err(e)) => Err(CommandError::Protection(e)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

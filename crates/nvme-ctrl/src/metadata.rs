@@ -1,0 +1,161 @@
+//! Where a namespace keeps its blocks' metadata (NVM §5.3 and §5.2.3): a file of
+//! its own, apart from the data, so the data stays a plain image any tool can read.
+//!
+//! Layout (docs/metadata.md has it for operators): block `n`'s metadata is the `ms`
+//! bytes at `n * ms`, `ms` being the current LBA format's metadata size; every byte
+//! is stored complemented. A block whose metadata was never written (a hole, or past
+//! the file's end) so reads as all ones: protection information with an application
+//! tag of FFFFh and a reference tag of FFFFFFFFh, which the checks of every type
+//! skip. A new namespace therefore reads without protection errors before the host
+//! wrote anything, and deallocating a range punches its metadata out.
+//!
+//! The file is a regular file beside the data (`FILE.meta`), one given by the
+//! operator, or a memfd (a `ram:` namespace: handed to the next process on an
+//! upgrade, like the data); a `null:` namespace keeps none (its data is not kept
+//! either). Metadata is at most 1/64 of the namespace's size (8 bytes per 512).
+//!
+//! Reads and writes are synchronous, on the engine's thread: a few bytes per block,
+//! in the page cache.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
+
+use rustix::fs::FallocateFlags;
+
+/// A namespace's metadata store.
+#[derive(Debug)]
+pub struct MetaStore {
+    /// None: metadata is not kept (reads as never written).
+    file: Option<File>,
+}
+
+impl MetaStore {
+    /// Metadata in `file` (a new one is empty: every block never written).
+    pub fn file(file: File) -> Self {
+        MetaStore { file: Some(file) }
+    }
+
+    /// Metadata in a memfd of its own.
+    #[cfg(test)]
+    fn memory() -> io::Result<Self> {
+        let fd = rustix::fs::memfd_create("vnvme-meta", rustix::fs::MemfdFlags::CLOEXEC)?;
+        Ok(MetaStore::file(File::from(fd)))
+    }
+
+    /// Metadata written nowhere, read as never written.
+    pub fn discard() -> Self {
+        MetaStore { file: None }
+    }
+
+    /// Its file, for a handover (None: nothing kept).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Reads the metadata at `offset` into `buf`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut got = 0;
+        if let Some(f) = &self.file {
+            while got < buf.len() {
+                match f.read_at(&mut buf[got..], offset + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // Past the end: never written.
+        buf[got..].fill(0);
+        buf.iter_mut().for_each(|b| *b = !*b);
+        Ok(())
+    }
+
+    /// Writes `data` as the metadata at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let Some(f) = &self.file else { return Ok(()) };
+        let stored: Vec<u8> = data.iter().map(|b| !b).collect();
+        f.write_all_at(&stored, offset)
+    }
+
+    /// Makes `len` bytes at `offset` never written (all ones when read).
+    pub fn clear(&self, offset: u64, len: u64) -> io::Result<()> {
+        let Some(f) = &self.file else { return Ok(()) };
+        let end = f.metadata()?.len();
+        let len = len.min(end.saturating_sub(offset));
+        if len == 0 {
+            return Ok(());
+        }
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        if rustix::fs::fallocate(f, flags, offset, len).is_ok() {
+            return Ok(());
+        }
+        // No hole punching here: write the stored form of "never written".
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(zeros.len() as u64) as usize;
+            f.write_all_at(&zeros[..n], offset + at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Makes every block's metadata never written (a Format).
+    pub fn clear_all(&self) -> io::Result<()> {
+        match &self.file {
+            Some(f) => f.set_len(0),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes what was written durable.
+    pub fn sync(&self) -> io::Result<()> {
+        match &self.file {
+            Some(f) => f.sync_data(),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_written_reads_as_ones_and_writes_read_back() {
+        let m = MetaStore::memory().unwrap();
+        let mut b = [0u8; 24];
+        m.read(100, &mut b).unwrap();
+        assert_eq!(b, [0xff; 24]);
+        m.write(8, &[1, 2, 3, 0xff, 0]).unwrap();
+        let mut b = [0u8; 8];
+        m.read(6, &mut b).unwrap();
+        assert_eq!(b, [0xff, 0xff, 1, 2, 3, 0xff, 0, 0xff]);
+        m.clear(9, 2).unwrap();
+        m.read(8, &mut b[..4]).unwrap();
+        assert_eq!(&b[..4], &[1, 0xff, 0xff, 0xff]);
+        m.clear_all().unwrap();
+        m.read(8, &mut b).unwrap();
+        assert_eq!(b, [0xff; 8]);
+        // Nothing kept: nothing back.
+        let d = MetaStore::discard();
+        d.write(0, &[1, 2]).unwrap();
+        d.read(0, &mut b).unwrap();
+        assert_eq!(b, [0xff; 8]);
+    }
+
+    #[test]
+    fn a_hole_punched_in_the_middle_of_a_page_reads_as_ones() {
+        let m = MetaStore::memory().unwrap();
+        m.write(0, &[0x11; 8192]).unwrap();
+        m.clear(4000, 200).unwrap();
+        let mut b = vec![0u8; 8192];
+        m.read(0, &mut b).unwrap();
+        assert!(b[..4000].iter().all(|&x| x == 0x11));
+        assert!(b[4000..4200].iter().all(|&x| x == 0xff));
+        assert!(b[4200..].iter().all(|&x| x == 0x11));
+    }
+}

@@ -1,0 +1,333 @@
+//! Metadata and end-to-end protection (NVM §5.2.3, §5.3) through the mock host: a
+//! separate metadata buffer (MPTR) kept per block, protection information types
+//! 1-3 generated with PRACT and checked with PRCHK, the exact statuses of a failed
+//! check, data corrupted under the namespace caught on read, and Format NVM
+//! between the formats with and without metadata.
+
+mod common;
+mod io_common;
+
+use std::sync::Arc;
+
+use block_backend::{Backend, RamBackend};
+use io_common::*;
+use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
+use nvme_spec::admin::FormatNvmCmd;
+use nvme_spec::identify::{dpc, mc, IdentifyNamespace};
+use nvme_spec::opcode::nvm as iop;
+use nvme_spec::pi::{crc16_t10dif, prinfo, Pi16};
+use nvme_spec::{Cqe, Status};
+use test_kit::MockHost;
+use test_util::pattern;
+use zerocopy::little_endian::U32;
+use zerocopy::FromBytes;
+
+const NS_BYTES: u64 = 4 << 20;
+const PRCHK_ALL: u8 = prinfo::PRCHK_MASK;
+
+/// One RAM namespace with a metadata store in format `lbaf` and protection `dps`
+/// (NSID 1), and NSID 2 over the same data without metadata: the host under the
+/// namespace, able to change its data behind the protection information.
+fn pi_host(lbaf: u8, dps: u8) -> MockHost {
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
+    let with_meta = NamespaceConfig {
+        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps }),
+        ..NamespaceConfig::new(ram.clone(), lbaf)
+    };
+    let under = NamespaceConfig::new(ram, 0);
+    let cfg = ControllerConfig { namespaces: vec![with_meta, under], ..Default::default() };
+    let mut h = MockHost::new(cfg, MEM);
+    h.init(opts()).expect("bring-up");
+    h
+}
+
+/// The fields of a Read or Write beyond SLBA and NLB.
+#[derive(Clone, Copy, Default)]
+struct Pi {
+    prinfo: u8,
+    ref_tag: u32,
+    app_tag: u16,
+    app_mask: u16,
+    /// Metadata buffer (0: none given).
+    mptr: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cmd(h: &mut MockHost, opcode: u8, nsid: u32, slba: u64, nlb: u32, buf: u64, len: u64, p: Pi) -> Cqe {
+    let mut s = h.rw_sqe(opcode, nsid, slba, nlb, buf, len);
+    s.cdw12 = U32::new(s.cdw12.get() | (p.prinfo as u32) << 26);
+    s.cdw14 = U32::new(p.ref_tag);
+    s.cdw15 = U32::new(p.app_tag as u32 | (p.app_mask as u32) << 16);
+    s.mptr = p.mptr.into();
+    h.io_cmd(1, s)
+}
+
+/// Writes `data` (512-byte blocks) at `slba` with metadata `meta` (if any).
+fn write(h: &mut MockHost, slba: u64, data: &[u8], meta: Option<&[u8]>, p: Pi) -> Cqe {
+    let buf = h.alloc.alloc_pages(data.len().div_ceil(4096) as u64);
+    h.mem.write(buf, data).unwrap();
+    let mut p = p;
+    if let Some(m) = meta {
+        p.mptr = h.alloc.alloc_pages(1);
+        h.mem.write(p.mptr, m).unwrap();
+    }
+    let nlb = (data.len() / 512) as u32;
+    cmd(h, iop::WRITE, 1, slba, nlb, buf, data.len() as u64, p)
+}
+
+/// Reads `nlb` 512-byte blocks at `slba`: the completion, the data, and the
+/// metadata buffer (`ms` bytes per block; filled with 0xAA before).
+fn read(h: &mut MockHost, nsid: u32, slba: u64, nlb: u32, ms: usize, p: Pi) -> (Cqe, Vec<u8>, Vec<u8>) {
+    let len = nlb as u64 * 512;
+    let buf = h.alloc.alloc_pages(len.div_ceil(4096));
+    let mut p = p;
+    p.mptr = h.alloc.alloc_pages(1);
+    h.mem.write(p.mptr, &vec![0xaa; 4096]).unwrap();
+    let c = cmd(h, iop::READ, nsid, slba, nlb, buf, len, p);
+    let mut data = vec![0u8; len as usize];
+    h.mem.read(buf, &mut data).unwrap();
+    let mut meta = vec![0u8; nlb as usize * ms];
+    h.mem.read(p.mptr, &mut meta).unwrap();
+    (c, data, meta)
+}
+
+/// Type 1 protection information for `data` at `slba`, 8 bytes per block.
+fn type1_pi(data: &[u8], slba: u64, app: u16) -> Vec<u8> {
+    data.chunks(512)
+        .enumerate()
+        .flat_map(|(i, b)| {
+            Pi16 { guard: crc16_t10dif(b), app_tag: app, ref_tag: (slba + i as u64) as u32 }.to_bytes()
+        })
+        .collect()
+}
+
+fn identify_ns(h: &mut MockHost, nsid: u32) -> IdentifyNamespace {
+    IdentifyNamespace::read_from_bytes(&h.identify(0, nsid).unwrap()).unwrap()
+}
+
+#[test]
+fn identify_offers_the_formats_with_metadata_only_where_they_can_be_kept() {
+    let mut h = pi_host(2, 1 | 8);
+    let id = identify_ns(&mut h, 1);
+    assert_eq!((id.nlbaf, id.flbas, id.mc, id.dps), (5, 2, mc::SEPARATE, 1 | 8));
+    assert_eq!(id.dpc, dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST);
+    let lbaf: Vec<(u8, u16)> = id.lbaf[..6].iter().map(|f| (f.lbads, f.ms.get())).collect();
+    assert_eq!(lbaf, [(9, 0), (12, 0), (9, 8), (12, 8), (12, 16), (12, 64)]);
+    // The namespace without a store has the two plain formats, nothing to protect.
+    let id = identify_ns(&mut h, 2);
+    assert_eq!((id.nlbaf, id.mc, id.dpc, id.dps), (1, 0, 0, 0));
+}
+
+#[test]
+fn pract_inserts_and_strips_the_protection_information() {
+    let mut h = pi_host(2, 1);
+    let data = pattern(3, 4 * 512);
+    // No metadata buffer: the controller makes the protection information.
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 40, app_tag: 0x77, app_mask: 0xffff, mptr: 0 };
+    assert_status(&write(&mut h, 40, &data, None, p), Status::SUCCESS, false);
+    // Read back stripped (the buffer untouched), checked on the way.
+    let (c, got, meta) = read(&mut h, 1, 40, 4, 8, p);
+    assert_status(&c, Status::SUCCESS, false);
+    assert!(got == data);
+    assert_eq!(meta, vec![0xaa; 32], "PRACT with 8 bytes of metadata strips it");
+    // Read with the metadata: what was generated.
+    let (c, _, meta) = read(&mut h, 1, 40, 4, 8, Pi { prinfo: 0, ..p });
+    assert_status(&c, Status::SUCCESS, false);
+    assert_eq!(meta, type1_pi(&data, 40, 0x77));
+}
+
+#[test]
+fn a_write_whose_protection_information_is_wrong_is_refused_and_lands_nowhere() {
+    let mut h = pi_host(2, 1);
+    let old = pattern(1, 2 * 512);
+    let good = Pi { prinfo: PRCHK_ALL, ref_tag: 8, app_tag: 5, app_mask: 0xffff, mptr: 0 };
+    assert_status(&write(&mut h, 8, &old, Some(&type1_pi(&old, 8, 5)), good), Status::SUCCESS, false);
+    let new = pattern(2, 2 * 512);
+    let mut bad_guard = type1_pi(&new, 8, 5);
+    bad_guard[8] ^= 1; // the second block's guard
+    assert_status(
+        &write(&mut h, 8, &new, Some(&bad_guard), good),
+        Status::END_TO_END_GUARD_CHECK_ERROR,
+        true,
+    );
+    let bad_ref = type1_pi(&new, 9, 5);
+    assert_status(
+        &write(&mut h, 8, &new, Some(&bad_ref), good),
+        Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR,
+        true,
+    );
+    let bad_app = type1_pi(&new, 8, 6);
+    assert_status(
+        &write(&mut h, 8, &new, Some(&bad_app), good),
+        Status::END_TO_END_APPLICATION_TAG_CHECK_ERROR,
+        true,
+    );
+    // The mask says which application tag bits count.
+    let masked = Pi { app_mask: 0xfff0, ..good };
+    assert_status(
+        &write(&mut h, 20, &new, Some(&type1_pi(&new, 20, 6)), Pi { ref_tag: 20, ..masked }),
+        Status::SUCCESS,
+        false,
+    );
+    // Type 1: an initial reference tag that is not the LBA, checked, is refused.
+    let off = Pi { ref_tag: 9, ..good };
+    assert_status(
+        &write(&mut h, 8, &new, Some(&type1_pi(&new, 9, 5)), off),
+        Status::INVALID_PROTECTION_INFORMATION,
+        true,
+    );
+    // Unchecked, the same wrong guard goes through: the host did not ask.
+    // None of the refused writes landed: the old data and metadata are there.
+    let (c, got, meta) = read(&mut h, 1, 8, 2, 8, good);
+    assert_status(&c, Status::SUCCESS, false);
+    assert!(got == old);
+    assert_eq!(meta, type1_pi(&old, 8, 5));
+}
+
+#[test]
+fn data_changed_under_the_namespace_fails_the_guard_check_on_read_and_verify() {
+    let mut h = pi_host(2, 1);
+    let data = pattern(9, 8 * 512);
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 100, app_tag: 0, app_mask: 0, mptr: 0 };
+    assert_status(&write(&mut h, 100, &data, None, p), Status::SUCCESS, false);
+    // One byte of block 103 changed through the plain namespace on the same data.
+    let mut block = data[3 * 512..4 * 512].to_vec();
+    block[17] ^= 0x40;
+    assert_eq!(h.write_blocks(1, 2, 103, 512, &block), Status::SUCCESS);
+    let (c, _, _) = read(&mut h, 1, 100, 8, 8, p);
+    assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    // The blocks before it are good; without the guard check the read goes through.
+    assert_status(&read(&mut h, 1, 100, 3, 8, p).0, Status::SUCCESS, false);
+    let unchecked = Pi { prinfo: prinfo::PRACT, ..p };
+    assert_status(&read(&mut h, 1, 100, 8, 8, unchecked).0, Status::SUCCESS, false);
+    // Verify checks the same way, moving nothing.
+    let verify = |h: &mut MockHost, prinfo| {
+        let mut s = h.rw_sqe(iop::VERIFY, 1, 100, 8, 0, 0);
+        s.cdw12 = U32::new(s.cdw12.get() | (prinfo as u32) << 26);
+        s.cdw14 = U32::new(100);
+        h.io_cmd(1, s)
+    };
+    assert_status(&verify(&mut h, PRCHK_ALL), Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    assert_status(&verify(&mut h, prinfo::PRCHK_REF), Status::SUCCESS, false);
+}
+
+#[test]
+fn blocks_never_written_or_deallocated_read_unchecked_and_write_zeroes_generates() {
+    let mut h = pi_host(2, 1);
+    let p = Pi { prinfo: PRCHK_ALL, ref_tag: 7, ..Default::default() };
+    // Never written: all ones (checks disabled), so a checked read goes through.
+    let (c, _, meta) = read(&mut h, 1, 7, 2, 8, p);
+    assert_status(&c, Status::SUCCESS, false);
+    assert_eq!(meta, vec![0xff; 16]);
+    // Write Zeroes with PRACT: zeroes with protection information that checks.
+    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, 0, 0);
+    s.cdw12 = U32::new(s.cdw12.get() | (prinfo::PRACT as u32) << 26);
+    s.cdw14 = U32::new(7);
+    assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
+    let (c, got, meta) = read(&mut h, 1, 7, 2, 8, p);
+    assert_status(&c, Status::SUCCESS, false);
+    assert!(got.iter().all(|&b| b == 0));
+    assert_eq!(meta, type1_pi(&[0u8; 1024], 7, 0));
+    // It checks nothing itself: PRCHK bits are refused.
+    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, 0, 0);
+    s.cdw12 = U32::new(s.cdw12.get() | (prinfo::PRCHK_GUARD as u32) << 26);
+    assert_status(&h.io_cmd(1, s), Status::INVALID_PROTECTION_INFORMATION, true);
+}
+
+#[test]
+fn metadata_without_protection_is_kept_as_given_and_types_2_and_3_count_their_tags() {
+    // 512 + 8 without protection information: bytes in, the same bytes out.
+    let mut h = pi_host(2, 0);
+    let data = pattern(4, 1024);
+    let meta: Vec<u8> = (0..16).collect();
+    // PRINFO means nothing without a type.
+    let p = Pi { prinfo: PRCHK_ALL, ..Default::default() };
+    assert_status(&write(&mut h, 3, &data, Some(&meta), p), Status::SUCCESS, false);
+    assert_eq!(read(&mut h, 1, 3, 2, 8, p).2, meta);
+
+    // Type 2: reference tags count up from the command's; type 3 keeps one.
+    for (dps, second) in [(2u8, 501u32), (3, 500)] {
+        let mut h = pi_host(2, dps);
+        let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 500, app_tag: 1, app_mask: 0xffff, mptr: 0 };
+        assert_status(&write(&mut h, 60, &data, None, p), Status::SUCCESS, false);
+        let (c, _, m) = read(&mut h, 1, 60, 2, 8, Pi { prinfo: PRCHK_ALL, ..p });
+        assert_status(&c, Status::SUCCESS, false);
+        assert_eq!(Pi16::from_bytes(m[8..16].try_into().unwrap()).ref_tag, second, "type {dps}");
+        // Another expected tag: a reference tag error (type 3 is not checked by it,
+        // Linux asks only for the guard there; the controller checks what is asked).
+        let (c, _, _) = read(&mut h, 1, 60, 2, 8, Pi { prinfo: prinfo::PRCHK_REF, ref_tag: 499, ..p });
+        assert_status(&c, Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR, true);
+    }
+}
+
+#[test]
+fn protection_information_first_in_16_bytes_of_metadata_at_4096_byte_blocks() {
+    let mut h = pi_host(4, 1 | 8);
+    let data = pattern(5, 4096);
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 3, app_tag: 9, app_mask: 0xffff, mptr: 0 };
+    // 16 bytes: PRACT inserts into the host's metadata, which still moves.
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let mptr = h.alloc.alloc_pages(1);
+    h.mem.write(mptr, &[0x5c; 16]).unwrap();
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 3, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    let rbuf = h.alloc.alloc_pages(1);
+    let rmeta = h.alloc.alloc_pages(1);
+    let c = cmd(&mut h, iop::READ, 1, 3, 1, rbuf, 4096, Pi { mptr: rmeta, prinfo: PRCHK_ALL, ..p });
+    assert_status(&c, Status::SUCCESS, false);
+    let mut m = [0u8; 16];
+    h.mem.read(rmeta, &mut m).unwrap();
+    let pi = Pi16 { guard: crc16_t10dif(&data), app_tag: 9, ref_tag: 3 };
+    assert_eq!(&m[..8], &pi.to_bytes());
+    assert_eq!(&m[8..], &[0x5c; 8]);
+}
+
+#[test]
+fn format_moves_between_formats_and_refuses_what_cannot_be() {
+    let mut h = pi_host(0, 0);
+    let format = |h: &mut MockHost, nsid, lbaf, pi, pil, mset| {
+        let s = FormatNvmCmd { nsid, lbaf, mset, pi, pil, ses: 0 }.to_sqe();
+        h.admin_cmd(s).unwrap().status()
+    };
+    assert_eq!(format(&mut h, 1, 3, 2, true, false), Status::SUCCESS);
+    let id = identify_ns(&mut h, 1);
+    assert_eq!((id.flbas, id.dps, id.current_lbaf().block_size()), (3, 2 | 8, 4096));
+    // Extended LBAs are not offered; a type needs metadata; the plain namespace
+    // has no store for metadata.
+    for (nsid, lbaf, pi, mset) in [(1, 3, 1, true), (1, 1, 1, false), (2, 2, 0, false), (1, 6, 0, false)] {
+        let st = format(&mut h, nsid, lbaf, pi, false, mset);
+        assert_eq!(st.code(), Status::INVALID_FORMAT, "nsid {nsid} lbaf {lbaf} pi {pi} mset {mset}");
+    }
+    // Type 2 at 4096 + 8 in place: a checked write and read go through it.
+    let data = pattern(6, 4096);
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 77, ..Default::default() };
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 2, 1, buf, 4096, p), Status::SUCCESS, false);
+    let c = cmd(&mut h, iop::READ, 1, 2, 1, buf, 4096, p);
+    assert_status(&c, Status::SUCCESS, false);
+    // Back to no metadata: reads and writes as any namespace.
+    assert_eq!(format(&mut h, 1, 0, 0, false, false), Status::SUCCESS);
+    assert_eq!(identify_ns(&mut h, 1).dps, 0);
+    assert_still_works(&mut h, 1, 1, 512);
+}
+
+#[test]
+fn metadata_sgls_and_misaligned_buffers_are_refused() {
+    let mut h = pi_host(2, 0);
+    let data = pattern(1, 512);
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let mptr = h.alloc.alloc_pages(1);
+    let c = cmd(&mut h, iop::WRITE, 1, 0, 1, buf, 512, Pi { mptr: mptr + 2, ..Default::default() });
+    assert_status(&c, Status::INVALID_FIELD, true);
+    // MPTR past guest memory: a data transfer error, nothing written.
+    let c = cmd(&mut h, iop::WRITE, 1, 0, 1, buf, 512, Pi { mptr: MEM + 4096, ..Default::default() });
+    assert_status(&c, Status::DATA_TRANSFER_ERROR, true);
+    // Metadata described by an SGL (PSDT 10b) is not supported.
+    let mut s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
+    s.cdw0 = U32::new(s.cdw0.get() | 2 << 14);
+    s.mptr = mptr.into();
+    assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
+    assert_still_works(&mut h, 1, 2, 512);
+}
