@@ -24,7 +24,8 @@ For each guest kernel (default: bookworm newest) two boots, each against its
 own \`vnvme serve\` (built with cargo build --release first):
 
  main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M
-         --ns file:ZNS:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16 --poll off
+         --ns file:ZNS:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16
+         --ns file:PI:64M:ms=8:pi=1 --poll off
          --workers 1 (pinned: inline mode is the default on 2-CPU hosts, and the
          worker path needs a real guest too; the faults suite runs inline)
          guest (scripts/guest/tests/main.sh): nvme-cli id-ctrl (serial, nn,
@@ -37,7 +38,11 @@ own \`vnvme serve\` (built with cargo build --release first):
          zoned namespace (scripts/guest/tests/zns.sh): sysfs zoned model and
          limits, nvme zns id-ns, blkzone report/open/finish/reset, a write off
          the write pointer refused, nvme zns zone-append's LBA, report-zones,
-         fio --zonemode=zbd with verify, btrfs -O zoned mounted twice;
+         fio --zonemode=zbd with verify, btrfs -O zoned mounted twice; the
+         protected namespace (scripts/guest/tests/pi.sh): the integrity
+         profile T10-DIF-TYPE1-CRC, id-ns flbas/mc/dpc/dps, fio verify through
+         the integrity layer, a byte corrupted on the host under the guest
+         failing its read with the guard check, then rewritten;
          reset_controller, rmmod/modprobe nvme, then 2 s runs of 4k randread
          between marks: 2 jobs x QD 32, then 1 job x QD 64, 16, 1.
          host: trapped doorbells per I/O over the 2 x QD 32 run below
@@ -271,6 +276,63 @@ PY
     fi
 }
 
+# pi_action DIR ACTION: the main suite's guest asking the host to corrupt one
+# byte of the protected namespace's data under it (@@VNVME-HOST pi-corrupt@@),
+# at PI_CORRUPT_LBA (config.sh), in the image the server reads.
+pi_action() {
+    local d=${1%/marks} lba
+    [[ $2 == pi-corrupt ]] || { echo "[host] unknown action $2"; return; }
+    lba=$(sed -n 's/^PI_CORRUPT_LBA=//p' "$d/config.sh")
+    local at=$((lba * 512 + 100)) b
+    b=$(od -An -tu1 -j "$at" -N 1 "$d/pi.img" | tr -d ' ')
+    # shellcheck disable=SC2059 # the byte's complement, as an escape
+    printf "\\x$(printf %02x $((b ^ 0xff)))" | dd of="$d/pi.img" bs=1 seek="$at" conv=notrunc status=none
+    sync "$d/pi.img"
+    echo "[host] one byte of LBA $lba of pi.img changed under the guest"
+}
+
+# pi_check KERNEL DIR: the protected namespace's metadata file holds, for the
+# blocks the guest wrote, the type 1 protection information Linux generated: the
+# CRC-16 T10-DIF of the block's data and the LBA as reference tag (a sample of
+# the written blocks, and every block of the one corrupted and rewritten).
+pi_check() {
+    local k=$1 d=$2 out
+    if out=$(python3 - "$d/pi.img" "$d/pi.img.meta" "$(sed -n 's/^PI_CORRUPT_LBA=//p' "$d/config.sh")" <<'PY' 2>&1
+import struct, sys
+def crc16(data, t=[]):
+    if not t:
+        for i in range(256):
+            c = i << 8
+            for _ in range(8):
+                c = ((c << 1) ^ 0x8BB7) & 0xFFFF if c & 0x8000 else (c << 1) & 0xFFFF
+            t.append(c)
+    c = 0
+    for b in data:
+        c = ((c << 8) & 0xFFFF) ^ t[(c >> 8) ^ b]
+    return c
+data = open(sys.argv[1], "rb")
+meta = bytes(b ^ 0xFF for b in open(sys.argv[2], "rb").read())  # stored complemented
+corrupt = int(sys.argv[3])
+written = [n for n in range(len(meta) // 8) if meta[n * 8:n * 8 + 8] != b"\xff" * 8]
+sample = sorted(set(written[::97]) | set(range(corrupt, corrupt + 8)))
+bad = []
+for n in sample:
+    data.seek(n * 512)
+    guard, app, ref = struct.unpack(">HHI", meta[n * 8:n * 8 + 8])
+    want = crc16(data.read(512))
+    if guard != want or ref != n & 0xFFFFFFFF:
+        bad.append(f"LBA {n}: guard {guard:#06x} ref {ref}, data's CRC {want:#06x}")
+assert len(written) >= 4096, f"only {len(written)} blocks with protection information"
+print("; ".join(bad[:5]) if bad else f"{len(written)} blocks written, {len(sample)} checked")
+sys.exit(1 if bad else 0)
+PY
+    ); then
+        result PASS "$k" "metadata file: the guest's type 1 protection information, guard and reference tag right ($out)"
+    else
+        result FAIL "$k" "metadata file: $out"
+    fi
+}
+
 suite_main() {
     local k=$1
     local d="$work/$k-main" t0 img line sum_guest sum_host path
@@ -278,16 +340,19 @@ suite_main() {
     t0=$(date +%s)
     img="$d/ext4.img"
     echo
-    echo "== [$k] main suite: 4 namespaces (the 4th zoned), --poll off, one worker"
+    echo "== [$k] main suite: 5 namespaces (the 4th zoned, the 5th with protection information), --poll off, one worker"
     write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
-    printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\n' $((256 << 20)) $((8 << 20)) \
-        $((6 << 20)) 16 >>"$d/config.sh"
-    rm -f "$d/zns.img" "$d/zns.img.zones"
-    suite_boot "$k" "$d" main main.sh --timeout 420 -- --ns ram:64M --ns ram:32M:lba=4096 \
+    printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\nNN=5\nPI_CORRUPT_LBA=%s\n' $((256 << 20)) \
+        $((8 << 20)) $((6 << 20)) 16 65536 >>"$d/config.sh"
+    rm -f "$d/zns.img" "$d/zns.img.zones" "$d/pi.img" "$d/pi.img.meta"
+    VN_HOST_ACTION=pi_action
+    suite_boot "$k" "$d" main main.sh --timeout 480 -- --ns ram:64M --ns ram:32M:lba=4096 \
         --ns "file:$img:128M" --ns "file:$d/zns.img:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16" \
-        --poll off --workers 1 --serial VNVMEGT0001 || return
+        --ns "file:$d/pi.img:64M:ms=8:pi=1" --poll off --workers 1 --serial VNVMEGT0001 || return
+    VN_HOST_ACTION=""
     zones_check "$k" "$d"
-    rm -f "$d/zns.img" "$d/zns.img.zones"
+    pi_check "$k" "$d"
+    rm -f "$d/zns.img" "$d/zns.img.zones" "$d/pi.img" "$d/pi.img.meta"
 
     # Shadow doorbells, from the server's own counters (--poll off).
     db_check "$k" "$d" db off "$max_db"

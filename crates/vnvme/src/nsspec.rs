@@ -379,6 +379,7 @@ impl NsSpec {
             Some(z) => Some(z.open(home())?),
             None => None,
         };
+        needs.meta = self.meta.is_some();
         let metadata = match &self.meta {
             // A null: namespace keeps no metadata, as it keeps no data.
             Some(m) if matches!(self.kind, Kind::Null(_)) => Some(m.open(StateHome::Nowhere, None)?),

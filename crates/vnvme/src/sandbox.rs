@@ -30,6 +30,7 @@
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
 //! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
 //! | `null:`                      | nothing more                                                 |
+//! | metadata (`ms=`, `meta=`)     | pread64 pwrite64 fdatasync fallocate ftruncate (its metadata file or memfd: read and written in place, holes punched, emptied by a Format) |
 //! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate    |
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
@@ -85,6 +86,9 @@ pub struct Needs {
     pub nbd: bool,
     /// A `ram:` namespace: its memfd is resized and has holes punched.
     pub ram: bool,
+    /// A namespace with a metadata store (a file or a memfd): read and written in
+    /// place, synced, holes punched, emptied by a Format.
+    pub meta: bool,
     /// An `rbd:` namespace: librados' own threads keep running (messenger, timers,
     /// finishers), open connections to OSDs and monitors as they need them, and start
     /// threads.
@@ -107,6 +111,7 @@ impl Needs {
             nbd: self.nbd || o.nbd,
             rbd: self.rbd || o.rbd,
             ram: self.ram || o.ram,
+            meta: self.meta || o.meta,
             socket_dirs: if self.socket_dirs.iter().any(Option::is_some) {
                 self.socket_dirs
             } else {
@@ -123,6 +128,7 @@ impl Needs {
             (self.uring, "io_uring"),
             (self.kernel_vfio, "kernel VFIO"),
             (self.ram, "ram:"),
+            (self.meta, "metadata"),
             (self.nbd, "nbd://"),
             (self.rbd, "rbd:"),
             (self.stats_file, "--stats-file"),
@@ -191,6 +197,9 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     }
     if needs.ram || needs.control {
         allow(&[SYS_ftruncate, SYS_fallocate]);
+    }
+    if needs.meta {
+        allow(&[SYS_pread64, SYS_pwrite64, SYS_fdatasync, SYS_fallocate, SYS_ftruncate]);
     }
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);

@@ -5,7 +5,7 @@
 if nvme id-ctrl /dev/nvme0 >/tmp/idctrl 2>&1; then
     t_pass "nvme id-ctrl"
     t_eq "id-ctrl sn" "$(field sn </tmp/idctrl)" "$SERIAL"
-    t_eq "id-ctrl nn" "$(field nn </tmp/idctrl)" 4
+    t_eq "id-ctrl nn" "$(field nn </tmp/idctrl)" "${NN:-4}"
     oacs=$(field oacs </tmp/idctrl)
     if [ $(((oacs >> 8) & 1)) = 1 ]; then
         t_pass "id-ctrl oacs $oacs: Doorbell Buffer Config (bit 8) set"
@@ -46,7 +46,8 @@ check_ns 3 "$N3_BYTES" "$N3_LBA"
 
 # Active namespace list.
 if nvme list-ns /dev/nvme0 >/tmp/listns 2>&1; then
-    t_eq "nvme list-ns" "$(sed 's/.*://' /tmp/listns | tr '\n' ' ')" "0x1 0x2 0x3 0x4 "
+    want=$(i=1; while [ $i -le "${NN:-4}" ]; do printf '0x%x ' $i; i=$((i + 1)); done)
+    t_eq "nvme list-ns" "$(sed 's/.*://' /tmp/listns | tr '\n' ' ')" "$want"
 else
     t_fail "nvme list-ns"
     cat /tmp/listns
