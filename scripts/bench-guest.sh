@@ -72,6 +72,13 @@ Devices (--devices, comma separated; default: all of them):
                           the reference, plus --pair vnvme-trapped-off:vnvme-trapped-adaptive
                           (adaptive polling against none; add --neighbour for a busy host)
   --devices nopost      = vnvme-trapped-off,vnvme-trapped-adaptive and their -nopost variants
+  --devices pi          = qemu-nvme-pi beside vnvme-pi in one guest, paired:
+                          type 1 protection information in 8 bytes of metadata
+                          per 512-byte block (QEMU: nvme-ns ms=8,pi=1 on a tmpfs
+                          file, metadata after the data; vnvme: ram:SIZE:ms=8:pi=1,
+                          default doorbells and polling). The guest's integrity
+                          layer generates and verifies every block's PI, each
+                          device checks guard and reference tag.
   --devices zns         = qemu-nvme-zns beside vnvme-zns in one guest, paired:
                           zoned namespaces of 8M zones (QEMU: nvme-ns zoned=true on
                           a tmpfs file; vnvme: ram:SIZE:zoned=8M, default doorbells
@@ -307,6 +314,10 @@ if [[ $devices == zns ]]; then
     devices=""
     pair_list+=(qemu-nvme-zns:vnvme-zns)
 fi
+if [[ $devices == pi ]]; then
+    devices=""
+    pair_list+=(qemu-nvme-pi:vnvme-pi)
+fi
 if [[ $devices == polling ]]; then
     devices="vnvme-trapped-off vnvme-trapped-adaptive"
     pair_list+=(vnvme-trapped-off:vnvme-trapped-adaptive)
@@ -328,6 +339,7 @@ vnvme_ram_dev() {
 pairable() {
     case $1 in
     qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-zns | vnvme-zns) return 0 ;;
+    qemu-nvme-pi | vnvme-pi) return 0 ;;
     esac
     vnvme_ram_dev "$1"
 }
@@ -514,9 +526,16 @@ setup_slot() {
     local sdrive rp="bus=rp$i"
     sdrive=$(drive_of "$sim" "d$i")
     case $dev in
-    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk | qemu-nvme-zns)
+    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk | qemu-nvme-zns | qemu-nvme-pi)
         qargs+=(-device "pcie-root-port,id=rp$i,chassis=$((i + 1))")
+        local img_bytes=$bytes
         case $dev in
+        qemu-nvme-pi)
+            qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,id=nvp$i,$rp"
+                -device "nvme-ns,drive=d$i,bus=nvp$i,nsid=1,ms=8,pi=1")
+            # Its metadata follows the data in the image: 8 bytes per 512.
+            img_bytes=$((bytes / 512 * 520))
+            desc="QEMU nvme, type 1 PI (ms=8,pi=1)" backing="$drive_cache, tmpfs file" ;;
         qemu-nvme-zns)
             qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,id=nvz$i,$rp"
                 -device "nvme-ns,drive=d$i,bus=nvz$i,nsid=1,zoned=true,zoned.zone_size=$ZNS_ZONE,zoned.zone_capacity=$ZNS_ZONE")
@@ -539,7 +558,7 @@ setup_slot() {
         esac
         # A fresh (sparse) image for every QEMU device; the guest fills it first.
         rm -f "$sim"
-        truncate -s "$bytes" "$sim"
+        truncate -s "$img_bytes" "$sim"
         if [[ $dev == qemu-nvme-disk ]]; then
             rm -f "$disk_img"
             truncate -s "$bytes" "$disk_img"
@@ -615,6 +634,11 @@ setup_slot() {
             slot_vfio_args "$d/vnvme-$s.sock" "$i"
             desc="vnvme rbd: backend, doorbells trapped, poll $poll" ;;
         esac ;;
+    vnvme-pi)
+        # vnvme's defaults, as the main table's "vnvme (default)", with type 1 PI.
+        serve=(--ns "ram:$size:ms=8:pi=1" --once --stats-file "$d/stats-$s.json" --log info)
+        slot_vfio_args "$d/vnvme-$s.sock" "$i"
+        desc="vnvme, type 1 PI (ms=8:pi=1), default doorbells and polling" backing="ram:$size:ms=8:pi=1 (vnvme RAM namespace, metadata in memory)" ;;
     vnvme-zns)
         # vnvme's defaults, as the main table's "vnvme (default)", on a zoned RAM namespace.
         serve=(--ns "ram:$size:zoned=$ZNS_ZONE" --once --stats-file "$d/stats-$s.json" --log info)

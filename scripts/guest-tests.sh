@@ -113,6 +113,11 @@ own \`vnvme serve\` (built with cargo build --release first):
          then each again on the same storage after a restart of the device
          (scripts/guest/tests/zns-again.sh): the zones written before, and the
          zoned btrfs made before mounting with its file intact.
+ pi-qemu (asked for only; last kernel) the protection information checks of the
+         main suite (scripts/guest/tests/pi.sh) on vnvme with one namespace
+         file:IMG:64M:ms=8:pi=1, counted, and on QEMU's nvme with ms=8,pi=1 on
+         a raw file (its metadata after the data), reported: what each passes
+         side by side, the host corrupting the same byte under each.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -121,8 +126,8 @@ own \`vnvme serve\` (built with cargo build --release first):
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
-                    upgrade, zns-qemu;
-                    default: all but zns-qemu)
+                    upgrade, zns-qemu, pi-qemu;
+                    default: all but zns-qemu and pi-qemu)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
@@ -988,6 +993,54 @@ suite_upgrade() {
     echo "  [$k] upgrade suite: $(($(date +%s) - t0)) s"
 }
 
+# The protection information checks side by side (not in the default run: a
+# comparison, not a test of vnvme): pi.sh on vnvme with one protected namespace,
+# counted, and on QEMU's nvme with the matching options, reported.
+suite_pi_qemu() {
+    local k=$1
+    local d="$work/$k-pi" t0 side
+    mkdir -p "$d/vnvme" "$d/qemu"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] pi-qemu suite: the protection information checks on vnvme and on QEMU's nvme (ms=8, pi=1)"
+    local cfg="PI_CORRUPT_LBA=65536"
+    write_config "$d/vnvme/config.sh" VNVMEGT0011 $((64 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=vnvme\n' "$cfg" >>"$d/vnvme/config.sh"
+    rm -f "$d/vnvme/pi.img" "$d/vnvme/pi.img.meta"
+    VN_HOST_ACTION=pi_action
+    suite_boot "$k" "$d/vnvme" pi pi-alone.sh --timeout 300 -- --ns "file:$d/vnvme/pi.img:64M:ms=8:pi=1" \
+        --poll off --workers 1 --serial VNVMEGT0011 || { VN_HOST_ACTION=""; return; }
+    pi_check "$k" "$d/vnvme"
+    write_config "$d/qemu/config.sh" QEMUPI00001 $((64 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
+    # QEMU keeps the metadata after the data: 64 MiB of 512-byte blocks with 8
+    # bytes each.
+    rm -f "$d/qemu/pi.img"
+    truncate -s $(((64 << 20) / 512 * 520)) "$d/qemu/pi.img"
+    guest_adds "$d/qemu/config.sh"
+    {
+        local brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/pi-alone.sh" \
+            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+            -drive "file=$d/qemu/pi.img,if=none,id=p1,format=raw,cache=none,aio=io_uring" \
+            -device nvme,id=nv0,serial=QEMUPI00001 -device nvme-ns,drive=p1,bus=nv0,nsid=1,ms=8,pi=1 ||
+            brc=$?
+        echo "$brc" >"$d/qemu/boot.rc"
+    } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
+        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
+    VN_HOST_ACTION=""
+    echo "  [$k] pi checks side by side (the same kernel and scripts):"
+    for side in vnvme qemu; do
+        printf '    %-10s %s passed, %s failed%s\n' \
+            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
+            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
+            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
+    done
+    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+    rm -f "$d/vnvme/pi.img" "$d/vnvme/pi.img.meta" "$d/qemu/pi.img"
+    echo "  [$k] pi-qemu suite: $(($(date +%s) - t0)) s"
+}
+
 # zns_again_config GUEST_LOG: the config lines for the boot after a zns-alone.sh
 # boot: the sum of the btrfs file it wrote, how many zones it left written.
 zns_again_config() {
@@ -1090,6 +1143,7 @@ if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     want outage && suite_outage "$k_last"
     want upgrade && suite_upgrade "$k_last"
     asked zns-qemu && suite_zns_qemu "$k_last"
+    asked pi-qemu && suite_pi_qemu "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

@@ -331,3 +331,48 @@ fn metadata_sgls_and_misaligned_buffers_are_refused() {
     assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
     assert_still_works(&mut h, 1, 2, 512);
 }
+
+#[test]
+fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
+    use nvme_ctrl::{Controller, StateError};
+    let ram = RamBackend::new(NS_BYTES);
+    let store = MetaFile::memory().unwrap();
+    let config = |store: Option<MetaFile>| ControllerConfig {
+        namespaces: vec![NamespaceConfig {
+            metadata: store.map(|store| MetadataConfig { store, dps: 0 }),
+            ..NamespaceConfig::new(Arc::new(ram.clone()), 0)
+        }],
+        ..Default::default()
+    };
+    let mut h = MockHost::new(config(Some(store.clone())), MEM);
+    h.init(opts()).expect("bring-up");
+    // Formatted by the host into type 3, first in 16 bytes at 4096-byte blocks.
+    let s = FormatNvmCmd { nsid: 1, lbaf: 4, mset: false, pi: 3, pil: true, ses: 0 }.to_sqe();
+    assert_eq!(h.admin_cmd(s).unwrap().status(), Status::SUCCESS);
+    let data = pattern(8, 4096);
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 0xabc, app_tag: 4, app_mask: 0xffff, mptr: 0 };
+    let mptr = h.alloc.alloc_pages(1);
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 5, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    h.ctrl.quiesce(std::time::Duration::from_secs(5)).expect("quiesce");
+    let state = h.ctrl.save_state();
+    assert_eq!((state.namespaces[0].lba_format, state.namespaces[0].dps), (4, 3 | 8));
+    // A controller whose namespace keeps no metadata cannot take that format.
+    let plain = Controller::new(config(None), h.mem.clone(), h.irq.clone()).unwrap();
+    let mut plain = plain;
+    assert!(matches!(plain.restore_state(&state), Err(StateError::Mismatch(e)) if e.contains("metadata")));
+    // One over the same store (what an upgrade hands over) reads it back, checked.
+    let mut c = Controller::new(config(Some(store)), h.mem.clone(), h.irq.clone()).unwrap();
+    c.restore_state(&state).expect("restore");
+    let old = std::mem::replace(&mut h.ctrl, c);
+    std::mem::forget(old);
+    assert_eq!(identify_ns(&mut h, 1).dps, 3 | 8);
+    let rbuf = h.alloc.alloc_pages(1);
+    let rmeta = h.alloc.alloc_pages(1);
+    let c = cmd(&mut h, iop::READ, 1, 5, 1, rbuf, 4096, Pi { prinfo: PRCHK_ALL, mptr: rmeta, ..p });
+    assert_status(&c, Status::SUCCESS, false);
+    let mut m = [0u8; 8];
+    h.mem.read(rmeta, &mut m).unwrap();
+    assert_eq!(Pi16::from_bytes(m), Pi16 { guard: crc16_t10dif(&data), app_tag: 4, ref_tag: 0xabc });
+}

@@ -312,7 +312,27 @@ impl Fuzzer<'_> {
             iop::WRITE_ZEROES => WriteZeroesCmd { nsid, slba, nlb_z, deac: c.flags & 8 != 0, fua }.to_sqe(),
             _ => rw.to_sqe(opcode),
         };
+        let mut s = s;
+        if ns.meta_size() > 0
+            && matches!(opcode, iop::READ | iop::WRITE | iop::COMPARE | iop::VERIFY | iop::WRITE_ZEROES)
+        {
+            self.protection_fields(&mut s, c, slba, buf);
+        }
         (s, pages, writes_host)
+    }
+
+    /// On a namespace with metadata: a metadata buffer in the data area (now and
+    /// then misaligned), PRINFO from the command's bits, the reference tag mostly
+    /// the LBA's (type 1's rule), the application tag and mask from the buffer's.
+    fn protection_fields(&mut self, s: &mut Sqe, c: &IoCmd, slba: u64, buf: u64) {
+        let v = c.slba as u64 ^ (c.buf as u64) << 7;
+        let mptr = self.areas.data + (v * 8) % 0x10000 + if c.flags & 0x80 != 0 { 2 } else { 0 };
+        s.mptr = U64::new(mptr);
+        let prinfo = (c.nlb >> 12) as u32 & 0xf;
+        s.cdw12 = U32::new((s.cdw12.get() & !(0xf << 26)) | prinfo << 26);
+        let ref_tag = if c.flags & 0x20 == 0 { slba as u32 } else { (slba as u32).wrapping_add(1) };
+        s.cdw14 = U32::new(ref_tag);
+        s.cdw15 = U32::new((buf as u32 & 0xffff) | (c.buf as u32) << 16);
     }
 
     pub(crate) fn io_cmd(&mut self, c: &IoCmd) {

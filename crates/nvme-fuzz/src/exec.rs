@@ -271,7 +271,16 @@ impl<'s> Fuzzer<'s> {
                         state_file: None,
                     }
                 });
-                NamespaceConfig { zoned, ..NamespaceConfig::new(backend, n.lba_format % 2) }
+                let (lba_format, metadata) = match n.lba_format {
+                    f if f & 4 != 0 && zoned.is_none() => {
+                        let ty = (f >> 5) & 3;
+                        let dps = if ty == 0 { 0 } else { ty | (f >> 7) << 3 };
+                        let store = nvme_ctrl::MetaFile::memory().expect("a memfd for metadata");
+                        (2 + (f >> 3) % 4, Some(nvme_ctrl::MetadataConfig { store, dps }))
+                    }
+                    f => (f % 2, None),
+                };
+                NamespaceConfig { zoned, metadata, ..NamespaceConfig::new(backend, lba_format) }
             })
             .collect();
         let mdts = 1 + s.mdts % 8;

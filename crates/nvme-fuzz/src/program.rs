@@ -119,7 +119,10 @@ record! {
         /// their capacity 192 KiB, bits 6-7 the open limit (0: none; the active
         /// limit one more).
         pub mib: u8,
-        /// LBA format: lba_format % 2 (512 B or 4 KiB).
+        /// LBA format: lba_format % 2 (512 B or 4 KiB). Bit 2 (on a namespace that
+        /// is not zoned): a metadata store, the format then one with metadata
+        /// (bits 3-4: 512+8, 4096+8, 4096+16, 4096+64), bits 5-6 the protection
+        /// information type (0: none), bit 7 the information first.
         pub lba_format: u8,
     }
 }

@@ -9,13 +9,14 @@ use crate::program::{
     Scribble, Setup, ShadowWrite,
 };
 
-/// Two RAM namespaces (512 B and 4 KiB LBAs) and a null one; MDTS 256 KiB.
+/// Two RAM namespaces (512 B LBAs; 4 KiB LBAs with 8 bytes of type 1 protection
+/// information) and a null one; MDTS 256 KiB.
 fn setup(io_queues: u8, queue_size: u8, shadow: bool) -> Setup {
     Setup {
         ns_count: 2,
         ns: [
             NsSpec { kind: 0, mib: 3, lba_format: 0 },
-            NsSpec { kind: 0, mib: 1, lba_format: 1 },
+            NsSpec { kind: 0, mib: 1, lba_format: 4 | 1 << 3 | 1 << 5 },
             NsSpec { kind: 1, mib: 7, lba_format: 0 },
         ],
         max_io_queues: 7,

@@ -535,6 +535,8 @@ mod tests {
         assert!(rules(&Needs { nbd: true, ..Default::default() }).contains_key(&libc::SYS_connect));
         assert!(rules(&Needs { rbd: true, ..Default::default() }).contains_key(&libc::SYS_clone));
         assert!(rules(&Needs { ram: true, ..Default::default() }).contains_key(&libc::SYS_fallocate));
+        let meta = rules(&Needs { meta: true, ..Default::default() });
+        assert!([libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_ftruncate].iter().all(|c| meta.contains_key(c)));
         // unlinkat only with a socket's directory, one rule per directory.
         assert!(!rules(&Needs::default()).contains_key(&libc::SYS_unlinkat));
         let dirs = Needs { socket_dirs: [Some(7), None, Some(9)], ..Default::default() };
@@ -548,6 +550,7 @@ mod tests {
             nbd: true,
             rbd: true,
             ram: true,
+            meta: true,
             socket_dirs: [Some(3), Some(4), None],
         })
         .expect("compiles");

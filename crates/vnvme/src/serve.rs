@@ -77,9 +77,17 @@ pub struct ServeArgs {
     ///                            (where write pointers are kept: by default
     ///                            FILE.zones beside a regular file, in memory for
     ///                            ram: and null:, required for other kinds)
+    ///   ms=8|16|64               bytes of metadata per block (8 with 512-byte
+    ///                            blocks; 8, 16 or 64 with lba=4096); with pi=1|2|3
+    ///                            (end-to-end protection information type),
+    ///                            pil=first|last (where it sits, default last),
+    ///                            meta=PATH (where metadata is kept: by default
+    ///                            FILE.meta beside a regular file, in memory for
+    ///                            ram:, nowhere for null:, required for other kinds;
+    ///                            alone it offers the formats without starting in one)
     ///
     /// Examples: ram:1G  file:disk.img:8G:lba=4096  ram:64M:fault=read/eio/lba=2048+8
-    ///           file:zns.img:4G:zoned=64M:max-open=14
+    ///           file:zns.img:4G:zoned=64M:max-open=14  file:db.img:16G:ms=8:pi=1
     #[arg(long = "ns", default_value = "ram:1G", verbatim_doc_comment)]
     pub namespaces: Vec<NsSpec>,
     /// I/O worker threads; each owns the queues assigned to it. 0: inline, the
@@ -633,12 +641,21 @@ impl Running {
         eprintln!("vnvme {} (pid {})", crate::version::VERSION, std::process::id());
         for n in &namespaces {
             let bi = n.opened.backend.info();
+            let f = nvme_ctrl::LBA_FORMATS[n.opened.lba_format as usize];
+            let meta = match (&n.opened.metadata, f.ms) {
+                (Some(m), ms) if ms > 0 => match m.dps & 7 {
+                    0 => format!(" + {ms} bytes of metadata"),
+                    t => format!(" + {ms} bytes of metadata, protection information type {t}"),
+                },
+                (Some(_), _) => ", formats with metadata offered".into(),
+                (None, _) => String::new(),
+            };
             eprintln!(
-                "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs, write cache {}, discard {}, write zeroes {})",
+                "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs{meta}, write cache {}, discard {}, write zeroes {})",
                 n.nsid,
                 bi.kind,
                 bi.size,
-                if n.opened.lba_format == 0 { 512 } else { 4096 },
+                1u32 << f.shift,
                 if bi.volatile_cache { "volatile" } else { "none" },
                 if bi.discard { "yes" } else { "no" },
                 if bi.write_zeroes { "native" } else { "no" },

@@ -483,3 +483,48 @@ fn zoned_namespaces_keep_their_write_pointers_over_an_upgrade() {
     d.read(1, 2048, &mut got).unwrap();
     assert!(got == pattern(21, 8192), "zone data after two upgrades");
 }
+
+/// The inode of process `pid`'s memfd named `name` (None: it has none).
+fn memfd_inode(pid: u64, name: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    dir.flatten().find_map(|e| {
+        let link = std::fs::read_link(e.path()).ok()?;
+        link.to_string_lossy()
+            .starts_with(&format!("/memfd:{name}"))
+            .then(|| std::fs::metadata(e.path()).ok())?
+            .map(|m| m.ino())
+    })
+}
+
+/// Namespaces with metadata keep it over an upgrade: a `ram:` namespace's metadata
+/// memfd is handed to the next process (the same memory, not a new one), and the
+/// format and protection settings the host chose come back.
+#[test]
+fn metadata_and_protection_settings_survive_an_upgrade() {
+    let s = Served::start(&["--ns", "ram:8M:ms=8:pi=1"]);
+    let img = s.server.dir.join("pi.img");
+    s.ctl(&[
+        "ns.add",
+        &format!("file:{}:8M:meta={}", img.display(), s.server.dir.join("pi.md").display()),
+        "2",
+    ])
+    .unwrap();
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let dps = |d: &mut nvme_driver::NvmeDriver, nsid| {
+        let id = d.identify(0, nsid).unwrap();
+        (id[26], id[29])
+    };
+    assert_eq!(dps(&mut d, 1), (2, 1), "ram: starts 512+8, type 1");
+    assert_eq!(dps(&mut d, 2), (0, 0), "meta= alone: no metadata yet");
+    // The host formats namespace 2 into 4096+16, type 2, first.
+    let f = nvme_spec::admin::FormatNvmCmd { nsid: 2, lbaf: 4, mset: false, pi: 2, pil: true, ses: 0 };
+    assert!(d.admin_command(f.to_sqe(), None).unwrap().status.is_success());
+    assert_eq!(dps(&mut d, 2), (4, 2 | 8));
+    let before = memfd_inode(s.pid(), "vnvme-meta").expect("the ram: namespace's metadata memfd");
+    s.upgrade();
+    assert_eq!(memfd_inode(s.pid(), "vnvme-meta"), Some(before), "the same metadata memory, handed over");
+    assert_eq!(dps(&mut d, 1), (2, 1));
+    assert_eq!(dps(&mut d, 2), (4, 2 | 8), "the host's format after the upgrade");
+    assert!(s.server.dir.join("pi.md").exists());
+}

@@ -14,11 +14,12 @@ t_eq "NSID 5 ($PI_DEV): integrity format, interval, generate and verify" \
     "$(cat $integ/format 2>&1) $(cat $integ/protection_interval_bytes 2>&1) $(cat $integ/write_generate 2>&1) $(cat $integ/read_verify 2>&1)" \
     "T10-DIF-TYPE1-CRC 512 1 1"
 if nvme id-ns "$PI_DEV" >/tmp/pid 2>&1; then
-    # flbas 0x2: format 2 in use, metadata in a separate buffer; mc: separate
-    # buffer only; dpc: types 1-3, first or last; dps: type 1, last.
-    t_eq "nvme id-ns: flbas mc dpc dps, the format in use" \
-        "$(field flbas </tmp/pid) $(field mc </tmp/pid) $(field dpc </tmp/pid) $(field dps </tmp/pid) $(grep '(in use)' /tmp/pid | sed -n 's/.*ms:\([0-9]*\) *lbads:\([0-9]*\).*/\1+\2/p')" \
-        "0x2 0x2 0x1f 0x1 8+9"
+    # What a host needs: metadata in a separate buffer (MC bit 1), type 1
+    # supported (DPC bit 0) and in use, last in the metadata (DPS 1), and the
+    # format in use 512 bytes of data with 8 of metadata.
+    t_eq "nvme id-ns: mc bit 1, dpc bit 0, dps, the format in use" \
+        "$(($(field mc </tmp/pid) & 2)) $(($(field dpc </tmp/pid) & 1)) $(field dps </tmp/pid) $(grep '(in use)' /tmp/pid | sed -n 's/.*ms:\([0-9]*\) *lbads:\([0-9]*\).*/\1+\2/p')" \
+        "2 1 0x1 8+9"
 else
     t_fail "nvme id-ns $PI_DEV: $(tail -2 /tmp/pid)"
 fi

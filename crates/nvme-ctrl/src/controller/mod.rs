@@ -415,6 +415,10 @@ impl Controller {
             if let Some(Err(e)) = ns.zones.as_ref().map(|z| z.sync()) {
                 warn!(nsid = ns.nsid, "cannot make the zone state file durable at shutdown: {e}");
             }
+            // And its blocks' metadata.
+            if let Some(Err(e)) = ns.meta.as_ref().map(|m| m.sync()) {
+                warn!(nsid = ns.nsid, "cannot make the metadata file durable at shutdown: {e}");
+            }
         }
         self.regs.set_shutdown_status(ShutdownStatus::Complete);
         if let Phase::Ready { page_size } = self.phase {

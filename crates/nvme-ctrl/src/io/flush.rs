@@ -16,11 +16,15 @@ impl IoEngine {
         } else {
             vec![self.namespace(nsid)?.nsid]
         };
-        // A zoned namespace's zone state file is made durable with its data (the
-        // data's flush is the backend's, below).
+        // A zoned namespace's zone state file, and a namespace's metadata file, are
+        // made durable with its data (the data's flush is the backend's, below).
         for &n in &targets {
             if let Some(Err(e)) = self.with_namespace(n, |ns| ns.zones.as_ref().map(|z| z.sync()))? {
                 tracing::warn!(nsid = n, "cannot make the zone state file durable: {e}");
+                return Ok(Started::Done(Status::WRITE_FAULT));
+            }
+            if let Some(Err(e)) = self.with_namespace(n, |ns| ns.meta.as_ref().map(|m| m.sync()))? {
+                log_limit::limited_warn!(target: "vnvme::backend", nsid = n, "cannot make the metadata file durable: {e}");
                 return Ok(Started::Done(Status::WRITE_FAULT));
             }
         }
