@@ -48,6 +48,8 @@ pub struct MetadataConfig {
     pub store: MetaFile,
     /// Identify DPS: the PI type (0-3) and bit 3 for the first bytes of the metadata.
     pub dps: u8,
+    /// Metadata inline after each block's data (extended LBAs) instead of MPTR.
+    pub extended: bool,
 }
 
 /// A metadata store's file, shared by every namespace made from one configuration.

@@ -2,12 +2,16 @@
 //! its own, apart from the data, so the data stays a plain image any tool can read.
 //!
 //! Layout (docs/metadata.md has it for operators): block `n`'s metadata is the `ms`
-//! bytes at `n * ms`, `ms` being the current LBA format's metadata size; every byte
-//! is stored complemented. A block whose metadata was never written (a hole, or past
-//! the file's end) so reads as all ones: protection information with an application
-//! tag of FFFFh and a reference tag of FFFFFFFFh, which the checks of every type
-//! skip. A new namespace therefore reads without protection errors before the host
-//! wrote anything, and deallocating a range punches its metadata out.
+//! bytes at `n * ms`, `ms` being the current LBA format's metadata size; the 8
+//! bytes of protection information in it (if the format has any) are stored
+//! complemented, the other bytes as they are. A block whose metadata was never
+//! written (a hole, or past the file's end) so reads as zeroes but for its
+//! protection information, all ones: an application tag of FFFFh and a reference
+//! tag of FFFFFFFFh, which the checks of every type skip. A new namespace therefore
+//! reads without protection errors before the host wrote anything, and deallocating
+//! a range punches its metadata out (reading as deallocated blocks read: zeroes).
+//! The layout changes only with the format, and a Format that changes it empties
+//! the file.
 //!
 //! The file is a regular file beside the data (`FILE.meta`), one given by the
 //! operator, or a memfd (a `ram:` namespace: handed to the next process on an
@@ -23,6 +27,26 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::FallocateFlags;
+
+/// Which bytes of each block's metadata are stored complemented: the 8 bytes of
+/// protection information at `at` in each block's `ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Complemented {
+    pub ms: usize,
+    pub at: usize,
+}
+
+impl Complemented {
+    /// Flips the protection information of the blocks whose metadata `buf` holds
+    /// (from a block's start).
+    fn flip(self, buf: &mut [u8]) {
+        for block in buf.chunks_mut(self.ms) {
+            if let Some(pi) = block.get_mut(self.at..self.at + 8) {
+                pi.iter_mut().for_each(|b| *b = !*b);
+            }
+        }
+    }
+}
 
 /// A namespace's metadata store.
 #[derive(Debug)]
@@ -54,8 +78,9 @@ impl MetaStore {
         self.file.as_ref().map(|f| f.as_fd())
     }
 
-    /// Reads the metadata at `offset` into `buf`.
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads the metadata at `offset` (a block's start) into `buf`, the bytes `pi`
+    /// names complemented back (None: as stored).
+    pub fn read(&self, offset: u64, buf: &mut [u8], pi: Option<Complemented>) -> io::Result<()> {
         let mut got = 0;
         if let Some(f) = &self.file {
             while got < buf.len() {
@@ -69,18 +94,27 @@ impl MetaStore {
         }
         // Past the end: never written.
         buf[got..].fill(0);
-        buf.iter_mut().for_each(|b| *b = !*b);
+        if let Some(c) = pi {
+            c.flip(buf);
+        }
         Ok(())
     }
 
-    /// Writes `data` as the metadata at `offset`.
-    pub fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    /// Writes `data` as the metadata at `offset` (a block's start), the bytes `pi`
+    /// names complemented (None: as given).
+    pub fn write(&self, offset: u64, data: &[u8], pi: Option<Complemented>) -> io::Result<()> {
         let Some(f) = &self.file else { return Ok(()) };
-        let stored: Vec<u8> = data.iter().map(|b| !b).collect();
-        f.write_all_at(&stored, offset)
+        match pi {
+            Some(c) => {
+                let mut stored = data.to_vec();
+                c.flip(&mut stored);
+                f.write_all_at(&stored, offset)
+            }
+            None => f.write_all_at(data, offset),
+        }
     }
 
-    /// Makes `len` bytes at `offset` never written (all ones when read).
+    /// Makes `len` bytes at `offset` never written.
     pub fn clear(&self, offset: u64, len: u64) -> io::Result<()> {
         let Some(f) = &self.file else { return Ok(()) };
         let end = f.metadata()?.len();
@@ -124,36 +158,47 @@ impl MetaStore {
 mod tests {
     use super::*;
 
+    const PI_LAST_OF_16: Option<Complemented> = Some(Complemented { ms: 16, at: 8 });
+
     #[test]
-    fn never_written_reads_as_ones_and_writes_read_back() {
+    fn never_written_reads_as_zeroes_with_all_ones_protection_information() {
         let m = MetaStore::memory().unwrap();
-        let mut b = [0u8; 24];
-        m.read(100, &mut b).unwrap();
-        assert_eq!(b, [0xff; 24]);
-        m.write(8, &[1, 2, 3, 0xff, 0]).unwrap();
-        let mut b = [0u8; 8];
-        m.read(6, &mut b).unwrap();
-        assert_eq!(b, [0xff, 0xff, 1, 2, 3, 0xff, 0, 0xff]);
-        m.clear(9, 2).unwrap();
-        m.read(8, &mut b[..4]).unwrap();
-        assert_eq!(&b[..4], &[1, 0xff, 0xff, 0xff]);
+        let mut b = [0u8; 32];
+        m.read(160, &mut b, PI_LAST_OF_16).unwrap();
+        assert_eq!(b[..8], [0; 8]);
+        assert_eq!(b[8..16], [0xff; 8]);
+        assert_eq!(b[16..24], [0; 8]);
+        // Written, read back as given, both ways.
+        let block: Vec<u8> = (1..=16).collect();
+        m.write(16, &block, PI_LAST_OF_16).unwrap();
+        let mut b = [0u8; 16];
+        m.read(16, &mut b, PI_LAST_OF_16).unwrap();
+        assert_eq!(b[..], block[..]);
+        m.write(64, &block, None).unwrap();
+        m.read(64, &mut b, None).unwrap();
+        assert_eq!(b[..], block[..]);
+        // Cleared: never written again.
+        m.clear(16, 16).unwrap();
+        m.read(16, &mut b, PI_LAST_OF_16).unwrap();
+        assert_eq!((b[..8].to_vec(), b[8..].to_vec()), (vec![0; 8], vec![0xff; 8]));
         m.clear_all().unwrap();
-        m.read(8, &mut b).unwrap();
-        assert_eq!(b, [0xff; 8]);
+        m.read(64, &mut b, None).unwrap();
+        assert_eq!(b, [0; 16]);
         // Nothing kept: nothing back.
         let d = MetaStore::discard();
-        d.write(0, &[1, 2]).unwrap();
-        d.read(0, &mut b).unwrap();
-        assert_eq!(b, [0xff; 8]);
+        d.write(0, &block, None).unwrap();
+        d.read(0, &mut b, PI_LAST_OF_16).unwrap();
+        assert_eq!((b[..8].to_vec(), b[8..].to_vec()), (vec![0; 8], vec![0xff; 8]));
     }
 
     #[test]
-    fn a_hole_punched_in_the_middle_of_a_page_reads_as_ones() {
+    fn a_hole_punched_in_the_middle_of_a_page_reads_as_never_written() {
         let m = MetaStore::memory().unwrap();
-        m.write(0, &[0x11; 8192]).unwrap();
+        let pi = Some(Complemented { ms: 8, at: 0 });
+        m.write(0, &[0x11; 8192], pi).unwrap();
         m.clear(4000, 200).unwrap();
         let mut b = vec![0u8; 8192];
-        m.read(0, &mut b).unwrap();
+        m.read(0, &mut b, pi).unwrap();
         assert!(b[..4000].iter().all(|&x| x == 0x11));
         assert!(b[4000..4200].iter().all(|&x| x == 0xff));
         assert!(b[4200..].iter().all(|&x| x == 0x11));

@@ -1,6 +1,6 @@
 //! Namespaces: a backend plus the LBA format the host chose.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo};
@@ -21,6 +21,19 @@ const fn lbaf(shift: u8, ms: u16) -> LbaFormatDef {
 /// namespace that can keep metadata, [`Namespace::meta`]).
 pub const LBA_FORMATS: [LbaFormatDef; 6] =
     [lbaf(9, 0), lbaf(12, 0), lbaf(9, 8), lbaf(12, 8), lbaf(12, 16), lbaf(12, 64)];
+
+/// [`LBA_FORMATS`] padded to a power of two, so the data path's lookup by a masked
+/// index needs no bounds check (indexes 6 and 7 are never in effect).
+const FORMAT_TABLE: [LbaFormatDef; 8] = [
+    LBA_FORMATS[0],
+    LBA_FORMATS[1],
+    LBA_FORMATS[2],
+    LBA_FORMATS[3],
+    LBA_FORMATS[4],
+    LBA_FORMATS[5],
+    LBA_FORMATS[0],
+    LBA_FORMATS[0],
+];
 
 /// How many of [`LBA_FORMATS`] have no metadata.
 pub const PLAIN_FORMATS: usize = 2;
@@ -76,8 +89,10 @@ pub struct Namespace {
     pub info: BackendInfo,
     /// Bytes (changes only through a resize).
     size: AtomicU64,
-    /// Current LBA format index (changes only through Format NVM).
-    lba_format: AtomicU8,
+    /// The format in effect: LBA format index, protection settings and where
+    /// metadata travels, in one word ([`FormatState`]) so a command reads all of
+    /// them at one instant while a Format NVM may change them (only it does).
+    format: AtomicU32,
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub uuid: [u8; 16],
@@ -90,9 +105,43 @@ pub struct Namespace {
     pub zones: Option<crate::zoned::Zones>,
     /// Where its blocks' metadata is kept (None: it has only the formats without).
     pub meta: Option<crate::metadata::MetaStore>,
+}
+
+/// A namespace's format at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FormatState {
+    /// LBA format index.
+    pub lbaf: u8,
     /// End-to-end Data Protection Type Settings (Identify DPS: the PI type, and
-    /// bit 3 for the first bytes of the metadata); changes only through Format NVM.
-    dps: AtomicU8,
+    /// bit 3 for the first bytes of the metadata).
+    pub dps: u8,
+    /// Metadata travels inline after each block's data (extended LBAs, FLBAS bit
+    /// 4) rather than in a separate buffer.
+    pub extended: bool,
+}
+
+impl FormatState {
+    fn pack(self) -> u32 {
+        self.lbaf as u32 | (self.dps as u32) << 8 | (self.extended as u32) << 16
+    }
+
+    fn unpack(v: u32) -> FormatState {
+        FormatState { lbaf: v as u8, dps: (v >> 8) as u8, extended: v & 1 << 16 != 0 }
+    }
+
+    /// Its LBA format.
+    #[inline]
+    pub fn def(self) -> LbaFormatDef {
+        FORMAT_TABLE[(self.lbaf & 7) as usize]
+    }
+
+    /// Its protection information (None: none).
+    pub fn protection(self) -> Option<nvme_spec::pi::PiLayout> {
+        let ty = nvme_spec::pi::PiType::from_dps(self.dps)?;
+        let ms = self.def().ms as usize;
+        let first = self.dps & nvme_spec::identify::dps::FIRST != 0;
+        (ms >= 8).then_some(nvme_spec::pi::PiLayout { ty, ms, first })
+    }
 }
 
 impl Namespace {
@@ -116,7 +165,9 @@ impl Namespace {
             backend,
             size: AtomicU64::new(info.size),
             info,
-            lba_format: AtomicU8::new(lba_format.min(PLAIN_FORMATS as u8 - 1)),
+            format: AtomicU32::new(
+                FormatState { lbaf: lba_format.min(PLAIN_FORMATS as u8 - 1), dps: 0, extended: false }.pack(),
+            ),
             nguid,
             eui64,
             uuid,
@@ -124,15 +175,15 @@ impl Namespace {
             stats: Default::default(),
             zones: None,
             meta: None,
-            dps: AtomicU8::new(0),
         }
     }
 
     /// Gives it a metadata store (formats with metadata become possible), in LBA
     /// format `lba_format` with protection settings `dps`. The caller checked both.
-    pub fn with_metadata(mut self, store: crate::metadata::MetaStore, dps: u8) -> Self {
+    pub fn with_metadata(mut self, store: crate::metadata::MetaStore, dps: u8, extended: bool) -> Self {
         self.meta = Some(store);
-        self.dps = AtomicU8::new(dps);
+        let lbaf = self.lba_format();
+        self.set_lba_format(lbaf, dps, extended);
         self
     }
 
@@ -158,15 +209,22 @@ impl Namespace {
         self
     }
 
+    /// Its format now: read once by a command, which then holds to it whatever a
+    /// Format NVM does meanwhile.
+    #[inline]
+    pub fn format_state(&self) -> FormatState {
+        FormatState::unpack(self.format.load(Ordering::Acquire))
+    }
+
     pub fn lba_format(&self) -> u8 {
-        self.lba_format.load(Ordering::Acquire)
+        self.format_state().lbaf
     }
 
     /// Puts format `f` with protection settings `dps` into effect (the caller
     /// checked the namespace can have them).
-    pub fn set_lba_format(&self, f: u8, dps: u8) {
-        self.dps.store(dps, Ordering::Release);
-        self.lba_format.store(f, Ordering::Release);
+    pub fn set_lba_format(&self, f: u8, dps: u8, extended: bool) {
+        let extended = extended && LBA_FORMATS[f as usize].ms > 0;
+        self.format.store(FormatState { lbaf: f, dps, extended }.pack(), Ordering::Release);
     }
 
     /// The number of LBA formats it offers (Identify NLBAF plus one).
@@ -178,31 +236,35 @@ impl Namespace {
         }
     }
 
+    /// The LBA format in effect.
+    #[inline]
+    pub fn format_def(&self) -> LbaFormatDef {
+        self.format_state().def()
+    }
+
     /// log2 of the LBA data size.
     pub fn lba_shift(&self) -> u32 {
-        LBA_FORMATS[self.lba_format() as usize].shift as u32
+        self.format_def().shift as u32
     }
 
     /// Metadata bytes per block in the current format.
     pub fn meta_size(&self) -> u16 {
-        LBA_FORMATS[self.lba_format() as usize].ms
+        self.format_def().ms
+    }
+
+    /// True if metadata travels inline after each block's data (FLBAS bit 4).
+    pub fn extended(&self) -> bool {
+        self.format_state().extended
     }
 
     /// The protection settings (Identify DPS).
     pub fn dps(&self) -> u8 {
-        self.dps.load(Ordering::Acquire)
+        self.format_state().dps
     }
 
     /// The protection information of the current format (None: none).
     pub fn protection(&self) -> Option<nvme_spec::pi::PiLayout> {
-        let dps = self.dps();
-        let ty = nvme_spec::pi::PiType::from_dps(dps)?;
-        let ms = self.meta_size() as usize;
-        (ms >= 8).then_some(nvme_spec::pi::PiLayout {
-            ty,
-            ms,
-            first: dps & nvme_spec::identify::dps::FIRST != 0,
-        })
+        self.format_state().protection()
     }
 
     /// Namespace size in bytes.
@@ -275,10 +337,10 @@ pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) 
         ));
     }
     let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
-    ns.lba_format = AtomicU8::new(n.lba_format);
+    ns.set_lba_format(n.lba_format, 0, false);
     if let Some(m) = &n.metadata {
         let store = m.store.try_clone().map_err(|e| format!("namespace {nsid}: metadata file: {e}"))?;
-        ns = ns.with_metadata(store, m.dps);
+        ns = ns.with_metadata(store, m.dps, m.extended);
     }
     match &n.zoned {
         Some(z) => {

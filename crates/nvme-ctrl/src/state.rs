@@ -98,6 +98,9 @@ pub struct NamespaceSaved {
     /// Its protection settings (Identify DPS; 0: none).
     #[serde(default)]
     pub dps: u8,
+    /// Metadata inline after each block's data (FLBAS bit 4).
+    #[serde(default)]
+    pub extended: bool,
 }
 
 /// Why a quiesce or a restore failed.

@@ -13,14 +13,16 @@ use block_backend::{Backend, RamBackend};
 use io_common::*;
 use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
 use nvme_spec::admin::FormatNvmCmd;
+use nvme_spec::command::Psdt;
 use nvme_spec::identify::{dpc, mc, IdentifyNamespace};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::pi::{crc16_t10dif, prinfo, Pi16};
+use nvme_spec::sgl::{SglDescriptor, SglType};
 use nvme_spec::{Cqe, Status};
 use test_kit::MockHost;
 use test_util::pattern;
 use zerocopy::little_endian::U32;
-use zerocopy::FromBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 const NS_BYTES: u64 = 4 << 20;
 const PRCHK_ALL: u8 = prinfo::PRCHK_MASK;
@@ -31,7 +33,7 @@ const PRCHK_ALL: u8 = prinfo::PRCHK_MASK;
 fn pi_host(lbaf: u8, dps: u8) -> MockHost {
     let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
     let with_meta = NamespaceConfig {
-        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps }),
+        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps, extended: false }),
         ..NamespaceConfig::new(ram.clone(), lbaf)
     };
     let under = NamespaceConfig::new(ram, 0);
@@ -109,7 +111,7 @@ fn identify_ns(h: &mut MockHost, nsid: u32) -> IdentifyNamespace {
 fn identify_offers_the_formats_with_metadata_only_where_they_can_be_kept() {
     let mut h = pi_host(2, 1 | 8);
     let id = identify_ns(&mut h, 1);
-    assert_eq!((id.nlbaf, id.flbas, id.mc, id.dps), (5, 2, mc::SEPARATE, 1 | 8));
+    assert_eq!((id.nlbaf, id.flbas, id.mc, id.dps), (5, 2, mc::SEPARATE | mc::EXTENDED, 1 | 8));
     assert_eq!(id.dpc, dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST);
     let lbaf: Vec<(u8, u16)> = id.lbaf[..6].iter().map(|f| (f.lbads, f.ms.get())).collect();
     assert_eq!(lbaf, [(9, 0), (12, 0), (9, 8), (12, 8), (12, 16), (12, 64)]);
@@ -244,6 +246,8 @@ fn metadata_without_protection_is_kept_as_given_and_types_2_and_3_count_their_ta
     let p = Pi { prinfo: PRCHK_ALL, ..Default::default() };
     assert_status(&write(&mut h, 3, &data, Some(&meta), p), Status::SUCCESS, false);
     assert_eq!(read(&mut h, 1, 3, 2, 8, p).2, meta);
+    // Never written, without protection information: zeroes, as deallocated blocks read.
+    assert_eq!(read(&mut h, 1, 500, 1, 8, p).2, vec![0; 8]);
 
     // Type 2: reference tags count up from the command's; type 3 keeps one.
     for (dps, second) in [(2u8, 501u32), (3, 500)] {
@@ -292,9 +296,9 @@ fn format_moves_between_formats_and_refuses_what_cannot_be() {
     assert_eq!(format(&mut h, 1, 3, 2, true, false), Status::SUCCESS);
     let id = identify_ns(&mut h, 1);
     assert_eq!((id.flbas, id.dps, id.current_lbaf().block_size()), (3, 2 | 8, 4096));
-    // Extended LBAs are not offered; a type needs metadata; the plain namespace
-    // has no store for metadata.
-    for (nsid, lbaf, pi, mset) in [(1, 3, 1, true), (1, 1, 1, false), (2, 2, 0, false), (1, 6, 0, false)] {
+    // A type needs metadata; the plain namespace has no store for metadata; there
+    // is no format 6.
+    for (nsid, lbaf, pi, mset) in [(1, 1, 1, false), (1, 1, 1, true), (2, 2, 0, false), (1, 6, 0, false)] {
         let st = format(&mut h, nsid, lbaf, pi, false, mset);
         assert_eq!(st.code(), Status::INVALID_FORMAT, "nsid {nsid} lbaf {lbaf} pi {pi} mset {mset}");
     }
@@ -324,11 +328,15 @@ fn metadata_sgls_and_misaligned_buffers_are_refused() {
     // MPTR past guest memory: a data transfer error, nothing written.
     let c = cmd(&mut h, iop::WRITE, 1, 0, 1, buf, 512, Pi { mptr: MEM + 4096, ..Default::default() });
     assert_status(&c, Status::DATA_TRANSFER_ERROR, true);
-    // Metadata described by an SGL (PSDT 10b) is not supported.
+    // PSDT 10b: MPTR holds the address of an SGL descriptor (qword aligned).
     let mut s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
-    s.cdw0 = U32::new(s.cdw0.get() | 2 << 14);
-    s.mptr = mptr.into();
+    s.set_cdw0(iop::READ, 0, Psdt::SglMptrSgl);
+    s.set_sgl1(&SglDescriptor::new(SglType::DataBlock, buf, 512));
+    s.mptr = (mptr + 4).into();
     assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
+    // Zone Append exists on zoned namespaces only, metadata or not.
+    let s = h.rw_sqe(nvme_spec::opcode::zns::ZONE_APPEND, 1, 0, 1, buf, 512);
+    assert_status(&h.io_cmd(1, s), Status::INVALID_OPCODE, true);
     assert_still_works(&mut h, 1, 2, 512);
 }
 
@@ -339,7 +347,7 @@ fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
     let store = MetaFile::memory().unwrap();
     let config = |store: Option<MetaFile>| ControllerConfig {
         namespaces: vec![NamespaceConfig {
-            metadata: store.map(|store| MetadataConfig { store, dps: 0 }),
+            metadata: store.map(|store| MetadataConfig { store, dps: 0, extended: false }),
             ..NamespaceConfig::new(Arc::new(ram.clone()), 0)
         }],
         ..Default::default()
@@ -375,4 +383,96 @@ fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
     let mut m = [0u8; 8];
     h.mem.read(rmeta, &mut m).unwrap();
     assert_eq!(Pi16::from_bytes(m), Pi16 { guard: crc16_t10dif(&data), app_tag: 4, ref_tag: 0xabc });
+}
+
+/// A Read or Write with PSDT 10b: the data in one SGL Data Block, the metadata
+/// described by the SGL descriptor at MPTR.
+fn sgl_cmd(h: &mut MockHost, opcode: u8, slba: u64, data: u64, len: u32, meta_desc: SglDescriptor) -> Cqe {
+    let mut s = h.rw_sqe(opcode, 1, slba, len / 512, data, len as u64);
+    s.set_cdw0(opcode, 0, Psdt::SglMptrSgl);
+    s.set_sgl1(&SglDescriptor::new(SglType::DataBlock, data, len));
+    let at = h.alloc.alloc_pages(1);
+    h.mem.write(at, meta_desc.as_bytes()).unwrap();
+    s.mptr = at.into();
+    h.io_cmd(1, s)
+}
+
+#[test]
+fn metadata_described_by_an_sgl_moves_like_a_contiguous_buffer() {
+    let mut h = pi_host(2, 0);
+    let data = pattern(12, 2048);
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    // Four blocks' metadata in two pieces, through a Last Segment of two Data Blocks.
+    let meta: Vec<u8> = (100..132).collect();
+    let (m1, m2, list) = (h.alloc.alloc_pages(1), h.alloc.alloc_pages(1), h.alloc.alloc_pages(1));
+    h.mem.write(m1 + 40, &meta[..12]).unwrap();
+    h.mem.write(m2, &meta[12..]).unwrap();
+    let descs =
+        [SglDescriptor::new(SglType::DataBlock, m1 + 40, 12), SglDescriptor::new(SglType::DataBlock, m2, 20)];
+    let raw: Vec<u8> = descs.iter().flat_map(|d| d.as_bytes().to_vec()).collect();
+    h.mem.write(list, &raw).unwrap();
+    let c = sgl_cmd(&mut h, iop::WRITE, 10, buf, 2048, SglDescriptor::new(SglType::LastSegment, list, 32));
+    assert_status(&c, Status::SUCCESS, false);
+    // Read back into one Data Block at MPTR's descriptor, and through the plain
+    // MPTR the same bytes.
+    let (rbuf, rmeta) = (h.alloc.alloc_pages(1), h.alloc.alloc_pages(1));
+    let c = sgl_cmd(&mut h, iop::READ, 10, rbuf, 2048, SglDescriptor::new(SglType::DataBlock, rmeta, 32));
+    assert_status(&c, Status::SUCCESS, false);
+    let mut got = vec![0u8; 32];
+    h.mem.read(rmeta, &mut got).unwrap();
+    assert_eq!(got, meta);
+    assert_eq!(read(&mut h, 1, 10, 4, 8, Pi::default()).2, meta);
+    // A descriptor describing less than the metadata: Data SGL Length Invalid.
+    let c = sgl_cmd(&mut h, iop::READ, 10, rbuf, 2048, SglDescriptor::new(SglType::DataBlock, rmeta, 24));
+    assert_status(&c, Status::DATA_SGL_LENGTH_INVALID, true);
+    // Identify says MPTR may hold an SGL descriptor (SGLS bit 19).
+    let ctrl = h.identify(1, 0).unwrap();
+    assert_ne!(
+        u32::from_le_bytes(ctrl[536..540].try_into().unwrap()) & nvme_spec::identify::sgls::MPTR_SGL,
+        0
+    );
+}
+
+#[test]
+fn extended_lbas_carry_each_blocks_metadata_after_its_data() {
+    let mut h = pi_host(0, 0);
+    // MSET: metadata inline, 512 + 8, type 1 PI last.
+    let s = FormatNvmCmd { nsid: 1, lbaf: 2, mset: true, pi: 1, pil: false, ses: 0 }.to_sqe();
+    assert_eq!(h.admin_cmd(s).unwrap().status(), Status::SUCCESS);
+    let id = identify_ns(&mut h, 1);
+    assert_eq!((id.flbas, id.mc), (0x10 | 2, mc::SEPARATE | mc::EXTENDED));
+    // Three blocks, each its 512 bytes then its 8 of PI.
+    let data = pattern(13, 3 * 512);
+    let pi = type1_pi(&data, 30, 2);
+    let inter: Vec<u8> = data.chunks(512).zip(pi.chunks(8)).flat_map(|(d, m)| [d, m].concat()).collect();
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &inter).unwrap();
+    let p = Pi { prinfo: PRCHK_ALL, ref_tag: 30, app_tag: 2, app_mask: 0xffff, mptr: 0 };
+    let n = inter.len() as u64;
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 30, 3, buf, n, p), Status::SUCCESS, false);
+    // A block whose inline guard is wrong is refused.
+    let mut bad = inter.clone();
+    bad[520 + 512] ^= 1;
+    h.mem.write(buf, &bad).unwrap();
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 30, 3, buf, n, p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    // Read back as it was written, checked; Compare takes the same layout.
+    let rbuf = h.alloc.alloc_pages(1);
+    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, rbuf, n, p), Status::SUCCESS, false);
+    let mut got = vec![0u8; inter.len()];
+    h.mem.read(rbuf, &mut got).unwrap();
+    assert!(got == inter, "data and metadata interleaved as written");
+    assert_status(&cmd(&mut h, iop::COMPARE, 1, 30, 3, rbuf, n, p), Status::SUCCESS, false);
+    // PRACT with 8 bytes of PI: only the data moves.
+    let sbuf = h.alloc.alloc_pages(1);
+    let strip = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ..p };
+    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, sbuf, 3 * 512, strip), Status::SUCCESS, false);
+    let mut got = vec![0u8; 3 * 512];
+    h.mem.read(sbuf, &mut got).unwrap();
+    assert!(got == data);
+    // The data changed under the namespace: the inline guard check fails the read.
+    let mut block = data[512..1024].to_vec();
+    block[3] ^= 0x10;
+    assert_eq!(h.write_blocks(1, 2, 31, 512, &block), Status::SUCCESS);
+    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, rbuf, n, p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
 }

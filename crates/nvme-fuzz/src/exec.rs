@@ -276,7 +276,8 @@ impl<'s> Fuzzer<'s> {
                         let ty = (f >> 5) & 3;
                         let dps = if ty == 0 { 0 } else { ty | (f >> 7) << 3 };
                         let store = nvme_ctrl::MetaFile::memory().expect("a memfd for metadata");
-                        (2 + (f >> 3) % 4, Some(nvme_ctrl::MetadataConfig { store, dps }))
+                        let extended = f & 2 != 0;
+                        (2 + (f >> 3) % 4, Some(nvme_ctrl::MetadataConfig { store, dps, extended }))
                     }
                     f => (f % 2, None),
                 };

@@ -122,7 +122,8 @@ record! {
         /// LBA format: lba_format % 2 (512 B or 4 KiB). Bit 2 (on a namespace that
         /// is not zoned): a metadata store, the format then one with metadata
         /// (bits 3-4: 512+8, 4096+8, 4096+16, 4096+64), bits 5-6 the protection
-        /// information type (0: none), bit 7 the information first.
+        /// information type (0: none), bit 7 the information first, bit 1 the
+        /// metadata inline (extended LBAs).
         pub lba_format: u8,
     }
 }

@@ -8,6 +8,8 @@
 //! pi=0|1|2|3        protection information type it starts with (needs ms=)
 //! pil=first|last    where the 8 bytes of protection information sit in the
 //!                   metadata (default: last)
+//! mset=0|1          1: the metadata travels inline after each block's data
+//!                   (extended LBAs) instead of in a separate buffer (default 0)
 //! meta=PATH         the file its metadata is kept in (default for a regular
 //!                   file: PATH.meta beside it; ram: keeps it in memory, null:
 //!                   keeps none; other kinds must name one). Given alone, it
@@ -25,7 +27,7 @@ use nvme_ctrl::{MetaFile, MetadataConfig};
 use crate::zonespec::StateHome;
 
 /// The option names, for a URI kind's option list.
-pub const OPTIONS: [&str; 4] = ["ms", "pi", "pil", "meta"];
+pub const OPTIONS: [&str; 5] = ["ms", "pi", "pil", "mset", "meta"];
 
 /// A namespace's metadata options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +38,8 @@ pub struct MetaSpec {
     pub pi: u8,
     /// `pil=`: Some(true) for the first bytes of the metadata.
     pub first: Option<bool>,
+    /// `mset=1`: extended LBAs.
+    pub extended: bool,
     /// `meta=`.
     pub path: Option<PathBuf>,
 }
@@ -63,6 +67,17 @@ impl MetaSpec {
                     _ => return Err(format!("pi={value}: the protection information type is 0, 1, 2 or 3")),
                 }
             }
+            "mset" => {
+                m.extended = match value {
+                    "0" => false,
+                    "1" => true,
+                    _ => {
+                        return Err(format!(
+                            "mset={value}: 0 (a separate buffer) or 1 (inline, extended LBAs)"
+                        ))
+                    }
+                }
+            }
             "pil" => {
                 m.first = Some(match value {
                     "first" => true,
@@ -84,10 +99,14 @@ impl MetaSpec {
                 self.pi
             ));
         }
+        if self.extended && self.ms == 0 {
+            return Err("mset=1: metadata inline needs metadata: give ms=8 (or 16, 64)".into());
+        }
         if self.first.is_some() && self.pi == 0 {
             return Err("pil=: where the protection information sits means nothing without pi=1|2|3".into());
         }
-        if self.ms > 0 && self.format_index(lba_format).is_none() {
+        // Without lba=, the block size is the backend's: checked when it is opened.
+        if self.ms > 0 && lba_format.is_some() && self.format_index(lba_format).is_none() {
             return Err(format!(
                 "ms={} with {}-byte blocks: the formats with metadata are 512+8, 4096+8, 4096+16 and 4096+64",
                 self.ms,
@@ -124,7 +143,10 @@ impl MetaSpec {
             }
             (None, StateHome::Memory) => match kept {
                 Some(fd) => Some(std::fs::File::from(fd)),
-                None => return Ok(MetadataConfig { store: MetaFile::memory()?, dps: self.dps() }),
+                None => {
+                    let store = MetaFile::memory()?;
+                    return Ok(MetadataConfig { store, dps: self.dps(), extended: self.extended });
+                }
             },
             (None, StateHome::Nowhere) => None,
             (None, StateHome::Required(why)) => {
@@ -134,7 +156,7 @@ impl MetaSpec {
                 ))
             }
         };
-        Ok(MetadataConfig { store: MetaFile(file.map(Arc::new)), dps: self.dps() })
+        Ok(MetadataConfig { store: MetaFile(file.map(Arc::new)), dps: self.dps(), extended: self.extended })
     }
 }
 
@@ -162,9 +184,11 @@ mod tests {
         assert_eq!(m.checked(None), Ok(()));
         let m = parse(&[("ms", "16"), ("pi", "3"), ("pil", "first")]).unwrap().unwrap();
         assert_eq!((m.format_index(Some(1)), m.dps()), (Some(4), 3 | 8));
-        assert!(m.checked(None).unwrap_err().contains("4096+16"), "16 bytes with 512-byte blocks");
+        assert!(m.checked(Some(0)).unwrap_err().contains("4096+16"), "16 bytes with 512-byte blocks");
         assert!(parse(&[("pi", "1")]).unwrap().unwrap().checked(None).unwrap_err().contains("ms=8"));
         assert!(parse(&[("ms", "8"), ("pil", "first")]).unwrap().unwrap().checked(None).is_err());
+        assert!(parse(&[("mset", "1")]).unwrap().unwrap().checked(None).unwrap_err().contains("ms=8"));
+        assert!(parse(&[("ms", "8"), ("mset", "1")]).unwrap().unwrap().extended);
         assert!(parse(&[("ms", "12")]).unwrap_err().contains("8, 16 or 64"));
         assert!(parse(&[("pi", "4")]).unwrap_err().contains("0, 1, 2 or 3"));
         assert!(!MetaSpec::set_option(&mut None, "zoned", "1M").unwrap());

@@ -85,7 +85,7 @@ pub struct NsSpec {
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
 
 /// Options a URI kind takes after its URI (`:NAME=VALUE`).
-const URI_OPTIONS: [&str; 13] = [
+const URI_OPTIONS: [&str; 14] = [
     "lba",
     "fault",
     "timeout",
@@ -98,6 +98,7 @@ const URI_OPTIONS: [&str; 13] = [
     "ms",
     "pi",
     "pil",
+    "mset",
     "meta",
 ];
 

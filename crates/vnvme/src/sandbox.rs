@@ -536,7 +536,9 @@ mod tests {
         assert!(rules(&Needs { rbd: true, ..Default::default() }).contains_key(&libc::SYS_clone));
         assert!(rules(&Needs { ram: true, ..Default::default() }).contains_key(&libc::SYS_fallocate));
         let meta = rules(&Needs { meta: true, ..Default::default() });
-        assert!([libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_ftruncate].iter().all(|c| meta.contains_key(c)));
+        assert!([libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_ftruncate]
+            .iter()
+            .all(|c| meta.contains_key(c)));
         // unlinkat only with a socket's directory, one rule per directory.
         assert!(!rules(&Needs::default()).contains_key(&libc::SYS_unlinkat));
         let dirs = Needs { socket_dirs: [Some(7), None, Some(9)], ..Default::default() };

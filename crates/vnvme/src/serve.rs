@@ -81,6 +81,8 @@ pub struct ServeArgs {
     ///                            blocks; 8, 16 or 64 with lba=4096); with pi=1|2|3
     ///                            (end-to-end protection information type),
     ///                            pil=first|last (where it sits, default last),
+    ///                            mset=1 (metadata inline after each block's data:
+    ///                            extended LBAs; default a separate buffer),
     ///                            meta=PATH (where metadata is kept: by default
     ///                            FILE.meta beside a regular file, in memory for
     ///                            ram:, nowhere for null:, required for other kinds;

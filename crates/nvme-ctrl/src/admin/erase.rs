@@ -14,6 +14,8 @@ pub(crate) struct FormatJob {
     pub lbaf: u8,
     /// The protection settings (Identify DPS) they take with it.
     pub dps: u8,
+    /// Metadata inline (MSET).
+    pub extended: bool,
     pub targets: Vec<Arc<Namespace>>,
     /// The namespace being erased (index into `targets`) and the bytes done.
     pub at: usize,

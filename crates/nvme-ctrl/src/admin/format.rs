@@ -68,12 +68,15 @@ impl Admin<'_> {
         let lbaf = f.lbaf();
         let fits = |ns: &Arc<Namespace>| {
             let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
-            crate::namespace::format_fits(def.ms, dps).is_ok() && (def.ms == 0 || ns.zones.is_none())
+            crate::namespace::format_fits(def.ms, dps).is_ok()
+                && (def.ms == 0 || ns.zones.is_none())
+                // Metadata inline (MC bit 0) only where metadata is kept at all.
+                && (!f.mset() || ns.meta.is_some())
         };
-        // Metadata only in a separate buffer (MSET 1, extended LBAs, is not offered);
-        // formats with metadata only where it can be kept; a PI type only with
-        // metadata for it.
-        if f.mset() || !targets.iter().all(fits) {
+        // Formats with metadata only where it can be kept; a PI type only with
+        // metadata for it. MSET (metadata inline) means nothing in a format without
+        // metadata, on a namespace that has formats with.
+        if !targets.iter().all(fits) {
             return status(Status::INVALID_FORMAT);
         }
         let erase = match f.ses() {
@@ -90,11 +93,19 @@ impl Admin<'_> {
             return status(Status::FORMAT_IN_PROGRESS);
         }
         if !erase {
-            self.apply_format(&targets, lbaf, dps, false);
+            self.apply_format(&targets, lbaf, dps, f.mset(), false);
             return done();
         }
-        self.admin.format =
-            Some(FormatJob { cid: sqe.cid(), lbaf, dps, targets, at: 0, done: 0, piece: None });
+        self.admin.format = Some(FormatJob {
+            cid: sqe.cid(),
+            lbaf,
+            dps,
+            extended: f.mset(),
+            targets,
+            at: 0,
+            done: 0,
+            piece: None,
+        });
         self.advance_format();
         Ok(AdminDone::Deferred)
     }
@@ -157,7 +168,7 @@ impl Admin<'_> {
             Some(result) => {
                 let status = match result {
                     Ok(()) => {
-                        self.apply_format(&job.targets, job.lbaf, job.dps, true);
+                        self.apply_format(&job.targets, job.lbaf, job.dps, job.extended, true);
                         Status::SUCCESS
                     }
                     Err(e) => {
@@ -175,7 +186,7 @@ impl Admin<'_> {
     /// Puts LBA format `lbaf` with protection settings `dps` into effect on
     /// `targets` and tells the host. Metadata kept in another layout means nothing
     /// in this one: it starts over never written (so unchecked), as after an erase.
-    fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, dps: u8, erase: bool) {
+    fn apply_format(&mut self, targets: &[Arc<Namespace>], lbaf: u8, dps: u8, extended: bool, erase: bool) {
         for ns in targets {
             let changed = (ns.lba_format(), ns.dps()) != (lbaf, dps);
             if let Some(m) = ns.meta.as_ref().filter(|_| changed || erase) {
@@ -183,7 +194,7 @@ impl Admin<'_> {
                     log_limit::limited_warn!(target: "vnvme::backend", nsid = ns.nsid, "cannot clear the metadata: {e}");
                 }
             }
-            ns.set_lba_format(lbaf, dps);
+            ns.set_lba_format(lbaf, dps, extended);
             // A formatted zoned namespace starts over with every zone empty.
             if let Some(z) = &ns.zones {
                 z.reset_controller(true);

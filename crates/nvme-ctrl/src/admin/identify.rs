@@ -144,7 +144,9 @@ impl Admin<'_> {
         c.fna = 0;
         c.vwc =
             if self.admin.features.vwc_present { vwc::PRESENT | vwc::FLUSH_BROADCAST_SUPPORTED } else { 0 };
-        c.sgls = U32::new(sgls::SUPPORTED_NO_ALIGN | sgls::BIT_BUCKET);
+        // MPTR may hold an SGL descriptor for metadata (bit 19): Linux then maps
+        // metadata of several segments, and passthrough metadata, that way.
+        c.sgls = U32::new(sgls::SUPPORTED_NO_ALIGN | sgls::BIT_BUCKET | sgls::MPTR_SGL);
         c.subnqn = nul_pad(&format!("nqn.2024-01.io.vnvme:{}", cfg.serial));
         // Power state 0: 9 W maximum, entry/exit latencies of a fast device.
         c.psd[0].mp = U16::new(900);
@@ -177,10 +179,10 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.nuse = U64::new(nsze);
     let formats = &LBA_FORMATS[..ns.format_count()];
     d.nlbaf = (formats.len() - 1) as u8;
-    // Metadata goes in a separate buffer (MPTR) only: no extended LBAs.
-    d.flbas = nvme_spec::identify::flbas::from_index(ns.lba_format(), false);
+    d.flbas = nvme_spec::identify::flbas::from_index(ns.lba_format(), ns.extended());
     if ns.meta.is_some() {
-        d.mc = mc::SEPARATE;
+        // Metadata in a separate buffer (MPTR) or inline (extended LBAs).
+        d.mc = mc::SEPARATE | mc::EXTENDED;
         d.dpc = dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST;
         d.dps = ns.dps();
     }

@@ -120,6 +120,7 @@ impl Controller {
                     size: n.size(),
                     lba_format: n.lba_format(),
                     dps: n.dps(),
+                    extended: n.extended(),
                     zones: n.zones.as_ref().map(|z| z.save()),
                     zone_layout: n.zones.as_ref().map(|z| z.layout()),
                 })
@@ -210,6 +211,9 @@ impl Controller {
             }
             let ms = crate::namespace::LBA_FORMATS[n.lba_format as usize].ms;
             crate::namespace::format_fits(ms, n.dps).map_err(|e| format!("namespace {}: {e}", n.nsid))?;
+            if ms > 0 && ns.zones.is_some() {
+                return Err(format!("namespace {}: a zoned namespace in a format with metadata", n.nsid));
+            }
         }
         for n in &s.namespaces {
             let here = self.namespaces().find(|x| x.nsid == n.nsid).and_then(|x| x.zones.as_ref());
@@ -271,7 +275,7 @@ impl Controller {
         }
         for n in &s.namespaces {
             if let Some(ns) = self.namespaces().find(|x| x.nsid == n.nsid) {
-                ns.set_lba_format(n.lba_format, n.dps);
+                ns.set_lba_format(n.lba_format, n.dps, n.extended);
                 if let (Some(z), Some(saved)) = (&ns.zones, &n.zones) {
                     z.restore(saved);
                 }

@@ -301,7 +301,10 @@ impl IoEngine {
                         Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
                     };
                 }
-                (Finish::Meta(job), data) => f.status = job.finish(&self.mem, data, f.nsid, f.slba),
+                // A command whose queue went away hands nothing to the host.
+                (Finish::Meta(job), data) if f.sqid != super::timeout::ORPHAN => {
+                    f.status = job.finish(&self.mem, data, f.nsid, f.slba)
+                }
                 _ => {}
             },
             Ok(()) => {}

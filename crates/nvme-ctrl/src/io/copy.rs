@@ -66,9 +66,11 @@ impl IoEngine {
         if sdlba.checked_add(total).is_none_or(|end| end > nsze) {
             return Err(CommandError::LbaOutOfRange { slba: sdlba, nlb: total });
         }
-        self.copy_metadata(nsid, &cmd, entries, sdlba)?;
         let largest = ranges.iter().map(|&(_, l)| l).max().expect("at least one range");
         let mut buf = self.host_buffer(largest)?;
+        // Last of the checks that can refuse the command (a zoned namespace has no
+        // metadata): nothing is moved for a Copy refused.
+        self.copy_metadata(nsid, &cmd, entries, sdlba)?;
         let (offset, first) = ranges[0];
         buf.truncate(first as usize);
         let fua = cmd.fua() || !self.settings().write_cache();
@@ -115,8 +117,9 @@ impl IoEngine {
         let mut to = sdlba * ms;
         for r in entries {
             let mut meta = vec![0u8; ((r.nlb_z.get() as u64 + 1) * ms) as usize];
-            store.read(r.slba.get() * ms, &mut meta).map_err(io)?;
-            store.write(to, &meta).map_err(io)?;
+            // As stored: the same layout at both ends.
+            store.read(r.slba.get() * ms, &mut meta, None).map_err(io)?;
+            store.write(to, &meta, None).map_err(io)?;
             to += meta.len() as u64;
         }
         Ok(())

@@ -10,7 +10,7 @@
 //! (8 bytes), nothing moves through MPTR: the controller inserts it on writes and
 //! strips it on reads.
 
-use block_backend::{DataBuf, Op, SegmentCursor, SegmentError};
+use block_backend::{DataBuf, Op, Segment, SegmentCursor, SegmentError};
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
 use nvme_spec::nvm::ReadWrite;
@@ -19,10 +19,11 @@ use nvme_spec::pi::{crc16_t10dif, prinfo, PiError, PiLayout, PiTags, PiType};
 use nvme_spec::{Sqe, Status};
 
 use super::Started;
-use crate::dptr::Direction;
+use crate::dptr::{sgl_segments, Direction};
 use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
-use crate::namespace::Namespace;
+use crate::metadata::Complemented;
+use crate::namespace::{FormatState, Namespace};
 use crate::stats::Count;
 
 /// What a read of a namespace with metadata does once its data is back.
@@ -38,7 +39,7 @@ pub(crate) struct MetaRead {
     prchk: u8,
     tags: PiTags,
     /// Where the metadata goes in guest memory (None: nowhere: stripped, or a Verify).
-    to: Option<u64>,
+    to: Option<Vec<Segment>>,
 }
 
 impl MetaRead {
@@ -65,12 +66,18 @@ impl MetaRead {
                 Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
             }
         }
-        if let Some(gpa) = self.to {
-            if mem.write(gpa, &self.meta).is_err() {
+        if let Some(segs) = &self.to {
+            let copied = SegmentCursor::for_transfer(segs, self.meta.len() as u64)
+                .and_then(|mut c| c.write_from(mem, &self.meta));
+            if copied.is_err() {
                 return Status::DATA_TRANSFER_ERROR.with_dnr();
             }
             if GuestMemory::logging_writes() {
-                mem.mark_dirty(gpa, self.meta.len() as u64);
+                for s in segs {
+                    if let Segment::Guest { gpa, len } = *s {
+                        mem.mark_dirty(gpa, len);
+                    }
+                }
             }
         }
         Status::SUCCESS
@@ -128,8 +135,8 @@ struct Prot {
 }
 
 impl Prot {
-    fn of(ns: &Namespace, rw: &ReadWrite<'_>, prinfo_bits: u8) -> Prot {
-        let pi = ns.protection();
+    fn of(format: FormatState, rw: &ReadWrite<'_>, prinfo_bits: u8) -> Prot {
+        let pi = format.protection();
         // Without protection information the field means nothing.
         let bits = if pi.is_some() { prinfo_bits } else { 0 };
         Prot {
@@ -158,38 +165,39 @@ impl Prot {
 }
 
 impl IoEngine {
-    /// Read, Write, Verify or Write Zeroes of `nlb` blocks at `slba` of namespace
-    /// `ns` (already checked to be in range), whose format has metadata.
+    /// Read, Write, Verify, Write Zeroes (or with extended LBAs Compare) of `nlb`
+    /// blocks at `slba` of namespace `ns` in `format` (read once for the command,
+    /// which the range was checked in), a format with metadata.
     pub(crate) fn read_write_meta(
         &mut self,
         sqid: u16,
         sqe: &Sqe,
         ns: &Namespace,
+        format: FormatState,
         slba: u64,
         nlb: u64,
     ) -> CmdResult<Started> {
         let rw = ReadWrite(sqe);
         let opcode = sqe.opcode();
-        let p = Prot::of(ns, &rw, rw.prinfo());
-        let (shift, ms) = (ns.lba_shift(), ns.meta_size() as u64);
+        let p = Prot::of(format, &rw, rw.prinfo());
+        // The protection information's bytes are kept complemented (metadata.rs).
+        let flip = p.pi.map(|l| Complemented { ms: l.ms, at: l.offset() });
+        let (shift, ms) = (format.def().shift as u32, format.def().ms as u64);
         let store = ns.meta.as_ref().expect("a format with metadata has a store");
         let (offset, len) = (slba << shift, nlb << shift);
         let (moff, mlen) = (slba * ms, (nlb * ms) as usize);
-        if opcode != op::WRITE_ZEROES && len > self.settings().mdts_bytes() {
-            return Err(CommandError::TooLarge(len));
+        // Extended LBAs: the data pointer holds each block's data then its metadata
+        // (the data alone when PRACT inserts or strips metadata that is only PI).
+        let inline = format.extended && p.moved();
+        let xfer = if inline { nlb * ((1 << shift) + ms) } else { len };
+        if opcode != op::WRITE_ZEROES && xfer > self.settings().mdts_bytes() {
+            return Err(CommandError::TooLarge(xfer));
         }
         p.check_initial_ref(slba)?;
         // The host's metadata buffer, for the commands that move metadata.
-        let mptr = if matches!(opcode, op::READ | op::WRITE) && p.moved() {
-            if sqe.psdt() == Psdt::SglMptrSgl {
-                return Err(CommandError::InvalidField("metadata SGLs are not supported"));
-            }
-            let gpa = sqe.mptr.get();
-            if gpa & 3 != 0 {
-                return Err(CommandError::InvalidField("MPTR is not dword aligned"));
-            }
-            self.mem.check_range(gpa, mlen as u64)?;
-            Some(gpa)
+        let mptr = if matches!(opcode, op::READ | op::WRITE) && p.moved() && !format.extended {
+            let dir = if opcode == op::READ { Direction::ToHost } else { Direction::FromHost };
+            Some(self.metadata_segments(sqe, mlen as u64, dir)?)
         } else {
             None
         };
@@ -197,9 +205,11 @@ impl IoEngine {
         let fua = rw.fua() || !self.settings().write_cache();
         match opcode {
             op::WRITE => {
-                let data = DataBuf::Guest(self.data_segments(sqe, len, Direction::FromHost)?);
-                let stored = self.write_metadata(&p, mptr, &data, len, 1 << shift, mlen).and_then(|meta| {
-                    store.write(moff, &meta).map_err(meta_err(true))?;
+                let (data, inline_meta) =
+                    self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
+                let from = inline_meta.as_deref().or(mptr.as_deref());
+                let stored = self.write_metadata(&p, from, &data, len, 1 << shift, mlen).and_then(|meta| {
+                    store.write(moff, &meta, flip).map_err(meta_err(true))?;
                     if fua {
                         store.sync().map_err(meta_err(true))?;
                     }
@@ -225,7 +235,7 @@ impl IoEngine {
             }
             op::READ | op::VERIFY => {
                 let mut meta = vec![0u8; mlen];
-                store.read(moff, &mut meta).map_err(meta_err(false))?;
+                store.read(moff, &mut meta, flip).map_err(meta_err(false))?;
                 let job = MetaRead {
                     meta,
                     block: 1 << shift,
@@ -235,16 +245,45 @@ impl IoEngine {
                     tags: p.tags,
                     to: mptr,
                 };
-                let finish = Finish::Meta(Box::new(job));
+                let mut job = job;
                 let data = if opcode == op::READ {
-                    let segs = self.data_segments(sqe, len, Direction::ToHost)?;
+                    let (data, inline_meta) =
+                        self.command_data(sqe, xfer, Direction::ToHost, inline, nlb, shift, ms)?;
+                    if inline_meta.is_some() {
+                        job.to = inline_meta;
+                    }
                     self.count(Count::BytesRead, len);
                     self.count(Count::ReadCommands, 1);
-                    DataBuf::Guest(segs)
+                    data
                 } else {
                     DataBuf::Host(self.host_buffer(len)?)
                 };
+                let finish = Finish::Meta(Box::new(job));
                 Ok(self.submit_one(sqid, sqe, ns.nsid, slba, Op::Read, offset, len, data, finish))
+            }
+            op::COMPARE => {
+                // Extended LBAs only (a Compare with a separate buffer never comes
+                // here): the data is compared, the metadata beside it is not.
+                let (data, _) = self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
+                let DataBuf::Guest(segs) = data else { unreachable!("guest segments") };
+                let buf = match self.host_buffer(len) {
+                    Ok(b) => DataBuf::Host(b),
+                    Err(e) => {
+                        self.release_data(DataBuf::Guest(segs), false);
+                        return Err(e);
+                    }
+                };
+                Ok(self.submit_one(
+                    sqid,
+                    sqe,
+                    ns.nsid,
+                    slba,
+                    Op::Read,
+                    offset,
+                    len,
+                    buf,
+                    Finish::Compare(segs),
+                ))
             }
             op::WRITE_ZEROES => {
                 if p.prchk != 0 {
@@ -257,11 +296,11 @@ impl IoEngine {
                         for (i, m) in meta.chunks_mut(l.ms).enumerate() {
                             l.generate(0, p.tags, i as u32, m);
                         }
-                        store.write(moff, &meta).map_err(meta_err(true))?;
+                        store.write(moff, &meta, flip).map_err(meta_err(true))?;
                     }
                     // Deallocated: never written; else zeroes, as the data.
                     None if rw.deac() => store.clear(moff, mlen as u64).map_err(meta_err(true))?,
-                    None => store.write(moff, &vec![0u8; mlen]).map_err(meta_err(true))?,
+                    None => store.write(moff, &vec![0u8; mlen], flip).map_err(meta_err(true))?,
                 }
                 if fua {
                     store.sync().map_err(meta_err(true))?;
@@ -273,20 +312,87 @@ impl IoEngine {
         }
     }
 
+    /// The guest segments of a command's `xfer` bytes of data; with extended LBAs
+    /// (`inline`), split into the blocks' data and their metadata (each block's
+    /// `2^shift` bytes, then its `ms`).
+    #[allow(clippy::too_many_arguments)]
+    fn command_data(
+        &mut self,
+        sqe: &Sqe,
+        xfer: u64,
+        dir: Direction,
+        inline: bool,
+        nlb: u64,
+        shift: u32,
+        ms: u64,
+    ) -> CmdResult<(DataBuf, Option<Vec<Segment>>)> {
+        let segs = self.data_segments(sqe, xfer, dir)?;
+        if !inline {
+            return Ok((DataBuf::Guest(segs), None));
+        }
+        let mut data = self.seg_pool.pop().unwrap_or_default();
+        let mut meta = Vec::new();
+        let split = (|| {
+            let mut cur = SegmentCursor::for_transfer(&segs, xfer)?;
+            for _ in 0..nlb {
+                data.extend(cur.pieces(1 << shift).map(|(_, p)| p));
+                cur.advance(1 << shift)?;
+                meta.extend(cur.pieces(ms).map(|(_, p)| p));
+                cur.advance(ms)?;
+            }
+            Ok::<(), SegmentError>(())
+        })();
+        self.release_data(DataBuf::Guest(segs), false);
+        match split {
+            Ok(()) => Ok((DataBuf::Guest(data), Some(meta))),
+            Err(e) => {
+                self.release_data(DataBuf::Guest(data), false);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The guest memory of a command's `mlen` bytes of metadata: the buffer at MPTR
+    /// (dword aligned), or with PSDT 10b the SGL descriptor at MPTR (qword aligned:
+    /// a Data Block, or a Segment or Last Segment of them), checked to be in guest
+    /// memory.
+    fn metadata_segments(&self, sqe: &Sqe, mlen: u64, dir: Direction) -> CmdResult<Vec<Segment>> {
+        let gpa = sqe.mptr.get();
+        let mut segs = Vec::new();
+        if sqe.psdt() == Psdt::SglMptrSgl {
+            if gpa & 7 != 0 {
+                return Err(CommandError::InvalidField("MPTR (an SGL descriptor) is not qword aligned"));
+            }
+            let first = self.mem.read_obj::<nvme_spec::sgl::SglDescriptor>(gpa)?;
+            sgl_segments(&self.mem, first, mlen, dir, &mut segs)?;
+        } else {
+            if gpa & 3 != 0 {
+                return Err(CommandError::InvalidField("MPTR is not dword aligned"));
+            }
+            segs.push(Segment::Guest { gpa, len: mlen });
+        }
+        for s in &segs {
+            if let Segment::Guest { gpa, len } = *s {
+                self.mem.check_range(gpa, len)?;
+            }
+        }
+        Ok(segs)
+    }
+
     /// A write's metadata: the host's (from `mptr`), its protection information
     /// generated (PRACT) or checked (PRCHK) against the data.
     fn write_metadata(
         &self,
         p: &Prot,
-        mptr: Option<u64>,
+        from: Option<&[Segment]>,
         data: &DataBuf,
         len: u64,
         block: usize,
         mlen: usize,
     ) -> CmdResult<Vec<u8>> {
         let mut meta = vec![0u8; mlen];
-        if let Some(gpa) = mptr {
-            self.mem.read(gpa, &mut meta)?;
+        if let Some(segs) = from {
+            SegmentCursor::for_transfer(segs, mlen as u64)?.read_into(&self.mem, &mut meta)?;
         }
         let Some(l) = p.pi.filter(|_| p.pract || p.prchk != 0) else { return Ok(meta) };
         let r = each_block_crc(&self.mem, data, len, block, |i, crc| {

@@ -15,9 +15,13 @@ use crate::stats::Count;
 impl IoEngine {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
-        // Its size and LBA format, read in place: no reference taken per command.
-        let (nsze, shift, zoned, ms) =
-            self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift(), ns.zones.is_some(), ns.meta_size()))?;
+        // Its size and format, read in place (no reference taken per command), and
+        // once: a Format NVM changing it meanwhile does not change it for this command.
+        let (size, format, zoned) =
+            self.with_namespace(nsid, |ns| (ns.size(), ns.format_state(), ns.zones.is_some()))?;
+        let f = format.def();
+        let (shift, ms) = (f.shift as u32, f.ms);
+        let nsze = size >> shift;
         let rw = ReadWrite(sqe);
         let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
         match slba.checked_add(nlb) {
@@ -26,18 +30,23 @@ impl IoEngine {
         }
         let (offset, len) = (slba << shift, nlb << shift);
         let opcode = sqe.opcode();
-        // A zoned namespace's writes take their zone's place; its reads go as any
-        // other, but for offline zones. Zone Append exists only there.
-        if zoned || opcode == zop::ZONE_APPEND {
-            match opcode {
-                op::READ | op::COMPARE | op::VERIFY => self.zoned_check_read(nsid, offset, len)?,
-                _ => return self.zoned_write(sqid, sqe, shift),
+        // One test on the common path for the namespaces that are not plain.
+        if zoned || ms != 0 || opcode == zop::ZONE_APPEND {
+            if ms != 0 && opcode != zop::ZONE_APPEND {
+                // Metadata moves beside the data (a Compare compares the data alone,
+                // which with extended LBAs is interleaved with it).
+                if opcode != op::COMPARE || format.extended {
+                    let ns = self.namespace(nsid)?;
+                    return self.read_write_meta(sqid, sqe, &ns, format, slba, nlb);
+                }
+            } else {
+                // A zoned namespace's writes take their zone's place; its reads go as
+                // any other, but for offline zones. Zone Append exists only there.
+                match opcode {
+                    op::READ | op::COMPARE | op::VERIFY => self.zoned_check_read(nsid, offset, len)?,
+                    _ => return self.zoned_write(sqid, sqe, shift),
+                }
             }
-        }
-        // Metadata moves beside the data (but a Compare compares the data alone).
-        if ms != 0 && opcode != op::COMPARE {
-            let ns = self.namespace(nsid)?;
-            return self.read_write_meta(sqid, sqe, &ns, slba, nlb);
         }
         // Write Zeroes moves no data; Verify reads into a host buffer; both are bounded
         // by their own limits (WZSL = 0: none; VSL = MDTS) rather than MDTS.
