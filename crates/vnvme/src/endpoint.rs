@@ -672,7 +672,11 @@ mod tests {
         }
         let mut over = connect(&path);
         assert_eq!(until_closed(&mut over), b"busy: 2\n");
-        drop(held.pop());
+        // Shut, not just dropped: a process another test spawns meanwhile holds a
+        // copy of the descriptor until it execs, keeping the connection open.
+        let gone = held.pop().expect("two held");
+        gone.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(gone);
         // The server may take the next client before it sees the close: try again.
         let served = (0..50).any(|_| {
             let mut c = connect(&path);

@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -283,7 +284,11 @@ fn a_hostile_control_client_gets_errors_and_io_goes_on() {
     assert_eq!(error_code(&big.recv()), -32600);
     assert!(big.closed(), "an oversized request closes the connection");
     // The server holds a connection it closed until the client closes too (or the
-    // deadline passes), so that its last reply is not lost to a reset.
+    // deadline passes), so that its last reply is not lost to a reset. Shut, not
+    // just dropped: a process another test spawns at this moment holds a copy of
+    // the descriptors until it execs, the connection stays open until then and
+    // counts against the cap below; a shutdown ends it whoever holds a copy.
+    big.s.shutdown(Shutdown::Both).unwrap();
     drop(big);
 
     // At most 16 connections: one more is told the server is busy and closed (r and
