@@ -88,7 +88,7 @@ impl CommandError {
             // Without DNR: the host retries once other commands gave their buffers back.
             CommandError::HostBuffersBusy(_) => Status::COMMAND_INTERRUPTED,
             CommandError::Backend { write, source } => backend_status(*write, source),
-            CommandError::Protection(e) => crate::io::pi_status(*e),
+            CommandError::Protection(e) => e.status(),
             CommandError::InvalidProtection(_) => Status::INVALID_PROTECTION_INFORMATION.with_dnr(),
             // Internal Error without DNR: Linux retries it (nvme_max_retries times),
             // then fails the I/O with EIO, so a stall that clears goes unseen and a

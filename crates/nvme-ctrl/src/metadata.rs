@@ -19,13 +19,18 @@
 //! either). Metadata is at most 1/64 of the namespace's size (8 bytes per 512).
 //!
 //! Reads and writes are synchronous, on the engine's thread: a few bytes per block,
-//! in the page cache.
+//! in the page cache. [`MetaRead`] is what a read with metadata does once its data
+//! is back (the engine holds it in the command's `Finish`; `io/meta.rs` starts it).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 
+use block_backend::{DataBuf, Segment, SegmentCursor, SegmentError};
+use guest_mem::GuestMemory;
+use nvme_spec::pi::{crc16_t10dif, PiLayout, PiTags};
+use nvme_spec::Status;
 use rustix::fs::FallocateFlags;
 
 /// Which bytes of each block's metadata are stored complemented: the 8 bytes of
@@ -152,6 +157,96 @@ impl MetaStore {
             None => Ok(()),
         }
     }
+}
+
+/// What a read of a namespace with metadata does once its data is back.
+#[derive(Debug)]
+pub(crate) struct MetaRead {
+    /// The blocks' metadata, read from the store when the command started.
+    pub meta: Vec<u8>,
+    /// Bytes of data per block.
+    pub block: usize,
+    pub ms: usize,
+    pub pi: Option<PiLayout>,
+    /// The checks asked for (PRINFO bits 2:0).
+    pub prchk: u8,
+    pub tags: PiTags,
+    /// Where the metadata goes in guest memory (None: nowhere: stripped, or a Verify).
+    pub to: Option<Vec<Segment>>,
+}
+
+impl MetaRead {
+    /// Checks the data read (`data`: guest segments or a host buffer of `len`
+    /// bytes) against the blocks' protection information, then hands the metadata
+    /// to the host. Returns the command's status.
+    pub(crate) fn finish(&self, mem: &GuestMemory, data: &DataBuf, nsid: u32, slba: u64) -> Status {
+        if let Some(l) = self.pi.filter(|_| self.prchk != 0) {
+            let len = (self.meta.len() / self.ms * self.block) as u64;
+            let r = each_block_crc(mem, data, len, self.block, |i, crc| {
+                let m = &self.meta[i as usize * self.ms..][..self.ms];
+                l.check(self.prchk, crc, m, self.tags, i).map_err(|e| (i, e))
+            });
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err((i, e))) => {
+                    log_limit::limited_warn!(
+                        target: "vnvme::guest",
+                        nsid, lba = slba + i as u64, check = ?e,
+                        "protection information check failed on a read"
+                    );
+                    return e.status();
+                }
+                Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
+            }
+        }
+        if let Some(segs) = &self.to {
+            let copied = SegmentCursor::for_transfer(segs, self.meta.len() as u64)
+                .and_then(|mut c| c.write_from(mem, &self.meta));
+            if copied.is_err() {
+                return Status::DATA_TRANSFER_ERROR.with_dnr();
+            }
+            if GuestMemory::logging_writes() {
+                for s in segs {
+                    if let Segment::Guest { gpa, len } = *s {
+                        mem.mark_dirty(gpa, len);
+                    }
+                }
+            }
+        }
+        Status::SUCCESS
+    }
+}
+
+/// Calls `f(i, crc)` with the CRC-16 T10-DIF of each `block`-byte block of the
+/// `len` bytes of `data`, in order, until `f` fails.
+pub(crate) fn each_block_crc<E>(
+    mem: &GuestMemory,
+    data: &DataBuf,
+    len: u64,
+    block: usize,
+    mut f: impl FnMut(u32, u16) -> Result<(), E>,
+) -> Result<Result<(), E>, SegmentError> {
+    match data {
+        DataBuf::Host(buf) => {
+            for (i, b) in buf[..len as usize].chunks(block).enumerate() {
+                if let Err(e) = f(i as u32, crc16_t10dif(b)) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        DataBuf::Guest(segs) => {
+            let mut cur = SegmentCursor::for_transfer(segs, len)?;
+            let mut scratch = vec![0u8; block];
+            for i in 0..(len / block as u64) as u32 {
+                cur.read_into(mem, &mut scratch)?;
+                if let Err(e) = f(i, crc16_t10dif(&scratch)) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        DataBuf::None => {}
+    }
+    Ok(Ok(()))
 }
 
 #[cfg(test)]

@@ -148,6 +148,19 @@ pub enum PiError {
     RefTag,
 }
 
+impl PiError {
+    /// The completion status of a failed check (Media and Data Integrity Errors,
+    /// End-to-end Guard / Application Tag / Reference Tag Check Error), DNR set.
+    pub fn status(self) -> crate::Status {
+        match self {
+            PiError::Guard => crate::Status::END_TO_END_GUARD_CHECK_ERROR,
+            PiError::AppTag => crate::Status::END_TO_END_APPLICATION_TAG_CHECK_ERROR,
+            PiError::RefTag => crate::Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR,
+        }
+        .with_dnr()
+    }
+}
+
 /// The 16-bit guard protection information of a namespace's format: its type, and
 /// where its 8 bytes sit in each block's `ms` bytes of metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@ pub(crate) enum Finish {
     Zoned { write: ZoneWrite, append: bool },
     /// A read of a namespace with metadata: check the data against its protection
     /// information, then hand the metadata to the host.
-    Meta(Box<crate::io::MetaRead>),
+    Meta(Box<crate::metadata::MetaRead>),
 }
 
 /// A command whose backend requests have not all completed.

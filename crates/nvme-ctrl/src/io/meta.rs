@@ -11,120 +11,19 @@
 //! strips it on reads.
 
 use block_backend::{DataBuf, Op, Segment, SegmentCursor, SegmentError};
-use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
 use nvme_spec::nvm::ReadWrite;
 use nvme_spec::opcode::nvm as op;
-use nvme_spec::pi::{crc16_t10dif, prinfo, PiError, PiLayout, PiTags, PiType};
-use nvme_spec::{Sqe, Status};
+use nvme_spec::pi::{prinfo, PiLayout, PiTags, PiType};
+use nvme_spec::Sqe;
 
 use super::Started;
 use crate::dptr::{sgl_segments, Direction};
 use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
-use crate::metadata::Complemented;
+use crate::metadata::{each_block_crc, Complemented, MetaRead};
 use crate::namespace::{FormatState, Namespace};
 use crate::stats::Count;
-
-/// What a read of a namespace with metadata does once its data is back.
-#[derive(Debug)]
-pub(crate) struct MetaRead {
-    /// The blocks' metadata, read from the store when the command started.
-    meta: Vec<u8>,
-    /// Bytes of data per block.
-    block: usize,
-    ms: usize,
-    pi: Option<PiLayout>,
-    /// The checks asked for (PRINFO bits 2:0).
-    prchk: u8,
-    tags: PiTags,
-    /// Where the metadata goes in guest memory (None: nowhere: stripped, or a Verify).
-    to: Option<Vec<Segment>>,
-}
-
-impl MetaRead {
-    /// Checks the data read (`data`: guest segments or a host buffer of `len`
-    /// bytes) against the blocks' protection information, then hands the metadata
-    /// to the host. Returns the command's status.
-    pub(crate) fn finish(&self, mem: &GuestMemory, data: &DataBuf, nsid: u32, slba: u64) -> Status {
-        if let Some(l) = self.pi.filter(|_| self.prchk != 0) {
-            let len = (self.meta.len() / self.ms * self.block) as u64;
-            let r = each_block_crc(mem, data, len, self.block, |i, crc| {
-                let m = &self.meta[i as usize * self.ms..][..self.ms];
-                l.check(self.prchk, crc, m, self.tags, i).map_err(|e| (i, e))
-            });
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err((i, e))) => {
-                    log_limit::limited_warn!(
-                        target: "vnvme::guest",
-                        nsid, lba = slba + i as u64, check = ?e,
-                        "protection information check failed on a read"
-                    );
-                    return pi_status(e);
-                }
-                Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
-            }
-        }
-        if let Some(segs) = &self.to {
-            let copied = SegmentCursor::for_transfer(segs, self.meta.len() as u64)
-                .and_then(|mut c| c.write_from(mem, &self.meta));
-            if copied.is_err() {
-                return Status::DATA_TRANSFER_ERROR.with_dnr();
-            }
-            if GuestMemory::logging_writes() {
-                for s in segs {
-                    if let Segment::Guest { gpa, len } = *s {
-                        mem.mark_dirty(gpa, len);
-                    }
-                }
-            }
-        }
-        Status::SUCCESS
-    }
-}
-
-/// The status of a failed protection information check.
-pub(crate) fn pi_status(e: PiError) -> Status {
-    match e {
-        PiError::Guard => Status::END_TO_END_GUARD_CHECK_ERROR,
-        PiError::AppTag => Status::END_TO_END_APPLICATION_TAG_CHECK_ERROR,
-        PiError::RefTag => Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR,
-    }
-    .with_dnr()
-}
-
-/// Calls `f(i, crc)` with the CRC-16 T10-DIF of each `block`-byte block of the
-/// `len` bytes of `data`, in order, until `f` fails.
-fn each_block_crc<E>(
-    mem: &GuestMemory,
-    data: &DataBuf,
-    len: u64,
-    block: usize,
-    mut f: impl FnMut(u32, u16) -> Result<(), E>,
-) -> Result<Result<(), E>, SegmentError> {
-    match data {
-        DataBuf::Host(buf) => {
-            for (i, b) in buf[..len as usize].chunks(block).enumerate() {
-                if let Err(e) = f(i as u32, crc16_t10dif(b)) {
-                    return Ok(Err(e));
-                }
-            }
-        }
-        DataBuf::Guest(segs) => {
-            let mut cur = SegmentCursor::for_transfer(segs, len)?;
-            let mut scratch = vec![0u8; block];
-            for i in 0..(len / block as u64) as u32 {
-                cur.read_into(mem, &mut scratch)?;
-                if let Err(e) = f(i, crc16_t10dif(&scratch)) {
-                    return Ok(Err(e));
-                }
-            }
-        }
-        DataBuf::None => {}
-    }
-    Ok(Ok(()))
-}
 
 /// A command's protection information fields, as they apply to `ns` now.
 struct Prot {

@@ -8,7 +8,6 @@ mod rw;
 mod zns;
 
 pub(crate) use copy::copy_limits;
-pub(crate) use meta::{pi_status, MetaRead};
 
 use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;
