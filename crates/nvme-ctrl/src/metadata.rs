@@ -66,13 +66,6 @@ impl MetaStore {
         MetaStore { file: Some(file) }
     }
 
-    /// Metadata in a memfd of its own.
-    #[cfg(test)]
-    fn memory() -> io::Result<Self> {
-        let fd = rustix::fs::memfd_create("vnvme-meta", rustix::fs::MemfdFlags::CLOEXEC)?;
-        Ok(MetaStore::file(File::from(fd)))
-    }
-
     /// Metadata written nowhere, read as never written.
     pub fn discard() -> Self {
         MetaStore { file: None }
@@ -257,7 +250,7 @@ mod tests {
 
     #[test]
     fn never_written_reads_as_zeroes_with_all_ones_protection_information() {
-        let m = MetaStore::memory().unwrap();
+        let m = crate::config::MetaFile::memory().unwrap().try_clone().unwrap();
         let mut b = [0u8; 32];
         m.read(160, &mut b, PI_LAST_OF_16).unwrap();
         assert_eq!(b[..8], [0; 8]);
@@ -288,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_hole_punched_in_the_middle_of_a_page_reads_as_never_written() {
-        let m = MetaStore::memory().unwrap();
+        let m = crate::config::MetaFile::memory().unwrap().try_clone().unwrap();
         let pi = Some(Complemented { ms: 8, at: 0 });
         m.write(0, &[0x11; 8192], pi).unwrap();
         m.clear(4000, 200).unwrap();

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use nvme_ctrl::{MetaFile, MetadataConfig};
 
-use crate::zonespec::StateHome;
+use crate::zonespec::{beside, open_kept_file, StateHome};
 
 /// The option names, for a URI kind's option list.
 pub const OPTIONS: [&str; 5] = ["ms", "pi", "pil", "mset", "meta"];
@@ -135,12 +135,8 @@ impl MetaSpec {
     /// kept a RAM namespace's metadata in (an upgrade).
     pub fn open(&self, home: StateHome<'_>, kept: Option<OwnedFd>) -> std::io::Result<MetadataConfig> {
         let file = match (&self.path, home) {
-            (Some(p), _) => Some(open_file(p)?),
-            (None, StateHome::Beside(data)) => {
-                let mut p = data.as_os_str().to_owned();
-                p.push(".meta");
-                Some(open_file(&PathBuf::from(p))?)
-            }
+            (Some(p), _) => Some(open_kept_file(p, "metadata file")?),
+            (None, StateHome::Beside(data)) => Some(open_kept_file(&beside(data, ".meta"), "metadata file")?),
             (None, StateHome::Memory) => match kept {
                 Some(fd) => Some(std::fs::File::from(fd)),
                 None => {
@@ -158,11 +154,6 @@ impl MetaSpec {
         };
         Ok(MetadataConfig { store: MetaFile(file.map(Arc::new)), dps: self.dps(), extended: self.extended })
     }
-}
-
-fn open_file(p: &PathBuf) -> std::io::Result<std::fs::File> {
-    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
-    f.map_err(|e| std::io::Error::new(e.kind(), format!("metadata file {}: {e}", p.display())))
 }
 
 #[cfg(test)]

@@ -92,11 +92,7 @@ impl ZoneSpec {
         let mut cfg = self.layout(self.zone_size.expect("checked at parse"));
         let path = match (&self.state, home) {
             (Some(p), _) => Some(p.clone()),
-            (None, StateHome::Beside(data)) => {
-                let mut p = data.as_os_str().to_owned();
-                p.push(".zones");
-                Some(PathBuf::from(p))
-            }
+            (None, StateHome::Beside(data)) => Some(beside(data, ".zones")),
             (None, StateHome::Memory | StateHome::Nowhere) => None,
             (None, StateHome::Required(why)) => {
                 return Err(std::io::Error::new(
@@ -108,13 +104,24 @@ impl ZoneSpec {
             }
         };
         if let Some(p) = path {
-            let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p);
-            let f =
-                f.map_err(|e| std::io::Error::new(e.kind(), format!("zone state {}: {e}", p.display())))?;
-            cfg.state_file = Some(Arc::new(f));
+            cfg.state_file = Some(Arc::new(open_kept_file(&p, "zone state")?));
         }
         Ok(cfg)
     }
+}
+
+/// Opens (creating it if new, never truncating) a file a namespace keeps its state
+/// in beside its data (`what` names it in errors).
+pub fn open_kept_file(p: &Path, what: &str) -> std::io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+    f.map_err(|e| std::io::Error::new(e.kind(), format!("{what} {}: {e}", p.display())))
+}
+
+/// `DATA.SUFFIX`: where a file kept beside a namespace's data goes by default.
+pub fn beside(data: &Path, suffix: &str) -> PathBuf {
+    let mut p = data.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
 }
 
 #[cfg(test)]

@@ -78,9 +78,13 @@ fi
 # A known block, read back good, then corrupted under the guest.
 off=$((PI_CORRUPT_LBA * 512))
 dd if=/dev/urandom of=/tmp/pi4k bs=4096 count=1 2>/dev/null
-if dd_write /tmp/pi4k "$PI_DEV" 4096 $((off / 4096)) >/tmp/o 2>&1 &&
-    dd if="$PI_DEV" of=/tmp/pi4k.back bs=4096 count=1 skip=$((off / 4096)) iflag=direct 2>/tmp/o &&
-    cmp -s /tmp/pi4k /tmp/pi4k.back; then
+# round_trip: /tmp/pi4k written at $off through the block layer and read back the same.
+round_trip() {
+    dd_write /tmp/pi4k "$PI_DEV" 4096 $((off / 4096)) >/tmp/o 2>&1 &&
+        dd if="$PI_DEV" of=/tmp/pi4k.back bs=4096 count=1 skip=$((off / 4096)) iflag=direct 2>/tmp/o &&
+        cmp -s /tmp/pi4k /tmp/pi4k.back
+}
+if round_trip; then
     t_pass "a 4 KiB block at LBA $PI_CORRUPT_LBA written and read back"
 else
     t_fail "a 4 KiB block at LBA $PI_CORRUPT_LBA written and read back: $(tail -2 /tmp/o)"
@@ -110,9 +114,7 @@ else
     dmesg | tail -n +$((before + 1)) | tail -5
 fi
 # Rewritten: new protection information, good again.
-if dd_write /tmp/pi4k "$PI_DEV" 4096 $((off / 4096)) >/tmp/o 2>&1 &&
-    dd if="$PI_DEV" of=/tmp/pi4k.back bs=4096 count=1 skip=$((off / 4096)) iflag=direct 2>/tmp/o &&
-    cmp -s /tmp/pi4k /tmp/pi4k.back; then
+if round_trip; then
     t_pass "the corrupted block rewritten reads back good"
 else
     t_fail "the corrupted block rewritten: $(tail -2 /tmp/o)"

@@ -135,7 +135,7 @@ impl IoEngine {
             op::READ | op::VERIFY => {
                 let mut meta = vec![0u8; mlen];
                 store.read(moff, &mut meta, flip).map_err(meta_err(false))?;
-                let job = MetaRead {
+                let mut job = MetaRead {
                     meta,
                     block: 1 << shift,
                     ms: ms as usize,
@@ -144,7 +144,6 @@ impl IoEngine {
                     tags: p.tags,
                     to: mptr,
                 };
-                let mut job = job;
                 let data = if opcode == op::READ {
                     let (data, inline_meta) =
                         self.command_data(sqe, xfer, Direction::ToHost, inline, nlb, shift, ms)?;
@@ -270,11 +269,7 @@ impl IoEngine {
             }
             segs.push(Segment::Guest { gpa, len: mlen });
         }
-        for s in &segs {
-            if let Segment::Guest { gpa, len } = *s {
-                self.mem.check_range(gpa, len)?;
-            }
-        }
+        super::in_guest_memory(&self.mem, &segs)?;
         Ok(segs)
     }
 

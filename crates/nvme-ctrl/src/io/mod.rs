@@ -109,7 +109,8 @@ impl IoEngine {
             Psdt::Prp => {
                 prp_segments(&self.mem, sqe.prp1(), sqe.prp2(), len, self.settings().page_size(), &mut segs)
             }
-            // No metadata is supported, so MPTR's form does not matter.
+            // The two differ in MPTR's form only, which the metadata path reads
+            // (io/meta.rs).
             Psdt::SglMptrContiguous | Psdt::SglMptrSgl => {
                 sgl_segments(&self.mem, sqe.sgl1(), len, dir, &mut segs)
             }
@@ -118,12 +119,7 @@ impl IoEngine {
         // The walks leave data addresses to the copy; checking them here instead means
         // a command with a bad data page fails before the backend sees it, so a Write
         // never lands partly (and a Read never fills half a buffer) before failing.
-        let r = r.and_then(|()| {
-            segs.iter().try_for_each(|s| match *s {
-                Segment::Guest { gpa, len } => self.mem.check_range(gpa, len).map_err(CommandError::Memory),
-                Segment::Discard { .. } => Ok(()),
-            })
-        });
+        let r = r.and_then(|()| in_guest_memory(&self.mem, &segs));
         match r {
             Ok(()) => Ok(segs),
             Err(e) => {
@@ -225,6 +221,15 @@ impl IoEngine {
         self.backend_submit(nsid, req);
         Started::Pending
     }
+}
+
+/// Checks every guest segment of a walk lies in guest memory (the walks leave the
+/// data's addresses to the copy).
+pub(crate) fn in_guest_memory(mem: &guest_mem::GuestMemory, segs: &[Segment]) -> CmdResult<()> {
+    segs.iter().try_for_each(|s| match *s {
+        Segment::Guest { gpa, len } => mem.check_range(gpa, len).map_err(CommandError::Memory),
+        Segment::Discard { .. } => Ok(()),
+    })
 }
 
 /// The SLBA of commands that carry one (for the Error Information log).
