@@ -134,6 +134,39 @@ pub struct ControllerConfig {
     /// These capabilities rather than those the namespaces imply: a controller
     /// taking over from another (`ControllerState::capabilities`) says what it said.
     pub capabilities: Option<Capabilities>,
+    /// Flexible Data Placement in endurance group 1 (None: not offered).
+    pub fdp: Option<FdpConfig>,
+}
+
+/// Flexible Data Placement as a controller offers it: one endurance group (1), one
+/// reclaim group, one configuration; every namespace of the NVM command set gets a
+/// placement handle for each reclaim unit handle (placement handle i is RUH i).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FdpConfig {
+    /// Reclaim unit handles (1..=[`MAX_RUHS`]).
+    pub ruhs: u16,
+    /// Reclaim Unit Nominal Size in bytes (a multiple of 4 KiB).
+    pub ru_size: u64,
+}
+
+/// The most reclaim unit handles: what Linux asks the status of (it reads up to 127
+/// descriptors), and a bound on the state a configuration can make us keep.
+pub const MAX_RUHS: u16 = 127;
+
+impl FdpConfig {
+    /// Why it cannot be, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.ruhs == 0 || self.ruhs > MAX_RUHS {
+            return Err(format!("{} reclaim unit handles: 1 to {MAX_RUHS}", self.ruhs));
+        }
+        if self.ru_size == 0 || !self.ru_size.is_multiple_of(4096) {
+            return Err(format!(
+                "a reclaim unit of {} bytes: a multiple of 4 KiB, at least 4 KiB",
+                self.ru_size
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ControllerConfig {
@@ -165,6 +198,7 @@ impl Default for ControllerConfig {
             max_namespaces: 0,
             shadow_doorbells: true,
             capabilities: None,
+            fdp: None,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! - `dptr`: PRP and SGL walks.
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
+//! - `fdp`: Flexible Data Placement: reclaim unit handles, their statistics and events.
 //! - `metadata`: where a namespace's blocks' metadata (and protection information) lives.
 //! - `qos`: IOPS and bandwidth limits per namespace or group (`engine::throttle`
 //!   holds back what they do not let through yet).
@@ -36,6 +37,7 @@ mod dptr;
 mod engine;
 mod error;
 mod events;
+pub mod fdp;
 #[cfg(test)]
 mod interleave;
 mod interrupt;
@@ -53,8 +55,8 @@ mod stats;
 pub mod zoned;
 
 pub use config::{
-    Capabilities, ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig, DEFAULT_COMMAND_TIMEOUT,
-    MAX_NAMESPACES, RETRY_DELAYS,
+    Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig,
+    DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, RETRY_DELAYS,
 };
 pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;

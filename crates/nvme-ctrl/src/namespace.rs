@@ -105,6 +105,9 @@ pub struct Namespace {
     pub zones: Option<crate::zoned::Zones>,
     /// Where its blocks' metadata is kept (None: it has only the formats without).
     pub meta: Option<crate::metadata::MetaStore>,
+    /// The endurance group's Flexible Data Placement, whose every reclaim unit
+    /// handle it has a placement handle for (None: FDP is off, or it is zoned).
+    pub placement: Option<Arc<crate::fdp::Fdp>>,
 }
 
 /// A namespace's format at one instant.
@@ -175,6 +178,7 @@ impl Namespace {
             stats: Default::default(),
             zones: None,
             meta: None,
+            placement: None,
         }
     }
 
@@ -311,8 +315,14 @@ pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
     lba.is_multiple_of(bs) && size.is_multiple_of(lba) && size >= lba
 }
 
-/// Namespace `nsid` as `n` describes it, or why it cannot be.
-pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) -> Result<Namespace, String> {
+/// Namespace `nsid` as `n` describes it, or why it cannot be; with `fdp`, of the
+/// NVM command set, it places its writes through FDP's handles.
+pub(crate) fn make(
+    nsid: u32,
+    n: &crate::config::NamespaceConfig,
+    serial: &str,
+    fdp: Option<&Arc<crate::fdp::Fdp>>,
+) -> Result<Namespace, String> {
     let info = n.backend.info();
     let formats = if n.metadata.is_some() { LBA_FORMATS.len() } else { PLAIN_FORMATS };
     let Some(f) = LBA_FORMATS[..formats].get(n.lba_format as usize) else {
@@ -350,6 +360,9 @@ pub(crate) fn make(nsid: u32, n: &crate::config::NamespaceConfig, serial: &str) 
                 .map_err(|e| format!("namespace {nsid} ({}): {e}", info.kind))?;
             Ok(ns.with_zones(zones))
         }
-        None => Ok(ns),
+        None => {
+            ns.placement = fdp.cloned();
+            Ok(ns)
+        }
     }
 }

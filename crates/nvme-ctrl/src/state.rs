@@ -81,6 +81,10 @@ pub struct ControllerState {
     /// Active namespaces: the restoring side must have the same ones (NSID, size),
     /// and takes their current LBA format from here (a Format NVM may have changed it).
     pub namespaces: Vec<NamespaceSaved>,
+    /// Flexible Data Placement's reclaim units, statistics and events (None: FDP
+    /// is off); the restoring side must offer FDP alike.
+    #[serde(default)]
+    pub fdp: Option<crate::fdp::FdpSaved>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -20,6 +20,10 @@ pub mod fid {
     pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_BEHAVIOR_SUPPORT: u8 = 0x16;
+    /// Flexible Data Placement (endurance group: CDW11 names it).
+    pub const FDP: u8 = 0x1d;
+    /// FDP Events (namespace and placement handle specific).
+    pub const FDP_EVENTS: u8 = 0x1e;
 }
 
 /// The Host Behavior Support feature's data (Base: Set / Get Features, Host Behavior Support; a

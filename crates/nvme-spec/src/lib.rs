@@ -20,6 +20,7 @@ pub mod admin;
 pub mod aer;
 pub mod command;
 pub mod completion;
+pub mod fdp;
 pub mod features;
 pub mod identify;
 pub mod log;

@@ -16,6 +16,12 @@ pub mod lid {
     pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 0x05;
     pub const DEVICE_SELF_TEST: u8 = 0x06;
     pub const TELEMETRY_HOST: u8 = 0x07;
+    /// FDP Configurations, Reclaim Unit Handle Usage, FDP Statistics and FDP
+    /// Events (endurance group specific: LSI names the group).
+    pub const FDP_CONFIGURATIONS: u8 = 0x20;
+    pub const RUH_USAGE: u8 = 0x21;
+    pub const FDP_STATISTICS: u8 = 0x22;
+    pub const FDP_EVENTS: u8 = 0x23;
     /// Changed Zone List (ZNS; namespace specific).
     pub const CHANGED_ZONE_LIST: u8 = 0xbf;
 }

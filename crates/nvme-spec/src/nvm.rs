@@ -61,6 +61,11 @@ impl ReadWrite<'_> {
     pub fn dtype(&self) -> u8 {
         ((self.0.cdw12.get() >> 20) & 0xf) as u8
     }
+    /// Directive Specific (CDW13 31:16): with the Data Placement directive, the
+    /// placement identifier.
+    pub fn dspec(&self) -> u16 {
+        (self.0.cdw13.get() >> 16) as u16
+    }
 }
 
 /// Builds Read, Write, or another command with the SLBA / NLB layout of

@@ -42,8 +42,12 @@ pub mod nvm {
     pub const RESERVATION_REGISTER: u8 = 0x0d;
     pub const RESERVATION_REPORT: u8 = 0x0e;
     pub const RESERVATION_ACQUIRE: u8 = 0x11;
+    /// I/O Management Receive (NVM §3.2.4).
+    pub const IO_MGMT_RECV: u8 = 0x12;
     pub const RESERVATION_RELEASE: u8 = 0x15;
     pub const COPY: u8 = 0x19;
+    /// I/O Management Send (NVM §3.2.5).
+    pub const IO_MGMT_SEND: u8 = 0x1d;
 }
 
 /// Zoned Namespace Command Set I/O opcodes (ZNS §3.4).
@@ -112,6 +116,8 @@ impl NvmOpcode {
             nvm::RESERVATION_ACQUIRE => "Reservation Acquire",
             nvm::RESERVATION_RELEASE => "Reservation Release",
             nvm::COPY => "Copy",
+            nvm::IO_MGMT_RECV => "I/O Management Receive",
+            nvm::IO_MGMT_SEND => "I/O Management Send",
             zns::ZONE_MGMT_SEND => "Zone Management Send",
             zns::ZONE_MGMT_RECV => "Zone Management Receive",
             zns::ZONE_APPEND => "Zone Append",

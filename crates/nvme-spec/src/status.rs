@@ -93,6 +93,9 @@ impl Status {
     pub const OPERATION_DENIED: Status = Status::new(StatusCodeType::Generic, 0x15);
     pub const SGL_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x16);
     pub const COMMAND_INTERRUPTED: Status = Status::new(StatusCodeType::Generic, 0x21);
+    /// A Flexible Data Placement command while FDP is disabled.
+    pub const FDP_DISABLED: Status = Status::new(StatusCodeType::Generic, 0x29);
+    pub const INVALID_PLACEMENT_HANDLE_LIST: Status = Status::new(StatusCodeType::Generic, 0x2a);
     // Generic Command Status, NVM command set values (Base Figure 102).
     pub const NAMESPACE_WRITE_PROTECTED: Status = Status::new(StatusCodeType::Generic, 0x20);
     pub const LBA_OUT_OF_RANGE: Status = Status::new(StatusCodeType::Generic, 0x80);

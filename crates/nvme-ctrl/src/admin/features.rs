@@ -111,6 +111,10 @@ impl FeatureState {
 impl Admin<'_> {
     pub(crate) fn set_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
         let f = Features(sqe);
+        if f.fid() == fid::FDP {
+            // Saved or not, it is what the configuration made it.
+            return self.set_fdp(sqe);
+        }
         if f.sv() {
             return status(Status::FEATURE_NOT_SAVEABLE);
         }
@@ -205,6 +209,16 @@ impl Admin<'_> {
                 return status(Status::IO_COMMAND_SET_COMBINATION_REJECTED.with_dnr())
             }
             fid::IO_COMMAND_SET_PROFILE => {}
+            fid::FDP_EVENTS => {
+                let fdp = self.fdp_of(f.nsid())?;
+                let e = nvme_spec::fdp::EventsFeature(v);
+                if e.noet() == 0 {
+                    return Err(CommandError::InvalidField("no FDP event types given"));
+                }
+                let enable = sqe.cdw12.get() & 1 != 0;
+                let types = self.copy_from_host(sqe, e.noet() as usize)?;
+                fdp.set_events(e.phndl(), &types, enable).map_err(CommandError::InvalidField)?;
+            }
             _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
         }
         self.apply_settings();
@@ -235,6 +249,10 @@ impl Admin<'_> {
                         Ok(AdminDone::Complete(capability::CHANGEABLE))
                     }
                     fid::VOLATILE_WRITE_CACHE | fid::IO_COMMAND_SET_PROFILE => Ok(AdminDone::Complete(0)),
+                    fid::FDP if self.fdp.is_some() => Ok(AdminDone::Complete(0)),
+                    fid::FDP_EVENTS if self.fdp.is_some() => {
+                        Ok(AdminDone::Complete(capability::CHANGEABLE | capability::NAMESPACE_SPECIFIC))
+                    }
                     _ => Err(CommandError::InvalidField("unsupported feature identifier")),
                 };
             }
@@ -281,21 +299,62 @@ impl Admin<'_> {
                 0
             }
             fid::TIMESTAMP => {
-                let now = self.clock.now_ns();
-                let (ms, origin) = match self.admin.features.timestamp {
-                    Some((ms, at)) => (super::timestamp_now(ms, at, now), 1u8),
-                    // Not set since reset: time since the controller was reset (origin 0).
-                    None => (now.saturating_sub(self.admin.features.reset_ns) / 1_000_000, 0u8),
-                };
-                let mut data = [0u8; 8];
-                data[..6].copy_from_slice(&ms.to_le_bytes()[..6]);
-                data[6] = origin << 1;
+                let data = self.timestamp_at(self.clock.now_ns());
                 self.copy_to_host(sqe, &data)?;
                 0
+            }
+            fid::FDP => {
+                if self.fdp.is_none() {
+                    return Err(CommandError::InvalidField("Flexible Data Placement is not offered"));
+                }
+                if f.value() as u16 != crate::fdp::ENDGID {
+                    return Err(CommandError::InvalidField("no such endurance group"));
+                }
+                // Enabled, in configuration 0 (the only one).
+                nvme_spec::fdp::feature::FDPE
+            }
+            fid::FDP_EVENTS => {
+                let fdp = self.fdp_of(f.nsid())?;
+                let e = nvme_spec::fdp::EventsFeature(f.value());
+                let (data, n) = fdp.get_events(e.phndl(), e.noet()).map_err(CommandError::InvalidField)?;
+                self.copy_to_host(sqe, &data)?;
+                n
             }
             _ => return Err(CommandError::InvalidField("unsupported feature identifier")),
         };
         Ok(AdminDone::Complete(dw0))
+    }
+
+    /// The controller's time at clock reading `at_ns` as the Timestamp feature gives
+    /// it: milliseconds (48 bits) from what the host set, or since the last reset if
+    /// it set none (origin 0).
+    pub(crate) fn timestamp_at(&self, at_ns: u64) -> [u8; 8] {
+        let (ms, origin) = match self.admin.features.timestamp {
+            Some((ms, at)) => (super::timestamp_now(ms, at, at_ns), 1u8),
+            None => (at_ns.saturating_sub(self.admin.features.reset_ns) / 1_000_000, 0u8),
+        };
+        let mut data = [0u8; 8];
+        data[..6].copy_from_slice(&ms.to_le_bytes()[..6]);
+        data[6] = origin << 1;
+        data
+    }
+
+    /// Set Features, Flexible Data Placement: the configuration fixed it (enabled,
+    /// configuration 0) and the endurance group has namespaces, so only what is in
+    /// effect may be set again.
+    fn set_fdp(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        if self.fdp.is_none() {
+            return Err(CommandError::InvalidField("Flexible Data Placement is not offered"));
+        }
+        if Features(sqe).value() as u16 != crate::fdp::ENDGID {
+            return Err(CommandError::InvalidField("no such endurance group"));
+        }
+        let v = sqe.cdw12.get();
+        let fdpe = v & nvme_spec::fdp::feature::FDPE != 0;
+        if !fdpe || nvme_spec::fdp::feature::config_index(v) != 0 {
+            return Err(CommandError::Sequence("FDP changed while the endurance group has namespaces"));
+        }
+        Ok(AdminDone::Complete(0))
     }
 
     /// Compares the composite temperature with the thresholds; sets or clears the
@@ -312,6 +371,18 @@ impl Admin<'_> {
                 info: smart_info::TEMPERATURE_THRESHOLD,
                 log_page: lid::SMART_HEALTH,
             });
+        }
+    }
+}
+
+impl<'a> Admin<'a> {
+    /// FDP of namespace `nsid` (FDP Events is per namespace), or why not.
+    fn fdp_of(&self, nsid: u32) -> CmdResult<&'a crate::fdp::Fdp> {
+        let ns = self.active_ns(nsid)?;
+        match (self.fdp, &ns.placement) {
+            (Some(f), Some(_)) => Ok(f),
+            (Some(_), None) => Err(CommandError::InvalidField("the namespace has no placement handles")),
+            (None, _) => Err(CommandError::InvalidField("Flexible Data Placement is not offered")),
         }
     }
 }

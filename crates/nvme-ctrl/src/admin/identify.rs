@@ -152,6 +152,11 @@ impl Admin<'_> {
         c.psd[0].mp = U16::new(900);
         c.psd[0].enlat = U32::new(10);
         c.psd[0].exlat = U32::new(10);
+        if self.fdp.is_some() {
+            use nvme_spec::fdp::ctratt;
+            c.ctratt = U32::new(ctratt::ENDURANCE_GROUPS | ctratt::FDPS);
+            c.endgidmax = U16::new(crate::fdp::ENDGID);
+        }
         c
     }
 
@@ -161,7 +166,15 @@ impl Admin<'_> {
             return Err(CommandError::InvalidNamespace(nsid));
         }
         match self.active_ns(nsid) {
-            Ok(ns) => Ok(namespace_data(&ns)),
+            Ok(ns) => {
+                let mut d = namespace_data(&ns);
+                if self.fdp.is_some() {
+                    // Every namespace is in the one endurance group (a zoned one
+                    // without placement handles).
+                    d.endgid = U16::new(crate::fdp::ENDGID);
+                }
+                Ok(d)
+            }
             // An inactive NSID (within NN, no namespace now): a zero-filled
             // structure (Base §5.1.13.2.1), which is how a host learns it went away.
             Err(_) if nsid >= 1 && nsid <= self.max_namespaces() => Ok(IdentifyNamespace::new_zeroed()),

@@ -39,14 +39,28 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => command_effects(false).as_bytes().to_vec(),
-                CSI_ZNS => command_effects(true).as_bytes().to_vec(),
+                CSI_NVM => command_effects(false, self.fdp.is_some()).as_bytes().to_vec(),
+                CSI_ZNS => command_effects(true, self.fdp.is_some()).as_bytes().to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",
                     ))
                 }
             },
+            lid::FDP_CONFIGURATIONS | lid::RUH_USAGE | lid::FDP_STATISTICS | lid::FDP_EVENTS => {
+                let Some(fdp) = self.fdp else {
+                    return status(Status::INVALID_LOG_PAGE);
+                };
+                if g.lsi() != crate::fdp::ENDGID {
+                    return Err(CommandError::InvalidField("no such endurance group"));
+                }
+                match g.lid() {
+                    lid::FDP_CONFIGURATIONS => fdp.configurations_log(self.max_namespaces()),
+                    lid::RUH_USAGE => fdp.usage_log(),
+                    lid::FDP_STATISTICS => fdp.statistics_log(),
+                    _ => fdp.events_log(g.lsp() & 1 != 0, |at| self.timestamp_at(at)),
+                }
+            }
             lid::CHANGED_ZONE_LIST => {
                 let ns = self.active_ns(sqe.nsid.get())?;
                 let Some(zones) = &ns.zones else {
@@ -108,8 +122,8 @@ impl Admin<'_> {
 /// Commands Supported and Effects: what each supported opcode may change, so the host
 /// knows to quiesce around Format NVM; with `zoned`, of the Zoned Namespace command
 /// set (the NVM set's commands and its own: a Linux host reads Zone Append's entry
-/// before it lets a zoned namespace be written).
-fn command_effects(zoned: bool) -> CommandsSupportedAndEffects {
+/// before it lets a zoned namespace be written); with `fdp`, I/O Management.
+fn command_effects(zoned: bool, fdp: bool) -> CommandsSupportedAndEffects {
     let mut e = CommandsSupportedAndEffects::new_zeroed();
     let s = effects::CSUPP;
     for op in [
@@ -134,6 +148,10 @@ fn command_effects(zoned: bool) -> CommandsSupportedAndEffects {
     }
     for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
         e.iocs[op as usize] = U32::new(s | effects::LBCC);
+    }
+    if fdp {
+        e.iocs[iop::IO_MGMT_RECV as usize] = U32::new(s);
+        e.iocs[iop::IO_MGMT_SEND as usize] = U32::new(s);
     }
     if zoned {
         e.iocs[zop::ZONE_MGMT_RECV as usize] = U32::new(s);

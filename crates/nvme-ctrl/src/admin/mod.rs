@@ -56,6 +56,8 @@ pub(crate) struct Admin<'a> {
     pub events: &'a Events,
     pub stats: &'a Stats,
     pub clock: &'a dyn Clock,
+    /// Endurance group 1's Flexible Data Placement (None: not offered).
+    pub fdp: Option<&'a crate::fdp::Fdp>,
 }
 
 /// How an admin command finished.

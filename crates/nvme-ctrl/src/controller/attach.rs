@@ -60,7 +60,9 @@ impl Controller {
                 free as u32 + 1
             }
         };
-        let ns = Arc::new(make_namespace(nsid, n, &self.cfg.serial).map_err(NamespaceError::Invalid)?);
+        let ns = Arc::new(
+            make_namespace(nsid, n, &self.cfg.serial, self.fdp.as_ref()).map_err(NamespaceError::Invalid)?,
+        );
         self.admin.attach(&ns).map_err(NamespaceError::Open)?;
         let mut slots = self.namespaces.to_vec();
         slots[nsid as usize - 1] = Some(ns.clone());

@@ -125,6 +125,7 @@ impl Controller {
                     zone_layout: n.zones.as_ref().map(|z| z.layout()),
                 })
                 .collect(),
+            fdp: self.fdp.as_ref().map(|f| f.save()),
         }
     }
 
@@ -157,6 +158,12 @@ impl Controller {
             )));
         }
         self.check_namespaces(s).map_err(bad)?;
+        match (&self.fdp, &s.fdp) {
+            (None, None) => {}
+            (Some(f), Some(saved)) => saved.check(f.config()).map_err(bad)?,
+            (Some(_), None) => return Err(bad("FDP is on here, not in the state".into())),
+            (None, Some(_)) => return Err(bad("FDP is on in the state, not here".into())),
+        }
         let phase = s.regs.check(self.cap()).map_err(bad)?;
         let bounds = QueueBounds {
             max_qid: self.cfg.max_io_queues,
@@ -280,6 +287,9 @@ impl Controller {
                     z.restore(saved);
                 }
             }
+        }
+        if let (Some(f), Some(saved)) = (&self.fdp, &s.fdp) {
+            f.restore(saved);
         }
         // Registers last: the controller is live from here.
         self.regs.restore(&s.regs);

@@ -51,6 +51,8 @@ pub struct Controller {
     pub(crate) events: Arc<Events>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Endurance group 1's Flexible Data Placement (None: not offered).
+    pub(crate) fdp: Option<Arc<crate::fdp::Fdp>>,
 }
 
 impl Controller {
@@ -85,6 +87,10 @@ impl Controller {
                 crate::config::MAX_NAMESPACES
             )));
         }
+        if let Some(f) = &cfg.fdp {
+            f.check().map_err(|e| std::io::Error::other(format!("flexible data placement: {e}")))?;
+        }
+        let fdp = cfg.fdp.map(|f| Arc::new(crate::fdp::Fdp::new(f)));
         let mut slots: Vec<Option<Arc<Namespace>>> = vec![None; nn];
         for (i, n) in cfg.namespaces.iter().enumerate() {
             let nsid = n.nsid.unwrap_or(i as u32 + 1);
@@ -94,8 +100,9 @@ impl Controller {
             if slot.is_some() {
                 return Err(std::io::Error::other(format!("namespace {nsid} given twice")));
             }
-            *slot =
-                Some(Arc::new(crate::namespace::make(nsid, n, &cfg.serial).map_err(std::io::Error::other)?));
+            *slot = Some(Arc::new(
+                crate::namespace::make(nsid, n, &cfg.serial, fdp.as_ref()).map_err(std::io::Error::other)?,
+            ));
         }
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
@@ -112,6 +119,7 @@ impl Controller {
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
             caps,
+            fdp: fdp.is_some(),
             memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
@@ -133,6 +141,7 @@ impl Controller {
             events,
             stats,
             clock,
+            fdp,
             cfg,
         })
     }
@@ -491,6 +500,7 @@ impl Controller {
             events: &self.events,
             stats: &self.stats,
             clock: &*self.clock,
+            fdp: self.fdp.as_deref(),
         }
     }
 

@@ -83,6 +83,9 @@ impl IoEngine {
             }
             job.zone = Some(zones.start_write(sdlba << shift, total << shift, false, fua)?);
         }
+        // The destination's writes go where its Data Placement directive says
+        // (Copy has DTYPE and DSPEC where Write has them).
+        self.with_namespace(nsid, |ns| self.place_write(ns, sqe, total))?;
         let mut f = InFlight::new(sqid, sqe, nsid, sdlba, Op::Read, 1, Finish::Copy(Box::new(job)));
         f.host_bytes = largest;
         let tag = self.track(f);

@@ -118,6 +118,7 @@ impl IoEngine {
                     self.release_data(data, false);
                     return Err(e);
                 }
+                self.place_write(ns, sqe, nlb);
                 self.count(Count::BytesWritten, len);
                 self.count(Count::WriteCommands, 1);
                 Ok(self.submit_one(
@@ -204,6 +205,7 @@ impl IoEngine {
                     store.sync().map_err(meta_err(true))?;
                 }
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
+                self.place_write(ns, sqe, nlb);
                 Ok(self.submit_ranges(sqid, sqe, ns, slba, op, &[(offset, len)], Finish::Plain))
             }
             _ => unreachable!("dispatched by opcode"),

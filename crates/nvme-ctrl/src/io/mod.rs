@@ -2,6 +2,7 @@
 
 mod copy;
 mod dsm;
+mod fdp;
 mod flush;
 mod meta;
 mod rw;
@@ -77,6 +78,8 @@ impl IoEngine {
             zop::ZONE_APPEND => self.read_write(sqid, sqe),
             zop::ZONE_MGMT_SEND => self.zone_mgmt_send(sqid, sqe),
             zop::ZONE_MGMT_RECV => self.zone_mgmt_recv(sqe),
+            op::IO_MGMT_RECV => self.io_mgmt_recv(sqe),
+            op::IO_MGMT_SEND => self.io_mgmt_send(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }
@@ -128,6 +131,16 @@ impl IoEngine {
                 Err(e)
             }
         }
+    }
+
+    /// `data` written to a command's data pointer (a report's whole buffer).
+    pub(crate) fn write_command_data(&mut self, sqe: &Sqe, data: &[u8]) -> CmdResult<()> {
+        let len = data.len() as u64;
+        let segs = self.data_segments(sqe, len, Direction::ToHost)?;
+        let written = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.write_from(&self.mem, data));
+        self.release_data(DataBuf::Guest(segs), written.is_ok());
+        written?;
+        Ok(())
     }
 
     /// The `len` bytes a command's data pointer holds (a DSM range list, Copy's

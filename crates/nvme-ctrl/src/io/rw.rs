@@ -17,8 +17,9 @@ impl IoEngine {
         let nsid = sqe.nsid.get();
         // Its size and format, read in place (no reference taken per command), and
         // once: a Format NVM changing it meanwhile does not change it for this command.
-        let (size, format, zoned) =
-            self.with_namespace(nsid, |ns| (ns.size(), ns.format_state(), ns.zones.is_some()))?;
+        let (size, format, zoned, placed) = self.with_namespace(nsid, |ns| {
+            (ns.size(), ns.format_state(), ns.zones.is_some(), ns.placement.is_some())
+        })?;
         let f = format.def();
         let (shift, ms) = (f.shift as u32, f.ms);
         let nsze = size >> shift;
@@ -73,6 +74,10 @@ impl IoEngine {
             }
             op::WRITE => {
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
+                if placed {
+                    // Found above, in this command: the table does not change meanwhile.
+                    let _ = self.with_namespace(nsid, |ns| self.place_write(ns, sqe, nlb));
+                }
                 self.count(Count::BytesWritten, len);
                 self.count(Count::WriteCommands, 1);
                 self.submit_one(
@@ -100,6 +105,7 @@ impl IoEngine {
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
                 let ns = self.namespace(nsid)?;
+                self.place_write(&ns, sqe, nlb);
                 self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)], Finish::Plain)
             }
             _ => unreachable!("dispatched by opcode"),

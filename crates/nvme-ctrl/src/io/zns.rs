@@ -2,7 +2,7 @@
 //! and Receive, Zone Append, and the zone rules a Write, Write Zeroes or Read on a
 //! zoned namespace follows. The zones themselves are [`crate::zoned`].
 
-use block_backend::{DataBuf, Op, SegmentCursor};
+use block_backend::{DataBuf, Op};
 use nvme_spec::nvm::ReadWrite;
 use nvme_spec::opcode::{nvm as op, zns as zop};
 use nvme_spec::zns::{zra, zsa, ReportZonesHeader, ZoneMgmtRecv, ZoneMgmtSend, ZoneState};
@@ -166,15 +166,5 @@ impl IoEngine {
         let r =
             self.with_namespace(nsid, |ns| ns.zones.as_ref().map_or(Ok(()), |z| z.check_read(offset, len)))?;
         Ok(r?)
-    }
-
-    /// `data` written to a command's data pointer (a report's whole buffer).
-    fn write_command_data(&mut self, sqe: &Sqe, data: &[u8]) -> CmdResult<()> {
-        let len = data.len() as u64;
-        let segs = self.data_segments(sqe, len, Direction::ToHost)?;
-        let written = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.write_from(&self.mem, data));
-        self.release_data(DataBuf::Guest(segs), written.is_ok());
-        written?;
-        Ok(())
     }
 }
