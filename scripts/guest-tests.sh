@@ -25,7 +25,7 @@ own \`vnvme serve\` (built with cargo build --release first):
 
  main    server: --ns ram:64M --ns ram:32M:lba=4096 --ns file:IMG:128M
          --ns file:ZNS:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16
-         --ns file:PI:64M:ms=8:pi=1 --poll off
+         --ns file:PI:64M:ms=8:pi=1 --fdp 4:ru=1M --poll off
          --workers 1 (pinned: inline mode is the default on 2-CPU hosts, and the
          worker path needs a real guest too; the faults suite runs inline)
          guest (scripts/guest/tests/main.sh): nvme-cli id-ctrl (serial, nn,
@@ -118,6 +118,11 @@ own \`vnvme serve\` (built with cargo build --release first):
          file:IMG:64M:ms=8:pi=1, counted, and on QEMU's nvme with ms=8,pi=1 on
          a raw file (its metadata after the data), reported: what each passes
          side by side, the host corrupting the same byte under each.
+ fdp-qemu (asked for only; last kernel) the flexible data placement checks of
+         the main suite (scripts/guest/tests/fdp.sh) on vnvme with one namespace
+         ram:64M and --fdp 4:ru=1M, counted, and on QEMU's nvme in a subsystem
+         with fdp=on, fdp.nruh=4, fdp.runs=1M (the namespace given handles
+         0-3) on a raw file, reported: what each passes side by side.
  reboot  server: --ns ram:64M --poll adaptive --workers 2; QEMU may reboot
          guest (scripts/guest/tests/reboot.sh): doorbell counters under
          adaptive polling (2 x QD 32 below 1, the others reported), fio
@@ -126,8 +131,8 @@ own \`vnvme serve\` (built with cargo build --release first):
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
-                    upgrade, zns-qemu, pi-qemu;
-                    default: all but zns-qemu and pi-qemu)
+                    upgrade, zns-qemu, pi-qemu, fdp-qemu;
+                    default: all but zns-qemu, pi-qemu and fdp-qemu)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
@@ -351,11 +356,12 @@ suite_main() {
     write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
     printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\nNN=5\nPI_CORRUPT_LBA=%s\n' $((256 << 20)) \
         $((8 << 20)) $((6 << 20)) 16 65536 >>"$d/config.sh"
+    printf 'FDP_RUHS=4\nFDP_RU=%s\n' $((1 << 20)) >>"$d/config.sh"
     rm -f "$d/zns.img" "$d/zns.img.zones" "$d/pi.img" "$d/pi.img.meta"
     VN_HOST_ACTION=pi_action
     suite_boot "$k" "$d" main main.sh --timeout 480 -- --ns ram:64M --ns ram:32M:lba=4096 \
         --ns "file:$img:128M" --ns "file:$d/zns.img:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16" \
-        --ns "file:$d/pi.img:64M:ms=8:pi=1" --poll off --workers 1 --serial VNVMEGT0001 || return
+        --ns "file:$d/pi.img:64M:ms=8:pi=1" --fdp 4:ru=1M --poll off --workers 1 --serial VNVMEGT0001 || return
     VN_HOST_ACTION=""
     zones_check "$k" "$d"
     pi_check "$k" "$d"
@@ -1043,6 +1049,52 @@ suite_pi_qemu() {
     echo "  [$k] pi-qemu suite: $(($(date +%s) - t0)) s"
 }
 
+# The flexible data placement checks side by side (not in the default run: a
+# comparison, not a test of vnvme): fdp.sh on vnvme with one namespace and
+# --fdp 4:ru=1M, counted, and on QEMU's nvme in a subsystem with fdp=on,
+# fdp.nruh=4, fdp.runs=1M and the namespace given all four handles, reported.
+suite_fdp_qemu() {
+    local k=$1
+    local d="$work/$k-fdp" t0 side
+    mkdir -p "$d/vnvme" "$d/qemu"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] fdp-qemu suite: the flexible data placement checks on vnvme and on QEMU's nvme (4 handles, 1 MiB units)"
+    local cfg
+    cfg=$(printf 'FDP_RUHS=4\nFDP_RU=%s' $((1 << 20)))
+    write_config "$d/vnvme/config.sh" VNVMEGT0012 $((64 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=vnvme\n' "$cfg" >>"$d/vnvme/config.sh"
+    suite_boot "$k" "$d/vnvme" fdp fdp-alone.sh --timeout 300 -- --ns ram:64M --fdp 4:ru=1M \
+        --poll off --workers 1 --serial VNVMEGT0012 || return
+    write_config "$d/qemu/config.sh" QEMUFDP0001 $((64 << 20)) 512 0 512 0 512
+    printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
+    rm -f "$d/qemu/fdp.img"
+    truncate -s $((64 << 20)) "$d/qemu/fdp.img"
+    guest_adds "$d/qemu/config.sh"
+    {
+        local brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/fdp-alone.sh" \
+            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
+            -drive "file=$d/qemu/fdp.img,if=none,id=f1,format=raw,cache=none,aio=io_uring" \
+            -device nvme-subsys,id=fs0,nqn=vnvme-fdp-compare,fdp=on,fdp.nruh=4,fdp.runs=1M \
+            -device nvme,id=nv0,serial=QEMUFDP0001,subsys=fs0 \
+            -device "nvme-ns,drive=f1,bus=nv0,nsid=1,fdp.ruhs=0;1;2;3" ||
+            brc=$?
+        echo "$brc" >"$d/qemu/boot.rc"
+    } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
+        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
+    echo "  [$k] fdp checks side by side (the same kernel and scripts):"
+    for side in vnvme qemu; do
+        printf '    %-10s %s passed, %s failed%s\n' \
+            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
+            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
+            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
+    done
+    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+    rm -f "$d/qemu/fdp.img"
+    echo "  [$k] fdp-qemu suite: $(($(date +%s) - t0)) s"
+}
+
 # zns_again_config GUEST_LOG: the config lines for the boot after a zns-alone.sh
 # boot: the sum of the btrfs file it wrote, how many zones it left written.
 zns_again_config() {
@@ -1146,6 +1198,7 @@ if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     want upgrade && suite_upgrade "$k_last"
     asked zns-qemu && suite_zns_qemu "$k_last"
     asked pi-qemu && suite_pi_qemu "$k_last"
+    asked fdp-qemu && suite_fdp_qemu "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

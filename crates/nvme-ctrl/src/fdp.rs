@@ -273,7 +273,10 @@ impl Fdp {
                 .iter()
                 .map(|r| Event {
                     etype: r.etype,
-                    flags: event_flags::NSIDV | if r.pid.is_some() { event_flags::PIV } else { 0 },
+                    // The handle (and its reclaim group, 0) is always named: LV.
+                    flags: event_flags::NSIDV
+                        | event_flags::LV
+                        | if r.pid.is_some() { event_flags::PIV } else { 0 },
                     pid: U16::new(r.pid.unwrap_or(0)),
                     timestamp: timestamp(r.at_ns),
                     nsid: U32::new(r.nsid),
@@ -444,7 +447,10 @@ mod tests {
         let log = f.events_log(true, |ns| ns.to_le_bytes());
         assert_eq!(u32::from_le_bytes(log[..4].try_into().unwrap()), 1);
         let r = &log[64..128];
-        assert_eq!((r[0], r[1]), (event::RU_NOT_FULLY_WRITTEN, event_flags::PIV | event_flags::NSIDV));
+        assert_eq!(
+            (r[0], r[1]),
+            (event::RU_NOT_FULLY_WRITTEN, event_flags::PIV | event_flags::NSIDV | event_flags::LV)
+        );
         assert_eq!(u64::from_le_bytes(r[4..12].try_into().unwrap()), 9);
         assert_eq!(u16::from_le_bytes(r[34..36].try_into().unwrap()), 2);
         assert_eq!(f.events_log(false, |_| [0; 8]).len(), 64, "no controller events");

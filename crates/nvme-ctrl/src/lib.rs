@@ -56,7 +56,7 @@ pub mod zoned;
 
 pub use config::{
     Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig,
-    DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, RETRY_DELAYS,
+    DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
 };
 pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;

@@ -6,6 +6,7 @@ mod ctl;
 mod demo;
 mod docs;
 mod endpoint;
+mod fdpspec;
 mod identify;
 mod logging;
 mod metaspec;

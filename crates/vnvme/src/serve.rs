@@ -170,6 +170,13 @@ pub struct ServeArgs {
     /// --control, else as many as --ns gives. 1 to 1024.
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=nvme_ctrl::MAX_NAMESPACES as u64))]
     pub max_namespaces: Option<u32>,
+    /// Offer Flexible Data Placement (NVMe TP4146): endurance group 1 with HANDLES
+    /// reclaim unit handles (1 to 127), reclaim units of SIZE bytes (a multiple of
+    /// 4 KiB; default 64M). Every namespace of the NVM command set has a placement
+    /// handle for each; a write's Data Placement directive names the one it goes
+    /// through (docs/fdp.md).
+    #[arg(long, value_name = "HANDLES[:ru=SIZE]", value_parser = crate::fdpspec::parse)]
+    pub fdp: Option<nvme_ctrl::FdpConfig>,
 }
 
 /// on or off.
@@ -582,6 +589,7 @@ fn controller_config(a: &ServeArgs, max_namespaces: u32) -> ControllerConfig {
         shadow_doorbells: !a.no_shadow_doorbells,
         namespaces: Vec::new(),
         max_namespaces,
+        fdp: a.fdp,
         ..Default::default()
     }
 }
@@ -679,6 +687,13 @@ impl Running {
             a.queues,
             dev.dma_region_limit()
         );
+        if let Some(f) = a.fdp {
+            eprintln!(
+                "vnvme: flexible data placement: endurance group 1, {} reclaim unit handle(s) of {} reclaim units",
+                f.ruhs,
+                crate::units::human_size(f.ru_size)
+            );
+        }
         if let Some(path) = a.stats_file.clone() {
             // Once as this user, before any drop: a path it cannot write fails now
             // (taking over, the client is ours already: say so and go on).

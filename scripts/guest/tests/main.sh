@@ -2,16 +2,18 @@
 # The main guest suite (scripts/guest-tests.sh, one boot per kernel). The host
 # serves one controller with five namespaces (see config.sh, written by the
 # host): n1 RAM with 512 B LBAs, n2 RAM with 4 KiB LBAs, n3 file-backed, n4 a
-# zoned namespace on a file, n5 a file with type 1 protection information, and
-# runs the server with --poll off so the doorbell counters reflect EventIdx.
+# zoned namespace on a file, n5 a file with type 1 protection information, all
+# in an endurance group with flexible data placement (4 reclaim unit handles),
+# and runs the server with --poll off so the doorbell counters reflect EventIdx.
 . /tests/lib.sh
 . /tests/config.sh
 echo "== guest-tests main suite: Linux $(uname -r)"
 probe_or_exit 5
 t_pass "controller probe: nvme0 live, NSID 1/2/3/4/5 = $D1 $D2 $D3 $D4 $D5"
 PI_DEV=$D5
+FDP_DEV=$D1
 fio_engine "$D1"
-for t in nvme-cli multi-ns dsm fio-verify format ext4 zns pi reset reload doorbells; do
+for t in nvme-cli multi-ns dsm fio-verify format ext4 zns pi fdp reset reload doorbells; do
     echo "== $t"
     # shellcheck disable=SC1090
     . "/tests/$t.sh"
