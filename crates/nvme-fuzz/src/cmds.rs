@@ -231,7 +231,9 @@ impl Fuzzer<'_> {
             zop::ZONE_APPEND,
             zop::ZONE_MGMT_SEND,
             zop::ZONE_MGMT_RECV,
-        ][c.op as usize % 12];
+            iop::IO_MGMT_RECV,
+            iop::IO_MGMT_SEND,
+        ][c.op as usize % 14];
         let mut pages = Vec::new();
         let nsid = if c.op % 12 == 8 { NSID_ALL } else { ns.nsid };
         // On a zoned namespace, zone commands mostly name a zone's start (and Zone
@@ -289,6 +291,11 @@ impl Fuzzer<'_> {
                 let (nr_z, desfmt) = ((n - 1) as u8, (c.flags >> 4) & 1);
                 let mut s = CopyCmd { nsid, sdlba: slba, nr_z, desfmt, fua }.to_sqe();
                 s.set_prps(page, 0);
+                if c.flags & 0x40 != 0 {
+                    // The destination placed by a Data Placement directive.
+                    s.cdw12 = U32::new(s.cdw12.get() | 2 << 20);
+                    s.cdw13 = U32::new((c.buf as u32 % 10) << 16);
+                }
                 return (s, pages, false);
             }
             zop::ZONE_MGMT_SEND => {
@@ -308,11 +315,44 @@ impl Fuzzer<'_> {
                 s.set_prps(p1, p2);
                 return (s, pages, true);
             }
+            iop::IO_MGMT_RECV => {
+                // Reclaim unit handle status (now and then MO 0 or a reserved one)
+                // into a buffer of 1 dword to 8 KiB.
+                let len = (4 * (1 + c.slba as u64 % 2048)).min(self.p.mdts_bytes);
+                let mut s = Sqe::with_opcode(opcode);
+                s.nsid = U32::new(nsid);
+                s.cdw10 = U32::new(c.nlb as u32 % 3);
+                s.cdw11 = U32::new((len / 4 - 1) as u32);
+                let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
+                s.set_prps(p1, p2);
+                return (s, pages, true);
+            }
+            iop::IO_MGMT_SEND => {
+                // Reclaim unit handle update of 1 to 8 placement identifiers, some
+                // beyond the handles (now and then MO 0 or a reserved one).
+                let n = 1 + c.slba % 8;
+                let (i, page) = self.list_page();
+                pages.push(i);
+                let pids: Vec<u8> =
+                    (0..n).flat_map(|k| ((c.slba >> (k * 3)) as u16 % 10).to_le_bytes()).collect();
+                self.write_mem(page, &pids);
+                let mut s = Sqe::with_opcode(opcode);
+                s.nsid = U32::new(nsid);
+                s.cdw10 = U32::new(c.nlb as u32 % 3 | (n - 1) << 16);
+                s.set_prps(page, 0);
+                return (s, pages, false);
+            }
             iop::FLUSH => FlushCmd { nsid }.to_sqe(),
             iop::WRITE_ZEROES => WriteZeroesCmd { nsid, slba, nlb_z, deac: c.flags & 8 != 0, fua }.to_sqe(),
             _ => rw.to_sqe(opcode),
         };
         let mut s = s;
+        if c.flags & 0x10 != 0 && matches!(opcode, iop::WRITE | iop::WRITE_ZEROES) {
+            // A Data Placement directive, its placement identifier now and then
+            // beyond the handles.
+            s.cdw12 = U32::new(s.cdw12.get() | 2 << 20);
+            s.cdw13 = U32::new(s.cdw13.get() | (c.buf as u32 % 10) << 16);
+        }
         if ns.meta_size() > 0
             && matches!(opcode, iop::READ | iop::WRITE | iop::COMPARE | iop::VERIFY | iop::WRITE_ZEROES)
         {

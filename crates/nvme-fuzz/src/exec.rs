@@ -293,6 +293,8 @@ impl<'s> Fuzzer<'s> {
             mqes_z: 1 + s.mqes_z % 1023,
             aerl_z: s.aerl_z % 8,
             namespaces,
+            fdp: (s.dstrd & 0x10 != 0)
+                .then(|| nvme_ctrl::FdpConfig { ruhs: 1 + (s.dstrd >> 5) as u16, ru_size: 64 << 10 }),
             ..Default::default()
         };
         let p = Params {

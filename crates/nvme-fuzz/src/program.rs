@@ -152,7 +152,8 @@ record! {
         pub max_io_queues: u8,
         /// 1 + msix_vectors % 17.
         pub msix_vectors: u8,
-        /// dstrd % 4.
+        /// dstrd % 4; bit 4: Flexible Data Placement, with 1 + bits 5-7 reclaim unit
+        /// handles of 64 KiB units.
         pub dstrd: u8,
         /// 1 + mdts % 8 (2^n pages: 8 KiB to 1 MiB).
         pub mdts: u8,
