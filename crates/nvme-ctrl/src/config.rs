@@ -95,6 +95,9 @@ pub struct Capabilities {
     pub write_zeroes: bool,
     /// VWC: a volatile write cache is present.
     pub volatile_write_cache: bool,
+    /// CTRATT FDPS: Flexible Data Placement (always what the configuration says).
+    #[serde(default)]
+    pub fdp: bool,
 }
 
 /// Static controller parameters. [`ControllerConfig::default`] gives what a Linux

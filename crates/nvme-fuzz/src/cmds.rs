@@ -338,7 +338,7 @@ impl Fuzzer<'_> {
                 self.write_mem(page, &pids);
                 let mut s = Sqe::with_opcode(opcode);
                 s.nsid = U32::new(nsid);
-                s.cdw10 = U32::new(c.nlb as u32 % 3 | (n - 1) << 16);
+                s.cdw10 = U32::new((c.nlb as u32 % 3) | ((n - 1) << 16));
                 s.set_prps(page, 0);
                 return (s, pages, false);
             }

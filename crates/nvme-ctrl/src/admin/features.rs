@@ -249,8 +249,8 @@ impl Admin<'_> {
                         Ok(AdminDone::Complete(capability::CHANGEABLE))
                     }
                     fid::VOLATILE_WRITE_CACHE | fid::IO_COMMAND_SET_PROFILE => Ok(AdminDone::Complete(0)),
-                    fid::FDP if self.fdp.is_some() => Ok(AdminDone::Complete(0)),
-                    fid::FDP_EVENTS if self.fdp.is_some() => {
+                    fid::FDP if self.admin.fdp.is_some() => Ok(AdminDone::Complete(0)),
+                    fid::FDP_EVENTS if self.admin.fdp.is_some() => {
                         Ok(AdminDone::Complete(capability::CHANGEABLE | capability::NAMESPACE_SPECIFIC))
                     }
                     _ => Err(CommandError::InvalidField("unsupported feature identifier")),
@@ -304,7 +304,7 @@ impl Admin<'_> {
                 0
             }
             fid::FDP => {
-                if self.fdp.is_none() {
+                if self.admin.fdp.is_none() {
                     return Err(CommandError::InvalidField("Flexible Data Placement is not offered"));
                 }
                 if f.value() as u16 != crate::fdp::ENDGID {
@@ -343,7 +343,7 @@ impl Admin<'_> {
     /// configuration 0) and the endurance group has namespaces, so only what is in
     /// effect may be set again.
     fn set_fdp(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
-        if self.fdp.is_none() {
+        if self.admin.fdp.is_none() {
             return Err(CommandError::InvalidField("Flexible Data Placement is not offered"));
         }
         if Features(sqe).value() as u16 != crate::fdp::ENDGID {
@@ -377,10 +377,10 @@ impl Admin<'_> {
 
 impl<'a> Admin<'a> {
     /// FDP of namespace `nsid` (FDP Events is per namespace), or why not.
-    fn fdp_of(&self, nsid: u32) -> CmdResult<&'a crate::fdp::Fdp> {
+    fn fdp_of(&self, nsid: u32) -> CmdResult<std::sync::Arc<crate::fdp::Fdp>> {
         let ns = self.active_ns(nsid)?;
-        match (self.fdp, &ns.placement) {
-            (Some(f), Some(_)) => Ok(f),
+        match (&self.admin.fdp, &ns.placement) {
+            (Some(f), Some(_)) => Ok(f.clone()),
             (Some(_), None) => Err(CommandError::InvalidField("the namespace has no placement handles")),
             (None, _) => Err(CommandError::InvalidField("Flexible Data Placement is not offered")),
         }

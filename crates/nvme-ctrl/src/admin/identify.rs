@@ -152,7 +152,7 @@ impl Admin<'_> {
         c.psd[0].mp = U16::new(900);
         c.psd[0].enlat = U32::new(10);
         c.psd[0].exlat = U32::new(10);
-        if self.fdp.is_some() {
+        if self.admin.fdp.is_some() {
             use nvme_spec::fdp::ctratt;
             c.ctratt = U32::new(ctratt::ENDURANCE_GROUPS | ctratt::FDPS);
             c.endgidmax = U16::new(crate::fdp::ENDGID);
@@ -168,7 +168,7 @@ impl Admin<'_> {
         match self.active_ns(nsid) {
             Ok(ns) => {
                 let mut d = namespace_data(&ns);
-                if self.fdp.is_some() {
+                if self.admin.fdp.is_some() {
                     // Every namespace is in the one endurance group (a zoned one
                     // without placement handles).
                     d.endgid = U16::new(crate::fdp::ENDGID);

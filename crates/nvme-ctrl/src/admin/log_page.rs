@@ -39,8 +39,8 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => command_effects(false, self.fdp.is_some()).as_bytes().to_vec(),
-                CSI_ZNS => command_effects(true, self.fdp.is_some()).as_bytes().to_vec(),
+                CSI_NVM => command_effects(false, self.admin.fdp.is_some()).as_bytes().to_vec(),
+                CSI_ZNS => command_effects(true, self.admin.fdp.is_some()).as_bytes().to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",
@@ -48,7 +48,7 @@ impl Admin<'_> {
                 }
             },
             lid::FDP_CONFIGURATIONS | lid::RUH_USAGE | lid::FDP_STATISTICS | lid::FDP_EVENTS => {
-                let Some(fdp) = self.fdp else {
+                let Some(fdp) = self.admin.fdp.clone() else {
                     return status(Status::INVALID_LOG_PAGE);
                 };
                 if g.lsi() != crate::fdp::ENDGID {

@@ -56,8 +56,6 @@ pub(crate) struct Admin<'a> {
     pub events: &'a Events,
     pub stats: &'a Stats,
     pub clock: &'a dyn Clock,
-    /// Endurance group 1's Flexible Data Placement (None: not offered).
-    pub fdp: Option<&'a crate::fdp::Fdp>,
 }
 
 /// How an admin command finished.
@@ -86,6 +84,9 @@ pub struct AdminState {
     pub(crate) format: Option<erase::FormatJob>,
     /// Clock reading when the controller was created (SMART power-on hours).
     pub(crate) created_ns: u64,
+    /// Endurance group 1's Flexible Data Placement (None: not offered); the
+    /// namespaces that place writes hold it too.
+    pub(crate) fdp: Option<Arc<crate::fdp::Fdp>>,
 }
 
 impl AdminState {
@@ -103,6 +104,7 @@ impl AdminState {
             next_tag: 0,
             format: None,
             created_ns: 0,
+            fdp: None,
         })
     }
 

@@ -61,7 +61,8 @@ impl Controller {
             }
         };
         let ns = Arc::new(
-            make_namespace(nsid, n, &self.cfg.serial, self.fdp.as_ref()).map_err(NamespaceError::Invalid)?,
+            make_namespace(nsid, n, &self.cfg.serial, self.admin.fdp.as_ref())
+                .map_err(NamespaceError::Invalid)?,
         );
         self.admin.attach(&ns).map_err(NamespaceError::Open)?;
         let mut slots = self.namespaces.to_vec();

@@ -125,7 +125,7 @@ impl Controller {
                     zone_layout: n.zones.as_ref().map(|z| z.layout()),
                 })
                 .collect(),
-            fdp: self.fdp.as_ref().map(|f| f.save()),
+            fdp: self.admin.fdp.as_ref().map(|f| f.save()),
         }
     }
 
@@ -158,7 +158,7 @@ impl Controller {
             )));
         }
         self.check_namespaces(s).map_err(bad)?;
-        match (&self.fdp, &s.fdp) {
+        match (&self.admin.fdp, &s.fdp) {
             (None, None) => {}
             (Some(f), Some(saved)) => saved.check(f.config()).map_err(bad)?,
             (Some(_), None) => return Err(bad("FDP is on here, not in the state".into())),
@@ -288,7 +288,7 @@ impl Controller {
                 }
             }
         }
-        if let (Some(f), Some(saved)) = (&self.fdp, &s.fdp) {
+        if let (Some(f), Some(saved)) = (&self.admin.fdp, &s.fdp) {
             f.restore(saved);
         }
         // Registers last: the controller is live from here.

@@ -51,8 +51,6 @@ pub struct Controller {
     pub(crate) events: Arc<Events>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) clock: Arc<dyn Clock>,
-    /// Endurance group 1's Flexible Data Placement (None: not offered).
-    pub(crate) fdp: Option<Arc<crate::fdp::Fdp>>,
 }
 
 impl Controller {
@@ -119,7 +117,6 @@ impl Controller {
             vectors: cfg.msix_vectors,
             dstrd: cfg.dstrd,
             caps,
-            fdp: fdp.is_some(),
             memory: Arc::new(crate::engine::SharedMemory::new(mem)),
             fatal: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
@@ -128,6 +125,7 @@ impl Controller {
         let cap = Cap::new(cfg.mqes_z, 20, cfg.dstrd, 0, 4);
         let mut admin = AdminState::new(&cfg, &namespaces, caps.volatile_write_cache)?;
         admin.created_ns = clock.now_ns();
+        admin.fdp = fdp;
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             regs: RegisterFile::new(cap),
@@ -141,7 +139,6 @@ impl Controller {
             events,
             stats,
             clock,
-            fdp,
             cfg,
         })
     }
@@ -500,7 +497,6 @@ impl Controller {
             events: &self.events,
             stats: &self.stats,
             clock: &*self.clock,
-            fdp: self.fdp.as_deref(),
         }
     }
 
@@ -543,12 +539,15 @@ impl Controller {
 /// added later (which may have a cache) a volatile write cache is present: a host
 /// reads VWC once, at bring-up, and sends Flush only if it is.
 fn capabilities_of(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]) -> crate::Capabilities {
-    cfg.capabilities.unwrap_or_else(|| {
+    let c = cfg.capabilities.unwrap_or_else(|| {
         let any = |f: fn(&Namespace) -> bool| active(namespaces).any(|n| f(n));
         crate::Capabilities {
             dsm: any(|n| n.info.discard),
             write_zeroes: any(|n| n.info.write_zeroes),
             volatile_write_cache: any(|n| n.info.volatile_cache) || namespaces.iter().any(Option::is_none),
+            fdp: false,
         }
-    })
+    });
+    // Not a choice a taking-over controller makes: FDP is its configuration's.
+    crate::Capabilities { fdp: cfg.fdp.is_some(), ..c }
 }

@@ -66,8 +66,6 @@ pub struct EngineContext {
     /// What the controller told its host it can do (Dataset Management and Write
     /// Zeroes in ONCS, a volatile write cache).
     pub caps: crate::Capabilities,
-    /// Flexible Data Placement is on (the namespaces that place writes hold it).
-    pub fdp: bool,
     /// The guest memory map, as the transport last published it.
     pub memory: Arc<SharedMemory>,
     /// Set by any engine that hit a fault it cannot report per command; the controller

@@ -23,7 +23,7 @@ impl IoEngine {
         let cmd = IoManagement(sqe);
         match cmd.mo() {
             0 => return Ok(Started::Done(Status::SUCCESS)),
-            mo::RUH if self.ctx.fdp => {}
+            mo::RUH if self.ctx.caps.fdp => {}
             mo::RUH => return Ok(Started::Done(Status::FDP_DISABLED.with_dnr())),
             _ => return Err(CommandError::InvalidField("reserved Management Operation")),
         }
@@ -52,7 +52,7 @@ impl IoEngine {
             _ => return Err(CommandError::InvalidField("reserved Management Operation")),
         }
         let Some(fdp) = &ns.placement else {
-            if self.ctx.fdp {
+            if self.ctx.caps.fdp {
                 return Err(CommandError::InvalidField("the namespace has no placement handles"));
             }
             return Ok(Started::Done(Status::FDP_DISABLED.with_dnr()));
