@@ -528,3 +528,49 @@ fn metadata_and_protection_settings_survive_an_upgrade() {
     assert_eq!(dps(&mut d, 2), (4, 2 | 8), "the host's format after the upgrade");
     assert!(s.server.dir.join("pi.md").exists());
 }
+
+/// Flexible Data Placement's state through an upgrade: the statistics and the
+/// events the host enabled and got, and a namespace added through the control
+/// socket places its writes too.
+#[test]
+fn flexible_data_placement_state_survives_an_upgrade() {
+    use nvme_spec::admin::{GetLogPageCmd, SetFeaturesCmd};
+    let s = Served::start(&["--ns", "ram:8M", "--fdp", "4:ru=1M"]);
+    s.ctl(&["ns.add", "ram:8M", "2"]).unwrap();
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let log = |d: &mut nvme_driver::NvmeDriver, lid: u8, lsp: u8| {
+        let buf = d.admin_buf(4096).unwrap();
+        let mut c = GetLogPageCmd { nsid: 0xffff_ffff, lid, lsp, lsi: 1, numd_z: 1023, ..Default::default() }
+            .to_sqe();
+        c.set_prps(buf.iova(), 0);
+        d.admin_command(c, Some(buf)).unwrap().buf.unwrap().to_vec().unwrap()
+    };
+    let hbmw = |d: &mut nvme_driver::NvmeDriver| u64::from_le_bytes(log(d, 0x22, 0)[..8].try_into().unwrap());
+    // Namespace 1 enables the invalid placement event on handle 0; namespace 2,
+    // added live, takes a write.
+    let buf = d.admin_buf(4096).unwrap();
+    buf.write_at(0, &[3]).unwrap();
+    let mut c = SetFeaturesCmd { fid: 0x1e, cdw11: 1 << 16, ..Default::default() }.to_sqe();
+    c.nsid = 1.into();
+    c.cdw12 = 1.into();
+    c.set_prps(buf.iova(), 0);
+    d.admin_command(c, Some(buf)).unwrap();
+    d.write(2, 0, &[0x5a; 8192]).unwrap();
+    d.write(1, 8, &[0xa5; 4096]).unwrap();
+    // Handle 0's event types as Get Features FDP Events reads them: (type, enabled).
+    let events = |d: &mut nvme_driver::NvmeDriver| {
+        let buf = d.admin_buf(4096).unwrap();
+        let mut c =
+            nvme_spec::admin::GetFeaturesCmd { fid: 0x1e, cdw11: 255 << 16, ..Default::default() }.to_sqe();
+        c.nsid = 1.into();
+        c.set_prps(buf.iova(), 0);
+        d.admin_command(c, Some(buf)).unwrap().buf.unwrap().to_vec().unwrap()[..4].to_vec()
+    };
+    let before = (hbmw(&mut d), events(&mut d), log(&mut d, 0x21, 0)[..16].to_vec());
+    assert_eq!(before.0, 8192 + 4096, "both namespaces' writes counted");
+    assert_eq!(before.1, [0, 0, 3, 1], "invalid placement identifier enabled");
+    s.upgrade();
+    assert_eq!((hbmw(&mut d), events(&mut d), log(&mut d, 0x21, 0)[..16].to_vec()), before);
+    d.write(1, 8, &[0xa5; 512]).unwrap();
+    assert_eq!(hbmw(&mut d), before.0 + 512, "the new process counts on from there");
+}
