@@ -32,6 +32,7 @@ mod admin;
 mod backends;
 mod config;
 mod controller;
+mod copy_pi;
 mod doorbell;
 mod dptr;
 mod engine;

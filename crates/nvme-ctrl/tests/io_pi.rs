@@ -476,3 +476,95 @@ fn extended_lbas_carry_each_blocks_metadata_after_its_data() {
     assert_eq!(h.write_blocks(1, 2, 31, 512, &block), Status::SUCCESS);
     assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, rbuf, n, p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
 }
+
+/// A Copy on namespace 1 of `ranges` (SLBA, NLB, EILBRT) to `sdlba`, with PRINFOR
+/// `r` and PRINFOW `w`, the destination's ILBRT, LBAT and LBATM given: its
+/// completion.
+fn copy_pi(
+    h: &mut MockHost,
+    ranges: &[(u64, u32, u32)],
+    sdlba: u64,
+    r: u8,
+    w: u8,
+    dest: (u32, u16, u16),
+) -> Cqe {
+    use nvme_spec::nvm::{CopyCmd, CopyRange};
+    let list = h.alloc.alloc_pages(1);
+    let mut raw = Vec::new();
+    for &(slba, nlb, eilbrt) in ranges {
+        let mut e = CopyRange::new(slba, nlb);
+        e.eilbrt = eilbrt.into();
+        e.elbatm = 0.into();
+        raw.extend_from_slice(e.as_bytes());
+    }
+    h.mem.write(list, &raw).unwrap();
+    let mut s = CopyCmd { nsid: 1, sdlba, nr_z: (ranges.len() - 1) as u8, desfmt: 0, fua: false }.to_sqe();
+    s.set_prps(list, 0);
+    s.cdw12 = U32::new(s.cdw12.get() | (r as u32) << 12 | (w as u32) << 26);
+    s.cdw14 = U32::new(dest.0);
+    s.cdw15 = U32::new(dest.1 as u32 | (dest.2 as u32) << 16);
+    h.io_cmd(1, s)
+}
+
+#[test]
+fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection() {
+    let mut h = pi_host(2, 1);
+    let data = pattern(31, 8 * 512);
+    let gen = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 16, ..Default::default() };
+    assert_status(&write(&mut h, 16, &data, None, gen), Status::SUCCESS, false);
+    // Checked on the way out, generated at the destination: ref tags 200.., app tag 7.
+    let strip = prinfo::PRACT | PRCHK_ALL;
+    let c =
+        copy_pi(&mut h, &[(16, 4, 16), (20, 4, 20)], 200, strip, prinfo::PRACT | PRCHK_ALL, (200, 7, 0xffff));
+    assert_status(&c, Status::SUCCESS, false);
+    let good = Pi { prinfo: PRCHK_ALL, ref_tag: 200, app_tag: 7, app_mask: 0xffff, mptr: 0 };
+    let (c, got, meta) = read(&mut h, 1, 200, 8, 8, good);
+    assert_status(&c, Status::SUCCESS, false);
+    assert_eq!((got, meta), (data.clone(), type1_pi(&data, 200, 7)));
+    // Carried from the source without PRACT: the destination's checks see the
+    // source's reference tags, and the first range fails (Dword 0: range 0).
+    let c = copy_pi(&mut h, &[(16, 8, 16)], 300, PRCHK_ALL, PRCHK_ALL, (300, 0, 0));
+    assert_status(&c, Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR, true);
+    assert_eq!(c.dw0.get(), 0);
+    // Carried and checked for the guard only: the blocks keep their tags.
+    let c = copy_pi(&mut h, &[(16, 8, 16)], 300, 0, prinfo::PRCHK_GUARD, (300, 0, 0));
+    assert_status(&c, Status::SUCCESS, false);
+    let (c, got, meta) = read(&mut h, 1, 300, 8, 8, Pi { prinfo: prinfo::PRCHK_GUARD, ..good });
+    assert_status(&c, Status::SUCCESS, false);
+    assert_eq!((got, meta), (data.clone(), type1_pi(&data, 16, 0)));
+    // A source block changed under the namespace (NSID 2, the same data without
+    // metadata): the second range fails its guard check, the first is copied.
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &[0x55; 512]).unwrap();
+    let s = h.rw_sqe(iop::WRITE, 2, 21, 1, buf, 512);
+    assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
+    let c = copy_pi(
+        &mut h,
+        &[(16, 4, 16), (20, 4, 20)],
+        400,
+        prinfo::PRACT | prinfo::PRCHK_GUARD,
+        prinfo::PRACT,
+        (400, 0, 0),
+    );
+    assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    assert_eq!(c.dw0.get(), 1, "the first range not copied");
+    let (c, got, _) =
+        read(&mut h, 1, 400, 4, 8, Pi { prinfo: PRCHK_ALL, ref_tag: 400, ..Default::default() });
+    assert_status(&c, Status::SUCCESS, false);
+    assert_eq!(got, data[..2048]);
+    // Type 1 with a reference check against tags that are not the LBAs: refused
+    // before anything moves.
+    let c =
+        copy_pi(&mut h, &[(16, 4, 17)], 500, prinfo::PRACT | prinfo::PRCHK_REF, prinfo::PRACT, (500, 0, 0));
+    assert_status(&c, Status::INVALID_PROTECTION_INFORMATION, true);
+    // Stripping at the source but passing through at the destination (or the other
+    // way round) is not a Copy: Invalid Field.
+    for (r, w) in [(prinfo::PRACT, 0), (0, prinfo::PRACT)] {
+        let c = copy_pi(&mut h, &[(16, 4, 16)], 500, r, w, (500, 0, 0));
+        assert_status(&c, Status::INVALID_FIELD, true);
+    }
+    let c = copy_pi(&mut h, &[(16, 4, 16)], 500, 0, prinfo::PRCHK_REF, (501, 0, 0));
+    assert_status(&c, Status::INVALID_PROTECTION_INFORMATION, true);
+    let (_, _, meta) = read(&mut h, 1, 500, 4, 8, Pi::default());
+    assert!(meta.chunks(8).all(|m| m[..2] == [0xff, 0xff] || m == [0xff; 8]), "never written: {meta:x?}");
+}

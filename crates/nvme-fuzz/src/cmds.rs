@@ -285,12 +285,24 @@ impl Fuzzer<'_> {
                 for k in 0..n {
                     let nlb = 1 + (c.slba as u64 >> (k * 5)) % 300;
                     let slba = (c.slba as u64).wrapping_mul(k + 3) % (nsze + 2);
-                    raw.extend_from_slice(CopyRange::new(slba, nlb as u32).as_bytes());
+                    let mut r = CopyRange::new(slba, nlb as u32);
+                    // Mostly the reference tag type 1 wants.
+                    r.eilbrt = U32::new(slba as u32 + (c.flags as u32 >> 7));
+                    raw.extend_from_slice(r.as_bytes());
                 }
                 self.write_mem(page, &raw);
                 let (nr_z, desfmt) = ((n - 1) as u8, (c.flags >> 4) & 1);
                 let mut s = CopyCmd { nsid, sdlba: slba, nr_z, desfmt, fua }.to_sqe();
                 s.set_prps(page, 0);
+                if ns.meta_size() > 0 {
+                    // PRINFOR and PRINFOW (PRACT mostly the same on both), and the
+                    // destination's tags.
+                    let (r, w) = ((c.nlb >> 8) as u32 & 0xf, (c.nlb >> 12) as u32 & 0xf);
+                    let w = if c.flags & 0x20 == 0 { (w & 7) | (r & 8) } else { w };
+                    s.cdw12 = U32::new(s.cdw12.get() | r << 12 | w << 26);
+                    s.cdw14 = U32::new(slba as u32);
+                    s.cdw15 = U32::new(c.buf as u32);
+                }
                 if c.flags & 0x40 != 0 {
                     // The destination placed by a Data Placement directive.
                     s.cdw12 = U32::new(s.cdw12.get() | 2 << 20);

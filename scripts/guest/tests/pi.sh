@@ -60,6 +60,28 @@ fi
 fio_verified "fio randwrite 4K-64K QD 8, crc32c verify, through the integrity layer" \
     --filename="$PI_DEV" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bsrange=4k-64k --iodepth=8 \
     --size=16M --verify=crc32c --verify_fatal=1 --name=pi
+# Copy with protection information: 8 blocks fio just wrote (Linux's PI, reference
+# tags the LBAs) checked on the way out (PRINFOR guard, app and ref tag) and
+# stripped, given new PI at the destination (PRACT on both sides, reference tags
+# from there); the block
+# layer's own verification then reads them good. Without PRACT the copied tags are
+# the source's, and a destination reference check refuses them.
+csrc=1024 cdst=$((PI_CORRUPT_LBA + 128))
+if nvme copy "$PI_DEV" --sdlba=$cdst --slbs=$csrc --blocks=7 --prinfor=15 --prinfow=15 \
+    --expected-ref-tags=$csrc --ref-tag=$cdst >/tmp/o 2>&1 &&
+    dd if="$PI_DEV" of=/tmp/cpd bs=4096 count=1 skip=$((cdst / 8)) iflag=direct 2>>/tmp/o &&
+    dd if="$PI_DEV" of=/tmp/cps bs=4096 count=1 skip=$((csrc / 8)) iflag=direct 2>>/tmp/o &&
+    cmp -s /tmp/cps /tmp/cpd; then
+    t_pass "nvme copy --prinfor=15 --prinfow=15: checked and stripped, new PI at the destination, read back good through the integrity layer"
+else
+    t_fail "nvme copy with PRINFOR/PRINFOW: $(tail -3 /tmp/o | tr '\n' ' ')"
+fi
+if nvme copy "$PI_DEV" --sdlba=$((cdst + 8)) --slbs=$csrc --blocks=7 --prinfow=1 \
+    --ref-tag=$((cdst + 8)) >/tmp/o 2>&1; then
+    t_fail "nvme copy carrying the source's reference tags past a destination reference check succeeded"
+else
+    t_pass "nvme copy --prinfow=1 (source tags carried, reference checked): refused: $(grep -io 'reference tag[^(]*' /tmp/o | head -1)"
+fi
 # Passthrough with a metadata buffer (nvme-cli --metadata): on kernels that use
 # them, described by an SGL at MPTR (the controller sets SGLS bit 19); the bytes
 # written come back. Their application tag is FFFFh: the block is never checked.

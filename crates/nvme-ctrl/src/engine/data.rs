@@ -324,7 +324,7 @@ impl IoEngine {
                         next = Some((f.nsid, req));
                     }
                     Ok(None) => {}
-                    Err(()) => f.status = Status::INTERNAL_ERROR,
+                    Err(status) => f.status = status,
                 }
             }
         }
@@ -370,7 +370,8 @@ impl IoEngine {
 
     /// Completes a command whose one backend request ran to its end inside
     /// `run_now` ([`IoEngine::backend_done`] without the in-flight table): a
-    /// `Finish::Plain` or `Finish::Zoned` one.
+    /// `Finish::Plain` one, or with `zoned` (its zone write, and whether a Zone
+    /// Append) a `Finish::Zoned` one.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finished_now(
         &mut self,
@@ -381,7 +382,7 @@ impl IoEngine {
         op: Op,
         tally: super::Tally,
         c: Completion,
-        finish: &Finish,
+        zoned: Option<(crate::zoned::ZoneWrite, bool)>,
     ) {
         let status = match &c.result {
             Ok(()) => Status::SUCCESS,
@@ -399,7 +400,7 @@ impl IoEngine {
         let latency = now.saturating_sub(tally.started_ns);
         self.count_ns(nsid, tally.class, tally.bytes, latency, status.is_success());
         let mut result = 0;
-        if let &Finish::Zoned { write, append } = finish {
+        if let Some((write, append)) = zoned {
             // The zone's pointer moves (and is recorded) before the host hears of it.
             let shift = self.zone_written(nsid, write);
             if append && status.is_success() {

@@ -286,12 +286,14 @@ pub(crate) struct CopyJob {
     fua: bool,
     /// Its place in a zoned namespace's zone, taken when it started.
     pub zone: Option<ZoneWrite>,
+    /// Protection information checked and generated range by range.
+    pub pi: Option<Box<crate::copy_pi::CopyProtection>>,
 }
 
 impl CopyJob {
     /// A Copy of `ranges` (byte offset, length) to consecutive bytes from `dest`.
     pub(crate) fn new(ranges: Vec<(u64, u64)>, dest: u64, fua: bool) -> Self {
-        CopyJob { ranges, next: 0, writing: false, dest, fua, zone: None }
+        CopyJob { ranges, next: 0, writing: false, dest, fua, zone: None, pi: None }
     }
 
     /// Its source ranges (byte offset, length).
@@ -306,11 +308,15 @@ impl CopyJob {
 
     /// After a request of the current range succeeded, with its buffer back: that
     /// range's write, or the next range's read; Ok(None) once every range is
-    /// copied. Err: the buffer did not come back as the host buffer it went out as.
-    pub(crate) fn advance(&mut self, tag: u64, data: DataBuf) -> Result<Option<Request>, ()> {
-        let DataBuf::Host(mut buf) = data else { return Err(()) };
+    /// copied. Err: the status the Copy ends with (a protection information check
+    /// failed; or the buffer did not come back as the host buffer it went out as).
+    pub(crate) fn advance(&mut self, tag: u64, data: DataBuf) -> Result<Option<Request>, Status> {
+        let DataBuf::Host(mut buf) = data else { return Err(Status::INTERNAL_ERROR) };
         let (_, len) = self.ranges[self.next];
         if !self.writing {
+            if let Some(p) = &self.pi {
+                p.range(self.next, &buf[..len as usize], self.dest / p.block as u64)?;
+            }
             self.writing = true;
             let op = Op::Write { fua: self.fua };
             return Ok(Some(Request { tag, op, offset: self.dest, len, data: DataBuf::Host(buf) }));

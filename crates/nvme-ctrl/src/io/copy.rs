@@ -3,14 +3,18 @@
 //! through its backend: a read of a range into a host buffer, then its write, then
 //! the next range. One buffer, of the largest range, counted against the engine's
 //! host buffer budget. On a failure Dword 0 of the completion names the first range
-//! not copied (the ranges before it are on the medium).
+//! not copied (the ranges before it are on the medium). With protection information
+//! and PRINFOR or PRINFOW asking for something, each range's blocks are checked and
+//! their destination's protection information made as its data passes (`copy_pi`).
 
 use block_backend::{DataBuf, Op, Request};
 use nvme_spec::nvm::{Copy, CopyRange};
+use nvme_spec::pi::{prinfo, PiTags};
 use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
+use crate::copy_pi::{initial_ref_fits, CopyProtection};
 use crate::engine::{CopyJob, Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 
@@ -36,7 +40,7 @@ impl IoEngine {
         let (nsze, shift) = self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift()))?;
         let cmd = Copy(sqe);
         if cmd.desfmt() != 0 {
-            // Format 1h carries protection information fields; none is supported.
+            // Format 1h goes with the 64-bit guard formats, which are not offered.
             return Err(CommandError::InvalidField("Copy descriptor format (only 0h is supported)"));
         }
         let (mssrl, mcl, msrc_z) = copy_limits(shift);
@@ -69,12 +73,17 @@ impl IoEngine {
         let largest = ranges.iter().map(|&(_, l)| l).max().expect("at least one range");
         let mut buf = self.host_buffer(largest)?;
         // Last of the checks that can refuse the command (a zoned namespace has no
-        // metadata): nothing is moved for a Copy refused.
-        self.copy_metadata(nsid, &cmd, entries, sdlba)?;
+        // metadata): nothing is moved for a Copy refused. With protection
+        // information asked for, the metadata moves range by range, checked.
+        let pi = self.copy_protection(nsid, &cmd, entries, sdlba)?;
+        if pi.is_none() {
+            self.copy_metadata(nsid, entries, sdlba)?;
+        }
         let (offset, first) = ranges[0];
         buf.truncate(first as usize);
         let fua = cmd.fua() || !self.settings().write_cache();
         let mut job = CopyJob::new(ranges, sdlba << shift, fua);
+        job.pi = pi;
         // On a zoned namespace the destination is a write at its zone's pointer,
         // and no source may be in an offline zone.
         if let Some(zones) = self.namespace(nsid)?.zones.as_ref() {
@@ -96,26 +105,64 @@ impl IoEngine {
         Ok(Started::Pending)
     }
 
-    /// A Copy on a namespace with metadata: each source block's metadata goes to its
-    /// destination block, as it is (before the data: a Copy that fails part way
-    /// leaves the destination's metadata ahead of its data, as its data is
-    /// indeterminate then anyway). Checking or generating protection information
-    /// on the way (PRINFOR, PRINFOW) is not supported.
-    fn copy_metadata(
+    /// A Copy on a namespace with protection information whose PRINFOR or PRINFOW
+    /// asks for something: what each range then does (`copy_pi`), or why the Copy is
+    /// refused. None: the metadata moves as stored.
+    fn copy_protection(
         &mut self,
         nsid: u32,
         cmd: &Copy<'_>,
         entries: &[CopyRange],
         sdlba: u64,
-    ) -> CmdResult<()> {
+    ) -> CmdResult<Option<Box<CopyProtection>>> {
+        let ns = self.namespace(nsid)?;
+        let Some(layout) = ns.protection().filter(|_| cmd.prinfo() != 0) else { return Ok(None) };
+        let (read, write) = CopyProtection::fields(cmd.prinfo());
+        // Both sides strip and insert, or both pass the protection information
+        // through: one of each is not a Copy the host can mean.
+        if (read ^ write) & prinfo::PRACT != 0 {
+            return Err(CommandError::InvalidField("PRACT differs between PRINFOR and PRINFOW"));
+        }
+        let sources: Vec<(u64, PiTags)> = entries
+            .iter()
+            .map(|r| {
+                (
+                    r.slba.get(),
+                    PiTags { ref_tag: r.eilbrt.get(), app_tag: r.elbat.get(), app_mask: r.elbatm.get() },
+                )
+            })
+            .collect();
+        let read_checks = read & prinfo::PRCHK_MASK;
+        if !sources.iter().all(|&(slba, t)| initial_ref_fits(layout, read_checks, slba, t)) {
+            return Err(CommandError::InvalidProtection("a source range's EILBRT is not its SLBA (type 1)"));
+        }
+        let rw = nvme_spec::nvm::ReadWrite(cmd.0);
+        let dest = (sdlba, PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() });
+        let (write_pract, write_checks) = (write & prinfo::PRACT != 0, write & prinfo::PRCHK_MASK);
+        if !write_pract && !initial_ref_fits(layout, write_checks, sdlba, dest.1) {
+            return Err(CommandError::InvalidProtection("ILBRT is not SDLBA (type 1)"));
+        }
+        let block = 1usize << ns.lba_shift();
+        Ok(Some(Box::new(CopyProtection {
+            ns,
+            layout,
+            block,
+            read_checks,
+            write_pract,
+            write_checks,
+            sources,
+            dest,
+        })))
+    }
+
+    /// A Copy on a namespace with metadata, nothing asked of its protection
+    /// information: each source block's metadata goes to its destination block, as
+    /// it is (before the data: a Copy that fails part way leaves the destination's
+    /// metadata ahead of its data, as its data is indeterminate then anyway).
+    fn copy_metadata(&mut self, nsid: u32, entries: &[CopyRange], sdlba: u64) -> CmdResult<()> {
         let ns = self.namespace(nsid)?;
         let ms = ns.meta_size() as u64;
         let Some(store) = ns.meta.as_ref().filter(|_| ms > 0) else { return Ok(()) };
-        if ns.protection().is_some() && cmd.prinfo() != 0 {
-            return Err(CommandError::InvalidField(
-                "protection information checks on Copy are not supported",
-            ));
-        }
         let io = |e: std::io::Error| CommandError::Backend { write: true, source: e.into() };
         let mut to = sdlba * ms;
         for r in entries {

@@ -211,20 +211,47 @@ impl IoEngine {
     ) -> Started {
         let class = OpClass::of(sqe.opcode());
         let bytes = if matches!(class, OpClass::Read | OpClass::Write) { len } else { 0 };
-        let mut req = Request { tag: 0, op, offset, len, data };
+        let req = Request { tag: 0, op, offset, len, data };
         // A synchronous backend (null, RAM, a file without io_uring) runs the request
         // here: no tag, no timeout, no reap, the completion posted now. A Compare
         // needs its command's state when the data is back, so it takes the tag path.
-        if matches!(finish, Finish::Plain | Finish::Zoned { .. }) {
-            match self.backend_run_now(nsid, req) {
-                Ok((c, started_ns)) => {
-                    let tally = Tally { class, bytes, started_ns };
-                    self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c, &finish);
-                    return Started::Finished;
-                }
-                Err(r) => req = r,
+        // `finish` is taken apart by value: the variants that own nothing need no
+        // drop on this path.
+        let zoned = match finish {
+            Finish::Plain => None,
+            Finish::Zoned { write, append } => Some((write, append)),
+            other => return self.submit_tracked(sqid, sqe, nsid, slba, op, bytes, req, other),
+        };
+        match self.backend_run_now(nsid, req) {
+            Ok((c, started_ns)) => {
+                let tally = Tally { class, bytes, started_ns };
+                self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c, zoned);
+                Started::Finished
+            }
+            Err(req) => {
+                let finish = match zoned {
+                    None => Finish::Plain,
+                    Some((write, append)) => Finish::Zoned { write, append },
+                };
+                self.submit_tracked(sqid, sqe, nsid, slba, op, bytes, req, finish)
             }
         }
+    }
+
+    /// [`IoEngine::submit_one`] through the in-flight table: the request goes to the
+    /// backend with a tag, and the command completes when it comes back.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_tracked(
+        &mut self,
+        sqid: u16,
+        sqe: &Sqe,
+        nsid: u32,
+        slba: u64,
+        op: Op,
+        bytes: u64,
+        mut req: Request,
+        finish: Finish,
+    ) -> Started {
         let mut f = InFlight::new(sqid, sqe, nsid, slba, op, 1, finish);
         f.tally.bytes = bytes;
         if let DataBuf::Host(b) = &req.data {
