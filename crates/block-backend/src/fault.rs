@@ -92,7 +92,7 @@ impl FaultRule {
             (self.op, req.op),
             (FaultOp::Any, _)
                 | (FaultOp::Read, Op::Read)
-                | (FaultOp::Write, Op::Write { .. })
+                | (FaultOp::Write, Op::Write { .. } | Op::Copy { .. })
                 | (FaultOp::Flush, Op::Flush)
                 | (FaultOp::Discard, Op::Discard | Op::WriteZeroes { .. })
         );

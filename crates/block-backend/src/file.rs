@@ -28,6 +28,8 @@ pub struct FileBackend {
     punch: bool,
     /// fallocate zero range works.
     zero_range: bool,
+    /// copy_file_range works within it (a regular file).
+    copy: bool,
 }
 
 impl FileBackend {
@@ -53,8 +55,9 @@ impl FileBackend {
             )));
         }
         let (punch, zero_range) = probe_fallocate(&file, size);
+        let copy = crate::copy_works(&file);
         let size = Arc::new(AtomicU64::new(size));
-        Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range })
+        Ok(FileBackend { file: Arc::new(file), path: path.to_path_buf(), size, punch, zero_range, copy })
     }
 }
 
@@ -68,6 +71,7 @@ impl Backend for FileBackend {
             discard: self.punch,
             discard_zeroes: self.punch,
             write_zeroes: self.punch || self.zero_range,
+            copy: self.copy,
             block_size: 1,
             ..Default::default()
         }
@@ -130,6 +134,13 @@ impl SyncExec for FileQueue {
                 }
             }
             Op::Flush => f.sync_data()?,
+            Op::Copy { src, fua } => {
+                check_range(src, req.len, self.be.size.load(Ordering::Acquire))?;
+                crate::copy_within(f, src, req.offset, req.len)?;
+                if fua {
+                    f.sync_data()?;
+                }
+            }
             Op::Discard if self.be.punch => punch(f, req.offset, req.len)?,
             // Deallocation is advisory: without hole punching there is nothing to do.
             Op::Discard => {}
@@ -260,6 +271,31 @@ mod tests {
         std::fs::File::open(&path).unwrap().read_exact_at(&mut raw, 8192).unwrap();
         assert_eq!(raw, vec![7u8; 4096]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn copy_inside_the_file_with_copy_file_range() {
+        let path = std::env::temp_dir().join(format!("vnvme-file-copy-{}.img", std::process::id()));
+        let be = FileBackend::open(&path, Some(1 << 20)).unwrap();
+        assert!(be.info().copy, "copy_file_range within a regular file");
+        let mem = GuestMemory::anonymous(&[(0, 0x10000)]).unwrap();
+        let mut q = be.open_queue().unwrap();
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 256) as u8).collect();
+        let w = Op::Write { fua: false };
+        q.submit(&mem, Request { tag: 1, op: w, offset: 0, len: 65536, data: DataBuf::Host(data.clone()) });
+        let cp = Op::Copy { src: 4096, fua: true };
+        q.submit(&mem, Request { tag: 2, op: cp, offset: 512 << 10, len: 32768, data: DataBuf::None });
+        // A source past the end fails, and moves nothing.
+        let bad = Op::Copy { src: (1 << 20) - 4096, fua: false };
+        q.submit(&mem, Request { tag: 3, op: bad, offset: 0, len: 8192, data: DataBuf::None });
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert!(out[0].result.is_ok() && out[1].result.is_ok(), "{out:?}");
+        assert!(out[2].result.is_err());
+        let mut back = vec![0u8; 32768];
+        std::fs::File::open(&path).unwrap().read_exact_at(&mut back, 512 << 10).unwrap();
+        assert_eq!(back, data[4096..4096 + 32768]);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

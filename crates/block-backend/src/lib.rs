@@ -78,6 +78,13 @@ pub enum Op {
     /// Deallocate the range (contents afterwards read as zeroes if
     /// [`BackendInfo::discard_zeroes`]).
     Discard,
+    /// Copy the range starting at byte `src` of the same backend to this one (the
+    /// two do not overlap), inside the storage: only where [`BackendInfo::copy`]
+    /// says so. With `fua`, durable when the request completes.
+    Copy {
+        src: u64,
+        fua: bool,
+    },
 }
 
 /// For logs: `read`, `write`, `write (FUA)`, `flush`, `write zeroes`, `write zeroes
@@ -92,6 +99,8 @@ impl std::fmt::Display for Op {
             Op::WriteZeroes { deallocate: false } => "write zeroes",
             Op::WriteZeroes { deallocate: true } => "write zeroes (deallocate)",
             Op::Discard => "discard",
+            Op::Copy { fua: false, .. } => "copy",
+            Op::Copy { fua: true, .. } => "copy (FUA)",
         })
     }
 }
@@ -192,6 +201,33 @@ pub struct BackendInfo {
     pub write_zeroes: bool,
     /// The largest single write-zeroes in bytes (0: no limit).
     pub write_zeroes_max: u64,
+    /// [`Op::Copy`] is done by the storage (copy_file_range: a reflink, or a copy
+    /// inside the kernel), the data never passing through our memory.
+    pub copy: bool,
+}
+
+/// Whether copy_file_range works within `file`: a regular file, on a kernel and file
+/// system that take it (an empty copy checks both without moving anything).
+pub(crate) fn copy_works(file: &std::fs::File) -> bool {
+    let regular = file.metadata().is_ok_and(|m| m.is_file());
+    regular && rustix::fs::copy_file_range(file, Some(&mut 0), file, Some(&mut 0), 0).is_ok()
+}
+
+/// Copies `len` bytes at `src` of `file` to `dst` inside the kernel
+/// (copy_file_range: a reflink where the file system shares extents); the two
+/// ranges must not overlap.
+pub(crate) fn copy_within(file: &std::fs::File, src: u64, dst: u64, len: u64) -> Result<(), BackendError> {
+    let (mut from, mut to, mut done) = (src, dst, 0u64);
+    while done < len {
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
+        match rustix::fs::copy_file_range(file, Some(&mut from), file, Some(&mut to), want) {
+            Ok(0) => return Err(BackendError::Short { done, len }),
+            Ok(n) => done += n as u64,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    }
+    Ok(())
 }
 
 /// A block device behind a namespace.

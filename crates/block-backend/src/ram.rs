@@ -251,6 +251,8 @@ impl SyncExec for RamBackend {
             }
             Op::Flush => Ok(()),
             Op::WriteZeroes { .. } | Op::Discard => self.store.zero(req.offset, req.len),
+            // Not offered (BackendInfo::copy): a Copy reads and writes here.
+            Op::Copy { .. } => Err(BackendError::Unsupported),
         }
     }
 }

@@ -731,3 +731,31 @@ fn loop_block_device() {
     let c = run(q, &mem, Op::Read, size - 512, 1024, DataBuf::None);
     assert!(matches!(c.result, Err(BackendError::OutOfRange { .. })));
 }
+
+/// Copy inside the file (copy_file_range): the bytes land at the destination, a
+/// direct read through the queue sees them (the page cache written back first), a
+/// FUA copy is an fdatasync more, and a range past the end fails.
+#[test]
+fn copy_inside_the_file_lands_and_reads_back_direct() {
+    for dir in dirs() {
+        for direct in [DirectMode::Auto, DirectMode::Off] {
+            let f = TempFile::new(&dir, "copy");
+            let be = UringBackend::open(&f.0, opts(4 * MIB, direct)).unwrap();
+            assert!(be.info().copy, "{}: copy_file_range within a regular file", dir.display());
+            let mut q = be.open_queue().unwrap();
+            let q = q.as_mut();
+            let mem = GuestMemory::anonymous(&[(0, MIB)]).unwrap();
+            let data = pattern(9, 256 << 10);
+            ok(&run(q, &mem, Op::Write { fua: false }, 0, 256 << 10, DataBuf::Host(data.clone())));
+            ok(&run(q, &mem, Op::Copy { src: 64 << 10, fua: false }, 2 * MIB, 128 << 10, DataBuf::None));
+            assert_eq!(file_bytes(&f.0, 2 * MIB, 128 << 10), data[64 << 10..192 << 10]);
+            let back = host(run(q, &mem, Op::Read, 2 * MIB, 128 << 10, DataBuf::Host(vec![0; 128 << 10])));
+            assert_eq!(back, data[64 << 10..192 << 10], "{}: {direct:?}", dir.display());
+            let syncs = be.durability().1;
+            ok(&run(q, &mem, Op::Copy { src: 0, fua: true }, 3 * MIB, 4096, DataBuf::None));
+            assert_eq!(be.durability().1, syncs + 1, "a FUA copy is synced");
+            let c = run(q, &mem, Op::Copy { src: 4 * MIB - 4096, fua: false }, 0, 8192, DataBuf::None);
+            assert!(c.result.is_err(), "a source past the end");
+        }
+    }
+}

@@ -154,6 +154,8 @@ impl Backend for NbdBackend {
             discard_max: self.shared.max_other,
             write_zeroes: e.has(tflag::SEND_WRITE_ZEROES),
             write_zeroes_max: self.shared.max_other,
+            // The NBD protocol has no copy: a Copy reads and writes.
+            copy: false,
         }
     }
 

@@ -218,6 +218,8 @@ impl NbdQueue {
                 (cmd::WRITE, f, self.shared.max_payload)
             }
             Op::Flush => (cmd::FLUSH, 0, 0),
+            // Not offered (BackendInfo::copy is false).
+            Op::Copy { .. } => return Err(BackendError::Unsupported),
             Op::Discard => (cmd::TRIM, 0, self.shared.max_other),
             Op::WriteZeroes { deallocate } => {
                 (cmd::WRITE_ZEROES, if deallocate { 0 } else { cflag::NO_HOLE }, self.shared.max_other)

@@ -169,3 +169,48 @@ fn host_buffers_a_guest_can_make_an_engine_hold_are_bounded() {
     let c = copy(&mut h, 1, 6000, &[(0, 1)], 0);
     assert_status(&c, Status::COMMAND_INTERRUPTED, false);
 }
+
+/// On a file backend each range is copied inside the file (copy_file_range): the
+/// backend sees one Copy request per range and no read or write, and the data
+/// lands. A range overlapping its own destination, or a RAM namespace, goes
+/// through a host buffer.
+#[test]
+fn a_file_namespace_copies_inside_the_file() {
+    let path = std::env::temp_dir().join(format!("vnvme-copy-offload-{}.img", std::process::id()));
+    let file = block_backend::FileBackend::open(&path, Some(NS_BYTES)).unwrap();
+    let rec = test_kit::recording::RecordingBackend::new(Arc::new(file));
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
+    let mut h = host_with(vec![(Arc::new(rec.clone()), 0), (ram, 0)], opts());
+    let lba = 512u32;
+    let mut want = Vec::new();
+    for (k, slba) in [100u64, 300].into_iter().enumerate() {
+        for nsid in [1, 2] {
+            let data = pattern(k as u64 + 77, 8 * lba as usize);
+            assert_eq!(h.write_blocks(1, nsid, slba, lba, &data), Status::SUCCESS);
+            if nsid == 1 {
+                want.extend_from_slice(&data);
+            }
+        }
+    }
+    rec.take();
+    assert_status(&copy(&mut h, 1, 2000, &[(100, 8), (300, 8)], 0), Status::SUCCESS, false);
+    let seen = rec.take();
+    let ops: Vec<_> = seen.iter().map(|s| (s.op, s.offset / 512, s.len / 512)).collect();
+    use block_backend::Op;
+    assert_eq!(
+        ops,
+        [
+            (Op::Copy { src: 100 * 512, fua: false }, 2000, 8),
+            (Op::Copy { src: 300 * 512, fua: false }, 2008, 8)
+        ]
+    );
+    assert_eq!(read(&mut h, 1, 2000, 16, lba), want);
+    // Overlapping its destination: through a host buffer, as the RAM namespace.
+    assert_status(&copy(&mut h, 1, 104, &[(100, 8)], 0), Status::SUCCESS, false);
+    let seen = rec.take();
+    assert!(seen.iter().all(|s| !matches!(s.op, Op::Copy { .. })), "{seen:?}");
+    assert_eq!(read(&mut h, 1, 104, 8, lba), want[..8 * 512]);
+    assert_status(&copy(&mut h, 2, 2000, &[(100, 8), (300, 8)], 0), Status::SUCCESS, false);
+    assert_eq!(read(&mut h, 2, 2000, 16, lba), want);
+    std::fs::remove_file(&path).unwrap();
+}

@@ -180,6 +180,8 @@ fn probe(driver: &mut NvmeDriver, opts: &NvmeBackendOptions, pool_bytes: u64) ->
         discard_max: dsm_blocks.map_or(0, |b| b * lba),
         write_zeroes: oncs & oncs::WRITE_ZEROES != 0,
         write_zeroes_max: wz_bytes.unwrap_or(0),
+        // A downstream Copy could do it; not offered yet, so a Copy reads and writes.
+        copy: false,
     };
     let max_rw = ctrl.mdts_bytes.unwrap_or(NO_MDTS_CHUNK).min(65536 * lba).min(pool_bytes / 4) / lba * lba;
     if max_rw == 0 {

@@ -95,6 +95,8 @@ impl Backend for RbdBackend {
             discard_max: MAX_OTHER,
             write_zeroes: writable && self.image.lib.rbd_aio_write_zeroes.is_some(),
             write_zeroes_max: MAX_OTHER,
+            // librbd's copy is of whole images: a Copy reads and writes.
+            copy: false,
         }
     }
 

@@ -165,11 +165,13 @@ impl BackendQueue for RbdQueue {
             Op::Write { .. } | Op::WriteZeroes { .. } | Op::Discard if self.image.spec.snap.is_some() => {
                 Err(BackendError::ReadOnly)
             }
+            // Not offered (BackendInfo::copy is false): it fails before it is issued.
+            Op::Copy { .. } => Err(BackendError::Unsupported),
             _ => Ok(()),
         });
         let what = match req.op {
             Op::Read => Issue::Read,
-            Op::Write { .. } => Issue::Write,
+            Op::Write { .. } | Op::Copy { .. } => Issue::Write,
             Op::Flush => Issue::Flush,
             Op::Discard => Issue::Discard,
             Op::WriteZeroes { .. } => Issue::WriteZeroes,

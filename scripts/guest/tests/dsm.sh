@@ -70,6 +70,18 @@ else
     t_fail "nvme copy: two ranges of 4 blocks land in order at SDLBA 8192"
     cat /tmp/o
 fi
+# The same on the file-backed namespace, where the controller copies inside the
+# image file (copy_file_range) instead of reading and writing.
+ok=1
+nvme write "$D3" --start-block=6144 --block-count=7 --data-size=4096 --data=/tmp/pat >/tmp/o 2>&1 || ok=0
+nvme copy "$D3" --sdlba=8192 --slbs=6148,6144 --blocks=3,3 >>/tmp/o 2>&1 || ok=0
+nvme read "$D3" --start-block=8192 --block-count=7 --data-size=4096 --data=/tmp/rd >>/tmp/o 2>&1 || ok=0
+if [ $ok = 1 ] && cmp -s /tmp/want /tmp/rd; then
+    t_pass "nvme copy on the file namespace (inside the file): two ranges land in order at SDLBA 8192"
+else
+    t_fail "nvme copy on the file namespace: two ranges at SDLBA 8192"
+    cat /tmp/o
+fi
 # One range past MSSRL: Command Size Limit Exceeded, nothing written.
 if nvme copy "$D1" --sdlba=8192 --slbs=0 --blocks="${mssrl:-1}" >/tmp/o 2>&1; then
     t_fail "nvme copy of MSSRL + 1 blocks was accepted"

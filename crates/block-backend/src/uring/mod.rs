@@ -226,6 +226,9 @@ impl UringBackend {
             info.discard_zeroes = caps.punch;
             info.write_zeroes = caps.punch || caps.zero_range;
         }
+        // Copy inside the file (io_uring has no such operation: the queue runs it
+        // in place, which a reflinking file system makes cheap).
+        info.copy = !block_dev && !opts.read_only && crate::copy_works(&file);
         info.kind = if direct {
             format!("uring:{} (O_DIRECT, {mem_align} B align)", path.display())
         } else {

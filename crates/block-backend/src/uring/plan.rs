@@ -61,6 +61,26 @@ impl UringQueue {
                 }
                 self.plan_rw(mem, req).map(Some)
             }
+            Op::Copy { src, fua } => {
+                check_range(offset, len, self.sh.size())?;
+                check_range(src, len, self.sh.size())?;
+                if self.sh.layout.read_only || !self.sh.info.copy {
+                    return Err(if self.sh.layout.read_only {
+                        BackendError::ReadOnly
+                    } else {
+                        BackendError::Unsupported
+                    });
+                }
+                // In place, through the page cache (the kernel writes back what the
+                // direct descriptor then reads).
+                let f = self.sh.buffered.as_ref().unwrap_or(&self.sh.file);
+                crate::copy_within(f, src, offset, len)?;
+                if fua {
+                    f.sync_data()?;
+                    self.sh.fsyncs.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None)
+            }
             Op::Discard => {
                 check_range(offset, len, self.sh.size())?;
                 if self.sh.layout.read_only {

@@ -288,12 +288,14 @@ pub(crate) struct CopyJob {
     pub zone: Option<ZoneWrite>,
     /// Protection information checked and generated range by range.
     pub pi: Option<Box<crate::copy_pi::CopyProtection>>,
+    /// Each range is one [`Op::Copy`] inside the backend, not a read and a write.
+    pub offload: bool,
 }
 
 impl CopyJob {
     /// A Copy of `ranges` (byte offset, length) to consecutive bytes from `dest`.
     pub(crate) fn new(ranges: Vec<(u64, u64)>, dest: u64, fua: bool) -> Self {
-        CopyJob { ranges, next: 0, writing: false, dest, fua, zone: None, pi: None }
+        CopyJob { ranges, next: 0, writing: false, dest, fua, zone: None, pi: None, offload: false }
     }
 
     /// Its source ranges (byte offset, length).
@@ -311,6 +313,14 @@ impl CopyJob {
     /// copied. Err: the status the Copy ends with (a protection information check
     /// failed; or the buffer did not come back as the host buffer it went out as).
     pub(crate) fn advance(&mut self, tag: u64, data: DataBuf) -> Result<Option<Request>, Status> {
+        if self.offload {
+            // The range is copied: the next one, inside the backend too.
+            self.dest += self.ranges[self.next].1;
+            self.next += 1;
+            let Some(&(src, len)) = self.ranges.get(self.next) else { return Ok(None) };
+            let op = Op::Copy { src, fua: self.fua };
+            return Ok(Some(Request { tag, op, offset: self.dest, len, data: DataBuf::None }));
+        }
         let DataBuf::Host(mut buf) = data else { return Err(Status::INTERNAL_ERROR) };
         let (_, len) = self.ranges[self.next];
         if !self.writing {

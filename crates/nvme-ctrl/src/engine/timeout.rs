@@ -140,7 +140,7 @@ impl IoEngine {
     /// touching guest memory. True if none can still do so (or none moves data).
     fn revoke(&mut self, tag: usize, nsid: u32, op: block_backend::Op) -> bool {
         use block_backend::Op;
-        if matches!(op, Op::Flush | Op::Discard | Op::WriteZeroes { .. }) {
+        if matches!(op, Op::Flush | Op::Discard | Op::WriteZeroes { .. } | Op::Copy { .. }) {
             return true;
         }
         self.backends.revoke(nsid, tag as u64)

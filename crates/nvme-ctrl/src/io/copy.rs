@@ -70,8 +70,16 @@ impl IoEngine {
         if sdlba.checked_add(total).is_none_or(|end| end > nsze) {
             return Err(CommandError::LbaOutOfRange { slba: sdlba, nlb: total });
         }
+        // Inside the storage (copy_file_range) where the backend can and nothing has
+        // to look at the data on the way: no protection information to check, no
+        // zone, and no range overlapping its own destination.
+        let ns = self.namespace(nsid)?;
+        let offload = ns.info.copy
+            && ns.zones.is_none()
+            && (ns.protection().is_none() || cmd.prinfo() == 0)
+            && !overlaps_destination(&ranges, sdlba << shift);
         let largest = ranges.iter().map(|&(_, l)| l).max().expect("at least one range");
-        let mut buf = self.host_buffer(largest)?;
+        let mut buf = if offload { Vec::new() } else { self.host_buffer(largest)? };
         // Last of the checks that can refuse the command (a zoned namespace has no
         // metadata): nothing is moved for a Copy refused. With protection
         // information asked for, the metadata moves range by range, checked.
@@ -84,6 +92,7 @@ impl IoEngine {
         let fua = cmd.fua() || !self.settings().write_cache();
         let mut job = CopyJob::new(ranges, sdlba << shift, fua);
         job.pi = pi;
+        job.offload = offload;
         // On a zoned namespace the destination is a write at its zone's pointer,
         // and no source may be in an offline zone.
         if let Some(zones) = self.namespace(nsid)?.zones.as_ref() {
@@ -95,16 +104,31 @@ impl IoEngine {
         // The destination's writes go where its Data Placement directive says
         // (Copy has DTYPE and DSPEC where Write has them).
         self.with_namespace(nsid, |ns| self.place_write(ns, sqe, total))?;
-        let mut f = InFlight::new(sqid, sqe, nsid, sdlba, Op::Read, 1, Finish::Copy(Box::new(job)));
-        f.host_bytes = largest;
+        let (op, data) = match offload {
+            true => (Op::Copy { src: offset, fua }, DataBuf::None),
+            false => (Op::Read, DataBuf::Host(buf)),
+        };
+        let mut f = InFlight::new(sqid, sqe, nsid, sdlba, op, 1, Finish::Copy(Box::new(job)));
+        f.host_bytes = if offload { 0 } else { largest };
         let tag = self.track(f);
-        self.backend_submit(
-            nsid,
-            Request { tag, op: Op::Read, offset, len: first, data: DataBuf::Host(buf) },
-        );
+        let at = if offload { sdlba << shift } else { offset };
+        self.backend_submit(nsid, Request { tag, op, offset: at, len: first, data });
         Ok(Started::Pending)
     }
+}
 
+/// True if a range (byte offset, length) overlaps where it goes, the ranges going
+/// one after another from byte `dest`: copy_file_range refuses such a copy.
+fn overlaps_destination(ranges: &[(u64, u64)], dest: u64) -> bool {
+    let mut to = dest;
+    ranges.iter().any(|&(from, len)| {
+        let overlap = from < to + len && to < from + len;
+        to += len;
+        overlap
+    })
+}
+
+impl IoEngine {
     /// A Copy on a namespace with protection information whose PRINFOR or PRINFOW
     /// asks for something: what each range then does (`copy_pi`), or why the Copy is
     /// refused. None: the metadata moves as stored.

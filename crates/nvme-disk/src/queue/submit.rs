@@ -64,6 +64,8 @@ impl NvmeQueue {
         let mut copy_back = false;
         let (sqe, data, aux, n) = match req.op {
             Op::Flush => (FlushCmd { nsid: sh.nsid }.to_sqe(), None, None, 1),
+            // Not offered (BackendInfo::copy is false).
+            Op::Copy { .. } => return Step::Failed(block_backend::BackendError::Unsupported),
             Op::WriteZeroes { deallocate } => {
                 let n = (req.len - off).min(sh.sizes.max_wz * lba);
                 let slba = (req.offset + off) / lba;
