@@ -299,6 +299,20 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_the_kernel_refuses_goes_through_a_buffer() {
+        let path = std::env::temp_dir().join(format!("vnvme-file-copybuf-{}.img", std::process::id()));
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all_at(&data, 0).unwrap();
+        // More than one buffer's worth, at odd offsets.
+        crate::copy_through_buffer(&f, 1, 400_001, 299_999).unwrap();
+        let mut back = vec![0u8; 299_999];
+        f.read_exact_at(&mut back, 400_001).unwrap();
+        assert_eq!(back, data[1..]);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn discard_and_write_zeroes_with_fallocate_where_the_file_system_has_it() {
         let mut dirs = vec![std::env::temp_dir()];
         if std::path::Path::new("/dev/shm").is_dir() {

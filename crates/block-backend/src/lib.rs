@@ -215,17 +215,37 @@ pub(crate) fn copy_works(file: &std::fs::File) -> bool {
 
 /// Copies `len` bytes at `src` of `file` to `dst` inside the kernel
 /// (copy_file_range: a reflink where the file system shares extents); the two
-/// ranges must not overlap.
+/// ranges must not overlap. Where the kernel refuses the copy itself (a file system
+/// or a system call filter that does not take it), the rest goes through a buffer
+/// of ours instead, read and written in place.
 pub(crate) fn copy_within(file: &std::fs::File, src: u64, dst: u64, len: u64) -> Result<(), BackendError> {
+    use rustix::io::Errno;
     let (mut from, mut to, mut done) = (src, dst, 0u64);
     while done < len {
         let want = usize::try_from(len - done).unwrap_or(usize::MAX);
         match rustix::fs::copy_file_range(file, Some(&mut from), file, Some(&mut to), want) {
             Ok(0) => return Err(BackendError::Short { done, len }),
             Ok(n) => done += n as u64,
-            Err(rustix::io::Errno::INTR) => {}
+            Err(Errno::INTR) => {}
+            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::PERM) => {
+                return copy_through_buffer(file, src + done, dst + done, len - done);
+            }
             Err(e) => return Err(std::io::Error::from(e).into()),
         }
+    }
+    Ok(())
+}
+
+/// [`copy_within`]'s fallback: positioned reads and writes through 128 KiB.
+fn copy_through_buffer(file: &std::fs::File, src: u64, dst: u64, len: u64) -> Result<(), BackendError> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len.min(128 << 10) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], src + done)?;
+        file.write_all_at(&buf[..n], dst + done)?;
+        done += n as u64;
     }
     Ok(())
 }

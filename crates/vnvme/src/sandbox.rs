@@ -31,7 +31,7 @@
 //! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
 //! | `null:`                      | nothing more                                                 |
 //! | metadata (`ms=`, `meta=`)     | pread64 pwrite64 fdatasync fallocate ftruncate (its metadata file or memfd: read and written in place, holes punched, emptied by a Format) |
-//! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate    |
+//! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate copy_file_range |
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
@@ -193,7 +193,8 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     allow(&[SYS_epoll_wait, SYS_poll, SYS_readlink]);
     if needs.file || needs.control {
         allow(&[SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_fsync, SYS_fdatasync]);
-        allow(&[SYS_fallocate]);
+        // Copy inside a file (copy_file_range); ns.add under --control may add one.
+        allow(&[SYS_fallocate, SYS_copy_file_range]);
     }
     if needs.ram || needs.control {
         allow(&[SYS_ftruncate, SYS_fallocate]);
@@ -529,6 +530,7 @@ mod tests {
         }
         assert!(rules(&Needs { uring: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_enter));
         assert!(rules(&Needs { file: true, ..Default::default() }).contains_key(&libc::SYS_pwrite64));
+        assert!(rules(&Needs { file: true, ..Default::default() }).contains_key(&libc::SYS_copy_file_range));
         assert!(rules(&Needs { kernel_vfio: true, ..Default::default() }).contains_key(&libc::SYS_ioctl));
         assert!(rules(&Needs { stats_file: true, ..Default::default() }).contains_key(&libc::SYS_openat));
         assert!(rules(&Needs { control: true, ..Default::default() }).contains_key(&libc::SYS_io_uring_setup));
