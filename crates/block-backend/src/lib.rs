@@ -227,7 +227,11 @@ pub(crate) fn copy_within(file: &std::fs::File, src: u64, dst: u64, len: u64) ->
             Ok(0) => return Err(BackendError::Short { done, len }),
             Ok(n) => done += n as u64,
             Err(Errno::INTR) => {}
-            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::PERM) => {
+            Err(e @ (Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::PERM)) => {
+                static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!("copy_file_range refused ({e}): Copy goes through a buffer (said once)");
+                }
                 return copy_through_buffer(file, src + done, dst + done, len - done);
             }
             Err(e) => return Err(std::io::Error::from(e).into()),
