@@ -697,7 +697,7 @@ impl Running {
         if let Some(path) = a.stats_file.clone() {
             // Once as this user, before any drop: a path it cannot write fails now
             // (taking over, the client is ours already: say so and go on).
-            if let Err(e) = write_stats(&path, &stats.snapshot()) {
+            if let Err(e) = write_stats(&path, &stats) {
                 let e = format!("{}: {e}", path.display());
                 if takeover.is_none() {
                     return Err(e.into());
@@ -706,7 +706,7 @@ impl Running {
             }
             let stats = stats.clone();
             std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
-                let _ = write_stats(&path, &stats.snapshot());
+                let _ = write_stats(&path, &stats);
                 std::thread::sleep(Duration::from_millis(500));
             })?;
         }
@@ -768,7 +768,7 @@ impl Running {
             if let Some(p) = &a.stats_file {
                 // Written again as that user, or the writes from here to the end
                 // (the last one included) would fail.
-                write_stats(p, &stats.snapshot()).map_err(|e| {
+                write_stats(p, &stats).map_err(|e| {
                     format!(
                         "--stats-file {}: as --user {}: {e} (the file is replaced by a rename: its \
                          directory must be writable by that user)",
@@ -842,7 +842,7 @@ impl Started {
             }
         }
         if let Some(p) = &a.stats_file {
-            write_stats(p, &s)?;
+            write_stats(p, &stats)?;
         }
         drop(sockets);
         r.map_err(Into::into)
@@ -888,10 +888,18 @@ fn summary(s: &StatsSnapshot) -> String {
 }
 
 /// Writes the counters as one JSON object (atomically, via a rename).
-fn write_stats(path: &Path, s: &StatsSnapshot) -> std::io::Result<()> {
+/// Writes the stats file: the counters as they are now, into a temporary file
+/// renamed over it. One writer at a time in this process (the stats thread, the
+/// start and the end all write it): with two at once, one's temporary file was the
+/// other's, renamed away under it (ENOENT, which failed a start as --user), and an
+/// older snapshot could land after a newer one.
+fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let s = stats.snapshot();
     // A name of this process's own: during an upgrade two processes write the file.
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let v = serde_json::to_string(s).map_err(std::io::Error::other)?;
+    let v = serde_json::to_string(&s).map_err(std::io::Error::other)?;
     let mut f = std::fs::File::create(&tmp)?;
     writeln!(f, "{v}")?;
     std::fs::rename(tmp, path)
@@ -902,4 +910,30 @@ fn parse_pci_id(s: &str) -> Result<(u16, u16), String> {
     let (v, d) = s.split_once(':').ok_or("expected VENDOR:DEVICE in hex, e.g. 1b36:0010")?;
     let p = |x: &str| u16::from_str_radix(x, 16).map_err(|_| format!("bad hex id {x:?}"));
     Ok((p(v)?, p(d)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stats thread, the start-up write and the last write run at once: every
+    /// write succeeds and the file always parses.
+    #[test]
+    fn stats_file_writers_at_once_all_succeed() {
+        let dir = std::env::temp_dir().join(format!("vnvme-stats-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.json");
+        let stats = Arc::new(nvme_ctrl::Stats::default());
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let (path, stats) = (path.clone(), stats.clone());
+                std::thread::spawn(move || (0..300).filter(|_| write_stats(&path, &stats).is_err()).count())
+            })
+            .collect();
+        let failed: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(failed, 0, "writes that failed");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(v.is_object());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
