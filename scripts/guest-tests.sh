@@ -1001,12 +1001,43 @@ suite_upgrade() {
     echo "  [$k] upgrade suite: $(($(date +%s) - t0)) s"
 }
 
+# qemu_alone K DIR SCRIPT QEMU_ARGS...: tests/SCRIPT in a guest on QEMU's own nvme
+# device, which QEMU_ARGS make, with DIR/config.sh: the serial console in
+# DIR/guest.log (result lines echoed live, host marks acted on as VN_HOST_ACTION
+# says), the boot's status in DIR/boot.rc.
+qemu_alone() {
+    local k=$1 d=$2 script=$3
+    shift 3
+    guest_adds "$d/config.sh"
+    {
+        local brc=0
+        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/$script" \
+            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu.pid" "$@" || brc=$?
+        echo "$brc" >"$d/boot.rc"
+    } 2>&1 | vn_watch "$d/marks" "" | tee "$d/guest.log" |
+        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
+}
+
+# side_by_side K DIR WHAT: what the WHAT checks passed on vnvme (DIR/vnvme, counted)
+# and on QEMU's nvme (DIR/qemu, reported), and each of QEMU's failures.
+side_by_side() {
+    local k=$1 d=$2 side
+    echo "  [$k] $3 checks side by side (the same kernel and scripts):"
+    for side in vnvme qemu; do
+        printf '    %-10s %s passed, %s failed%s\n' \
+            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
+            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
+            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
+    done
+    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+}
+
 # The protection information checks side by side (not in the default run: a
 # comparison, not a test of vnvme): pi.sh on vnvme with one protected namespace,
 # counted, and on QEMU's nvme with the matching options, reported.
 suite_pi_qemu() {
     local k=$1
-    local d="$work/$k-pi" t0 side
+    local d="$work/$k-pi" t0
     mkdir -p "$d/vnvme" "$d/qemu"
     t0=$(date +%s)
     echo
@@ -1025,26 +1056,11 @@ suite_pi_qemu() {
     # bytes each.
     rm -f "$d/qemu/pi.img"
     truncate -s $(((64 << 20) / 512 * 520)) "$d/qemu/pi.img"
-    guest_adds "$d/qemu/config.sh"
-    {
-        local brc=0
-        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/pi-alone.sh" \
-            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
-            -drive "file=$d/qemu/pi.img,if=none,id=p1,format=raw,cache=none,aio=io_uring" \
-            -device nvme,id=nv0,serial=QEMUPI00001 -device nvme-ns,drive=p1,bus=nv0,nsid=1,ms=8,pi=1 ||
-            brc=$?
-        echo "$brc" >"$d/qemu/boot.rc"
-    } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
-        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
+    qemu_alone "$k" "$d/qemu" pi-alone.sh \
+        -drive "file=$d/qemu/pi.img,if=none,id=p1,format=raw,cache=none,aio=io_uring" \
+        -device nvme,id=nv0,serial=QEMUPI00001 -device nvme-ns,drive=p1,bus=nv0,nsid=1,ms=8,pi=1
     VN_HOST_ACTION=""
-    echo "  [$k] pi checks side by side (the same kernel and scripts):"
-    for side in vnvme qemu; do
-        printf '    %-10s %s passed, %s failed%s\n' \
-            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
-            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
-            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
-    done
-    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+    side_by_side "$k" "$d" pi
     rm -f "$d/vnvme/pi.img" "$d/vnvme/pi.img.meta" "$d/qemu/pi.img"
     echo "  [$k] pi-qemu suite: $(($(date +%s) - t0)) s"
 }
@@ -1055,7 +1071,7 @@ suite_pi_qemu() {
 # fdp.nruh=4, fdp.runs=1M and the namespace given all four handles, reported.
 suite_fdp_qemu() {
     local k=$1
-    local d="$work/$k-fdp" t0 side
+    local d="$work/$k-fdp" t0
     mkdir -p "$d/vnvme" "$d/qemu"
     t0=$(date +%s)
     echo
@@ -1070,27 +1086,12 @@ suite_fdp_qemu() {
     printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
     rm -f "$d/qemu/fdp.img"
     truncate -s $((64 << 20)) "$d/qemu/fdp.img"
-    guest_adds "$d/qemu/config.sh"
-    {
-        local brc=0
-        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/fdp-alone.sh" \
-            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
-            -drive "file=$d/qemu/fdp.img,if=none,id=f1,format=raw,cache=none,aio=io_uring" \
-            -device nvme-subsys,id=fs0,nqn=vnvme-fdp-compare,fdp=on,fdp.nruh=4,fdp.runs=1M \
-            -device nvme,id=nv0,serial=QEMUFDP0001,subsys=fs0 \
-            -device "nvme-ns,drive=f1,bus=nv0,nsid=1,fdp.ruhs=0;1;2;3" ||
-            brc=$?
-        echo "$brc" >"$d/qemu/boot.rc"
-    } 2>&1 | vn_watch "$d/qemu/marks" "" | tee "$d/qemu/guest.log" |
-        grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== |^\[host\]' | sed -u "s/^/  [$k qemu] /"
-    echo "  [$k] fdp checks side by side (the same kernel and scripts):"
-    for side in vnvme qemu; do
-        printf '    %-10s %s passed, %s failed%s\n' \
-            "$([[ $side == qemu ]] && echo "QEMU nvme:" || echo "vnvme:")" \
-            "$(grep -ac '^PASS: ' "$d/$side/guest.log")" "$(grep -ac '^FAIL: ' "$d/$side/guest.log")" \
-            "$([[ $side == qemu ]] && echo ' (reported, not counted)')"
-    done
-    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+    qemu_alone "$k" "$d/qemu" fdp-alone.sh \
+        -drive "file=$d/qemu/fdp.img,if=none,id=f1,format=raw,cache=none,aio=io_uring" \
+        -device nvme-subsys,id=fs0,nqn=vnvme-fdp-compare,fdp=on,fdp.nruh=4,fdp.runs=1M \
+        -device nvme,id=nv0,serial=QEMUFDP0001,subsys=fs0 \
+        -device "nvme-ns,drive=f1,bus=nv0,nsid=1,fdp.ruhs=0;1;2;3"
+    side_by_side "$k" "$d" fdp
     rm -f "$d/qemu/fdp.img"
     echo "  [$k] fdp-qemu suite: $(($(date +%s) - t0)) s"
 }
@@ -1131,16 +1132,7 @@ suite_zns_qemu() {
     local qemu_zns=(-drive "file=$d/qemu/zns.img,if=none,id=z1,format=raw,cache=none,aio=io_uring"
         -device nvme,id=nv0,serial=QEMUZNS0001
         -device nvme-ns,drive=z1,bus=nv0,nsid=1,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M,zoned.max_open=16,zoned.max_active=16)
-    guest_adds "$d/qemu/config.sh"
-    {
-        local brc=0
-        "$here/guest/boot.sh" --kernel "$k" --accel "$accel" --run "$tests_dir/zns-alone.sh" \
-            "${GUEST_ADDS[@]}" --timeout 300 -- -pidfile "$d/qemu/qemu.pid" \
-            "${qemu_zns[@]}" ||
-            brc=$?
-        echo "$brc" >"$d/qemu/boot.rc"
-    } 2>&1 | tee "$d/qemu/guest.log" | grep --line-buffered -E '^(PASS|FAIL|SKIP): |^== ' |
-        sed -u "s/^/  [$k qemu] /"
+    qemu_alone "$k" "$d/qemu" zns-alone.sh "${qemu_zns[@]}"
     # Then each side again on the same storage, as after a restart of the device
     # (the vnvme server is a new process; QEMU a new process on the same image).
     local again

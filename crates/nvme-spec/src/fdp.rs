@@ -227,17 +227,6 @@ impl EventsFeature {
     }
 }
 
-/// A placement identifier split into its reclaim group and placement handle, with
-/// `rgif` bits of reclaim group at the top.
-pub const fn split_pid(pid: u16, rgif: u8) -> (u16, u16) {
-    if rgif == 0 {
-        (0, pid)
-    } else {
-        let shift = 16 - rgif as u32;
-        (pid >> shift, pid & ((1 << shift) - 1))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,12 +241,5 @@ mod tests {
         assert_eq!((m.mo(), m.mos(), m.receive_len()), (1, 3, 4096));
         assert_eq!(EventsFeature(0x0006_0002).phndl(), 2);
         assert_eq!(EventsFeature(0x0006_0002).noet(), 6);
-    }
-
-    #[test]
-    fn a_pid_splits_by_the_reclaim_group_format() {
-        assert_eq!(split_pid(5, 0), (0, 5));
-        assert_eq!(split_pid(0x8003, 1), (1, 3));
-        assert_eq!(split_pid(0x4001, 2), (1, 1));
     }
 }

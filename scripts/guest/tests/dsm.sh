@@ -59,29 +59,25 @@ if [ $(((oncs >> 8) & 1)) = 1 ] && [ "${mssrl:-0}" -gt 0 ] && [ "${mcl:-0}" -gt 
 else
     t_fail "Copy not advertised: oncs ${oncs:-?}, mssrl ${mssrl:-?}, mcl ${mcl:-?}, msrc ${msrc:-?}"
 fi
-ok=1
-nvme write "$D1" --start-block=6144 --block-count=7 --data-size=4096 --data=/tmp/pat >/tmp/o 2>&1 || ok=0
 { dd if=/tmp/pat bs=2048 skip=1 count=1 && dd if=/tmp/pat bs=2048 count=1; } >/tmp/want 2>/dev/null
-nvme copy "$D1" --sdlba=8192 --slbs=6148,6144 --blocks=3,3 >>/tmp/o 2>&1 || ok=0
-nvme read "$D1" --start-block=8192 --block-count=7 --data-size=4096 --data=/tmp/rd >>/tmp/o 2>&1 || ok=0
-if [ $ok = 1 ] && cmp -s /tmp/want /tmp/rd; then
-    t_pass "nvme copy: two ranges of 4 blocks land in order at SDLBA 8192"
-else
-    t_fail "nvme copy: two ranges of 4 blocks land in order at SDLBA 8192"
-    cat /tmp/o
-fi
-# The same on the file-backed namespace, where the controller copies inside the
-# image file (copy_file_range) instead of reading and writing.
-ok=1
-nvme write "$D3" --start-block=6144 --block-count=7 --data-size=4096 --data=/tmp/pat >/tmp/o 2>&1 || ok=0
-nvme copy "$D3" --sdlba=8192 --slbs=6148,6144 --blocks=3,3 >>/tmp/o 2>&1 || ok=0
-nvme read "$D3" --start-block=8192 --block-count=7 --data-size=4096 --data=/tmp/rd >>/tmp/o 2>&1 || ok=0
-if [ $ok = 1 ] && cmp -s /tmp/want /tmp/rd; then
-    t_pass "nvme copy on the file namespace (inside the file): two ranges land in order at SDLBA 8192"
-else
-    t_fail "nvme copy on the file namespace: two ranges at SDLBA 8192"
-    cat /tmp/o
-fi
+# copy_two DEV WHAT: /tmp/pat written at LBA 6144 of DEV, then copied second half
+# first to SDLBA 8192, reads back as /tmp/want.
+copy_two() {
+    local ok=1
+    nvme write "$1" --start-block=6144 --block-count=7 --data-size=4096 --data=/tmp/pat >/tmp/o 2>&1 || ok=0
+    nvme copy "$1" --sdlba=8192 --slbs=6148,6144 --blocks=3,3 >>/tmp/o 2>&1 || ok=0
+    nvme read "$1" --start-block=8192 --block-count=7 --data-size=4096 --data=/tmp/rd >>/tmp/o 2>&1 || ok=0
+    if [ $ok = 1 ] && cmp -s /tmp/want /tmp/rd; then
+        t_pass "nvme copy$2: two ranges of 4 blocks land in order at SDLBA 8192"
+    else
+        t_fail "nvme copy$2: two ranges of 4 blocks land in order at SDLBA 8192"
+        cat /tmp/o
+    fi
+}
+copy_two "$D1" ""
+# On the file-backed namespace the controller copies inside the image file
+# (copy_file_range) instead of reading and writing.
+copy_two "$D3" " on the file namespace (inside the file)"
 # One range past MSSRL: Command Size Limit Exceeded, nothing written.
 if nvme copy "$D1" --sdlba=8192 --slbs=0 --blocks="${mssrl:-1}" >/tmp/o 2>&1; then
     t_fail "nvme copy of MSSRL + 1 blocks was accepted"

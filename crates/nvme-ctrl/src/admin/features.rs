@@ -373,9 +373,7 @@ impl Admin<'_> {
             });
         }
     }
-}
 
-impl<'a> Admin<'a> {
     /// FDP of namespace `nsid` (FDP Events is per namespace), or why not.
     fn fdp_of(&self, nsid: u32) -> CmdResult<std::sync::Arc<crate::fdp::Fdp>> {
         let ns = self.active_ns(nsid)?;

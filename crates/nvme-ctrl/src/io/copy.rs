@@ -7,6 +7,8 @@
 //! and PRINFOR or PRINFOW asking for something, each range's blocks are checked and
 //! their destination's protection information made as its data passes (`copy_pi`).
 
+use std::sync::Arc;
+
 use block_backend::{DataBuf, Op, Request};
 use nvme_spec::nvm::{Copy, CopyRange};
 use nvme_spec::pi::{prinfo, PiTags};
@@ -17,6 +19,7 @@ use super::Started;
 use crate::copy_pi::{initial_ref_fits, CopyProtection};
 use crate::engine::{CopyJob, Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
+use crate::namespace::Namespace;
 
 /// The largest source range, in bytes: the host buffer one Copy holds.
 pub(crate) const COPY_RANGE_MAX_BYTES: u64 = 128 << 10;
@@ -37,7 +40,8 @@ pub(crate) fn copy_limits(shift: u32) -> (u16, u32, u8) {
 impl IoEngine {
     pub(crate) fn copy(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
-        let (nsze, shift) = self.with_namespace(nsid, |ns| (ns.nsze(), ns.lba_shift()))?;
+        let ns = self.namespace(nsid)?;
+        let (nsze, shift) = (ns.nsze(), ns.lba_shift());
         let cmd = Copy(sqe);
         if cmd.desfmt() != 0 {
             // Format 1h goes with the 64-bit guard formats, which are not offered.
@@ -73,7 +77,6 @@ impl IoEngine {
         // Inside the storage (copy_file_range) where the backend can and nothing has
         // to look at the data on the way: no protection information to check, no
         // zone, and no range overlapping its own destination.
-        let ns = self.namespace(nsid)?;
         let offload = ns.info.copy
             && ns.zones.is_none()
             && (ns.protection().is_none() || cmd.prinfo() == 0)
@@ -83,9 +86,9 @@ impl IoEngine {
         // Last of the checks that can refuse the command (a zoned namespace has no
         // metadata): nothing is moved for a Copy refused. With protection
         // information asked for, the metadata moves range by range, checked.
-        let pi = self.copy_protection(nsid, &cmd, entries, sdlba)?;
+        let pi = copy_protection(&ns, &cmd, entries, sdlba)?;
         if pi.is_none() {
-            self.copy_metadata(nsid, entries, sdlba)?;
+            copy_metadata(&ns, entries, sdlba)?;
         }
         let (offset, first) = ranges[0];
         buf.truncate(first as usize);
@@ -95,7 +98,7 @@ impl IoEngine {
         job.offload = offload;
         // On a zoned namespace the destination is a write at its zone's pointer,
         // and no source may be in an offline zone.
-        if let Some(zones) = self.namespace(nsid)?.zones.as_ref() {
+        if let Some(zones) = ns.zones.as_ref() {
             for &(offset, len) in job.ranges() {
                 zones.check_read(offset, len)?;
             }
@@ -103,7 +106,7 @@ impl IoEngine {
         }
         // The destination's writes go where its Data Placement directive says
         // (Copy has DTYPE and DSPEC where Write has them).
-        self.with_namespace(nsid, |ns| self.place_write(ns, sqe, total))?;
+        self.place_write(&ns, sqe, total);
         let (op, data) = match offload {
             true => (Op::Copy { src: offset, fua }, DataBuf::None),
             false => (Op::Read, DataBuf::Host(buf)),
@@ -128,74 +131,69 @@ fn overlaps_destination(ranges: &[(u64, u64)], dest: u64) -> bool {
     })
 }
 
-impl IoEngine {
-    /// A Copy on a namespace with protection information whose PRINFOR or PRINFOW
-    /// asks for something: what each range then does (`copy_pi`), or why the Copy is
-    /// refused. None: the metadata moves as stored.
-    fn copy_protection(
-        &mut self,
-        nsid: u32,
-        cmd: &Copy<'_>,
-        entries: &[CopyRange],
-        sdlba: u64,
-    ) -> CmdResult<Option<Box<CopyProtection>>> {
-        let ns = self.namespace(nsid)?;
-        let Some(layout) = ns.protection().filter(|_| cmd.prinfo() != 0) else { return Ok(None) };
-        let (read, write) = CopyProtection::fields(cmd.prinfo());
-        // Both sides strip and insert, or both pass the protection information
-        // through: one of each is not a Copy the host can mean.
-        if (read ^ write) & prinfo::PRACT != 0 {
-            return Err(CommandError::InvalidField("PRACT differs between PRINFOR and PRINFOW"));
-        }
-        let sources: Vec<(u64, PiTags)> = entries
-            .iter()
-            .map(|r| {
-                (
-                    r.slba.get(),
-                    PiTags { ref_tag: r.eilbrt.get(), app_tag: r.elbat.get(), app_mask: r.elbatm.get() },
-                )
-            })
-            .collect();
-        let read_checks = read & prinfo::PRCHK_MASK;
-        if !sources.iter().all(|&(slba, t)| initial_ref_fits(layout, read_checks, slba, t)) {
-            return Err(CommandError::InvalidProtection("a source range's EILBRT is not its SLBA (type 1)"));
-        }
-        let rw = nvme_spec::nvm::ReadWrite(cmd.0);
-        let dest = (sdlba, PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() });
-        let (write_pract, write_checks) = (write & prinfo::PRACT != 0, write & prinfo::PRCHK_MASK);
-        if !write_pract && !initial_ref_fits(layout, write_checks, sdlba, dest.1) {
-            return Err(CommandError::InvalidProtection("ILBRT is not SDLBA (type 1)"));
-        }
-        let block = 1usize << ns.lba_shift();
-        Ok(Some(Box::new(CopyProtection {
-            ns,
-            layout,
-            block,
-            read_checks,
-            write_pract,
-            write_checks,
-            sources,
-            dest,
-        })))
+/// A Copy on a namespace with protection information whose PRINFOR or PRINFOW
+/// asks for something: what each range then does (`copy_pi`), or why the Copy is
+/// refused. None: the metadata moves as stored.
+fn copy_protection(
+    ns: &Arc<Namespace>,
+    cmd: &Copy<'_>,
+    entries: &[CopyRange],
+    sdlba: u64,
+) -> CmdResult<Option<Box<CopyProtection>>> {
+    let Some(layout) = ns.protection().filter(|_| cmd.prinfo() != 0) else { return Ok(None) };
+    let (read, write) = CopyProtection::fields(cmd.prinfo());
+    // Both sides strip and insert, or both pass the protection information
+    // through: one of each is not a Copy the host can mean.
+    if (read ^ write) & prinfo::PRACT != 0 {
+        return Err(CommandError::InvalidField("PRACT differs between PRINFOR and PRINFOW"));
     }
+    let sources: Vec<(u64, PiTags)> = entries
+        .iter()
+        .map(|r| {
+            (
+                r.slba.get(),
+                PiTags { ref_tag: r.eilbrt.get(), app_tag: r.elbat.get(), app_mask: r.elbatm.get() },
+            )
+        })
+        .collect();
+    let read_checks = read & prinfo::PRCHK_MASK;
+    if !sources.iter().all(|&(slba, t)| initial_ref_fits(layout, read_checks, slba, t)) {
+        return Err(CommandError::InvalidProtection("a source range's EILBRT is not its SLBA (type 1)"));
+    }
+    let rw = nvme_spec::nvm::ReadWrite(cmd.0);
+    let dest = (sdlba, PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() });
+    let (write_pract, write_checks) = (write & prinfo::PRACT != 0, write & prinfo::PRCHK_MASK);
+    if !write_pract && !initial_ref_fits(layout, write_checks, sdlba, dest.1) {
+        return Err(CommandError::InvalidProtection("ILBRT is not SDLBA (type 1)"));
+    }
+    let block = 1usize << ns.lba_shift();
+    Ok(Some(Box::new(CopyProtection {
+        ns: ns.clone(),
+        layout,
+        block,
+        read_checks,
+        write_pract,
+        write_checks,
+        sources,
+        dest,
+    })))
+}
 
-    /// A Copy on a namespace with metadata, nothing asked of its protection
-    /// information: each source block's metadata goes to its destination block, as
-    /// it is (before the data: a Copy that fails part way leaves the destination's
-    /// metadata ahead of its data, as its data is indeterminate then anyway).
-    fn copy_metadata(&mut self, nsid: u32, entries: &[CopyRange], sdlba: u64) -> CmdResult<()> {
-        let ns = self.namespace(nsid)?;
-        let ms = ns.meta_size() as u64;
-        let Some(store) = ns.meta.as_ref().filter(|_| ms > 0) else { return Ok(()) };
-        let io = |e: std::io::Error| CommandError::Backend { write: true, source: e.into() };
-        let mut to = sdlba * ms;
-        for r in entries {
-            let mut meta = vec![0u8; ((r.nlb_z.get() as u64 + 1) * ms) as usize];
-            // As stored: the same layout at both ends.
-            store.read(r.slba.get() * ms, &mut meta, None).map_err(io)?;
-            store.write(to, &meta, None).map_err(io)?;
-            to += meta.len() as u64;
-        }
-        Ok(())
+/// A Copy on a namespace with metadata, nothing asked of its protection
+/// information: each source block's metadata goes to its destination block, as
+/// it is (before the data: a Copy that fails part way leaves the destination's
+/// metadata ahead of its data, as its data is indeterminate then anyway).
+fn copy_metadata(ns: &Namespace, entries: &[CopyRange], sdlba: u64) -> CmdResult<()> {
+    let ms = ns.meta_size() as u64;
+    let Some(store) = ns.meta.as_ref().filter(|_| ms > 0) else { return Ok(()) };
+    let io = |e: std::io::Error| CommandError::Backend { write: true, source: e.into() };
+    let mut to = sdlba * ms;
+    for r in entries {
+        let mut meta = vec![0u8; ((r.nlb_z.get() as u64 + 1) * ms) as usize];
+        // As stored: the same layout at both ends.
+        store.read(r.slba.get() * ms, &mut meta, None).map_err(io)?;
+        store.write(to, &meta, None).map_err(io)?;
+        to += meta.len() as u64;
     }
+    Ok(())
 }
