@@ -1,5 +1,5 @@
-//! Copy with protection information (NVM §3.3.1, descriptor format 0h on a
-//! namespace with PI): each source range's blocks are checked as PRINFOR asks,
+//! Copy with protection information (NVM §3.3.1; descriptor format 0h on a
+//! namespace whose PI has the 16-bit guard, 1h on one with the 64-bit guard): each source range's blocks are checked as PRINFOR asks,
 //! against the range entry's tags, once its data is read; its destination's
 //! protection information is then generated (PRACT, set in both PRINFOR and
 //! PRINFOW: stripped from the source, inserted at the destination) or carried from
@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use nvme_spec::pi::{crc16_t10dif, prinfo, PiError, PiLayout, PiTags};
+use nvme_spec::pi::{prinfo, PiError, PiLayout, PiTags};
 use nvme_spec::Status;
 
 use crate::metadata::Complemented;
@@ -45,7 +45,7 @@ impl CopyProtection {
     pub fn range(&self, r: usize, data: &[u8], to_lba: u64) -> Result<(), Status> {
         let l = self.layout;
         let store = self.ns.meta.as_ref().ok_or(Status::INTERNAL_ERROR)?;
-        let flip = Some(Complemented { ms: l.ms, at: l.offset() });
+        let flip = Some(Complemented::of(l));
         let (slba, tags) = self.sources[r];
         let nlb = data.len() / self.block;
         let mut meta = vec![0u8; nlb * l.ms];
@@ -55,7 +55,7 @@ impl CopyProtection {
         // Block i of this range is block `first + i` of the destination.
         let first = (to_lba - dest_lba) as u32;
         for (i, (d, m)) in data.chunks(self.block).zip(meta.chunks_mut(l.ms)).enumerate() {
-            let crc = crc16_t10dif(d);
+            let crc = l.data_crc(d);
             let i = i as u32;
             l.check(self.read_checks, crc, m, tags, i).map_err(PiError::status)?;
             if self.write_pract {
@@ -68,10 +68,10 @@ impl CopyProtection {
     }
 }
 
-/// Type 1's reference tag is the LBA's low 32 bits: a check of it against a
+/// Type 1's reference tag is the LBA's low 32 (48) bits: a check of it against a
 /// different initial tag is refused before anything moves (as Read and Write do).
 pub(crate) fn initial_ref_fits(l: PiLayout, checks: u8, first_lba: u64, tags: PiTags) -> bool {
     !(l.ty == nvme_spec::pi::PiType::Type1
         && checks & prinfo::PRCHK_REF != 0
-        && tags.ref_tag != first_lba as u32)
+        && tags.ref_tag != l.lba_ref_tag(first_lba))
 }

@@ -2,12 +2,12 @@
 //! its own, apart from the data, so the data stays a plain image any tool can read.
 //!
 //! Layout (docs/metadata.md has it for operators): block `n`'s metadata is the `ms`
-//! bytes at `n * ms`, `ms` being the current LBA format's metadata size; the 8
-//! bytes of protection information in it (if the format has any) are stored
-//! complemented, the other bytes as they are. A block whose metadata was never
-//! written (a hole, or past the file's end) so reads as zeroes but for its
-//! protection information, all ones: an application tag of FFFFh and a reference
-//! tag of FFFFFFFFh, which the checks of every type skip. A new namespace therefore
+//! bytes at `n * ms`, `ms` being the current LBA format's metadata size; the
+//! protection information tuple in it (if the format has one: 8 bytes, 16 with the
+//! 64-bit guard) is stored complemented, the other bytes as they are. A block whose
+//! metadata was never written (a hole, or past the file's end) so reads as zeroes
+//! but for its protection information, all ones: an application tag of FFFFh and a
+//! reference tag of all ones, which the checks of every type skip. A new namespace therefore
 //! reads without protection errors before the host wrote anything, and deallocating
 //! a range punches its metadata out (reading as deallocated blocks read: zeroes).
 //! The layout changes only with the format, and a Format that changes it empties
@@ -16,7 +16,7 @@
 //! The file is a regular file beside the data (`FILE.meta`), one given by the
 //! operator, or a memfd (a `ram:` namespace: handed to the next process on an
 //! upgrade, like the data); a `null:` namespace keeps none (its data is not kept
-//! either). Metadata is at most 1/64 of the namespace's size (8 bytes per 512).
+//! either). Metadata is at most 1/32 of the namespace's size (16 bytes per 512).
 //!
 //! Reads and writes are synchronous, on the engine's thread: a few bytes per block,
 //! in the page cache. [`MetaRead`] is what a read with metadata does once its data
@@ -29,24 +29,30 @@ use std::os::unix::fs::FileExt;
 
 use block_backend::{DataBuf, Segment, SegmentCursor, SegmentError};
 use guest_mem::GuestMemory;
-use nvme_spec::pi::{crc16_t10dif, PiLayout, PiTags};
+use nvme_spec::pi::{Guard, PiLayout, PiTags};
 use nvme_spec::Status;
 use rustix::fs::FallocateFlags;
 
-/// Which bytes of each block's metadata are stored complemented: the 8 bytes of
-/// protection information at `at` in each block's `ms`.
+/// Which bytes of each block's metadata are stored complemented: the `len` bytes
+/// of protection information at `at` in each block's `ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Complemented {
     pub ms: usize,
     pub at: usize,
+    pub len: usize,
 }
 
 impl Complemented {
+    /// The protection information tuple of layout `l`.
+    pub fn of(l: PiLayout) -> Self {
+        Complemented { ms: l.ms, at: l.offset(), len: l.size() }
+    }
+
     /// Flips the protection information of the blocks whose metadata `buf` holds
     /// (from a block's start).
     fn flip(self, buf: &mut [u8]) {
         for block in buf.chunks_mut(self.ms) {
-            if let Some(pi) = block.get_mut(self.at..self.at + 8) {
+            if let Some(pi) = block.get_mut(self.at..self.at + self.len) {
                 pi.iter_mut().for_each(|b| *b = !*b);
             }
         }
@@ -175,7 +181,7 @@ impl MetaRead {
     pub(crate) fn finish(&self, mem: &GuestMemory, data: &DataBuf, nsid: u32, slba: u64) -> Status {
         if let Some(l) = self.pi.filter(|_| self.prchk != 0) {
             let len = (self.meta.len() / self.ms * self.block) as u64;
-            let r = each_block_crc(mem, data, len, self.block, |i, crc| {
+            let r = each_block_crc(mem, data, len, self.block, l.guard, |i, crc| {
                 let m = &self.meta[i as usize * self.ms..][..self.ms];
                 l.check(self.prchk, crc, m, self.tags, i).map_err(|e| (i, e))
             });
@@ -210,19 +216,20 @@ impl MetaRead {
     }
 }
 
-/// Calls `f(i, crc)` with the CRC-16 T10-DIF of each `block`-byte block of the
-/// `len` bytes of `data`, in order, until `f` fails.
+/// Calls `f(i, crc)` with the running `guard` CRC of each `block`-byte block of
+/// the `len` bytes of `data` ([`Guard::data_crc`]), in order, until `f` fails.
 pub(crate) fn each_block_crc<E>(
     mem: &GuestMemory,
     data: &DataBuf,
     len: u64,
     block: usize,
-    mut f: impl FnMut(u32, u16) -> Result<(), E>,
+    guard: Guard,
+    mut f: impl FnMut(u32, u64) -> Result<(), E>,
 ) -> Result<Result<(), E>, SegmentError> {
     match data {
         DataBuf::Host(buf) => {
             for (i, b) in buf[..len as usize].chunks(block).enumerate() {
-                if let Err(e) = f(i as u32, crc16_t10dif(b)) {
+                if let Err(e) = f(i as u32, guard.data_crc(b)) {
                     return Ok(Err(e));
                 }
             }
@@ -232,7 +239,7 @@ pub(crate) fn each_block_crc<E>(
             let mut scratch = vec![0u8; block];
             for i in 0..(len / block as u64) as u32 {
                 cur.read_into(mem, &mut scratch)?;
-                if let Err(e) = f(i, crc16_t10dif(&scratch)) {
+                if let Err(e) = f(i, guard.data_crc(&scratch)) {
                     return Ok(Err(e));
                 }
             }
@@ -246,7 +253,7 @@ pub(crate) fn each_block_crc<E>(
 mod tests {
     use super::*;
 
-    const PI_LAST_OF_16: Option<Complemented> = Some(Complemented { ms: 16, at: 8 });
+    const PI_LAST_OF_16: Option<Complemented> = Some(Complemented { ms: 16, at: 8, len: 8 });
 
     #[test]
     fn never_written_reads_as_zeroes_with_all_ones_protection_information() {
@@ -282,7 +289,7 @@ mod tests {
     #[test]
     fn a_hole_punched_in_the_middle_of_a_page_reads_as_never_written() {
         let m = crate::config::MetaFile::memory().unwrap().try_clone().unwrap();
-        let pi = Some(Complemented { ms: 8, at: 0 });
+        let pi = Some(Complemented { ms: 8, at: 0, len: 8 });
         m.write(0, &[0x11; 8192], pi).unwrap();
         m.clear(4000, 200).unwrap();
         let mut b = vec![0u8; 8192];

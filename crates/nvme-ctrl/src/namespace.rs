@@ -4,43 +4,51 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use block_backend::{Backend, BackendInfo};
+use nvme_spec::pi::Guard;
 
-/// One LBA format: the data size as log2, and the metadata bytes per block.
+/// One LBA format: the data size as log2, the metadata bytes per block, and the
+/// guard its protection information has (if a type is chosen: Identify DPS).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LbaFormatDef {
     pub shift: u8,
     pub ms: u16,
+    pub guard: Guard,
 }
 
 const fn lbaf(shift: u8, ms: u16) -> LbaFormatDef {
-    LbaFormatDef { shift, ms }
+    LbaFormatDef { shift, ms, guard: Guard::Crc16 }
+}
+
+const fn lbaf64(shift: u8, ms: u16) -> LbaFormatDef {
+    LbaFormatDef { shift, ms, guard: Guard::Crc64 }
 }
 
 /// The LBA formats, indexed as Identify Namespace LBAF lists them: the first
 /// [`PLAIN_FORMATS`] without metadata (every namespace), then those with (a
-/// namespace that can keep metadata, [`Namespace::meta`]).
-pub const LBA_FORMATS: [LbaFormatDef; 6] =
-    [lbaf(9, 0), lbaf(12, 0), lbaf(9, 8), lbaf(12, 8), lbaf(12, 16), lbaf(12, 64)];
-
-/// [`LBA_FORMATS`] padded to a power of two, so the data path's lookup by a masked
-/// index needs no bounds check (indexes 6 and 7 are never in effect).
-const FORMAT_TABLE: [LbaFormatDef; 8] = [
-    LBA_FORMATS[0],
-    LBA_FORMATS[1],
-    LBA_FORMATS[2],
-    LBA_FORMATS[3],
-    LBA_FORMATS[4],
-    LBA_FORMATS[5],
-    LBA_FORMATS[0],
-    LBA_FORMATS[0],
+/// namespace that can keep metadata, [`Namespace::meta`]); the last two carry the
+/// 64-bit guard (Identify CNS 05h ELBAF says so).
+pub const LBA_FORMATS: [LbaFormatDef; 8] = [
+    lbaf(9, 0),
+    lbaf(12, 0),
+    lbaf(9, 8),
+    lbaf(12, 8),
+    lbaf(12, 16),
+    lbaf(12, 64),
+    lbaf64(9, 16),
+    lbaf64(12, 16),
 ];
+
+/// [`LBA_FORMATS`], a power of two long, so the data path's lookup by a masked
+/// index needs no bounds check.
+const FORMAT_TABLE: [LbaFormatDef; 8] = LBA_FORMATS;
 
 /// How many of [`LBA_FORMATS`] have no metadata.
 pub const PLAIN_FORMATS: usize = 2;
 
-/// The index of the format of `2^shift`-byte blocks with `ms` bytes of metadata.
-pub fn format_index(shift: u8, ms: u16) -> Option<u8> {
-    LBA_FORMATS.iter().position(|f| *f == lbaf(shift, ms)).map(|i| i as u8)
+/// The index of the format of `2^shift`-byte blocks with `ms` bytes of metadata
+/// and `guard` protection information.
+pub fn format_index(shift: u8, ms: u16, guard: Guard) -> Option<u8> {
+    LBA_FORMATS.iter().position(|f| *f == LbaFormatDef { shift, ms, guard }).map(|i| i as u8)
 }
 
 /// Every NSID the controller reports (Identify NN), each inactive (None) or active:
@@ -141,9 +149,10 @@ impl FormatState {
     /// Its protection information (None: none).
     pub fn protection(self) -> Option<nvme_spec::pi::PiLayout> {
         let ty = nvme_spec::pi::PiType::from_dps(self.dps)?;
-        let ms = self.def().ms as usize;
+        let def = self.def();
+        let (ms, guard) = (def.ms as usize, def.guard);
         let first = self.dps & nvme_spec::identify::dps::FIRST != 0;
-        (ms >= 8).then_some(nvme_spec::pi::PiLayout { ty, ms, first })
+        (ms >= guard.tuple_size()).then_some(nvme_spec::pi::PiLayout { ty, guard, ms, first })
     }
 }
 
@@ -287,16 +296,16 @@ impl Namespace {
     }
 }
 
-/// Why protection settings `dps` cannot go with `ms` bytes of metadata per block,
-/// if they cannot: a type needs 8 bytes of metadata at least, bit 3 means nothing
-/// without a type, and no other bit is defined.
-pub(crate) fn format_fits(ms: u16, dps: u8) -> Result<(), &'static str> {
+/// Why protection settings `dps` cannot go with format `f`, if they cannot: a
+/// type needs metadata for its tuple (8 bytes, 16 with the 64-bit guard), bit 3
+/// means nothing without a type, and no other bit is defined.
+pub(crate) fn format_fits(f: LbaFormatDef, dps: u8) -> Result<(), &'static str> {
     use nvme_spec::identify::dps;
     if dps & !(dps::TYPE_MASK | dps::FIRST) != 0 || dps & dps::TYPE_MASK > 3 {
         return Err("protection information type 1, 2 or 3 only");
     }
-    if dps & dps::TYPE_MASK != 0 && ms < 8 {
-        return Err("protection information needs 8 bytes of metadata per block at least");
+    if dps & dps::TYPE_MASK != 0 && (f.ms as usize) < f.guard.tuple_size() {
+        return Err("protection information needs metadata per block for its tuple (8 bytes, 16 with the 64-bit guard)");
     }
     if dps == dps::FIRST {
         return Err("a protection information location without a type");
@@ -330,7 +339,7 @@ pub(crate) fn make(
     };
     let lbads = f.shift;
     if let Some(m) = &n.metadata {
-        if let Err(e) = format_fits(f.ms, m.dps) {
+        if let Err(e) = format_fits(*f, m.dps) {
             return Err(format!("namespace {nsid}: {e}"));
         }
         if n.zoned.is_some() && f.ms > 0 {

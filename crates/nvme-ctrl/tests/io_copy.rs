@@ -79,7 +79,7 @@ fn identify_advertises_the_limits_that_are_enforced() {
     let (mut h, _rams) = ram_host(&[(BIG, 0)], opts());
     let ctrl = h.identify(1, 0).unwrap();
     assert_ne!(le16(&ctrl, 520) & oncs::COPY, 0, "ONCS bit 8 (Copy)");
-    assert_eq!(le16(&ctrl, 534), 1, "OCFS: descriptor format 0h only");
+    assert_eq!(le16(&ctrl, 534), 0b11, "OCFS: descriptor formats 0h and 1h");
     let ns = h.identify(0, 1).unwrap();
     let (mssrl, mcl, msrc) = (le16(&ns, 74) as u32, le32(&ns, 76), ns[80] as usize);
     assert_eq!((mssrl, mcl, msrc), (256, 256 * 64, 127), "512-byte LBAs: 128 KiB ranges, 128 of them, 8 MiB");
@@ -96,9 +96,12 @@ fn identify_advertises_the_limits_that_are_enforced() {
     // MSSRL: one range one block longer.
     let c = copy(&mut h, 1, 9000, &[(0, mssrl + 1)], 0);
     refused(&mut h, c, Status::COMMAND_SIZE_LIMIT_EXCEEDED, "a range past MSSRL");
-    // Descriptor format 1h (protection information): not supported.
+    // Descriptor format 1h is for the 64-bit guard's formats, not this one; 2h
+    // (other namespaces) is not offered.
     let c = copy(&mut h, 1, 9000, &[(0, 1)], 1);
-    refused(&mut h, c, Status::INVALID_FIELD, "format 1h");
+    refused(&mut h, c, Status::INVALID_FORMAT, "format 1h");
+    let c = copy(&mut h, 1, 9000, &[(0, 1)], 2);
+    refused(&mut h, c, Status::INVALID_FIELD, "format 2h");
     // A source past the end, and a destination past the end.
     let nsze = BIG / 512;
     let c = copy(&mut h, 1, 9000, &[(0, 1), (nsze - 1, 2)], 0);

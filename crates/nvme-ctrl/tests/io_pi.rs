@@ -111,10 +111,11 @@ fn identify_ns(h: &mut MockHost, nsid: u32) -> IdentifyNamespace {
 fn identify_offers_the_formats_with_metadata_only_where_they_can_be_kept() {
     let mut h = pi_host(2, 1 | 8);
     let id = identify_ns(&mut h, 1);
-    assert_eq!((id.nlbaf, id.flbas, id.mc, id.dps), (5, 2, mc::SEPARATE | mc::EXTENDED, 1 | 8));
+    assert_eq!((id.nlbaf, id.flbas, id.mc, id.dps), (7, 2, mc::SEPARATE | mc::EXTENDED, 1 | 8));
     assert_eq!(id.dpc, dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST);
-    let lbaf: Vec<(u8, u16)> = id.lbaf[..6].iter().map(|f| (f.lbads, f.ms.get())).collect();
-    assert_eq!(lbaf, [(9, 0), (12, 0), (9, 8), (12, 8), (12, 16), (12, 64)]);
+    let lbaf: Vec<(u8, u16)> = id.lbaf[..9].iter().map(|f| (f.lbads, f.ms.get())).collect();
+    // The last two with the 64-bit guard (io_pi64.rs); none past them.
+    assert_eq!(lbaf, [(9, 0), (12, 0), (9, 8), (12, 8), (12, 16), (12, 64), (9, 16), (12, 16), (0, 0)]);
     // The namespace without a store has the two plain formats, nothing to protect.
     let id = identify_ns(&mut h, 2);
     assert_eq!((id.nlbaf, id.mc, id.dpc, id.dps), (1, 0, 0, 0));
@@ -297,8 +298,8 @@ fn format_moves_between_formats_and_refuses_what_cannot_be() {
     let id = identify_ns(&mut h, 1);
     assert_eq!((id.flbas, id.dps, id.current_lbaf().block_size()), (3, 2 | 8, 4096));
     // A type needs metadata; the plain namespace has no store for metadata; there
-    // is no format 6.
-    for (nsid, lbaf, pi, mset) in [(1, 1, 1, false), (1, 1, 1, true), (2, 2, 0, false), (1, 6, 0, false)] {
+    // is no format 8.
+    for (nsid, lbaf, pi, mset) in [(1, 1, 1, false), (1, 1, 1, true), (2, 2, 0, false), (1, 8, 0, false)] {
         let st = format(&mut h, nsid, lbaf, pi, false, mset);
         assert_eq!(st.code(), Status::INVALID_FORMAT, "nsid {nsid} lbaf {lbaf} pi {pi} mset {mset}");
     }

@@ -7,7 +7,7 @@ use nvme_spec::admin::{
 };
 use nvme_spec::command::Psdt;
 use nvme_spec::nvm::{
-    CopyCmd, CopyRange, DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd,
+    CopyCmd, CopyRange, CopyRangeF1, DatasetManagementCmd, DsmRange, FlushCmd, ReadWriteCmd, WriteZeroesCmd,
 };
 use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
 use nvme_spec::sgl::{SglDescriptor, SglType};
@@ -282,16 +282,22 @@ impl Fuzzer<'_> {
                 let (i, page) = self.list_page();
                 pages.push(i);
                 let mut raw = Vec::new();
+                let (nr_z, desfmt) = ((n - 1) as u8, (c.flags >> 4) & 1);
                 for k in 0..n {
                     let nlb = 1 + (c.slba as u64 >> (k * 5)) % 300;
                     let slba = (c.slba as u64).wrapping_mul(k + 3) % (nsze + 2);
-                    let mut r = CopyRange::new(slba, nlb as u32);
-                    // Mostly the reference tag type 1 wants.
-                    r.eilbrt = U32::new(slba as u32 + (c.flags as u32 >> 7));
-                    raw.extend_from_slice(r.as_bytes());
+                    // Mostly the reference tag type 1 wants; format 1h's entries
+                    // (the 64-bit guard's) are 40 bytes with a 48-bit tag.
+                    let eilbrt = slba + (c.flags as u64 >> 7);
+                    if desfmt == 1 {
+                        raw.extend_from_slice(CopyRangeF1::new(slba, nlb as u32, eilbrt).as_bytes());
+                    } else {
+                        let mut r = CopyRange::new(slba, nlb as u32);
+                        r.eilbrt = U32::new(eilbrt as u32);
+                        raw.extend_from_slice(r.as_bytes());
+                    }
                 }
                 self.write_mem(page, &raw);
-                let (nr_z, desfmt) = ((n - 1) as u8, (c.flags >> 4) & 1);
                 let mut s = CopyCmd { nsid, sdlba: slba, nr_z, desfmt, fua }.to_sqe();
                 s.set_prps(page, 0);
                 if ns.meta_size() > 0 {

@@ -277,7 +277,10 @@ impl<'s> Fuzzer<'s> {
                         let dps = if ty == 0 { 0 } else { ty | (f >> 7) << 3 };
                         let store = nvme_ctrl::MetaFile::memory().expect("a memfd for metadata");
                         let extended = f & 2 != 0;
-                        (2 + (f >> 3) % 4, Some(nvme_ctrl::MetadataConfig { store, dps, extended }))
+                        (
+                            2 + (((f >> 3) % 4) | ((f & 1) << 2)) % 6,
+                            Some(nvme_ctrl::MetadataConfig { store, dps, extended }),
+                        )
                     }
                     f => (f % 2, None),
                 };

@@ -121,7 +121,8 @@ record! {
         pub mib: u8,
         /// LBA format: lba_format % 2 (512 B or 4 KiB). Bit 2 (on a namespace that
         /// is not zoned): a metadata store, the format then one with metadata
-        /// (bits 3-4: 512+8, 4096+8, 4096+16, 4096+64), bits 5-6 the protection
+        /// (bits 3-4 and 0, modulo 6: 512+8, 4096+8, 4096+16, 4096+64, and the
+        /// 64-bit guard's 512+16 and 4096+16), bits 5-6 the protection
         /// information type (0: none), bit 7 the information first, bit 1 the
         /// metadata inline (extended LBAs).
         pub lba_format: u8,

@@ -16,13 +16,8 @@ use crate::Sqe;
 /// Directive Type of the Data Placement directive (a write's CDW12 23:20).
 pub const DTYPE_DATA_PLACEMENT: u8 = 2;
 
-/// Identify Controller CTRATT bits FDP needs.
-pub mod ctratt {
-    /// Endurance Groups are supported (ENDGIDMAX names how many).
-    pub const ENDURANCE_GROUPS: u32 = 1 << 4;
-    /// Flexible Data Placement is supported.
-    pub const FDPS: u32 = 1 << 19;
-}
+/// Identify Controller CTRATT bits FDP needs (with the others).
+pub use crate::identify::ctratt;
 
 /// FDP Configurations log page header (LID 20h): NUMFDPC (0's based), VER, and SZE
 /// (the whole page's bytes).

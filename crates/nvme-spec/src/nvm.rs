@@ -236,7 +236,7 @@ impl Copy<'_> {
     pub fn ranges(&self) -> usize {
         self.nr_z() as usize + 1
     }
-    /// Descriptor Format (CDW12 11:8): 0h is [`CopyRange`].
+    /// Descriptor Format (CDW12 11:8): 0h is [`CopyRange`], 1h [`CopyRangeF1`].
     pub fn desfmt(&self) -> u8 {
         ((self.0.cdw12.get() >> 8) & 0xf) as u8
     }
@@ -302,6 +302,50 @@ impl CopyRange {
     /// A range of `nlb` blocks (not 0's based, 1..=65536) from `slba`.
     pub fn new(slba: u64, nlb: u32) -> Self {
         CopyRange { slba: U64::new(slba), nlb_z: (nlb.saturating_sub(1) as u16).into(), ..Default::default() }
+    }
+}
+
+/// One Source Range entry of Copy descriptor format 1h (NVM Figure "Source Range
+/// Entries Copy Descriptor Format 1h"), for namespaces whose protection information
+/// has the 64-bit guard: its expected reference tag is wider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct CopyRangeF1 {
+    pub rsvd0: U64,
+    /// Starting LBA.
+    pub slba: U64,
+    /// Number of Logical Blocks, 0's based.
+    pub nlb_z: zerocopy::little_endian::U16,
+    pub rsvd18: [u8; 8],
+    /// Expected Logical Block Storage Tag and Expected Initial Logical Block
+    /// Reference Tag: 80 bits, most significant byte first (as the tuple on the
+    /// medium), the reference tag in the low bits.
+    pub elbt: [u8; 10],
+    /// Expected Logical Block Application Tag, and its Mask.
+    pub elbat: zerocopy::little_endian::U16,
+    pub elbatm: zerocopy::little_endian::U16,
+}
+
+const _: () = assert!(core::mem::size_of::<CopyRangeF1>() == 40);
+
+impl CopyRangeF1 {
+    /// A range of `nlb` blocks (not 0's based, 1..=65536) from `slba`, expecting
+    /// reference tag `eilbrt` first.
+    pub fn new(slba: u64, nlb: u32, eilbrt: u64) -> Self {
+        let mut elbt = [0u8; 10];
+        elbt[2..].copy_from_slice(&eilbrt.to_be_bytes());
+        CopyRangeF1 {
+            slba: U64::new(slba),
+            nlb_z: (nlb.saturating_sub(1) as u16).into(),
+            elbt,
+            ..Default::default()
+        }
+    }
+
+    /// The low 64 bits of ELBT (the reference tag, and any storage tag above its
+    /// bits there).
+    pub fn eilbrt(&self) -> u64 {
+        u64::from_be_bytes(self.elbt[2..].try_into().expect("8 bytes"))
     }
 }
 

@@ -1,5 +1,7 @@
 //! End-to-end data protection (NVM Command Set §5.3): the guard checksums of the
-//! protection information formats and the 8-byte protection information tuple.
+//! protection information formats, and the 8-byte (16-bit guard) and 16-byte
+//! (64-bit guard, no storage tag: a 48-bit reference tag) protection information
+//! tuples.
 //!
 //! The 16-bit guard is CRC-16 T10-DIF (polynomial 8BB7h, initial value 0, not
 //! reflected); the 64-bit guard is CRC-64/NVME (polynomial AD93D23594C93659h,
@@ -95,6 +97,102 @@ impl Pi16 {
     }
 }
 
+/// The protection information of one logical block in the 64-bit guard format
+/// with no storage tag (16 bytes, NVM Figure "Protection Information Format, 64b
+/// Guard", STS 0): the 48 bits of Storage and Reference Space are the reference tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Pi64 {
+    /// CRC-64/NVME of the block's data.
+    pub guard: u64,
+    pub app_tag: u16,
+    /// Reference Tag, 48 bits: the block's LBA (types 1 and 2, low 48 bits) or opaque.
+    pub ref_tag: u64,
+}
+
+impl Pi64 {
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.guard.to_be_bytes());
+        b[8..10].copy_from_slice(&self.app_tag.to_be_bytes());
+        b[10..].copy_from_slice(&self.ref_tag.to_be_bytes()[2..]);
+        b
+    }
+
+    pub fn from_bytes(b: [u8; 16]) -> Self {
+        let mut r = [0u8; 8];
+        r[2..].copy_from_slice(&b[10..]);
+        Pi64 {
+            guard: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            app_tag: u16::from_be_bytes([b[8], b[9]]),
+            ref_tag: u64::from_be_bytes(r),
+        }
+    }
+}
+
+/// The guard a format's protection information has (Extended LBA Format PIF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Guard {
+    /// 16b Guard: CRC-16 T10-DIF, 8-byte tuple, 32-bit reference tag.
+    #[default]
+    Crc16,
+    /// 64b Guard: CRC-64/NVME, 16-byte tuple, 48-bit reference tag (no storage tag).
+    Crc64,
+}
+
+impl Guard {
+    /// Its Protection Information Format value (ELBAF bits 8:7).
+    pub const fn pif(self) -> u8 {
+        match self {
+            Guard::Crc16 => 0,
+            Guard::Crc64 => 2,
+        }
+    }
+
+    /// Bytes of its protection information tuple.
+    pub const fn tuple_size(self) -> usize {
+        match self {
+            Guard::Crc16 => 8,
+            Guard::Crc64 => 16,
+        }
+    }
+
+    /// The bits a reference tag has.
+    pub const fn ref_mask(self) -> u64 {
+        match self {
+            Guard::Crc16 => 0xffff_ffff,
+            Guard::Crc64 => 0xffff_ffff_ffff,
+        }
+    }
+
+    /// The running guard CRC of a block's `data`, not yet finished (the guard goes
+    /// on over metadata bytes before the tuple: [`PiLayout::guard`]).
+    #[inline]
+    pub fn data_crc(self, data: &[u8]) -> u64 {
+        match self {
+            Guard::Crc16 => crc16_t10dif(data) as u64,
+            Guard::Crc64 => crc64_nvme_update(!0, data),
+        }
+    }
+
+    /// A command's initial or expected reference tag: Dword 14, and for the 64-bit
+    /// guard bits 47:32 in Dword 3 bits 15:0 (the storage tag, 0 bits here, would
+    /// sit above them).
+    pub const fn command_ref_tag(self, cdw14: u32, cdw3: u32) -> u64 {
+        match self {
+            Guard::Crc16 => cdw14 as u64,
+            Guard::Crc64 => cdw14 as u64 | ((cdw3 & 0xffff) as u64) << 32,
+        }
+    }
+}
+
+/// One block's protection information as values, of either guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PiTuple {
+    pub guard: u64,
+    pub app_tag: u16,
+    pub ref_tag: u64,
+}
+
 /// The Protection Information field of Read, Write, Compare, Verify and Write
 /// Zeroes (PRINFO, Dword 12 bits 29:26).
 pub mod prinfo {
@@ -113,7 +211,7 @@ pub mod prinfo {
 /// Protection information types (DPS bits 2:0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PiType {
-    /// Reference tag: the low 32 bits of the block's LBA.
+    /// Reference tag: the low bits of the block's LBA.
     Type1,
     /// Reference tag: the command's initial reference tag plus the block's index.
     Type2,
@@ -161,79 +259,130 @@ impl PiError {
     }
 }
 
-/// The 16-bit guard protection information of a namespace's format: its type, and
-/// where its 8 bytes sit in each block's `ms` bytes of metadata.
+/// The protection information of a namespace's format: its type, its guard, and
+/// where its tuple sits in each block's `ms` bytes of metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PiLayout {
     pub ty: PiType,
-    /// Metadata bytes per block (8 or more).
+    pub guard: Guard,
+    /// Metadata bytes per block (the tuple's size or more).
     pub ms: usize,
-    /// The first 8 bytes of the metadata (DPS bit 3), else the last.
+    /// The first bytes of the metadata (DPS bit 3), else the last.
     pub first: bool,
 }
 
-/// What a command says about its blocks' tags (Dwords 14 and 15).
+/// What a command says about its blocks' tags (Dwords 14 and 15, and 3 for the
+/// 64-bit guard's reference tag).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PiTags {
     /// The first block's reference tag: expected (reads) or initial (writes).
-    pub ref_tag: u32,
+    pub ref_tag: u64,
     pub app_tag: u16,
     /// Which application tag bits are checked.
     pub app_mask: u16,
 }
 
 impl PiLayout {
+    /// Bytes of its protection information tuple.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.guard.tuple_size()
+    }
+
     /// Where the protection information starts in a block's metadata.
     pub fn offset(&self) -> usize {
         if self.first {
             0
         } else {
-            self.ms - 8
+            self.ms - self.size()
         }
     }
 
-    /// The guard of a block whose data's CRC is `data_crc` and whose metadata is
-    /// `meta`: the CRC goes on over the metadata bytes before the protection
-    /// information (none when it comes first).
-    pub fn guard(&self, data_crc: u16, meta: &[u8]) -> u16 {
-        crc16_t10dif_update(data_crc, &meta[..self.offset()])
+    /// The running guard CRC of a block's data ([`Guard::data_crc`]).
+    #[inline]
+    pub fn data_crc(&self, data: &[u8]) -> u64 {
+        self.guard.data_crc(data)
+    }
+
+    /// The guard of a block whose data's running CRC is `data_crc` and whose
+    /// metadata is `meta`: the CRC goes on over the metadata bytes before the
+    /// protection information (none when it comes first).
+    pub fn guard(&self, data_crc: u64, meta: &[u8]) -> u64 {
+        let before = &meta[..self.offset()];
+        match self.guard {
+            Guard::Crc16 => crc16_t10dif_update(data_crc as u16, before) as u64,
+            Guard::Crc64 => !crc64_nvme_update(data_crc, before),
+        }
     }
 
     /// The reference tag of block `i` of a command whose first block's is `first`.
-    pub fn ref_tag(&self, first: u32, i: u32) -> u32 {
+    pub fn ref_tag(&self, first: u64, i: u32) -> u64 {
         match self.ty {
-            PiType::Type3 => first,
-            PiType::Type1 | PiType::Type2 => first.wrapping_add(i),
+            PiType::Type3 => first & self.guard.ref_mask(),
+            PiType::Type1 | PiType::Type2 => first.wrapping_add(i as u64) & self.guard.ref_mask(),
         }
     }
 
-    /// The protection information of block `i` in `meta` (its `ms` bytes).
-    pub fn read(&self, meta: &[u8]) -> Pi16 {
+    /// The reference tag type 1 gives the block at `lba`: its low 32 or 48 bits.
+    pub fn lba_ref_tag(&self, lba: u64) -> u64 {
+        lba & self.guard.ref_mask()
+    }
+
+    /// The protection information in a block's metadata `meta` (its `ms` bytes).
+    pub fn read(&self, meta: &[u8]) -> PiTuple {
         let o = self.offset();
-        Pi16::from_bytes(meta[o..o + 8].try_into().expect("8 bytes"))
+        match self.guard {
+            Guard::Crc16 => {
+                let p = Pi16::from_bytes(meta[o..o + 8].try_into().expect("8 bytes"));
+                PiTuple { guard: p.guard as u64, app_tag: p.app_tag, ref_tag: p.ref_tag as u64 }
+            }
+            Guard::Crc64 => {
+                let p = Pi64::from_bytes(meta[o..o + 16].try_into().expect("16 bytes"));
+                PiTuple { guard: p.guard, app_tag: p.app_tag, ref_tag: p.ref_tag }
+            }
+        }
+    }
+
+    /// Puts `pi` into a block's metadata `meta`, in this format's form.
+    pub fn write(&self, pi: PiTuple, meta: &mut [u8]) {
+        let o = self.offset();
+        match self.guard {
+            Guard::Crc16 => {
+                let p = Pi16 { guard: pi.guard as u16, app_tag: pi.app_tag, ref_tag: pi.ref_tag as u32 };
+                meta[o..o + 8].copy_from_slice(&p.to_bytes());
+            }
+            Guard::Crc64 => {
+                let p = Pi64 {
+                    guard: pi.guard,
+                    app_tag: pi.app_tag,
+                    ref_tag: pi.ref_tag & self.guard.ref_mask(),
+                };
+                meta[o..o + 16].copy_from_slice(&p.to_bytes());
+            }
+        }
     }
 
     /// Writes the protection information of a block into its metadata `meta`:
     /// the guard over `data_crc` and the bytes before it, the tags of block `i`.
-    pub fn generate(&self, data_crc: u16, tags: PiTags, i: u32, meta: &mut [u8]) {
-        let pi = Pi16 {
+    pub fn generate(&self, data_crc: u64, tags: PiTags, i: u32, meta: &mut [u8]) {
+        let pi = PiTuple {
             guard: self.guard(data_crc, meta),
             app_tag: tags.app_tag,
             ref_tag: self.ref_tag(tags.ref_tag, i),
         };
-        let o = self.offset();
-        meta[o..o + 8].copy_from_slice(&pi.to_bytes());
+        self.write(pi, meta);
     }
 
     /// True if the checks of a block are disabled by its tags: an application tag
-    /// of FFFFh (types 1 and 2), with a reference tag of FFFFFFFFh (type 3).
-    pub fn escaped(&self, pi: Pi16) -> bool {
-        pi.app_tag == 0xffff && (self.ty != PiType::Type3 || pi.ref_tag == 0xffff_ffff)
+    /// of FFFFh (types 1 and 2), with a reference tag of all ones (type 3).
+    pub fn escaped(&self, pi: PiTuple) -> bool {
+        pi.app_tag == 0xffff && (self.ty != PiType::Type3 || pi.ref_tag == self.guard.ref_mask())
     }
 
-    /// Checks block `i`'s protection information in `meta` against its data's CRC
-    /// and the command's tags, for the checks `prchk` (PRINFO bits 2:0) asks.
-    pub fn check(&self, prchk: u8, data_crc: u16, meta: &[u8], tags: PiTags, i: u32) -> Result<(), PiError> {
+    /// Checks block `i`'s protection information in `meta` against its data's
+    /// running CRC and the command's tags, for the checks `prchk` (PRINFO bits 2:0)
+    /// asks.
+    pub fn check(&self, prchk: u8, data_crc: u64, meta: &[u8], tags: PiTags, i: u32) -> Result<(), PiError> {
         let pi = self.read(meta);
         if self.escaped(pi) {
             return Ok(());
@@ -292,41 +441,59 @@ mod tests {
         assert_eq!(Pi16::from_bytes(pi.to_bytes()), pi);
     }
 
+    #[test]
+    fn pi64_is_big_endian_with_a_48_bit_reference_tag() {
+        let pi = Pi64 { guard: 0x0102_0304_0506_0708, app_tag: 0x1234, ref_tag: 0x0a0b_0c0d_0e0f };
+        assert_eq!(pi.to_bytes(), [1, 2, 3, 4, 5, 6, 7, 8, 0x12, 0x34, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f]);
+        assert_eq!(Pi64::from_bytes(pi.to_bytes()), pi);
+        // The command's tag: Dword 14 low, Dword 3 bits 15:0 high, the rest not ours.
+        assert_eq!(Guard::Crc64.command_ref_tag(0x0c0d_0e0f, 0xffff_0a0b), 0x0a0b_0c0d_0e0f);
+        assert_eq!(Guard::Crc16.command_ref_tag(0x0c0d_0e0f, 0xffff_0a0b), 0x0c0d_0e0f);
+    }
+
     fn layout(ty: PiType, ms: usize, first: bool) -> PiLayout {
-        PiLayout { ty, ms, first }
+        PiLayout { ty, guard: Guard::Crc16, ms, first }
+    }
+
+    fn layout64(ty: PiType, ms: usize, first: bool) -> PiLayout {
+        PiLayout { ty, guard: Guard::Crc64, ms, first }
     }
 
     #[test]
     fn generated_protection_information_checks_and_a_changed_byte_does_not() {
         let data = [0x5au8; 512];
-        let crc = crc16_t10dif(&data);
         let tags = PiTags { ref_tag: 100, app_tag: 0x1234, app_mask: 0xffff };
-        for (ty, ms, first) in [
-            (PiType::Type1, 8, true),
-            (PiType::Type2, 16, false),
-            (PiType::Type3, 16, true),
-            (PiType::Type1, 64, false),
+        for l in [
+            layout(PiType::Type1, 8, true),
+            layout(PiType::Type2, 16, false),
+            layout(PiType::Type3, 16, true),
+            layout(PiType::Type1, 64, false),
+            layout64(PiType::Type1, 16, true),
+            layout64(PiType::Type2, 64, false),
+            layout64(PiType::Type3, 16, false),
         ] {
-            let l = layout(ty, ms, first);
+            let crc = l.data_crc(&data);
+            let ms = l.ms;
             let mut buf = [7u8; 64];
             let meta = &mut buf[..ms];
             l.generate(crc, tags, 3, meta);
             assert_eq!(l.check(prinfo::PRCHK_MASK, crc, meta, tags, 3), Ok(()), "{l:?}");
             // The other bytes of the metadata are left as they were.
             let o = l.offset();
-            assert!(meta[..o].iter().chain(&meta[o + 8..]).all(|&b| b == 7));
-            assert_eq!(l.check(prinfo::PRCHK_GUARD, crc ^ 1, meta, tags, 3), Err(PiError::Guard));
+            assert!(meta[..o].iter().chain(&meta[o + l.size()..]).all(|&b| b == 7), "{l:?}");
+            let other_data = l.data_crc(&[0x5bu8; 512]);
+            assert_eq!(l.check(prinfo::PRCHK_GUARD, other_data, meta, tags, 3), Err(PiError::Guard));
             let other = PiTags { app_tag: 0x1235, ..tags };
             assert_eq!(l.check(prinfo::PRCHK_APP, crc, meta, other, 3), Err(PiError::AppTag));
             // Only the bits the mask names are compared.
             let masked = PiTags { app_tag: 0x1235, app_mask: 0xfff0, ..tags };
             assert_eq!(l.check(prinfo::PRCHK_APP, crc, meta, masked, 3), Ok(()));
             // Not asked: not checked.
-            assert_eq!(l.check(prinfo::PRCHK_REF, crc ^ 1, meta, other, 3), Ok(()));
+            assert_eq!(l.check(prinfo::PRCHK_REF, other_data, meta, other, 3), Ok(()));
             // Type 3 keeps one reference tag for every block; the others count up.
             let ref_ok = l.check(prinfo::PRCHK_REF, crc, meta, tags, 4);
-            assert_eq!(ref_ok.is_ok(), ty == PiType::Type3, "{l:?}");
-            if !first {
+            assert_eq!(ref_ok.is_ok(), l.ty == PiType::Type3, "{l:?}");
+            if !l.first {
                 // The guard covers the metadata bytes before the protection information.
                 meta[0] ^= 1;
                 assert_eq!(l.check(prinfo::PRCHK_GUARD, crc, meta, tags, 3), Err(PiError::Guard));
@@ -335,17 +502,41 @@ mod tests {
     }
 
     #[test]
+    fn the_64_bit_guard_is_the_crc_64_of_the_data_and_its_tag_48_bits() {
+        // Metadata that is only the tuple: the guard is CRC-64/NVME of the data, as
+        // Linux's integrity layer computes it.
+        let l = layout64(PiType::Type1, 16, false);
+        let mut data = [0u8; 4096];
+        data.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 7) as u8);
+        let mut meta = [0u8; 16];
+        let tags = PiTags { ref_tag: 0xffff_ffff_ffff, app_tag: 1, app_mask: 0xffff };
+        l.generate(l.data_crc(&data), tags, 1, &mut meta);
+        let pi = Pi64::from_bytes(meta);
+        assert_eq!(pi.guard, crc64_nvme(&data));
+        // Block 1 of a command starting at the last 48-bit tag wraps to 0.
+        assert_eq!(pi.ref_tag, 0);
+        assert_eq!(l.lba_ref_tag(0x1_0000_0000_0005), 5);
+    }
+
+    #[test]
     fn all_ones_tags_disable_the_checks() {
         let tags = PiTags { ref_tag: 5, app_tag: 0, app_mask: 0xffff };
-        let ones = [0xffu8; 8];
+        let ones = [0xffu8; 16];
         for ty in [PiType::Type1, PiType::Type2, PiType::Type3] {
-            assert_eq!(layout(ty, 8, true).check(prinfo::PRCHK_MASK, 0x1111, &ones, tags, 0), Ok(()));
+            assert_eq!(layout(ty, 8, true).check(prinfo::PRCHK_MASK, 0x1111, &ones[..8], tags, 0), Ok(()));
+            assert_eq!(layout64(ty, 16, true).check(prinfo::PRCHK_MASK, 0x1111, &ones, tags, 0), Ok(()));
         }
         // Type 3 needs the reference tag all ones too; types 1 and 2 do not.
         let app_only = Pi16 { guard: 0, app_tag: 0xffff, ref_tag: 9 }.to_bytes();
         assert_eq!(layout(PiType::Type1, 8, true).check(prinfo::PRCHK_MASK, 1, &app_only, tags, 0), Ok(()));
         assert_eq!(
             layout(PiType::Type3, 8, true).check(prinfo::PRCHK_GUARD, 1, &app_only, tags, 0),
+            Err(PiError::Guard)
+        );
+        // All 48 bits of the 64-bit guard's reference tag, not 32 of them.
+        let low32 = Pi64 { guard: 0, app_tag: 0xffff, ref_tag: 0xffff_ffff }.to_bytes();
+        assert_eq!(
+            layout64(PiType::Type3, 16, true).check(prinfo::PRCHK_GUARD, 1, &low32, tags, 0),
             Err(PiError::Guard)
         );
     }

@@ -2,11 +2,15 @@
 //! (`ms=`, `pi=`, `pil=`, `meta=`), and opening the file its metadata is kept in.
 //!
 //! ```text
-//! ms=8|16|64        bytes of metadata per block it starts with (8 with lba=512;
-//!                   8, 16 or 64 with lba=4096); the host can Format NVM to any
-//!                   format with metadata from then on
+//! ms=8|16|64        bytes of metadata per block it starts with (8 or 16 with
+//!                   lba=512 (16: the 64-bit guard); 8, 16 or 64 with
+//!                   lba=4096); the host can Format NVM to any format with
+//!                   metadata from then on
 //! pi=0|1|2|3        protection information type it starts with (needs ms=)
-//! pil=first|last    where the 8 bytes of protection information sit in the
+//! guard=16|64       its guard: CRC-16 T10-DIF in an 8-byte tuple (default), or
+//!                   CRC-64/NVME in a 16-byte tuple with a 48-bit reference tag
+//!                   (needs ms=16)
+//! pil=first|last    where the protection information tuple sits in the
 //!                   metadata (default: last)
 //! mset=0|1          1: the metadata travels inline after each block's data
 //!                   (extended LBAs) instead of in a separate buffer (default 0)
@@ -27,7 +31,7 @@ use nvme_ctrl::{MetaFile, MetadataConfig};
 use crate::zonespec::{beside, open_kept_file, StateHome};
 
 /// The option names, for a URI kind's option list.
-pub const OPTIONS: [&str; 5] = ["ms", "pi", "pil", "mset", "meta"];
+pub const OPTIONS: [&str; 6] = ["ms", "pi", "guard", "pil", "mset", "meta"];
 
 /// A namespace's metadata options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +40,8 @@ pub struct MetaSpec {
     pub ms: u16,
     /// Protection information type (0: none).
     pub pi: u8,
+    /// `guard=64`: the formats whose protection information has the 64-bit guard.
+    pub guard64: bool,
     /// `pil=`: Some(true) for the first bytes of the metadata.
     pub first: Option<bool>,
     /// `mset=1`: extended LBAs.
@@ -65,6 +71,17 @@ impl MetaSpec {
                 m.pi = match value {
                     "0" | "1" | "2" | "3" => value.parse().expect("a digit"),
                     _ => return Err(format!("pi={value}: the protection information type is 0, 1, 2 or 3")),
+                }
+            }
+            "guard" => {
+                m.guard64 = match value {
+                    "16" => false,
+                    "64" => true,
+                    _ => {
+                        return Err(format!(
+                            "guard={value}: the guard is 16 (CRC-16 T10-DIF) or 64 (CRC-64/NVME) bits"
+                        ))
+                    }
                 }
             }
             "mset" => {
@@ -105,10 +122,14 @@ impl MetaSpec {
         if self.first.is_some() && self.pi == 0 {
             return Err("pil=: where the protection information sits means nothing without pi=1|2|3".into());
         }
+        if self.guard64 && self.ms != 16 {
+            return Err("guard=64: the 64-bit guard's formats have 16 bytes of metadata: give ms=16".into());
+        }
         // Without lba=, the block size is the backend's: checked when it is opened.
         if self.ms > 0 && lba_format.is_some() && self.format_index(lba_format).is_none() {
             return Err(format!(
-                "ms={} with {}-byte blocks: the formats with metadata are 512+8, 4096+8, 4096+16 and 4096+64",
+                "ms={} with {}-byte blocks: the formats with metadata are 512+8, 4096+8, 4096+16 and \
+                 4096+64, and with guard=64 512+16 and 4096+16",
                 self.ms,
                 if lba_format == Some(1) { 4096 } else { 512 }
             ));
@@ -119,7 +140,8 @@ impl MetaSpec {
     /// The LBA format index it starts in, for blocks of format `lba_format` (0 or 1).
     pub fn format_index(&self, lba_format: Option<u8>) -> Option<u8> {
         let shift = if lba_format == Some(1) { 12 } else { 9 };
-        nvme_ctrl::format_index(shift, self.ms)
+        let guard = if self.guard64 { nvme_spec::pi::Guard::Crc64 } else { nvme_spec::pi::Guard::Crc16 };
+        nvme_ctrl::format_index(shift, self.ms, guard)
     }
 
     /// Identify DPS of the starting format.
@@ -181,6 +203,19 @@ mod tests {
         assert!(parse(&[("mset", "1")]).unwrap().unwrap().checked(None).unwrap_err().contains("ms=8"));
         assert!(parse(&[("ms", "8"), ("mset", "1")]).unwrap().unwrap().extended);
         assert!(parse(&[("ms", "12")]).unwrap_err().contains("8, 16 or 64"));
+        // The 64-bit guard: 16 bytes of metadata, with 512- or 4096-byte blocks.
+        let m = parse(&[("ms", "16"), ("pi", "1"), ("guard", "64")]).unwrap().unwrap();
+        assert_eq!(
+            (m.format_index(None), m.format_index(Some(1)), m.checked(Some(0))),
+            (Some(6), Some(7), Ok(()))
+        );
+        assert!(parse(&[("ms", "8"), ("guard", "64")])
+            .unwrap()
+            .unwrap()
+            .checked(None)
+            .unwrap_err()
+            .contains("ms=16"));
+        assert!(parse(&[("guard", "32")]).unwrap_err().contains("16 (CRC-16"));
         assert!(parse(&[("pi", "4")]).unwrap_err().contains("0, 1, 2 or 3"));
         assert!(!MetaSpec::set_option(&mut None, "zoned", "1M").unwrap());
         // meta= alone: the formats are there, the namespace starts without.

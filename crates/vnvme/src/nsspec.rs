@@ -33,7 +33,7 @@
 //!
 //! Any kind can be zoned: zoned=SIZE, zone-cap=, max-open=, max-active=,
 //! zone-state= (see `zonespec`); or have metadata and protection information:
-//! ms=8|16|64, pi=0|1|2|3, pil=first|last, meta=PATH (see `metaspec`).
+//! ms=8|16|64, pi=0|1|2|3, guard=16|64, pil=first|last, meta=PATH (see `metaspec`).
 //!
 //! A URI kind (nbd://, nvme://) takes its options after the URI, each as `:NAME=VALUE`
 //! with a NAME above: they are read from the end, so a URI keeps its own colons.

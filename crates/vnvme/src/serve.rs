@@ -80,6 +80,8 @@ pub struct ServeArgs {
     ///   ms=8|16|64               bytes of metadata per block (8 with 512-byte
     ///                            blocks; 8, 16 or 64 with lba=4096); with pi=1|2|3
     ///                            (end-to-end protection information type),
+    ///                            guard=64 (with ms=16: CRC-64/NVME, 48-bit
+    ///                            reference tags; default 16, CRC-16 T10-DIF),
     ///                            pil=first|last (where it sits, default last),
     ///                            mset=1 (metadata inline after each block's data:
     ///                            extended LBAs; default a separate buffer),
@@ -655,7 +657,10 @@ impl Running {
             let meta = match (&n.opened.metadata, f.ms) {
                 (Some(m), ms) if ms > 0 => match m.dps & 7 {
                     0 => format!(" + {ms} bytes of metadata"),
-                    t => format!(" + {ms} bytes of metadata, protection information type {t}"),
+                    t => format!(
+                        " + {ms} bytes of metadata, protection information type {t} ({}-bit guard)",
+                        if f.guard == nvme_spec::pi::Guard::Crc64 { 64 } else { 16 }
+                    ),
                 },
                 (Some(_), _) => ", formats with metadata offered".into(),
                 (None, _) => String::new(),

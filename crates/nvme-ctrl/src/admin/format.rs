@@ -68,7 +68,7 @@ impl Admin<'_> {
         let lbaf = f.lbaf();
         let fits = |ns: &Arc<Namespace>| {
             let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
-            crate::namespace::format_fits(def.ms, dps).is_ok()
+            crate::namespace::format_fits(*def, dps).is_ok()
                 && (def.ms == 0 || ns.zones.is_none())
                 // Metadata inline (MC bit 0) only where metadata is kept at all.
                 && (!f.mset() || ns.meta.is_some())

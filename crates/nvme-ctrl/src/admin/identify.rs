@@ -4,8 +4,9 @@
 
 use nvme_spec::admin::Identify;
 use nvme_spec::identify::{
-    active_ns_list, ascii_pad, cns, cntrltype, dlfeat, dpc, frmw, lpa, mc, nidt, ns_descriptor_list, nul_pad,
-    oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace, IoCommandSetNvmController, LbaFormat,
+    active_ns_list, ascii_pad, cns, cntrltype, ctratt, dlfeat, dpc, elbaf, frmw, lpa, mc, nidt,
+    ns_descriptor_list, nul_pad, oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
+    IdentifyNamespaceNvm, IoCommandSetNvmController, LbaFormat,
 };
 use nvme_spec::regs::NVME_VERSION_1_4;
 use nvme_spec::zns::{IdentifyControllerZns, IdentifyNamespaceZns, ZoneFormatExtension, CSI_NVM, CSI_ZNS};
@@ -43,9 +44,9 @@ impl Admin<'_> {
             cns::CSI_NAMESPACE => {
                 let ns = self.active_ns(nsid)?;
                 match id.csi() {
-                    // The NVM command set specific namespace structure: nothing beyond
-                    // the defaults (no extended LBA formats, no PI) to report.
-                    CSI_NVM => vec![0u8; 4096],
+                    // The NVM command set specific structure (a zoned namespace's
+                    // too: its command set builds on the NVM one).
+                    CSI_NVM => nvm_namespace_data(&ns).as_bytes().to_vec(),
                     CSI_ZNS if ns.zones.is_some() => zoned_namespace_data(&ns).as_bytes().to_vec(),
                     _ => return Err(CommandError::InvalidField("the namespace is not of that command set")),
                 }
@@ -139,8 +140,8 @@ impl Admin<'_> {
         c.oncs = U16::new(
             oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | oncs::TIMESTAMP | oncs::VERIFY | oncs::COPY,
         );
-        // Copy descriptor format 0h only (1h needs protection information).
-        c.ocfs = U16::new(1);
+        // Copy descriptor formats 0h and 1h (the latter for the 64-bit guard).
+        c.ocfs = U16::new(0b11);
         c.fna = 0;
         c.vwc =
             if self.admin.features.vwc_present { vwc::PRESENT | vwc::FLUSH_BROADCAST_SUPPORTED } else { 0 };
@@ -152,9 +153,10 @@ impl Admin<'_> {
         c.psd[0].mp = U16::new(900);
         c.psd[0].enlat = U32::new(10);
         c.psd[0].exlat = U32::new(10);
+        // Extended LBA formats: each format's guard is in Identify CNS 05h.
+        c.ctratt = U32::new(ctratt::ELBAS);
         if self.admin.fdp.is_some() {
-            use nvme_spec::fdp::ctratt;
-            c.ctratt = U32::new(ctratt::ENDURANCE_GROUPS | ctratt::FDPS);
+            c.ctratt = U32::new(ctratt::ELBAS | ctratt::ENDURANCE_GROUPS | ctratt::FDPS);
             c.endgidmax = U16::new(crate::fdp::ENDGID);
         }
         c
@@ -214,6 +216,16 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.msrc = msrc;
     d.nguid = ns.nguid;
     d.eui64 = ns.eui64;
+    d
+}
+
+/// The NVM command set specific Identify Namespace structure of `ns`: each
+/// format's guard (no storage tags).
+pub(crate) fn nvm_namespace_data(ns: &Namespace) -> IdentifyNamespaceNvm {
+    let mut d = IdentifyNamespaceNvm::new_zeroed();
+    for (i, f) in LBA_FORMATS[..ns.format_count()].iter().enumerate() {
+        d.elbaf[i] = U32::new(elbaf::new(0, f.guard.pif()));
+    }
     d
 }
 

@@ -216,8 +216,9 @@ impl Controller {
                     if ns.meta.is_none() { ": no metadata store" } else { "" }
                 ));
             }
-            let ms = crate::namespace::LBA_FORMATS[n.lba_format as usize].ms;
-            crate::namespace::format_fits(ms, n.dps).map_err(|e| format!("namespace {}: {e}", n.nsid))?;
+            let def = crate::namespace::LBA_FORMATS[n.lba_format as usize];
+            let ms = def.ms;
+            crate::namespace::format_fits(def, n.dps).map_err(|e| format!("namespace {}: {e}", n.nsid))?;
             if ms > 0 && ns.zones.is_some() {
                 return Err(format!("namespace {}: a zoned namespace in a format with metadata", n.nsid));
             }

@@ -1,4 +1,6 @@
-//! Copy (NVM §3.3.1), source range descriptor format 0h: the source ranges are
+//! Copy (NVM §3.3.1), source range descriptor format 0h, or 1h where the format's
+//! protection information has the 64-bit guard (as QEMU, and as the format's ELBAF
+//! says: format 0h there, or 1h elsewhere, is an Invalid Format): the source ranges are
 //! copied one after another to consecutive LBAs from SDLBA on, within the namespace,
 //! through its backend: a read of a range into a host buffer, then its write, then
 //! the next range. One buffer, of the largest range, counted against the engine's
@@ -10,9 +12,10 @@
 use std::sync::Arc;
 
 use block_backend::{DataBuf, Op, Request};
-use nvme_spec::nvm::{Copy, CopyRange};
-use nvme_spec::pi::{prinfo, PiTags};
+use nvme_spec::nvm::{Copy, CopyRange, CopyRangeF1};
+use nvme_spec::pi::{prinfo, Guard, PiTags};
 use nvme_spec::Sqe;
+use nvme_spec::Status;
 use zerocopy::FromBytes;
 
 use super::Started;
@@ -43,21 +46,24 @@ impl IoEngine {
         let ns = self.namespace(nsid)?;
         let (nsze, shift) = (ns.nsze(), ns.lba_shift());
         let cmd = Copy(sqe);
-        if cmd.desfmt() != 0 {
-            // Format 1h goes with the 64-bit guard formats, which are not offered.
-            return Err(CommandError::InvalidField("Copy descriptor format (only 0h is supported)"));
-        }
+        // The descriptor format goes with the format's guard (ELBAF PIF).
+        let guard = ns.format_def().guard;
+        let entry_size = match (cmd.desfmt(), guard) {
+            (0, Guard::Crc16) => size_of::<CopyRange>(),
+            (1, Guard::Crc64) => size_of::<CopyRangeF1>(),
+            (0 | 1, _) => return Err(CommandError::Status(Status::INVALID_FORMAT.with_dnr())),
+            _ => return Err(CommandError::InvalidField("Copy descriptor format (0h and 1h are supported)")),
+        };
         let (mssrl, mcl, msrc_z) = copy_limits(shift);
         if cmd.ranges() > msrc_z as usize + 1 {
             return Err(CommandError::CopyLimit("more source ranges than MSRC allows"));
         }
-        let len = (cmd.ranges() * size_of::<CopyRange>()) as u64;
-        let raw = self.read_command_data(sqe, len)?;
-        let entries = <[CopyRange]>::ref_from_bytes(&raw).expect("length is a multiple of 32");
+        let raw = self.read_command_data(sqe, (cmd.ranges() * entry_size) as u64)?;
+        let entries = source_ranges(&raw, guard);
         let mut ranges = Vec::with_capacity(entries.len());
         let mut total = 0u64;
-        for r in entries {
-            let (slba, nlb) = (r.slba.get(), r.nlb_z.get() as u64 + 1);
+        for r in &entries {
+            let (slba, nlb) = (r.slba, r.nlb);
             if nlb > mssrl as u64 {
                 return Err(CommandError::CopyLimit("a source range longer than MSSRL"));
             }
@@ -86,9 +92,9 @@ impl IoEngine {
         // Last of the checks that can refuse the command (a zoned namespace has no
         // metadata): nothing is moved for a Copy refused. With protection
         // information asked for, the metadata moves range by range, checked.
-        let pi = copy_protection(&ns, &cmd, entries, sdlba)?;
+        let pi = copy_protection(&ns, &cmd, &entries, sdlba)?;
         if pi.is_none() {
-            copy_metadata(&ns, entries, sdlba)?;
+            copy_metadata(&ns, &entries, sdlba)?;
         }
         let (offset, first) = ranges[0];
         buf.truncate(first as usize);
@@ -120,6 +126,48 @@ impl IoEngine {
     }
 }
 
+/// One source range of either descriptor format: its blocks and the tags its
+/// protection information is expected to have (the reference tag of 32 bits in
+/// format 0h, of the format's 48 in 1h).
+#[derive(Clone, Copy, Debug)]
+struct SourceRange {
+    slba: u64,
+    nlb: u64,
+    tags: PiTags,
+}
+
+/// The source range entries in `raw`, whose format is the one for `guard`.
+fn source_ranges(raw: &[u8], guard: Guard) -> Vec<SourceRange> {
+    match guard {
+        Guard::Crc16 => <[CopyRange]>::ref_from_bytes(raw)
+            .expect("a multiple of 32 bytes")
+            .iter()
+            .map(|r| SourceRange {
+                slba: r.slba.get(),
+                nlb: r.nlb_z.get() as u64 + 1,
+                tags: PiTags {
+                    ref_tag: r.eilbrt.get() as u64,
+                    app_tag: r.elbat.get(),
+                    app_mask: r.elbatm.get(),
+                },
+            })
+            .collect(),
+        Guard::Crc64 => <[CopyRangeF1]>::ref_from_bytes(raw)
+            .expect("a multiple of 40 bytes")
+            .iter()
+            .map(|r| SourceRange {
+                slba: r.slba.get(),
+                nlb: r.nlb_z.get() as u64 + 1,
+                tags: PiTags {
+                    ref_tag: r.eilbrt() & guard.ref_mask(),
+                    app_tag: r.elbat.get(),
+                    app_mask: r.elbatm.get(),
+                },
+            })
+            .collect(),
+    }
+}
+
 /// True if a range (byte offset, length) overlaps where it goes, the ranges going
 /// one after another from byte `dest`: copy_file_range refuses such a copy.
 fn overlaps_destination(ranges: &[(u64, u64)], dest: u64) -> bool {
@@ -137,7 +185,7 @@ fn overlaps_destination(ranges: &[(u64, u64)], dest: u64) -> bool {
 fn copy_protection(
     ns: &Arc<Namespace>,
     cmd: &Copy<'_>,
-    entries: &[CopyRange],
+    entries: &[SourceRange],
     sdlba: u64,
 ) -> CmdResult<Option<Box<CopyProtection>>> {
     let Some(layout) = ns.protection().filter(|_| cmd.prinfo() != 0) else { return Ok(None) };
@@ -147,21 +195,13 @@ fn copy_protection(
     if (read ^ write) & prinfo::PRACT != 0 {
         return Err(CommandError::InvalidField("PRACT differs between PRINFOR and PRINFOW"));
     }
-    let sources: Vec<(u64, PiTags)> = entries
-        .iter()
-        .map(|r| {
-            (
-                r.slba.get(),
-                PiTags { ref_tag: r.eilbrt.get(), app_tag: r.elbat.get(), app_mask: r.elbatm.get() },
-            )
-        })
-        .collect();
+    let sources: Vec<(u64, PiTags)> = entries.iter().map(|r| (r.slba, r.tags)).collect();
     let read_checks = read & prinfo::PRCHK_MASK;
     if !sources.iter().all(|&(slba, t)| initial_ref_fits(layout, read_checks, slba, t)) {
         return Err(CommandError::InvalidProtection("a source range's EILBRT is not its SLBA (type 1)"));
     }
     let rw = nvme_spec::nvm::ReadWrite(cmd.0);
-    let dest = (sdlba, PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() });
+    let dest = (sdlba, super::meta::command_tags(Some(layout), &rw));
     let (write_pract, write_checks) = (write & prinfo::PRACT != 0, write & prinfo::PRCHK_MASK);
     if !write_pract && !initial_ref_fits(layout, write_checks, sdlba, dest.1) {
         return Err(CommandError::InvalidProtection("ILBRT is not SDLBA (type 1)"));
@@ -183,15 +223,15 @@ fn copy_protection(
 /// information: each source block's metadata goes to its destination block, as
 /// it is (before the data: a Copy that fails part way leaves the destination's
 /// metadata ahead of its data, as its data is indeterminate then anyway).
-fn copy_metadata(ns: &Namespace, entries: &[CopyRange], sdlba: u64) -> CmdResult<()> {
+fn copy_metadata(ns: &Namespace, entries: &[SourceRange], sdlba: u64) -> CmdResult<()> {
     let ms = ns.meta_size() as u64;
     let Some(store) = ns.meta.as_ref().filter(|_| ms > 0) else { return Ok(()) };
     let io = |e: std::io::Error| CommandError::Backend { write: true, source: e.into() };
     let mut to = sdlba * ms;
     for r in entries {
-        let mut meta = vec![0u8; ((r.nlb_z.get() as u64 + 1) * ms) as usize];
+        let mut meta = vec![0u8; (r.nlb * ms) as usize];
         // As stored: the same layout at both ends.
-        store.read(r.slba.get() * ms, &mut meta, None).map_err(io)?;
+        store.read(r.slba * ms, &mut meta, None).map_err(io)?;
         store.write(to, &meta, None).map_err(io)?;
         to += meta.len() as u64;
     }

@@ -7,14 +7,14 @@
 //! the backend, so a block whose protection information is wrong never lands; a
 //! read's data and metadata are checked when the data is back, before the host
 //! hears of it. With PRACT and metadata that is only the protection information
-//! (8 bytes), nothing moves through MPTR: the controller inserts it on writes and
+//! (its tuple), nothing moves through MPTR: the controller inserts it on writes and
 //! strips it on reads.
 
 use block_backend::{DataBuf, Op, Segment, SegmentCursor, SegmentError};
 use nvme_spec::command::Psdt;
 use nvme_spec::nvm::ReadWrite;
 use nvme_spec::opcode::nvm as op;
-use nvme_spec::pi::{prinfo, PiLayout, PiTags, PiType};
+use nvme_spec::pi::{prinfo, Guard, PiLayout, PiTags, PiType};
 use nvme_spec::Sqe;
 
 use super::Started;
@@ -42,24 +42,34 @@ impl Prot {
             pi,
             pract: bits & prinfo::PRACT != 0,
             prchk: bits & prinfo::PRCHK_MASK,
-            tags: PiTags { ref_tag: rw.eilbrt(), app_tag: rw.elbat(), app_mask: rw.elbatm() },
+            tags: command_tags(pi, rw),
         }
     }
 
     /// Whether the metadata moves through MPTR: not when PRACT inserts or strips
     /// metadata that is only the protection information.
     fn moved(&self) -> bool {
-        !(self.pract && self.pi.is_some_and(|l| l.ms == 8))
+        !(self.pract && self.pi.is_some_and(|l| l.ms == l.size()))
     }
 
-    /// Type 1's reference tag is the LBA's low 32 bits: a command whose initial
+    /// Type 1's reference tag is the LBA's low 32 (48) bits: a command whose initial
     /// reference tag says otherwise, and asks for it to be checked, is refused.
     fn check_initial_ref(&self, slba: u64) -> CmdResult<()> {
-        let type1 = self.pi.is_some_and(|l| l.ty == PiType::Type1);
-        if type1 && self.prchk & prinfo::PRCHK_REF != 0 && self.tags.ref_tag != slba as u32 {
+        let Some(l) = self.pi.filter(|l| l.ty == PiType::Type1) else { return Ok(()) };
+        if self.prchk & prinfo::PRCHK_REF != 0 && self.tags.ref_tag != l.lba_ref_tag(slba) {
             return Err(CommandError::InvalidProtection("type 1: the initial reference tag is not the LBA"));
         }
         Ok(())
+    }
+}
+
+/// A command's tags (Dwords 14 and 15; Dword 3 too with the 64-bit guard).
+pub(crate) fn command_tags(pi: Option<PiLayout>, rw: &ReadWrite<'_>) -> PiTags {
+    let guard = pi.map_or(Guard::Crc16, |l| l.guard);
+    PiTags {
+        ref_tag: guard.command_ref_tag(rw.eilbrt(), rw.0.cdw3.get()),
+        app_tag: rw.elbat(),
+        app_mask: rw.elbatm(),
     }
 }
 
@@ -80,7 +90,7 @@ impl IoEngine {
         let opcode = sqe.opcode();
         let p = Prot::of(format, &rw, rw.prinfo());
         // The protection information's bytes are kept complemented (metadata.rs).
-        let flip = p.pi.map(|l| Complemented { ms: l.ms, at: l.offset() });
+        let flip = p.pi.map(Complemented::of);
         let (shift, ms) = (format.def().shift as u32, format.def().ms as u64);
         let store = ns.meta.as_ref().expect("a format with metadata has a store");
         let (offset, len) = (slba << shift, nlb << shift);
@@ -189,11 +199,12 @@ impl IoEngine {
                     return Err(CommandError::InvalidProtection("Write Zeroes checks nothing"));
                 }
                 match p.pi.filter(|_| p.pract) {
-                    // Generated for blocks of zeroes (whose CRC is 0).
+                    // Generated for blocks of zeroes.
                     Some(l) => {
+                        let zeroes = l.data_crc(&vec![0u8; 1 << shift]);
                         let mut meta = vec![0u8; mlen];
                         for (i, m) in meta.chunks_mut(l.ms).enumerate() {
-                            l.generate(0, p.tags, i as u32, m);
+                            l.generate(zeroes, p.tags, i as u32, m);
                         }
                         store.write(moff, &meta, flip).map_err(meta_err(true))?;
                     }
@@ -291,7 +302,7 @@ impl IoEngine {
             SegmentCursor::for_transfer(segs, mlen as u64)?.read_into(&self.mem, &mut meta)?;
         }
         let Some(l) = p.pi.filter(|_| p.pract || p.prchk != 0) else { return Ok(meta) };
-        let r = each_block_crc(&self.mem, data, len, block, |i, crc| {
+        let r = each_block_crc(&self.mem, data, len, block, l.guard, |i, crc| {
             let m = &mut meta[i as usize * l.ms..][..l.ms];
             if p.pract {
                 l.generate(crc, p.tags, i, m);

@@ -279,6 +279,17 @@ impl Default for IdentifyController {
     }
 }
 
+/// Controller Attributes (CTRATT) bits.
+pub mod ctratt {
+    /// Endurance Groups are supported (ENDGIDMAX names how many).
+    pub const ENDURANCE_GROUPS: u32 = 1 << 4;
+    /// Extended LBA Formats Supported: the host reads each format's protection
+    /// information format from Identify CNS 05h (CSI 00h).
+    pub const ELBAS: u32 = 1 << 15;
+    /// Flexible Data Placement is supported.
+    pub const FDPS: u32 = 1 << 19;
+}
+
 /// Optional Admin Command Support (OACS) bits.
 pub mod oacs {
     pub const SECURITY: u16 = 1 << 0;

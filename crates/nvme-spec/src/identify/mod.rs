@@ -13,13 +13,15 @@ mod lists;
 mod ns;
 
 pub use ctrl::{
-    ascii_pad, cntrltype, frmw, lpa, nul_pad, oacs, oaes, oncs, ps_flags, sgls, vwc, IdentifyController,
-    IoCommandSetNvmController, PowerStateDescriptor,
+    ascii_pad, cntrltype, ctratt, frmw, lpa, nul_pad, oacs, oaes, oncs, ps_flags, sgls, vwc,
+    IdentifyController, IoCommandSetNvmController, PowerStateDescriptor,
 };
 pub use lists::{
     active_ns_list, nidt, ns_descriptor_list, ActiveNamespaceList, NsIdDescriptorHeader, NS_LIST_MAX,
 };
-pub use ns::{dlfeat, dpc, dps, flbas, mc, nsfeat, IdentifyNamespace, LbaFormat};
+pub use ns::{
+    dlfeat, dpc, dps, elbaf, flbas, mc, nsfeat, IdentifyNamespace, IdentifyNamespaceNvm, LbaFormat,
+};
 
 /// Size of every Identify data structure.
 pub const IDENTIFY_DATA_SIZE: usize = 4096;

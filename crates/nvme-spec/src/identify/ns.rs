@@ -158,6 +158,56 @@ impl IdentifyNamespace {
     }
 }
 
+/// The NVM Command Set's I/O Command Set specific Identify Namespace structure
+/// (CNS 05h, CSI 00h; NVM Figure "I/O Command Set Specific Identify Namespace Data
+/// Structure"): what the host needs for the extended LBA formats, chiefly each
+/// format's protection information format (ELBAF). A host reads it where Identify
+/// Controller CTRATT.ELBAS is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct IdentifyNamespaceNvm {
+    /// Logical Block Storage Tag Mask.
+    pub lbstm: U64,
+    /// Protection Information Capabilities (bit 0: 16b Guard with a storage tag
+    /// mask, bit 1: storage tag check read support).
+    pub pic: u8,
+    pub rsvd9: [u8; 3],
+    /// Extended LBA Format 0..=63 ([`elbaf`]): beside LBAF of the same index.
+    pub elbaf: [U32; 64],
+    pub rsvd268: [u8; 3828],
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<IdentifyNamespaceNvm>() == IDENTIFY_DATA_SIZE);
+    assert!(offset_of!(IdentifyNamespaceNvm, pic) == 8);
+    assert!(offset_of!(IdentifyNamespaceNvm, elbaf) == 12);
+};
+
+impl Default for IdentifyNamespaceNvm {
+    fn default() -> Self {
+        Self::new_zeroed()
+    }
+}
+
+/// An Extended LBA Format's fields.
+pub mod elbaf {
+    /// Storage Tag Size (bits 6:0).
+    pub const STS_MASK: u32 = 0x7f;
+    /// Protection Information Format (bits 8:7): 0 16b, 1 32b, 2 64b Guard.
+    pub const PIF_SHIFT: u32 = 7;
+
+    /// The ELBAF of a format with `sts` storage tag bits and guard format `pif`.
+    pub const fn new(sts: u8, pif: u8) -> u32 {
+        (sts as u32 & STS_MASK) | ((pif as u32 & 3) << PIF_SHIFT)
+    }
+
+    /// Its Protection Information Format.
+    pub const fn pif(v: u32) -> u8 {
+        ((v >> PIF_SHIFT) & 3) as u8
+    }
+}
+
 /// Namespace Features (NSFEAT) bits.
 pub mod nsfeat {
     /// Thin provisioning.
