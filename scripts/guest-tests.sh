@@ -345,6 +345,53 @@ PY
     fi
 }
 
+# pi64_check KERNEL DIR: the 64-bit guard namespace's metadata file holds, for
+# the blocks the guest wrote through its integrity layer, the tuples Linux
+# generated: the CRC-64/NVME of the block's data (computed here on its own) and
+# the LBA as the 48-bit reference tag. Blocks written through passthrough with
+# other tags (pi64.sh's) are left out by their application tag.
+pi64_check() {
+    local k=$1 d=$2 out
+    if out=$(python3 - "$d/pi64.img" "$d/pi64.img.meta" <<'PY' 2>&1
+import struct, sys
+T = []
+for i in range(256):
+    c = i
+    for _ in range(8):
+        c = (c >> 1) ^ 0x9A6C9329AC4BC9B5 if c & 1 else c >> 1
+    T.append(c)
+def crc64(data):
+    c = 0xFFFFFFFFFFFFFFFF
+    for b in data:
+        c = (c >> 8) ^ T[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFFFFFFFFFF
+assert crc64(b"123456789") == 0xAE8B14860A799888
+data = open(sys.argv[1], "rb")
+meta = bytes(b ^ 0xFF for b in open(sys.argv[2], "rb").read())  # stored complemented
+written = [n for n in range(len(meta) // 16) if meta[n * 16 + 8:n * 16 + 16] != b"\xff" * 8]
+sample = written[::61]
+bad, checked = [], 0
+for n in sample:
+    guard, app = struct.unpack(">QH", meta[n * 16:n * 16 + 10])
+    ref = int.from_bytes(meta[n * 16 + 10:n * 16 + 16], "big")
+    if app != 0:
+        continue
+    data.seek(n * 512)
+    want = crc64(data.read(512))
+    checked += 1
+    if guard != want or ref != n:
+        bad.append(f"LBA {n}: guard {guard:#018x} ref {ref}, data's CRC-64 {want:#018x}")
+assert len(written) >= 8192, f"only {len(written)} blocks with protection information"
+print("; ".join(bad[:5]) if bad else f"{len(written)} blocks written, {checked} checked")
+sys.exit(1 if bad or checked < 100 else 0)
+PY
+    ); then
+        result PASS "$k" "64-bit guard metadata file: the guest's CRC-64/NVME guards and 48-bit reference tags right ($out)"
+    else
+        result FAIL "$k" "64-bit guard metadata file: $out"
+    fi
+}
+
 suite_main() {
     local k=$1
     local d="$work/$k-main" t0 img line sum_guest sum_host path
@@ -352,20 +399,22 @@ suite_main() {
     t0=$(date +%s)
     img="$d/ext4.img"
     echo
-    echo "== [$k] main suite: 5 namespaces (the 4th zoned, the 5th with protection information), --poll off, one worker"
+    echo "== [$k] main suite: 6 namespaces (the 4th zoned, the 5th and 6th with protection information), --poll off, one worker"
     write_config "$d/config.sh" VNVMEGT0001 $((64 << 20)) 512 $((32 << 20)) 4096 $((128 << 20)) 512
-    printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\nNN=5\nPI_CORRUPT_LBA=%s\n' $((256 << 20)) \
-        $((8 << 20)) $((6 << 20)) 16 65536 >>"$d/config.sh"
+    printf 'N4_BYTES=%s\nZONE_BYTES=%s\nZCAP_BYTES=%s\nZMAX=%s\nNN=6\nPI_CORRUPT_LBA=%s\nPI64_LBA=%s\n' \
+        $((256 << 20)) $((8 << 20)) $((6 << 20)) 16 65536 32768 >>"$d/config.sh"
     printf 'FDP_RUHS=4\nFDP_RU=%s\n' $((1 << 20)) >>"$d/config.sh"
-    rm -f "$d/zns.img" "$d/zns.img.zones" "$d/pi.img" "$d/pi.img.meta"
+    rm -f "$d/zns.img" "$d/zns.img.zones" "$d"/pi.img* "$d"/pi64.img*
     VN_HOST_ACTION=pi_action
     suite_boot "$k" "$d" main main.sh --timeout 480 -- --ns ram:64M --ns ram:32M:lba=4096 \
         --ns "file:$img:128M" --ns "file:$d/zns.img:256M:zoned=8M:zone-cap=6M:max-open=16:max-active=16" \
-        --ns "file:$d/pi.img:64M:ms=8:pi=1" --fdp 4:ru=1M --poll off --workers 1 --serial VNVMEGT0001 || return
+        --ns "file:$d/pi.img:64M:ms=8:pi=1" --ns "file:$d/pi64.img:32M:ms=16:pi=1:guard=64" \
+        --fdp 4:ru=1M --poll off --workers 1 --serial VNVMEGT0001 || return
     VN_HOST_ACTION=""
     zones_check "$k" "$d"
     pi_check "$k" "$d"
-    rm -f "$d/zns.img" "$d/zns.img.zones" "$d/pi.img" "$d/pi.img.meta"
+    pi64_check "$k" "$d"
+    rm -f "$d/zns.img" "$d/zns.img.zones" "$d"/pi.img* "$d"/pi64.img*
 
     # Shadow doorbells, from the server's own counters (--poll off).
     db_check "$k" "$d" db off "$max_db"
