@@ -114,10 +114,11 @@ own \`vnvme serve\` (built with cargo build --release first):
          (scripts/guest/tests/zns-again.sh): the zones written before, and the
          zoned btrfs made before mounting with its file intact.
  pi-qemu (asked for only; last kernel) the protection information checks of the
-         main suite (scripts/guest/tests/pi.sh) on vnvme with one namespace
-         file:IMG:64M:ms=8:pi=1, counted, and on QEMU's nvme with ms=8,pi=1 on
-         a raw file (its metadata after the data), reported: what each passes
-         side by side, the host corrupting the same byte under each.
+         main suite (scripts/guest/tests/pi.sh, pi64.sh) on vnvme with two
+         namespaces, file:IMG:64M:ms=8:pi=1 and file:IMG:32M:ms=16:pi=1:guard=64,
+         counted, and on QEMU's nvme with ms=8,pi=1 and ms=16,pi=1,pif=2 on raw
+         files (metadata after the data), reported: what each passes side by
+         side, the host corrupting the same byte under each.
  fdp-qemu (asked for only; last kernel) the flexible data placement checks of
          the main suite (scripts/guest/tests/fdp.sh) on vnvme with one namespace
          ram:64M and --fdp 4:ru=1M, counted, and on QEMU's nvme in a subsystem
@@ -1090,27 +1091,32 @@ suite_pi_qemu() {
     mkdir -p "$d/vnvme" "$d/qemu"
     t0=$(date +%s)
     echo
-    echo "== [$k] pi-qemu suite: the protection information checks on vnvme and on QEMU's nvme (ms=8, pi=1)"
-    local cfg="PI_CORRUPT_LBA=65536"
-    write_config "$d/vnvme/config.sh" VNVMEGT0011 $((64 << 20)) 512 0 512 0 512
+    echo "== [$k] pi-qemu suite: the protection information checks on vnvme and on QEMU's nvme (ms=8, pi=1; ms=16, pi=1, 64-bit guard)"
+    local cfg="PI_CORRUPT_LBA=65536"$'\n'"PI64_LBA=32768"
+    write_config "$d/vnvme/config.sh" VNVMEGT0011 $((64 << 20)) 512 $((32 << 20)) 512 0 512
     printf '%s\nDEVICE=vnvme\n' "$cfg" >>"$d/vnvme/config.sh"
-    rm -f "$d/vnvme/pi.img" "$d/vnvme/pi.img.meta"
+    rm -f "$d/vnvme"/pi.img* "$d/vnvme"/pi64.img*
     VN_HOST_ACTION=pi_action
-    suite_boot "$k" "$d/vnvme" pi pi-alone.sh --timeout 300 -- --ns "file:$d/vnvme/pi.img:64M:ms=8:pi=1" \
-        --poll off --workers 1 --serial VNVMEGT0011 || { VN_HOST_ACTION=""; return; }
+    suite_boot "$k" "$d/vnvme" pi pi-alone.sh --timeout 360 -- --ns "file:$d/vnvme/pi.img:64M:ms=8:pi=1" \
+        --ns "file:$d/vnvme/pi64.img:32M:ms=16:pi=1:guard=64" --poll off --workers 1 --serial VNVMEGT0011 ||
+        { VN_HOST_ACTION=""; return; }
     pi_check "$k" "$d/vnvme"
-    write_config "$d/qemu/config.sh" QEMUPI00001 $((64 << 20)) 512 0 512 0 512
+    pi64_check "$k" "$d/vnvme"
+    write_config "$d/qemu/config.sh" QEMUPI00001 $((64 << 20)) 512 $((32 << 20)) 512 0 512
     printf '%s\nDEVICE=qemu-nvme\n' "$cfg" >>"$d/qemu/config.sh"
     # QEMU keeps the metadata after the data: 64 MiB of 512-byte blocks with 8
-    # bytes each.
-    rm -f "$d/qemu/pi.img"
+    # bytes each, 32 MiB with 16.
+    rm -f "$d/qemu/pi.img" "$d/qemu/pi64.img"
     truncate -s $(((64 << 20) / 512 * 520)) "$d/qemu/pi.img"
+    truncate -s $(((32 << 20) / 512 * 528)) "$d/qemu/pi64.img"
     qemu_alone "$k" "$d/qemu" pi-alone.sh \
         -drive "file=$d/qemu/pi.img,if=none,id=p1,format=raw,cache=none,aio=io_uring" \
-        -device nvme,id=nv0,serial=QEMUPI00001 -device nvme-ns,drive=p1,bus=nv0,nsid=1,ms=8,pi=1
+        -drive "file=$d/qemu/pi64.img,if=none,id=p2,format=raw,cache=none,aio=io_uring" \
+        -device nvme,id=nv0,serial=QEMUPI00001 -device nvme-ns,drive=p1,bus=nv0,nsid=1,ms=8,pi=1 \
+        -device nvme-ns,drive=p2,bus=nv0,nsid=2,ms=16,pi=1,pif=2
     VN_HOST_ACTION=""
     side_by_side "$k" "$d" pi
-    rm -f "$d/vnvme/pi.img" "$d/vnvme/pi.img.meta" "$d/qemu/pi.img"
+    rm -f "$d/vnvme"/pi.img* "$d/vnvme"/pi64.img* "$d/qemu/pi.img" "$d/qemu/pi64.img"
     echo "  [$k] pi-qemu suite: $(($(date +%s) - t0)) s"
 }
 
