@@ -79,6 +79,11 @@ Devices (--devices, comma separated; default: all of them):
                           default doorbells and polling). The guest's integrity
                           layer generates and verifies every block's PI, each
                           device checks guard and reference tag.
+  --devices pi64        = qemu-nvme-pi64 beside vnvme-pi64, paired: the same
+                          with the 64-bit guard format, 16 bytes of metadata per
+                          512-byte block (QEMU: ms=16,pi=1,pif=2; vnvme:
+                          ram:SIZE:ms=16:pi=1:guard=64): CRC-64/NVME guards and
+                          48-bit reference tags
   --devices zns         = qemu-nvme-zns beside vnvme-zns in one guest, paired:
                           zoned namespaces of 8M zones (QEMU: nvme-ns zoned=true on
                           a tmpfs file; vnvme: ram:SIZE:zoned=8M, default doorbells
@@ -318,6 +323,10 @@ if [[ $devices == pi ]]; then
     devices=""
     pair_list+=(qemu-nvme-pi:vnvme-pi)
 fi
+if [[ $devices == pi64 ]]; then
+    devices=""
+    pair_list+=(qemu-nvme-pi64:vnvme-pi64)
+fi
 if [[ $devices == polling ]]; then
     devices="vnvme-trapped-off vnvme-trapped-adaptive"
     pair_list+=(vnvme-trapped-off:vnvme-trapped-adaptive)
@@ -339,7 +348,7 @@ vnvme_ram_dev() {
 pairable() {
     case $1 in
     qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-zns | vnvme-zns) return 0 ;;
-    qemu-nvme-pi | vnvme-pi) return 0 ;;
+    qemu-nvme-pi | vnvme-pi | qemu-nvme-pi64 | vnvme-pi64) return 0 ;;
     esac
     vnvme_ram_dev "$1"
 }
@@ -526,7 +535,7 @@ setup_slot() {
     local sdrive rp="bus=rp$i"
     sdrive=$(drive_of "$sim" "d$i")
     case $dev in
-    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk | qemu-nvme-zns | qemu-nvme-pi)
+    qemu-nvme | qemu-nvme-ioeventfd | virtio-blk | virtio-blk-iothread | qemu-nvme-disk | qemu-nvme-zns | qemu-nvme-pi | qemu-nvme-pi64)
         qargs+=(-device "pcie-root-port,id=rp$i,chassis=$((i + 1))")
         local img_bytes=$bytes
         case $dev in
@@ -536,6 +545,12 @@ setup_slot() {
             # Its metadata follows the data in the image: 8 bytes per 512.
             img_bytes=$((bytes / 512 * 520))
             desc="QEMU nvme, type 1 PI (ms=8,pi=1)" backing="$drive_cache, tmpfs file" ;;
+        qemu-nvme-pi64)
+            qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,id=nvp$i,$rp"
+                -device "nvme-ns,drive=d$i,bus=nvp$i,nsid=1,ms=16,pi=1,pif=2")
+            # Its metadata follows the data in the image: 16 bytes per 512.
+            img_bytes=$((bytes / 512 * 528))
+            desc="QEMU nvme, type 1 PI, 64-bit guard (ms=16,pi=1,pif=2)" backing="$drive_cache, tmpfs file" ;;
         qemu-nvme-zns)
             qargs+=(-drive "$sdrive" -device "nvme,serial=$serial,id=nvz$i,$rp"
                 -device "nvme-ns,drive=d$i,bus=nvz$i,nsid=1,zoned=true,zoned.zone_size=$ZNS_ZONE,zoned.zone_capacity=$ZNS_ZONE")
@@ -639,6 +654,11 @@ setup_slot() {
         serve=(--ns "ram:$size:ms=8:pi=1" --once --stats-file "$d/stats-$s.json" --log info)
         slot_vfio_args "$d/vnvme-$s.sock" "$i"
         desc="vnvme, type 1 PI (ms=8:pi=1), default doorbells and polling" backing="ram:$size:ms=8:pi=1 (vnvme RAM namespace, metadata in memory)" ;;
+    vnvme-pi64)
+        # The same with the 64-bit guard format.
+        serve=(--ns "ram:$size:ms=16:pi=1:guard=64" --once --stats-file "$d/stats-$s.json" --log info)
+        slot_vfio_args "$d/vnvme-$s.sock" "$i"
+        desc="vnvme, type 1 PI, 64-bit guard (ms=16:pi=1:guard=64), default doorbells and polling" backing="ram:$size:ms=16:pi=1:guard=64 (vnvme RAM namespace, metadata in memory)" ;;
     vnvme-zns)
         # vnvme's defaults, as the main table's "vnvme (default)", on a zoned RAM namespace.
         serve=(--ns "ram:$size:zoned=$ZNS_ZONE" --once --stats-file "$d/stats-$s.json" --log info)
