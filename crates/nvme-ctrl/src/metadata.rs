@@ -172,6 +172,16 @@ pub(crate) struct MetaRead {
     pub tags: PiTags,
     /// Where the metadata goes in guest memory (None: nowhere: stripped, or a Verify).
     pub to: Option<Vec<Segment>>,
+    /// A Compare: what the blocks and their metadata are compared with.
+    pub compare: Option<CompareWith>,
+}
+
+/// The host's side of a Compare on a namespace with metadata: its data, and its
+/// metadata (from MPTR, or inline after each block's data), in guest memory.
+#[derive(Debug)]
+pub(crate) struct CompareWith {
+    pub data: Vec<Segment>,
+    pub meta: Vec<Segment>,
 }
 
 impl MetaRead {
@@ -198,6 +208,9 @@ impl MetaRead {
                 Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
             }
         }
+        if let Some(c) = &self.compare {
+            return self.compare(mem, data, c);
+        }
         if let Some(segs) = &self.to {
             let copied = SegmentCursor::for_transfer(segs, self.meta.len() as u64)
                 .and_then(|mut c| c.write_from(mem, &self.meta));
@@ -213,6 +226,36 @@ impl MetaRead {
             }
         }
         Status::SUCCESS
+    }
+
+    /// A Compare's end, the stored blocks' protection information checked: the
+    /// data, then the metadata but for its protection information (the spec
+    /// compares metadata "excluding protection information"), equal to the host's,
+    /// or Compare Failure.
+    fn compare(&self, mem: &GuestMemory, data: &DataBuf, c: &CompareWith) -> Status {
+        let DataBuf::Host(stored) = data else { return Status::INTERNAL_ERROR };
+        let len = self.meta.len() / self.ms * self.block;
+        let mut host_meta = vec![0u8; self.meta.len()];
+        let got = crate::engine::guest_equals(mem, &c.data, &stored[..len]).and_then(|same| {
+            SegmentCursor::for_transfer(&c.meta, host_meta.len() as u64)?.read_into(mem, &mut host_meta)?;
+            Ok(same)
+        });
+        let same_data = match got {
+            Ok(same) => same,
+            Err(_) => return Status::DATA_TRANSFER_ERROR.with_dnr(),
+        };
+        // The bytes of each block's metadata that are not its tuple.
+        let (skip, size) = self.pi.map_or((0, 0), |l| (l.offset(), l.size()));
+        let same_meta = self
+            .meta
+            .chunks(self.ms)
+            .zip(host_meta.chunks(self.ms))
+            .all(|(a, b)| a[..skip] == b[..skip] && a[skip + size..] == b[skip + size..]);
+        if same_data && same_meta {
+            Status::SUCCESS
+        } else {
+            Status::COMPARE_FAILURE.with_dnr()
+        }
     }
 }
 

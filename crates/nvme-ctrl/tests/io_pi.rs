@@ -569,3 +569,71 @@ fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection()
     let (_, _, meta) = read(&mut h, 1, 500, 4, 8, Pi::default());
     assert!(meta.chunks(8).all(|m| m[..2] == [0xff, 0xff] || m == [0xff; 8]), "never written: {meta:x?}");
 }
+
+/// A Compare of `data` (512-byte blocks) at `slba` of NSID 1 with metadata `meta`
+/// at MPTR.
+fn compare(h: &mut MockHost, slba: u64, data: &[u8], meta: &[u8], p: Pi) -> Cqe {
+    let buf = h.alloc.alloc_pages(data.len().div_ceil(4096) as u64);
+    h.mem.write(buf, data).unwrap();
+    let mptr = h.alloc.alloc_pages(1);
+    h.mem.write(mptr, meta).unwrap();
+    let nlb = (data.len() / 512) as u32;
+    cmd(h, iop::COMPARE, 1, slba, nlb, buf, data.len() as u64, Pi { mptr, ..p })
+}
+
+#[test]
+fn compare_compares_the_metadata_too_but_not_the_protection_information() {
+    // Without protection information: every metadata byte is compared.
+    let mut h = pi_host(2, 0);
+    let data = pattern(40, 1024);
+    let meta: Vec<u8> = (1..=16).collect();
+    assert_status(&write(&mut h, 3, &data, Some(&meta), Pi::default()), Status::SUCCESS, false);
+    assert_status(&compare(&mut h, 3, &data, &meta, Pi::default()), Status::SUCCESS, false);
+    let mut other = meta.clone();
+    other[9] ^= 1;
+    assert_status(&compare(&mut h, 3, &data, &other, Pi::default()), Status::COMPARE_FAILURE, true);
+    let mut changed = data.clone();
+    changed[700] ^= 1;
+    assert_status(&compare(&mut h, 3, &changed, &meta, Pi::default()), Status::COMPARE_FAILURE, true);
+
+    // Type 1 first in 16 bytes at 4096-byte blocks: the other 8 bytes are compared,
+    // the protection information is not (it is checked, as PRCHK asks).
+    let mut h = pi_host(4, 1 | 8);
+    let data = pattern(41, 4096);
+    let mut meta = vec![0u8; 16];
+    meta[8..].copy_from_slice(b"userdata");
+    let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 2, ..Default::default() };
+    // With PRACT and more metadata than the tuple, the host gives the rest.
+    let buf = h.alloc.alloc_pages(1);
+    h.mem.write(buf, &data).unwrap();
+    let mptr = h.alloc.alloc_pages(1);
+    h.mem.write(mptr, &meta).unwrap();
+    assert_status(&cmd(&mut h, iop::WRITE, 1, 2, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    let cmp4k = |h: &mut MockHost, data: &[u8], meta: &[u8], p: Pi| {
+        let buf = h.alloc.alloc_pages(1);
+        h.mem.write(buf, data).unwrap();
+        let mptr = h.alloc.alloc_pages(1);
+        h.mem.write(mptr, meta).unwrap();
+        cmd(h, iop::COMPARE, 1, 2, 1, buf, 4096, Pi { mptr, ..p })
+    };
+    let checked = Pi { prinfo: PRCHK_ALL, ref_tag: 2, ..Default::default() };
+    // The host's tuple bytes are whatever: not compared.
+    let mut host = meta.clone();
+    host[..8].fill(0xee);
+    assert_status(&cmp4k(&mut h, &data, &host, checked), Status::SUCCESS, false);
+    host[15] ^= 1;
+    assert_status(&cmp4k(&mut h, &data, &host, checked), Status::COMPARE_FAILURE, true);
+    // The stored block's own protection information is checked against the tags.
+    let wrong_ref = Pi { prinfo: prinfo::PRCHK_REF, ref_tag: 2, ..Default::default() };
+    let c = cmp4k(&mut h, &data, &meta, Pi { ref_tag: 3, ..wrong_ref });
+    assert_status(&c, Status::INVALID_PROTECTION_INFORMATION, true);
+    let wrong_app = Pi { prinfo: prinfo::PRCHK_APP, ref_tag: 2, app_tag: 9, app_mask: 0xffff, mptr: 0 };
+    assert_status(
+        &cmp4k(&mut h, &data, &meta, wrong_app),
+        Status::END_TO_END_APPLICATION_TAG_CHECK_ERROR,
+        true,
+    );
+    // Nothing is inserted or stripped on a Compare.
+    let c = cmp4k(&mut h, &data, &meta, Pi { prinfo: prinfo::PRACT, ..checked });
+    assert_status(&c, Status::INVALID_PROTECTION_INFORMATION, true);
+}

@@ -97,6 +97,22 @@ if nvme write "$PI_DEV" --start-block=$mlba --block-count=0 --data-size=512 --da
 else
     t_fail "nvme write/read with metadata at LBA $mlba: $(tail -2 /tmp/o)"
 fi
+# Compare with its metadata: the same data compares equal (the 8 bytes are all
+# protection information, which Compare leaves out); one byte off does not.
+cp /tmp/pd /tmp/pd.off
+printf '\377' | dd of=/tmp/pd.off bs=1 seek=100 conv=notrunc 2>/dev/null
+cmp -s /tmp/pd /tmp/pd.off && printf '\000' | dd of=/tmp/pd.off bs=1 seek=100 conv=notrunc 2>/dev/null
+if nvme compare "$PI_DEV" --start-block=$mlba --block-count=0 --data-size=512 --data=/tmp/pd \
+    --metadata-size=8 --metadata=/tmp/pm >/tmp/o 2>&1; then
+    if nvme compare "$PI_DEV" --start-block=$mlba --block-count=0 \
+        --data-size=512 --data=/tmp/pd.off --metadata-size=8 --metadata=/tmp/pm >/tmp/o 2>&1; then
+        t_fail "nvme compare of a block one byte off succeeded"
+    else
+        t_pass "nvme compare with metadata: equal block equal, one byte off: $(grep -io 'compare[^(:]*fail[^(]*' /tmp/o | head -1)"
+    fi
+else
+    t_fail "nvme compare with metadata at LBA $mlba: $(tail -2 /tmp/o)"
+fi
 # A known block, read back good, then corrupted under the guest.
 off=$((PI_CORRUPT_LBA * 512))
 dd if=/dev/urandom of=/tmp/pi4k bs=4096 count=1 2>/dev/null

@@ -21,7 +21,7 @@ use super::Started;
 use crate::dptr::{sgl_segments, Direction};
 use crate::engine::{Finish, IoEngine};
 use crate::error::{CmdResult, CommandError};
-use crate::metadata::{each_block_crc, Complemented, MetaRead};
+use crate::metadata::{each_block_crc, CompareWith, Complemented, MetaRead};
 use crate::namespace::{FormatState, Namespace};
 use crate::stats::Count;
 
@@ -104,7 +104,7 @@ impl IoEngine {
         }
         p.check_initial_ref(slba)?;
         // The host's metadata buffer, for the commands that move metadata.
-        let mptr = if matches!(opcode, op::READ | op::WRITE) && p.moved() && !format.extended {
+        let mptr = if matches!(opcode, op::READ | op::WRITE | op::COMPARE) && p.moved() && !format.extended {
             let dir = if opcode == op::READ { Direction::ToHost } else { Direction::FromHost };
             Some(self.metadata_segments(sqe, mlen as u64, dir)?)
         } else {
@@ -154,6 +154,7 @@ impl IoEngine {
                     prchk: p.prchk,
                     tags: p.tags,
                     to: mptr,
+                    compare: None,
                 };
                 let data = if opcode == op::READ {
                     let (data, inline_meta) =
@@ -171,17 +172,40 @@ impl IoEngine {
                 Ok(self.submit_one(sqid, sqe, ns.nsid, slba, Op::Read, offset, len, data, finish))
             }
             op::COMPARE => {
-                // Extended LBAs only (a Compare with a separate buffer never comes
-                // here): the data is compared, the metadata beside it is not.
-                let (data, _) = self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
+                // The stored blocks are checked as PRCHK asks (against the command's
+                // tags), then their data and their metadata but for its protection
+                // information compared with the host's. Nothing is inserted or
+                // stripped: PRACT is refused, as QEMU refuses it.
+                if p.pi.is_some() && p.pract {
+                    return Err(CommandError::InvalidProtection("Compare with PRACT"));
+                }
+                let (data, inline_meta) =
+                    self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
                 let DataBuf::Guest(segs) = data else { unreachable!("guest segments") };
-                let buf = match self.host_buffer(len) {
-                    Ok(b) => DataBuf::Host(b),
+                let host_meta = inline_meta.or(mptr).expect("inline or at MPTR: metadata moves");
+                let mut meta = vec![0u8; mlen];
+                let buf = store
+                    .read(moff, &mut meta, flip)
+                    .map_err(meta_err(false))
+                    .and_then(|()| self.host_buffer(len));
+                let buf = match buf {
+                    Ok(b) => b,
                     Err(e) => {
                         self.release_data(DataBuf::Guest(segs), false);
                         return Err(e);
                     }
                 };
+                let job = MetaRead {
+                    meta,
+                    block: 1 << shift,
+                    ms: ms as usize,
+                    pi: p.pi,
+                    prchk: p.prchk,
+                    tags: p.tags,
+                    to: None,
+                    compare: Some(CompareWith { data: segs, meta: host_meta }),
+                };
+                let finish = Finish::Meta(Box::new(job));
                 Ok(self.submit_one(
                     sqid,
                     sqe,
@@ -190,8 +214,8 @@ impl IoEngine {
                     Op::Read,
                     offset,
                     len,
-                    buf,
-                    Finish::Compare(segs),
+                    DataBuf::Host(buf),
+                    finish,
                 ))
             }
             op::WRITE_ZEROES => {

@@ -34,12 +34,9 @@ impl IoEngine {
         // One test on the common path for the namespaces that are not plain.
         if zoned || ms != 0 || opcode == zop::ZONE_APPEND {
             if ms != 0 && opcode != zop::ZONE_APPEND {
-                // Metadata moves beside the data (a Compare compares the data alone,
-                // which with extended LBAs is interleaved with it).
-                if opcode != op::COMPARE || format.extended {
-                    let ns = self.namespace(nsid)?;
-                    return self.read_write_meta(sqid, sqe, &ns, format, slba, nlb);
-                }
+                // Metadata moves beside the data (a Compare compares it too).
+                let ns = self.namespace(nsid)?;
+                return self.read_write_meta(sqid, sqe, &ns, format, slba, nlb);
             } else {
                 // A zoned namespace's writes take their zone's place; its reads go as
                 // any other, but for offline zones. Zone Append exists only there.
