@@ -98,6 +98,10 @@ pub struct Capabilities {
     /// CTRATT FDPS: Flexible Data Placement (always what the configuration says).
     #[serde(default)]
     pub fdp: bool,
+    /// CNTLID and CMIC: a controller of a subsystem of several (always what the
+    /// configuration says; a guest that saw one path must find the same ID again).
+    #[serde(default)]
+    pub subsystem: Option<SubsystemConfig>,
 }
 
 /// Static controller parameters. [`ControllerConfig::default`] gives what a Linux
@@ -139,7 +143,23 @@ pub struct ControllerConfig {
     pub capabilities: Option<Capabilities>,
     /// Flexible Data Placement in endurance group 1 (None: not offered).
     pub fdp: Option<FdpConfig>,
+    /// One controller of a subsystem of several (None: the only one, CNTLID 0).
+    pub subsystem: Option<SubsystemConfig>,
 }
+
+/// A controller's place in an NVM subsystem of several controllers, each served by
+/// its own process (docs/subsystems.md): its CNTLID, unique in the subsystem. The
+/// subsystem is named by the serial number, which every controller of it shares
+/// (so do the namespaces' identifiers, derived from it), and its namespaces are
+/// the same storage opened by each process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubsystemConfig {
+    /// Controller ID (0 to [`MAX_CNTLID`]).
+    pub cntlid: u16,
+}
+
+/// The highest controller ID (FFF0h-FFFFh are reserved).
+pub const MAX_CNTLID: u16 = 0xffef;
 
 /// Flexible Data Placement as a controller offers it: one endurance group (1), one
 /// reclaim group, one configuration; every namespace of the NVM command set gets a
@@ -202,6 +222,7 @@ impl Default for ControllerConfig {
             shadow_doorbells: true,
             capabilities: None,
             fdp: None,
+            subsystem: None,
         }
     }
 }

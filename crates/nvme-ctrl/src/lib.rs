@@ -56,8 +56,8 @@ mod stats;
 pub mod zoned;
 
 pub use config::{
-    Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig,
-    DEFAULT_COMMAND_TIMEOUT, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
+    Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig,
+    DEFAULT_COMMAND_TIMEOUT, MAX_CNTLID, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
 };
 pub use controller::{Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;

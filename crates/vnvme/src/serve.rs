@@ -179,6 +179,15 @@ pub struct ServeArgs {
     /// through (docs/fdp.md).
     #[arg(long, value_name = "HANDLES[:ru=SIZE]", value_parser = crate::fdpspec::parse)]
     pub fdp: Option<nvme_ctrl::FdpConfig>,
+    /// Serve one controller of an NVM subsystem of several, with controller ID N
+    /// (0 to 65519), each controller its own `vnvme serve` on its own socket, for a
+    /// guest's multipath (docs/subsystems.md). Give every controller of the
+    /// subsystem the same --serial (it names the subsystem and its namespaces'
+    /// identifiers) and the same --ns storage, each its own --cntlid. Identify then
+    /// says the subsystem may have several controllers (CMIC bit 1) and every
+    /// namespace may be shared (NMIC bit 0).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=nvme_ctrl::MAX_CNTLID as i64))]
+    pub cntlid: Option<u16>,
 }
 
 /// on or off.
@@ -592,6 +601,7 @@ fn controller_config(a: &ServeArgs, max_namespaces: u32) -> ControllerConfig {
         namespaces: Vec::new(),
         max_namespaces,
         fdp: a.fdp,
+        subsystem: a.cntlid.map(|cntlid| nvme_ctrl::SubsystemConfig { cntlid }),
         ..Default::default()
     }
 }

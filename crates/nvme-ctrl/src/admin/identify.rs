@@ -4,7 +4,7 @@
 
 use nvme_spec::admin::Identify;
 use nvme_spec::identify::{
-    active_ns_list, ascii_pad, cns, cntrltype, ctratt, dlfeat, dpc, elbaf, frmw, lpa, mc, nidt,
+    active_ns_list, ascii_pad, cmic, cns, cntrltype, ctratt, dlfeat, dpc, elbaf, frmw, lpa, mc, nidt, nmic,
     ns_descriptor_list, nul_pad, oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
     IdentifyNamespaceNvm, IoCommandSetNvmController, LbaFormat,
 };
@@ -114,7 +114,12 @@ impl Admin<'_> {
         c.fr = ascii_pad(&cfg.firmware);
         c.rab = 6;
         c.mdts = cfg.mdts;
-        c.cntlid = U16::new(0);
+        // One controller of several in its subsystem: its own ID, and CMIC says
+        // there are others (each namespace is then shared: NMIC).
+        if let Some(sub) = cfg.subsystem {
+            c.cntlid = U16::new(sub.cntlid);
+            c.cmic = cmic::MULTI_CONTROLLER;
+        }
         c.ver = U32::new(NVME_VERSION_1_4);
         // Namespace attribute notices: Linux only sends AERs if OAES has a bit it knows.
         c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED);
@@ -170,6 +175,9 @@ impl Admin<'_> {
         match self.active_ns(nsid) {
             Ok(ns) => {
                 let mut d = namespace_data(&ns);
+                if self.cfg.subsystem.is_some() {
+                    d.nmic = nmic::SHARED;
+                }
                 if self.admin.fdp.is_some() {
                     // Every namespace is in the one endurance group (a zoned one
                     // without placement handles).

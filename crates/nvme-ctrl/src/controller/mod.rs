@@ -546,8 +546,10 @@ fn capabilities_of(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]
             write_zeroes: any(|n| n.info.write_zeroes),
             volatile_write_cache: any(|n| n.info.volatile_cache) || namespaces.iter().any(Option::is_none),
             fdp: false,
+            subsystem: None,
         }
     });
-    // Not a choice a taking-over controller makes: FDP is its configuration's.
-    crate::Capabilities { fdp: cfg.fdp.is_some(), ..c }
+    // Not choices a taking-over controller makes: FDP and the subsystem are its
+    // configuration's.
+    crate::Capabilities { fdp: cfg.fdp.is_some(), subsystem: cfg.subsystem, ..c }
 }

@@ -279,6 +279,13 @@ impl Default for IdentifyController {
     }
 }
 
+/// Controller Multi-Path I/O and Namespace Sharing Capabilities (CMIC) bits.
+pub mod cmic {
+    /// The NVM subsystem may have two or more controllers (with bit 0 of a
+    /// namespace's NMIC, a host may reach it through each).
+    pub const MULTI_CONTROLLER: u8 = 1 << 1;
+}
+
 /// Controller Attributes (CTRATT) bits.
 pub mod ctratt {
     /// Endurance Groups are supported (ENDGIDMAX names how many).

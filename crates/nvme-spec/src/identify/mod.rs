@@ -13,14 +13,14 @@ mod lists;
 mod ns;
 
 pub use ctrl::{
-    ascii_pad, cntrltype, ctratt, frmw, lpa, nul_pad, oacs, oaes, oncs, ps_flags, sgls, vwc,
+    ascii_pad, cmic, cntrltype, ctratt, frmw, lpa, nul_pad, oacs, oaes, oncs, ps_flags, sgls, vwc,
     IdentifyController, IoCommandSetNvmController, PowerStateDescriptor,
 };
 pub use lists::{
     active_ns_list, nidt, ns_descriptor_list, ActiveNamespaceList, NsIdDescriptorHeader, NS_LIST_MAX,
 };
 pub use ns::{
-    dlfeat, dpc, dps, elbaf, flbas, mc, nsfeat, IdentifyNamespace, IdentifyNamespaceNvm, LbaFormat,
+    dlfeat, dpc, dps, elbaf, flbas, mc, nmic, nsfeat, IdentifyNamespace, IdentifyNamespaceNvm, LbaFormat,
 };
 
 /// Size of every Identify data structure.

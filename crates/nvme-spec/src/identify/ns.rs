@@ -190,6 +190,12 @@ impl Default for IdentifyNamespaceNvm {
     }
 }
 
+/// Namespace Multi-path I/O and Namespace Sharing Capabilities (NMIC) bits.
+pub mod nmic {
+    /// The namespace may be attached to two or more controllers of the subsystem.
+    pub const SHARED: u8 = 1 << 0;
+}
+
 /// An Extended LBA Format's fields.
 pub mod elbaf {
     /// Storage Tag Size (bits 6:0).
