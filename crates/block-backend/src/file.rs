@@ -116,7 +116,7 @@ impl SyncExec for FileQueue {
                 match &mut req.data {
                     DataBuf::Host(b) => b[..self.bounce.len()].copy_from_slice(&self.bounce),
                     DataBuf::Guest(segs) => SegmentCursor::new(segs).write_from(mem, &self.bounce)?,
-                    DataBuf::None => {}
+                    DataBuf::None | DataBuf::Within(_) => {}
                 }
             }
             Op::Write { fua } => {
@@ -126,7 +126,7 @@ impl SyncExec for FileQueue {
                     DataBuf::Guest(segs) => {
                         SegmentCursor::for_transfer(segs, req.len)?.read_into(mem, &mut self.bounce)?
                     }
-                    DataBuf::None => return Err(Self::short(0, req.len)),
+                    DataBuf::None | DataBuf::Within(_) => return Err(Self::short(0, req.len)),
                 }
                 f.write_all_at(&self.bounce, req.offset)?;
                 if fua {
@@ -134,7 +134,8 @@ impl SyncExec for FileQueue {
                 }
             }
             Op::Flush => f.sync_data()?,
-            Op::Copy { src, fua } => {
+            Op::Copy { fua } => {
+                let DataBuf::Within(src) = req.data else { return Err(BackendError::Unsupported) };
                 check_range(src, req.len, self.be.size.load(Ordering::Acquire))?;
                 crate::copy_within(f, src, req.offset, req.len)?;
                 if fua {
@@ -283,11 +284,14 @@ mod tests {
         let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 256) as u8).collect();
         let w = Op::Write { fua: false };
         q.submit(&mem, Request { tag: 1, op: w, offset: 0, len: 65536, data: DataBuf::Host(data.clone()) });
-        let cp = Op::Copy { src: 4096, fua: true };
-        q.submit(&mem, Request { tag: 2, op: cp, offset: 512 << 10, len: 32768, data: DataBuf::None });
+        let cp = Op::Copy { fua: true };
+        q.submit(
+            &mem,
+            Request { tag: 2, op: cp, offset: 512 << 10, len: 32768, data: DataBuf::Within(4096) },
+        );
         // A source past the end fails, and moves nothing.
-        let bad = Op::Copy { src: (1 << 20) - 4096, fua: false };
-        q.submit(&mem, Request { tag: 3, op: bad, offset: 0, len: 8192, data: DataBuf::None });
+        let (bad, end) = (Op::Copy { fua: false }, DataBuf::Within((1 << 20) - 4096));
+        q.submit(&mem, Request { tag: 3, op: bad, offset: 0, len: 8192, data: end });
         let mut out = Vec::new();
         q.reap(&mut out);
         assert!(out[0].result.is_ok() && out[1].result.is_ok(), "{out:?}");

@@ -59,6 +59,9 @@ pub enum DataBuf {
     Guest(Vec<Segment>),
     /// A host buffer: filled by reads (compare, verify), consumed by writes.
     Host(Vec<u8>),
+    /// [`Op::Copy`]'s source: the backend's own bytes from this offset. Here rather
+    /// than in the op, so every other request's op stays a byte or two.
+    Within(u64),
 }
 
 /// What a request does.
@@ -78,11 +81,11 @@ pub enum Op {
     /// Deallocate the range (contents afterwards read as zeroes if
     /// [`BackendInfo::discard_zeroes`]).
     Discard,
-    /// Copy the range starting at byte `src` of the same backend to this one (the
-    /// two do not overlap), inside the storage: only where [`BackendInfo::copy`]
-    /// says so. With `fua`, durable when the request completes.
+    /// Copy to this range the same length of the backend's own bytes from the
+    /// offset its data names ([`DataBuf::Within`]; the two do not overlap), inside
+    /// the storage: only where [`BackendInfo::copy`] says so. With `fua`, durable
+    /// when the request completes.
     Copy {
-        src: u64,
         fua: bool,
     },
 }
@@ -99,8 +102,8 @@ impl std::fmt::Display for Op {
             Op::WriteZeroes { deallocate: false } => "write zeroes",
             Op::WriteZeroes { deallocate: true } => "write zeroes (deallocate)",
             Op::Discard => "discard",
-            Op::Copy { fua: false, .. } => "copy",
-            Op::Copy { fua: true, .. } => "copy (FUA)",
+            Op::Copy { fua: false } => "copy",
+            Op::Copy { fua: true } => "copy (FUA)",
         })
     }
 }

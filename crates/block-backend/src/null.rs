@@ -67,7 +67,7 @@ impl SyncExec for NullBackend {
             match &mut req.data {
                 DataBuf::Guest(segs) => SegmentCursor::for_transfer(segs, req.len)?.fill(mem, req.len, 0)?,
                 DataBuf::Host(buf) => buf.fill(0),
-                DataBuf::None => {}
+                DataBuf::None | DataBuf::Within(_) => {}
             }
         }
         Ok(())

@@ -200,7 +200,7 @@ enum Target<'a> {
 impl<'a> Target<'a> {
     fn new(data: &'a mut DataBuf, len: u64) -> Result<Self, BackendError> {
         Ok(match data {
-            DataBuf::None => Target::None,
+            DataBuf::None | DataBuf::Within(_) => Target::None,
             DataBuf::Host(buf) => Target::Host(buf),
             DataBuf::Guest(segs) => Target::Guest(SegmentCursor::for_transfer(segs, len)?),
         })

@@ -747,14 +747,14 @@ fn copy_inside_the_file_lands_and_reads_back_direct() {
             let mem = GuestMemory::anonymous(&[(0, MIB)]).unwrap();
             let data = pattern(9, 256 << 10);
             ok(&run(q, &mem, Op::Write { fua: false }, 0, 256 << 10, DataBuf::Host(data.clone())));
-            ok(&run(q, &mem, Op::Copy { src: 64 << 10, fua: false }, 2 * MIB, 128 << 10, DataBuf::None));
+            ok(&run(q, &mem, Op::Copy { fua: false }, 2 * MIB, 128 << 10, DataBuf::Within(64 << 10)));
             assert_eq!(file_bytes(&f.0, 2 * MIB, 128 << 10), data[64 << 10..192 << 10]);
             let back = host(run(q, &mem, Op::Read, 2 * MIB, 128 << 10, DataBuf::Host(vec![0; 128 << 10])));
             assert_eq!(back, data[64 << 10..192 << 10], "{}: {direct:?}", dir.display());
             let syncs = be.durability().1;
-            ok(&run(q, &mem, Op::Copy { src: 0, fua: true }, 3 * MIB, 4096, DataBuf::None));
+            ok(&run(q, &mem, Op::Copy { fua: true }, 3 * MIB, 4096, DataBuf::Within(0)));
             assert_eq!(be.durability().1, syncs + 1, "a FUA copy is synced");
-            let c = run(q, &mem, Op::Copy { src: 4 * MIB - 4096, fua: false }, 0, 8192, DataBuf::None);
+            let c = run(q, &mem, Op::Copy { fua: false }, 0, 8192, DataBuf::Within(4 * MIB - 4096));
             assert!(c.result.is_err(), "a source past the end");
         }
     }

@@ -287,7 +287,7 @@ pub(crate) fn each_block_crc<E>(
                 }
             }
         }
-        DataBuf::None => {}
+        DataBuf::None | DataBuf::Within(_) => {}
     }
     Ok(Ok(()))
 }

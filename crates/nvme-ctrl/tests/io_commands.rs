@@ -122,13 +122,13 @@ fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
             s.cdw12 = U32::new(s.cdw12.get() | FUA);
         }
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
-        let want = Seen { op: Op::Write { fua }, offset: 8 * 512, len: 1024 };
+        let want = Seen { op: Op::Write { fua }, offset: 8 * 512, len: 1024, from: None };
         assert_eq!(rec[nsid as usize - 1].take(), [want], "write fua={fua} on namespace {nsid}");
     }
     let mut s = h.rw_sqe(READ, 1, 8, 2, buf, 1024);
     s.cdw12 = U32::new(s.cdw12.get() | FUA);
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
-    assert_eq!(rec[0].take(), [Seen { op: Op::Read, offset: 8 * 512, len: 1024 }]);
+    assert_eq!(rec[0].take(), [Seen { op: Op::Read, offset: 8 * 512, len: 1024, from: None }]);
     assert_status(&h.io_cmd(1, MockHost::lba_sqe(iop::FLUSH, 2, 0, 1)), Status::SUCCESS, false);
     assert_eq!(rec[1].take().iter().map(|s| s.op).collect::<Vec<_>>(), [Op::Flush]);
     assert!(rec[0].take().is_empty(), "a Flush of namespace 2 leaves namespace 1 alone");
@@ -142,7 +142,7 @@ fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
     assert_status(&c, Status::SUCCESS, false);
     let s = h.rw_sqe(WRITE, 1, 8, 2, buf, 1024);
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
-    assert_eq!(rec[0].take(), [Seen { op: Op::Write { fua: true }, offset: 8 * 512, len: 1024 }]);
+    assert_eq!(rec[0].take(), [Seen { op: Op::Write { fua: true }, offset: 8 * 512, len: 1024, from: None }]);
 }
 
 #[test]

@@ -198,14 +198,12 @@ fn a_file_namespace_copies_inside_the_file() {
     rec.take();
     assert_status(&copy(&mut h, 1, 2000, &[(100, 8), (300, 8)], 0), Status::SUCCESS, false);
     let seen = rec.take();
-    let ops: Vec<_> = seen.iter().map(|s| (s.op, s.offset / 512, s.len / 512)).collect();
+    let ops: Vec<_> =
+        seen.iter().map(|s| (s.op, s.from.map(|f| f / 512), s.offset / 512, s.len / 512)).collect();
     use block_backend::Op;
     assert_eq!(
         ops,
-        [
-            (Op::Copy { src: 100 * 512, fua: false }, 2000, 8),
-            (Op::Copy { src: 300 * 512, fua: false }, 2008, 8)
-        ]
+        [(Op::Copy { fua: false }, Some(100), 2000, 8), (Op::Copy { fua: false }, Some(300), 2008, 8)]
     );
     assert_eq!(read(&mut h, 1, 2000, 16, lba), want);
     // Overlapping its destination: through a host buffer, as the RAM namespace.

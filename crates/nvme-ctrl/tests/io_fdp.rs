@@ -143,7 +143,9 @@ fn identify_names_the_endurance_group_only_with_fdp() {
         let mut h = host(fdp);
         let c = IdentifyController::read_from_bytes(&h.identify(1, 0).unwrap()).unwrap();
         let n = IdentifyNamespace::read_from_bytes(&h.identify(0, 1).unwrap()).unwrap();
-        let want = if fdp { (1 << 19 | 1 << 4, 1, 1) } else { (0, 0, 0) };
+        // Bit 15 (extended LBA formats) always; 19 (FDPS) and 4 (endurance groups)
+        // with FDP.
+        let want = if fdp { (1 << 19 | 1 << 15 | 1 << 4, 1, 1) } else { (1 << 15, 0, 0) };
         assert_eq!((c.ctratt.get(), c.endgidmax.get(), n.endgid.get()), want, "fdp {fdp}");
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use block_backend::{Backend, BackendInfo, BackendQueue, Completion, Op, Request};
+use block_backend::{Backend, BackendInfo, BackendQueue, Completion, DataBuf, Op, Request};
 use guest_mem::GuestMemory;
 
 /// One request as it reached the backend.
@@ -13,6 +13,8 @@ pub struct Seen {
     pub op: Op,
     pub offset: u64,
     pub len: u64,
+    /// A Copy's source offset (its [`DataBuf::Within`]).
+    pub from: Option<u64>,
 }
 
 /// Wraps a backend, reporting a volatile write cache (so the controller owes it
@@ -51,7 +53,8 @@ struct RecordingQueue {
 
 impl BackendQueue for RecordingQueue {
     fn submit(&mut self, mem: &GuestMemory, req: Request) {
-        self.seen.lock().unwrap().push(Seen { op: req.op, offset: req.offset, len: req.len });
+        let from = if let DataBuf::Within(src) = req.data { Some(src) } else { None };
+        self.seen.lock().unwrap().push(Seen { op: req.op, offset: req.offset, len: req.len, from });
         self.inner.submit(mem, req)
     }
     fn commit(&mut self) {

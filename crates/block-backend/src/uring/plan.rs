@@ -61,7 +61,8 @@ impl UringQueue {
                 }
                 self.plan_rw(mem, req).map(Some)
             }
-            Op::Copy { src, fua } => {
+            Op::Copy { fua } => {
+                let DataBuf::Within(src) = req.data else { return Err(BackendError::Unsupported) };
                 check_range(offset, len, self.sh.size())?;
                 check_range(src, len, self.sh.size())?;
                 if self.sh.layout.read_only || !self.sh.info.copy {
@@ -247,7 +248,7 @@ fn straight_iov(
                 return Err(invalid(format!("segments cover {total} bytes of a {len}-byte transfer")));
             }
         }
-        DataBuf::None => {
+        DataBuf::None | DataBuf::Within(_) => {
             if write {
                 return Err(BackendError::Short { done: 0, len });
             }

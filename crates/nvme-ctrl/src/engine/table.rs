@@ -318,8 +318,8 @@ impl CopyJob {
             self.dest += self.ranges[self.next].1;
             self.next += 1;
             let Some(&(src, len)) = self.ranges.get(self.next) else { return Ok(None) };
-            let op = Op::Copy { src, fua: self.fua };
-            return Ok(Some(Request { tag, op, offset: self.dest, len, data: DataBuf::None }));
+            let op = Op::Copy { fua: self.fua };
+            return Ok(Some(Request { tag, op, offset: self.dest, len, data: DataBuf::Within(src) }));
         }
         let DataBuf::Host(mut buf) = data else { return Err(Status::INTERNAL_ERROR) };
         let (_, len) = self.ranges[self.next];

@@ -114,7 +114,7 @@ impl IoEngine {
         // (Copy has DTYPE and DSPEC where Write has them).
         self.place_write(&ns, sqe, total);
         let (op, data) = match offload {
-            true => (Op::Copy { src: offset, fua }, DataBuf::None),
+            true => (Op::Copy { fua }, DataBuf::Within(offset)),
             false => (Op::Read, DataBuf::Host(buf)),
         };
         let mut f = InFlight::new(sqid, sqe, nsid, sdlba, op, 1, Finish::Copy(Box::new(job)));

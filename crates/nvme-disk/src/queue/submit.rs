@@ -33,7 +33,9 @@ impl NvmeQueue {
         if matches!(req.op, Op::Read | Op::Write { .. }) {
             let write = req.op != Op::Read;
             match &req.data {
-                DataBuf::None => return Err(invalid("a read or write without a buffer".into())),
+                DataBuf::None | DataBuf::Within(_) => {
+                    return Err(invalid("a read or write without a buffer".into()))
+                }
                 DataBuf::Host(v) if (v.len() as u64) < req.len => {
                     return Err(invalid(format!("{}-byte buffer for {} bytes", v.len(), req.len)))
                 }
