@@ -105,6 +105,16 @@ own \`vnvme serve\` (built with cargo build --release first):
          guest; fsck clean; the longest fio latency and each upgrade's server-side
          stall reported. host: 10 upgrades, 10 takeovers in the log, the first
          server gone, the last one exits with QEMU.
+ multipath (last kernel only) two \`vnvme serve\` processes, --cntlid 1 and 2, one
+         --serial, one image file (128M), each a vfio-user-pci device of the
+         guest (scripts/guest/tests/multipath.sh): Linux's native multipath
+         makes one subsystem of the two controllers and one namespace head of
+         two paths (sysfs, nvme list-subsys, CNTLID, CMIC, NMIC); fio verify
+         through the head with the numa and round-robin I/O policies; a block
+         written through one controller's char device read through the other's;
+         then the host SIGKILLs controller 2's process and fio verify through
+         the head goes on on the path left, with no I/O error.
+         host: controller 2 served I/O before the kill (round-robin).
  zns-qemu (asked for only; last kernel) the zoned namespace checks of the main
          suite (scripts/guest/tests/zns.sh) on vnvme with one zoned namespace
          (zoned=8M:zone-cap=6M:max-open=16:max-active=16), counted, and on QEMU's
@@ -132,7 +142,7 @@ own \`vnvme serve\` (built with cargo build --release first):
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
-                    upgrade, zns-qemu, pi-qemu, fdp-qemu;
+                    upgrade, multipath, zns-qemu, pi-qemu, fdp-qemu;
                     default: all but zns-qemu, pi-qemu and fdp-qemu)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
@@ -167,7 +177,7 @@ T0=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest-tests.XXXXXX")
 tests_dir="$here/guest/tests"
 n_pass=0 n_fail=0 n_skip=0
-VN_PID="" cur_qemu_pidfile="" HOT_PID="" UP_PID="" NET_PIDS=() CEPH_OWN="" CEPH_DIR=""
+VN_PID="" cur_qemu_pidfile="" HOT_PID="" UP_PID="" MP_PID="" NET_PIDS=() CEPH_OWN="" CEPH_DIR=""
 QEMU_EXTRA=()
 
 cleanup() {
@@ -175,6 +185,7 @@ cleanup() {
     vn_term_pidfile "$cur_qemu_pidfile"
     vn_serve_stop "$VN_PID"
     vn_serve_stop "$HOT_PID"
+    vn_serve_stop "$MP_PID"
     [[ -z $UP_PID ]] || kill -KILL "$UP_PID" 2>/dev/null || true
     net_servers_stop
     [[ -z $CEPH_OWN ]] || "$here/ceph-cluster.sh" stop "$CEPH_OWN" >/dev/null 2>&1
@@ -1120,6 +1131,61 @@ suite_pi_qemu() {
     echo "  [$k] pi-qemu suite: $(($(date +%s) - t0)) s"
 }
 
+# mp_action DIR ACTION: the multipath suite's guest asking the host to kill the
+# second controller's process (@@VNVME-HOST mp-kill@@).
+mp_action() {
+    [[ $2 == mp-kill ]] || { echo "[host] unknown action $2"; return; }
+    if [[ -n $MP_PID ]] && kill -KILL "$MP_PID" 2>/dev/null; then
+        echo "[host] controller 2's vnvme serve (pid $MP_PID) killed"
+    else
+        echo "[host] controller 2's vnvme serve was not running"
+    fi
+}
+
+# Two controllers of one subsystem, one process each (--cntlid 1 and 2, one
+# serial, one image file), as two vfio-user-pci devices of one guest: Linux's
+# native multipath over them, and the loss of one controller's process.
+suite_multipath() {
+    local k=$1
+    local d="$work/$k-multipath" t0 io2
+    mkdir -p "$d"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] multipath suite: two controllers of one subsystem (--cntlid 1, 2) on one file, one killed"
+    write_config "$d/config.sh" VNVMEGTMP001 $((128 << 20)) 512 0 512 0 512
+    rm -f "$d/mp.img"
+    truncate -s 128M "$d/mp.img"
+    if ! vn_serve_start "$d/serve2.log" "$d/vnvme2.sock" --ns "file:$d/mp.img" --serial VNVMEGTMP001 \
+        --cntlid 2 --once --stats-file "$d/stats2.json" --log info; then
+        result FAIL "$k" "controller 2's vnvme serve did not start"
+        return
+    fi
+    MP_PID=$VN_PID
+    VN_PID=""
+    QEMU_EXTRA=(-device pcie-root-port,id=rp5,chassis=6
+        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$d/vnvme2.sock\"},\"bus\":\"rp5\"}")
+    VN_HOST_ACTION=mp_action
+    suite_boot "$k" "$d" multipath multipath.sh --timeout 420 -- --ns "file:$d/mp.img" --serial VNVMEGTMP001 \
+        --cntlid 1 --workers 1
+    VN_HOST_ACTION=""
+    QEMU_EXTRA=()
+    # Both controllers carried the guest's I/O before the kill (round-robin).
+    io2=$(vn_stat "$d/stats2.json" io_commands)
+    if [[ ${io2:-0} -gt 1000 ]]; then
+        result PASS "$k" "controller 2 served $io2 I/O commands before it was killed"
+    else
+        result FAIL "$k" "controller 2 served '${io2}' I/O commands (want > 1000: round-robin uses both paths)"
+    fi
+    if vn_alive "$MP_PID"; then
+        result FAIL "$k" "controller 2's process is still running: the guest never asked for the kill"
+        vn_serve_stop "$MP_PID"
+    fi
+    wait "$MP_PID" 2>/dev/null || true
+    MP_PID=""
+    rm -f "$d/mp.img"
+    echo "  [$k] multipath suite: $(($(date +%s) - t0)) s"
+}
+
 # The flexible data placement checks side by side (not in the default run: a
 # comparison, not a test of vnvme): fdp.sh on vnvme with one namespace and
 # --fdp 4:ru=1M, counted, and on QEMU's nvme in a subsystem with fdp=on,
@@ -1246,6 +1312,7 @@ if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     asked zns-qemu && suite_zns_qemu "$k_last"
     asked pi-qemu && suite_pi_qemu "$k_last"
     asked fdp-qemu && suite_fdp_qemu "$k_last"
+    want multipath && suite_multipath "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

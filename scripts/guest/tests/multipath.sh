@@ -1,0 +1,88 @@
+# shellcheck shell=dash
+# Native NVMe multipath over two controllers of one NVM subsystem: two `vnvme
+# serve` processes (--cntlid 1 and 2, the same --serial and the same image file),
+# each a vfio-user-pci device of this guest. Linux joins them into one subsystem
+# and one namespace head with two paths. Checked: the subsystem and its
+# controllers' IDs, CMIC and NMIC as nvme-cli reads them, fio verify through the
+# head with each I/O policy, data written through one path read through the
+# other, and then, the host killing the second controller's process
+# (@@VNVME-HOST mp-kill@@), fio verify through the head again: the guest goes on
+# on the path left, with no I/O error.
+. /tests/lib.sh
+. /tests/config.sh
+echo "== guest-tests multipath suite: Linux $(uname -r)"
+if ! ctrl_live nvme0 20 || ! ctrl_live nvme1 20; then
+    t_fail "two controllers: nvme0 and nvme1 did not both come up"
+    dmesg | grep -i nvme | tail -20
+    exit 1
+fi
+# The namespace head: nvme<subsystem>n1; its paths nvme<subsystem>c<ctrl>n1 have
+# no device node of their own.
+head=""
+i=0
+while [ $i -lt 100 ] && [ -z "$head" ]; do
+    for b in /sys/block/nvme*n1; do
+        case ${b##*/} in *c*) ;; nvme*) [ -b "/dev/${b##*/}" ] && head=/dev/${b##*/} ;; esac
+    done
+    [ -n "$head" ] || usleep 100000
+    i=$((i + 1))
+done
+if [ -z "$head" ]; then
+    t_fail "no namespace head appeared ($(ls /sys/block | tr '\n' ' '))"
+    exit 1
+fi
+subsys=$(ls -d /sys/class/nvme-subsystem/nvme-subsys* | head -1)
+t_eq "one subsystem, both controllers in it ($subsys)" \
+    "$(ls -d /sys/class/nvme-subsystem/nvme-subsys* | wc -l) $(ls -d "$subsys"/nvme[0-9]* | wc -l)" "1 2"
+t_eq "controller IDs" "$(cat /sys/class/nvme/nvme*/cntlid | sort | tr '\n' ' ')" "1 2 "
+t_eq "one namespace head ($head) over two path devices" "$(ls /sys/block | grep -c 'c[0-9]*n1$')" 2
+nvme list-subsys >/tmp/ls 2>&1
+t_eq "nvme list-subsys: two live paths" "$(grep -c ' live' /tmp/ls)" 2
+nvme id-ctrl /dev/nvme1 >/tmp/idc 2>&1
+nvme id-ns "$head" >/tmp/idn 2>&1
+t_eq "nvme id-ctrl cmic (several controllers), id-ns nmic (shared)" \
+    "$(field cmic </tmp/idc) $(field nmic </tmp/idn)" "0x2 0x1"
+t_eq "namespace size through the head" "$(blockdev --getsize64 "$head" 2>&1)" "$N1_BYTES"
+fio_engine "$head"
+fio_verified "fio randwrite QD 16 + crc32c verify through the head (iopolicy $(cat "$subsys/iopolicy"))" \
+    --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --size=16M \
+    --verify=crc32c --verify_fatal=1 --name=mp
+echo round-robin >"$subsys/iopolicy"
+fio_verified "fio randwrite QD 16 + crc32c verify through the head (iopolicy round-robin)" \
+    --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=16M \
+    --size=16M --verify=crc32c --verify_fatal=1 --name=mprr
+# One block through each path's own character device: what one controller wrote,
+# the other reads.
+dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
+ng0=/dev/ng0n1 ng1=/dev/ng1n1
+for g in /dev/ng*n1; do
+    case $(cat "/sys/class/nvme-generic/${g#/dev/}/device/cntlid" 2>/dev/null) in
+    1) ng0=$g ;;
+    2) ng1=$g ;;
+    esac
+done
+if nvme write "$ng0" --start-block=40000 --block-count=7 --data-size=4096 --data=/tmp/blk >/tmp/o 2>&1 &&
+    nvme read "$ng1" --start-block=40000 --block-count=7 --data-size=4096 --data=/tmp/blk.back >>/tmp/o 2>&1 &&
+    cmp -s /tmp/blk /tmp/blk.back; then
+    t_pass "written through controller 1 ($ng0), read back through controller 2 ($ng1)"
+else
+    t_fail "write through $ng0, read through $ng1: $(tail -2 /tmp/o)"
+fi
+# Path loss: the host kills controller 2's process. Writes go on; the I/O the
+# dead path had is retried on the live one.
+before=$(dmesg | wc -l)
+echo "@@VNVME-HOST mp-kill@@"
+fio_verified "controller 2's process killed: fio randwrite QD 16 + verify through the head goes on" \
+    --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=32M \
+    --size=32M --verify=crc32c --verify_fatal=1 --name=mpkill
+live=$(cat /sys/class/nvme/nvme*/state | tr '\n' ' ')
+t_eq "after the kill: one controller live (states: $live)" "$(echo "$live" | grep -o 'live' | wc -l)" 1
+echo "== kernel messages (nvme)"
+dmesg | tail -n +$((before + 1)) | grep -iE 'nvme|I/O error|blk_update' | tail -20
+if dmesg | grep -E "${head#/dev/}[:, ]" | grep -qiE 'I/O error|blk_update_request|Buffer I/O'; then
+    t_fail "guest kernel log: I/O errors on the namespace head"
+else
+    t_pass "guest kernel log: no I/O error on the namespace head"
+fi
+echo "== multipath suite: $T_FAILED failure(s)"
+[ "$T_FAILED" -eq 0 ]
