@@ -510,11 +510,14 @@ fn metadata_and_protection_settings_survive_an_upgrade() {
         "2",
     ])
     .unwrap();
+    // The 64-bit guard format, added live: 512+16 (LBAF 6), type 3.
+    s.ctl(&["ns.add", "ram:8M:ms=16:pi=3:guard=64", "3"]).unwrap();
     let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
     let dps = |d: &mut nvme_driver::NvmeDriver, nsid| {
         let id = d.identify(0, nsid).unwrap();
         (id[26], id[29])
     };
+    assert_eq!(dps(&mut d, 3), (6, 3), "ram:...:guard=64 starts 512+16 with the 64-bit guard, type 3");
     assert_eq!(dps(&mut d, 1), (2, 1), "ram: starts 512+8, type 1");
     assert_eq!(dps(&mut d, 2), (0, 0), "meta= alone: no metadata yet");
     // The host formats namespace 2 into 4096+16, type 2, first.
@@ -526,7 +529,24 @@ fn metadata_and_protection_settings_survive_an_upgrade() {
     assert_eq!(memfd_inode(s.pid(), "vnvme-meta"), Some(before), "the same metadata memory, handed over");
     assert_eq!(dps(&mut d, 1), (2, 1));
     assert_eq!(dps(&mut d, 2), (4, 2 | 8), "the host's format after the upgrade");
+    assert_eq!(dps(&mut d, 3), (6, 3));
     assert!(s.server.dir.join("pi.md").exists());
+}
+
+/// A controller of a subsystem of several keeps its controller ID, CMIC and
+/// shared namespaces over an upgrade (the guest holds them).
+#[test]
+fn a_subsystem_controller_keeps_its_id_over_an_upgrade() {
+    let s = Served::start(&["--ns", "ram:8M", "--cntlid", "7"]);
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let ids = |d: &mut nvme_driver::NvmeDriver| {
+        let c = d.identify(1, 0).unwrap();
+        let n = d.identify(0, 1).unwrap();
+        (u16::from_le_bytes([c[78], c[79]]), c[76], n[30])
+    };
+    assert_eq!(ids(&mut d), (7, 2, 1), "CNTLID 7, CMIC bit 1, NMIC bit 0");
+    s.upgrade();
+    assert_eq!(ids(&mut d), (7, 2, 1));
 }
 
 /// Flexible Data Placement's state through an upgrade: the statistics and the
