@@ -236,7 +236,7 @@ impl MetaRead {
         let DataBuf::Host(stored) = data else { return Status::INTERNAL_ERROR };
         let len = self.meta.len() / self.ms * self.block;
         let mut host_meta = vec![0u8; self.meta.len()];
-        let got = crate::engine::guest_equals(mem, &c.data, &stored[..len]).and_then(|same| {
+        let got = crate::dptr::guest_equals(mem, &c.data, &stored[..len]).and_then(|same| {
             SegmentCursor::for_transfer(&c.meta, host_meta.len() as u64)?.read_into(mem, &mut host_meta)?;
             Ok(same)
         });

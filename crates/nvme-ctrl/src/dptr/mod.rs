@@ -16,3 +16,22 @@ pub enum Direction {
     /// Host memory to controller (Write, Compare, Set Features data...).
     FromHost,
 }
+
+/// Whether the guest's data in `segs` equals `data`, read a page at a time so a
+/// mismatch stops early.
+pub(crate) fn guest_equals(
+    mem: &guest_mem::GuestMemory,
+    segs: &[block_backend::Segment],
+    data: &[u8],
+) -> Result<bool, block_backend::SegmentError> {
+    let mut cur = block_backend::SegmentCursor::for_transfer(segs, data.len() as u64)?;
+    let mut chunk = [0u8; 4096];
+    for want in data.chunks(chunk.len()) {
+        let got = &mut chunk[..want.len()];
+        cur.read_into(mem, got)?;
+        if got != want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}

@@ -295,7 +295,7 @@ impl IoEngine {
             Err(_) => {}
             Ok(()) if f.status.is_success() => match (&f.finish, &c.data) {
                 (Finish::Compare(segs), DataBuf::Host(buf)) => {
-                    f.status = match guest_equals(&self.mem, segs, buf) {
+                    f.status = match crate::dptr::guest_equals(&self.mem, segs, buf) {
                         Ok(true) => Status::SUCCESS,
                         Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
                         Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
@@ -496,23 +496,4 @@ fn mark_written(mem: &GuestMemory, data: &DataBuf) {
             }
         }
     }
-}
-
-/// Whether the guest's data in `segs` equals `data`, read a page at a time so a
-/// mismatch stops early.
-pub(crate) fn guest_equals(
-    mem: &GuestMemory,
-    segs: &[Segment],
-    data: &[u8],
-) -> Result<bool, block_backend::SegmentError> {
-    let mut cur = block_backend::SegmentCursor::for_transfer(segs, data.len() as u64)?;
-    let mut chunk = [0u8; 4096];
-    for want in data.chunks(chunk.len()) {
-        let got = &mut chunk[..want.len()];
-        cur.read_into(mem, got)?;
-        if got != want {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }

@@ -22,7 +22,7 @@ mod table;
 mod throttle;
 mod timeout;
 
-pub(crate) use data::{guest_equals, HOST_BUFFER_BUDGET};
+pub(crate) use data::HOST_BUFFER_BUDGET;
 pub use memory::SharedMemory;
 pub(crate) use settings::Settings;
 pub(crate) use timeout::Deadline;
