@@ -115,9 +115,10 @@ own \`vnvme serve\` (built with cargo build --release first):
          host: controller 2 served I/O (round-robin); both servers exit 0.
  multipath-kill (asked for only; last kernel) the same, then the host SIGKILLs
          controller 2's process under fio verify through the head, which should
-         go on on the path left with no I/O error. It does not yet: Linux 7.3's
-         nvme-pci fails the writes in flight on the dead path with EIO
-         (docs/subsystems.md).
+         go on on the path left with no I/O error. It does not yet: Linux 7.3
+         fails over the writes in flight on the dead path, but routes a few new
+         ones to the path as it is removed and ends them with EIO (the guest
+         prints its nvme and block completion traces; docs/subsystems.md).
  zns-qemu (asked for only; last kernel) the zoned namespace checks of the main
          suite (scripts/guest/tests/zns.sh) on vnvme with one zoned namespace
          (zoned=8M:zone-cap=6M:max-open=16:max-active=16), counted, and on QEMU's

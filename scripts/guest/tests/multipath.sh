@@ -74,14 +74,26 @@ if [ "${MP_KILL:-0}" = 1 ]; then
     # Path loss: the host kills controller 2's process. Writes go on; the I/O the
     # dead path had is retried on the live one.
     before=$(dmesg | wc -l)
+    # The kernel's own account of the requests that failed: the nvme and block
+    # completion tracepoints (printed below when fio sees an error).
+    tr=/sys/kernel/tracing
+    [ -d $tr/events ] || mount -t tracefs tracefs $tr 2>/dev/null
+    echo 1 >$tr/events/nvme/nvme_complete_rq/enable 2>/dev/null
+    echo 1 >$tr/events/block/block_rq_complete/enable 2>/dev/null
+    echo 1 >$tr/events/block/block_bio_complete/enable 2>/dev/null
+    echo 1 >$tr/events/block/block_rq_error/enable 2>/dev/null
+    echo 1 >$tr/tracing_on 2>/dev/null
     echo "@@VNVME-HOST mp-kill@@"
     fio_verified "controller 2's process killed: fio randwrite QD 16 + verify through the head goes on" \
         --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=32M \
         --size=32M --verify=crc32c --verify_fatal=1 --name=mpkill
     live=$(cat /sys/class/nvme/nvme*/state | tr '\n' ' ')
     t_eq "after the kill: one controller live (states: $live)" "$(echo "$live" | grep -o 'live' | wc -l)" 1
+    echo 0 >$tr/tracing_on 2>/dev/null
     echo "== kernel messages since the kill"
     dmesg | tail -n +$((before + 1)) | tail -40
+    echo "== failed completions (trace)"
+    grep -E 'status=0x[1-9a-f]|block_rq_error|\[-?[1-9][0-9]*\]$' $tr/trace 2>/dev/null | head -60
 fi
 if dmesg | grep -E "${head#/dev/}[:, ]" | grep -qiE 'I/O error|blk_update_request|Buffer I/O'; then
     t_fail "guest kernel log: I/O errors on the namespace head"
