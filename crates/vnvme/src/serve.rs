@@ -702,6 +702,13 @@ impl Running {
             a.queues,
             dev.dma_region_limit()
         );
+        if let Some(id) = a.cntlid {
+            eprintln!(
+                "vnvme: controller {id} of subsystem nqn.2024-01.io.vnvme:{} (the other controllers: \
+                 their own vnvme serve, the same --serial and storage); namespaces shared",
+                a.serial
+            );
+        }
         if let Some(f) = a.fdp {
             eprintln!(
                 "vnvme: flexible data placement: endurance group 1, {} reclaim unit handle(s) of {} reclaim units",
@@ -873,6 +880,7 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> crate::cont
         vnvme: env!("CARGO_PKG_VERSION").into(),
         commit: crate::version::COMMIT.into(),
         serial: a.serial.clone(),
+        cntlid: a.cntlid,
         pci_id: format!("{:04x}:{:04x}", a.pci_id.0, a.pci_id.1),
         socket: a.socket.clone(),
         io_queues: a.queues,

@@ -545,8 +545,11 @@ fn a_subsystem_controller_keeps_its_id_over_an_upgrade() {
         (u16::from_le_bytes([c[78], c[79]]), c[76], n[30])
     };
     assert_eq!(ids(&mut d), (7, 2, 1), "CNTLID 7, CMIC bit 1, NMIC bit 0");
+    // The operator sees which controller this process is.
+    assert_eq!(s.ctl(&["ctrl.info"]).unwrap()["cntlid"], 7);
     s.upgrade();
     assert_eq!(ids(&mut d), (7, 2, 1));
+    assert_eq!(s.ctl(&["ctrl.info"]).unwrap()["cntlid"], 7);
 }
 
 /// Flexible Data Placement's state through an upgrade: the statistics and the

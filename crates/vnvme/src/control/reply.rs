@@ -10,6 +10,9 @@ pub struct Facts {
     pub vnvme: String,
     pub commit: String,
     pub serial: String,
+    /// `--cntlid`: this controller's ID in a subsystem of several (docs/subsystems.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cntlid: Option<u16>,
     /// `vendor:device`, hex.
     pub pci_id: String,
     pub socket: std::path::PathBuf,

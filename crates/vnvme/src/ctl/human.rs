@@ -99,7 +99,16 @@ fn ctrl_info(i: &reply::CtrlInfo) -> String {
         ("server", format!("vnvme {} (commit {}), pid {}, up {} s", f.vnvme, f.commit, f.pid, i.uptime_s)),
         ("binary", f.exe.display().to_string()),
         ("socket", f.socket.display().to_string()),
-        ("identity", format!("serial {}, PCI vendor:device {}", f.serial, f.pci_id)),
+        (
+            "identity",
+            match f.cntlid {
+                Some(id) => format!(
+                    "serial {}, controller {id} of its subsystem, PCI vendor:device {}",
+                    f.serial, f.pci_id
+                ),
+                None => format!("serial {}, PCI vendor:device {}", f.serial, f.pci_id),
+            },
+        ),
         (
             "state",
             format!("{}, client {}", i.state, if i.client_connected { "connected" } else { "not connected" }),
