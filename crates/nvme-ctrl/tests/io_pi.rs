@@ -9,7 +9,7 @@ mod io_common;
 
 use std::sync::Arc;
 
-use block_backend::{Backend, RamBackend};
+use block_backend::RamBackend;
 use io_common::*;
 use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
 use nvme_spec::admin::FormatNvmCmd;
@@ -26,22 +26,6 @@ use zerocopy::{FromBytes, IntoBytes};
 
 const NS_BYTES: u64 = 4 << 20;
 const PRCHK_ALL: u8 = prinfo::PRCHK_MASK;
-
-/// One RAM namespace with a metadata store in format `lbaf` and protection `dps`
-/// (NSID 1), and NSID 2 over the same data without metadata: the host under the
-/// namespace, able to change its data behind the protection information.
-fn pi_host(lbaf: u8, dps: u8) -> MockHost {
-    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
-    let with_meta = NamespaceConfig {
-        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps, extended: false }),
-        ..NamespaceConfig::new(ram.clone(), lbaf)
-    };
-    let under = NamespaceConfig::new(ram, 0);
-    let cfg = ControllerConfig { namespaces: vec![with_meta, under], ..Default::default() };
-    let mut h = MockHost::new(cfg, MEM);
-    h.init(opts()).expect("bring-up");
-    h
-}
 
 /// The fields of a Read or Write beyond SLBA and NLB.
 #[derive(Clone, Copy, Default)]

@@ -7,11 +7,7 @@
 mod common;
 mod io_common;
 
-use std::sync::Arc;
-
-use block_backend::{Backend, RamBackend};
 use io_common::*;
-use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
 use nvme_spec::admin::IdentifyCmd;
 use nvme_spec::identify::{cns, ctratt, elbaf, IdentifyController, IdentifyNamespace, IdentifyNamespaceNvm};
 use nvme_spec::nvm::{CopyCmd, CopyRange, CopyRangeF1};
@@ -23,27 +19,11 @@ use test_util::pattern;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, IntoBytes};
 
-const NS_BYTES: u64 = 4 << 20;
 const PRCHK_ALL: u8 = prinfo::PRCHK_MASK;
 /// 512-byte blocks with 16 bytes of metadata, 64-bit guard.
 const LBAF_512_G64: u8 = 6;
 /// A reference tag above 32 bits: its high 16 bits travel in Dword 3.
 const BIG_REF: u64 = 0x1234_0000_0100;
-
-/// One RAM namespace with a metadata store in format `lbaf`, protection `dps`
-/// (NSID 1), and NSID 2 over the same data without metadata.
-fn pi_host(lbaf: u8, dps: u8) -> MockHost {
-    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(NS_BYTES));
-    let with_meta = NamespaceConfig {
-        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps, extended: false }),
-        ..NamespaceConfig::new(ram.clone(), lbaf)
-    };
-    let under = NamespaceConfig::new(ram, 0);
-    let cfg = ControllerConfig { namespaces: vec![with_meta, under], ..Default::default() };
-    let mut h = MockHost::new(cfg, MEM);
-    h.init(opts()).expect("bring-up");
-    h
-}
 
 /// A Read or Write of 512-byte blocks on NSID 1 with PRINFO `pr`, the 48-bit
 /// reference tag `reft` (Dword 14 and Dword 3), application tag `app` (mask all).

@@ -63,6 +63,17 @@ impl Prot {
     }
 }
 
+/// A block of zeroes of the largest LBA format's size (4 KiB), whose guard Write
+/// Zeroes with PRACT generates.
+static ZERO_BLOCK: [u8; 4096] = [0; 4096];
+const _: () = {
+    let mut i = 0;
+    while i < crate::namespace::LBA_FORMATS.len() {
+        assert!(1usize << crate::namespace::LBA_FORMATS[i].shift <= ZERO_BLOCK.len());
+        i += 1;
+    }
+};
+
 /// A command's tags (Dwords 14 and 15; Dword 3 too with the 64-bit guard).
 pub(crate) fn command_tags(pi: Option<PiLayout>, rw: &ReadWrite<'_>) -> PiTags {
     let guard = pi.map_or(Guard::Crc16, |l| l.guard);
@@ -225,7 +236,7 @@ impl IoEngine {
                 match p.pi.filter(|_| p.pract) {
                     // Generated for blocks of zeroes.
                     Some(l) => {
-                        let zeroes = l.data_crc(&vec![0u8; 1 << shift]);
+                        let zeroes = l.data_crc(&ZERO_BLOCK[..1 << shift]);
                         let mut meta = vec![0u8; mlen];
                         for (i, m) in meta.chunks_mut(l.ms).enumerate() {
                             l.generate(zeroes, p.tags, i as u32, m);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use block_backend::{Backend, NullBackend, RamBackend};
 use nvme_ctrl::Lifecycle;
-use nvme_ctrl::{ControllerConfig, NamespaceConfig};
+use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
 use nvme_spec::features::{fid, NumberOfQueues};
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
@@ -88,4 +88,21 @@ pub fn bare_host(bytes: u64, nq: u16) -> (MockHost, RamBackend) {
     h.set_feature(fid::NUMBER_OF_QUEUES, NumberOfQueues::new(n as u16, n as u16).0)
         .expect("Number of Queues");
     (h, ram)
+}
+
+/// A namespace with metadata for the protection information tests: 4 MiB of RAM
+/// with a metadata store in format `lbaf` and protection `dps` (NSID 1), and NSID 2
+/// over the same data without metadata, the host under the namespace, able to
+/// change its data behind the protection information.
+pub fn pi_host(lbaf: u8, dps: u8) -> MockHost {
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(4 << 20));
+    let with_meta = NamespaceConfig {
+        metadata: Some(MetadataConfig { store: MetaFile::memory().unwrap(), dps, extended: false }),
+        ..NamespaceConfig::new(ram.clone(), lbaf)
+    };
+    let under = NamespaceConfig::new(ram, 0);
+    let cfg = ControllerConfig { namespaces: vec![with_meta, under], ..Default::default() };
+    let mut h = MockHost::new(cfg, MEM);
+    h.init(opts()).expect("bring-up");
+    h
 }
