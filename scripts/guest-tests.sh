@@ -300,6 +300,9 @@ PY
     else
         result FAIL "$k" "zone state file differs from the guest's zone report: $out"
     fi
+    # Zoned writes the server refused (the guest's own checks ask for some): where
+    # each was and where its zone's write pointer stood, for a failure to be read.
+    grep -a 'zoned write refused' "$d/serve.log" 2>/dev/null | head -8 | sed "s/^/  [$k] server: /"
 }
 
 # pi_action DIR ACTION: the main suite's guest asking the host to corrupt one

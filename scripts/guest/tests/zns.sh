@@ -93,11 +93,41 @@ fio_verified "fio zonemode=zbd randwrite bs 4K-64K QD 8 over 8 zones, verify=crc
     --bsrange=4k-64k --iodepth=8 --size=$((8 * ZONE_BYTES)) --max_open_zones=4 \
     --verify=crc32c --verify_fatal=1 --name=zbd
 blkzone reset "$D4"
+# The kernel's own account of the writes btrfs sends (nvme command setup and
+# completion tracepoints): printed for the zone of a write the controller
+# refused, to tell a write the host sent out of order from one the controller
+# misplaced.
+zns_trace_on() {
+    tr=/sys/kernel/tracing
+    [ -d $tr/events ] || mount -t tracefs tracefs $tr 2>/dev/null
+    echo 0 >$tr/tracing_on 2>/dev/null
+    echo >$tr/trace 2>/dev/null
+    echo 1 >$tr/events/nvme/nvme_setup_cmd/enable 2>/dev/null
+    echo 1 >$tr/events/nvme/nvme_complete_rq/enable 2>/dev/null
+    echo 1 >$tr/tracing_on 2>/dev/null
+    return 0
+}
+zns_trace_show() {
+    tr=/sys/kernel/tracing
+    echo 0 >$tr/tracing_on 2>/dev/null
+    lba=$(dmesg | grep -o "${D4#/dev/}: I/O Cmd(0x1) @ LBA [0-9]*" | head -1 | grep -o '[0-9]*$')
+    [ -n "$lba" ] || return 0
+    zone=$((lba / (ZONE_BYTES / 512)))
+    echo "== nvme commands on zone $zone (the first refused write at LBA $lba)"
+    # Each command of the zone as set up, and its completion (by queue and CID).
+    awk -v z="$zone" -v zs=$((ZONE_BYTES / 512)) '
+        function key(l) { return match(l, /qid=[0-9]+, cmdid=[0-9]+/) ? substr(l, RSTART, RLENGTH) : "" }
+        /nvme_setup_cmd/ && match($0, /slba=[0-9]+/) {
+            if (int(substr($0, RSTART + 5, RLENGTH - 5) / zs) == z) { mine[key($0)] = 1; print }
+            next
+        }
+        /nvme_complete_rq/ { k = key($0); if (k in mine) { delete mine[k]; print } }' $tr/trace | tail -60
+}
 # btrfs in zoned mode: a file system on the zoned namespace, a file written,
 # the file system mounted again, the file read back.
 if ! grep -qw btrfs /proc/filesystems; then
     t_skip "btrfs on the zoned namespace: this kernel has no btrfs"
-elif ! mkfs.btrfs -f -q -O zoned "$D4" >/tmp/o 2>&1; then
+elif ! zns_trace_on || ! mkfs.btrfs -f -q -O zoned "$D4" >/tmp/o 2>&1; then
     t_fail "mkfs.btrfs -O zoned: $(tail -3 /tmp/o)"
 elif ! mount -t btrfs "$D4" /mnt >/tmp/o 2>&1; then
     t_fail "mount btrfs (zoned): $(tail -3 /tmp/o)"
@@ -113,9 +143,12 @@ else
         echo "@@VNVME-BTRFS $sum@@"
     else
         t_fail "btrfs -O zoned: the file did not read back after mount ($(tail -2 /tmp/o))"
+        zns_trace_show
     fi
     umount /mnt 2>/dev/null
 fi
+echo 0 >/sys/kernel/tracing/tracing_on 2>/dev/null
+echo 0 >/sys/kernel/tracing/events/nvme/enable 2>/dev/null
 # What the host checks against the zone state file: every zone's condition and
 # write pointer offset in its zone (sectors).
 zone_conds "$D4" >/tmp/zw

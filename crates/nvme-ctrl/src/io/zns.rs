@@ -54,6 +54,13 @@ impl IoEngine {
         let write = match zones.start_write(offset, len, append, fua) {
             Ok(w) => w,
             Err(e) => {
+                // A host's zoned writes arriving out of order show here first: say
+                // where the write was and where the zone's pointer stood.
+                log_limit::limited_warn!(
+                    target: "vnvme::guest",
+                    nsid, slba = rw.slba(), nlb = rw.nlb(), append, error = %e,
+                    "zoned write refused"
+                );
                 self.release_data(data, false);
                 return Err(e.into());
             }

@@ -83,7 +83,7 @@ pub enum ZoneError {
     ReadOnly,
     #[error("the zone is offline")]
     Offline,
-    #[error("the write is not at the zone's write pointer (LBA {0})")]
+    #[error("the write is not at the zone's write pointer (at byte {0} of the namespace)")]
     NotAtWritePointer(u64),
     #[error("as many zones are active as the namespace allows")]
     TooManyActive,
