@@ -39,6 +39,9 @@ pub struct NamespaceConfig {
     /// Where its metadata is kept, and its protection settings (None: formats
     /// without metadata only).
     pub metadata: Option<MetadataConfig>,
+    /// Its ANA group, 1 to [`crate::ana::MAX_GROUPS`] (None: group 1). Reported
+    /// by a controller of a subsystem only.
+    pub ana_group: Option<u32>,
 }
 
 /// A namespace's metadata store and the protection settings it starts with.
@@ -81,6 +84,7 @@ impl NamespaceConfig {
             nsid: None,
             zoned: None,
             metadata: None,
+            ana_group: None,
         }
     }
 }

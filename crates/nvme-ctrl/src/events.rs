@@ -165,7 +165,7 @@ impl Events {
         let kind = match log_id {
             lid::ERROR_INFORMATION => EventType::ErrorStatus,
             lid::SMART_HEALTH => EventType::SmartHealth,
-            lid::CHANGED_NAMESPACE_LIST | lid::CHANGED_ZONE_LIST => EventType::Notice,
+            lid::CHANGED_NAMESPACE_LIST | lid::CHANGED_ZONE_LIST | lid::ANA => EventType::Notice,
             _ => return,
         };
         let mut g = self.lock();

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+pub mod ana;
 mod backends;
 mod config;
 mod controller;

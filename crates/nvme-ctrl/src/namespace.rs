@@ -116,6 +116,8 @@ pub struct Namespace {
     /// The endurance group's Flexible Data Placement, whose every reclaim unit
     /// handle it has a placement handle for (None: FDP is off, or it is zoned).
     pub placement: Option<Arc<crate::fdp::Fdp>>,
+    /// Its ANA group on this controller: whether commands to it are processed.
+    ana: Arc<crate::ana::AnaGroup>,
 }
 
 /// A namespace's format at one instant.
@@ -188,7 +190,14 @@ impl Namespace {
             zones: None,
             meta: None,
             placement: None,
+            ana: crate::ana::AnaGroup::standalone(),
         }
+    }
+
+    /// Its ANA group on this controller.
+    #[inline]
+    pub fn ana_group(&self) -> &crate::ana::AnaGroup {
+        &self.ana
     }
 
     /// Gives it a metadata store (formats with metadata become possible), in LBA
@@ -331,7 +340,10 @@ pub(crate) fn make(
     n: &crate::config::NamespaceConfig,
     serial: &str,
     fdp: Option<&Arc<crate::fdp::Fdp>>,
+    ana: &crate::ana::Ana,
 ) -> Result<Namespace, String> {
+    let group = n.ana_group.unwrap_or(crate::ana::DEFAULT_GROUP);
+    let group = ana.group(group).map_err(|e| format!("namespace {nsid}: {e}"))?.clone();
     let info = n.backend.info();
     let formats = if n.metadata.is_some() { LBA_FORMATS.len() } else { PLAIN_FORMATS };
     let Some(f) = LBA_FORMATS[..formats].get(n.lba_format as usize) else {
@@ -356,6 +368,7 @@ pub(crate) fn make(
         ));
     }
     let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
+    ns.ana = group;
     ns.set_lba_format(n.lba_format, 0, false);
     if let Some(m) = &n.metadata {
         let store = m.store.try_clone().map_err(|e| format!("namespace {nsid}: metadata file: {e}"))?;

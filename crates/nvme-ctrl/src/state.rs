@@ -85,6 +85,10 @@ pub struct ControllerState {
     /// is off); the restoring side must offer FDP alike.
     #[serde(default)]
     pub fdp: Option<crate::fdp::FdpSaved>,
+    /// The ANA groups' states on this controller (all optimized in a state from a
+    /// build without ANA).
+    #[serde(default)]
+    pub ana: crate::ana::AnaSaved,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,6 +34,8 @@ pub mod smart_info {
 pub mod notice_info {
     pub const NAMESPACE_ATTRIBUTE_CHANGED: u8 = 0x00;
     pub const FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
+    /// Asymmetric Namespace Access Change: the ANA log page changed.
+    pub const ANA_CHANGE: u8 = 0x03;
     /// Zone Descriptor Changed (ZNS): the Changed Zone List log page of the
     /// namespace names the zones.
     pub const ZONE_DESCRIPTOR_CHANGED: u8 = 0xef;

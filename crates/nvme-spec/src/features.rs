@@ -164,6 +164,10 @@ impl AsyncEventConfig {
     pub fn fw_activation_notices(self) -> bool {
         self.0 & (1 << 9) != 0
     }
+    /// Asymmetric Namespace Access Change Notices.
+    pub fn ana_change_notices(self) -> bool {
+        self.0 & (1 << 11) != 0
+    }
     /// Zone Descriptor Changed Notices (ZNS).
     pub fn zone_descriptor_notices(self) -> bool {
         self.0 & (1 << 27) != 0

@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod aer;
+pub mod ana;
 pub mod command;
 pub mod completion;
 pub mod fdp;

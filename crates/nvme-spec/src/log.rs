@@ -16,6 +16,8 @@ pub mod lid {
     pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 0x05;
     pub const DEVICE_SELF_TEST: u8 = 0x06;
     pub const TELEMETRY_HOST: u8 = 0x07;
+    /// Asymmetric Namespace Access (see [`crate::ana`]).
+    pub const ANA: u8 = 0x0c;
     /// FDP Configurations, Reclaim Unit Handle Usage, FDP Statistics and FDP
     /// Events (endurance group specific: LSI names the group).
     pub const FDP_CONFIGURATIONS: u8 = 0x20;

@@ -150,6 +150,12 @@ impl Status {
 
     /// Internal Path Error (Base §4.2.3.4).
     pub const INTERNAL_PATH_ERROR: Status = Status::new(StatusCodeType::PathRelated, 0x00);
+    /// Asymmetric Access Persistent Loss (Base §8.1.1.6).
+    pub const ASYMMETRIC_ACCESS_PERSISTENT_LOSS: Status = Status::new(StatusCodeType::PathRelated, 0x01);
+    /// Asymmetric Access Inaccessible (Base §8.1.1.5).
+    pub const ASYMMETRIC_ACCESS_INACCESSIBLE: Status = Status::new(StatusCodeType::PathRelated, 0x02);
+    /// Asymmetric Access Transition (Base §8.1.1.7).
+    pub const ASYMMETRIC_ACCESS_TRANSITION: Status = Status::new(StatusCodeType::PathRelated, 0x03);
 }
 
 impl Status {
@@ -203,6 +209,9 @@ impl Status {
             Status::COMPARE_FAILURE => "Compare Failure",
             Status::ACCESS_DENIED => "Access Denied",
             Status::INTERNAL_PATH_ERROR => "Internal Path Error",
+            Status::ASYMMETRIC_ACCESS_PERSISTENT_LOSS => "Asymmetric Access Persistent Loss",
+            Status::ASYMMETRIC_ACCESS_INACCESSIBLE => "Asymmetric Access Inaccessible",
+            Status::ASYMMETRIC_ACCESS_TRANSITION => "Asymmetric Access Transition",
             _ => return None,
         })
     }

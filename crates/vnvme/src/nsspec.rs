@@ -26,6 +26,9 @@
 //!                          ERROR hang never completes; OP/delay=MS only delays
 //!      timeout=T           commands the backend has not finished after T (30s by
 //!                          default; ms or s; 0 or off: never) complete with an error
+//!      ana=G               its ANA group, 1 to 32 (default 1): a controller of a
+//!                          subsystem (--cntlid) reports and enforces each group's
+//!                          state (ana.set; docs/subsystems.md)
 //!      hold=T              nbd:// and rbd: only: how long commands wait for storage
 //!                          that went away (a reconnect, a cluster that does not
 //!                          answer) before they fail Not Ready (25s by default, or
@@ -77,6 +80,8 @@ pub struct NsSpec {
     pub zoned: Option<crate::zonespec::ZoneSpec>,
     /// Metadata and protection options (None: formats without metadata only).
     pub meta: Option<crate::metaspec::MetaSpec>,
+    /// Its ANA group (`ana=G`; None: group 1), reported with --cntlid.
+    pub ana_group: Option<u32>,
 }
 
 /// How long commands wait for an nbd:// or rbd: namespace's storage to come back by
@@ -85,8 +90,9 @@ pub struct NsSpec {
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
 
 /// Options a URI kind takes after its URI (`:NAME=VALUE`).
-const URI_OPTIONS: [&str; 14] = [
+const URI_OPTIONS: [&str; 15] = [
     "lba",
+    "ana",
     "fault",
     "timeout",
     "hold",
@@ -227,6 +233,7 @@ pub struct Opened {
     pub zoned: Option<nvme_ctrl::zoned::ZonedConfig>,
     /// Its metadata store, open, and starting protection settings.
     pub metadata: Option<nvme_ctrl::MetadataConfig>,
+    pub ana_group: Option<u32>,
 }
 
 impl Opened {
@@ -236,6 +243,7 @@ impl Opened {
             timeout: self.timeout,
             zoned: self.zoned.clone(),
             metadata: self.metadata.clone(),
+            ana_group: self.ana_group,
             ..NamespaceConfig::new(self.backend.clone(), self.lba_format)
         }
     }
@@ -387,7 +395,15 @@ impl NsSpec {
             Some(m) => Some(m.open(home(), kept.meta)?),
             None => None,
         };
-        Ok(Opened { backend, lba_format, needs, timeout: self.timeout, zoned, metadata })
+        Ok(Opened {
+            backend,
+            lba_format,
+            needs,
+            timeout: self.timeout,
+            zoned,
+            metadata,
+            ana_group: self.ana_group,
+        })
     }
 
     /// A short description for logs.
@@ -432,6 +448,7 @@ impl FromStr for NsSpec {
             hold: None,
             zoned: None,
             meta: None,
+            ana_group: None,
         };
         let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
         let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
@@ -560,12 +577,16 @@ impl NsSpec {
                 })
             }
             Some(("fault", v)) => spec.faults.push(v.parse()?),
+            Some(("ana", v)) => match v.parse::<u32>() {
+                Ok(g) if (1..=nvme_ctrl::ana::MAX_GROUPS).contains(&g) => spec.ana_group = Some(g),
+                _ => return Err(format!("ana={v}: the ANA group is 1 to {}", nvme_ctrl::ana::MAX_GROUPS)),
+            },
             Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,
             // 0 or off: commands fail at once when the storage goes away.
             Some(("hold", v)) => spec.hold = Some(parse_timeout(v)?.unwrap_or(Duration::ZERO)),
             _ => {
                 return Err(format!(
-                "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, zoned=, ms=, pi={}{})",
+                "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, ana=, zoned=, ms=, pi={}{})",
                 if spec.kind.waits_for_storage() { ", hold=" } else { "" },
                 spec.kind.own_options()
             ))

@@ -395,3 +395,43 @@ fn zone_fail_makes_a_zone_read_only_then_offline() {
     drop(d);
     server.assert_alive();
 }
+
+/// ana.set and ana.get: a controller of a subsystem puts its namespaces' ANA
+/// groups in the states the operator asks, and a host's commands to a group it
+/// cannot reach now fail with the path error; a controller alone refuses, saying
+/// why. Bad states and groups are refused naming why.
+#[test]
+fn ana_set_takes_a_path_out_of_service_and_back() {
+    use nvme_spec::Status;
+    let (mut server, c) = start(&["--ns", "ram:4M", "--ns", "ram:4M:ana=2", "--cntlid", "3"]);
+    let mut d = server.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+    let q = d.queue(1).unwrap();
+    let g = ctl(&c, &["ana.get"]).unwrap();
+    assert_eq!(
+        g["groups"],
+        serde_json::json!([
+            {"group": 1, "state": "optimized", "nsids": [1]},
+            {"group": 2, "state": "optimized", "nsids": [2]},
+        ])
+    );
+    let r = ctl(&c, &["ana.set", "inaccessible", "2"]).unwrap();
+    assert_eq!((r["state"].as_str(), r["changed"].clone()), (Some("inaccessible"), serde_json::json!([2])));
+    assert_eq!(write(q, 2, 0, &[1; 4096]).code(), Status::ASYMMETRIC_ACCESS_INACCESSIBLE);
+    assert_eq!(write(q, 1, 0, &[1; 4096]), Status::SUCCESS, "group 1 goes on");
+    ctl(&c, &["ana.set", "optimized"]).unwrap();
+    assert_eq!(write(q, 2, 0, &[2; 4096]), Status::SUCCESS);
+    for (args, why) in [
+        (&["ana.set", "sideways"][..], "unknown variant"),
+        (&["ana.set", "optimized", "33"][..], "outside 1..=32"),
+    ] {
+        let e = ctl(&c, args).unwrap_err();
+        assert!(e.contains(why), "{args:?}: {e}");
+    }
+    assert!(server.log().contains("ANA state set"), "logged");
+    drop(d);
+    server.assert_alive();
+    let (_alone, c) = start(&["--ns", "ram:4M"]);
+    let e = ctl(&c, &["ana.set", "inaccessible"]).unwrap_err();
+    assert!(e.contains("--cntlid"), "{e}");
+    assert_eq!(ctl(&c, &["ana.get"]).unwrap()["groups"], serde_json::json!([]));
+}

@@ -544,12 +544,25 @@ fn a_subsystem_controller_keeps_its_id_over_an_upgrade() {
         let n = d.identify(0, 1).unwrap();
         (u16::from_le_bytes([c[78], c[79]]), c[76], n[30])
     };
-    assert_eq!(ids(&mut d), (7, 2, 1), "CNTLID 7, CMIC bit 1, NMIC bit 0");
+    assert_eq!(ids(&mut d), (7, 0b1010, 1), "CNTLID 7, CMIC bits 1 and 3 (ANA), NMIC bit 0");
     // The operator sees which controller this process is.
     assert_eq!(s.ctl(&["ctrl.info"]).unwrap()["cntlid"], 7);
+    // A path taken out of service stays out over the upgrade: the guest was told.
+    s.ctl(&["ana.set", "inaccessible"]).unwrap();
     s.upgrade();
-    assert_eq!(ids(&mut d), (7, 2, 1));
+    assert_eq!(ids(&mut d), (7, 0b1010, 1));
     assert_eq!(s.ctl(&["ctrl.info"]).unwrap()["cntlid"], 7);
+    let ana = s.ctl(&["ana.get"]).unwrap();
+    assert_eq!(ana["groups"][0]["state"], "inaccessible", "{ana}");
+    let mut block = [0u8; 512];
+    match d.read(1, 0, &mut block) {
+        Err(nvme_driver::DriverError::Nvme { status, .. }) => {
+            assert_eq!(status.code(), nvme_spec::Status::ASYMMETRIC_ACCESS_INACCESSIBLE)
+        }
+        other => panic!("a read through an inaccessible path: {other:?}"),
+    }
+    s.ctl(&["ana.set", "optimized"]).unwrap();
+    d.read(1, 0, &mut block).expect("back in service");
 }
 
 /// Flexible Data Placement's state through an upgrade: the statistics and the

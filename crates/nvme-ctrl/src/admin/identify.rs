@@ -3,6 +3,7 @@
 //! structures (CNS 05h, 06h) a Linux host asks for.
 
 use nvme_spec::admin::Identify;
+use nvme_spec::ana::anacap;
 use nvme_spec::identify::{
     active_ns_list, ascii_pad, cmic, cns, cntrltype, ctratt, dlfeat, dpc, elbaf, frmw, lpa, mc, nidt, nmic,
     ns_descriptor_list, nul_pad, oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
@@ -118,11 +119,26 @@ impl Admin<'_> {
         // there are others (each namespace is then shared: NMIC).
         if let Some(sub) = cfg.subsystem {
             c.cntlid = U16::new(sub.cntlid);
-            c.cmic = cmic::MULTI_CONTROLLER;
+            // And Asymmetric Namespace Access: which of its paths to use, and
+            // which not now (crate::ana).
+            c.cmic = cmic::MULTI_CONTROLLER | cmic::ANA_REPORTING;
+            c.anatt = crate::ana::TRANSITION_SECONDS;
+            c.anacap = anacap::OPTIMIZED
+                | anacap::NON_OPTIMIZED
+                | anacap::INACCESSIBLE
+                | anacap::PERSISTENT_LOSS
+                | anacap::CHANGE
+                | anacap::GRPID_STATIC;
+            c.anagrpmax = U32::new(crate::ana::MAX_GROUPS);
+            c.nanagrpid = U32::new(crate::ana::MAX_GROUPS);
+            // Linux sizes its ANA log buffer by MNAN, which must be set (and at
+            // most NN) once ANA is reported.
+            c.mnan = U32::new(self.max_namespaces());
         }
         c.ver = U32::new(NVME_VERSION_1_4);
         // Namespace attribute notices: Linux only sends AERs if OAES has a bit it knows.
-        c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED);
+        let ana_notices = if cfg.subsystem.is_some() { oaes::ANA_CHANGE } else { 0 };
+        c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED | ana_notices);
         c.cntrltype = cntrltype::IO;
         let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
         c.oacs = U16::new(oacs::FORMAT | dbbuf);
@@ -177,6 +193,7 @@ impl Admin<'_> {
                 let mut d = namespace_data(&ns);
                 if self.cfg.subsystem.is_some() {
                     d.nmic = nmic::SHARED;
+                    d.anagrpid = U32::new(ns.ana_group().id());
                 }
                 if self.admin.fdp.is_some() {
                     // Every namespace is in the one endurance group (a zoned one

@@ -1,5 +1,6 @@
 //! Get Log Page (Base §5.1.12): Error Information, SMART / Health, Firmware Slot,
-//! Changed Namespace List, Commands Supported and Effects.
+//! Changed Namespace List, Commands Supported and Effects, Asymmetric Namespace
+//! Access.
 
 use nvme_spec::admin::GetLogPage;
 use nvme_spec::log::{
@@ -60,6 +61,12 @@ impl Admin<'_> {
                     lid::FDP_STATISTICS => fdp.statistics_log(),
                     _ => fdp.events_log(g.lsp() & 1 != 0, |at| self.timestamp_at(at)),
                 }
+            }
+            // Reported by a controller of a subsystem only (crate::ana).
+            lid::ANA if self.cfg.subsystem.is_some() => {
+                let groups_only = g.lsp() & nvme_spec::ana::LSP_RETURN_GROUPS_ONLY != 0;
+                let members = crate::namespace::active(self.namespaces).map(|n| (n.nsid, n.ana_group().id()));
+                self.admin.ana.log_page(members, groups_only)
             }
             lid::CHANGED_ZONE_LIST => {
                 let ns = self.active_ns(sqe.nsid.get())?;

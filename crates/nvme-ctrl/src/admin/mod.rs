@@ -87,6 +87,9 @@ pub struct AdminState {
     /// Endurance group 1's Flexible Data Placement (None: not offered); the
     /// namespaces that place writes hold it too.
     pub(crate) fdp: Option<Arc<crate::fdp::Fdp>>,
+    /// The ANA groups' states (reported with a subsystem only); each namespace
+    /// holds its own group too.
+    pub(crate) ana: Arc<crate::ana::Ana>,
 }
 
 impl AdminState {
@@ -105,6 +108,7 @@ impl AdminState {
             format: None,
             created_ns: 0,
             fdp: None,
+            ana: Default::default(),
         })
     }
 

@@ -61,7 +61,7 @@ impl Controller {
             }
         };
         let ns = Arc::new(
-            make_namespace(nsid, n, &self.cfg.serial, self.admin.fdp.as_ref())
+            make_namespace(nsid, n, &self.cfg.serial, self.admin.fdp.as_ref(), &self.admin.ana)
                 .map_err(NamespaceError::Invalid)?,
         );
         self.admin.attach(&ns).map_err(NamespaceError::Open)?;
@@ -166,6 +166,56 @@ impl Controller {
         info!(nsid, old, new = bytes, "namespace resized");
         self.namespace_changed(nsid);
         Ok(old)
+    }
+
+    /// Puts ANA group `group` (None: every group) in `state` on this controller
+    /// and tells the host (an ANA Change notice, if it enabled those): from now
+    /// on, commands to the group's namespaces are processed or refused as the
+    /// state says (`crate::ana`). Returns the groups with namespaces that changed
+    /// (what the host sees; a group without namespaces takes the state too, for
+    /// a namespace added to it later). Only a controller of a subsystem reports
+    /// ANA.
+    pub fn set_ana_state(
+        &mut self,
+        group: Option<u32>,
+        state: nvme_spec::ana::AnaState,
+    ) -> Result<Vec<u32>, NamespaceError> {
+        if self.cfg.subsystem.is_none() {
+            return Err(NamespaceError::Invalid(
+                "ANA is reported by a controller of a subsystem only (start it with --cntlid)".into(),
+            ));
+        }
+        let mut changed =
+            self.admin.ana.set(group, state).map_err(|e| NamespaceError::Invalid(e.to_string()))?;
+        changed.retain(|&g| self.namespaces().any(|n| n.ana_group().id() == g));
+        if !changed.is_empty() {
+            info!(groups = ?changed, state = state.name(), "ANA state set");
+            if self.admin.features.aec.ana_change_notices() {
+                self.events.raise(AsyncEvent {
+                    kind: EventType::Notice,
+                    info: notice_info::ANA_CHANGE,
+                    log_page: lid::ANA,
+                });
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Each ANA group with an active namespace: its ID, its state here, and its
+    /// namespaces (empty without a subsystem: ANA is not reported).
+    pub fn ana_groups(&self) -> Vec<(u32, nvme_spec::ana::AnaState, Vec<u32>)> {
+        if self.cfg.subsystem.is_none() {
+            return Vec::new();
+        }
+        self.admin
+            .ana
+            .groups()
+            .map(|g| {
+                let nsids = self.namespaces().filter(|n| n.ana_group().id() == g.id()).map(|n| n.nsid);
+                (g.id(), g.state(), nsids.collect::<Vec<u32>>())
+            })
+            .filter(|(_, _, n)| !n.is_empty())
+            .collect()
     }
 
     /// Makes `slots` the namespace table of the admin side and of every engine,

@@ -24,6 +24,7 @@ struct Checked {
     cqs: Vec<(CqState, Vec<Cqe>)>,
     shadow: Option<ShadowBuffers>,
     events: EventsChecked,
+    ana: crate::ana::AnaChecked,
 }
 
 impl Controller {
@@ -126,6 +127,7 @@ impl Controller {
                 })
                 .collect(),
             fdp: self.admin.fdp.as_ref().map(|f| f.save()),
+            ana: self.admin.ana.save(),
         }
     }
 
@@ -191,10 +193,11 @@ impl Controller {
             })
             .map_err(bad)?;
         let events = s.events.check(self.max_namespaces()).map_err(bad)?;
+        let ana = s.ana.check().map_err(bad)?;
         if let Some(q) = s.queue_stats.iter().find(|q| q.qid > self.cfg.max_io_queues) {
             return Err(bad(format!("counters for queue {}, beyond this controller's", q.qid)));
         }
-        Ok(Checked { phase, cqs, shadow, events })
+        Ok(Checked { phase, cqs, shadow, events, ana })
     }
 
     /// The namespaces and their counters: the same NSIDs and sizes as here, LBA
@@ -292,6 +295,7 @@ impl Controller {
         if let (Some(f), Some(saved)) = (&self.admin.fdp, &s.fdp) {
             f.restore(saved);
         }
+        self.admin.ana.restore(c.ana);
         // Registers last: the controller is live from here.
         self.regs.restore(&s.regs);
         self.phase = c.phase;

@@ -89,6 +89,7 @@ impl Controller {
             f.check().map_err(|e| std::io::Error::other(format!("flexible data placement: {e}")))?;
         }
         let fdp = cfg.fdp.map(|f| Arc::new(crate::fdp::Fdp::new(f)));
+        let ana = Arc::new(crate::ana::Ana::default());
         let mut slots: Vec<Option<Arc<Namespace>>> = vec![None; nn];
         for (i, n) in cfg.namespaces.iter().enumerate() {
             let nsid = n.nsid.unwrap_or(i as u32 + 1);
@@ -99,7 +100,8 @@ impl Controller {
                 return Err(std::io::Error::other(format!("namespace {nsid} given twice")));
             }
             *slot = Some(Arc::new(
-                crate::namespace::make(nsid, n, &cfg.serial, fdp.as_ref()).map_err(std::io::Error::other)?,
+                crate::namespace::make(nsid, n, &cfg.serial, fdp.as_ref(), &ana)
+                    .map_err(std::io::Error::other)?,
             ));
         }
         let namespaces: NamespaceSlots = slots.into();
@@ -126,6 +128,7 @@ impl Controller {
         let mut admin = AdminState::new(&cfg, &namespaces, caps.volatile_write_cache)?;
         admin.created_ns = clock.now_ns();
         admin.fdp = fdp;
+        admin.ana = ana;
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             regs: RegisterFile::new(cap),

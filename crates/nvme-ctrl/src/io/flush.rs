@@ -12,7 +12,11 @@ impl IoEngine {
     pub(crate) fn flush(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         let targets: Vec<u32> = if nsid == NSID_ALL {
-            crate::namespace::active(&self.ctx.namespaces).map(|n| n.nsid).collect()
+            // Those this controller reaches now (crate::ana).
+            crate::namespace::active(&self.ctx.namespaces)
+                .filter(|n| n.ana_group().refusal().is_none())
+                .map(|n| n.nsid)
+                .collect()
         } else {
             vec![self.namespace(nsid)?.nsid]
         };

@@ -84,16 +84,22 @@ impl IoEngine {
         }
     }
 
-    /// The active namespace `nsid`, or Invalid Namespace or Format.
+    /// The active namespace `nsid` for a command that accesses it: Invalid
+    /// Namespace or Format if there is none, and the path error of its ANA group's
+    /// state if this controller does not reach it now (`crate::ana`).
     pub(crate) fn namespace(&self, nsid: u32) -> CmdResult<Arc<Namespace>> {
-        crate::namespace::for_command(&self.ctx.namespaces, nsid)
+        let ns = crate::namespace::for_command_ref(&self.ctx.namespaces, nsid)?;
+        reachable(ns)?;
+        Ok(ns.clone())
     }
 
     /// `f` of the active namespace `nsid` (a borrow, where [`IoEngine::namespace`]
-    /// takes a reference), or Invalid Namespace or Format.
+    /// takes a reference), or the error [`IoEngine::namespace`] gives.
     #[inline]
     pub(crate) fn with_namespace<T>(&self, nsid: u32, f: impl FnOnce(&Namespace) -> T) -> CmdResult<T> {
-        crate::namespace::for_command_ref(&self.ctx.namespaces, nsid).map(|ns| f(ns))
+        let ns = crate::namespace::for_command_ref(&self.ctx.namespaces, nsid)?;
+        reachable(ns)?;
+        Ok(f(ns))
     }
 
     /// A zeroed host buffer of `len` bytes for a command's backend request, within
@@ -275,6 +281,17 @@ pub(crate) fn in_guest_memory(mem: &guest_mem::GuestMemory, segs: &[Segment]) ->
         Segment::Guest { gpa, len } => mem.check_range(gpa, len).map_err(CommandError::Memory),
         Segment::Discard { .. } => Ok(()),
     })
+}
+
+/// Whether commands to `ns` are processed on this controller now: not when its
+/// ANA group is inaccessible, lost or changing (a path error, DNR clear: the host
+/// retries on another controller of the subsystem).
+#[inline]
+fn reachable(ns: &Namespace) -> CmdResult<()> {
+    match ns.ana_group().refusal() {
+        None => Ok(()),
+        Some(s) => Err(CommandError::Status(s)),
+    }
 }
 
 /// The SLBA of commands that carry one (for the Error Information log).

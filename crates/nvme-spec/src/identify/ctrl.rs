@@ -284,6 +284,8 @@ pub mod cmic {
     /// The NVM subsystem may have two or more controllers (with bit 0 of a
     /// namespace's NMIC, a host may reach it through each).
     pub const MULTI_CONTROLLER: u8 = 1 << 1;
+    /// Asymmetric Namespace Access Reporting (the ANA log page, ANAGRPID).
+    pub const ANA_REPORTING: u8 = 1 << 3;
 }
 
 /// Controller Attributes (CTRATT) bits.

@@ -64,6 +64,10 @@ methods! {
         "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)";
     ZoneFail(ZoneFail) = "zone.fail", changes: true, listed: true, positional: ["nsid", "zslba", "state"],
         "fail a zone of a zoned namespace as a medium would: nsid, zslba (the zone's first LBA), state (read-only or offline)";
+    AnaSet(AnaSet) = "ana.set", changes: true, listed: true, positional: ["state", "group"],
+        "this controller's ANA state (with --cntlid): state (optimized, non-optimized, inaccessible, persistent-loss, change), group (default: every group)";
+    AnaGet(NoParams) = "ana.get", changes: false, listed: true, positional: [],
+        "the ANA groups with namespaces: ID, state on this controller, NSIDs";
     QosSet(QosSet) = "qos.set", changes: true, listed: true, positional: ["nsid"],
         "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear";
     QosGet(QosGet) = "qos.get", changes: false, listed: true, positional: ["nsid"],
@@ -168,6 +172,40 @@ pub struct ZoneFail {
     #[serde(deserialize_with = "req_u64")]
     pub zslba: u64,
     pub state: FailedZoneState,
+}
+
+/// ana.set: ANA group `group` (every group if absent) of this controller put in
+/// `state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnaSet {
+    pub state: AnaStateName,
+    #[serde(default, deserialize_with = "opt_u32", skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+}
+
+/// An ANA state as `ana.set` takes it (Linux's sysfs names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnaStateName {
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
+    Change,
+}
+
+impl AnaStateName {
+    pub fn state(self) -> nvme_spec::ana::AnaState {
+        use nvme_spec::ana::AnaState;
+        match self {
+            AnaStateName::Optimized => AnaState::Optimized,
+            AnaStateName::NonOptimized => AnaState::NonOptimized,
+            AnaStateName::Inaccessible => AnaState::Inaccessible,
+            AnaStateName::PersistentLoss => AnaState::PersistentLoss,
+            AnaStateName::Change => AnaState::Change,
+        }
+    }
 }
 
 /// What `zone.fail` makes a zone.

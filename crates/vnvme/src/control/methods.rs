@@ -12,7 +12,8 @@ use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
 
 use super::api::{
-    FailedZoneState, LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size, ZoneFail,
+    AnaSet, FailedZoneState, LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size,
+    ZoneFail,
 };
 use super::{code, reply, RpcError, JOB_LIMIT};
 use crate::nsspec::NsSpec;
@@ -56,6 +57,8 @@ pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
         Request::NsRemove(r) => ns_remove(ctx, r),
         Request::NsResize(r) => ns_resize(ctx, r),
         Request::ZoneFail(r) => zone_fail(ctx, r),
+        Request::AnaSet(a) => ana_set(ctx, a),
+        Request::AnaGet(NoParams {}) => ana_get(ctx),
         Request::StatsGet(NoParams {}) => stats_get(ctx),
         Request::QosSet(q) => qos_set(ctx, q),
         Request::QosGet(q) => qos_get(ctx, q),
@@ -157,6 +160,21 @@ fn zone_fail(ctx: &Context, ZoneFail { nsid, zslba, state }: ZoneFail) -> Result
     };
     let changed = job(ctx, move |d| d.ctrl.fail_zone(nsid, zslba, to))?.map_err(RpcError::failed)?;
     answer(&reply::ZoneFailed { nsid, zslba, state: name.into(), changed })
+}
+
+fn ana_set(ctx: &Context, AnaSet { state, group }: AnaSet) -> Result<Value, RpcError> {
+    let to = state.state();
+    let changed = job(ctx, move |d| d.ctrl.set_ana_state(group, to))?.map_err(RpcError::failed)?;
+    answer(&reply::AnaSet { state: to.name().into(), group, changed })
+}
+
+fn ana_get(ctx: &Context) -> Result<Value, RpcError> {
+    let groups = job(ctx, |d| d.ctrl.ana_groups())?;
+    let groups = groups
+        .into_iter()
+        .map(|(group, state, nsids)| reply::AnaGroup { group, state: state.name().into(), nsids })
+        .collect();
+    answer(&reply::AnaGet { groups })
 }
 
 /// The limits a qos.set gives (None if none is given).

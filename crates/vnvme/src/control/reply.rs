@@ -93,6 +93,32 @@ pub struct ZoneFailed {
     pub changed: bool,
 }
 
+/// `ana.set`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnaSet {
+    /// The state set, as Linux's sysfs names it.
+    pub state: String,
+    /// The group asked for (none: every group).
+    pub group: Option<u32>,
+    /// The groups whose state changed.
+    pub changed: Vec<u32>,
+}
+
+/// One ANA group with namespaces (`ana.get`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnaGroup {
+    pub group: u32,
+    pub state: String,
+    pub nsids: Vec<u32>,
+}
+
+/// `ana.get` (no groups: ANA is not reported, the controller is not of a
+/// subsystem).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnaGet {
+    pub groups: Vec<AnaGroup>,
+}
+
 /// One QoS limit: per second, and the burst allowed above it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rate {

@@ -41,6 +41,25 @@ pub(super) fn human(method: &str, r: &Value) -> String {
                 n.lba_size
             )
         }),
+        "ana.set" => typed(r).map(|a: reply::AnaSet| {
+            let which = a.group.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
+            let changed: Vec<String> = a.changed.iter().map(u32::to_string).collect();
+            match changed.len() {
+                0 => format!("{which}: {} already\n", a.state),
+                _ => format!("{which}: {} (changed: group {})\n", a.state, changed.join(", ")),
+            }
+        }),
+        "ana.get" => typed(r).map(|a: reply::AnaGet| {
+            let rows = a
+                .groups
+                .iter()
+                .map(|g| {
+                    let nsids: Vec<String> = g.nsids.iter().map(u32::to_string).collect();
+                    vec![g.group.to_string(), g.state.clone(), nsids.join(",")]
+                })
+                .collect();
+            table(&["GROUP", "<STATE", "<NSIDS"], rows)
+        }),
         "ns.remove" => typed(r).map(|n: reply::NsRemoved| format!("removed namespace {}\n", n.nsid)),
         "upgrade" => {
             let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
