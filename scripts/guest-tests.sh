@@ -112,7 +112,14 @@ own \`vnvme serve\` (built with cargo build --release first):
          two paths (sysfs, nvme list-subsys, CNTLID, CMIC, NMIC); fio verify
          through the head with the numa and round-robin I/O policies; a block
          written through one controller's char device read through the other's;
-         host: controller 2 served I/O (round-robin); both servers exit 0.
+         then Asymmetric Namespace Access: both paths optimized (sysfs
+         ana_state, nvme ana-log), the host puts controller 2 inaccessible
+         (vnvme ctl ana.set over its control socket), Linux sees it and fio
+         verify through the head writes nothing through that path; back to
+         optimized, round-robin uses it again; inaccessible once more and the
+         host SIGKILLs controller 2's process under fio verify, which goes on
+         with no I/O error (a path taken away gracefully). Host: controller 2
+         served I/O and logged its 3 ANA changes, controller 1 exits 0.
  multipath-kill (asked for only; last kernel) the same, then the host SIGKILLs
          controller 2's process under fio verify through the head, which should
          go on on the path left with no I/O error. It does not yet: Linux 7.3
@@ -1139,20 +1146,29 @@ suite_pi_qemu() {
 }
 
 # mp_action DIR ACTION: the multipath suite's guest asking the host to kill the
-# second controller's process (@@VNVME-HOST mp-kill@@).
+# second controller's process (@@VNVME-HOST mp-kill@@), or to put its ANA groups
+# in a state through its control socket (ana-inaccessible, ana-optimized).
 mp_action() {
-    [[ $2 == mp-kill ]] || { echo "[host] unknown action $2"; return; }
-    if [[ -n $MP_PID ]] && kill -KILL "$MP_PID" 2>/dev/null; then
-        echo "[host] controller 2's vnvme serve (pid $MP_PID) killed"
-    else
-        echo "[host] controller 2's vnvme serve was not running"
-    fi
+    case $2 in
+    mp-kill)
+        if [[ -n $MP_PID ]] && kill -KILL "$MP_PID" 2>/dev/null; then
+            echo "[host] controller 2's vnvme serve (pid $MP_PID) killed"
+        else
+            echo "[host] controller 2's vnvme serve was not running"
+        fi
+        ;;
+    ana-*)
+        echo "[host] controller 2: vnvme ctl ana.set ${2#ana-}: $("$VNVME_BIN" ctl --control "$MP_CTL" ana.set "${2#ana-}" 2>&1)"
+        ;;
+    *) echo "[host] unknown action $2" ;;
+    esac
 }
 
 # Two controllers of one subsystem, one process each (--cntlid 1 and 2, one
 # serial, one image file), as two vfio-user-pci devices of one guest: Linux's
-# native multipath over them; with KILL=1 (multipath-kill), the loss of one
-# controller's process under I/O.
+# native multipath over them, ANA taking controller 2's path out of service and
+# back, then away for good (its process killed); with KILL=1 (multipath-kill),
+# the abrupt loss of one controller's process under I/O instead.
 suite_multipath() {
     local k=$1 kill=$2
     local name=multipath
@@ -1167,11 +1183,12 @@ suite_multipath() {
     rm -f "$d/mp.img"
     truncate -s 128M "$d/mp.img"
     if ! vn_serve_start "$d/serve2.log" "$d/vnvme2.sock" --ns "file:$d/mp.img" --serial VNVMEGTMP001 \
-        --cntlid 2 --once --stats-file "$d/stats2.json" --log info; then
+        --cntlid 2 --once --stats-file "$d/stats2.json" --log info --control "$d/ctl2.sock"; then
         result FAIL "$k" "controller 2's vnvme serve did not start"
         return
     fi
     MP_PID=$VN_PID
+    MP_CTL=$d/ctl2.sock
     VN_PID=""
     QEMU_EXTRA=(-device pcie-root-port,id=rp5,chassis=6
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$d/vnvme2.sock\"},\"bus\":\"rp5\"}")
@@ -1187,16 +1204,9 @@ suite_multipath() {
     else
         result FAIL "$k" "controller 2 served '${io2}' I/O commands (want > 1000: round-robin uses both paths)"
     fi
-    local rc=0
-    if [[ $kill == 0 ]]; then
-        vn_serve_wait "$MP_PID" 20 || rc=$?
-        if [[ $rc -eq 0 ]]; then
-            result PASS "$k" "controller 2's vnvme serve --once exited 0 after QEMU disconnected"
-        else
-            result FAIL "$k" "controller 2's vnvme serve: exit status $rc (124: still running; log $d/serve2.log)"
-            vn_serve_stop "$MP_PID"
-        fi
-    elif vn_alive "$MP_PID"; then
+    # Both ways the guest ends by having controller 2's process killed (after
+    # taking its path out of service, or abruptly).
+    if vn_alive "$MP_PID"; then
         result FAIL "$k" "controller 2's process is still running: the guest never asked for the kill"
         vn_serve_stop "$MP_PID"
     fi
@@ -1204,6 +1214,26 @@ suite_multipath() {
     MP_PID=""
     if grep -qa 'panicked' "$d/serve2.log"; then
         result FAIL "$k" "controller 2's vnvme serve panicked (log: $d/serve2.log)"
+    fi
+    if [[ $kill == 0 ]]; then
+        # The operator's ANA changes, as controller 2 logged them.
+        local sets
+        sets=$(grep -ac 'ANA state set' "$d/serve2.log")
+        if [[ $sets -eq 3 ]]; then
+            result PASS "$k" "controller 2 logged 3 ANA changes ($(grep -a 'ANA state set' "$d/serve2.log" |
+                grep -o 'state="[a-z-]*' | tr -d '"' | tr '\n' ' '))"
+        else
+            result FAIL "$k" "controller 2 logged $sets ANA changes, want 3 ($d/serve2.log)"
+        fi
+        # The graceful removal's kill came while fio ran (its line before fio's).
+        local killed done
+        killed=$(grep -an "controller 2's vnvme serve (pid [0-9]*) killed" "$d/guest.log" | head -1 | cut -d: -f1)
+        done=$(grep -an '^[A-Z]*: path 2 out of service, then its process killed' "$d/guest.log" | cut -d: -f1)
+        if [[ -n $killed && -n $done && $killed -lt $done ]]; then
+            result PASS "$k" "controller 2's process was killed while fio ran through the head (line $killed of $done)"
+        else
+            result FAIL "$k" "controller 2's kill (line '${killed}') did not come before fio's end (line '${done}')"
+        fi
     fi
     rm -f "$d/mp.img"
     echo "  [$k] $name suite: $(($(date +%s) - t0)) s"

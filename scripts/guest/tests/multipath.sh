@@ -40,8 +40,8 @@ nvme list-subsys >/tmp/ls 2>&1
 t_eq "nvme list-subsys: two live paths" "$(grep -c ' live' /tmp/ls)" 2
 nvme id-ctrl /dev/nvme1 >/tmp/idc 2>&1
 nvme id-ns "$head" >/tmp/idn 2>&1
-t_eq "nvme id-ctrl cmic (several controllers), id-ns nmic (shared)" \
-    "$(field cmic </tmp/idc) $(field nmic </tmp/idn)" "0x2 0x1"
+t_eq "nvme id-ctrl cmic (several controllers, ANA reporting), id-ns nmic (shared), anagrpid" \
+    "$(field cmic </tmp/idc) $(field nmic </tmp/idn) $(field anagrpid </tmp/idn)" "0xa 0x1 1"
 t_eq "namespace size through the head" "$(blockdev --getsize64 "$head" 2>&1)" "$N1_BYTES"
 fio_engine "$head"
 fio_verified "fio randwrite QD 16 + crc32c verify through the head (iopolicy $(cat "$subsys/iopolicy"))" \
@@ -69,6 +69,79 @@ if nvme io-passthru "$c1" --namespace-id=1 --opcode=0x01 --data-len=4096 --input
     t_pass "written through controller 1 ($c1), read back through controller 2 ($c2)"
 else
     t_fail "write through $c1, read through $c2: $(head -3 /tmp/o | tr '\n' ' ')"
+fi
+# The path device of controller 2 (nvme<subsystem>c<controller>n1), whose
+# ana_state and I/O counters sysfs shows.
+p2=$(ls -d /sys/block/nvme*c"${c2#/dev/nvme}"n1 2>/dev/null | head -1)
+p1=$(ls -d /sys/block/nvme*c"${c1#/dev/nvme}"n1 2>/dev/null | head -1)
+# ana_wait PATH STATE: PATH's ana_state becomes STATE within 20 s.
+ana_wait() {
+    _i=0
+    while [ $_i -lt 200 ]; do
+        [ "$(cat "$1/ana_state" 2>/dev/null)" = "$2" ] && return 0
+        usleep 100000
+        _i=$((_i + 1))
+    done
+    return 1
+}
+# writes_of PATH: the writes completed through one path (sysfs stat, field 5).
+writes_of() { awk '{ print $5 }' "$1/stat" 2>/dev/null; }
+if [ "${MP_KILL:-0}" = 1 ]; then
+    :
+elif [ -z "$p2" ] || [ -z "$p1" ]; then
+    t_fail "the path devices of controllers 1 and 2 ($c1 $c2): $(ls /sys/block | tr '\n' ' ')"
+else
+    t_eq "ANA: both paths optimized, group 1 ($p1 $p2)" \
+        "$(cat "$p1/ana_state" "$p2/ana_state" "$p1/ana_grpid" | tr '\n' ' ')" "optimized optimized 1 "
+    nvme ana-log "$c2" >/tmp/ana 2>&1
+    cat /tmp/ana
+    ana_field() { awk -F: -v k="$1" '{ gsub(/[ \t]/, "") } $1 == k { print $2; exit }' /tmp/ana; }
+    t_eq "nvme ana-log of controller 2: groups, the first's ID, state and NSID" \
+        "$(ana_field ngrps) $(ana_field grpid) $(ana_field state) $(ana_field nsid)" "1 1 optimized 1"
+    # The operator takes controller 2's path out of service (vnvme ctl ana.set
+    # inaccessible): the controller tells the host (an ANA Change notice), the
+    # host reads the ANA log and sends everything down controller 1.
+    echo "@@VNVME-HOST ana-inaccessible@@"
+    if ana_wait "$p2" inaccessible; then
+        t_pass "ana.set inaccessible on controller 2: its path reads inaccessible, controller 1's $(cat "$p1/ana_state")"
+    else
+        t_fail "controller 2's path did not become inaccessible (ana_state $(cat "$p2/ana_state"))"
+    fi
+    before=$(writes_of "$p2")
+    fio_verified "path 2 inaccessible: fio randwrite QD 16 + verify through the head (round-robin)" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=32M \
+        --size=16M --verify=crc32c --verify_fatal=1 --name=mpana
+    t_eq "path 2 inaccessible: writes through it meanwhile" "$(($(writes_of "$p2") - before))" 0
+    echo "@@VNVME-HOST ana-optimized@@"
+    if ana_wait "$p2" optimized; then
+        t_pass "ana.set optimized: controller 2's path is back"
+    else
+        t_fail "controller 2's path did not come back (ana_state $(cat "$p2/ana_state"))"
+    fi
+    before=$(writes_of "$p2")
+    fio_verified "path 2 back: fio randwrite QD 16 + verify through the head (round-robin)" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=48M \
+        --size=16M --verify=crc32c --verify_fatal=1 --name=mpana2
+    n=$(($(writes_of "$p2") - before))
+    if [ "$n" -gt 100 ]; then
+        t_pass "path 2 back: round-robin writes through it again ($n)"
+    else
+        t_fail "path 2 back: $n writes through it (want > 100)"
+    fi
+    # A path taken away gracefully: out of service first, then its process
+    # killed while fio runs through the head. The host had stopped using it, so
+    # no I/O fails (the abrupt kill is the multipath-kill suite).
+    echo "@@VNVME-HOST ana-inaccessible@@"
+    ana_wait "$p2" inaccessible || t_fail "controller 2's path did not become inaccessible again"
+    # The kill comes a second into a run of several seconds (the host checks it
+    # came before fio's end).
+    (sleep 1; echo "@@VNVME-HOST mp-kill@@") &
+    fio_verified "path 2 out of service, then its process killed: fio randwrite QD 16 + verify goes on" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=64M \
+        --size=32M --loops=6 --verify=crc32c --verify_fatal=1 --name=mpgone
+    wait
+    # An idle path's death shows only when the host next touches it: no check.
+    echo "controller states after the kill: $(cat /sys/class/nvme/nvme*/state | tr '\n' ' ')"
 fi
 if [ "${MP_KILL:-0}" = 1 ]; then
     # Path loss: the host kills controller 2's process. Writes go on; the I/O the
