@@ -54,6 +54,9 @@ pub struct NsScrape {
     pub stats: NsStatsSnapshot,
     /// Its storage, when the backend can lose it (nbd://, rbd:).
     pub storage: Option<block_backend::StorageReport>,
+    /// Its ANA group and the group's state on this controller (a controller of a
+    /// subsystem only).
+    pub ana: Option<(u32, &'static str)>,
 }
 
 /// One I/O worker thread's polling counters.
@@ -82,6 +85,10 @@ pub fn state_name(l: Lifecycle) -> &'static str {
 /// One scrape of `d` (on the device thread).
 pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scrape {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let ana = d.ctrl.ana_groups();
+    let ana_of = |nsid: u32| {
+        ana.iter().find(|(_, _, nsids)| nsids.contains(&nsid)).map(|(group, state, _)| (*group, state.name()))
+    };
     Scrape {
         version: env!("CARGO_PKG_VERSION").into(),
         commit: crate::version::COMMIT.into(),
@@ -101,6 +108,7 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
                 backend: n.info.kind.clone(),
                 stats: n.stats.snapshot(),
                 storage: n.backend.storage(),
+                ana: ana_of(n.nsid),
             })
             .collect(),
         queues: d.ctrl.queue_snapshots(),

@@ -200,6 +200,24 @@ fn namespaces(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     )?;
     family(
         enc,
+        "namespace_ana_state",
+        "Asymmetric Namespace Access state of each namespace's ANA group on this controller \
+         (a controller of a subsystem, --cntlid, only; set with vnvme ctl ana.set): 1 for \
+         the current state, 0 for the others. A host sends no I/O down a path that is not \
+         optimized or non-optimized.",
+        s.namespaces.iter().filter_map(|n| n.ana.map(|a| (n.nsid, a))).flat_map(|(nsid, (group, now))| {
+            nvme_spec::ana::AnaState::ALL.map(|st| {
+                let labels = vec![
+                    ("nsid", nsid.to_string()),
+                    ("group", group.to_string()),
+                    ("state", st.name().to_owned()),
+                ];
+                (labels, ConstGauge::new(u64::from(st.name() == now)))
+            })
+        }),
+    )?;
+    family(
+        enc,
         "namespace_size_bytes",
         "Capacity of each namespace, in bytes.",
         s.namespaces.iter().map(|n| (nsid(n.nsid), ConstGauge::new(n.size_bytes))),
@@ -536,6 +554,7 @@ mod tests {
                         ..Default::default()
                     },
                     storage: None,
+                    ana: Some((1, "inaccessible")),
                 },
                 NsScrape {
                     nsid: 2,
@@ -552,6 +571,7 @@ mod tests {
                         outage_buckets: [0, 0, 0, 0, 1, 0, 0, 0, 0],
                         outage_ms_sum: 2100,
                     }),
+                    ana: None,
                 },
             ],
             queues: vec![
@@ -619,6 +639,9 @@ mod tests {
             "vnvme_namespace_size_bytes{nsid=\"2\"} 4294967296",
             "vnvme_namespace_lba_bytes{nsid=\"1\"} 512",
             "vnvme_namespace_info{nsid=\"1\",backend=\"ram\"} 1",
+            "vnvme_namespace_ana_state{nsid=\"1\",group=\"1\",state=\"optimized\"} 0",
+            "vnvme_namespace_ana_state{nsid=\"1\",group=\"1\",state=\"inaccessible\"} 1",
+            "vnvme_namespace_ana_state{nsid=\"1\",group=\"1\",state=\"change\"} 0",
             "vnvme_namespace_commands_total{nsid=\"1\",op=\"read\"} 3",
             "vnvme_namespace_bytes_total{nsid=\"1\",op=\"write\"} 8192",
             "vnvme_namespace_errors_total{nsid=\"1\",op=\"read\"} 1",
@@ -710,7 +733,7 @@ mod tests {
                 families.push(name.to_owned());
             }
         }
-        assert_eq!(families.len(), 46, "{families:?}");
+        assert_eq!(families.len(), 47, "{families:?}");
         for l in lines.iter().filter(|l| !l.starts_with('#')) {
             let name = l.split(['{', ' ']).next().expect("a name");
             let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
