@@ -284,7 +284,9 @@ impl<'s> Fuzzer<'s> {
                     }
                     f => (f % 2, None),
                 };
-                NamespaceConfig { zoned, metadata, ..NamespaceConfig::new(backend, lba_format) }
+                // Namespaces spread over ANA groups 1 to 3 (reported with a subsystem).
+                let ana_group = Some(1 + n.mib as u32 % 3);
+                NamespaceConfig { zoned, metadata, ana_group, ..NamespaceConfig::new(backend, lba_format) }
             })
             .collect();
         let mdts = 1 + s.mdts % 8;
@@ -298,6 +300,9 @@ impl<'s> Fuzzer<'s> {
             namespaces,
             fdp: (s.dstrd & 0x10 != 0)
                 .then(|| nvme_ctrl::FdpConfig { ruhs: 1 + (s.dstrd >> 5) as u16, ru_size: 64 << 10 }),
+            // A controller of a subsystem (CNTLID, ANA) in half the runs.
+            subsystem: (s.aerl_z & 0x80 != 0)
+                .then_some(nvme_ctrl::SubsystemConfig { cntlid: s.aerl_z as u16 }),
             ..Default::default()
         };
         let p = Params {
@@ -377,6 +382,16 @@ impl<'s> Fuzzer<'s> {
             Action::Burst(b) => self.burst(&b),
             Action::CreatePair(c) => self.create_pair(c.qid, c.size, c.ien),
             Action::Drain(d) => self.drain(d.rounds),
+            Action::Ana(a) => {
+                let state = nvme_spec::ana::AnaState::ALL[a.state as usize % 5];
+                let group = match a.group % 34 {
+                    0 => None,
+                    g => Some(g as u32),
+                };
+                // Refused without a subsystem, or for group 33: either way the
+                // controller goes on as it was.
+                let _ = self.h.ctrl.set_ana_state(group, state);
+            }
         }
     }
 

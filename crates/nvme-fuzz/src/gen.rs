@@ -66,6 +66,8 @@ fn make_clean(a: &mut Action, rng: &mut Rng) -> bool {
         Action::Cc(c) => c.op = [2, 3, 5, 7][c.op as usize % 4],
         Action::Memory(_) => return rng.below(4) == 0,
         Action::Reg(r) => r.reg = 4 + r.reg % 4,
+        // A path out of service refuses all I/O: bring it back as often.
+        Action::Ana(a) if rng.below(2) == 0 => a.state = 0,
         Action::AdminRaw(_) | Action::IoRaw(_) | Action::Ring(_) | Action::Scribble(_) => return false,
         _ => {}
     }

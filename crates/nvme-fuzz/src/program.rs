@@ -160,7 +160,7 @@ record! {
         pub mdts: u8,
         /// CAP.MQES: 1 + mqes_z % 1023.
         pub mqes_z: u16,
-        /// aerl_z % 8.
+        /// aerl_z % 8; bit 7: a controller of a subsystem (CNTLID aerl_z, ANA).
         pub aerl_z: u8,
         /// Bit 0: run `init` before the actions. Bits 2:1: I/O worker threads
         /// (1 or 2; 0 and 3 run the I/O queues inline).
@@ -355,6 +355,16 @@ record! {
     }
 }
 
+record! {
+    /// The operator sets ANA: group % 34 (0: every group; 33: one the controller
+    /// does not have) put in state % 5 of `AnaState::ALL` (refused unless the
+    /// controller is of a subsystem).
+    pub struct AnaSet {
+        pub group: u8,
+        pub state: u8,
+    }
+}
+
 /// One step of a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -377,10 +387,11 @@ pub enum Action {
     Burst(Burst),
     CreatePair(CreatePair),
     Drain(Drain),
+    Ana(AnaSet),
 }
 
 /// Action kinds, for statistics.
-pub const ACTION_NAMES: [&str; 19] = [
+pub const ACTION_NAMES: [&str; 20] = [
     "admin-raw",
     "io-raw",
     "io",
@@ -400,12 +411,13 @@ pub const ACTION_NAMES: [&str; 19] = [
     "burst",
     "create-pair",
     "drain",
+    "ana",
 ];
 
 /// Tag byte (mod 32) -> action kind: the data path and the host's own steps get more
 /// of the tag space than the rarer, more destructive actions.
 const TAGS: [u8; 32] = [
-    0, 1, 2, 2, 2, 2, 3, 3, 3, 4, 5, 5, 6, 6, 7, 8, 9, 10, 11, 11, 11, 12, 12, 12, 13, 14, 15, 16, 16, 17,
+    0, 1, 2, 2, 2, 19, 3, 3, 3, 4, 5, 5, 6, 6, 7, 8, 9, 10, 11, 11, 11, 12, 12, 12, 13, 14, 15, 16, 16, 17,
     18, 18,
 ];
 
@@ -432,6 +444,7 @@ impl Action {
             Action::Burst(_) => 16,
             Action::CreatePair(_) => 17,
             Action::Drain(_) => 18,
+            Action::Ana(_) => 19,
         }
     }
 }
@@ -458,7 +471,8 @@ impl Codec for Action {
             15 => Action::ReadReg(Codec::decode(r)),
             16 => Action::Burst(Codec::decode(r)),
             17 => Action::CreatePair(Codec::decode(r)),
-            _ => Action::Drain(Codec::decode(r)),
+            18 => Action::Drain(Codec::decode(r)),
+            _ => Action::Ana(Codec::decode(r)),
         }
     }
     fn encode(&self, w: &mut Writer) {
@@ -485,6 +499,7 @@ impl Codec for Action {
             Action::Burst(a) => a.encode(w),
             Action::CreatePair(a) => a.encode(w),
             Action::Drain(a) => a.encode(w),
+            Action::Ana(a) => a.encode(w),
         }
     }
 }
