@@ -50,6 +50,7 @@ mod namespace;
 pub mod qos;
 mod queue;
 mod registers;
+pub mod reservation;
 pub mod runtime;
 mod saved;
 pub mod state;

@@ -29,6 +29,7 @@ pub mod nvm;
 pub mod opcode;
 pub mod pi;
 pub mod regs;
+pub mod resv;
 pub mod sgl;
 pub mod status;
 pub mod zns;

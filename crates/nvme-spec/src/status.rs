@@ -92,6 +92,10 @@ impl Status {
     pub const ATOMIC_WRITE_UNIT_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x14);
     pub const OPERATION_DENIED: Status = Status::new(StatusCodeType::Generic, 0x15);
     pub const SGL_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x16);
+    /// Set Features Host Identifier of another format than the host ID in use.
+    pub const HOST_IDENTIFIER_INCONSISTENT_FORMAT: Status = Status::new(StatusCodeType::Generic, 0x18);
+    /// A command aborted because a Reservation Acquire preempted its host.
+    pub const ABORT_PREEMPT: Status = Status::new(StatusCodeType::Generic, 0x1b);
     pub const COMMAND_INTERRUPTED: Status = Status::new(StatusCodeType::Generic, 0x21);
     /// A Flexible Data Placement command while FDP is disabled.
     pub const FDP_DISABLED: Status = Status::new(StatusCodeType::Generic, 0x29);
@@ -101,6 +105,8 @@ impl Status {
     pub const LBA_OUT_OF_RANGE: Status = Status::new(StatusCodeType::Generic, 0x80);
     pub const CAPACITY_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x81);
     pub const NAMESPACE_NOT_READY: Status = Status::new(StatusCodeType::Generic, 0x82);
+    /// The command conflicts with a reservation on the namespace.
+    pub const RESERVATION_CONFLICT: Status = Status::new(StatusCodeType::Generic, 0x83);
     pub const FORMAT_IN_PROGRESS: Status = Status::new(StatusCodeType::Generic, 0x84);
 
     // Command Specific Status (Base §4.2.3.2, Figure 103).
@@ -181,6 +187,9 @@ impl Status {
             Status::LBA_OUT_OF_RANGE => "LBA Out of Range",
             Status::CAPACITY_EXCEEDED => "Capacity Exceeded",
             Status::NAMESPACE_NOT_READY => "Namespace Not Ready",
+            Status::RESERVATION_CONFLICT => "Reservation Conflict",
+            Status::ABORT_PREEMPT => "Command Aborted due to Preempt and Abort",
+            Status::HOST_IDENTIFIER_INCONSISTENT_FORMAT => "Host Identifier Inconsistent Format",
             Status::FORMAT_IN_PROGRESS => "Format In Progress",
             Status::COMPLETION_QUEUE_INVALID => "Completion Queue Invalid",
             Status::INVALID_QUEUE_IDENTIFIER => "Invalid Queue Identifier",

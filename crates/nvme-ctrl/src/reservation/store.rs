@@ -1,0 +1,203 @@
+//! The reservation state file every controller of a subsystem shares: a header
+//! page (magic, version, and the change counter each process maps and reads
+//! atomically), then the state as length-prefixed JSON from byte 4096. Updates
+//! hold the file's exclusive lock (flock: between processes, and between the
+//! separate opens of one process); a reload holds it shared.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use guest_mem::{GuestMemory, Mapping};
+use rustix::fs::{flock, FlockOperation};
+
+use super::rules::ResvState;
+
+const MAGIC: &[u8; 8] = b"VNVMERSV";
+const VERSION: u32 = 1;
+/// Where the change counter is (in the mapped header page).
+const COUNTER_AT: u64 = 64;
+/// Where the state's length, then its JSON, is.
+const DATA_AT: u64 = 4096;
+/// The most the state's JSON may take (far more than its bounds let it reach).
+const MAX_DATA: u32 = 1 << 20;
+
+/// Why a state file could not be opened or used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a reservation state file (no VNVMERSV header)")]
+    NotOurs,
+    #[error("reservation state file version {0} (this build reads {VERSION})")]
+    Version(u32),
+    #[error("the state in it is damaged: {0}")]
+    Damaged(String),
+    #[error("cannot map its header: {0}")]
+    Map(String),
+}
+
+/// Why an update did not happen.
+#[derive(Debug)]
+pub(super) enum UpdateError {
+    /// The rules refused it, with this status.
+    Rules(nvme_spec::Status),
+    Store(StoreError),
+}
+
+/// The file's lock, held until dropped.
+struct Locked<'a>(&'a File);
+
+impl<'a> Locked<'a> {
+    fn new(f: &'a File, exclusive: bool) -> std::io::Result<Self> {
+        let op = if exclusive { FlockOperation::LockExclusive } else { FlockOperation::LockShared };
+        flock(f, op)?;
+        Ok(Locked(f))
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let _ = flock(self.0, FlockOperation::Unlock);
+    }
+}
+
+/// One open of a reservation state file.
+pub struct ResvFile {
+    file: File,
+    /// The header page, mapped shared: the change counter at [`COUNTER_AT`].
+    header: GuestMemory,
+    /// The state as of a counter value.
+    cache: RwLock<(u32, Arc<ResvState>)>,
+    /// The counter when notifications were last looked for.
+    notices_seen: AtomicU32,
+}
+
+impl std::fmt::Debug for ResvFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResvFile").field("counter", &self.counter()).finish_non_exhaustive()
+    }
+}
+
+impl ResvFile {
+    /// Opens `file` (read-write) as a state file: an empty one becomes a new
+    /// state file with no registrants.
+    pub fn open(file: File) -> Result<Self, StoreError> {
+        let state = {
+            let _l = Locked::new(&file, true)?;
+            if file.metadata()?.len() == 0 {
+                let mut head = vec![0u8; DATA_AT as usize];
+                head[..8].copy_from_slice(MAGIC);
+                head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+                file.write_all_at(&head, 0)?;
+                write_state(&file, &ResvState::default())?;
+            }
+            let mut head = [0u8; 12];
+            file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs)?;
+            if &head[..8] != MAGIC {
+                return Err(StoreError::NotOurs);
+            }
+            let v = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+            if v != VERSION {
+                return Err(StoreError::Version(v));
+            }
+            read_state(&file)?
+        };
+        let map = Mapping::from_fd(std::os::fd::AsFd::as_fd(&file), 0, DATA_AT, true)
+            .map_err(|e| StoreError::Map(e.to_string()))?;
+        let header = GuestMemory::empty()
+            .with_region(0, DATA_AT, Arc::new(map), 0)
+            .map_err(|e| StoreError::Map(e.to_string()))?;
+        let f = ResvFile { file, header, cache: RwLock::new((0, Arc::new(state))), notices_seen: AtomicU32::new(0) };
+        let c = f.counter();
+        f.cache.write().unwrap_or_else(|p| p.into_inner()).0 = c;
+        f.notices_seen.store(c.wrapping_sub(1), Ordering::Relaxed);
+        Ok(f)
+    }
+
+    fn counter(&self) -> u32 {
+        self.header.load_u32(COUNTER_AT).unwrap_or(0)
+    }
+
+    /// The state as it is now (one atomic load when nothing changed).
+    #[inline]
+    pub fn current(&self) -> Arc<ResvState> {
+        let c = self.counter();
+        {
+            let g = self.cache.read().unwrap_or_else(|p| p.into_inner());
+            if g.0 == c {
+                return g.1.clone();
+            }
+        }
+        self.reload()
+    }
+
+    #[cold]
+    fn reload(&self) -> Arc<ResvState> {
+        let fresh = Locked::new(&self.file, false).map_err(StoreError::Io).and_then(|_l| {
+            let s = read_state(&self.file)?;
+            Ok((self.counter(), s))
+        });
+        let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        match fresh {
+            Ok((c, s)) => *g = (c, Arc::new(s)),
+            // Keep what was last read good, and say so.
+            Err(e) => log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}"),
+        }
+        g.1.clone()
+    }
+
+    /// Runs `f` on the state under the exclusive lock; writes it back and moves
+    /// the counter if it changed.
+    pub(super) fn update<T>(
+        &self,
+        f: impl FnOnce(&mut ResvState) -> Result<T, nvme_spec::Status>,
+    ) -> Result<T, UpdateError> {
+        let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
+        let mut s = read_state(&self.file).map_err(UpdateError::Store)?;
+        let before = s.clone();
+        let r = f(&mut s).map_err(UpdateError::Rules)?;
+        let mut c = self.counter();
+        if s != before {
+            write_state(&self.file, &s).map_err(UpdateError::Store)?;
+            c = c.wrapping_add(1);
+            self.header.store_u32(COUNTER_AT, c).map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
+        }
+        *self.cache.write().unwrap_or_else(|p| p.into_inner()) = (c, Arc::new(s));
+        Ok(r)
+    }
+
+    /// True once per move of the counter (since the last call).
+    pub(super) fn changed_since_notices(&self) -> bool {
+        let c = self.counter();
+        self.notices_seen.swap(c, Ordering::AcqRel) != c
+    }
+}
+
+fn read_state(file: &File) -> Result<ResvState, StoreError> {
+    let mut len = [0u8; 4];
+    file.read_exact_at(&mut len, DATA_AT)?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_DATA {
+        return Err(StoreError::Damaged(format!("a state of {len} bytes")));
+    }
+    let mut data = vec![0u8; len as usize];
+    file.read_exact_at(&mut data, DATA_AT + 4)?;
+    let s: ResvState = serde_json::from_slice(&data).map_err(|e| StoreError::Damaged(e.to_string()))?;
+    s.check().map_err(StoreError::Damaged)?;
+    Ok(s)
+}
+
+fn write_state(file: &File, s: &ResvState) -> Result<(), StoreError> {
+    let data = serde_json::to_vec(s).map_err(|e| StoreError::Damaged(e.to_string()))?;
+    let mut out = Vec::with_capacity(4 + data.len());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&data);
+    file.write_all_at(&out, DATA_AT)?;
+    file.set_len(DATA_AT + out.len() as u64)?;
+    if s.ptpl {
+        file.sync_data()?;
+    }
+    Ok(())
+}
