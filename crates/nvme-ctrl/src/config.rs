@@ -42,6 +42,9 @@ pub struct NamespaceConfig {
     /// Its ANA group, 1 to [`crate::ana::MAX_GROUPS`] (None: group 1). Reported
     /// by a controller of a subsystem only.
     pub ana_group: Option<u32>,
+    /// Its reservation state file, the same for every controller of the
+    /// subsystem (None: no reservations).
+    pub reservations: Option<Arc<std::fs::File>>,
 }
 
 /// A namespace's metadata store and the protection settings it starts with.
@@ -85,6 +88,7 @@ impl NamespaceConfig {
             zoned: None,
             metadata: None,
             ana_group: None,
+            reservations: None,
         }
     }
 }

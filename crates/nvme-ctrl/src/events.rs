@@ -166,6 +166,7 @@ impl Events {
             lid::ERROR_INFORMATION => EventType::ErrorStatus,
             lid::SMART_HEALTH => EventType::SmartHealth,
             lid::CHANGED_NAMESPACE_LIST | lid::CHANGED_ZONE_LIST | lid::ANA => EventType::Notice,
+            nvme_spec::resv::LID_NOTIFICATION => EventType::IoCommandSpecific,
             _ => return,
         };
         let mut g = self.lock();

@@ -118,6 +118,9 @@ pub struct Namespace {
     pub placement: Option<Arc<crate::fdp::Fdp>>,
     /// Its ANA group on this controller: whether commands to it are processed.
     ana: Arc<crate::ana::AnaGroup>,
+    /// Its reservations, shared with the subsystem's other controllers (None: it
+    /// has none: no `resv=` file).
+    resv: Option<crate::reservation::Reservations>,
 }
 
 /// A namespace's format at one instant.
@@ -191,7 +194,14 @@ impl Namespace {
             meta: None,
             placement: None,
             ana: crate::ana::AnaGroup::standalone(),
+            resv: None,
         }
+    }
+
+    /// Its reservations (None: it takes no reservation commands).
+    #[inline]
+    pub fn reservations(&self) -> Option<&crate::reservation::Reservations> {
+        self.resv.as_ref()
     }
 
     /// Its ANA group on this controller.
@@ -341,6 +351,7 @@ pub(crate) fn make(
     serial: &str,
     fdp: Option<&Arc<crate::fdp::Fdp>>,
     ana: &crate::ana::Ana,
+    host: &Arc<crate::reservation::HostIdentity>,
 ) -> Result<Namespace, String> {
     let group = n.ana_group.unwrap_or(crate::ana::DEFAULT_GROUP);
     let group = ana.group(group).map_err(|e| format!("namespace {nsid}: {e}"))?.clone();
@@ -369,6 +380,12 @@ pub(crate) fn make(
     }
     let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
     ns.ana = group;
+    if let Some(f) = &n.reservations {
+        let f = f.try_clone().map_err(|e| format!("namespace {nsid}: reservation state file: {e}"))?;
+        let file = crate::reservation::ResvFile::open(f)
+            .map_err(|e| format!("namespace {nsid}: reservation state file: {e}"))?;
+        ns.resv = Some(crate::reservation::Reservations::new(file, host.clone()));
+    }
     ns.set_lba_format(n.lba_format, 0, false);
     if let Some(m) = &n.metadata {
         let store = m.store.try_clone().map_err(|e| format!("namespace {nsid}: metadata file: {e}"))?;

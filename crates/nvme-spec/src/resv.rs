@@ -49,7 +49,9 @@ impl ReservationType {
     pub fn exclusive_access(self) -> bool {
         matches!(
             self,
-            Self::ExclusiveAccess | Self::ExclusiveAccessRegistrantsOnly | Self::ExclusiveAccessAllRegistrants
+            Self::ExclusiveAccess
+                | Self::ExclusiveAccessRegistrantsOnly
+                | Self::ExclusiveAccessAllRegistrants
         )
     }
 }
@@ -255,15 +257,20 @@ mod tests {
         assert_eq!(ReservationType::from_u8(0), None);
         assert_eq!(ReservationType::from_u8(7), None);
         assert!(!WriteExclusive.exclusive_access() && ExclusiveAccess.exclusive_access());
-        assert!(!ExclusiveAccess.registrants_may_access() && WriteExclusiveRegistrantsOnly.registrants_may_access());
-        assert!(ExclusiveAccessAllRegistrants.all_registrants() && !ExclusiveAccessRegistrantsOnly.all_registrants());
+        assert!(
+            !ExclusiveAccess.registrants_may_access()
+                && WriteExclusiveRegistrantsOnly.registrants_may_access()
+        );
+        assert!(
+            ExclusiveAccessAllRegistrants.all_registrants()
+                && !ExclusiveAccessRegistrantsOnly.all_registrants()
+        );
     }
 
     #[test]
     fn command_fields() {
-        let mut s = Sqe::default();
-        s.cdw10 = U32::new(2 | 1 << 3 | 5 << 8 | 3 << 30);
-        s.cdw11 = U32::new(1);
+        let s =
+            Sqe { cdw10: U32::new(2 | 1 << 3 | 5 << 8 | 3 << 30), cdw11: U32::new(1), ..Default::default() };
         let c = ReservationCmd(&s);
         assert_eq!((c.action(), c.iekey(), c.rtype(), c.cptpl(), c.extended()), (2, true, 5, 3, true));
     }

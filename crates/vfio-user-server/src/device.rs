@@ -208,7 +208,13 @@ impl Device {
     /// admin doorbell is not trapped in `Mapped` mode, and an erasing Format moves on
     /// only when the admin side runs.
     pub fn admin_poll_interval(&self) -> Option<Duration> {
-        (self.page.is_some() || self.ctrl.admin_busy()).then_some(Duration::from_millis(1))
+        if self.page.is_some() || self.ctrl.admin_busy() {
+            Some(Duration::from_millis(1))
+        } else {
+            // Reservations shared with other controllers: their changes may owe
+            // this one a notification.
+            self.ctrl.shares_state().then_some(Duration::from_millis(20))
+        }
     }
 
     /// Runs the controller outside a message (an asynchronous event was raised); what

@@ -115,6 +115,9 @@ impl Admin<'_> {
             // Saved or not, it is what the configuration made it.
             return self.set_fdp(sqe);
         }
+        if let Some(r) = self.set_resv_feature(sqe) {
+            return r;
+        }
         if f.sv() {
             return status(Status::FEATURE_NOT_SAVEABLE);
         }
@@ -226,6 +229,9 @@ impl Admin<'_> {
     }
 
     pub(crate) fn get_features(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        if let Some(r) = self.get_resv_feature(sqe) {
+            return r;
+        }
         let f = Features(sqe);
         let fid_ = f.fid();
         let current = f.sel() == FeatureSelect::Current;

@@ -68,6 +68,10 @@ impl Admin<'_> {
                 let members = crate::namespace::active(self.namespaces).map(|n| (n.nsid, n.ana_group().id()));
                 self.admin.ana.log_page(members, groups_only)
             }
+            // Where some namespace has reservations.
+            nvme_spec::resv::LID_NOTIFICATION if self.admin.resv_log.watching() => {
+                self.resv_notification_page()
+            }
             lid::CHANGED_ZONE_LIST => {
                 let ns = self.active_ns(sqe.nsid.get())?;
                 let Some(zones) = &ns.zones else {

@@ -8,6 +8,7 @@ mod format;
 mod identify;
 mod log_page;
 mod queue_mgmt;
+mod resv;
 mod saved;
 
 use std::sync::Arc;
@@ -90,6 +91,11 @@ pub struct AdminState {
     /// The ANA groups' states (reported with a subsystem only); each namespace
     /// holds its own group too.
     pub(crate) ana: Arc<crate::ana::Ana>,
+    /// The Host Identifier the host set (Set Features 81h); the namespaces with
+    /// reservations hold it too.
+    pub(crate) host: Arc<crate::reservation::HostIdentity>,
+    /// The Reservation Notification log and masks.
+    pub(crate) resv_log: crate::reservation::NotificationLog,
 }
 
 impl AdminState {
@@ -109,6 +115,8 @@ impl AdminState {
             created_ns: 0,
             fdp: None,
             ana: Default::default(),
+            host: Arc::new(crate::reservation::HostIdentity::new(0)),
+            resv_log: Default::default(),
         })
     }
 

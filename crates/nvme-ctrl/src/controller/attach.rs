@@ -61,8 +61,15 @@ impl Controller {
             }
         };
         let ns = Arc::new(
-            make_namespace(nsid, n, &self.cfg.serial, self.admin.fdp.as_ref(), &self.admin.ana)
-                .map_err(NamespaceError::Invalid)?,
+            make_namespace(
+                nsid,
+                n,
+                &self.cfg.serial,
+                self.admin.fdp.as_ref(),
+                &self.admin.ana,
+                &self.admin.host,
+            )
+            .map_err(NamespaceError::Invalid)?,
         );
         self.admin.attach(&ns).map_err(NamespaceError::Open)?;
         let mut slots = self.namespaces.to_vec();
@@ -221,6 +228,7 @@ impl Controller {
     /// Makes `slots` the namespace table of the admin side and of every engine,
     /// returning once each has adopted it.
     fn publish_namespaces(&mut self, slots: NamespaceSlots) {
+        self.admin.resv_log.watch(crate::namespace::active(&slots).any(|n| n.reservations().is_some()));
         self.namespaces = slots.clone();
         self.on_all_engines(move |e| e.set_namespaces(slots.clone()));
     }

@@ -90,6 +90,7 @@ impl Controller {
         }
         let fdp = cfg.fdp.map(|f| Arc::new(crate::fdp::Fdp::new(f)));
         let ana = Arc::new(crate::ana::Ana::default());
+        let host = Arc::new(crate::reservation::HostIdentity::new(cfg.subsystem.map_or(0, |s| s.cntlid)));
         let mut slots: Vec<Option<Arc<Namespace>>> = vec![None; nn];
         for (i, n) in cfg.namespaces.iter().enumerate() {
             let nsid = n.nsid.unwrap_or(i as u32 + 1);
@@ -100,7 +101,7 @@ impl Controller {
                 return Err(std::io::Error::other(format!("namespace {nsid} given twice")));
             }
             *slot = Some(Arc::new(
-                crate::namespace::make(nsid, n, &cfg.serial, fdp.as_ref(), &ana)
+                crate::namespace::make(nsid, n, &cfg.serial, fdp.as_ref(), &ana, &host)
                     .map_err(std::io::Error::other)?,
             ));
         }
@@ -129,6 +130,8 @@ impl Controller {
         admin.created_ns = clock.now_ns();
         admin.fdp = fdp;
         admin.ana = ana;
+        admin.host = host;
+        admin.resv_log.watch(active(&namespaces).any(|n| n.reservations().is_some()));
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             regs: RegisterFile::new(cap),
@@ -447,6 +450,10 @@ impl Controller {
             return false;
         }
         let mut any = false;
+        if self.admin.resv_log.watching() {
+            // Notifications other controllers' reservation changes owe this one.
+            any |= self.admin_parts().collect_resv_notices();
+        }
         for _ in 0..64 {
             let mut progress = self.engine.poll();
             let inbox = std::mem::take(&mut self.engine.admin_inbox);
@@ -509,6 +516,13 @@ impl Controller {
     /// watches).
     pub fn admin_busy(&self) -> bool {
         self.admin.formatting()
+    }
+
+    /// The admin side must also run now and then with nothing else to do: some
+    /// namespace shares reservations with other controllers, whose changes may owe
+    /// this one a notification.
+    pub fn shares_state(&self) -> bool {
+        self.admin.resv_log.watching()
     }
 
     /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a

@@ -5,6 +5,7 @@ mod dsm;
 mod fdp;
 mod flush;
 mod meta;
+mod resv;
 mod rw;
 mod zns;
 
@@ -67,7 +68,12 @@ impl IoEngine {
             // FUSES = 0: fused operations are not supported.
             return Err(CommandError::InvalidField("fused operation"));
         }
-        match sqe.opcode() {
+        let opcode = sqe.opcode();
+        if !matches!(opcode, op::READ | op::WRITE) {
+            // Read and Write check their namespace's reservation in `rw.rs`.
+            self.reservation_gate(sqe)?;
+        }
+        match opcode {
             op::FLUSH => self.flush(sqid, sqe),
             op::WRITE | op::READ | op::COMPARE | op::VERIFY => self.read_write(sqid, sqe),
             // Optional commands exist only where Identify ONCS reports them: some
@@ -80,6 +86,10 @@ impl IoEngine {
             zop::ZONE_MGMT_RECV => self.zone_mgmt_recv(sqe),
             op::IO_MGMT_RECV => self.io_mgmt_recv(sqe),
             op::IO_MGMT_SEND => self.io_mgmt_send(sqe),
+            op::RESERVATION_REGISTER
+            | op::RESERVATION_REPORT
+            | op::RESERVATION_ACQUIRE
+            | op::RESERVATION_RELEASE => self.reservation(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }

@@ -17,8 +17,9 @@ impl IoEngine {
         let nsid = sqe.nsid.get();
         // Its size and format, read in place (no reference taken per command), and
         // once: a Format NVM changing it meanwhile does not change it for this command.
-        let (size, format, zoned, placed) = self.with_namespace(nsid, |ns| {
-            (ns.size(), ns.format_state(), ns.zones.is_some(), ns.placement.is_some())
+        let (size, format, zoned, placed, reserved) = self.with_namespace(nsid, |ns| {
+            let reserved = ns.reservations().is_some();
+            (ns.size(), ns.format_state(), ns.zones.is_some(), ns.placement.is_some(), reserved)
         })?;
         let f = format.def();
         let (shift, ms) = (f.shift as u32, f.ms);
@@ -32,12 +33,16 @@ impl IoEngine {
         let (offset, len) = (slba << shift, nlb << shift);
         let opcode = sqe.opcode();
         // One test on the common path for the namespaces that are not plain.
-        if zoned || ms != 0 || opcode == zop::ZONE_APPEND {
+        if zoned || ms != 0 || reserved || opcode == zop::ZONE_APPEND {
+            if reserved && matches!(opcode, op::READ | op::WRITE) {
+                // Those two skipped the reservation gate (`io/mod.rs`).
+                self.with_namespace(nsid, |ns| super::resv::check(ns, opcode))??;
+            }
             if ms != 0 && opcode != zop::ZONE_APPEND {
                 // Metadata moves beside the data (a Compare compares it too).
                 let ns = self.namespace(nsid)?;
                 return self.read_write_meta(sqid, sqe, &ns, format, slba, nlb);
-            } else {
+            } else if zoned || opcode == zop::ZONE_APPEND {
                 // A zoned namespace's writes take their zone's place; its reads go as
                 // any other, but for offline zones. Zone Append exists only there.
                 match opcode {

@@ -14,12 +14,14 @@
 //! controller (Persist Through Power Loss is always in effect; the host's PTPL
 //! setting is recorded and reported).
 
+mod notices;
 pub mod rules;
 mod store;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+pub use notices::NotificationLog;
 pub use rules::{Access, HostId, Requester, ResvState};
 pub use store::{ResvFile, StoreError};
 

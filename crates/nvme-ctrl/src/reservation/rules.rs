@@ -90,7 +90,8 @@ impl ResvState {
     /// The key check every action but a first registration makes: the host is a
     /// registrant, and its key is `crkey` unless `iekey`.
     fn checked_key(&self, me: &Requester, crkey: u64, iekey: bool) -> Result<usize, Status> {
-        let i = self.registrants.iter().position(|r| r.host == me.host).ok_or(Status::RESERVATION_CONFLICT)?;
+        let i =
+            self.registrants.iter().position(|r| r.host == me.host).ok_or(Status::RESERVATION_CONFLICT)?;
         if !iekey && self.registrants[i].key != crkey {
             return Err(Status::RESERVATION_CONFLICT);
         }
@@ -198,9 +199,9 @@ impl ResvState {
                 match self.checked_key(me, crkey, iekey) {
                     Ok(i) => self.registrants[i].key = nrkey,
                     // Replace with Ignore Existing Key registers a host that is not.
-                    Err(_) if iekey && self.registrant(&me.host).is_none() => {
-                        self.registrants.push(Registrant { host: me.host, key: nrkey, cntlids: vec![me.cntlid] })
-                    }
+                    Err(_) if iekey && self.registrant(&me.host).is_none() => self
+                        .registrants
+                        .push(Registrant { host: me.host, key: nrkey, cntlids: vec![me.cntlid] }),
                     Err(e) => return Err(e),
                 }
                 self.set_ptpl(ptpl.0, ptpl.1)?;
@@ -256,7 +257,12 @@ impl ResvState {
             // The holder preempted: its registration goes (unless it is this host),
             // and the reservation is this host's, of type t.
             Some(_) if holder_key == Some(prkey) => {
-                taken = self.registrants.iter().filter(|r| r.key == prkey && r.host != me.host).map(|r| r.host).collect();
+                taken = self
+                    .registrants
+                    .iter()
+                    .filter(|r| r.key == prkey && r.host != me.host)
+                    .map(|r| r.host)
+                    .collect();
                 self.take_reservation(me, t, &taken);
             }
             // No reservation, or another key than the holder's: those
@@ -299,7 +305,14 @@ impl ResvState {
     }
 
     /// Reservation Release (NVM §3.2.9).
-    pub fn release(&mut self, me: &Requester, action: u8, iekey: bool, rtype: u8, crkey: u64) -> Result<(), Status> {
+    pub fn release(
+        &mut self,
+        me: &Requester,
+        action: u8,
+        iekey: bool,
+        rtype: u8,
+        crkey: u64,
+    ) -> Result<(), Status> {
         self.checked_key(me, crkey, iekey)?;
         match action {
             rrela::RELEASE => {

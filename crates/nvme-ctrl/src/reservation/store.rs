@@ -46,7 +46,9 @@ pub(super) enum UpdateError {
     Store(StoreError),
 }
 
-/// The file's lock, held until dropped.
+/// The file's lock, held until dropped. flock excludes other open file
+/// descriptions (other processes); threads sharing this one (a controller's
+/// workers) are kept apart by [`ResvFile`]'s mutex, taken first.
 struct Locked<'a>(&'a File);
 
 impl<'a> Locked<'a> {
@@ -72,6 +74,8 @@ pub struct ResvFile {
     cache: RwLock<(u32, Arc<ResvState>)>,
     /// The counter when notifications were last looked for.
     notices_seen: AtomicU32,
+    /// Held over each update and reload (see [`Locked`]).
+    threads: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ResvFile {
@@ -109,7 +113,13 @@ impl ResvFile {
         let header = GuestMemory::empty()
             .with_region(0, DATA_AT, Arc::new(map), 0)
             .map_err(|e| StoreError::Map(e.to_string()))?;
-        let f = ResvFile { file, header, cache: RwLock::new((0, Arc::new(state))), notices_seen: AtomicU32::new(0) };
+        let f = ResvFile {
+            file,
+            header,
+            cache: RwLock::new((0, Arc::new(state))),
+            notices_seen: AtomicU32::new(0),
+            threads: Default::default(),
+        };
         let c = f.counter();
         f.cache.write().unwrap_or_else(|p| p.into_inner()).0 = c;
         f.notices_seen.store(c.wrapping_sub(1), Ordering::Relaxed);
@@ -135,6 +145,7 @@ impl ResvFile {
 
     #[cold]
     fn reload(&self) -> Arc<ResvState> {
+        let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = Locked::new(&self.file, false).map_err(StoreError::Io).and_then(|_l| {
             let s = read_state(&self.file)?;
             Ok((self.counter(), s))
@@ -154,6 +165,7 @@ impl ResvFile {
         &self,
         f: impl FnOnce(&mut ResvState) -> Result<T, nvme_spec::Status>,
     ) -> Result<T, UpdateError> {
+        let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
         let mut s = read_state(&self.file).map_err(UpdateError::Store)?;
         let before = s.clone();
@@ -162,7 +174,9 @@ impl ResvFile {
         if s != before {
             write_state(&self.file, &s).map_err(UpdateError::Store)?;
             c = c.wrapping_add(1);
-            self.header.store_u32(COUNTER_AT, c).map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
+            self.header
+                .store_u32(COUNTER_AT, c)
+                .map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
         }
         *self.cache.write().unwrap_or_else(|p| p.into_inner()) = (c, Arc::new(s));
         Ok(r)

@@ -43,7 +43,10 @@ fn registering_keys_and_controllers() {
     // PTPL: set where the namespace can keep it, refused where not; 01b reserved.
     s.register(&a, rrega::REGISTER, false, 0, 10, (cptpl::SET, true)).unwrap();
     assert!(s.ptpl);
-    assert_eq!(s.register(&a, rrega::REGISTER, false, 0, 10, (cptpl::SET, false)), Err(Status::INVALID_FIELD));
+    assert_eq!(
+        s.register(&a, rrega::REGISTER, false, 0, 10, (cptpl::SET, false)),
+        Err(Status::INVALID_FIELD)
+    );
     assert_eq!(s.register(&a, rrega::REGISTER, false, 0, 10, (1, true)), Err(Status::INVALID_FIELD));
     assert_eq!(s.register(&a, 3, false, 0, 10, NO_PTPL), Err(Status::INVALID_FIELD), "reserved action");
 }
@@ -65,13 +68,22 @@ fn who_may_read_and_write_under_each_type() {
         reg(&mut s, &holder, 1).unwrap();
         reg(&mut s, &other, 2).unwrap();
         assert!(s.allows(&stranger.host, Access::Write), "no reservation: all may");
-        assert_eq!(s.acquire(&stranger, racqa::ACQUIRE, false, t as u8, 0, 0), Err(Status::RESERVATION_CONFLICT));
-        assert_eq!(s.acquire(&holder, racqa::ACQUIRE, false, t as u8, 9, 0), Err(Status::RESERVATION_CONFLICT));
+        assert_eq!(
+            s.acquire(&stranger, racqa::ACQUIRE, false, t as u8, 0, 0),
+            Err(Status::RESERVATION_CONFLICT)
+        );
+        assert_eq!(
+            s.acquire(&holder, racqa::ACQUIRE, false, t as u8, 9, 0),
+            Err(Status::RESERVATION_CONFLICT)
+        );
         s.acquire(&holder, racqa::ACQUIRE, false, t as u8, 1, 0).unwrap();
         // Acquiring again what it holds: success; another type: conflict.
         s.acquire(&holder, racqa::ACQUIRE, false, t as u8, 1, 0).unwrap();
         let other_t = if t == T::WriteExclusive { 2 } else { 1 };
-        assert_eq!(s.acquire(&holder, racqa::ACQUIRE, false, other_t, 1, 0), Err(Status::RESERVATION_CONFLICT));
+        assert_eq!(
+            s.acquire(&holder, racqa::ACQUIRE, false, other_t, 1, 0),
+            Err(Status::RESERVATION_CONFLICT)
+        );
         let got = (
             s.allows(&holder.host, Access::Write),
             s.allows(&other.host, Access::Read),
@@ -197,8 +209,7 @@ fn a_damaged_state_is_refused() {
     let mut bad = s.clone();
     bad.rtype = Some(9);
     assert!(bad.check().is_err());
-    let mut bad = ResvState::default();
-    bad.holder = Some(a.host);
+    let bad = ResvState { holder: Some(a.host), ..Default::default() };
     assert!(bad.check().is_err());
 }
 
