@@ -29,6 +29,10 @@
 //!      ana=G               its ANA group, 1 to 32 (default 1): a controller of a
 //!                          subsystem (--cntlid) reports and enforces each group's
 //!                          state (ana.set; docs/subsystems.md)
+//!      resv=PATH           reservations (Register, Acquire, Release, Report) kept
+//!                          in the state file PATH: give every controller of the
+//!                          subsystem the same one (created if absent; kept
+//!                          across restarts)
 //!      hold=T              nbd:// and rbd: only: how long commands wait for storage
 //!                          that went away (a reconnect, a cluster that does not
 //!                          answer) before they fail Not Ready (25s by default, or
@@ -82,6 +86,9 @@ pub struct NsSpec {
     pub meta: Option<crate::metaspec::MetaSpec>,
     /// Its ANA group (`ana=G`; None: group 1), reported with --cntlid.
     pub ana_group: Option<u32>,
+    /// Its reservation state file (`resv=PATH`; None: no reservations), the
+    /// same for every controller of the subsystem.
+    pub resv: Option<PathBuf>,
 }
 
 /// How long commands wait for an nbd:// or rbd: namespace's storage to come back by
@@ -90,9 +97,10 @@ pub struct NsSpec {
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(25);
 
 /// Options a URI kind takes after its URI (`:NAME=VALUE`).
-const URI_OPTIONS: [&str; 15] = [
+const URI_OPTIONS: [&str; 16] = [
     "lba",
     "ana",
+    "resv",
     "fault",
     "timeout",
     "hold",
@@ -234,6 +242,8 @@ pub struct Opened {
     /// Its metadata store, open, and starting protection settings.
     pub metadata: Option<nvme_ctrl::MetadataConfig>,
     pub ana_group: Option<u32>,
+    /// Its reservation state file, open.
+    pub reservations: Option<Arc<std::fs::File>>,
 }
 
 impl Opened {
@@ -244,6 +254,7 @@ impl Opened {
             zoned: self.zoned.clone(),
             metadata: self.metadata.clone(),
             ana_group: self.ana_group,
+            reservations: self.reservations.clone(),
             ..NamespaceConfig::new(self.backend.clone(), self.lba_format)
         }
     }
@@ -389,6 +400,11 @@ impl NsSpec {
             None => None,
         };
         needs.meta = self.meta.is_some();
+        needs.resv = self.resv.is_some();
+        let reservations = match &self.resv {
+            Some(p) => Some(Arc::new(crate::zonespec::open_kept_file(p, "reservation state file")?)),
+            None => None,
+        };
         let metadata = match &self.meta {
             // A null: namespace keeps no metadata, as it keeps no data.
             Some(m) if matches!(self.kind, Kind::Null(_)) => Some(m.open(StateHome::Nowhere, None)?),
@@ -403,6 +419,7 @@ impl NsSpec {
             zoned,
             metadata,
             ana_group: self.ana_group,
+            reservations,
         })
     }
 
@@ -449,6 +466,7 @@ impl FromStr for NsSpec {
             zoned: None,
             meta: None,
             ana_group: None,
+            resv: None,
         };
         let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
         let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
@@ -577,6 +595,8 @@ impl NsSpec {
                 })
             }
             Some(("fault", v)) => spec.faults.push(v.parse()?),
+            Some(("resv", "")) => return Err("resv=PATH: the reservation state file's path".into()),
+            Some(("resv", v)) => spec.resv = Some(PathBuf::from(v)),
             Some(("ana", v)) => match v.parse::<u32>() {
                 Ok(g) if (1..=nvme_ctrl::ana::MAX_GROUPS).contains(&g) => spec.ana_group = Some(g),
                 _ => return Err(format!("ana={v}: the ANA group is 1 to {}", nvme_ctrl::ana::MAX_GROUPS)),
@@ -586,7 +606,7 @@ impl NsSpec {
             Some(("hold", v)) => spec.hold = Some(parse_timeout(v)?.unwrap_or(Duration::ZERO)),
             _ => {
                 return Err(format!(
-                "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, ana=, zoned=, ms=, pi={}{})",
+                "unknown namespace option {opt:?} (expected lba=, fault=, timeout=, ana=, resv=, zoned=, ms=, pi={}{})",
                 if spec.kind.waits_for_storage() { ", hold=" } else { "" },
                 spec.kind.own_options()
             ))

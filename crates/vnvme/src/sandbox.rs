@@ -30,6 +30,7 @@
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
 //! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
 //! | `null:`                      | nothing more                                                 |
+//! | reservations (`resv=`)       | flock pread64 pwrite64 fdatasync ftruncate (the shared state file: locked, read and written in place, synced, sized) |
 //! | metadata (`ms=`, `meta=`)     | pread64 pwrite64 fdatasync fallocate ftruncate (its metadata file or memfd: read and written in place, holes punched, emptied by a Format) |
 //! | `file:` (both engines)       | pread64 pwrite64 preadv pwritev fsync fdatasync fallocate copy_file_range |
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
@@ -89,6 +90,9 @@ pub struct Needs {
     /// A namespace with a metadata store (a file or a memfd): read and written in
     /// place, synced, holes punched, emptied by a Format.
     pub meta: bool,
+    /// A namespace with a reservation state file: locked, read and written in
+    /// place, synced, sized.
+    pub resv: bool,
     /// An `rbd:` namespace: librados' own threads keep running (messenger, timers,
     /// finishers), open connections to OSDs and monitors as they need them, and start
     /// threads.
@@ -112,6 +116,7 @@ impl Needs {
             rbd: self.rbd || o.rbd,
             ram: self.ram || o.ram,
             meta: self.meta || o.meta,
+            resv: self.resv || o.resv,
             socket_dirs: if self.socket_dirs.iter().any(Option::is_some) {
                 self.socket_dirs
             } else {
@@ -129,6 +134,7 @@ impl Needs {
             (self.kernel_vfio, "kernel VFIO"),
             (self.ram, "ram:"),
             (self.meta, "metadata"),
+            (self.resv, "reservations"),
             (self.nbd, "nbd://"),
             (self.rbd, "rbd:"),
             (self.stats_file, "--stats-file"),
@@ -201,6 +207,9 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     }
     if needs.meta {
         allow(&[SYS_pread64, SYS_pwrite64, SYS_fdatasync, SYS_fallocate, SYS_ftruncate]);
+    }
+    if needs.resv || needs.control {
+        allow(&[SYS_flock, SYS_pread64, SYS_pwrite64, SYS_fdatasync, SYS_ftruncate]);
     }
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
@@ -555,6 +564,7 @@ mod tests {
             rbd: true,
             ram: true,
             meta: true,
+            resv: true,
             socket_dirs: [Some(3), Some(4), None],
         })
         .expect("compiles");

@@ -610,3 +610,52 @@ fn flexible_data_placement_state_survives_an_upgrade() {
     d.write(1, 8, &[0xa5; 512]).unwrap();
     assert_eq!(hbmw(&mut d), before.0 + 512, "the new process counts on from there");
 }
+
+/// Reservations over an upgrade: the state is the shared file's, and the Host
+/// Identifier the guest set travels with the controller, so the host still holds
+/// its reservation and its next commands go as before.
+#[test]
+fn a_reservation_and_the_host_identifier_survive_an_upgrade() {
+    use nvme_spec::admin::SetFeaturesCmd;
+    use nvme_spec::opcode::nvm as op;
+    use nvme_spec::{Sqe, Status};
+    let dir = common::temp_dir("upgrade-resv");
+    let state = dir.join("ns1.resv");
+    let s = Served::start(&["--ns", &format!("ram:8M:resv={}", state.display()), "--cntlid", "4"]);
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let buf = d.admin_buf(4096).unwrap();
+    buf.write_at(0, &[0x5a; 8]).unwrap();
+    let mut c = SetFeaturesCmd { fid: 0x81, ..Default::default() }.to_sqe();
+    c.set_prps(buf.iova(), 0);
+    d.admin_command(c, Some(buf)).unwrap().into_result().expect("Host Identifier set");
+    let resv = |d: &mut nvme_driver::NvmeDriver, opcode: u8, cdw10: u32, data: &[u8]| {
+        let q = d.queue(1).unwrap();
+        let buf = q.alloc_buf(4096).unwrap();
+        buf.write_at(0, data).unwrap();
+        let mut sqe = Sqe::with_opcode(opcode);
+        sqe.nsid = 1.into();
+        sqe.cdw10 = cdw10.into();
+        sqe.set_prps(buf.iova(), 0);
+        q.submit_sqe(sqe, Some(buf), None).unwrap();
+        let mut out = Vec::new();
+        while out.is_empty() {
+            q.wait_completions(&mut out).unwrap();
+        }
+        out.remove(0)
+    };
+    let keys = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
+    assert_eq!(resv(&mut d, op::RESERVATION_REGISTER, 0, &keys(0, 77)).status, Status::SUCCESS);
+    assert_eq!(resv(&mut d, op::RESERVATION_ACQUIRE, 2 << 8, &keys(77, 0)).status, Status::SUCCESS);
+    s.upgrade();
+    // Report: this host (controller 4) holds Exclusive Access with key 77.
+    let r = resv(&mut d, op::RESERVATION_REPORT, 1024 / 4 - 1, &[]);
+    assert_eq!(r.status, Status::SUCCESS);
+    let page = r.buf.unwrap().to_vec().unwrap();
+    assert_eq!((page[4], u16::from_le_bytes([page[5], page[6]])), (2, 1), "type 2, one registrant");
+    assert_eq!((u16::from_le_bytes([page[24], page[25]]), page[26]), (4, 1), "controller 4 holds it");
+    assert_eq!(&page[32..40], &[0x5a; 8], "the host identifier it registered with");
+    // The host's writes still go (it holds the reservation as the same host).
+    d.write(1, 0, &[3; 512]).expect("the holder writes after the upgrade");
+    assert_eq!(resv(&mut d, op::RESERVATION_RELEASE, 2 << 8, &77u64.to_le_bytes()).status, Status::SUCCESS);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,6 +21,13 @@ pub struct AdminSaved {
     /// Clock readings of the controller's creation and of its last reset.
     pub created_ns: u64,
     pub reset_ns: u64,
+    /// The Host Identifier the host set (hex, 16 or 32 digits; absent: none), which
+    /// its reservation commands go by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// Reservation Notification Masks by NSID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resv_masks: Vec<(u32, u32)>,
 }
 
 /// What a saved admin part must fit.
@@ -34,9 +41,24 @@ pub(crate) struct AdminBounds {
     pub enabled: bool,
 }
 
+/// A saved Host Identifier: 8 bytes, or 16 (the extended form).
+fn host_id(hex: &str) -> Result<(crate::reservation::HostId, bool), String> {
+    let extended = hex.len() == 32;
+    let raw = crate::saved::unhex(hex, if extended { 16 } else { 8 })?;
+    let mut id = [0u8; 16];
+    id[..raw.len()].copy_from_slice(&raw);
+    Ok((id, extended))
+}
+
 impl AdminSaved {
     /// Refuses what a controller within `b` could not have reached.
     pub(crate) fn check(&self, b: AdminBounds) -> Result<(), String> {
+        if let Some(h) = &self.host_id {
+            host_id(h).map_err(|e| format!("host identifier: {e}"))?;
+        }
+        if self.resv_masks.len() > crate::config::MAX_NAMESPACES as usize {
+            return Err(format!("{} reservation notification masks", self.resv_masks.len()));
+        }
         if self.aers.len() > b.aers || (!b.enabled && !self.aers.is_empty()) {
             return Err(format!(
                 "{} Asynchronous Event Requests outstanding (at most {})",
@@ -80,6 +102,12 @@ impl AdminState {
             timestamp_ms: f.timestamp.map(|(ms, at)| timestamp_now(ms, at, now)),
             created_ns: self.created_ns,
             reset_ns: f.reset_ns,
+            host_id: match self.host.get() {
+                (id, _) if id == [0; 16] => None,
+                (id, true) => Some(crate::saved::hex(&id)),
+                (id, false) => Some(crate::saved::hex(&id[..8])),
+            },
+            resv_masks: self.resv_log.masks(),
         }
     }
 
@@ -94,5 +122,11 @@ impl AdminState {
         f.aec = nvme_spec::features::AsyncEventConfig(s.features.aec);
         f.reset_ns = s.reset_ns;
         f.timestamp = s.timestamp_ms.map(|ms| (ms, now));
+        if let Some(Ok((id, extended))) = s.host_id.as_deref().map(host_id) {
+            self.host.set(id, extended);
+        }
+        for &(nsid, m) in &s.resv_masks {
+            self.resv_log.set_mask(nsid, m);
+        }
     }
 }

@@ -35,6 +35,11 @@ impl NotificationLog {
         self.masks.insert(nsid, mask);
     }
 
+    /// Every namespace's mask, by NSID (for a hand-over).
+    pub(crate) fn masks(&self) -> Vec<(u32, u32)> {
+        self.masks.iter().map(|(&n, &m)| (n, m)).collect()
+    }
+
     pub(crate) fn mask(&self, nsid: u32) -> Option<u32> {
         self.masks.get(&nsid).copied()
     }
