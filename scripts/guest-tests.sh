@@ -1182,7 +1182,8 @@ suite_multipath() {
     echo "MP_KILL=$kill" >>"$d/config.sh"
     rm -f "$d/mp.img"
     truncate -s 128M "$d/mp.img"
-    if ! vn_serve_start "$d/serve2.log" "$d/vnvme2.sock" --ns "file:$d/mp.img" --serial VNVMEGTMP001 \
+    rm -f "$d/mp.resv"
+    if ! vn_serve_start "$d/serve2.log" "$d/vnvme2.sock" --ns "file:$d/mp.img:resv=$d/mp.resv" --serial VNVMEGTMP001 \
         --cntlid 2 --once --stats-file "$d/stats2.json" --log info --control "$d/ctl2.sock"; then
         result FAIL "$k" "controller 2's vnvme serve did not start"
         return
@@ -1193,7 +1194,7 @@ suite_multipath() {
     QEMU_EXTRA=(-device pcie-root-port,id=rp5,chassis=6
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$d/vnvme2.sock\"},\"bus\":\"rp5\"}")
     VN_HOST_ACTION=mp_action
-    suite_boot "$k" "$d" "$name" multipath.sh --timeout 420 -- --ns "file:$d/mp.img" --serial VNVMEGTMP001 \
+    suite_boot "$k" "$d" "$name" multipath.sh --timeout 420 -- --ns "file:$d/mp.img:resv=$d/mp.resv" --serial VNVMEGTMP001 \
         --cntlid 1 --workers 1
     VN_HOST_ACTION=""
     QEMU_EXTRA=()
@@ -1235,7 +1236,7 @@ suite_multipath() {
             result FAIL "$k" "controller 2's kill (line '${killed}') did not come before fio's end (line '${done}')"
         fi
     fi
-    rm -f "$d/mp.img"
+    rm -f "$d/mp.img" "$d/mp.resv"
     echo "  [$k] $name suite: $(($(date +%s) - t0)) s"
 }
 

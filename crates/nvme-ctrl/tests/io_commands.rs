@@ -245,8 +245,8 @@ fn nvm_invalid_nsid_is_invalid_namespace_or_format() {
 #[test]
 fn nvm_unsupported_io_opcode_is_invalid_opcode() {
     let (mut h, _) = two_formats();
-    // Write Uncorrectable and Reservations are not in ONCS; the rest are not defined
-    // at all.
+    // Write Uncorrectable is not in ONCS; reservation commands need a namespace
+    // with reservations (RESCAP 0 here); the rest are not defined at all.
     for opcode in [
         iop::WRITE_UNCORRECTABLE,
         iop::RESERVATION_REGISTER,

@@ -214,6 +214,31 @@ fn two_hosts_through_two_controllers_conflict_preempt_and_release() {
     assert_eq!(report(&mut p.a).0.regctl.get(), 0);
 }
 
+/// Linux maps a passthrough buffer with an SGL of exactly the NUMD dwords asked:
+/// the report fills all of it (zeroes after the data), or the lengths disagree
+/// (what a Linux 7.3 guest's `nvme resv-report` first found).
+#[test]
+fn a_report_fills_the_whole_buffer_an_sgl_describes() {
+    use nvme_spec::command::Psdt;
+    use nvme_spec::sgl::{SglDescriptor, SglType};
+    let mut p = pair("sgl");
+    name_host(&mut p.a, 0xa1);
+    register(&mut p.a, 9);
+    let buf = p.a.alloc.alloc_pages(1);
+    p.a.mem.fill(buf, 4096, 0xee).unwrap();
+    let mut s = Sqe::with_opcode(op::RESERVATION_REPORT);
+    s.set_cdw0(op::RESERVATION_REPORT, 0, Psdt::SglMptrContiguous);
+    s.set_sgl1(&SglDescriptor::new(SglType::DataBlock, buf, 1024));
+    s.nsid = U32::new(1);
+    s.cdw10 = U32::new(1024 / 4 - 1);
+    assert_eq!(p.a.io_cmd(1, s).status(), Status::SUCCESS);
+    let mut page = vec![0u8; 1028];
+    p.a.mem.read(buf, &mut page).unwrap();
+    assert_eq!(u16::from_le_bytes([page[5], page[6]]), 1, "one registered controller");
+    assert!(page[48..1024].iter().all(|&b| b == 0), "zero filled to NUMD");
+    assert_eq!(&page[1024..], &[0xee; 4], "and not beyond");
+}
+
 #[test]
 fn persistence_and_the_notification_mask() {
     let mut p = pair("features");

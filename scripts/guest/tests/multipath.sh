@@ -70,6 +70,64 @@ if nvme io-passthru "$c1" --namespace-id=1 --opcode=0x01 --data-len=4096 --input
 else
     t_fail "write through $c1, read through $c2: $(head -3 /tmp/o | tr '\n' ' ')"
 fi
+# Reservations between two hosts: each controller's host names itself (Host
+# Identifier 0xa1.. through controller 1, 0xb2.. through controller 2), and
+# nvme-cli's resv-* commands go down each controller's char device.
+printf '\241\241\241\241\241\241\241\241' >/tmp/hid1
+printf '\262\262\262\262\262\262\262\262' >/tmp/hid2
+resv_ok() { "$@" >/tmp/o 2>&1 || { echo "  $*: $(head -2 /tmp/o | tr '\n' ' ')"; return 1; }; }
+# io_status CTRL OPCODE: a one-block write (01h) or read (02h) through CTRL; its output.
+io_status() {
+    if [ "$2" = 1 ]; then
+        nvme io-passthru "$1" --namespace-id=1 --opcode=0x01 --data-len=512 --input-file=/tmp/blk \
+            --cdw10=40000 --cdw12=0 --write 2>&1
+    else
+        nvme io-passthru "$1" --namespace-id=1 --opcode=0x02 --data-len=512 --cdw10=40000 --cdw12=0 \
+            --read --raw-binary 2>&1 >/dev/null
+    fi
+}
+conflict() { io_status "$1" "$2" | grep -qi 'conflict'; }
+if resv_ok nvme set-feature "$c1" -f 0x81 -l 8 -d /tmp/hid1 && resv_ok nvme set-feature "$c2" -f 0x81 -l 8 -d /tmp/hid2 &&
+    resv_ok nvme resv-register "$c1" -n 1 --nrkey=0xaaaa --rrega=0 &&
+    resv_ok nvme resv-register "$c2" -n 1 --nrkey=0xbbbb --rrega=0 &&
+    resv_ok nvme resv-acquire "$c1" -n 1 --crkey=0xaaaa --rtype=1 --racqa=0; then
+    t_pass "nvme resv-register through both controllers, resv-acquire Write Exclusive through controller 1"
+else
+    t_fail "reservation set-up failed"
+fi
+if conflict "$c2" 1 && ! conflict "$c2" 2 && ! conflict "$c1" 1; then
+    t_pass "Write Exclusive held by host 1: host 2's write gets Reservation Conflict, its read and host 1's write go"
+else
+    t_fail "under Write Exclusive: host 2 write: $(io_status "$c2" 1 | head -1); read: $(io_status "$c2" 2 | head -1); host 1 write: $(io_status "$c1" 1 | head -1)"
+fi
+nvme resv-report "$c2" -n 1 2>&1 | head -20
+nvme resv-report "$c2" -n 1 -d 255 -b >/tmp/rep 2>/tmp/rep.err || echo "resv-report: $(head -3 /tmp/rep.err)"
+t_eq "nvme resv-report through controller 2: type, registered controllers, the holder's CNTLID" \
+    "$(od -An -tu1 -j4 -N1 /tmp/rep | tr -d ' ') $(od -An -tu2 -j5 -N2 /tmp/rep | tr -d ' ') \
+$(od -An -tu1 -j24 -N3 /tmp/rep | awk '{ print $1 + 256 * $2, $3 }')" "1 2 1 1"
+# Host 2 preempts and aborts host 1: Exclusive Access is host 2's, host 1 may not
+# even read, and host 1's controller has a notification for it.
+if resv_ok nvme resv-acquire "$c2" -n 1 --crkey=0xbbbb --prkey=0xaaaa --rtype=2 --racqa=2 &&
+    conflict "$c1" 2 && ! conflict "$c2" 1; then
+    t_pass "host 2 preempts and aborts host 1 (Exclusive Access): host 1's read conflicts, host 2 writes"
+else
+    t_fail "preempt and abort: host 1 read: $(io_status "$c1" 2 | head -1); host 2 write: $(io_status "$c2" 1 | head -1)"
+fi
+i=0
+kind=""
+while [ $i -lt 20 ] && [ "${kind:-0}" = 0 ]; do
+    nvme get-log "$c1" -i 0x80 -l 64 -b >/tmp/nlog 2>/dev/null
+    kind=$(od -An -tu1 -j8 -N1 /tmp/nlog | tr -d ' ')
+    [ "${kind:-0}" = 0 ] && usleep 100000
+    i=$((i + 1))
+done
+t_eq "controller 1's reservation notification log: registration preempted, namespace 1" \
+    "$kind $(od -An -tu4 -j12 -N4 /tmp/nlog | tr -d ' ')" "1 1"
+if resv_ok nvme resv-release "$c2" -n 1 --crkey=0xbbbb --rtype=2 --rrela=1 && ! conflict "$c1" 1; then
+    t_pass "nvme resv-release --rrela=1 (clear) through controller 2: host 1 writes again"
+else
+    t_fail "clear: host 1 write: $(io_status "$c1" 1 | head -1)"
+fi
 # The path device of controller 2 (nvme<subsystem>c<controller>n1), whose
 # ana_state and I/O counters sysfs shows.
 p2=$(ls -d /sys/block/nvme*c"${c2#/dev/nvme}"n1 2>/dev/null | head -1)

@@ -112,12 +112,12 @@ impl IoEngine {
             // The structure asked does not carry this host's identifier's form.
             return Ok(Started::Done(Status::HOST_IDENTIFIER_INCONSISTENT_FORMAT));
         }
-        let page = report(&r.current(), c.extended());
-        let len = (c.report_dwords() as u64 * 4).min(page.len() as u64).max(4);
+        // The host's whole buffer (NUMD dwords): the report, cut or zero filled.
+        let len = c.report_dwords() as u64 * 4;
         if len > self.settings().mdts_bytes() {
             return Err(CommandError::TooLarge(len));
         }
-        let mut out = page;
+        let mut out = report(&r.current(), c.extended());
         out.resize(len as usize, 0);
         self.write_command_data(sqe, &out)?;
         Ok(Started::Done(Status::SUCCESS))
