@@ -69,7 +69,7 @@ impl Fuzzer<'_> {
 
     /// The next list page. If the command that last used it may still be
     /// outstanding, its list is about to change under it: taint.
-    fn list_page(&mut self) -> (usize, u64) {
+    pub(crate) fn list_page(&mut self) -> (usize, u64) {
         let (i, addr, owner) = self.areas.next_list_page();
         if let Some((q, cid)) = owner {
             if self.outstanding.get(&q).is_some_and(|s| s.contains(&cid)) {
@@ -79,7 +79,7 @@ impl Fuzzer<'_> {
         (i, addr)
     }
 
-    fn write_mem(&self, addr: u64, bytes: &[u8]) {
+    pub(crate) fn write_mem(&self, addr: u64, bytes: &[u8]) {
         self.h.mem.write(addr, bytes).expect("harness buffers are in guest memory");
     }
 
@@ -233,7 +233,11 @@ impl Fuzzer<'_> {
             zop::ZONE_MGMT_RECV,
             iop::IO_MGMT_RECV,
             iop::IO_MGMT_SEND,
-        ][c.op as usize % 14];
+            iop::RESERVATION_REGISTER,
+            iop::RESERVATION_ACQUIRE,
+            iop::RESERVATION_RELEASE,
+            iop::RESERVATION_REPORT,
+        ][c.op as usize % 18];
         let mut pages = Vec::new();
         let nsid = if c.op % 12 == 8 { NSID_ALL } else { ns.nsid };
         // On a zoned namespace, zone commands mostly name a zone's start (and Zone
@@ -359,6 +363,35 @@ impl Fuzzer<'_> {
                 s.cdw10 = U32::new((c.nlb as u32 % 3) | ((n - 1) << 16));
                 s.set_prps(page, 0);
                 return (s, pages, false);
+            }
+            iop::RESERVATION_REGISTER | iop::RESERVATION_ACQUIRE | iop::RESERVATION_RELEASE => {
+                // Keys from a small set, so they meet; actions, types and IEKEY
+                // of every kind, reserved ones now and then.
+                let (i, page) = self.list_page();
+                pages.push(i);
+                let keys = [(c.slba % 4).to_le_bytes(), ((c.slba >> 2) % 4).to_le_bytes()].concat();
+                self.write_mem(page, &keys);
+                let mut s = Sqe::with_opcode(opcode);
+                s.nsid = U32::new(nsid);
+                s.cdw10 = U32::new(
+                    (c.nlb as u32 % 4)
+                        | (c.flags as u32 & 8)
+                        | ((c.nlb as u32 >> 2) % 8) << 8
+                        | ((c.flags as u32 >> 6) & 3) << 30,
+                );
+                s.set_prps(page, 0);
+                return (s, pages, false);
+            }
+            iop::RESERVATION_REPORT => {
+                // Into a buffer of 1 dword to 8 KiB, either structure.
+                let len = (4 * (1 + c.slba as u64 % 2048)).min(self.p.mdts_bytes);
+                let mut s = Sqe::with_opcode(opcode);
+                s.nsid = U32::new(nsid);
+                s.cdw10 = U32::new((len / 4 - 1) as u32);
+                s.cdw11 = U32::new((c.flags as u32 >> 3) & 1);
+                let (p1, p2) = self.prps(buf, len, c.flags >> 3, &mut pages);
+                s.set_prps(p1, p2);
+                return (s, pages, true);
             }
             iop::FLUSH => FlushCmd { nsid }.to_sqe(),
             iop::WRITE_ZEROES => WriteZeroesCmd { nsid, slba, nlb_z, deac: c.flags & 8 != 0, fua }.to_sqe(),

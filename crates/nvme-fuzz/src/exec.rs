@@ -286,7 +286,19 @@ impl<'s> Fuzzer<'s> {
                 };
                 // Namespaces spread over ANA groups 1 to 3 (reported with a subsystem).
                 let ana_group = Some(1 + n.mib as u32 % 3);
-                NamespaceConfig { zoned, metadata, ana_group, ..NamespaceConfig::new(backend, lba_format) }
+                // Reservations (a state file of its own, in memory) on some.
+                let reservations = (n.kind & 0x40 != 0).then(|| {
+                    let fd = rustix::fs::memfd_create("vnvme-fuzz-resv", rustix::fs::MemfdFlags::CLOEXEC)
+                        .expect("a memfd for the reservation state");
+                    Arc::new(std::fs::File::from(fd))
+                });
+                NamespaceConfig {
+                    zoned,
+                    metadata,
+                    ana_group,
+                    reservations,
+                    ..NamespaceConfig::new(backend, lba_format)
+                }
             })
             .collect();
         let mdts = 1 + s.mdts % 8;
@@ -611,12 +623,30 @@ impl<'s> Fuzzer<'s> {
                 self.stats.init_ok += 1;
                 self.tainted = false;
                 self.admin_reused = false;
+                self.name_host(s.flags);
             }
             Err(_) => {
                 self.stats.init_failed += 1;
                 self.tainted = true;
             }
         }
+    }
+
+    /// Gives the host a Host Identifier (one of two, 64- or 128-bit) when a
+    /// namespace has reservations, so its reservation commands get past Command
+    /// Sequence Error; now and then it stays nameless.
+    fn name_host(&mut self, flags: u8) {
+        if flags & 0x80 != 0 || !self.h.ctrl.namespaces().any(|n| n.reservations().is_some()) {
+            return;
+        }
+        let extended = flags & 0x40 != 0;
+        let (_, page) = self.list_page();
+        self.write_mem(page, &[0xa0 | (flags >> 4 & 1); 16]);
+        let mut c =
+            nvme_spec::admin::SetFeaturesCmd { fid: 0x81, cdw11: extended as u32, ..Default::default() }
+                .to_sqe();
+        c.set_prps(page, 0);
+        let _ = self.h.admin_cmd(c);
     }
 
     /// Creates an I/O queue pair with the mock host's Linux-like helper.
