@@ -170,9 +170,9 @@ impl Ana {
         page
     }
 
-    /// The largest the log page can be with `nn` NSIDs.
-    pub fn max_log_len(nn: u32) -> u64 {
-        16 + 32 * MAX_GROUPS as u64 + 4 * nn as u64
+    /// A namespace joined or left a group: the log's content changed.
+    pub(crate) fn membership_changed(&self) {
+        self.change_count.fetch_add(1, Ordering::AcqRel);
     }
 
     /// What a hand-over carries: the groups not optimized, and the log's count.

@@ -126,8 +126,9 @@ fn identify_reports_reservations_where_a_namespace_has_them() {
     assert_eq!(c.oncs.get() & oncs::RESERVATIONS, oncs::RESERVATIONS);
     let n1 = IdentifyNamespace::read_from_bytes(&p.a.identify(0, 1).unwrap()).unwrap();
     let n2 = IdentifyNamespace::read_from_bytes(&p.a.identify(0, 2).unwrap()).unwrap();
-    // Persist through power loss, the six types, IEKEY as 1.3 has it; none on 2.
-    assert_eq!((n1.rescap, n2.rescap), (0xff, 0));
+    // Persist through power loss and the six types (IEKEY honoured everywhere,
+    // so not bit 7); none on 2.
+    assert_eq!((n1.rescap, n2.rescap), (0x7f, 0));
     // A namespace without reservations takes no reservation command.
     let mut s = Sqe::with_opcode(op::RESERVATION_REPORT);
     s.nsid = U32::new(2);
@@ -149,6 +150,11 @@ fn a_host_must_name_itself_before_it_registers() {
     let mut id = [0u8; 8];
     p.a.mem.read(buf, &mut id).unwrap();
     assert_eq!((id, cqe.dw0.get()), ([0xa1; 8], 0));
+    // Not saveable.
+    let buf = p.a.alloc.alloc_pages(1);
+    let mut c = SetFeaturesCmd { fid: fid::HOST_IDENTIFIER, sv: true, ..Default::default() }.to_sqe();
+    c.set_prps(buf, 0);
+    assert_eq!(p.a.admin_status(c).code(), Status::FEATURE_NOT_SAVEABLE);
     // Registered, the host keeps its identifier.
     let buf = p.a.alloc.alloc_pages(1);
     p.a.mem.write(buf, &[0xa2; 8]).unwrap();

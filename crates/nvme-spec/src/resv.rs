@@ -62,8 +62,9 @@ pub mod rescap {
     pub const PTPL: u8 = 1 << 0;
     /// Write Exclusive to Exclusive Access All Registrants (bits 1 to 6).
     pub const ALL_TYPES: u8 = 0b0111_1110;
-    /// Ignore Existing Key follows NVMe 1.3 and later (a key mismatch is an error
-    /// even with IEKEY for an unregistered host's Replace...).
+    /// Ignore Existing Key as NVMe 1.3 and later define it (IEKEY on Acquire and
+    /// Release is reserved). Not set: IEKEY is honoured on every command, as
+    /// Linux sends it.
     pub const IEKEY13: u8 = 1 << 7;
 }
 

@@ -84,6 +84,13 @@ pub struct NsSpec {
     pub zoned: Option<crate::zonespec::ZoneSpec>,
     /// Metadata and protection options (None: formats without metadata only).
     pub meta: Option<crate::metaspec::MetaSpec>,
+    /// What it has as a namespace of a subsystem of several controllers.
+    pub shared: SharedSpec,
+}
+
+/// A namespace's options as one of a subsystem's, shared by its controllers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedSpec {
     /// Its ANA group (`ana=G`; None: group 1), reported with --cntlid.
     pub ana_group: Option<u32>,
     /// Its reservation state file (`resv=PATH`; None: no reservations), the
@@ -400,8 +407,8 @@ impl NsSpec {
             None => None,
         };
         needs.meta = self.meta.is_some();
-        needs.resv = self.resv.is_some();
-        let reservations = match &self.resv {
+        needs.resv = self.shared.resv.is_some();
+        let reservations = match &self.shared.resv {
             Some(p) => Some(Arc::new(crate::zonespec::open_kept_file(p, "reservation state file")?)),
             None => None,
         };
@@ -418,7 +425,7 @@ impl NsSpec {
             timeout: self.timeout,
             zoned,
             metadata,
-            ana_group: self.ana_group,
+            ana_group: self.shared.ana_group,
             reservations,
         })
     }
@@ -465,8 +472,7 @@ impl FromStr for NsSpec {
             hold: None,
             zoned: None,
             meta: None,
-            ana_group: None,
-            resv: None,
+            shared: SharedSpec::default(),
         };
         let uri_kind = s.starts_with("nvme://") || s.starts_with("nbd");
         let (head, opts) = if uri_kind { split_uri_options(s) } else { (s, "") };
@@ -596,9 +602,9 @@ impl NsSpec {
             }
             Some(("fault", v)) => spec.faults.push(v.parse()?),
             Some(("resv", "")) => return Err("resv=PATH: the reservation state file's path".into()),
-            Some(("resv", v)) => spec.resv = Some(PathBuf::from(v)),
+            Some(("resv", v)) => spec.shared.resv = Some(PathBuf::from(v)),
             Some(("ana", v)) => match v.parse::<u32>() {
-                Ok(g) if (1..=nvme_ctrl::ana::MAX_GROUPS).contains(&g) => spec.ana_group = Some(g),
+                Ok(g) if (1..=nvme_ctrl::ana::MAX_GROUPS).contains(&g) => spec.shared.ana_group = Some(g),
                 _ => return Err(format!("ana={v}: the ANA group is 1 to {}", nvme_ctrl::ana::MAX_GROUPS)),
             },
             Some(("timeout", v)) => spec.timeout = parse_timeout(v)?,

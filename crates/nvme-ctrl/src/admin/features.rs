@@ -115,11 +115,11 @@ impl Admin<'_> {
             // Saved or not, it is what the configuration made it.
             return self.set_fdp(sqe);
         }
-        if let Some(r) = self.set_resv_feature(sqe) {
-            return r;
-        }
         if f.sv() {
             return status(Status::FEATURE_NOT_SAVEABLE);
+        }
+        if let Some(r) = self.set_resv_feature(sqe) {
+            return r;
         }
         let v = f.value();
         let cur = &mut self.admin.features.cur;

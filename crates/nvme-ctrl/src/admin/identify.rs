@@ -158,15 +158,10 @@ impl Admin<'_> {
         // Deallocation and Write Zeroes only where a backend does them natively.
         let dsm = if self.engine.ctx.caps.dsm { oncs::DSM } else { 0 };
         let wz = if self.engine.ctx.caps.write_zeroes { oncs::WRITE_ZEROES } else { 0 };
+        // Reservations where some namespace has them (a state file).
+        let resv = if self.admin.resv_log.watching() { oncs::RESERVATIONS } else { 0 };
         c.oncs = U16::new(
-            oncs::COMPARE
-                | dsm
-                | wz
-                | oncs::SAVE_SELECT
-                | oncs::RESERVATIONS
-                | oncs::TIMESTAMP
-                | oncs::VERIFY
-                | oncs::COPY,
+            oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | resv | oncs::TIMESTAMP | oncs::VERIFY | oncs::COPY,
         );
         // Copy descriptor formats 0h and 1h (the latter for the 64-bit guard).
         c.ocfs = U16::new(0b11);
@@ -249,9 +244,10 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.nguid = ns.nguid;
     d.eui64 = ns.eui64;
     if ns.reservations().is_some() {
-        // Every type, kept through power loss (the state file), IEKEY as 1.3 has it.
+        // Every type, kept through power loss (the state file); IEKEY honoured
+        // on Acquire and Release too (Linux sets it there), so not the 1.3 bit.
         use nvme_spec::resv::rescap;
-        d.rescap = rescap::PTPL | rescap::ALL_TYPES | rescap::IEKEY13;
+        d.rescap = rescap::PTPL | rescap::ALL_TYPES;
     }
     d
 }

@@ -40,8 +40,12 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => command_effects(false, self.admin.fdp.is_some()).as_bytes().to_vec(),
-                CSI_ZNS => command_effects(true, self.admin.fdp.is_some()).as_bytes().to_vec(),
+                CSI_NVM => command_effects(false, self.admin.fdp.is_some(), self.admin.resv_log.watching())
+                    .as_bytes()
+                    .to_vec(),
+                CSI_ZNS => command_effects(true, self.admin.fdp.is_some(), self.admin.resv_log.watching())
+                    .as_bytes()
+                    .to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",
@@ -97,6 +101,10 @@ impl Admin<'_> {
         let n = avail.len().min(out.len());
         out[..n].copy_from_slice(&avail[..n]);
         self.copy_to_host(sqe, &out)?;
+        if g.lid() == nvme_spec::resv::LID_NOTIFICATION {
+            // Delivered: the next read gives the next entry.
+            self.admin.resv_log.taken();
+        }
         if !g.rae() {
             self.events.log_read(g.lid());
             if let (lid::CHANGED_ZONE_LIST, Ok(ns)) = (g.lid(), self.active_ns(sqe.nsid.get())) {
@@ -134,7 +142,7 @@ impl Admin<'_> {
 /// knows to quiesce around Format NVM; with `zoned`, of the Zoned Namespace command
 /// set (the NVM set's commands and its own: a Linux host reads Zone Append's entry
 /// before it lets a zoned namespace be written); with `fdp`, I/O Management.
-fn command_effects(zoned: bool, fdp: bool) -> CommandsSupportedAndEffects {
+fn command_effects(zoned: bool, fdp: bool, resv: bool) -> CommandsSupportedAndEffects {
     let mut e = CommandsSupportedAndEffects::new_zeroed();
     let s = effects::CSUPP;
     for op in [
@@ -159,6 +167,16 @@ fn command_effects(zoned: bool, fdp: bool) -> CommandsSupportedAndEffects {
     }
     for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
         e.iocs[op as usize] = U32::new(s | effects::LBCC);
+    }
+    if resv {
+        for op in [
+            iop::RESERVATION_REGISTER,
+            iop::RESERVATION_REPORT,
+            iop::RESERVATION_ACQUIRE,
+            iop::RESERVATION_RELEASE,
+        ] {
+            e.iocs[op as usize] = U32::new(s);
+        }
     }
     if fdp {
         e.iocs[iop::IO_MGMT_RECV as usize] = U32::new(s);

@@ -66,6 +66,10 @@ impl Admin<'_> {
         let data = self.copy_from_host(sqe, len)?;
         let mut id = [0u8; 16];
         id[..len].copy_from_slice(&data);
+        // No reservation command of this host runs meanwhile (see
+        // `HostIdentity::serialize`).
+        let host = self.admin.host.clone();
+        let _one = host.serialize();
         let (old, _) = self.admin.host.get();
         if id != old {
             // A registered host keeps its identifier (Command Sequence Error).
@@ -122,15 +126,10 @@ impl Admin<'_> {
         })
     }
 
-    /// The Reservation Notification log page: its next entry.
+    /// The Reservation Notification log page: its next entry (taken once the
+    /// host has it: [`NotificationLog::taken`](crate::reservation::NotificationLog)).
     pub(crate) fn resv_notification_page(&mut self) -> Vec<u8> {
-        let e = self.admin.resv_log.take();
-        let page = e.as_bytes().to_vec();
-        if self.admin.resv_log.is_empty() {
-            // Read to its end: the event type may be reported again.
-            self.events.log_read(nvme_spec::resv::LID_NOTIFICATION);
-        }
-        page
+        self.admin.resv_log.peek().as_bytes().to_vec()
     }
 
     /// Takes the notifications other controllers' changes owe this one: log

@@ -76,6 +76,7 @@ impl Controller {
         slots[nsid as usize - 1] = Some(ns.clone());
         self.publish_namespaces(slots.into());
         info!(nsid, backend = %ns.info.kind, size = ns.size(), "namespace added");
+        self.admin.ana.membership_changed();
         self.namespace_changed(nsid);
         Ok(nsid)
     }
@@ -95,6 +96,7 @@ impl Controller {
         self.qos.remove(&nsid);
         self.admin.detach(nsid);
         info!(nsid, backend = %ns.info.kind, "namespace removed");
+        self.admin.ana.membership_changed();
         self.namespace_changed(nsid);
         Ok(())
     }

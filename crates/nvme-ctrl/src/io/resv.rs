@@ -58,6 +58,9 @@ impl IoEngine {
             return Ok(());
         }
         match crate::namespace::lookup(&self.ctx.namespaces, nsid) {
+            // A path this controller does not serve now answers with its path
+            // error first (retryable elsewhere), not a conflict.
+            Some(ns) if ns.ana_group().refusal().is_some() => Ok(()),
             Some(ns) => check(ns, sqe.opcode()),
             None => Ok(()),
         }

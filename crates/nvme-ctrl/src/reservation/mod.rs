@@ -33,11 +33,19 @@ pub struct HostIdentity {
     /// Set as the 128-bit form (EXHID).
     extended: AtomicBool,
     cntlid: u16,
+    /// Held by each reservation command and by a change of the identifier, so a
+    /// command never registers under an identifier being replaced.
+    one_at_a_time: std::sync::Mutex<()>,
 }
 
 impl HostIdentity {
     pub fn new(cntlid: u16) -> Self {
-        HostIdentity { id: RwLock::new([0; 16]), extended: AtomicBool::new(false), cntlid }
+        HostIdentity {
+            id: RwLock::new([0; 16]),
+            extended: AtomicBool::new(false),
+            cntlid,
+            one_at_a_time: Default::default(),
+        }
     }
 
     pub fn get(&self) -> (HostId, bool) {
@@ -52,6 +60,11 @@ impl HostIdentity {
     /// Back to unset (a controller reset: features return to their defaults).
     pub fn clear(&self) {
         self.set([0; 16], false);
+    }
+
+    /// Held over a reservation command, or a change of the identifier.
+    pub fn serialize(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.one_at_a_time.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn cntlid(&self) -> u16 {
@@ -102,6 +115,7 @@ impl Reservations {
         &self,
         f: impl FnOnce(&mut ResvState, &Requester) -> Result<T, nvme_spec::Status>,
     ) -> Result<T, nvme_spec::Status> {
+        let _one = self.host.serialize();
         let me = self.host.requester()?;
         self.file.update(|s| f(s, &me)).map_err(|e| match e {
             store::UpdateError::Rules(s) => s,

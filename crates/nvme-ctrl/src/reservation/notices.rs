@@ -44,10 +44,6 @@ impl NotificationLog {
         self.masks.get(&nsid).copied()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.unread.is_empty()
-    }
-
     pub(crate) fn watching(&self) -> bool {
         self.watching
     }
@@ -60,16 +56,21 @@ impl NotificationLog {
         }
     }
 
-    /// The next entry (an empty one when none is unread), taking it.
-    pub(crate) fn take(&mut self) -> ReservationNotificationLog {
+    /// The next entry (an empty one when none is unread), left in place.
+    pub(crate) fn peek(&self) -> ReservationNotificationLog {
         let mut e = ReservationNotificationLog::new_zeroed();
-        if let Some((kind, nsid)) = self.unread.pop_front() {
-            e.count = U64::new(self.count - self.unread.len() as u64);
+        if let Some(&(kind, nsid)) = self.unread.front() {
+            e.count = U64::new(self.count - (self.unread.len() as u64 - 1));
             e.kind = kind;
             e.nsid = U32::new(nsid);
-            e.available = self.unread.len().min(255) as u8;
+            e.available = (self.unread.len() - 1).min(255) as u8;
         }
         e
+    }
+
+    /// The host read the next entry: it goes.
+    pub(crate) fn taken(&mut self) {
+        self.unread.pop_front();
     }
 
     pub(crate) fn masked(&self, nsid: u32, kind: u8) -> bool {

@@ -170,7 +170,10 @@ impl ResvState {
                         if !r.cntlids.contains(&me.cntlid) {
                             r.cntlids.push(me.cntlid);
                         }
-                        return self.set_ptpl(ptpl.0, ptpl.1);
+                        self.set_ptpl(ptpl.0, ptpl.1)?;
+                        // A successful Register moves the generation, as any does.
+                        self.generation = self.generation.wrapping_add(1);
+                        return Ok(());
                     }
                     Some(_) => return Err(Status::RESERVATION_CONFLICT),
                     None if nrkey == 0 => return Err(Status::INVALID_FIELD),
@@ -199,9 +202,16 @@ impl ResvState {
                 match self.checked_key(me, crkey, iekey) {
                     Ok(i) => self.registrants[i].key = nrkey,
                     // Replace with Ignore Existing Key registers a host that is not.
-                    Err(_) if iekey && self.registrant(&me.host).is_none() => self
-                        .registrants
-                        .push(Registrant { host: me.host, key: nrkey, cntlids: vec![me.cntlid] }),
+                    Err(_) if iekey && self.registrant(&me.host).is_none() => {
+                        if self.registrants.len() >= MAX_REGISTRANTS {
+                            return Err(Status::RESERVATION_CONFLICT);
+                        }
+                        self.registrants.push(Registrant {
+                            host: me.host,
+                            key: nrkey,
+                            cntlids: vec![me.cntlid],
+                        })
+                    }
                     Err(e) => return Err(e),
                 }
                 self.set_ptpl(ptpl.0, ptpl.1)?;
@@ -337,14 +347,6 @@ impl ResvState {
                 Ok(())
             }
             _ => Err(Status::INVALID_FIELD),
-        }
-    }
-
-    /// What a controller without Persist Through Power Loss keeps over a power
-    /// loss (a restart of every controller): nothing.
-    pub fn power_loss(&mut self) {
-        if !self.ptpl {
-            *self = ResvState { generation: self.generation, ..Default::default() };
         }
     }
 

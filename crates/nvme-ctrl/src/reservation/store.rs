@@ -1,13 +1,14 @@
 //! The reservation state file every controller of a subsystem shares: a header
 //! page (magic, version, and the change counter each process maps and reads
 //! atomically), then the state as length-prefixed JSON from byte 4096. Updates
-//! hold the file's exclusive lock (flock: between processes, and between the
-//! separate opens of one process); a reload holds it shared.
+//! hold the file's exclusive lock (flock, between processes; a process-wide
+//! mutex per file, within one); a reload holds it shared.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use guest_mem::{GuestMemory, Mapping};
 use rustix::fs::{flock, FlockOperation};
@@ -47,8 +48,10 @@ pub(super) enum UpdateError {
 }
 
 /// The file's lock, held until dropped. flock excludes other open file
-/// descriptions (other processes); threads sharing this one (a controller's
-/// workers) are kept apart by [`ResvFile`]'s mutex, taken first.
+/// descriptions (other processes); within this process every open of the file
+/// (a controller's workers, two namespaces given one file, a namespace removed
+/// and added again) is kept apart by the file's process-wide mutex
+/// ([`inode_lock`]), taken first, so two flocks of one process never overlap.
 struct Locked<'a>(&'a File);
 
 impl<'a> Locked<'a> {
@@ -65,17 +68,35 @@ impl Drop for Locked<'_> {
     }
 }
 
+/// The process-wide mutex of the file `f` is (by device and inode).
+fn inode_lock(f: &File) -> std::io::Result<Arc<Mutex<()>>> {
+    use std::os::unix::fs::MetadataExt;
+    /// Each file's mutex, by (device, inode), while some open of it lives.
+    type Locks = Mutex<HashMap<(u64, u64), Weak<Mutex<()>>>>;
+    static LOCKS: OnceLock<Locks> = OnceLock::new();
+    let m = f.metadata()?;
+    let mut all = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    all.retain(|_, w| w.strong_count() > 0);
+    let key = (m.dev(), m.ino());
+    if let Some(l) = all.get(&key).and_then(Weak::upgrade) {
+        return Ok(l);
+    }
+    let l = Arc::new(Mutex::new(()));
+    all.insert(key, Arc::downgrade(&l));
+    Ok(l)
+}
+
 /// One open of a reservation state file.
 pub struct ResvFile {
     file: File,
     /// The header page, mapped shared: the change counter at [`COUNTER_AT`].
     header: GuestMemory,
-    /// The state as of a counter value.
+    /// The state as of a counter value (the last one tried, read well or not).
     cache: RwLock<(u32, Arc<ResvState>)>,
     /// The counter when notifications were last looked for.
     notices_seen: AtomicU32,
     /// Held over each update and reload (see [`Locked`]).
-    threads: std::sync::Mutex<()>,
+    threads: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for ResvFile {
@@ -88,42 +109,43 @@ impl ResvFile {
     /// Opens `file` (read-write) as a state file: an empty one becomes a new
     /// state file with no registrants.
     pub fn open(file: File) -> Result<Self, StoreError> {
-        let state = {
-            let _l = Locked::new(&file, true)?;
-            if file.metadata()?.len() == 0 {
-                let mut head = vec![0u8; DATA_AT as usize];
-                head[..8].copy_from_slice(MAGIC);
-                head[8..12].copy_from_slice(&VERSION.to_le_bytes());
-                file.write_all_at(&head, 0)?;
-                write_state(&file, &ResvState::default())?;
-            }
-            let mut head = [0u8; 12];
-            file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs)?;
-            if &head[..8] != MAGIC {
-                return Err(StoreError::NotOurs);
-            }
-            let v = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
-            if v != VERSION {
-                return Err(StoreError::Version(v));
-            }
-            read_state(&file)?
-        };
+        let threads = inode_lock(&file)?;
+        let t = threads.lock().unwrap_or_else(|p| p.into_inner());
+        let l = Locked::new(&file, true)?;
+        if file.metadata()?.len() == 0 {
+            let mut head = vec![0u8; DATA_AT as usize];
+            head[..8].copy_from_slice(MAGIC);
+            head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            file.write_all_at(&head, 0)?;
+            write_state(&file, &ResvState::default())?;
+        }
+        let mut head = [0u8; 12];
+        file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs)?;
+        if &head[..8] != MAGIC {
+            return Err(StoreError::NotOurs);
+        }
+        let v = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+        if v != VERSION {
+            return Err(StoreError::Version(v));
+        }
+        // The header mapped, then the state and the counter read under one lock:
+        // they go together.
         let map = Mapping::from_fd(std::os::fd::AsFd::as_fd(&file), 0, DATA_AT, true)
             .map_err(|e| StoreError::Map(e.to_string()))?;
         let header = GuestMemory::empty()
             .with_region(0, DATA_AT, Arc::new(map), 0)
             .map_err(|e| StoreError::Map(e.to_string()))?;
-        let f = ResvFile {
+        let state = read_state(&file)?;
+        let c = header.load_u32(COUNTER_AT).map_err(|e| StoreError::Map(e.to_string()))?;
+        drop(l);
+        drop(t);
+        Ok(ResvFile {
             file,
             header,
-            cache: RwLock::new((0, Arc::new(state))),
-            notices_seen: AtomicU32::new(0),
-            threads: Default::default(),
-        };
-        let c = f.counter();
-        f.cache.write().unwrap_or_else(|p| p.into_inner()).0 = c;
-        f.notices_seen.store(c.wrapping_sub(1), Ordering::Relaxed);
-        Ok(f)
+            cache: RwLock::new((c, Arc::new(state))),
+            notices_seen: AtomicU32::new(c.wrapping_sub(1)),
+            threads,
+        })
     }
 
     fn counter(&self) -> u32 {
@@ -153,32 +175,46 @@ impl ResvFile {
         let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
         match fresh {
             Ok((c, s)) => *g = (c, Arc::new(s)),
-            // Keep what was last read good, and say so.
-            Err(e) => log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}"),
+            Err(e) => {
+                // Keep what was last read good, and say so once per change: the
+                // next command does not read the file again for the same counter.
+                g.0 = self.counter();
+                log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}");
+            }
         }
         g.1.clone()
     }
 
     /// Runs `f` on the state under the exclusive lock; writes it back and moves
-    /// the counter if it changed.
+    /// the counter if it changed (a state the rules would not read back is never
+    /// written). With Persist Through Power Loss, the write is made durable after
+    /// the lock is let go (other controllers do not wait on the sync).
     pub(super) fn update<T>(
         &self,
         f: impl FnOnce(&mut ResvState) -> Result<T, nvme_spec::Status>,
     ) -> Result<T, UpdateError> {
-        let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
-        let mut s = read_state(&self.file).map_err(UpdateError::Store)?;
-        let before = s.clone();
-        let r = f(&mut s).map_err(UpdateError::Rules)?;
-        let mut c = self.counter();
-        if s != before {
-            write_state(&self.file, &s).map_err(UpdateError::Store)?;
-            c = c.wrapping_add(1);
-            self.header
-                .store_u32(COUNTER_AT, c)
-                .map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
+        let (r, sync) = {
+            let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+            let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
+            let mut s = read_state(&self.file).map_err(UpdateError::Store)?;
+            let before = s.clone();
+            let r = f(&mut s).map_err(UpdateError::Rules)?;
+            let mut c = self.counter();
+            let changed = s != before;
+            if changed {
+                s.check().map_err(|e| UpdateError::Store(StoreError::Damaged(e)))?;
+                write_state(&self.file, &s).map_err(UpdateError::Store)?;
+                c = c.wrapping_add(1);
+                let moved = self.header.store_u32(COUNTER_AT, c);
+                moved.map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
+            }
+            let sync = changed && s.ptpl;
+            *self.cache.write().unwrap_or_else(|p| p.into_inner()) = (c, Arc::new(s));
+            (r, sync)
+        };
+        if sync {
+            self.file.sync_data().map_err(|e| UpdateError::Store(e.into()))?;
         }
-        *self.cache.write().unwrap_or_else(|p| p.into_inner()) = (c, Arc::new(s));
         Ok(r)
     }
 
@@ -210,8 +246,5 @@ fn write_state(file: &File, s: &ResvState) -> Result<(), StoreError> {
     out.extend_from_slice(&data);
     file.write_all_at(&out, DATA_AT)?;
     file.set_len(DATA_AT + out.len() as u64)?;
-    if s.ptpl {
-        file.sync_data()?;
-    }
     Ok(())
 }

@@ -252,3 +252,23 @@ fn two_opens_of_one_file_share_the_state() {
     assert!(matches!(ResvFile::open(f), Err(super::StoreError::NotOurs)));
     let _ = std::fs::remove_file(&p);
 }
+
+/// The registrant bound holds for every way in (Replace with IEKEY registers
+/// too), and every successful Register moves the generation.
+#[test]
+fn the_registrant_bound_and_the_generation() {
+    let mut s = ResvState::default();
+    for i in 0..super::rules::MAX_REGISTRANTS {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+        reg(&mut s, &Requester { host: h, cntlid: 1 }, 1).unwrap();
+    }
+    let late = host(0xff, 9);
+    assert_eq!(reg(&mut s, &late, 1), Err(Status::RESERVATION_CONFLICT));
+    assert_eq!(s.register(&late, rrega::REPLACE, true, 0, 5, NO_PTPL), Err(Status::RESERVATION_CONFLICT));
+    assert!(s.check().is_ok(), "the state stays one the file reads back");
+    let g = s.generation;
+    let first = s.registrants[0].clone();
+    reg(&mut s, &Requester { host: first.host, cntlid: 2 }, first.key).unwrap();
+    assert_eq!(s.generation, g + 1, "registering again with the same key moves it too");
+}
