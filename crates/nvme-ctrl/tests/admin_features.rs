@@ -144,8 +144,9 @@ fn spec_5_1_25_invalid_values_are_invalid_field() {
     for (f, dw11) in [(fid::INTERRUPT_VECTOR_CONFIG, 65), (fid::TEMPERATURE_THRESHOLD, 2 << 20)] {
         assert_cqe(&h.get_features_raw(f, SEL_CURRENT, dw11), Status::INVALID_FIELD.with_dnr());
     }
-    // Unknown and unimplemented feature identifiers.
-    for f in [0x00, 0x03, 0x0c, 0x0d, 0x0f, 0x10, 0x11, 0x7f, 0x80, 0xc0, 0xff] {
+    // Unknown and unimplemented feature identifiers (81h-83h: no namespace here
+    // has reservations).
+    for f in [0x00, 0x03, 0x0c, 0x0d, 0x0f, 0x10, 0x11, 0x7f, 0x80, 0x81, 0x82, 0x83, 0xc0, 0xff] {
         assert_cqe(&h.set_features_raw(f, 0, false), Status::INVALID_FIELD.with_dnr());
         for sel in [SEL_CURRENT, SEL_DEFAULT, SEL_CAPS] {
             assert_cqe(&h.get_features_raw(f, sel, 0), Status::INVALID_FIELD.with_dnr());

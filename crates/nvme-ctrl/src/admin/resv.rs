@@ -33,6 +33,10 @@ fn reserved(namespaces: &[Option<Arc<Namespace>>], nsid: u32) -> CmdResult<Vec<A
 impl Admin<'_> {
     /// Set Features of a reservation feature (None: not one).
     pub(crate) fn set_resv_feature(&mut self, sqe: &Sqe) -> Option<CmdResult<AdminDone>> {
+        if !self.admin.resv_log.watching() {
+            // No namespace has reservations: the features do not exist.
+            return None;
+        }
         let f = Features(sqe);
         Some(match f.fid() {
             fid::HOST_IDENTIFIER => self.set_host_id(sqe),
@@ -86,6 +90,9 @@ impl Admin<'_> {
 
     /// Get Features of a reservation feature (None: not one).
     pub(crate) fn get_resv_feature(&mut self, sqe: &Sqe) -> Option<CmdResult<AdminDone>> {
+        if !self.admin.resv_log.watching() {
+            return None;
+        }
         let f = Features(sqe);
         if f.sel() == FeatureSelect::SupportedCapabilities {
             return match f.fid() {
