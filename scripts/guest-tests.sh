@@ -126,6 +126,10 @@ own \`vnvme serve\` (built with cargo build --release first):
          fails over the writes in flight on the dead path, but routes a few new
          ones to the path as it is removed and ends them with EIO (the guest
          prints its nvme and block completion traces; docs/subsystems.md).
+ multipath-qemu (asked for only; last kernel) multipath.sh on QEMU's own nvme:
+         an nvme-subsys with two controllers and one shared namespace on a raw
+         file, reported beside the multipath suite's counts (ask for both); the
+         ANA changes only vnvme's host side makes are skipped.
  zns-qemu (asked for only; last kernel) the zoned namespace checks of the main
          suite (scripts/guest/tests/zns.sh) on vnvme with one zoned namespace
          (zoned=8M:zone-cap=6M:max-open=16:max-active=16), counted, and on QEMU's
@@ -153,8 +157,8 @@ own \`vnvme serve\` (built with cargo build --release first):
 
   --kernel K        bookworm | newest | KVER (repeat; default: bookworm newest)
   --suite S         run only suite S (repeat; main, reboot, faults, netstore, outage, live,
-                    upgrade, multipath, multipath-kill, zns-qemu, pi-qemu, fdp-qemu;
-                    default: all but multipath-kill, zns-qemu, pi-qemu and fdp-qemu)
+                    upgrade, multipath, multipath-kill, multipath-qemu, zns-qemu, pi-qemu,
+                    fdp-qemu; default: all but multipath-kill and the -qemu ones)
   --accel A         passed to boot.sh (default: \$VNVME_ACCEL or auto)
   --no-fetch        do not run the fetch scripts (QEMU, kernels, initramfs)
   --no-build        do not run cargo build (use \$VNVME_BIN or target/release)
@@ -1240,6 +1244,41 @@ suite_multipath() {
     echo "  [$k] $name suite: $(($(date +%s) - t0)) s"
 }
 
+# The multipath checks on QEMU's own nvme (not in the default run: a comparison,
+# reported, not counted): an nvme-subsys with two nvme controllers and one shared
+# namespace on a raw file, multipath.sh as for vnvme's multipath suite (whose
+# counts it prints beside, when that ran too); the ANA states vnvme's host side
+# changes are skipped.
+suite_multipath_qemu() {
+    local k=$1
+    local d="$work/$k-multipath-qemu" t0
+    mkdir -p "$d/qemu"
+    t0=$(date +%s)
+    echo
+    echo "== [$k] multipath-qemu suite: the multipath checks on QEMU's nvme (nvme-subsys, two controllers, one shared namespace)"
+    write_config "$d/qemu/config.sh" QEMUMP00001 $((128 << 20)) 512 0 512 0 512
+    printf 'DEVICE=qemu-nvme\nCNTLIDS="0 1 "\nMP_KILL=0\n' >>"$d/qemu/config.sh"
+    rm -f "$d/qemu/mp.img"
+    truncate -s 128M "$d/qemu/mp.img"
+    qemu_alone "$k" "$d/qemu" multipath.sh \
+        -drive "file=$d/qemu/mp.img,if=none,id=m1,format=raw,cache=none,aio=io_uring" \
+        -device nvme-subsys,id=ms0,nqn=vnvme-mp-compare \
+        -device nvme,id=nv0,serial=QEMUMP00001,subsys=ms0 \
+        -device nvme,id=nv1,serial=QEMUMP00001,subsys=ms0 \
+        -device nvme-ns,drive=m1,nsid=1,shared=on
+    local v="$work/$k-multipath/guest.log"
+    echo "  [$k] multipath checks side by side (the same kernel and script):"
+    if [[ -f $v ]]; then
+        printf '    %-10s %s passed, %s failed\n' "vnvme:" "$(grep -ac '^PASS: ' "$v")" "$(grep -ac '^FAIL: ' "$v")"
+    fi
+    printf '    %-10s %s passed, %s failed, %s skipped (reported, not counted)\n' "QEMU nvme:" \
+        "$(grep -ac '^PASS: ' "$d/qemu/guest.log")" "$(grep -ac '^FAIL: ' "$d/qemu/guest.log")" \
+        "$(grep -ac '^SKIP: ' "$d/qemu/guest.log")"
+    grep -ah '^FAIL: ' "$d/qemu/guest.log" | sed "s/^/      QEMU /"
+    rm -f "$d/qemu/mp.img"
+    echo "  [$k] multipath-qemu suite: $(($(date +%s) - t0)) s"
+}
+
 # The flexible data placement checks side by side (not in the default run: a
 # comparison, not a test of vnvme): fdp.sh on vnvme with one namespace and
 # --fdp 4:ru=1M, counted, and on QEMU's nvme in a subsystem with fdp=on,
@@ -1368,6 +1407,7 @@ if [[ -e $(kernel_dir "$k_last")/.complete ]]; then
     asked fdp-qemu && suite_fdp_qemu "$k_last"
     want multipath && suite_multipath "$k_last" 0
     asked multipath-kill && suite_multipath "$k_last" 1
+    asked multipath-qemu && suite_multipath_qemu "$k_last"
 fi
 # Namespaces changed under the guest: on every kernel (6.1 and the newest rescan
 # differently).

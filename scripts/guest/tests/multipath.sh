@@ -34,7 +34,7 @@ fi
 subsys=$(ls -d /sys/class/nvme-subsystem/nvme-subsys* | head -1)
 t_eq "one subsystem, both controllers in it ($subsys)" \
     "$(ls -d /sys/class/nvme-subsystem/nvme-subsys* | wc -l) $(ls "$subsys" | grep -c '^nvme[0-9]*$')" "1 2"
-t_eq "controller IDs" "$(cat /sys/class/nvme/nvme*/cntlid | sort | tr '\n' ' ')" "1 2 "
+t_eq "controller IDs" "$(cat /sys/class/nvme/nvme*/cntlid | sort -n | tr '\n' ' ')" "${CNTLIDS:-1 2 }"
 t_eq "one namespace head ($head) over two path devices" "$(ls /sys/block | grep -c 'c[0-9]*n1$')" 2
 nvme list-subsys >/tmp/ls 2>&1
 t_eq "nvme list-subsys: two live paths" "$(grep -c ' live' /tmp/ls)" 2
@@ -54,12 +54,11 @@ fio_verified "fio randwrite QD 16 + crc32c verify through the head (iopolicy rou
 # One block through each controller: I/O passthrough on its own character
 # device, which goes to that controller only. What one wrote, the other reads.
 dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
+# Controller "1" and "2": the lower CNTLID and the higher.
 c1=/dev/nvme0 c2=/dev/nvme1
+first=$(cat /sys/class/nvme/nvme*/cntlid | sort -n | head -1)
 for c in /sys/class/nvme/nvme*; do
-    case $(cat "$c/cntlid") in
-    1) c1=/dev/${c##*/} ;;
-    2) c2=/dev/${c##*/} ;;
-    esac
+    if [ "$(cat "$c/cntlid")" = "$first" ]; then c1=/dev/${c##*/}; else c2=/dev/${c##*/}; fi
 done
 if nvme io-passthru "$c1" --namespace-id=1 --opcode=0x01 --data-len=4096 --input-file=/tmp/blk \
     --cdw10=40000 --cdw12=7 --write >/tmp/o 2>&1 &&
@@ -146,6 +145,15 @@ ana_wait() {
 writes_of() { awk '{ print $5 }' "$1/stat" 2>/dev/null; }
 if [ "${MP_KILL:-0}" = 1 ]; then
     :
+elif [ "${DEVICE:-vnvme}" != vnvme ]; then
+    # Another device (the multipath-qemu comparison): what a host reads of ANA;
+    # the host side changes vnvme's states only.
+    t_eq "ANA: both paths optimized" "$(cat "$p1/ana_state" "$p2/ana_state" 2>&1 | tr '\n' ' ')" \
+        "optimized optimized "
+    nvme ana-log "$c2" >/tmp/ana 2>&1
+    cat /tmp/ana
+    t_eq "nvme ana-log of controller 2 (succeeds)" "$(grep -c 'ngrps' /tmp/ana)" 1
+    t_skip "taking a path out of service and back: the host sets vnvme's ANA states only"
 elif [ -z "$p2" ] || [ -z "$p1" ]; then
     t_fail "the path devices of controllers 1 and 2 ($c1 $c2): $(ls /sys/block | tr '\n' ' ')"
 else
