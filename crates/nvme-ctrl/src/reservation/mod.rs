@@ -97,11 +97,7 @@ impl Reservations {
     /// Whether this controller's host may run a command of kind `access` now.
     #[inline]
     pub fn allows(&self, access: Access) -> bool {
-        let state = self.file.current();
-        if state.rtype.is_none() {
-            return true;
-        }
-        state.allows(&self.host.get().0, access)
+        self.file.with_current(|state, _| state.rtype.is_none() || state.allows(&self.host.get().0, access))
     }
 
     /// The state as it is now.
@@ -133,7 +129,7 @@ impl Reservations {
             return Vec::new();
         }
         let cntlid = self.host.cntlid();
-        let any = self.file.current().notices.iter().any(|&(c, _)| c == cntlid);
+        let any = self.file.with_current(|s, _| s.notices.iter().any(|&(c, _)| c == cntlid));
         if !any {
             return Vec::new();
         }

@@ -155,14 +155,22 @@ impl ResvFile {
     /// The state as it is now (one atomic load when nothing changed).
     #[inline]
     pub fn current(&self) -> Arc<ResvState> {
+        self.with_current(|_, arc| arc.clone())
+    }
+
+    /// `f` of the state as it is now, borrowed: a command's check takes no
+    /// reference (no shared count moving on every command of every worker).
+    #[inline]
+    pub fn with_current<T>(&self, f: impl FnOnce(&ResvState, &Arc<ResvState>) -> T) -> T {
         let c = self.counter();
         {
             let g = self.cache.read().unwrap_or_else(|p| p.into_inner());
             if g.0 == c {
-                return g.1.clone();
+                return f(&g.1, &g.1);
             }
         }
-        self.reload()
+        let fresh = self.reload();
+        f(&fresh, &fresh)
     }
 
     #[cold]
@@ -220,7 +228,11 @@ impl ResvFile {
 
     /// True once per move of the counter (since the last call).
     pub(super) fn changed_since_notices(&self) -> bool {
+        // A load when nothing moved (the admin side asks on every run).
         let c = self.counter();
+        if self.notices_seen.load(Ordering::Acquire) == c {
+            return false;
+        }
         self.notices_seen.swap(c, Ordering::AcqRel) != c
     }
 }
