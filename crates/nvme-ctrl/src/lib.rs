@@ -52,6 +52,7 @@ mod queue;
 mod registers;
 pub mod reservation;
 pub mod runtime;
+mod shared_file;
 mod saved;
 pub mod state;
 mod stats;

@@ -25,6 +25,7 @@ pub mod fdp;
 pub mod features;
 pub mod identify;
 pub mod log;
+pub mod nsmgmt;
 pub mod nvm;
 pub mod opcode;
 pub mod pi;

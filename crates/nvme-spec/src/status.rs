@@ -124,6 +124,20 @@ impl Status {
     pub const FEATURE_NOT_NS_SPECIFIC: Status = Status::new(StatusCodeType::CommandSpecific, 0x0f);
     pub const IO_COMMAND_SET_COMBINATION_REJECTED: Status =
         Status::new(StatusCodeType::CommandSpecific, 0x2b);
+    // Namespace Management and Attachment (Base Figures "Namespace Management -
+    // Command Specific Status Values" and "Namespace Attachment - ...").
+    /// Creating the namespace would take more than the capacity left.
+    pub const NAMESPACE_INSUFFICIENT_CAPACITY: Status = Status::new(StatusCodeType::CommandSpecific, 0x15);
+    /// No NSID is left to give.
+    pub const NAMESPACE_IDENTIFIER_UNAVAILABLE: Status = Status::new(StatusCodeType::CommandSpecific, 0x16);
+    pub const NAMESPACE_ALREADY_ATTACHED: Status = Status::new(StatusCodeType::CommandSpecific, 0x18);
+    /// A private namespace named for more than one controller.
+    pub const NAMESPACE_IS_PRIVATE: Status = Status::new(StatusCodeType::CommandSpecific, 0x19);
+    pub const NAMESPACE_NOT_ATTACHED: Status = Status::new(StatusCodeType::CommandSpecific, 0x1a);
+    /// NCAP below NSZE where thin provisioning is not offered.
+    pub const THIN_PROVISIONING_NOT_SUPPORTED: Status = Status::new(StatusCodeType::CommandSpecific, 0x1b);
+    /// The list names a controller the subsystem does not have, or is malformed.
+    pub const CONTROLLER_LIST_INVALID: Status = Status::new(StatusCodeType::CommandSpecific, 0x1c);
     // Command Specific Status, NVM command set values (NVM Figure "Status Code -
     // Command Specific Status Values").
     pub const CONFLICTING_ATTRIBUTES: Status = Status::new(StatusCodeType::CommandSpecific, 0x80);
@@ -179,6 +193,13 @@ impl Status {
             Status::ABORT_REQUESTED => "Command Abort Requested",
             Status::ABORT_SQ_DELETION => "Command Aborted due to SQ Deletion",
             Status::INVALID_NAMESPACE => "Invalid Namespace or Format",
+            Status::NAMESPACE_INSUFFICIENT_CAPACITY => "Namespace Insufficient Capacity",
+            Status::NAMESPACE_IDENTIFIER_UNAVAILABLE => "Namespace Identifier Unavailable",
+            Status::NAMESPACE_ALREADY_ATTACHED => "Namespace Already Attached",
+            Status::NAMESPACE_IS_PRIVATE => "Namespace Is Private",
+            Status::NAMESPACE_NOT_ATTACHED => "Namespace Not Attached",
+            Status::THIN_PROVISIONING_NOT_SUPPORTED => "Thin Provisioning Not Supported",
+            Status::CONTROLLER_LIST_INVALID => "Controller List Invalid",
             Status::COMMAND_SEQUENCE_ERROR => "Command Sequence Error",
             Status::PRP_OFFSET_INVALID => "PRP Offset Invalid",
             Status::OPERATION_DENIED => "Operation Denied",

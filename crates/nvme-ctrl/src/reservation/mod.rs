@@ -16,14 +16,16 @@
 
 mod notices;
 pub mod rules;
-mod store;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 pub use notices::NotificationLog;
 pub use rules::{Access, HostId, Requester, ResvState};
-pub use store::{ResvFile, StoreError};
+pub use crate::shared_file::StoreError;
+
+/// A namespace's reservation state file, shared by every controller.
+pub type ResvFile = crate::shared_file::SharedFile<ResvState>;
 
 /// The Host Identifier one controller's host set (Set Features 81h): all zero
 /// until it does.
@@ -114,8 +116,8 @@ impl Reservations {
         let _one = self.host.serialize();
         let me = self.host.requester()?;
         self.file.update(|s| f(s, &me)).map_err(|e| match e {
-            store::UpdateError::Rules(s) => s,
-            store::UpdateError::Store(e) => {
+            crate::shared_file::UpdateError::Rules(s) => s,
+            crate::shared_file::UpdateError::Store(e) => {
                 log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}");
                 nvme_spec::Status::INTERNAL_ERROR
             }
@@ -125,7 +127,7 @@ impl Reservations {
     /// Takes the notifications owed to this controller, if the state moved since
     /// it last looked.
     pub fn take_notices(&self) -> Vec<u8> {
-        if !self.file.changed_since_notices() {
+        if !self.file.changed_since_last_look() {
             return Vec::new();
         }
         let cntlid = self.host.cntlid();

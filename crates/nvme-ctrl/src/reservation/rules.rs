@@ -374,3 +374,16 @@ impl ResvState {
         Ok(())
     }
 }
+
+impl crate::shared_file::SharedState for ResvState {
+    const MAGIC: &'static [u8; 8] = b"VNVMERSV";
+    const WHAT: &'static str = "reservation state file";
+    fn check(&self) -> Result<(), String> {
+        ResvState::check(self)
+    }
+    /// Persist Through Power Loss: the change is on the medium before the
+    /// command that made it completes.
+    fn durable(&self) -> bool {
+        self.ptpl
+    }
+}

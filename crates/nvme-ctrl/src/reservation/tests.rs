@@ -4,7 +4,7 @@ use nvme_spec::resv::{cptpl, notification as n, racqa, rrega, rrela, Reservation
 use nvme_spec::Status;
 
 use super::rules::{Access, Requester, ResvState};
-use super::store::ResvFile;
+use super::ResvFile;
 
 fn host(b: u8, cntlid: u16) -> Requester {
     let mut h = [0u8; 16];
@@ -240,7 +240,7 @@ fn two_opens_of_one_file_share_the_state() {
     let before = two.current();
     assert!(matches!(
         two.update(|s| reg(s, &a, 6)),
-        Err(super::store::UpdateError::Rules(Status::RESERVATION_CONFLICT))
+        Err(crate::shared_file::UpdateError::Rules(Status::RESERVATION_CONFLICT))
     ));
     assert_eq!(one.current(), before);
     // Reopened (a restart): the state is still there.
@@ -249,7 +249,7 @@ fn two_opens_of_one_file_share_the_state() {
     // A file that is not a state file is refused.
     std::fs::write(&p, b"something else entirely").unwrap();
     let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
-    assert!(matches!(ResvFile::open(f), Err(super::StoreError::NotOurs)));
+    assert!(matches!(ResvFile::open(f), Err(super::StoreError::NotOurs(_))));
     let _ = std::fs::remove_file(&p);
 }
 

@@ -1,8 +1,10 @@
-//! The reservation state file every controller of a subsystem shares: a header
-//! page (magic, version, and the change counter each process maps and reads
-//! atomically), then the state as length-prefixed JSON from byte 4096. Updates
-//! hold the file's exclusive lock (flock, between processes; a process-wide
-//! mutex per file, within one); a reload holds it shared.
+//! A state file every controller of a subsystem shares (the reservations of a
+//! namespace, the namespace pool): a header page (magic, version, and the change
+//! counter each process maps and reads atomically), then the state as
+//! length-prefixed JSON from byte 4096. Updates hold the file's exclusive lock
+//! (flock, between processes; a process-wide mutex per file, within one); a
+//! reload holds it shared. A change is in the file before the update returns;
+//! every other process sees it at its next look (one load of the counter).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,9 +15,21 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use guest_mem::{GuestMemory, Mapping};
 use rustix::fs::{flock, FlockOperation};
 
-use super::rules::ResvState;
+/// What a shared state file holds.
+pub trait SharedState:
+    serde::Serialize + serde::de::DeserializeOwned + Default + Clone + PartialEq + Send + Sync + 'static
+{
+    /// The first 8 bytes of its file.
+    const MAGIC: &'static [u8; 8];
+    /// What the file is, for messages ("reservation state file").
+    const WHAT: &'static str;
+    /// Why this state (as read, or about to be written) is not one the rules
+    /// could have made.
+    fn check(&self) -> Result<(), String>;
+    /// Whether a change must be made durable (fdatasync) before the update returns.
+    fn durable(&self) -> bool;
+}
 
-const MAGIC: &[u8; 8] = b"VNVMERSV";
 const VERSION: u32 = 1;
 /// Where the change counter is (in the mapped header page).
 const COUNTER_AT: u64 = 64;
@@ -29,10 +43,10 @@ const MAX_DATA: u32 = 1 << 20;
 pub enum StoreError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not a reservation state file (no VNVMERSV header)")]
-    NotOurs,
-    #[error("reservation state file version {0} (this build reads {VERSION})")]
-    Version(u32),
+    #[error("not a {0} (its header is not ours)")]
+    NotOurs(&'static str),
+    #[error("{0} version {1} (this build reads {VERSION})")]
+    Version(&'static str, u32),
     #[error("the state in it is damaged: {0}")]
     Damaged(String),
     #[error("cannot map its header: {0}")]
@@ -41,7 +55,7 @@ pub enum StoreError {
 
 /// Why an update did not happen.
 #[derive(Debug)]
-pub(super) enum UpdateError {
+pub(crate) enum UpdateError {
     /// The rules refused it, with this status.
     Rules(nvme_spec::Status),
     Store(StoreError),
@@ -86,47 +100,47 @@ fn inode_lock(f: &File) -> std::io::Result<Arc<Mutex<()>>> {
     Ok(l)
 }
 
-/// One open of a reservation state file.
-pub struct ResvFile {
+/// One open of a shared state file.
+pub struct SharedFile<S> {
     file: File,
     /// The header page, mapped shared: the change counter at [`COUNTER_AT`].
     header: GuestMemory,
     /// The state as of a counter value (the last one tried, read well or not).
-    cache: RwLock<(u32, Arc<ResvState>)>,
-    /// The counter when notifications were last looked for.
-    notices_seen: AtomicU32,
+    cache: RwLock<(u32, Arc<S>)>,
+    /// The counter when [`SharedFile::changed_since_last_look`] was last asked.
+    seen: AtomicU32,
     /// Held over each update and reload (see [`Locked`]).
     threads: Arc<Mutex<()>>,
 }
 
-impl std::fmt::Debug for ResvFile {
+impl<S: SharedState> std::fmt::Debug for SharedFile<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResvFile").field("counter", &self.counter()).finish_non_exhaustive()
+        f.debug_struct(S::WHAT).field("counter", &self.counter()).finish_non_exhaustive()
     }
 }
 
-impl ResvFile {
+impl<S: SharedState> SharedFile<S> {
     /// Opens `file` (read-write) as a state file: an empty one becomes a new
-    /// state file with no registrants.
+    /// state file holding the default state.
     pub fn open(file: File) -> Result<Self, StoreError> {
         let threads = inode_lock(&file)?;
         let t = threads.lock().unwrap_or_else(|p| p.into_inner());
         let l = Locked::new(&file, true)?;
         if file.metadata()?.len() == 0 {
             let mut head = vec![0u8; DATA_AT as usize];
-            head[..8].copy_from_slice(MAGIC);
+            head[..8].copy_from_slice(S::MAGIC);
             head[8..12].copy_from_slice(&VERSION.to_le_bytes());
             file.write_all_at(&head, 0)?;
-            write_state(&file, &ResvState::default())?;
+            write_state(&file, &S::default())?;
         }
         let mut head = [0u8; 12];
-        file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs)?;
-        if &head[..8] != MAGIC {
-            return Err(StoreError::NotOurs);
+        file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs(S::WHAT))?;
+        if &head[..8] != S::MAGIC {
+            return Err(StoreError::NotOurs(S::WHAT));
         }
         let v = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
         if v != VERSION {
-            return Err(StoreError::Version(v));
+            return Err(StoreError::Version(S::WHAT, v));
         }
         // The header mapped, then the state and the counter read under one lock:
         // they go together.
@@ -135,15 +149,15 @@ impl ResvFile {
         let header = GuestMemory::empty()
             .with_region(0, DATA_AT, Arc::new(map), 0)
             .map_err(|e| StoreError::Map(e.to_string()))?;
-        let state = read_state(&file)?;
+        let state = read_state::<S>(&file)?;
         let c = header.load_u32(COUNTER_AT).map_err(|e| StoreError::Map(e.to_string()))?;
         drop(l);
         drop(t);
-        Ok(ResvFile {
+        Ok(SharedFile {
             file,
             header,
             cache: RwLock::new((c, Arc::new(state))),
-            notices_seen: AtomicU32::new(c.wrapping_sub(1)),
+            seen: AtomicU32::new(c.wrapping_sub(1)),
             threads,
         })
     }
@@ -154,14 +168,14 @@ impl ResvFile {
 
     /// The state as it is now (one atomic load when nothing changed).
     #[inline]
-    pub fn current(&self) -> Arc<ResvState> {
+    pub fn current(&self) -> Arc<S> {
         self.with_current(|_, arc| arc.clone())
     }
 
     /// `f` of the state as it is now, borrowed: a command's check takes no
     /// reference (no shared count moving on every command of every worker).
     #[inline]
-    pub fn with_current<T>(&self, f: impl FnOnce(&ResvState, &Arc<ResvState>) -> T) -> T {
+    pub fn with_current<T>(&self, f: impl FnOnce(&S, &Arc<S>) -> T) -> T {
         let c = self.counter();
         {
             let g = self.cache.read().unwrap_or_else(|p| p.into_inner());
@@ -174,10 +188,10 @@ impl ResvFile {
     }
 
     #[cold]
-    fn reload(&self) -> Arc<ResvState> {
+    fn reload(&self) -> Arc<S> {
         let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = Locked::new(&self.file, false).map_err(StoreError::Io).and_then(|_l| {
-            let s = read_state(&self.file)?;
+            let s = read_state::<S>(&self.file)?;
             Ok((self.counter(), s))
         });
         let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
@@ -187,7 +201,7 @@ impl ResvFile {
                 // Keep what was last read good, and say so once per change: the
                 // next command does not read the file again for the same counter.
                 g.0 = self.counter();
-                log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}");
+                log_limit::limited_warn!(target: "vnvme::backend", "{}: {e}", S::WHAT);
             }
         }
         g.1.clone()
@@ -195,16 +209,17 @@ impl ResvFile {
 
     /// Runs `f` on the state under the exclusive lock; writes it back and moves
     /// the counter if it changed (a state the rules would not read back is never
-    /// written). With Persist Through Power Loss, the write is made durable after
-    /// the lock is let go (other controllers do not wait on the sync).
-    pub(super) fn update<T>(
+    /// written). Where the state asks for it ([`SharedState::durable`]), the write
+    /// is made durable after the lock is let go (other controllers do not wait on
+    /// the sync).
+    pub(crate) fn update<T>(
         &self,
-        f: impl FnOnce(&mut ResvState) -> Result<T, nvme_spec::Status>,
+        f: impl FnOnce(&mut S) -> Result<T, nvme_spec::Status>,
     ) -> Result<T, UpdateError> {
         let (r, sync) = {
             let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
             let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
-            let mut s = read_state(&self.file).map_err(UpdateError::Store)?;
+            let mut s = read_state::<S>(&self.file).map_err(UpdateError::Store)?;
             let before = s.clone();
             let r = f(&mut s).map_err(UpdateError::Rules)?;
             let mut c = self.counter();
@@ -216,7 +231,7 @@ impl ResvFile {
                 let moved = self.header.store_u32(COUNTER_AT, c);
                 moved.map_err(|e| UpdateError::Store(StoreError::Map(e.to_string())))?;
             }
-            let sync = changed && s.ptpl;
+            let sync = changed && s.durable();
             *self.cache.write().unwrap_or_else(|p| p.into_inner()) = (c, Arc::new(s));
             (r, sync)
         };
@@ -227,17 +242,17 @@ impl ResvFile {
     }
 
     /// True once per move of the counter (since the last call).
-    pub(super) fn changed_since_notices(&self) -> bool {
+    pub(crate) fn changed_since_last_look(&self) -> bool {
         // A load when nothing moved (the admin side asks on every run).
         let c = self.counter();
-        if self.notices_seen.load(Ordering::Acquire) == c {
+        if self.seen.load(Ordering::Acquire) == c {
             return false;
         }
-        self.notices_seen.swap(c, Ordering::AcqRel) != c
+        self.seen.swap(c, Ordering::AcqRel) != c
     }
 }
 
-fn read_state(file: &File) -> Result<ResvState, StoreError> {
+fn read_state<S: SharedState>(file: &File) -> Result<S, StoreError> {
     let mut len = [0u8; 4];
     file.read_exact_at(&mut len, DATA_AT)?;
     let len = u32::from_le_bytes(len);
@@ -246,12 +261,12 @@ fn read_state(file: &File) -> Result<ResvState, StoreError> {
     }
     let mut data = vec![0u8; len as usize];
     file.read_exact_at(&mut data, DATA_AT + 4)?;
-    let s: ResvState = serde_json::from_slice(&data).map_err(|e| StoreError::Damaged(e.to_string()))?;
+    let s: S = serde_json::from_slice(&data).map_err(|e| StoreError::Damaged(e.to_string()))?;
     s.check().map_err(StoreError::Damaged)?;
     Ok(s)
 }
 
-fn write_state(file: &File, s: &ResvState) -> Result<(), StoreError> {
+fn write_state<S: SharedState>(file: &File, s: &S) -> Result<(), StoreError> {
     let data = serde_json::to_vec(s).map_err(|e| StoreError::Damaged(e.to_string()))?;
     let mut out = Vec::with_capacity(4 + data.len());
     out.extend_from_slice(&(data.len() as u32).to_le_bytes());
