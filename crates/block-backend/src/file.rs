@@ -41,13 +41,18 @@ impl FileBackend {
             .create(create_size.is_some())
             .truncate(false)
             .open(path)?;
-        let mut size = file.metadata()?.len();
         if let Some(want) = create_size {
-            if size < want {
+            if file.metadata()?.len() < want {
                 file.set_len(want)?;
-                size = want;
             }
         }
+        Self::from_file(file, path)
+    }
+
+    /// A backend over `file`, opened read-write by the caller (`path` names it
+    /// in messages).
+    pub fn from_file(file: File, path: &Path) -> std::io::Result<Self> {
+        let size = file.metadata()?.len();
         if size == 0 {
             return Err(std::io::Error::other(format!(
                 "{} is empty; give a size to create it",

@@ -45,6 +45,10 @@ pub struct NamespaceConfig {
     /// Its reservation state file, the same for every controller of the
     /// subsystem (None: no reservations).
     pub reservations: Option<Arc<std::fs::File>>,
+    /// Its NGUID (the EUI-64 and UUID derive from it), where it is not derived
+    /// from the serial number and NSID: a namespace of the pool, new at each
+    /// creation.
+    pub identity: Option<[u8; 16]>,
 }
 
 /// A namespace's metadata store and the protection settings it starts with.
@@ -89,6 +93,7 @@ impl NamespaceConfig {
             metadata: None,
             ana_group: None,
             reservations: None,
+            identity: None,
         }
     }
 }
@@ -110,6 +115,10 @@ pub struct Capabilities {
     /// configuration says; a guest that saw one path must find the same ID again).
     #[serde(default)]
     pub subsystem: Option<SubsystemConfig>,
+    /// OACS Namespace Management: a namespace pool (always what the configuration
+    /// says).
+    #[serde(default)]
+    pub ns_management: bool,
 }
 
 /// Static controller parameters. [`ControllerConfig::default`] gives what a Linux
@@ -153,6 +162,9 @@ pub struct ControllerConfig {
     pub fdp: Option<FdpConfig>,
     /// One controller of a subsystem of several (None: the only one, CNTLID 0).
     pub subsystem: Option<SubsystemConfig>,
+    /// The namespace pool hosts create namespaces in and attach them from
+    /// (Namespace Management and Attachment; None: not offered).
+    pub pool: Option<Arc<crate::pool::NamespacePool>>,
 }
 
 /// A controller's place in an NVM subsystem of several controllers, each served by
@@ -231,6 +243,7 @@ impl Default for ControllerConfig {
             capabilities: None,
             fdp: None,
             subsystem: None,
+            pool: None,
         }
     }
 }

@@ -171,12 +171,7 @@ impl Namespace {
         let mut nguid = [0u8; 16];
         nguid[..8].copy_from_slice(&h.to_be_bytes());
         nguid[8..].copy_from_slice(&h2.to_be_bytes());
-        let mut uuid = nguid;
-        uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4 layout
-        uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
-        let mut eui64 = [0u8; 8];
-        eui64.copy_from_slice(&h2.to_be_bytes());
-        eui64[0] = 0x52; // locally administered OUI space
+        let (uuid, eui64) = identifiers_of(nguid);
         Namespace {
             nsid,
             backend,
@@ -336,6 +331,17 @@ fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
+/// The UUID and EUI-64 that go with `nguid`.
+fn identifiers_of(nguid: [u8; 16]) -> ([u8; 16], [u8; 8]) {
+    let mut uuid = nguid;
+    uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4 layout
+    uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+    let mut eui64 = [0u8; 8];
+    eui64.copy_from_slice(&nguid[8..]);
+    eui64[0] = 0x52; // locally administered OUI space
+    (uuid, eui64)
+}
+
 /// True if `lba`-byte blocks work on a backend of `block_size` holding `size` bytes:
 /// a multiple of its block size that divides its capacity.
 pub(crate) fn lba_fits(lba: u64, block_size: u32, size: u64) -> bool {
@@ -380,6 +386,10 @@ pub(crate) fn make(
     }
     let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
     ns.ana = group;
+    if let Some(nguid) = n.identity {
+        ns.nguid = nguid;
+        (ns.uuid, ns.eui64) = identifiers_of(nguid);
+    }
     if let Some(f) = &n.reservations {
         let f = f.try_clone().map_err(|e| format!("namespace {nsid}: reservation state file: {e}"))?;
         let file = crate::reservation::ResvFile::open(f)

@@ -138,6 +138,8 @@ impl Status {
     pub const THIN_PROVISIONING_NOT_SUPPORTED: Status = Status::new(StatusCodeType::CommandSpecific, 0x1b);
     /// The list names a controller the subsystem does not have, or is malformed.
     pub const CONTROLLER_LIST_INVALID: Status = Status::new(StatusCodeType::CommandSpecific, 0x1c);
+    /// A namespace created in an ANA group the controller does not have.
+    pub const ANA_GROUP_IDENTIFIER_INVALID: Status = Status::new(StatusCodeType::CommandSpecific, 0x24);
     // Command Specific Status, NVM command set values (NVM Figure "Status Code -
     // Command Specific Status Values").
     pub const CONFLICTING_ATTRIBUTES: Status = Status::new(StatusCodeType::CommandSpecific, 0x80);
@@ -200,6 +202,7 @@ impl Status {
             Status::NAMESPACE_NOT_ATTACHED => "Namespace Not Attached",
             Status::THIN_PROVISIONING_NOT_SUPPORTED => "Thin Provisioning Not Supported",
             Status::CONTROLLER_LIST_INVALID => "Controller List Invalid",
+            Status::ANA_GROUP_IDENTIFIER_INVALID => "ANA Group Identifier Invalid",
             Status::COMMAND_SEQUENCE_ERROR => "Command Sequence Error",
             Status::PRP_OFFSET_INVALID => "PRP Offset Invalid",
             Status::OPERATION_DENIED => "Operation Denied",

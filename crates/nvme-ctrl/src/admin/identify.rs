@@ -9,6 +9,7 @@ use nvme_spec::identify::{
     ns_descriptor_list, nul_pad, oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
     IdentifyNamespaceNvm, IoCommandSetNvmController, LbaFormat,
 };
+use nvme_spec::nsmgmt::cns as nsmgmt_cns;
 use nvme_spec::regs::NVME_VERSION_1_4;
 use nvme_spec::zns::{IdentifyControllerZns, IdentifyNamespaceZns, ZoneFormatExtension, CSI_NVM, CSI_ZNS};
 use nvme_spec::{Sqe, NSID_ALL};
@@ -83,6 +84,16 @@ impl Admin<'_> {
                 }
                 self.active_list(nsid, Some(csi))?
             }
+            nsmgmt_cns::ALLOCATED_NAMESPACE_LIST if self.cfg.pool.is_some() => self.allocated_list(nsid)?,
+            nsmgmt_cns::ALLOCATED_NAMESPACE if self.cfg.pool.is_some() => {
+                self.allocated_namespace(nsid)?.as_bytes().to_vec()
+            }
+            nsmgmt_cns::NAMESPACE_CONTROLLER_LIST if self.cfg.pool.is_some() => {
+                self.controller_list(Some(nsid), id.cntid())?
+            }
+            nsmgmt_cns::CONTROLLER_LIST if self.cfg.pool.is_some() => {
+                self.controller_list(None, id.cntid())?
+            }
             CNS_IO_COMMAND_SETS => {
                 // One combination, index 0: the NVM (bit 0) and Zoned Namespace (bit
                 // 2) command sets, each namespace of one of them.
@@ -141,7 +152,12 @@ impl Admin<'_> {
         c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED | ana_notices);
         c.cntrltype = cntrltype::IO;
         let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
-        c.oacs = U16::new(oacs::FORMAT | dbbuf);
+        // Namespace Management and Attachment where a pool is.
+        let ns_mgmt = if cfg.pool.is_some() { oacs::NS_MGMT } else { 0 };
+        c.oacs = U16::new(oacs::FORMAT | dbbuf | ns_mgmt);
+        if let Some((total, unallocated)) = self.pool_capacity() {
+            (c.tnvmcap, c.unvmcap) = (total, unallocated);
+        }
         c.acl = cfg.acl_z;
         let [crdt1, crdt2, crdt3] = crate::config::RETRY_DELAYS;
         (c.crdt1, c.crdt2, c.crdt3) = (U16::new(crdt1), U16::new(crdt2), U16::new(crdt3));
@@ -185,10 +201,14 @@ impl Admin<'_> {
         c
     }
 
-    fn identify_namespace(&self, nsid: u32) -> CmdResult<IdentifyNamespace> {
+    pub(crate) fn identify_namespace(&self, nsid: u32) -> CmdResult<IdentifyNamespace> {
         if nsid == NSID_ALL {
-            // Namespace Management is not supported, so there are no common capabilities.
-            return Err(CommandError::InvalidNamespace(nsid));
+            // What namespaces made here have in common; without a pool there are
+            // none to make, so no common capabilities.
+            return match self.cfg.pool {
+                Some(_) => self.common_namespace_data(),
+                None => Err(CommandError::InvalidNamespace(nsid)),
+            };
         }
         match self.active_ns(nsid) {
             Ok(ns) => {
@@ -201,6 +221,14 @@ impl Admin<'_> {
                     // Every namespace is in the one endurance group (a zoned one
                     // without placement handles).
                     d.endgid = U16::new(crate::fdp::ENDGID);
+                }
+                if self.cfg.pool.is_some() {
+                    // Its capacity in the subsystem (what TNVMCAP counts).
+                    d.nvmcap = nvme_spec::log::u128_le(ns.size() as u128);
+                }
+                if let Some(shared) = self.admin.pool_here.get(&nsid).and_then(|_| self.pool_shared(nsid)) {
+                    // A pool namespace is shared or private as it was made.
+                    d.nmic = shared as u8;
                 }
                 Ok(d)
             }

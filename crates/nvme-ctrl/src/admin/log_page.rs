@@ -40,12 +40,8 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => command_effects(false, self.admin.fdp.is_some(), self.admin.resv_log.watching())
-                    .as_bytes()
-                    .to_vec(),
-                CSI_ZNS => command_effects(true, self.admin.fdp.is_some(), self.admin.resv_log.watching())
-                    .as_bytes()
-                    .to_vec(),
+                CSI_NVM => command_effects(false, self.offered()).as_bytes().to_vec(),
+                CSI_ZNS => command_effects(true, self.offered()).as_bytes().to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",
@@ -141,8 +137,9 @@ impl Admin<'_> {
 /// Commands Supported and Effects: what each supported opcode may change, so the host
 /// knows to quiesce around Format NVM; with `zoned`, of the Zoned Namespace command
 /// set (the NVM set's commands and its own: a Linux host reads Zone Append's entry
-/// before it lets a zoned namespace be written); with `fdp`, I/O Management.
-fn command_effects(zoned: bool, fdp: bool, resv: bool) -> CommandsSupportedAndEffects {
+/// before it lets a zoned namespace be written); and those of what is `offered`.
+fn command_effects(zoned: bool, offered: Offered) -> CommandsSupportedAndEffects {
+    let Offered { fdp, resv, ns_mgmt } = offered;
     let mut e = CommandsSupportedAndEffects::new_zeroed();
     let s = effects::CSUPP;
     for op in [
@@ -168,6 +165,13 @@ fn command_effects(zoned: bool, fdp: bool, resv: bool) -> CommandsSupportedAndEf
     for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
         e.iocs[op as usize] = U32::new(s | effects::LBCC);
     }
+    if ns_mgmt {
+        // The namespace inventory changes: Linux rescans after either when it
+        // passed the command through (nvme-cli).
+        for op in [aop::NAMESPACE_MANAGEMENT, aop::NAMESPACE_ATTACHMENT] {
+            e.acs[op as usize] = U32::new(s | effects::NCC | effects::NIC);
+        }
+    }
     if resv {
         for op in [
             iop::RESERVATION_REGISTER,
@@ -189,4 +193,26 @@ fn command_effects(zoned: bool, fdp: bool, resv: bool) -> CommandsSupportedAndEf
         }
     }
     e
+}
+
+/// The optional command groups a controller offers, as Commands Supported and
+/// Effects lists them.
+#[derive(Clone, Copy)]
+struct Offered {
+    /// I/O Management (Flexible Data Placement).
+    fdp: bool,
+    /// The reservation commands.
+    resv: bool,
+    /// Namespace Management and Attachment (a namespace pool).
+    ns_mgmt: bool,
+}
+
+impl Admin<'_> {
+    fn offered(&self) -> Offered {
+        Offered {
+            fdp: self.admin.fdp.is_some(),
+            resv: self.admin.resv_log.watching(),
+            ns_mgmt: self.cfg.pool.is_some(),
+        }
+    }
 }

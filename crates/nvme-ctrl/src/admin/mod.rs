@@ -7,6 +7,7 @@ mod features;
 mod format;
 mod identify;
 mod log_page;
+mod nsmgmt;
 mod queue_mgmt;
 mod resv;
 mod saved;
@@ -96,6 +97,9 @@ pub struct AdminState {
     pub(crate) host: Arc<crate::reservation::HostIdentity>,
     /// The Reservation Notification log and masks.
     pub(crate) resv_log: crate::reservation::NotificationLog,
+    /// The namespace pool's namespaces active here, with the NGUID each had when
+    /// attached (one made again at its NSID is another).
+    pub(crate) pool_here: std::collections::BTreeMap<u32, [u8; 16]>,
 }
 
 impl AdminState {
@@ -117,6 +121,7 @@ impl AdminState {
             ana: Default::default(),
             host: Arc::new(crate::reservation::HostIdentity::new(0)),
             resv_log: Default::default(),
+            pool_here: Default::default(),
         })
     }
 
@@ -281,6 +286,8 @@ impl Admin<'_> {
             op::ASYNC_EVENT_REQUEST => self.async_event_request(sqe),
             op::DOORBELL_BUFFER_CONFIG if self.cfg.shadow_doorbells => self.doorbell_buffer_config(sqe),
             op::FORMAT_NVM => self.format_nvm(sqe),
+            op::NAMESPACE_MANAGEMENT if self.cfg.pool.is_some() => self.namespace_management(sqe),
+            op::NAMESPACE_ATTACHMENT if self.cfg.pool.is_some() => self.namespace_attachment(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }

@@ -48,18 +48,40 @@ pub enum NamespaceError {
 impl Controller {
     /// Adds a namespace at `nsid` (the lowest free NSID if None) and tells the host.
     /// Returns its NSID.
+    /// With a namespace pool, the NSID is one the pool has not given out, and the
+    /// pool is told this controller has it.
     pub fn add_namespace(&mut self, n: &NamespaceConfig, nsid: Option<u32>) -> Result<u32, NamespaceError> {
         let nn = self.max_namespaces();
+        let pool = self.cfg.pool.as_ref().map(|p| p.state());
+        let pools = |id: u32| pool.as_ref().is_some_and(|p| p.namespaces.contains_key(&id));
         let nsid = match nsid.or(n.nsid) {
             Some(id) if id == 0 || id > nn => return Err(NamespaceError::OutOfRange(id, nn)),
-            Some(id) if lookup(&self.namespaces, id).is_some() => return Err(NamespaceError::InUse(id)),
+            Some(id) if lookup(&self.namespaces, id).is_some() || pools(id) => {
+                return Err(NamespaceError::InUse(id))
+            }
             Some(id) => id,
             None => {
-                let free =
-                    self.namespaces.iter().position(Option::is_none).ok_or(NamespaceError::Full(nn))?;
-                free as u32 + 1
+                let free = (1..=nn).find(|&id| lookup(&self.namespaces, id).is_none() && !pools(id));
+                free.ok_or(NamespaceError::Full(nn))?
             }
         };
+        self.insert_namespace(n, nsid)?;
+        if let Err(e) = self.claim_fixed_nsids() {
+            // The pool gave the NSID out in between: this controller lets it go.
+            self.drop_namespace(nsid)?;
+            return Err(NamespaceError::Invalid(e));
+        }
+        Ok(nsid)
+    }
+
+    /// Adds a namespace at free slot `nsid` and tells the host.
+    pub(crate) fn insert_namespace(&mut self, n: &NamespaceConfig, nsid: u32) -> Result<(), NamespaceError> {
+        if nsid == 0 || nsid > self.max_namespaces() {
+            return Err(NamespaceError::OutOfRange(nsid, self.max_namespaces()));
+        }
+        if lookup(&self.namespaces, nsid).is_some() {
+            return Err(NamespaceError::InUse(nsid));
+        }
         let ns = Arc::new(
             make_namespace(
                 nsid,
@@ -78,12 +100,29 @@ impl Controller {
         info!(nsid, backend = %ns.info.kind, size = ns.size(), "namespace added");
         self.admin.ana.membership_changed();
         self.namespace_changed(nsid);
-        Ok(nsid)
+        Ok(())
     }
 
     /// Removes namespace `nsid` and tells the host. Its commands still with the
-    /// backend complete with Invalid Namespace.
+    /// backend complete with Invalid Namespace. A namespace of the pool is the
+    /// pool's: it is detached there (`ns.detach`), not removed here.
     pub fn remove_namespace(&mut self, nsid: u32) -> Result<(), NamespaceError> {
+        if self.is_pool_namespace(nsid) {
+            return Err(NamespaceError::Invalid(format!(
+                "namespace {nsid} is the namespace pool's: detach it from this controller (ns.detach) or \
+                 delete it (ns.delete)"
+            )));
+        }
+        self.drop_namespace(nsid)?;
+        // Its NSID is free again; the pool may give it out.
+        if let Err(e) = self.claim_fixed_nsids() {
+            warn!(nsid, "namespace pool: {e}");
+        }
+        Ok(())
+    }
+
+    /// Removes namespace `nsid` and tells the host.
+    pub(crate) fn drop_namespace(&mut self, nsid: u32) -> Result<(), NamespaceError> {
         let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
             return Err(NamespaceError::NotFound(nsid));
         };

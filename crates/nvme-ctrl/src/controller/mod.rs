@@ -19,6 +19,7 @@ use crate::stats::{Stats, StatsSnapshot};
 
 mod attach;
 mod handover;
+mod pool;
 mod workers;
 
 pub use attach::NamespaceError;
@@ -105,6 +106,29 @@ impl Controller {
                     .map_err(std::io::Error::other)?,
             ));
         }
+        // The pool's namespaces attached to this controller.
+        let mut pool_here = std::collections::BTreeMap::new();
+        if let Some(pool) = &cfg.pool {
+            for (&nsid, n) in &pool.state().namespaces {
+                if !n.attached.contains(&pool.cntlid()) {
+                    continue;
+                }
+                let slot = slots.get_mut((nsid as usize).wrapping_sub(1)).filter(|s| s.is_none());
+                let Some(slot) = slot else {
+                    warn!(nsid, "namespace pool: namespace {nsid} is attached here but its NSID is taken or beyond NN {nn}: not attached (give every controller of the subsystem the same --max-namespaces)");
+                    continue;
+                };
+                let made = pool::pool_namespace_config(pool, nsid, n)
+                    .and_then(|c| crate::namespace::make(nsid, &c, &cfg.serial, fdp.as_ref(), &ana, &host));
+                match made {
+                    Ok(ns) => {
+                        *slot = Some(Arc::new(ns));
+                        pool_here.insert(nsid, n.nguid);
+                    }
+                    Err(e) => warn!(nsid, "namespace pool: cannot attach namespace {nsid}: {e}"),
+                }
+            }
+        }
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
         let events = Arc::new(Events::default());
@@ -132,6 +156,7 @@ impl Controller {
         admin.ana = ana;
         admin.host = host;
         admin.resv_log.watch(active(&namespaces).any(|n| n.reservations().is_some()));
+        admin.pool_here = pool_here;
         admin.features.reset_ns = admin.created_ns;
         Ok(Controller {
             regs: RegisterFile::new(cap),
@@ -454,6 +479,8 @@ impl Controller {
             // Notifications other controllers' reservation changes owe this one.
             any |= self.admin_parts().collect_resv_notices();
         }
+        // Namespaces other controllers (or this one) attached or detached here.
+        any |= self.sync_pool();
         for _ in 0..64 {
             let mut progress = self.engine.poll();
             let inbox = std::mem::take(&mut self.engine.admin_inbox);
@@ -467,6 +494,9 @@ impl Controller {
                 }
                 progress |= admin.advance_format();
                 progress |= admin.deliver_events();
+                // A Namespace Attachment this controller just ran takes effect
+                // here before the host's next command.
+                progress |= self.sync_pool();
             }
             if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
@@ -522,7 +552,7 @@ impl Controller {
     /// namespace shares reservations with other controllers, whose changes may owe
     /// this one a notification.
     pub fn shares_state(&self) -> bool {
-        self.admin.resv_log.watching()
+        self.admin.resv_log.watching() || self.cfg.pool.is_some()
     }
 
     /// Resets the whole function to its power-on state (vfio-user DEVICE_RESET, or a
@@ -564,9 +594,15 @@ fn capabilities_of(cfg: &ControllerConfig, namespaces: &[Option<Arc<Namespace>>]
             volatile_write_cache: any(|n| n.info.volatile_cache) || namespaces.iter().any(Option::is_none),
             fdp: false,
             subsystem: None,
+            ns_management: false,
         }
     });
-    // Not choices a taking-over controller makes: FDP and the subsystem are its
-    // configuration's.
-    crate::Capabilities { fdp: cfg.fdp.is_some(), subsystem: cfg.subsystem, ..c }
+    // Not choices a taking-over controller makes: FDP, the subsystem and the pool
+    // are its configuration's.
+    crate::Capabilities {
+        fdp: cfg.fdp.is_some(),
+        subsystem: cfg.subsystem,
+        ns_management: cfg.pool.is_some(),
+        ..c
+    }
 }

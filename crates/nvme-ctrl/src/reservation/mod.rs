@@ -20,9 +20,9 @@ pub mod rules;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+pub use crate::shared_file::StoreError;
 pub use notices::NotificationLog;
 pub use rules::{Access, HostId, Requester, ResvState};
-pub use crate::shared_file::StoreError;
 
 /// A namespace's reservation state file, shared by every controller.
 pub type ResvFile = crate::shared_file::SharedFile<ResvState>;

@@ -1,0 +1,90 @@
+//! The pool's namespaces on this controller (`crate::pool`): what the pool says
+//! is attached here is active here. Each time the admin side runs it looks at
+//! the pool's change counter (one load); when it moved, namespaces attached to
+//! this controller since are added and those detached, deleted or made again
+//! (a new NGUID at the same NSID) are removed, each raising Namespace Attribute
+//! Changed as an operator's `ns.add` and `ns.remove` do.
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::Controller;
+use crate::config::NamespaceConfig;
+use crate::pool::{NamespacePool, PoolNamespace};
+
+/// What the controller attaches for the pool's namespace `nsid`.
+pub(crate) fn pool_namespace_config(
+    pool: &NamespacePool,
+    nsid: u32,
+    n: &PoolNamespace,
+) -> Result<NamespaceConfig, String> {
+    let backend = pool.open_backend(nsid).map_err(|e| format!("{}: {e}", crate::pool::data_file(nsid)))?;
+    Ok(NamespaceConfig {
+        nsid: Some(nsid),
+        ana_group: Some(n.ana_group),
+        identity: Some(n.nguid),
+        ..NamespaceConfig::new(backend, n.lba_format)
+    })
+}
+
+impl Controller {
+    /// Makes this controller's namespaces match what the pool says of it, if the
+    /// pool changed since the last look. Returns whether any namespace came or went.
+    pub(crate) fn sync_pool(&mut self) -> bool {
+        let Some(pool) = self.cfg.pool.clone() else { return false };
+        if !pool.changed_since_last_look() {
+            return false;
+        }
+        self.sync_pool_now(&pool)
+    }
+
+    fn sync_pool_now(&mut self, pool: &Arc<NamespacePool>) -> bool {
+        let state = pool.state();
+        let me = pool.cntlid();
+        let mut changed = false;
+        let here: Vec<(u32, [u8; 16])> = self.admin.pool_here.iter().map(|(&n, &g)| (n, g)).collect();
+        for (nsid, nguid) in here {
+            let stays =
+                state.namespaces.get(&nsid).is_some_and(|n| n.nguid == nguid && n.attached.contains(&me));
+            if !stays {
+                self.admin.pool_here.remove(&nsid);
+                if let Err(e) = self.drop_namespace(nsid) {
+                    warn!(nsid, "namespace pool: cannot detach namespace {nsid} here: {e}");
+                }
+                changed = true;
+            }
+        }
+        for (&nsid, n) in &state.namespaces {
+            if !n.attached.contains(&me) || self.admin.pool_here.contains_key(&nsid) {
+                continue;
+            }
+            let added = pool_namespace_config(pool, nsid, n)
+                .and_then(|cfg| self.insert_namespace(&cfg, nsid).map_err(|e| e.to_string()));
+            match added {
+                Ok(_) => {
+                    self.admin.pool_here.insert(nsid, n.nguid);
+                    changed = true;
+                }
+                Err(e) => {
+                    log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot attach namespace {nsid} here: {e}")
+                }
+            }
+        }
+        changed
+    }
+
+    /// Whether `nsid` is one of the pool's namespaces, active here.
+    pub(crate) fn is_pool_namespace(&self, nsid: u32) -> bool {
+        self.admin.pool_here.contains_key(&nsid)
+    }
+
+    /// Tells the pool which NSIDs the operator gave this controller (those active
+    /// and not the pool's), so it never gives them out.
+    pub(crate) fn claim_fixed_nsids(&self) -> Result<(), String> {
+        let Some(pool) = &self.cfg.pool else { return Ok(()) };
+        let fixed: Vec<u32> =
+            self.namespaces().map(|n| n.nsid).filter(|n| !self.admin.pool_here.contains_key(n)).collect();
+        pool.claim(&fixed)
+    }
+}

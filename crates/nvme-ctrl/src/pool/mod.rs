@@ -1,0 +1,231 @@
+//! The namespace pool (issue 31 item 4): capacity an operator sets aside in a
+//! directory, out of which hosts create and delete namespaces and attach them to
+//! the subsystem's controllers (Namespace Management and Attachment), and so
+//! may an operator (`vnvme ctl ns.create` and the rest).
+//!
+//! Every controller of the subsystem is its own process, so the pool is shared
+//! the way reservations are: a state file in the directory (`pool.state`,
+//! [`crate::shared_file`]) holds the capacity, the controllers, and each
+//! namespace with the controllers it is attached to; each namespace's data is
+//! a file beside it (`ns-<NSID>.img`, sparse, made at its creation and removed
+//! at its deletion). A command changes the state under the file's lock and
+//! completes once it is written; each controller looks at the state's counter
+//! whenever its admin side runs (one load) and, when it moved, attaches and
+//! detaches its namespaces to match, raising Namespace Attribute Changed
+//! ([`crate::Controller`]'s `sync_pool`).
+//!
+//! The files are opened relative to the directory's descriptor, held from the
+//! start, so the sandbox can allow opening and removing files in that directory
+//! alone (by the descriptor; see vnvme's sandbox).
+
+mod state;
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use block_backend::{Backend, FileBackend};
+use nvme_spec::Status;
+use rustix::fs::{Mode, OFlags};
+
+use crate::shared_file::{SharedFile, UpdateError};
+pub use state::{NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES};
+
+/// The state file's name in the pool's directory.
+pub const STATE_FILE: &str = "pool.state";
+
+/// The data file of the pool's namespace `nsid`.
+pub fn data_file(nsid: u32) -> String {
+    format!("ns-{nsid}.img")
+}
+
+/// One controller's open of a namespace pool.
+pub struct NamespacePool {
+    path: PathBuf,
+    /// The directory, held open: every file is opened relative to it.
+    dir: OwnedFd,
+    file: SharedFile<PoolState>,
+    cntlid: u16,
+}
+
+impl std::fmt::Debug for NamespacePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespacePool").field("path", &self.path).field("cntlid", &self.cntlid).finish()
+    }
+}
+
+impl NamespacePool {
+    /// Opens the pool in directory `path` (made if it does not exist) as
+    /// controller `cntlid`, whose operator gave it the NSIDs `fixed`. A new pool
+    /// needs its `capacity` in bytes; an existing one keeps its own, and a
+    /// different one given is refused (it cannot shrink under its namespaces;
+    /// say so rather than pick one).
+    pub fn open(path: &Path, capacity: Option<u64>, cntlid: u16, fixed: &[u32]) -> Result<Self, String> {
+        let ctx = |what: &str, e: std::io::Error| format!("namespace pool {}: {what}: {e}", path.display());
+        std::fs::create_dir_all(path).map_err(|e| ctx("cannot make the directory", e))?;
+        let dir = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| ctx("cannot open the directory", e.into()))?;
+        let state = rustix::fs::openat(
+            &dir,
+            STATE_FILE,
+            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| ctx(STATE_FILE, e.into()))?;
+        let file = SharedFile::<PoolState>::open(File::from(state))
+            .map_err(|e| format!("namespace pool {}: {STATE_FILE}: {e}", path.display()))?;
+        let mut why = None;
+        let joined = file.update(|s| {
+            match (s.capacity, capacity) {
+                (0, Some(c)) => s.capacity = c,
+                (0, None) => {
+                    why = Some("a new pool needs its capacity: --pool DIR:SIZE".to_string());
+                    return Err(Status::INVALID_FIELD);
+                }
+                (have, Some(c)) if have != c => {
+                    why = Some(format!(
+                        "it holds {have} bytes, not {c}: leave the size out to use it as it is"
+                    ));
+                    return Err(Status::INVALID_FIELD);
+                }
+                _ => {}
+            }
+            s.join(cntlid, fixed).map_err(|e| {
+                why = Some(e);
+                Status::INVALID_FIELD
+            })
+        });
+        match joined {
+            Ok(()) => {}
+            Err(UpdateError::Rules(_)) => {
+                return Err(format!("namespace pool {}: {}", path.display(), why.unwrap_or_default()))
+            }
+            Err(UpdateError::Store(e)) => return Err(format!("namespace pool {}: {e}", path.display())),
+        }
+        Ok(NamespacePool { path: path.to_path_buf(), dir, file, cntlid })
+    }
+
+    /// Records `fixed` as the NSIDs this controller's operator gave it (every one
+    /// of them, replacing what it said before); refused if one is the pool's.
+    pub fn claim(&self, fixed: &[u32]) -> Result<(), String> {
+        let mut why = String::new();
+        self.file
+            .update(|s| {
+                s.join(self.cntlid, fixed).map_err(|e| {
+                    why = e;
+                    Status::INVALID_FIELD
+                })
+            })
+            .map_err(|e| match e {
+                UpdateError::Rules(_) => why,
+                UpdateError::Store(e) => e.to_string(),
+            })
+    }
+
+    /// The pool's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory's descriptor (the sandbox allows opening files under it).
+    pub fn dir_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.dir)
+    }
+
+    /// This controller's ID.
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    /// The state as it is now.
+    pub fn state(&self) -> Arc<PoolState> {
+        self.file.current()
+    }
+
+    /// True once per change of the state (since the last call).
+    pub(crate) fn changed_since_last_look(&self) -> bool {
+        self.file.changed_since_last_look()
+    }
+
+    /// Creates a namespace with its data file; returns its NSID (at most `nn`).
+    pub fn create(&self, n: NewNamespace, nn: u32) -> Result<u32, Status> {
+        let nguid = new_nguid();
+        self.update(|s| {
+            let nsid = s.create(n, nn, nguid)?;
+            let bytes = s.namespaces[&nsid].bytes();
+            self.make_data_file(nsid, bytes).map_err(|e| {
+                log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot make {}: {e}", data_file(nsid));
+                Status::INTERNAL_ERROR
+            })?;
+            Ok(nsid)
+        })
+    }
+
+    /// Deletes namespace `nsid` (every one of the pool's for FFFFFFFFh) and its
+    /// data; returns the NSIDs deleted.
+    pub fn delete(&self, nsid: u32) -> Result<Vec<u32>, Status> {
+        self.update(|s| {
+            let nsids: Vec<u32> =
+                if nsid == nvme_spec::NSID_ALL { s.namespaces.keys().copied().collect() } else { vec![nsid] };
+            for &n in &nsids {
+                s.delete(n)?;
+            }
+            // The files go under the lock: a namespace made next at one of these
+            // NSIDs makes its own.
+            for &n in &nsids {
+                if let Err(e) = rustix::fs::unlinkat(&self.dir, data_file(n).as_str(), rustix::fs::AtFlags::empty()) {
+                    log_limit::limited_warn!(target: "vnvme::backend", nsid = n, "namespace pool: cannot remove {}: {e}", data_file(n));
+                }
+            }
+            Ok(nsids)
+        })
+    }
+
+    /// Attaches namespace `nsid` to the controllers `ids`.
+    pub fn attach(&self, nsid: u32, ids: &[u16]) -> Result<(), Status> {
+        self.update(|s| s.attach(nsid, ids))
+    }
+
+    /// Detaches namespace `nsid` from the controllers `ids`.
+    pub fn detach(&self, nsid: u32, ids: &[u16]) -> Result<(), Status> {
+        self.update(|s| s.detach(nsid, ids))
+    }
+
+    /// The backend of the pool's namespace `nsid` (its data file).
+    pub fn open_backend(&self, nsid: u32) -> std::io::Result<Arc<dyn Backend>> {
+        let name = data_file(nsid);
+        let fd = rustix::fs::openat(&self.dir, name.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(Arc::new(FileBackend::from_file(File::from(fd), &self.path.join(name))?))
+    }
+
+    fn make_data_file(&self, nsid: u32, bytes: u64) -> std::io::Result<()> {
+        let fd = rustix::fs::openat(
+            &self.dir,
+            data_file(nsid).as_str(),
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        File::from(fd).set_len(bytes)
+    }
+
+    fn update<T>(&self, f: impl FnOnce(&mut PoolState) -> Result<T, Status>) -> Result<T, Status> {
+        self.file.update(f).map_err(|e| match e {
+            UpdateError::Rules(s) => s,
+            UpdateError::Store(e) => {
+                log_limit::limited_warn!(target: "vnvme::backend", "namespace pool: {e}");
+                Status::INTERNAL_ERROR
+            }
+        })
+    }
+}
+
+/// A fresh NGUID (random; the clock if the kernel gives no randomness).
+fn new_nguid() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).map_or(true, |n| n < 16) {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        b = (t.as_nanos() ^ (std::process::id() as u128) << 96).to_le_bytes();
+    }
+    b
+}
