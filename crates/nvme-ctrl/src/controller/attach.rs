@@ -66,6 +66,7 @@ impl Controller {
             }
         };
         self.insert_namespace(n, nsid)?;
+        self.namespace_changed(nsid);
         if let Err(e) = self.claim_fixed_nsids() {
             // The pool gave the NSID out in between: this controller lets it go.
             self.drop_namespace(nsid)?;
@@ -74,7 +75,7 @@ impl Controller {
         Ok(nsid)
     }
 
-    /// Adds a namespace at free slot `nsid` and tells the host.
+    /// Adds a namespace at free slot `nsid` (the caller tells the host).
     pub(crate) fn insert_namespace(&mut self, n: &NamespaceConfig, nsid: u32) -> Result<(), NamespaceError> {
         if nsid == 0 || nsid > self.max_namespaces() {
             return Err(NamespaceError::OutOfRange(nsid, self.max_namespaces()));
@@ -99,7 +100,6 @@ impl Controller {
         self.publish_namespaces(slots.into());
         info!(nsid, backend = %ns.info.kind, size = ns.size(), "namespace added");
         self.admin.ana.membership_changed();
-        self.namespace_changed(nsid);
         Ok(())
     }
 
@@ -114,6 +114,7 @@ impl Controller {
             )));
         }
         self.drop_namespace(nsid)?;
+        self.namespace_changed(nsid);
         // Its NSID is free again; the pool may give it out.
         if let Err(e) = self.claim_fixed_nsids() {
             warn!(nsid, "namespace pool: {e}");
@@ -121,7 +122,7 @@ impl Controller {
         Ok(())
     }
 
-    /// Removes namespace `nsid` and tells the host.
+    /// Removes namespace `nsid` (the caller tells the host).
     pub(crate) fn drop_namespace(&mut self, nsid: u32) -> Result<(), NamespaceError> {
         let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
             return Err(NamespaceError::NotFound(nsid));
@@ -136,7 +137,6 @@ impl Controller {
         self.admin.detach(nsid);
         info!(nsid, backend = %ns.info.kind, "namespace removed");
         self.admin.ana.membership_changed();
-        self.namespace_changed(nsid);
         Ok(())
     }
 

@@ -106,29 +106,6 @@ impl Controller {
                     .map_err(std::io::Error::other)?,
             ));
         }
-        // The pool's namespaces attached to this controller.
-        let mut pool_here = std::collections::BTreeMap::new();
-        if let Some(pool) = &cfg.pool {
-            for (&nsid, n) in &pool.state().namespaces {
-                if !n.attached.contains(&pool.cntlid()) {
-                    continue;
-                }
-                let slot = slots.get_mut((nsid as usize).wrapping_sub(1)).filter(|s| s.is_none());
-                let Some(slot) = slot else {
-                    warn!(nsid, "namespace pool: namespace {nsid} is attached here but its NSID is taken or beyond NN {nn}: not attached (give every controller of the subsystem the same --max-namespaces)");
-                    continue;
-                };
-                let made = pool::pool_namespace_config(pool, nsid, n)
-                    .and_then(|c| crate::namespace::make(nsid, &c, &cfg.serial, fdp.as_ref(), &ana, &host));
-                match made {
-                    Ok(ns) => {
-                        *slot = Some(Arc::new(ns));
-                        pool_here.insert(nsid, n.nguid);
-                    }
-                    Err(e) => warn!(nsid, "namespace pool: cannot attach namespace {nsid}: {e}"),
-                }
-            }
-        }
         let namespaces: NamespaceSlots = slots.into();
         let stats = Arc::new(Stats::default());
         let events = Arc::new(Events::default());
@@ -156,9 +133,8 @@ impl Controller {
         admin.ana = ana;
         admin.host = host;
         admin.resv_log.watch(active(&namespaces).any(|n| n.reservations().is_some()));
-        admin.pool_here = pool_here;
         admin.features.reset_ns = admin.created_ns;
-        Ok(Controller {
+        let mut ctrl = Controller {
             regs: RegisterFile::new(cap),
             phase: Phase::Disabled,
             quiesced: false,
@@ -171,7 +147,11 @@ impl Controller {
             stats,
             clock,
             cfg,
-        })
+        };
+        // The pool's namespaces attached to this controller (a host has not
+        // heard of any namespace yet: no notice).
+        ctrl.sync_pool_quietly();
+        Ok(ctrl)
     }
 
     /// What the controller told its host it can do (fixed at creation).

@@ -14,7 +14,7 @@ use crate::config::NamespaceConfig;
 use crate::pool::{NamespacePool, PoolNamespace};
 
 /// What the controller attaches for the pool's namespace `nsid`.
-pub(crate) fn pool_namespace_config(
+fn pool_namespace_config(
     pool: &NamespacePool,
     nsid: u32,
     n: &PoolNamespace,
@@ -36,10 +36,18 @@ impl Controller {
         if !pool.changed_since_last_look() {
             return false;
         }
-        self.sync_pool_now(&pool)
+        self.sync_pool_now(&pool, true)
     }
 
-    fn sync_pool_now(&mut self, pool: &Arc<NamespacePool>) -> bool {
+    /// [`Self::sync_pool`] without telling the host (at the controller's start).
+    pub(crate) fn sync_pool_quietly(&mut self) {
+        if let Some(pool) = self.cfg.pool.clone() {
+            pool.changed_since_last_look();
+            self.sync_pool_now(&pool, false);
+        }
+    }
+
+    fn sync_pool_now(&mut self, pool: &Arc<NamespacePool>, tell: bool) -> bool {
         let state = pool.state();
         let me = pool.cntlid();
         let mut changed = false;
@@ -49,8 +57,10 @@ impl Controller {
                 state.namespaces.get(&nsid).is_some_and(|n| n.nguid == nguid && n.attached.contains(&me));
             if !stays {
                 self.admin.pool_here.remove(&nsid);
-                if let Err(e) = self.drop_namespace(nsid) {
-                    warn!(nsid, "namespace pool: cannot detach namespace {nsid} here: {e}");
+                match self.drop_namespace(nsid) {
+                    Ok(()) if tell => self.namespace_changed(nsid),
+                    Ok(()) => {}
+                    Err(e) => warn!(nsid, "namespace pool: cannot detach namespace {nsid} here: {e}"),
                 }
                 changed = true;
             }
@@ -62,8 +72,11 @@ impl Controller {
             let added = pool_namespace_config(pool, nsid, n)
                 .and_then(|cfg| self.insert_namespace(&cfg, nsid).map_err(|e| e.to_string()));
             match added {
-                Ok(_) => {
+                Ok(()) => {
                     self.admin.pool_here.insert(nsid, n.nguid);
+                    if tell {
+                        self.namespace_changed(nsid);
+                    }
                     changed = true;
                 }
                 Err(e) => {
