@@ -188,7 +188,15 @@ fn accept(
     }
     let mut ready = [EpollEvent::default(); 3];
     loop {
-        let n = match epoll.wait(-1, &mut ready) {
+        // State shared with other controllers (a namespace pool) is followed with
+        // no client too: what a host or operator attaches elsewhere is here when
+        // the next client comes.
+        let tick = device.admin_poll_interval().map_or(-1, |d| d.as_millis().max(1) as i32);
+        let n = match epoll.wait(tick, &mut ready) {
+            Ok(0) => {
+                device.run_controller();
+                continue;
+            }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),

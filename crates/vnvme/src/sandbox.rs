@@ -36,6 +36,7 @@
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
+//! | `--pool`                     | openat and unlinkat (no flags) only relative to the pool directory's descriptor (held open since the start), flock, ftruncate and the `file:` calls: namespaces made, opened and deleted there, its state file locked, read and written |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
 //! | its sockets                  | unlinkat with the descriptor of a socket's own directory (held open since the bind) and no flags: at its end the server removes the socket files it bound, if still its own |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
@@ -97,6 +98,9 @@ pub struct Needs {
     /// finishers), open connections to OSDs and monitors as they need them, and start
     /// threads.
     pub rbd: bool,
+    /// The namespace pool's directory (held open, `O_PATH`): its namespaces' files
+    /// are created, opened and removed relative to it, and alone there.
+    pub pool_dir: Option<i32>,
     /// The directories (held open, `O_PATH`) of the sockets this server bound: at
     /// its end it removes its own socket files there with `unlinkat`, allowed in
     /// these directories alone (see `vfio_user_server::socket_file`).
@@ -117,6 +121,7 @@ impl Needs {
             ram: self.ram || o.ram,
             meta: self.meta || o.meta,
             resv: self.resv || o.resv,
+            pool_dir: self.pool_dir.or(o.pool_dir),
             socket_dirs: if self.socket_dirs.iter().any(Option::is_some) {
                 self.socket_dirs
             } else {
@@ -135,6 +140,7 @@ impl Needs {
             (self.ram, "ram:"),
             (self.meta, "metadata"),
             (self.resv, "reservations"),
+            (self.pool_dir.is_some(), "the namespace pool"),
             (self.nbd, "nbd://"),
             (self.rbd, "rbd:"),
             (self.stats_file, "--stats-file"),
@@ -211,6 +217,12 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     if needs.resv || needs.control {
         allow(&[SYS_flock, SYS_pread64, SYS_pwrite64, SYS_fdatasync, SYS_ftruncate]);
     }
+    if needs.pool_dir.is_some() {
+        // Its state file (locked, read and written in place, synced, sized) and
+        // its namespaces' files (the file: calls, made to their size).
+        allow(&[SYS_flock, SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_fsync, SYS_fdatasync]);
+        allow(&[SYS_fallocate, SYS_copy_file_range, SYS_ftruncate]);
+    }
     if needs.uring || needs.control {
         allow(&[SYS_io_uring_enter]);
     }
@@ -272,9 +284,11 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     m.insert(SYS_tgkill, one_of(0, &[std::process::id() as u64]));
     // At its end the server removes the socket files it bound: a name in one of
     // their directories, never a directory.
+    // And a deleted namespace's file in the pool's directory.
     let dirs: Vec<SeccompRule> = needs
         .socket_dirs
         .iter()
+        .chain(std::iter::once(&needs.pool_dir))
         .flatten()
         .map(|&fd| rule(vec![cond(0, SeccompCmpOp::Eq, fd as u64), cond(2, SeccompCmpOp::Eq, 0)]))
         .collect();
@@ -282,9 +296,20 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
         m.insert(SYS_unlinkat, dirs);
     }
 
-    if needs.stats_file && !needs.control {
-        // std's File::create, for the temporary file that replaces the stats file.
-        m.insert(SYS_openat, one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
+    if !needs.control {
+        let mut opens = Vec::new();
+        if needs.stats_file {
+            // std's File::create, for the temporary file that replaces the stats file.
+            opens.extend(one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
+        }
+        if let Some(fd) = needs.pool_dir {
+            // A namespace's file made or opened in the pool's directory (by its
+            // descriptor: a path from elsewhere is refused).
+            opens.push(rule(vec![cond(0, SeccompCmpOp::Eq, fd as u64)]));
+        }
+        if !opens.is_empty() {
+            m.insert(SYS_openat, opens);
+        }
     }
     if needs.kernel_vfio {
         m.insert(SYS_ioctl, one_of(1, &nvme_driver::vfio::RUNTIME_IOCTLS));

@@ -175,7 +175,9 @@ fn start_hand_over(
     let (tx, rx) = std::sync::mpsc::channel();
     let r = r.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
         let mut namespaces = Vec::new();
-        for ns in d.ctrl.namespaces() {
+        // The pool's namespaces are the pool's: the next process attaches them
+        // from there.
+        for ns in d.ctrl.namespaces().filter(|n| !d.ctrl.is_pool_namespace(n.nsid)) {
             let spec =
                 specs.get(&ns.nsid).ok_or_else(|| format!("namespace {} has no --ns text", ns.nsid))?;
             let memory = match ns.backend.handover_fd() {

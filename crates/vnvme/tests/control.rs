@@ -435,3 +435,66 @@ fn ana_set_takes_a_path_out_of_service_and_back() {
     assert!(e.contains("--cntlid"), "{e}");
     assert_eq!(ctl(&c, &["ana.get"]).unwrap()["groups"], serde_json::json!([]));
 }
+
+/// The namespace pool from `vnvme ctl` (issue 31 item 4), two controllers of one
+/// subsystem over one pool directory, sandboxed: what one makes and attaches, the
+/// other serves (the same data, through the files the sandbox lets each open in
+/// the pool alone); detach and delete follow on both; refusals say why.
+#[test]
+fn the_pool_makes_attaches_and_deletes_namespaces_across_controllers() {
+    let pool = common::temp_dir("pool");
+    let spec = format!("{}:32M", pool.display());
+    let (mut s1, c1) = start(&["--ns", "ram:4M", "--cntlid", "1", "--pool", &spec]);
+    let (mut s2, c2) = start(&["--ns", "ram:4M", "--cntlid", "2", "--pool", &spec]);
+    let made = ctl(&c1, &["ns.create", "8M"]).unwrap();
+    assert_eq!((made["nsid"].as_u64(), made["done"].as_str()), (Some(2), Some("created")));
+    let info = ctl(&c2, &["pool.info"]).unwrap();
+    assert_eq!((info["capacity"].as_u64(), info["unallocated"].as_u64()), (Some(32 << 20), Some(24 << 20)));
+    assert_eq!(info["controllers"], serde_json::json!([1, 2]));
+    let r = ctl(&c1, &["ns.attach", "2", "1,2"]).unwrap();
+    assert_eq!(r["attached"], serde_json::json!([1, 2]));
+    let listed = |c: &Path| -> Vec<u64> {
+        let l = ctl(c, &["ns.list"]).unwrap();
+        l["namespaces"].as_array().unwrap().iter().map(|n| n["nsid"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(listed(&c1), [1, 2], "attached here at once");
+    let deadline = Instant::now() + common::TIMEOUT;
+    while listed(&c2) != [1, 2] {
+        assert!(Instant::now() < deadline, "controller 2 never attached it:\n{}", s2.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    {
+        let mut d1 = s1.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+        let mut d2 = s2.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+        let data = pattern(31, 4096);
+        assert_eq!(write(d1.queue(1).unwrap(), 2, 16, &data), nvme_spec::Status::SUCCESS);
+        let (st, back) = read(d2.queue(1).unwrap(), 2, 16);
+        assert!(
+            st == nvme_spec::Status::SUCCESS && back == data,
+            "{st:?}: written through 1, read through 2"
+        );
+    }
+    let e = ctl(&c1, &["ns.remove", "2"]).unwrap_err();
+    assert!(e.contains("ns.detach"), "{e}");
+    let e = ctl(&c1, &["ns.create", "1G"]).unwrap_err();
+    assert!(e.contains("capacity"), "{e}");
+    let e = ctl(&c1, &["ns.attach", "2", "2"]).unwrap_err();
+    assert!(e.contains("already attached"), "{e}");
+    let e = ctl(&c1, &["ns.delete", "1"]).unwrap_err();
+    assert!(e.contains("operator's namespace"), "{e}");
+    ctl(&c2, &["ns.detach", "2"]).unwrap();
+    assert_eq!(listed(&c2), [1]);
+    assert_eq!(ctl(&c1, &["pool.info"]).unwrap()["namespaces"][0]["attached"], serde_json::json!([1]));
+    ctl(&c2, &["ns.delete", "2"]).unwrap();
+    assert!(!pool.join("ns-2.img").exists(), "its data goes");
+    while listed(&c1) != [1] {
+        assert!(Instant::now() < deadline, "controller 1 kept it:\n{}", s1.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s1.assert_alive();
+    s2.assert_alive();
+    let (_alone, c) = start(&["--ns", "ram:4M"]);
+    let e = ctl(&c, &["pool.info"]).unwrap_err();
+    assert!(e.contains("--pool"), "{e}");
+    let _ = std::fs::remove_dir_all(&pool);
+}

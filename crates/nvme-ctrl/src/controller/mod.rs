@@ -451,16 +451,16 @@ impl Controller {
     /// a doorbell was written or a backend notifier fired; the in-process host calls
     /// it whenever it waits.
     pub fn process(&mut self) -> bool {
+        // Namespaces other controllers (or this one) attached or detached here:
+        // in every state, so a host that enables later finds them.
+        let mut any = self.sync_pool();
         if self.lifecycle() != Lifecycle::Ready {
-            return false;
+            return any;
         }
-        let mut any = false;
         if self.admin.resv_log.watching() {
             // Notifications other controllers' reservation changes owe this one.
             any |= self.admin_parts().collect_resv_notices();
         }
-        // Namespaces other controllers (or this one) attached or detached here.
-        any |= self.sync_pool();
         for _ in 0..64 {
             let mut progress = self.engine.poll();
             let inbox = std::mem::take(&mut self.engine.admin_inbox);

@@ -29,9 +29,16 @@ fn pool_namespace_config(
 }
 
 impl Controller {
+    /// The namespace pool this controller creates and attaches namespaces from.
+    pub fn pool(&self) -> Option<&Arc<NamespacePool>> {
+        self.cfg.pool.as_ref()
+    }
+
     /// Makes this controller's namespaces match what the pool says of it, if the
-    /// pool changed since the last look. Returns whether any namespace came or went.
-    pub(crate) fn sync_pool(&mut self) -> bool {
+    /// pool changed since the last look (the admin side does this each time it
+    /// runs; an operator's change through this controller, at once). Returns
+    /// whether any namespace came or went.
+    pub fn sync_pool(&mut self) -> bool {
         let Some(pool) = self.cfg.pool.clone() else { return false };
         if !pool.changed_since_last_look() {
             return false;
@@ -87,8 +94,9 @@ impl Controller {
         changed
     }
 
-    /// Whether `nsid` is one of the pool's namespaces, active here.
-    pub(crate) fn is_pool_namespace(&self, nsid: u32) -> bool {
+    /// Whether `nsid` is one of the pool's namespaces, active here (an upgrade
+    /// leaves it to the pool: the next process attaches it from there).
+    pub fn is_pool_namespace(&self, nsid: u32) -> bool {
         self.admin.pool_here.contains_key(&nsid)
     }
 

@@ -68,6 +68,16 @@ methods! {
         "this controller's ANA state (with --cntlid): state (optimized, non-optimized, inaccessible, persistent-loss, change), group (default: every group)";
     AnaGet(NoParams) = "ana.get", changes: false, listed: true, positional: [],
         "the ANA groups with namespaces: ID, state on this controller, NSIDs";
+    PoolInfo(NoParams) = "pool.info", changes: false, listed: true, positional: [],
+        "the namespace pool (with --pool): capacity, what is left, controllers, namespaces and where each is attached";
+    NsCreate(NsCreate) = "ns.create", changes: true, listed: true, positional: ["size", "lba"],
+        "create a namespace in the pool: size (bytes or 8G), lba (512 or 4096), private (not shared), group (ANA group); attached nowhere";
+    NsDelete(NsDelete) = "ns.delete", changes: true, listed: true, positional: ["nsid"],
+        "delete a namespace of the pool and its data: nsid (detached from every controller first)";
+    NsAttach(NsAttach) = "ns.attach", changes: true, listed: true, positional: ["nsid", "controllers"],
+        "attach a namespace of the pool: nsid, controllers (CNTLIDs, e.g. 1,2; default: this controller)";
+    NsDetach(NsAttach) = "ns.detach", changes: true, listed: true, positional: ["nsid", "controllers"],
+        "detach a namespace of the pool: nsid, controllers (default: this controller)";
     QosSet(QosSet) = "qos.set", changes: true, listed: true, positional: ["nsid"],
         "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear";
     QosGet(QosGet) = "qos.get", changes: false, listed: true, positional: ["nsid"],
@@ -160,6 +170,54 @@ pub struct NsResize {
     /// Shrink even over data.
     #[serde(default, deserialize_with = "opt_bool", skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
+}
+
+/// ns.create: a namespace of the pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NsCreate {
+    pub size: Size,
+    /// Its logical block size: 512 (default) or 4096.
+    #[serde(default, deserialize_with = "opt_u32", skip_serializing_if = "Option::is_none")]
+    pub lba: Option<u32>,
+    /// Attachable to one controller at a time (default: shared).
+    #[serde(default, deserialize_with = "opt_bool", skip_serializing_if = "Option::is_none")]
+    pub private: Option<bool>,
+    /// Its ANA group (default 1).
+    #[serde(default, deserialize_with = "opt_u32", skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NsDelete {
+    #[serde(deserialize_with = "req_u32")]
+    pub nsid: u32,
+}
+
+/// ns.attach and ns.detach: namespace `nsid` of the pool, for the controllers
+/// listed (comma separated CNTLIDs; default: this controller).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NsAttach {
+    #[serde(deserialize_with = "req_u32")]
+    pub nsid: u32,
+    #[serde(default, deserialize_with = "opt_string", skip_serializing_if = "Option::is_none")]
+    pub controllers: Option<String>,
+}
+
+impl NsAttach {
+    /// The controllers named, or `this` when none are.
+    pub fn controllers(&self, this: u16) -> Result<Vec<u16>, String> {
+        let Some(list) = &self.controllers else { return Ok(vec![this]) };
+        list.split(',')
+            .map(|c| {
+                c.trim()
+                    .parse::<u16>()
+                    .map_err(|_| format!("controllers: {c:?} is not a CNTLID (0 to 65519)"))
+            })
+            .collect()
+    }
 }
 
 /// zone.fail: the zone starting at `zslba` of zoned namespace `nsid` made read only
@@ -325,6 +383,16 @@ fn opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     match Value::deserialize(d)? {
         Value::Null => Ok(None),
         v => as_u32(&v).map(Some),
+    }
+}
+
+/// Text, or a number as its text (ctl sends `1` as a number).
+fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s)),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        v => Err(de::Error::custom(format!("a list like 1,2, not {v}"))),
     }
 }
 

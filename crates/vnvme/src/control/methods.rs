@@ -12,8 +12,8 @@ use vfio_user_server::jobs::{DeviceJobs, JobError};
 use vfio_user_server::Device;
 
 use super::api::{
-    AnaSet, FailedZoneState, LogSet, NoParams, NsAdd, NsRemove, NsResize, QosGet, QosSet, Request, Size,
-    ZoneFail,
+    AnaSet, FailedZoneState, LogSet, NoParams, NsAdd, NsAttach, NsCreate, NsDelete, NsRemove, NsResize,
+    QosGet, QosSet, Request, Size, ZoneFail,
 };
 use super::{code, reply, RpcError, JOB_LIMIT};
 use crate::nsspec::NsSpec;
@@ -58,6 +58,19 @@ pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
         Request::NsResize(r) => ns_resize(ctx, r),
         Request::ZoneFail(r) => zone_fail(ctx, r),
         Request::AnaSet(a) => ana_set(ctx, a),
+        Request::PoolInfo(NoParams {}) => pool_info(ctx),
+        Request::NsCreate(c) => ns_create(ctx, c),
+        Request::NsDelete(NsDelete { nsid }) => {
+            pool_change(ctx, nsid, "deleted", move |p, _| Ok(p.delete(nsid).map(drop)?))
+        }
+        Request::NsAttach(a) => {
+            let nsid = a.nsid;
+            pool_change(ctx, nsid, "attached", move |p, this| Ok(p.attach(nsid, &controllers(&a, this)?)?))
+        }
+        Request::NsDetach(a) => {
+            let nsid = a.nsid;
+            pool_change(ctx, nsid, "detached", move |p, this| Ok(p.detach(nsid, &controllers(&a, this)?)?))
+        }
         Request::AnaGet(NoParams {}) => ana_get(ctx),
         Request::StatsGet(NoParams {}) => stats_get(ctx),
         Request::QosSet(q) => qos_set(ctx, q),
@@ -166,6 +179,134 @@ fn ana_set(ctx: &Context, AnaSet { state, group }: AnaSet) -> Result<Value, RpcE
     let to = state.state();
     let changed = job(ctx, move |d| d.ctrl.set_ana_state(group, to))?.map_err(RpcError::failed)?;
     answer(&reply::AnaSet { state: to.name().into(), group, changed })
+}
+
+const NO_POOL: &str = "this server has no namespace pool (start it with --pool DIR:SIZE)";
+
+fn pool_info(ctx: &Context) -> Result<Value, RpcError> {
+    let info = job(ctx, |d| {
+        d.ctrl.pool().map(|p| {
+            let s = p.state();
+            reply::PoolInfo {
+                path: p.path().display().to_string(),
+                capacity: s.capacity,
+                unallocated: s.unallocated(),
+                controllers: s.controllers.iter().copied().collect(),
+                this_controller: p.cntlid(),
+                namespaces: s
+                    .namespaces
+                    .iter()
+                    .map(|(&nsid, n)| reply::PoolNs {
+                        nsid,
+                        size: n.bytes(),
+                        lba_size: n.lba_bytes(),
+                        shared: n.shared,
+                        ana_group: n.ana_group,
+                        attached: n.attached.iter().copied().collect(),
+                    })
+                    .collect(),
+            }
+        })
+    })?
+    .ok_or_else(|| RpcError::new(code::NOT_PERMITTED, NO_POOL))?;
+    answer(&info)
+}
+
+/// The controllers an attach or detach names, as a status the pool refuses.
+fn controllers(a: &NsAttach, this: u16) -> Result<Vec<u16>, PoolRefusal> {
+    a.controllers(this).map_err(PoolRefusal::Params)
+}
+
+/// Why a pool operation was refused.
+enum PoolRefusal {
+    Params(String),
+    Status(nvme_spec::Status),
+}
+
+impl From<nvme_spec::Status> for PoolRefusal {
+    fn from(s: nvme_spec::Status) -> Self {
+        PoolRefusal::Status(s)
+    }
+}
+
+/// Runs `f` on the pool as this controller, then brings this controller's
+/// namespaces in line at once (the others follow within their next look).
+fn pool_change(
+    ctx: &Context,
+    nsid: u32,
+    done: &'static str,
+    f: impl FnOnce(&nvme_ctrl::pool::NamespacePool, u16) -> Result<(), PoolRefusal> + Send + 'static,
+) -> Result<Value, RpcError> {
+    let r = job(ctx, move |d| -> Result<Vec<u16>, PoolRefusal> {
+        let Some(pool) = d.ctrl.pool().cloned() else {
+            return Err(PoolRefusal::Params(NO_POOL.into()));
+        };
+        f(&pool, pool.cntlid())?;
+        d.ctrl.sync_pool();
+        Ok(pool
+            .state()
+            .namespaces
+            .get(&nsid)
+            .map(|n| n.attached.iter().copied().collect())
+            .unwrap_or_default())
+    })?;
+    let attached = r.map_err(|e| match e {
+        PoolRefusal::Params(m) => RpcError::new(code::NOT_PERMITTED, m),
+        PoolRefusal::Status(s) => RpcError::failed(format!("namespace {nsid}: {}", pool_refusal(s))),
+    })?;
+    tracing::info!(nsid, ?attached, "namespace {done} by the operator");
+    answer(&reply::PoolChanged { nsid, done: done.into(), attached })
+}
+
+/// What a pool's refusal means, in an operator's words.
+fn pool_refusal(s: nvme_spec::Status) -> String {
+    use nvme_spec::Status as S;
+    let why = match s.code() {
+        c if c == S::NAMESPACE_INSUFFICIENT_CAPACITY => "not enough capacity left in the pool (pool.info)",
+        c if c == S::NAMESPACE_IDENTIFIER_UNAVAILABLE => "no NSID left to give (raise --max-namespaces)",
+        c if c == S::NAMESPACE_ALREADY_ATTACHED => "already attached to one of those controllers",
+        c if c == S::NAMESPACE_IS_PRIVATE => "it is private: one controller at a time",
+        c if c == S::NAMESPACE_NOT_ATTACHED => "not attached to one of those controllers",
+        c if c == S::CONTROLLER_LIST_INVALID => {
+            "a controller named is not one the pool knows (each joins when it starts), or is named twice"
+        }
+        c if c == S::INVALID_NAMESPACE => "there is no such namespace in the pool",
+        c if c == S::INVALID_FIELD => "it is an operator's namespace (--ns or ns.add), not the pool's",
+        _ => return s.to_string(),
+    };
+    why.into()
+}
+
+fn ns_create(ctx: &Context, c: NsCreate) -> Result<Value, RpcError> {
+    let lba_format = match c.lba.unwrap_or(512) {
+        512 => 0,
+        4096 => 1,
+        n => return Err(RpcError::params(format!("lba: {n}: 512 or 4096"))),
+    };
+    let lba = if lba_format == 1 { 4096 } else { 512 };
+    let Size(size) = c.size;
+    if size == 0 || size % lba != 0 {
+        return Err(RpcError::params(format!(
+            "size: {size} bytes is not a whole number of {lba}-byte blocks"
+        )));
+    }
+    let new = nvme_ctrl::pool::NewNamespace {
+        nsze: size / lba,
+        lba_format,
+        shared: !c.private.unwrap_or(false),
+        ana_group: c.group.unwrap_or(1),
+    };
+    if !(1..=nvme_ctrl::ana::MAX_GROUPS).contains(&new.ana_group) {
+        return Err(RpcError::params(format!("group: 1 to {}", nvme_ctrl::ana::MAX_GROUPS)));
+    }
+    let made = job(ctx, move |d| {
+        let nn = d.ctrl.max_namespaces();
+        d.ctrl.pool().map(|p| p.create(new, nn))
+    })?
+    .ok_or_else(|| RpcError::new(code::NOT_PERMITTED, NO_POOL))?
+    .map_err(|s| RpcError::failed(format!("cannot create the namespace: {}", pool_refusal(s))))?;
+    tracing::info!(nsid = made, size, "namespace created by the operator");
+    answer(&reply::PoolChanged { nsid: made, done: "created".into(), attached: Vec::new() })
 }
 
 fn ana_get(ctx: &Context) -> Result<Value, RpcError> {

@@ -82,6 +82,43 @@ pub struct NsResized {
     pub size: u64,
 }
 
+/// `pool.info`: the namespace pool as every controller of the subsystem shares it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub path: String,
+    /// Bytes its namespaces may take together (TNVMCAP).
+    pub capacity: u64,
+    /// Bytes left (UNVMCAP).
+    pub unallocated: u64,
+    /// The CNTLIDs of the controllers that have opened it.
+    pub controllers: Vec<u16>,
+    /// This controller's.
+    pub this_controller: u16,
+    pub namespaces: Vec<PoolNs>,
+}
+
+/// One namespace of the pool.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolNs {
+    pub nsid: u32,
+    pub size: u64,
+    pub lba_size: u64,
+    pub shared: bool,
+    pub ana_group: u32,
+    /// The controllers it is attached to.
+    pub attached: Vec<u16>,
+}
+
+/// `ns.create`, `ns.attach`, `ns.detach`, `ns.delete`: the namespace after.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolChanged {
+    pub nsid: u32,
+    /// What was done: created, attached, detached or deleted.
+    pub done: String,
+    /// The controllers it is attached to now.
+    pub attached: Vec<u16>,
+}
+
 /// `zone.fail`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ZoneFailed {

@@ -163,8 +163,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<crate::metrics::http::MetricsAddr>,
     /// Number of Namespaces the controller reports (Identify NN): room for
-    /// namespaces added later through the control socket. Default: 32 with
-    /// --control, else as many as --ns gives. 1 to 1024.
+    /// namespaces added later through the control socket or made in the pool.
+    /// Default: 32 with --control or --pool, else as many as --ns gives. 1 to 1024.
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=nvme_ctrl::MAX_NAMESPACES as u64))]
     pub max_namespaces: Option<u32>,
     /// Offer Flexible Data Placement (NVMe TP4146): endurance group 1 with HANDLES
@@ -183,6 +183,49 @@ pub struct ServeArgs {
     /// namespace may be shared (NMIC bit 0).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=nvme_ctrl::MAX_CNTLID as i64))]
     pub cntlid: Option<u16>,
+    /// A namespace pool in directory DIR (made if absent) of SIZE bytes (e.g. 64G;
+    /// needed when the pool is new, and it must match after): the guest creates,
+    /// deletes, attaches and detaches namespaces in it (Namespace Management and
+    /// Attachment; nvme create-ns, attach-ns), and so does `vnvme ctl ns.create`
+    /// and the rest. Give every controller of the subsystem the same DIR; each
+    /// namespace's data is a sparse file there (docs/subsystems.md).
+    #[arg(long, value_name = "DIR[:SIZE]", value_parser = parse_pool)]
+    pub pool: Option<PoolSpec>,
+}
+
+/// `--pool DIR[:SIZE]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub dir: std::path::PathBuf,
+    pub size: Option<u64>,
+}
+
+pub(super) fn parse_pool(s: &str) -> Result<PoolSpec, String> {
+    let (dir, size) = match s.rsplit_once(':') {
+        Some((d, z)) if !d.is_empty() => {
+            (d, Some(crate::units::parse_size(z).map_err(|e| format!("{z:?}: the pool's size: {e}"))?))
+        }
+        _ => (s, None),
+    };
+    if dir.is_empty() {
+        return Err("the pool's directory, e.g. /var/lib/vnvme/pool1:64G".into());
+    }
+    if size == Some(0) {
+        return Err("a pool of 0 bytes holds nothing".into());
+    }
+    Ok(PoolSpec { dir: dir.into(), size })
+}
+
+impl PoolSpec {
+    /// Opens it as this controller, which the operator gave the NSIDs `fixed`.
+    pub(super) fn open(
+        &self,
+        cntlid: Option<u16>,
+        fixed: &[u32],
+    ) -> Result<std::sync::Arc<nvme_ctrl::pool::NamespacePool>, String> {
+        let p = nvme_ctrl::pool::NamespacePool::open(&self.dir, self.size, cntlid.unwrap_or(0), fixed)?;
+        Ok(std::sync::Arc::new(p))
+    }
 }
 
 /// on or off.
@@ -253,7 +296,9 @@ pub(super) fn max_namespaces(a: &ServeArgs) -> Result<u32, Box<dyn std::error::E
             )
         }
         Some(n) => n,
-        None if a.control.is_some() => DEFAULT_MAX_NAMESPACES.max(a.namespaces.len() as u32),
+        None if a.control.is_some() || a.pool.is_some() => {
+            DEFAULT_MAX_NAMESPACES.max(a.namespaces.len() as u32)
+        }
         None => 0,
     })
 }
@@ -296,7 +341,8 @@ pub(super) fn device_options(a: &ServeArgs) -> DeviceOptions {
     }
 }
 
-/// Namespaces a controller has room for with --control and no --max-namespaces.
+/// Namespaces a controller has room for with --control or --pool and no
+/// --max-namespaces.
 const DEFAULT_MAX_NAMESPACES: u32 = 32;
 
 /// Parses `VVVV:DDDD` (hex).

@@ -32,8 +32,11 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("--ns {}: {e}", spec.text))?;
         namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened });
     }
+    let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
+    let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
     let cfg = ControllerConfig {
         namespaces: namespaces.iter().map(|n| n.opened.config()).collect(),
+        pool,
         ..controller_config(&a, max_namespaces)
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
@@ -140,11 +143,14 @@ pub fn takeover(
         }
         // The same namespaces at the same NSIDs, and what the host was told the
         // controller can do (ONCS, VWC), whatever the namespaces now imply.
+        let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
+        let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
         let cfg = ControllerConfig {
             namespaces: namespaces
                 .iter()
                 .map(|n| NamespaceConfig { nsid: Some(n.nsid), ..n.opened.config() })
                 .collect(),
+            pool,
             capabilities: saved.capabilities,
             ..controller_config(&a, max_namespaces)
         };
@@ -457,6 +463,7 @@ impl Running {
         let mut needs = namespaces.iter().fold(sandbox::Needs::default(), |n, o| n.union(o.opened.needs));
         needs.stats_file = a.stats_file.is_some();
         needs.control = a.control.is_some();
+        needs.pool_dir = dev.ctrl.pool().map(|p| std::os::fd::AsRawFd::as_raw_fd(&p.dir_fd()));
         if let (Some(path), Some(listener)) = (&a.control, control) {
             let specs = namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
             let ctx = crate::control::methods::Context {
