@@ -579,7 +579,16 @@ mod tests {
         assert!(!rules(&Needs::default()).contains_key(&libc::SYS_unlinkat));
         let dirs = Needs { socket_dirs: [Some(7), None, Some(9)], ..Default::default() };
         assert_eq!(rules(&dirs)[&libc::SYS_unlinkat].len(), 2);
+        // A pool: opening and removing relative to its directory only, and with
+        // the stats file, that file's one way of opening too.
+        let pool = Needs { pool_dir: Some(5), stats_file: true, ..Default::default() };
+        let r = rules(&pool);
+        assert_eq!((r[&libc::SYS_unlinkat].len(), r[&libc::SYS_openat].len()), (1, 2));
+        assert!(r.contains_key(&libc::SYS_flock) && r.contains_key(&libc::SYS_pwrite64));
+        assert!(rules(&Needs { pool_dir: Some(5), control: true, ..Default::default() })[&libc::SYS_openat]
+            .is_empty());
         filter(&Needs {
+            pool_dir: Some(5),
             file: true,
             uring: true,
             kernel_vfio: true,
