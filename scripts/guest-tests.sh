@@ -1164,6 +1164,13 @@ mp_action() {
     ana-*)
         echo "[host] controller 2: vnvme ctl ana.set ${2#ana-}: $("$VNVME_BIN" ctl --control "$MP_CTL" ana.set "${2#ana-}" 2>&1)"
         ;;
+    ns-create)
+        echo "[host] controller 2: vnvme ctl ns.create 4M: $("$VNVME_BIN" ctl --control "$MP_CTL" ns.create 4M 2>&1 | tr '\n' ' ')"
+        echo "[host] controller 2: vnvme ctl ns.attach 2 1,2: $("$VNVME_BIN" ctl --control "$MP_CTL" ns.attach 2 1,2 2>&1 | tr '\n' ' ')"
+        ;;
+    ns-delete)
+        echo "[host] controller 2: vnvme ctl ns.delete 2: $("$VNVME_BIN" ctl --control "$MP_CTL" ns.delete 2 2>&1 | tr '\n' ' ')"
+        ;;
     *) echo "[host] unknown action $2" ;;
     esac
 }
@@ -1187,8 +1194,9 @@ suite_multipath() {
     rm -f "$d/mp.img"
     truncate -s 128M "$d/mp.img"
     rm -f "$d/mp.resv"
+    rm -rf "$d/pool"
     if ! vn_serve_start "$d/serve2.log" "$d/vnvme2.sock" --ns "file:$d/mp.img:resv=$d/mp.resv" --serial VNVMEGTMP001 \
-        --cntlid 2 --once --stats-file "$d/stats2.json" --log info --control "$d/ctl2.sock"; then
+        --cntlid 2 --once --stats-file "$d/stats2.json" --log info --control "$d/ctl2.sock" --pool "$d/pool:64M"; then
         result FAIL "$k" "controller 2's vnvme serve did not start"
         return
     fi
@@ -1199,7 +1207,7 @@ suite_multipath() {
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$d/vnvme2.sock\"},\"bus\":\"rp5\"}")
     VN_HOST_ACTION=mp_action
     suite_boot "$k" "$d" "$name" multipath.sh --timeout 420 -- --ns "file:$d/mp.img:resv=$d/mp.resv" --serial VNVMEGTMP001 \
-        --cntlid 1 --workers 1
+        --cntlid 1 --workers 1 --pool "$d/pool:64M"
     VN_HOST_ACTION=""
     QEMU_EXTRA=()
     # Both controllers carried the guest's I/O (round-robin).
@@ -1240,7 +1248,7 @@ suite_multipath() {
             result FAIL "$k" "controller 2's kill (line '${killed}') did not come before fio's end (line '${done}')"
         fi
     fi
-    rm -f "$d/mp.img" "$d/mp.resv"
+    rm -rf "$d/mp.img" "$d/mp.resv" "$d/pool"
     echo "  [$k] $name suite: $(($(date +%s) - t0)) s"
 }
 

@@ -127,6 +127,83 @@ if resv_ok nvme resv-release "$c2" -n 1 --crkey=0xbbbb --rtype=2 --rrela=1 && ! 
 else
     t_fail "clear: host 1 write: $(io_status "$c1" 1 | head -1)"
 fi
+# Namespace Management and Attachment in the subsystem's pool (--pool, 64 MiB):
+# the guest makes a shared namespace through controller 1 and attaches it to both
+# controllers; Linux finds it on each by the notice each controller raises (a
+# second head, two paths), I/O goes through it, then it is detached from
+# controller 2 and deleted; the operator does the same from the host through
+# controller 2 (vnvme ctl). Capacity follows in TNVMCAP/UNVMCAP.
+# paths_of NSID: how many path devices namespace NSID has.
+paths_of() { ls /sys/block | grep -c "c[0-9]*n$1\$"; }
+# paths_wait NSID N: namespace NSID has N path devices within 20 s.
+paths_wait() {
+    _i=0
+    while [ $_i -lt 200 ]; do
+        [ "$(paths_of "$1")" = "$2" ] && return 0
+        usleep 100000
+        _i=$((_i + 1))
+    done
+    return 1
+}
+capacity() { nvme id-ctrl "$c1" 2>/dev/null | tr -d ',' | awk -F: '$1 ~ /^(tnvmcap|unvmcap)/ { gsub(/ /, "", $2); printf "%s ", $2 }'; }
+nvme id-ctrl "$c1" >/tmp/idc 2>&1
+if [ $(( $(field oacs </tmp/idc) & 8 )) -eq 0 ]; then
+    t_skip "namespace management: OACS bit 3 clear (oacs $(field oacs </tmp/idc))"
+else
+    t_eq "id-ctrl: OACS Namespace Management, TNVMCAP and UNVMCAP the pool's 64 MiB" "$(capacity)" "67108864 67108864 "
+    nvme create-ns "$c1" --nsze=16384 --ncap=16384 --flbas=0 --nmic=1 >/tmp/o 2>&1
+    t_eq "nvme create-ns through controller 1 (8 MiB, shared): NSID 2" "$(grep -o 'nsid:[0-9]*' /tmp/o)" "nsid:2"
+    t_eq "UNVMCAP down by 8 MiB" "$(capacity)" "67108864 58720256 "
+    t_eq "nvme list-ns --all: NSIDs 1 and 2 allocated; only 1 active" \
+        "$(nvme list-ns "$c1" --all 2>&1 | grep -c ':0x[12]$') $(nvme list-ns "$c1" 2>&1 | grep -c ':0x[12]$')" "2 1"
+    nvme attach-ns "$c1" --namespace-id=2 --controllers=1,2 >/tmp/o 2>&1 || cat /tmp/o
+    if paths_wait 2 2; then
+        t_pass "nvme attach-ns 2 to controllers 1,2: Linux finds it through both (two paths)"
+    else
+        t_fail "after attach-ns: $(paths_of 2) paths of NSID 2 ($(ls /sys/block | tr '\n' ' '); $(head -2 /tmp/o))"
+    fi
+    h2=${head%n1}n2
+    t_eq "nvme list-ctrl of namespace 2: both controllers" \
+        "$(nvme list-ctrl "$c1" --namespace-id=2 2>&1 | grep -c '^\[ *[0-9]*\]:0x[12]$')" 2
+    t_eq "id-ns of the new head: 16384 blocks, shared" "$(nvme id-ns "$h2" 2>&1 | field nsze) $(nvme id-ns "$h2" 2>&1 | field nmic)" "0x4000 0x1"
+    fio_verified "fio randwrite + verify through the new namespace's head" \
+        --filename="$h2" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=8 --size=8M \
+        --verify=crc32c --verify_fatal=1 --name=nsm
+    nvme detach-ns "$c1" --namespace-id=2 --controllers=2 >/tmp/o 2>&1 || cat /tmp/o
+    if paths_wait 2 1; then
+        t_pass "nvme detach-ns 2 from controller 2: one path left"
+    else
+        t_fail "after detach-ns: $(paths_of 2) paths of NSID 2"
+    fi
+    nvme create-ns "$c1" --nsze=200000 --ncap=200000 --flbas=0 --nmic=1 >/tmp/o 2>&1
+    t_eq "create-ns beyond the capacity left: Namespace Insufficient Capacity" "$(grep -ci 'insufficient capacity' /tmp/o)" 1
+    nvme create-ns "$c1" --nsze=16 --ncap=8 --flbas=0 >/tmp/o 2>&1
+    t_eq "create-ns with NCAP below NSZE: Thin Provisioning Not Supported" "$(grep -ci 'thin provisioning' /tmp/o)" 1
+    nvme delete-ns "$c1" --namespace-id=2 >/tmp/o 2>&1 || cat /tmp/o
+    if paths_wait 2 0; then
+        t_pass "nvme delete-ns 2: gone from the guest"
+    else
+        t_fail "after delete-ns: $(paths_of 2) paths of NSID 2"
+    fi
+    t_eq "UNVMCAP back to 64 MiB" "$(capacity)" "67108864 67108864 "
+    if [ "${DEVICE:-vnvme}" = vnvme ]; then
+        # The operator, through controller 2's control socket: ns.create 4M and
+        # ns.attach to both. Linux hears of it from each controller's notice.
+        echo "@@VNVME-HOST ns-create@@"
+        if paths_wait 2 2; then
+            t_pass "vnvme ctl ns.create + ns.attach 1,2 on the host: the guest finds it through both paths"
+        else
+            t_fail "after the host's ns.create/attach: $(paths_of 2) paths of NSID 2"
+        fi
+        t_eq "its size through the head" "$(blockdev --getsize64 "${head%n1}n2" 2>&1)" 4194304
+        echo "@@VNVME-HOST ns-delete@@"
+        if paths_wait 2 0; then
+            t_pass "vnvme ctl ns.delete on the host: gone from the guest"
+        else
+            t_fail "after the host's ns.delete: $(paths_of 2) paths of NSID 2"
+        fi
+    fi
+fi
 # The path device of controller 2 (nvme<subsystem>c<controller>n1), whose
 # ana_state and I/O counters sysfs shows.
 p2=$(ls -d /sys/block/nvme*c"${c2#/dev/nvme}"n1 2>/dev/null | head -1)
