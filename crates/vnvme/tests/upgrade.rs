@@ -659,3 +659,31 @@ fn a_reservation_and_the_host_identifier_survive_an_upgrade() {
     assert_eq!(resv(&mut d, op::RESERVATION_RELEASE, 2 << 8, &77u64.to_le_bytes()).status, Status::SUCCESS);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A controller of a subsystem with a namespace pool, upgraded under its host: the
+/// pool's namespace attached to it is the pool's (not handed over as an operator's
+/// namespace), and the new process attaches it again from the pool, the same
+/// data at the same NSID; the pool's record is not duplicated or lost, and the
+/// new process goes on making namespaces from it.
+#[test]
+fn a_pool_namespace_stays_attached_over_an_upgrade() {
+    let pool = common::temp_dir("upgrade-pool");
+    let spec = format!("{}:16M", pool.display());
+    let s = Served::start(&["--ns", "ram:8M", "--cntlid", "1", "--pool", &spec]);
+    s.ctl(&["ns.create", "4M", "4096"]).unwrap();
+    s.ctl(&["ns.attach", "2"]).unwrap();
+    let mut d = s.server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    d.write(2, 5, &block).expect("write to the pool's namespace");
+    s.upgrade();
+    let mut back = vec![0u8; 4096];
+    d.read(2, 5, &mut back).expect("read after the upgrade");
+    assert!(back == block, "the same data at the same NSID");
+    let info = s.ctl(&["pool.info"]).unwrap();
+    assert_eq!(info["namespaces"].as_array().map(Vec::len), Some(1), "{info}");
+    assert_eq!(info["namespaces"][0]["attached"], serde_json::json!([1]));
+    let listed = s.ctl(&["ns.list"]).unwrap();
+    assert_eq!(listed["namespaces"].as_array().map(Vec::len), Some(2), "{listed}");
+    assert_eq!(s.ctl(&["ns.create", "4M"]).unwrap()["nsid"], 3, "the new process makes namespaces too");
+    let _ = std::fs::remove_dir_all(&pool);
+}
