@@ -41,6 +41,18 @@ pub struct Scrape {
     pub workers: Vec<WorkerScrape>,
     /// Adaptive polling's judge (none with `--poll off` or `always`).
     pub poll: Option<Verdict>,
+    /// The namespace pool (with `--pool`): capacity, what is left, namespaces.
+    pub pool: Option<PoolScrape>,
+}
+
+/// The namespace pool as one controller sees it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolScrape {
+    pub capacity: u64,
+    pub unallocated: u64,
+    pub namespaces: u64,
+    /// Those attached to this controller.
+    pub attached_here: u64,
 }
 
 /// One namespace.
@@ -131,6 +143,15 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
             })
             .collect(),
         poll: d.ctrl.spin_judge().map(|j| j.verdict()),
+        pool: d.ctrl.pool().map(|p| {
+            let st = p.state();
+            PoolScrape {
+                capacity: st.capacity,
+                unallocated: st.unallocated(),
+                namespaces: st.namespaces.len() as u64,
+                attached_here: st.namespaces.values().filter(|n| n.attached.contains(&p.cntlid())).count() as u64,
+            }
+        }),
     }
 }
 

@@ -70,8 +70,36 @@ impl Collector for ScrapeCollector {
         namespaces(enc, s)?;
         queues(enc, s)?;
         workers(enc, s)?;
+        pool(enc, s)?;
         adaptive_poll(enc, s)
     }
+}
+
+/// The namespace pool's families (with --pool only).
+fn pool(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
+    let Some(p) = s.pool else { return Ok(()) };
+    single(
+        enc,
+        "pool_capacity_bytes",
+        "Bytes the namespace pool's namespaces may take together (--pool; Identify TNVMCAP).",
+        ConstGauge::new(p.capacity),
+    )?;
+    single(
+        enc,
+        "pool_unallocated_bytes",
+        "Bytes of the namespace pool no namespace takes (Identify UNVMCAP): what a host or \
+         vnvme ctl ns.create may still make.",
+        ConstGauge::new(p.unallocated),
+    )?;
+    family(
+        enc,
+        "pool_namespaces",
+        "Namespaces in the pool (every controller's), and those attached to this controller.",
+        [
+            (vec![("attached", "any".to_owned())], ConstGauge::new(p.namespaces)),
+            (vec![("attached", "here".to_owned())], ConstGauge::new(p.attached_here)),
+        ],
+    )
 }
 
 /// Writes one family: HELP and TYPE, then a sample per label set. Nothing at all
@@ -610,6 +638,12 @@ mod tests {
                 epochs: 120,
                 changes: 1,
             }),
+            pool: Some(crate::metrics::PoolScrape {
+                capacity: 64 << 20,
+                unallocated: 56 << 20,
+                namespaces: 2,
+                attached_here: 1,
+            }),
         }
     }
 
@@ -637,6 +671,10 @@ mod tests {
             "vnvme_shadow_doorbell_reads_total 20",
             "vnvme_command_timeouts_total 0",
             "vnvme_namespace_size_bytes{nsid=\"2\"} 4294967296",
+            "vnvme_pool_capacity_bytes 67108864",
+            "vnvme_pool_unallocated_bytes 58720256",
+            "vnvme_pool_namespaces{attached=\"any\"} 2",
+            "vnvme_pool_namespaces{attached=\"here\"} 1",
             "vnvme_namespace_lba_bytes{nsid=\"1\"} 512",
             "vnvme_namespace_info{nsid=\"1\",backend=\"ram\"} 1",
             "vnvme_namespace_ana_state{nsid=\"1\",group=\"1\",state=\"optimized\"} 0",
@@ -733,7 +771,7 @@ mod tests {
                 families.push(name.to_owned());
             }
         }
-        assert_eq!(families.len(), 47, "{families:?}");
+        assert_eq!(families.len(), 50, "{families:?}");
         for l in lines.iter().filter(|l| !l.starts_with('#')) {
             let name = l.split(['{', ' ']).next().expect("a name");
             let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
