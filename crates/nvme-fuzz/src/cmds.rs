@@ -497,13 +497,15 @@ impl Fuzzer<'_> {
         let buf = self.h.admin_buf;
         let mut aer = false;
         let mut deletes_host_queue = false;
-        let op = c.op % 14;
+        let op = c.op % 15;
         // Queue identifiers stay below max_io_queues + 2 (at most 18): u16 holds them.
         let mut s = match op {
             0 => {
-                let cns = [0u32, 1, 2, 3, 5, 6, a >> 8][a as usize % 7] as u8;
+                // The namespace management lists (10h-13h) too, from a CNTLID.
+                let cns = [0u32, 1, 2, 3, 5, 6, 0x10, 0x11, 0x12, 0x13, a >> 8][a as usize % 11] as u8;
                 let csi = if cc & 1 != 0 { (cc >> 24) as u8 } else { 0 };
-                let mut s = IdentifyCmd { nsid: nsid(b), cns, cntid: 0, csi }.to_sqe();
+                let cntid = if cc & 2 != 0 { (cc >> 8) as u16 } else { 0 };
+                let mut s = IdentifyCmd { nsid: nsid(b), cns, cntid, csi }.to_sqe();
                 s.set_prps(buf, 0);
                 s
             }
@@ -584,6 +586,70 @@ impl Fuzzer<'_> {
                 let extra = if cc % 8 == 0 { cc } else { 0 };
                 let (mset, pi, pil) = (extra & 0x10 != 0, ((extra >> 5) & 7) as u8, extra & 0x100 != 0);
                 FormatNvmCmd { nsid: nsid(a), lbaf, mset, pi, pil, ses }.to_sqe()
+            }
+            14 => {
+                // Namespace Management (create: a size, format, sharing and ANA
+                // group, mostly small and valid; delete: one NSID or all) and
+                // Namespace Attachment with a Controller List of this controller,
+                // others, repeats, or a count past the list. The namespaces come
+                // and go under the host's I/O.
+                self.tainted = true;
+                let mut data = [0u8; 4096];
+                let mut s = if a & 1 == 0 {
+                    let mut s = Sqe::with_opcode(aop::NAMESPACE_MANAGEMENT);
+                    let create = b & 1 == 0;
+                    s.cdw10 = U32::new(if create { 0 } else { 1 } | if cc % 16 == 0 { cc & !3 } else { 0 });
+                    s.nsid = U32::new(if create {
+                        if cc % 8 == 0 {
+                            cc
+                        } else {
+                            0
+                        }
+                    } else {
+                        nsid(cc)
+                    });
+                    // Each field out of bounds an eighth of the time.
+                    let rare = |n: u32| (cc >> (17 + 3 * n)) & 7 == 7;
+                    let nsze = if rare(4) { (b as u64) << 8 } else { 1 + (b >> 8) as u64 % 8192 };
+                    data[..8].copy_from_slice(&nsze.to_le_bytes());
+                    let ncap = if rare(0) { nsze / 2 } else { nsze };
+                    data[8..16].copy_from_slice(&ncap.to_le_bytes());
+                    data[26] = if rare(1) { (b >> 24) as u8 } else { (b >> 24) as u8 & 1 };
+                    data[29] = if rare(2) { (a >> 8) as u8 } else { 0 };
+                    data[30] = (a >> 1) as u8 & if rare(3) { 0xff } else { 1 };
+                    let group = if rare(0) { a >> 16 } else { (a >> 16) % 33 };
+                    data[92..96].copy_from_slice(&group.to_le_bytes());
+                    s
+                } else {
+                    let mut s = Sqe::with_opcode(aop::NAMESPACE_ATTACHMENT);
+                    s.cdw10 = U32::new((b >> 1) & 1 | if cc % 16 == 0 { cc & !3 } else { 0 });
+                    // Mostly a namespace of the pool (the first), else any NSID.
+                    let made = self.h.ctrl.pool().and_then(|p| p.state().namespaces.keys().next().copied());
+                    s.nsid = U32::new(match made {
+                        Some(n) if cc & 3 != 0 => n,
+                        _ => nsid(cc),
+                    });
+                    // This controller, it and one the subsystem lacks, or wild ones;
+                    // now and then a count past what is listed.
+                    let me = self.h.ctrl.pool().map_or(0, |p| p.cntlid());
+                    let ids: Vec<u16> = match (b >> 5) & 3 {
+                        0 | 1 => vec![me],
+                        2 => vec![me, me.wrapping_add(1)],
+                        _ => vec![a as u16, (a >> 16) as u16, me],
+                    };
+                    let count = if b & 0x4 != 0 { (b >> 16) as u16 } else { ids.len() as u16 };
+                    data[..2].copy_from_slice(&count.to_le_bytes());
+                    for (i, id) in ids.iter().enumerate() {
+                        data[2 + 2 * i..4 + 2 * i].copy_from_slice(&id.to_le_bytes());
+                    }
+                    s
+                };
+                // A page of its own: the admin buffer may be another command's
+                // output before this one runs.
+                let (_, page, _) = self.areas.next_list_page();
+                self.h.mem.write(page, &data).expect("a list page");
+                s.set_prps(page, 0);
+                s
             }
             _ => {
                 let opc = [

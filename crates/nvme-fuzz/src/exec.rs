@@ -180,6 +180,34 @@ pub(crate) struct Fuzzer<'s> {
     /// its helpers, which assume a free CID, are not used.
     pub admin_reused: bool,
     pub stats: &'s mut Stats,
+    /// The namespace pool's directory of this run (removed at its end).
+    _pool_dir: Option<PoolDir>,
+}
+
+/// A namespace pool's directory for one run, removed when the run ends.
+#[derive(Debug)]
+struct PoolDir(std::path::PathBuf);
+
+impl PoolDir {
+    /// A fresh pool of 16 MiB, opened as controller `cntlid` with the NSIDs up
+    /// to `fixed` its own.
+    fn new(cntlid: u16, fixed: u32) -> (PoolDir, Arc<nvme_ctrl::pool::NamespacePool>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static RUN: AtomicU64 = AtomicU64::new(0);
+        let n = RUN.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("vnvme-fuzz-pool-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let fixed: Vec<u32> = (1..=fixed).collect();
+        let pool = nvme_ctrl::pool::NamespacePool::open(&dir, Some(16 << 20), cntlid, &fixed)
+            .expect("a namespace pool in the temporary directory");
+        (PoolDir(dir), Arc::new(pool))
+    }
+}
+
+impl Drop for PoolDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs one program, adding what it did to `stats`. Panics when an invariant fails.
@@ -249,7 +277,7 @@ impl<'s> Fuzzer<'s> {
     }
 
     fn new(s: &Setup, stats: &'s mut Stats) -> Self {
-        let namespaces = (0..1 + s.ns_count as usize % 3)
+        let namespaces: Vec<NamespaceConfig> = (0..1 + s.ns_count as usize % 3)
             .map(|i| {
                 let n = s.ns[i];
                 let size = (1 + n.mib as u64 % 8) << 20;
@@ -302,6 +330,17 @@ impl<'s> Fuzzer<'s> {
             })
             .collect();
         let mdts = 1 + s.mdts % 8;
+        // A namespace pool (Namespace Management and Attachment) for half the
+        // subsystem controllers.
+        let subsystem =
+            (s.aerl_z & 0x80 != 0).then_some(nvme_ctrl::SubsystemConfig { cntlid: s.aerl_z as u16 });
+        let (pool_dir, pool) = match subsystem {
+            Some(sub) if s.aerl_z & 0x40 != 0 => {
+                let (d, p) = PoolDir::new(sub.cntlid, namespaces.len() as u32);
+                (Some(d), Some(p))
+            }
+            _ => (None, None),
+        };
         let cfg = ControllerConfig {
             max_io_queues: 1 + s.max_io_queues as u16 % 16,
             msix_vectors: 1 + s.msix_vectors as u16 % 17,
@@ -313,8 +352,9 @@ impl<'s> Fuzzer<'s> {
             fdp: (s.dstrd & 0x10 != 0)
                 .then(|| nvme_ctrl::FdpConfig { ruhs: 1 + (s.dstrd >> 5) as u16, ru_size: 64 << 10 }),
             // A controller of a subsystem (CNTLID, ANA) in half the runs.
-            subsystem: (s.aerl_z & 0x80 != 0)
-                .then_some(nvme_ctrl::SubsystemConfig { cntlid: s.aerl_z as u16 }),
+            subsystem,
+            max_namespaces: if pool.is_some() { 8 } else { 0 },
+            pool,
             ..Default::default()
         };
         let p = Params {
@@ -351,6 +391,7 @@ impl<'s> Fuzzer<'s> {
             memory_reduced: false,
             admin_reused: false,
             stats,
+            _pool_dir: pool_dir,
         }
     }
 

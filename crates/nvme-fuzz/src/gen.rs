@@ -54,7 +54,7 @@ fn make_clean(a: &mut Action, rng: &mut Rng) -> bool {
         Action::Io(c) if !keep_mutation => c.mutation.kind %= 12,
         Action::Admin(c) => {
             // No wild DBBUF; deletes and mutations taint, so keep them rare.
-            if c.op % 14 == 11 || (matches!(c.op % 14, 6 | 7) && rng.below(4) != 0) {
+            if c.op % 15 == 11 || (matches!(c.op % 15, 6 | 7) && rng.below(4) != 0) {
                 c.op = 0;
             }
             if !keep_mutation {

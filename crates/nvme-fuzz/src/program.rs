@@ -160,7 +160,8 @@ record! {
         pub mdts: u8,
         /// CAP.MQES: 1 + mqes_z % 1023.
         pub mqes_z: u16,
-        /// aerl_z % 8; bit 7: a controller of a subsystem (CNTLID aerl_z, ANA).
+        /// aerl_z % 8; bit 7: a controller of a subsystem (CNTLID aerl_z, ANA), and
+        /// with bit 6, a namespace pool of 16 MiB (NN 8).
         pub aerl_z: u8,
         /// Bit 0: run `init` before the actions. Bits 2:1: I/O worker threads
         /// (1 or 2; 0 and 3 run the I/O queues inline).

@@ -149,7 +149,8 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
                 capacity: st.capacity,
                 unallocated: st.unallocated(),
                 namespaces: st.namespaces.len() as u64,
-                attached_here: st.namespaces.values().filter(|n| n.attached.contains(&p.cntlid())).count() as u64,
+                attached_here: st.namespaces.values().filter(|n| n.attached.contains(&p.cntlid())).count()
+                    as u64,
             }
         }),
     }
