@@ -39,11 +39,15 @@ impl Controller {
     /// runs; an operator's change through this controller, at once). Returns
     /// whether any namespace came or went.
     pub fn sync_pool(&mut self) -> bool {
-        let Some(pool) = self.cfg.pool.clone() else { return false };
-        if !pool.changed_since_last_look() {
-            return false;
+        // One load of the pool's counter when nothing changed (this runs with
+        // every `process`).
+        match &self.cfg.pool {
+            Some(p) if p.changed_since_last_look() => {
+                let pool = p.clone();
+                self.sync_pool_now(&pool, true)
+            }
+            _ => false,
         }
-        self.sync_pool_now(&pool, true)
     }
 
     /// [`Self::sync_pool`] without telling the host (at the controller's start).
