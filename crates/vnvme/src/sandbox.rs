@@ -8,7 +8,8 @@
 //! the threads exist by then), open sockets or connect anywhere (no socket, connect,
 //! bind), trace or signal other processes (no ptrace, process_vm_*, kill; tgkill only
 //! to itself), map executable memory (mmap and mprotect without PROT_EXEC), or open
-//! paths, except to rewrite the stats file (below).
+//! paths, except to rewrite the stats file and, with `--pool`, in the pool's
+//! directory (below).
 //!
 //! The filter is built with rust-vmm's `seccompiler` and installed with TSYNC on
 //! every thread of the process at once (workers, the stats writer, the `nvme://`
