@@ -263,3 +263,35 @@ fn without_a_pool_there_is_no_namespace_management() {
     c.set_prps(h.alloc.alloc_pages(1), 0);
     assert_eq!(h.admin_status(c).code(), Status::INVALID_FIELD);
 }
+
+/// A pool state file changed behind the controllers' backs into one the rules
+/// could not have made (a compromised controller process, a hand edit): it is
+/// refused, the namespaces attached stay as they were and keep serving, and what
+/// would change the pool fails with Internal Error rather than build on it.
+#[test]
+fn a_damaged_pool_state_is_refused_and_the_last_good_one_kept() {
+    use std::os::unix::fs::FileExt;
+    let d = dir("damaged");
+    let (mut a, mut b) = (controller(&d.0, 1), controller(&d.0, 2));
+    let n = create(&mut a, 64, 64, 0, true).unwrap();
+    assert_eq!(attach(&mut a, n, &[1, 2], false), Status::SUCCESS);
+    assert_eq!((notices(&mut a), notices(&mut b)), (vec![n], vec![n]));
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(d.0.join("pool.state")).unwrap();
+    // Attached to a controller the pool does not have (and no longer to 2), past
+    // the capacity.
+    let bad = format!(
+        r#"{{"capacity":1,"controllers":[1,2],"fixed":{{}},"namespaces":{{"{n}":{{"nsze":64,"lba_format":0,"shared":true,"ana_group":1,"attached":[1,9],"nguid":[{}]}}}}}}"#,
+        ["0"; 16].join(",")
+    );
+    let mut rec = (bad.len() as u32).to_le_bytes().to_vec();
+    rec.extend_from_slice(bad.as_bytes());
+    f.write_all_at(&rec, 4096).unwrap();
+    let mut c = [0u8; 4];
+    f.read_exact_at(&mut c, 64).unwrap();
+    f.write_all_at(&(u32::from_le_bytes(c) + 1).to_le_bytes(), 64).unwrap();
+    assert!(notices(&mut b).is_empty() && notices(&mut a).is_empty(), "nothing attached or detached");
+    assert_eq!((active(&mut a), active(&mut b)), (vec![1, n], vec![1, n]));
+    assert_eq!(b.write_blocks(1, n, 0, 512, &[7; 512]), Status::SUCCESS, "the namespace serves on");
+    assert_eq!(create(&mut a, 8, 8, 0, true), Err(Status::INTERNAL_ERROR), "no change built on it");
+    assert_eq!(attach(&mut b, n, &[2], true), Status::INTERNAL_ERROR);
+}
