@@ -42,6 +42,9 @@ fn after_help() -> String {
          ns.add SPEC [NSID]         e.g. ns.add file:/srv/vm1-data.img:8G\n  \
          ns.remove NSID\n  \
          ns.resize NSID SIZE [force]  e.g. ns.resize 2 16G\n  \
+         ns.create SIZE [LBA]       in the pool (--pool), e.g. ns.create 8G 4096; private=true\n  \
+         ns.attach NSID [CNTLIDS]   e.g. ns.attach 3 1,2 (default: this controller)\n  \
+         ns.detach NSID [CNTLIDS]; ns.delete NSID\n  \
          log.set FILTER             e.g. log.set info,vnvme::guest=debug\n  \
          qos.set NSID KEY=VALUE...  e.g. qos.set 1 iops=2000 bps_wr=20M bps_wr_burst=4M\n  \
          qos.set group=NAME KEY=VALUE...; qos.set NSID group=NAME; qos.set NSID clear=true\n  \
@@ -170,6 +173,15 @@ mod tests {
             json!({"spec": "file:/x.img:8G", "nsid": 3})
         );
         assert_eq!(p("ns.add", &["spec=null:1G", "nsid=2"]).unwrap(), json!({"spec": "null:1G", "nsid": 2}));
+        assert_eq!(p("ns.attach", &["3", "1,2"]).unwrap(), json!({"nsid": 3, "controllers": "1,2"}));
+        // One CNTLID reads as a number; the server takes it as the list it is.
+        let one = p("ns.detach", &["3", "2"]).unwrap();
+        assert_eq!(one, json!({"nsid": 3, "controllers": 2}));
+        let req = crate::control::api::Request::parse("ns.detach", &one).unwrap();
+        let crate::control::api::Request::NsDetach(a) = req else { panic!("{req:?}") };
+        assert_eq!(a.controllers(7), Ok(vec![2]));
+        assert!(a.controllers(7).is_ok() && crate::control::api::NsAttach { nsid: 3, controllers: None }.controllers(7) == Ok(vec![7]));
+        assert!(crate::control::api::NsAttach { nsid: 3, controllers: Some("1,x".into()) }.controllers(7).is_err());
         assert_eq!(
             p("ns.resize", &["2", "16G", "force"]).unwrap(),
             json!({"nsid": 2, "size": "16G", "force": true})

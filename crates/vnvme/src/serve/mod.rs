@@ -433,6 +433,24 @@ impl Running {
                 a.serial
             );
         }
+        if let Some(p) = dev.ctrl.pool() {
+            let st = p.state();
+            let here: Vec<String> = st
+                .namespaces
+                .iter()
+                .filter(|(_, n)| n.attached.contains(&p.cntlid()))
+                .map(|(nsid, _)| nsid.to_string())
+                .collect();
+            eprintln!(
+                "vnvme: namespace pool {}: {} of {} allocated, {} namespace(s), attached here: {} \
+                 (Namespace Management and Attachment; vnvme ctl pool.info)",
+                p.path().display(),
+                crate::units::human_size(st.capacity - st.unallocated()),
+                crate::units::human_size(st.capacity),
+                st.namespaces.len(),
+                if here.is_empty() { "none".to_string() } else { here.join(", ") }
+            );
+        }
         if let Some(f) = a.fdp {
             eprintln!(
                 "vnvme: flexible data placement: endurance group 1, {} reclaim unit handle(s) of {} reclaim units",
