@@ -180,8 +180,13 @@ mod tests {
         let req = crate::control::api::Request::parse("ns.detach", &one).unwrap();
         let crate::control::api::Request::NsDetach(a) = req else { panic!("{req:?}") };
         assert_eq!(a.controllers(7), Ok(vec![2]));
-        assert!(a.controllers(7).is_ok() && crate::control::api::NsAttach { nsid: 3, controllers: None }.controllers(7) == Ok(vec![7]));
-        assert!(crate::control::api::NsAttach { nsid: 3, controllers: Some("1,x".into()) }.controllers(7).is_err());
+        assert!(
+            a.controllers(7).is_ok()
+                && crate::control::api::NsAttach { nsid: 3, controllers: None }.controllers(7) == Ok(vec![7])
+        );
+        assert!(crate::control::api::NsAttach { nsid: 3, controllers: Some("1,x".into()) }
+            .controllers(7)
+            .is_err());
         assert_eq!(
             p("ns.resize", &["2", "16G", "force"]).unwrap(),
             json!({"nsid": 2, "size": "16G", "force": true})
