@@ -129,6 +129,7 @@ fn controllers(h: &mut MockHost, cns: u8, nsid: u32) -> Vec<u16> {
 fn unvmcap(h: &mut MockHost) -> u64 {
     let c = IdentifyController::read_from_bytes(&h.identify(0x01, 0).unwrap()).unwrap();
     assert_ne!(c.oacs.get() & oacs::NS_MGMT, 0, "OACS Namespace Management");
+    assert_ne!(c.anacap & nvme_spec::ana::anacap::GRPID_IN_NS_MGMT, 0, "ANAGRPID in Namespace Management");
     assert_eq!(u64::from_le_bytes(c.tnvmcap[..8].try_into().unwrap()), CAPACITY);
     u64::from_le_bytes(c.unvmcap[..8].try_into().unwrap())
 }
@@ -194,7 +195,12 @@ fn a_namespace_made_on_one_controller_is_attached_to_both_and_shares_its_data() 
     assert_eq!(notices(&mut a), [n], "detached from controller 1 first");
     assert_eq!(active(&mut a), [1]);
     assert_eq!(unvmcap(&mut a), CAPACITY);
-    assert!(!d.0.join(nvme_ctrl::pool::data_file(n)).exists(), "its data goes with it");
+    let files = std::fs::read_dir(&d.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != "pool.state")
+        .count();
+    assert_eq!(files, 0, "its data goes with it");
     assert_eq!(ids32(&a.identify(cns::ALLOCATED_NAMESPACE_LIST, 0).unwrap()), [1]);
 }
 
@@ -244,8 +250,9 @@ fn a_controller_made_again_finds_what_the_pool_attached_to_it() {
     assert_eq!(active(&mut again), [1, n]);
     let (st, back) = again.read_blocks(1, n, 3, 1, 4096);
     assert_eq!((st, back), (Status::SUCCESS, data));
-    // A pool NSID is not the operator's to take, nor to remove.
+    // A pool NSID is not the operator's to take, remove or resize.
     assert!(again.ctrl.remove_namespace(n).is_err());
+    assert!(again.ctrl.resize_namespace(n, 1 << 20, true).is_err());
     let ram = NamespaceConfig::new(Arc::new(RamBackend::new(1 << 20)), 0);
     assert!(again.ctrl.add_namespace(&ram, Some(n)).is_err());
     assert_eq!(again.ctrl.add_namespace(&ram, None).unwrap(), 3, "the lowest NSID the pool has not given");
@@ -294,4 +301,34 @@ fn a_damaged_pool_state_is_refused_and_the_last_good_one_kept() {
     assert_eq!(b.write_blocks(1, n, 0, 512, &[7; 512]), Status::SUCCESS, "the namespace serves on");
     assert_eq!(create(&mut a, 8, 8, 0, true), Err(Status::INTERNAL_ERROR), "no change built on it");
     assert_eq!(attach(&mut b, n, &[2], true), Status::INTERNAL_ERROR);
+}
+
+/// A namespace attached while its file cannot be opened (here: moved away behind
+/// the pool's back; in life, descriptors exhausted) is tried again each second
+/// and attached once it can be, with its notice; nothing waits for the pool to
+/// change again.
+#[test]
+fn an_attach_that_could_not_open_its_file_is_tried_again() {
+    let d = dir("retry");
+    let mut a = controller(&d.0, 1);
+    let n = create(&mut a, 64, 64, 0, false).unwrap();
+    let file = std::fs::read_dir(&d.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|f| f != "pool.state"))
+        .expect("its data file");
+    let aside = d.0.join("aside");
+    std::fs::rename(&file, &aside).unwrap();
+    assert_eq!(attach(&mut a, n, &[1], false), Status::SUCCESS, "the pool records it");
+    assert!(notices(&mut a).is_empty() && active(&mut a) == [1], "not attached: no file");
+    std::fs::rename(&aside, &file).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        got = notices(&mut a);
+    }
+    assert_eq!(got, [n], "attached within the retry");
+    assert_eq!(active(&mut a), [1, n]);
 }

@@ -8,8 +8,8 @@
 //! the threads exist by then), open sockets or connect anywhere (no socket, connect,
 //! bind), trace or signal other processes (no ptrace, process_vm_*, kill; tgkill only
 //! to itself), map executable memory (mmap and mprotect without PROT_EXEC), or open
-//! paths, except to rewrite the stats file and, with `--pool`, in the pool's
-//! directory (below).
+//! paths, except to rewrite the stats file and, with `--pool`, the pool's files
+//! (below, and the limits after the table).
 //!
 //! The filter is built with rust-vmm's `seccompiler` and installed with TSYNC on
 //! every thread of the process at once (workers, the stats writer, the `nvme://`
@@ -37,7 +37,7 @@
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
-//! | `--pool`                     | openat and unlinkat (no flags) only relative to the pool directory's descriptor (held open since the start), flock, ftruncate and the `file:` calls: namespaces made, opened and deleted there, its state file locked, read and written |
+//! | `--pool`                     | openat (read-write, or creating and truncating) and unlinkat (no flags) only with the pool directory's descriptor (held open since the start), flock, ftruncate and the `file:` calls: namespaces made, opened and deleted there, its state file locked, read and written |
 //! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
 //! | its sockets                  | unlinkat with the descriptor of a socket's own directory (held open since the bind) and no flags: at its end the server removes the socket files it bound, if still its own |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
@@ -46,8 +46,10 @@
 //!
 //! Limits, stated plainly:
 //! - seccomp cannot read path arguments: with `--stats-file` the process may create
-//!   and replace files wherever its user may write, and with `--control` open any
-//!   file its user may open. `--user` bounds that (and every
+//!   and replace files wherever its user may write, with `--control` open any
+//!   file its user may open, and with `--pool` open, create or remove any file its
+//!   user may (an absolute name, or `..`, is not held to the pool's directory by
+//!   the descriptor check). `--user` bounds that (and every
 //!   other path the process can reach); so does leaving `--stats-file` off.
 //! - io_uring operations are not system calls: an io_uring backend's ring could be
 //!   given any opcode (an open, a socket) without seccomp seeing it. Registering ring
@@ -304,9 +306,19 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
             opens.extend(one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
         }
         if let Some(fd) = needs.pool_dir {
-            // A namespace's file made or opened in the pool's directory (by its
-            // descriptor: a path from elsewhere is refused).
-            opens.push(rule(vec![cond(0, SeccompCmpOp::Eq, fd as u64)]));
+            // A namespace's file opened, or made, relative to the pool's directory,
+            // in the two ways the pool does. seccomp sees the descriptor, not the
+            // name: an absolute name or `..` would still leave the directory (see
+            // the header).
+            // rustix adds O_LARGEFILE to every open (the kernel's value, which the
+            // C library's headers give as 0 on 64-bit): either way is allowed.
+            let large = rustix::fs::OFlags::LARGEFILE.bits() as u64;
+            for flags in [O_RDWR | O_CLOEXEC, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC] {
+                opens.push(rule(vec![
+                    cond(0, SeccompCmpOp::Eq, fd as u64),
+                    cond(2, SeccompCmpOp::MaskedEq(!large & 0xffff_ffff), flags as u64),
+                ]));
+            }
         }
         if !opens.is_empty() {
             m.insert(SYS_openat, opens);
@@ -584,7 +596,7 @@ mod tests {
         // the stats file, that file's one way of opening too.
         let pool = Needs { pool_dir: Some(5), stats_file: true, ..Default::default() };
         let r = rules(&pool);
-        assert_eq!((r[&libc::SYS_unlinkat].len(), r[&libc::SYS_openat].len()), (1, 2));
+        assert_eq!((r[&libc::SYS_unlinkat].len(), r[&libc::SYS_openat].len()), (1, 3));
         assert!(r.contains_key(&libc::SYS_flock) && r.contains_key(&libc::SYS_pwrite64));
         assert!(rules(&Needs { pool_dir: Some(5), control: true, ..Default::default() })[&libc::SYS_openat]
             .is_empty());

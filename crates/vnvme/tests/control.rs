@@ -486,7 +486,9 @@ fn the_pool_makes_attaches_and_deletes_namespaces_across_controllers() {
     assert_eq!(listed(&c2), [1]);
     assert_eq!(ctl(&c1, &["pool.info"]).unwrap()["namespaces"][0]["attached"], serde_json::json!([1]));
     ctl(&c2, &["ns.delete", "2"]).unwrap();
-    assert!(!pool.join("ns-2.img").exists(), "its data goes");
+    let left: Vec<_> =
+        std::fs::read_dir(&pool).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(left, ["pool.state"], "its data goes");
     while listed(&c1) != [1] {
         assert!(Instant::now() < deadline, "controller 1 kept it:\n{}", s1.log());
         std::thread::sleep(Duration::from_millis(20));
@@ -497,4 +499,58 @@ fn the_pool_makes_attaches_and_deletes_namespaces_across_controllers() {
     let e = ctl(&c, &["pool.info"]).unwrap_err();
     assert!(e.contains("--pool"), "{e}");
     let _ = std::fs::remove_dir_all(&pool);
+}
+
+/// Namespace Management from the host on a sandboxed server without a control
+/// socket: the pool's files are made, opened and removed through the sandbox's
+/// pool rules alone (openat and unlinkat by the pool directory's descriptor, in
+/// the ways the pool opens them).
+#[test]
+fn the_host_makes_and_deletes_pool_namespaces_under_the_sandbox_alone() {
+    use nvme_spec::opcode::admin as aop;
+    let dir = common::temp_dir("pool-sandbox");
+    let pool = dir.join("pool");
+    let spec = format!("{}:16M", pool.display());
+    let mut s = Server::start_in(&dir, "s", &["--ns", "ram:4M", "--pool", &spec]).owning_dir();
+    let mut d = s.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+    // An admin command: `opcode`, Select `sel`, `nsid`, with a 4 KiB data buffer.
+    let admin = |d: &mut nvme_driver::NvmeDriver, opcode: u8, sel: u32, nsid: u32, data: Option<&[u8]>| {
+        let mut sqe = nvme_spec::Sqe::with_opcode(opcode);
+        sqe.nsid = zerocopy::little_endian::U32::new(nsid);
+        sqe.cdw10 = zerocopy::little_endian::U32::new(sel);
+        let buf = data.map(|b| {
+            let buf = d.admin_buf(4096).unwrap();
+            buf.write_at(0, b).unwrap();
+            sqe.set_prps(buf.iova(), 0);
+            buf
+        });
+        d.admin_command(sqe, buf).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut id = vec![0u8; 4096];
+    id[..8].copy_from_slice(&2048u64.to_le_bytes());
+    id[8..16].copy_from_slice(&2048u64.to_le_bytes());
+    let c = admin(&mut d, aop::NAMESPACE_MANAGEMENT, 0, 0, Some(&id));
+    assert_eq!((c.status, c.dw0), (nvme_spec::Status::SUCCESS, 2), "created under the sandbox");
+    let mut list = vec![0u8; 4096];
+    list[..2].copy_from_slice(&1u16.to_le_bytes());
+    let c = admin(&mut d, aop::NAMESPACE_ATTACHMENT, 0, 2, Some(&list));
+    assert_eq!(c.status, nvme_spec::Status::SUCCESS, "attached to controller 0");
+    // A new bring-up finds it (this driver learns namespaces at its start).
+    drop(d);
+    let mut d = s.driver(DoorbellMode::Trapped, common::opts(1, true, CompletionMode::Polling));
+    let data = pattern(5, 4096);
+    let q = d.queue(1).unwrap();
+    assert_eq!(write(q, 2, 8, &data), nvme_spec::Status::SUCCESS, "its file opened under the sandbox");
+    assert!(read(q, 2, 8).1 == data);
+    assert_eq!(
+        admin(&mut d, aop::NAMESPACE_MANAGEMENT, 1, 2, None).status,
+        nvme_spec::Status::SUCCESS,
+        "deleted"
+    );
+    let left: Vec<_> =
+        std::fs::read_dir(&pool).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(left, ["pool.state"], "its file removed under the sandbox");
+    drop(d);
+    s.assert_alive();
+    assert!(s.log().contains("sandbox on") && !s.log().contains("--control"), "{}", s.log());
 }

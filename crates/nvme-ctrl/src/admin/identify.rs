@@ -139,7 +139,8 @@ impl Admin<'_> {
                 | anacap::INACCESSIBLE
                 | anacap::PERSISTENT_LOSS
                 | anacap::CHANGE
-                | anacap::GRPID_STATIC;
+                | anacap::GRPID_STATIC
+                | if cfg.pool.is_some() { anacap::GRPID_IN_NS_MGMT } else { 0 };
             c.anagrpmax = U32::new(crate::ana::MAX_GROUPS);
             c.nanagrpid = U32::new(crate::ana::MAX_GROUPS);
             // Linux sizes its ANA log buffer by MNAN, which must be set (and at

@@ -100,6 +100,8 @@ pub struct AdminState {
     /// The namespace pool's namespaces active here, with the NGUID each had when
     /// attached (one made again at its NSID is another).
     pub(crate) pool_here: std::collections::BTreeMap<u32, [u8; 16]>,
+    /// When to try again to attach a pool namespace that could not be (clock ns).
+    pub(crate) pool_retry_at: Option<u64>,
 }
 
 impl AdminState {
@@ -122,6 +124,7 @@ impl AdminState {
             host: Arc::new(crate::reservation::HostIdentity::new(0)),
             resv_log: Default::default(),
             pool_here: Default::default(),
+            pool_retry_at: None,
         })
     }
 

@@ -182,6 +182,13 @@ impl Controller {
         let Some(ns) = lookup(&self.namespaces, nsid).cloned() else {
             return Err(NamespaceError::NotFound(nsid));
         };
+        if self.is_pool_namespace(nsid) {
+            // Its size is the pool's record, counted against the pool's capacity
+            // and seen by every controller.
+            return Err(NamespaceError::Invalid(format!(
+                "namespace {nsid} is the namespace pool's: its size is fixed at its creation"
+            )));
+        }
         let old = ns.size();
         if ns.zones.is_some() {
             // The zones, their count and the zone state file's layout are fixed.

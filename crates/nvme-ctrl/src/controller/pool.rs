@@ -19,7 +19,9 @@ fn pool_namespace_config(
     nsid: u32,
     n: &PoolNamespace,
 ) -> Result<NamespaceConfig, String> {
-    let backend = pool.open_backend(nsid).map_err(|e| format!("{}: {e}", crate::pool::data_file(nsid)))?;
+    let backend = pool
+        .open_backend(nsid, &n.nguid)
+        .map_err(|e| format!("{}: {e}", crate::pool::data_file(nsid, &n.nguid)))?;
     Ok(NamespaceConfig {
         nsid: Some(nsid),
         ana_group: Some(n.ana_group),
@@ -40,14 +42,15 @@ impl Controller {
     /// whether any namespace came or went.
     pub fn sync_pool(&mut self) -> bool {
         // One load of the pool's counter when nothing changed (this runs with
-        // every `process`).
-        match &self.cfg.pool {
-            Some(p) if p.changed_since_last_look() => {
-                let pool = p.clone();
-                self.sync_pool_now(&pool, true)
-            }
-            _ => false,
+        // every `process`); a namespace that could not be attached is tried
+        // again a second later.
+        let Some(p) = &self.cfg.pool else { return false };
+        let retry = self.admin.pool_retry_at.is_some_and(|at| self.clock.now_ns() >= at);
+        if !p.changed_since_last_look() && !retry {
+            return false;
         }
+        let pool = p.clone();
+        self.sync_pool_now(&pool, true)
     }
 
     /// [`Self::sync_pool`] without telling the host (at the controller's start).
@@ -62,6 +65,7 @@ impl Controller {
         let state = pool.state();
         let me = pool.cntlid();
         let mut changed = false;
+        self.admin.pool_retry_at = None;
         let here: Vec<(u32, [u8; 16])> = self.admin.pool_here.iter().map(|(&n, &g)| (n, g)).collect();
         for (nsid, nguid) in here {
             let stays =
@@ -91,7 +95,8 @@ impl Controller {
                     changed = true;
                 }
                 Err(e) => {
-                    log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot attach namespace {nsid} here: {e}")
+                    log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot attach namespace {nsid} here (trying again each second): {e}");
+                    self.admin.pool_retry_at = Some(self.clock.now_ns() + 1_000_000_000);
                 }
             }
         }

@@ -7,8 +7,8 @@
 //! the way reservations are: a state file in the directory (`pool.state`,
 //! [`crate::shared_file`]) holds the capacity, the controllers, and each
 //! namespace with the controllers it is attached to; each namespace's data is
-//! a file beside it (`ns-<NSID>.img`, sparse, made at its creation and removed
-//! at its deletion). A command changes the state under the file's lock and
+//! a file beside it (`ns-<NSID>-<NGUID>.img`, sparse, made at its creation and
+//! removed at its deletion). A command changes the state under the file's lock and
 //! completes once it is written; each controller looks at the state's counter
 //! whenever its admin side runs (one load) and, when it moved, attaches and
 //! detaches its namespaces to match, raising Namespace Attribute Changed
@@ -35,9 +35,12 @@ pub use state::{NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MA
 /// The state file's name in the pool's directory.
 pub const STATE_FILE: &str = "pool.state";
 
-/// The data file of the pool's namespace `nsid`.
-pub fn data_file(nsid: u32) -> String {
-    format!("ns-{nsid}.img")
+/// The data file of the pool's namespace `nsid` with NGUID `nguid`: a namespace
+/// deleted and made again at its NSID has a file of its own, so a controller
+/// still following the old one never opens the new one's data.
+pub fn data_file(nsid: u32, nguid: &[u8; 16]) -> String {
+    let tag: String = nguid[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("ns-{nsid}-{tag}.img")
 }
 
 /// One controller's open of a namespace pool.
@@ -154,8 +157,9 @@ impl NamespacePool {
         self.update(|s| {
             let nsid = s.create(n, nn, nguid)?;
             let bytes = s.namespaces[&nsid].bytes();
-            self.make_data_file(nsid, bytes).map_err(|e| {
-                log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot make {}: {e}", data_file(nsid));
+            let name = data_file(nsid, &nguid);
+            self.make_data_file(&name, bytes).map_err(|e| {
+                log_limit::limited_warn!(target: "vnvme::backend", nsid, "namespace pool: cannot make {name}: {e}");
                 Status::INTERNAL_ERROR
             })?;
             Ok(nsid)
@@ -168,14 +172,14 @@ impl NamespacePool {
         self.update(|s| {
             let nsids: Vec<u32> =
                 if nsid == nvme_spec::NSID_ALL { s.namespaces.keys().copied().collect() } else { vec![nsid] };
+            let mut names = Vec::with_capacity(nsids.len());
             for &n in &nsids {
-                s.delete(n)?;
+                names.push(data_file(n, &s.delete(n)?.nguid));
             }
-            // The files go under the lock: a namespace made next at one of these
-            // NSIDs makes its own.
-            for &n in &nsids {
-                if let Err(e) = rustix::fs::unlinkat(&self.dir, data_file(n).as_str(), rustix::fs::AtFlags::empty()) {
-                    log_limit::limited_warn!(target: "vnvme::backend", nsid = n, "namespace pool: cannot remove {}: {e}", data_file(n));
+            // The files go under the lock, once the state no longer names them.
+            for name in names {
+                if let Err(e) = rustix::fs::unlinkat(&self.dir, name.as_str(), rustix::fs::AtFlags::empty()) {
+                    log_limit::limited_warn!(target: "vnvme::backend", "namespace pool: cannot remove {name}: {e}");
                 }
             }
             Ok(nsids)
@@ -192,17 +196,18 @@ impl NamespacePool {
         self.update(|s| s.detach(nsid, ids))
     }
 
-    /// The backend of the pool's namespace `nsid` (its data file).
-    pub fn open_backend(&self, nsid: u32) -> std::io::Result<Arc<dyn Backend>> {
-        let name = data_file(nsid);
+    /// The backend of the pool's namespace `nsid` with NGUID `nguid` (its data
+    /// file).
+    pub fn open_backend(&self, nsid: u32, nguid: &[u8; 16]) -> std::io::Result<Arc<dyn Backend>> {
+        let name = data_file(nsid, nguid);
         let fd = rustix::fs::openat(&self.dir, name.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
         Ok(Arc::new(FileBackend::from_file(File::from(fd), &self.path.join(name))?))
     }
 
-    fn make_data_file(&self, nsid: u32, bytes: u64) -> std::io::Result<()> {
+    fn make_data_file(&self, name: &str, bytes: u64) -> std::io::Result<()> {
         let fd = rustix::fs::openat(
             &self.dir,
-            data_file(nsid).as_str(),
+            name,
             OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
