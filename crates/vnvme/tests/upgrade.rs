@@ -389,21 +389,30 @@ fn a_message_begun_at_the_upgrade_is_finished_by_the_new_process() {
 /// it is handed. A lock a script holds while it runs the upgrade (a descriptor
 /// `vnvme ctl` inherits) is not carried into the server, which would hold it for as
 /// long as the guest runs and pass it on at every upgrade.
+///
+/// The script is a shell of its own: a descriptor made inheritable in this test
+/// process would also reach every process another test spawns meanwhile (a server
+/// started by a test running beside this one held it, and the lock, once).
 #[test]
 fn an_upgrade_carries_no_descriptor_of_the_command_that_ran_it() {
     use rustix::fs::{flock, FlockOperation};
-    use rustix::io::{fcntl_setfd, FdFlags};
 
     let s = Served::start(&["--ns", "ram:16M"]);
     let path = s.server.dir.join("upgrade.lock");
-    let lock = std::fs::File::create(&path).unwrap();
-    flock(&lock, FlockOperation::NonBlockingLockExclusive).unwrap();
-    // As a shell's `exec 9>file; flock 9` leaves it: inherited by what it runs.
-    fcntl_setfd(&lock, FdFlags::empty()).unwrap();
-    for _ in 0..2 {
-        s.upgrade();
-    }
+    let before = s.pid();
+    // `exec 9>file; flock 9`: the lock's descriptor inherited by what the script
+    // runs, two upgrades in turn.
+    let script = r#"exec 9>"$1" && flock -n 9 && "$2" ctl --control "$3" upgrade >/dev/null && "$2" ctl --control "$3" upgrade >/dev/null"#;
+    let out = Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(&path)
+        .arg(VNVME)
+        .arg(&s.control)
+        .output()
+        .expect("run the script");
+    assert!(out.status.success(), "the script: {}\n{}", String::from_utf8_lossy(&out.stderr), s.log());
     let pid = s.pid();
+    assert_ne!(pid, before, "upgraded");
     let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
@@ -411,7 +420,6 @@ fn an_upgrade_carries_no_descriptor_of_the_command_that_ran_it() {
         .map(|l| l.to_string_lossy().into_owned())
         .collect();
     assert!(!fds.iter().any(|l| l.contains("upgrade.lock")), "the server holds the script's lock: {fds:?}");
-    drop(lock);
     let again = std::fs::File::open(&path).unwrap();
     flock(&again, FlockOperation::NonBlockingLockExclusive).expect("the lock is free once the script let go");
 }
