@@ -142,10 +142,8 @@ impl Admin<'_> {
     fn pool_namespace_data(&self, n: &PoolNamespace) -> IdentifyNamespace {
         let mut d = IdentifyNamespace::new_zeroed();
         (d.nsze, d.ncap, d.nuse) = (U64::new(n.nsze), U64::new(n.nsze), U64::new(n.nsze));
-        d.nlbaf = 1;
+        plain_formats(&mut d);
         d.flbas = flbas::from_index(n.lba_format, false);
-        d.lbaf[0] = LbaFormat { ms: U16::new(0), lbads: 9, rp: 1 };
-        d.lbaf[1] = LbaFormat { ms: U16::new(0), lbads: 12, rp: 0 };
         d.nmic = n.shared as u8;
         d.nvmcap = u128_le(n.bytes() as u128);
         if self.cfg.subsystem.is_some() {
@@ -160,9 +158,7 @@ impl Admin<'_> {
     pub(crate) fn common_namespace_data(&self) -> CmdResult<IdentifyNamespace> {
         self.pool()?;
         let mut d = IdentifyNamespace::new_zeroed();
-        d.nlbaf = 1;
-        d.lbaf[0] = LbaFormat { ms: U16::new(0), lbads: 9, rp: 1 };
-        d.lbaf[1] = LbaFormat { ms: U16::new(0), lbads: 12, rp: 0 };
+        plain_formats(&mut d);
         Ok(d)
     }
 
@@ -201,4 +197,12 @@ impl Admin<'_> {
     pub(crate) fn pool_shared(&self, nsid: u32) -> Option<bool> {
         self.cfg.pool.as_ref()?.state().namespaces.get(&nsid).map(|n| n.shared)
     }
+}
+
+/// The LBA formats a namespace of the pool has: 512 bytes ("better") and 4 KiB
+/// ("best"), without metadata, as an active namespace reports them.
+fn plain_formats(d: &mut IdentifyNamespace) {
+    d.nlbaf = 1;
+    d.lbaf[0] = LbaFormat { ms: U16::new(0), lbads: 9, rp: 1 };
+    d.lbaf[1] = LbaFormat { ms: U16::new(0), lbads: 12, rp: 0 };
 }

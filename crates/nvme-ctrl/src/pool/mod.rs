@@ -78,52 +78,18 @@ impl NamespacePool {
         .map_err(|e| ctx(STATE_FILE, e.into()))?;
         let file = SharedFile::<PoolState>::open(File::from(state))
             .map_err(|e| format!("namespace pool {}: {STATE_FILE}: {e}", path.display()))?;
-        let mut why = None;
-        let joined = file.update(|s| {
-            match (s.capacity, capacity) {
-                (0, Some(c)) => s.capacity = c,
-                (0, None) => {
-                    why = Some("a new pool needs its capacity: --pool DIR:SIZE".to_string());
-                    return Err(Status::INVALID_FIELD);
-                }
-                (have, Some(c)) if have != c => {
-                    why = Some(format!(
-                        "it holds {have} bytes, not {c}: leave the size out to use it as it is"
-                    ));
-                    return Err(Status::INVALID_FIELD);
-                }
-                _ => {}
-            }
-            s.join(cntlid, fixed).map_err(|e| {
-                why = Some(e);
-                Status::INVALID_FIELD
-            })
-        });
-        match joined {
-            Ok(()) => {}
-            Err(UpdateError::Rules(_)) => {
-                return Err(format!("namespace pool {}: {}", path.display(), why.unwrap_or_default()))
-            }
-            Err(UpdateError::Store(e)) => return Err(format!("namespace pool {}: {e}", path.display())),
-        }
+        update_or_say(&file, |s| {
+            s.settle_capacity(capacity)?;
+            s.join(cntlid, fixed)
+        })
+        .map_err(|e| format!("namespace pool {}: {e}", path.display()))?;
         Ok(NamespacePool { path: path.to_path_buf(), dir, file, cntlid })
     }
 
     /// Records `fixed` as the NSIDs this controller's operator gave it (every one
     /// of them, replacing what it said before); refused if one is the pool's.
     pub fn claim(&self, fixed: &[u32]) -> Result<(), String> {
-        let mut why = String::new();
-        self.file
-            .update(|s| {
-                s.join(self.cntlid, fixed).map_err(|e| {
-                    why = e;
-                    Status::INVALID_FIELD
-                })
-            })
-            .map_err(|e| match e {
-                UpdateError::Rules(_) => why,
-                UpdateError::Store(e) => e.to_string(),
-            })
+        update_or_say(&self.file, |s| s.join(self.cntlid, fixed))
     }
 
     /// The pool's directory.
@@ -223,6 +189,24 @@ impl NamespacePool {
             }
         })
     }
+}
+
+/// An operator's change to the pool (not a host's command): refused with why.
+fn update_or_say(
+    file: &SharedFile<PoolState>,
+    f: impl FnOnce(&mut PoolState) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut why = String::new();
+    file.update(|s| {
+        f(s).map_err(|e| {
+            why = e;
+            Status::INVALID_FIELD
+        })
+    })
+    .map_err(|e| match e {
+        UpdateError::Rules(_) => why,
+        UpdateError::Store(e) => e.to_string(),
+    })
 }
 
 /// A fresh NGUID (random; the clock if the kernel gives no randomness).

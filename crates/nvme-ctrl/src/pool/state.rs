@@ -85,6 +85,21 @@ impl PoolState {
         self.namespaces.contains_key(&nsid) || self.fixed.contains_key(&nsid)
     }
 
+    /// The capacity a controller opening the pool gives, if any: a new pool takes
+    /// it; an existing one keeps its own, and another given is refused (it cannot
+    /// shrink under its namespaces: say so rather than pick one).
+    pub fn settle_capacity(&mut self, given: Option<u64>) -> Result<(), String> {
+        match (self.capacity, given) {
+            (0, Some(c)) => self.capacity = c,
+            (0, None) => return Err("a new pool needs its capacity: --pool DIR:SIZE".into()),
+            (have, Some(c)) if have != c => {
+                return Err(format!("it holds {have} bytes, not {c}: leave the size out to use it as it is"))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Controller `cntlid` joins, with the NSIDs its operator gave it. Refused
     /// (with why) if one of them is a namespace of the pool.
     pub fn join(&mut self, cntlid: u16, fixed: &[u32]) -> Result<(), String> {
@@ -277,6 +292,17 @@ mod tests {
         // A state another process wrote is checked before it is believed.
         p.namespaces.get_mut(&private).unwrap().attached.insert(1);
         assert!(p.check().is_err());
+    }
+
+    #[test]
+    fn a_new_pool_takes_its_capacity_and_an_existing_one_keeps_it() {
+        let mut p = PoolState::default();
+        assert!(p.settle_capacity(None).is_err(), "a new pool needs one");
+        p.settle_capacity(Some(64)).unwrap();
+        p.settle_capacity(None).unwrap();
+        p.settle_capacity(Some(64)).unwrap();
+        assert!(p.settle_capacity(Some(32)).unwrap_err().contains("64 bytes, not 32"));
+        assert_eq!(p.capacity, 64);
     }
 
     #[test]
