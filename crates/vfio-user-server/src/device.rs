@@ -150,6 +150,8 @@ pub struct Device {
     pub(crate) handed_over: bool,
     /// vfio-user live migration (`migration`).
     pub(crate) mig: crate::transfer::MigrationState,
+    /// The keeper this device journals to, if it has one (`keeper`).
+    pub(crate) journal: Option<crate::keeper::Journal>,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -201,6 +203,7 @@ impl Device {
             handover: None,
             handed_over: false,
             mig: Default::default(),
+            journal: None,
         })
     }
 
@@ -306,6 +309,13 @@ impl Device {
         let cmd = Command::from_u16(cmd_raw).ok_or(DeviceError::Unsupported(cmd_raw))?;
         if cmd != Command::Version && !self.negotiated {
             return Err(DeviceError::NoVersion);
+        }
+        if matches!(
+            cmd,
+            Command::Version | Command::DmaMap | Command::DmaUnmap | Command::DeviceSetIrqs | Command::DeviceReset
+        ) {
+            // What a process standing in after a crash needs of it (`keeper`).
+            self.journal_changed();
         }
         match cmd {
             Command::Version => self.version(msg),
@@ -645,6 +655,7 @@ impl Device {
             // The MSI-X table is storage; the PBA reads as zero (pending bits live with
             // whoever owns masking, i.e. the client).
             REGION_BAR4 if off < PBA_OFFSET => {
+                self.journal_changed();
                 let end = (off + count as u64).min(PBA_OFFSET) as usize;
                 data[..end - off as usize].copy_from_slice(&self.bar4[off as usize..end]);
             }
@@ -666,6 +677,7 @@ impl Device {
         }
         match a.region.get() {
             REGION_CONFIG => {
+                self.journal_changed();
                 self.config.write(off, data);
                 self.irqs.set_msix_enabled(self.config.msix_enabled());
             }
@@ -679,6 +691,9 @@ impl Device {
                         }
                     }
                     self.ctrl.mmio_write(off, data);
+                    if off == nvme_spec::regs::offset::CC {
+                        self.journal_changed();
+                    }
                     if off >= nvme_spec::regs::offset::DOORBELL_BASE {
                         self.doorbell_pending = true;
                     } else {

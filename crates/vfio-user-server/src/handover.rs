@@ -60,7 +60,12 @@ pub struct DeviceSaved {
     /// CLOCK_MONOTONIC (ns) when the old process stopped fetching commands: the new
     /// one reports the stall from it.
     pub quiesced_at_ns: u64,
-    pub controller: nvme_ctrl::ControllerState,
+    /// None in a keeper's journal (`keeper`): the controller's state died with its
+    /// process, and the one restored from the journal stands in for it.
+    pub controller: Option<nvme_ctrl::ControllerState>,
+    /// CC as the host last wrote it (what a stand-in controller keeps).
+    #[serde(default)]
+    pub cc: u32,
     /// The client had negotiated VERSION.
     pub negotiated: bool,
     /// PCI config space, as hex.
@@ -188,8 +193,13 @@ impl Device {
         // (`Controller::resume` after GO). Were this process to fail before that,
         // the old one resumes from where it stopped, and a command fetched here
         // would run twice.
-        d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
-        d.ctrl.restore_state(&s.controller).map_err(|e| bad(e.to_string()))?;
+        match &s.controller {
+            Some(c) => {
+                d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
+                d.ctrl.restore_state(c).map_err(|e| bad(e.to_string()))?;
+            }
+            None => d.ctrl.stand_in_after_crash(s.cc),
+        }
         d.negotiated = s.negotiated;
         Ok(d)
     }
@@ -288,6 +298,31 @@ impl Device {
         client: Option<&Connection>,
         listener: Option<&UnixListener>,
     ) -> io::Result<()> {
+        let partial = client.map(Connection::partial).transpose()?;
+        let parts = Parts {
+            controller: Some(self.ctrl.save_state()),
+            quiesced_at_ns,
+            client: client.map(Connection::stream),
+            partial,
+            listener,
+            extra,
+            extra_fds,
+        };
+        let (saved, fds) = self.saved(parts)?;
+        send_saved(conn, &saved, &fds)?;
+        info!(
+            queues = saved.controller.as_ref().map_or(0, |c| c.sqs.len()),
+            dma_regions = saved.dma.len(),
+            descriptors = fds.len(),
+            client = saved.client.is_some(),
+            "upgrade: state handed over, waiting for the new process"
+        );
+        Ok(())
+    }
+
+    /// The device's state with duplicates of its descriptors (indexes into the
+    /// list returned with it).
+    pub(crate) fn saved(&mut self, p: Parts) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut add = |fd: OwnedFd| {
             fds.push(fd);
@@ -306,7 +341,7 @@ impl Device {
         }
         let page = self.page.as_ref().map(|p| p.fd()).transpose()?.map(&mut add);
         let kick = add(self.ctrl.doorbell_kick()?);
-        let client_partial = match client.map(Connection::partial).transpose()? {
+        let client_partial = match p.partial {
             Some(p) if !p.bytes.is_empty() => Some(PartialSaved {
                 bytes: hex(&p.bytes),
                 age_ns: p.age.as_nanos() as u64,
@@ -318,13 +353,16 @@ impl Device {
             }),
             _ => None,
         };
-        let client = client.map(|c| c.stream().try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
-        let listener = listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
-        let extra_fds = extra_fds.into_iter().map(&mut add).collect();
+        let client = p.client.map(|c| c.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let listener = p.listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let extra_fds = p.extra_fds.into_iter().map(&mut add).collect();
+        let mut cc = [0u8; 4];
+        self.ctrl.mmio_read(nvme_spec::regs::offset::CC, &mut cc);
         let saved = DeviceSaved {
             version: HANDOVER_VERSION,
-            quiesced_at_ns,
-            controller: self.ctrl.save_state(),
+            quiesced_at_ns: p.quiesced_at_ns,
+            controller: p.controller,
+            cc: u32::from_le_bytes(cc),
             negotiated: self.negotiated,
             config: hex(self.config.bytes()),
             bar4: hex(&self.bar4),
@@ -338,25 +376,106 @@ impl Device {
             client,
             client_partial,
             listener,
-            extra,
+            extra: p.extra,
             extra_fds,
         };
-        let json = serde_json::to_vec(&saved).map_err(io::Error::other)?;
-        for chunk in json.chunks(CHUNK) {
-            send(conn, MSG_STATE, chunk, &[])?;
+        Ok((saved, fds))
+    }
+}
+
+/// What [`Device::saved`] adds to the device's own state.
+pub(crate) struct Parts<'a> {
+    pub controller: Option<nvme_ctrl::ControllerState>,
+    pub quiesced_at_ns: u64,
+    pub client: Option<&'a UnixStream>,
+    pub partial: Option<vfio_user::socket::Partial>,
+    pub listener: Option<&'a UnixListener>,
+    pub extra: serde_json::Value,
+    pub extra_fds: Vec<OwnedFd>,
+}
+
+/// Sends a device's state and its descriptors (the hand-over's framing).
+pub(crate) fn send_saved(conn: &mut Connection, saved: &DeviceSaved, fds: &[OwnedFd]) -> io::Result<()> {
+    let json = serde_json::to_vec(saved).map_err(io::Error::other)?;
+    for chunk in json.chunks(CHUNK) {
+        send(conn, MSG_STATE, chunk, &[])?;
+    }
+    send(conn, MSG_STATE_END, &(fds.len() as u64).to_le_bytes(), &[])?;
+    for group in fds.chunks(MAX_FDS) {
+        send(conn, MSG_FDS, &[], group)?;
+    }
+    Ok(())
+}
+
+/// Receives a device's state and its descriptors ([`send_saved`]): at most `limit`
+/// bytes of state and as many descriptors as the state's own bound allows.
+pub(crate) fn recv_saved(conn: &mut Connection, limit: usize) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
+    let mut json = Vec::new();
+    let count = loop {
+        let m = conn.recv().map_err(proto)?;
+        match m.header.command.get() {
+            MSG_STATE if json.len() + m.payload.len() <= limit => json.extend_from_slice(&m.payload),
+            MSG_STATE => return Err(io::Error::other(format!("more than {limit} bytes of state"))),
+            MSG_STATE_END if m.payload.len() == 8 => {
+                break u64::from_le_bytes(m.payload[..8].try_into().expect("8 bytes")) as usize
+            }
+            MSG_FAILED => {
+                return Err(io::Error::other(format!(
+                    "the running server refused: {}",
+                    String::from_utf8_lossy(&m.payload)
+                )))
+            }
+            c => return Err(io::Error::other(format!("unexpected message {c:#x} during the hand-over"))),
         }
-        send(conn, MSG_STATE_END, &(fds.len() as u64).to_le_bytes(), &[])?;
-        for group in fds.chunks(MAX_FDS) {
-            send(conn, MSG_FDS, &[], group)?;
+    };
+    let saved: DeviceSaved = serde_json::from_slice(&json)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("the handed-over state: {e}")))?;
+    if saved.version != HANDOVER_VERSION {
+        return Err(io::Error::other(format!(
+            "the running server hands over version {} state; this build takes version {HANDOVER_VERSION}",
+            saved.version
+        )));
+    }
+    // One descriptor per byte of state at most: each is named in it.
+    if count > json.len() {
+        return Err(io::Error::other(format!("{count} descriptors announced with {} bytes of state", json.len())));
+    }
+    let mut fds = Vec::with_capacity(count);
+    while fds.len() < count {
+        let m = conn.recv().map_err(proto)?;
+        if m.header.command.get() != MSG_FDS || m.fds.is_empty() {
+            return Err(io::Error::other("descriptors missing from the hand-over"));
         }
-        info!(
-            queues = saved.controller.sqs.len(),
-            dma_regions = saved.dma.len(),
-            descriptors = fds.len(),
-            client = saved.client.is_some(),
-            "upgrade: state handed over, waiting for the new process"
-        );
-        Ok(())
+        fds.extend(m.fds);
+    }
+    if fds.len() != count {
+        return Err(io::Error::other(format!("{} descriptors handed over, {count} announced", fds.len())));
+    }
+    Ok((saved, fds))
+}
+
+/// Sends READY to the process that handed a device over, and waits for its GO.
+pub(crate) fn say_ready(conn: &mut Connection) -> io::Result<()> {
+    send(conn, MSG_READY, &[], &[])?;
+    let m = conn.recv().map_err(proto)?;
+    if m.header.command.get() != MSG_GO {
+        return Err(io::Error::other("the old process did not let go"));
+    }
+    Ok(())
+}
+
+/// Waits for the new process's READY (at most `wait`) and answers GO: false if
+/// it failed (its reason, logged) or went away.
+pub(crate) fn await_ready(conn: &mut Connection, wait: Duration) -> io::Result<()> {
+    conn.stream().set_read_timeout(Some(wait))?;
+    match conn.recv() {
+        Ok(m) if m.header.command.get() == MSG_READY => send(conn, MSG_GO, &[], &[]),
+        Ok(m) if m.header.command.get() == MSG_FAILED => Err(io::Error::other(format!(
+            "the new process failed: {}",
+            String::from_utf8_lossy(&m.payload)
+        ))),
+        Ok(m) => Err(io::Error::other(format!("unexpected message {:#x} from the new process", m.header.command.get()))),
+        Err(e) => Err(io::Error::other(format!("no word from the new process: {e}"))),
     }
 }
 
@@ -385,46 +504,8 @@ impl Handover {
     /// Receives the state and descriptors on `stream` (the old process's end).
     pub fn receive(stream: UnixStream) -> io::Result<Handover> {
         let mut conn = Connection::with_deadline(stream, Duration::from_secs(30))?;
-        let mut json = Vec::new();
-        let count = loop {
-            let m = conn.recv().map_err(proto)?;
-            match m.header.command.get() {
-                MSG_STATE => json.extend_from_slice(&m.payload),
-                MSG_STATE_END if m.payload.len() == 8 => {
-                    break u64::from_le_bytes(m.payload[..8].try_into().expect("8 bytes")) as usize
-                }
-                MSG_FAILED => {
-                    return Err(io::Error::other(format!(
-                        "the running server refused: {}",
-                        String::from_utf8_lossy(&m.payload)
-                    )))
-                }
-                c => return Err(io::Error::other(format!("unexpected message {c:#x} during the hand-over"))),
-            }
-        };
-        let saved: DeviceSaved = serde_json::from_slice(&json)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("the handed-over state: {e}")))?;
-        if saved.version != HANDOVER_VERSION {
-            return Err(io::Error::other(format!(
-                "the running server hands over version {} state; this build takes version {HANDOVER_VERSION}",
-                saved.version
-            )));
-        }
-        let mut fds = Vec::with_capacity(count);
-        while fds.len() < count {
-            let m = conn.recv().map_err(proto)?;
-            if m.header.command.get() != MSG_FDS || m.fds.is_empty() {
-                return Err(io::Error::other("descriptors missing from the hand-over"));
-            }
-            fds.extend(m.fds.into_iter().map(Some));
-        }
-        if fds.len() != count {
-            return Err(io::Error::other(format!(
-                "{} descriptors handed over, {count} announced",
-                fds.len()
-            )));
-        }
-        Ok(Handover { saved, fds, conn })
+        let (saved, fds) = recv_saved(&mut conn, usize::MAX)?;
+        Ok(Handover { saved, fds: fds.into_iter().map(Some).collect(), conn })
     }
 
     /// Takes descriptor `i` (each once).
@@ -458,12 +539,14 @@ impl Handover {
     /// Everything is restored: tell the old process, and wait (bounded) for its GO.
     /// Only after Ok may this process serve.
     pub fn ready(mut self) -> io::Result<()> {
-        send(&mut self.conn, MSG_READY, &[], &[])?;
-        let m = self.conn.recv().map_err(proto)?;
-        if m.header.command.get() != MSG_GO {
-            return Err(io::Error::other("the old process did not let go"));
-        }
-        Ok(())
+        say_ready(&mut self.conn)
+    }
+
+    /// [`Self::ready`], keeping the connection (a keeper's: the journal goes on
+    /// over it).
+    pub fn ready_keeping(mut self) -> io::Result<UnixStream> {
+        say_ready(&mut self.conn)?;
+        self.conn.stream().try_clone()
     }
 
     /// Restoring failed: tell the old process, which resumes.

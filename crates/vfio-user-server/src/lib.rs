@@ -8,6 +8,7 @@
 //! - `irq`: interrupts out through eventfds (KVM irqfds under QEMU).
 //! - `jobs`: work other threads (a control socket) hand the server thread.
 //! - `handover`: the device handed to another process (an upgrade).
+//! - `keeper`: the device outliving its process (a crash): a keeper and a journal.
 //! - `migration`: vfio-user live migration (v2) of the device.
 //! - `transfer`: what the device holds between messages of either.
 //! - `server`: the socket loop.
@@ -20,6 +21,7 @@ pub mod fds;
 pub mod handover;
 pub mod irq;
 pub mod jobs;
+pub mod keeper;
 pub mod migration;
 pub mod pci;
 pub mod server;

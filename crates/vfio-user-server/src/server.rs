@@ -141,6 +141,8 @@ pub fn serve_from(
         };
         connections += 1;
         info!(client = connections, "client connected");
+        device.journal_changed();
+        device.write_journal(Some(&stream));
         let mut traffic = Traffic::new(device);
         let r = session(stream, partial, device, Some((listener, &mut waiting)), opts, &mut traffic);
         if device.handed_over() {
@@ -168,6 +170,8 @@ pub fn serve_from(
             served += 1;
         }
         device.disconnect();
+        device.journal_changed();
+        device.write_journal(None);
     }
 }
 
@@ -512,6 +516,10 @@ fn handle_message(
             Reply::Err(e.errno())
         }
     };
+    // What the client is told is done is journaled first (`keeper`).
+    if device.journal_due() {
+        device.write_journal(Some(conn.stream()));
+    }
     // The next message's payload goes into this one's buffer: no allocation per message.
     conn.recycle(msg.payload);
     if no_reply {

@@ -8,6 +8,7 @@ mod docs;
 mod endpoint;
 mod fdpspec;
 mod identify;
+mod keeper;
 mod logging;
 mod metaspec;
 mod metrics;

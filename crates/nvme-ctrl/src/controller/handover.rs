@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use nvme_spec::regs::Csts;
 use nvme_spec::Cqe;
 
 use super::Controller;
@@ -128,6 +129,25 @@ impl Controller {
                 .collect(),
             fdp: self.admin.fdp.as_ref().map(|f| f.save()),
             ana: self.admin.ana.save(),
+        }
+    }
+
+    /// This new controller stands in for one whose process died with its host's
+    /// queues (a crash, not a hand-over): nothing of its state survived but CC as
+    /// the host last wrote it (`cc`). A controller the host had enabled reads as
+    /// ready with Controller Fatal Status (Base §3.7: the host resets it, and the
+    /// commands it had outstanding time out and are retried, on another path if it
+    /// has one); one it had not enabled is simply disabled, `cc` kept. Call it on a
+    /// new controller, before the host's first access.
+    pub fn stand_in_after_crash(&mut self, cc: u32) {
+        self.regs.set_cc(cc);
+        if self.regs.cc().en() {
+            self.regs.set_csts(Csts(Csts::RDY | Csts::CFS));
+            self.phase = Phase::Fatal;
+            tracing::warn!(
+                cc = format_args!("{cc:#x}"),
+                "standing in for a controller whose process died: CSTS.CFS set until the host resets it"
+            );
         }
     }
 

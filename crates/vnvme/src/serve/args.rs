@@ -117,6 +117,14 @@ pub struct ServeArgs {
     /// whether the socket is in use) is not.
     #[arg(long)]
     pub once: bool,
+    /// Serve from a child process, and if it dies (a crash, the OOM killer, kill -9)
+    /// start another that takes the VMM's connection over: the VMM sees nothing, the
+    /// guest sees Controller Fatal Status and resets the controller (with native
+    /// multipath, I/O goes on through the other paths meanwhile). This process
+    /// keeps the connection, the guest memory and interrupt descriptors meanwhile;
+    /// at most 5 restarts a minute.
+    #[arg(long)]
+    pub restart_on_crash: bool,
     /// Write the controller's counters (JSON) here twice a second and at exit
     /// (SIGTERM and SIGINT included: they stop the server cleanly).
     #[arg(long)]

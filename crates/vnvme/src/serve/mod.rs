@@ -20,6 +20,16 @@ use args::{check, controller_config, device_options, max_namespaces, poll_mode, 
 pub use args::{ServeArgs, Switch, INLINE_UP_TO_CPUS};
 
 pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::keeper::Role;
+    let (serving, standin) = match a.restart_on_crash.then(crate::keeper::role).transpose()? {
+        Some(Role::Keeper) => {
+            check(&a)?;
+            return crate::keeper::run();
+        }
+        Some(Role::Serving(s)) => (Some(s), None),
+        Some(Role::StandIn(s)) => (None, Some(s)),
+        None => (None, None),
+    };
     let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
@@ -42,13 +52,29 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
     let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
     let poll = poll_mode(&a);
+    // Standing in for a process that died: the keeper's journal has the device.
+    let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
+    if let Some(h) = journal.as_mut() {
+        ctrl.set_doorbell_kick(h.take(h.saved.kick)?)?;
+    }
     ctrl.spawn_workers(a.worker_count(), poll)?;
     raise_fd_limit();
-    let dev = Device::new(ctrl, irqs, device_options(&a))?;
     // Every socket file bound from here on is removed again if the start fails.
     let mut sockets = Sockets::default();
-    let (listener, file) = server::bind(&a.socket).map_err(|e| format!("--socket {e}"))?;
-    sockets.0.push(file);
+    let (dev, listener) = match journal.as_mut() {
+        Some(h) => {
+            let dev = Device::restore(ctrl, irqs, device_options(&a), h)?;
+            let l = h.saved.listener.ok_or("the keeper's journal has no listening socket")?;
+            sockets.0.push(SocketFile::adopt(&a.socket).map_err(|e| format!("--socket {e}"))?);
+            (dev, UnixListener::from(h.take(l)?))
+        }
+        None => {
+            let dev = Device::new(ctrl, irqs, device_options(&a))?;
+            let (listener, file) = server::bind(&a.socket).map_err(|e| format!("--socket {e}"))?;
+            sockets.0.push(file);
+            (dev, listener)
+        }
+    };
     let control = match &a.control {
         Some(p) => {
             let (l, file) = crate::control::server::bind(p).map_err(|e| format!("--control {e}"))?;
@@ -71,7 +97,11 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         // keeps it even where the new process would default otherwise.
         argv.extend(["--workers".to_string(), a.worker_count().to_string()]);
     }
-    Running {
+    let client = match journal.as_mut() {
+        Some(h) => h.saved.client.map(|i| h.take(i)).transpose()?.map(UnixStream::from),
+        None => None,
+    };
+    let mut started = Running {
         argv,
         exe: std::env::current_exe().unwrap_or_default(),
         a,
@@ -87,8 +117,28 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         takeover: None,
         sockets,
     }
-    .start()?
-    .serve(None)
+    .start()?;
+    let keeper = match (serving, journal) {
+        (Some(s), _) => Some(s),
+        (None, Some(h)) => {
+            let s = h.ready_keeping()?;
+            eprintln!(
+                "vnvme: standing in for a serving process that died ({}); vnvme keeper holds the device",
+                if client.is_some() {
+                    "the client stays connected: its guest sees Controller Fatal Status and resets the controller"
+                } else {
+                    "no client was connected"
+                }
+            );
+            Some(s)
+        }
+        _ => None,
+    };
+    if let Some(s) = keeper {
+        let j = vfio_user_server::keeper::Journal::new(s, &started.listener)?;
+        started.dev.keep_with(j);
+    }
+    started.serve(client.map(|c| (c, vfio_user_server::Partial::default())))
 }
 
 /// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
@@ -120,7 +170,7 @@ pub fn takeover(
     let built = (|| -> Result<Running, String> {
         let h = &mut taken.handover;
         let x = &taken.extra;
-        let saved = h.saved.controller.clone();
+        let saved = h.saved.controller.clone().ok_or("the running server handed over no controller state")?;
         let groups = upgrade::groups(&taken.prepared)?;
         let mut namespaces = Vec::new();
         for n in &x.namespaces {

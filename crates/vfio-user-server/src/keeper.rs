@@ -1,0 +1,173 @@
+//! Outliving the serving process: when it dies (a crash, the OOM killer, `kill
+//! -9`), the client keeps its connection and a new process stands in.
+//!
+//! A keeper process (vnvme's `serve --restart-on-crash`) starts the serving process
+//! and holds, for as long as it runs, what the client has handed the device: a
+//! duplicate of the client's connection and of the listening socket, the DMA
+//! regions' memory, the interrupt eventfds, the doorbell page and kick, the PCI
+//! config space and MSI-X table. The serving process journals them to the keeper
+//! ([`Journal`]) whenever they change: after VERSION, DMA_MAP and DMA_UNMAP,
+//! SET_IRQS, a device reset, a write to config space, to the MSI-X table or to CC,
+//! and when a client comes or goes; the entry goes before the reply, so what a
+//! client was told is done is in the journal. None of these is on the I/O path:
+//! an I/O command costs the journal one flag test.
+//!
+//! Since the keeper holds the connection, the client sees no hang-up when the
+//! serving process dies. The keeper starts another, hands it the last entry
+//! ([`Kept::hand_back`]: the hand-over's framing and two phases, `handover`), and
+//! the new process restores the PCI function from it. The controller's state (its
+//! queues, the commands in flight) died with the old process; the new controller
+//! stands in for it as one with Controller Fatal Status
+//! (`Controller::stand_in_after_crash`): the host's next timeout reads CSTS.CFS
+//! and resets the controller, and its multipath layer retries what timed out on
+//! another path meanwhile.
+//!
+//! What is lost: a request the dead process had read and not answered (the client
+//! times it out: QEMU after 5 s); a change the dead process had made but not yet
+//! journaled, which cannot have been answered either. The client's connection
+//! carries whole messages one read at a time; a message half read when the process
+//! died leaves the stream out of step, and the client is then dropped when its
+//! next message does not parse.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+use tracing::{debug, warn};
+use vfio_user::Connection;
+
+use crate::device::Device;
+use crate::handover::{await_ready, recv_saved, send_saved, DeviceSaved, Parts};
+
+/// The most bytes of state a journal entry may have (it holds no controller state:
+/// config space, MSI-X table and DMA regions, a few KiB).
+pub const JOURNAL_LIMIT: usize = 4 << 20;
+
+/// How long the serving process waits for its keeper to take an entry before it
+/// gives the keeper up and serves on without one.
+const JOURNAL_WAIT: Duration = Duration::from_secs(2);
+
+/// The serving process's end of the journal.
+#[derive(Debug)]
+pub struct Journal {
+    conn: Connection,
+    listener: UnixListener,
+    /// Something journaled has changed since the last entry.
+    due: bool,
+}
+
+impl Journal {
+    /// A journal to the keeper on `stream`, holding `listener` (the socket clients
+    /// connect to) among what it keeps.
+    pub fn new(stream: UnixStream, listener: &UnixListener) -> io::Result<Journal> {
+        Ok(Journal {
+            conn: Connection::with_deadline(stream, JOURNAL_WAIT)?,
+            listener: listener.try_clone()?,
+            due: true,
+        })
+    }
+}
+
+impl Device {
+    /// Journals to a keeper from now on (the first entry goes at once).
+    pub fn keep_with(&mut self, j: Journal) {
+        self.journal = Some(j);
+        self.write_journal(None);
+    }
+
+    /// Whether this device journals to a keeper.
+    pub fn is_kept(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// Something journaled changed: the next [`Self::write_journal`] writes an entry.
+    pub(crate) fn journal_changed(&mut self) {
+        if let Some(j) = self.journal.as_mut() {
+            j.due = true;
+        }
+    }
+
+    pub(crate) fn journal_due(&self) -> bool {
+        self.journal.as_ref().is_some_and(|j| j.due)
+    }
+
+    /// Writes an entry if one is due, with `client` the connection being served.
+    /// A keeper that does not take it is given up (logged): the device serves on,
+    /// without one.
+    pub(crate) fn write_journal(&mut self, client: Option<&UnixStream>) {
+        let Some(mut j) = self.journal.take() else { return };
+        if !j.due {
+            self.journal = Some(j);
+            return;
+        }
+        let parts = Parts {
+            controller: None,
+            quiesced_at_ns: 0,
+            client,
+            partial: None,
+            listener: Some(&j.listener),
+            extra: serde_json::Value::Null,
+            extra_fds: Vec::new(),
+        };
+        match self.saved(parts).and_then(|(saved, fds)| send_saved(&mut j.conn, &saved, &fds).map(|()| saved)) {
+            Ok(saved) => {
+                debug!(dma_regions = saved.dma.len(), client = saved.client.is_some(), "journaled to the keeper");
+                j.due = false;
+                self.journal = Some(j);
+            }
+            Err(e) => warn!(
+                "the keeper did not take the journal ({e}): serving on without one (a crash of this \
+                 process now ends the client's session)"
+            ),
+        }
+    }
+}
+
+/// The keeper's copy of the last journal entry: the state and its descriptors.
+#[derive(Debug)]
+pub struct Kept {
+    pub saved: DeviceSaved,
+    fds: Vec<OwnedFd>,
+}
+
+impl Kept {
+    /// A client was connected at the last entry.
+    pub fn has_client(&self) -> bool {
+        self.saved.client.is_some()
+    }
+}
+
+/// The keeper's end of a serving process's journal.
+#[derive(Debug)]
+pub struct JournalReader {
+    conn: Connection,
+}
+
+impl JournalReader {
+    /// The journal on `stream` (a message once begun must be whole within 5 s).
+    pub fn new(stream: UnixStream) -> io::Result<JournalReader> {
+        Ok(JournalReader { conn: Connection::with_deadline(stream, Duration::from_secs(5))? })
+    }
+
+    pub fn stream(&self) -> &UnixStream {
+        self.conn.stream()
+    }
+
+    /// Reads the next entry (call it once the stream is readable; Err at the
+    /// serving process's end).
+    pub fn read(&mut self) -> io::Result<Kept> {
+        let (mut saved, fds) = recv_saved(&mut self.conn, JOURNAL_LIMIT)?;
+        // A journal never carries a controller: the stand-in starts without one.
+        saved.controller = None;
+        Ok(Kept { saved, fds })
+    }
+
+    /// Hands `kept` to a new serving process (duplicates: the keeper keeps its own),
+    /// and waits at most `wait` for it to say it is ready.
+    pub fn hand_back(&mut self, kept: &Kept, wait: Duration) -> io::Result<()> {
+        let fds = kept.fds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?;
+        send_saved(&mut self.conn, &kept.saved, &fds)?;
+        await_ready(&mut self.conn, wait)
+    }
+}
