@@ -5,9 +5,11 @@
 # and one namespace head with two paths. Checked: the subsystem and its
 # controllers' IDs, CMIC and NMIC as nvme-cli reads them, fio verify through the
 # head with each I/O policy, data written through one path read through the
-# other, and then, the host killing the second controller's process
-# (@@VNVME-HOST mp-kill@@), fio verify through the head again: the guest goes on
-# on the path left, with no I/O error.
+# other, ANA taking a path out of service and back, and the host killing the
+# second controller's serving process under fio verify (@@VNVME-HOST mp-crash@@:
+# its keeper starts another, the guest resets the controller): no I/O error, and
+# both paths carry I/O again. With MP_KILL=1 (the multipath-kill suite, no
+# keeper), the process killed for good (@@VNVME-HOST mp-kill@@).
 . /tests/lib.sh
 . /tests/config.sh
 echo "== guest-tests multipath suite: Linux $(uname -r)"
@@ -271,20 +273,42 @@ else
     else
         t_fail "path 2 back: $n writes through it (want > 100)"
     fi
-    # A path taken away gracefully: out of service first, then its process
-    # killed while fio runs through the head. The host had stopped using it, so
-    # no I/O fails (the abrupt kill is the multipath-kill suite).
-    echo "@@VNVME-HOST ana-inaccessible@@"
-    ana_wait "$p2" inaccessible || t_fail "controller 2's path did not become inaccessible again"
-    # The kill comes a second into a run of several seconds (the host checks it
-    # came before fio's end).
-    (sleep 1; echo "@@VNVME-HOST mp-kill@@") &
-    fio_verified "path 2 out of service, then its process killed: fio randwrite QD 16 + verify goes on" \
+    # Controller 2's serving process killed under I/O (SIGKILL: no warning, its
+    # queues and the commands it held die with it) and restarted by its keeper
+    # (vnvme serve --restart-on-crash), which held the VMM's connection: QEMU sees
+    # nothing, and the guest's next timeout reads Controller Fatal Status and
+    # resets the controller. Meanwhile the writes it had are retried through
+    # controller 1: fio goes on with no error, and afterwards both paths carry
+    # I/O again.
+    before=$(dmesg | wc -l)
+    (sleep 2; echo "@@VNVME-HOST mp-crash@@") &
+    fio_verified "controller 2's process killed and restarted under fio randwrite QD 16 + verify through the head" \
         --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=64M \
-        --size=32M --loops=6 --verify=crc32c --verify_fatal=1 --name=mpgone
+        --size=32M --loops=4 --verify=crc32c --verify_fatal=1 --name=mpcrash
     wait
-    # An idle path's death shows only when the host next touches it: no check.
-    echo "controller states after the kill: $(cat /sys/class/nvme/nvme*/state | tr '\n' ' ')"
+    echo "== kernel messages since the kill"
+    dmesg | tail -n +$((before + 1)) | grep -i nvme | tail -20
+    if dmesg | tail -n +$((before + 1)) | grep -q "$(basename "$c2"): .*CSTS=0x3"; then
+        t_pass "the guest read Controller Fatal Status on controller 2 and reset it"
+    else
+        t_fail "no reset of controller 2 on CSTS.CFS in the kernel log"
+    fi
+    if ctrl_live "$(basename "$c2")" 120; then
+        t_pass "controller 2 is live again after the restart ($(cat /sys/class/nvme/nvme*/state | tr '\n' ' '))"
+    else
+        t_fail "controller 2 did not come back (states: $(cat /sys/class/nvme/nvme*/state | tr '\n' ' '))"
+    fi
+    ana_wait "$p2" optimized || t_fail "controller 2's path is not optimized after the restart ($(cat "$p2/ana_state"))"
+    before=$(writes_of "$p2")
+    fio_verified "after the restart: fio randwrite QD 16 + verify through the head (round-robin)" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=96M \
+        --size=16M --verify=crc32c --verify_fatal=1 --name=mpafter
+    n=$(($(writes_of "$p2") - before))
+    if [ "$n" -gt 100 ]; then
+        t_pass "after the restart: round-robin writes through controller 2 again ($n)"
+    else
+        t_fail "after the restart: $n writes through controller 2 (want > 100)"
+    fi
 fi
 if [ "${MP_KILL:-0}" = 1 ]; then
     # Path loss: the host kills controller 2's process. Writes go on; the I/O the

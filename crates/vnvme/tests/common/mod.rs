@@ -121,6 +121,11 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Whether the server has exited (reaped, if so).
+    pub fn child_exited(&mut self) -> bool {
+        self.child.try_wait().expect("wait for vnvme").is_some()
+    }
+
     /// Sends `signal` (e.g. libc::SIGTERM) to the server.
     pub fn signal(&self, signal: i32) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a pid");

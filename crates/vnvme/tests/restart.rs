@@ -1,0 +1,192 @@
+//! `vnvme serve --restart-on-crash`: the serving process SIGKILLed under a
+//! connected client, and a stand-in started by the keeper on that same connection.
+//! The client (a host over vfio-user) sees no hang-up: its next register read is
+//! answered by the stand-in, which reports Controller Fatal Status; after a reset
+//! the host brings the controller up again in the memory it mapped before the
+//! crash, and reads what it wrote. Also: a death with no client, a stop of the
+//! keeper, and a process that keeps dying.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::nvme_host::NvmeOverVfioUser;
+use common::{Server, TIMEOUT};
+use nvme_spec::regs::{offset, Csts};
+
+/// The serving process: the keeper's child.
+fn serving_pid(keeper: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{keeper}/task/{keeper}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+/// Waits for the keeper's serving process, other than `not` (bounded).
+fn wait_serving(s: &Server, not: Option<u32>) -> u32 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(p) = serving_pid(s.pid()).filter(|&p| Some(p) != not) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no serving process under the keeper:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill9(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL the serving process");
+}
+
+fn kept(dir: &Path, extra: &[&str]) -> Server {
+    let img = dir.join("d.img");
+    let ns = format!("file:{}:16M", img.display());
+    let mut args = vec!["--ns", ns.as_str(), "--restart-on-crash"];
+    args.extend_from_slice(extra);
+    Server::start_in(dir, "s", &args).owning_dir()
+}
+
+fn page(seed: u8) -> Vec<u8> {
+    (0..4096u32).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
+}
+
+/// Writes one page at `lba` from slot 0 and checks the completion.
+fn write_page(h: &mut NvmeOverVfioUser, lba: u64, data: &[u8]) {
+    h.mem.write(NvmeOverVfioUser::slot(0), data).unwrap();
+    h.queue_rw(true, 0, lba);
+    h.ring_io(false);
+    let c = h.reap_io(1);
+    assert!(c[0].status().is_success(), "write: {:?}", c[0].status());
+}
+
+fn read_page(h: &mut NvmeOverVfioUser, lba: u64) -> Vec<u8> {
+    h.mem.fill(NvmeOverVfioUser::slot(1), 4096, 0xee).unwrap();
+    h.queue_rw(false, 1, lba);
+    h.ring_io(false);
+    let c = h.reap_io(1);
+    assert!(c[0].status().is_success(), "read: {:?}", c[0].status());
+    let mut got = vec![0u8; 4096];
+    h.mem.read(NvmeOverVfioUser::slot(1), &mut got).unwrap();
+    got
+}
+
+fn crash_under_a_client(extra: &[&str]) {
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, extra);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let a = page(1);
+    write_page(&mut h, 64, &a);
+    // The keeper has the client's connection and memory before the crash.
+    assert!(s.log_shows("client connected"), "{}", s.log());
+
+    kill9(first);
+    let second = wait_serving(&s, Some(first));
+    assert_ne!(first, second);
+    // The same connection: the stand-in answers, and says it is not the
+    // controller the host enabled.
+    let csts = h.read32(offset::CSTS);
+    assert_eq!(csts & (Csts::RDY | Csts::CFS), Csts::RDY | Csts::CFS, "CSTS after the crash: {csts:#x}\n{}", s.log());
+    // The host resets it and brings it up again, in the memory it mapped before
+    // (the stand-in has it from the keeper: no DMA_MAP since).
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 64), a, "a page written before the crash");
+    let b = page(2);
+    write_page(&mut h, 72, &b);
+    assert_eq!(read_page(&mut h, 72), b, "a page written through the stand-in");
+    s.assert_alive();
+    let log = s.log();
+    assert!(log.contains(&format!("the serving process (pid {first}) was killed by signal 9 (SIGKILL)")), "{log}");
+    assert!(log.contains("standing in for a serving process that died (the client stays connected"), "{log}");
+    assert!(log.contains("standing in for a controller whose process died"), "{log}");
+    // The client leaves; the stand-in serves the next one as any server does.
+    drop(h);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 72), b);
+}
+
+#[test]
+fn a_serving_process_killed_under_its_client_is_stood_in_for_inline() {
+    crash_under_a_client(&["--workers", "0"]);
+}
+
+#[test]
+fn a_serving_process_killed_under_its_client_is_stood_in_for_with_a_worker() {
+    crash_under_a_client(&["--workers", "1"]);
+}
+
+#[test]
+fn a_serving_process_killed_under_mapped_doorbells_is_stood_in_for() {
+    crash_under_a_client(&["--doorbells", "mapped", "--workers", "1"]);
+}
+
+#[test]
+fn a_serving_process_killed_with_no_client_is_restarted() {
+    let dir = common::temp_dir("restart");
+    let s = kept(&dir, &[]);
+    let first = wait_serving(&s, None);
+    let mut s = s;
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let a = page(3);
+    write_page(&mut h, 8, &a);
+    drop(h);
+    // Gone from the keeper's journal before the kill: the next client is new.
+    assert!(s.log_shows("client disconnected"), "{}", s.log());
+    std::thread::sleep(Duration::from_millis(100));
+    kill9(first);
+    wait_serving(&s, Some(first));
+    assert!(s.log_shows("no client was connected"), "{}", s.log());
+    let mut h = NvmeOverVfioUser::new(s.client());
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, 0, "a new client finds no fatal status");
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 8), a);
+}
+
+#[test]
+fn the_keeper_passes_a_stop_on_and_exits_0() {
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &[]);
+    let serving = wait_serving(&s, None);
+    s.signal(libc::SIGTERM);
+    let st = s.wait_exit().unwrap_or_else(|| panic!("the keeper did not stop:\n{}", s.log()));
+    assert!(st.success(), "{st}\n{}", s.log());
+    assert!(!Path::new(&format!("/proc/{serving}")).exists(), "the serving process outlived its keeper");
+    assert!(!s.socket.exists(), "the socket file stays after a stop");
+}
+
+#[test]
+fn the_keeper_gives_up_on_a_process_that_keeps_dying() {
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &[]);
+    let mut pid = wait_serving(&s, None);
+    // One more death than the keeper restarts within its window.
+    for _ in 0..6 {
+        // Each stand-in has journaled (it serves) before it is killed.
+        let deadline = Instant::now() + TIMEOUT;
+        while !s.log().contains(&format!("(pid {pid})")) {
+            assert!(Instant::now() < deadline, "pid {pid} never started:\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        kill9(pid);
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            match serving_pid(s.pid()) {
+                Some(p) if p != pid => {
+                    pid = p;
+                    break;
+                }
+                _ if s.child_exited() => break,
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "neither a new serving process nor an exit:\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let st = s.wait_exit().unwrap_or_else(|| panic!("the keeper did not give up:\n{}", s.log()));
+    assert!(!st.success(), "{st}");
+    assert!(s.log().contains("was restarted 5 times in 60s: giving up"), "{}", s.log());
+}
