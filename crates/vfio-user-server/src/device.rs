@@ -151,7 +151,7 @@ pub struct Device {
     /// vfio-user live migration (`migration`).
     pub(crate) mig: crate::transfer::MigrationState,
     /// The keeper this device journals to, if it has one (`keeper`).
-    pub(crate) journal: Option<crate::keeper::Journal>,
+    pub(crate) journal: Option<crate::transfer::Journal>,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -312,7 +312,11 @@ impl Device {
         }
         if matches!(
             cmd,
-            Command::Version | Command::DmaMap | Command::DmaUnmap | Command::DeviceSetIrqs | Command::DeviceReset
+            Command::Version
+                | Command::DmaMap
+                | Command::DmaUnmap
+                | Command::DeviceSetIrqs
+                | Command::DeviceReset
         ) {
             // What a process standing in after a crash needs of it (`keeper`).
             self.journal_changed();

@@ -438,7 +438,10 @@ pub(crate) fn recv_saved(conn: &mut Connection, limit: usize) -> io::Result<(Dev
     }
     // One descriptor per byte of state at most: each is named in it.
     if count > json.len() {
-        return Err(io::Error::other(format!("{count} descriptors announced with {} bytes of state", json.len())));
+        return Err(io::Error::other(format!(
+            "{count} descriptors announced with {} bytes of state",
+            json.len()
+        )));
     }
     let mut fds = Vec::with_capacity(count);
     while fds.len() < count {
@@ -470,11 +473,13 @@ pub(crate) fn await_ready(conn: &mut Connection, wait: Duration) -> io::Result<(
     conn.stream().set_read_timeout(Some(wait))?;
     match conn.recv() {
         Ok(m) if m.header.command.get() == MSG_READY => send(conn, MSG_GO, &[], &[]),
-        Ok(m) if m.header.command.get() == MSG_FAILED => Err(io::Error::other(format!(
-            "the new process failed: {}",
-            String::from_utf8_lossy(&m.payload)
+        Ok(m) if m.header.command.get() == MSG_FAILED => {
+            Err(io::Error::other(format!("the new process failed: {}", String::from_utf8_lossy(&m.payload))))
+        }
+        Ok(m) => Err(io::Error::other(format!(
+            "unexpected message {:#x} from the new process",
+            m.header.command.get()
         ))),
-        Ok(m) => Err(io::Error::other(format!("unexpected message {:#x} from the new process", m.header.command.get()))),
         Err(e) => Err(io::Error::other(format!("no word from the new process: {e}"))),
     }
 }

@@ -31,7 +31,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use tracing::{debug, warn};
@@ -39,35 +39,11 @@ use vfio_user::Connection;
 
 use crate::device::Device;
 use crate::handover::{await_ready, recv_saved, send_saved, DeviceSaved, Parts};
+pub use crate::transfer::Journal;
 
 /// The most bytes of state a journal entry may have (it holds no controller state:
 /// config space, MSI-X table and DMA regions, a few KiB).
 pub const JOURNAL_LIMIT: usize = 4 << 20;
-
-/// How long the serving process waits for its keeper to take an entry before it
-/// gives the keeper up and serves on without one.
-const JOURNAL_WAIT: Duration = Duration::from_secs(2);
-
-/// The serving process's end of the journal.
-#[derive(Debug)]
-pub struct Journal {
-    conn: Connection,
-    listener: UnixListener,
-    /// Something journaled has changed since the last entry.
-    due: bool,
-}
-
-impl Journal {
-    /// A journal to the keeper on `stream`, holding `listener` (the socket clients
-    /// connect to) among what it keeps.
-    pub fn new(stream: UnixStream, listener: &UnixListener) -> io::Result<Journal> {
-        Ok(Journal {
-            conn: Connection::with_deadline(stream, JOURNAL_WAIT)?,
-            listener: listener.try_clone()?,
-            due: true,
-        })
-    }
-}
 
 impl Device {
     /// Journals to a keeper from now on (the first entry goes at once).
@@ -110,9 +86,14 @@ impl Device {
             extra: serde_json::Value::Null,
             extra_fds: Vec::new(),
         };
-        match self.saved(parts).and_then(|(saved, fds)| send_saved(&mut j.conn, &saved, &fds).map(|()| saved)) {
+        match self.saved(parts).and_then(|(saved, fds)| send_saved(&mut j.conn, &saved, &fds).map(|()| saved))
+        {
             Ok(saved) => {
-                debug!(dma_regions = saved.dma.len(), client = saved.client.is_some(), "journaled to the keeper");
+                debug!(
+                    dma_regions = saved.dma.len(),
+                    client = saved.client.is_some(),
+                    "journaled to the keeper"
+                );
                 j.due = false;
                 self.journal = Some(j);
             }

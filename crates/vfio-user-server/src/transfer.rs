@@ -1,11 +1,11 @@
 //! What moves a device between processes (an upgrade's hand-over, `handover`) or
 //! hosts (a live migration, `migration`), as the device holds it between messages:
 //! a hand-over a job asked for, the migration state machine's state and stream,
-//! and the hex its bytes travel as.
+//! the journal to a keeper (`keeper`), and the hex its bytes travel as.
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
 use vfio_user::proto::{
@@ -26,6 +26,31 @@ pub struct HandoverRequest {
     /// accepting, and never accepts again once handed over: otherwise it could take
     /// a connection meant for the new process and close it as this one exits.
     pub done: Option<std::sync::mpsc::Sender<bool>>,
+}
+
+/// How long the serving process waits for its keeper to take a journal entry
+/// before it gives the keeper up and serves on without one (`keeper`).
+const JOURNAL_WAIT: Duration = Duration::from_secs(2);
+
+/// The serving process's end of the journal.
+#[derive(Debug)]
+pub struct Journal {
+    pub(crate) conn: vfio_user::Connection,
+    pub(crate) listener: UnixListener,
+    /// Something journaled has changed since the last entry.
+    pub(crate) due: bool,
+}
+
+impl Journal {
+    /// A journal to the keeper on `stream`, holding `listener` (the socket clients
+    /// connect to) among what it keeps.
+    pub fn new(stream: UnixStream, listener: &UnixListener) -> io::Result<Journal> {
+        Ok(Journal {
+            conn: vfio_user::Connection::with_deadline(stream, JOURNAL_WAIT)?,
+            listener: listener.try_clone()?,
+            due: true,
+        })
+    }
 }
 
 /// `enum vfio_device_mig_state`.

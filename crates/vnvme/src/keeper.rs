@@ -49,7 +49,8 @@ pub enum Role {
 /// Which role this process has (from the environment the keeper set).
 pub fn role() -> Result<Role, String> {
     let Ok(name) = std::env::var(NAME_ENV) else { return Ok(Role::Keeper) };
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| format!("{NAME_ENV}={name}: {e}"))?;
+    let addr =
+        SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| format!("{NAME_ENV}={name}: {e}"))?;
     let stream = UnixStream::connect_addr(&addr)
         .map_err(|e| format!("cannot reach the keeper that started this process ({NAME_ENV}={name}): {e}"))?;
     Ok(if std::env::var_os(STANDIN_ENV).is_some() { Role::StandIn(stream) } else { Role::Serving(stream) })

@@ -87,7 +87,12 @@ fn crash_under_a_client(extra: &[&str]) {
     // The same connection: the stand-in answers, and says it is not the
     // controller the host enabled.
     let csts = h.read32(offset::CSTS);
-    assert_eq!(csts & (Csts::RDY | Csts::CFS), Csts::RDY | Csts::CFS, "CSTS after the crash: {csts:#x}\n{}", s.log());
+    assert_eq!(
+        csts & (Csts::RDY | Csts::CFS),
+        Csts::RDY | Csts::CFS,
+        "CSTS after the crash: {csts:#x}\n{}",
+        s.log()
+    );
     // The host resets it and brings it up again, in the memory it mapped before
     // (the stand-in has it from the keeper: no DMA_MAP since).
     h.bring_up(8, false);
@@ -97,7 +102,10 @@ fn crash_under_a_client(extra: &[&str]) {
     assert_eq!(read_page(&mut h, 72), b, "a page written through the stand-in");
     s.assert_alive();
     let log = s.log();
-    assert!(log.contains(&format!("the serving process (pid {first}) was killed by signal 9 (SIGKILL)")), "{log}");
+    assert!(
+        log.contains(&format!("the serving process (pid {first}) was killed by signal 9 (SIGKILL)")),
+        "{log}"
+    );
     assert!(log.contains("standing in for a serving process that died (the client stays connected"), "{log}");
     assert!(log.contains("standing in for a controller whose process died"), "{log}");
     // The client leaves; the stand-in serves the next one as any server does.
