@@ -24,7 +24,8 @@ use vfio_user_server::keeper::{JournalReader, Kept};
 
 /// The abstract socket name a serving process reports to.
 const NAME_ENV: &str = "VNVME_KEEPER";
-/// Set for a process that stands in for one that died.
+/// Set for a process that stands in for one that died: how many the keeper has
+/// started so far.
 const STANDIN_ENV: &str = "VNVME_KEEPER_STANDIN";
 
 /// Restarts allowed within [`RESTART_WINDOW`] before the keeper gives up (a
@@ -56,6 +57,16 @@ pub fn role() -> Result<Role, String> {
     Ok(if std::env::var_os(STANDIN_ENV).is_some() { Role::StandIn(stream) } else { Role::Serving(stream) })
 }
 
+/// What `ctrl.info` says of this serving process's keeper (None: it has none).
+pub fn facts() -> Option<crate::control::reply::KeeperFacts> {
+    std::env::var_os(NAME_ENV)?;
+    let restarts = std::env::var(STANDIN_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    Some(crate::control::reply::KeeperFacts {
+        pid: rustix::process::getppid()?.as_raw_nonzero().get() as u32,
+        restarts,
+    })
+}
+
 /// Runs the keeper until the serving process ends for good.
 pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let stop = crate::signals::stop_on_signals()?;
@@ -66,6 +77,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
     let mut kept: Option<Kept> = None;
     let mut restarts: Vec<Instant> = Vec::new();
+    let mut restarts_total = 0u32;
     eprintln!(
         "vnvme keeper (pid {}): serving process restarted if it dies (--restart-on-crash; at most {MAX_RESTARTS} \
          restarts in {}s)",
@@ -77,7 +89,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut cmd = Command::new(&exe);
         cmd.args(&args).env(NAME_ENV, &name);
         if standin {
-            cmd.env(STANDIN_ENV, "1");
+            cmd.env(STANDIN_ENV, (restarts_total).to_string());
         } else {
             cmd.env_remove(STANDIN_ENV);
         }
@@ -95,7 +107,11 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             return exit_as(status);
         }
         if status.success() {
-            // It ended on its own: a stop, --once, or an upgrade's hand-over.
+            eprintln!(
+                "vnvme keeper: the serving process (pid {}) ended on its own (exit 0: a stop, --once, or an \
+                 upgrade's hand-over to a process the keeper does not watch); the keeper ends",
+                child.id()
+            );
             return Ok(());
         }
         let Some(k) = kept.as_ref() else {
@@ -114,6 +130,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             .into());
         }
         restarts.push(Instant::now());
+        restarts_total += 1;
         eprintln!(
             "vnvme keeper: the serving process (pid {}) {}; starting another to stand in for it ({})",
             child.id(),

@@ -133,7 +133,8 @@ fn a_serving_process_killed_under_mapped_doorbells_is_stood_in_for() {
 #[test]
 fn a_serving_process_killed_with_no_client_is_restarted() {
     let dir = common::temp_dir("restart");
-    let s = kept(&dir, &[]);
+    let control = dir.join("c.sock");
+    let s = kept(&dir, &["--control", control.to_str().unwrap()]);
     let first = wait_serving(&s, None);
     let mut s = s;
     let mut h = NvmeOverVfioUser::new(s.client());
@@ -147,6 +148,23 @@ fn a_serving_process_killed_with_no_client_is_restarted() {
     kill9(first);
     wait_serving(&s, Some(first));
     assert!(s.log_shows("no client was connected"), "{}", s.log());
+    // The stand-in says whose it is, and how many came before it.
+    let deadline = Instant::now() + TIMEOUT;
+    let info = loop {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+            .args(["ctl", "--json", "--control"])
+            .arg(&control)
+            .arg("ctrl.info")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["pid"].as_u64().is_some_and(|p| p != first as u64) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "no ctrl.info from the stand-in: {v}\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(info["keeper"], serde_json::json!({ "pid": s.pid(), "restarts": 1 }), "{info}");
     let mut h = NvmeOverVfioUser::new(s.client());
     assert_eq!(h.read32(offset::CSTS) & Csts::CFS, 0, "a new client finds no fatal status");
     h.bring_up(8, false);

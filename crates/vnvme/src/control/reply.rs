@@ -27,6 +27,17 @@ pub struct Facts {
     pub pid: u32,
     pub exe: std::path::PathBuf,
     pub log_format: String,
+    /// Under `--restart-on-crash`: the keeper, and how many times it has started a
+    /// serving process to stand in for one that died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<KeeperFacts>,
+}
+
+/// `ctrl.info`'s `keeper`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeeperFacts {
+    pub pid: u32,
+    pub restarts: u32,
 }
 
 /// `ctrl.info`.

@@ -114,7 +114,7 @@ pub(super) fn human(method: &str, r: &Value) -> String {
 fn ctrl_info(i: &reply::CtrlInfo) -> String {
     let f = &i.facts;
     let on = |b: bool| if b { "on" } else { "off" };
-    let lines = [
+    let mut lines = vec![
         ("server", format!("vnvme {} (commit {}), pid {}, up {} s", f.vnvme, f.commit, f.pid, i.uptime_s)),
         ("binary", f.exe.display().to_string()),
         ("socket", f.socket.display().to_string()),
@@ -140,6 +140,12 @@ fn ctrl_info(i: &reply::CtrlInfo) -> String {
         ("sandbox", on(f.sandbox).to_string()),
         ("log", format!("filter {}, format {}", i.log_filter, f.log_format)),
     ];
+    if let Some(k) = &f.keeper {
+        lines.push((
+            "keeper",
+            format!("pid {}, {} restart(s) so far (--restart-on-crash)", k.pid, k.restarts),
+        ));
+    }
     lines.iter().map(|(k, v)| format!("{k:<16} {v}\n")).collect()
 }
 

@@ -684,6 +684,7 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> crate::cont
         pid: std::process::id(),
         exe: exe.to_path_buf(),
         log_format: crate::logging::format_name().into(),
+        keeper: a.restart_on_crash.then(crate::keeper::facts).flatten(),
     }
 }
 
