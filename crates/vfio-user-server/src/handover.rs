@@ -66,6 +66,9 @@ pub struct DeviceSaved {
     /// CC as the host last wrote it (what a stand-in controller keeps).
     #[serde(default)]
     pub cc: u32,
+    /// The ANA states set on this controller (what a stand-in controller keeps).
+    #[serde(default)]
+    pub ana: Option<nvme_ctrl::ana::AnaSaved>,
     /// The client had negotiated VERSION.
     pub negotiated: bool,
     /// PCI config space, as hex.
@@ -198,7 +201,7 @@ impl Device {
                 d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
                 d.ctrl.restore_state(c).map_err(|e| bad(e.to_string()))?;
             }
-            None => d.ctrl.stand_in_after_crash(s.cc),
+            None => d.ctrl.stand_in_after_crash(s.cc, s.ana.as_ref()),
         }
         d.negotiated = s.negotiated;
         Ok(d)
@@ -363,6 +366,7 @@ impl Device {
             quiesced_at_ns: p.quiesced_at_ns,
             controller: p.controller,
             cc: u32::from_le_bytes(cc),
+            ana: Some(self.ctrl.ana_saved()),
             negotiated: self.negotiated,
             config: hex(self.config.bytes()),
             bar4: hex(&self.bar4),

@@ -49,7 +49,7 @@ impl Device {
     /// Journals to a keeper from now on (the first entry goes at once).
     pub fn keep_with(&mut self, j: Journal) {
         self.journal = Some(j);
-        self.write_journal(None);
+        self.write_journal();
     }
 
     /// Whether this device journals to a keeper.
@@ -64,14 +64,30 @@ impl Device {
         }
     }
 
+    /// An operator changed what a stand-in keeps (the ANA states): journaled now,
+    /// before the operator is answered.
+    pub fn journal_now(&mut self) {
+        self.journal_changed();
+        self.write_journal();
+    }
+
+    /// A client came (`Some`: its connection) or went (`None`): journaled now.
+    pub(crate) fn journal_client(&mut self, client: Option<&UnixStream>) {
+        let Some(j) = self.journal.as_mut() else { return };
+        match client.map(UnixStream::try_clone).transpose() {
+            Ok(c) => j.client = c,
+            Err(e) => warn!("cannot keep the client's connection for the keeper: {e}"),
+        }
+        self.journal_now();
+    }
+
     pub(crate) fn journal_due(&self) -> bool {
         self.journal.as_ref().is_some_and(|j| j.due)
     }
 
-    /// Writes an entry if one is due, with `client` the connection being served.
-    /// A keeper that does not take it is given up (logged): the device serves on,
-    /// without one.
-    pub(crate) fn write_journal(&mut self, client: Option<&UnixStream>) {
+    /// Writes an entry if one is due. A keeper that does not take it is given up
+    /// (logged): the device serves on, without one.
+    pub(crate) fn write_journal(&mut self) {
         let Some(mut j) = self.journal.take() else { return };
         if !j.due {
             self.journal = Some(j);
@@ -80,7 +96,7 @@ impl Device {
         let parts = Parts {
             controller: None,
             quiesced_at_ns: 0,
-            client,
+            client: j.client.as_ref(),
             partial: None,
             listener: Some(&j.listener),
             extra: serde_json::Value::Null,

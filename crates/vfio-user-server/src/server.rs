@@ -141,8 +141,7 @@ pub fn serve_from(
         };
         connections += 1;
         info!(client = connections, "client connected");
-        device.journal_changed();
-        device.write_journal(Some(&stream));
+        device.journal_client(Some(&stream));
         let mut traffic = Traffic::new(device);
         let r = session(stream, partial, device, Some((listener, &mut waiting)), opts, &mut traffic);
         if device.handed_over() {
@@ -170,8 +169,7 @@ pub fn serve_from(
             served += 1;
         }
         device.disconnect();
-        device.journal_changed();
-        device.write_journal(None);
+        device.journal_client(None);
     }
 }
 
@@ -518,7 +516,7 @@ fn handle_message(
     };
     // What the client is told is done is journaled first (`keeper`).
     if device.journal_due() {
-        device.write_journal(Some(conn.stream()));
+        device.write_journal();
     }
     // The next message's payload goes into this one's buffer: no allocation per message.
     conn.recycle(msg.payload);

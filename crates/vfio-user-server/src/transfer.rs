@@ -39,6 +39,8 @@ pub struct Journal {
     pub(crate) listener: UnixListener,
     /// Something journaled has changed since the last entry.
     pub(crate) due: bool,
+    /// The client being served (a duplicate of its connection).
+    pub(crate) client: Option<UnixStream>,
 }
 
 impl Journal {
@@ -49,6 +51,7 @@ impl Journal {
             conn: vfio_user::Connection::with_deadline(stream, JOURNAL_WAIT)?,
             listener: listener.try_clone()?,
             due: true,
+            client: None,
         })
     }
 }

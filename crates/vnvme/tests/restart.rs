@@ -33,6 +33,34 @@ fn wait_serving(s: &Server, not: Option<u32>) -> u32 {
     }
 }
 
+/// `vnvme ctl --json` on `control`, answered by a process other than `not`
+/// (retried, bounded, until it is).
+fn ctl_of_another(s: &Server, control: &Path, not: u32, args: &[&str]) -> serde_json::Value {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let pid = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+            .args(["ctl", "--json", "--control"])
+            .arg(control)
+            .arg("ctrl.info")
+            .output()
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+            .and_then(|v| v["pid"].as_u64());
+        if pid.is_some_and(|p| p != not as u64) {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+                .args(["ctl", "--json", "--control"])
+                .arg(control)
+                .args(args)
+                .output()
+                .unwrap();
+            return serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        assert!(Instant::now() < deadline, "no answer from a process other than {not}:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn kill9(pid: u32) {
     let pid = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL the serving process");
@@ -149,21 +177,7 @@ fn a_serving_process_killed_with_no_client_is_restarted() {
     wait_serving(&s, Some(first));
     assert!(s.log_shows("no client was connected"), "{}", s.log());
     // The stand-in says whose it is, and how many came before it.
-    let deadline = Instant::now() + TIMEOUT;
-    let info = loop {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
-            .args(["ctl", "--json", "--control"])
-            .arg(&control)
-            .arg("ctrl.info")
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if v["pid"].as_u64().is_some_and(|p| p != first as u64) {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "no ctrl.info from the stand-in: {v}\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let info = ctl_of_another(&s, &control, first, &["ctrl.info"]);
     assert_eq!(info["keeper"], serde_json::json!({ "pid": s.pid(), "restarts": 1 }), "{info}");
     let mut h = NvmeOverVfioUser::new(s.client());
     assert_eq!(h.read32(offset::CSTS) & Csts::CFS, 0, "a new client finds no fatal status");
@@ -215,4 +229,45 @@ fn the_keeper_gives_up_on_a_process_that_keeps_dying() {
     let st = s.wait_exit().unwrap_or_else(|| panic!("the keeper did not give up:\n{}", s.log()));
     assert!(!st.success(), "{st}");
     assert!(s.log().contains("was restarted 5 times in 60s: giving up"), "{}", s.log());
+}
+
+#[test]
+fn an_operators_ana_state_outlives_a_crash() {
+    // A path the operator took out of service stays so: a stand-in that came back
+    // optimized would draw the guest's I/O to a path under maintenance.
+    let dir = common::temp_dir("restart");
+    let control = dir.join("c.sock");
+    let img = dir.join("d2.img");
+    let ns2 = format!("file:{}:4M:ana=2", img.display());
+    let mut s = kept(&dir, &["--ns", &ns2, "--cntlid", "2", "--control", control.to_str().unwrap()]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let set = ctl_of_another(&s, &control, 0, &["ana.set", "inaccessible", "2"]);
+    assert_eq!(set["changed"], serde_json::json!([2]), "{set}");
+    kill9(first);
+    let get = ctl_of_another(&s, &control, first, &["ana.get"]);
+    assert_eq!(
+        get["groups"],
+        serde_json::json!([
+            {"group": 1, "state": "optimized", "nsids": [1]},
+            {"group": 2, "state": "inaccessible", "nsids": [2]},
+        ]),
+        "{get}\n{}",
+        s.log()
+    );
+    // The host resets the stand-in and finds the path as the operator left it.
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS);
+    h.bring_up(8, false);
+    h.nsid = 2;
+    h.mem.write(NvmeOverVfioUser::slot(0), &page(4)).unwrap();
+    h.queue_rw(true, 0, 0);
+    h.ring_io(false);
+    let c = h.reap_io(1);
+    assert_eq!(
+        c[0].status().code(),
+        nvme_spec::Status::ASYMMETRIC_ACCESS_INACCESSIBLE,
+        "{:?}",
+        c[0].status()
+    );
 }

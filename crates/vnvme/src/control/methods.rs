@@ -177,7 +177,13 @@ fn zone_fail(ctx: &Context, ZoneFail { nsid, zslba, state }: ZoneFail) -> Result
 
 fn ana_set(ctx: &Context, AnaSet { state, group }: AnaSet) -> Result<Value, RpcError> {
     let to = state.state();
-    let changed = job(ctx, move |d| d.ctrl.set_ana_state(group, to))?.map_err(RpcError::failed)?;
+    let changed = job(ctx, move |d| {
+        let r = d.ctrl.set_ana_state(group, to);
+        // A process standing in after a crash keeps it (`--restart-on-crash`).
+        d.journal_now();
+        r
+    })?
+    .map_err(RpcError::failed)?;
     answer(&reply::AnaSet { state: to.name().into(), group, changed })
 }
 
