@@ -50,6 +50,10 @@ const MSG_FDS: u16 = 0xf102;
 const MSG_READY: u16 = 0xf103;
 const MSG_FAILED: u16 = 0xf104;
 const MSG_GO: u16 = 0xf105;
+/// Journal (`keeper`): the device was handed over to the process whose PID follows.
+pub(crate) const MSG_HANDED_TO: u16 = 0xf106;
+/// Journal: the serving process ends on its own (a stop, `--once`): no restart.
+pub(crate) const MSG_ENDING: u16 = 0xf107;
 /// Most bytes of state JSON per message.
 const CHUNK: usize = 512 << 10;
 
@@ -128,7 +132,7 @@ fn proto(e: ProtoError) -> io::Error {
     }
 }
 
-fn send(conn: &mut Connection, cmd: u16, payload: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
+pub(crate) fn send(conn: &mut Connection, cmd: u16, payload: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
     let h = Header { command: U16::new(cmd), ..Default::default() };
     let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
     conn.send(h, &[payload], &raw).map_err(proto)
@@ -275,6 +279,10 @@ impl Device {
         });
         match answer {
             Ok(m) if m.header.command.get() == MSG_READY => {
+                // A keeper watches the new process from here on (`keeper`).
+                if let Ok(c) = rustix::net::sockopt::socket_peercred(conn.stream()) {
+                    self.journal_handed_to(c.pid.as_raw_nonzero().get() as u32);
+                }
                 // From here on this process never serves again, whatever happens.
                 let _ = send(&mut conn, MSG_GO, &[], &[]);
                 Ok(())
@@ -414,9 +422,21 @@ pub(crate) fn send_saved(conn: &mut Connection, saved: &DeviceSaved, fds: &[Owne
 /// Receives a device's state and its descriptors ([`send_saved`]): at most `limit`
 /// bytes of state and as many descriptors as the state's own bound allows.
 pub(crate) fn recv_saved(conn: &mut Connection, limit: usize) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
+    recv_saved_after(conn, None, limit)
+}
+
+/// [`recv_saved`] whose first message, `first`, was read already.
+pub(crate) fn recv_saved_after(
+    conn: &mut Connection,
+    mut first: Option<vfio_user::Message>,
+    limit: usize,
+) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
     let mut json = Vec::new();
     let count = loop {
-        let m = conn.recv().map_err(proto)?;
+        let m = match first.take() {
+            Some(m) => m,
+            None => conn.recv().map_err(proto)?,
+        };
         match m.header.command.get() {
             MSG_STATE if json.len() + m.payload.len() <= limit => json.extend_from_slice(&m.payload),
             MSG_STATE => return Err(io::Error::other(format!("more than {limit} bytes of state"))),

@@ -38,7 +38,9 @@ use tracing::{debug, warn};
 use vfio_user::Connection;
 
 use crate::device::Device;
-use crate::handover::{await_ready, recv_saved, send_saved, DeviceSaved, Parts};
+use crate::handover::{
+    await_ready, recv_saved_after, send, send_saved, DeviceSaved, Parts, MSG_ENDING, MSG_HANDED_TO,
+};
 pub use crate::transfer::Journal;
 
 /// The most bytes of state a journal entry may have (it holds no controller state:
@@ -79,6 +81,24 @@ impl Device {
             Err(e) => warn!("cannot keep the client's connection for the keeper: {e}"),
         }
         self.journal_now();
+    }
+
+    /// The device was handed over to process `pid` (an upgrade): the keeper
+    /// watches that process from now on.
+    pub(crate) fn journal_handed_to(&mut self, pid: u32) {
+        if let Some(j) = self.journal.as_mut() {
+            if let Err(e) = send(&mut j.conn, MSG_HANDED_TO, &pid.to_le_bytes(), &[]) {
+                warn!("the keeper was not told of the hand-over to pid {pid}: {e}");
+            }
+        }
+    }
+
+    /// This process ends on its own (a stop, `--once`): the keeper restarts
+    /// nothing.
+    pub fn journal_end(&mut self) {
+        if let Some(mut j) = self.journal.take() {
+            let _ = send(&mut j.conn, MSG_ENDING, &[], &[]);
+        }
     }
 
     pub(crate) fn journal_due(&self) -> bool {
@@ -135,6 +155,18 @@ impl Kept {
     }
 }
 
+/// What a serving process tells its keeper.
+#[derive(Debug)]
+pub enum JournalEvent {
+    /// What a stand-in would need now.
+    Entry(Box<Kept>),
+    /// The device was handed over (an upgrade) to the process with this PID, which
+    /// journals to the keeper next.
+    HandedTo(u32),
+    /// The process ends on its own: nothing to restart.
+    Ending,
+}
+
 /// The keeper's end of a serving process's journal.
 #[derive(Debug)]
 pub struct JournalReader {
@@ -151,13 +183,22 @@ impl JournalReader {
         self.conn.stream()
     }
 
-    /// Reads the next entry (call it once the stream is readable; Err at the
+    /// Reads what comes next (call it once the stream is readable; Err at the
     /// serving process's end).
-    pub fn read(&mut self) -> io::Result<Kept> {
-        let (mut saved, fds) = recv_saved(&mut self.conn, JOURNAL_LIMIT)?;
-        // A journal never carries a controller: the stand-in starts without one.
-        saved.controller = None;
-        Ok(Kept { saved, fds })
+    pub fn read(&mut self) -> io::Result<JournalEvent> {
+        let m = self.conn.recv().map_err(|e| io::Error::other(e.to_string()))?;
+        match m.header.command.get() {
+            MSG_HANDED_TO if m.payload.len() == 4 => {
+                Ok(JournalEvent::HandedTo(u32::from_le_bytes(m.payload[..4].try_into().expect("4 bytes"))))
+            }
+            MSG_ENDING => Ok(JournalEvent::Ending),
+            _ => {
+                let (mut saved, fds) = recv_saved_after(&mut self.conn, Some(m), JOURNAL_LIMIT)?;
+                // A journal never carries a controller: the stand-in starts without one.
+                saved.controller = None;
+                Ok(JournalEvent::Entry(Box::new(Kept { saved, fds })))
+            }
+        }
     }
 
     /// Hands `kept` to a new serving process (duplicates: the keeper keeps its own),

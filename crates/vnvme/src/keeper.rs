@@ -16,11 +16,12 @@
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
-use vfio_user_server::keeper::{JournalReader, Kept};
+use vfio_user_server::keeper::{JournalEvent, JournalReader, Kept};
 
 /// The abstract socket name a serving process reports to.
 const NAME_ENV: &str = "VNVME_KEEPER";
@@ -50,6 +51,7 @@ pub enum Role {
 /// Which role this process has (from the environment the keeper set).
 pub fn role() -> Result<Role, String> {
     let Ok(name) = std::env::var(NAME_ENV) else { return Ok(Role::Keeper) };
+    set_link_from_env(&name);
     let addr =
         SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| format!("{NAME_ENV}={name}: {e}"))?;
     let stream = UnixStream::connect_addr(&addr)
@@ -57,20 +59,98 @@ pub fn role() -> Result<Role, String> {
     Ok(if std::env::var_os(STANDIN_ENV).is_some() { Role::StandIn(stream) } else { Role::Serving(stream) })
 }
 
-/// What `ctrl.info` says of this serving process's keeper (None: it has none).
-pub fn facts() -> Option<crate::control::reply::KeeperFacts> {
-    std::env::var_os(NAME_ENV)?;
+/// This serving process's keeper, if it has one: its socket's name, PID, and how
+/// many serving processes it had started to stand in for others before this one.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Link {
+    pub name: String,
+    pub pid: u32,
+    pub restarts: u32,
+}
+
+static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
+
+/// The keeper this process reports to (set by [`role`], or by [`adopt`] after an
+/// upgrade): what `ctrl.info` shows, and what an upgrade passes on.
+pub fn link() -> Option<&'static Link> {
+    LINK.get()
+}
+
+/// A process that took a device over from one with a keeper (an upgrade) reports
+/// to that keeper: it watches this process from now on.
+pub fn adopt(l: Link) -> Result<UnixStream, String> {
+    let addr = SocketAddr::from_abstract_name(l.name.as_bytes()).map_err(|e| e.to_string())?;
+    let s = UnixStream::connect_addr(&addr)
+        .map_err(|e| format!("cannot reach the keeper (pid {}) of the process taken over: {e}", l.pid))?;
+    let _ = LINK.set(l);
+    Ok(s)
+}
+
+fn set_link_from_env(name: &str) {
     let restarts = std::env::var(STANDIN_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    Some(crate::control::reply::KeeperFacts {
-        pid: rustix::process::getppid()?.as_raw_nonzero().get() as u32,
-        restarts,
-    })
+    let pid = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    let _ = LINK.set(Link { name: name.to_string(), pid, restarts });
+}
+
+/// The process serving under the keeper: its child, or one it adopted (the
+/// process an upgrade handed the device to, watched through a pidfd).
+enum Serving {
+    Child(Child),
+    Adopted { pid: u32, fd: std::os::fd::OwnedFd },
+}
+
+impl Serving {
+    fn pid(&self) -> u32 {
+        match self {
+            Serving::Child(c) => c.id(),
+            Serving::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    fn has_exited(&mut self) -> bool {
+        match self {
+            Serving::Child(c) => matches!(c.try_wait(), Ok(Some(_))),
+            Serving::Adopted { fd, .. } => {
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                matches!(poll(&mut fds, Some(&timespec(Duration::ZERO))), Ok(n) if n > 0)
+            }
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        if let Some(p) = rustix::process::Pid::from_raw(self.pid() as i32) {
+            let _ = rustix::process::kill_process(p, sig);
+        }
+    }
+
+    /// Waits for its end: its exit status if it was the keeper's child.
+    fn wait(self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            Serving::Child(mut c) => c.wait().map(Some),
+            Serving::Adopted { fd, .. } => {
+                let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                let _ = poll(&mut fds, None);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What the keeper learned from one serving process's journal.
+#[derive(Default)]
+struct Watched {
+    /// It journaled at least once.
+    served: bool,
+    /// It said it ends on its own.
+    ending: bool,
+    /// It handed the device over to this PID (an upgrade).
+    handed_to: Option<u32>,
 }
 
 /// Runs the keeper until the serving process ends for good.
 pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let stop = crate::signals::stop_on_signals()?;
-    let exe = std::env::current_exe()?;
+    let mut exe = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let name = format!("vnvme-keeper-{}-{:x}", std::process::id(), now.tv_nsec);
@@ -84,47 +164,66 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::process::id(),
         RESTART_WINDOW.as_secs()
     );
+    let mut adopt: Option<u32> = None;
     loop {
-        let standin = kept.is_some();
-        let mut cmd = Command::new(&exe);
-        cmd.args(&args).env(NAME_ENV, &name);
-        if standin {
-            cmd.env(STANDIN_ENV, (restarts_total).to_string());
-        } else {
-            cmd.env_remove(STANDIN_ENV);
-        }
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        let standin = kept.is_some() && adopt.is_none();
+        let mut serving = match adopt.take() {
+            Some(pid) => {
+                let fd = rustix::process::Pid::from_raw(pid as i32).ok_or("no such process").and_then(|p| {
+                    rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                        .map_err(|_| "the process is gone")
+                });
+                match fd {
+                    Ok(fd) => {
+                        // Restarts run what the upgrade brought in.
+                        if let Ok(e) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+                            exe = e;
+                        }
+                        eprintln!("vnvme keeper: watching pid {pid} now (the device was handed over to it)");
+                        Serving::Adopted { pid, fd }
+                    }
+                    Err(why) => {
+                        eprintln!("vnvme keeper: the device was handed over to pid {pid}, but {why}");
+                        continue_or_end(&mut kept)?;
+                        spawn(&exe, &args, &name, kept.is_some().then_some(restarts_total))?
+                    }
+                }
+            }
+            None => spawn(&exe, &args, &name, standin.then_some(restarts_total))?,
+        };
         // The entry a stand-in starts from stays the keeper's until the new
         // process journals its own (it may die before it does).
         let from = kept.take();
-        let served = watch(&mut child, &listener, from.as_ref(), &mut kept, &stop);
+        let w = watch(&mut serving, &listener, standin.then_some(()).and(from.as_ref()), &mut kept, &stop);
         if kept.is_none() {
             kept = from;
         }
-        let status = child.wait()?;
+        let pid = serving.pid();
+        let status = serving.wait()?;
+        let said = match status {
+            Some(s) => describe(s),
+            None if w.ending || w.handed_to.is_some() => "ended".into(),
+            None => "died".into(),
+        };
         if stop.is_requested() {
-            eprintln!("vnvme keeper: stopped; the serving process {}", describe(status));
-            return exit_as(status);
+            eprintln!("vnvme keeper: stopped; the serving process {said}");
+            return status.map_or(Ok(()), exit_as);
         }
-        if status.success() {
-            eprintln!(
-                "vnvme keeper: the serving process (pid {}) ended on its own (exit 0: a stop, --once, or an \
-                 upgrade's hand-over to a process the keeper does not watch); the keeper ends",
-                child.id()
-            );
+        if let Some(next) = w.handed_to {
+            adopt = Some(next);
+            continue;
+        }
+        if w.ending || status.is_some_and(|s| s.success()) {
+            eprintln!("vnvme keeper: the serving process (pid {pid}) ended on its own (a stop or --once); the keeper ends");
             return Ok(());
         }
         let Some(k) = kept.as_ref() else {
-            return Err(format!("the serving process {} before it served", describe(status)).into());
+            return Err(format!("the serving process {said} before it served").into());
         };
-        if !served && !standin {
-            return Err(format!("the serving process {} before it served", describe(status)).into());
-        }
         restarts.retain(|t| t.elapsed() < RESTART_WINDOW);
         if restarts.len() >= MAX_RESTARTS {
             return Err(format!(
-                "the serving process {} and was restarted {MAX_RESTARTS} times in {}s: giving up",
-                describe(status),
+                "the serving process {said} and was restarted {MAX_RESTARTS} times in {}s: giving up",
                 RESTART_WINDOW.as_secs()
             )
             .into());
@@ -132,9 +231,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         restarts.push(Instant::now());
         restarts_total += 1;
         eprintln!(
-            "vnvme keeper: the serving process (pid {}) {}; starting another to stand in for it ({})",
-            child.id(),
-            describe(status),
+            "vnvme keeper: the serving process (pid {pid}) {said}; starting another to stand in for it ({})",
             if k.has_client() {
                 "the client stays connected; its guest sees Controller Fatal Status and resets the controller"
             } else {
@@ -144,62 +241,83 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Waits for `child` to report, hands it `standin_from` if it stands in, and reads
-/// its journal into `kept` until it ends (or the keeper is asked to stop, which it
-/// passes on). True if the child journaled at least once.
+/// A handed-over device whose new process could not be watched: serve it again
+/// from the journal (a stand-in), or end if there is none.
+fn continue_or_end(kept: &mut Option<Kept>) -> Result<(), String> {
+    if kept.is_none() {
+        return Err("nothing to serve from: the keeper ends".into());
+    }
+    Ok(())
+}
+
+fn spawn(exe: &Path, args: &[String], name: &str, standin: Option<u32>) -> Result<Serving, String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env(NAME_ENV, name);
+    match standin {
+        Some(n) => cmd.env(STANDIN_ENV, n.to_string()),
+        None => cmd.env_remove(STANDIN_ENV),
+    };
+    cmd.spawn().map(Serving::Child).map_err(|e| format!("cannot start {}: {e}", exe.display()))
+}
+
+/// Waits for the serving process to report, hands it `standin_from` if it stands
+/// in, and reads its journal into `kept` until it ends (or the keeper is asked to
+/// stop, which it passes on).
 fn watch(
-    child: &mut Child,
+    serving: &mut Serving,
     listener: &UnixListener,
     standin_from: Option<&Kept>,
     kept: &mut Option<Kept>,
     stop: &vfio_user_server::server::Stop,
-) -> bool {
-    let Some(stream) = accept_from(child, listener, stop) else { return false };
-    let Ok(mut journal) = JournalReader::new(stream) else { return false };
+) -> Watched {
+    let mut w = Watched::default();
+    let Some(stream) = accept_from(serving, listener, stop) else { return w };
+    let Ok(mut journal) = JournalReader::new(stream) else { return w };
     if let Some(k) = standin_from {
         if let Err(e) = journal.hand_back(k, READY_WAIT) {
             eprintln!("vnvme keeper: the new serving process did not take the device over: {e}");
-            let _ = rustix::process::kill_process(pid_of(child), rustix::process::Signal::KILL);
-            return false;
+            serving.signal(rustix::process::Signal::KILL);
+            return w;
         }
     }
-    let mut served = false;
     loop {
         if stop.is_requested() {
-            pass_on_stop(child);
-            return served;
+            serving.signal(rustix::process::Signal::TERM);
+            return w;
         }
         let mut fds = [PollFd::new(journal.stream(), PollFlags::IN)];
         let readable = matches!(poll(&mut fds, Some(&timespec(Duration::from_millis(100)))), Ok(n) if n > 0);
         if readable {
             match journal.read() {
-                Ok(k) => {
-                    *kept = Some(k);
-                    served = true;
+                Ok(JournalEvent::Entry(k)) => {
+                    *kept = Some(*k);
+                    w.served = true;
                 }
-                // The child's end closed: it is ending (or gave its keeper up).
-                Err(_) => return served,
+                Ok(JournalEvent::HandedTo(pid)) => w.handed_to = Some(pid),
+                Ok(JournalEvent::Ending) => w.ending = true,
+                // The serving end closed: it is ending (or gave its keeper up).
+                Err(_) => return w,
             }
-        } else if matches!(child.try_wait(), Ok(Some(_))) {
-            return served;
+        } else if serving.has_exited() {
+            return w;
         }
     }
 }
 
-/// The connection of `child` to the keeper's socket (others are refused), or None
-/// if it ended first.
+/// The connection of the serving process to the keeper's socket (others are
+/// refused), or None if it ended first.
 fn accept_from(
-    child: &mut Child,
+    serving: &mut Serving,
     listener: &UnixListener,
     stop: &vfio_user_server::server::Stop,
 ) -> Option<UnixStream> {
     let until = Instant::now() + REPORT_WAIT;
     while Instant::now() < until {
         if stop.is_requested() {
-            pass_on_stop(child);
+            serving.signal(rustix::process::Signal::TERM);
             return None;
         }
-        if matches!(child.try_wait(), Ok(Some(_))) {
+        if serving.has_exited() {
             return None;
         }
         let mut fds = [PollFd::new(listener, PollFlags::IN)];
@@ -208,21 +326,13 @@ fn accept_from(
         }
         let Ok((s, _)) = listener.accept() else { continue };
         match rustix::net::sockopt::socket_peercred(&s) {
-            Ok(c) if c.pid == pid_of(child) => return Some(s),
+            Ok(c) if c.pid.as_raw_nonzero().get() as u32 == serving.pid() => return Some(s),
             _ => eprintln!("vnvme keeper: refused a connection from a process other than the serving one"),
         }
     }
     eprintln!("vnvme keeper: the serving process did not report within {}s", REPORT_WAIT.as_secs());
-    let _ = rustix::process::kill_process(pid_of(child), rustix::process::Signal::KILL);
+    serving.signal(rustix::process::Signal::KILL);
     None
-}
-
-fn pass_on_stop(child: &Child) {
-    let _ = rustix::process::kill_process(pid_of(child), rustix::process::Signal::TERM);
-}
-
-fn pid_of(child: &Child) -> rustix::process::Pid {
-    rustix::process::Pid::from_raw(child.id() as i32).expect("a child's PID is positive")
 }
 
 fn timespec(d: Duration) -> rustix::time::Timespec {

@@ -84,6 +84,10 @@ pub struct Extra {
     pub control: Option<usize>,
     pub metrics: Option<usize>,
     pub stderr: usize,
+    /// The keeper of the process handing over (`--restart-on-crash`): the new
+    /// process reports to it.
+    #[serde(default)]
+    pub keeper: Option<crate::keeper::Link>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -204,7 +208,8 @@ fn start_hand_over(
                 limits,
             });
         }
-        let extra = Extra { prepared: now, namespaces, control, metrics, stderr };
+        let keeper = crate::keeper::link().cloned();
+        let extra = Extra { prepared: now, namespaces, control, metrics, stderr, keeper };
         let extra = serde_json::to_value(extra).map_err(|e| e.to_string())?;
         d.request_handover(HandoverRequest {
             stream,

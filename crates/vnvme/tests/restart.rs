@@ -22,7 +22,7 @@ fn serving_pid(keeper: u32) -> Option<u32> {
 }
 
 /// Waits for the keeper's serving process, other than `not` (bounded).
-fn wait_serving(s: &Server, not: Option<u32>) -> u32 {
+fn wait_serving(s: &Kept, not: Option<u32>) -> u32 {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         if let Some(p) = serving_pid(s.pid()).filter(|&p| Some(p) != not) {
@@ -35,7 +35,7 @@ fn wait_serving(s: &Server, not: Option<u32>) -> u32 {
 
 /// `vnvme ctl --json` on `control`, answered by a process other than `not`
 /// (retried, bounded, until it is).
-fn ctl_of_another(s: &Server, control: &Path, not: u32, args: &[&str]) -> serde_json::Value {
+fn ctl_of_another(s: &Kept, control: &Path, not: u32, args: &[&str]) -> serde_json::Value {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let pid = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
@@ -66,12 +66,43 @@ fn kill9(pid: u32) {
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL the serving process");
 }
 
-fn kept(dir: &Path, extra: &[&str]) -> Server {
+/// A server under its keeper; dropped, the serving process goes too (a keeper
+/// killed leaves it serving), and any other process a test names.
+struct Kept {
+    server: Server,
+    also: Vec<u32>,
+}
+
+impl std::ops::Deref for Kept {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.server
+    }
+}
+
+impl std::ops::DerefMut for Kept {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.server
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let serving = serving_pid(self.server.pid());
+        for p in serving.into_iter().chain(self.also.iter().copied()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+fn kept(dir: &Path, extra: &[&str]) -> Kept {
     let img = dir.join("d.img");
     let ns = format!("file:{}:16M", img.display());
     let mut args = vec!["--ns", ns.as_str(), "--restart-on-crash"];
     args.extend_from_slice(extra);
-    Server::start_in(dir, "s", &args).owning_dir()
+    Kept { server: Server::start_in(dir, "s", &args).owning_dir(), also: Vec::new() }
 }
 
 fn page(seed: u8) -> Vec<u8> {
@@ -270,4 +301,42 @@ fn an_operators_ana_state_outlives_a_crash() {
         "{:?}",
         c[0].status()
     );
+}
+
+#[test]
+fn an_upgrade_under_a_keeper_leaves_the_new_process_kept() {
+    let dir = common::temp_dir("restart");
+    let control = dir.join("c.sock");
+    let mut s = kept(&dir, &["--control", control.to_str().unwrap()]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let a = page(5);
+    write_page(&mut h, 16, &a);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .args(["ctl", "--json", "--control"])
+        .arg(&control)
+        .arg("upgrade")
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("upgrade: {e}: {}\n{}", String::from_utf8_lossy(&out.stderr), s.log()));
+    let new = r["new_pid"].as_u64().unwrap() as u32;
+    s.also.push(new);
+    assert_ne!(new, first);
+    // The keeper watches the upgraded process, which knows it.
+    assert!(s.log_shows(&format!("vnvme keeper: watching pid {new} now")), "{}", s.log());
+    let info = ctl_of_another(&s, &control, first, &["ctrl.info"]);
+    assert_eq!(info["keeper"]["pid"], s.pid(), "{info}");
+    write_page(&mut h, 24, &a);
+    // Killed, the upgraded process is stood in for like any other.
+    kill9(new);
+    let standin = wait_serving(&s, None);
+    s.also.push(standin);
+    assert!(s.log_shows(&format!("the serving process (pid {new}) died; starting another")), "{}", s.log());
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 16), a);
+    assert_eq!(read_page(&mut h, 24), a);
+    s.assert_alive();
 }

@@ -288,6 +288,13 @@ pub fn takeover(
         None => None,
     };
     let quiesced_at = taken.handover.saved.quiesced_at_ns;
+    // The old process's keeper watches this one from GO on; reached now, before
+    // the sandbox (which allows no connect).
+    let keeper = taken.extra.keeper.clone().and_then(|l| {
+        crate::keeper::adopt(l)
+            .map_err(|e| eprintln!("vnvme: takeover: {e}; this process runs without a keeper"))
+            .ok()
+    });
     // Everything that can fail happens before READY, while the old process can still
     // serve on: the output moves to its stderr (its journal) now, as the sandbox
     // refuses dup2; the threads start, the user drops and the sandbox goes on. Only
@@ -310,6 +317,14 @@ pub fn takeover(
     started.sockets.1 = false;
     // From here on this process serves: the old one has exited or is exiting.
     started.dev.ctrl.resume();
+    if let Some(s) = keeper {
+        match vfio_user_server::keeper::Journal::new(s, &started.listener) {
+            Ok(j) => started.dev.keep_with(j),
+            Err(e) => {
+                eprintln!("vnvme: takeover: the keeper's journal: {e}; this process runs without a keeper")
+            }
+        }
+    }
     let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
     let has_client = client.is_some();
     let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
@@ -641,6 +656,10 @@ impl Started {
             eprintln!("vnvme: handed over to a new process; this one exits ({})", summary(&s));
             return r.map_err(Into::into);
         }
+        // Ending on its own: a keeper restarts nothing (after an error it does).
+        if r.is_ok() {
+            dev.journal_end();
+        }
         if let Some(sig) = crate::signals::stopped_by() {
             eprintln!("vnvme: stopped by {sig}: the client's session ended as if it had disconnected");
         }
@@ -684,7 +703,8 @@ fn facts(a: &ServeArgs, poll: PollMode, dev: &Device, exe: &Path) -> crate::cont
         pid: std::process::id(),
         exe: exe.to_path_buf(),
         log_format: crate::logging::format_name().into(),
-        keeper: a.restart_on_crash.then(crate::keeper::facts).flatten(),
+        keeper: crate::keeper::link()
+            .map(|l| crate::control::reply::KeeperFacts { pid: l.pid, restarts: l.restarts }),
     }
 }
 
