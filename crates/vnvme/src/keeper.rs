@@ -150,6 +150,11 @@ struct Watched {
 /// Runs the keeper until the serving process ends for good.
 pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let stop = crate::signals::stop_on_signals()?;
+    // It holds a duplicate of every descriptor the device holds (each DMA region's
+    // among them), twice while an entry replaces the last.
+    if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
+        eprintln!("vnvme keeper: cannot raise the descriptor limit ({e}): a device with many DMA regions may not be kept");
+    }
     let mut exe = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -165,6 +170,8 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         RESTART_WINDOW.as_secs()
     );
     let mut adopt: Option<u32> = None;
+    // When the last serving process was seen to end.
+    let mut died_at = Instant::now();
     loop {
         let standin = kept.is_some() && adopt.is_none();
         let mut serving = match adopt.take() {
@@ -194,12 +201,14 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The entry a stand-in starts from stays the keeper's until the new
         // process journals its own (it may die before it does).
         let from = kept.take();
-        let w = watch(&mut serving, &listener, standin.then_some(()).and(from.as_ref()), &mut kept, &stop);
+        let from_entry = from.as_ref().filter(|_| standin).map(|k| (k, died_at));
+        let w = watch(&mut serving, &listener, from_entry, &mut kept, &stop);
         if kept.is_none() {
             kept = from;
         }
         let pid = serving.pid();
         let status = serving.wait()?;
+        died_at = Instant::now();
         let said = match status {
             Some(s) => describe(s),
             None if w.ending || w.handed_to.is_some() => "ended".into(),
@@ -266,19 +275,24 @@ fn spawn(exe: &Path, args: &[String], name: &str, standin: Option<u32>) -> Resul
 fn watch(
     serving: &mut Serving,
     listener: &UnixListener,
-    standin_from: Option<&Kept>,
+    standin_from: Option<(&Kept, Instant)>,
     kept: &mut Option<Kept>,
     stop: &vfio_user_server::server::Stop,
 ) -> Watched {
     let mut w = Watched::default();
     let Some(stream) = accept_from(serving, listener, stop) else { return w };
     let Ok(mut journal) = JournalReader::new(stream) else { return w };
-    if let Some(k) = standin_from {
+    if let Some((k, died)) = standin_from {
         if let Err(e) = journal.hand_back(k, READY_WAIT) {
             eprintln!("vnvme keeper: the new serving process did not take the device over: {e}");
             serving.signal(rustix::process::Signal::KILL);
             return w;
         }
+        eprintln!(
+            "vnvme keeper: the stand-in (pid {}) serves the device {:.1} ms after the death was seen",
+            serving.pid(),
+            died.elapsed().as_secs_f64() * 1e3
+        );
     }
     loop {
         if stop.is_requested() {

@@ -88,7 +88,9 @@ impl std::ops::DerefMut for Kept {
 
 impl Drop for Kept {
     fn drop(&mut self) {
+        // The keeper first, so that it starts no stand-in for what is killed next.
         let serving = serving_pid(self.server.pid());
+        self.server.kill_hard();
         for p in serving.into_iter().chain(self.also.iter().copied()) {
             if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
