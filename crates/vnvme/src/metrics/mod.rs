@@ -43,6 +43,9 @@ pub struct Scrape {
     pub poll: Option<Verdict>,
     /// The namespace pool (with `--pool`): capacity, what is left, namespaces.
     pub pool: Option<PoolScrape>,
+    /// How many serving processes the keeper started to stand in for others before
+    /// this one (`--restart-on-crash` only).
+    pub keeper_restarts: Option<u32>,
 }
 
 /// The namespace pool as one controller sees it.
@@ -143,6 +146,7 @@ pub fn collect(d: &Device, stats: &Stats, serial: &str, started: Instant) -> Scr
             })
             .collect(),
         poll: d.ctrl.spin_judge().map(|j| j.verdict()),
+        keeper_restarts: crate::keeper::link().map(|l| l.restarts),
         pool: d.ctrl.pool().map(|p| {
             let st = p.state();
             PoolScrape {

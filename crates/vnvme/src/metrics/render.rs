@@ -71,6 +71,15 @@ impl Collector for ScrapeCollector {
         queues(enc, s)?;
         workers(enc, s)?;
         pool(enc, s)?;
+        if let Some(n) = s.keeper_restarts {
+            single(
+                enc,
+                "keeper_restarts",
+                "Serving processes the keeper started to stand in for one that died, before this one \
+                 (--restart-on-crash); it grows over the keeper's life, across stand-ins.",
+                ConstCounter::new(n as u64),
+            )?;
+        }
         adaptive_poll(enc, s)
     }
 }

@@ -111,6 +111,7 @@ fn fixture() -> Scrape {
             epochs: 120,
             changes: 1,
         }),
+        keeper_restarts: Some(2),
         pool: Some(crate::metrics::PoolScrape {
             capacity: 64 << 20,
             unallocated: 56 << 20,
@@ -148,6 +149,8 @@ fn exact_lines() {
         "vnvme_pool_unallocated_bytes 58720256",
         "vnvme_pool_namespaces{attached=\"any\"} 2",
         "vnvme_pool_namespaces{attached=\"here\"} 1",
+        "# TYPE vnvme_keeper_restarts_total counter",
+        "vnvme_keeper_restarts_total 2",
         "vnvme_namespace_lba_bytes{nsid=\"1\"} 512",
         "vnvme_namespace_info{nsid=\"1\",backend=\"ram\"} 1",
         "vnvme_namespace_ana_state{nsid=\"1\",group=\"1\",state=\"optimized\"} 0",
@@ -244,7 +247,7 @@ fn every_family_has_help_then_type_and_every_sample_a_family() {
             families.push(name.to_owned());
         }
     }
-    assert_eq!(families.len(), 50, "{families:?}");
+    assert_eq!(families.len(), 51, "{families:?}");
     for l in lines.iter().filter(|l| !l.starts_with('#')) {
         let name = l.split(['{', ' ']).next().expect("a name");
         let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
