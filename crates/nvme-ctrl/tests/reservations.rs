@@ -276,3 +276,31 @@ fn persistence_and_the_notification_mask() {
     assert!(p.a.reap_admin().is_empty(), "masked");
     assert_eq!(p.a.log_at(0x80, 64, 0, false)[8], notification::EMPTY);
 }
+
+/// A host with two controllers (multipath) that names itself on both and
+/// registers through one hears a preemption through both: the spec's
+/// notifications go to every controller of the host, by Host Identifier.
+#[test]
+fn a_host_named_on_two_controllers_hears_through_both() {
+    let path = std::env::temp_dir().join(format!("vnvme-resv-{}-named", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(4 << 20));
+    let (mut a1, mut a2, mut b) =
+        (controller(&ram, &path, 1), controller(&ram, &path, 2), controller(&ram, &path, 3));
+    name_host(&mut a1, 0xa1);
+    name_host(&mut a2, 0xa1);
+    name_host(&mut b, 0xb2);
+    assert_eq!(register(&mut a1, 0xaaaa), Status::SUCCESS);
+    assert_eq!(register(&mut b, 0xbbbb), Status::SUCCESS);
+    assert_eq!(acquire(&mut a1, 0, T::WriteExclusive as u8, 0xaaaa, 0), Status::SUCCESS);
+    let aer = a2.submit_aer();
+    assert_eq!(acquire(&mut b, 1, T::WriteExclusive as u8, 0xbbbb, 0xaaaa), Status::SUCCESS);
+    a2.process();
+    let got = a2.reap_admin();
+    assert_eq!(got.len(), 1, "controller 2, which A never registered through: {got:?}");
+    assert_eq!((got[0].cid.get(), got[0].dw0.get()), (aer, 6 | 0x80 << 16));
+    assert_eq!(a2.log_at(0x80, 64, 0, false)[8], notification::REGISTRATION_PREEMPTED);
+    assert_eq!(a1.log_at(0x80, 64, 0, false)[8], notification::REGISTRATION_PREEMPTED);
+    assert_eq!(b.log_at(0x80, 64, 0, false)[8], notification::EMPTY, "not the preempting host");
+    let _ = std::fs::remove_file(&path);
+}

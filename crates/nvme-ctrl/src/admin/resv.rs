@@ -85,6 +85,9 @@ impl Admin<'_> {
             }
         }
         self.admin.host.set(id, extended);
+        for r in active(self.namespaces).filter_map(|n| n.reservations()) {
+            r.name_host(id);
+        }
         Ok(AdminDone::Complete(0))
     }
 

@@ -124,6 +124,20 @@ impl Reservations {
         })
     }
 
+    /// Records in the shared state that this controller's host is `id` (Set
+    /// Features Host Identifier; the caller holds [`HostIdentity::serialize`]), so
+    /// the notifications owed to that host reach this controller too.
+    pub fn name_host(&self, id: HostId) {
+        let cntlid = self.host.cntlid();
+        let r = self.file.update(|s| {
+            s.name_host(cntlid, id);
+            Ok(())
+        });
+        if let Err(crate::shared_file::UpdateError::Store(e)) = r {
+            log_limit::limited_warn!(target: "vnvme::backend", "reservation state file: {e}");
+        }
+    }
+
     /// Takes the notifications owed to this controller, if the state moved since
     /// it last looked.
     pub fn take_notices(&self) -> Vec<u8> {

@@ -44,6 +44,11 @@ pub struct ResvState {
     pub ptpl: bool,
     /// Notifications owed to controllers: (CNTLID, log page type), oldest first.
     pub notices: Vec<(u16, u8)>,
+    /// The Host Identifier each controller's host gave it (Set Features 81h), by
+    /// CNTLID: a host's notifications reach every controller it named itself on,
+    /// not only those it registered through.
+    #[serde(default)]
+    pub named: Vec<(u16, HostId)>,
 }
 
 /// Most notifications kept waiting for a controller that does not take them.
@@ -51,6 +56,10 @@ const MAX_NOTICES: usize = 1024;
 
 /// Most registrants a namespace takes (a host that registers more is refused).
 pub const MAX_REGISTRANTS: usize = 128;
+
+/// Most controllers whose host's identifier a state keeps (CNTLIDs of a
+/// subsystem's controllers; the namespace pool has at most 64).
+pub const MAX_NAMED: usize = 256;
 
 /// Commands as the reservation rules see them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,10 +111,31 @@ impl ResvState {
         let owed: Vec<(u16, u8)> = hosts
             .into_iter()
             .filter(|h| h != except)
-            .flat_map(|h| self.registrant(&h).map(|r| r.cntlids.clone()).unwrap_or_default())
+            .flat_map(|h| self.controllers_of(&h))
             .map(|c| (c, kind))
             .collect();
         self.notify_cntlids(owed);
+    }
+
+    /// Every controller of `host`: those it registered through, and those it
+    /// named itself on.
+    fn controllers_of(&self, host: &HostId) -> Vec<u16> {
+        let mut c = self.registrant(host).map(|r| r.cntlids.clone()).unwrap_or_default();
+        c.extend(self.named.iter().filter(|(_, h)| h == host).map(|&(cntlid, _)| cntlid));
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
+    /// Controller `cntlid`'s host now names itself `host` (all zeroes: none). The
+    /// oldest entry goes past [`MAX_NAMED`].
+    pub fn name_host(&mut self, cntlid: u16, host: HostId) {
+        self.named.retain(|&(c, _)| c != cntlid);
+        if host != [0; 16] {
+            self.named.push((cntlid, host));
+        }
+        let over = self.named.len().saturating_sub(MAX_NAMED);
+        self.named.drain(..over);
     }
 
     fn notify_cntlids(&mut self, owed: Vec<(u16, u8)>) {
@@ -355,6 +385,14 @@ impl ResvState {
     pub fn check(&self) -> Result<(), String> {
         if self.registrants.len() > MAX_REGISTRANTS {
             return Err(format!("{} registrants (at most {MAX_REGISTRANTS})", self.registrants.len()));
+        }
+        if self.named.len() > MAX_NAMED {
+            return Err(format!("{} named hosts (at most {MAX_NAMED})", self.named.len()));
+        }
+        for (i, (c, _)) in self.named.iter().enumerate() {
+            if self.named[..i].iter().any(|(d, _)| d == c) {
+                return Err(format!("controller {c} named twice"));
+            }
         }
         if let Some(t) = self.rtype {
             let t = ReservationType::from_u8(t).ok_or_else(|| format!("reservation type {t}"))?;

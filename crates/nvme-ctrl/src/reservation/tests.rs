@@ -272,3 +272,29 @@ fn the_registrant_bound_and_the_generation() {
     reg(&mut s, &Requester { host: first.host, cntlid: 2 }, first.key).unwrap();
     assert_eq!(s.generation, g + 1, "registering again with the same key moves it too");
 }
+
+/// A host with two controllers that registered through one hears through both:
+/// it named itself on the other (Set Features Host Identifier).
+#[test]
+fn a_host_hears_through_every_controller_it_named_itself_on() {
+    let (a, b) = (host(1, 1), host(2, 3));
+    let mut s = ResvState::default();
+    s.name_host(1, a.host);
+    s.name_host(2, a.host);
+    s.name_host(3, b.host);
+    reg(&mut s, &a, 10).unwrap();
+    reg(&mut s, &b, 20).unwrap();
+    s.acquire(&a, racqa::ACQUIRE, false, 1, 10, 0).unwrap();
+    // b preempts a: a's registration goes, through controllers 1 and 2.
+    s.acquire(&b, racqa::PREEMPT, false, 1, 20, 10).unwrap();
+    assert_eq!(s.take_notices(1), vec![n::REGISTRATION_PREEMPTED]);
+    assert_eq!(s.take_notices(2), vec![n::REGISTRATION_PREEMPTED], "named, not registered through");
+    assert!(s.take_notices(3).is_empty(), "not to the preempting host");
+    // Renamed or cleared, a controller stops hearing for the old name.
+    s.name_host(2, [0; 16]);
+    assert_eq!(s.named.len(), 2);
+    assert!(s.check().is_ok());
+    let mut bad = s.clone();
+    bad.named.push((1, b.host));
+    assert!(bad.check().unwrap_err().contains("named twice"));
+}
