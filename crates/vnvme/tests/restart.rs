@@ -187,6 +187,11 @@ fn a_serving_process_killed_under_its_client_is_stood_in_for_with_a_worker() {
 }
 
 #[test]
+fn a_serving_process_killed_under_eventfd_doorbells_is_stood_in_for() {
+    crash_under_a_client(&["--doorbells", "eventfd", "--workers", "1"]);
+}
+
+#[test]
 fn a_serving_process_killed_under_mapped_doorbells_is_stood_in_for() {
     crash_under_a_client(&["--doorbells", "mapped", "--workers", "1"]);
 }
