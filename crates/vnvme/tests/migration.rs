@@ -381,3 +381,60 @@ fn dma_logging_over_sparse_terabytes_costs_what_is_written_not_what_is_mapped() 
     drop(c);
     s.assert_alive();
 }
+
+/// A subsystem controller with a namespace from the pool migrates: source and
+/// destination are one controller (one CNTLID) of one pool, the namespace the
+/// host made there is attached to both, and a verified workload on it moves
+/// between them and back with no error.
+#[test]
+fn a_pool_namespace_moves_with_its_controller() {
+    let dir = common::temp_dir("migration-pool");
+    let img = format!("file:{}:16M", dir.join("fixed.img").display());
+    let pool = format!("{}:64M", dir.join("pool").display());
+    let control = dir.join("a.ctl");
+    let a = Server::start_in(
+        &dir,
+        "a",
+        &[
+            "--ns",
+            &img,
+            "--cntlid",
+            "1",
+            "--pool",
+            &pool,
+            "--control",
+            control.to_str().unwrap(),
+            "--workers",
+            "1",
+        ],
+    );
+    let ctl = |args: &[&str]| {
+        let out = Command::new(VNVME)
+            .args(["ctl", "--json", "--control"])
+            .arg(&control)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}\n{}", String::from_utf8_lossy(&out.stderr), a.log());
+    };
+    ctl(&["ns.create", "16M"]);
+    ctl(&["ns.attach", "2", "1"]);
+    let b = Server::start_in(&dir, "b", &["--ns", &img, "--cntlid", "1", "--pool", &pool, "--workers", "1"]);
+    let out = Command::new(VNVME)
+        .args(["perf", "--socket"])
+        .arg(&a.socket)
+        .arg("--migrate-to")
+        .arg(&b.socket)
+        .args(["--migrate-every", "400ms", "--runtime", "3s", "--rw", "randrw", "--mix", "50", "--verify"])
+        .args(["--qd", "16", "--doorbells", "shadow", "--nsid", "2"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}\n--- a ---\n{}\n--- b ---\n{}", a.log(), b.log());
+    assert!(text.contains("; 0 errors)") && text.contains(" 0 mismatches"), "{text}");
+    let line = text.lines().find(|l| l.contains("migrations:")).unwrap_or_else(|| panic!("{text}"));
+    let n: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n >= 2, "{line}");
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
