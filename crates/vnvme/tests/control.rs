@@ -495,8 +495,24 @@ fn the_pool_makes_attaches_and_deletes_namespaces_across_controllers() {
     }
     s1.assert_alive();
     s2.assert_alive();
+    // Controller 2 stops for good: controller 1's operator forgets it, and the
+    // namespace attached to it is detached.
+    ctl(&c1, &["ns.create", "4M"]).unwrap();
+    ctl(&c1, &["ns.attach", "2", "1,2"]).unwrap();
+    s2.kill_hard();
+    let e = ctl(&c1, &["pool.forget", "1"]).unwrap_err();
+    assert!(e.contains("this one"), "{e}");
+    let f = ctl(&c1, &["pool.forget", "2"]).unwrap();
+    assert_eq!((f["cntlid"].as_u64(), f["detached"].clone()), (Some(2), serde_json::json!([2])), "{f}");
+    let info = ctl(&c1, &["pool.info"]).unwrap();
+    assert_eq!(info["controllers"], serde_json::json!([1]));
+    assert_eq!(info["namespaces"][0]["attached"], serde_json::json!([1]));
+    let e = ctl(&c1, &["pool.forget", "2"]).unwrap_err();
+    assert!(e.contains("no controller 2"), "{e}");
     let (_alone, c) = start(&["--ns", "ram:4M"]);
     let e = ctl(&c, &["pool.info"]).unwrap_err();
+    assert!(e.contains("--pool"), "{e}");
+    let e = ctl(&c, &["pool.forget", "3"]).unwrap_err();
     assert!(e.contains("--pool"), "{e}");
     let _ = std::fs::remove_dir_all(&pool);
 }

@@ -157,6 +157,15 @@ impl NamespacePool {
         self.update(|s| s.attach(nsid, ids))
     }
 
+    /// Forgets controller `cntlid` ([`PoolState::forget`]); not this one, which is
+    /// running. Returns the namespaces detached from it.
+    pub fn forget(&self, cntlid: u16) -> Result<Vec<u32>, Status> {
+        if cntlid == self.cntlid {
+            return Err(Status::INVALID_FIELD);
+        }
+        self.update(|s| s.forget(cntlid))
+    }
+
     /// Detaches namespace `nsid` from the controllers `ids`.
     pub fn detach(&self, nsid: u32, ids: &[u16]) -> Result<(), Status> {
         self.update(|s| s.detach(nsid, ids))

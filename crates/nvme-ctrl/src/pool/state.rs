@@ -123,6 +123,27 @@ impl PoolState {
         Ok(())
     }
 
+    /// Forgets controller `cntlid` (its process gone for good): it leaves the
+    /// controller list, its operator's NSIDs are free for the pool again, and every
+    /// namespace is detached from it. Returns those namespaces. A controller that
+    /// starts again joins again.
+    pub fn forget(&mut self, cntlid: u16) -> Result<Vec<u32>, Status> {
+        if !self.controllers.remove(&cntlid) {
+            return Err(Status::INVALID_FIELD);
+        }
+        for c in self.fixed.values_mut() {
+            c.remove(&cntlid);
+        }
+        self.fixed.retain(|_, c| !c.is_empty());
+        let mut detached = Vec::new();
+        for (&nsid, n) in self.namespaces.iter_mut() {
+            if n.attached.remove(&cntlid) {
+                detached.push(nsid);
+            }
+        }
+        Ok(detached)
+    }
+
     /// Makes a namespace at the lowest NSID from 1 to `nn` that the subsystem does
     /// not use; returns it.
     pub fn create(&mut self, n: NewNamespace, nn: u32, nguid: [u8; 16]) -> Result<u32, Status> {
@@ -303,6 +324,26 @@ mod tests {
         p.settle_capacity(Some(64)).unwrap();
         assert!(p.settle_capacity(Some(32)).unwrap_err().contains("64 bytes, not 32"));
         assert_eq!(p.capacity, 64);
+    }
+
+    #[test]
+    fn a_forgotten_controller_leaves_every_list() {
+        let mut s = pool(64 << 20);
+        s.join(1, &[]).unwrap();
+        s.join(2, &[7]).unwrap();
+        let a = s.create(new(64, true), 32, [1; 16]).unwrap();
+        let b = s.create(new(64, true), 32, [2; 16]).unwrap();
+        s.attach(a, &[1, 2]).unwrap();
+        s.attach(b, &[1]).unwrap();
+        assert_eq!(s.forget(2), Ok(vec![a]));
+        assert_eq!(s.controllers, BTreeSet::from([1]));
+        assert!(!s.allocated(7), "its operator's NSID is free again");
+        assert_eq!(s.namespaces[&a].attached, BTreeSet::from([1]));
+        assert!(s.check().is_ok());
+        assert_eq!(s.forget(2), Err(Status::INVALID_FIELD), "unknown now");
+        assert_eq!(s.attach(a, &[2]), Err(Status::CONTROLLER_LIST_INVALID), "not a target any more");
+        s.join(2, &[]).unwrap();
+        s.attach(a, &[2]).unwrap();
     }
 
     #[test]

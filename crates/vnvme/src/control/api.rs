@@ -78,6 +78,8 @@ methods! {
         "attach a namespace of the pool: nsid, controllers (CNTLIDs, e.g. 1,2; default: this controller)";
     NsDetach(NsAttach) = "ns.detach", changes: true, listed: true, positional: ["nsid", "controllers"],
         "detach a namespace of the pool: nsid, controllers (default: this controller)";
+    PoolForget(PoolForget) = "pool.forget", changes: true, listed: true, positional: ["cntlid"],
+        "forget a controller of the pool whose process is gone for good: cntlid (detached from every namespace; it joins again if it starts)";
     QosSet(QosSet) = "qos.set", changes: true, listed: true, positional: ["nsid"],
         "QoS limits: nsid and/or group, iops iops_rd iops_wr bps bps_rd bps_wr (+ _burst), clear";
     QosGet(QosGet) = "qos.get", changes: false, listed: true, positional: ["nsid"],
@@ -193,6 +195,14 @@ pub struct NsCreate {
 pub struct NsDelete {
     #[serde(deserialize_with = "req_u32")]
     pub nsid: u32,
+}
+
+/// pool.forget: controller `cntlid` leaves the pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolForget {
+    #[serde(deserialize_with = "req_u32")]
+    pub cntlid: u32,
 }
 
 /// ns.attach and ns.detach: namespace `nsid` of the pool, for the controllers

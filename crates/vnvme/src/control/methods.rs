@@ -71,6 +71,7 @@ pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
             let nsid = a.nsid;
             pool_change(ctx, nsid, "detached", move |p, this| Ok(p.detach(nsid, &controllers(&a, this)?)?))
         }
+        Request::PoolForget(f) => pool_forget(ctx, f),
         Request::AnaGet(NoParams {}) => ana_get(ctx),
         Request::StatsGet(NoParams {}) => stats_get(ctx),
         Request::QosSet(q) => qos_set(ctx, q),
@@ -237,6 +238,25 @@ impl From<nvme_spec::Status> for PoolRefusal {
 
 /// Runs `f` on the pool as this controller, then brings this controller's
 /// namespaces in line at once (the others follow within their next look).
+fn pool_forget(ctx: &Context, f: super::api::PoolForget) -> Result<Value, RpcError> {
+    let cntlid = u16::try_from(f.cntlid)
+        .map_err(|_| RpcError::new(code::INVALID_PARAMS, format!("cntlid {} is not a CNTLID", f.cntlid)))?;
+    let r = job(ctx, move |d| -> Result<Vec<u32>, String> {
+        let Some(pool) = d.ctrl.pool().cloned() else { return Err(NO_POOL.into()) };
+        if cntlid == pool.cntlid() {
+            return Err(format!(
+                "controller {cntlid} is this one, which is running: forget it through another"
+            ));
+        }
+        let detached = pool.forget(cntlid).map_err(|_| format!("the pool has no controller {cntlid}"))?;
+        d.ctrl.sync_pool();
+        Ok(detached)
+    })?;
+    let detached = r.map_err(|m| RpcError::new(code::NOT_PERMITTED, m))?;
+    tracing::info!(cntlid, ?detached, "controller forgotten by the pool (the operator)");
+    answer(&reply::PoolForgot { cntlid, detached })
+}
+
 fn pool_change(
     ctx: &Context,
     nsid: u32,

@@ -130,6 +130,14 @@ pub struct PoolChanged {
     pub attached: Vec<u16>,
 }
 
+/// `pool.forget`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolForgot {
+    pub cntlid: u16,
+    /// The namespaces that were attached to it.
+    pub detached: Vec<u32>,
+}
+
 /// `zone.fail`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ZoneFailed {

@@ -61,6 +61,14 @@ pub(super) fn human(method: &str, r: &Value) -> String {
             table(&["GROUP", "<STATE", "<NSIDS"], rows)
         }),
         "ns.remove" => typed(r).map(|n: reply::NsRemoved| format!("removed namespace {}\n", n.nsid)),
+        "pool.forget" => typed(r).map(|f: reply::PoolForgot| {
+            let nsids: Vec<String> = f.detached.iter().map(u32::to_string).collect();
+            format!(
+                "controller {} forgotten by the pool; detached from it: {}\n",
+                f.cntlid,
+                if nsids.is_empty() { "none".into() } else { nsids.join(", ") }
+            )
+        }),
         "upgrade" => {
             let u = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
             Some(format!(
