@@ -7,17 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvme_ctrl::qos::QosGroup;
-use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
+use nvme_ctrl::{Controller, ControllerConfig, PollMode, StatsSnapshot};
 use vfio_user_server::socket_file::SocketFile;
 use vfio_user_server::{server, Device, EventFdInterrupts};
 
-use crate::nsspec::NsSpec;
 use crate::sandbox;
 
 mod args;
+mod takeover;
 
 use args::{check, controller_config, device_options, max_namespaces, poll_mode, resolve_workers};
 pub use args::{ServeArgs, Switch, INLINE_UP_TO_CPUS};
+pub use takeover::takeover;
 
 pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use crate::keeper::Role;
@@ -139,202 +140,6 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         started.dev.keep_with(j);
     }
     started.serve(client.map(|c| (c, vfio_user_server::Partial::default())))
-}
-
-/// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
-/// `parse` reads the running server's command line (`vnvme serve`'s arguments from
-/// the whole of it: the program's own parser).
-pub fn takeover(
-    t: crate::upgrade::TakeoverArgs,
-    parse: fn(&[String]) -> Result<ServeArgs, String>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    use crate::upgrade;
-    let prepared = upgrade::ask_prepare(&t.control)?;
-    let mut a = parse(&prepared.argv)?;
-    let workers_defaulted = resolve_workers(&mut a);
-    check(&a)?;
-    let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
-    // What may take time (files, NBD and RBD connections) is opened while the old
-    // process still serves; RAM namespaces come with their memory in the hand-over.
-    let mut early = std::collections::BTreeMap::new();
-    for (&nsid, text) in &prepared.namespaces {
-        let spec: NsSpec = text.parse().map_err(|e| format!("namespace {nsid}: {text:?}: {e}"))?;
-        if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
-            early.insert(nsid, spec.open().map_err(|e| format!("namespace {nsid} ({text}): {e}"))?);
-        }
-    }
-    let max_namespaces = max_namespaces(&a)?;
-    let poll = poll_mode(&a);
-    raise_fd_limit();
-    let mut taken = upgrade::ask_handover(&t.control, &prepared)?;
-    let built = (|| -> Result<Running, String> {
-        let h = &mut taken.handover;
-        let x = &taken.extra;
-        let saved = h.saved.controller.clone().ok_or("the running server handed over no controller state")?;
-        let groups = upgrade::groups(&taken.prepared)?;
-        let mut namespaces = Vec::new();
-        for n in &x.namespaces {
-            let size = saved.namespaces.iter().find(|s| s.nsid == n.nsid).map(|s| s.size);
-            let opened = match early.remove(&n.nsid) {
-                Some(o) => o,
-                None => {
-                    let mut spec: NsSpec =
-                        n.spec.parse().map_err(|e| format!("namespace {}: {e}", n.nsid))?;
-                    // Its size now (it may have been resized), not as first given.
-                    spec.size = size.or(spec.size);
-                    let mut take = |i: Option<usize>| {
-                        i.map(|i| h.take(h.saved.extra_fds[i])).transpose().map_err(|e| e.to_string())
-                    };
-                    let kept = crate::nsspec::Kept { data: take(n.memory)?, meta: take(n.meta_memory)? };
-                    spec.open_with(kept).map_err(|e| format!("namespace {}: {e}", n.nsid))?
-                }
-            };
-            namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });
-        }
-        // The same namespaces at the same NSIDs, and what the host was told the
-        // controller can do (ONCS, VWC), whatever the namespaces now imply.
-        let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
-        let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
-        let cfg = ControllerConfig {
-            namespaces: namespaces
-                .iter()
-                .map(|n| NamespaceConfig { nsid: Some(n.nsid), ..n.opened.config() })
-                .collect(),
-            pool,
-            capabilities: saved.capabilities,
-            ..controller_config(&a, max_namespaces)
-        };
-        let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
-        let clock = Arc::new(nvme_ctrl::MonotonicClock::starting_at(saved.clock_ns));
-        let mut ctrl = Controller::with_clock(cfg, guest_mem::GuestMemory::empty(), irqs.clone(), clock)
-            .map_err(|e| e.to_string())?;
-        for n in &x.namespaces {
-            if let Some(name) = &n.group {
-                let g = match groups.get(name) {
-                    Some(g) => g.clone(),
-                    // A namespace's own limits: a group of its own, not among the named.
-                    None => Arc::new(QosGroup::new(name.clone(), n.limits.unwrap_or_default())?),
-                };
-                ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())?;
-            }
-        }
-        ctrl.set_doorbell_kick(h.take(h.saved.kick).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-        ctrl.spawn_workers(a.worker_count(), poll).map_err(|e| e.to_string())?;
-        let dev = Device::restore(ctrl, irqs, device_options(&a), h).map_err(|e| e.to_string())?;
-        let listener = match h.saved.listener {
-            Some(i) => UnixListener::from(h.take(i).map_err(|e| e.to_string())?),
-            None => return Err("no listening socket in the hand-over".into()),
-        };
-        let take = |h: &mut vfio_user_server::handover::Handover, i: usize| {
-            h.take_extra(i).map_err(|e| e.to_string())
-        };
-        let control = x.control.map(|i| take(h, i).map(UnixListener::from)).transpose()?;
-        let metrics = match x.metrics {
-            Some(i) => {
-                let fd = take(h, i)?;
-                Some(match &a.metrics {
-                    Some(crate::metrics::http::MetricsAddr::Unix(_)) => {
-                        crate::metrics::http::Listener::Unix(UnixListener::from(fd))
-                    }
-                    _ => crate::metrics::http::Listener::Tcp(std::net::TcpListener::from(fd)),
-                })
-            }
-            None => None,
-        };
-        // The socket files become this process's to remove at its end; not before
-        // the old process has let go of them (a takeover that fails leaves them).
-        let mut sockets = Sockets(Vec::new(), true);
-        for p in std::iter::once(a.socket.as_path())
-            .chain(a.control.as_deref())
-            .chain(a.metrics.iter().filter_map(|m| m.unix_path()))
-        {
-            sockets.0.push(SocketFile::adopt(p).map_err(|e| format!("{}: {e}", p.display()))?);
-        }
-        let stderr = take(h, x.stderr)?;
-        Ok(Running {
-            argv: taken.prepared.argv.clone(),
-            exe: std::env::current_exe().unwrap_or_default(),
-            a,
-            workers_defaulted,
-            namespaces,
-            dev,
-            listener,
-            control,
-            metrics,
-            poll,
-            drop_to,
-            groups,
-            takeover: Some(Takeover { stderr, old_pid: taken.prepared.pid }),
-            sockets,
-        })
-    })();
-    // Fault injection for the tests of the way back: the new process fails, or
-    // dies, after the old one has quiesced and handed everything over.
-    let built = match std::env::var("VNVME_TEST_TAKEOVER_FAIL").as_deref() {
-        Ok("refuse") => Err("injected failure (VNVME_TEST_TAKEOVER_FAIL=refuse)".to_string()),
-        Ok("exit") => std::process::exit(70),
-        _ => built,
-    };
-    let running = match built {
-        Ok(r) => r,
-        Err(why) => {
-            taken.handover.failed(&why);
-            return Err(format!("cannot take over: {why}; the running server serves on").into());
-        }
-    };
-    let client = match taken.handover.saved.client {
-        Some(i) => Some((UnixStream::from(taken.handover.take(i)?), taken.handover.take_partial()?)),
-        None => None,
-    };
-    let quiesced_at = taken.handover.saved.quiesced_at_ns;
-    // The old process's keeper watches this one from GO on; reached now, before
-    // the sandbox (which allows no connect).
-    let keeper = taken.extra.keeper.clone().and_then(|l| {
-        crate::keeper::adopt(l)
-            .map_err(|e| eprintln!("vnvme: takeover: {e}; this process runs without a keeper"))
-            .ok()
-    });
-    // Everything that can fail happens before READY, while the old process can still
-    // serve on: the output moves to its stderr (its journal) now, as the sandbox
-    // refuses dup2; the threads start, the user drops and the sandbox goes on. Only
-    // `ctl` hears the final line, on the pipe that was stdout.
-    let tk = running.takeover.as_ref().expect("set above");
-    let (old_pid, to_ctl) = (tk.old_pid, std::os::fd::AsFd::as_fd(&std::io::stdout()).try_clone_to_owned()?);
-    rustix::stdio::dup2_stderr(&tk.stderr)?;
-    rustix::stdio::dup2_stdout(&tk.stderr)?;
-    let mut started = match running.start() {
-        Ok(s) => s,
-        Err(e) => {
-            let why = format!("the new process could not start serving: {e}");
-            eprintln!("vnvme: takeover: {why}; the running server serves on");
-            taken.handover.failed(&why);
-            return Err(why.into());
-        }
-    };
-    taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
-    // The old process has let go: the socket files are this one's to remove.
-    started.sockets.1 = false;
-    // From here on this process serves: the old one has exited or is exiting.
-    started.dev.ctrl.resume();
-    if let Some(s) = keeper {
-        match vfio_user_server::keeper::Journal::new(s, &started.listener) {
-            Ok(j) => started.dev.keep_with(j),
-            Err(e) => {
-                eprintln!("vnvme: takeover: the keeper's journal: {e}; this process runs without a keeper")
-            }
-        }
-    }
-    let stall_ms = (vfio_user_server::handover::monotonic_ns().saturating_sub(quiesced_at)) as f64 / 1e6;
-    let has_client = client.is_some();
-    let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
-    let _ = writeln!(std::fs::File::from(to_ctl), "ready {report}");
-    eprintln!(
-        "vnvme {}: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
-        crate::version::VERSION,
-        if has_client { "" } else { "no " }
-    );
-    started.serve(client)
 }
 
 /// A namespace as served: its NSID, its `--ns` text and its backend.
