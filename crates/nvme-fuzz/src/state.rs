@@ -157,7 +157,8 @@ pub fn run_state_counted(data: &[u8], stats: &mut StateStats) {
     // the ANA states from what its keeper journaled: those, as mutated.
     if u.ratio(1, 4).unwrap_or(false) {
         stats.stand_ins += 1;
-        c.stand_in_after_crash(state.regs.cc, Some(&state.ana));
+        let admin = nvme_ctrl::AdminQueues { aqa: state.regs.aqa, asq: state.regs.asq, acq: state.regs.acq };
+        c.stand_in_after_crash(state.regs.cc, Some(admin), Some(&state.ana));
         for _ in 0..4 {
             c.process();
         }

@@ -695,7 +695,8 @@ impl Device {
                         }
                     }
                     self.ctrl.mmio_write(off, data);
-                    if off == nvme_spec::regs::offset::CC {
+                    // CC, AQA, ASQ, ACQ: what a stand-in after a crash keeps.
+                    if (nvme_spec::regs::offset::CC..nvme_spec::regs::offset::ACQ + 8).contains(&off) {
                         self.journal_changed();
                     }
                     if off >= nvme_spec::regs::offset::DOORBELL_BASE {

@@ -73,6 +73,10 @@ pub struct DeviceSaved {
     /// The ANA states set on this controller (what a stand-in controller keeps).
     #[serde(default)]
     pub ana: Option<nvme_ctrl::ana::AnaSaved>,
+    /// AQA, ASQ and ACQ as the host last wrote them (where a stand-in finds the
+    /// host's outstanding Asynchronous Event Request).
+    #[serde(default)]
+    pub admin_queues: Option<(u32, u64, u64)>,
     /// The client had negotiated VERSION.
     pub negotiated: bool,
     /// PCI config space, as hex.
@@ -205,7 +209,10 @@ impl Device {
                 d.ctrl.quiesce(std::time::Duration::from_secs(1)).map_err(|e| bad(e.to_string()))?;
                 d.ctrl.restore_state(c).map_err(|e| bad(e.to_string()))?;
             }
-            None => d.ctrl.stand_in_after_crash(s.cc, s.ana.as_ref()),
+            None => {
+                let admin = s.admin_queues.map(|(aqa, asq, acq)| nvme_ctrl::AdminQueues { aqa, asq, acq });
+                d.ctrl.stand_in_after_crash(s.cc, admin, s.ana.as_ref())
+            }
         }
         d.negotiated = s.negotiated;
         Ok(d)
@@ -367,14 +374,21 @@ impl Device {
         let client = p.client.map(|c| c.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
         let listener = p.listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
         let extra_fds = p.extra_fds.into_iter().map(&mut add).collect();
-        let mut cc = [0u8; 4];
-        self.ctrl.mmio_read(nvme_spec::regs::offset::CC, &mut cc);
+        let reg = |off: u64| {
+            let mut v = [0u8; 8];
+            self.ctrl.mmio_read(off, &mut v);
+            u64::from_le_bytes(v)
+        };
+        use nvme_spec::regs::offset;
+        let cc = (reg(offset::CC) as u32).to_le_bytes();
+        let admin_queues = Some((reg(offset::AQA) as u32, reg(offset::ASQ), reg(offset::ACQ)));
         let saved = DeviceSaved {
             version: HANDOVER_VERSION,
             quiesced_at_ns: p.quiesced_at_ns,
             controller: p.controller,
             cc: u32::from_le_bytes(cc),
             ana: Some(self.ctrl.ana_saved()),
+            admin_queues,
             negotiated: self.negotiated,
             config: hex(self.config.bytes()),
             bar4: hex(&self.bar4),

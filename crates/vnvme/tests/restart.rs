@@ -139,12 +139,19 @@ fn crash_under_a_client(extra: &[&str]) {
     h.bring_up(8, false);
     let a = page(1);
     write_page(&mut h, 64, &a);
+    // An Asynchronous Event Request outstanding, as a host keeps one.
+    let aer = h.admin_submit(nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::ASYNC_EVENT_REQUEST));
     // The keeper has the client's connection and memory before the crash.
     assert!(s.log_shows("client connected"), "{}", s.log());
 
     kill9(first);
     let second = wait_serving(&s, Some(first));
     assert_ne!(first, second);
+    // The stand-in tells the host at once, through that request: Error Status,
+    // Persistent Internal Error, log page 01h (a host resets on it).
+    let c = h.admin_wait();
+    assert_eq!((c.cid.get(), c.dw0.get()), (aer, 0x0001_0300), "{:?}\n{}", c, s.log());
+    assert!(c.status().is_success());
     // The same connection: the stand-in answers, and says it is not the
     // controller the host enabled.
     let csts = h.read32(offset::CSTS);
@@ -169,6 +176,10 @@ fn crash_under_a_client(extra: &[&str]) {
     );
     assert!(log.contains("standing in for a serving process that died (the client stays connected"), "{log}");
     assert!(log.contains("standing in for a controller whose process died"), "{log}");
+    assert!(
+        log.contains(&format!("told the host through its Asynchronous Event Request (CID {aer})")),
+        "{log}"
+    );
     // The client leaves; the stand-in serves the next one as any server does.
     drop(h);
     let mut h = NvmeOverVfioUser::new(s.client());

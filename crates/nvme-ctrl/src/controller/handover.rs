@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use nvme_spec::regs::Csts;
 use nvme_spec::Cqe;
 
 use super::Controller;
@@ -129,37 +128,6 @@ impl Controller {
                 .collect(),
             fdp: self.admin.fdp.as_ref().map(|f| f.save()),
             ana: self.admin.ana.save(),
-        }
-    }
-
-    /// The ANA groups' states as set here (what a stand-in keeps: they are the
-    /// operator's, not the host's).
-    pub fn ana_saved(&self) -> crate::ana::AnaSaved {
-        self.admin.ana.save()
-    }
-
-    /// This new controller stands in for one whose process died with its host's
-    /// queues (a crash, not a hand-over): nothing of its state survived but CC as
-    /// the host last wrote it (`cc`) and the ANA states the operator had set
-    /// (`ana`). A controller the host had enabled reads as ready with Controller
-    /// Fatal Status (Base §3.7: the host resets it, and the commands it had
-    /// outstanding time out and are retried, on another path if it has one); one it
-    /// had not enabled is simply disabled, `cc` kept. Call it on a new controller,
-    /// before the host's first access.
-    pub fn stand_in_after_crash(&mut self, cc: u32, ana: Option<&crate::ana::AnaSaved>) {
-        match ana.map(|a| a.check()) {
-            Some(Ok(c)) => self.admin.ana.restore(c),
-            Some(Err(e)) => tracing::warn!("the ANA states before the crash are not kept: {e}"),
-            None => {}
-        }
-        self.regs.set_cc(cc);
-        if self.regs.cc().en() {
-            self.regs.set_csts(Csts(Csts::RDY | Csts::CFS));
-            self.phase = Phase::Fatal;
-            tracing::warn!(
-                cc = format_args!("{cc:#x}"),
-                "standing in for a controller whose process died: CSTS.CFS set until the host resets it"
-            );
         }
     }
 

@@ -20,6 +20,8 @@ use crate::stats::{Stats, StatsSnapshot};
 mod attach;
 mod handover;
 mod pool;
+mod stand_in;
+pub use stand_in::AdminQueues;
 mod workers;
 
 pub use attach::NamespaceError;
