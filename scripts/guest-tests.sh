@@ -119,7 +119,8 @@ own \`vnvme serve\` (built with cargo build --release first):
          optimized, round-robin uses it again; then the host SIGKILLs
          controller 2's serving process under fio verify (it runs under
          --restart-on-crash: its keeper starts a stand-in on the VMM's
-         connection): the guest reads Controller Fatal Status, resets the
+         connection, which completes the guest's Asynchronous Event Request
+         with Persistent Internal Error): the guest resets the
          controller, fio goes on with no I/O error, and afterwards round-robin
          writes through controller 2 again. Host: controller 2 served I/O and
          logged its 2 ANA changes, its keeper logged the restart and exits 0

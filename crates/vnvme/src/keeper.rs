@@ -5,7 +5,7 @@
 //! process journals it (`vfio_user_server::keeper`), and if the serving process
 //! dies (killed by a signal, or exiting with a failure once it had served), starts
 //! another that stands in for it on the same client connection. The VMM never sees
-//! its socket close; the guest sees its controller report Controller Fatal Status
+//! its socket close; the guest hears of a Persistent Internal Error (and reads Controller Fatal Status)
 //! and resets it (docs/subsystems.md: "A controller's process dies").
 //!
 //! The keeper serves nothing and reads only its own child's journal: the socket it
@@ -242,7 +242,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!(
             "vnvme keeper: the serving process (pid {pid}) {said}; starting another to stand in for it ({})",
             if k.has_client() {
-                "the client stays connected; its guest sees Controller Fatal Status and resets the controller"
+                "the client stays connected; its guest hears of a Persistent Internal Error and resets the controller"
             } else {
                 "no client was connected"
             }

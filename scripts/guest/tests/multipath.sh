@@ -276,7 +276,8 @@ else
     # Controller 2's serving process killed under I/O (SIGKILL: no warning, its
     # queues and the commands it held die with it) and restarted by its keeper
     # (vnvme serve --restart-on-crash), which held the VMM's connection: QEMU sees
-    # nothing, and the guest's next timeout reads Controller Fatal Status and
+    # nothing; the stand-in reports Persistent Internal Error through the guest's
+    # Asynchronous Event Request (and CSTS.CFS), and the guest
     # resets the controller. Meanwhile the writes it had are retried through
     # controller 1: fio goes on with no error, and afterwards both paths carry
     # I/O again.

@@ -119,7 +119,7 @@ pub struct ServeArgs {
     pub once: bool,
     /// Serve from a child process, and if it dies (a crash, the OOM killer, kill -9)
     /// start another that takes the VMM's connection over: the VMM sees nothing, the
-    /// guest sees Controller Fatal Status and resets the controller (with native
+    /// guest sees a Persistent Internal Error event and resets the controller (with native
     /// multipath, I/O goes on through the other paths meanwhile). This process
     /// keeps the connection, the guest memory and interrupt descriptors meanwhile;
     /// at most 5 restarts a minute.

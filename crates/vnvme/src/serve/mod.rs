@@ -126,7 +126,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!(
                 "vnvme: standing in for a serving process that died ({}); vnvme keeper holds the device",
                 if client.is_some() {
-                    "the client stays connected: its guest sees Controller Fatal Status and resets the controller"
+                    "the client stays connected: its guest hears of a Persistent Internal Error and resets the controller"
                 } else {
                     "no client was connected"
                 }
