@@ -280,31 +280,20 @@ impl Device {
             return Err(io::Error::other(why));
         }
         let sent = self.send_state(&mut conn, quiesced_at_ns, r.extra, r.extra_fds, client, listener);
-        let answer = sent.and_then(|()| {
-            conn.stream().set_read_timeout(Some(READY_WAIT))?;
-            conn.recv().map_err(proto)
-        });
-        match answer {
-            Ok(m) if m.header.command.get() == MSG_READY => {
+        let ready = sent.and_then(|()| {
+            await_ready(&mut conn, READY_WAIT, |c| {
                 // A keeper watches the new process from here on (`keeper`).
-                if let Ok(c) = rustix::net::sockopt::socket_peercred(conn.stream()) {
-                    self.journal_handed_to(c.pid.as_raw_nonzero().get() as u32);
+                if let Ok(p) = rustix::net::sockopt::socket_peercred(c.stream()) {
+                    self.journal_handed_to(p.pid.as_raw_nonzero().get() as u32);
                 }
-                // From here on this process never serves again, whatever happens.
-                let _ = send(&mut conn, MSG_GO, &[], &[]);
-                Ok(())
-            }
-            other => {
-                self.ctrl.resume();
-                Err(io::Error::other(match other {
-                    Ok(m) if m.header.command.get() == MSG_FAILED => {
-                        format!("the new process failed: {}", String::from_utf8_lossy(&m.payload))
-                    }
-                    Ok(m) => format!("unexpected message {:#x} from the new process", m.header.command.get()),
-                    Err(e) => format!("no word from the new process: {e}"),
-                }))
-            }
+            })
+        });
+        // After GO this process never serves again, whatever happens; before it,
+        // it serves on.
+        if ready.is_err() {
+            self.ctrl.resume();
         }
+        ready
     }
 
     fn send_state(
@@ -505,12 +494,19 @@ pub(crate) fn say_ready(conn: &mut Connection) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits for the new process's READY (at most `wait`) and answers GO: false if
-/// it failed (its reason, logged) or went away.
-pub(crate) fn await_ready(conn: &mut Connection, wait: Duration) -> io::Result<()> {
+/// Waits for the new process's READY (at most `wait`), runs `before_go`, and
+/// answers GO. Err if it failed (its reason) or went away.
+pub(crate) fn await_ready(
+    conn: &mut Connection,
+    wait: Duration,
+    before_go: impl FnOnce(&Connection),
+) -> io::Result<()> {
     conn.stream().set_read_timeout(Some(wait))?;
     match conn.recv() {
-        Ok(m) if m.header.command.get() == MSG_READY => send(conn, MSG_GO, &[], &[]),
+        Ok(m) if m.header.command.get() == MSG_READY => {
+            before_go(conn);
+            send(conn, MSG_GO, &[], &[])
+        }
         Ok(m) if m.header.command.get() == MSG_FAILED => {
             Err(io::Error::other(format!("the new process failed: {}", String::from_utf8_lossy(&m.payload))))
         }

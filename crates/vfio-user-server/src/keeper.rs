@@ -206,6 +206,6 @@ impl JournalReader {
     pub fn hand_back(&mut self, kept: &Kept, wait: Duration) -> io::Result<()> {
         let fds = kept.fds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?;
         send_saved(&mut self.conn, &kept.saved, &fds)?;
-        await_ready(&mut self.conn, wait)
+        await_ready(&mut self.conn, wait, |_| {})
     }
 }
