@@ -433,6 +433,12 @@ def pairs_md(comparison, spec, knobs):
     return S, P
 
 
+def side_ns(side, other):
+    """', namespace SPEC' when the two sides served different namespaces (--baseline-ns)."""
+    ns = side.get("ns")
+    return f", namespace `{ns}`" if ns and ns != other.get("ns") else ""
+
+
 def pair_spec(knobs, binaries):
     """The two sides of the pairs and how they ran, for the report."""
     if knobs.get("baseline"):
@@ -440,9 +446,9 @@ def pair_spec(knobs, binaries):
         return {"a": "base", "b": "new", "a_name": "base", "b_name": "new", "ratio": "new / base",
                 "title": "Before and after: this build (new) against the baseline (base)",
                 "intro": [f"- base: `{bb['name']}`{' (' + bb['label'] + ')' if bb['label'] else ''}, {bb['version']}, "
-                          f"sha256 {bb['sha256']}",
+                          f"sha256 {bb['sha256']}{side_ns(bb, nb)}",
                           f"- new: `{nb['name']}` built from this checkout (the git commit above), {nb['version']}, "
-                          f"sha256 {nb['sha256']}"],
+                          f"sha256 {nb['sha256']}{side_ns(nb, bb)}"],
                 "order": "base first on odd repetitions, new first on even ones",
                 "servers": "every run against a fresh `vnvme serve` of its own binary"}
     ref = knobs["reference"]

@@ -63,6 +63,10 @@
 #                 than none with it is refused (one comparison per run).
 #   --baseline-label TEXT  what BIN was built from (e.g. a commit), for the report;
 #                 BIN itself is recorded by file name, --version and SHA-256 only
+#   --baseline-ns SPEC  the namespace BIN's servers serve (default: --ns), for a
+#                 build that predates an option of --ns: e.g. --ns
+#                 null:64G:lba=4096:reads=untouched beside an older build's
+#                 null:64G:lba=4096. The report names each side's namespace
 #
 # Without pairs each configuration starts its own `vnvme serve` (bounded wait for the
 # socket), runs every QD --repeat times, and stops it. Per point: IOPS, p50/p99 latency,
@@ -91,6 +95,7 @@ RW=randread
 BASELINE=
 BASELINE_ARG=
 BASELINE_LABEL=
+BASELINE_NS=
 COST=0
 REFERENCE=trapped
 REFERENCE_GIVEN=
@@ -128,6 +133,7 @@ while [ $# -gt 0 ]; do
     --reference) REFERENCE=$2; REFERENCE_GIVEN=1; shift 2 ;;
     --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
     --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
+    --baseline-ns) BASELINE_NS=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) log "unknown argument $1"; usage >&2; exit 2 ;;
@@ -139,6 +145,9 @@ if [ -z "$REPEAT" ]; then REPEAT=5; fi
 [[ $WORKERS =~ ^[0-9]+$ ]] || bad_usage "--workers must be a number (0: inline)"
 [[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || bad_usage "--qd must be a list like 1,4,16,64"
 case $RW in randread|randwrite) ;; *) bad_usage "--rw must be randread or randwrite" ;; esac
+if [ -n "$BASELINE_NS" ] && [ -z "$BASELINE" ]; then
+  bad_usage "--baseline-ns needs --baseline"
+fi
 if [ -n "$BASELINE_LABEL" ] && [ -z "$BASELINE" ]; then
   bad_usage "--baseline-label needs --baseline"
 fi
@@ -209,11 +218,14 @@ printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\t
 declare -A BIN=([new]=$VNVME)
 SIDES=(new)
 if [ -n "$BASELINE" ]; then BIN[base]=$BASELINE; SIDES=(base new); fi
-{ printf 'side\tname\tlabel\tversion\tsha256\n'
+# The namespace each side serves (--baseline-ns: the base side's own).
+declare -A SIDE_NS=([new]=$NS [base]=${BASELINE_NS:-$NS})
+{ printf 'side\tname\tlabel\tversion\tsha256\tns\n'
   for side in "${SIDES[@]}"; do
     label=; [ "$side" = base ] && label=$BASELINE_LABEL
-    printf '%s\t%s\t%s\t%s\t%s\n' "$side" "$(basename "${BIN[$side]}")" "$label" \
-      "$("${BIN[$side]}" --version 2>/dev/null | head -1)" "$(sha256sum "${BIN[$side]}" | cut -c1-16)"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$side" "$(basename "${BIN[$side]}")" "$label" \
+      "$("${BIN[$side]}" --version 2>/dev/null | head -1)" "$(sha256sum "${BIN[$side]}" | cut -c1-16)" \
+      "${SIDE_NS[$side]}"
   done; } >"$OUT/runs/binaries.tsv"
 
 now() { date +%s.%N; }
@@ -265,14 +277,14 @@ log "$(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) s
 # (the chain: a back server too). Sets SERVE_PID, BACK_PID, sock, stats, serve_cmd;
 # logs go to logs/serve-ID[-back]TAG.log. Returns 1 (nothing left running) on failure.
 start_servers() {
-  local id=$1 side=$2 tag=$3 ns=$NS back
+  local id=$1 side=$2 tag=$3 ns=${SIDE_NS[$2]} back
   VNVME_BIN=${BIN[$side]}
   sock="$TMP/$id$SFX.sock"; stats="$TMP/$id$SFX.stats.json"
   if [ "$id" = chain ]; then
     # The back end serves the namespace; the front reaches it through nvme://.
     back="$TMP/back$SFX.sock"
     # --doorbells eventfd: the front's doorbells kick the back's worker directly.
-    vn_serve_start "$OUT/logs/serve-$id-back$tag.log" "$back" --ns "$NS" \
+    vn_serve_start "$OUT/logs/serve-$id-back$tag.log" "$back" --ns "${SIDE_NS[$side]}" \
       --workers "$WORKERS" --poll "$spoll" --doorbells eventfd || return 1
     BACK_PID=$VN_PID
     ns="nvme://$back?queues=$((WORKERS + 2))"

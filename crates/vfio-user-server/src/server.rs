@@ -562,6 +562,10 @@ struct Inline {
 /// stale the guest rings no I/O doorbell, so messages are rare while spinning).
 const SPIN_SLICE: Duration = Duration::from_micros(20);
 
+/// How many more runs that find work an inline step takes before the socket is
+/// looked at again.
+const BUSY_RUNS: u32 = 8;
+
 impl Inline {
     fn new(mode: PollMode, epoll: &Epoll, device: &Device) -> io::Result<Self> {
         let timer = WakeTimer::new()?;
@@ -609,6 +613,15 @@ impl Inline {
             // seen by the wait that follows; busy or not, the socket is looked at
             // every second run. No message was handled in between: no owner's work.
             next = self.idle.step(&mut device.ctrl, false, SPIN_SLICE, || false);
+        }
+        // Queues that keep finding work run again before the socket is looked at (an
+        // epoll_wait per run was a twentieth of a busy poller's time), at most
+        // BUSY_RUNS more times, and never spinning: a run that finds nothing goes back
+        // to the socket first.
+        let mut runs = 0;
+        while next == Next::Run && self.idle.found_work() && runs < BUSY_RUNS {
+            next = self.idle.step(&mut device.ctrl, false, Duration::ZERO, || false);
+            runs += 1;
         }
         self.asleep = next == Next::Sleep;
     }

@@ -69,6 +69,8 @@ pub struct IdleLoop {
     spin: Option<Spinning>,
     /// EventIdx is armed and nothing was found since: a wake-up without work sleeps again.
     asleep: bool,
+    /// The last step's runs found work.
+    found: bool,
 }
 
 impl IdleLoop {
@@ -78,11 +80,23 @@ impl IdleLoop {
 
     /// An idle loop whose spinning `judge` allows or not (see [`super::judge`]).
     pub fn judged(mode: PollMode, judge: Option<Arc<SpinJudge>>) -> Self {
-        IdleLoop { policy: SpinPolicy::judged(mode, judge), idle_since: None, spin: None, asleep: false }
+        IdleLoop {
+            policy: SpinPolicy::judged(mode, judge),
+            idle_since: None,
+            spin: None,
+            asleep: false,
+            found: false,
+        }
     }
 
     pub fn mode(&self) -> PollMode {
         self.policy.mode()
+    }
+
+    /// Whether the last [`Self::step`] found work in the queues (not counting the
+    /// owner's own): an owner may step again at once, the queues being busy.
+    pub fn found_work(&self) -> bool {
+        self.found
     }
 
     /// The spin counters so far.
@@ -107,21 +121,30 @@ impl IdleLoop {
         let armed = mode == PollMode::Off || (self.spin.is_none() && self.policy.sleep_regime());
         q.set_arm_eventidx(armed);
         let ran = q.run();
+        self.found = ran;
         // A run that found nothing with EventIdx armed has closed the wake-up race
         // itself (it re-armed every empty queue and looked again): no second look.
         let mut looked_armed = armed && !ran;
         let mut worked = ran | worked;
         if let Some(s) = self.spin.filter(|_| !worked) {
             looked_armed = false;
-            let end = s.budget.saturating_sub(s.clock.elapsed()).min(slice);
             let t = Instant::now();
-            let mut pause = PoliteSpin::new();
-            while t.elapsed() < end {
-                if interrupted() || q.run() {
+            let end = s.budget.saturating_sub(t.duration_since(s.clock.started())).min(slice);
+            let mut pause = PoliteSpin::starting(t);
+            // One clock read per lap: the slice's end and the pause's yield share it.
+            let mut now = t;
+            while now.duration_since(t) < end {
+                if interrupted() {
                     worked = true;
                     break;
                 }
-                pause.pause();
+                if q.run() {
+                    worked = true;
+                    self.found = true;
+                    break;
+                }
+                now = Instant::now();
+                pause.pause(now);
             }
         }
         if worked {
@@ -314,6 +337,8 @@ mod tests {
         hidden: u32,
         /// (armed, found work) of every run.
         runs: Vec<(bool, bool)>,
+        /// The run (counting from 1) that finds work of its own.
+        found_at_run: Option<usize>,
     }
 
     impl Queues for Fake {
@@ -321,7 +346,7 @@ mod tests {
             if self.armed && self.hidden > 0 {
                 self.ready += std::mem::take(&mut self.hidden);
             }
-            let found = self.ready > 0;
+            let found = self.ready > 0 || self.found_at_run == Some(self.runs.len() + 1);
             self.ready = 0;
             self.runs.push((self.armed, found));
             found
@@ -341,6 +366,33 @@ mod tests {
             }
         }
         panic!("never slept");
+    }
+
+    #[test]
+    fn found_work_is_the_queues_work_not_the_owners() {
+        for mode in [PollMode::Off, PollMode::Adaptive, PollMode::Always] {
+            let mut l = IdleLoop::new(mode);
+            let mut q = Fake { ready: 1, ..Fake::default() };
+            assert_eq!(l.step(&mut q, false, FOREVER, || false), Next::Run, "{mode:?}");
+            assert!(l.found_work(), "{mode:?}: the run found a command");
+            // The owner's own work (a message it handled) makes the loop run again,
+            // but the queues had nothing: an owner stepping again at once would spin.
+            l.step(&mut q, true, Duration::ZERO, || false);
+            assert!(!l.found_work(), "{mode:?}: only the owner worked");
+            if mode == PollMode::Off {
+                continue;
+            }
+            // Work that shows up during a spin (the spin's fourth run) is found by it.
+            let mut l = IdleLoop::new(mode);
+            let mut q = Fake { found_at_run: Some(5), ..Fake::default() };
+            let mut steps = 0;
+            while q.runs.len() < 5 && steps < 10 {
+                l.step(&mut q, false, FOREVER, || false);
+                steps += 1;
+            }
+            assert_eq!(q.runs.last(), Some(&(false, true)), "{mode:?}");
+            assert!(l.found_work(), "{mode:?}: {:?}", q.runs);
+        }
     }
 
     #[test]

@@ -107,24 +107,19 @@ pub struct PoliteSpin {
 }
 
 impl PoliteSpin {
-    pub fn new() -> Self {
-        PoliteSpin { last_yield: Instant::now() }
+    /// A spin that began at `now`.
+    pub fn starting(now: Instant) -> Self {
+        PoliteSpin { last_yield: now }
     }
 
-    /// Call once per spin-loop iteration.
-    pub fn pause(&mut self) {
-        if self.last_yield.elapsed() >= YIELD_EVERY {
+    /// Call once per spin-loop iteration, with the time the loop just read.
+    pub fn pause(&mut self, now: Instant) {
+        if now.duration_since(self.last_yield) >= YIELD_EVERY {
             std::thread::yield_now();
             self.last_yield = Instant::now();
         } else {
             std::hint::spin_loop();
         }
-    }
-}
-
-impl Default for PoliteSpin {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -151,6 +146,11 @@ impl SpinClock {
     /// Wall time since the phase started.
     pub fn elapsed(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// When the phase started.
+    pub fn started(&self) -> Instant {
+        self.start
     }
 }
 
