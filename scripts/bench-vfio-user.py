@@ -56,6 +56,7 @@ COLORS = {
     "mapped": "#9467bd",
     "mapped-poll": "#ff7f0e",
     "shadow-poll": "#17becf",
+    "shadow-cpoll": "#aec7e8",
     "eventfd-poll": "#8c564b",
     "inproc": "#555555",
     "inproc-poll": "#000000",

@@ -109,6 +109,7 @@ MATRIX=(
   "mapped|mapped doorbell page|mapped|always|mapped|irq|"
   "mapped-poll|mapped + polling (poll/always)|mapped|always|mapped|poll|"
   "shadow-poll|shadow + polling (poll/always)|trapped|always|shadow|poll|"
+  "shadow-cpoll|shadow, server adaptive (its default), client polling the CQ|trapped|adaptive|shadow|poll|"
   "eventfd-poll|eventfd + polling (poll/always)|eventfd|always|eventfd|poll|"
   "chain|nvme:// chain: front serve -> back serve, shadow|trapped|adaptive|shadow|irq|"
   "inproc|in-process, shadow, irq/adaptive|-|adaptive|shadow|irq|W"
