@@ -66,7 +66,9 @@ OUT=
 HISTORY=1
 BUILD=1
 INPROC=1
-COMMAND_LINE="$0 $*"
+# The command as run, the script named from the checkout's root (never where this
+# machine keeps it: bench-vfio-user.sh --cost calls it by its full path).
+COMMAND_LINE="${0#"$ROOT"/} $*"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
