@@ -382,7 +382,8 @@ mod tests {
             if mode == PollMode::Off {
                 continue;
             }
-            // Work that shows up during a spin (the spin's fourth run) is found by it.
+            // Work that shows up during a spin (the fifth run: the spin's third lap) is
+            // found by it.
             let mut l = IdleLoop::new(mode);
             let mut q = Fake { found_at_run: Some(5), ..Fake::default() };
             let mut steps = 0;
