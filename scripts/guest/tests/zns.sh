@@ -92,7 +92,6 @@ fio_verified "fio zonemode=zbd randwrite bs 4K-64K QD 8 over 8 zones, verify=crc
     --filename="$D4" --ioengine="$ENGINE" --direct=1 --zonemode=zbd --rw=randwrite \
     --bsrange=4k-64k --iodepth=8 --size=$((8 * ZONE_BYTES)) --max_open_zones=4 \
     --verify=crc32c --verify_fatal=1 --name=zbd
-blkzone reset "$D4"
 # The kernel's own account of the writes btrfs sends (nvme command setup and
 # completion tracepoints): printed for the zone of a write the controller
 # refused, to tell a write the host sent out of order from one the controller
@@ -123,29 +122,84 @@ zns_trace_show() {
         }
         /nvme_complete_rq/ { k = key($0); if (k in mine) { delete mine[k]; print } }' $tr/trace | tail -60
 }
-# btrfs in zoned mode: a file system on the zoned namespace, a file written,
-# the file system mounted again, the file read back.
-if ! grep -qw btrfs /proc/filesystems; then
-    t_skip "btrfs on the zoned namespace: this kernel has no btrfs"
-elif ! zns_trace_on || ! mkfs.btrfs -f -q -O zoned "$D4" >/tmp/o 2>&1; then
-    t_fail "mkfs.btrfs -O zoned: $(tail -3 /tmp/o)"
-elif ! mount -t btrfs "$D4" /mnt >/tmp/o 2>&1; then
-    t_fail "mount btrfs (zoned): $(tail -3 /tmp/o)"
-    dmesg | grep -i btrfs | tail -5
-else
+# zns_host_race: when the first write the controller refused as a Zone Invalid
+# Write was sent while another write to the same zone was still outstanding on
+# another queue, one line naming both. NVMe orders nothing across queues, so such
+# a pair can land in either order at any controller: the host relied on an order
+# it was never given (seen twice on Linux 6.1, never on 7.x). Empty otherwise.
+zns_host_race() {
+    awk -v zs=$((ZONE_BYTES / 512)) '
+        function key(l) { return match(l, /qid=[0-9]+, cmdid=[0-9]+/) ? substr(l, RSTART, RLENGTH) : "" }
+        function qid(k) { sub(/,.*/, "", k); sub(/qid=/, "", k); return k }
+        /nvme_setup_cmd/ && /nvme_cmd_write / && match($0, /slba=[0-9]+/) {
+            lba = substr($0, RSTART + 5, RLENGTH - 5); z = int(lba / zs); k = key($0)
+            with[k] = ""
+            for (o in zone) if (zone[o] == z && qid(o) != qid(k))
+                with[k] = "write LBA " lba " on qid " qid(k) " was sent while write LBA " at[o] " on qid " qid(o) " was outstanding"
+            zone[k] = z; at[k] = lba
+            next
+        }
+        /nvme_complete_rq/ {
+            k = key($0)
+            if (!(k in zone)) next
+            if (match($0, /status=0x[0-9a-f]*1bc/)) {
+                if (with[k] != "") print "zone " zone[k] ": " with[k]
+                exit
+            }
+            delete zone[k]
+        }' /sys/kernel/tracing/trace
+}
+# btrfs_zoned: mkfs.btrfs -O zoned on the zoned namespace, a file written, the
+# file system mounted again, the file read back. Sets $sum; the reason on failure
+# in /tmp/o.
+btrfs_zoned() {
+    blkzone reset "$D4"
+    zns_trace_on
+    if ! mkfs.btrfs -f -q -O zoned "$D4" >/tmp/o 2>&1; then
+        echo "mkfs.btrfs -O zoned: $(tail -3 /tmp/o)" >/tmp/o
+        return 1
+    fi
+    if ! mount -t btrfs "$D4" /mnt >/tmp/o 2>&1; then
+        echo "mount btrfs (zoned): $(tail -3 /tmp/o)" >/tmp/o
+        return 1
+    fi
     dd if=/dev/urandom of=/mnt/f bs=1M count=16 2>/dev/null
     sum=$(sha256sum /mnt/f | cut -d' ' -f1)
     sync
     umount /mnt
     if mount -t btrfs "$D4" /mnt >/tmp/o 2>&1 && [ "$(sha256sum /mnt/f | cut -d' ' -f1)" = "$sum" ]; then
-        t_pass "btrfs -O zoned: 16 MiB file reads back after umount and mount (${sum%"${sum#????????????????}"}...)"
-        # For a boot after this one (the zns-qemu suite): the file to find again.
-        echo "@@VNVME-BTRFS $sum@@"
-    else
-        t_fail "btrfs -O zoned: the file did not read back after mount ($(tail -2 /tmp/o))"
-        zns_trace_show
+        umount /mnt
+        return 0
     fi
+    echo "the file did not read back after mount ($(tail -2 /tmp/o))" >/tmp/o
     umount /mnt 2>/dev/null
+    return 1
+}
+# btrfs in zoned mode. A failure the trace shows the host caused (two writes to
+# one zone in flight on two queues) is shown and tried once more on empty zones;
+# any other failure, or a second race, is not passed.
+if ! grep -qw btrfs /proc/filesystems; then
+    t_skip "btrfs on the zoned namespace: this kernel has no btrfs"
+else
+    race=""
+    for try in 1 2; do
+        if btrfs_zoned; then
+            t_pass "btrfs -O zoned: 16 MiB file reads back after umount and mount (${sum%"${sum#????????????????}"}...)${race:+, on the second try}"
+            # For a boot after this one (the zns-qemu suite): the file to find again.
+            echo "@@VNVME-BTRFS $sum@@"
+            break
+        fi
+        dmesg | grep -i btrfs | tail -3
+        zns_trace_show
+        race=$(zns_host_race)
+        echo "btrfs zoned, try $try: $(cat /tmp/o); scheduler $(cat $q/scheduler); host race: ${race:-none}"
+        if [ -z "$race" ]; then
+            t_fail "btrfs -O zoned: $(cat /tmp/o)"
+            break
+        elif [ $try = 2 ]; then
+            t_skip "btrfs -O zoned: Linux $(uname -r) sent two writes to one zone at once on two queues, twice ($race)"
+        fi
+    done
 fi
 echo 0 >/sys/kernel/tracing/tracing_on 2>/dev/null
 echo 0 >/sys/kernel/tracing/events/nvme/enable 2>/dev/null
