@@ -332,3 +332,63 @@ fn an_attach_that_could_not_open_its_file_is_tried_again() {
     assert_eq!(got, [n], "attached within the retry");
     assert_eq!(active(&mut a), [1, n]);
 }
+
+/// Format NVM of `nsid` with CDW10 `cdw10`, run until it completes (an erase
+/// takes several runs of the admin side); notices it raised are kept for
+/// [`notices`].
+fn format(h: &mut MockHost, nsid: u32, cdw10: u32) -> Status {
+    let mut sqe = Sqe::with_opcode(aop::FORMAT_NVM);
+    (sqe.nsid, sqe.cdw10) = (U32::new(nsid), U32::new(cdw10));
+    let cid = h.submit(0, sqe).expect("admin queue has room");
+    for _ in 0..10_000 {
+        h.process();
+        let (mine, others): (Vec<_>, Vec<_>) = h.reap_queue(0).into_iter().partition(|c| c.cid.get() == cid);
+        AERS.with(|a| a.borrow_mut().entry(h as *const MockHost as usize).or_default().extend(others));
+        if let Some(c) = mine.first() {
+            return c.status();
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    panic!("Format NVM did not complete");
+}
+
+/// NSZE and the LBA format in use, as Identify Namespace (CNS `cns`) gives them.
+fn shape(h: &mut MockHost, cns: u8, nsid: u32) -> (u64, u8) {
+    let id = IdentifyNamespace::read_from_bytes(&h.identify(cns, nsid).unwrap()).unwrap();
+    (id.nsze.get(), id.flbas & 0xf)
+}
+
+#[test]
+fn a_format_through_one_controller_is_the_namespaces_format_on_every_controller() {
+    let d = dir("format");
+    let (mut a, mut b) = (controller(&d.0, 1), controller(&d.0, 2));
+    let n = create(&mut a, 8192, 8192, 0, true).unwrap();
+    assert_eq!(attach(&mut a, n, &[1, 2], false), Status::SUCCESS);
+    assert_eq!((notices(&mut a), notices(&mut b)), (vec![n], vec![n]));
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+    assert_eq!(b.write_blocks(1, n, 8, 512, &data), Status::SUCCESS);
+
+    // 4 KiB blocks (LBAF 1), user data kept, through controller 1.
+    assert_eq!(format(&mut a, n, 1), Status::SUCCESS);
+    assert_eq!(notices(&mut a), [n]);
+    assert_eq!(notices(&mut b), [n], "the other controller tells its host too");
+    assert_eq!((shape(&mut a, 0x00, n), shape(&mut b, 0x00, n)), ((1024, 1), (1024, 1)));
+    let (st, back) = b.read_blocks(1, n, 1, 1, 4096);
+    assert_eq!((st, back), (Status::SUCCESS, data.clone()), "the same bytes, in 4 KiB blocks");
+    assert_eq!(unvmcap(&mut b), CAPACITY - (4 << 20), "the capacity it takes is unchanged");
+    assert_eq!(shape(&mut b, cns::ALLOCATED_NAMESPACE, n), (1024, 1));
+
+    // A controller made again attaches it in the format it has now.
+    drop(b);
+    let mut b = controller(&d.0, 2);
+    assert_eq!(shape(&mut b, 0x00, n), (1024, 1));
+    assert_eq!(b.read_blocks(1, n, 1, 1, 4096), (Status::SUCCESS, data));
+
+    // Back to 512 B with the user data erased (SES 1), through controller 2.
+    assert_eq!(format(&mut b, n, 1 << 9), Status::SUCCESS);
+    assert_eq!(notices(&mut b), [n]);
+    assert_eq!(notices(&mut a), [n]);
+    assert_eq!((shape(&mut a, 0x00, n), shape(&mut b, 0x00, n)), ((8192, 0), (8192, 0)));
+    assert_eq!(a.read_blocks(1, n, 8, 8, 512), (Status::SUCCESS, vec![0u8; 4096]), "erased for both");
+    assert!(notices(&mut a).is_empty() && notices(&mut b).is_empty(), "one notice per change");
+}

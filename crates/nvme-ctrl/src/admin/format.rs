@@ -93,6 +93,9 @@ impl Admin<'_> {
             return status(Status::FORMAT_IN_PROGRESS);
         }
         if !erase {
+            if let Err(s) = self.record_in_pool(&targets, lbaf) {
+                return status(s);
+            }
             self.apply_format(&targets, lbaf, dps, f.mset(), false);
             return done();
         }
@@ -166,7 +169,9 @@ impl Admin<'_> {
         match outcome {
             None => self.admin.format = Some(job),
             Some(result) => {
-                let status = match result {
+                let status = match result
+                    .and_then(|()| self.record_in_pool(&job.targets, job.lbaf).map_err(CommandError::Status))
+                {
                     Ok(()) => {
                         self.apply_format(&job.targets, job.lbaf, job.dps, job.extended, true);
                         Status::SUCCESS
@@ -181,6 +186,19 @@ impl Admin<'_> {
             }
         }
         progress
+    }
+
+    /// Writes the new format of the pool's namespaces among `targets` into the
+    /// pool, before it takes effect here: every other controller they are attached
+    /// to takes it up when it next looks (`Controller::sync_pool`), and so does
+    /// whichever controller attaches them next. A Format whose record fails changes
+    /// nothing here.
+    fn record_in_pool(&self, targets: &[Arc<Namespace>], lbaf: u8) -> Result<(), Status> {
+        let Some(pool) = self.cfg.pool.as_deref() else { return Ok(()) };
+        for ns in targets.iter().filter(|ns| self.admin.pool_here.contains_key(&ns.nsid)) {
+            pool.format(ns.nsid, lbaf)?;
+        }
+        Ok(())
     }
 
     /// Puts LBA format `lbaf` with protection settings `dps` into effect on

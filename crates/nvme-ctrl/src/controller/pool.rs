@@ -2,12 +2,13 @@
 //! is attached here is active here. Each time the admin side runs it looks at
 //! the pool's change counter (one load); when it moved, namespaces attached to
 //! this controller since are added and those detached, deleted or made again
-//! (a new NGUID at the same NSID) are removed, each raising Namespace Attribute
-//! Changed as an operator's `ns.add` and `ns.remove` do.
+//! (a new NGUID at the same NSID) are removed, and those another controller
+//! formatted take their new format, each raising Namespace Attribute Changed as
+//! an operator's `ns.add` and `ns.remove` do.
 
 use std::sync::Arc;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::Controller;
 use crate::config::NamespaceConfig;
@@ -68,9 +69,10 @@ impl Controller {
         self.admin.pool_retry_at = None;
         let here: Vec<(u32, [u8; 16])> = self.admin.pool_here.iter().map(|(&n, &g)| (n, g)).collect();
         for (nsid, nguid) in here {
-            let stays =
-                state.namespaces.get(&nsid).is_some_and(|n| n.nguid == nguid && n.attached.contains(&me));
-            if !stays {
+            let stays = state.namespaces.get(&nsid).filter(|n| n.nguid == nguid && n.attached.contains(&me));
+            if let Some(n) = stays {
+                changed |= self.follow_format(nsid, n.lba_format, tell);
+            } else {
                 self.admin.pool_here.remove(&nsid);
                 match self.drop_namespace(nsid) {
                     Ok(()) if tell => self.namespace_changed(nsid),
@@ -101,6 +103,22 @@ impl Controller {
             }
         }
         changed
+    }
+
+    /// Puts the pool's namespace `nsid` in LBA format `lbaf`, the format another
+    /// controller's Format NVM gave it, if it is not in it already. True if it
+    /// changed (and the host was told, with `tell`).
+    fn follow_format(&mut self, nsid: u32, lbaf: u8, tell: bool) -> bool {
+        let Some(ns) = crate::namespace::lookup(&self.namespaces, nsid) else { return false };
+        if ns.lba_format() == lbaf || lbaf as usize >= ns.format_count() {
+            return false;
+        }
+        ns.set_lba_format(lbaf, 0, false);
+        info!(nsid, lba_size = 1u32 << ns.lba_shift(), "namespace formatted through another controller");
+        if tell {
+            self.namespace_changed(nsid);
+        }
+        true
     }
 
     /// Whether `nsid` is one of the pool's namespaces, active here (an upgrade

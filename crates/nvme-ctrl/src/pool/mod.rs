@@ -171,6 +171,12 @@ impl NamespacePool {
         self.update(|s| s.detach(nsid, ids))
     }
 
+    /// Records namespace `nsid`'s new LBA format (a Format NVM through this
+    /// controller); every other controller it is attached to takes it up.
+    pub fn format(&self, nsid: u32, lba_format: u8) -> Result<(), Status> {
+        self.update(|s| s.format(nsid, lba_format))
+    }
+
     /// The backend of the pool's namespace `nsid` with NGUID `nguid` (its data
     /// file).
     pub fn open_backend(&self, nsid: u32, nguid: &[u8; 16]) -> std::io::Result<Arc<dyn Backend>> {

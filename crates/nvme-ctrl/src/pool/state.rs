@@ -169,6 +169,19 @@ impl PoolState {
         Ok(nsid)
     }
 
+    /// Namespace `nsid` takes LBA format `lba_format` (a Format NVM through one of
+    /// its controllers): the same bytes, counted in the new block size.
+    pub fn format(&mut self, nsid: u32, lba_format: u8) -> Result<(), Status> {
+        if lba_format > 1 {
+            return Err(Status::INVALID_FORMAT);
+        }
+        let ns = self.namespaces.get_mut(&nsid).ok_or(Status::INVALID_NAMESPACE)?;
+        let bytes = ns.bytes();
+        ns.lba_format = lba_format;
+        ns.nsze = bytes / ns.lba_bytes();
+        Ok(())
+    }
+
     /// The pool's namespace `nsid`, or the status a command naming it gets: an
     /// operator's namespace is not the pool's to change (Invalid Field), an NSID
     /// the subsystem does not have is Invalid Namespace or Format.
@@ -290,6 +303,20 @@ mod tests {
         assert_eq!(p.create(new(1, false), 3, [3; 16]), Err(Status::NAMESPACE_IDENTIFIER_UNAVAILABLE));
         assert_eq!(p.delete(1), Err(Status::INVALID_FIELD), "an operator's namespace");
         assert_eq!(p.delete(7), Err(Status::INVALID_NAMESPACE));
+        p.check().unwrap();
+    }
+
+    #[test]
+    fn a_format_keeps_the_bytes_and_counts_them_in_the_new_block_size() {
+        let mut p = pool(1 << 20);
+        let n = p.create(new(1024, true), 8, [1; 16]).unwrap();
+        assert_eq!(p.format(n, 1), Ok(()));
+        assert_eq!((p.namespaces[&n].nsze, p.namespaces[&n].lba_format), (128, 1));
+        assert_eq!(p.unallocated(), (1 << 20) - 512 * 1024, "the capacity it takes is unchanged");
+        assert_eq!(p.format(n, 2), Err(Status::INVALID_FORMAT), "formats with metadata");
+        assert_eq!(p.format(1, 0), Err(Status::INVALID_NAMESPACE), "an operator's namespace");
+        assert_eq!(p.format(n, 0), Ok(()));
+        assert_eq!(p.namespaces[&n].nsze, 1024);
         p.check().unwrap();
     }
 
