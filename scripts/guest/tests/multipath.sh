@@ -171,6 +171,21 @@ else
     fio_verified "fio randwrite + verify through the new namespace's head" \
         --filename="$h2" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=8 --size=8M \
         --verify=crc32c --verify_fatal=1 --name=nsm
+    # Format NVM through the head (one path carries it): 4 KiB blocks, data kept.
+    # It is the namespace's format on both controllers: the head and both paths
+    # come to 4 KiB blocks (the other controller's from its notice).
+    nvme format "$h2" --lbaf=1 --force >/tmp/o 2>&1 || cat /tmp/o
+    lbs2() { cat /sys/block/${h2#/dev/}/queue/logical_block_size /sys/block/nvme*c*n2/queue/logical_block_size 2>&1 | tr '\n' ' '; }
+    _i=0
+    while [ "$(lbs2)" != "4096 4096 4096 " ] && [ $_i -lt 200 ]; do
+        usleep 100000
+        _i=$((_i + 1))
+    done
+    t_eq "nvme format of NSID 2 to 4 KiB blocks through one path: the head's and both paths' block size" \
+        "$(lbs2)" "4096 4096 4096 "
+    fio_verified "fio randwrite + verify through the head in its new format" \
+        --filename="$h2" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=8 --size=8M \
+        --verify=crc32c --verify_fatal=1 --name=nsm4k
     nvme detach-ns "$c1" --namespace-id=2 --controllers=2 >/tmp/o 2>&1 || cat /tmp/o
     if paths_wait 2 1; then
         t_pass "nvme detach-ns 2 from controller 2: one path left"
