@@ -66,6 +66,17 @@ impl Device {
         }
     }
 
+    /// What the caller keeps with every entry from now on (replacing what it kept
+    /// before), with its descriptors: a stand-in finds them in
+    /// [`DeviceSaved::extra`](crate::handover::DeviceSaved) and `extra_fds`.
+    /// Journaled now, before the operator who changed them is answered.
+    pub fn journal_extra(&mut self, extra: serde_json::Value, fds: Vec<OwnedFd>) {
+        let Some(j) = self.journal.as_mut() else { return };
+        j.extra = extra;
+        j.extra_fds = fds;
+        self.journal_now();
+    }
+
     /// An operator changed what a stand-in keeps (the ANA states): journaled now,
     /// before the operator is answered.
     pub fn journal_now(&mut self) {
@@ -113,14 +124,24 @@ impl Device {
             self.journal = Some(j);
             return;
         }
+        let extra_fds = match j.extra_fds.iter().map(|f| f.try_clone()).collect::<io::Result<Vec<_>>>() {
+            Ok(fds) => fds,
+            Err(e) => {
+                // Kept for the next entry: this one goes without what the caller added.
+                warn!("cannot journal what the server keeps for a stand-in ({e}): journaling without it");
+                Vec::new()
+            }
+        };
+        let extra =
+            if extra_fds.len() == j.extra_fds.len() { j.extra.clone() } else { serde_json::Value::Null };
         let parts = Parts {
             controller: None,
             quiesced_at_ns: 0,
             client: j.client.as_ref(),
             partial: None,
             listener: Some(&j.listener),
-            extra: serde_json::Value::Null,
-            extra_fds: Vec::new(),
+            extra,
+            extra_fds,
         };
         match self.saved(parts).and_then(|(saved, fds)| send_saved(&mut j.conn, &saved, &fds).map(|()| saved))
         {

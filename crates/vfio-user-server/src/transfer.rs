@@ -41,6 +41,10 @@ pub struct Journal {
     pub(crate) due: bool,
     /// The client being served (a duplicate of its connection).
     pub(crate) client: Option<UnixStream>,
+    /// What the caller keeps with each entry ([`crate::Device::journal_extra`]):
+    /// vnvme's namespaces and QoS, and their descriptors.
+    pub(crate) extra: serde_json::Value,
+    pub(crate) extra_fds: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Journal {
@@ -52,6 +56,8 @@ impl Journal {
             listener: listener.try_clone()?,
             due: true,
             client: None,
+            extra: serde_json::Value::Null,
+            extra_fds: Vec::new(),
         })
     }
 }

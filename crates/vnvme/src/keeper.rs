@@ -35,8 +35,9 @@ pub const MAX_RESTARTS: usize = 5;
 pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// How long a new serving process may take to report (its namespaces open first).
 const REPORT_WAIT: Duration = Duration::from_secs(120);
-/// How long a stand-in may take to restore the device once it has the journal.
-const READY_WAIT: Duration = Duration::from_secs(30);
+/// How long a stand-in may take to restore the device once it has the journal
+/// (its namespaces open then: the journal says which).
+const READY_WAIT: Duration = REPORT_WAIT;
 
 /// What this process is, under `--restart-on-crash`.
 pub enum Role {

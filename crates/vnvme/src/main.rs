@@ -7,6 +7,7 @@ mod demo;
 mod docs;
 mod endpoint;
 mod fdpspec;
+mod handed;
 mod identify;
 mod keeper;
 mod logging;

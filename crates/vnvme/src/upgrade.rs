@@ -26,12 +26,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme_ctrl::qos::{QosGroup, QosLimits};
+use nvme_ctrl::qos::QosGroup;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use vfio_user_server::handover::{self, HandoverRequest};
 
 use crate::control::{code, RpcError};
+use crate::handed::{push, saved_namespaces, GroupSaved, NsSaved};
 
 /// What `upgrade.prepare` and `upgrade.handover` read of the running server.
 pub struct Running<'a> {
@@ -69,12 +70,6 @@ pub struct Prepared {
     pub pid: u32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct GroupSaved {
-    pub name: String,
-    pub limits: QosLimits,
-}
-
 /// What vnvme adds to the device's hand-over (`DeviceSaved::extra`). Descriptors
 /// are indexes into `DeviceSaved::extra_fds`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -88,20 +83,6 @@ pub struct Extra {
     /// process reports to it.
     #[serde(default)]
     pub keeper: Option<crate::keeper::Link>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NsSaved {
-    pub nsid: u32,
-    pub spec: String,
-    /// A RAM namespace's memfd.
-    pub memory: Option<usize>,
-    /// A RAM namespace's metadata memfd.
-    #[serde(default)]
-    pub meta_memory: Option<usize>,
-    /// The QoS group it draws from (a named one, or its own), and its limits.
-    pub group: Option<String>,
-    pub limits: Option<QosLimits>,
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -178,36 +159,7 @@ fn start_hand_over(
     let specs = now.namespaces.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let r = r.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
-        let mut namespaces = Vec::new();
-        // The pool's namespaces are the pool's: the next process attaches them
-        // from there.
-        for ns in d.ctrl.namespaces().filter(|n| !d.ctrl.is_pool_namespace(n.nsid)) {
-            let spec =
-                specs.get(&ns.nsid).ok_or_else(|| format!("namespace {} has no --ns text", ns.nsid))?;
-            let memory = match ns.backend.handover_fd() {
-                Some(fd) => Some(push(&mut fds, fd.map_err(|e| format!("namespace {}: {e}", ns.nsid))?)),
-                None => None,
-            };
-            // Its metadata lives in memory too: the next process maps the same.
-            let meta = ns.meta.as_ref().and_then(|m| m.fd()).filter(|_| memory.is_some());
-            let meta_memory = match meta {
-                Some(fd) => Some(push(
-                    &mut fds,
-                    fd.try_clone_to_owned().map_err(|e| format!("namespace {}: metadata: {e}", ns.nsid))?,
-                )),
-                None => None,
-            };
-            let qos = d.ctrl.qos(ns.nsid);
-            let (group, limits) = (qos.as_ref().map(|g| g.name.clone()), qos.map(|g| g.limits()));
-            namespaces.push(NsSaved {
-                nsid: ns.nsid,
-                spec: spec.clone(),
-                memory,
-                meta_memory,
-                group,
-                limits,
-            });
-        }
+        let namespaces = saved_namespaces(d, &specs, &mut fds)?;
         let keeper = crate::keeper::link().cloned();
         let extra = Extra { prepared: now, namespaces, control, metrics, stderr, keeper };
         let extra = serde_json::to_value(extra).map_err(|e| e.to_string())?;
@@ -222,11 +174,6 @@ fn start_hand_over(
     });
     r.map_err(|e| e.to_string())??;
     Ok(rx)
-}
-
-fn push(fds: &mut Vec<OwnedFd>, fd: OwnedFd) -> usize {
-    fds.push(fd);
-    fds.len() - 1
 }
 
 /// `vnvme takeover`'s arguments.
@@ -280,14 +227,6 @@ pub fn ask_handover(control: &Path, prepared: &Prepared) -> Result<Taken, String
         }
     };
     Ok(Taken { prepared: prepared.clone(), handover: h, extra })
-}
-
-/// The QoS groups as they were, by name.
-pub fn groups(p: &Prepared) -> Result<BTreeMap<String, Arc<QosGroup>>, String> {
-    p.groups
-        .iter()
-        .map(|g| Ok((g.name.clone(), Arc::new(QosGroup::new(g.name.clone(), g.limits)?))))
-        .collect()
 }
 
 /// `vnvme ctl upgrade`'s arguments.

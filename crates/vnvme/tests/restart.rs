@@ -327,6 +327,92 @@ fn an_operators_ana_state_outlives_a_crash() {
 }
 
 #[test]
+fn an_operators_namespaces_qos_and_ram_data_outlive_a_crash() {
+    // What the operator changed through the control socket, and what a RAM
+    // namespace holds, are the stand-in's too: a namespace that vanished with a
+    // crash would fail the guest's I/O to it, a limit that vanished would let a
+    // noisy neighbour loose.
+    let dir = common::temp_dir("restart");
+    let control = dir.join("c.sock");
+    let mut s = kept(&dir, &["--ns", "ram:4M", "--control", control.to_str().unwrap()]);
+    let first = wait_serving(&s, None);
+    let added = ctl_of_another(&s, &control, 0, &["ns.add", "ram:8M:lba=4096", "5"]);
+    assert_eq!(added["nsid"], 5, "{added}");
+    ctl_of_another(&s, &control, 0, &["ns.resize", "5", "12M"]);
+    assert_eq!(ctl_of_another(&s, &control, 0, &["ns.add", "ram:1M"])["nsid"], 3);
+    ctl_of_another(&s, &control, 0, &["ns.remove", "3"]);
+    ctl_of_another(&s, &control, 0, &["qos.set", "group=gold", "iops=50000"]);
+    ctl_of_another(&s, &control, 0, &["qos.set", "2", "group=gold"]);
+    ctl_of_another(&s, &control, 0, &["qos.set", "5", "bps=900M"]);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    h.nsid = 2;
+    write_page(&mut h, 64, &page(5));
+    h.nsid = 5;
+    h.lba_size = 4096;
+    write_page(&mut h, 2900, &page(6)); // past the first 8 MiB: the resize is kept
+
+    kill9(first);
+    let list = ctl_of_another(&s, &control, first, &["ns.list"]);
+    let shape: Vec<(u64, u64, String)> = list["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (n["nsid"].as_u64().unwrap(), n["size"].as_u64().unwrap(), n["spec"].as_str().unwrap().into())
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (1, 16 << 20, format!("file:{}:16M", dir.join("d.img").display())),
+            (2, 4 << 20, "ram:4M".to_string()),
+            (5, 12 << 20, "ram:8M:lba=4096".to_string())
+        ],
+        "{list}\n{}",
+        s.log()
+    );
+    let qos = ctl_of_another(&s, &control, first, &["qos.get"]);
+    let limits: Vec<(u64, String)> = qos["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["nsid"].as_u64().unwrap(), n["group"].as_str().unwrap_or("").to_string()))
+        .collect();
+    assert_eq!(limits, [(1, String::new()), (2, "gold".to_string()), (5, "ns5".to_string())], "{qos}");
+    assert_eq!(qos["namespaces"][1]["limits"]["iops"]["rate"], 50000, "{qos}");
+    assert_eq!(qos["namespaces"][2]["limits"]["bps"]["rate"], 900u64 << 20, "{qos}");
+    assert_eq!(qos["groups"][0]["group"], "gold", "the named group, for the next namespace to join: {qos}");
+
+    // The host resets the stand-in and reads what it wrote to both RAM namespaces.
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS);
+    h.bring_up(8, false);
+    h.lba_size = 4096;
+    assert_eq!(read_page(&mut h, 2900), page(6), "namespace 5 (ns.add, resized) after the crash");
+    h.nsid = 2;
+    h.lba_size = 512;
+    assert_eq!(read_page(&mut h, 64), page(5), "namespace 2 (RAM) after the crash");
+}
+
+#[test]
+fn a_ram_namespace_keeps_its_data_through_a_crash() {
+    // Its memory is journaled from the start (the keeper holds it), not only
+    // once an operator changes something.
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &["--ns", "ram:4M"]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    h.nsid = 2;
+    write_page(&mut h, 8, &page(7));
+    kill9(first);
+    wait_serving(&s, Some(first));
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 8), page(7), "{}", s.log());
+}
+
+#[test]
 fn an_upgrade_under_a_keeper_leaves_the_new_process_kept() {
     let dir = common::temp_dir("restart");
     let control = dir.join("c.sock");

@@ -50,6 +50,25 @@ impl Context {
 
 /// Runs `req`.
 pub fn call(ctx: &Context, req: Request) -> Result<Value, RpcError> {
+    // What a stand-in after a crash keeps (`--restart-on-crash`): journaled before
+    // the operator hears it is done.
+    let kept =
+        matches!(req, Request::NsAdd(_) | Request::NsRemove(_) | Request::NsResize(_) | Request::QosSet(_));
+    let r = dispatch(ctx, req);
+    if kept && r.is_ok() {
+        let specs = ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let groups = ctx.groups.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Err(e) = job(ctx, move |d| crate::handed::journal(d, &specs, &groups)) {
+            tracing::warn!(
+                "the keeper's journal does not have this change ({}): a crash would lose it",
+                e.message
+            );
+        }
+    }
+    r
+}
+
+fn dispatch(ctx: &Context, req: Request) -> Result<Value, RpcError> {
     match req {
         Request::CtrlInfo(NoParams {}) => ctrl_info(ctx),
         Request::NsList(NoParams {}) => ns_list(ctx),

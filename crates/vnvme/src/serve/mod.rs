@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvme_ctrl::qos::QosGroup;
-use nvme_ctrl::{Controller, ControllerConfig, PollMode, StatsSnapshot};
+use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig, PollMode, StatsSnapshot};
 use vfio_user_server::socket_file::SocketFile;
 use vfio_user_server::{server, Device, EventFdInterrupts};
 
@@ -35,26 +35,48 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     let max_namespaces = max_namespaces(&a)?;
-    let mut namespaces = Vec::new();
-    for (i, spec) in a.namespaces.iter().enumerate() {
-        let opened = spec
-            .check_operator_size()
-            .and_then(|()| spec.open())
-            .map_err(|e| format!("--ns {}: {e}", spec.text))?;
-        namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened });
-    }
+    // Standing in for a process that died: the keeper's journal has the device,
+    // and the namespaces and QoS groups as the operator last left them.
+    let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
+    let kept = journal.as_ref().and_then(crate::handed::Journaled::from_journal);
+    let (namespaces, groups) = match (journal.as_mut(), &kept) {
+        (Some(h), Some(k)) => (kept_namespaces(h, k, &a), k.groups()?),
+        _ => {
+            let mut namespaces = Vec::new();
+            for (i, spec) in a.namespaces.iter().enumerate() {
+                let opened = spec
+                    .check_operator_size()
+                    .and_then(|()| spec.open())
+                    .map_err(|e| format!("--ns {}: {e}", spec.text))?;
+                namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened });
+            }
+            (namespaces, Default::default())
+        }
+    };
     let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
     let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
     let cfg = ControllerConfig {
-        namespaces: namespaces.iter().map(|n| n.opened.config()).collect(),
+        namespaces: namespaces
+            .iter()
+            .map(|n| NamespaceConfig { nsid: Some(n.nsid), ..n.opened.config() })
+            .collect(),
         pool,
         ..controller_config(&a, max_namespaces)
     };
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
     let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
+    for n in kept.iter().flat_map(|k| &k.namespaces) {
+        let Some(name) = &n.group else { continue };
+        let g = match groups.get(name) {
+            Some(g) => g.clone(),
+            // A namespace's own limits: a group of its own, not among the named.
+            None => Arc::new(QosGroup::new(name.clone(), n.limits.unwrap_or_default())?),
+        };
+        if let Err(e) = ctrl.set_qos(n.nsid, Some(g)) {
+            eprintln!("vnvme: namespace {}: its QoS limits from before the crash: {e}", n.nsid);
+        }
+    }
     let poll = poll_mode(&a);
-    // Standing in for a process that died: the keeper's journal has the device.
-    let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
     if let Some(h) = journal.as_mut() {
         ctrl.set_doorbell_kick(h.take(h.saved.kick)?)?;
     }
@@ -114,7 +136,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         metrics,
         poll,
         drop_to,
-        groups: Default::default(),
+        groups: groups.clone(),
         takeover: None,
         sockets,
     }
@@ -138,8 +160,77 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(s) = keeper {
         let j = vfio_user_server::keeper::Journal::new(s, &started.listener)?;
         started.dev.keep_with(j);
+        let specs = started.namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
+        crate::handed::journal(&mut started.dev, &specs, &groups);
     }
     started.serve(client.map(|c| (c, vfio_user_server::Partial::default())))
+}
+
+/// The namespaces a stand-in serves: those of `kept`, the journal's, each opened
+/// again from its `--ns` text (a RAM namespace on the memory the keeper held, at
+/// its size then). One that cannot be opened is left out and said so: the guest,
+/// which resets a stand-in, finds it gone rather than losing the whole controller.
+///
+/// The journal comes from a process a hostile VMM may have taken over, and this
+/// one opens namespaces before it drops to `--user` and into its sandbox: it opens
+/// nothing the dead process could not have opened itself ([`may_reopen`]).
+fn kept_namespaces(
+    h: &mut vfio_user_server::handover::Handover,
+    kept: &crate::handed::Journaled,
+    a: &ServeArgs,
+) -> Vec<Ns> {
+    let mut namespaces = Vec::new();
+    for n in &kept.namespaces {
+        let opened = (|| -> Result<crate::nsspec::Opened, String> {
+            let mut spec: crate::nsspec::NsSpec = n.spec.parse()?;
+            if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
+                may_reopen(&spec, a)?;
+                return spec.open().map_err(|e| e.to_string());
+            }
+            spec.size = n.size.or(spec.size);
+            let mut take =
+                |i: Option<usize>| i.map(|i| h.take_extra(i)).transpose().map_err(|e| e.to_string());
+            let fds = crate::nsspec::Kept { data: take(n.memory)?, meta: take(n.meta_memory)? };
+            spec.open_with(fds).map_err(|e| e.to_string())
+        })();
+        match opened {
+            Ok(opened) => namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened }),
+            Err(e) => eprintln!(
+                "vnvme: namespace {} ({}), served before the crash, cannot be opened again: {e}; the stand-in \
+                 serves without it",
+                n.nsid, n.spec
+            ),
+        }
+    }
+    namespaces
+}
+
+/// Whether a stand-in may open `spec` again (not a RAM namespace, whose memory the
+/// keeper held): the operator's own `--ns`, or one the dead process could have
+/// added itself, with its own rights: it had a control socket, ran as the user
+/// this process opens as (no `--user`), and its sandbox allowed that kind.
+fn may_reopen(spec: &crate::nsspec::NsSpec, a: &ServeArgs) -> Result<(), String> {
+    if a.namespaces.iter().any(|o| o.text == spec.text) {
+        return Ok(());
+    }
+    if a.control.is_none() {
+        return Err("not an --ns of this server's, which has no control socket to add one with".into());
+    }
+    if let Some(u) = &a.user {
+        return Err(format!(
+            "added with ns.add by a process running as --user {u}, and a stand-in opens namespaces as the \
+             keeper's user: only the operator's --ns are opened again (add it again with vnvme ctl ns.add)"
+        ));
+    }
+    if a.sandbox == Switch::On {
+        // librados' threads are allowed where an --ns is an rbd: volume.
+        #[cfg(feature = "rbd")]
+        let rbd = a.namespaces.iter().any(|o| matches!(o.kind, crate::nsspec::Kind::Rbd(_)));
+        #[cfg(not(feature = "rbd"))]
+        let rbd = false;
+        spec.may_add(&sandbox::Needs { control: true, rbd, ..Default::default() })?;
+    }
+    Ok(())
 }
 
 /// A namespace as served: its NSID, its `--ns` text and its backend.
@@ -547,6 +638,34 @@ fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(extra: &[&str]) -> ServeArgs {
+        let argv: Vec<String> = ["vnvme", "serve", "--socket", "/run/x.sock", "--ns", "file:/srv/a.img:1G"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
+        crate::parse_serve(&argv).unwrap()
+    }
+
+    /// A journal names what the dead process served; a stand-in opens again only
+    /// what that process could have opened itself.
+    #[test]
+    fn a_stand_in_opens_again_only_what_the_dead_process_could_have() {
+        let spec = |t: &str| t.parse::<crate::nsspec::NsSpec>().unwrap();
+        let control = ["--control", "/run/x.ctl"];
+        assert_eq!(may_reopen(&spec("file:/srv/a.img:1G"), &args(&[])), Ok(()), "the operator's --ns");
+        let e = may_reopen(&spec("file:/etc/shadow"), &args(&[])).unwrap_err();
+        assert!(e.contains("no control socket"), "{e}");
+        assert_eq!(may_reopen(&spec("file:/srv/b.img"), &args(&control)), Ok(()), "ns.add, same rights");
+        let e = may_reopen(&spec("file:/srv/b.img"), &args(&[&control[..], &["--user", "nobody"]].concat()))
+            .unwrap_err();
+        assert!(e.contains("--user nobody"), "{e}");
+        let e = may_reopen(&spec("nvme://0000:01:00.0"), &args(&control)).unwrap_err();
+        assert!(e.contains("sandbox"), "a kind the sandbox never let ns.add open: {e}");
+        let off = [&control[..], &["--sandbox", "off"]].concat();
+        assert_eq!(may_reopen(&spec("nvme://0000:01:00.0"), &args(&off)), Ok(()));
+    }
 
     /// The stats thread, the start-up write and the last write run at once: every
     /// write succeeds and the file always parses.

@@ -46,7 +46,7 @@ pub fn takeover(
         let h = &mut taken.handover;
         let x = &taken.extra;
         let saved = h.saved.controller.clone().ok_or("the running server handed over no controller state")?;
-        let groups = upgrade::groups(&taken.prepared)?;
+        let groups = crate::handed::groups(&taken.prepared.groups)?;
         let mut namespaces = Vec::new();
         for n in &x.namespaces {
             let size = saved.namespaces.iter().find(|s| s.nsid == n.nsid).map(|s| s.size);
@@ -158,6 +158,8 @@ pub fn takeover(
             return Err(format!("cannot take over: {why}; the running server serves on").into());
         }
     };
+    // What the keeper's journal keeps of them, once this process reports to it.
+    let kept_groups = running.groups.clone();
     let client = match taken.handover.saved.client {
         Some(i) => Some((UnixStream::from(taken.handover.take(i)?), taken.handover.take_partial()?)),
         None => None,
@@ -194,7 +196,11 @@ pub fn takeover(
     started.dev.ctrl.resume();
     if let Some(s) = keeper {
         match vfio_user_server::keeper::Journal::new(s, &started.listener) {
-            Ok(j) => started.dev.keep_with(j),
+            Ok(j) => {
+                started.dev.keep_with(j);
+                let specs = started.namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
+                crate::handed::journal(&mut started.dev, &specs, &kept_groups);
+            }
             Err(e) => {
                 eprintln!("vnvme: takeover: the keeper's journal: {e}; this process runs without a keeper")
             }
