@@ -119,7 +119,16 @@ pub fn journal(
         return;
     }
     let mut fds = Vec::new();
-    let built = saved_namespaces(d, specs, &mut fds).and_then(|namespaces| {
+    let built = saved_namespaces(d, specs, &mut fds).and_then(|mut namespaces| {
+        // A zoned RAM namespace's write pointers die with the process (an upgrade
+        // hands them over; a journal has no controller state): its data without
+        // them would read back under zones the stand-in reports empty. It starts
+        // over, zeroed, as a whole.
+        for n in &mut namespaces {
+            if d.ctrl.namespace(n.nsid).is_some_and(|ns| ns.zones.is_some()) {
+                (n.memory, n.meta_memory) = (None, None);
+            }
+        }
         let groups =
             groups.values().map(|g| GroupSaved { name: g.name.clone(), limits: g.limits() }).collect();
         serde_json::to_value(Journaled { namespaces, groups }).map_err(|e| e.to_string())

@@ -413,6 +413,27 @@ fn a_ram_namespace_keeps_its_data_through_a_crash() {
 }
 
 #[test]
+fn a_zoned_ram_namespace_starts_over_empty_after_a_crash() {
+    // Its write pointers died with the process: its data, kept, would sit under
+    // zones the stand-in reports empty. It starts over zeroed instead.
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &["--ns", "ram:8M:zoned=1M"]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    h.nsid = 2;
+    write_page(&mut h, 0, &page(8));
+    assert_eq!(read_page(&mut h, 0), page(8));
+    kill9(first);
+    wait_serving(&s, Some(first));
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 0), vec![0u8; 4096], "{}", s.log());
+    write_page(&mut h, 0, &page(9));
+    assert_eq!(read_page(&mut h, 0), page(9), "zone 0 written again from its start");
+}
+
+#[test]
 fn an_upgrade_under_a_keeper_leaves_the_new_process_kept() {
     let dir = common::temp_dir("restart");
     let control = dir.join("c.sock");
