@@ -121,8 +121,9 @@ pub struct ServeArgs {
     /// start another that takes the VMM's connection over: the VMM sees nothing, the
     /// guest sees a Persistent Internal Error event and resets the controller (with native
     /// multipath, I/O goes on through the other paths meanwhile). This process
-    /// keeps the connection, the guest memory and interrupt descriptors meanwhile;
-    /// at most 5 restarts a minute.
+    /// keeps the connection, the guest memory and interrupt descriptors meanwhile,
+    /// and the namespaces, QoS and ANA states as `vnvme ctl` left them (with the
+    /// memory of `ram:` namespaces); at most 5 restarts a minute.
     #[arg(long)]
     pub restart_on_crash: bool,
     /// Write the controller's counters (JSON) here twice a second and at exit
