@@ -63,7 +63,7 @@ pub use config::{
     Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig,
     DEFAULT_COMMAND_TIMEOUT, MAX_CNTLID, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
 };
-pub use controller::{AdminQueues, Controller, NamespaceError};
+pub use controller::{AdminQueues, Controller, FormatSaved, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use lifecycle::Lifecycle;

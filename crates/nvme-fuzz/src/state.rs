@@ -153,11 +153,21 @@ pub fn run_state_counted(data: &[u8], stats: &mut StateStats) {
         return;
     };
     let mut c = Controller::new((src.cfg)(), src.mem.clone(), src.irq.clone()).expect("controller");
-    // A process standing in after a crash (`--restart-on-crash`) takes only CC and
-    // the ANA states from what its keeper journaled: those, as mutated.
+    // A process standing in after a crash (`--restart-on-crash`) takes only CC,
+    // the ANA states and the namespaces' formats from what its keeper journaled:
+    // those, as mutated (the formats made up from the input).
     if u.ratio(1, 4).unwrap_or(false) {
         stats.stand_ins += 1;
         let admin = nvme_ctrl::AdminQueues { aqa: state.regs.aqa, asq: state.regs.asq, acq: state.regs.acq };
+        let formats: Vec<nvme_ctrl::FormatSaved> = (0..u.int_in_range(0..=3).unwrap_or(0))
+            .map(|_| nvme_ctrl::FormatSaved {
+                nsid: u.int_in_range(0..=4).unwrap_or(1),
+                lbaf: u.arbitrary().unwrap_or(0),
+                dps: u.arbitrary().unwrap_or(0),
+                extended: u.arbitrary().unwrap_or(false),
+            })
+            .collect();
+        c.restore_formats(&formats);
         c.stand_in_after_crash(state.regs.cc, Some(admin), Some(&state.ana));
         for _ in 0..4 {
             c.process();

@@ -73,6 +73,9 @@ pub struct DeviceSaved {
     /// The ANA states set on this controller (what a stand-in controller keeps).
     #[serde(default)]
     pub ana: Option<nvme_ctrl::ana::AnaSaved>,
+    /// The namespaces' formats as the host last chose them (what a stand-in keeps).
+    #[serde(default)]
+    pub formats: Vec<nvme_ctrl::FormatSaved>,
     /// AQA, ASQ and ACQ as the host last wrote them (where a stand-in finds the
     /// host's outstanding Asynchronous Event Request).
     #[serde(default)]
@@ -211,6 +214,7 @@ impl Device {
             }
             None => {
                 let admin = s.admin_queues.map(|(aqa, asq, acq)| nvme_ctrl::AdminQueues { aqa, asq, acq });
+                d.ctrl.restore_formats(&s.formats);
                 d.ctrl.stand_in_after_crash(s.cc, admin, s.ana.as_ref())
             }
         }
@@ -377,6 +381,7 @@ impl Device {
             controller: p.controller,
             cc: u32::from_le_bytes(cc),
             ana: Some(self.ctrl.ana_saved()),
+            formats: self.ctrl.formats_saved(),
             admin_queues,
             negotiated: self.negotiated,
             config: hex(self.config.bytes()),

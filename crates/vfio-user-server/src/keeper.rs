@@ -9,7 +9,10 @@
 //! ([`Journal`]) whenever they change: after VERSION, DMA_MAP and DMA_UNMAP,
 //! SET_IRQS, a device reset, a write to config space, to the MSI-X table or to CC,
 //! and when a client comes or goes; the entry goes before the reply, so what a
-//! client was told is done is in the journal. None of these is on the I/O path:
+//! client was told is done is in the journal. A Format NVM that changed a
+//! namespace's format is journaled with the next message (`Journal::format_epoch`);
+//! what the caller adds ([`Device::journal_extra`]: vnvme's namespaces and QoS)
+//! goes when the caller says. None of these is on the I/O path:
 //! an I/O command costs the journal one flag test.
 //!
 //! Since the keeper holds the connection, the client sees no hang-up when the
@@ -113,14 +116,15 @@ impl Device {
     }
 
     pub(crate) fn journal_due(&self) -> bool {
-        self.journal.as_ref().is_some_and(|j| j.due)
+        self.journal.as_ref().is_some_and(|j| j.due || j.format_epoch != self.ctrl.format_epoch())
     }
 
     /// Writes an entry if one is due. A keeper that does not take it is given up
     /// (logged): the device serves on, without one.
     pub(crate) fn write_journal(&mut self) {
         let Some(mut j) = self.journal.take() else { return };
-        if !j.due {
+        let format_epoch = self.ctrl.format_epoch();
+        if !j.due && j.format_epoch == format_epoch {
             self.journal = Some(j);
             return;
         }
@@ -151,7 +155,7 @@ impl Device {
                     client = saved.client.is_some(),
                     "journaled to the keeper"
                 );
-                j.due = false;
+                (j.due, j.format_epoch) = (false, format_epoch);
                 self.journal = Some(j);
             }
             Err(e) => warn!(

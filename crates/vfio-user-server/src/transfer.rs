@@ -39,6 +39,9 @@ pub struct Journal {
     pub(crate) listener: UnixListener,
     /// Something journaled has changed since the last entry.
     pub(crate) due: bool,
+    /// The controller's format epoch at the last entry: a Format NVM since makes
+    /// one due.
+    pub(crate) format_epoch: u64,
     /// The client being served (a duplicate of its connection).
     pub(crate) client: Option<UnixStream>,
     /// What the caller keeps with each entry ([`crate::Device::journal_extra`]):
@@ -55,6 +58,7 @@ impl Journal {
             conn: vfio_user::Connection::with_deadline(stream, JOURNAL_WAIT)?,
             listener: listener.try_clone()?,
             due: true,
+            format_epoch: 0,
             client: None,
             extra: serde_json::Value::Null,
             extra_fds: Vec::new(),

@@ -413,6 +413,35 @@ fn a_ram_namespace_keeps_its_data_through_a_crash() {
 }
 
 #[test]
+fn the_format_a_host_chose_outlives_a_crash() {
+    // The data is laid out in the format the host chose; a stand-in back in the
+    // --ns format would show it in blocks the host never wrote.
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &["--ns", "ram:4M"]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let mut format = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::FORMAT_NVM);
+    (format.nsid, format.cdw10) = (2.into(), 1.into()); // LBAF 1: 4 KiB blocks, no erase
+    assert!(h.admin(format).status().is_success());
+    (h.nsid, h.lba_size) = (2, 4096);
+    write_page(&mut h, 3, &page(10));
+    kill9(first);
+    wait_serving(&s, Some(first));
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
+    h.bring_up(8, false);
+    let mut id = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::IDENTIFY);
+    id.nsid = 2.into();
+    id.set_prps(NvmeOverVfioUser::slot(2), 0);
+    assert!(h.admin(id).status().is_success());
+    let mut ns = vec![0u8; 4096];
+    h.mem.read(NvmeOverVfioUser::slot(2), &mut ns).unwrap();
+    assert_eq!(ns[26] & 0xf, 1, "FLBAS after the crash\n{}", s.log());
+    (h.nsid, h.lba_size) = (2, 4096);
+    assert_eq!(read_page(&mut h, 3), page(10));
+}
+
+#[test]
 fn a_zoned_ram_namespace_starts_over_empty_after_a_crash() {
     // Its write pointers died with the process: its data, kept, would sit under
     // zones the stand-in reports empty. It starts over zeroed instead.

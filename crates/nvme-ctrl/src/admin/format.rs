@@ -31,6 +31,24 @@ const PIECE_MAX: u64 = 256 << 20;
 /// The most time one `process` call spends starting erase pieces.
 pub(crate) const FORMAT_SLICE: Duration = Duration::from_millis(2);
 
+/// Whether namespace `ns` offers LBA format `lbaf` with protection settings `dps`,
+/// its metadata inline (`extended`, MSET) or not: formats with metadata only where
+/// it can be kept (and not on a zoned namespace), a PI type only with metadata for
+/// it, and MSET only where metadata is kept at all.
+pub(crate) fn offers(ns: &Namespace, lbaf: u8, dps: u8, extended: bool) -> bool {
+    let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
+    crate::namespace::format_fits(*def, dps).is_ok()
+        && (def.ms == 0 || ns.zones.is_none())
+        && (!extended || ns.meta.is_some())
+}
+
+/// Whether the backend of `ns` can do the blocks of format `lbaf` (not smaller
+/// than its own, and its size a multiple). `lbaf` is one [`offers`] allowed.
+pub(crate) fn backend_fits(ns: &Namespace, lbaf: u8) -> bool {
+    let lba = 1u64 << LBA_FORMATS[lbaf as usize].shift;
+    crate::namespace::lba_fits(lba, ns.info.block_size, ns.size())
+}
+
 impl AdminState {
     /// Ends an erasing Format in progress with Internal Error (`why` is logged).
     pub(crate) fn fail_format(&mut self, engine: &mut IoEngine, why: &str) {
@@ -66,17 +84,7 @@ impl Admin<'_> {
             pi => pi | if f.pil() { nvme_spec::identify::dps::FIRST } else { 0 },
         };
         let lbaf = f.lbaf();
-        let fits = |ns: &Arc<Namespace>| {
-            let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
-            crate::namespace::format_fits(*def, dps).is_ok()
-                && (def.ms == 0 || ns.zones.is_none())
-                // Metadata inline (MC bit 0) only where metadata is kept at all.
-                && (!f.mset() || ns.meta.is_some())
-        };
-        // Formats with metadata only where it can be kept; a PI type only with
-        // metadata for it. MSET (metadata inline) means nothing in a format without
-        // metadata, on a namespace that has formats with.
-        if !targets.iter().all(fits) {
+        if !targets.iter().all(|ns| offers(ns, lbaf, dps, f.mset())) {
             return status(Status::INVALID_FORMAT);
         }
         let erase = match f.ses() {
@@ -84,9 +92,7 @@ impl Admin<'_> {
             1 => true,
             _ => return Err(CommandError::InvalidField("cryptographic erase is not supported")),
         };
-        let lba = 1u64 << LBA_FORMATS[lbaf as usize].shift;
-        if targets.iter().any(|ns| !crate::namespace::lba_fits(lba, ns.info.block_size, ns.size())) {
-            // The backend cannot do blocks that small (or its size is not a multiple).
+        if !targets.iter().all(|ns| backend_fits(ns, lbaf)) {
             return status(Status::INVALID_FORMAT);
         }
         if self.admin.format.is_some() {
@@ -213,6 +219,7 @@ impl Admin<'_> {
                 }
             }
             ns.set_lba_format(lbaf, dps, extended);
+            self.admin.format_epoch += 1;
             // A formatted zoned namespace starts over with every zone empty.
             if let Some(z) = &ns.zones {
                 z.reset_controller(true);

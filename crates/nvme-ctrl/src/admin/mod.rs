@@ -4,7 +4,7 @@ mod aer;
 mod dbbuf;
 mod erase;
 mod features;
-mod format;
+pub(crate) mod format;
 mod identify;
 mod log_page;
 mod nsmgmt;
@@ -84,6 +84,9 @@ pub struct AdminState {
     next_tag: u64,
     /// An erasing Format NVM in progress.
     pub(crate) format: Option<erase::FormatJob>,
+    /// Moves with every namespace a Format NVM changes (what a keeper's journal
+    /// follows: `Controller::format_epoch`).
+    pub(crate) format_epoch: u64,
     /// Clock reading when the controller was created (SMART power-on hours).
     pub(crate) created_ns: u64,
     /// Endurance group 1's Flexible Data Placement (None: not offered); the
@@ -118,6 +121,7 @@ impl AdminState {
             backends,
             next_tag: 0,
             format: None,
+            format_epoch: 0,
             created_ns: 0,
             fdp: None,
             ana: Default::default(),

@@ -1,7 +1,7 @@
 //! A controller standing in for one whose process died (`vnvme serve
 //! --restart-on-crash`): what survived is what the keeper journaled (CC, the admin
-//! queue registers, the ANA states), not the queues' positions or the commands in
-//! flight. It reads as enabled with Controller Fatal Status, which a host resets
+//! queue registers, the ANA states, the namespaces' formats), not the queues'
+//! positions or the commands in flight. It reads as enabled with Controller Fatal Status, which a host resets
 //! (Base §3.7); and so that the host need not wait for a command to time out
 //! before it looks, it completes the host's outstanding Asynchronous Event Request
 //! with Persistent Internal Error, as a drive does when its firmware starts again
@@ -65,7 +65,72 @@ pub(crate) fn outstanding_aer(sqes: &[(u8, u16)], sq_head: u16) -> Option<u16> {
     })
 }
 
+/// A namespace's LBA format as a host last chose it with Format NVM: a stand-in
+/// serves it in that format (the namespace's data is laid out in it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FormatSaved {
+    pub nsid: u32,
+    pub lbaf: u8,
+    /// Protection information type and location (Identify Namespace DPS).
+    pub dps: u8,
+    /// Metadata inline with the data (MSET).
+    pub extended: bool,
+}
+
 impl Controller {
+    /// Moves each time Format NVM changes a namespace here.
+    pub fn format_epoch(&self) -> u64 {
+        self.admin.format_epoch
+    }
+
+    /// The formats of the namespaces here other than the pool's (whose format the
+    /// pool keeps): what a stand-in serves them in.
+    pub fn formats_saved(&self) -> Vec<FormatSaved> {
+        self.namespaces()
+            .filter(|n| !self.is_pool_namespace(n.nsid))
+            .map(|n| {
+                let f = n.format_state();
+                FormatSaved { nsid: n.nsid, lbaf: f.lbaf, dps: f.dps, extended: f.extended }
+            })
+            .collect()
+    }
+
+    /// A stand-in puts its namespaces in the formats the host had chosen before the
+    /// crash. Each is checked as a Format NVM would be (the journal came from a
+    /// process a hostile VMM may have taken over); one that does not fit, or names
+    /// no namespace here, is left as it is, logged.
+    pub fn restore_formats(&mut self, formats: &[FormatSaved]) {
+        for f in formats {
+            let Some(ns) = crate::namespace::lookup(&self.namespaces, f.nsid).cloned() else {
+                tracing::warn!(
+                    nsid = f.nsid,
+                    "the format before the crash names no namespace here: not kept"
+                );
+                continue;
+            };
+            if self.is_pool_namespace(f.nsid)
+                || !crate::admin::format::offers(&ns, f.lbaf, f.dps, f.extended)
+                || !crate::admin::format::backend_fits(&ns, f.lbaf)
+            {
+                tracing::warn!(
+                    nsid = f.nsid,
+                    lbaf = f.lbaf,
+                    dps = f.dps,
+                    "the format before the crash does not fit the namespace: not kept"
+                );
+                continue;
+            }
+            if (ns.lba_format(), ns.dps(), ns.extended()) != (f.lbaf, f.dps, f.extended) {
+                ns.set_lba_format(f.lbaf, f.dps, f.extended);
+                tracing::info!(
+                    nsid = f.nsid,
+                    lba_size = 1u32 << ns.lba_shift(),
+                    "namespace format kept from before the crash"
+                );
+            }
+        }
+    }
+
     /// The ANA groups' states as set here (what a stand-in keeps: they are the
     /// operator's, not the host's).
     pub fn ana_saved(&self) -> crate::ana::AnaSaved {
