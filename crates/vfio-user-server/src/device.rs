@@ -152,6 +152,8 @@ pub struct Device {
     pub(crate) mig: crate::transfer::MigrationState,
     /// The keeper this device journals to, if it has one (`keeper`).
     pub(crate) journal: Option<crate::transfer::Journal>,
+    /// It had a keeper, which is gone (died, killed, or stopped taking entries).
+    pub(crate) keeper_lost: bool,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -204,6 +206,7 @@ impl Device {
             handed_over: false,
             mig: Default::default(),
             journal: None,
+            keeper_lost: false,
         })
     }
 

@@ -62,6 +62,32 @@ impl Device {
         self.journal.is_some()
     }
 
+    /// It had a keeper, and the keeper is gone: a crash of this process now ends
+    /// the client's session.
+    pub fn keeper_lost(&self) -> bool {
+        self.keeper_lost
+    }
+
+    /// The journal's connection, for the server loop to watch: the keeper's end
+    /// hangs up when the keeper dies.
+    pub(crate) fn journal_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.journal.as_ref().map(|j| std::os::fd::AsRawFd::as_raw_fd(j.conn.stream()))
+    }
+
+    /// The keeper hung up (it died or was killed): this process serves on without
+    /// one. Said once, as an error: the operator has lost what `--restart-on-crash`
+    /// gave, until the server is started again.
+    pub(crate) fn keeper_gone(&mut self) {
+        if self.journal.take().is_some() {
+            self.keeper_lost = true;
+            tracing::error!(
+                "the keeper is gone (it died or was killed): this process serves on, but nothing stands \
+                 in for it if it dies now (the client's session would end); start the server again to be \
+                 kept"
+            );
+        }
+    }
+
     /// Something journaled changed: the next [`Self::write_journal`] writes an entry.
     pub(crate) fn journal_changed(&mut self) {
         if let Some(j) = self.journal.as_mut() {
@@ -158,10 +184,13 @@ impl Device {
                 (j.due, j.format_epoch) = (false, format_epoch);
                 self.journal = Some(j);
             }
-            Err(e) => warn!(
-                "the keeper did not take the journal ({e}): serving on without one (a crash of this \
-                 process now ends the client's session)"
-            ),
+            Err(e) => {
+                self.keeper_lost = true;
+                warn!(
+                    "the keeper did not take the journal ({e}): serving on without one (a crash of this \
+                     process now ends the client's session)"
+                )
+            }
         }
     }
 }

@@ -188,7 +188,8 @@ fn accept(
     if let Some(s) = &opts.stop {
         epoll.ctl(ControlOperation::Add, s.fd(), EpollEvent::new(EventSet::IN, STOP))?;
     }
-    let mut ready = [EpollEvent::default(); 3];
+    watch_keeper(&epoll, device)?;
+    let mut ready = [EpollEvent::default(); 4];
     loop {
         // State shared with other controllers (a namespace pool) is followed with
         // no client too: what a host or operator attaches elsewhere is here when
@@ -212,6 +213,7 @@ fn accept(
                     }
                 }
                 (STOP, _) => return Ok(None),
+                (KEEPER, _) => keeper_gone(&epoll, device),
                 _ => {}
             }
         }
@@ -238,6 +240,28 @@ pub fn bind(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     SocketFile::bind(path, None)
 }
 
+/// Wakes the loop on `epoll` when the keeper hangs up (`--restart-on-crash`): only
+/// hang-ups, since the keeper sends nothing once the process serves.
+fn watch_keeper(epoll: &Epoll, device: &Device) -> io::Result<()> {
+    if let Some(fd) = device.journal_fd() {
+        epoll.ctl(
+            ControlOperation::Add,
+            fd,
+            EpollEvent::new(EventSet::HANG_UP | EventSet::READ_HANG_UP, KEEPER),
+        )?;
+    }
+    Ok(())
+}
+
+/// The keeper hung up: stop watching it (a hang-up stays readable) and serve on
+/// without one.
+fn keeper_gone(epoll: &Epoll, device: &mut Device) {
+    if let Some(fd) = device.journal_fd() {
+        let _ = epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+    }
+    device.keeper_gone();
+}
+
 // What woke the server loop (epoll data).
 const SOCKET: u64 = 0;
 const EVENTS: u64 = 1;
@@ -247,6 +271,7 @@ const NOTIFIER: u64 = 4;
 const LISTENER: u64 = 5;
 const JOBS: u64 = 6;
 const STOP: u64 = 7;
+const KEEPER: u64 = 8;
 
 /// Handles one client's messages until it disconnects. Protocol errors in a message
 /// are answered with an error reply; only a broken stream ends the session. Between
@@ -359,6 +384,7 @@ fn session(
     if let Some(s) = &opts.stop {
         epoll.ctl(ControlOperation::Add, s.fd(), EpollEvent::new(EventSet::IN, STOP))?;
     }
+    watch_keeper(&epoll, device)?;
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::with_deadline(stream, opts.deadline)?;
     conn.preload(partial);
@@ -417,6 +443,7 @@ fn session(
                         j.run_pending(device);
                     }
                 }
+                KEEPER => keeper_gone(&epoll, device),
                 // Doorbell kick and backend notifiers: `Inline::run` below.
                 _ => {}
             }

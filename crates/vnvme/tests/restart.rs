@@ -463,6 +463,31 @@ fn a_zoned_ram_namespace_starts_over_empty_after_a_crash() {
 }
 
 #[test]
+fn a_killed_keeper_is_seen_at_once_and_the_process_serves_on() {
+    // Nothing would stand in for the process now: the operator hears of it when it
+    // happens, not at the next crash.
+    let dir = common::temp_dir("restart");
+    let control = dir.join("c.sock");
+    let mut s = kept(&dir, &["--control", control.to_str().unwrap()]);
+    let serving = wait_serving(&s, None);
+    s.also.push(serving);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let info = ctl_of_another(&s, &control, 0, &["ctrl.info"]);
+    assert_eq!(info.get("keeper_lost"), None, "{info}");
+    kill9(s.pid());
+    let deadline = Instant::now() + TIMEOUT;
+    while !s.log().contains("the keeper is gone") {
+        assert!(Instant::now() < deadline, "the serving process did not see its keeper go:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let info = ctl_of_another(&s, &control, 0, &["ctrl.info"]);
+    assert_eq!((info["keeper_lost"].clone(), info["pid"].clone()), (true.into(), serving.into()), "{info}");
+    write_page(&mut h, 16, &page(11));
+    assert_eq!(read_page(&mut h, 16), page(11), "the process serves on");
+}
+
+#[test]
 fn an_upgrade_under_a_keeper_leaves_the_new_process_kept() {
     let dir = common::temp_dir("restart");
     let control = dir.join("c.sock");

@@ -123,6 +123,7 @@ fn ctrl_info(ctx: &Context) -> Result<Value, RpcError> {
         dma_regions: d.dma_regions(),
         uptime_s,
         log_filter,
+        keeper_lost: d.keeper_lost(),
     })?;
     answer(&info)
 }

@@ -53,6 +53,10 @@ pub struct CtrlInfo {
     pub dma_regions: usize,
     pub uptime_s: u64,
     pub log_filter: String,
+    /// Under `--restart-on-crash`: the keeper is gone (died or killed), and
+    /// nothing stands in for this process if it dies. Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keeper_lost: bool,
 }
 
 /// One namespace (`ns.list`, `ns.add`).
