@@ -392,3 +392,28 @@ fn a_format_through_one_controller_is_the_namespaces_format_on_every_controller(
     assert_eq!(a.read_blocks(1, n, 8, 8, 512), (Status::SUCCESS, vec![0u8; 4096]), "erased for both");
     assert!(notices(&mut a).is_empty() && notices(&mut b).is_empty(), "one notice per change");
 }
+
+#[test]
+fn an_operators_namespace_formatted_through_one_controller_is_so_on_every_one_that_has_it() {
+    // NSID 1 is each controller's operator's (`--ns`): with a pool, the subsystem
+    // knows both have it, and a Format through one is the namespace's.
+    let d = dir("format-fixed");
+    let (mut a, mut b) = (controller(&d.0, 1), controller(&d.0, 2));
+    assert_eq!(format(&mut a, 1, 1), Status::SUCCESS);
+    assert_eq!(notices(&mut a), [1]);
+    assert_eq!(notices(&mut b), [1], "the other controller that has NSID 1 tells its host");
+    assert_eq!((shape(&mut a, 0x00, 1), shape(&mut b, 0x00, 1)), ((256, 1), (256, 1)));
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+    assert_eq!(b.write_blocks(1, 1, 2, 4096, &data), Status::SUCCESS);
+    assert_eq!(b.read_blocks(1, 1, 2, 1, 4096), (Status::SUCCESS, data));
+    // Started again, a controller serves it in that format, not its --ns one.
+    drop(b);
+    let mut b = controller(&d.0, 2);
+    assert_eq!(shape(&mut b, 0x00, 1), (256, 1));
+    // Back to 512 B through controller 2.
+    assert_eq!(format(&mut b, 1, 0), Status::SUCCESS);
+    assert_eq!(notices(&mut b), [1]);
+    assert_eq!(notices(&mut a), [1]);
+    assert_eq!(shape(&mut a, 0x00, 1), (2048, 0));
+    assert!(notices(&mut a).is_empty() && notices(&mut b).is_empty(), "one notice per change");
+}

@@ -151,9 +151,7 @@ pub struct Device {
     /// vfio-user live migration (`migration`).
     pub(crate) mig: crate::transfer::MigrationState,
     /// The keeper this device journals to, if it has one (`keeper`).
-    pub(crate) journal: Option<crate::transfer::Journal>,
-    /// It had a keeper, which is gone (died, killed, or stopped taking entries).
-    pub(crate) keeper_lost: bool,
+    pub(crate) journal: crate::transfer::JournalSlot,
 }
 
 const BAR4_LEN: u64 = 0x2000;
@@ -205,8 +203,7 @@ impl Device {
             handover: None,
             handed_over: false,
             mig: Default::default(),
-            journal: None,
-            keeper_lost: false,
+            journal: Default::default(),
         })
     }
 

@@ -53,33 +53,33 @@ pub const JOURNAL_LIMIT: usize = 4 << 20;
 impl Device {
     /// Journals to a keeper from now on (the first entry goes at once).
     pub fn keep_with(&mut self, j: Journal) {
-        self.journal = Some(j);
+        self.journal.current = Some(j);
         self.write_journal();
     }
 
     /// Whether this device journals to a keeper.
     pub fn is_kept(&self) -> bool {
-        self.journal.is_some()
+        self.journal.current.is_some()
     }
 
     /// It had a keeper, and the keeper is gone: a crash of this process now ends
     /// the client's session.
     pub fn keeper_lost(&self) -> bool {
-        self.keeper_lost
+        self.journal.lost
     }
 
     /// The journal's connection, for the server loop to watch: the keeper's end
     /// hangs up when the keeper dies.
     pub(crate) fn journal_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.journal.as_ref().map(|j| std::os::fd::AsRawFd::as_raw_fd(j.conn.stream()))
+        self.journal.current.as_ref().map(|j| std::os::fd::AsRawFd::as_raw_fd(j.conn.stream()))
     }
 
     /// The keeper hung up (it died or was killed): this process serves on without
     /// one. Said once, as an error: the operator has lost what `--restart-on-crash`
     /// gave, until the server is started again.
     pub(crate) fn keeper_gone(&mut self) {
-        if self.journal.take().is_some() {
-            self.keeper_lost = true;
+        if self.journal.current.take().is_some() {
+            self.journal.lost = true;
             tracing::error!(
                 "the keeper is gone (it died or was killed): this process serves on, but nothing stands \
                  in for it if it dies now (the client's session would end); start the server again to be \
@@ -90,7 +90,7 @@ impl Device {
 
     /// Something journaled changed: the next [`Self::write_journal`] writes an entry.
     pub(crate) fn journal_changed(&mut self) {
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.journal.current.as_mut() {
             j.due = true;
         }
     }
@@ -100,7 +100,7 @@ impl Device {
     /// [`DeviceSaved::extra`](crate::handover::DeviceSaved) and `extra_fds`.
     /// Journaled now, before the operator who changed them is answered.
     pub fn journal_extra(&mut self, extra: serde_json::Value, fds: Vec<OwnedFd>) {
-        let Some(j) = self.journal.as_mut() else { return };
+        let Some(j) = self.journal.current.as_mut() else { return };
         j.extra = extra;
         j.extra_fds = fds;
         self.journal_now();
@@ -115,7 +115,7 @@ impl Device {
 
     /// A client came (`Some`: its connection) or went (`None`): journaled now.
     pub(crate) fn journal_client(&mut self, client: Option<&UnixStream>) {
-        let Some(j) = self.journal.as_mut() else { return };
+        let Some(j) = self.journal.current.as_mut() else { return };
         match client.map(UnixStream::try_clone).transpose() {
             Ok(c) => j.client = c,
             Err(e) => warn!("cannot keep the client's connection for the keeper: {e}"),
@@ -126,7 +126,7 @@ impl Device {
     /// The device was handed over to process `pid` (an upgrade): the keeper
     /// watches that process from now on.
     pub(crate) fn journal_handed_to(&mut self, pid: u32) {
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.journal.current.as_mut() {
             if let Err(e) = send(&mut j.conn, MSG_HANDED_TO, &pid.to_le_bytes(), &[]) {
                 warn!("the keeper was not told of the hand-over to pid {pid}: {e}");
             }
@@ -136,22 +136,22 @@ impl Device {
     /// This process ends on its own (a stop, `--once`): the keeper restarts
     /// nothing.
     pub fn journal_end(&mut self) {
-        if let Some(mut j) = self.journal.take() {
+        if let Some(mut j) = self.journal.current.take() {
             let _ = send(&mut j.conn, MSG_ENDING, &[], &[]);
         }
     }
 
     pub(crate) fn journal_due(&self) -> bool {
-        self.journal.as_ref().is_some_and(|j| j.due || j.format_epoch != self.ctrl.format_epoch())
+        self.journal.current.as_ref().is_some_and(|j| j.due || j.format_epoch != self.ctrl.format_epoch())
     }
 
     /// Writes an entry if one is due. A keeper that does not take it is given up
     /// (logged): the device serves on, without one.
     pub(crate) fn write_journal(&mut self) {
-        let Some(mut j) = self.journal.take() else { return };
+        let Some(mut j) = self.journal.current.take() else { return };
         let format_epoch = self.ctrl.format_epoch();
         if !j.due && j.format_epoch == format_epoch {
-            self.journal = Some(j);
+            self.journal.current = Some(j);
             return;
         }
         let extra_fds = match j.extra_fds.iter().map(|f| f.try_clone()).collect::<io::Result<Vec<_>>>() {
@@ -182,10 +182,10 @@ impl Device {
                     "journaled to the keeper"
                 );
                 (j.due, j.format_epoch) = (false, format_epoch);
-                self.journal = Some(j);
+                self.journal.current = Some(j);
             }
             Err(e) => {
-                self.keeper_lost = true;
+                self.journal.lost = true;
                 warn!(
                     "the keeper did not take the journal ({e}): serving on without one (a crash of this \
                      process now ends the client's session)"

@@ -66,6 +66,14 @@ impl Journal {
     }
 }
 
+/// A device's journal to its keeper, if it has one.
+#[derive(Debug, Default)]
+pub(crate) struct JournalSlot {
+    pub(crate) current: Option<Journal>,
+    /// It had a keeper, which is gone (died, killed, or stopped taking entries).
+    pub(crate) lost: bool,
+}
+
 /// `enum vfio_device_mig_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]

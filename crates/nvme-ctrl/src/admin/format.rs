@@ -99,7 +99,7 @@ impl Admin<'_> {
             return status(Status::FORMAT_IN_PROGRESS);
         }
         if !erase {
-            if let Err(s) = self.record_in_pool(&targets, lbaf) {
+            if let Err(s) = self.record_in_pool(&targets, lbaf, dps, f.mset()) {
                 return status(s);
             }
             self.apply_format(&targets, lbaf, dps, f.mset(), false);
@@ -175,9 +175,10 @@ impl Admin<'_> {
         match outcome {
             None => self.admin.format = Some(job),
             Some(result) => {
-                let status = match result
-                    .and_then(|()| self.record_in_pool(&job.targets, job.lbaf).map_err(CommandError::Status))
-                {
+                let status = match result.and_then(|()| {
+                    self.record_in_pool(&job.targets, job.lbaf, job.dps, job.extended)
+                        .map_err(CommandError::Status)
+                }) {
                     Ok(()) => {
                         self.apply_format(&job.targets, job.lbaf, job.dps, job.extended, true);
                         Status::SUCCESS
@@ -194,15 +195,27 @@ impl Admin<'_> {
         progress
     }
 
-    /// Writes the new format of the pool's namespaces among `targets` into the
-    /// pool, before it takes effect here: every other controller they are attached
-    /// to takes it up when it next looks (`Controller::sync_pool`), and so does
-    /// whichever controller attaches them next. A Format whose record fails changes
-    /// nothing here.
-    fn record_in_pool(&self, targets: &[Arc<Namespace>], lbaf: u8) -> Result<(), Status> {
+    /// Writes the new format of `targets` into the pool, where there is one,
+    /// before it takes effect here: every other controller that has them (the
+    /// pool's namespaces attached to it, an operator's NSID it was given too)
+    /// takes it up when it next looks (`Controller::sync_pool`), and so does
+    /// whichever controller starts or attaches them next. A Format whose record
+    /// fails changes nothing here.
+    fn record_in_pool(
+        &self,
+        targets: &[Arc<Namespace>],
+        lbaf: u8,
+        dps: u8,
+        extended: bool,
+    ) -> Result<(), Status> {
         let Some(pool) = self.cfg.pool.as_deref() else { return Ok(()) };
-        for ns in targets.iter().filter(|ns| self.admin.pool_here.contains_key(&ns.nsid)) {
-            pool.format(ns.nsid, lbaf)?;
+        let fixed = pool.state();
+        for ns in targets {
+            if self.admin.pool_here.contains_key(&ns.nsid) {
+                pool.format(ns.nsid, lbaf)?;
+            } else if fixed.fixed.contains_key(&ns.nsid) {
+                pool.format_fixed(ns.nsid, crate::pool::FixedFormat { lbaf, dps, extended })?;
+            }
         }
         Ok(())
     }

@@ -82,6 +82,11 @@ impl Controller {
                 changed = true;
             }
         }
+        for (&nsid, &f) in &state.fixed_formats {
+            if !self.admin.pool_here.contains_key(&nsid) {
+                changed |= self.follow_fixed_format(nsid, f, tell);
+            }
+        }
         for (&nsid, n) in &state.namespaces {
             if !n.attached.contains(&me) || self.admin.pool_here.contains_key(&nsid) {
                 continue;
@@ -114,6 +119,34 @@ impl Controller {
             return false;
         }
         ns.set_lba_format(lbaf, 0, false);
+        info!(nsid, lba_size = 1u32 << ns.lba_shift(), "namespace formatted through another controller");
+        if tell {
+            self.namespace_changed(nsid);
+        }
+        true
+    }
+
+    /// Puts the operator's namespace `nsid` in format `f`, the one a host chose
+    /// through another controller that has that NSID (or through this one before
+    /// it started again), if it is not in it already and can be (checked as a
+    /// Format NVM would be). Its metadata is left as the formatting controller left
+    /// it. True if it changed (and the host was told, with `tell`).
+    fn follow_fixed_format(&mut self, nsid: u32, f: crate::pool::FixedFormat, tell: bool) -> bool {
+        let Some(ns) = crate::namespace::lookup(&self.namespaces, nsid).cloned() else { return false };
+        if (ns.lba_format(), ns.dps(), ns.extended()) == (f.lbaf, f.dps, f.extended) {
+            return false;
+        }
+        if !crate::admin::format::offers(&ns, f.lbaf, f.dps, f.extended)
+            || !crate::admin::format::backend_fits(&ns, f.lbaf)
+        {
+            log_limit::limited_warn!(target: "vnvme::backend", nsid, lbaf = f.lbaf, "namespace pool: the format another controller gave namespace {nsid} does not fit it here: not taken up");
+            return false;
+        }
+        ns.set_lba_format(f.lbaf, f.dps, f.extended);
+        if let Some(z) = &ns.zones {
+            z.reset_controller(true);
+        }
+        self.admin.format_epoch += 1;
         info!(nsid, lba_size = 1u32 << ns.lba_shift(), "namespace formatted through another controller");
         if tell {
             self.namespace_changed(nsid);

@@ -30,7 +30,9 @@ use nvme_spec::Status;
 use rustix::fs::{Mode, OFlags};
 
 use crate::shared_file::{SharedFile, UpdateError};
-pub use state::{NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES};
+pub use state::{
+    FixedFormat, NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES,
+};
 
 /// The state file's name in the pool's directory.
 pub const STATE_FILE: &str = "pool.state";
@@ -175,6 +177,12 @@ impl NamespacePool {
     /// controller); every other controller it is attached to takes it up.
     pub fn format(&self, nsid: u32, lba_format: u8) -> Result<(), Status> {
         self.update(|s| s.format(nsid, lba_format))
+    }
+
+    /// Records the format a host chose for the operator's namespace `nsid`; every
+    /// other controller that has that NSID takes it up.
+    pub fn format_fixed(&self, nsid: u32, f: FixedFormat) -> Result<(), Status> {
+        self.update(|s| s.format_fixed(nsid, f))
     }
 
     /// The backend of the pool's namespace `nsid` with NGUID `nguid` (its data

@@ -56,6 +56,17 @@ pub struct NewNamespace {
     pub ana_group: u32,
 }
 
+/// The format a host chose with Format NVM for an operator's namespace (an NSID
+/// in [`PoolState::fixed`]): every controller that has that NSID serves it so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FixedFormat {
+    pub lbaf: u8,
+    /// Protection information type and location (Identify Namespace DPS).
+    pub dps: u8,
+    /// Metadata inline with the data (MSET).
+    pub extended: bool,
+}
+
 /// The pool as every controller of the subsystem shares it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
@@ -67,6 +78,9 @@ pub struct PoolState {
     /// have them: the pool never gives them out.
     pub fixed: BTreeMap<u32, BTreeSet<u16>>,
     pub namespaces: BTreeMap<u32, PoolNamespace>,
+    /// The formats hosts chose for operators' NSIDs (absent: as each `--ns` says).
+    #[serde(default)]
+    pub fixed_formats: BTreeMap<u32, FixedFormat>,
 }
 
 impl PoolState {
@@ -119,7 +133,24 @@ impl PoolState {
         for &n in fixed {
             self.fixed.entry(n).or_default().insert(cntlid);
         }
+        self.drop_unclaimed();
+        Ok(())
+    }
+
+    /// An operator's NSID no controller has any more is no one's: its format goes.
+    fn drop_unclaimed(&mut self) {
         self.fixed.retain(|_, c| !c.is_empty());
+        let fixed = &self.fixed;
+        self.fixed_formats.retain(|n, _| fixed.contains_key(n));
+    }
+
+    /// The operator's namespace `nsid` takes format `f` (a Format NVM through one
+    /// of the controllers that have it).
+    pub fn format_fixed(&mut self, nsid: u32, f: FixedFormat) -> Result<(), Status> {
+        if !self.fixed.contains_key(&nsid) {
+            return Err(Status::INVALID_NAMESPACE);
+        }
+        self.fixed_formats.insert(nsid, f);
         Ok(())
     }
 
@@ -134,7 +165,7 @@ impl PoolState {
         for c in self.fixed.values_mut() {
             c.remove(&cntlid);
         }
-        self.fixed.retain(|_, c| !c.is_empty());
+        self.drop_unclaimed();
         let mut detached = Vec::new();
         for (&nsid, n) in self.namespaces.iter_mut() {
             if n.attached.remove(&cntlid) {
@@ -259,6 +290,9 @@ impl PoolState {
                 return Err(format!("namespace {nsid} is in ANA group {}", ns.ana_group));
             }
         }
+        if let Some(n) = self.fixed_formats.keys().find(|n| !self.fixed.contains_key(n)) {
+            return Err(format!("NSID {n} has a format and no controller"));
+        }
         Ok(())
     }
 }
@@ -318,6 +352,22 @@ mod tests {
         assert_eq!(p.format(n, 0), Ok(()));
         assert_eq!(p.namespaces[&n].nsze, 1024);
         p.check().unwrap();
+    }
+
+    #[test]
+    fn an_operators_nsid_keeps_its_format_while_a_controller_has_it() {
+        let mut p = pool(1 << 20);
+        let f = FixedFormat { lbaf: 1, dps: 0, extended: false };
+        assert_eq!(p.format_fixed(1, f), Ok(()));
+        assert_eq!(p.format_fixed(2, f), Err(Status::INVALID_NAMESPACE), "no controller has NSID 2");
+        p.join(2, &[1]).unwrap();
+        p.join(1, &[]).unwrap();
+        assert_eq!(p.fixed_formats.get(&1), Some(&f), "controller 2 has NSID 1 now");
+        p.check().unwrap();
+        p.forget(2).unwrap();
+        assert!(p.fixed_formats.is_empty(), "no controller has it: its format goes with it");
+        p.fixed_formats.insert(1, f);
+        assert!(p.check().is_err(), "a state another process wrote is checked before it is believed");
     }
 
     #[test]
