@@ -451,6 +451,41 @@ impl DropTo {
         Ok(())
     }
 
+    /// Runs `f` on this thread with this user's rights (its effective uid and gid
+    /// and its groups), then root's again: what a process running as the user
+    /// could open, `f` can, and nothing more. This thread only (the system calls
+    /// themselves, not the C library's, which change every thread); the real and
+    /// saved ids stay root, which is how root comes back.
+    pub fn with_rights<T>(&self, f: impl FnOnce() -> T) -> io::Result<T> {
+        use rustix::process::{Gid, Uid};
+        use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+        let u = &self.0;
+        let ctx =
+            |what: &str, e: rustix::io::Errno| io::Error::other(format!("--user {}: {what}: {e}", u.name));
+        let name = std::ffi::CString::new(u.name.as_str()).map_err(io::Error::other)?;
+        let theirs: Vec<Gid> = nix::unistd::getgrouplist(&name, u.gid)
+            .map_err(io::Error::other)?
+            .iter()
+            .map(|g| Gid::from_raw(g.as_raw()))
+            .collect();
+        let ours: Vec<Gid> = nix::unistd::getgroups()
+            .map_err(io::Error::other)?
+            .iter()
+            .map(|g| Gid::from_raw(g.as_raw()))
+            .collect();
+        set_thread_groups(&theirs).map_err(|e| ctx("setgroups", e))?;
+        let became = set_thread_res_gid(None, Gid::from_raw(u.gid.as_raw()), None)
+            .and_then(|()| set_thread_res_uid(None, Uid::from_raw(u.uid.as_raw()), None));
+        let r = became.is_ok().then(f);
+        // Back to root, whatever happened: every step, each failure said.
+        let back = set_thread_res_uid(None, Uid::ROOT, None)
+            .and_then(|()| set_thread_res_gid(None, Gid::ROOT, None))
+            .and_then(|()| set_thread_groups(&ours));
+        back.map_err(|e| ctx("taking root's rights back", e))?;
+        became.map_err(|e| ctx("taking its rights", e))?;
+        Ok(r.expect("ran"))
+    }
+
     pub fn name(&self) -> &str {
         &self.0.name
     }

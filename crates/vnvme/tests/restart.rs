@@ -395,6 +395,54 @@ fn an_operators_namespaces_qos_and_ram_data_outlive_a_crash() {
 }
 
 #[test]
+fn under_user_a_stand_in_opens_what_ns_add_added_with_that_users_rights() {
+    // The stand-in opens namespaces before it drops to --user: one added with
+    // ns.add by a process running as nobody is opened with nobody's rights, so a
+    // file nobody can no longer open stays shut (the journal may come from a
+    // process a hostile VMM took over).
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
+        test_util::skip("no user named nobody on this machine");
+        return;
+    };
+    let (uid, gid) = (Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw()));
+    let dir = common::temp_dir("restart");
+    chown(&dir, uid, gid).unwrap();
+    let roots = common::temp_dir("restart-root");
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let control = roots.join("c.sock");
+    let [open, shut] = ["open.img", "shut.img"].map(|f| {
+        let p = dir.join(f);
+        std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+        chown(&p, uid, gid).unwrap();
+        p
+    });
+    let mut s = kept(&dir, &["--user", "nobody", "--control", control.to_str().unwrap()]);
+    let first = wait_serving(&s, None);
+    for p in [&open, &shut] {
+        let added = ctl_of_another(&s, &control, 0, &["ns.add", &format!("file:{}", p.display())]);
+        assert!(added["nsid"].is_u64(), "{added}\n{}", s.log());
+    }
+    // The file nobody had is root's alone now.
+    chown(&shut, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&shut, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    h.nsid = 2;
+    write_page(&mut h, 5, &page(12));
+    kill9(first);
+    let list = ctl_of_another(&s, &control, first, &["ns.list"]);
+    let nsids: Vec<u64> =
+        list["namespaces"].as_array().unwrap().iter().map(|n| n["nsid"].as_u64().unwrap()).collect();
+    assert_eq!(nsids, [1, 2], "{list}\n{}", s.log());
+    assert!(s.log().contains("served before the crash, cannot be opened again"), "{}", s.log());
+    h.bring_up(8, false);
+    h.nsid = 2;
+    assert_eq!(read_page(&mut h, 5), page(12), "the namespace nobody could open, after the crash");
+    let _ = std::fs::remove_dir_all(&roots);
+}
+
+#[test]
 fn a_ram_namespace_keeps_its_data_through_a_crash() {
     // Its memory is journaled from the start (the keeper holds it), not only
     // once an operator changes something.

@@ -40,7 +40,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
     let kept = journal.as_ref().and_then(crate::handed::Journaled::from_journal);
     let (namespaces, groups) = match (journal.as_mut(), &kept) {
-        (Some(h), Some(k)) => (kept_namespaces(h, k, &a), k.groups()?),
+        (Some(h), Some(k)) => (kept_namespaces(h, k, &a, drop_to.as_ref()), k.groups()?),
         _ => {
             let mut namespaces = Vec::new();
             for (i, spec) in a.namespaces.iter().enumerate() {
@@ -178,14 +178,22 @@ fn kept_namespaces(
     h: &mut vfio_user_server::handover::Handover,
     kept: &crate::handed::Journaled,
     a: &ServeArgs,
+    user: Option<&sandbox::DropTo>,
 ) -> Vec<Ns> {
     let mut namespaces = Vec::new();
     for n in &kept.namespaces {
         let opened = (|| -> Result<crate::nsspec::Opened, String> {
             let mut spec: crate::nsspec::NsSpec = n.spec.parse()?;
             if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
-                may_reopen(&spec, a)?;
-                return spec.open().map_err(|e| e.to_string());
+                return match may_reopen(&spec, a)? {
+                    Rights::Operator => spec.open().map_err(|e| e.to_string()),
+                    // Added with ns.add by a process running as --user: with that
+                    // user's rights, as it was then.
+                    Rights::User => {
+                        let u = user.ok_or("--user was given and not found")?;
+                        u.with_rights(|| spec.open()).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+                    }
+                };
             }
             spec.size = n.size.or(spec.size);
             let mut take =
@@ -205,22 +213,25 @@ fn kept_namespaces(
     namespaces
 }
 
+/// With whose rights a stand-in opens a namespace again.
+#[derive(Debug, PartialEq, Eq)]
+enum Rights {
+    /// The operator's own `--ns`: as at any start.
+    Operator,
+    /// Added with `ns.add` by a process that ran as `--user`: with that user's.
+    User,
+}
+
 /// Whether a stand-in may open `spec` again (not a RAM namespace, whose memory the
-/// keeper held): the operator's own `--ns`, or one the dead process could have
-/// added itself, with its own rights: it had a control socket, ran as the user
-/// this process opens as (no `--user`), and its sandbox allowed that kind.
-fn may_reopen(spec: &crate::nsspec::NsSpec, a: &ServeArgs) -> Result<(), String> {
+/// keeper held), and with whose rights: the operator's own `--ns`, or one the dead
+/// process could have added itself (it had a control socket and its sandbox
+/// allowed that kind), opened with the rights that process had.
+fn may_reopen(spec: &crate::nsspec::NsSpec, a: &ServeArgs) -> Result<Rights, String> {
     if a.namespaces.iter().any(|o| o.text == spec.text) {
-        return Ok(());
+        return Ok(Rights::Operator);
     }
     if a.control.is_none() {
         return Err("not an --ns of this server's, which has no control socket to add one with".into());
-    }
-    if let Some(u) = &a.user {
-        return Err(format!(
-            "added with ns.add by a process running as --user {u}, and a stand-in opens namespaces as the \
-             keeper's user: only the operator's --ns are opened again (add it again with vnvme ctl ns.add)"
-        ));
     }
     if a.sandbox == Switch::On {
         // librados' threads are allowed where an --ns is an rbd: volume.
@@ -230,7 +241,7 @@ fn may_reopen(spec: &crate::nsspec::NsSpec, a: &ServeArgs) -> Result<(), String>
         let rbd = false;
         spec.may_add(&sandbox::Needs { control: true, rbd, ..Default::default() })?;
     }
-    Ok(())
+    Ok(if a.user.is_some() { Rights::User } else { Rights::Operator })
 }
 
 /// A namespace as served: its NSID, its `--ns` text and its backend.
@@ -654,17 +665,25 @@ mod tests {
     fn a_stand_in_opens_again_only_what_the_dead_process_could_have() {
         let spec = |t: &str| t.parse::<crate::nsspec::NsSpec>().unwrap();
         let control = ["--control", "/run/x.ctl"];
-        assert_eq!(may_reopen(&spec("file:/srv/a.img:1G"), &args(&[])), Ok(()), "the operator's --ns");
+        let user = [&control[..], &["--user", "nobody"]].concat();
+        assert_eq!(
+            may_reopen(&spec("file:/srv/a.img:1G"), &args(&[])),
+            Ok(Rights::Operator),
+            "the operator's --ns"
+        );
+        assert_eq!(may_reopen(&spec("file:/srv/a.img:1G"), &args(&user)), Ok(Rights::Operator));
         let e = may_reopen(&spec("file:/etc/shadow"), &args(&[])).unwrap_err();
         assert!(e.contains("no control socket"), "{e}");
-        assert_eq!(may_reopen(&spec("file:/srv/b.img"), &args(&control)), Ok(()), "ns.add, same rights");
-        let e = may_reopen(&spec("file:/srv/b.img"), &args(&[&control[..], &["--user", "nobody"]].concat()))
-            .unwrap_err();
-        assert!(e.contains("--user nobody"), "{e}");
+        assert_eq!(
+            may_reopen(&spec("file:/srv/b.img"), &args(&control)),
+            Ok(Rights::Operator),
+            "ns.add, same rights"
+        );
+        assert_eq!(may_reopen(&spec("file:/srv/b.img"), &args(&user)), Ok(Rights::User), "ns.add as --user");
         let e = may_reopen(&spec("nvme://0000:01:00.0"), &args(&control)).unwrap_err();
         assert!(e.contains("sandbox"), "a kind the sandbox never let ns.add open: {e}");
         let off = [&control[..], &["--sandbox", "off"]].concat();
-        assert_eq!(may_reopen(&spec("nvme://0000:01:00.0"), &args(&off)), Ok(()));
+        assert_eq!(may_reopen(&spec("nvme://0000:01:00.0"), &args(&off)), Ok(Rights::Operator));
     }
 
     /// The stats thread, the start-up write and the last write run at once: every
