@@ -184,8 +184,10 @@ fn kept_namespaces(
     for n in &kept.namespaces {
         let opened = (|| -> Result<crate::nsspec::Opened, String> {
             let mut spec: crate::nsspec::NsSpec = n.spec.parse()?;
+            // A RAM namespace too: one no operator asked for is not served.
+            let rights = may_reopen(&spec, a)?;
             if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
-                return match may_reopen(&spec, a)? {
+                return match rights {
                     Rights::Operator => spec.open().map_err(|e| e.to_string()),
                     // Added with ns.add by a process running as --user: with that
                     // user's rights, as it was then.
@@ -222,10 +224,10 @@ enum Rights {
     User,
 }
 
-/// Whether a stand-in may open `spec` again (not a RAM namespace, whose memory the
-/// keeper held), and with whose rights: the operator's own `--ns`, or one the dead
-/// process could have added itself (it had a control socket and its sandbox
-/// allowed that kind), opened with the rights that process had.
+/// Whether a stand-in may open `spec` again, and with whose rights (a RAM
+/// namespace's are moot: its memory is the keeper's): the operator's own `--ns`,
+/// or one the dead process could have added itself (it had a control socket and
+/// its sandbox allowed that kind), opened with the rights that process had.
 fn may_reopen(spec: &crate::nsspec::NsSpec, a: &ServeArgs) -> Result<Rights, String> {
     if a.namespaces.iter().any(|o| o.text == spec.text) {
         return Ok(Rights::Operator);
@@ -674,6 +676,8 @@ mod tests {
         assert_eq!(may_reopen(&spec("file:/srv/a.img:1G"), &args(&user)), Ok(Rights::Operator));
         let e = may_reopen(&spec("file:/etc/shadow"), &args(&[])).unwrap_err();
         assert!(e.contains("no control socket"), "{e}");
+        let e = may_reopen(&spec("ram:1T"), &args(&[])).unwrap_err();
+        assert!(e.contains("no control socket"), "memory no operator asked for: {e}");
         assert_eq!(
             may_reopen(&spec("file:/srv/b.img"), &args(&control)),
             Ok(Rights::Operator),
