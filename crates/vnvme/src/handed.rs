@@ -100,9 +100,20 @@ impl Journaled {
         serde_json::from_value(h.saved.extra.clone()).ok()
     }
 
-    /// The named QoS groups, made again.
-    pub fn groups(&self) -> Result<BTreeMap<String, Arc<QosGroup>>, String> {
-        groups(&self.groups)
+    /// The named QoS groups, made again; one whose limits are not valid is left
+    /// out, said so (the journal came from a process a hostile VMM may have taken
+    /// over: it costs that group, not the stand-in).
+    pub fn groups(&self) -> BTreeMap<String, Arc<QosGroup>> {
+        let mut made = BTreeMap::new();
+        for g in &self.groups {
+            match QosGroup::new(g.name.clone(), g.limits) {
+                Ok(q) => {
+                    made.insert(g.name.clone(), Arc::new(q));
+                }
+                Err(e) => eprintln!("vnvme: QoS group {:?} from before the crash: {e}; left out", g.name),
+            }
+        }
+        made
     }
 }
 
@@ -146,4 +157,27 @@ pub fn journal(
 pub fn push(fds: &mut Vec<OwnedFd>, fd: OwnedFd) -> usize {
     fds.push(fd);
     fds.len() - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use nvme_ctrl::qos::Limit;
+
+    use super::*;
+
+    /// A group the journal got wrong costs that group, not the stand-in.
+    #[test]
+    fn a_journaled_group_with_limits_out_of_bounds_is_left_out() {
+        let limits = |rate| QosLimits { iops: Some(Limit { rate, burst: 0 }), ..Default::default() };
+        let j = Journaled {
+            namespaces: Vec::new(),
+            groups: vec![
+                GroupSaved { name: "gold".into(), limits: limits(5000) },
+                GroupSaved { name: "bad".into(), limits: limits(0) },
+            ],
+        };
+        let made = j.groups();
+        assert_eq!(made.keys().collect::<Vec<_>>(), ["gold"]);
+        assert_eq!(made["gold"].limits(), limits(5000));
+    }
 }

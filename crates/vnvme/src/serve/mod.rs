@@ -40,7 +40,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
     let kept = journal.as_ref().and_then(crate::handed::Journaled::from_journal);
     let (namespaces, groups) = match (journal.as_mut(), &kept) {
-        (Some(h), Some(k)) => (kept_namespaces(h, k, &a, drop_to.as_ref()), k.groups()?),
+        (Some(h), Some(k)) => (kept_namespaces(h, k, &a, drop_to.as_ref()), k.groups()),
         _ => {
             let mut namespaces = Vec::new();
             for (i, spec) in a.namespaces.iter().enumerate() {
@@ -68,12 +68,12 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     for n in kept.iter().flat_map(|k| &k.namespaces) {
         let Some(name) = &n.group else { continue };
         let g = match groups.get(name) {
-            Some(g) => g.clone(),
+            Some(g) => Ok(g.clone()),
             // A namespace's own limits: a group of its own, not among the named.
-            None => Arc::new(QosGroup::new(name.clone(), n.limits.unwrap_or_default())?),
+            None => QosGroup::new(name.clone(), n.limits.unwrap_or_default()).map(Arc::new),
         };
-        if let Err(e) = ctrl.set_qos(n.nsid, Some(g)) {
-            eprintln!("vnvme: namespace {}: its QoS limits from before the crash: {e}", n.nsid);
+        if let Err(e) = g.and_then(|g| ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())) {
+            eprintln!("vnvme: namespace {}: its QoS limits from before the crash: {e}; left out", n.nsid);
         }
     }
     let poll = poll_mode(&a);
