@@ -131,6 +131,16 @@ fn read_page(h: &mut NvmeOverVfioUser, lba: u64) -> Vec<u8> {
     got
 }
 
+/// Kills the serving process `first` under the connected host `h`, waits for the
+/// stand-in, and has the host do what Linux does: find Controller Fatal Status and
+/// bring the controller up again.
+fn crash_and_reset(s: &Kept, h: &mut NvmeOverVfioUser, first: u32) {
+    kill9(first);
+    wait_serving(s, Some(first));
+    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
+    h.bring_up(8, false);
+}
+
 fn crash_under_a_client(extra: &[&str]) {
     let dir = common::temp_dir("restart");
     let mut s = kept(&dir, extra);
@@ -453,10 +463,7 @@ fn a_ram_namespace_keeps_its_data_through_a_crash() {
     h.bring_up(8, false);
     h.nsid = 2;
     write_page(&mut h, 8, &page(7));
-    kill9(first);
-    wait_serving(&s, Some(first));
-    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
-    h.bring_up(8, false);
+    crash_and_reset(&s, &mut h, first);
     assert_eq!(read_page(&mut h, 8), page(7), "{}", s.log());
 }
 
@@ -474,10 +481,7 @@ fn the_format_a_host_chose_outlives_a_crash() {
     assert!(h.admin(format).status().is_success());
     (h.nsid, h.lba_size) = (2, 4096);
     write_page(&mut h, 3, &page(10));
-    kill9(first);
-    wait_serving(&s, Some(first));
-    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
-    h.bring_up(8, false);
+    crash_and_reset(&s, &mut h, first);
     let mut id = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::IDENTIFY);
     id.nsid = 2.into();
     id.set_prps(NvmeOverVfioUser::slot(2), 0);
@@ -501,10 +505,7 @@ fn a_zoned_ram_namespace_starts_over_empty_after_a_crash() {
     h.nsid = 2;
     write_page(&mut h, 0, &page(8));
     assert_eq!(read_page(&mut h, 0), page(8));
-    kill9(first);
-    wait_serving(&s, Some(first));
-    assert_eq!(h.read32(offset::CSTS) & Csts::CFS, Csts::CFS, "{}", s.log());
-    h.bring_up(8, false);
+    crash_and_reset(&s, &mut h, first);
     assert_eq!(read_page(&mut h, 0), vec![0u8; 4096], "{}", s.log());
     write_page(&mut h, 0, &page(9));
     assert_eq!(read_page(&mut h, 0), page(9), "zone 0 written again from its start");
