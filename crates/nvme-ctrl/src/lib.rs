@@ -19,6 +19,8 @@
 //! - `admin`, `io`: one file per command group.
 //! - `error`: internal errors and their mapping to NVMe status, in one place.
 //! - `fdp`: Flexible Data Placement: reclaim unit handles, their statistics and events.
+//! - `lba_format`: the LBA formats, the one a namespace is in, and what fits (a
+//!   format's protection settings, its blocks on a backend).
 //! - `metadata`: where a namespace's blocks' metadata (and protection information) lives.
 //! - `qos`: IOPS and bandwidth limits per namespace or group (`engine::throttle`
 //!   holds back what they do not let through yet).
@@ -44,6 +46,7 @@ pub mod fdp;
 mod interleave;
 mod interrupt;
 mod io;
+mod lba_format;
 mod lifecycle;
 pub mod metadata;
 mod namespace;
@@ -63,11 +66,11 @@ pub use config::{
     Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig,
     DEFAULT_COMMAND_TIMEOUT, MAX_CNTLID, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
 };
-pub use controller::{AdminQueues, Controller, FormatSaved, NamespaceError};
+pub use controller::{AdminQueues, Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use lifecycle::Lifecycle;
-pub use namespace::{format_index, LbaFormatDef, Namespace, LBA_FORMATS};
+pub use namespace::{format_index, FormatState, LbaFormatDef, Namespace, LBA_FORMATS};
 pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};

@@ -159,12 +159,15 @@ pub fn run_state_counted(data: &[u8], stats: &mut StateStats) {
     if u.ratio(1, 4).unwrap_or(false) {
         stats.stand_ins += 1;
         let admin = nvme_ctrl::AdminQueues { aqa: state.regs.aqa, asq: state.regs.asq, acq: state.regs.acq };
-        let formats: Vec<nvme_ctrl::FormatSaved> = (0..u.int_in_range(0..=3).unwrap_or(0))
-            .map(|_| nvme_ctrl::FormatSaved {
-                nsid: u.int_in_range(0..=4).unwrap_or(1),
-                lbaf: u.arbitrary().unwrap_or(0),
-                dps: u.arbitrary().unwrap_or(0),
-                extended: u.arbitrary().unwrap_or(false),
+        let formats: Vec<(u32, nvme_ctrl::FormatState)> = (0..u.int_in_range(0..=3).unwrap_or(0))
+            .map(|_| {
+                let nsid = u.int_in_range(0..=4).unwrap_or(1);
+                let f = nvme_ctrl::FormatState {
+                    lbaf: u.arbitrary().unwrap_or(0),
+                    dps: u.arbitrary().unwrap_or(0),
+                    extended: u.arbitrary().unwrap_or(false),
+                };
+                (nsid, f)
             })
             .collect();
         c.restore_formats(&formats);

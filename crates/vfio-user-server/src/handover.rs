@@ -75,7 +75,7 @@ pub struct DeviceSaved {
     pub ana: Option<nvme_ctrl::ana::AnaSaved>,
     /// The namespaces' formats as the host last chose them (what a stand-in keeps).
     #[serde(default)]
-    pub formats: Vec<nvme_ctrl::FormatSaved>,
+    pub formats: Vec<(u32, nvme_ctrl::FormatState)>,
     /// AQA, ASQ and ACQ as the host last wrote them (where a stand-in finds the
     /// host's outstanding Asynchronous Event Request).
     #[serde(default)]

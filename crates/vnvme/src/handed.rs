@@ -17,6 +17,12 @@ pub struct GroupSaved {
     pub limits: QosLimits,
 }
 
+impl From<&QosGroup> for GroupSaved {
+    fn from(g: &QosGroup) -> Self {
+        GroupSaved { name: g.name.clone(), limits: g.limits() }
+    }
+}
+
 /// A namespace as handed on. Descriptors are indexes into the hand-over's (or the
 /// journal entry's) `extra_fds`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -38,18 +44,20 @@ pub struct NsSaved {
 
 /// The namespaces `d` serves other than the pool's, as handed to another process:
 /// each one's `--ns` text (from `specs`), size and QoS, and a RAM namespace's
-/// memory (and metadata memory), whose descriptors go into `fds`.
+/// memory (and metadata memory) where `memory_goes` says so, whose descriptors go
+/// into `fds`.
 pub fn saved_namespaces(
     d: &vfio_user_server::Device,
     specs: &BTreeMap<u32, String>,
     fds: &mut Vec<OwnedFd>,
+    memory_goes: impl Fn(&nvme_ctrl::Namespace) -> bool,
 ) -> Result<Vec<NsSaved>, String> {
     let mut namespaces = Vec::new();
     // The pool's namespaces are the pool's: the next process attaches them from
     // there.
     for ns in d.ctrl.namespaces().filter(|n| !d.ctrl.is_pool_namespace(n.nsid)) {
         let spec = specs.get(&ns.nsid).ok_or_else(|| format!("namespace {} has no --ns text", ns.nsid))?;
-        let memory = match ns.backend.handover_fd() {
+        let memory = match ns.backend.handover_fd().filter(|_| memory_goes(ns)) {
             Some(fd) => Some(push(fds, fd.map_err(|e| format!("namespace {}: {e}", ns.nsid))?)),
             None => None,
         };
@@ -75,6 +83,19 @@ pub fn saved_namespaces(
         });
     }
     Ok(namespaces)
+}
+
+/// The QoS group namespace `n` drew from: a named one of `groups`, or its own
+/// limits as a group of its own (None: no limits).
+pub fn group_of(
+    n: &NsSaved,
+    groups: &BTreeMap<String, Arc<QosGroup>>,
+) -> Result<Option<Arc<QosGroup>>, String> {
+    let Some(name) = &n.group else { return Ok(None) };
+    match groups.get(name) {
+        Some(g) => Ok(Some(g.clone())),
+        None => QosGroup::new(name.clone(), n.limits.unwrap_or_default()).map(|g| Some(Arc::new(g))),
+    }
 }
 
 /// The QoS groups as they were, by name.
@@ -130,18 +151,12 @@ pub fn journal(
         return;
     }
     let mut fds = Vec::new();
-    let built = saved_namespaces(d, specs, &mut fds).and_then(|mut namespaces| {
-        // A zoned RAM namespace's write pointers die with the process (an upgrade
-        // hands them over; a journal has no controller state): its data without
-        // them would read back under zones the stand-in reports empty. It starts
-        // over, zeroed, as a whole.
-        for n in &mut namespaces {
-            if d.ctrl.namespace(n.nsid).is_some_and(|ns| ns.zones.is_some()) {
-                (n.memory, n.meta_memory) = (None, None);
-            }
-        }
-        let groups =
-            groups.values().map(|g| GroupSaved { name: g.name.clone(), limits: g.limits() }).collect();
+    // A zoned RAM namespace's write pointers die with the process (an upgrade hands
+    // them over; a journal has no controller state): its data without them would
+    // read back under zones the stand-in reports empty. It starts over, zeroed, as
+    // a whole.
+    let built = saved_namespaces(d, specs, &mut fds, |ns| ns.zones.is_none()).and_then(|namespaces| {
+        let groups = groups.values().map(|g| GroupSaved::from(&**g)).collect();
         serde_json::to_value(Journaled { namespaces, groups }).map_err(|e| e.to_string())
     });
     match built {

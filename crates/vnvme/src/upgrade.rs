@@ -101,8 +101,7 @@ pub fn prepare(r: &Running<'_>) -> Result<Value, RpcError> {
             ),
         ));
     }
-    let groups =
-        lock(r.groups).values().map(|g| GroupSaved { name: g.name.clone(), limits: g.limits() }).collect();
+    let groups = lock(r.groups).values().map(|g| GroupSaved::from(&**g)).collect();
     let p = Prepared {
         argv: r.source.argv.clone(),
         exe: r.source.exe.clone(),
@@ -159,7 +158,7 @@ fn start_hand_over(
     let specs = now.namespaces.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let r = r.jobs.run(crate::control::JOB_LIMIT, move |d| -> Result<(), String> {
-        let namespaces = saved_namespaces(d, &specs, &mut fds)?;
+        let namespaces = saved_namespaces(d, &specs, &mut fds, |_| true)?;
         let keeper = crate::keeper::link().cloned();
         let extra = Extra { prepared: now, namespaces, control, metrics, stderr, keeper };
         let extra = serde_json::to_value(extra).map_err(|e| e.to_string())?;

@@ -23,7 +23,7 @@ use super::erase::{FormatJob, Piece};
 use super::{done, status, Admin, AdminDone, AdminState};
 use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
-use crate::namespace::{Namespace, LBA_FORMATS};
+use crate::namespace::{FormatState, Namespace, LBA_FORMATS};
 
 /// The most one erase piece covers (less when the backend's write-zeroes limit is lower).
 const PIECE_MAX: u64 = 256 << 20;
@@ -35,7 +35,7 @@ pub(crate) const FORMAT_SLICE: Duration = Duration::from_millis(2);
 /// its metadata inline (`extended`, MSET) or not: formats with metadata only where
 /// it can be kept (and not on a zoned namespace), a PI type only with metadata for
 /// it, and MSET only where metadata is kept at all.
-pub(crate) fn offers(ns: &Namespace, lbaf: u8, dps: u8, extended: bool) -> bool {
+fn offers(ns: &Namespace, lbaf: u8, dps: u8, extended: bool) -> bool {
     let Some(def) = LBA_FORMATS[..ns.format_count()].get(lbaf as usize) else { return false };
     crate::namespace::format_fits(*def, dps).is_ok()
         && (def.ms == 0 || ns.zones.is_none())
@@ -44,9 +44,25 @@ pub(crate) fn offers(ns: &Namespace, lbaf: u8, dps: u8, extended: bool) -> bool 
 
 /// Whether the backend of `ns` can do the blocks of format `lbaf` (not smaller
 /// than its own, and its size a multiple). `lbaf` is one [`offers`] allowed.
-pub(crate) fn backend_fits(ns: &Namespace, lbaf: u8) -> bool {
+fn backend_fits(ns: &Namespace, lbaf: u8) -> bool {
     let lba = 1u64 << LBA_FORMATS[lbaf as usize].shift;
     crate::namespace::lba_fits(lba, ns.info.block_size, ns.size())
+}
+
+/// Puts `ns` in format `f`, one another process chose (a Format NVM through
+/// another controller of the subsystem, or through this controller's process
+/// before a crash), checked as a Format NVM would be: that process may be one a
+/// hostile VMM took over. Ok(true) if it changed; its metadata and zones are left
+/// to the caller.
+pub(crate) fn adopt(ns: &Namespace, f: FormatState) -> Result<bool, &'static str> {
+    if ns.format_state() == f {
+        return Ok(false);
+    }
+    if !offers(ns, f.lbaf, f.dps, f.extended) || !backend_fits(ns, f.lbaf) {
+        return Err("the format does not fit the namespace");
+    }
+    ns.set_lba_format(f.lbaf, f.dps, f.extended);
+    Ok(true)
 }
 
 impl AdminState {
@@ -214,7 +230,7 @@ impl Admin<'_> {
             if self.admin.pool_here.contains_key(&ns.nsid) {
                 pool.format(ns.nsid, lbaf)?;
             } else if fixed.fixed.contains_key(&ns.nsid) {
-                pool.format_fixed(ns.nsid, crate::pool::FixedFormat { lbaf, dps, extended })?;
+                pool.format_fixed(ns.nsid, FormatState { lbaf, dps, extended })?;
             }
         }
         Ok(())

@@ -21,7 +21,7 @@ mod attach;
 mod handover;
 mod pool;
 mod stand_in;
-pub use stand_in::{AdminQueues, FormatSaved};
+pub use stand_in::AdminQueues;
 mod workers;
 
 pub use attach::NamespaceError;

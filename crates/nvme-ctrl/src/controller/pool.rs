@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::Controller;
 use crate::config::NamespaceConfig;
+use crate::namespace::FormatState;
 use crate::pool::{NamespacePool, PoolNamespace};
 
 /// What the controller attaches for the pool's namespace `nsid`.
@@ -71,7 +72,8 @@ impl Controller {
         for (nsid, nguid) in here {
             let stays = state.namespaces.get(&nsid).filter(|n| n.nguid == nguid && n.attached.contains(&me));
             if let Some(n) = stays {
-                changed |= self.follow_format(nsid, n.lba_format, tell);
+                let f = FormatState { lbaf: n.lba_format, dps: 0, extended: false };
+                changed |= self.follow_format(nsid, f, tell);
             } else {
                 self.admin.pool_here.remove(&nsid);
                 match self.drop_namespace(nsid) {
@@ -84,7 +86,7 @@ impl Controller {
         }
         for (&nsid, &f) in &state.fixed_formats {
             if !self.admin.pool_here.contains_key(&nsid) {
-                changed |= self.follow_fixed_format(nsid, f, tell);
+                changed |= self.follow_format(nsid, f, tell);
             }
         }
         for (&nsid, n) in &state.namespaces {
@@ -110,39 +112,21 @@ impl Controller {
         changed
     }
 
-    /// Puts the pool's namespace `nsid` in LBA format `lbaf`, the format another
-    /// controller's Format NVM gave it, if it is not in it already. True if it
-    /// changed (and the host was told, with `tell`).
-    fn follow_format(&mut self, nsid: u32, lbaf: u8, tell: bool) -> bool {
-        let Some(ns) = crate::namespace::lookup(&self.namespaces, nsid) else { return false };
-        if ns.lba_format() == lbaf || lbaf as usize >= ns.format_count() {
-            return false;
-        }
-        ns.set_lba_format(lbaf, 0, false);
-        info!(nsid, lba_size = 1u32 << ns.lba_shift(), "namespace formatted through another controller");
-        if tell {
-            self.namespace_changed(nsid);
-        }
-        true
-    }
-
-    /// Puts the operator's namespace `nsid` in format `f`, the one a host chose
-    /// through another controller that has that NSID (or through this one before
-    /// it started again), if it is not in it already and can be (checked as a
-    /// Format NVM would be). Its metadata is left as the formatting controller left
-    /// it. True if it changed (and the host was told, with `tell`).
-    fn follow_fixed_format(&mut self, nsid: u32, f: crate::pool::FixedFormat, tell: bool) -> bool {
+    /// Puts namespace `nsid` in format `f`, the one a host chose through another
+    /// controller that has it (or through this one before it started again), if
+    /// it is not in it already and can be (`format::adopt`). Its metadata is left
+    /// as the formatting controller left it; its zones start over, as there. True
+    /// if it changed (and the host was told, with `tell`).
+    fn follow_format(&mut self, nsid: u32, f: FormatState, tell: bool) -> bool {
         let Some(ns) = crate::namespace::lookup(&self.namespaces, nsid).cloned() else { return false };
-        if (ns.lba_format(), ns.dps(), ns.extended()) == (f.lbaf, f.dps, f.extended) {
-            return false;
+        match crate::admin::format::adopt(&ns, f) {
+            Ok(false) => return false,
+            Ok(true) => {}
+            Err(why) => {
+                log_limit::limited_warn!(target: "vnvme::backend", nsid, lbaf = f.lbaf, "namespace pool: the format another controller gave namespace {nsid} is not taken up: {why}");
+                return false;
+            }
         }
-        if !crate::admin::format::offers(&ns, f.lbaf, f.dps, f.extended)
-            || !crate::admin::format::backend_fits(&ns, f.lbaf)
-        {
-            log_limit::limited_warn!(target: "vnvme::backend", nsid, lbaf = f.lbaf, "namespace pool: the format another controller gave namespace {nsid} does not fit it here: not taken up");
-            return false;
-        }
-        ns.set_lba_format(f.lbaf, f.dps, f.extended);
         if let Some(z) = &ns.zones {
             z.reset_controller(true);
         }

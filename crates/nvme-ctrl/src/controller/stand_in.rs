@@ -14,6 +14,7 @@ use nvme_spec::{Cqe, Sqe};
 
 use super::Controller;
 use crate::lifecycle::Phase;
+use crate::namespace::FormatState;
 
 /// The admin queues as the host last programmed them (AQA, ASQ, ACQ).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,18 +66,6 @@ pub(crate) fn outstanding_aer(sqes: &[(u8, u16)], sq_head: u16) -> Option<u16> {
     })
 }
 
-/// A namespace's LBA format as a host last chose it with Format NVM: a stand-in
-/// serves it in that format (the namespace's data is laid out in it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FormatSaved {
-    pub nsid: u32,
-    pub lbaf: u8,
-    /// Protection information type and location (Identify Namespace DPS).
-    pub dps: u8,
-    /// Metadata inline with the data (MSET).
-    pub extended: bool,
-}
-
 impl Controller {
     /// Moves each time Format NVM changes a namespace here.
     pub fn format_epoch(&self) -> u64 {
@@ -84,49 +73,32 @@ impl Controller {
     }
 
     /// The formats of the namespaces here other than the pool's (whose format the
-    /// pool keeps): what a stand-in serves them in.
-    pub fn formats_saved(&self) -> Vec<FormatSaved> {
+    /// pool keeps), by NSID: what a stand-in serves them in.
+    pub fn formats_saved(&self) -> Vec<(u32, FormatState)> {
         self.namespaces()
             .filter(|n| !self.is_pool_namespace(n.nsid))
-            .map(|n| {
-                let f = n.format_state();
-                FormatSaved { nsid: n.nsid, lbaf: f.lbaf, dps: f.dps, extended: f.extended }
-            })
+            .map(|n| (n.nsid, n.format_state()))
             .collect()
     }
 
     /// A stand-in puts its namespaces in the formats the host had chosen before the
-    /// crash. Each is checked as a Format NVM would be (the journal came from a
-    /// process a hostile VMM may have taken over); one that does not fit, or names
-    /// no namespace here, is left as it is, logged.
-    pub fn restore_formats(&mut self, formats: &[FormatSaved]) {
-        for f in formats {
-            let Some(ns) = crate::namespace::lookup(&self.namespaces, f.nsid).cloned() else {
-                tracing::warn!(
-                    nsid = f.nsid,
-                    "the format before the crash names no namespace here: not kept"
-                );
-                continue;
-            };
-            if self.is_pool_namespace(f.nsid)
-                || !crate::admin::format::offers(&ns, f.lbaf, f.dps, f.extended)
-                || !crate::admin::format::backend_fits(&ns, f.lbaf)
-            {
-                tracing::warn!(
-                    nsid = f.nsid,
-                    lbaf = f.lbaf,
-                    dps = f.dps,
-                    "the format before the crash does not fit the namespace: not kept"
-                );
-                continue;
-            }
-            if (ns.lba_format(), ns.dps(), ns.extended()) != (f.lbaf, f.dps, f.extended) {
-                ns.set_lba_format(f.lbaf, f.dps, f.extended);
-                tracing::info!(
-                    nsid = f.nsid,
-                    lba_size = 1u32 << ns.lba_shift(),
-                    "namespace format kept from before the crash"
-                );
+    /// crash (`format::adopt` checks each: the journal came from a process a
+    /// hostile VMM may have taken over); one that does not fit, or names no
+    /// namespace here but the pool's, is left as it is, logged. The zones are as
+    /// their state file has them, after that format's reset.
+    pub fn restore_formats(&mut self, formats: &[(u32, FormatState)]) {
+        for &(nsid, f) in formats {
+            let ns =
+                crate::namespace::lookup(&self.namespaces, nsid).filter(|_| !self.is_pool_namespace(nsid));
+            match ns.map(|ns| crate::admin::format::adopt(ns, f)) {
+                Some(Ok(false)) => {}
+                Some(Ok(true)) => {
+                    tracing::info!(nsid, lbaf = f.lbaf, "namespace format kept from before the crash")
+                }
+                Some(Err(why)) => {
+                    tracing::warn!(nsid, lbaf = f.lbaf, "the format before the crash is not kept: {why}")
+                }
+                None => tracing::warn!(nsid, "the format before the crash names no namespace here: not kept"),
             }
         }
     }

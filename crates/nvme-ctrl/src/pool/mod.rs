@@ -30,9 +30,7 @@ use nvme_spec::Status;
 use rustix::fs::{Mode, OFlags};
 
 use crate::shared_file::{SharedFile, UpdateError};
-pub use state::{
-    FixedFormat, NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES,
-};
+pub use state::{NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES};
 
 /// The state file's name in the pool's directory.
 pub const STATE_FILE: &str = "pool.state";
@@ -181,7 +179,7 @@ impl NamespacePool {
 
     /// Records the format a host chose for the operator's namespace `nsid`; every
     /// other controller that has that NSID takes it up.
-    pub fn format_fixed(&self, nsid: u32, f: FixedFormat) -> Result<(), Status> {
+    pub fn format_fixed(&self, nsid: u32, f: crate::lba_format::FormatState) -> Result<(), Status> {
         self.update(|s| s.format_fixed(nsid, f))
     }
 

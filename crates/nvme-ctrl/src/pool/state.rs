@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use nvme_spec::Status;
 use serde::{Deserialize, Serialize};
 
+use crate::lba_format::FormatState;
+
 /// The most namespaces a pool holds (NSIDs stay within a controller's NN anyway).
 pub const MAX_POOL_NAMESPACES: usize = 1024;
 /// The most controllers a pool knows.
@@ -56,17 +58,6 @@ pub struct NewNamespace {
     pub ana_group: u32,
 }
 
-/// The format a host chose with Format NVM for an operator's namespace (an NSID
-/// in [`PoolState::fixed`]): every controller that has that NSID serves it so.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FixedFormat {
-    pub lbaf: u8,
-    /// Protection information type and location (Identify Namespace DPS).
-    pub dps: u8,
-    /// Metadata inline with the data (MSET).
-    pub extended: bool,
-}
-
 /// The pool as every controller of the subsystem shares it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
@@ -78,9 +69,10 @@ pub struct PoolState {
     /// have them: the pool never gives them out.
     pub fixed: BTreeMap<u32, BTreeSet<u16>>,
     pub namespaces: BTreeMap<u32, PoolNamespace>,
-    /// The formats hosts chose for operators' NSIDs (absent: as each `--ns` says).
+    /// The formats hosts chose with Format NVM for operators' NSIDs (absent: as
+    /// each `--ns` says): every controller that has the NSID serves it so.
     #[serde(default)]
-    pub fixed_formats: BTreeMap<u32, FixedFormat>,
+    pub fixed_formats: BTreeMap<u32, FormatState>,
 }
 
 impl PoolState {
@@ -146,7 +138,7 @@ impl PoolState {
 
     /// The operator's namespace `nsid` takes format `f` (a Format NVM through one
     /// of the controllers that have it).
-    pub fn format_fixed(&mut self, nsid: u32, f: FixedFormat) -> Result<(), Status> {
+    pub fn format_fixed(&mut self, nsid: u32, f: FormatState) -> Result<(), Status> {
         if !self.fixed.contains_key(&nsid) {
             return Err(Status::INVALID_NAMESPACE);
         }
@@ -357,7 +349,7 @@ mod tests {
     #[test]
     fn an_operators_nsid_keeps_its_format_while_a_controller_has_it() {
         let mut p = pool(1 << 20);
-        let f = FixedFormat { lbaf: 1, dps: 0, extended: false };
+        let f = FormatState { lbaf: 1, dps: 0, extended: false };
         assert_eq!(p.format_fixed(1, f), Ok(()));
         assert_eq!(p.format_fixed(2, f), Err(Status::INVALID_NAMESPACE), "no controller has NSID 2");
         p.join(2, &[1]).unwrap();

@@ -66,13 +66,9 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let irqs = Arc::new(EventFdInterrupts::new(cfg.msix_vectors));
     let mut ctrl = Controller::new(cfg, guest_mem::GuestMemory::empty(), irqs.clone())?;
     for n in kept.iter().flat_map(|k| &k.namespaces) {
-        let Some(name) = &n.group else { continue };
-        let g = match groups.get(name) {
-            Some(g) => Ok(g.clone()),
-            // A namespace's own limits: a group of its own, not among the named.
-            None => QosGroup::new(name.clone(), n.limits.unwrap_or_default()).map(Arc::new),
-        };
-        if let Err(e) = g.and_then(|g| ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())) {
+        let set = crate::handed::group_of(n, &groups)
+            .and_then(|g| g.map_or(Ok(()), |g| ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())));
+        if let Err(e) = set {
             eprintln!("vnvme: namespace {}: its QoS limits from before the crash: {e}; left out", n.nsid);
         }
     }

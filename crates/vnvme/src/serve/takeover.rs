@@ -6,7 +6,6 @@ use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use nvme_ctrl::qos::QosGroup;
 use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig};
 use vfio_user_server::socket_file::SocketFile;
 use vfio_user_server::{Device, EventFdInterrupts};
@@ -84,12 +83,7 @@ pub fn takeover(
         let mut ctrl = Controller::with_clock(cfg, guest_mem::GuestMemory::empty(), irqs.clone(), clock)
             .map_err(|e| e.to_string())?;
         for n in &x.namespaces {
-            if let Some(name) = &n.group {
-                let g = match groups.get(name) {
-                    Some(g) => g.clone(),
-                    // A namespace's own limits: a group of its own, not among the named.
-                    None => Arc::new(QosGroup::new(name.clone(), n.limits.unwrap_or_default())?),
-                };
+            if let Some(g) = crate::handed::group_of(n, &groups)? {
                 ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())?;
             }
         }
