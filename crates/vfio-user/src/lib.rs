@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod proto;
+pub mod rx;
 pub mod socket;
 pub mod version;
 

@@ -1,5 +1,6 @@
 //! Framing: one message = header + payload, file descriptors as SCM_RIGHTS attached
-//! to the first byte. The one place in the crate with `unsafe` (sendmsg/recvmsg).
+//! to the first byte. With `rx` (its kept memory's mapping), the one place in the
+//! crate with `unsafe` (sendmsg/recvmsg).
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{Header, HEADER_SIZE, MAX_MESSAGE};
+pub use crate::rx::{FdGroup, Partial};
+use crate::rx::{RecvBuffer, RX_BUFFER};
 
 /// Most file descriptors we accept with one message (we advertise `max_msg_fds`).
 pub const MAX_FDS: usize = 16;
@@ -66,104 +69,6 @@ pub struct Connection {
     rx: RecvBuffer,
 }
 
-/// Bytes read and not yet handed out, and the descriptors that came with them.
-#[derive(Debug, Default)]
-struct RecvBuffer {
-    buf: Vec<u8>,
-    /// `buf[start..end]` is unparsed; `start` is at stream offset `pos`.
-    start: usize,
-    end: usize,
-    pos: u64,
-    /// Descriptors received, with the stream range of the read that brought them.
-    fds: Vec<(u64, u64, Vec<OwnedFd>)>,
-    /// A payload buffer handed back ([`Connection::recycle`]), for the next message.
-    spare: Vec<u8>,
-    /// When the first byte of the message now partly buffered was seen (None: no
-    /// message has begun, or the time was not needed yet).
-    begun: Option<Instant>,
-}
-
-/// A message that has begun to arrive and is not complete, as it moves with its
-/// connection to another process (an upgrade): the bytes, the descriptors that came
-/// with them (each group with the stream range of the read that brought it,
-/// relative to the first byte), and how long ago the first byte was seen.
-#[derive(Debug, Default)]
-pub struct Partial {
-    pub bytes: Vec<u8>,
-    pub fds: Vec<(u64, u64, Vec<OwnedFd>)>,
-    pub age: Duration,
-}
-
-/// The usual size of the receive buffer; a larger message grows it for itself.
-const RX_BUFFER: usize = 64 << 10;
-
-impl RecvBuffer {
-    fn buffered(&self) -> usize {
-        self.end - self.start
-    }
-
-    /// The header of the next message, if all of it has arrived.
-    fn header(&self) -> Option<Header> {
-        (self.buffered() >= HEADER_SIZE).then(|| {
-            Header::read_from_bytes(&self.buf[self.start..self.start + HEADER_SIZE]).expect("16 bytes")
-        })
-    }
-
-    /// The next message, if all of it has arrived.
-    fn take(&mut self) -> Result<Option<Message>, ProtoError> {
-        let Some(header) = self.header() else { return Ok(None) };
-        let size = header.size.get() as usize;
-        if !(HEADER_SIZE..=MAX_MESSAGE).contains(&size) {
-            return Err(ProtoError::BadSize(size as u32));
-        }
-        if self.buffered() < size {
-            return Ok(None);
-        }
-        let mut payload = std::mem::take(&mut self.spare);
-        payload.clear();
-        payload.extend_from_slice(&self.buf[self.start + HEADER_SIZE..self.start + size]);
-        let (at, end) = (self.pos, self.pos + size as u64);
-        // Descriptors whose read began before this message and that no earlier
-        // message took belong to none (a peer that sent them mid-message): dropped.
-        self.fds.retain(|(_, read_end, _)| *read_end > at);
-        let mut fds = Vec::new();
-        if let Some(i) = self.fds.iter().position(|(rs, re, _)| *rs <= at && at < *re && end >= *re) {
-            fds = self.fds.remove(i).2;
-        }
-        self.start += size;
-        self.pos = end;
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        // Whatever follows is another message: its first byte came with the latest
-        // read (every whole message is taken after each read), not with this one's.
-        self.begun = None;
-        Ok(Some(Message { header, payload, fds }))
-    }
-
-    /// Room for at least the rest of the next message (or its header) after `end`.
-    fn make_room(&mut self) {
-        let want =
-            self.header().map_or(HEADER_SIZE, |h| (h.size.get() as usize).clamp(HEADER_SIZE, MAX_MESSAGE));
-        if self.buf.len() < RX_BUFFER {
-            self.buf.resize(RX_BUFFER, 0);
-        }
-        if self.buf.len() - self.start < want || self.end == self.buf.len() {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        if self.buf.len() < want {
-            self.buf.resize(want, 0);
-        } else if self.buf.len() > RX_BUFFER && self.end <= RX_BUFFER && want <= RX_BUFFER {
-            // A large message has gone: back to the usual size.
-            self.buf.truncate(RX_BUFFER);
-            self.buf.shrink_to_fit();
-        }
-    }
-}
-
 impl Connection {
     pub fn new(sock: UnixStream) -> Self {
         Connection { sock, deadline: None, rx: RecvBuffer::default() }
@@ -195,36 +100,55 @@ impl Connection {
     /// the start of a message), its descriptors duplicated: for a hand-over, after
     /// which this connection is not read again.
     pub fn partial(&self) -> io::Result<Partial> {
-        let rx = &self.rx;
-        let fds = rx
-            .fds
-            .iter()
-            .map(|(s, e, fds)| {
-                let dup = fds.iter().map(|f| f.try_clone()).collect::<io::Result<Vec<_>>>()?;
-                Ok((s.saturating_sub(rx.pos), e.saturating_sub(rx.pos), dup))
-            })
-            .collect::<io::Result<_>>()?;
-        Ok(Partial {
-            bytes: rx.buf[rx.start..rx.end].to_vec(),
-            fds,
-            age: rx.begun.map_or(Duration::ZERO, |t| t.elapsed()),
-        })
+        self.rx.partial()
     }
 
     /// Starts an empty connection's buffer with what another process had received
-    /// of a message ([`Self::partial`] there); its deadline runs from when the first
-    /// byte arrived there.
-    pub fn preload(&mut self, p: Partial) {
-        let rx = &mut self.rx;
-        assert_eq!(rx.buffered(), 0, "preload into a connection that has read");
-        if p.bytes.is_empty() {
-            return;
-        }
-        rx.buf = p.bytes;
-        (rx.start, rx.end) = (0, rx.buf.len());
-        rx.fds = p.fds.into_iter().map(|(s, e, f)| (rx.pos + s, rx.pos + e, f)).collect();
-        let now = Instant::now();
-        rx.begun = Some(now.checked_sub(p.age).unwrap_or(now));
+    /// ([`Self::partial`] there; after a crash, the keeper's [`crate::rx::unanswered`]):
+    /// the whole messages in it are handed out before anything is read, and the
+    /// deadline of one begun runs from when its first byte arrived there. Err if it
+    /// is more than a kept buffer holds.
+    pub fn preload(&mut self, p: Partial) -> io::Result<()> {
+        self.rx.preload(p)
+    }
+
+    /// Keeps what this connection receives in memory another process can hold (a
+    /// keeper: see [`crate::rx`]) from now on; call it before anything is read. The
+    /// memory's descriptor, for that process.
+    pub fn keep_received(&mut self) -> io::Result<OwnedFd> {
+        self.rx.keep()
+    }
+
+    /// Every message handed out so far is answered (or needs no answer): a process
+    /// standing in after this one dies does not answer them again. Call it before
+    /// the reply is sent: a reply twice would be worse than none.
+    pub fn answered(&mut self) {
+        self.rx.answered()
+    }
+
+    /// The stream offset (from this connection's start) one past the last message
+    /// handed out.
+    pub fn taken_through(&self) -> u64 {
+        self.rx.pos
+    }
+
+    /// Duplicates of the descriptors that came with reads beginning at or after
+    /// stream offset `at`, each group with its read's range; and the offset to ask
+    /// from next time.
+    pub fn fds_read_from(&self, at: u64) -> io::Result<(Vec<FdGroup>, u64)> {
+        let groups = self
+            .rx
+            .fds
+            .iter()
+            .filter(|(s, _, _)| *s >= at)
+            .map(|(s, e, fds)| Ok((*s, *e, fds.iter().map(|f| f.try_clone()).collect::<io::Result<_>>()?)))
+            .collect::<io::Result<_>>()?;
+        Ok((groups, self.rx.read_through()))
+    }
+
+    /// Whether any descriptor came with a read beginning at or after `at`.
+    pub fn has_fds_from(&self, at: u64) -> bool {
+        self.rx.fds.last().is_some_and(|(s, _, _)| *s >= at)
     }
 
     /// A connection to an untrusted peer: a message that has begun to arrive must
@@ -321,14 +245,15 @@ impl Connection {
 
     /// One recvmsg into the buffer (`flags`: MSG_DONTWAIT or 0). The bytes read.
     fn read(&mut self, flags: i32) -> Result<usize, ProtoError> {
-        self.rx.make_room();
-        let rx = &mut self.rx;
-        let (n, fds) = recv_with_fds(self.sock.as_raw_fd(), &mut rx.buf[rx.end..], flags)?;
-        let read_at = rx.pos + rx.buffered() as u64;
-        rx.end += n;
-        if !fds.is_empty() {
-            rx.fds.push((read_at, read_at + n as u64, fds));
+        let fd = self.sock.as_raw_fd();
+        let room = self.rx.make_room();
+        if room.is_empty() {
+            // Kept memory full of whole messages not taken (a reader that reads
+            // again before it takes them): nothing more until they are.
+            return Err(ProtoError::Io(io::ErrorKind::WouldBlock.into()));
         }
+        let (n, fds) = recv_with_fds(fd, room, flags)?;
+        self.rx.filled(n, fds);
         Ok(n)
     }
 
@@ -748,7 +673,7 @@ mod tests {
         assert_eq!(part.fds.len(), 1);
         let mut c =
             Connection::with_deadline(b.stream().try_clone().unwrap(), Duration::from_secs(5)).unwrap();
-        c.preload(part);
+        c.preload(part).unwrap();
         assert!(c.pending_deadline().is_some());
         a.write_all(&bytes[30..], &mut Stall::default()).unwrap();
         let m = c.recv().unwrap();
