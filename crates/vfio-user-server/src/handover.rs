@@ -54,6 +54,9 @@ const MSG_GO: u16 = 0xf105;
 pub(crate) const MSG_HANDED_TO: u16 = 0xf106;
 /// Journal: the serving process ends on its own (a stop, `--once`): no restart.
 pub(crate) const MSG_ENDING: u16 = 0xf107;
+/// Journal: duplicates of descriptors the client sent, with the stream range of the
+/// read that brought them (two u64s), before the messages they came with are handled.
+pub(crate) const MSG_RX_FDS: u16 = 0xf108;
 /// Most bytes of state JSON per message.
 const CHUNK: usize = 512 << 10;
 
@@ -103,6 +106,14 @@ pub struct DeviceSaved {
     /// the connection (the client cannot tell), its deadline still running.
     #[serde(default)]
     pub client_partial: Option<PartialSaved>,
+    /// A keeper's journal: the memory the client's connection keeps what it
+    /// receives in (`vfio_user::rx`), and the stream offset through which what the
+    /// client's messages did is in this entry. The keeper hands a stand-in what it
+    /// holds from there on as `client_partial` (`keeper`).
+    #[serde(default)]
+    pub client_rx: Option<usize>,
+    #[serde(default)]
+    pub client_rx_through: u64,
     /// The listening socket.
     pub listener: Option<usize>,
     /// What the caller added (vnvme: its arguments, namespaces, QoS).
@@ -315,6 +326,8 @@ impl Device {
             quiesced_at_ns,
             client: client.map(Connection::stream),
             partial,
+            client_rx: None,
+            rx_through: 0,
             listener,
             extra,
             extra_fds,
@@ -365,6 +378,7 @@ impl Device {
             _ => None,
         };
         let client = p.client.map(|c| c.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
+        let client_rx = p.client_rx.map(OwnedFd::try_clone).transpose()?.map(&mut add);
         let listener = p.listener.map(|l| l.try_clone().map(OwnedFd::from)).transpose()?.map(&mut add);
         let extra_fds = p.extra_fds.into_iter().map(&mut add).collect();
         let reg = |off: u64| {
@@ -395,6 +409,8 @@ impl Device {
             kick,
             client,
             client_partial,
+            client_rx,
+            client_rx_through: p.rx_through,
             listener,
             extra: p.extra,
             extra_fds,
@@ -409,6 +425,10 @@ pub(crate) struct Parts<'a> {
     pub quiesced_at_ns: u64,
     pub client: Option<&'a UnixStream>,
     pub partial: Option<vfio_user::socket::Partial>,
+    /// A journal's: the client connection's kept receive memory, and how far the
+    /// entry covers what the client's messages did.
+    pub client_rx: Option<&'a OwnedFd>,
+    pub rx_through: u64,
     pub listener: Option<&'a UnixListener>,
     pub extra: serde_json::Value,
     pub extra_fds: Vec<OwnedFd>,

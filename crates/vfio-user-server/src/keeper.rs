@@ -25,12 +25,17 @@
 //! and resets the controller, and its multipath layer retries what timed out on
 //! another path meanwhile.
 //!
-//! What is lost: a request the dead process had read and not answered (the client
-//! times it out: QEMU after 5 s); a change the dead process had made but not yet
-//! journaled, which cannot have been answered either. The client's connection
-//! carries whole messages one read at a time; a message half read when the process
-//! died leaves the stream out of step, and the client is then dropped when its
-//! next message does not parse.
+//! What the dead process had read from the client and not answered is not lost:
+//! the client's connection keeps what it receives in memory the keeper holds
+//! (`vfio_user::rx`), and the descriptors that came with it go to the keeper as
+//! they arrive, before their messages are handled. The keeper hands the stand-in
+//! the stream from the first message not answered (or from where the last entry
+//! says what the messages did is kept, whichever is later) to the last byte read,
+//! with those descriptors; the stand-in answers those messages first, and reads
+//! the rest of a message half read. A message is marked answered just before its
+//! reply goes, so no reply goes twice; what is lost is a reply the process was
+//! killed between marking and sending (a few instructions), or between a journal
+//! entry and the reply it came before.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -42,9 +47,12 @@ use vfio_user::Connection;
 
 use crate::device::Device;
 use crate::handover::{
-    await_ready, recv_saved_after, send, send_saved, DeviceSaved, Parts, MSG_ENDING, MSG_HANDED_TO,
+    await_ready, recv_saved_after, send, send_saved, DeviceSaved, PartialSaved, Parts, MSG_ENDING,
+    MSG_HANDED_TO, MSG_RX_FDS,
 };
+use crate::transfer::hex;
 pub use crate::transfer::Journal;
+use vfio_user::socket::FdGroup;
 
 /// The most bytes of state a journal entry may have (it holds no controller state:
 /// config space, MSI-X table and DMA regions, a few KiB).
@@ -55,6 +63,31 @@ impl Device {
     pub fn keep_with(&mut self, j: Journal) {
         self.journal.current = Some(j);
         self.write_journal();
+    }
+
+    /// Makes the memory a client's connection keeps what it receives in, so that a
+    /// stand-in answers what this process read and did not (see the module's doc).
+    /// Call it before entering a sandbox, which would not allow it.
+    pub fn prepare_keeping(&mut self) -> io::Result<()> {
+        self.journal.rx_memory = Some(vfio_user::rx::kept_memory()?);
+        Ok(())
+    }
+
+    /// With a keeper, has `conn` (a new client's) keep what it receives where the
+    /// keeper can hand it to a stand-in: that memory, for the journal.
+    pub(crate) fn keep_received(&self, conn: &mut Connection) -> Option<OwnedFd> {
+        self.journal.current.as_ref()?;
+        let Some(memory) = self.journal.rx_memory.as_ref() else {
+            warn!("no receive memory was prepared: what the client sends is not kept for a stand-in");
+            return None;
+        };
+        match conn.keep_received(memory).and_then(|()| memory.try_clone()) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!("what the client sends is not kept for a stand-in: {e}");
+                None
+            }
+        }
     }
 
     /// Whether this device journals to a keeper.
@@ -113,14 +146,42 @@ impl Device {
         self.write_journal();
     }
 
-    /// A client came (`Some`: its connection) or went (`None`): journaled now.
-    pub(crate) fn journal_client(&mut self, client: Option<&UnixStream>) {
+    /// A client came (`Some`: its connection, and the memory the connection keeps
+    /// what it receives in) or went (`None`): journaled now.
+    pub(crate) fn journal_client(&mut self, client: Option<(&UnixStream, Option<OwnedFd>)>) {
         let Some(j) = self.journal.current.as_mut() else { return };
-        match client.map(UnixStream::try_clone).transpose() {
+        let (stream, rx) = client.unzip();
+        match stream.map(UnixStream::try_clone).transpose() {
             Ok(c) => j.client = c,
             Err(e) => warn!("cannot keep the client's connection for the keeper: {e}"),
         }
+        (j.client_rx, j.rx_through) = (rx.flatten(), 0);
         self.journal_now();
+    }
+
+    /// What the client's messages did, through stream offset `at`, goes into the
+    /// next entry (a stand-in does not do it again).
+    pub(crate) fn journal_through(&mut self, at: u64) {
+        if let Some(j) = self.journal.current.as_mut() {
+            j.rx_through = at;
+        }
+    }
+
+    /// Descriptors the client sent, to the keeper before their messages are
+    /// handled: a stand-in answers those messages with them. A keeper that does not
+    /// take them is given up, as for an entry.
+    pub(crate) fn journal_rx_fds(&mut self, groups: Vec<FdGroup>) {
+        let Some(j) = self.journal.current.as_mut() else { return };
+        for (start, end, fds) in groups {
+            let mut range = start.to_le_bytes().to_vec();
+            range.extend_from_slice(&end.to_le_bytes());
+            if let Err(e) = send(&mut j.conn, MSG_RX_FDS, &range, &fds) {
+                self.journal.current = None;
+                self.journal.lost = true;
+                warn!("the keeper did not take the client's descriptors ({e}): serving on without one");
+                return;
+            }
+        }
     }
 
     /// The device was handed over to process `pid` (an upgrade): the keeper
@@ -169,6 +230,8 @@ impl Device {
             quiesced_at_ns: 0,
             client: j.client.as_ref(),
             partial: None,
+            client_rx: j.client_rx.as_ref(),
+            rx_through: j.rx_through,
             listener: Some(&j.listener),
             extra,
             extra_fds,
@@ -195,17 +258,101 @@ impl Device {
     }
 }
 
-/// The keeper's copy of the last journal entry: the state and its descriptors.
+/// The keeper's copy of the last journal entry: the state and its descriptors,
+/// and the descriptors the client sent since (`MSG_RX_FDS`).
 #[derive(Debug)]
 pub struct Kept {
     pub saved: DeviceSaved,
     fds: Vec<OwnedFd>,
+    rx_fds: Vec<FdGroup>,
 }
+
+/// The most descriptor groups a keeper holds for messages not yet answered: a
+/// client sends a few at a time (a burst of DMA_MAPs), each group bounded by
+/// `MAX_FDS`; a serving process that sends more (taken over by a hostile client)
+/// has the oldest dropped.
+const RX_FD_GROUPS: usize = 64;
 
 impl Kept {
     /// A client was connected at the last entry.
     pub fn has_client(&self) -> bool {
         self.saved.client.is_some()
+    }
+
+    /// The client's connection's kept receive memory.
+    fn rx(&self) -> Option<&OwnedFd> {
+        self.saved.client_rx.and_then(|i| self.fds.get(i))
+    }
+
+    /// Takes over what the previous entry, `prev`, holds of the client's
+    /// descriptors, if it is the same connection (the same socket; the receive
+    /// memory serves one connection after another).
+    pub fn follow(&mut self, prev: Option<Kept>) {
+        let id = |k: &Kept| {
+            k.rx()?;
+            let client = k.saved.client.and_then(|i| k.fds.get(i))?;
+            rustix::fs::fstat(client).ok().map(|st| (st.st_dev, st.st_ino))
+        };
+        if let Some(p) = prev.filter(|p| id(p).is_some() && id(p) == id(self)) {
+            self.rx_fds = p.rx_fds;
+            self.prune();
+        }
+    }
+
+    /// Descriptors the client sent, to be handed to a stand-in with the messages
+    /// they came with if those are not answered.
+    pub fn add_rx_fds(&mut self, group: FdGroup) {
+        self.rx_fds.push(group);
+        self.prune();
+    }
+
+    /// Drops what came with messages answered since, and the oldest beyond the bound.
+    fn prune(&mut self) {
+        let answered = self.rx().and_then(|f| vfio_user::rx::answered_through(f).ok());
+        if let Some(at) = answered {
+            self.rx_fds.retain(|(_, end, _)| *end > at);
+        }
+        if self.rx_fds.len() > RX_FD_GROUPS {
+            let over = self.rx_fds.len() - RX_FD_GROUPS;
+            warn!("more than {RX_FD_GROUPS} groups of the client's descriptors outstanding: the oldest {over} dropped");
+            self.rx_fds.drain(..over);
+        }
+    }
+
+    /// The entry as a stand-in takes it: what the dead process had received and
+    /// not answered becomes the start of the client's stream (`client_partial`),
+    /// with the descriptors that came with it; the stand-in keeps its own receive
+    /// memory. Duplicates: the keeper keeps its own.
+    fn for_stand_in(&self) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
+        let mut saved = self.saved.clone();
+        let mut fds = self.fds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?;
+        saved.client_rx = None;
+        let Some(rx) = self.rx() else { return Ok((saved, fds)) };
+        match vfio_user::rx::unanswered(rx, self.saved.client_rx_through) {
+            Ok((_, bytes)) if bytes.is_empty() => {}
+            Ok((from, bytes)) => {
+                let mut groups = Vec::new();
+                for (s, e, group) in self.rx_fds.iter().filter(|(_, e, _)| *e > from) {
+                    let mut idx = Vec::new();
+                    for f in group {
+                        fds.push(f.try_clone()?);
+                        idx.push(fds.len() - 1);
+                    }
+                    groups.push((s.saturating_sub(from), e - from, idx));
+                }
+                debug!(
+                    bytes = bytes.len(),
+                    descriptor_groups = groups.len(),
+                    "handing the stand-in what was not answered"
+                );
+                saved.client_partial = Some(PartialSaved { bytes: hex(&bytes), age_ns: 0, fds: groups });
+            }
+            Err(e) => warn!(
+                "what the dead process had received cannot be read ({e}): requests it had read and not \
+                 answered go unanswered"
+            ),
+        }
+        Ok((saved, fds))
     }
 }
 
@@ -214,6 +361,8 @@ impl Kept {
 pub enum JournalEvent {
     /// What a stand-in would need now.
     Entry(Box<Kept>),
+    /// Descriptors the client sent (for [`Kept::add_rx_fds`]).
+    RxFds(FdGroup),
     /// The device was handed over (an upgrade) to the process with this PID, which
     /// journals to the keeper next.
     HandedTo(u32),
@@ -246,11 +395,16 @@ impl JournalReader {
                 Ok(JournalEvent::HandedTo(u32::from_le_bytes(m.payload[..4].try_into().expect("4 bytes"))))
             }
             MSG_ENDING => Ok(JournalEvent::Ending),
+            MSG_RX_FDS if m.payload.len() == 16 && !m.fds.is_empty() => {
+                let at = |i: usize| u64::from_le_bytes(m.payload[i..i + 8].try_into().expect("8 bytes"));
+                let (start, end) = (at(0), at(8));
+                Ok(JournalEvent::RxFds((start, end.max(start), m.fds)))
+            }
             _ => {
                 let (mut saved, fds) = recv_saved_after(&mut self.conn, Some(m), JOURNAL_LIMIT)?;
                 // A journal never carries a controller: the stand-in starts without one.
                 saved.controller = None;
-                Ok(JournalEvent::Entry(Box::new(Kept { saved, fds })))
+                Ok(JournalEvent::Entry(Box::new(Kept { saved, fds, rx_fds: Vec::new() })))
             }
         }
     }
@@ -258,8 +412,8 @@ impl JournalReader {
     /// Hands `kept` to a new serving process (duplicates: the keeper keeps its own),
     /// and waits at most `wait` for it to say it is ready.
     pub fn hand_back(&mut self, kept: &Kept, wait: Duration) -> io::Result<()> {
-        let fds = kept.fds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?;
-        send_saved(&mut self.conn, &kept.saved, &fds)?;
+        let (saved, fds) = kept.for_stand_in()?;
+        send_saved(&mut self.conn, &saved, &fds)?;
         await_ready(&mut self.conn, wait, |_| {})
     }
 }

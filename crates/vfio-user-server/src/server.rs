@@ -52,6 +52,34 @@ pub struct ServeOptions {
     /// leaves as if it had disconnected (its commands complete or fail, the device
     /// is reset) and [`serve_from`] returns.
     pub stop: Option<Arc<Stop>>,
+    /// Fault injection, for the tests of a crash: die at a chosen message.
+    pub die_on: Option<DieOn>,
+}
+
+/// Fault injection for the tests of a crash (`--restart-on-crash`): the process
+/// aborts (SIGABRT) the moment it has read the `nth` message of `command`
+/// (counted from its start), before it handles it, as a crash there would.
+#[derive(Clone, Debug)]
+pub struct DieOn {
+    command: u16,
+    nth: u32,
+    seen: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl DieOn {
+    pub fn new(command: u16, nth: u32) -> Self {
+        DieOn { command, nth, seen: Arc::default() }
+    }
+
+    fn check(&self, command: u16) {
+        if command == self.command
+            && self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == self.nth
+        {
+            warn!(command, nth = self.nth, "dying on purpose at this message (fault injection)");
+            // abort: a signal to itself, which a sandbox allows (no other kill).
+            std::process::abort();
+        }
+    }
 }
 
 /// A request to stop, from anywhere, a signal handler included: [`Stop::request`]
@@ -85,7 +113,7 @@ impl Stop {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { deadline: DEFAULT_DEADLINE, jobs: None, stop: None }
+        ServeOptions { deadline: DEFAULT_DEADLINE, jobs: None, stop: None, die_on: None }
     }
 }
 
@@ -141,7 +169,6 @@ pub fn serve_from(
         };
         connections += 1;
         info!(client = connections, "client connected");
-        device.journal_client(Some(&stream));
         let mut traffic = Traffic::new(device);
         let r = session(stream, partial, device, Some((listener, &mut waiting)), opts, &mut traffic);
         if device.handed_over() {
@@ -387,7 +414,16 @@ fn session(
     watch_keeper(&epoll, device)?;
     let mut inline = device.ctrl.inline_poll().map(|mode| Inline::new(mode, &epoll, device)).transpose()?;
     let mut conn = Connection::with_deadline(stream, opts.deadline)?;
-    conn.preload(partial);
+    // Kept, what the client sends is kept where the keeper can hand it to a
+    // stand-in, from the first byte (`keeper`).
+    let rx = device.keep_received(&mut conn);
+    conn.preload(partial)?;
+    device.journal_client(Some((conn.stream(), rx)));
+    // Where the descriptors not yet sent to the keeper begin.
+    let mut fds_from = 0;
+    // Whole messages handed over (a stand-in's: those the dead process had not
+    // answered) are answered before anything is read.
+    answer_buffered(&mut conn, device, traffic, &mut fds_from, opts.die_on.as_ref())?;
     let mut ready = [EpollEvent::default(); 8];
     loop {
         // A message that has begun must be complete by its deadline: evict the
@@ -458,11 +494,7 @@ fn session(
                 Err(ProtoError::Closed) => return Ok(()),
                 Err(e) => return Err(e),
             }
-            while let Some(msg) = conn.next_message()? {
-                handle_message(&mut conn, msg, device, traffic)?;
-            }
-            // The doorbells those messages wrote, at once.
-            device.after_reply();
+            answer_buffered(&mut conn, device, traffic, &mut fds_from, opts.die_on.as_ref())?;
         }
         // A hand-over (asked for by a job) between whole messages; the start of one
         // that has begun goes with the connection.
@@ -516,6 +548,35 @@ fn refuse(stream: UnixStream, why: &str) {
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
+/// Answers every whole message read; the descriptors that came with them go to the
+/// keeper first, if there is one (`fds_from`: where those not yet sent begin).
+fn answer_buffered(
+    conn: &mut Connection,
+    device: &mut Device,
+    traffic: &mut Traffic,
+    fds_from: &mut u64,
+    die_on: Option<&DieOn>,
+) -> Result<(), ProtoError> {
+    if device.is_kept() && conn.has_fds_from(*fds_from) {
+        match conn.fds_read_from(*fds_from) {
+            Ok((groups, next)) => {
+                device.journal_rx_fds(groups);
+                *fds_from = next;
+            }
+            Err(e) => warn!("the client's descriptors are not kept for a stand-in: {e}"),
+        }
+    }
+    while let Some(msg) = conn.next_message()? {
+        if let Some(d) = die_on {
+            d.check(msg.header.command.get());
+        }
+        handle_message(conn, msg, device, traffic)?;
+    }
+    // The doorbells those messages wrote, at once.
+    device.after_reply();
+    Ok(())
+}
+
 /// Answers one message.
 fn handle_message(
     conn: &mut Connection,
@@ -529,6 +590,7 @@ fn handle_message(
     let flags = MsgFlags(h.flags.get());
     if flags.is_reply() {
         log_limit::limited_warn!(target: "vnvme::client", msg_id = h.msg_id.get(), "unexpected reply from the client ignored");
+        conn.answered();
         return Ok(());
     }
     let no_reply = flags.no_reply();
@@ -541,10 +603,14 @@ fn handle_message(
             Reply::Err(e.errno())
         }
     };
-    // What the client is told is done is journaled first (`keeper`).
+    // What the client is told is done is journaled first (`keeper`), then the
+    // message is marked answered: a stand-in answers neither it nor what the
+    // journal holds again.
     if device.journal_due() {
+        device.journal_through(conn.taken_through());
         device.write_journal();
     }
+    conn.answered();
     // The next message's payload goes into this one's buffer: no allocation per message.
     conn.recycle(msg.payload);
     if no_reply {

@@ -44,10 +44,14 @@ pub struct Journal {
     pub(crate) format_epoch: u64,
     /// The client being served (a duplicate of its connection).
     pub(crate) client: Option<UnixStream>,
+    /// The memory its connection keeps what it receives in (`vfio_user::rx`), and
+    /// the stream offset through which what its messages did is in the last entry.
+    pub(crate) client_rx: Option<OwnedFd>,
+    pub(crate) rx_through: u64,
     /// What the caller keeps with each entry ([`crate::Device::journal_extra`]):
     /// vnvme's namespaces and QoS, and their descriptors.
     pub(crate) extra: serde_json::Value,
-    pub(crate) extra_fds: Vec<std::os::fd::OwnedFd>,
+    pub(crate) extra_fds: Vec<OwnedFd>,
 }
 
 impl Journal {
@@ -60,6 +64,8 @@ impl Journal {
             due: true,
             format_epoch: 0,
             client: None,
+            client_rx: None,
+            rx_through: 0,
             extra: serde_json::Value::Null,
             extra_fds: Vec::new(),
         })
@@ -72,6 +78,9 @@ pub(crate) struct JournalSlot {
     pub(crate) current: Option<Journal>,
     /// It had a keeper, which is gone (died, killed, or stopped taking entries).
     pub(crate) lost: bool,
+    /// The memory a client's connection keeps what it receives in
+    /// (`vfio_user::rx`), made before the sandbox.
+    pub(crate) rx_memory: Option<OwnedFd>,
 }
 
 /// `enum vfio_device_mig_state`.

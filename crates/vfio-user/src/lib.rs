@@ -7,6 +7,7 @@
 //! malformed message is an error for the caller to answer, never a panic.
 
 pub mod client;
+pub mod message;
 pub mod proto;
 pub mod rx;
 pub mod socket;

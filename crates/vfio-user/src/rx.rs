@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use zerocopy::FromBytes;
 
+use crate::message::{Message, ProtoError};
 use crate::proto::{Header, HEADER_SIZE, MAX_MESSAGE};
-use crate::socket::{Message, ProtoError};
 
 /// Descriptors that came with one read, and the stream range of that read.
 pub type FdGroup = (u64, u64, Vec<OwnedFd>);
@@ -223,15 +223,15 @@ impl RecvBuffer {
         }
     }
 
-    /// From now on the bytes are kept in memory another process can hold too (the
-    /// buffer must be empty): the memfd, for that process.
-    pub(crate) fn keep(&mut self) -> io::Result<OwnedFd> {
+    /// From now on the bytes are kept in `memory` ([`kept_memory`]), which another
+    /// process can hold too (the buffer must be empty). What `memory` held before
+    /// (a client before this one) is forgotten.
+    pub(crate) fn keep(&mut self, memory: impl AsFd) -> io::Result<()> {
         assert_eq!(self.buffered(), 0, "a buffer is kept from a message's boundary");
-        let k = KeptRx::new(self.pos)?;
-        let fd = k.fd.try_clone()?;
+        let k = KeptRx::map(memory, self.pos)?;
         (self.buf, self.start, self.end) = (Vec::new(), 0, 0);
         self.kept = Some(k);
-        Ok(fd)
+        Ok(())
     }
 
     /// A copy of what is buffered, the descriptors duplicated.
@@ -293,10 +293,21 @@ const LAYOUT: usize = 1;
 const DONE: usize = 2;
 const END: usize = 3;
 
-/// Receive memory another process holds too (see the module's doc).
+/// Memory for a connection to keep what it receives in (see the module's doc),
+/// made before a sandbox that would not allow it: sized and sealed at that size,
+/// so that the process that reads it never faults on a shrunk file. One serves
+/// each connection in turn.
+pub fn kept_memory() -> io::Result<OwnedFd> {
+    use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+    let fd = memfd_create("vfio-user-received", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    ftruncate(&fd, TOTAL as u64)?;
+    fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(fd)
+}
+
+/// Receive memory another process holds too, mapped (see the module's doc).
 #[derive(Debug)]
 struct KeptRx {
-    fd: OwnedFd,
     map: NonNull<u8>,
     /// The half in use, and how much of it.
     which: usize,
@@ -310,26 +321,28 @@ struct KeptRx {
 unsafe impl Send for KeptRx {}
 
 impl KeptRx {
-    fn new(base: u64) -> io::Result<KeptRx> {
-        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
-        let fd = memfd_create("vfio-user-received", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-        ftruncate(&fd, TOTAL as u64)?;
-        // Its size is fixed: the process that reads it never faults on a shrunk file.
-        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-        // SAFETY: a new shared mapping of a file we own of TOTAL bytes (sealed at
-        // that size), at an address the kernel chooses: it aliases no Rust memory.
+    /// Maps `memory` ([`kept_memory`]), its header set to an empty stream at `base`.
+    fn map(memory: impl AsFd, base: u64) -> io::Result<KeptRx> {
+        let st = rustix::fs::fstat(&memory)?;
+        if (st.st_size as u64) < TOTAL as u64 {
+            return Err(io::Error::other(format!("receive memory of {} bytes, not {TOTAL}", st.st_size)));
+        }
+        // SAFETY: a new shared mapping of TOTAL bytes of a file at least that long
+        // (kept_memory seals it against shrinking), at an address the kernel
+        // chooses: it aliases no Rust memory.
         let p = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
                 TOTAL,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::SHARED,
-                &fd,
+                memory,
                 0,
             )?
         };
         let map = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        let k = KeptRx { fd, map, which: 0, len: RX_BUFFER, done: base };
+        let k = KeptRx { map, which: 0, len: RX_BUFFER, done: base };
+        k.set(0, 0);
         k.set(LAYOUT, base << 1);
         k.set(DONE, base);
         k.set(END, base);
@@ -387,22 +400,44 @@ impl Drop for KeptRx {
 /// The memory was written by a process that may have been taken over by a hostile
 /// client: every offset is checked, and a header that does not add up is an error.
 pub fn unanswered(fd: impl AsFd, through: u64) -> io::Result<(u64, Vec<u8>)> {
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("kept receive memory: {what}"));
-    let mut h = [0u8; 32];
-    read_exact_at(&fd, &mut h, 0)?;
-    let field = |i: usize| u64::from_le_bytes(h[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    if field(0) != MAGIC {
-        return Err(bad("no header"));
-    }
-    let (base, which, done, end) =
-        (field(LAYOUT) >> 1, (field(LAYOUT) & 1) as usize, field(DONE), field(END));
-    if !(base <= done && done <= end && end - base <= HALF as u64) {
-        return Err(bad(&format!("offsets out of order (base {base}, answered {done}, read {end})")));
-    }
+    let KeptHeader { base, which, done, end } = KeptHeader::read(&fd)?;
     let from = if (done..=end).contains(&through) { through } else { done };
     let mut bytes = vec![0u8; (end - from) as usize];
     read_exact_at(&fd, &mut bytes, (PAGE + which * HALF) as u64 + (from - base))?;
     Ok((from, bytes))
+}
+
+/// The stream offset of the first byte kept receive memory (`fd`) holds
+/// unanswered: what came with the messages before it is no longer needed.
+pub fn answered_through(fd: impl AsFd) -> io::Result<u64> {
+    Ok(KeptHeader::read(&fd)?.done)
+}
+
+/// Kept receive memory's header, as read by another process and checked.
+struct KeptHeader {
+    base: u64,
+    which: usize,
+    done: u64,
+    end: u64,
+}
+
+impl KeptHeader {
+    fn read(fd: &impl AsFd) -> io::Result<KeptHeader> {
+        let bad =
+            |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("kept receive memory: {what}"));
+        let mut h = [0u8; 32];
+        read_exact_at(fd, &mut h, 0)?;
+        let field = |i: usize| u64::from_le_bytes(h[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        if field(0) != MAGIC {
+            return Err(bad("no header"));
+        }
+        let (base, which, done, end) =
+            (field(LAYOUT) >> 1, (field(LAYOUT) & 1) as usize, field(DONE), field(END));
+        if !(base <= done && done <= end && end - base <= HALF as u64) {
+            return Err(bad(&format!("offsets out of order (base {base}, answered {done}, read {end})")));
+        }
+        Ok(KeptHeader { base, which, done, end })
+    }
 }
 
 fn read_exact_at(fd: &impl AsFd, mut buf: &mut [u8], mut at: u64) -> io::Result<()> {
@@ -449,7 +484,8 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let mut a = Connection::new(a);
         let mut b = Connection::new(b);
-        let fd = b.keep_received().unwrap();
+        let fd = kept_memory().unwrap();
+        b.keep_received(&fd).unwrap();
         let mut stream = Vec::new();
         let mut bounds = vec![0u64];
         let sizes = [16usize, 40, 4096, 70_000, 100, RX_BUFFER - 8, 16, 300_000, 24, 24, 24, MAX_MESSAGE, 33];
@@ -497,7 +533,8 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let mut a = Connection::new(a);
         let mut b = Connection::new(b);
-        let fd = b.keep_received().unwrap();
+        let fd = kept_memory().unwrap();
+        b.keep_received(&fd).unwrap();
         let stream: Vec<u8> = [raw(1, 20), raw(2, 30), raw(3, 40)].concat();
         a.send_bytes(&stream[..60], &[]).unwrap();
         assert!(b.fill().unwrap());
@@ -515,7 +552,8 @@ mod tests {
     fn a_header_that_does_not_add_up_is_refused() {
         let (_a, b) = UnixStream::pair().unwrap();
         let mut b = Connection::new(b);
-        let fd = b.keep_received().unwrap();
+        let fd = kept_memory().unwrap();
+        b.keep_received(&fd).unwrap();
         let put = |i: usize, v: u64| rustix::io::pwrite(&fd, &v.to_le_bytes(), i as u64 * 8).unwrap();
         put(DONE, 10);
         assert!(unanswered(&fd, 0).is_err(), "answered past what was read");
@@ -538,7 +576,8 @@ mod tests {
     fn a_kept_connection_preloaded_keeps_what_it_was_handed() {
         let (_a, b) = UnixStream::pair().unwrap();
         let mut b = Connection::new(b);
-        let fd = b.keep_received().unwrap();
+        let fd = kept_memory().unwrap();
+        b.keep_received(&fd).unwrap();
         let stream: Vec<u8> = [raw(1, 20), raw(2, 30)].concat();
         b.preload(Partial { bytes: stream[..45].to_vec(), ..Default::default() }).unwrap();
         assert_eq!(unanswered(&fd, 0).unwrap(), (0, stream[..45].to_vec()));
@@ -549,7 +588,7 @@ mod tests {
         let too_much = Partial { bytes: vec![0; HALF + 1], ..Default::default() };
         let (_c, d) = UnixStream::pair().unwrap();
         let mut d = Connection::new(d);
-        d.keep_received().unwrap();
+        d.keep_received(kept_memory().unwrap()).unwrap();
         assert!(d.preload(too_much).is_err());
     }
 }

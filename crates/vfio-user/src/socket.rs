@@ -7,46 +7,15 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
-use crate::proto::{Header, HEADER_SIZE, MAX_MESSAGE};
+pub use crate::message::{Message, ProtoError};
+use crate::proto::{Header, HEADER_SIZE};
 pub use crate::rx::{FdGroup, Partial};
 use crate::rx::{RecvBuffer, RX_BUFFER};
 
 /// Most file descriptors we accept with one message (we advertise `max_msg_fds`).
 pub const MAX_FDS: usize = 16;
-
-/// Why a message could not be read or was malformed.
-#[derive(Debug, thiserror::Error)]
-pub enum ProtoError {
-    #[error("peer closed the connection")]
-    Closed,
-    #[error("socket: {0}")]
-    Io(#[from] io::Error),
-    #[error("message size {0} is outside 16..={MAX_MESSAGE}")]
-    BadSize(u32),
-    #[error("too many file descriptors ({0})")]
-    TooManyFds(usize),
-    /// The peer stalled: a message began to arrive and did not complete, or a reply
-    /// could not leave (the peer stopped reading), within the connection's deadline.
-    #[error("{what} within {limit:?}")]
-    Deadline { what: &'static str, limit: Duration },
-}
-
-/// A received message.
-#[derive(Debug)]
-pub struct Message {
-    pub header: Header,
-    pub payload: Vec<u8>,
-    pub fds: Vec<OwnedFd>,
-}
-
-impl Message {
-    /// The payload read as `T`, if it is at least that long.
-    pub fn payload_as<T: FromBytes>(&self) -> Option<T> {
-        T::read_from_prefix(&self.payload).ok().map(|(v, _)| v)
-    }
-}
 
 /// One end of a vfio-user socket.
 ///
@@ -112,11 +81,11 @@ impl Connection {
         self.rx.preload(p)
     }
 
-    /// Keeps what this connection receives in memory another process can hold (a
-    /// keeper: see [`crate::rx`]) from now on; call it before anything is read. The
-    /// memory's descriptor, for that process.
-    pub fn keep_received(&mut self) -> io::Result<OwnedFd> {
-        self.rx.keep()
+    /// Keeps what this connection receives in `memory` ([`crate::rx::kept_memory`]),
+    /// which another process (a keeper) holds too, from now on; call it before
+    /// anything is read.
+    pub fn keep_received(&mut self, memory: impl std::os::fd::AsFd) -> io::Result<()> {
+        self.rx.keep(memory)
     }
 
     /// Every message handed out so far is answered (or needs no answer): a process

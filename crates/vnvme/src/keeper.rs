@@ -304,9 +304,15 @@ fn watch(
         let readable = matches!(poll(&mut fds, Some(&timespec(Duration::from_millis(100)))), Ok(n) if n > 0);
         if readable {
             match journal.read() {
-                Ok(JournalEvent::Entry(k)) => {
+                Ok(JournalEvent::Entry(mut k)) => {
+                    k.follow(kept.take());
                     *kept = Some(*k);
                     w.served = true;
+                }
+                Ok(JournalEvent::RxFds(group)) => {
+                    if let Some(k) = kept.as_mut() {
+                        k.add_rx_fds(group);
+                    }
                 }
                 Ok(JournalEvent::HandedTo(pid)) => w.handed_to = Some(pid),
                 Ok(JournalEvent::Ending) => w.ending = true,

@@ -100,11 +100,16 @@ impl Drop for Kept {
 }
 
 fn kept(dir: &Path, extra: &[&str]) -> Kept {
+    kept_env(dir, extra, &[])
+}
+
+/// [`kept`], with variables added to the processes' environment.
+fn kept_env(dir: &Path, extra: &[&str], env: &[(String, String)]) -> Kept {
     let img = dir.join("d.img");
     let ns = format!("file:{}:16M", img.display());
     let mut args = vec!["--ns", ns.as_str(), "--restart-on-crash"];
     args.extend_from_slice(extra);
-    Kept { server: Server::start_in(dir, "s", &args).owning_dir(), also: Vec::new() }
+    Kept { server: Server::start_in_env(dir, "s", &args, env).owning_dir(), also: Vec::new() }
 }
 
 fn page(seed: u8) -> Vec<u8> {
@@ -572,4 +577,110 @@ fn an_upgrade_under_a_keeper_leaves_the_new_process_kept() {
     assert_eq!(read_page(&mut h, 16), a);
     assert_eq!(read_page(&mut h, 24), a);
     s.assert_alive();
+}
+
+/// The next message on `conn` (bounded by the test's timeout), which must be the
+/// successful reply to `id`.
+fn reply_to(conn: &mut vfio_user::Connection, id: u16, s: &Kept) -> vfio_user::Message {
+    conn.stream().set_read_timeout(Some(TIMEOUT)).unwrap();
+    let m = conn.recv().unwrap_or_else(|e| panic!("no reply to message {id:#x}: {e}\n{}", s.log()));
+    let f = vfio_user::MsgFlags(m.header.flags.get());
+    assert!(f.is_reply() && m.header.msg_id.get() == id, "{:?}\n{}", m.header, s.log());
+    assert!(!f.is_error(), "message {id:#x} refused: errno {}\n{}", m.header.error.get(), s.log());
+    m
+}
+
+/// The serving process dies the moment it has read a DMA_MAP (fault injection:
+/// the second one, after the host's own), with a register read sent right after
+/// it: neither is answered when it dies. The stand-in answers both, on the same
+/// connection: the DMA_MAP with the memory its descriptor names (the keeper had
+/// the descriptor before the message was handled), so the region is there to
+/// unmap, and the read with the stand-in's Controller Fatal Status.
+#[test]
+fn requests_the_dead_process_had_read_are_answered_by_the_stand_in() {
+    use common::protocol::{access, DMA_MAP, READ};
+    use std::os::fd::AsRawFd;
+    use zerocopy::IntoBytes;
+
+    let dir = common::temp_dir("restart");
+    let env = [("VNVME_TEST_DIE_ON".to_string(), format!("{DMA_MAP}:2"))];
+    let mut s = kept_env(&dir, &[], &env);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let a = page(1);
+    write_page(&mut h, 64, &a);
+
+    const IOVA2: u64 = 0x8000_0000;
+    let more = test_util::memfd::memfd_named("restart-second-region", 1 << 20);
+    let map = vfio_user::proto::DmaMap {
+        argsz: 32.into(),
+        flags: (vfio_user::proto::DMA_MAP_FLAG_READ | vfio_user::proto::DMA_MAP_FLAG_WRITE).into(),
+        offset: 0.into(),
+        address: IOVA2.into(),
+        size: (1u64 << 20).into(),
+    };
+    let conn = h.client.connection();
+    let cmd = vfio_user::MsgFlags::COMMAND;
+    conn.send(common::header(0x7001, DMA_MAP, cmd), &[map.as_bytes()], &[more.as_raw_fd()]).unwrap();
+    let csts = access(vfio_user::proto::REGION_BAR0, offset::CSTS, 4);
+    conn.send(common::header(0x7002, READ, cmd), &[csts.as_bytes()], &[]).unwrap();
+
+    reply_to(conn, 0x7001, &s);
+    let r = reply_to(conn, 0x7002, &s);
+    let v = u32::from_le_bytes(r.payload[16..20].try_into().unwrap());
+    assert_eq!(v & Csts::CFS, Csts::CFS, "CSTS from the stand-in: {v:#x}\n{}", s.log());
+    let second = wait_serving(&s, None);
+    assert_ne!(first, second, "answered by the process that was to die:\n{}", s.log());
+    assert!(s.log_shows("dying on purpose at this message"), "{}", s.log());
+    // The stand-in mapped the memory the DMA_MAP's descriptor names (not a region
+    // without memory, as the message alone would make), and unmaps it.
+    let maps = std::fs::read_to_string(format!("/proc/{second}/maps")).unwrap();
+    assert!(maps.contains("memfd:restart-second-region"), "{maps}\n{}", s.log());
+    h.client.dma_unmap(IOVA2, 1 << 20).unwrap_or_else(|e| panic!("{e}\n{}", s.log()));
+    h.bring_up(8, false);
+    assert_eq!(read_page(&mut h, 64), a);
+}
+
+/// The serving process is killed with half a message read: the stand-in is handed
+/// that half and reads the rest, instead of taking the rest for a message of its
+/// own (out of step, the client was then dropped).
+#[test]
+fn a_message_half_read_when_the_process_died_is_finished_by_the_stand_in() {
+    use common::protocol::{access, READ};
+    use zerocopy::IntoBytes;
+
+    let dir = common::temp_dir("restart");
+    let mut s = kept(&dir, &[]);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let mut msg = common::header(0x7003, READ, vfio_user::MsgFlags::COMMAND);
+    let csts = access(vfio_user::proto::REGION_BAR0, offset::CSTS, 4);
+    msg.size.set((vfio_user::proto::HEADER_SIZE + csts.as_bytes().len()) as u32);
+    let bytes = [msg.as_bytes(), csts.as_bytes()].concat();
+    let conn = h.client.connection();
+    conn.send_bytes(&bytes[..10], &[]).unwrap();
+    // Read by the serving process (it waits for the rest, its deadline running).
+    let deadline = Instant::now() + TIMEOUT;
+    while !socket_drained(conn.stream()) {
+        assert!(Instant::now() < deadline, "the half message was not read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill9(first);
+    wait_serving(&s, Some(first));
+    conn.send_bytes(&bytes[10..], &[]).unwrap();
+    let r = reply_to(conn, 0x7003, &s);
+    let v = u32::from_le_bytes(r.payload[16..20].try_into().unwrap());
+    assert_eq!(v & Csts::CFS, Csts::CFS, "CSTS from the stand-in: {v:#x}\n{}", s.log());
+    h.bring_up(8, false);
+    h.write_read_verify(8, 2, 3);
+}
+
+/// Whether the peer has read everything sent on `s` (the send queue is empty).
+fn socket_drained(s: &std::os::unix::net::UnixStream) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer, which is live.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(s), libc::TIOCOUTQ, &mut n) };
+    r == 0 && n == 0
 }

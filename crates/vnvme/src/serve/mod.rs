@@ -116,8 +116,13 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         // keeps it even where the new process would default otherwise.
         argv.extend(["--workers".to_string(), a.worker_count().to_string()]);
     }
+    // The client's connection, and what the dead process had read from it and not
+    // answered (the keeper hands it over), which this one answers first.
     let client = match journal.as_mut() {
-        Some(h) => h.saved.client.map(|i| h.take(i)).transpose()?.map(UnixStream::from),
+        Some(h) => match h.saved.client.map(|i| h.take(i)).transpose()? {
+            Some(c) => Some((UnixStream::from(c), h.take_partial()?)),
+            None => None,
+        },
         None => None,
     };
     let mut started = Running {
@@ -159,7 +164,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let specs = started.namespaces.iter().map(|n| (n.nsid, n.text.clone())).collect();
         crate::handed::journal(&mut started.dev, &specs, &groups);
     }
-    started.serve(client.map(|c| (c, vfio_user_server::Partial::default())))
+    started.serve(client)
 }
 
 /// The namespaces a stand-in serves: those of `kept`, the journal's, each opened
@@ -342,7 +347,7 @@ impl Running {
             argv,
             exe,
             namespaces,
-            dev,
+            mut dev,
             listener,
             control,
             metrics,
@@ -513,6 +518,14 @@ impl Running {
                 })?;
             }
         }
+        // Under a keeper: the memory a client's connection keeps what it receives in
+        // (a stand-in answers what this process read and did not), made while
+        // memfd_create is allowed.
+        if a.restart_on_crash {
+            if let Err(e) = dev.prepare_keeping() {
+                eprintln!("vnvme: the receive memory for a stand-in: {e}; a request read when this process dies goes unanswered");
+            }
+        }
         if a.sandbox == Switch::On {
             for (slot, fd) in needs.socket_dirs.iter_mut().zip(sockets.dir_fds()) {
                 *slot = Some(fd);
@@ -552,7 +565,7 @@ impl Started {
             &mut dev,
             first,
             if a.once { Some(1) } else { None },
-            &server::ServeOptions { deadline: a.client_deadline, jobs, stop: Some(stop) },
+            &server::ServeOptions { deadline: a.client_deadline, jobs, stop: Some(stop), die_on: die_on() },
         );
         let s = stats.snapshot();
         if dev.handed_over() {
@@ -642,6 +655,16 @@ fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
     let mut f = std::fs::File::create(&tmp)?;
     writeln!(f, "{v}")?;
     std::fs::rename(tmp, path)
+}
+
+/// Fault injection for the crash tests: `VNVME_TEST_DIE_ON=COMMAND:N` has the
+/// first process serving under a keeper kill itself when it has read the N-th
+/// vfio-user message of that command number (a stand-in never does).
+fn die_on() -> Option<server::DieOn> {
+    let v = std::env::var("VNVME_TEST_DIE_ON").ok()?;
+    crate::keeper::link().filter(|l| l.restarts == 0)?;
+    let (c, n) = v.split_once(':')?;
+    Some(server::DieOn::new(c.parse().ok()?, n.parse().ok()?))
 }
 
 #[cfg(test)]
