@@ -417,6 +417,14 @@ fn session(
     // Kept, what the client sends is kept where the keeper can hand it to a
     // stand-in, from the first byte (`keeper`).
     let rx = device.keep_received(&mut conn);
+    if !partial.bytes.is_empty() {
+        info!(
+            bytes = partial.bytes.len(),
+            descriptor_groups = partial.fds.len(),
+            "what the client sent the process before this one and was not answered or not read whole there: \
+             answered here first"
+        );
+    }
     conn.preload(partial)?;
     device.journal_client(Some((conn.stream(), rx)));
     // Where the descriptors not yet sent to the keeper begin.
