@@ -1166,11 +1166,16 @@ mp_action() {
             echo "[host] controller 2's vnvme serve was not running"
         fi
         ;;
+    mp-upgrade)
+        echo "[host] controller 2: vnvme ctl upgrade: $("$VNVME_BIN" ctl --control "$MP_CTL" upgrade 2>&1 | tr '\n' ' ')"
+        ;;
     mp-crash)
-        # Controller 2 under --restart-on-crash: its keeper is $MP_PID, the
-        # serving process its child.
+        # Controller 2 under --restart-on-crash: its keeper is $MP_PID; the
+        # serving process is the one that answers its control socket (after an
+        # upgrade, not the keeper's child).
         local child
-        child=$(pgrep -P "$MP_PID" | head -1)
+        child=$("$VNVME_BIN" ctl --control "$MP_CTL" --json ctrl.info 2>/dev/null |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
         if [[ -n $child ]] && kill -KILL "$child" 2>/dev/null; then
             echo "[host] controller 2's serving process (pid $child, keeper $MP_PID) killed"
         else
@@ -1267,6 +1272,16 @@ suite_multipath() {
         else
             result FAIL "$k" "controller 2 logged $sets ANA changes, want 2 ($d/serve2.log)"
         fi
+        # The upgrade came while fio ran, and handed controller 2 to a new process.
+        local upgraded ran
+        upgraded=$(grep -an "controller 2: vnvme ctl upgrade: upgraded: pid [0-9]* -> [0-9]*" "$d/guest.log" |
+            head -1 | cut -d: -f1)
+        ran=$(grep -an "^[A-Z]*: controller 2's process upgraded under fio" "$d/guest.log" | cut -d: -f1)
+        if [[ -n $upgraded && -n $ran && $upgraded -lt $ran ]]; then
+            result PASS "$k" "controller 2 was upgraded while fio ran through the head ($(grep -ao 'upgraded: pid [0-9]* -> [0-9]*[^,]*, guest I/O stalled [0-9.]* ms' "$d/guest.log" | head -1))"
+        else
+            result FAIL "$k" "controller 2's upgrade (line '${upgraded}') did not come before fio's end (line '${ran}'): $(grep -a 'vnvme ctl upgrade' "$d/guest.log" | head -1)"
+        fi
         # The kill came while fio ran (its line before fio's), the keeper saw it
         # and a stand-in took the connection over.
         local killed done
@@ -1278,7 +1293,10 @@ suite_multipath() {
         else
             result FAIL "$k" "controller 2's kill (line '${killed}') did not come before fio's end (line '${done}')"
         fi
-        if grep -qa 'was killed by signal 9 (SIGKILL); starting another' "$d/serve2.log" &&
+        # (Killed after the upgrade, the serving process is not the keeper's child:
+        # the keeper sees it die without its status.)
+        if grep -qaE 'the serving process \(pid [0-9]+\) (was killed by signal 9 \(SIGKILL\)|died); starting another' \
+            "$d/serve2.log" &&
             grep -qa 'standing in for a serving process that died (the client stays connected' "$d/serve2.log"; then
             result PASS "$k" "controller 2's keeper started a stand-in on the VMM's connection"
         else
@@ -1286,6 +1304,7 @@ suite_multipath() {
         fi
         # Whether QEMU had a message in flight when the process died is a matter of
         # timing: said, not checked (restart.rs makes it happen on purpose).
+        local handed
         handed=$(grep -ao 'answered here first bytes=[0-9]* descriptor_groups=[0-9]*' "$d/serve2.log" | head -1)
         echo "controller 2's stand-in: ${handed:-nothing the dead process had read was left unanswered}"
     fi

@@ -288,6 +288,31 @@ else
     else
         t_fail "path 2 back: $n writes through it (want > 100)"
     fi
+    # Controller 2's process replaced by a new one (vnvme ctl upgrade, issued by the
+    # host two seconds in) under I/O through the head: the hand-over moves its
+    # queues and the commands in flight, so neither QEMU nor the guest sees it (no
+    # reset, no timeout, no I/O error), and controller 1 serves on meanwhile.
+    before=$(dmesg | wc -l)
+    (sleep 2; echo "@@VNVME-HOST mp-upgrade@@") &
+    fio_verified "controller 2's process upgraded under fio randwrite QD 16 + verify through the head" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=0 \
+        --size=16M --loops=4 --verify=crc32c --verify_fatal=1 --name=mpupgrade
+    wait
+    if dmesg | tail -n +$((before + 1)) | grep -E "$(basename "$c2")[:, ]" | grep -qiE 'reset|timeout|abort'; then
+        t_fail "controller 2 across the upgrade: $(dmesg | tail -n +$((before + 1)) | grep -E "$(basename "$c2")[:, ]" | head -3)"
+    else
+        t_pass "across controller 2's upgrade: no reset, timeout or abort of it in the kernel log"
+    fi
+    before=$(writes_of "$p2")
+    fio_verified "after the upgrade: fio randwrite QD 16 + verify through the head (round-robin)" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=16M \
+        --size=16M --verify=crc32c --verify_fatal=1 --name=mpupgraded
+    n=$(($(writes_of "$p2") - before))
+    if [ "$n" -gt 100 ]; then
+        t_pass "after the upgrade: round-robin writes through controller 2's new process ($n)"
+    else
+        t_fail "after the upgrade: $n writes through controller 2 (want > 100)"
+    fi
     # Controller 2's serving process killed under I/O (SIGKILL: no warning, its
     # queues and the commands it held die with it) and restarted by its keeper
     # (vnvme serve --restart-on-crash), which held the VMM's connection: QEMU sees
