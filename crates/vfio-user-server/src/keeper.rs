@@ -73,6 +73,12 @@ impl Device {
         Ok(())
     }
 
+    /// The memory a client's connection keeps what it receives in, if made (for
+    /// checks of what it holds: `vfio_user::rx::unanswered`).
+    pub fn kept_memory(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.journal.rx_memory.as_ref().map(std::os::fd::AsFd::as_fd)
+    }
+
     /// With a keeper, has `conn` (a new client's) keep what it receives where the
     /// keeper can hand it to a stand-in: that memory, for the journal.
     pub(crate) fn keep_received(&self, conn: &mut Connection) -> Option<OwnedFd> {

@@ -15,7 +15,8 @@
 //! Checked after every message: the device answered (no panic), an error carries a
 //! non-zero errno, and the message did not block. Checked after a socket session: it
 //! ends once the client hangs up (a session that does not is a hang, reported as a
-//! finding). Checked after a run, when [`set_check_fd_leaks`] is on: the process has
+//! finding); a quarter of the socket sessions run under a keeper (`kept`), whose
+//! receive memory must then hold no whole message unanswered. Checked after a run, when [`set_check_fd_leaks`] is on: the process has
 //! as many descriptors open as before it.
 
 use std::fs::File;
@@ -41,6 +42,7 @@ use zerocopy::IntoBytes;
 mod driver;
 mod fds;
 mod gen;
+mod kept;
 mod layout;
 
 use driver::*;
@@ -74,6 +76,8 @@ pub struct VfioStats {
     pub log_sequences: u64,
     /// Socket messages sent in pieces (cut at every byte, or at a few places).
     pub cut_messages: u64,
+    /// Socket sessions under a keeper (`kept`).
+    pub kept_runs: u64,
     /// What the controllers did (how deep the runs got).
     pub admin_commands: u64,
     pub io_commands: u64,
@@ -83,12 +87,13 @@ pub struct VfioStats {
 impl VfioStats {
     pub fn line(&self) -> String {
         format!(
-            "{} runs ({} over a socket, {} with workers), {} messages ({} ok, {} refused, {} sent \
+            "{} runs ({} over a socket, {} of them kept, {} with workers), {} messages ({} ok, {} refused, {} sent \
              in pieces), {} bring-ups, {} I/O bursts, {} sparse-memory logging sequences, {} fds \
              passed, {} doorbells through the mapped page and {} kicks; the controllers ran {} admin \
              and {} I/O commands and sent {} interrupts",
             self.runs,
             self.socket_runs,
+            self.kept_runs,
             self.worker_runs,
             self.messages,
             self.ok_replies,
@@ -226,6 +231,8 @@ fn run(data: &[u8], stats: &mut VfioStats) {
     let mut inp = Input(Unstructured::new(data));
     stats.runs += 1;
     let socket = inp.chance(3);
+    // A quarter of the socket sessions run under a keeper (`kept`).
+    let kept = socket && inp.chance(4);
     let (mut dev, vectors) = device(&mut inp, stats);
     let ctrl_stats = dev.ctrl.stats_handle();
     let pool = FdPool::new();
@@ -237,7 +244,14 @@ fn run(data: &[u8], stats: &mut VfioStats) {
     stats.fds_sent += msgs.iter().map(|m| m.fds.len() as u64).sum::<u64>();
     if socket {
         stats.socket_runs += 1;
-        serve(dev, msgs, &pool.guest, stats);
+        let keeper = kept.then(|| {
+            stats.kept_runs += 1;
+            kept::Keeper::attach(&mut dev)
+        });
+        serve(dev, msgs, &pool.guest, stats, keeper.is_some());
+        if let Some(k) = keeper {
+            k.join();
+        }
     } else {
         let mut oob = OutOfBand::default();
         for m in msgs {
@@ -409,12 +423,15 @@ fn log_sequence(inp: &mut Input, pool: &FdPool) -> Vec<Outgoing> {
 
 /// The session over a real socket: `serve_client` on a thread, the client's replies
 /// drained on another, and the session must end soon after the client hangs up.
-fn serve(mut dev: Device, msgs: Vec<Outgoing>, guest: &File, stats: &mut VfioStats) {
+fn serve(mut dev: Device, msgs: Vec<Outgoing>, guest: &File, stats: &mut VfioStats, kept: bool) {
     let (client, server_end) = UnixStream::pair().expect("socketpair");
     let server = std::thread::Builder::new()
         .name("fuzz-vfio-server".into())
         .spawn(move || {
-            let _ = server::serve_client(server_end, &mut dev);
+            let r = server::serve_client(server_end, &mut dev);
+            if kept && r.is_ok() {
+                kept::Keeper::check(&dev);
+            }
             dev.disconnect();
         })
         .expect("spawn server");
