@@ -31,6 +31,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(Role::StandIn(s)) => (None, Some(s)),
         None => (None, None),
     };
+    no_core_if_dying_on_purpose();
     let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
@@ -658,13 +659,22 @@ fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
 }
 
 /// Fault injection for the crash tests: `VNVME_TEST_DIE_ON=COMMAND:N` has the
-/// first process serving under a keeper kill itself when it has read the N-th
-/// vfio-user message of that command number (a stand-in never does).
+/// first process serving under a keeper abort when it has read the N-th vfio-user
+/// message of that command number (a stand-in never does). It leaves no core file
+/// (RLIMIT_CORE 0, set while the sandbox still allows it).
 fn die_on() -> Option<server::DieOn> {
     let v = std::env::var("VNVME_TEST_DIE_ON").ok()?;
     crate::keeper::link().filter(|l| l.restarts == 0)?;
     let (c, n) = v.split_once(':')?;
     Some(server::DieOn::new(c.parse().ok()?, n.parse().ok()?))
+}
+
+/// [`die_on`]'s process dumps no core.
+fn no_core_if_dying_on_purpose() {
+    if std::env::var_os("VNVME_TEST_DIE_ON").is_some() {
+        let none = rustix::process::Rlimit { current: Some(0), maximum: Some(0) };
+        let _ = rustix::process::setrlimit(rustix::process::Resource::Core, none);
+    }
 }
 
 #[cfg(test)]
