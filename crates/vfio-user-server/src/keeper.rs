@@ -44,6 +44,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 use vfio_user::Connection;
+use zerocopy::FromBytes;
 
 use crate::device::Device;
 use crate::handover::{
@@ -329,14 +330,34 @@ impl Kept {
     /// not answered becomes the start of the client's stream (`client_partial`),
     /// with the descriptors that came with it; the stand-in keeps its own receive
     /// memory. Duplicates: the keeper keeps its own.
-    fn for_stand_in(&self) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
+    ///
+    /// A message that the last stand-in was handed first and died on before it
+    /// answered it (`last`) is not handed again: its reply is lost, as before this
+    /// hand-over existed, rather than every stand-in dying on it in turn until the
+    /// keeper gives up.
+    fn for_stand_in(&self, last: &mut LastHanded) -> io::Result<(DeviceSaved, Vec<OwnedFd>)> {
         let mut saved = self.saved.clone();
         let mut fds = self.fds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?;
         saved.client_rx = None;
         let Some(rx) = self.rx() else { return Ok((saved, fds)) };
         match vfio_user::rx::unanswered(rx, self.saved.client_rx_through) {
-            Ok((_, bytes)) if bytes.is_empty() => {}
-            Ok((from, bytes)) => {
+            Ok((from, mut bytes)) => {
+                let mut from = from;
+                if let Some(first) = last.0.take().filter(|f| bytes.starts_with(f)) {
+                    let h = vfio_user::Header::read_from_prefix(&first).map(|(h, _)| h).unwrap_or_default();
+                    warn!(
+                        command = h.command.get(),
+                        msg_id = h.msg_id.get(),
+                        "a stand-in died on the first message it was handed, before answering it: the next \
+                         is not handed it (its reply is lost)"
+                    );
+                    bytes.drain(..first.len());
+                    from += first.len() as u64;
+                }
+                last.0 = first_message(&bytes);
+                if bytes.is_empty() {
+                    return Ok((saved, fds));
+                }
                 let mut groups = Vec::new();
                 for (s, e, group) in self.rx_fds.iter().filter(|(_, e, _)| *e > from) {
                     let mut idx = Vec::new();
@@ -360,6 +381,18 @@ impl Kept {
         }
         Ok((saved, fds))
     }
+}
+
+/// The first message the keeper last handed a stand-in to answer (see
+/// [`Kept`]'s hand-over): one the stand-in died on is not handed again.
+#[derive(Debug, Default)]
+pub struct LastHanded(Option<Vec<u8>>);
+
+/// The first whole message of `bytes`, if there is one.
+fn first_message(bytes: &[u8]) -> Option<Vec<u8>> {
+    let (h, _) = vfio_user::Header::read_from_prefix(bytes).ok()?;
+    let size = h.size.get() as usize;
+    (vfio_user::proto::HEADER_SIZE..=bytes.len()).contains(&size).then(|| bytes[..size].to_vec())
 }
 
 /// What a serving process tells its keeper.
@@ -417,8 +450,8 @@ impl JournalReader {
 
     /// Hands `kept` to a new serving process (duplicates: the keeper keeps its own),
     /// and waits at most `wait` for it to say it is ready.
-    pub fn hand_back(&mut self, kept: &Kept, wait: Duration) -> io::Result<()> {
-        let (saved, fds) = kept.for_stand_in()?;
+    pub fn hand_back(&mut self, kept: &Kept, wait: Duration, last: &mut LastHanded) -> io::Result<()> {
+        let (saved, fds) = kept.for_stand_in(last)?;
         send_saved(&mut self.conn, &saved, &fds)?;
         await_ready(&mut self.conn, wait, |_| {})
     }

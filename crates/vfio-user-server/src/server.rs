@@ -57,25 +57,43 @@ pub struct ServeOptions {
 }
 
 /// Fault injection for the tests of a crash (`--restart-on-crash`): the process
-/// aborts (SIGABRT) the moment it has read the `nth` message of `command`
-/// (counted from its start), before it handles it, as a crash there would.
+/// aborts (SIGABRT) the moment it has read a chosen message, before it handles it,
+/// as a crash there would: the `nth` message of a command (counted from the
+/// process's start), or the message with a given ID (in every process that reads
+/// it: a message that crashes whoever handles it).
 #[derive(Clone, Debug)]
 pub struct DieOn {
-    command: u16,
-    nth: u32,
+    at: DieAt,
     seen: Arc<std::sync::atomic::AtomicU32>,
 }
 
+#[derive(Clone, Copy, Debug)]
+enum DieAt {
+    Nth { command: u16, nth: u32 },
+    Id(u16),
+}
+
 impl DieOn {
+    /// At the `nth` message of `command`.
     pub fn new(command: u16, nth: u32) -> Self {
-        DieOn { command, nth, seen: Arc::default() }
+        DieOn { at: DieAt::Nth { command, nth }, seen: Arc::default() }
     }
 
-    fn check(&self, command: u16) {
-        if command == self.command
-            && self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == self.nth
-        {
-            warn!(command, nth = self.nth, "dying on purpose at this message (fault injection)");
+    /// At the message with ID `msg_id`.
+    pub fn at_id(msg_id: u16) -> Self {
+        DieOn { at: DieAt::Id(msg_id), seen: Arc::default() }
+    }
+
+    fn check(&self, h: &vfio_user::Header) {
+        let (command, id) = (h.command.get(), h.msg_id.get());
+        let now = match self.at {
+            DieAt::Nth { command: c, nth } => {
+                c == command && self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == nth
+            }
+            DieAt::Id(i) => i == id,
+        };
+        if now {
+            warn!(command, msg_id = id, "dying on purpose at this message (fault injection)");
             // abort: a signal to itself, which a sandbox allows (no other kill).
             std::process::abort();
         }
@@ -576,7 +594,7 @@ fn answer_buffered(
     }
     while let Some(msg) = conn.next_message()? {
         if let Some(d) = die_on {
-            d.check(msg.header.command.get());
+            d.check(&msg.header);
         }
         handle_message(conn, msg, device, traffic)?;
     }

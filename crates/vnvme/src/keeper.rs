@@ -171,6 +171,8 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         RESTART_WINDOW.as_secs()
     );
     let mut adopt: Option<u32> = None;
+    // The first message the last stand-in was handed to answer.
+    let mut last_handed = vfio_user_server::keeper::LastHanded::default();
     // When the last serving process was seen to end.
     let mut died_at = Instant::now();
     loop {
@@ -203,7 +205,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         // process journals its own (it may die before it does).
         let from = kept.take();
         let from_entry = from.as_ref().filter(|_| standin).map(|k| (k, died_at));
-        let w = watch(&mut serving, &listener, from_entry, &mut kept, &stop);
+        let w = watch(&mut serving, &listener, from_entry, &mut kept, &stop, &mut last_handed);
         if kept.is_none() {
             kept = from;
         }
@@ -279,12 +281,13 @@ fn watch(
     standin_from: Option<(&Kept, Instant)>,
     kept: &mut Option<Kept>,
     stop: &vfio_user_server::server::Stop,
+    last_handed: &mut vfio_user_server::keeper::LastHanded,
 ) -> Watched {
     let mut w = Watched::default();
     let Some(stream) = accept_from(serving, listener, stop) else { return w };
     let Ok(mut journal) = JournalReader::new(stream) else { return w };
     if let Some((k, died)) = standin_from {
-        if let Err(e) = journal.hand_back(k, READY_WAIT) {
+        if let Err(e) = journal.hand_back(k, READY_WAIT, last_handed) {
             eprintln!("vnvme keeper: the new serving process did not take the device over: {e}");
             serving.signal(rustix::process::Signal::KILL);
             return w;

@@ -684,3 +684,40 @@ fn socket_drained(s: &std::os::unix::net::UnixStream) -> bool {
     let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(s), libc::TIOCOUTQ, &mut n) };
     r == 0 && n == 0
 }
+
+/// A message that crashes every process that reads it (fault injection: whoever
+/// reads message 0x7004 aborts), with a register read behind it. The first stand-in
+/// is handed it and dies on it too; the keeper then hands the next one what
+/// follows it: the register read is answered, the poison message goes unanswered
+/// (as before a stand-in answered what the dead process had read), and the keeper
+/// does not give up.
+#[test]
+fn a_message_that_kills_every_process_is_not_handed_to_a_stand_in_twice() {
+    use common::protocol::{access, READ};
+    use zerocopy::IntoBytes;
+
+    let dir = common::temp_dir("restart");
+    let env = [("VNVME_TEST_DIE_ON".to_string(), format!("id:{}", 0x7004))];
+    let mut s = kept_env(&dir, &[], &env);
+    let first = wait_serving(&s, None);
+    let mut h = NvmeOverVfioUser::new(s.client());
+    h.bring_up(8, false);
+    let conn = h.client.connection();
+    let cmd = vfio_user::MsgFlags::COMMAND;
+    let csts = access(vfio_user::proto::REGION_BAR0, offset::CSTS, 4);
+    conn.send(common::header(0x7004, READ, cmd), &[csts.as_bytes()], &[]).unwrap();
+    conn.send(common::header(0x7005, READ, cmd), &[csts.as_bytes()], &[]).unwrap();
+    // The next message is the reply to the register read behind it.
+    let r = reply_to(conn, 0x7005, &s);
+    let v = u32::from_le_bytes(r.payload[16..20].try_into().unwrap());
+    assert_eq!(v & Csts::CFS, Csts::CFS, "CSTS from the stand-in: {v:#x}\n{}", s.log());
+    let third = wait_serving(&s, Some(first));
+    s.assert_alive();
+    let log = s.log();
+    assert_eq!(log.matches("dying on purpose at this message").count(), 2, "{log}");
+    assert!(log.contains("a stand-in died on the first message it was handed"), "{log}");
+    assert!(!log.contains("giving up"), "{log}");
+    h.bring_up(8, false);
+    h.write_read_verify(8, 2, 5);
+    assert_eq!(wait_serving(&s, None), third, "no death since:\n{}", s.log());
+}

@@ -658,15 +658,20 @@ fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// Fault injection for the crash tests: `VNVME_TEST_DIE_ON=COMMAND:N` has the
-/// first process serving under a keeper abort when it has read the N-th vfio-user
-/// message of that command number (a stand-in never does). It leaves no core file
+/// Fault injection for the crash tests, under a keeper only:
+/// `VNVME_TEST_DIE_ON=COMMAND:N` has the first serving process abort when it has
+/// read the N-th vfio-user message of that command number (a stand-in never does);
+/// `VNVME_TEST_DIE_ON=id:ID` has every process abort when it reads the message with
+/// that ID (a message that crashes whoever handles it). It leaves no core file
 /// (RLIMIT_CORE 0, set while the sandbox still allows it).
 fn die_on() -> Option<server::DieOn> {
     let v = std::env::var("VNVME_TEST_DIE_ON").ok()?;
-    crate::keeper::link().filter(|l| l.restarts == 0)?;
-    let (c, n) = v.split_once(':')?;
-    Some(server::DieOn::new(c.parse().ok()?, n.parse().ok()?))
+    let link = crate::keeper::link()?;
+    match v.split_once(':')? {
+        ("id", id) => Some(server::DieOn::at_id(id.parse().ok()?)),
+        (c, n) if link.restarts == 0 => Some(server::DieOn::new(c.parse().ok()?, n.parse().ok()?)),
+        _ => None,
+    }
 }
 
 /// [`die_on`]'s process dumps no core.
