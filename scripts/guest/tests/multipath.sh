@@ -237,6 +237,20 @@ ana_wait() {
 }
 # writes_of PATH: the writes completed through one path (sysfs stat, field 5).
 writes_of() { awk '{ print $5 }' "$1/stat" 2>/dev/null; }
+# round_robin LABEL OFFSET NAME: fio randwrite QD 16 + verify of 16 MiB at OFFSET
+# through the head; controller 2's path must carry more than 100 of the writes.
+round_robin() {
+    rr_before=$(writes_of "$p2")
+    fio_verified "$1: fio randwrite QD 16 + verify through the head (round-robin)" \
+        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset="$2" \
+        --size=16M --verify=crc32c --verify_fatal=1 --name="$3"
+    rr_n=$(($(writes_of "$p2") - rr_before))
+    if [ "$rr_n" -gt 100 ]; then
+        t_pass "$1: round-robin writes through controller 2 ($rr_n)"
+    else
+        t_fail "$1: $rr_n writes through controller 2 (want > 100)"
+    fi
+}
 if [ "${MP_KILL:-0}" = 1 ]; then
     :
 elif [ "${DEVICE:-vnvme}" != vnvme ]; then
@@ -278,16 +292,7 @@ else
     else
         t_fail "controller 2's path did not come back (ana_state $(cat "$p2/ana_state"))"
     fi
-    before=$(writes_of "$p2")
-    fio_verified "path 2 back: fio randwrite QD 16 + verify through the head (round-robin)" \
-        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=48M \
-        --size=16M --verify=crc32c --verify_fatal=1 --name=mpana2
-    n=$(($(writes_of "$p2") - before))
-    if [ "$n" -gt 100 ]; then
-        t_pass "path 2 back: round-robin writes through it again ($n)"
-    else
-        t_fail "path 2 back: $n writes through it (want > 100)"
-    fi
+    round_robin "path 2 back" 48M mpana2
     # Controller 2's process replaced by a new one (vnvme ctl upgrade, issued by the
     # host two seconds in) under I/O through the head: the hand-over moves its
     # queues and the commands in flight, so neither QEMU nor the guest sees it (no
@@ -303,16 +308,7 @@ else
     else
         t_pass "across controller 2's upgrade: no reset, timeout or abort of it in the kernel log"
     fi
-    before=$(writes_of "$p2")
-    fio_verified "after the upgrade: fio randwrite QD 16 + verify through the head (round-robin)" \
-        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=16M \
-        --size=16M --verify=crc32c --verify_fatal=1 --name=mpupgraded
-    n=$(($(writes_of "$p2") - before))
-    if [ "$n" -gt 100 ]; then
-        t_pass "after the upgrade: round-robin writes through controller 2's new process ($n)"
-    else
-        t_fail "after the upgrade: $n writes through controller 2 (want > 100)"
-    fi
+    round_robin "after the upgrade" 16M mpupgraded
     # Controller 2's serving process killed under I/O (SIGKILL: no warning, its
     # queues and the commands it held die with it) and restarted by its keeper
     # (vnvme serve --restart-on-crash), which held the VMM's connection: QEMU sees
@@ -345,16 +341,7 @@ else
         t_fail "controller 2 did not come back (states: $(cat /sys/class/nvme/nvme*/state | tr '\n' ' '))"
     fi
     ana_wait "$p2" optimized || t_fail "controller 2's path is not optimized after the restart ($(cat "$p2/ana_state"))"
-    before=$(writes_of "$p2")
-    fio_verified "after the restart: fio randwrite QD 16 + verify through the head (round-robin)" \
-        --filename="$head" --ioengine="$ENGINE" --direct=1 --rw=randwrite --bs=4k --iodepth=16 --offset=96M \
-        --size=16M --verify=crc32c --verify_fatal=1 --name=mpafter
-    n=$(($(writes_of "$p2") - before))
-    if [ "$n" -gt 100 ]; then
-        t_pass "after the restart: round-robin writes through controller 2 again ($n)"
-    else
-        t_fail "after the restart: $n writes through controller 2 (want > 100)"
-    fi
+    round_robin "after the restart" 96M mpafter
 fi
 if [ "${MP_KILL:-0}" = 1 ]; then
     # Path loss: the host kills controller 2's process. Writes go on; the I/O the
