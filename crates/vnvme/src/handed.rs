@@ -3,6 +3,7 @@
 //! stand-in, `keeper`): the namespaces as they are now, with a RAM namespace's
 //! memory, and the QoS groups.
 
+use crate::logging::say;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -131,7 +132,7 @@ impl Journaled {
                 Ok(q) => {
                     made.insert(g.name.clone(), Arc::new(q));
                 }
-                Err(e) => eprintln!("vnvme: QoS group {:?} from before the crash: {e}; left out", g.name),
+                Err(e) => say!("vnvme: QoS group {:?} from before the crash: {e}; left out", g.name),
             }
         }
         made

@@ -14,6 +14,7 @@
 //! (exit 0: a stop, `--once`, an upgrade's hand-over), forwards SIGTERM and SIGINT
 //! to it, and gives up after [`MAX_RESTARTS`] restarts within [`RESTART_WINDOW`].
 
+use crate::logging::say;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::path::Path;
@@ -154,7 +155,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     // It holds a duplicate of every descriptor the device holds (each DMA region's
     // among them), twice while an entry replaces the last.
     if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
-        eprintln!("vnvme keeper: cannot raise the descriptor limit ({e}): a device with many DMA regions may not be kept");
+        say!("vnvme keeper: cannot raise the descriptor limit ({e}): a device with many DMA regions may not be kept");
     }
     let mut exe = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -164,7 +165,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut kept: Option<Kept> = None;
     let mut restarts: Vec<Instant> = Vec::new();
     let mut restarts_total = 0u32;
-    eprintln!(
+    say!(
         "vnvme keeper (pid {}): serving process restarted if it dies (--restart-on-crash; at most {MAX_RESTARTS} \
          restarts in {}s)",
         std::process::id(),
@@ -189,11 +190,11 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
                         if let Ok(e) = std::fs::read_link(format!("/proc/{pid}/exe")) {
                             exe = e;
                         }
-                        eprintln!("vnvme keeper: watching pid {pid} now (the device was handed over to it)");
+                        say!("vnvme keeper: watching pid {pid} now (the device was handed over to it)");
                         Serving::Adopted { pid, fd }
                     }
                     Err(why) => {
-                        eprintln!("vnvme keeper: the device was handed over to pid {pid}, but {why}");
+                        say!("vnvme keeper: the device was handed over to pid {pid}, but {why}");
                         continue_or_end(&mut kept)?;
                         spawn(&exe, &args, &name, kept.is_some().then_some(restarts_total))?
                     }
@@ -218,7 +219,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             None => "died".into(),
         };
         if stop.is_requested() {
-            eprintln!("vnvme keeper: stopped; the serving process {said}");
+            say!("vnvme keeper: stopped; the serving process {said}");
             return status.map_or(Ok(()), exit_as);
         }
         if let Some(next) = w.handed_to {
@@ -226,7 +227,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         if w.ending || status.is_some_and(|s| s.success()) {
-            eprintln!("vnvme keeper: the serving process (pid {pid}) ended on its own (a stop or --once); the keeper ends");
+            say!("vnvme keeper: the serving process (pid {pid}) ended on its own (a stop or --once); the keeper ends");
             return Ok(());
         }
         let Some(k) = kept.as_ref() else {
@@ -242,7 +243,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         restarts.push(Instant::now());
         restarts_total += 1;
-        eprintln!(
+        say!(
             "vnvme keeper: the serving process (pid {pid}) {said}; starting another to stand in for it ({})",
             if k.has_client() {
                 "the client stays connected; its guest hears of a Persistent Internal Error and resets the controller"
@@ -288,11 +289,11 @@ fn watch(
     let Ok(mut journal) = JournalReader::new(stream) else { return w };
     if let Some((k, died)) = standin_from {
         if let Err(e) = journal.hand_back(k, READY_WAIT, last_handed) {
-            eprintln!("vnvme keeper: the new serving process did not take the device over: {e}");
+            say!("vnvme keeper: the new serving process did not take the device over: {e}");
             serving.signal(rustix::process::Signal::KILL);
             return w;
         }
-        eprintln!(
+        say!(
             "vnvme keeper: the stand-in (pid {}) serves the device {:.1} ms after the death was seen",
             serving.pid(),
             died.elapsed().as_secs_f64() * 1e3
@@ -351,10 +352,10 @@ fn accept_from(
         let Ok((s, _)) = listener.accept() else { continue };
         match rustix::net::sockopt::socket_peercred(&s) {
             Ok(c) if c.pid.as_raw_nonzero().get() as u32 == serving.pid() => return Some(s),
-            _ => eprintln!("vnvme keeper: refused a connection from a process other than the serving one"),
+            _ => say!("vnvme keeper: refused a connection from a process other than the serving one"),
         }
     }
-    eprintln!("vnvme keeper: the serving process did not report within {}s", REPORT_WAIT.as_secs());
+    say!("vnvme keeper: the serving process did not report within {}s", REPORT_WAIT.as_secs());
     serving.signal(rustix::process::Signal::KILL);
     None
 }

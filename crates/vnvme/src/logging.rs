@@ -8,6 +8,22 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
 
+/// `eprintln!` in one write. The keeper and the processes it starts share one
+/// stderr (the service's log): a line written in pieces, as `eprintln!` writes its
+/// formatted parts, interleaves with the other process's line.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::logging::say_line(format!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+/// Writes `line` and a newline to stderr in one write (see [`say`]).
+pub fn say_line(mut line: String) {
+    line.push('\n');
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
 /// How log lines look on stderr.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

@@ -24,6 +24,7 @@ mod upgrade;
 mod version;
 mod zonespec;
 
+use crate::logging::say;
 use clap::{Parser, Subcommand};
 
 use logging::LogFormat;
@@ -131,7 +132,7 @@ fn main() -> std::process::ExitCode {
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vnvme: {e}");
+            say!("vnvme: {e}");
             std::process::ExitCode::FAILURE
         }
     }

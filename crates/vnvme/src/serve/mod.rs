@@ -1,5 +1,6 @@
 //! `vnvme serve`: the controller as a vfio-user device.
 
+use crate::logging::say;
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -70,7 +71,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let set = crate::handed::group_of(n, &groups)
             .and_then(|g| g.map_or(Ok(()), |g| ctrl.set_qos(n.nsid, Some(g)).map_err(|e| e.to_string())));
         if let Err(e) = set {
-            eprintln!("vnvme: namespace {}: its QoS limits from before the crash: {e}; left out", n.nsid);
+            say!("vnvme: namespace {}: its QoS limits from before the crash: {e}; left out", n.nsid);
         }
     }
     let poll = poll_mode(&a);
@@ -147,7 +148,7 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         (Some(s), _) => Some(s),
         (None, Some(h)) => {
             let s = h.ready_keeping()?;
-            eprintln!(
+            say!(
                 "vnvme: standing in for a serving process that died ({}); vnvme keeper holds the device",
                 if client.is_some() {
                     "the client stays connected: its guest hears of a Persistent Internal Error and resets the controller"
@@ -207,7 +208,7 @@ fn kept_namespaces(
         })();
         match opened {
             Ok(opened) => namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened }),
-            Err(e) => eprintln!(
+            Err(e) => say!(
                 "vnvme: namespace {} ({}), served before the crash, cannot be opened again: {e}; the stand-in \
                  serves without it",
                 n.nsid, n.spec
@@ -302,7 +303,7 @@ impl Sockets {
             if f.removable() {
                 return true;
             }
-            eprintln!(
+            say!(
                 "vnvme: {} stays when this server ends: its directory is not writable by --user {user} (the \
                  next vnvme serve on it replaces a stale socket; or give the directory to that user)",
                 f.path().display()
@@ -320,11 +321,11 @@ impl Drop for Sockets {
         for f in &self.0 {
             match f.remove() {
                 Ok(true) => {}
-                Ok(false) => eprintln!(
+                Ok(false) => say!(
                     "vnvme: {} is no longer the socket this server bound: left as it is",
                     f.path().display()
                 ),
-                Err(e) => eprintln!("vnvme: cannot remove {}: {e}", f.path().display()),
+                Err(e) => say!("vnvme: cannot remove {}: {e}", f.path().display()),
             }
         }
     }
@@ -334,7 +335,7 @@ impl Drop for Sockets {
 /// its DMA map budget from it.
 fn raise_fd_limit() {
     if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
-        eprintln!("vnvme: cannot raise the descriptor limit ({e}); DMA regions stay fewer");
+        say!("vnvme: cannot raise the descriptor limit ({e}); DMA regions stay fewer");
     }
 }
 
@@ -360,7 +361,7 @@ impl Running {
         } = self;
         let stop = crate::signals::stop_on_signals()?;
         let stats = dev.ctrl.stats_handle();
-        eprintln!("vnvme {} (pid {})", crate::version::VERSION, std::process::id());
+        say!("vnvme {} (pid {})", crate::version::VERSION, std::process::id());
         for n in &namespaces {
             let bi = n.opened.backend.info();
             let f = nvme_ctrl::LBA_FORMATS[n.opened.lba_format as usize];
@@ -375,7 +376,7 @@ impl Running {
                 (Some(_), _) => ", formats with metadata offered".into(),
                 (None, _) => String::new(),
             };
-            eprintln!(
+            say!(
                 "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs{meta}, write cache {}, discard {}, write zeroes {})",
                 n.nsid,
                 bi.kind,
@@ -386,7 +387,7 @@ impl Running {
                 if bi.write_zeroes { "native" } else { "no" },
             );
         }
-        eprintln!(
+        say!(
             "vnvme: serving {} namespace(s) on {} ({}, --poll {}, --doorbells {}, {} queue pairs, \
              up to {} DMA regions)",
             namespaces.len(),
@@ -403,7 +404,7 @@ impl Running {
             dev.dma_region_limit()
         );
         if let Some(id) = a.cntlid {
-            eprintln!(
+            say!(
                 "vnvme: controller {id} of subsystem nqn.2024-01.io.vnvme:{} (the other controllers: \
                  their own vnvme serve, the same --serial and storage); namespaces shared",
                 a.serial
@@ -417,7 +418,7 @@ impl Running {
                 .filter(|(_, n)| n.attached.contains(&p.cntlid()))
                 .map(|(nsid, _)| nsid.to_string())
                 .collect();
-            eprintln!(
+            say!(
                 "vnvme: namespace pool {}: {} of {} allocated, {} namespace(s), attached here: {} \
                  (Namespace Management and Attachment; vnvme ctl pool.info)",
                 p.path().display(),
@@ -428,7 +429,7 @@ impl Running {
             );
         }
         if let Some(f) = a.fdp {
-            eprintln!(
+            say!(
                 "vnvme: flexible data placement: endurance group 1, {} reclaim unit handle(s) of {} reclaim units",
                 f.ruhs,
                 crate::units::human_size(f.ru_size)
@@ -442,7 +443,7 @@ impl Running {
                 if takeover.is_none() {
                     return Err(e.into());
                 }
-                eprintln!("vnvme: --stats-file {e}");
+                say!("vnvme: --stats-file {e}");
             }
             let stats = stats.clone();
             std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
@@ -476,7 +477,7 @@ impl Running {
                 },
             };
             crate::control::server::spawn(listener, Arc::new(ctx))?;
-            eprintln!(
+            say!(
                 "vnvme: control socket on {} (vnvme ctl --control {} ctrl.info)",
                 path.display(),
                 path.display()
@@ -500,11 +501,11 @@ impl Running {
                 Ok(crate::metrics::render::render(&scrape))
             });
             crate::metrics::http::spawn(listener, source)?;
-            eprintln!("vnvme: Prometheus metrics on {shown}");
+            say!("vnvme: Prometheus metrics on {shown}");
         }
         if let Some(u) = &drop_to {
             u.apply()?;
-            eprintln!("vnvme: running as {}", u.describe());
+            say!("vnvme: running as {}", u.describe());
             sockets.forget_unremovable(u.name());
             if let Some(p) = &a.stats_file {
                 // Written again as that user, or the writes from here to the end
@@ -524,7 +525,7 @@ impl Running {
         // memfd_create is allowed.
         if a.restart_on_crash {
             if let Err(e) = dev.prepare_keeping() {
-                eprintln!("vnvme: the receive memory for a stand-in: {e}; a request read when this process dies goes unanswered");
+                say!("vnvme: the receive memory for a stand-in: {e}; a request read when this process dies goes unanswered");
             }
         }
         if a.sandbox == Switch::On {
@@ -532,9 +533,9 @@ impl Running {
                 *slot = Some(fd);
             }
             sandbox::install(&needs)?;
-            eprintln!("vnvme: sandbox on: seccomp allowlist and no_new_privs; beyond every mode's calls, those of {}", needs.describe());
+            say!("vnvme: sandbox on: seccomp allowlist and no_new_privs; beyond every mode's calls, those of {}", needs.describe());
         } else {
-            eprintln!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
+            say!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
         }
         let jobs = (a.control.is_some() || a.metrics.is_some()).then_some(jobs);
         Ok(Started { a, namespaces, dev, listener, stats, jobs, sockets, stop })
@@ -572,7 +573,7 @@ impl Started {
         if dev.handed_over() {
             // The new process serves the socket, the stats file and the client now.
             sockets.1 = true;
-            eprintln!("vnvme: handed over to a new process; this one exits ({})", summary(&s));
+            say!("vnvme: handed over to a new process; this one exits ({})", summary(&s));
             return r.map_err(Into::into);
         }
         // Ending on its own: a keeper restarts nothing (after an error it does).
@@ -580,18 +581,18 @@ impl Started {
             dev.journal_end();
         }
         if let Some(sig) = crate::signals::stopped_by() {
-            eprintln!("vnvme: stopped by {sig}: the client's session ended as if it had disconnected");
+            say!("vnvme: stopped by {sig}: the client's session ended as if it had disconnected");
         }
-        eprintln!("vnvme: {}", summary(&s));
+        say!("vnvme: {}", summary(&s));
         for w in dev.ctrl.workers() {
-            eprintln!("vnvme: {}", w.stats_line());
+            say!("vnvme: {}", w.stats_line());
         }
         if let Some(j) = dev.ctrl.spin_judge() {
-            eprintln!("vnvme: {}", j.verdict().describe());
+            say!("vnvme: {}", j.verdict().describe());
         }
         for n in &namespaces {
             if let Some(line) = n.opened.backend.stats_line() {
-                eprintln!("vnvme: namespace {}: {line}", n.nsid);
+                say!("vnvme: namespace {}: {line}", n.nsid);
             }
         }
         if let Some(p) = &a.stats_file {

@@ -2,6 +2,7 @@
 //! what takes time while the old one serves, takes the device over, and serves
 //! once the old one has let go.
 
+use crate::logging::say;
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
@@ -163,7 +164,7 @@ pub fn takeover(
     // the sandbox (which allows no connect).
     let keeper = taken.extra.keeper.clone().and_then(|l| {
         crate::keeper::adopt(l)
-            .map_err(|e| eprintln!("vnvme: takeover: {e}; this process runs without a keeper"))
+            .map_err(|e| say!("vnvme: takeover: {e}; this process runs without a keeper"))
             .ok()
     });
     // Everything that can fail happens before READY, while the old process can still
@@ -178,7 +179,7 @@ pub fn takeover(
         Ok(s) => s,
         Err(e) => {
             let why = format!("the new process could not start serving: {e}");
-            eprintln!("vnvme: takeover: {why}; the running server serves on");
+            say!("vnvme: takeover: {why}; the running server serves on");
             taken.handover.failed(&why);
             return Err(why.into());
         }
@@ -196,7 +197,7 @@ pub fn takeover(
                 crate::handed::journal(&mut started.dev, &specs, &kept_groups);
             }
             Err(e) => {
-                eprintln!("vnvme: takeover: the keeper's journal: {e}; this process runs without a keeper")
+                say!("vnvme: takeover: the keeper's journal: {e}; this process runs without a keeper")
             }
         }
     }
@@ -204,7 +205,7 @@ pub fn takeover(
     let has_client = client.is_some();
     let report = serde_json::json!({ "pid": std::process::id(), "stall_ms": stall_ms, "client": has_client });
     let _ = writeln!(std::fs::File::from(to_ctl), "ready {report}");
-    eprintln!(
+    say!(
         "vnvme {}: took over from pid {old_pid} ({}client connected; guest I/O stalled {stall_ms:.1} ms)",
         crate::version::VERSION,
         if has_client { "" } else { "no " }
