@@ -183,12 +183,19 @@ impl Device {
             let mut range = start.to_le_bytes().to_vec();
             range.extend_from_slice(&end.to_le_bytes());
             if let Err(e) = send(&mut j.conn, MSG_RX_FDS, &range, &fds) {
-                self.journal.current = None;
-                self.journal.lost = true;
-                warn!("the keeper did not take the client's descriptors ({e}): serving on without one");
-                return;
+                return self.keeper_refused("the client's descriptors", e);
             }
         }
+    }
+
+    /// The keeper did not take `what`: this process serves on without one.
+    fn keeper_refused(&mut self, what: &str, e: io::Error) {
+        self.journal.current = None;
+        self.journal.lost = true;
+        warn!(
+            "the keeper did not take {what} ({e}): serving on without one (a crash of this process now \
+             ends the client's session)"
+        );
     }
 
     /// The device was handed over to process `pid` (an upgrade): the keeper
@@ -254,13 +261,7 @@ impl Device {
                 (j.due, j.format_epoch) = (false, format_epoch);
                 self.journal.current = Some(j);
             }
-            Err(e) => {
-                self.journal.lost = true;
-                warn!(
-                    "the keeper did not take the journal ({e}): serving on without one (a crash of this \
-                     process now ends the client's session)"
-                )
-            }
+            Err(e) => self.keeper_refused("the journal", e),
         }
     }
 }
@@ -341,8 +342,7 @@ impl Kept {
         saved.client_rx = None;
         let Some(rx) = self.rx() else { return Ok((saved, fds)) };
         match vfio_user::rx::unanswered(rx, self.saved.client_rx_through) {
-            Ok((from, mut bytes)) => {
-                let mut from = from;
+            Ok((mut from, mut bytes)) => {
                 if let Some(first) = last.0.take().filter(|f| bytes.starts_with(f)) {
                     let h = vfio_user::Header::read_from_prefix(&first).map(|(h, _)| h).unwrap_or_default();
                     warn!(

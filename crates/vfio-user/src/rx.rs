@@ -201,11 +201,9 @@ impl RecvBuffer {
         }
         // Into the other half; one store then names that half, so the header never
         // names bytes half moved.
-        let len = k.len;
         let (this, other) = k.halves();
         other[..self.end - from].copy_from_slice(&this[from..self.end]);
         k.which ^= 1;
-        k.len = len;
         k.set(LAYOUT, k.done << 1 | k.which as u64);
         self.start -= from;
         self.end -= from;
@@ -316,8 +314,9 @@ struct KeptRx {
     done: u64,
 }
 
-// SAFETY: the mapping is this value's alone (another process may map the memfd, but
-// no other thread of this one reaches it), like a Vec's allocation.
+// Another process may map the memfd, but no other thread of this one reaches the
+// mapping: it moves between threads as a Vec's allocation does.
+// SAFETY: the mapping is this value's alone in this process.
 unsafe impl Send for KeptRx {}
 
 impl KeptRx {
@@ -327,9 +326,9 @@ impl KeptRx {
         if (st.st_size as u64) < TOTAL as u64 {
             return Err(io::Error::other(format!("receive memory of {} bytes, not {TOTAL}", st.st_size)));
         }
-        // SAFETY: a new shared mapping of TOTAL bytes of a file at least that long
-        // (kept_memory seals it against shrinking), at an address the kernel
-        // chooses: it aliases no Rust memory.
+        // The file is at least TOTAL bytes long (checked above; kept_memory seals
+        // it against shrinking) and the kernel chooses the address.
+        // SAFETY: a new shared mapping that aliases no Rust memory.
         let p = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -352,20 +351,22 @@ impl KeptRx {
 
     /// Stores header field `i`.
     fn set(&self, i: usize, v: u64) {
-        // SAFETY: the header page starts the mapping, page-aligned, and its first
-        // four u64s are only ever accessed as atomics (in this process).
+        // The header page starts the mapping, page-aligned, and its first four
+        // u64s are only ever accessed as atomics in this process.
+        // SAFETY: an aligned, live [AtomicU64; 4], shared only as atomics.
         let h = unsafe { &*self.map.as_ptr().cast::<[AtomicU64; 4]>() };
         h[i].store(v.to_le(), Ordering::Release);
     }
 
     fn half(&self) -> &[u8] {
-        // SAFETY: half `which` lies inside the mapping, `len` <= HALF; the mapping
-        // lives as long as `self`, and only `self` writes it in this process.
+        // Half `which` lies inside the mapping and `len` <= HALF; the mapping lives
+        // as long as `self`, and only `self` writes it in this process.
+        // SAFETY: a live, in-bounds range that nothing writes while it is borrowed.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(PAGE + self.which * HALF), self.len) }
     }
 
     fn half_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as `half`, and `&mut self` makes this the only reference.
+        // SAFETY: as in `half`, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().add(PAGE + self.which * HALF), self.len) }
     }
 
@@ -373,8 +374,8 @@ impl KeptRx {
     fn halves(&mut self) -> (&[u8], &mut [u8]) {
         let base = self.map.as_ptr();
         let (this, other) = (PAGE + self.which * HALF, PAGE + (self.which ^ 1) * HALF);
-        // SAFETY: the two halves are disjoint ranges inside the mapping, and
-        // `&mut self` makes these the only references to them.
+        // The two halves are disjoint ranges inside the mapping.
+        // SAFETY: in bounds, disjoint, and `&mut self` makes these the only references.
         unsafe {
             (
                 std::slice::from_raw_parts(base.add(this), self.len),
@@ -386,8 +387,8 @@ impl KeptRx {
 
 impl Drop for KeptRx {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, of TOTAL bytes; no slice of it outlives
-        // `self`.
+        // The mapping made in `map`, of TOTAL bytes; no slice of it outlives `self`.
+        // SAFETY: unmapped once, with nothing left pointing into it.
         let _ = unsafe { rustix::mm::munmap(self.map.as_ptr().cast(), TOTAL) };
     }
 }
@@ -464,6 +465,16 @@ mod tests {
     use super::*;
     use crate::Connection;
 
+    /// A connection pair whose receiving end (the second) keeps what it receives
+    /// in new kept memory (the third).
+    fn kept_pair() -> (Connection, Connection, OwnedFd) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut b = Connection::new(b);
+        let fd = kept_memory().unwrap();
+        b.keep_received(&fd).unwrap();
+        (Connection::new(a), b, fd)
+    }
+
     /// A message of `size` bytes (header included), its payload bytes all `id`.
     fn raw(id: u16, size: usize) -> Vec<u8> {
         let mut h = Header::default();
@@ -481,11 +492,7 @@ mod tests {
     /// compaction into the other half.
     #[test]
     fn kept_memory_holds_what_is_not_answered_through_every_compaction() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let mut a = Connection::new(a);
-        let mut b = Connection::new(b);
-        let fd = kept_memory().unwrap();
-        b.keep_received(&fd).unwrap();
+        let (mut a, mut b, fd) = kept_pair();
         let mut stream = Vec::new();
         let mut bounds = vec![0u64];
         let sizes = [16usize, 40, 4096, 70_000, 100, RX_BUFFER - 8, 16, 300_000, 24, 24, 24, MAX_MESSAGE, 33];
@@ -530,11 +537,7 @@ mod tests {
     /// on, but only inside what the header says is there.
     #[test]
     fn through_moves_the_start_only_within_the_unanswered_bytes() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let mut a = Connection::new(a);
-        let mut b = Connection::new(b);
-        let fd = kept_memory().unwrap();
-        b.keep_received(&fd).unwrap();
+        let (mut a, mut b, fd) = kept_pair();
         let stream: Vec<u8> = [raw(1, 20), raw(2, 30), raw(3, 40)].concat();
         a.send_bytes(&stream[..60], &[]).unwrap();
         assert!(b.fill().unwrap());
@@ -550,10 +553,7 @@ mod tests {
     /// (what a process taken over by a hostile client could leave), is refused.
     #[test]
     fn a_header_that_does_not_add_up_is_refused() {
-        let (_a, b) = UnixStream::pair().unwrap();
-        let mut b = Connection::new(b);
-        let fd = kept_memory().unwrap();
-        b.keep_received(&fd).unwrap();
+        let (_a, _b, fd) = kept_pair();
         let put = |i: usize, v: u64| rustix::io::pwrite(&fd, &v.to_le_bytes(), i as u64 * 8).unwrap();
         put(DONE, 10);
         assert!(unanswered(&fd, 0).is_err(), "answered past what was read");
@@ -574,10 +574,7 @@ mod tests {
     /// out its whole messages first, and keeps them until they are answered.
     #[test]
     fn a_kept_connection_preloaded_keeps_what_it_was_handed() {
-        let (_a, b) = UnixStream::pair().unwrap();
-        let mut b = Connection::new(b);
-        let fd = kept_memory().unwrap();
-        b.keep_received(&fd).unwrap();
+        let (_a, mut b, fd) = kept_pair();
         let stream: Vec<u8> = [raw(1, 20), raw(2, 30)].concat();
         b.preload(Partial { bytes: stream[..45].to_vec(), ..Default::default() }).unwrap();
         assert_eq!(unanswered(&fd, 0).unwrap(), (0, stream[..45].to_vec()));
@@ -586,9 +583,7 @@ mod tests {
         b.answered();
         assert_eq!(unanswered(&fd, 0).unwrap(), (20, stream[20..45].to_vec()));
         let too_much = Partial { bytes: vec![0; HALF + 1], ..Default::default() };
-        let (_c, d) = UnixStream::pair().unwrap();
-        let mut d = Connection::new(d);
-        d.keep_received(kept_memory().unwrap()).unwrap();
+        let (_c, mut d, _) = kept_pair();
         assert!(d.preload(too_much).is_err());
     }
 }
