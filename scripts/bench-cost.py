@@ -6,9 +6,14 @@ Instructions per I/O are differences: (Ir of the long run - Ir of the short run)
 (I/Os of the long run - I/Os of the short run), in total and per function, so what
 a run costs once (start, connection, shutdown) cancels. Payload = libc's memset,
 memcpy and memmove (the 4 KiB zero fill or copy of each I/O, and the few small
-copies they also do); the rest is the controller's own work."""
+copies they also do); the rest is the controller's own work. The same differences
+are also split by step of a command's round trip through the server (STEPS: wait,
+receive, handle, reply, run, complete, interrupt, clock, the loop), from callgrind's
+call graph, with the system calls each step makes."""
 
 import argparse
+import collections
+import gzip
 import json
 import os
 import re
@@ -46,6 +51,133 @@ def annotate(path):
     return total, fns
 
 
+# The steps of a command's round trip through the server, each named by the functions
+# that begin it (a regular expression on the function's name). A function's cost goes
+# to the innermost step on its call path: the clock read inside a run is the clock's,
+# a completion posted inside a run is the completion's. What no step claims is the
+# loop around them (the idle loop, the serve loop's own bookkeeping).
+STEPS = [
+    ("wait (epoll_wait)", r"Epoll>?::wait$|^epoll_wait"),
+    ("receive (recvmsg, parse)", r"vfio_user::socket::Connection::(fill|read|next_message|recv)$"
+                                 r"|vfio_user::rx::RecvBuffer::take$"),
+    ("handle (decode, doorbell)", r"vfio_user_server::device::Device::(access|handle)$"
+                                  r"|nvme_ctrl::controller::Controller::mmio_(write|read)$"),
+    ("reply (sendmsg)", r"vfio_user::socket::Connection::send(_bytes)?$"),
+    ("run (fetch, dispatch, backend)", r"nvme_ctrl::controller::Controller::process$"
+                                       r"|IoEngine>::poll$"),
+    ("complete (CQE)", r"IoEngine>::complete_wide$"),
+    ("interrupt (decision, eventfd write)", r"IoEngine>::signal_interrupts$"),
+    ("clock", r"Timespec>::(now|sub_timespec)$|Clock>::now_ns$"),
+]
+LOOP_STEP = "loop (the rest)"
+# Which step each system call belongs to (the rest: the loop's).
+STEP_SYSCALLS = {"epoll_wait": STEPS[0][0], "epoll_pwait": STEPS[0][0], "recvmsg": STEPS[1][0],
+                 "recvfrom": STEPS[1][0], "sendmsg": STEPS[3][0], "sendto": STEPS[3][0], "write": STEPS[6][0]}
+
+
+def call_graph(path):
+    """Self cost per function and the inclusive cost of each call (caller, callee)
+    from a callgrind output file. A function is (name, object): the loader's
+    and libc's "(below main)" are two functions, not a recursion. The source file is
+    ignored: an inlined part of a function is that function's."""
+    opener = gzip.open if path.endswith(".gz") else open
+    names = {"fn": {}, "ob": {}}
+    ob, cob, cur, callee, in_call = None, None, None, None, False
+    self_cost, edges = collections.Counter(), collections.Counter()
+    spec = re.compile(r"^(fn|cfn|ob|cob)=(?:\((\d+)\))?\s*(.*)$")
+    with opener(path, "rt") as f:
+        for line in f:
+            c = line[:1]
+            if c.isdigit() or c in "+-*":
+                parts = line.split()
+                if len(parts) < 2:
+                    continue
+                if in_call:
+                    edges[(cur, callee)] += int(parts[1])
+                    in_call = False
+                else:
+                    self_cost[cur] += int(parts[1])
+            elif line.startswith("calls="):
+                in_call = True
+            else:
+                m = spec.match(line.rstrip("\n"))
+                if not m:
+                    continue
+                kind, ident, name = m.groups()
+                table = names["ob" if kind in ("ob", "cob") else "fn"]
+                if ident is not None and name:
+                    table[ident] = name
+                name = table.get(ident, name) if ident is not None else name
+                if kind == "ob":
+                    ob = cob = name
+                elif kind == "cob":
+                    cob = name
+                elif kind == "fn":
+                    cur, cob = (name, ob), ob
+                else:
+                    callee, cob = (name, cob), ob
+    return self_cost, edges
+
+
+def steps_of(raw, short, long_, dn):
+    """Instructions per I/O of each step (STEPS), the difference of the long and the
+    short run. A function's inclusive cost is split among its callees in proportion
+    to what each call cost, so a function called from two steps is shared between them
+    as its callers used it."""
+    def one(tag):
+        path = os.path.join(raw, tag + ".callgrind.gz")
+        if not os.path.exists(path):
+            path = os.path.join(raw, tag + ".callgrind")
+        self_cost, edges = call_graph(path)
+        out_edges = collections.defaultdict(list)
+        incl = collections.Counter(self_cost)
+        for (a, b), v in edges.items():
+            if a != b:
+                out_edges[a].append((b, v))
+                incl[a] += v
+        anchor = {}
+        for fn in incl:
+            for step, rx in STEPS:
+                if fn and fn[0] and re.search(rx, fn[0]):
+                    anchor[fn] = step
+        memo, path = {}, set()
+
+        def dist(fn, label):
+            """Fractions of fn's inclusive cost per step, entered under `label`. A call
+            back into a function already on the path (recursion) stays with the
+            caller's step."""
+            label = anchor.get(fn, label)
+            key = (fn, label)
+            if key in memo:
+                return memo[key]
+            total = incl[fn]
+            d = collections.Counter()
+            if total <= 0:
+                return d
+            d[label] += self_cost[fn] / total
+            path.add(fn)
+            for callee, v in out_edges.get(fn, ()):
+                if callee in path:
+                    d[label] += v / total
+                    continue
+                for s, x in dist(callee, label).items():
+                    d[s] += x * v / total
+            path.discard(fn)
+            memo[key] = d
+            return d
+
+        called = {b for (a, b) in edges if a != b}
+        by = collections.Counter()
+        for fn in incl:
+            if fn not in called:
+                for s, x in dist(fn, LOOP_STEP).items():
+                    by[s] += x * incl[fn]
+        return by
+    sys.setrecursionlimit(10000)
+    a, b = one(short), one(long_)
+    return {s: (b[s] - a[s]) / dn for s in [st for st, _ in STEPS] + [LOOP_STEP]}
+
+
 def crate_of(fn):
     if PAYLOAD.search(fn):
         return "payload (memset/memcpy)"
@@ -70,7 +202,7 @@ def per_io_diff(raw, short, long_):
         raise SystemExit(f"bench-cost: {long_} did no more I/O than {short} ({n1} vs {n0})")
     fns = {k: (f1.get(k, 0) - f0.get(k, 0)) / dn for k in set(f0) | set(f1)}
     return {"ios_short": n0, "ios_long": n1, "ir_short": t0, "ir_long": t1,
-            "instr_per_io": (t1 - t0) / dn, "functions": fns}
+            "instr_per_io": (t1 - t0) / dn, "functions": fns, "steps": steps_of(raw, short, long_, dn)}
 
 
 def split(fns):
@@ -124,7 +256,7 @@ def main():
                 "controller_per_io": d["instr_per_io"] - payload, "by_crate": by,
                 "syscalls_per_io": s["per_io"].get("total", 0.0), "syscalls": s["per_io"],
                 "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
-                "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
+                "steps": d["steps"], "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
 
     def inproc_rep(qd, r):
         tag = f"inproc-qd{qd}-r{r}"
@@ -201,6 +333,25 @@ def main():
             sc = f"{p['syscalls_per_io']:.3f} [{sr[0]:.3f}–{sr[1]:.3f}]"
         lines.append(f"| {p['point']} | {p['instr_per_io']:.0f} | {p['payload_per_io']:.0f} | "
                      f"{p['controller_per_io']:.0f} [{rng[0]:.0f}–{rng[1]:.0f}] | {delta} | {sc} | {kinds or '—'} |")
+    step_names = [st for st, _ in STEPS] + [LOOP_STEP]
+    lines += ["", "Steps of a command (instructions per I/O of the median repetition, each function's cost "
+              "in the innermost step on its call path; system calls per I/O after the slash where the step "
+              "makes them):", "",
+              "| point | " + " | ".join(step_names) + " |", "|---|" + "---:|" * len(step_names)]
+    for p in points:
+        if "steps" not in p:
+            continue
+        per_step = collections.Counter()
+        for k, v in p.get("syscalls", {}).items():
+            if k != "total":
+                per_step[STEP_SYSCALLS.get(k, LOOP_STEP)] += v
+        cells = []
+        for st in step_names:
+            cell = f"{p['steps'].get(st, 0.0):.0f}"
+            if per_step[st] >= 0.0005:
+                cell += f" / {per_step[st]:.3f}"
+            cells.append(cell)
+        lines.append(f"| {p['point']} | " + " | ".join(cells) + " |")
     lines += ["", "By crate (instructions per I/O, self cost):", "",
               "| point | " + " | ".join(CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |",
               "|---|" + "---:|" * (len(CRATES) + 2)]

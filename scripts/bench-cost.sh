@@ -4,7 +4,11 @@
 #   instructions per I/O  valgrind's callgrind (this machine has no hardware
 #                         counters): the instructions `vnvme serve` executes per
 #                         I/O of `vnvme perf` (4 KiB random reads, null namespace,
-#                         --poll off), broken down by function. Startup and
+#                         --poll off), broken down by function, by crate and by
+#                         step of a command's round trip (wait, receive, handle,
+#                         reply, run, complete, interrupt, clock, the loop: each
+#                         function's cost in the innermost step on its call
+#                         path, with the system calls of each step). Startup and
 #                         connection costs cancel: every point is measured twice,
 #                         a short and a long run, and the cost per I/O is the
 #                         difference of the instructions over the difference of
