@@ -39,6 +39,9 @@ pub(crate) enum Count {
     ShadowReads,
     /// EventIdx re-arms that found new work after the fence (the race the re-read closes).
     EventidxRaces,
+    /// Rounds of the queues that found work after which a polling engine paused before
+    /// reading the doorbells in memory again (doorbell::gap).
+    DoorbellPauses,
     /// Commands that completed with an error status.
     Errors,
     /// Read commands completed.
@@ -151,6 +154,9 @@ pub struct StatsSnapshot {
     pub io_commands: u64,
     pub shadow_reads: u64,
     pub eventidx_races: u64,
+    /// Absent from what an older build wrote: 0.
+    #[serde(default)]
+    pub doorbell_pauses: u64,
     pub errors: u64,
     pub read_commands: u64,
     pub write_commands: u64,
@@ -206,6 +212,7 @@ impl Stats {
             io_commands: g(Count::IoCommands),
             shadow_reads: g(Count::ShadowReads),
             eventidx_races: g(Count::EventidxRaces),
+            doorbell_pauses: g(Count::DoorbellPauses),
             errors: g(Count::Errors),
             read_commands: g(Count::ReadCommands),
             write_commands: g(Count::WriteCommands),
@@ -232,6 +239,7 @@ impl Stats {
         set(Count::IoCommands, s.io_commands);
         set(Count::ShadowReads, s.shadow_reads);
         set(Count::EventidxRaces, s.eventidx_races);
+        set(Count::DoorbellPauses, s.doorbell_pauses);
         set(Count::Errors, s.errors);
         set(Count::ReadCommands, s.read_commands);
         set(Count::WriteCommands, s.write_commands);
@@ -255,6 +263,7 @@ impl std::ops::Sub for StatsSnapshot {
             io_commands: self.io_commands - o.io_commands,
             shadow_reads: self.shadow_reads - o.shadow_reads,
             eventidx_races: self.eventidx_races - o.eventidx_races,
+            doorbell_pauses: self.doorbell_pauses - o.doorbell_pauses,
             errors: self.errors - o.errors,
             read_commands: self.read_commands - o.read_commands,
             write_commands: self.write_commands - o.write_commands,
@@ -562,6 +571,9 @@ pub struct StatsSaved {
     pub io_commands: u64,
     pub shadow_reads: u64,
     pub eventidx_races: u64,
+    /// Absent from what an older build wrote: 0.
+    #[serde(default)]
+    pub doorbell_pauses: u64,
     pub errors: u64,
     pub read_commands: u64,
     pub write_commands: u64,
@@ -583,6 +595,7 @@ impl From<StatsSnapshot> for StatsSaved {
             io_commands: s.io_commands,
             shadow_reads: s.shadow_reads,
             eventidx_races: s.eventidx_races,
+            doorbell_pauses: s.doorbell_pauses,
             errors: s.errors,
             read_commands: s.read_commands,
             write_commands: s.write_commands,

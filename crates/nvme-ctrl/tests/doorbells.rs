@@ -670,3 +670,35 @@ fn dbbuf_a_rearm_that_races_the_host_is_remembered_at_the_value_it_published() {
     assert_eq!(h.eventidx_slot(1, SqTail), Some(1), "EventIdx left behind the consumed tail");
     assert!(submit(1, 101), "the next submission rings");
 }
+
+/// A polling engine that found work pauses before it reads doorbells in memory again
+/// (shadow doorbells here; a mapped page alike), so a host in a burst can write more of
+/// them first. An engine with EventIdx armed, or one whose doorbells trap, never pauses:
+/// its host rings, and nothing of it would be read in the pause. Either way every
+/// command completes. One pause per round of the queues, however many had work.
+#[test]
+fn a_polling_engine_pauses_between_looks_only_at_doorbells_in_memory() {
+    for (shadow, polling, pauses) in [(true, true, true), (true, false, false), (false, true, false)] {
+        let mut h = host(shadow, 16);
+        h.ctrl.set_arm_eventidx(!polling);
+        let before = h.ctrl.stats().doorbell_pauses;
+        let sqe = one_read(&mut h);
+        for _ in 0..4 {
+            h.submit(1, sqe).expect("room in the queue");
+        }
+        h.process();
+        assert_eq!(h.reap_queue(1).len(), 4, "shadow {shadow}, polling {polling}");
+        let paused = h.ctrl.stats().doorbell_pauses - before;
+        assert_eq!(paused > 0, pauses, "shadow {shadow}, polling {polling}: {paused} pauses");
+    }
+    // Two busy queues are one round: one pause, not one per queue.
+    let mut h = host(true, 16);
+    h.ctrl.set_arm_eventidx(false);
+    let sqe = one_read(&mut h);
+    for qid in [1, 2, 1, 2] {
+        h.submit(qid, sqe).expect("room in the queue");
+    }
+    h.process();
+    assert_eq!(h.reap_queue(1).len() + h.reap_queue(2).len(), 4);
+    assert_eq!(h.ctrl.stats().doorbell_pauses, 1, "one round found work on both queues");
+}

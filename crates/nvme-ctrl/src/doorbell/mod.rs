@@ -54,6 +54,7 @@
 
 #[cfg(test)]
 mod model;
+pub(crate) mod gap;
 mod page;
 mod policy;
 mod source;

@@ -31,6 +31,11 @@ impl IoEngine {
         progress |= self.release_held();
         let mut budget = POLL_BUDGET;
         let mut idle_turns = 0;
+        // A polling engine pauses once per round of turns in which an I/O queue had
+        // work, before the next round reads those doorbells again (doorbell::gap): once
+        // per round, so many busy queues are not each a pause.
+        let gap = self.pauses_between_looks();
+        let (mut round_left, mut round_found) = (self.queues.active_sqs().len(), false);
         while budget > 0 && idle_turns < self.queues.active_sqs().len() {
             let Some(qid) = self.queues.next_in_turn() else { break };
             let limit = self.settings.burst().unwrap_or(u32::MAX).min(budget);
@@ -41,9 +46,20 @@ impl IoEngine {
                 idle_turns = 0;
                 budget -= n;
                 progress = true;
+                round_found |= qid != 0;
             }
             if self.fatal.is_some() {
                 return true;
+            }
+            round_left = round_left.saturating_sub(1);
+            if round_left == 0 {
+                if gap && round_found && budget > 0 {
+                    // What the host may be waiting for goes out first.
+                    self.signal_interrupts();
+                    self.counts.add(Count::DoorbellPauses, 1);
+                    crate::doorbell::gap::pause();
+                }
+                (round_left, round_found) = (self.queues.active_sqs().len(), false);
             }
         }
         progress |= self.reap();
@@ -54,6 +70,12 @@ impl IoEngine {
         }
         self.signal_interrupts();
         progress
+    }
+
+    /// Whether a round that found work pauses before the next (doorbell::gap):
+    /// only a polling engine reading its doorbells from memory the host writes.
+    pub(crate) fn pauses_between_looks(&self) -> bool {
+        !self.arm_eventidx && (self.doorbells.page_mapped() || self.doorbells.shadow().is_some())
     }
 
     /// Fetches and starts up to `limit` commands from one SQ. Returns how many.

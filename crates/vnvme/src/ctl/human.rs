@@ -187,6 +187,7 @@ fn stats(r: &reply::Stats) -> String {
         ("  I/O SQ", format!("{}{}", c.io_doorbell_writes, per(c.io_doorbell_writes))),
         ("  I/O CQ", format!("{}{}", c.io_cq_doorbell_writes, per(c.io_cq_doorbell_writes))),
         ("shadow reads", format!("{} (EventIdx races {})", c.shadow_reads, c.eventidx_races)),
+        ("doorbell pauses", format!("{}{}", c.doorbell_pauses, per(c.doorbell_pauses))),
         ("interrupts", format!("{}{}", c.interrupts, per(c.interrupts))),
     ];
     for (k, v) in lines {

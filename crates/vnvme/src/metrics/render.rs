@@ -217,6 +217,13 @@ fn controller(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
              posted meanwhile (the EventIdx re-check caught it; no I/O waits for a trap).",
             c.eventidx_races,
         ),
+        (
+            "doorbell_pauses",
+            "Times a polling controller, having found work, paused about 250 ns before \
+             reading the doorbells in memory again, so a host ringing once per command \
+             writes a few more meanwhile.",
+            c.doorbell_pauses,
+        ),
         ("interrupts", "Interrupts signalled to the guest, all queues.", c.interrupts),
     ];
     for (name, help, v) in counters {

@@ -227,6 +227,7 @@ impl Counters {
                     "interrupts" => s.interrupts,
                     "shadow_reads" => s.shadow_reads,
                     "eventidx_races" => s.eventidx_races,
+                    "doorbell_pauses" => s.doorbell_pauses,
                     _ => 0,
                 };
                 Some(counters_json(json!("in-process controller"), &|k| {
@@ -260,6 +261,7 @@ fn counters_json(source: Value, delta: &dyn Fn(&str) -> u64) -> Value {
         "interrupts": sirq,
         "shadow_reads": delta("shadow_reads"),
         "eventidx_races": delta("eventidx_races"),
+        "doorbell_pauses": delta("doorbell_pauses"),
         "trapped_doorbells_per_io": per(sdb),
         "interrupts_per_io": per(sirq),
     })
