@@ -52,9 +52,9 @@
 //! keeps a shadow read per run off the I/O path of a controller that also owns the
 //! admin queue (inline mode).
 
+pub(crate) mod gap;
 #[cfg(test)]
 mod model;
-pub(crate) mod gap;
 mod page;
 mod policy;
 mod source;
