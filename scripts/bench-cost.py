@@ -202,7 +202,7 @@ def per_io_diff(raw, short, long_):
         raise SystemExit(f"bench-cost: {long_} did no more I/O than {short} ({n1} vs {n0})")
     fns = {k: (f1.get(k, 0) - f0.get(k, 0)) / dn for k in set(f0) | set(f1)}
     return {"ios_short": n0, "ios_long": n1, "ir_short": t0, "ir_long": t1,
-            "instr_per_io": (t1 - t0) / dn, "functions": fns, "steps": steps_of(raw, short, long_, dn)}
+            "instr_per_io": (t1 - t0) / dn, "functions": fns}
 
 
 def split(fns):
@@ -252,11 +252,12 @@ def main():
         by = split(d["functions"])
         payload = by.get("payload (memset/memcpy)", 0.0)
         s = syscalls(raw, tag + "-sys")
+        dn = d["ios_long"] - d["ios_short"]
         return {"instr_per_io": d["instr_per_io"], "payload_per_io": payload,
                 "controller_per_io": d["instr_per_io"] - payload, "by_crate": by,
                 "syscalls_per_io": s["per_io"].get("total", 0.0), "syscalls": s["per_io"],
                 "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
-                "steps": d["steps"], "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
+                "steps": steps_of(raw, tag + "-short", tag + "-long", dn), "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
 
     def inproc_rep(qd, r):
         tag = f"inproc-qd{qd}-r{r}"

@@ -13,9 +13,10 @@
 //! long enough for a host in a burst to write a few more commands, short enough that a
 //! host at QD 1 (which must see a completion before it submits again) has not
 //! submitted yet, so no command waits for it. One pause per round, not per queue: many
-//! busy queues are each other's pause. Interrupts owed are signalled before it. The pause is `spin_loop` hints, counted once
-//! per process against the clock ([`pauses`]), since a hint lasts from a few to more
-//! than a hundred cycles depending on the CPU.
+//! busy queues are each other's pause. Interrupts owed are signalled before it. The
+//! pause is `spin_loop` hints, counted once per process against the clock
+//! ([`pauses`]), since a hint lasts from a few to more than a hundred cycles depending
+//! on the CPU.
 //!
 //! Engines that sleep between commands (EventIdx armed, trapped doorbells, `--poll
 //! off`) never pause: their host rings a doorbell the engine does not read.
@@ -24,6 +25,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How long a polling engine waits after a round that found work.
+///
 /// 250 ns: on the development host a QD 1 round trip of `vnvme perf` is about 700 ns,
 /// and pauses up to 400 ns made it faster still (less contention for the lines it
 /// writes), 600 ns slower; at QD 16 and 64, 100 to 250 ns gave 6 to 14 % more.
@@ -44,7 +46,7 @@ pub(crate) fn pause() {
 /// How many `spin_loop` hints last [`GAP_NS`] on this CPU: measured once, the
 /// fastest of a few tries of a thousand hints (a try the scheduler interrupted only
 /// reads slower, which gives fewer hints, never more).
-pub(crate) fn pauses() -> u32 {
+fn pauses() -> u32 {
     static PAUSES: OnceLock<u32> = OnceLock::new();
     *PAUSES.get_or_init(|| {
         const HINTS: u32 = 1000;
