@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! zoned=SIZE        a zoned namespace (Zoned Namespace Command Set) of SIZE zones:
-//!                   a power of two of at least 4K; the namespace is the whole
-//!                   zones that fit
+//!                   a power of two of at least 4K; a size given with it (ram:,
+//!                   null:, a file to create) must be a whole number of zones,
+//!                   and a size the backend has (a file, a device) is used up to
+//!                   the whole zones that fit
 //! zone-cap=SIZE     writable bytes per zone (default: the zone size)
 //! max-open=N        most zones open at once (default: no limit)
 //! max-active=N      most zones open or closed at once (default: no limit)
@@ -18,7 +20,7 @@ use std::sync::Arc;
 
 use nvme_ctrl::zoned::ZonedConfig;
 
-use crate::units::parse_size;
+use crate::units::{human_size, parse_size};
 
 /// The option names, for a URI kind's option list.
 pub const OPTIONS: [&str; 5] = ["zoned", "zone-cap", "max-open", "max-active", "zone-state"];
@@ -64,16 +66,22 @@ impl ZoneSpec {
         Ok(true)
     }
 
-    /// What no single option shows: companions without `zoned=`, the layout.
-    pub fn checked(&self) -> Result<(), String> {
+    /// What no single option shows: companions without `zoned=`, the layout, and
+    /// `size` (the size the operator gave the namespace, if any) against the zones:
+    /// a size given is served as given or refused, never cut down to whole zones.
+    pub fn checked(&self, size: Option<u64>) -> Result<(), String> {
         let Some(zone_size) = self.zone_size else {
             return Err("zone-cap=, max-open=, max-active= and zone-state= are for a zoned namespace: \
                         give its zone size too (zoned=SIZE, e.g. zoned=64M)"
                 .into());
         };
         let cfg = self.layout(zone_size);
-        // The namespace's own size is checked when it is opened.
-        cfg.check(zone_size)
+        // A size the backend has is checked when it is opened.
+        cfg.check(zone_size)?;
+        match size {
+            Some(size) if !size.is_multiple_of(zone_size) => Err(not_whole_zones(size, zone_size)),
+            _ => Ok(()),
+        }
     }
 
     fn layout(&self, zone_size: u64) -> ZonedConfig {
@@ -110,6 +118,34 @@ impl ZoneSpec {
     }
 }
 
+/// Why `size` cannot be a namespace of `zone_size` zones, and the sizes that can.
+fn not_whole_zones(size: u64, zone_size: u64) -> String {
+    let up = size.div_ceil(zone_size) * zone_size;
+    let down = size / zone_size * zone_size;
+    let sizes = if down > 0 { format!("{} or {}", spec_size(down), spec_size(up)) } else { spec_size(up) };
+    // The largest zone size that divides `size` (zones are powers of two).
+    let zone = 1u64 << size.trailing_zeros().min(63);
+    let smaller =
+        if zone >= 4096 { format!(" (zoned={} divides it)", spec_size(zone)) } else { String::new() };
+    format!(
+        "{} is not a whole number of {} zones: give a size that is (e.g. {sizes}), or a smaller zone \
+         size{smaller}",
+        human_size(size),
+        human_size(zone_size)
+    )
+}
+
+/// `n` bytes as the command line writes sizes (`128M`), in the largest unit that
+/// divides it.
+fn spec_size(n: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Opens (creating it if new, never truncating) a file a namespace keeps its state
 /// in beside its data (`what` names it in errors).
 pub fn open_kept_file(p: &Path, what: &str) -> std::io::Result<std::fs::File> {
@@ -134,16 +170,34 @@ mod tests {
         assert!(!ZoneSpec::set_option(&mut z, "lba", "4096").unwrap());
         assert!(z.is_none());
         assert!(ZoneSpec::set_option(&mut z, "max-open", "4").unwrap());
-        assert!(z.as_ref().unwrap().checked().unwrap_err().contains("zoned=SIZE"));
+        assert!(z.as_ref().unwrap().checked(None).unwrap_err().contains("zoned=SIZE"));
         ZoneSpec::set_option(&mut z, "zoned", "64M").unwrap();
         ZoneSpec::set_option(&mut z, "zone-cap", "48M").unwrap();
         let z = z.unwrap();
-        z.checked().unwrap();
+        z.checked(None).unwrap();
         assert_eq!((z.zone_size, z.zone_cap, z.max_open), (Some(64 << 20), Some(48 << 20), 4));
         let mut bad = None;
         ZoneSpec::set_option(&mut bad, "zoned", "48M").unwrap();
-        assert!(bad.unwrap().checked().unwrap_err().contains("power of two"));
+        assert!(bad.unwrap().checked(None).unwrap_err().contains("power of two"));
         assert!(ZoneSpec::set_option(&mut None, "max-open", "x").is_err());
+    }
+
+    /// issue 49: ram:100M:zoned=64M served 64 MiB, the one whole zone that fit.
+    #[test]
+    fn a_size_given_is_a_whole_number_of_zones_or_refused() {
+        let z = ZoneSpec { zone_size: Some(64 << 20), ..Default::default() };
+        z.checked(Some(128 << 20)).unwrap();
+        let e = z.checked(Some(100 << 20)).unwrap_err();
+        for needle in
+            ["100 MiB is not a whole number of 64 MiB zones", "e.g. 64M or 128M", "zoned=4M divides it"]
+        {
+            assert!(e.contains(needle), "{needle:?} missing from: {e}");
+        }
+        // Less than one zone: only the larger size; a size no zone divides: no zone.
+        let e = z.checked(Some(10 << 20)).unwrap_err();
+        assert!(e.contains("(e.g. 64M)") && e.contains("zoned=2M divides it"), "{e}");
+        let e = ZoneSpec { zone_size: Some(4096), ..Default::default() }.checked(Some(6144)).unwrap_err();
+        assert!(e.ends_with("(e.g. 4K or 8K), or a smaller zone size"), "{e}");
     }
 
     #[test]

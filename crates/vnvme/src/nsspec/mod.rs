@@ -626,7 +626,7 @@ impl NsSpec {
     fn checked(self) -> Result<Self, String> {
         let spec = self;
         if let Some(z) = &spec.zoned {
-            z.checked()?;
+            z.checked(spec.size)?;
         }
         if let Some(m) = &spec.meta {
             m.checked(spec.lba_format)?;
