@@ -35,12 +35,23 @@ pub struct FileBackend {
 impl FileBackend {
     /// Opens `path`; with `create_size`, creates it (or extends it) to that size.
     pub fn open(path: &Path, create_size: Option<u64>) -> std::io::Result<Self> {
+        Self::open_locked(path, create_size, None)
+    }
+
+    /// [`FileBackend::open`], the open file locked as `lock` says before anything
+    /// is done to it.
+    pub fn open_locked(
+        path: &Path,
+        create_size: Option<u64>,
+        lock: Option<&file_lock::Request>,
+    ) -> std::io::Result<Self> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(create_size.is_some())
             .truncate(false)
             .open(path)?;
+        crate::lock_file(&file, path, lock)?;
         if let Some(want) = create_size {
             if file.metadata()?.len() < want {
                 file.set_len(want)?;

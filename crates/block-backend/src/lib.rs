@@ -377,6 +377,31 @@ pub(crate) fn file_data_end(file: &std::fs::File, from: u64, size: u64) -> std::
     }
 }
 
+/// Locks the open file `file` (at `path`) as `lock` says, if it says: a file
+/// someone else holds is refused (`ResourceBusy`, the holder named); a file
+/// system that cannot lock is served unlocked, with a warning, as QEMU's
+/// `locking=auto` does.
+pub fn lock_file(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    lock: Option<&file_lock::Request>,
+) -> std::io::Result<()> {
+    let Some(req) = lock else { return Ok(()) };
+    match file_lock::lock(file, req) {
+        Ok(()) => Ok(()),
+        Err(file_lock::LockError::InUse(u)) => {
+            Err(std::io::Error::new(std::io::ErrorKind::ResourceBusy, format!("{} is {u}", path.display())))
+        }
+        Err(file_lock::LockError::Unsupported(e)) => {
+            tracing::warn!(
+                path = %path.display(),
+                "cannot be locked ({e}): served without a lock, so nothing keeps a second writer out"
+            );
+            Ok(())
+        }
+    }
+}
+
 /// Checks `offset..offset+len` against `size`.
 pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), BackendError> {
     match offset.checked_add(len) {

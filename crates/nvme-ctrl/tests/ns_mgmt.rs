@@ -44,7 +44,9 @@ fn dir(name: &str) -> Dir {
 /// Controller `cntlid` of the subsystem, with its own namespace 1 and the pool
 /// at `path`, brought up with namespace notices on and an AER outstanding.
 fn controller(path: &Path, cntlid: u16) -> MockHost {
-    let pool = NamespacePool::open(path, Some(CAPACITY), cntlid, &[1]).unwrap();
+    // The controllers of one subsystem share the pool's files.
+    let locks = nvme_ctrl::pool::LockPolicy { group: Some("SUBSYSTEM".into()), ..Default::default() };
+    let pool = NamespacePool::open(path, Some(CAPACITY), cntlid, &[1], &locks).unwrap();
     let cfg = ControllerConfig {
         namespaces: vec![NamespaceConfig::new(Arc::new(RamBackend::new(1 << 20)), 0)],
         max_namespaces: 16,

@@ -198,7 +198,8 @@ impl PoolDir {
         let dir = std::env::temp_dir().join(format!("vnvme-fuzz-pool-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let fixed: Vec<u32> = (1..=fixed).collect();
-        let pool = nvme_ctrl::pool::NamespacePool::open(&dir, Some(16 << 20), cntlid, &fixed)
+        let locks = nvme_ctrl::pool::LockPolicy { group: Some("fuzz".into()), ..Default::default() };
+        let pool = nvme_ctrl::pool::NamespacePool::open(&dir, Some(16 << 20), cntlid, &fixed, &locks)
             .expect("a namespace pool in the temporary directory");
         (PoolDir(dir), Arc::new(pool))
     }

@@ -32,7 +32,12 @@ const DEPTHS: [u32; 4] = [1, 4, 16, 64];
 
 pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let DemoArgs { namespaces: specs, queues, commands, no_shadow } = a;
-    let opened = specs.iter().map(|s| s.open()).collect::<std::io::Result<Vec<_>>>()?;
+    let locks = file_lock::Policy::default();
+    let opened = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.open(Some(i as u32 + 1), &locks))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let cfg =
         ControllerConfig { namespaces: opened.iter().map(|o| o.config()).collect(), ..Default::default() };
     if !(1..=cfg.max_io_queues).contains(&queues) {

@@ -18,6 +18,7 @@ mod perf;
 mod sandbox;
 mod serve;
 mod signals;
+mod stats_file;
 mod units;
 mod unix_socket;
 mod upgrade;

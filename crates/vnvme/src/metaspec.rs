@@ -154,11 +154,19 @@ impl MetaSpec {
 
     /// The controller's configuration, with the metadata file opened (created if
     /// new): `meta=`, or where `home` says; `kept` is the memory an earlier process
-    /// kept a RAM namespace's metadata in (an upgrade).
-    pub fn open(&self, home: StateHome<'_>, kept: Option<OwnedFd>) -> std::io::Result<MetadataConfig> {
+    /// kept a RAM namespace's metadata in (an upgrade). A file is locked as `lock`
+    /// says.
+    pub fn open(
+        &self,
+        home: StateHome<'_>,
+        kept: Option<OwnedFd>,
+        lock: &file_lock::Request,
+    ) -> std::io::Result<MetadataConfig> {
         let file = match (&self.path, home) {
-            (Some(p), _) => Some(open_kept_file(p, "metadata file")?),
-            (None, StateHome::Beside(data)) => Some(open_kept_file(&beside(data, ".meta"), "metadata file")?),
+            (Some(p), _) => Some(open_kept_file(p, "metadata file", lock)?),
+            (None, StateHome::Beside(data)) => {
+                Some(open_kept_file(&beside(data, ".meta"), "metadata file", lock)?)
+            }
             (None, StateHome::Memory) => match kept {
                 Some(fd) => Some(std::fs::File::from(fd)),
                 None => {
@@ -228,11 +236,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vnvme-metaspec-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let m = parse(&[("ms", "8")]).unwrap().unwrap();
-        let c = m.open(StateHome::Beside(&dir.join("disk.img")), None).unwrap();
+        let lock = file_lock::Request::write(file_lock::Role::Metadata, Some(1));
+        let c = m.open(StateHome::Beside(&dir.join("disk.img")), None, &lock).unwrap();
         assert!(c.store.0.is_some() && dir.join("disk.img.meta").exists());
-        assert!(m.open(StateHome::Memory, None).unwrap().store.0.is_some());
-        assert!(m.open(StateHome::Nowhere, None).unwrap().store.0.is_none());
-        let e = m.open(StateHome::Required("on nbd://"), None).unwrap_err();
+        assert!(m.open(StateHome::Memory, None, &lock).unwrap().store.0.is_some());
+        assert!(m.open(StateHome::Nowhere, None, &lock).unwrap().store.0.is_none());
+        let e = m.open(StateHome::Required("on nbd://"), None, &lock).unwrap_err();
         assert!(e.to_string().contains("meta=PATH"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

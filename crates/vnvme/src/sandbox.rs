@@ -27,7 +27,7 @@
 //!
 //! | who                          | needs                                                        |
 //! |------------------------------|--------------------------------------------------------------|
-//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
+//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS F_OFD_SETLK F_OFD_GETLK: the locks on the files it writes); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
 //! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
 //! | `null:`                      | nothing more                                                 |
@@ -37,8 +37,8 @@
 //! | `file:` on io_uring          | io_uring_enter (rings are set up at start-up; no io_uring_setup or io_uring_register) |
 //! | `nvme:///path.sock`          | nothing more: its connection, queues and DMA memory are set up at start-up; a client's memory is passed on with sendmsg |
 //! | `nvme://BDF` (kernel VFIO)   | ioctl: VFIO_DEVICE_SET_IRQS, VFIO_DEVICE_RESET, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA only (a client's memory is mapped for the device as it arrives) |
-//! | `--pool`                     | openat (read-write, or creating and truncating) and unlinkat (no flags) only with the pool directory's descriptor (held open since the start), flock, ftruncate and the `file:` calls: namespaces made, opened and deleted there, its state file locked, read and written |
-//! | `--stats-file`               | openat with exactly O_WRONLY\|O_CREAT\|O_TRUNC\|O_CLOEXEC and rename(at) (the file is replaced atomically twice a second) |
+//! | `--pool`                     | openat (read-write, or creating a new file) and unlinkat (no flags) only with the pool directory's descriptor (held open since the start), flock, ftruncate and the `file:` calls: namespaces made, opened and deleted there, its state file locked, read and written |
+//! | `--stats-file`               | openat with exactly O_RDWR\|O_CREAT\|O_EXCL\|O_CLOEXEC (a new file, never one that exists) and rename(at) (the file is replaced atomically twice a second) |
 //! | its sockets                  | unlinkat with the descriptor of a socket's own directory (held open since the bind) and no flags: at its end the server removes the socket files it bound, if still its own |
 //! | `nbd://`                     | socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt, setsockopt TCP_NODELAY: a lost connection to the NBD server is made again (to the address resolved at start-up; no name lookups) |
 //! | `rbd:`                       | librados' threads: socket (AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM only), connect, getsockopt getsockname getpeername, setsockopt (TCP_NODELAY, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF, SO_PRIORITY, IP_TOS, IPV6_TCLASS), pipe2, uname, epoll_create, and new threads: clone only with CLONE_THREAD; clone3 (whose flags seccomp cannot read) fails ENOSYS through a second filter, so the C library falls back to clone. A new process, execve, datagram sockets stay refused |
@@ -265,7 +265,10 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     let no_exec = || vec![rule(vec![cond(2, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])];
     m.insert(SYS_mmap, no_exec());
     m.insert(SYS_mprotect, no_exec());
-    let fcntl_cmds = [F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_GET_SEALS];
+    // And the open file description locks every file it writes is held with
+    // (taken and probed by ns.add, and by each new stats file).
+    let fcntl_cmds =
+        [F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_GET_SEALS, F_OFD_SETLK, F_OFD_GETLK];
     m.insert(SYS_fcntl, one_of(1, &fcntl_cmds.map(|c| c as u64)));
     let mut sockopts: Vec<SeccompRule> = [SO_RCVTIMEO, SO_SNDTIMEO]
         .iter()
@@ -302,8 +305,8 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     if !needs.control {
         let mut opens = Vec::new();
         if needs.stats_file {
-            // std's File::create, for the temporary file that replaces the stats file.
-            opens.extend(one_of(2, &[(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC) as u64]));
+            // A new temporary file (never one that exists), which replaces the stats file.
+            opens.extend(one_of(2, &[(O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC) as u64]));
         }
         if let Some(fd) = needs.pool_dir {
             // A namespace's file opened, or made, relative to the pool's directory,
@@ -313,7 +316,7 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
             // rustix adds O_LARGEFILE to every open (the kernel's value, which the
             // C library's headers give as 0 on 64-bit): either way is allowed.
             let large = rustix::fs::OFlags::LARGEFILE.bits() as u64;
-            for flags in [O_RDWR | O_CLOEXEC, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC] {
+            for flags in [O_RDWR | O_CLOEXEC, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC] {
                 opens.push(rule(vec![
                     cond(0, SeccompCmpOp::Eq, fd as u64),
                     cond(2, SeccompCmpOp::MaskedEq(!large & 0xffff_ffff), flags as u64),

@@ -95,8 +95,8 @@ impl ZoneSpec {
     }
 
     /// The controller's configuration, with its state file opened (created if new):
-    /// `zone-state=`, or where `home` says.
-    pub fn open(&self, home: StateHome<'_>) -> std::io::Result<ZonedConfig> {
+    /// `zone-state=`, or where `home` says; its state file locked as `lock` says.
+    pub fn open(&self, home: StateHome<'_>, lock: &file_lock::Request) -> std::io::Result<ZonedConfig> {
         let mut cfg = self.layout(self.zone_size.expect("checked at parse"));
         let path = match (&self.state, home) {
             (Some(p), _) => Some(p.clone()),
@@ -112,7 +112,7 @@ impl ZoneSpec {
             }
         };
         if let Some(p) = path {
-            cfg.state_file = Some(Arc::new(open_kept_file(&p, "zone state")?));
+            cfg.state_file = Some(Arc::new(open_kept_file(&p, "zone state", lock)?));
         }
         Ok(cfg)
     }
@@ -147,10 +147,14 @@ fn spec_size(n: u64) -> String {
 }
 
 /// Opens (creating it if new, never truncating) a file a namespace keeps its state
-/// in beside its data (`what` names it in errors).
-pub fn open_kept_file(p: &Path, what: &str) -> std::io::Result<std::fs::File> {
+/// in beside its data (`what` names it in errors), locked as `lock` says before
+/// it is used.
+pub fn open_kept_file(p: &Path, what: &str, lock: &file_lock::Request) -> std::io::Result<std::fs::File> {
+    let ctx = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what} {e}"));
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
-    f.map_err(|e| std::io::Error::new(e.kind(), format!("{what} {}: {e}", p.display())))
+    let f = f.map_err(|e| ctx(std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))))?;
+    block_backend::lock_file(&f, p, Some(lock)).map_err(ctx)?;
+    Ok(f)
 }
 
 /// `DATA.SUFFIX`: where a file kept beside a namespace's data goes by default.
@@ -205,11 +209,12 @@ mod tests {
         let z = ZoneSpec { zone_size: Some(1 << 20), ..Default::default() };
         let dir = std::env::temp_dir().join(format!("vnvme-zonespec-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = z.open(StateHome::Beside(&dir.join("disk.img"))).unwrap();
+        let lock = file_lock::Request::write(file_lock::Role::ZoneState, Some(1));
+        let cfg = z.open(StateHome::Beside(&dir.join("disk.img")), &lock).unwrap();
         assert!(cfg.state_file.is_some());
         assert!(dir.join("disk.img.zones").exists());
-        assert!(z.open(StateHome::Memory).unwrap().state_file.is_none());
-        let e = z.open(StateHome::Required("on nbd://")).unwrap_err();
+        assert!(z.open(StateHome::Memory, &lock).unwrap().state_file.is_none());
+        let e = z.open(StateHome::Required("on nbd://"), &lock).unwrap_err();
         assert!(e.to_string().contains("zone-state=PATH"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

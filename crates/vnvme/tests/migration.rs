@@ -66,7 +66,9 @@ fn migrate_under_verified_load(engine: &str, a_args: &[&str], b_args: &[&str]) {
     let img = format!("file:{}:64M:engine={engine}", dir.join("shared.img").display());
     let mut a_all = vec!["--ns", img.as_str()];
     a_all.extend_from_slice(a_args);
-    let mut b_all = vec!["--ns", img.as_str()];
+    // The destination shares the file with the source (--incoming); without it,
+    // the file is in use (tests/locks.rs).
+    let mut b_all = vec!["--ns", img.as_str(), "--incoming"];
     b_all.extend_from_slice(b_args);
     let a = Server::start_in(&dir, "a", &a_all);
     let b = Server::start_in(&dir, "b", &b_all);

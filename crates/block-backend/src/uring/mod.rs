@@ -121,11 +121,19 @@ pub struct UringOptions {
     /// Opens read-only: writes, write zeroes and discards fail with
     /// [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
     pub read_only: bool,
+    /// The lock the open file takes before anything is done to it (None: none).
+    pub lock: Option<file_lock::Request>,
 }
 
 impl Default for UringOptions {
     fn default() -> Self {
-        UringOptions { direct: DirectMode::Auto, queue_depth: 128, create_size: None, read_only: false }
+        UringOptions {
+            direct: DirectMode::Auto,
+            queue_depth: 128,
+            create_size: None,
+            read_only: false,
+            lock: None,
+        }
     }
 }
 
@@ -145,6 +153,7 @@ impl UringBackend {
             ));
         }
         let (mut file, mut direct) = open_file(path, &opts, opts.direct)?;
+        crate::lock_file(&file, path, opts.lock.as_ref())?;
         let meta = file.metadata()?;
         let block_dev = meta.file_type().is_block_device();
         if !block_dev && !meta.file_type().is_file() {
@@ -184,7 +193,10 @@ impl UringBackend {
                 }
                 sys::DioAlign::Unsupported => {
                     warn!(path = %path.display(), "O_DIRECT is not supported here; using the page cache");
+                    // The lock goes with the open it was on: taken again on the new one.
+                    drop(file);
                     file = open_file(path, &opts, DirectMode::Off)?.0;
+                    crate::lock_file(&file, path, opts.lock.as_ref())?;
                     direct = false;
                 }
             }

@@ -30,6 +30,8 @@ use nvme_spec::Status;
 use rustix::fs::{Mode, OFlags};
 
 use crate::shared_file::{SharedFile, UpdateError};
+/// How the pool's files are locked (its state file and data files).
+pub use file_lock::Policy as LockPolicy;
 pub use state::{NewNamespace, PoolNamespace, PoolState, MAX_POOL_CONTROLLERS, MAX_POOL_NAMESPACES};
 
 /// The state file's name in the pool's directory.
@@ -50,6 +52,8 @@ pub struct NamespacePool {
     dir: OwnedFd,
     file: SharedFile<PoolState>,
     cntlid: u16,
+    /// How its files are locked: shared by the subsystem's controllers.
+    locks: file_lock::Policy,
 }
 
 impl std::fmt::Debug for NamespacePool {
@@ -63,8 +67,15 @@ impl NamespacePool {
     /// controller `cntlid`, whose operator gave it the NSIDs `fixed`. A new pool
     /// needs its `capacity` in bytes; an existing one keeps its own, and a
     /// different one given is refused (it cannot shrink under its namespaces;
-    /// say so rather than pick one).
-    pub fn open(path: &Path, capacity: Option<u64>, cntlid: u16, fixed: &[u32]) -> Result<Self, String> {
+    /// say so rather than pick one). Its state file and data files are locked as
+    /// `locks` says (shared by the controllers of one subsystem).
+    pub fn open(
+        path: &Path,
+        capacity: Option<u64>,
+        cntlid: u16,
+        fixed: &[u32],
+        locks: &file_lock::Policy,
+    ) -> Result<Self, String> {
         let ctx = |what: &str, e: std::io::Error| format!("namespace pool {}: {what}: {e}", path.display());
         std::fs::create_dir_all(path).map_err(|e| ctx("cannot make the directory", e))?;
         let dir = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
@@ -76,14 +87,21 @@ impl NamespacePool {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| ctx(STATE_FILE, e.into()))?;
-        let file = SharedFile::<PoolState>::open(File::from(state))
+        let state = File::from(state);
+        block_backend::lock_file(
+            &state,
+            &path.join(STATE_FILE),
+            Some(&locks.shared(file_lock::Role::PoolState, None)),
+        )
+        .map_err(|e| format!("namespace pool {}: {e}", path.display()))?;
+        let file = SharedFile::<PoolState>::open(state)
             .map_err(|e| format!("namespace pool {}: {STATE_FILE}: {e}", path.display()))?;
         update_or_say(&file, |s| {
             s.settle_capacity(capacity)?;
             s.join(cntlid, fixed)
         })
         .map_err(|e| format!("namespace pool {}: {e}", path.display()))?;
-        Ok(NamespacePool { path: path.to_path_buf(), dir, file, cntlid })
+        Ok(NamespacePool { path: path.to_path_buf(), dir, file, cntlid, locks: locks.clone() })
     }
 
     /// Records `fixed` as the NSIDs this controller's operator gave it (every one
@@ -188,14 +206,22 @@ impl NamespacePool {
     pub fn open_backend(&self, nsid: u32, nguid: &[u8; 16]) -> std::io::Result<Arc<dyn Backend>> {
         let name = data_file(nsid, nguid);
         let fd = rustix::fs::openat(&self.dir, name.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(Arc::new(FileBackend::from_file(File::from(fd), &self.path.join(name))?))
+        let (file, path) = (File::from(fd), self.path.join(name));
+        block_backend::lock_file(
+            &file,
+            &path,
+            Some(&self.locks.shared(file_lock::Role::PoolData, Some(nsid))),
+        )?;
+        Ok(Arc::new(FileBackend::from_file(file, &path)?))
     }
 
+    /// Makes a new namespace's data file: a new file, never one that exists (its
+    /// name is new; a file by that name is someone else's).
     fn make_data_file(&self, name: &str, bytes: u64) -> std::io::Result<()> {
         let fd = rustix::fs::openat(
             &self.dir,
             name,
-            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
         File::from(fd).set_len(bytes)

@@ -32,6 +32,8 @@ pub struct Context {
     /// Named QoS groups (qos.set with a group), shared by the namespaces in them.
     pub groups: Mutex<BTreeMap<String, Arc<QosGroup>>>,
     pub started: Instant,
+    /// How the files of a namespace added here are locked.
+    pub locks: file_lock::Policy,
     /// What handing this server over to a new process takes.
     pub upgrade: crate::upgrade::Source,
 }
@@ -164,8 +166,8 @@ fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, Rpc
     // Opened here, on the control thread: the device thread only attaches it.
     let opened = spec
         .check_operator_size()
-        .and_then(|()| spec.open())
-        .map_err(|e| RpcError::failed(format!("cannot open {text:?}: {e}")))?;
+        .and_then(|()| spec.open(nsid, &ctx.locks))
+        .map_err(|e| RpcError::failed(format!("cannot open {text:?}: {}", crate::nsspec::with_fix(e))))?;
     let cfg = opened.config();
     let nsid = job(ctx, move |d| {
         d.ctrl.add_namespace(&cfg, nsid).map(|id| ns_info(&d.ctrl.namespace(id).expect("just added"), None))

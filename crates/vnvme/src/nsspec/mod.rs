@@ -16,7 +16,9 @@
 //!                                 id=USER, keyring=PATH
 //!
 //! OPT: lba=512|4096        LBA size (default: 512, or the backend's block size)
-//!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it)
+//!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it;
+//!                          on: refused where it cannot be had: engine=sync, or
+//!                          engine=auto on tmpfs and ramfs)
 //!      engine=auto|uring|sync  file: io_uring, or plain pread/pwrite; auto (the
 //!                          default) picks pread/pwrite on tmpfs and ramfs (memory:
 //!                          io_uring would hand every request to a kernel worker
@@ -207,24 +209,29 @@ impl Engine {
     /// io_uring would queue every request to a kernel worker thread: a thread
     /// handoff per I/O for nothing), io_uring elsewhere.
     fn resolve(self, path: &std::path::Path) -> Engine {
-        const TMPFS_MAGIC: u64 = 0x0102_1994;
-        const RAMFS_MAGIC: u64 = 0x8584_58f6;
-        if self != Engine::Auto {
-            return self;
+        match self {
+            Engine::Auto if memory_fs(path).is_some() => Engine::Sync,
+            Engine::Auto => Engine::Uring,
+            e => e,
         }
-        // The file may not exist yet: ask about the directory it will be in.
-        let probe = if path.exists() {
-            path.to_path_buf()
-        } else {
-            path.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."))
-                .to_path_buf()
-        };
-        match rustix::fs::statfs(&probe) {
-            Ok(st) if matches!(st.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC) => Engine::Sync,
-            _ => Engine::Uring,
-        }
+    }
+}
+
+/// The memory file system `path` is on (or would be created on), by name: tmpfs or
+/// ramfs; None on any other (or when it cannot be told).
+fn memory_fs(path: &std::path::Path) -> Option<&'static str> {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    // The file may not exist yet: ask about the directory it will be in.
+    let probe = if path.exists() {
+        path
+    } else {
+        path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))
+    };
+    match rustix::fs::statfs(probe).ok()?.f_type as u64 {
+        TMPFS_MAGIC => Some("tmpfs"),
+        RAMFS_MAGIC => Some("ramfs"),
+        _ => None,
     }
 }
 
@@ -268,9 +275,10 @@ impl Opened {
 }
 
 impl NsSpec {
-    /// Opens the backend and settles the LBA format.
-    pub fn open(&self) -> std::io::Result<Opened> {
-        self.open_with(Kept::default())
+    /// Opens the backend and settles the LBA format; every file it writes is
+    /// locked as `locks` says, as namespace `nsid`'s (if known yet).
+    pub fn open(&self, nsid: Option<u32>, locks: &file_lock::Policy) -> std::io::Result<Opened> {
+        self.open_with(Kept::default(), nsid, locks)
     }
 
     /// What an operator's `--ns` (or `ns.add`) must not do silently: give a size to a
@@ -305,9 +313,19 @@ impl NsSpec {
 
     /// [`NsSpec::open`]; a `ram:` namespace takes the memory an earlier process kept
     /// its data (and metadata) in (an upgrade), if given.
-    pub fn open_with(&self, kept: Kept) -> std::io::Result<Opened> {
+    pub fn open_with(
+        &self,
+        kept: Kept,
+        nsid: Option<u32>,
+        locks: &file_lock::Policy,
+    ) -> std::io::Result<Opened> {
+        use file_lock::Role;
         let memory = kept.data;
-        let ctx = |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
+        // A lock's refusal names the file already.
+        let ctx = |what: &str, e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::ResourceBusy => e,
+            _ => std::io::Error::new(e.kind(), format!("{what}: {e}")),
+        };
         let mut needs = Needs::default();
         let backend: Arc<dyn Backend> = match &self.kind {
             Kind::Ram => {
@@ -335,16 +353,36 @@ impl NsSpec {
                     NullReads::Untouched => NullBackend::untouched(size),
                 })
             }
+            Kind::File(p) if self.direct == DirectMode::On && self.engine.resolve(p) == Engine::Sync => {
+                // What engine=auto picks on a memory file system does no O_DIRECT:
+                // refused, rather than served through the page cache unasked.
+                let fs = memory_fs(p).unwrap_or("a memory file system");
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: direct=on, but the file is on {fs}, which keeps files in memory: there is \
+                         no device beneath it for O_DIRECT to reach, and vnvme serves files there with \
+                         pread/pwrite. Leave out direct=on, or put the image on a disk's file system",
+                        p.display()
+                    ),
+                ));
+            }
             Kind::File(p) => match self.engine.resolve(p) {
                 Engine::Uring | Engine::Auto => {
                     (needs.file, needs.uring) = (true, true);
-                    let opts =
-                        UringOptions { direct: self.direct, create_size: self.size, ..Default::default() };
+                    let opts = UringOptions {
+                        direct: self.direct,
+                        create_size: self.size,
+                        lock: Some(locks.shared(Role::Data, nsid)),
+                        ..Default::default()
+                    };
                     Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
                 }
                 Engine::Sync => {
                     needs.file = true;
-                    Arc::new(FileBackend::open(p, self.size).map_err(|e| ctx(&p.display().to_string(), e))?)
+                    let lock = locks.shared(Role::Data, nsid);
+                    let be = FileBackend::open_locked(p, self.size, Some(&lock));
+                    Arc::new(be.map_err(|e| ctx(&p.display().to_string(), e))?)
                 }
             },
             Kind::Nbd(uri) => {
@@ -402,20 +440,28 @@ impl NsSpec {
             Kind::Ram | Kind::Null(_) => StateHome::Memory,
             _ => StateHome::Required("on storage outside this host"),
         };
+        // A zoned namespace's write pointers live in this process's memory too:
+        // its state file has one writer, whatever the subsystem.
         let zoned = match &self.zoned {
-            Some(z) => Some(z.open(home())?),
+            Some(z) => Some(z.open(home(), &locks.only(Role::ZoneState, nsid))?),
             None => None,
         };
         needs.meta = self.meta.is_some();
         needs.resv = self.shared.resv.is_some();
         let reservations = match &self.shared.resv {
-            Some(p) => Some(Arc::new(crate::zonespec::open_kept_file(p, "reservation state file")?)),
+            Some(p) => Some(Arc::new(crate::zonespec::open_kept_file(
+                p,
+                "reservation state file",
+                &locks.shared(Role::Reservations, nsid),
+            )?)),
             None => None,
         };
         let metadata = match &self.meta {
             // A null: namespace keeps no metadata, as it keeps no data.
-            Some(m) if matches!(self.kind, Kind::Null(_)) => Some(m.open(StateHome::Nowhere, None)?),
-            Some(m) => Some(m.open(home(), kept.meta)?),
+            Some(m) if matches!(self.kind, Kind::Null(_)) => {
+                Some(m.open(StateHome::Nowhere, None, &locks.shared(Role::Metadata, nsid))?)
+            }
+            Some(m) => Some(m.open(home(), kept.meta, &locks.shared(Role::Metadata, nsid))?),
             None => None,
         };
         Ok(Opened {
@@ -551,6 +597,19 @@ impl NsSpec {
     }
 }
 
+/// An error opening a namespace as an operator reads it: a file another writer
+/// holds says how to go on.
+pub fn with_fix(e: std::io::Error) -> String {
+    if e.kind() != std::io::ErrorKind::ResourceBusy {
+        return e.to_string();
+    }
+    format!(
+        "{e}. One writer per file: stop the one that holds it, or serve the file from one server \
+         (the same file twice in one server is refused too); the controllers of one subsystem \
+         share their files on purpose: give each --cntlid and the same --serial"
+    )
+}
+
 /// Whether opening this `nbd://` URI needs a name lookup (its host is not an address).
 fn nbd_needs_resolver(uri: &str) -> bool {
     match uri.parse::<nbd_disk::NbdUri>().map(|u| u.address) {
@@ -647,6 +706,11 @@ impl NsSpec {
                     "namespace size {size} is not a non-zero multiple of the {lba}-byte LBA"
                 ));
             }
+        }
+        if spec.direct == DirectMode::On && spec.engine == Engine::Sync {
+            return Err("direct=on: engine=sync reads and writes through the page cache; for O_DIRECT give \
+                        engine=uring (or engine=auto on a disk's file system), or leave out direct=on"
+                .into());
         }
         if let Some(h) = spec.hold {
             if !spec.kind.waits_for_storage() {

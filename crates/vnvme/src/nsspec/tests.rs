@@ -10,7 +10,10 @@ fn parses_specs_and_rejects_bad_ones() {
     assert_eq!((n.kind, n.size, n.lba_format), (Kind::Null(NullReads::Zeroes), Some(1 << 30), Some(1)));
     let n: NsSpec = "null:1G:reads=untouched".parse().unwrap();
     assert_eq!(n.kind, Kind::Null(NullReads::Untouched));
-    assert_eq!(n.open().expect("opens").backend.info().kind, "null (reads untouched)");
+    assert_eq!(
+        n.open(None, &Default::default()).expect("opens").backend.info().kind,
+        "null (reads untouched)"
+    );
     let e = "null:1G:reads=random".parse::<NsSpec>().unwrap_err();
     assert!(e.contains("reads=random: expected zeroes or untouched"), "{e}");
     let e = "ram:1G:reads=untouched".parse::<NsSpec>().unwrap_err();
@@ -26,8 +29,10 @@ fn parses_specs_and_rejects_bad_ones() {
     assert_eq!((n.kind, n.size, n.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Auto));
     assert!("file::8M".parse::<NsSpec>().is_err());
     // An existing file needs no size; options follow the path directly.
-    let n: NsSpec = "file:/dev/sdb:direct=on:engine=sync:lba=4096".parse().unwrap();
-    assert_eq!((n.size, n.direct, n.engine, n.lba_format), (None, DirectMode::On, Engine::Sync, Some(1)));
+    let n: NsSpec = "file:/dev/sdb:direct=off:engine=sync:lba=4096".parse().unwrap();
+    assert_eq!((n.size, n.direct, n.engine, n.lba_format), (None, DirectMode::Off, Engine::Sync, Some(1)));
+    let n: NsSpec = "file:/dev/sdb:direct=on:engine=uring".parse().unwrap();
+    assert_eq!((n.direct, n.engine), (DirectMode::On, Engine::Uring));
     assert!("file:x:direct=maybe".parse::<NsSpec>().unwrap_err().contains("auto, on or off"));
     let n: NsSpec = "ram:1M:fault=read/eio/lba=8+2:fault=flush/eio/count=1".parse().unwrap();
     assert_eq!(n.faults.len(), 2);
@@ -51,21 +56,33 @@ fn parses_specs_and_rejects_bad_ones() {
 
 #[test]
 fn opens_with_the_lba_the_backend_needs_and_wraps_faults() {
-    let o = "ram:1M:fault=read/eio".parse::<NsSpec>().unwrap().open().unwrap();
+    let o = "ram:1M:fault=read/eio".parse::<NsSpec>().unwrap().open(None, &Default::default()).unwrap();
     assert_eq!(o.lba_format, 0);
     assert!(o.backend.info().kind.contains("fault rule"), "{}", o.backend.info().kind);
     let dir = std::env::temp_dir().join(format!("vnvme-nsspec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("a.img");
-    let o = format!("file:{}:1M", p.display()).parse::<NsSpec>().unwrap().open().unwrap();
+    let o = format!("file:{}:1M", p.display())
+        .parse::<NsSpec>()
+        .unwrap()
+        .open(None, &Default::default())
+        .unwrap();
     assert_eq!(o.backend.info().size, 1 << 20);
-    // Reopened without a size, it keeps the size it has.
-    let o = format!("file:{}", p.display()).parse::<NsSpec>().unwrap().open().unwrap();
+    // Closed (one open of a file at a time), then reopened without a size, it
+    // keeps the size it has.
+    drop(o);
+    let o =
+        format!("file:{}", p.display()).parse::<NsSpec>().unwrap().open(None, &Default::default()).unwrap();
     assert_eq!(o.backend.info().size, 1 << 20);
-    let e = format!("file:{}", dir.join("missing.img").display()).parse::<NsSpec>().unwrap().open();
+    let e = format!("file:{}", dir.join("missing.img").display())
+        .parse::<NsSpec>()
+        .unwrap()
+        .open(None, &Default::default());
     assert!(e.is_err(), "a missing file without a size is an error");
+    drop(o);
     // Auto: io_uring on a disk file system, pread/pwrite on tmpfs.
-    let kind = |s: &str| s.parse::<NsSpec>().unwrap().open().unwrap().backend.info().kind;
+    let kind =
+        |s: &str| s.parse::<NsSpec>().unwrap().open(None, &Default::default()).unwrap().backend.info().kind;
     if rustix::fs::statfs(&dir).map(|s| s.f_type as u64 != 0x0102_1994).unwrap_or(false) {
         assert!(kind(&format!("file:{}", p.display())).starts_with("uring:"));
     }
@@ -110,4 +127,36 @@ fn uri_kinds_take_options_after_the_uri() {
     assert!(e.contains("only nbd:// and rbd:"), "{e}");
     let e = "file:/tmp/x:hold=5s".parse::<NsSpec>().unwrap_err();
     assert!(e.contains("only nbd:// and rbd:"), "{e}");
+}
+
+/// issue 49: direct=on is had or refused, never dropped: engine=sync does no
+/// O_DIRECT, nor does the engine auto picks on a memory file system.
+#[test]
+fn direct_on_is_refused_where_it_cannot_be_had() {
+    let e = "file:/dev/sdb:direct=on:engine=sync".parse::<NsSpec>().unwrap_err();
+    assert!(e.contains("engine=sync") && e.contains("leave out direct=on"), "{e}");
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        return;
+    }
+    let shm = format!("/dev/shm/vnvme-nsspec-direct-{}.img", std::process::id());
+    let e = format!("file:{shm}:1M:direct=on")
+        .parse::<NsSpec>()
+        .unwrap()
+        .open(None, &Default::default())
+        .unwrap_err();
+    let e = e.to_string();
+    for needle in [shm.as_str(), "direct=on", "tmpfs", "Leave out direct=on", "disk's file system"] {
+        assert!(e.contains(needle), "{needle:?} missing from: {e}");
+    }
+    assert!(!std::path::Path::new(&shm).exists(), "refused before the file was created");
+    // direct=auto (the default) and off serve it, with pread/pwrite.
+    for direct in ["", ":direct=auto", ":direct=off"] {
+        let o = format!("file:{shm}:1M{direct}")
+            .parse::<NsSpec>()
+            .unwrap()
+            .open(None, &Default::default())
+            .unwrap();
+        assert!(o.backend.info().kind.starts_with("file:"), "{direct}: {}", o.backend.info().kind);
+    }
+    std::fs::remove_file(&shm).unwrap();
 }

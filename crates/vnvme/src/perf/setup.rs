@@ -50,8 +50,9 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
             let cfg = ControllerConfig {
                 namespaces: namespaces
                     .iter()
-                    .map(|s| {
-                        let o = s.open()?;
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let o = s.open(Some(i as u32 + 1), &file_lock::Policy::default())?;
                         Ok(o.config())
                     })
                     .collect::<std::io::Result<_>>()?,

@@ -200,6 +200,13 @@ pub struct ServeArgs {
     /// namespace's data is a sparse file there (docs/subsystems.md).
     #[arg(long, value_name = "DIR[:SIZE]", value_parser = parse_pool)]
     pub pool: Option<PoolSpec>,
+    /// This server is the destination of a live migration (as QEMU's -incoming):
+    /// its namespaces' files are the source server's until the migration ends, and
+    /// are shared with it (any vnvme server) rather than refused as in use. Every
+    /// other server keeps to one writer per file (a second one on a file is
+    /// refused, the holder named; docs/USAGE.md).
+    #[arg(long)]
+    pub incoming: bool,
 }
 
 /// `--pool DIR[:SIZE]`.
@@ -231,8 +238,10 @@ impl PoolSpec {
         &self,
         cntlid: Option<u16>,
         fixed: &[u32],
+        locks: &file_lock::Policy,
     ) -> Result<std::sync::Arc<nvme_ctrl::pool::NamespacePool>, String> {
-        let p = nvme_ctrl::pool::NamespacePool::open(&self.dir, self.size, cntlid.unwrap_or(0), fixed)?;
+        let p =
+            nvme_ctrl::pool::NamespacePool::open(&self.dir, self.size, cntlid.unwrap_or(0), fixed, locks)?;
         Ok(std::sync::Arc::new(p))
     }
 }
@@ -323,6 +332,18 @@ pub(super) fn controller_config(a: &ServeArgs, max_namespaces: u32) -> Controlle
         fdp: a.fdp,
         subsystem: a.cntlid.map(|cntlid| nvme_ctrl::SubsystemConfig { cntlid }),
         ..Default::default()
+    }
+}
+
+/// How this server locks the files it writes: alone, or (a controller of a
+/// subsystem, `--cntlid`) shared with the subsystem's other controllers, which
+/// `--serial` names; `accept` are processes whose hold is no conflict (the one a
+/// takeover takes over from).
+pub fn lock_policy(a: &ServeArgs, accept: Vec<u32>) -> file_lock::Policy {
+    file_lock::Policy {
+        group: a.cntlid.map(|_| format!("vnvme subsystem {}", a.serial)),
+        accept,
+        share_with_vnvme: a.incoming,
     }
 }
 

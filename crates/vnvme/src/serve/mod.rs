@@ -1,7 +1,6 @@
 //! `vnvme serve`: the controller as a vfio-user device.
 
 use crate::logging::say;
-use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +16,9 @@ use crate::sandbox;
 mod args;
 mod takeover;
 
-use args::{check, controller_config, device_options, max_namespaces, poll_mode, resolve_workers};
+use args::{
+    check, controller_config, device_options, lock_policy, max_namespaces, poll_mode, resolve_workers,
+};
 pub use args::{ServeArgs, Switch, INLINE_UP_TO_CPUS};
 pub use takeover::takeover;
 
@@ -35,28 +36,33 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     no_core_if_dying_on_purpose();
     let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
+    // Checked before anything is opened or said: a path that is not a stats file
+    // of ours (an image, say) is refused, never replaced.
+    let stats_file = claim_stats_file(&a, Vec::new())?;
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     let max_namespaces = max_namespaces(&a)?;
     // Standing in for a process that died: the keeper's journal has the device,
     // and the namespaces and QoS groups as the operator last left them.
     let mut journal = standin.map(vfio_user_server::handover::Handover::receive).transpose()?;
     let kept = journal.as_ref().and_then(crate::handed::Journaled::from_journal);
+    let locks = lock_policy(&a, Vec::new());
     let (namespaces, groups) = match (journal.as_mut(), &kept) {
-        (Some(h), Some(k)) => (kept_namespaces(h, k, &a, drop_to.as_ref()), k.groups()),
+        (Some(h), Some(k)) => (kept_namespaces(h, k, &a, drop_to.as_ref(), &locks), k.groups()),
         _ => {
             let mut namespaces = Vec::new();
             for (i, spec) in a.namespaces.iter().enumerate() {
+                let nsid = i as u32 + 1;
                 let opened = spec
                     .check_operator_size()
-                    .and_then(|()| spec.open())
-                    .map_err(|e| format!("--ns {}: {e}", spec.text))?;
-                namespaces.push(Ns { nsid: i as u32 + 1, text: spec.text.clone(), opened });
+                    .and_then(|()| spec.open(Some(nsid), &locks))
+                    .map_err(|e| format!("--ns {}: {}", spec.text, crate::nsspec::with_fix(e)))?;
+                namespaces.push(Ns { nsid, text: spec.text.clone(), opened });
             }
             (namespaces, Default::default())
         }
     };
     let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
-    let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
+    let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed, &locks)).transpose()?;
     let cfg = ControllerConfig {
         namespaces: namespaces
             .iter()
@@ -127,7 +133,8 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         None => None,
     };
-    let mut started = Running {
+    let running = Running {
+        stats_file: stats_file.clone(),
         argv,
         exe: std::env::current_exe().unwrap_or_default(),
         a,
@@ -142,8 +149,13 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         groups: groups.clone(),
         takeover: None,
         sockets,
-    }
-    .start()?;
+    };
+    let mut started = running.start().inspect_err(|_| {
+        // A start that failed leaves no stats file it made.
+        if let Some(f) = &stats_file {
+            f.discard_if_new();
+        }
+    })?;
     let keeper = match (serving, journal) {
         (Some(s), _) => Some(s),
         (None, Some(h)) => {
@@ -182,6 +194,7 @@ fn kept_namespaces(
     kept: &crate::handed::Journaled,
     a: &ServeArgs,
     user: Option<&sandbox::DropTo>,
+    locks: &file_lock::Policy,
 ) -> Vec<Ns> {
     let mut namespaces = Vec::new();
     for n in &kept.namespaces {
@@ -190,13 +203,16 @@ fn kept_namespaces(
             // A RAM namespace too: one no operator asked for is not served.
             let rights = may_reopen(&spec, a)?;
             if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
+                let nsid = Some(n.nsid);
                 return match rights {
-                    Rights::Operator => spec.open().map_err(|e| e.to_string()),
+                    Rights::Operator => spec.open(nsid, locks).map_err(crate::nsspec::with_fix),
                     // Added with ns.add by a process running as --user: with that
                     // user's rights, as it was then.
                     Rights::User => {
                         let u = user.ok_or("--user was given and not found")?;
-                        u.with_rights(|| spec.open()).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+                        u.with_rights(|| spec.open(nsid, locks))
+                            .map_err(|e| e.to_string())?
+                            .map_err(crate::nsspec::with_fix)
                     }
                 };
             }
@@ -204,7 +220,7 @@ fn kept_namespaces(
             let mut take =
                 |i: Option<usize>| i.map(|i| h.take_extra(i)).transpose().map_err(|e| e.to_string());
             let fds = crate::nsspec::Kept { data: take(n.memory)?, meta: take(n.meta_memory)? };
-            spec.open_with(fds).map_err(|e| e.to_string())
+            spec.open_with(fds, Some(n.nsid), locks).map_err(crate::nsspec::with_fix)
         })();
         match opened {
             Ok(opened) => namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened }),
@@ -264,6 +280,8 @@ struct Takeover {
 
 /// Everything set up: serve until the end.
 struct Running {
+    /// `--stats-file`, claimed.
+    stats_file: Option<Arc<crate::stats_file::StatsFile>>,
     /// The socket files this server bound (or took over): removed at its end if they
     /// are still its own. First, so a start that fails removes them while their
     /// listeners are still open.
@@ -344,6 +362,7 @@ impl Running {
     /// threads, the user drop, the sandbox.
     fn start(self) -> Result<Started, Box<dyn std::error::Error>> {
         let Running {
+            stats_file,
             a,
             workers_defaulted,
             argv,
@@ -435,19 +454,19 @@ impl Running {
                 crate::units::human_size(f.ru_size)
             );
         }
-        if let Some(path) = a.stats_file.clone() {
+        if let Some(file) = stats_file.clone() {
             // Once as this user, before any drop: a path it cannot write fails now
             // (taking over, the client is ours already: say so and go on).
-            if let Err(e) = write_stats(&path, &stats) {
-                let e = format!("{}: {e}", path.display());
+            if let Err(e) = file.write(&stats.snapshot()) {
+                let e = format!("--stats-file {}: {e}", file.path().display());
                 if takeover.is_none() {
                     return Err(e.into());
                 }
-                say!("vnvme: --stats-file {e}");
+                say!("vnvme: {e}");
             }
             let stats = stats.clone();
             std::thread::Builder::new().name("vnvme-stats".into()).spawn(move || loop {
-                let _ = write_stats(&path, &stats);
+                let _ = file.write(&stats.snapshot());
                 std::thread::sleep(Duration::from_millis(500));
             })?;
         }
@@ -469,6 +488,9 @@ impl Running {
                 sandbox: (a.sandbox == Switch::On).then_some(needs),
                 groups: std::sync::Mutex::new(groups),
                 started: std::time::Instant::now(),
+                // No one's hold is accepted any more: a process this one took over
+                // from has exited by the time a namespace can be added.
+                locks: lock_policy(&a, Vec::new()),
                 upgrade: crate::upgrade::Source {
                     argv,
                     exe,
@@ -507,14 +529,14 @@ impl Running {
             u.apply()?;
             say!("vnvme: running as {}", u.describe());
             sockets.forget_unremovable(u.name());
-            if let Some(p) = &a.stats_file {
+            if let Some(f) = &stats_file {
                 // Written again as that user, or the writes from here to the end
                 // (the last one included) would fail.
-                write_stats(p, &stats).map_err(|e| {
+                f.write(&stats.snapshot()).map_err(|e| {
                     format!(
                         "--stats-file {}: as --user {}: {e} (the file is replaced by a rename: its \
                          directory must be writable by that user)",
-                        p.display(),
+                        f.path().display(),
                         u.name()
                     )
                 })?;
@@ -538,7 +560,7 @@ impl Running {
             say!("vnvme: sandbox off: every system call allowed (--sandbox off is for debugging)");
         }
         let jobs = (a.control.is_some() || a.metrics.is_some()).then_some(jobs);
-        Ok(Started { a, namespaces, dev, listener, stats, jobs, sockets, stop })
+        Ok(Started { a, namespaces, dev, listener, stats, stats_file, jobs, sockets, stop })
     }
 }
 
@@ -549,6 +571,7 @@ struct Started {
     dev: Device,
     listener: UnixListener,
     stats: Arc<nvme_ctrl::Stats>,
+    stats_file: Option<Arc<crate::stats_file::StatsFile>>,
     jobs: Option<Arc<vfio_user_server::jobs::DeviceJobs>>,
     sockets: Sockets,
     stop: Arc<server::Stop>,
@@ -561,7 +584,7 @@ impl Started {
         self,
         first: Option<(UnixStream, vfio_user_server::Partial)>,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let Started { a, namespaces, mut dev, listener, stats, jobs, mut sockets, stop } = self;
+        let Started { a, namespaces, mut dev, listener, stats, stats_file, jobs, mut sockets, stop } = self;
         let r = server::serve_from(
             &listener,
             &mut dev,
@@ -595,8 +618,8 @@ impl Started {
                 say!("vnvme: namespace {}: {line}", n.nsid);
             }
         }
-        if let Some(p) = &a.stats_file {
-            write_stats(p, &stats)?;
+        if let Some(f) = &stats_file {
+            f.write(&stats.snapshot())?;
         }
         drop(sockets);
         r.map_err(Into::into)
@@ -641,22 +664,18 @@ fn summary(s: &StatsSnapshot) -> String {
     )
 }
 
-/// Writes the counters as one JSON object (atomically, via a rename).
-/// Writes the stats file: the counters as they are now, into a temporary file
-/// renamed over it. One writer at a time in this process (the stats thread, the
-/// start and the end all write it): with two at once, one's temporary file was the
-/// other's, renamed away under it (ENOENT, which failed a start as --user), and an
-/// older snapshot could land after a newer one.
-fn write_stats(path: &Path, stats: &nvme_ctrl::Stats) -> std::io::Result<()> {
-    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
-    let s = stats.snapshot();
-    // A name of this process's own: during an upgrade two processes write the file.
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let v = serde_json::to_string(&s).map_err(std::io::Error::other)?;
-    let mut f = std::fs::File::create(&tmp)?;
-    writeln!(f, "{v}")?;
-    std::fs::rename(tmp, path)
+/// `--stats-file`, claimed for this process (`accept`: processes whose hold is
+/// no conflict).
+fn claim_stats_file(
+    a: &ServeArgs,
+    accept: Vec<u32>,
+) -> Result<Option<Arc<crate::stats_file::StatsFile>>, String> {
+    let locks = lock_policy(a, accept);
+    Ok(a.stats_file
+        .as_ref()
+        .map(|p| crate::stats_file::StatsFile::claim(p, &locks))
+        .transpose()?
+        .map(Arc::new))
 }
 
 /// Fault injection for the crash tests, under a keeper only:
@@ -723,26 +742,5 @@ mod tests {
         assert!(e.contains("sandbox"), "a kind the sandbox never let ns.add open: {e}");
         let off = [&control[..], &["--sandbox", "off"]].concat();
         assert_eq!(may_reopen(&spec("nvme://0000:01:00.0"), &args(&off)), Ok(Rights::Operator));
-    }
-
-    /// The stats thread, the start-up write and the last write run at once: every
-    /// write succeeds and the file always parses.
-    #[test]
-    fn stats_file_writers_at_once_all_succeed() {
-        let dir = std::env::temp_dir().join(format!("vnvme-stats-race-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("s.json");
-        let stats = Arc::new(nvme_ctrl::Stats::default());
-        let writers: Vec<_> = (0..4)
-            .map(|_| {
-                let (path, stats) = (path.clone(), stats.clone());
-                std::thread::spawn(move || (0..300).filter(|_| write_stats(&path, &stats).is_err()).count())
-            })
-            .collect();
-        let failed: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
-        assert_eq!(failed, 0, "writes that failed");
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert!(v.is_object());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -11,7 +11,9 @@ use nvme_ctrl::{Controller, ControllerConfig, NamespaceConfig};
 use vfio_user_server::socket_file::SocketFile;
 use vfio_user_server::{Device, EventFdInterrupts};
 
-use super::args::{check, controller_config, device_options, max_namespaces, poll_mode, resolve_workers};
+use super::args::{
+    check, controller_config, device_options, lock_policy, max_namespaces, poll_mode, resolve_workers,
+};
 use super::{raise_fd_limit, Ns, Running, ServeArgs, Sockets, Takeover};
 use crate::nsspec::NsSpec;
 use crate::sandbox;
@@ -31,11 +33,18 @@ pub fn takeover(
     let drop_to = a.user.as_deref().map(sandbox::DropTo::lookup).transpose()?;
     // What may take time (files, NBD and RBD connections) is opened while the old
     // process still serves; RAM namespaces come with their memory in the hand-over.
+    // The old process holds every file until it exits: its hold is no conflict.
+    let locks = lock_policy(&a, vec![prepared.pid]);
+    let stats_file = super::claim_stats_file(&a, vec![prepared.pid])?;
     let mut early = std::collections::BTreeMap::new();
     for (&nsid, text) in &prepared.namespaces {
         let spec: NsSpec = text.parse().map_err(|e| format!("namespace {nsid}: {text:?}: {e}"))?;
         if !matches!(spec.kind, crate::nsspec::Kind::Ram) {
-            early.insert(nsid, spec.open().map_err(|e| format!("namespace {nsid} ({text}): {e}"))?);
+            let opened = spec.open(Some(nsid), &locks);
+            early.insert(
+                nsid,
+                opened.map_err(|e| format!("namespace {nsid} ({text}): {}", crate::nsspec::with_fix(e)))?,
+            );
         }
     }
     let max_namespaces = max_namespaces(&a)?;
@@ -61,7 +70,8 @@ pub fn takeover(
                         i.map(|i| h.take(h.saved.extra_fds[i])).transpose().map_err(|e| e.to_string())
                     };
                     let kept = crate::nsspec::Kept { data: take(n.memory)?, meta: take(n.meta_memory)? };
-                    spec.open_with(kept).map_err(|e| format!("namespace {}: {e}", n.nsid))?
+                    spec.open_with(kept, Some(n.nsid), &locks)
+                        .map_err(|e| format!("namespace {}: {e}", n.nsid))?
                 }
             };
             namespaces.push(Ns { nsid: n.nsid, text: n.spec.clone(), opened });
@@ -69,7 +79,7 @@ pub fn takeover(
         // The same namespaces at the same NSIDs, and what the host was told the
         // controller can do (ONCS, VWC), whatever the namespaces now imply.
         let fixed: Vec<u32> = namespaces.iter().map(|n| n.nsid).collect();
-        let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed)).transpose()?;
+        let pool = a.pool.as_ref().map(|p| p.open(a.cntlid, &fixed, &locks)).transpose()?;
         let cfg = ControllerConfig {
             namespaces: namespaces
                 .iter()
@@ -123,6 +133,7 @@ pub fn takeover(
         }
         let stderr = take(h, x.stderr)?;
         Ok(Running {
+            stats_file,
             argv: taken.prepared.argv.clone(),
             exe: std::env::current_exe().unwrap_or_default(),
             a,
