@@ -116,12 +116,23 @@ pub fn request(
         UnixStream::connect(path).map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    // A socket timeout reads as EAGAIN ("Resource temporarily unavailable"): say
+    // what it means for a control socket instead.
+    let failed = |what: &str, e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+            "{}: no answer in {} (is the server stopped, e.g. with SIGSTOP, or is this not a vnvme \
+             control socket?)",
+            path.display(),
+            spoken(timeout)
+        ),
+        _ => format!("{what}: {e}"),
+    };
     let req = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
     let mut line = req.to_string();
     line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(|e| format!("sending the request: {e}"))?;
+    (&stream).write_all(line.as_bytes()).map_err(|e| failed("sending the request", e))?;
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).map_err(|e| format!("reading the reply: {e}"))?;
+    BufReader::new(&stream).read_line(&mut reply).map_err(|e| failed("reading the reply", e))?;
     if reply.is_empty() {
         return Err("the server closed the connection without answering".into());
     }
@@ -132,6 +143,15 @@ pub fn request(
         return Err(format!("{msg} (error {code})"));
     }
     v.get("result").cloned().ok_or_else(|| "the reply has neither result nor error".into())
+}
+
+/// A duration as a person says it: `3 s`, `1.5 s`, `300 ms`.
+fn spoken(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms < 1000 => format!("{ms} ms"),
+        ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
+        _ => format!("{:.1} s", d.as_secs_f64()),
+    }
 }
 
 pub fn run(a: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
