@@ -293,7 +293,7 @@ pub enum FailedZoneState {
 pub struct QosSet {
     #[serde(default, deserialize_with = "opt_u32", skip_serializing_if = "Option::is_none")]
     pub nsid: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "opt_group", skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     #[serde(default, deserialize_with = "opt_bool", skip_serializing_if = "Option::is_none")]
     pub clear: Option<bool>,
@@ -406,6 +406,17 @@ fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Erro
     }
 }
 
+/// A QoS group's name: text with a printable character, the way it is shown and
+/// asked for again (an empty name was taken, and made a group no one could tell).
+fn opt_group<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(name) if name.trim().is_empty() || name.chars().any(char::is_control) => Err(de::Error::custom(
+            format!("group {name:?}: a QoS group needs a name of printable characters, e.g. group=tenant-a"),
+        )),
+        name => Ok(name),
+    }
+}
+
 /// true or false, as JSON or as text.
 fn opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
     match Value::deserialize(d)? {
@@ -442,6 +453,19 @@ mod tests {
         assert!(e.message.contains("ns.add") && !e.message.contains("upgrade.prepare"), "{}", e.message);
         let e = Request::parse("ns.list", &json!([1])).unwrap_err();
         assert_eq!(e.code, code::INVALID_PARAMS);
+    }
+
+    /// issue 49: qos.set group="" made a group named "".
+    #[test]
+    fn a_qos_group_has_a_name() {
+        for bad in ["", " ", "a\nb"] {
+            let e = Request::parse("qos.set", &json!({"group": bad, "iops": 100})).unwrap_err();
+            assert_eq!(e.code, code::INVALID_PARAMS);
+            assert!(e.message.contains(&format!("group {bad:?}")), "{}", e.message);
+            assert!(e.message.contains("group=tenant-a"), "{}", e.message);
+        }
+        let r = Request::parse("qos.set", &json!({"nsid": 2, "group": "tenant-a"})).unwrap();
+        assert!(matches!(r, Request::QosSet(QosSet { group: Some(g), .. }) if g == "tenant-a"));
     }
 
     #[test]
