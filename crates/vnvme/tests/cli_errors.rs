@@ -53,6 +53,12 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
     let dir = common::temp_dir("cli-errors");
     let keep = test_util::pattern(11, 8 << 20);
     std::fs::write(dir.join("keep.img"), &keep).unwrap();
+    // A socket something listens on and never answers (a stopped server, or not
+    // a control socket at all).
+    let _quiet = std::os::unix::net::UnixListener::bind(dir.join("quiet.sock")).unwrap();
+    // A file on tmpfs, which has no O_DIRECT to give.
+    let shm = format!("/dev/shm/vnvme-cli-errors-{}.img", std::process::id());
+    let shm_direct = format!("file:{shm}:16M:direct=on");
     let before = snapshot(&dir);
     // (arguments, exit status, what the message must contain)
     let cases: &[(&[&str], i32, &[&str])] = &[
@@ -101,6 +107,31 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
         (&["perf", "--socket", "s.sock", "--nsid", "0"], 2, &["'0'", "--nsid"]),
         (&["identify", "--socket", "missing.sock"], 1, &["missing.sock"]),
         (&["ctl", "--control", "missing.sock", "ctrl.info"], 1, &["missing.sock"]),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "ram:100M:zoned=64M"],
+            2,
+            &["ram:100M:zoned=64M", "100 MiB is not a whole number of 64 MiB zones", "128M", "smaller zone"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", &shm_direct],
+            1,
+            &[&shm, "direct=on", "tmpfs", "Leave out direct=on", "disk's file system"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "file:keep.img:direct=on:engine=sync"],
+            2,
+            &["direct=on", "engine=sync", "engine=uring", "leave out direct=on"],
+        ),
+        (
+            &["ctl", "--timeout", "1s", "--control", "quiet.sock", "ctrl.info"],
+            1,
+            &["quiet.sock: no answer in 1 s", "SIGSTOP", "not a vnvme control socket"],
+        ),
+        (
+            &["ctl", "--control", "quiet.sock", "qos.set", "group=", "iops=100"],
+            1,
+            &["group \"\"", "needs a name", "group=tenant-a"],
+        ),
     ];
     for (args, code, needles) in cases {
         let (got, err) = run_in(&dir, args);
@@ -110,6 +141,7 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
         }
         assert!(!err.contains(" { ") && !err.contains("Os {"), "vnvme {args:?}: Rust debug output:\n{err}");
         assert_eq!(snapshot(&dir), before, "vnvme {args:?} changed the directory");
+        assert!(!Path::new(&shm).exists(), "vnvme {args:?} created {shm}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
