@@ -229,6 +229,7 @@ impl fmt::Display for Holder {
         }
         match (self.nsid, self.role) {
             (Some(n), Some(r)) => write!(f, " (namespace {n}'s {})", r.describe()),
+            (None, Some(Role::Data)) => write!(f, " (a namespace's data)"),
             (None, Some(r)) => write!(f, " (its {})", r.describe()),
             _ => Ok(()),
         }
@@ -426,6 +427,29 @@ fn conflict(file: BorrowedFd<'_>, req: &Request) -> std::io::Result<Option<InUse
     Ok(Some(InUse { conflict, holders, others }))
 }
 
+/// The program a process runs, by name: its command name, or, for a program run
+/// through the dynamic loader (`ld-linux ... /path/qemu-nbd`, as a relocated
+/// QEMU is), the program the loader runs.
+fn program(proc_dir: &std::path::Path) -> String {
+    let comm = std::fs::read_to_string(proc_dir.join("comm")).unwrap_or_default().trim().to_string();
+    if !comm.starts_with("ld-linux") && !comm.starts_with("ld.so") {
+        return comm;
+    }
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+    let mut args = cmdline.split(|&b| b == 0).skip(1).map(|a| String::from_utf8_lossy(a).into_owned());
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            // The loader's options that take a value.
+            "--library-path" | "--argv0" | "--preload" | "--audit" => {
+                args.next();
+            }
+            _ if a.starts_with("--") => {}
+            _ => return a.rsplit('/').next().unwrap_or(&a).to_string(),
+        }
+    }
+    comm
+}
+
 /// Whether process `pid` exists and has not exited (a zombie, exited and not yet
 /// reaped by its parent, has closed its descriptors).
 fn alive(pid: u32) -> bool {
@@ -497,8 +521,7 @@ fn openers(file: BorrowedFd<'_>) -> Vec<(u32, String)> {
         let open =
             fds.flatten().any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == key));
         if open {
-            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-            out.push((pid, comm.trim().to_string()));
+            out.push((pid, program(&p.path())));
             if out.len() == MAX_NAMED {
                 break;
             }

@@ -40,7 +40,7 @@ fn after_help() -> String {
     s.push_str(
         "\nPositional forms (KEY=VALUE works for every method):\n  \
          ns.add SPEC [NSID]         e.g. ns.add file:/srv/vm1-data.img:8G\n  \
-         ns.remove NSID\n  \
+         ns.remove NSID [force]\n  \
          ns.resize NSID SIZE [force]  e.g. ns.resize 2 16G\n  \
          ns.create SIZE [LBA]       in the pool (--pool), e.g. ns.create 8G 4096; private=true\n  \
          ns.attach NSID [CNTLIDS]   e.g. ns.attach 3 1,2 (default: this controller)\n  \
@@ -216,7 +216,7 @@ mod tests {
             p("log.set", &["info,vnvme::guest=debug"]).unwrap(),
             json!({"filter": "info,vnvme::guest=debug"})
         );
-        assert!(p("ns.remove", &["1", "2"]).unwrap_err().contains("unexpected argument"));
+        assert!(p("ns.remove", &["1", "force", "2"]).unwrap_err().contains("unexpected argument"));
         assert_eq!(p("stats.get", &[]).unwrap(), json!({}));
         assert_eq!(
             p("qos.set", &["1", "iops=2000", "bps_wr=20M"]).unwrap(),

@@ -54,10 +54,12 @@ impl StatsFile {
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
-            Err(e) => return Err(fail(format!(
+            Err(e) => {
+                return Err(fail(format!(
                 "its directory {} cannot be used ({e}): create it first, or give a path in an existing one",
                 dir.display()
-            ))),
+            )))
+            }
         }
         let current = match File::open(path) {
             Ok(f) => {

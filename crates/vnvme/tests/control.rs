@@ -128,6 +128,7 @@ fn every_method_through_vnvme_ctl() {
     let r = ctl(&c, &["ns.resize", "2", "16M"]).unwrap();
     assert_eq!((r["old_size"].as_u64(), r["size"].as_u64()), (Some(8 << 20), Some(16 << 20)));
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 16 << 20, "the file grew");
+    // No client: nothing is in use, no force needed.
     ctl(&c, &["ns.remove", "7"]).unwrap();
 
     let e = ctl(&c, &["ns.remove", "7"]).unwrap_err();
@@ -167,8 +168,24 @@ fn a_namespace_added_under_a_connected_host_takes_its_io_and_removed_refuses_it(
     assert_eq!(ctl(&c, &["ctrl.info"]).unwrap()["state"], "ready");
     ctl(&c, &["ns.add", "ram:8M"]).unwrap();
     h.nsid = 2;
-    h.write_read_verify(8, 4, 5);
-    ctl(&c, &["ns.remove", "2"]).unwrap();
+    // Under I/O, removing it needs force (the guest's commands would fail).
+    let busy = std::sync::atomic::AtomicBool::new(true);
+    let e = std::thread::scope(|s| {
+        let remove = s.spawn(|| {
+            let r = ctl(&c, &["ns.remove", "2"]);
+            busy.store(false, std::sync::atomic::Ordering::Relaxed);
+            r
+        });
+        let mut seed = 5;
+        while busy.load(std::sync::atomic::Ordering::Relaxed) {
+            h.write_read_verify(8, 4, seed);
+            seed = seed.wrapping_add(1);
+        }
+        remove.join().unwrap()
+    })
+    .unwrap_err();
+    assert!(e.contains("namespace 2 is in use") && e.contains("ns.remove 2 force"), "{e}");
+    ctl(&c, &["ns.remove", "2", "force"]).unwrap();
     h.queue_rw(false, 0, 0);
     h.ring_io(false);
     let st = h.reap_io(1)[0].status();

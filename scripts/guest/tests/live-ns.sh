@@ -100,7 +100,8 @@ if wait_nsid 5 30; then
     dd if="$D5" of=/dev/null bs=4096 skip=128 count=1 iflag=direct >/tmp/dd5.out 2>&1 &
     DD=$!
     sleep 1
-    ctl ns.remove 5
+    # Removing a namespace the guest is using takes force (an idle one does not).
+    ctl ns.remove 5 force
     _i=0
     while kill -0 "$DD" 2>/dev/null && [ "$_i" -lt 300 ]; do
         usleep 100000

@@ -441,5 +441,11 @@ impl Drop for UringQueue {
             let n = self.ring.completion().count();
             self.in_kernel = self.in_kernel.saturating_sub(n as u32);
         }
+        // Nothing is in flight: let go of the registered files now. A ring's
+        // files are otherwise released by the kernel after its descriptor is
+        // closed, in its own time, and the file's lock with them: a namespace
+        // removed (or a server stopped) would hold its image for a moment more,
+        // and refuse the next server that opens it.
+        let _ = self.ring.submitter().unregister_files();
     }
 }

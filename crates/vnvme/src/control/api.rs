@@ -58,8 +58,8 @@ methods! {
         "the namespaces: NSID, backend, size, LBA size, timeout, the --ns text";
     NsAdd(NsAdd) = "ns.add", changes: true, listed: true, positional: ["spec", "nsid"],
         "add a namespace: spec (the --ns grammar), nsid (optional)";
-    NsRemove(NsRemove) = "ns.remove", changes: true, listed: true, positional: ["nsid"],
-        "remove a namespace: nsid";
+    NsRemove(NsRemove) = "ns.remove", changes: true, listed: true, positional: ["nsid", "force"],
+        "remove a namespace: nsid, force (even while its guest does I/O on it)";
     NsResize(NsResize) = "ns.resize", changes: true, listed: true, positional: ["nsid", "size", "force"],
         "resize a namespace: nsid, size (bytes or 8G), force (shrink over data)";
     ZoneFail(ZoneFail) = "zone.fail", changes: true, listed: true, positional: ["nsid", "zslba", "state"],
@@ -161,6 +161,9 @@ pub struct NsAdd {
 pub struct NsRemove {
     #[serde(deserialize_with = "req_u32")]
     pub nsid: u32,
+    /// Remove it even while a guest does I/O on it.
+    #[serde(default, deserialize_with = "opt_bool", skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

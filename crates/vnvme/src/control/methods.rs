@@ -177,8 +177,48 @@ fn ns_add(ctx: &Context, NsAdd { spec: text, nsid }: NsAdd) -> Result<Value, Rpc
     answer(&reply::NsInfo { spec: Some(text), ..nsid })
 }
 
-fn ns_remove(ctx: &Context, NsRemove { nsid }: NsRemove) -> Result<Value, RpcError> {
-    job(ctx, move |d| d.ctrl.remove_namespace(nsid))?.map_err(RpcError::failed)?;
+/// How long a namespace must have been idle to be removed without `force`.
+const IDLE_FOR_REMOVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn ns_remove(ctx: &Context, NsRemove { nsid, force }: NsRemove) -> Result<Value, RpcError> {
+    // In use: a guest drives the controller and did I/O on the namespace within
+    // the last second (its commands would fail Invalid Namespace, a mounted file
+    // system under it). Shrinking asks for force on the same grounds.
+    let activity = move |d: &mut Device| {
+        let driven = d.client_connected() && d.ctrl.lifecycle() == nvme_ctrl::Lifecycle::Ready;
+        let done = d.ctrl.namespace(nsid).map(|n| {
+            let s = n.stats.snapshot();
+            s.read.commands + s.write.commands + s.flush.commands + s.other.commands
+        });
+        (driven, done)
+    };
+    if !force.unwrap_or(false) {
+        if let (true, Some(before)) = job(ctx, activity)? {
+            std::thread::sleep(IDLE_FOR_REMOVAL);
+            if let (true, Some(after)) = job(ctx, activity)? {
+                if after != before {
+                    return Err(RpcError::failed(format!(
+                        "namespace {nsid} is in use: a client is connected and its guest did I/O on it in the \
+                         last second ({} commands). Its guest's commands would fail Invalid Namespace: stop \
+                         that I/O first (unmount it in the guest), or remove it anyway with force (vnvme ctl \
+                         ns.remove {nsid} force)",
+                        after - before
+                    )));
+                }
+            }
+        }
+    }
+    let backend = job(ctx, move |d| {
+        let backend = d.ctrl.namespace(nsid).map(|n| Arc::downgrade(&n.backend));
+        d.ctrl.remove_namespace(nsid).map(|()| backend)
+    })?
+    .map_err(RpcError::failed)?;
+    // Answered once its files are let go of (its commands back from the backend),
+    // so that another server may take them at once; bounded.
+    let deadline = Instant::now() + crate::upgrade::QUIESCE_LIMIT;
+    while backend.as_ref().is_some_and(|b| b.strong_count() > 0) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     ctx.specs.lock().unwrap_or_else(|p| p.into_inner()).remove(&nsid);
     answer(&reply::NsRemoved { nsid })
 }
