@@ -25,7 +25,6 @@ mod upgrade;
 mod version;
 mod zonespec;
 
-use crate::logging::say;
 use clap::{Parser, Subcommand};
 
 use logging::LogFormat;
@@ -133,7 +132,7 @@ fn main() -> std::process::ExitCode {
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            say!("vnvme: {e}");
+            logging::say_at(tracing::Level::ERROR, format!("vnvme: {e}"));
             std::process::ExitCode::FAILURE
         }
     }

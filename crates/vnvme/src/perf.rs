@@ -71,12 +71,12 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     // A normal shutdown before going away (what Linux does), so the controller is idle
     // when the connection and its DMA mappings go.
     if let Err(e) = d.shutdown() {
-        eprintln!("vnvme perf: controller shutdown: {e}");
+        crate::logging::say!("vnvme perf: controller shutdown: {e}");
     }
     let counters = counters.delta(totals.ios());
     let mut errors = totals.errors;
     if let Some(why) = &fatal {
-        eprintln!("vnvme perf: {why}");
+        crate::logging::say!("vnvme perf: {why}");
         errors += 1;
     }
     // With --json and no file, stdout holds the JSON alone.
@@ -86,7 +86,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(m) = &migrated {
         writeln!(people, "{}", m.describe())?;
         if let Some(e) = &m.error {
-            eprintln!("vnvme perf: migration failed: {e}");
+            crate::logging::say!("vnvme perf: migration failed: {e}");
             errors += 1;
         }
     }

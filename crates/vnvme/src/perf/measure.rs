@@ -242,7 +242,7 @@ impl Counters {
                 })
             }
             Counters::File { path, before: None } => {
-                eprintln!("vnvme perf: cannot read server stats from {}", path.display());
+                crate::logging::say!("vnvme perf: cannot read server stats from {}", path.display());
                 None
             }
             Counters::InProcess { after: None, .. } | Counters::None => None,

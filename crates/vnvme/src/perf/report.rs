@@ -154,7 +154,7 @@ impl Outcome {
             )?;
         }
         if let Some(e) = &t.first_error {
-            eprintln!("vnvme perf: first error: {e}");
+            crate::logging::say!("vnvme perf: first error: {e}");
         }
         Ok(())
     }
