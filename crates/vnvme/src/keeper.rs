@@ -11,8 +11,8 @@
 //! The keeper serves nothing and reads only its own child's journal: the socket it
 //! listens on (abstract, named for its PID) takes one connection per child, and
 //! only from that child's PID. It stops when the serving process ends on its own
-//! (exit 0: a stop, `--once`, an upgrade's hand-over), forwards SIGTERM and SIGINT
-//! to it, and gives up after [`MAX_RESTARTS`] restarts within [`RESTART_WINDOW`].
+//! (exit 0: a stop, `--once`, an upgrade's hand-over), passes SIGTERM, SIGINT and
+//! SIGQUIT (as SIGTERM) and SIGUSR1 on to it, ignores SIGHUP (`signals`), and gives up after [`MAX_RESTARTS`] restarts within [`RESTART_WINDOW`].
 
 use crate::logging::say;
 use std::os::linux::net::SocketAddrExt;
@@ -149,9 +149,23 @@ struct Watched {
     handed_to: Option<u32>,
 }
 
-/// Runs the keeper until the serving process ends for good.
-pub fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let stop = crate::signals::stop_on_signals()?;
+/// Runs the keeper until the serving process ends for good (or `stop`, asked
+/// by a signal, which it passes on).
+pub fn run(stop: std::sync::Arc<vfio_user_server::server::Stop>) -> Result<(), Box<dyn std::error::Error>> {
+    // SIGUSR1 goes to the process serving now.
+    let serving_pid = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    {
+        let pid = serving_pid.clone();
+        crate::signals::on_report(move || {
+            match rustix::process::Pid::from_raw(pid.load(std::sync::atomic::Ordering::Relaxed) as i32) {
+                Some(p) => {
+                    say!("vnvme keeper: SIGUSR1: passed to the serving process (pid {})", p.as_raw_nonzero());
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::USR1);
+                }
+                None => say!("vnvme keeper: SIGUSR1: no serving process yet"),
+            }
+        });
+    }
     // It holds a duplicate of every descriptor the device holds (each DMA region's
     // among them), twice while an entry replaces the last.
     if let Err(e) = vfio_user_server::dma::raise_fd_limit() {
@@ -202,6 +216,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             None => spawn(&exe, &args, &name, standin.then_some(restarts_total))?,
         };
+        serving_pid.store(serving.pid(), std::sync::atomic::Ordering::Relaxed);
         // The entry a stand-in starts from stays the keeper's until the new
         // process journals its own (it may die before it does).
         let from = kept.take();
@@ -302,6 +317,11 @@ fn watch(
     loop {
         if stop.is_requested() {
             serving.signal(rustix::process::Signal::TERM);
+            // The journal stays open until it has stopped: its end closing first
+            // would read to it as its keeper lost.
+            while !serving.has_exited() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             return w;
         }
         let mut fds = [PollFd::new(journal.stream(), PollFlags::IN)];

@@ -61,9 +61,11 @@ enum Cmd {
     /// Serve an emulated NVMe controller to a VMM over vfio-user.
     ///
     /// The VMM connects to --socket (QEMU -device vfio-user-pci, Cloud Hypervisor
-    /// --user-device). SIGTERM or SIGINT (systemctl stop, Ctrl-C) stops it cleanly:
-    /// the client's session ends as if it had disconnected, the summary line and the
-    /// stats file are written, its socket files removed, exit 0.
+    /// --user-device). SIGTERM, SIGINT or SIGQUIT (systemctl stop, Ctrl-C) stops it
+    /// cleanly: the client's session ends as if it had disconnected, the summary
+    /// line and the stats file are written, its socket files removed, exit 0.
+    /// SIGUSR1 logs the counters; SIGHUP and the rest are logged and ignored
+    /// (docs/USAGE.md, "Signals").
     Serve(serve::ServeArgs),
     /// Show the controller working against a built-in host, in this process.
     ///

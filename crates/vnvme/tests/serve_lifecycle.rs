@@ -179,5 +179,112 @@ fn a_server_that_changed_user_stops_cleanly_and_names_the_sockets_it_cannot_remo
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("as --user nobody") && err.contains("writable by that user"), "{err}");
     assert!(!sock.exists(), "a refused start leaves no socket");
+    assert!(!stats.exists(), "a refused start leaves no stats file it made");
     let _ = std::fs::remove_dir_all(&roots);
+}
+
+/// Waits (bounded) until the server's log shows `needle`.
+fn log_shows_within(s: &Server, needle: &str) {
+    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    while !s.log().contains(needle) {
+        assert!(std::time::Instant::now() < deadline, "the log never showed {needle:?}:\n{}", s.log());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// issue 49: every other signal a host may send has its outcome, none of them a
+/// lost disk. HUP (a closed terminal), USR2, ALRM, PROF, XFSZ and the terminal's
+/// TSTP, TTIN and TTOU are said and ignored: the server serves on, its guest's
+/// I/O untouched. USR1 reports the counters and writes the stats file now. QUIT
+/// stops cleanly, as TERM does.
+#[test]
+fn every_signal_has_its_outcome_and_none_drops_the_disk() {
+    let dir = common::temp_dir("signals");
+    let ctl = dir.join("c.sock");
+    let mut s =
+        Server::start_in(&dir, "s", &["--ns", "ram:16M", "--control", ctl.to_str().unwrap()]).owning_dir();
+    let mut d = s.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let data = pattern(9, 4096);
+    d.write(1, 0, &data).unwrap();
+    for (sig, name) in [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGPROF, "SIGPROF"),
+        (libc::SIGXFSZ, "SIGXFSZ"),
+        (libc::SIGTSTP, "SIGTSTP"),
+        (libc::SIGTTIN, "SIGTTIN"),
+        (libc::SIGTTOU, "SIGTTOU"),
+    ] {
+        s.signal(sig);
+        log_shows_within(&s, &format!("{name} ignored"));
+        assert!(!s.child_exited(), "{name} ended the server:\n{}", s.log());
+        let mut got = vec![0u8; 4096];
+        d.read(1, 0, &mut got).unwrap_or_else(|e| panic!("after {name}: {e}\n{}", s.log()));
+        assert_eq!(got, data, "after {name}");
+    }
+    assert!(s.log().contains("SIGHUP ignored: nothing to reload"), "{}", s.log());
+    // USR1: a report, and the stats file written at once with what was done.
+    let _ = std::fs::remove_file(&s.stats);
+    s.signal(libc::SIGUSR1);
+    // One write, and a read after each of the eight signals.
+    log_shows_within(&s, "SIGUSR1: 9 I/O commands");
+    log_shows_within(&s, "written");
+    let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&s.stats).unwrap()).unwrap();
+    assert_eq!(stats["io_commands"], 9, "{stats}");
+    drop(d);
+    s.signal(libc::SIGQUIT);
+    let st = s.wait_exit().unwrap_or_else(|| panic!("SIGQUIT: the server did not stop\n{}", s.log()));
+    assert!(st.success(), "{st}\n{}", s.log());
+    assert!(s.log().contains("stopped by SIGQUIT"), "{}", s.log());
+    assert!(!s.socket.exists() && !ctl.exists(), "its sockets were left behind");
+}
+
+/// issue 49: the keeper of `--restart-on-crash` ignores HUP (a closed terminal
+/// used to kill it, leaving the device unkept), passes USR1 on to the serving
+/// process, and on TERM stops it and ends with it, the serving process never
+/// told its keeper was lost.
+#[test]
+fn the_keeper_ignores_hup_passes_usr1_on_and_stops_with_its_serving_process() {
+    let dir = common::temp_dir("keeper-signals");
+    let ctl = dir.join("c.sock");
+    let mut s = Server::start_in(
+        &dir,
+        "s",
+        &["--ns", "ram:16M", "--control", ctl.to_str().unwrap(), "--restart-on-crash"],
+    )
+    .owning_dir();
+    log_shows_within(&s, "control socket on");
+    let info = |what: &str| {
+        let out = Command::new(VNVME)
+            .arg("ctl")
+            .arg("--control")
+            .arg(&ctl)
+            .args(["--json", "ctrl.info"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let serving = info("before")["pid"].as_u64().unwrap();
+    s.signal(libc::SIGHUP);
+    log_shows_within(&s, "vnvme keeper: SIGHUP ignored");
+    let after = info("after SIGHUP");
+    assert_eq!(after["pid"].as_u64(), Some(serving), "the same serving process");
+    assert_eq!(after["keeper"]["pid"].as_u64(), Some(s.pid() as u64), "still kept: {after}");
+    assert!(!after["keeper_lost"].as_bool().unwrap_or(false), "{after}");
+    s.signal(libc::SIGUSR1);
+    log_shows_within(&s, &format!("SIGUSR1: passed to the serving process (pid {serving})"));
+    log_shows_within(&s, "vnvme: SIGUSR1: 0 I/O commands");
+    s.signal(libc::SIGTERM);
+    let st = s.wait_exit().unwrap_or_else(|| panic!("the keeper did not stop\n{}", s.log()));
+    assert!(st.success(), "{st}\n{}", s.log());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{serving}/stat")).exists()
+            || std::fs::read_to_string(format!("/proc/{serving}/stat")).unwrap_or_default().contains(") Z"),
+        "the serving process ended with its keeper"
+    );
+    let log = s.log();
+    assert!(log.contains("stopped by SIGTERM") && log.contains("vnvme keeper: stopped"), "{log}");
+    assert!(!log.contains("the keeper is gone"), "the serving process read its keeper as lost: {log}");
 }

@@ -24,10 +24,18 @@ pub use takeover::takeover;
 
 pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use crate::keeper::Role;
-    let (serving, standin) = match a.restart_on_crash.then(crate::keeper::role).transpose()? {
+    let role = a.restart_on_crash.then(crate::keeper::role).transpose()?;
+    // Before any thread starts: they inherit the blocked signals.
+    let keeper = matches!(role, Some(Role::Keeper));
+    let stop = crate::signals::install(if keeper {
+        crate::signals::Role::Keeper
+    } else {
+        crate::signals::Role::Serve
+    })?;
+    let (serving, standin) = match role {
         Some(Role::Keeper) => {
             check(&a)?;
-            return crate::keeper::run();
+            return crate::keeper::run(stop);
         }
         Some(Role::Serving(s)) => (Some(s), None),
         Some(Role::StandIn(s)) => (None, Some(s)),
@@ -378,8 +386,22 @@ impl Running {
             takeover,
             mut sockets,
         } = self;
-        let stop = crate::signals::stop_on_signals()?;
+        let stop = crate::signals::install(crate::signals::Role::Serve)?;
         let stats = dev.ctrl.stats_handle();
+        {
+            // SIGUSR1: the counters now, in the log and the stats file.
+            let (stats, file) = (stats.clone(), stats_file.clone());
+            crate::signals::on_report(move || {
+                let s = stats.snapshot();
+                say!("vnvme: SIGUSR1: {}", summary(&s));
+                if let Some(f) = &file {
+                    match f.write(&s) {
+                        Ok(()) => say!("vnvme: SIGUSR1: {} written", f.path().display()),
+                        Err(e) => say!("vnvme: SIGUSR1: --stats-file {}: {e}", f.path().display()),
+                    }
+                }
+            });
+        }
         say!("vnvme {} (pid {})", crate::version::VERSION, std::process::id());
         for n in &namespaces {
             let bi = n.opened.backend.info();
@@ -455,9 +477,16 @@ impl Running {
             );
         }
         if let Some(file) = stats_file.clone() {
-            // Once as this user, before any drop: a path it cannot write fails now
+            // Once now, with the rights it will be written with (--user's): a path
+            // that user cannot write fails the start before anything is made
             // (taking over, the client is ours already: say so and go on).
-            if let Err(e) = file.write(&stats.snapshot()) {
+            let first = match &drop_to {
+                Some(u) => u.with_rights(|| file.write(&stats.snapshot())).and_then(|r| r).map_err(|e| {
+                    format!("as --user {}: {e} (the file is replaced by a rename: its directory must be writable by that user)", u.name())
+                }),
+                None => file.write(&stats.snapshot()).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = first {
                 let e = format!("--stats-file {}: {e}", file.path().display());
                 if takeover.is_none() {
                     return Err(e.into());

@@ -26,6 +26,8 @@ pub fn takeover(
     parse: fn(&[String]) -> Result<ServeArgs, String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use crate::upgrade;
+    // Before any thread starts: they inherit the blocked signals.
+    crate::signals::install(crate::signals::Role::Serve)?;
     let prepared = upgrade::ask_prepare(&t.control)?;
     let mut a = parse(&prepared.argv)?;
     let workers_defaulted = resolve_workers(&mut a);
