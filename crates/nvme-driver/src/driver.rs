@@ -169,6 +169,7 @@ impl NvmeDriver {
             mdts: None,
             irq: None,
             timeout: opts.timeout,
+            device: t.clone(),
         })?;
 
         let placeholder = ControllerInfo::new(Box::default(), cap, vs);
@@ -289,6 +290,7 @@ impl NvmeDriver {
                 mdts: self.controller.mdts_bytes,
                 irq: irqs.get_mut(qid as usize).and_then(Option::take),
                 timeout: self.opts.timeout,
+                device: self.transport.clone(),
             })?;
             debug!(
                 qid,

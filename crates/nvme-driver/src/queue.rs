@@ -17,9 +17,11 @@ use nvme_spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
 use tracing::warn;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use nvme_spec::regs::{offset, Csts};
+
 use crate::command::{self, Completion, IoCommand, LbaRange, Prepared};
 use crate::dma::{DmaBuf, DmaPool};
-use crate::doorbell::Doorbell;
+use crate::doorbell::{lock, Doorbell, SharedTransport};
 use crate::error::{DriverError, Result};
 use crate::identify::NsGeometry;
 
@@ -74,7 +76,13 @@ pub(crate) struct QueueParts {
     pub mdts: Option<u64>,
     pub irq: Option<OwnedFd>,
     pub timeout: Duration,
+    /// The device, for CSTS while a wait finds nothing.
+    pub device: SharedTransport,
 }
+
+/// How often a wait that finds no completion reads CSTS: a controller in fatal
+/// status completes nothing more, and is not waited for to the timeout.
+const HEALTH_EVERY: Duration = Duration::from_millis(100);
 
 /// A queue pair the host drives.
 #[derive(Debug)]
@@ -98,6 +106,7 @@ pub struct IoQueue {
     mdts: Option<u64>,
     irq: Option<Irq>,
     timeout: Duration,
+    device: SharedTransport,
     stats: QueueStats,
     /// With deferred doorbells: the SQ tail moved since the doorbell was last updated.
     defer_sq_doorbell: bool,
@@ -136,6 +145,7 @@ impl IoQueue {
             mdts: p.mdts,
             irq,
             timeout: p.timeout,
+            device: p.device,
             stats: QueueStats::default(),
             defer_sq_doorbell: false,
             sq_dirty: false,
@@ -334,6 +344,7 @@ impl IoQueue {
         // Nothing deferred may stay unpublished while we wait for it.
         self.ring_sq()?;
         let deadline = Instant::now() + self.timeout;
+        let mut health = Instant::now() + HEALTH_EVERY;
         let mut spins = 0u32;
         loop {
             let n = self.reap(out)?;
@@ -341,6 +352,16 @@ impl IoQueue {
                 return Ok(n);
             }
             let now = Instant::now();
+            if now >= health {
+                // A device gone (the read fails) or in fatal status (Base §3.1.4.6
+                // CSTS.CFS; the host resets it, §3.7) answers nothing more: say so
+                // now, not at the timeout.
+                let csts = Csts(lock(&self.device).read32(offset::CSTS)?);
+                if csts.cfs() {
+                    return Err(DriverError::ControllerFatal { csts: csts.0 });
+                }
+                health = now + HEALTH_EVERY;
+            }
             if now >= deadline {
                 return Err(DriverError::Timeout {
                     what: "a completion",

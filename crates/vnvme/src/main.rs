@@ -133,6 +133,11 @@ fn main() -> std::process::ExitCode {
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // A run stopped by a signal, its results out: the shell's status for it.
+        Err(e) if e.is::<perf::Interrupted>() => {
+            logging::say_at(tracing::Level::WARN, format!("vnvme perf: {e}"));
+            std::process::ExitCode::from(e.downcast_ref::<perf::Interrupted>().map_or(1, |i| i.code))
+        }
         Err(e) => {
             logging::say_at(tracing::Level::ERROR, format!("vnvme: {e}"));
             std::process::ExitCode::FAILURE

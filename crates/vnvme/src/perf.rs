@@ -11,13 +11,20 @@
 //! transport can approach. Its "server" counters come straight from the controller and
 //! its "server" CPU is that of the controller's I/O worker threads (`vnvme-q*`), the
 //! client's the rest of the process.
+//!
+//! A run ends at its deadline, at once when the controller reports Controller
+//! Fatal Status (the driver's waits look at CSTS), or on SIGINT or SIGTERM
+//! (`interrupt`), which print the results so far, marked, and exit 128 + the signal.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod args;
 mod histogram;
+mod interrupt;
 mod knobs;
 mod load;
 mod measure;
@@ -25,6 +32,7 @@ mod report;
 mod setup;
 
 pub use args::{PerfArgs, Target};
+pub use interrupt::Interrupted;
 pub(crate) use knobs::parse_duration;
 
 /// Runs the load on the target and reports what it measured.
@@ -33,6 +41,7 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.qd == 0 || a.queues == 0 || a.mix > 100 || a.bs == 0 {
         return Err("--qd and --queues must be at least 1, --mix 0..=100, --bs non-zero".into());
     }
+    interrupt::catch()?;
     let setup::Setup { driver: mut d, ctrl_stats, lba, blocks, shadow } = setup::open(&a, &target)?;
     let transport = d.describe_transport();
     let mut counters = measure::Counters::start(a.server_stats.as_deref(), ctrl_stats.as_ref());
@@ -40,11 +49,12 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     let clocks = measure::Clocks::start(a.server_pid, ctrl_stats.is_some());
     let t0 = Instant::now();
     let deadline = t0 + a.runtime;
-    let pause = std::sync::Arc::new(load::Pause::default());
+    let pause = Arc::new(load::Pause::default());
+    let load_done = Arc::new(AtomicBool::new(false));
     let migrations = match (&a.migrate_to, &target) {
         (Some(to), Target::Socket(from)) => Some(spawn_migrations(
             d.device_handle(),
-            pause.clone(),
+            (pause.clone(), load_done.clone()),
             [from.clone(), to.clone()],
             a.migrate_every,
             deadline,
@@ -54,6 +64,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let results = load::run(queues, &a, lba, blocks, deadline, &pause);
     let elapsed = t0.elapsed();
+    load_done.store(true, Ordering::SeqCst);
+    let interrupted = interrupt::received();
     let migrated = migrations.map(|h| h.join().expect("migration thread"));
     let cpu = clocks.stop();
     counters.stop();
@@ -64,21 +76,24 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
     // A controller that reports a fatal status failed the run, whatever its
     // completions said: a host would reset it.
     let fatal = match d.device_handle().csts() {
-        Ok(c) if c.cfs() => Some(format!("the controller reports Controller Fatal Status (CSTS {:#x})", c.0)),
+        Ok(c) if c.cfs() => Some(format!(
+            "the controller reports Controller Fatal Status (CSTS {:#x}); the load stopped when it saw it",
+            c.0
+        )),
         Ok(_) => None,
         Err(e) => Some(format!("CSTS could not be read after the run: {e}")),
     };
     // A normal shutdown before going away (what Linux does), so the controller is idle
-    // when the connection and its DMA mappings go.
-    if let Err(e) = d.shutdown() {
-        crate::logging::say!("vnvme perf: controller shutdown: {e}");
+    // when the connection and its DMA mappings go. A controller in fatal status (or
+    // out of reach) completes no shutdown: a host resets it, and waiting for it would
+    // take the command timeout.
+    if fatal.is_none() {
+        if let Err(e) = d.shutdown() {
+            crate::logging::say!("vnvme perf: controller shutdown: {e}");
+        }
     }
     let counters = counters.delta(totals.ios());
     let mut errors = totals.errors;
-    if let Some(why) = &fatal {
-        crate::logging::say!("vnvme perf: {why}");
-        errors += 1;
-    }
     // With --json and no file, stdout holds the JSON alone.
     let json_to_stdout = a.json.as_deref() == Some(std::path::Path::new("-"));
     let mut people: Box<dyn std::io::Write> =
@@ -90,7 +105,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             errors += 1;
         }
     }
-    let outcome = report::Outcome { transport, lba, shadow, totals, elapsed, cpu, counters };
+    let interrupted_by = interrupted.map(|(name, _)| name);
+    let outcome = report::Outcome { transport, lba, shadow, totals, elapsed, cpu, counters, interrupted_by };
     outcome.print(&a, &mut people)?;
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&outcome.json(&a, &target))? + "\n";
@@ -100,10 +116,25 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
             std::fs::write(p, text).map_err(|e| format!("--json {}: {e}", p.display()))?;
         }
     }
-    if errors > 0 {
-        return Err(format!("{errors} I/O errors").into());
+    if let Some((name, code)) = interrupted {
+        let message = format!(
+            "stopped by {name} after {:.2} s of the {} s asked: the results are for the time it ran{}",
+            elapsed.as_secs_f64(),
+            a.runtime.as_secs_f64(),
+            match (&fatal, errors) {
+                (Some(why), _) => format!("; {why}"),
+                (None, 0) => String::new(),
+                (None, n) => format!(" ({n} I/O errors)"),
+            }
+        );
+        return Err(Box::new(Interrupted { code, message }));
     }
-    Ok(())
+    match (fatal, errors) {
+        (Some(why), 0) => Err(why.into()),
+        (Some(why), n) => Err(format!("{why}; {n} I/O errors").into()),
+        (None, 0) => Ok(()),
+        (None, n) => Err(format!("{n} I/O errors").into()),
+    }
 }
 
 /// What the migration thread did.
@@ -149,16 +180,16 @@ impl Migrations {
 }
 
 /// Migrates the device from `from` to `to` and back, every `every`, until `deadline`
-/// (stops at the first failure).
+/// or the load's end (`done`), whichever comes first (stops at the first failure).
 fn spawn_migrations(
     h: nvme_driver::DeviceHandle,
-    pause: std::sync::Arc<load::Pause>,
+    (pause, done): (Arc<load::Pause>, Arc<AtomicBool>),
     [from, to]: [PathBuf; 2],
     every: Duration,
     deadline: Instant,
 ) -> std::thread::JoinHandle<Migrations> {
     std::thread::spawn(move || {
-        let m = migrate_until(h, &pause, [from, to], every, deadline);
+        let m = migrate_until(h, (&pause, &done), [from, to], every, deadline);
         measure::thread_finishing();
         m
     })
@@ -167,7 +198,7 @@ fn spawn_migrations(
 /// The migration thread's loop (see [`spawn_migrations`]).
 fn migrate_until(
     h: nvme_driver::DeviceHandle,
-    pause: &load::Pause,
+    (pause, done): (&load::Pause, &AtomicBool),
     [from, to]: [PathBuf; 2],
     every: Duration,
     deadline: Instant,
@@ -179,7 +210,13 @@ fn migrate_until(
         if at + Duration::from_millis(100) >= deadline {
             return m;
         }
-        std::thread::sleep(at - Instant::now());
+        // In slices: a load that ended early (an error, a signal) ends this too.
+        while let Some(left) = at.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            if done.load(Ordering::SeqCst) {
+                return m;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
         let dest = next.next().expect("cycle");
         // Guest memory first, while the queues run (a VMM's pre-copy); then the
         // queues pause between rounds (commands stay in flight), as vCPUs do, for

@@ -1,7 +1,8 @@
 //! The load: one thread per I/O queue, each owning its queue and keeping `qd`
-//! commands in flight until the deadline, then the threads' results summed.
+//! commands in flight until the deadline (or a signal, or an error such as the
+//! controller's fatal status), then the threads' results summed.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::args::PerfArgs;
 use super::histogram::Histogram;
@@ -110,6 +111,10 @@ impl Verify {
 /// What a command in flight was, for --verify: (slot, generation, write).
 type Pending = Option<(u64, u32, bool)>;
 
+/// How long the commands in flight get to land after a signal stopped the load
+/// (they take microseconds; a device that stopped answering is not waited for).
+const DRAIN_AFTER_SIGNAL: Duration = Duration::from_secs(1);
+
 /// Held (shared) by each queue thread for one round of submitting and reaping; a
 /// migration takes it exclusively to pause them between rounds, as a VMM pauses
 /// vCPUs, so nothing here writes DMA memory while the device moves.
@@ -153,10 +158,12 @@ fn drive(
     let mut pending: Vec<Pending> = vec![None; q.depth() as usize + 1];
     let mut done = Vec::with_capacity(a.qd as usize);
     let mut inflight = 0usize;
+    let mut drain_until = None;
     loop {
         let _round = pause.read().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let stop = now >= deadline;
+        let signalled = super::interrupt::received().is_some();
+        let stop = now >= deadline || signalled;
         while !stop && inflight < a.qd as usize {
             let Some(buf) = bufs.pop() else { break };
             let mut slot = if a.rw.random() {
@@ -222,10 +229,21 @@ fn drive(
             break;
         }
         done.clear();
-        if let Err(e) = q.wait_completions(&mut done) {
+        let reaped = if signalled {
+            if now >= *drain_until.get_or_insert(now + DRAIN_AFTER_SIGNAL) {
+                break;
+            }
+            q.poll_completions(&mut done)
+        } else {
+            q.wait_completions(&mut done)
+        };
+        if let Err(e) = reaped {
             r.errors += 1;
             r.first_error.get_or_insert(e.to_string());
             break;
+        }
+        if done.is_empty() {
+            std::thread::yield_now();
         }
         let t1 = Instant::now();
         for c in done.drain(..) {
@@ -261,7 +279,7 @@ fn drive(
         }
     }
     if let Some(v) = verify.as_mut() {
-        if r.errors == 0 {
+        if r.errors == 0 && super::interrupt::received().is_none() {
             read_back(&mut q, a, v, &mut r, nlb, stride, first);
         }
     }

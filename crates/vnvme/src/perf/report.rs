@@ -24,6 +24,9 @@ pub(super) struct Outcome {
     pub cpu: CpuUse,
     /// How the controller's counters moved (see `Counters::delta`).
     pub counters: Option<Value>,
+    /// The signal that stopped the run before its deadline (the figures are for
+    /// the time it ran).
+    pub interrupted_by: Option<&'static str>,
 }
 
 fn us(ns: u64) -> f64 {
@@ -93,6 +96,13 @@ impl Outcome {
             a.doorbells.name(),
             completion_name(a.completion)
         )?;
+        if let Some(name) = self.interrupted_by {
+            writeln!(
+                out,
+                "  INTERRUPTED by {name} after {secs:.2} s of the {} s asked: the figures are for the time it ran",
+                a.runtime.as_secs_f64()
+            )?;
+        }
         writeln!(
             out,
             "  IOPS {:.0}  MB/s {:.1}  ({ios} I/Os: {} reads, {} writes, in {secs:.2} s; {} errors)",
@@ -184,6 +194,7 @@ impl Outcome {
                 "threads": "one per queue",
             },
             "results": {
+                "interrupted_by": self.interrupted_by,
                 "elapsed_s": self.secs(),
                 "ios": t.ios(),
                 "reads": t.reads,
