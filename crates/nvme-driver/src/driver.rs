@@ -34,7 +34,7 @@ use crate::dma::{DmaBuf, DmaPool, PAGE};
 use crate::doorbell::{lock, Doorbell, ShadowBuffers, SharedTransport};
 use crate::error::{DriverError, Result};
 use crate::identify::{ControllerInfo, NamespaceInfo, NsGeometry};
-use crate::queue::{IoQueue, QueueParts};
+use crate::queue::{IoQueue, QueueParts, Waits};
 use crate::transport::{DmaRegion, Transport};
 
 /// How the host learns that commands completed.
@@ -168,8 +168,7 @@ impl NvmeDriver {
             namespaces: Arc::from(Vec::new()),
             mdts: None,
             irq: None,
-            timeout: opts.timeout,
-            device: t.clone(),
+            waits: Waits { timeout: opts.timeout, device: t.clone() },
         })?;
 
         let placeholder = ControllerInfo::new(Box::default(), cap, vs);
@@ -289,8 +288,7 @@ impl NvmeDriver {
                 namespaces: geos.clone(),
                 mdts: self.controller.mdts_bytes,
                 irq: irqs.get_mut(qid as usize).and_then(Option::take),
-                timeout: self.opts.timeout,
-                device: self.transport.clone(),
+                waits: Waits { timeout: self.opts.timeout, device: self.transport.clone() },
             })?;
             debug!(
                 qid,

@@ -75,8 +75,14 @@ pub(crate) struct QueueParts {
     pub namespaces: Arc<[NsGeometry]>,
     pub mdts: Option<u64>,
     pub irq: Option<OwnedFd>,
+    pub waits: Waits,
+}
+
+/// What bounds a wait for completions: the command timeout, and the device whose
+/// CSTS the wait reads while it finds nothing.
+#[derive(Debug)]
+pub(crate) struct Waits {
     pub timeout: Duration,
-    /// The device, for CSTS while a wait finds nothing.
     pub device: SharedTransport,
 }
 
@@ -144,8 +150,8 @@ impl IoQueue {
             namespaces: p.namespaces,
             mdts: p.mdts,
             irq,
-            timeout: p.timeout,
-            device: p.device,
+            timeout: p.waits.timeout,
+            device: p.waits.device,
             stats: QueueStats::default(),
             defer_sq_doorbell: false,
             sq_dirty: false,
