@@ -15,6 +15,7 @@
 //! and [`GuestMemory::store_u32`], which are single atomic accesses.
 
 mod dirty;
+pub mod fragile;
 mod mmap;
 
 use std::os::fd::BorrowedFd;

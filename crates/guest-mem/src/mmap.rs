@@ -16,6 +16,8 @@ pub struct Mapping {
     source: Option<(OwnedFd, u64)>,
     /// What this process wrote here while a migration asked (see `dirty`).
     dirty: DirtyLog,
+    /// Registered as fragile: a SIGBUS inside it is survived (see `fragile`).
+    fragile: Option<crate::fragile::Slot>,
 }
 
 // The mapping is plain memory; all access goes through GuestMemory, whose accessors
@@ -40,7 +42,7 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(MemError::Map { len, source: Arc::new(std::io::Error::last_os_error()) });
         }
-        Ok(Mapping { ptr: ptr.cast(), len, source: None, dirty: DirtyLog::new(len) })
+        Ok(Mapping { ptr: ptr.cast(), len, source: None, dirty: DirtyLog::new(len), fragile: None })
     }
 
     /// Private anonymous memory, zero filled, read-write.
@@ -61,6 +63,37 @@ impl Mapping {
         // Keep a duplicate for re-export; a failure here only loses that ability.
         m.source = fd.try_clone_to_owned().ok().map(|fd| (fd, offset));
         Ok(m)
+    }
+
+    /// [`Mapping::from_fd`] of a file that may shrink under us (another process,
+    /// or an operator, can truncate it): an access past its end is survived
+    /// instead of killing the process with SIGBUS, the page reading as zeroes from
+    /// then on, and [`Mapping::lost`] says so. Without room in the table of such
+    /// mappings (`fragile::SLOTS`) it fails rather than make one that is not.
+    pub fn from_fd_fragile(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        writable: bool,
+    ) -> Result<Self, MemError> {
+        let mut m = Self::from_fd(fd, offset, len, writable)?;
+        m.fragile =
+            Some(crate::fragile::Slot::register(m.ptr as usize, m.len as usize).ok_or_else(|| {
+                MemError::Map {
+                    len,
+                    source: Arc::new(std::io::Error::other(
+                        "no room for another mapping of a file that may shrink, or no SIGBUS handler",
+                    )),
+                }
+            })?);
+        Ok(m)
+    }
+
+    /// Whether an access to this mapping faulted because its file shrank (only a
+    /// fragile mapping's can): what was read since may be zeroes.
+    #[inline]
+    pub fn lost(&self) -> bool {
+        self.fragile.as_ref().is_some_and(|s| s.lost())
     }
 
     /// The descriptor this mapping was made from and the file offset of its first
@@ -120,6 +153,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Out of the SIGBUS handler's table before the range can be reused.
+        drop(self.fragile.take());
         // SAFETY: `ptr`/`len` came from a successful mmap and are unmapped once, here.
         unsafe {
             libc::munmap(self.ptr.cast(), self.len as usize);

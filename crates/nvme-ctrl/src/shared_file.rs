@@ -6,6 +6,16 @@
 //! reload holds it shared. A change is in the file before the update returns;
 //! every other process sees it at its next look (one load of the counter).
 //!
+//! A state file is made on purpose only: [`initialize`] writes a new (empty)
+//! one's header and default state, which the opener that created it calls; an
+//! open of one that is empty (emptied, or made by a process that died before it
+//! wrote it), cut short or foreign is refused, never taken for a new one (an
+//! emptied reservation file would drop a fence; an emptied pool file, every
+//! namespace). The header page is mapped fragile (`guest_mem::fragile`): a file
+//! truncated or replaced under a running server leaves this open broken (said,
+//! once), its last good state kept for reports, every check and update failing,
+//! and the process serving on, never faulting.
+//!
 //! A state is rewritten in place, so a write cut short (the writing process
 //! killed between two pages of it, or the power lost before they all reached the
 //! disk) would leave it torn. Each update therefore writes the new state first as
@@ -19,7 +29,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use guest_mem::{GuestMemory, Mapping};
@@ -66,6 +76,16 @@ pub enum StoreError {
     Damaged(String),
     #[error("cannot map its header: {0}")]
     Map(String),
+    #[error(
+        "it is empty: not a new state file (one is made where none exists) and no state; it was emptied or \
+         cut short, or the process making it died. Restore it from a copy; or remove it to start anew, \
+         knowing what it held is gone"
+    )]
+    Empty,
+    #[error("it is {0} bytes, cut short (a state file is at least {DATA_AT} bytes and whole): restore it from a copy")]
+    Short(u64),
+    #[error("it shrank or was replaced while this server used it: {0}")]
+    Lost(String),
 }
 
 /// Why an update did not happen.
@@ -115,11 +135,42 @@ fn inode_lock(f: &File) -> std::io::Result<Arc<Mutex<()>>> {
     Ok(l)
 }
 
+/// How long an open waits for the process that made an empty state file to
+/// write it (the two race at a subsystem's first start).
+const MADE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes a new state file's header and default state: for the process that has
+/// just created `file` (empty, with O_EXCL: only its creator calls this). A file
+/// that is not empty is left as it is.
+pub fn initialize<S: SharedState>(file: &File) -> Result<(), StoreError> {
+    let threads = inode_lock(file)?;
+    let _t = threads.lock().unwrap_or_else(|p| p.into_inner());
+    let _l = Locked::new(file, true)?;
+    if file.metadata()?.len() != 0 {
+        return Ok(());
+    }
+    let mut head = vec![0u8; DATA_AT as usize];
+    head[..8].copy_from_slice(S::MAGIC);
+    head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    file.write_all_at(&head, 0)?;
+    write_state(file, &S::default(), true)
+}
+
 /// One open of a shared state file.
 pub struct SharedFile<S> {
     file: File,
     /// The header page, mapped shared: the change counter at [`COUNTER_AT`].
     header: GuestMemory,
+    /// The same mapping, asked whether a fault made it lost.
+    map: Arc<Mapping>,
+    /// Why this open no longer trusts the file, once it does not.
+    broken: OnceLock<String>,
+    /// Where the file was when opened, and its identity, to see it replaced
+    /// (None: not a file with a path, e.g. a memfd).
+    place: Option<(std::path::PathBuf, (u64, u64))>,
+    /// When [`SharedFile::changed_since_last_look`] last looked for that (ms
+    /// since the first open in this process).
+    looked_ms: AtomicU64,
     /// The state as of a counter value (the last one tried, read well or not).
     cache: RwLock<(u32, Arc<S>)>,
     /// The counter when [`SharedFile::changed_since_last_look`] was last asked.
@@ -130,55 +181,143 @@ pub struct SharedFile<S> {
 
 impl<S: SharedState> std::fmt::Debug for SharedFile<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct(S::WHAT).field("counter", &self.counter()).finish_non_exhaustive()
+        f.debug_struct(S::WHAT)
+            .field("counter", &self.counter())
+            .field("broken", &self.broken())
+            .finish_non_exhaustive()
     }
 }
 
 impl<S: SharedState> SharedFile<S> {
-    /// Opens `file` (read-write) as a state file: an empty one becomes a new
-    /// state file holding the default state.
+    /// Opens `file` (read-write) as a state file, which it must already be (see
+    /// [`initialize`]): an empty one is waited for a moment (its maker may be
+    /// writing it), then refused.
     pub fn open(file: File) -> Result<Self, StoreError> {
         let threads = inode_lock(&file)?;
-        let t = threads.lock().unwrap_or_else(|p| p.into_inner());
-        let l = Locked::new(&file, true)?;
-        if file.metadata()?.len() == 0 {
-            let mut head = vec![0u8; DATA_AT as usize];
-            head[..8].copy_from_slice(S::MAGIC);
-            head[8..12].copy_from_slice(&VERSION.to_le_bytes());
-            file.write_all_at(&head, 0)?;
-            write_state(&file, &S::default(), true)?;
-        }
+        let deadline = std::time::Instant::now() + MADE_WAIT;
+        let (t, l) = loop {
+            let t = threads.lock().unwrap_or_else(|p| p.into_inner());
+            let l = Locked::new(&file, true)?;
+            if file.metadata()?.len() != 0 {
+                break (t, l);
+            }
+            drop((l, t));
+            if std::time::Instant::now() >= deadline {
+                return Err(StoreError::Empty);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let len = file.metadata()?.len();
         let mut head = [0u8; 12];
-        file.read_exact_at(&mut head, 0).map_err(|_| StoreError::NotOurs(S::WHAT))?;
-        if &head[..8] != S::MAGIC {
+        if len >= 12 {
+            file.read_exact_at(&mut head, 0)?;
+        }
+        if len < 12 || &head[..8] != S::MAGIC {
             return Err(StoreError::NotOurs(S::WHAT));
         }
         let v = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
         if v != VERSION {
             return Err(StoreError::Version(S::WHAT, v));
         }
+        if len < DATA_AT + 4 {
+            return Err(StoreError::Short(len));
+        }
         // The header mapped, then the state and the counter read under one lock:
         // they go together.
-        let map = Mapping::from_fd(std::os::fd::AsFd::as_fd(&file), 0, DATA_AT, true)
+        let map = Mapping::from_fd_fragile(std::os::fd::AsFd::as_fd(&file), 0, DATA_AT, true)
             .map_err(|e| StoreError::Map(e.to_string()))?;
+        let map = Arc::new(map);
         let header = GuestMemory::empty()
-            .with_region(0, DATA_AT, Arc::new(map), 0)
+            .with_region(0, DATA_AT, map.clone(), 0)
             .map_err(|e| StoreError::Map(e.to_string()))?;
         let state = read_state::<S>(&file)?;
         let c = header.load_u32(COUNTER_AT).map_err(|e| StoreError::Map(e.to_string()))?;
         drop(l);
         drop(t);
+        let place = place_of(&file);
         Ok(SharedFile {
             file,
             header,
+            map,
+            broken: OnceLock::new(),
+            place,
+            looked_ms: AtomicU64::new(elapsed_ms()),
             cache: RwLock::new((c, Arc::new(state))),
             seen: AtomicU32::new(c.wrapping_sub(1)),
             threads,
         })
     }
 
-    fn counter(&self) -> u32 {
-        self.header.load_u32(COUNTER_AT).unwrap_or(0)
+    /// Why this open no longer trusts its file, if it does not: it shrank under
+    /// it (its header's mapping faulted) or its state stopped reading whole.
+    #[inline]
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.get().map(String::as_str)
+    }
+
+    /// Whether the file is still whole and the one at its path: cut below its
+    /// state's room, or replaced (or removed, and so read by no controller started
+    /// since: updating it would split the subsystem's state in two), it is not.
+    fn still_in_place(&self) -> bool {
+        let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < DATA_AT + 4 {
+            self.break_off(StoreError::Lost(format!("it was cut to {len} bytes")).to_string());
+            return false;
+        }
+        let Some((path, id)) = &self.place else { return true };
+        let here = std::fs::metadata(path).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        if here.as_ref().is_ok_and(|h| h == id) {
+            return true;
+        }
+        self.break_off(
+            StoreError::Lost(format!("{} is no longer this file (replaced or removed)", path.display()))
+                .to_string(),
+        );
+        false
+    }
+
+    /// [`SharedFile::still_in_place`], once a second at most (a clock read
+    /// otherwise: the per-command check calls it).
+    #[inline]
+    fn look_now_and_then(&self) {
+        let now = elapsed_ms();
+        let last = self.looked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1000
+            && self.broken.get().is_none()
+            && self.looked_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            self.still_in_place();
+        }
+    }
+
+    /// Stops trusting the file, saying why once.
+    #[cold]
+    fn break_off(&self, why: String) {
+        if self.broken.set(why).is_ok() {
+            let at = self.place.as_ref().map_or(String::new(), |(p, _)| format!(" {}", p.display()));
+            tracing::error!(
+                target: "vnvme::backend",
+                "{}{at}: {}: what depends on it fails from now on (the server serves on; restore the file and \
+                 restart this server)",
+                S::WHAT,
+                self.broken().unwrap_or_default()
+            );
+        }
+    }
+
+    /// The change counter (one load), or None once the file is not trusted.
+    #[inline]
+    fn counter(&self) -> Option<u32> {
+        let c = self.header.load_u32(COUNTER_AT).unwrap_or(0);
+        if self.map.lost() {
+            self.break_off(
+                StoreError::Lost("its header page is gone (truncated under it)".into()).to_string(),
+            );
+        }
+        self.broken.get().is_none().then_some(c)
     }
 
     /// The state as it is now (one atomic load when nothing changed).
@@ -190,11 +329,14 @@ impl<S: SharedState> SharedFile<S> {
     /// `f` of the state as it is now, borrowed: a command's check takes no
     /// reference (no shared count moving on every command of every worker).
     #[inline]
+    /// Once the file is not trusted ([`SharedFile::broken`]), the last state read
+    /// well.
     pub fn with_current<T>(&self, f: impl FnOnce(&S, &Arc<S>) -> T) -> T {
+        self.look_now_and_then();
         let c = self.counter();
         {
             let g = self.cache.read().unwrap_or_else(|p| p.into_inner());
-            if g.0 == c {
+            if c.is_none_or(|c| g.0 == c) {
                 return f(&g.1, &g.1);
             }
         }
@@ -211,13 +353,12 @@ impl<S: SharedState> SharedFile<S> {
         });
         let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
         match fresh {
-            Ok((c, s)) => *g = (c, Arc::new(s)),
-            Err(e) => {
-                // Keep what was last read good, and say so once per change: the
-                // next command does not read the file again for the same counter.
-                g.0 = self.counter();
-                log_limit::limited_warn!(target: "vnvme::backend", "{}: {e}", S::WHAT);
-            }
+            Ok((Some(c), s)) => *g = (c, Arc::new(s)),
+            Ok((None, _)) => {}
+            // Read under the lock, a state that does not read whole is no writer's
+            // half-done work (a torn one is taken from its intent): the file was
+            // damaged under us. What was last read good stays for reports.
+            Err(e) => self.break_off(e.to_string()),
         }
         g.1.clone()
     }
@@ -233,10 +374,19 @@ impl<S: SharedState> SharedFile<S> {
         let r = {
             let _t = self.threads.lock().unwrap_or_else(|p| p.into_inner());
             let _l = Locked::new(&self.file, true).map_err(|e| UpdateError::Store(e.into()))?;
-            let mut s = read_state::<S>(&self.file).map_err(UpdateError::Store)?;
+            if self.counter().is_none() || !self.still_in_place() {
+                return Err(UpdateError::Store(StoreError::Lost(self.broken().unwrap_or_default().into())));
+            }
+            let mut s = match read_state::<S>(&self.file) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.break_off(e.to_string());
+                    return Err(UpdateError::Store(e));
+                }
+            };
             let before = s.clone();
             let r = f(&mut s).map_err(UpdateError::Rules)?;
-            let mut c = self.counter();
+            let mut c = self.counter().unwrap_or(0);
             let changed = s != before;
             if changed {
                 s.check().map_err(|e| UpdateError::Store(StoreError::Damaged(e)))?;
@@ -256,13 +406,32 @@ impl<S: SharedState> SharedFile<S> {
 
     /// True once per move of the counter (since the last call).
     pub(crate) fn changed_since_last_look(&self) -> bool {
-        // A load when nothing moved (the admin side asks on every run).
-        let c = self.counter();
+        // A load when nothing moved (the admin side asks on every run); nothing
+        // moves once the file is not trusted.
+        self.look_now_and_then();
+        let Some(c) = self.counter() else { return false };
         if self.seen.load(Ordering::Acquire) == c {
             return false;
         }
         self.seen.swap(c, Ordering::AcqRel) != c
     }
+}
+
+/// Milliseconds since the first call in this process.
+fn elapsed_ms() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+}
+
+/// Where `file` is, if it is a regular file at a path (read back from the
+/// process's descriptor table), with its identity.
+fn place_of(file: &File) -> Option<(std::path::PathBuf, (u64, u64))> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().ok().filter(|m| m.is_file())?;
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
+    let at = std::fs::metadata(&path).ok()?;
+    ((at.dev(), at.ino()) == (m.dev(), m.ino())).then(|| (path, (m.dev(), m.ino())))
 }
 
 /// The state in place, or, if that reads torn (its CRC does not match, or it
@@ -383,6 +552,12 @@ mod tests {
         (p, f)
     }
 
+    /// A new state file, as its maker makes it.
+    fn made(f: File) -> SharedFile<Counted> {
+        initialize::<Counted>(&f).unwrap();
+        SharedFile::open(f).unwrap()
+    }
+
     fn reopen(p: &std::path::Path) -> SharedFile<Counted> {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(p).unwrap();
         SharedFile::open(f).unwrap()
@@ -408,7 +583,7 @@ mod tests {
     #[test]
     fn a_state_torn_in_place_is_taken_from_the_intent_and_written_again() {
         let (p, f) = file("torn");
-        let one = SharedFile::<Counted>::open(f).unwrap();
+        let one = made(f);
         one.update(|s| {
             *s = state(5);
             Ok(())
@@ -434,7 +609,7 @@ mod tests {
     #[test]
     fn a_tear_that_still_parses_is_caught_by_the_crc() {
         let (p, f) = file("mix");
-        let one = SharedFile::<Counted>::open(f).unwrap();
+        let one = made(f);
         one.update(|s| {
             *s = state(5);
             Ok(())
@@ -454,7 +629,7 @@ mod tests {
     #[test]
     fn a_torn_intent_leaves_the_state_in_place() {
         let (p, f) = file("torn-intent");
-        let one = SharedFile::<Counted>::open(f).unwrap();
+        let one = made(f);
         one.update(|s| {
             *s = state(7);
             Ok(())
@@ -488,7 +663,7 @@ mod tests {
         let mut out = (data.len() as u32).to_le_bytes().to_vec();
         out.extend_from_slice(&data);
         f.write_all_at(&out, DATA_AT).unwrap();
-        let one = SharedFile::<Counted>::open(f).unwrap();
+        let one = made(f);
         assert_eq!(one.current().value, 3);
         one.update(|s| {
             s.value = 4;
@@ -498,6 +673,73 @@ mod tests {
         // Where the build before reads it.
         let raw = std::fs::File::open(&p).unwrap();
         assert_eq!(read_in_place::<Counted>(&raw).unwrap().0.value, 4);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// issue 49: a state file is made on purpose only; one that is empty, cut
+    /// short or foreign is refused, never taken for a new one.
+    #[test]
+    fn an_empty_short_or_foreign_file_is_refused_not_made_new() {
+        let (p, f) = file("empty");
+        let t = std::time::Instant::now();
+        assert!(matches!(SharedFile::<Counted>::open(f), Err(StoreError::Empty)));
+        assert!(t.elapsed() >= MADE_WAIT, "its maker was waited for");
+        let (_, f) = file("empty");
+        made(f);
+        let raw = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        raw.set_len(DATA_AT).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        assert!(matches!(SharedFile::<Counted>::open(f), Err(StoreError::Short(4096))));
+        raw.set_len(6).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        assert!(matches!(SharedFile::<Counted>::open(f), Err(StoreError::NotOurs(_))));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// issue 49: a state file truncated (or emptied) under a running open leaves
+    /// it broken: the last state read well is kept for reports, every update
+    /// fails, nothing faults, and the counter no longer moves.
+    #[test]
+    fn a_file_truncated_under_an_open_breaks_it_without_a_fault() {
+        for len in [0, 100, DATA_AT] {
+            let (p, f) = file(&format!("truncated-{len}"));
+            let one = made(f);
+            one.update(|s| {
+                *s = state(5);
+                Ok(())
+            })
+            .unwrap();
+            assert!(one.broken().is_none());
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len).unwrap();
+            // What a command's check reads: the last good state, and the mark.
+            assert_eq!(one.current().value, 5, "len {len}");
+            let r = one.update(|s| {
+                s.value = 6;
+                Ok(())
+            });
+            assert!(matches!(r, Err(UpdateError::Store(_))), "len {len}: an update after it");
+            assert!(one.broken().is_some(), "len {len}");
+            assert!(!one.changed_since_last_look(), "len {len}");
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+
+    /// issue 49: a state file replaced under a running open (another file moved
+    /// over its path) is one no controller started since would read: updating the
+    /// old one would split the state in two, so the open breaks off.
+    #[test]
+    fn a_file_replaced_under_an_open_breaks_it() {
+        let (p, f) = file("replaced");
+        let one = made(f);
+        let (q, g) = file("replacement");
+        made(g);
+        std::fs::rename(&q, &p).unwrap();
+        let r = one.update(|s| {
+            s.value = 7;
+            Ok(())
+        });
+        assert!(matches!(r, Err(UpdateError::Store(StoreError::Lost(_)))), "{r:?}");
+        assert!(one.broken().unwrap().contains("replaced or removed"), "{:?}", one.broken());
         let _ = std::fs::remove_file(&p);
     }
 }

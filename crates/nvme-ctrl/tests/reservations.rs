@@ -38,6 +38,8 @@ impl Drop for Pair {
 fn controller(ram: &Arc<dyn Backend>, path: &std::path::Path, cntlid: u16) -> MockHost {
     let file =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    // Made (as vnvme makes a new one) by whichever controller comes first.
+    nvme_ctrl::reservation::initialize(&file).unwrap();
     let cfg = ControllerConfig {
         namespaces: vec![
             NamespaceConfig { reservations: Some(Arc::new(file)), ..NamespaceConfig::new(ram.clone(), 0) },

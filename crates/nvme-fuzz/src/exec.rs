@@ -319,7 +319,9 @@ impl<'s> Fuzzer<'s> {
                 let reservations = (n.kind & 0x40 != 0).then(|| {
                     let fd = rustix::fs::memfd_create("vnvme-fuzz-resv", rustix::fs::MemfdFlags::CLOEXEC)
                         .expect("a memfd for the reservation state");
-                    Arc::new(std::fs::File::from(fd))
+                    let f = std::fs::File::from(fd);
+                    nvme_ctrl::reservation::initialize(&f).expect("a new reservation state");
+                    Arc::new(f)
                 });
                 NamespaceConfig {
                     zoned,

@@ -27,7 +27,7 @@
 //!
 //! | who                          | needs                                                        |
 //! |------------------------------|--------------------------------------------------------------|
-//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS F_OFD_SETLK F_OFD_GETLK: the locks on the files it writes); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask rt_sigtimedwait (the signal thread) prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
+//! | every mode                   | read write readv writev close; recvmsg recvfrom sendmsg sendto accept4 shutdown; setsockopt (SOL_SOCKET SO_RCVTIMEO/SO_SNDTIMEO only); epoll_create1 epoll_ctl epoll_(p)wait (p)poll; eventfd2 timerfd_*; mmap mprotect (never PROT_EXEC) munmap mremap madvise brk; futex sched_yield sched_getaffinity; clock_gettime clock_nanosleep nanosleep restart_syscall getrandom; fstat statx newfstatat lseek; fcntl (F_GETFD F_SETFD F_GETFL F_SETFL F_DUPFD_CLOEXEC F_GET_SEALS F_OFD_SETLK F_OFD_GETLK: the locks on the files it writes); readlink(at) (the descriptor-kind check reads /proc/self/fd links); thread start and exit (set_robust_list rseq sigaltstack rt_sigprocmask rt_sigtimedwait (the signal thread) rt_sigaction (SIGSEGV and SIGBUS only: a fault's handler making it fatal) prctl PR_SET_NAME/PR_GET_AUXV gettid getpid exit exit_group rt_sigreturn; tgkill on itself, for abort) |
 //! | doorbells trapped/eventfd/mapped | nothing more: the ioeventfds, the doorbell page memfd and the interrupt eventfds exist or arrive as descriptors |
 //! | `ram:`                       | ftruncate and fallocate (its memory is a memfd: resized, and holes punched where the guest discards) |
 //! | `null:`                      | nothing more                                                 |
@@ -290,6 +290,11 @@ pub fn rules(needs: &Needs) -> BTreeMap<i64, Vec<SeccompRule>> {
     m.insert(SYS_prctl, one_of(0, &[PR_SET_NAME as u64, PR_GET_AUXV]));
     // abort() signals its own process; no other.
     m.insert(SYS_tgkill, one_of(0, &[std::process::id() as u64]));
+    // A fault's handler puts the default action back so the fault is fatal (the
+    // runtime's for SIGSEGV, guest-mem's for a SIGBUS outside a mapping of a file
+    // that may shrink): refused, the faulting access was retried forever, a
+    // crashed server spinning at 100 % instead of dying (and being stood in for).
+    m.insert(SYS_rt_sigaction, one_of(0, &[SIGSEGV as u64, SIGBUS as u64]));
     // At its end the server removes the socket files it bound: a name in one of
     // their directories, never a directory.
     // And a deleted namespace's file in the pool's directory.

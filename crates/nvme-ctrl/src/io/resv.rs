@@ -41,10 +41,7 @@ pub(crate) fn access_of(opcode: u8) -> Option<Access> {
 #[inline]
 pub(crate) fn check(ns: &Namespace, opcode: u8) -> CmdResult<()> {
     match (ns.reservations(), access_of(opcode)) {
-        // Not retried: the same command would conflict again.
-        (Some(r), Some(a)) if !r.allows(a) => {
-            Err(CommandError::Status(Status::RESERVATION_CONFLICT.with_dnr()))
-        }
+        (Some(r), Some(a)) => r.check(a).map_err(CommandError::Status),
         _ => Ok(()),
     }
 }

@@ -80,22 +80,13 @@ impl NamespacePool {
         std::fs::create_dir_all(path).map_err(|e| ctx("cannot make the directory", e))?;
         let dir = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| ctx("cannot open the directory", e.into()))?;
-        let state = rustix::fs::openat(
-            &dir,
-            STATE_FILE,
-            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| ctx(STATE_FILE, e.into()))?;
-        let state = File::from(state);
-        block_backend::lock_file(
-            &state,
-            &path.join(STATE_FILE),
-            Some(&locks.shared(file_lock::Role::PoolState, None)),
-        )
-        .map_err(|e| format!("namespace pool {}: {e}", path.display()))?;
+        let lock = locks.shared(file_lock::Role::PoolState, None);
+        let (state, made) = open_state_file(&dir, path, &lock)?;
         let file = SharedFile::<PoolState>::open(state)
             .map_err(|e| format!("namespace pool {}: {STATE_FILE}: {e}", path.display()))?;
+        if made {
+            tracing::info!(path = %path.display(), "namespace pool made (a new {STATE_FILE})");
+        }
         update_or_say(&file, |s| {
             s.settle_capacity(capacity)?;
             s.join(cntlid, fixed)
@@ -236,6 +227,53 @@ impl NamespacePool {
             }
         })
     }
+}
+
+/// The pool's state file in `dir` (at `path`), locked as `lock` says: the one
+/// there, or a new one (true) made where there is none. A directory that holds
+/// namespaces' data files and no state file lost its state: refused, rather than
+/// a new, empty pool made over them (their NSIDs given out again).
+fn open_state_file(dir: &OwnedFd, path: &Path, lock: &file_lock::Request) -> Result<(File, bool), String> {
+    let fail = |e: std::io::Error| format!("namespace pool {}: {STATE_FILE}: {e}", path.display());
+    let rw = OFlags::RDWR | OFlags::CLOEXEC;
+    let (fd, made) = match rustix::fs::openat(dir, STATE_FILE, rw, Mode::empty()) {
+        Ok(fd) => (fd, false),
+        Err(rustix::io::Errno::NOENT) => {
+            let orphans: Vec<String> = std::fs::read_dir(path)
+                .map_err(fail)?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("ns-") && n.ends_with(".img"))
+                .collect();
+            if let Some(one) = orphans.first() {
+                return Err(format!(
+                    "namespace pool {}: {} namespace data file(s) ({one}, ...) and no {STATE_FILE}: the pool's \
+                     state is lost. Restore {STATE_FILE} from a copy; or move the data files away to start an \
+                     empty pool",
+                    path.display(),
+                    orphans.len()
+                ));
+            }
+            let new = rw | OFlags::CREATE | OFlags::EXCL;
+            match rustix::fs::openat(dir, STATE_FILE, new, Mode::from_raw_mode(0o600)) {
+                Ok(fd) => (fd, true),
+                // Made by another controller just now: its.
+                Err(rustix::io::Errno::EXIST) => (
+                    rustix::fs::openat(dir, STATE_FILE, rw, Mode::empty()).map_err(|e| fail(e.into()))?,
+                    false,
+                ),
+                Err(e) => return Err(fail(e.into())),
+            }
+        }
+        Err(e) => return Err(fail(e.into())),
+    };
+    let file = File::from(fd);
+    block_backend::lock_file(&file, &path.join(STATE_FILE), Some(lock))
+        .map_err(|e| format!("namespace pool {}: {e}", path.display()))?;
+    if made {
+        crate::shared_file::initialize::<PoolState>(&file)
+            .map_err(|e| fail(std::io::Error::other(e.to_string())))?;
+    }
+    Ok((file, made))
 }
 
 /// An operator's change to the pool (not a host's command): refused with why.

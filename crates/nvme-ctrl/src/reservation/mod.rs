@@ -27,6 +27,12 @@ pub use rules::{Access, HostId, Requester, ResvState};
 /// A namespace's reservation state file, shared by every controller.
 pub type ResvFile = crate::shared_file::SharedFile<ResvState>;
 
+/// Writes a new reservation state file (no registrants, no reservation): for the
+/// process that has just created `file`.
+pub fn initialize(file: &std::fs::File) -> Result<(), StoreError> {
+    crate::shared_file::initialize::<ResvState>(file)
+}
+
 /// The Host Identifier one controller's host set (Set Features 81h): all zero
 /// until it does.
 #[derive(Debug)]
@@ -96,10 +102,19 @@ impl Reservations {
         Reservations { file, host }
     }
 
-    /// Whether this controller's host may run a command of kind `access` now.
+    /// Whether this controller's host may run a command of kind `access` now:
+    /// Reservation Conflict if not, Internal Error once the state file is not to be
+    /// trusted (it shrank or was damaged under us: a fence it held is not known).
     #[inline]
-    pub fn allows(&self, access: Access) -> bool {
-        self.file.with_current(|state, _| state.rtype.is_none() || state.allows(&self.host.get().0, access))
+    pub fn check(&self, access: Access) -> Result<(), nvme_spec::Status> {
+        let ok = self
+            .file
+            .with_current(|state, _| state.rtype.is_none() || state.allows(&self.host.get().0, access));
+        if self.file.broken().is_some() {
+            return Err(nvme_spec::Status::INTERNAL_ERROR);
+        }
+        // Not retried: the same command would conflict again.
+        ok.then_some(()).ok_or(nvme_spec::Status::RESERVATION_CONFLICT.with_dnr())
     }
 
     /// The state as it is now.

@@ -219,8 +219,10 @@ fn temp(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// Opens the state file at `p`, made (initialized) if it is new.
 fn open(p: &std::path::Path) -> ResvFile {
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).unwrap();
+    super::initialize(&f).unwrap();
     ResvFile::open(f).unwrap()
 }
 

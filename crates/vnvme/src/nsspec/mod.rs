@@ -449,11 +449,7 @@ impl NsSpec {
         needs.meta = self.meta.is_some();
         needs.resv = self.shared.resv.is_some();
         let reservations = match &self.shared.resv {
-            Some(p) => Some(Arc::new(crate::zonespec::open_kept_file(
-                p,
-                "reservation state file",
-                &locks.shared(Role::Reservations, nsid),
-            )?)),
+            Some(p) => Some(Arc::new(open_resv_file(p, &locks.shared(Role::Reservations, nsid))?)),
             None => None,
         };
         let metadata = match &self.meta {
@@ -595,6 +591,42 @@ impl NsSpec {
         _ => Err("this server has no control socket allowance in its sandbox".into()),
     }
     }
+}
+
+/// The reservation state file at `p`, locked as `lock` says: the one there,
+/// whole (checked now, named in what is said), or a new one made where there is
+/// none (said). One that is empty, cut short or foreign is refused: taken for a
+/// new one, it would drop the fences it held.
+fn open_resv_file(p: &std::path::Path, lock: &file_lock::Request) -> std::io::Result<std::fs::File> {
+    use std::io::ErrorKind;
+    let what = |e: &dyn std::fmt::Display| format!("reservation state file {}: {e}", p.display());
+    let open = || std::fs::OpenOptions::new().read(true).write(true).open(p);
+    let (f, made) = match open() {
+        Ok(f) => (f, false),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            match std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(p) {
+                Ok(f) => (f, true),
+                // Made by another controller just now.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => (open()?, false),
+                Err(e) => return Err(std::io::Error::new(e.kind(), what(&e))),
+            }
+        }
+        Err(e) => return Err(std::io::Error::new(e.kind(), what(&e))),
+    };
+    block_backend::lock_file(&f, p, Some(lock))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("reservation state file {e}")))?;
+    if made {
+        nvme_ctrl::reservation::initialize(&f).map_err(|e| std::io::Error::other(what(&e)))?;
+        crate::logging::say!(
+            "vnvme: reservation state file {} made (new: no registrants, no reservation)",
+            p.display()
+        );
+    } else {
+        let check = f.try_clone().map_err(|e| std::io::Error::other(what(&e)))?;
+        nvme_ctrl::reservation::ResvFile::open(check)
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, what(&e)))?;
+    }
+    Ok(f)
 }
 
 /// An error opening a namespace as an operator reads it: a file another writer
