@@ -25,13 +25,16 @@ Usage: ${0##*/} [--kernel K] [--ns SPEC]... [--workers N] [--poll MODE]
     driver's kernel messages and a short fio 4k randread; then the guest
     powers off (the driver shuts the controller down: CC.SHN)
  5. prints the server's own counters: trapped doorbell writes and interrupts
-    per I/O, over the fio run and in total
+    per I/O, over the fio run and in total, and what they mean
+
+The server runs as an operator's would: serve's defaults but for the ones given.
 
   --kernel K        guest kernel: newest (default) | bookworm | KVER
   --ns SPEC         namespace, repeatable: ram:SIZE, null:SIZE, file:PATH:SIZE,
                     each with optional :lba=512|4096 (default: serve's ram:1G)
-  --workers N       server I/O worker threads (default 1)
-  --poll MODE       off | adaptive | always (default adaptive)
+  --workers N       server I/O worker threads (default: serve's, inline (0) on
+                    a host with 2 usable CPUs or fewer, else 1)
+  --poll MODE       off | adaptive | always (default: serve's, adaptive)
   --accel A         auto | kvm | tcg (default: \$VNVME_ACCEL or auto: KVM only
                     if a probe boot works, else TCG)
   --fio-seconds S   fio runtime (default 5)
@@ -41,11 +44,12 @@ Usage: ${0##*/} [--kernel K] [--ns SPEC]... [--workers N] [--poll MODE]
                     e.g. -- --doorbells eventfd --queues 4
 
 The server is stopped on every exit path. Logs (server log, serial console,
-counters) stay in a private directory printed at the start and the end.
+counters, the fetch's whole output) stay in a private directory printed at the
+start and the end.
 EOF
 }
 
-kernel=newest workers=1 poll=adaptive accel="${VNVME_ACCEL:-auto}" fio_s=5 fetch=1 build=1
+kernel=newest workers="" poll="" accel="${VNVME_ACCEL:-auto}" fio_s=5 fetch=1 build=1
 nss=() extra=()
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -63,8 +67,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ $fio_s =~ ^[0-9]+$ && $fio_s -ge 1 ]] || die "--fio-seconds must be a whole number >= 1"
-[[ $workers =~ ^[0-9]+$ && $workers -ge 1 ]] || die "--workers must be >= 1"
-case $poll in off | adaptive | always) ;; *) die "--poll must be off, adaptive or always" ;; esac
+[[ -z $workers || $workers =~ ^[0-9]+$ ]] || die "--workers must be a number (0: inline)"
+case $poll in "" | off | adaptive | always) ;; *) die "--poll must be off, adaptive or always" ;; esac
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-run.XXXXXX")
 chmod 700 "$run"
@@ -79,18 +83,37 @@ finish() {
     echo "  serve.log   vnvme serve (--log info)"
     echo "  guest.log   the guest's serial console"
     echo "  stats.json  the server's counters at exit"
+    [[ -s $run/fetch.log ]] && echo "  fetch.log   what fetching QEMU, the kernel and the initramfs printed"
     exit "$rc"
 }
 trap finish EXIT
 trap 'exit 130' INT TERM
 step() { printf '\n\033[1m== [%s] %s\033[0m\n' "$1" "$2"; }
 
+# fetch CMD...: runs a fetch script with its whole output in fetch.log; the terminal
+# gets the script's own lines (one per package set fetched, none per package) and any
+# error or warning (not apt's package lists, whose names may hold those words), and
+# on a failure the end of the log.
+fetch() {
+    local rc=0
+    { "$@" 2>&1 || echo $? >"$run/fetch.rc"; } | tee -a "$run/fetch.log" |
+        grep --line-buffered -aE '^\[[^]]+\] |^(E|W|Err):|error|warning|fail' |
+        grep --line-buffered -avE '^\[[^]]+\] (extracting |resolving dependencies|apt update)|^ |^(Get|Hit|Ign):' ||
+        true
+    [[ -e $run/fetch.rc ]] && rc=$(cat "$run/fetch.rc")
+    if [[ $rc -ne 0 ]]; then
+        echo "${1##*/} failed (status $rc); the end of $run/fetch.log:"
+        tail -n 30 "$run/fetch.log"
+        exit "$rc"
+    fi
+}
+
 echo "vnvme run-guest: kernel $kernel, logs in $run"
 step 1/5 "QEMU 11.1, guest kernel '$kernel' and initramfs (fetched once, then cached)"
 if [[ $fetch -eq 1 ]]; then
-    "$VNVME_GUEST_DIR/fetch-qemu.sh"
-    "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
-    "$VNVME_GUEST_DIR/mkinitramfs.sh" "$kernel"
+    fetch "$VNVME_GUEST_DIR/fetch-qemu.sh"
+    fetch "$VNVME_GUEST_DIR/fetch-kernels.sh" "$kernel"
+    fetch "$VNVME_GUEST_DIR/mkinitramfs.sh" "$kernel"
 else
     echo "skipped (--no-fetch)"
 fi
@@ -101,7 +124,10 @@ if [[ $build -eq 1 ]]; then vn_build; else echo "skipped (--no-build): $VNVME_BI
 
 step 3/5 "start vnvme serve"
 sock="$run/vnvme.sock"
-serve_args=(--once --stats-file "$run/stats.json" --log info --workers "$workers" --poll "$poll" "${nss[@]}" "${extra[@]}")
+serve_args=(--once --stats-file "$run/stats.json" --log info)
+[[ -n $workers ]] && serve_args+=(--workers "$workers")
+[[ -n $poll ]] && serve_args+=(--poll "$poll")
+serve_args+=("${nss[@]}" "${extra[@]}")
 echo "$VNVME_BIN serve --socket $sock ${serve_args[*]}"
 vn_serve_start "$run/serve.log" "$sock" "${serve_args[@]}" || die "vnvme serve did not start (see $run/serve.log)"
 grep -a '^vnvme: serving' "$run/serve.log" || true
@@ -182,14 +208,24 @@ if [[ $src -eq 124 ]]; then
     vn_serve_stop "$VN_PID"
 fi
 VN_PID=""
-sed -n 's/^vnvme: //p' "$run/serve.log" | tail -1 | sed 's/^/total since the server started: /'
+# The summary line ("N I/O commands, N admin; trapped I/O doorbell writes ..."), not
+# the lines that follow it (polling, per namespace).
+grep -a '^vnvme: [0-9]* I/O commands' "$run/serve.log" | tail -1 | sed 's/^vnvme: /total since the server started: /'
 if grep -qa 'controller shut down' "$run/serve.log"; then
     echo "clean shutdown: $(grep -a 'controller shut down' "$run/serve.log" | tail -1 | sed 's/.*INFO //')"
 fi
 if vn_mark_deltas "$run/marks" fio-start fio-end; then
-    modes=$(grep -ao 'polling [A-Za-z]*\(, doorbells [A-Za-z]*\)\?' "$run/serve.log" | head -1)
-    echo "during the fio run: $VN_IO I/O commands, $VN_DB trapped I/O doorbell writes = $(vn_ratio "$VN_DB" "$VN_IO") per I/O, $VN_IRQ interrupts = $(vn_ratio "$VN_IRQ" "$VN_IO") per I/O (${modes:-polling $poll})"
+    # The modes as the serving line gives them: "inline: no workers" or "N worker(s)",
+    # then --poll and --doorbells.
+    modes=$(sed -n 's/^vnvme: serving .* (\(inline: no workers\|[0-9]* worker(s)\).*\(--poll [a-z]*, --doorbells [a-z]*\).*/\1, \2/p' \
+        "$run/serve.log" | head -1)
+    echo "during the fio run: $VN_IO I/O commands, $VN_DB trapped I/O doorbell writes = $(vn_ratio "$VN_DB" "$VN_IO") per I/O, $VN_IRQ interrupts = $(vn_ratio "$VN_IRQ" "$VN_IO") per I/O (${modes:-polling ${poll:-adaptive}})"
 fi
+# What the doorbell figure means, beside the README's 0.06 per command at QD 16.
+polling=$(grep -a '^vnvme: adaptive polling chose to' "$run/serve.log" | tail -1 | sed 's/^vnvme: //')
+[[ -n $polling ]] && echo "$polling"
+choice=$(sed -n 's/^adaptive polling chose to \([a-z]*\).*/\1/p' <<<"$polling")
+echo "what this means: with shadow doorbells the guest traps (a doorbell write QEMU passes to vnvme) only when EventIdx asks: seldom while the server spins (EventIdx left stale), up to once a command while it sleeps (EventIdx kept current: it must be woken, and fio here refills one command per completion). Adaptive polling runs whichever costs less CPU per command beside this guest and may switch during the run${choice:+ (at exit: $choice)}; the README's 0.06 per command at QD 16 is the mock-host bench, whose host submits 16 commands a ring."
 echo
 if [[ $guest_rc -eq 0 && $src -eq 0 ]]; then
     echo "run-guest: OK (guest script and server exited 0)"
