@@ -57,6 +57,10 @@ pub(crate) const MSG_ENDING: u16 = 0xf107;
 /// Journal: duplicates of descriptors the client sent, with the stream range of the
 /// read that brought them (two u64s), before the messages they came with are handled.
 pub(crate) const MSG_RX_FDS: u16 = 0xf108;
+/// Journal: a takeover by the process whose PID follows is under way (an upgrade
+/// asked for): if this process dies, the keeper waits for that one to take the
+/// device over or end, before it stands in.
+pub(crate) const MSG_TAKEOVER: u16 = 0xf109;
 /// Most bytes of state JSON per message.
 const CHUNK: usize = 512 << 10;
 
@@ -278,6 +282,12 @@ impl Device {
         listener: Option<&UnixListener>,
     ) -> io::Result<()> {
         let mut conn = Connection::with_deadline(r.stream, Duration::from_secs(10))?;
+        // A keeper learns of the new process before it can hold anything of the
+        // device's (it waits for it if this one dies now).
+        if let Ok(p) = rustix::net::sockopt::socket_peercred(conn.stream()) {
+            self.journal_takeover(p.pid.as_raw_nonzero().get() as u32);
+        }
+        crate::server::kill_point("old:handover-asked");
         // The migration state and the dirty log live in this process only.
         if self.mig.state != crate::transfer::MigState::Running || self.dma.logging() {
             let why = format!(
@@ -294,15 +304,22 @@ impl Device {
             let _ = send(&mut conn, MSG_FAILED, why.as_bytes(), &[]);
             return Err(io::Error::other(why));
         }
+        crate::server::kill_point("old:quiesced");
         let sent = self.send_state(&mut conn, quiesced_at_ns, r.extra, r.extra_fds, client, listener);
+        crate::server::kill_point("old:sent");
         let ready = sent.and_then(|()| {
             await_ready(&mut conn, READY_WAIT, |c| {
+                crate::server::kill_point("old:ready");
                 // A keeper watches the new process from here on (`keeper`).
                 if let Ok(p) = rustix::net::sockopt::socket_peercred(c.stream()) {
                     self.journal_handed_to(p.pid.as_raw_nonzero().get() as u32);
                 }
+                crate::server::kill_point("old:handed");
             })
         });
+        if ready.is_ok() {
+            crate::server::kill_point("old:go");
+        }
         // After GO this process never serves again, whatever happens; before it,
         // it serves on.
         if ready.is_err() {
@@ -510,11 +527,30 @@ pub(crate) fn recv_saved_after(
 }
 
 /// Sends READY to the process that handed a device over, and waits for its GO.
+/// `UnexpectedEof`: it closed the connection without a word (it died, or it is
+/// dying: whether it lives on is for the caller to find out).
 pub(crate) fn say_ready(conn: &mut Connection) -> io::Result<()> {
-    send(conn, MSG_READY, &[], &[])?;
-    let m = conn.recv().map_err(proto)?;
+    let gone = || io::Error::new(io::ErrorKind::UnexpectedEof, "the old process went away before GO");
+    if let Err(e) = send(conn, MSG_READY, &[], &[]) {
+        return Err(match e.kind() {
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => gone(),
+            _ => e,
+        });
+    }
+    let m = match conn.recv() {
+        Ok(m) => m,
+        Err(vfio_user::ProtoError::Closed) => return Err(gone()),
+        Err(e) => return Err(proto(e)),
+    };
     if m.header.command.get() != MSG_GO {
-        return Err(io::Error::other("the old process did not let go"));
+        return Err(io::Error::other(format!(
+            "the old process did not let go{}",
+            if m.header.command.get() == MSG_FAILED {
+                format!(": {}", String::from_utf8_lossy(&m.payload))
+            } else {
+                String::new()
+            }
+        )));
     }
     Ok(())
 }
@@ -539,7 +575,12 @@ pub(crate) fn await_ready(
             "unexpected message {:#x} from the new process",
             m.header.command.get()
         ))),
-        Err(e) => Err(io::Error::other(format!("no word from the new process: {e}"))),
+        Err(e) => {
+            // Said, so the new process never takes a silence for this one's death.
+            let why = format!("no word from the new process: {e}");
+            let _ = send(conn, MSG_FAILED, why.as_bytes(), &[]);
+            Err(io::Error::other(why))
+        }
     }
 }
 

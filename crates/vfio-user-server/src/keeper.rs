@@ -49,7 +49,7 @@ use zerocopy::FromBytes;
 use crate::device::Device;
 use crate::handover::{
     await_ready, recv_saved_after, send, send_saved, DeviceSaved, PartialSaved, Parts, MSG_ENDING,
-    MSG_HANDED_TO, MSG_RX_FDS,
+    MSG_HANDED_TO, MSG_RX_FDS, MSG_TAKEOVER,
 };
 use crate::transfer::hex;
 pub use crate::transfer::Journal;
@@ -204,6 +204,17 @@ impl Device {
         if let Some(j) = self.journal.current.as_mut() {
             if let Err(e) = send(&mut j.conn, MSG_HANDED_TO, &pid.to_le_bytes(), &[]) {
                 warn!("the keeper was not told of the hand-over to pid {pid}: {e}");
+            }
+        }
+    }
+
+    /// A takeover by process `pid` is under way (an upgrade): if this process dies
+    /// now, the keeper waits for that one (it takes the device over, or ends)
+    /// before it stands in.
+    pub fn journal_takeover(&mut self, pid: u32) {
+        if let Some(j) = self.journal.current.as_mut() {
+            if let Err(e) = send(&mut j.conn, MSG_TAKEOVER, &pid.to_le_bytes(), &[]) {
+                warn!("the keeper was not told of the takeover by pid {pid}: {e}");
             }
         }
     }
@@ -407,6 +418,8 @@ pub enum JournalEvent {
     HandedTo(u32),
     /// The process ends on its own: nothing to restart.
     Ending,
+    /// A takeover by the process with this PID is under way (an upgrade).
+    Takeover(u32),
 }
 
 /// The keeper's end of a serving process's journal.
@@ -434,6 +447,9 @@ impl JournalReader {
                 Ok(JournalEvent::HandedTo(u32::from_le_bytes(m.payload[..4].try_into().expect("4 bytes"))))
             }
             MSG_ENDING => Ok(JournalEvent::Ending),
+            MSG_TAKEOVER if m.payload.len() == 4 => {
+                Ok(JournalEvent::Takeover(u32::from_le_bytes(m.payload[..4].try_into().expect("4 bytes"))))
+            }
             MSG_RX_FDS if m.payload.len() == 16 && !m.fds.is_empty() => {
                 let at = |i: usize| u64::from_le_bytes(m.payload[i..i + 8].try_into().expect("8 bytes"));
                 let (start, end) = (at(0), at(8));

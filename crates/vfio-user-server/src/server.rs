@@ -100,6 +100,23 @@ impl DieOn {
     }
 }
 
+/// Fault injection for the upgrade tests: with `VNVME_TEST_KILL_AT=NAME` in its
+/// environment, a process SIGKILLs itself when it reaches the point called NAME
+/// (the hand-over's steps: `old:*` in the process handing over, `new:*` in the one
+/// taking over), as a kill from outside landing there would. Says so first.
+pub fn kill_point(name: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT.get_or_init(|| std::env::var("VNVME_TEST_KILL_AT").ok()).as_deref() != Some(name) {
+        return;
+    }
+    let line = format!("vnvme: killed at {name} (fault injection: VNVME_TEST_KILL_AT)\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    // A signal to this thread (tgkill, which a sandbox allows): SIGKILL takes the
+    // whole process.
+    let _ =
+        nix::sys::pthread::pthread_kill(nix::sys::pthread::pthread_self(), nix::sys::signal::Signal::SIGKILL);
+}
+
 /// A request to stop, from anywhere, a signal handler included: [`Stop::request`]
 /// is a store and an eventfd write, both async-signal-safe.
 #[derive(Debug)]

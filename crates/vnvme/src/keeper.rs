@@ -147,6 +147,8 @@ struct Watched {
     ending: bool,
     /// It handed the device over to this PID (an upgrade).
     handed_to: Option<u32>,
+    /// A takeover by this PID was under way (an upgrade asked for).
+    takeover: Option<u32>,
 }
 
 /// Runs the keeper until the serving process ends for good (or `stop`, asked
@@ -186,12 +188,15 @@ pub fn run(stop: std::sync::Arc<vfio_user_server::server::Stop>) -> Result<(), B
         RESTART_WINDOW.as_secs()
     );
     let mut adopt: Option<u32> = None;
+    // The adopted process is one an upgrade was under way to when the serving one
+    // died: it has not said it took the device over.
+    let mut tentative = false;
     // The first message the last stand-in was handed to answer.
     let mut last_handed = vfio_user_server::keeper::LastHanded::default();
     // When the last serving process was seen to end.
     let mut died_at = Instant::now();
     loop {
-        let standin = kept.is_some() && adopt.is_none();
+        let mut standin = kept.is_some() && adopt.is_none();
         let mut serving = match adopt.take() {
             Some(pid) => {
                 let fd = rustix::process::Pid::from_raw(pid as i32).ok_or("no such process").and_then(|p| {
@@ -204,13 +209,18 @@ pub fn run(stop: std::sync::Arc<vfio_user_server::server::Stop>) -> Result<(), B
                         if let Ok(e) = std::fs::read_link(format!("/proc/{pid}/exe")) {
                             exe = e;
                         }
-                        say!("vnvme keeper: watching pid {pid} now (the device was handed over to it)");
+                        if !std::mem::take(&mut tentative) {
+                            say!("vnvme keeper: watching pid {pid} now (the device was handed over to it)");
+                        }
                         Serving::Adopted { pid, fd }
                     }
                     Err(why) => {
                         say!("vnvme keeper: the device was handed over to pid {pid}, but {why}");
                         continue_or_end(&mut kept)?;
-                        spawn(&exe, &args, &name, kept.is_some().then_some(restarts_total))?
+                        // A stand-in, handed the last entry as any other is (it
+                        // waited for one in vain before, and timed out).
+                        standin = kept.is_some();
+                        spawn(&exe, &args, &name, standin.then_some(restarts_total))?
                     }
                 }
             }
@@ -239,6 +249,20 @@ pub fn run(stop: std::sync::Arc<vfio_user_server::server::Stop>) -> Result<(), B
         }
         if let Some(next) = w.handed_to {
             adopt = Some(next);
+            continue;
+        }
+        // Died during an upgrade: the process taking over may hold the device
+        // already (all but the old one's GO), or its files: it takes the device
+        // over (and reports here), or ends; only then is a stand-in started.
+        if let Some(next) =
+            w.takeover.filter(|&t| !w.ending && !status.is_some_and(|s| s.success()) && alive(t))
+        {
+            say!(
+                "vnvme keeper: the serving process (pid {pid}) {said} during an upgrade: waiting for pid {next}, \
+                 which takes the device over or ends (then a stand-in starts)"
+            );
+            adopt = Some(next);
+            tentative = true;
             continue;
         }
         if w.ending || status.is_some_and(|s| s.success()) {
@@ -339,6 +363,7 @@ fn watch(
                     }
                 }
                 Ok(JournalEvent::HandedTo(pid)) => w.handed_to = Some(pid),
+                Ok(JournalEvent::Takeover(pid)) => w.takeover = Some(pid),
                 Ok(JournalEvent::Ending) => w.ending = true,
                 // The serving end closed: it is ending (or gave its keeper up).
                 Err(_) => return w,
@@ -378,6 +403,15 @@ fn accept_from(
     say!("vnvme keeper: the serving process did not report within {}s", REPORT_WAIT.as_secs());
     serving.signal(rustix::process::Signal::KILL);
     None
+}
+
+/// Whether process `pid` exists and has not exited (a zombie, exited and not yet
+/// reaped, has). When /proc cannot be read (a sandbox), it is taken as alive.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_none_or(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
 }
 
 fn timespec(d: Duration) -> rustix::time::Timespec {

@@ -206,6 +206,11 @@ pub fn ask_prepare(control: &Path) -> Result<Prepared, String> {
     let stream = call(control, "upgrade.prepare", Value::Null)?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).map_err(|e| format!("upgrade.prepare: {e}"))?;
+    if line.is_empty() {
+        return Err(
+            "upgrade.prepare: the running server closed the connection without an answer (it died?)".into()
+        );
+    }
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("upgrade.prepare: not JSON: {e}"))?;
     if let Some(e) = v.get("error") {
         return Err(format!("the running server refused: {}", e["message"].as_str().unwrap_or("?")));
@@ -216,7 +221,8 @@ pub fn ask_prepare(control: &Path) -> Result<Prepared, String> {
 /// Step 2: the hand-over itself.
 pub fn ask_handover(control: &Path, prepared: &Prepared) -> Result<Taken, String> {
     let stream = call(control, "upgrade.handover", json!({ "prepared": prepared }))?;
-    let h = handover::Handover::receive(stream).map_err(|e| e.to_string())?;
+    let h = handover::Handover::receive(stream)
+        .map_err(|e| format!("upgrade.handover: {e} (the running server went away, or refused)"))?;
     let extra: Extra = match serde_json::from_value(h.saved.extra.clone()) {
         Ok(x) => x,
         Err(e) => {
@@ -234,6 +240,33 @@ pub struct UpgradeOptions {
     pub control: PathBuf,
     pub binary: Option<PathBuf>,
     pub timeout: Duration,
+}
+
+/// Who serves the device after an upgrade that did not happen, as the control
+/// socket answers (waited for: a keeper's stand-in may be starting, its files let
+/// go of by the kernel a moment after the dead process's end).
+fn who_serves(o: &UpgradeOptions, old_pid: u64) -> String {
+    let deadline = Instant::now() + file_lock::EXITED_WAIT + Duration::from_secs(20);
+    loop {
+        match crate::ctl::request(&o.control, "ctrl.info", Value::Null, Duration::from_secs(2)) {
+            Ok(i) if i["pid"].as_u64() == Some(old_pid) => {
+                return format!("the running server (pid {old_pid}) serves on")
+            }
+            Ok(i) => {
+                return format!(
+                    "the running server (pid {old_pid}) is gone: pid {} serves the device now (a keeper's \
+                     stand-in: the guest resets the controller)",
+                    i["pid"].as_u64().unwrap_or(0)
+                )
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                return format!(
+                    "the running server (pid {old_pid}) does not answer its control socket ({e}): see its log"
+                )
+            }
+        }
+    }
 }
 
 /// `vnvme ctl upgrade`: starts the new process and reports what happened. The old
@@ -287,8 +320,9 @@ pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
             }
         };
         return Err(format!(
-            "the new process ({}) did not take over ({status}); the running server (pid {old_pid}) serves on",
-            binary.display()
+            "the new process ({}) did not take over ({status}); {}",
+            binary.display(),
+            who_serves(o, old_pid)
         ));
     };
     let report: Value = serde_json::from_str(report.trim()).unwrap_or(Value::Null);

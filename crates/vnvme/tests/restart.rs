@@ -116,24 +116,12 @@ fn page(seed: u8) -> Vec<u8> {
     (0..4096u32).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
 }
 
-/// Writes one page at `lba` from slot 0 and checks the completion.
 fn write_page(h: &mut NvmeOverVfioUser, lba: u64, data: &[u8]) {
-    h.mem.write(NvmeOverVfioUser::slot(0), data).unwrap();
-    h.queue_rw(true, 0, lba);
-    h.ring_io(false);
-    let c = h.reap_io(1);
-    assert!(c[0].status().is_success(), "write: {:?}", c[0].status());
+    h.write_page(lba, data)
 }
 
 fn read_page(h: &mut NvmeOverVfioUser, lba: u64) -> Vec<u8> {
-    h.mem.fill(NvmeOverVfioUser::slot(1), 4096, 0xee).unwrap();
-    h.queue_rw(false, 1, lba);
-    h.ring_io(false);
-    let c = h.reap_io(1);
-    assert!(c[0].status().is_success(), "read: {:?}", c[0].status());
-    let mut got = vec![0u8; 4096];
-    h.mem.read(NvmeOverVfioUser::slot(1), &mut got).unwrap();
-    got
+    h.read_page(lba)
 }
 
 /// Kills the serving process `first` under the connected host `h`, waits for the

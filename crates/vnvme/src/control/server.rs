@@ -77,7 +77,22 @@ impl Protocol for JsonLines {
             }
             return Answer::Close;
         }
-        match answer(line, &self.ctx) {
+        let preparing = is_request(line, "upgrade.prepare");
+        if preparing {
+            // A takeover begins: a keeper learns of its process now, before that
+            // process opens anything (if this one dies, it waits for that one).
+            if let Stream::Unix(s) = stream {
+                if let Ok(c) = rustix::net::sockopt::socket_peercred(s) {
+                    let pid = c.pid.as_raw_nonzero().get() as u32;
+                    let _ = self.ctx.jobs.run(crate::control::JOB_LIMIT, move |d| d.journal_takeover(pid));
+                }
+            }
+        }
+        let reply = answer(line, &self.ctx);
+        if preparing {
+            vfio_user_server::server::kill_point("old:prepared");
+        }
+        match reply {
             Some(reply) => {
                 let mut out = reply.to_string().into_bytes();
                 out.push(b'\n');
@@ -110,6 +125,13 @@ fn handover_request(line: &[u8]) -> Option<Value> {
     let v: Value = serde_json::from_slice(line).ok()?;
     (v.get("jsonrpc")?.as_str()? == "2.0" && v.get("method")?.as_str()? == "upgrade.handover")
         .then(|| v.get("params").cloned().unwrap_or(Value::Null))
+}
+
+/// Whether `line` is a request for `method` (alone, not in a batch).
+fn is_request(line: &[u8], method: &str) -> bool {
+    serde_json::from_slice::<Value>(line)
+        .ok()
+        .is_some_and(|v| v.get("method").and_then(Value::as_str) == Some(method))
 }
 
 /// The reply to one request line (None for a notification, which gets none).

@@ -101,6 +101,9 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             let dev = Device::restore(ctrl, irqs, device_options(&a), h)?;
             let l = h.saved.listener.ok_or("the keeper's journal has no listening socket")?;
             sockets.0.push(SocketFile::adopt(&a.socket).map_err(|e| format!("--socket {e}"))?);
+            // The socket is the keeper's listener's: a stand-in whose start fails
+            // leaves it (and what it bound) for the next one.
+            sockets.1 = true;
             (dev, UnixListener::from(h.take(l)?))
         }
         None => {
@@ -164,6 +167,8 @@ pub fn run(mut a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             f.discard_if_new();
         }
     })?;
+    // Serving: the socket files are this process's to remove at its end.
+    started.sockets.1 = false;
     let keeper = match (serving, journal) {
         (Some(s), _) => Some(s),
         (None, Some(h)) => {

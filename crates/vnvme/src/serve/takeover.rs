@@ -18,6 +18,21 @@ use super::{raise_fd_limit, Ns, Running, ServeArgs, Sockets, Takeover};
 use crate::nsspec::NsSpec;
 use crate::sandbox;
 
+/// Whether process `pid`, whose end of a connection just closed, has exited: a
+/// process being killed closes its descriptors a moment before it is seen to have
+/// exited, so it is given a moment (bounded). Alive after that, it closed the
+/// connection on purpose.
+fn gone(pid: u32) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while crate::keeper::alive(pid) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    true
+}
+
 /// `vnvme takeover`: takes a running server's device over (docs/UPGRADE.md).
 /// `parse` reads the running server's command line (`vnvme serve`'s arguments from
 /// the whole of it: the program's own parser).
@@ -29,6 +44,7 @@ pub fn takeover(
     // Before any thread starts: they inherit the blocked signals.
     crate::signals::install(crate::signals::Role::Serve)?;
     let prepared = upgrade::ask_prepare(&t.control)?;
+    vfio_user_server::server::kill_point("new:prepared");
     let mut a = parse(&prepared.argv)?;
     let workers_defaulted = resolve_workers(&mut a);
     check(&a)?;
@@ -49,10 +65,12 @@ pub fn takeover(
             );
         }
     }
+    vfio_user_server::server::kill_point("new:opened");
     let max_namespaces = max_namespaces(&a)?;
     let poll = poll_mode(&a);
     raise_fd_limit();
     let mut taken = upgrade::ask_handover(&t.control, &prepared)?;
+    vfio_user_server::server::kill_point("new:received");
     let built = (|| -> Result<Running, String> {
         let h = &mut taken.handover;
         let x = &taken.extra;
@@ -160,7 +178,10 @@ pub fn takeover(
         _ => built,
     };
     let running = match built {
-        Ok(r) => r,
+        Ok(r) => {
+            vfio_user_server::server::kill_point("new:built");
+            r
+        }
         Err(why) => {
             taken.handover.failed(&why);
             return Err(format!("cannot take over: {why}; the running server serves on").into());
@@ -197,7 +218,19 @@ pub fn takeover(
             return Err(why.into());
         }
     };
-    taken.handover.ready().map_err(|e| format!("the running server did not let go: {e}"))?;
+    vfio_user_server::server::kill_point("new:started");
+    match taken.handover.ready() {
+        Ok(()) => {}
+        // The old process went away without its GO. Dead, it can serve no more,
+        // and everything it had is here: this one serves (its keeper, told a
+        // takeover by this process was under way, waits for it). Alive, it serves
+        // on, and this one must not.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && gone(old_pid) => {
+            say!("vnvme: takeover: the running server (pid {old_pid}) died before it let go: this process serves");
+        }
+        Err(e) => return Err(format!("the running server did not let go: {e}").into()),
+    }
+    vfio_user_server::server::kill_point("new:ready");
     // The old process has let go: the socket files are this one's to remove.
     started.sockets.1 = false;
     // From here on this process serves: the old one has exited or is exiting.

@@ -339,4 +339,25 @@ impl NvmeOverVfioUser {
             assert!(got == want, "page {p} read back differs from what was written");
         }
     }
+
+    /// Writes one page at `lba` from slot 0, checking the completion.
+    pub fn write_page(&mut self, lba: u64, data: &[u8]) {
+        self.mem.write(Self::slot(0), data).unwrap();
+        self.queue_rw(true, 0, lba);
+        self.ring_io(false);
+        let c = self.reap_io(1);
+        assert!(c[0].status().is_success(), "write: {:?}", c[0].status());
+    }
+
+    /// Reads one page at `lba` through slot 1, checking the completion.
+    pub fn read_page(&mut self, lba: u64) -> Vec<u8> {
+        self.mem.fill(Self::slot(1), PAGE, 0xee).unwrap();
+        self.queue_rw(false, 1, lba);
+        self.ring_io(false);
+        let c = self.reap_io(1);
+        assert!(c[0].status().is_success(), "read: {:?}", c[0].status());
+        let mut got = vec![0u8; PAGE as usize];
+        self.mem.read(Self::slot(1), &mut got).unwrap();
+        got
+    }
 }
