@@ -38,14 +38,18 @@ fn run_in(dir: &Path, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// The directory's entries and the kept file's bytes.
-fn snapshot(dir: &Path) -> (Vec<String>, Vec<u8>) {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
+/// The directory's entries, each file's bytes with it.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = if p.is_file() { std::fs::read(&p).unwrap() } else { Vec::new() };
+            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+        })
         .collect();
-    names.sort();
-    (names, std::fs::read(dir.join("keep.img")).unwrap())
+    v.sort();
+    v
 }
 
 #[test]
@@ -53,6 +57,8 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
     let dir = common::temp_dir("cli-errors");
     let keep = test_util::pattern(11, 8 << 20);
     std::fs::write(dir.join("keep.img"), &keep).unwrap();
+    // A reservation state file an operator emptied: refused, never made anew.
+    std::fs::write(dir.join("empty.resv"), b"").unwrap();
     // A socket something listens on and never answers (a stopped server, or not
     // a control socket at all).
     let _quiet = std::os::unix::net::UnixListener::bind(dir.join("quiet.sock")).unwrap();
@@ -103,6 +109,31 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
             &["serve", "--socket", "s.sock", "--control", "keep.img"],
             1,
             &["--control", "keep.img exists and is not a socket"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--control", "./s.sock"],
+            1,
+            &["--socket and --control are the same path", "each needs its own"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "ram:1M", "--stats-file", "keep.img"],
+            1,
+            &["--stats-file keep.img", "not a stats file of vnvme's (8 MiB", "Give a new path"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--stats-file", "no/such/dir/s.json"],
+            1,
+            &["--stats-file no/such/dir/s.json", "no/such", "create it first"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "file:keep.img", "--ns", "file:./keep.img"],
+            1,
+            &["keep.img is in use by a writer: this process (namespace 1's data)", "One writer per file"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "ram:1M:resv=empty.resv", "--cntlid", "1"],
+            1,
+            &["reservation state file empty.resv", "it is empty", "Restore it from a copy"],
         ),
         (&["perf", "--socket", "s.sock", "--nsid", "0"], 2, &["'0'", "--nsid"]),
         (&["identify", "--socket", "missing.sock"], 1, &["missing.sock"]),

@@ -287,6 +287,24 @@ pub(super) fn check(a: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                     --no-shadow-doorbells, or use --doorbells trapped"
             .into());
     }
+    // One path, one purpose: each socket, and the stats file, its own.
+    let mut paths: Vec<(&str, &std::path::Path)> = vec![("--socket", a.socket.as_path())];
+    paths.extend(a.control.as_deref().map(|p| ("--control", p)));
+    paths.extend(a.metrics.as_ref().and_then(|m| m.unix_path()).map(|p| ("--metrics unix:", p)));
+    paths.extend(a.stats_file.as_deref().map(|p| ("--stats-file", p)));
+    let same = |x: &std::path::Path, y: &std::path::Path| {
+        x == y || std::path::absolute(x).ok().zip(std::path::absolute(y).ok()).is_some_and(|(x, y)| x == y)
+    };
+    for (i, (f, p)) in paths.iter().enumerate() {
+        if let Some((g, _)) = paths[..i].iter().find(|(_, q)| same(p, q)) {
+            return Err(format!(
+                "{g} and {f} are the same path ({}): each needs its own (e.g. vm1.sock, vm1.ctl, \
+                 vm1.metrics, vm1-stats.json)",
+                p.display()
+            )
+            .into());
+        }
+    }
     Ok(())
 }
 
@@ -351,7 +369,7 @@ pub fn lock_policy(a: &ServeArgs, accept: Vec<u32>) -> file_lock::Policy {
 pub(super) fn poll_mode(a: &ServeArgs) -> PollMode {
     if a.doorbells == vfio_user_server::DoorbellMode::Mapped {
         if a.poll != PollMode::Always {
-            eprintln!(
+            crate::logging::say!(
                 "vnvme: --doorbells mapped: workers poll always (the guest's doorbell stores do not notify)"
             );
         }

@@ -426,7 +426,8 @@ impl Running {
                 "vnvme: namespace {}: {} ({} bytes, {}-byte LBAs{meta}, write cache {}, discard {}, write zeroes {})",
                 n.nsid,
                 bi.kind,
-                bi.size,
+                // As served (a zoned one: its whole zones), not the backend's.
+                dev.ctrl.namespace(n.nsid).map_or(bi.size, |ns| ns.size()),
                 1u32 << f.shift,
                 if bi.volatile_cache { "volatile" } else { "none" },
                 if bi.discard { "yes" } else { "no" },
