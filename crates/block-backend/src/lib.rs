@@ -207,6 +207,9 @@ pub struct BackendInfo {
     /// [`Op::Copy`] is done by the storage (copy_file_range: a reflink, or a copy
     /// inside the kernel), the data never passing through our memory.
     pub copy: bool,
+    /// It takes no writes (a file opened read-only, a snapshot): the namespace
+    /// says it is write protected (Identify Namespace NSATTR bit 0).
+    pub read_only: bool,
 }
 
 /// Whether copy_file_range works within `file`: a regular file, on a kernel and file

@@ -199,6 +199,18 @@ impl Policy {
         Request { mode, role, nsid, accept: self.accept.clone(), share_with_vnvme: self.share_with_vnvme }
     }
 
+    /// A file read and never written, as `role` of namespace `nsid`: shared with
+    /// other readers, and no one writes it meanwhile.
+    pub fn reader(&self, role: Role, nsid: Option<u32>) -> Request {
+        Request {
+            mode: Mode::Read,
+            role,
+            nsid,
+            accept: self.accept.clone(),
+            share_with_vnvme: self.share_with_vnvme,
+        }
+    }
+
     /// A file only this process may write, whatever its group: one whose state
     /// it keeps in memory too (a zoned namespace's write pointers).
     pub fn only(&self, role: Role, nsid: Option<u32>) -> Request {

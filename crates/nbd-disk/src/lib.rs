@@ -156,6 +156,8 @@ impl Backend for NbdBackend {
             write_zeroes_max: self.shared.max_other,
             // The NBD protocol has no copy: a Copy reads and writes.
             copy: false,
+            // An export the server serves read-only.
+            read_only: e.has(tflag::READ_ONLY),
         }
     }
 

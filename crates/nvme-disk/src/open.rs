@@ -182,6 +182,8 @@ fn probe(driver: &mut NvmeDriver, opts: &NvmeBackendOptions, pool_bytes: u64) ->
         write_zeroes_max: wz_bytes.unwrap_or(0),
         // A downstream Copy could do it; not offered yet, so a Copy reads and writes.
         copy: false,
+        // Write protected downstream: so it is here (its writes fail there anyway).
+        read_only: ns.id.nsattr & nvme_spec::identify::nsattr::WRITE_PROTECTED != 0,
     };
     let max_rw = ctrl.mdts_bytes.unwrap_or(NO_MDTS_CHUNK).min(65536 * lba).min(pool_bytes / 4) / lba * lba;
     if max_rw == 0 {

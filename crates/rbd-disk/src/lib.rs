@@ -83,6 +83,7 @@ impl Backend for RbdBackend {
         // A snapshot takes no writes: nothing to deallocate or zero either.
         let writable = self.image.spec.snap.is_none();
         BackendInfo {
+            read_only: !writable,
             kind: self.image.spec.to_string(),
             size: self.image.size(),
             // librbd takes any byte offset and length.

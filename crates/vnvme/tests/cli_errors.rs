@@ -135,6 +135,16 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
             1,
             &["reservation state file empty.resv", "it is empty", "Restore it from a copy"],
         ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "file:keep.img:16M:readonly=on"],
+            2,
+            &["readonly=on serves a file as it is", "leave the size out"],
+        ),
+        (
+            &["serve", "--socket", "s.sock", "--ns", "file:keep.img:readonly=yes"],
+            2,
+            &["readonly=yes", "on or off"],
+        ),
         (&["perf", "--socket", "s.sock", "--nsid", "0"], 2, &["'0'", "--nsid"]),
         (&["identify", "--socket", "missing.sock"], 1, &["missing.sock"]),
         (&["ctl", "--control", "missing.sock", "ctrl.info"], 1, &["missing.sock"]),

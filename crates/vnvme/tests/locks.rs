@@ -54,8 +54,14 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// each of `needles`, and nothing in `dir` was created, changed or removed.
 fn refused(dir: &Path, args: &[&str], needles: &[&str]) {
     let before = snapshot(dir);
+    // (The running servers' own files come and go: their logs, stats files and
+    // the stats files' temporary names.)
     let names = |d: &Path| {
-        let mut n: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut n: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.') && !n.ends_with(".log") && !n.ends_with(".json"))
+            .collect();
         n.sort();
         n
     };
@@ -260,5 +266,75 @@ fn qemu_and_vnvme_refuse_each_others_images() {
     let _ = nbd.wait();
     assert_eq!(code, 1, "{err}");
     assert!(err.contains(&format!("pid {} (qemu-nbd)", nbd.id())) && err.contains("not vnvme"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// issue 49: a read-only namespace takes a shared lock: servers that only read an
+/// image share it, and no one writes it meanwhile; a writer keeps readers out. The
+/// namespace is write protected: a write fails Namespace Write Protected.
+#[test]
+fn readers_share_an_image_and_keep_writers_out() {
+    use common::opts;
+    use nvme_driver::{CompletionMode, DoorbellMode};
+    let dir = common::temp_dir("locks-readers");
+    let data = test_util::pattern(12, 4 << 20);
+    std::fs::write(dir.join("r.img"), &data).unwrap();
+    let ro = format!("file:{}:readonly=on", dir.join("r.img").display());
+    let a = Server::start_in(&dir, "a", &["--ns", &ro]);
+    let b = Server::start_in(&dir, "b", &["--ns", &ro]);
+    refused(&dir, &["--ns", "file:r.img"], &["in use, and its user lets no one else write it", "vnvme pid"]);
+    let mut d = a.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    let mut got = vec![0u8; 4096];
+    d.read(1, 8, &mut got).unwrap();
+    assert_eq!(got, data[4096..8192]);
+    let e = d.write(1, 0, &[1u8; 4096]).unwrap_err().to_string();
+    assert!(e.contains("0x20") || e.to_lowercase().contains("write protected"), "{e}");
+    drop(d);
+    drop((a, b));
+    assert_eq!(std::fs::read(dir.join("r.img")).unwrap(), data, "nothing was written");
+    // A writer keeps readers out.
+    let w = Server::start_in(&dir, "w", &["--ns", &format!("file:{}", dir.join("r.img").display())]);
+    refused(
+        &dir,
+        &["--ns", "file:r.img:readonly=on"],
+        &["in use by a writer", &format!("vnvme pid {}", w.pid())],
+    );
+    drop(w);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// issue 49: under `--restart-on-crash`, the stand-in for a killed serving
+/// process opens its files again (the dead one's hold, io_uring's included, is
+/// waited out) and holds them: another server is refused, the stand-in named.
+#[test]
+fn a_stand_in_holds_the_files_its_dead_process_held() {
+    let dir = common::temp_dir("locks-standin");
+    image(&dir.join("k.img"), 4 << 20, 13);
+    let control = dir.join("k.ctl");
+    let ns = format!("file:{}", dir.join("k.img").display());
+    let s = Server::start_in(
+        &dir,
+        "s",
+        &["--ns", &ns, "--restart-on-crash", "--control", control.to_str().unwrap()],
+    );
+    let pid_of = |not: u64| {
+        let deadline = Instant::now() + common::TIMEOUT;
+        loop {
+            if let Some(p) =
+                ctl(&control, &["ctrl.info"]).ok().and_then(|v| v["pid"].as_u64()).filter(|&p| p != not)
+            {
+                return p;
+            }
+            assert!(Instant::now() < deadline, "no serving process:\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first = pid_of(0);
+    let _ = Command::new("kill").arg("-9").arg(first.to_string()).status();
+    let standin = pid_of(first);
+    refused(&dir, &["--ns", "file:k.img"], &[&format!("vnvme pid {standin} (namespace 1's data)")]);
+    let _ = Command::new("kill").arg("-9").arg(s.pid().to_string()).status();
+    let _ = Command::new("kill").arg("-9").arg(standin.to_string()).status();
+    drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

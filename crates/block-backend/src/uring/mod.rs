@@ -203,7 +203,13 @@ impl UringBackend {
         }
         let buffered = if direct { Some(reopen_buffered(&file, path, opts.read_only)?) } else { None };
 
-        let mut info = BackendInfo { size, block_size: 1, volatile_cache: true, ..Default::default() };
+        let mut info = BackendInfo {
+            size,
+            block_size: 1,
+            volatile_cache: true,
+            read_only: opts.read_only,
+            ..Default::default()
+        };
         let mut caps = Caps::default();
         if block_dev {
             let rdev = meta.rdev();

@@ -251,6 +251,9 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     let formats = &LBA_FORMATS[..ns.format_count()];
     d.nlbaf = (formats.len() - 1) as u8;
     d.flbas = nvme_spec::identify::flbas::from_index(ns.lba_format(), ns.extended());
+    if ns.info.read_only {
+        d.nsattr = nvme_spec::identify::nsattr::WRITE_PROTECTED;
+    }
     if ns.meta.is_some() {
         // Metadata in a separate buffer (MPTR) or inline (extended LBAs).
         d.mc = mc::SEPARATE | mc::EXTENDED;

@@ -20,7 +20,8 @@ pub use lists::{
     active_ns_list, nidt, ns_descriptor_list, ActiveNamespaceList, NsIdDescriptorHeader, NS_LIST_MAX,
 };
 pub use ns::{
-    dlfeat, dpc, dps, elbaf, flbas, mc, nmic, nsfeat, IdentifyNamespace, IdentifyNamespaceNvm, LbaFormat,
+    dlfeat, dpc, dps, elbaf, flbas, mc, nmic, nsattr, nsfeat, IdentifyNamespace, IdentifyNamespaceNvm,
+    LbaFormat,
 };
 
 /// Size of every Identify data structure.

@@ -196,6 +196,13 @@ pub mod nmic {
     pub const SHARED: u8 = 1 << 0;
 }
 
+/// Namespace Attributes (NSATTR).
+pub mod nsattr {
+    /// Write Protected: the namespace takes no writes (Base 2.1 §5.1.13.2.1;
+    /// Linux makes its block device read-only).
+    pub const WRITE_PROTECTED: u8 = 1 << 0;
+}
+
 /// An Extended LBA Format's fields.
 pub mod elbaf {
     /// Storage Tag Size (bits 6:0).

@@ -19,6 +19,9 @@
 //!      direct=auto|on|off  file: O_DIRECT (auto: when the file system allows it;
 //!                          on: refused where it cannot be had: engine=sync, or
 //!                          engine=auto on tmpfs and ramfs)
+//!      readonly=on|off     file: served write protected (Identify NSATTR; Linux
+//!                          makes the disk read-only), opened read-only and locked
+//!                          shared: other servers may read it too, none write it
 //!      engine=auto|uring|sync  file: io_uring, or plain pread/pwrite; auto (the
 //!                          default) picks pread/pwrite on tmpfs and ramfs (memory:
 //!                          io_uring would hand every request to a kernel worker
@@ -77,6 +80,8 @@ pub struct NsSpec {
     pub lba_format: Option<u8>,
     pub direct: DirectMode,
     pub engine: Engine,
+    /// `readonly=on`: served write protected, the file opened read-only.
+    pub read_only: bool,
     pub faults: Vec<FaultRule>,
     /// Command timeout (None: never).
     pub timeout: Option<Duration>,
@@ -165,7 +170,7 @@ impl Kind {
 
     fn own_options(&self) -> &'static str {
         match self {
-            Kind::File(_) => ", direct=, engine=",
+            Kind::File(_) => ", direct=, engine=, readonly=",
             Kind::Null(_) => ", reads=",
             #[cfg(feature = "rbd")]
             Kind::Rbd(_) => ", conf=, id=, keyring=",
@@ -367,13 +372,21 @@ impl NsSpec {
                     ),
                 ));
             }
-            Kind::File(p) => match self.engine.resolve(p) {
+            // Read-only on io_uring, which can open read-only (engine=auto picks it
+            // on a memory file system too).
+            Kind::File(p) => match if self.read_only { Engine::Uring } else { self.engine.resolve(p) } {
                 Engine::Uring | Engine::Auto => {
                     (needs.file, needs.uring) = (true, true);
+                    let lock = if self.read_only {
+                        locks.reader(Role::Data, nsid)
+                    } else {
+                        locks.shared(Role::Data, nsid)
+                    };
                     let opts = UringOptions {
                         direct: self.direct,
                         create_size: self.size,
-                        lock: Some(locks.shared(Role::Data, nsid)),
+                        read_only: self.read_only,
+                        lock: Some(lock),
                         ..Default::default()
                     };
                     Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
@@ -509,6 +522,7 @@ impl FromStr for NsSpec {
             lba_format: None,
             direct: DirectMode::Auto,
             engine: Engine::Auto,
+            read_only: false,
             faults: Vec::new(),
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             hold: None,
@@ -676,6 +690,13 @@ impl NsSpec {
                     _ => return Err(format!("direct={v}: expected auto, on or off")),
                 }
             }
+            Some(("readonly", v)) if is_file => {
+                spec.read_only = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("readonly={v}: expected on or off")),
+                }
+            }
             Some(("engine", v)) if is_file => {
                 spec.engine = match v {
                     "auto" => Engine::Auto,
@@ -716,6 +737,23 @@ impl NsSpec {
     /// timeout, options the kind does not take.
     fn checked(self) -> Result<Self, String> {
         let spec = self;
+        if spec.read_only {
+            if spec.size.is_some() {
+                return Err(
+                    "readonly=on serves a file as it is: leave the size out (a size creates a file)".into()
+                );
+            }
+            if spec.zoned.is_some() || spec.meta.is_some() {
+                return Err(
+                    "readonly=on does not go with zoned= or metadata (ms=, pi=, meta=): their state is \
+                            written"
+                        .into(),
+                );
+            }
+            if spec.engine == Engine::Sync {
+                return Err("readonly=on needs the io_uring engine: leave out engine=sync".into());
+            }
+        }
         if let Some(z) = &spec.zoned {
             z.checked(spec.size)?;
         }
