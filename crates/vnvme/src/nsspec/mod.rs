@@ -78,10 +78,8 @@ pub struct NsSpec {
     /// LBA format index (0 = 512 B, 1 = 4 KiB); `None` picks the smallest the
     /// backend supports.
     pub lba_format: Option<u8>,
-    pub direct: DirectMode,
-    pub engine: Engine,
-    /// `readonly=on`: served write protected, the file opened read-only.
-    pub read_only: bool,
+    /// How a `file:` namespace's file is opened and driven.
+    pub file: FileOptions,
     pub faults: Vec<FaultRule>,
     /// Command timeout (None: never).
     pub timeout: Option<Duration>,
@@ -93,6 +91,17 @@ pub struct NsSpec {
     pub meta: Option<crate::metaspec::MetaSpec>,
     /// What it has as a namespace of a subsystem of several controllers.
     pub shared: SharedSpec,
+}
+
+/// How a `file:` namespace's file is opened and driven.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOptions {
+    /// `direct=`: O_DIRECT or the page cache.
+    pub direct: DirectMode,
+    /// `engine=`: io_uring or pread/pwrite.
+    pub engine: Engine,
+    /// `readonly=on`: served write protected, the file opened read-only.
+    pub read_only: bool,
 }
 
 /// A namespace's options as one of a subsystem's, shared by its controllers.
@@ -358,7 +367,9 @@ impl NsSpec {
                     NullReads::Untouched => NullBackend::untouched(size),
                 })
             }
-            Kind::File(p) if self.direct == DirectMode::On && self.engine.resolve(p) == Engine::Sync => {
+            Kind::File(p)
+                if self.file.direct == DirectMode::On && self.file.engine.resolve(p) == Engine::Sync =>
+            {
                 // What engine=auto picks on a memory file system does no O_DIRECT:
                 // refused, rather than served through the page cache unasked.
                 let fs = memory_fs(p).unwrap_or("a memory file system");
@@ -374,30 +385,32 @@ impl NsSpec {
             }
             // Read-only on io_uring, which can open read-only (engine=auto picks it
             // on a memory file system too).
-            Kind::File(p) => match if self.read_only { Engine::Uring } else { self.engine.resolve(p) } {
-                Engine::Uring | Engine::Auto => {
-                    (needs.file, needs.uring) = (true, true);
-                    let lock = if self.read_only {
-                        locks.reader(Role::Data, nsid)
-                    } else {
-                        locks.shared(Role::Data, nsid)
-                    };
-                    let opts = UringOptions {
-                        direct: self.direct,
-                        create_size: self.size,
-                        read_only: self.read_only,
-                        lock: Some(lock),
-                        ..Default::default()
-                    };
-                    Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
+            Kind::File(p) => {
+                match if self.file.read_only { Engine::Uring } else { self.file.engine.resolve(p) } {
+                    Engine::Uring | Engine::Auto => {
+                        (needs.file, needs.uring) = (true, true);
+                        let lock = if self.file.read_only {
+                            locks.reader(Role::Data, nsid)
+                        } else {
+                            locks.shared(Role::Data, nsid)
+                        };
+                        let opts = UringOptions {
+                            direct: self.file.direct,
+                            create_size: self.size,
+                            read_only: self.file.read_only,
+                            lock: Some(lock),
+                            ..Default::default()
+                        };
+                        Arc::new(UringBackend::open(p, opts).map_err(|e| ctx(&p.display().to_string(), e))?)
+                    }
+                    Engine::Sync => {
+                        needs.file = true;
+                        let lock = locks.shared(Role::Data, nsid);
+                        let be = FileBackend::open_locked(p, self.size, Some(&lock));
+                        Arc::new(be.map_err(|e| ctx(&p.display().to_string(), e))?)
+                    }
                 }
-                Engine::Sync => {
-                    needs.file = true;
-                    let lock = locks.shared(Role::Data, nsid);
-                    let be = FileBackend::open_locked(p, self.size, Some(&lock));
-                    Arc::new(be.map_err(|e| ctx(&p.display().to_string(), e))?)
-                }
-            },
+            }
             Kind::Nbd(uri) => {
                 needs.nbd = true;
                 Arc::new(nbd_disk::NbdBackend::open_with(uri, nbd_disk::NbdOptions { hold: self.hold() })?)
@@ -491,7 +504,7 @@ impl NsSpec {
             Kind::Ram => format!("ram {}", self.size.unwrap_or(0)),
             Kind::Null(NullReads::Zeroes) => format!("null {}", self.size.unwrap_or(0)),
             Kind::Null(NullReads::Untouched) => format!("null {} (reads untouched)", self.size.unwrap_or(0)),
-            Kind::File(p) => format!("file {} (engine {})", p.display(), self.engine.name()),
+            Kind::File(p) => format!("file {} (engine {})", p.display(), self.file.engine.name()),
             Kind::Nvme(u) | Kind::Nbd(u) => u.clone(),
             #[cfg(feature = "rbd")]
             Kind::Rbd(r) => r.to_string(),
@@ -520,9 +533,7 @@ impl FromStr for NsSpec {
             kind: Kind::Ram,
             size: None,
             lba_format: None,
-            direct: DirectMode::Auto,
-            engine: Engine::Auto,
-            read_only: false,
+            file: FileOptions::default(),
             faults: Vec::new(),
             timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             hold: None,
@@ -683,7 +694,7 @@ impl NsSpec {
             Some(("lba", "4096")) => spec.lba_format = Some(1),
             Some(("lba", v)) => return Err(format!("lba={v}: the LBA size is 512 or 4096")),
             Some(("direct", v)) if is_file => {
-                spec.direct = match v {
+                spec.file.direct = match v {
                     "auto" => DirectMode::Auto,
                     "on" => DirectMode::On,
                     "off" => DirectMode::Off,
@@ -691,14 +702,14 @@ impl NsSpec {
                 }
             }
             Some(("readonly", v)) if is_file => {
-                spec.read_only = match v {
+                spec.file.read_only = match v {
                     "on" => true,
                     "off" => false,
                     _ => return Err(format!("readonly={v}: expected on or off")),
                 }
             }
             Some(("engine", v)) if is_file => {
-                spec.engine = match v {
+                spec.file.engine = match v {
                     "auto" => Engine::Auto,
                     "uring" => Engine::Uring,
                     "sync" => Engine::Sync,
@@ -737,7 +748,7 @@ impl NsSpec {
     /// timeout, options the kind does not take.
     fn checked(self) -> Result<Self, String> {
         let spec = self;
-        if spec.read_only {
+        if spec.file.read_only {
             if spec.size.is_some() {
                 return Err(
                     "readonly=on serves a file as it is: leave the size out (a size creates a file)".into()
@@ -750,7 +761,7 @@ impl NsSpec {
                         .into(),
                 );
             }
-            if spec.engine == Engine::Sync {
+            if spec.file.engine == Engine::Sync {
                 return Err("readonly=on needs the io_uring engine: leave out engine=sync".into());
             }
         }
@@ -777,7 +788,7 @@ impl NsSpec {
                 ));
             }
         }
-        if spec.direct == DirectMode::On && spec.engine == Engine::Sync {
+        if spec.file.direct == DirectMode::On && spec.file.engine == Engine::Sync {
             return Err("direct=on: engine=sync reads and writes through the page cache; for O_DIRECT give \
                         engine=uring (or engine=auto on a disk's file system), or leave out direct=on"
                 .into());

@@ -26,13 +26,16 @@ fn parses_specs_and_rejects_bad_ones() {
     assert!("ram:12Q".parse::<NsSpec>().is_err());
     assert!("ram:1M:direct=on".parse::<NsSpec>().unwrap_err().contains("unknown namespace option"));
     let n: NsSpec = "file:disk.img:8M".parse().unwrap();
-    assert_eq!((n.kind, n.size, n.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Auto));
+    assert_eq!((n.kind, n.size, n.file.engine), (Kind::File("disk.img".into()), Some(8 << 20), Engine::Auto));
     assert!("file::8M".parse::<NsSpec>().is_err());
     // An existing file needs no size; options follow the path directly.
     let n: NsSpec = "file:/dev/sdb:direct=off:engine=sync:lba=4096".parse().unwrap();
-    assert_eq!((n.size, n.direct, n.engine, n.lba_format), (None, DirectMode::Off, Engine::Sync, Some(1)));
+    assert_eq!(
+        (n.size, n.file.direct, n.file.engine, n.lba_format),
+        (None, DirectMode::Off, Engine::Sync, Some(1))
+    );
     let n: NsSpec = "file:/dev/sdb:direct=on:engine=uring".parse().unwrap();
-    assert_eq!((n.direct, n.engine), (DirectMode::On, Engine::Uring));
+    assert_eq!((n.file.direct, n.file.engine), (DirectMode::On, Engine::Uring));
     assert!("file:x:direct=maybe".parse::<NsSpec>().unwrap_err().contains("auto, on or off"));
     let n: NsSpec = "ram:1M:fault=read/eio/lba=8+2:fault=flush/eio/count=1".parse().unwrap();
     assert_eq!(n.faults.len(), 2);
