@@ -120,21 +120,25 @@ pub enum Role {
     PoolData = 6,
     /// The stats file.
     Stats = 7,
+    /// A file of results written once (`vnvme perf --json`).
+    Output = 8,
 }
 
 impl Role {
+    /// Every role.
+    pub const ALL: [Role; 8] = [
+        Role::Data,
+        Role::ZoneState,
+        Role::Metadata,
+        Role::Reservations,
+        Role::PoolState,
+        Role::PoolData,
+        Role::Stats,
+        Role::Output,
+    ];
+
     fn from_u8(v: u8) -> Option<Role> {
-        [
-            Role::Data,
-            Role::ZoneState,
-            Role::Metadata,
-            Role::Reservations,
-            Role::PoolState,
-            Role::PoolData,
-            Role::Stats,
-        ]
-        .into_iter()
-        .find(|r| *r as u8 == v)
+        Role::ALL.into_iter().find(|r| *r as u8 == v)
     }
 
     /// What the file is, in a sentence ("its data", "its zone state").
@@ -147,6 +151,7 @@ impl Role {
             Role::PoolState => "namespace pool's state file",
             Role::PoolData => "data (a namespace pool's)",
             Role::Stats => "stats file",
+            Role::Output => "results file",
         }
     }
 }

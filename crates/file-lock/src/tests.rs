@@ -105,6 +105,12 @@ fn holders_are_named_with_pid_role_and_namespace() {
         assert_eq!(decode_holder(v), Holder { pid, role: Some(role), nsid });
     }
     assert_eq!(decode_holder(holder_value(5, Role::Data, Some(70_000))).nsid, Some(0xffff), "clamped");
+    // Every role is named back as itself (a role missing from ALL would be named
+    // as no role at all).
+    for (i, role) in Role::ALL.into_iter().enumerate() {
+        assert_eq!(role as usize, i + 1);
+        assert_eq!(decode_holder(holder_value(9, role, None)).role, Some(role));
+    }
 }
 
 /// QEMU's bytes alone (no vnvme holder byte): refused, and the process that has

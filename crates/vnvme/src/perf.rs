@@ -42,6 +42,18 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--qd and --queues must be at least 1, --mix 0..=100, --bs non-zero".into());
     }
     interrupt::catch()?;
+    // Checked before the run, not after it: never written over a file that is not
+    // perf's JSON (an image, say), nor one someone holds.
+    let results = crate::stats_file::Kind {
+        what: "a vnvme perf results file",
+        known: |o| o.get("tool").and_then(|t| t.as_str()) == Some("vnvme perf"),
+    };
+    let mut json_out = match a.json.as_deref() {
+        Some(p) if p != std::path::Path::new("-") => {
+            Some(crate::stats_file::JsonOutput::claim(p, "--json", results)?)
+        }
+        _ => None,
+    };
     let setup::Setup { driver: mut d, ctrl_stats, lba, blocks, shadow } = setup::open(&a, &target)?;
     let transport = d.describe_transport();
     let mut counters = measure::Counters::start(a.server_stats.as_deref(), ctrl_stats.as_ref());
@@ -113,7 +125,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         if json_to_stdout {
             print!("{text}");
         } else {
-            std::fs::write(p, text).map_err(|e| format!("--json {}: {e}", p.display()))?;
+            let out = json_out.take().expect("claimed before the run");
+            out.write(&text).map_err(|e| format!("--json {}: {e}", p.display()))?;
         }
     }
     if let Some((name, code)) = interrupted {

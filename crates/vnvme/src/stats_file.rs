@@ -165,17 +165,35 @@ fn stats_lock() -> file_lock::Request {
     file_lock::Request::write(file_lock::Role::Stats, None)
 }
 
-/// Whether `f` is a stats file of vnvme's: Err says what it is instead.
+/// A kind of file vnvme writes whole, as JSON: what it is called, and how one is
+/// known.
+#[derive(Clone, Copy, Debug)]
+pub struct Kind {
+    /// "a stats file of vnvme's".
+    pub what: &'static str,
+    /// Whether a JSON object is one.
+    pub known: fn(&serde_json::Map<String, serde_json::Value>) -> bool,
+}
+
+/// The stats file: carries [`MARK`]; a build before the mark wrote the counters
+/// alone, known by two of them.
+const STATS: Kind = Kind {
+    what: "a stats file of vnvme's",
+    known: |o| o.contains_key(MARK) || (o.contains_key("io_commands") && o.contains_key("admin_commands")),
+};
+
 fn ours(f: &File) -> Result<(), String> {
+    is(f, STATS)
+}
+
+/// Whether `f` is a file of `kind`: Err says what it is instead.
+fn is(f: &File, kind: Kind) -> Result<(), String> {
     let m = f.metadata().map_err(|e| e.to_string())?;
     if !m.is_file() {
         return Err("it exists and is not a regular file".into());
     }
     if m.len() > MAX_BYTES {
-        return Err(format!(
-            "it exists and is not a stats file of vnvme's ({})",
-            crate::units::human_size(m.len())
-        ));
+        return Err(format!("it exists and is not {} ({})", kind.what, crate::units::human_size(m.len())));
     }
     let mut text = String::new();
     let parsed = f
@@ -183,17 +201,69 @@ fn ours(f: &File) -> Result<(), String> {
         .read_to_string(&mut text)
         .ok()
         .and_then(|_| serde_json::from_str::<serde_json::Value>(&text).ok());
-    // A build before the mark wrote the counters alone: known by two of them.
-    let known = |o: &serde_json::Map<String, serde_json::Value>| {
-        o.contains_key(MARK) || (o.contains_key("io_commands") && o.contains_key("admin_commands"))
-    };
     match parsed.as_ref().and_then(|v| v.as_object()) {
-        Some(o) if known(o) => Ok(()),
-        _ if m.len() == 0 => Err("it exists and is empty, not a stats file of vnvme's".into()),
+        Some(o) if (kind.known)(o) => Ok(()),
+        _ if m.len() == 0 => Err(format!("it exists and is empty, not {}", kind.what)),
         _ => Err(format!(
-            "it exists and is not a stats file of vnvme's ({} of something else)",
+            "it exists and is not {} ({} of something else)",
+            kind.what,
             crate::units::human_size(m.len())
         )),
+    }
+}
+
+/// A JSON file written once, at the end of a run (`vnvme perf --json FILE`),
+/// claimed before the run as the stats file is: its directory exists, a file
+/// there is one of its kind that no one holds (never an image, whoever serves
+/// it), and it is written by a new file renamed over the path, only while the
+/// path is still what was claimed.
+#[derive(Debug)]
+pub struct JsonOutput {
+    path: PathBuf,
+    /// The file found there when claimed, held (locked) until replaced.
+    found: Option<File>,
+}
+
+impl JsonOutput {
+    /// Checks `path` (given with `flag`) for a file of `kind`; nothing is created
+    /// or changed.
+    pub fn claim(path: &Path, flag: &str, kind: Kind) -> Result<JsonOutput, String> {
+        let fail = |why: String| format!("{flag} {}: {why}", path.display());
+        let dir = parent(path);
+        if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+            return Err(fail(format!("its directory {} does not exist: create it first", dir.display())));
+        }
+        let found = match File::open(path) {
+            Ok(f) => {
+                is(&f, kind).map_err(|why| fail(format!("{why}: it is not replaced. Give a new path")))?;
+                let lock = file_lock::Request::write(file_lock::Role::Output, None);
+                file_lock::lock(&f, &lock).map_err(|e| fail(format!("{e}")))?;
+                Some(f)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        Ok(JsonOutput { path: path.to_path_buf(), found })
+    }
+
+    /// Writes `text`: a new file beside the path, renamed over it if the path is
+    /// still what was claimed (absent, or the file found then).
+    pub fn write(self, text: &str) -> std::io::Result<()> {
+        let now = std::fs::metadata(&self.path).ok().map(|m| (m.dev(), m.ino()));
+        let then = self.found.as_ref().and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+        if now != then {
+            return Err(std::io::Error::other(format!(
+                "{} changed since it was checked (another file is there now): not replaced",
+                self.path.display()
+            )));
+        }
+        let tmp = temporary(&self.path);
+        let mut f = create_new(&tmp)?;
+        if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| std::fs::rename(&tmp, &self.path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        Ok(())
     }
 }
 
@@ -310,6 +380,37 @@ mod tests {
         assert_eq!(failed, 0, "writes that failed");
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(v.is_object());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    const RESULTS: Kind = Kind { what: "a results file", known: |o| o.contains_key("tool") };
+
+    #[test]
+    fn a_results_file_is_claimed_before_and_replaced_only_if_unchanged() {
+        let d = dir("results");
+        let p = d.join("r.json");
+        // Absent: written.
+        JsonOutput::claim(&p, "--json", RESULTS).unwrap().write("{\"tool\": 1}\n").unwrap();
+        // One of its kind: replaced.
+        let out = JsonOutput::claim(&p, "--json", RESULTS).unwrap();
+        // Held while claimed: a second claim of it is refused.
+        let e = JsonOutput::claim(&p, "--json", RESULTS).unwrap_err();
+        assert!(e.contains("this process (its results file)"), "{e}");
+        out.write("{\"tool\": 2}\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"tool\": 2}\n");
+        // Something else: refused, untouched.
+        std::fs::write(&p, b"a disk").unwrap();
+        let e = JsonOutput::claim(&p, "--json", RESULTS).unwrap_err();
+        assert!(e.contains("not a results file") && e.contains("Give a new path"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"a disk");
+        // Put there after the claim: left alone.
+        std::fs::remove_file(&p).unwrap();
+        let out = JsonOutput::claim(&p, "--json", RESULTS).unwrap();
+        std::fs::write(&p, b"an operator's").unwrap();
+        assert!(out.write("{}").is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"an operator's");
+        let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -146,6 +146,16 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
             &["readonly=yes", "on or off"],
         ),
         (&["perf", "--socket", "s.sock", "--nsid", "0"], 2, &["'0'", "--nsid"]),
+        (
+            &["perf", "--socket", "missing.sock", "--json", "keep.img"],
+            1,
+            &["--json keep.img", "not a vnvme perf results file (8 MiB", "Give a new path"],
+        ),
+        (
+            &["perf", "--socket", "missing.sock", "--json", "no/such/r.json"],
+            1,
+            &["--json no/such/r.json", "create it first"],
+        ),
         (&["identify", "--socket", "missing.sock"], 1, &["missing.sock"]),
         (&["ctl", "--control", "missing.sock", "ctrl.info"], 1, &["missing.sock"]),
         (
