@@ -56,8 +56,14 @@ impl Admin<'_> {
         if !self.io_qid_ok(qid, self.admin.features.nsq_granted_z) || self.runtime.sq_exists(qid) {
             return status(Status::INVALID_QUEUE_IDENTIFIER);
         }
+        // Base 2.1 Create I/O Submission Queue, CQID: 0h (the admin CQ) or outside
+        // the range the controller granted is Invalid Queue Identifier; a CQ in
+        // range that was not created, Completion Queue Invalid.
         let cqid = c.cqid();
-        if cqid == 0 || !self.runtime.cq_exists(cqid) {
+        if !self.io_qid_ok(cqid, self.admin.features.ncq_granted_z) {
+            return status(Status::INVALID_QUEUE_IDENTIFIER);
+        }
+        if !self.runtime.cq_exists(cqid) {
             return status(Status::COMPLETION_QUEUE_INVALID);
         }
         self.check_queue_memory(c.qsize_z(), c.pc(), c.base(), nvme_spec::SQE_SIZE as u64)?;
