@@ -145,8 +145,8 @@ fn spec_5_1_25_invalid_values_are_invalid_field() {
         assert_cqe(&h.get_features_raw(f, SEL_CURRENT, dw11), Status::INVALID_FIELD.with_dnr());
     }
     // Unknown and unimplemented feature identifiers (81h-83h: no namespace here
-    // has reservations).
-    for f in [0x00, 0x03, 0x0c, 0x0d, 0x0f, 0x10, 0x11, 0x7f, 0x80, 0x81, 0x82, 0x83, 0xc0, 0xff] {
+    // has reservations; 0Fh, the Keep Alive Timer, is implemented).
+    for f in [0x00, 0x03, 0x0c, 0x0d, 0x10, 0x11, 0x7f, 0x80, 0x81, 0x82, 0x83, 0xc0, 0xff] {
         assert_cqe(&h.set_features_raw(f, 0, false), Status::INVALID_FIELD.with_dnr());
         for sel in [SEL_CURRENT, SEL_DEFAULT, SEL_CAPS] {
             assert_cqe(&h.get_features_raw(f, sel, 0), Status::INVALID_FIELD.with_dnr());
@@ -404,5 +404,49 @@ fn spec_5_1_25_1_13_timestamp_set_get_round_trip() {
     h.enable(32).unwrap();
     clock.advance_us(7_000);
     assert_eq!(read_timestamp(&mut h), (7, 0), "after reset: ms since the reset, origin 0");
+    assert_alive(&mut h);
+}
+
+/// Keep Alive (Base §3.9.5), optional over PCIe and offered: Identify says KAS (100
+/// ms), the Keep Alive Timer feature is off by default, rounded up to KAS when set,
+/// and a Keep Alive command restarts it. Without one within KATO the controller
+/// reports Controller Fatal Status and records Keep Alive Timer Expired in the
+/// Error Information log; a reset (what the host does then) recovers it.
+#[test]
+fn spec_3_9_5_keep_alive_timer() {
+    let (cfg, _) = ram_cfg(1);
+    let clock = std::sync::Arc::new(test_kit::ManualClock::default());
+    let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
+    h.enable(32).unwrap();
+    let id = h.identify(0x01, 0).unwrap();
+    assert_eq!(u16::from_le_bytes([id[320], id[321]]), 1, "KAS: 100 ms");
+    assert_eq!(get(&mut h, fid::KEEP_ALIVE_TIMER, 0), 0, "off by default over PCIe");
+    let caps = h.get_features_raw(fid::KEEP_ALIVE_TIMER, SEL_CAPS, 0);
+    assert_eq!(caps.dw0.get(), 0b100, "changeable");
+    // Off: no expiry however long the host is silent.
+    clock.advance_us(60_000_000);
+    h.process();
+    assert_alive(&mut h);
+    set_ok(&mut h, fid::KEEP_ALIVE_TIMER, 150);
+    assert_eq!(get(&mut h, fid::KEEP_ALIVE_TIMER, 0), 200, "rounded up to KAS");
+    // Keep alives within KATO keep it alive.
+    let keep_alive = nvme_spec::Sqe::with_opcode(nvme_spec::opcode::admin::KEEP_ALIVE);
+    for _ in 0..5 {
+        clock.advance_us(150_000);
+        assert_cqe(&h.admin_cmd(keep_alive).unwrap(), Status::SUCCESS);
+    }
+    assert_alive(&mut h);
+    // Silence past KATO: fatal, and said in the Error Information log.
+    clock.advance_us(201_000);
+    h.process();
+    assert!(h.csts().cfs(), "controller fatal status after KATO without a Keep Alive");
+    h.enable(32).unwrap();
+    let log = h.log_at(lid::ERROR_INFORMATION, 64, 0, false);
+    let sts = u16::from_le_bytes([log[12], log[13]]) >> 1;
+    assert_eq!(sts & 0x7ff, 0x19, "Keep Alive Timer Expired (generic 19h) recorded");
+    // Reset: the feature is off again, nothing expires.
+    assert_eq!(get(&mut h, fid::KEEP_ALIVE_TIMER, 0), 0);
+    clock.advance_us(10_000_000);
+    h.process();
     assert_alive(&mut h);
 }

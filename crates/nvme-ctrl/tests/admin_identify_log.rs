@@ -160,7 +160,7 @@ fn spec_5_1_13_unsupported_cns_is_invalid_field() {
 #[test]
 fn spec_5_unsupported_admin_opcode_is_invalid_opcode() {
     let mut h = three_ns();
-    for op in [aop::FIRMWARE_COMMIT, aop::KEEP_ALIVE, aop::NAMESPACE_MANAGEMENT, aop::SANITIZE, 0x03, 0xc0] {
+    for op in [aop::FIRMWARE_COMMIT, aop::NAMESPACE_MANAGEMENT, aop::SANITIZE, 0x03, 0xc0] {
         let st = h.admin_status(MockHost::admin_sqe(op));
         assert_status(st, Status::INVALID_OPCODE.with_dnr());
     }
@@ -181,7 +181,7 @@ fn spec_5_1_12_1_2_error_log_records_failed_commands_newest_first() {
     let s = h.rw_sqe(iop::READ, 2, NS_BYTES / 512, 1, buf, 512);
     let c2 = h.io_cmd(1, s);
     assert_cqe(&c2, Status::LBA_OUT_OF_RANGE.with_dnr());
-    let c3 = h.admin_raw(MockHost::admin_sqe(0x18));
+    let c3 = h.admin_raw(MockHost::admin_sqe(0xc1));
     assert_cqe(&c3, Status::INVALID_OPCODE.with_dnr());
 
     let log = h.log_at(lid::ERROR_INFORMATION, 4096, 0, false);
@@ -198,7 +198,7 @@ fn spec_5_1_12_1_2_error_log_records_failed_commands_newest_first() {
     assert_eq!(le64(e(1), 16), NS_BYTES / 512, "the I/O error names its LBA");
     assert_eq!(le32(e(1), 24), 2, "... and its namespace");
     // A later failure goes on top with the next count.
-    let c4 = h.admin_raw(MockHost::admin_sqe(0x18));
+    let c4 = h.admin_raw(MockHost::admin_sqe(0xc1));
     let log = h.log_at(lid::ERROR_INFORMATION, 128, 0, false);
     assert_eq!(le64(&log, 0), count0 + 1);
     assert_eq!(le16(&log, 10), c4.cid.get());
@@ -263,6 +263,7 @@ fn spec_5_1_12_1_6_commands_supported_and_effects() {
         aop::SET_FEATURES,
         aop::GET_FEATURES,
         aop::ASYNC_EVENT_REQUEST,
+        aop::KEEP_ALIVE,
         aop::DOORBELL_BUFFER_CONFIG,
         aop::FORMAT_NVM,
     ];

@@ -94,6 +94,8 @@ impl Status {
     pub const SGL_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x16);
     /// Set Features Host Identifier of another format than the host ID in use.
     pub const HOST_IDENTIFIER_INCONSISTENT_FORMAT: Status = Status::new(StatusCodeType::Generic, 0x18);
+    /// The Keep Alive Timer expired (what the Error Information log records).
+    pub const KEEP_ALIVE_TIMER_EXPIRED: Status = Status::new(StatusCodeType::Generic, 0x19);
     /// A command aborted because a Reservation Acquire preempted its host.
     pub const ABORT_PREEMPT: Status = Status::new(StatusCodeType::Generic, 0x1b);
     pub const COMMAND_INTERRUPTED: Status = Status::new(StatusCodeType::Generic, 0x21);
@@ -214,6 +216,7 @@ impl Status {
             Status::RESERVATION_CONFLICT => "Reservation Conflict",
             Status::ABORT_PREEMPT => "Command Aborted due to Preempt and Abort",
             Status::HOST_IDENTIFIER_INCONSISTENT_FORMAT => "Host Identifier Inconsistent Format",
+            Status::KEEP_ALIVE_TIMER_EXPIRED => "Keep Alive Timer Expired",
             Status::FORMAT_IN_PROGRESS => "Format In Progress",
             Status::COMPLETION_QUEUE_INVALID => "Completion Queue Invalid",
             Status::INVALID_QUEUE_IDENTIFIER => "Invalid Queue Identifier",

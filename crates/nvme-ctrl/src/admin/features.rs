@@ -35,7 +35,13 @@ pub(crate) struct FeatureState {
     /// Clock reading at the last Controller Level Reset: an unset Timestamp counts
     /// from here (Base §5.1.25.1.13, Timestamp Origin 000b).
     pub(crate) reset_ns: u64,
+    /// When the Keep Alive Timer expires (clock ns; None: stopped, KATO 0).
+    pub(crate) keep_alive_until: Option<u64>,
 }
+
+/// The Keep Alive Timer's granularity (Identify Controller KAS, in 100 ms units):
+/// a KATO is rounded up to a multiple of it.
+pub(crate) const KAS_100MS: u16 = 1;
 
 /// The value of each feature the controller keeps (what a saved state carries too).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -54,6 +60,10 @@ pub struct FeatureValues {
     /// saved before it existed: off).
     #[serde(default)]
     pub acre: bool,
+    /// Keep Alive Timer (KATO), in ms; 0: off, the default over PCIe (absent from
+    /// a state saved before it existed: off).
+    #[serde(default)]
+    pub kato_ms: u32,
 }
 
 impl FeatureState {
@@ -72,6 +82,7 @@ impl FeatureState {
             write_atomicity: 0,
             aec: 0,
             acre: false,
+            kato_ms: 0,
         };
         let z = cfg.max_io_queues - 1;
         FeatureState {
@@ -83,6 +94,7 @@ impl FeatureState {
             vwc_present,
             timestamp: None,
             reset_ns: 0,
+            keep_alive_until: None,
         }
     }
 
@@ -93,6 +105,13 @@ impl FeatureState {
         self.aec = AsyncEventConfig(self.cur.aec);
         self.timestamp = None;
         self.reset_ns = now_ns;
+        self.keep_alive_until = None;
+    }
+
+    /// Restarts the Keep Alive Timer at clock reading `now_ns` (a Keep Alive
+    /// command, a new KATO); stopped while KATO is 0.
+    pub(crate) fn restart_keep_alive(&mut self, now_ns: u64) {
+        self.keep_alive_until = (self.cur.kato_ms > 0).then(|| now_ns + self.cur.kato_ms as u64 * 1_000_000);
     }
 
     /// The values the data path honours (page size and MDTS are filled in by the
@@ -122,9 +141,16 @@ impl Admin<'_> {
             return r;
         }
         let v = f.value();
+        let now = self.clock.now_ns();
         let cur = &mut self.admin.features.cur;
         let mut dw0 = 0;
         match f.fid() {
+            fid::KEEP_ALIVE_TIMER => {
+                // Rounded up to the granularity (KAS); the timer starts again.
+                let unit = KAS_100MS as u32 * 100;
+                cur.kato_ms = v.div_ceil(unit).saturating_mul(unit);
+                self.admin.features.restart_keep_alive(now);
+            }
             fid::ARBITRATION => cur.arbitration = v,
             fid::POWER_MANAGEMENT => {
                 // NPSS = 0: power state 0 is the only one.
@@ -250,6 +276,7 @@ impl Admin<'_> {
                     | fid::WRITE_ATOMICITY_NORMAL
                     | fid::ASYNC_EVENT_CONFIG
                     | fid::HOST_BEHAVIOR_SUPPORT
+                    | fid::KEEP_ALIVE_TIMER
                     | fid::TIMESTAMP => Ok(AdminDone::Complete(capability::CHANGEABLE)),
                     fid::VOLATILE_WRITE_CACHE if self.admin.features.vwc_present => {
                         Ok(AdminDone::Complete(capability::CHANGEABLE))
@@ -296,6 +323,7 @@ impl Admin<'_> {
                 iv as u32 | ((cd as u32) << 16)
             }
             fid::WRITE_ATOMICITY_NORMAL => vals.write_atomicity,
+            fid::KEEP_ALIVE_TIMER => vals.kato_ms,
             fid::IO_COMMAND_SET_PROFILE => 0,
             fid::ASYNC_EVENT_CONFIG => vals.aec,
             fid::HOST_BEHAVIOR_SUPPORT => {

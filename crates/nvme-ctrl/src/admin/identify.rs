@@ -156,6 +156,9 @@ impl Admin<'_> {
         // Namespace Management and Attachment where a pool is.
         let ns_mgmt = if cfg.pool.is_some() { oacs::NS_MGMT } else { 0 };
         c.oacs = U16::new(oacs::FORMAT | dbbuf | ns_mgmt);
+        // Keep Alive, optional over PCIe: supported (Keep Alive Timer feature,
+        // Keep Alive command), off until the host sets a KATO.
+        c.kas = U16::new(super::features::KAS_100MS);
         if let Some((total, unallocated)) = self.pool_capacity() {
             (c.tnvmcap, c.unvmcap) = (total, unallocated);
         }

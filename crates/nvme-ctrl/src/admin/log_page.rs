@@ -153,6 +153,7 @@ fn command_effects(zoned: bool, offered: Offered) -> CommandsSupportedAndEffects
         aop::SET_FEATURES,
         aop::GET_FEATURES,
         aop::ASYNC_EVENT_REQUEST,
+        aop::KEEP_ALIVE,
         aop::DOORBELL_BUFFER_CONFIG,
     ] {
         e.acs[op as usize] = U32::new(s);

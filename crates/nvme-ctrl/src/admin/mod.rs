@@ -291,6 +291,11 @@ impl Admin<'_> {
             op::SET_FEATURES => self.set_features(sqe),
             op::GET_FEATURES => self.get_features(sqe),
             op::ASYNC_EVENT_REQUEST => self.async_event_request(sqe),
+            op::KEEP_ALIVE => {
+                // Base §3.9.5: the Keep Alive Timer starts again.
+                self.admin.features.restart_keep_alive(self.clock.now_ns());
+                done()
+            }
             op::DOORBELL_BUFFER_CONFIG if self.cfg.shadow_doorbells => self.doorbell_buffer_config(sqe),
             op::FORMAT_NVM => self.format_nvm(sqe),
             op::NAMESPACE_MANAGEMENT if self.cfg.pool.is_some() => self.namespace_management(sqe),

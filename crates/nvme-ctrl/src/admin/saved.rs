@@ -122,6 +122,8 @@ impl AdminState {
         f.aec = nvme_spec::features::AsyncEventConfig(s.features.aec);
         f.reset_ns = s.reset_ns;
         f.timestamp = s.timestamp_ms.map(|ms| (ms, now));
+        // A whole KATO from the restore: the host's keep alives resume with it.
+        f.restart_keep_alive(now);
         if let Some(Ok((id, extended))) = s.host_id.as_deref().map(host_id) {
             self.host.set(id, extended);
         }

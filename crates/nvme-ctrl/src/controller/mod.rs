@@ -459,6 +459,10 @@ impl Controller {
         if self.lifecycle() != Lifecycle::Ready {
             return any;
         }
+        if self.admin.features.keep_alive_until.is_some_and(|t| self.clock.now_ns() >= t) {
+            self.keep_alive_expired();
+            return true;
+        }
         if self.admin.resv_log.watching() {
             // Notifications other controllers' reservation changes owe this one.
             any |= self.admin_parts().collect_resv_notices();
@@ -547,9 +551,32 @@ impl Controller {
         self.phase = Phase::Disabled;
     }
 
-    /// The next time (clock ns) `process` must run for a coalesced interrupt.
+    /// The next time (clock ns) `process` must run: a coalesced interrupt, a
+    /// command's timeout, the Keep Alive Timer.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.engine.next_deadline()
+        let keep_alive =
+            self.admin.features.keep_alive_until.filter(|_| self.lifecycle() == Lifecycle::Ready);
+        match (self.engine.next_deadline(), keep_alive) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The Keep Alive Timer expired (Base §3.9.5): the controller records it in the
+    /// Error Information log, stops processing commands and reports Controller
+    /// Fatal Status; the host resets it (a Controller Level Reset) to go on.
+    #[cold]
+    fn keep_alive_expired(&mut self) {
+        let kato = self.admin.features.cur.kato_ms;
+        warn!(
+            target: "vnvme::guest",
+            kato_ms = kato,
+            "keep alive timer expired: no Keep Alive command within KATO; controller fatal status"
+        );
+        self.events.record_error(0, 0xffff, nvme_spec::Status::KEEP_ALIVE_TIMER_EXPIRED, 0, 0);
+        self.admin.features.keep_alive_until = None;
+        self.regs.set_fatal();
+        self.phase = Phase::Fatal;
     }
 
     /// The controller's clock in nanoseconds: the time base of [`Self::next_deadline`].
