@@ -54,7 +54,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => None,
     };
-    let setup::Setup { driver: mut d, ctrl_stats, lba, blocks, shadow } = setup::open(&a, &target)?;
+    let setup::Setup { driver: mut d, ctrl_stats, lba, blocks, shadow, doorbells } =
+        setup::open(&a, &target)?;
     let transport = d.describe_transport();
     let mut counters = measure::Counters::start(a.server_stats.as_deref(), ctrl_stats.as_ref());
     let queues = d.take_queues();
@@ -118,7 +119,8 @@ pub fn run(a: PerfArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let interrupted_by = interrupted.map(|(name, _)| name);
-    let outcome = report::Outcome { transport, lba, shadow, totals, elapsed, cpu, counters, interrupted_by };
+    let outcome =
+        report::Outcome { transport, lba, shadow, doorbells, totals, elapsed, cpu, counters, interrupted_by };
     outcome.print(&a, &mut people)?;
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&outcome.json(&a, &target))? + "\n";

@@ -108,8 +108,10 @@ pub struct PerfArgs {
     /// `--ns` is an older name for it.
     #[arg(long = "nsid", alias = "ns", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub nsid: u32,
-    /// trapped, shadow (EventIdx), sync, eventfd or mapped.
-    #[arg(long, default_value = "shadow")]
+    /// auto (shadow doorbells if the controller offers them, else the doorbell
+    /// page the server maps, as SPDK's target does, else trapped), trapped, shadow
+    /// (EventIdx), sync, eventfd or mapped.
+    #[arg(long, default_value = "auto")]
     pub doorbells: Doorbells,
     /// poll (spin on the CQ) or irq (sleep on the MSI-X eventfd).
     #[arg(long, default_value = "poll", value_parser = super::knobs::parse_completion)]

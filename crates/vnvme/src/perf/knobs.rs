@@ -47,6 +47,10 @@ impl Workload {
 /// How doorbells are rung: the transport's mode plus shadow doorbells on or off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Doorbells {
+    /// Shadow doorbells where the controller offers Doorbell Buffer Config, else
+    /// the doorbell page the server maps (a peer such as SPDK's target), else
+    /// trapped.
+    Auto,
     /// Posted REGION_WRITE per doorbell, no shadow buffer.
     Trapped,
     /// Shadow doorbells + EventIdx; trapped writes only when EventIdx asks.
@@ -63,12 +67,17 @@ impl std::str::FromStr for Doorbells {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
+            "auto" => Doorbells::Auto,
             "trapped" => Doorbells::Trapped,
             "shadow" => Doorbells::Shadow,
             "sync" => Doorbells::Sync,
             "eventfd" => Doorbells::EventFd,
             "mapped" => Doorbells::Mapped,
-            _ => return Err(format!("unknown --doorbells {s:?} (trapped, shadow, sync, eventfd, mapped)")),
+            _ => {
+                return Err(format!(
+                    "unknown --doorbells {s:?} (auto, trapped, shadow, sync, eventfd, mapped)"
+                ))
+            }
         })
     }
 }
@@ -76,6 +85,7 @@ impl std::str::FromStr for Doorbells {
 impl Doorbells {
     pub(super) fn name(self) -> &'static str {
         match self {
+            Doorbells::Auto => "auto",
             Doorbells::Trapped => "trapped",
             Doorbells::Shadow => "shadow",
             Doorbells::Sync => "sync",
@@ -86,7 +96,8 @@ impl Doorbells {
     pub(super) fn transport(self) -> (DoorbellMode, bool) {
         match self {
             Doorbells::Trapped => (DoorbellMode::Trapped, false),
-            Doorbells::Shadow => (DoorbellMode::Trapped, true),
+            // First as shadow; `setup` falls back if the controller has none.
+            Doorbells::Shadow | Doorbells::Auto => (DoorbellMode::Trapped, true),
             Doorbells::Sync => (DoorbellMode::Sync, false),
             Doorbells::EventFd => (DoorbellMode::EventFd, true),
             Doorbells::Mapped => (DoorbellMode::Mapped, false),

@@ -19,6 +19,8 @@ pub(super) struct Outcome {
     pub lba: u64,
     /// Whether shadow doorbells were on.
     pub shadow: bool,
+    /// How doorbells were written (what `--doorbells auto` settled on).
+    pub doorbells: super::knobs::Doorbells,
     pub totals: Totals,
     pub elapsed: Duration,
     pub cpu: CpuUse,
@@ -93,7 +95,7 @@ impl Outcome {
             a.queues,
             a.runtime.as_secs_f64(),
             a.nsid,
-            a.doorbells.name(),
+            self.doorbells.name(),
             completion_name(a.completion)
         )?;
         if let Some(name) = self.interrupted_by {
@@ -188,7 +190,7 @@ impl Outcome {
                 "timeout_s": a.timeout.as_secs_f64(),
                 "nsid": a.nsid,
                 "lba_size": self.lba,
-                "doorbells": a.doorbells.name(),
+                "doorbells": self.doorbells.name(),
                 "shadow_doorbells": self.shadow,
                 "completion": completion_name(a.completion),
                 "threads": "one per queue",

@@ -21,12 +21,40 @@ pub(super) struct Setup {
     pub blocks: u64,
     /// Whether shadow doorbells are on.
     pub shadow: bool,
+    /// How doorbells are written (what `auto` settled on).
+    pub doorbells: Doorbells,
 }
 
 /// Connects to (or starts) the controller and brings the driver up; refuses knobs the
-/// target cannot honour.
+/// target cannot honour. `auto` doorbells take shadow doorbells where offered, and
+/// otherwise connect again for the server's mapped doorbell page (or trapped
+/// writes, where there is none).
 pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::error::Error>> {
-    let (mode, shadow) = a.doorbells.transport();
+    let first = open_as(a, target, a.doorbells)?;
+    if a.doorbells != Doorbells::Auto || first.shadow {
+        return Ok(first);
+    }
+    drop(first);
+    match open_as(a, target, Doorbells::Mapped) {
+        Ok(s) => {
+            crate::logging::say!(
+                "vnvme perf: the controller offers no shadow doorbells: doorbells written to the page the server \
+                 maps (--doorbells mapped)"
+            );
+            Ok(s)
+        }
+        Err(e) => {
+            crate::logging::say!(
+                "vnvme perf: the controller offers no shadow doorbells, and no mapped doorbell page ({e}): \
+                 trapped doorbell writes (--doorbells trapped)"
+            );
+            open_as(a, target, Doorbells::Trapped)
+        }
+    }
+}
+
+fn open_as(a: &PerfArgs, target: &Target, doorbells: Doorbells) -> Result<Setup, Box<dyn std::error::Error>> {
+    let (mode, shadow) = doorbells.transport();
     let (t, ctrl_stats): (Box<dyn Transport>, Option<Arc<Stats>>) = match target {
         Target::Socket(socket) => (
             Box::new(VfioUserTransport::connect(
@@ -36,7 +64,7 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
             None,
         ),
         Target::InProcess { namespaces, workers, poll } => {
-            if !matches!(a.doorbells, Doorbells::Trapped | Doorbells::Shadow) {
+            if !matches!(doorbells, Doorbells::Trapped | Doorbells::Shadow | Doorbells::Auto) {
                 return Err(format!(
                     "--in-process: --doorbells {} needs a vfio-user server; doorbells here are function calls \
                      (trapped, or shadow with EventIdx)",
@@ -64,9 +92,23 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
         }
     };
     let d = NvmeDriver::new(t, driver_options(a, shadow))?;
-    if shadow && !d.shadow_doorbells() {
-        return Err("--doorbells shadow: the controller does not offer Doorbell Buffer Config".into());
+    let shadow = shadow && d.shadow_doorbells();
+    if doorbells == Doorbells::Shadow && !shadow {
+        return Err(
+            "--doorbells shadow: the controller does not offer Doorbell Buffer Config (--doorbells auto \
+                    uses what it offers)"
+                .into(),
+        );
     }
+    let doorbells = if doorbells == Doorbells::Auto {
+        if shadow {
+            Doorbells::Shadow
+        } else {
+            Doorbells::Auto
+        }
+    } else {
+        doorbells
+    };
     if d.io_queue_count() < a.queues {
         return Err(
             format!("the controller granted {} I/O queues, {} wanted", d.io_queue_count(), a.queues).into()
@@ -82,7 +124,7 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
     if d.controller().mdts_bytes.is_some_and(|m| a.bs > m) {
         return Err(format!("--bs {} exceeds MDTS ({:?} bytes)", a.bs, d.controller().mdts_bytes).into());
     }
-    Ok(Setup { driver: d, ctrl_stats, lba, blocks, shadow })
+    Ok(Setup { driver: d, ctrl_stats, lba, blocks, shadow, doorbells })
 }
 
 /// Queues and a DMA pool sized for `a.qd` commands of `a.bs` bytes on each queue.
