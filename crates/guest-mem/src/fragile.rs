@@ -23,8 +23,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
-/// How many fragile mappings may exist at once (a state file each).
-pub const SLOTS: usize = 256;
+/// How many fragile mappings may exist at once: a state file each, and each DMA
+/// region of a client's memory that could shrink (SPDK's memfds, a hugetlbfs file).
+pub const SLOTS: usize = 4096;
 
 struct Entry {
     start: AtomicUsize,

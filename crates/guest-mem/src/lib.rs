@@ -45,6 +45,11 @@ pub enum MemError {
     /// mmap failed.
     #[error("mmap of {len:#x} bytes failed: {source}")]
     Map { len: u64, source: Arc<std::io::Error> },
+    /// The memory behind `[gpa, gpa + len)` is gone: its file shrank under the
+    /// mapping (a fragile one, see `fragile`). What was read may be zeroes; what was
+    /// written went nowhere.
+    #[error("guest range {gpa:#x}+{len:#x} is gone: the file behind it shrank")]
+    Lost { gpa: u64, len: u64 },
 }
 
 impl From<MemError> for std::io::Error {
@@ -336,6 +341,9 @@ impl GuestMemory {
             if len > 0 {
                 let off = r.map_offset + (gpa - r.gpa);
                 f(r.map.ptr_at(off), len as usize, 0);
+                if r.map.lost() {
+                    return Err(MemError::Lost { gpa, len });
+                }
                 if written && dirty::logging_after_write() {
                     r.map.mark_dirty(off, len);
                 }
@@ -351,16 +359,21 @@ impl GuestMemory {
         }
         let mut cur = gpa;
         let mut done = 0usize;
+        let mut lost = false;
         while cur < end {
             let r = self.region_for(cur).expect("checked above");
             let n = (r.end().min(end) - cur) as usize;
             let off = r.map_offset + (cur - r.gpa);
             f(r.map.ptr_at(off), n, done);
+            lost |= r.map.lost();
             if written && dirty::logging_after_write() {
                 r.map.mark_dirty(off, n as u64);
             }
             done += n;
             cur += n as u64;
+        }
+        if lost {
+            return Err(MemError::Lost { gpa, len });
         }
         Ok(())
     }
@@ -424,7 +437,11 @@ impl GuestMemory {
                 // unaligned-safe. A guest writing meanwhile gives a torn value, as
                 // the general copy would: the caller validates what it reads.
                 // SAFETY: in bounds, alive for the borrow of `self`, T: FromBytes.
-                Ok(unsafe { std::ptr::read_unaligned(src as *const T) })
+                let v = unsafe { std::ptr::read_unaligned(src as *const T) };
+                if r.map.lost() {
+                    return Err(MemError::Lost { gpa, len: size });
+                }
+                Ok(v)
             }
             _ => self.read_obj(gpa),
         }
@@ -435,7 +452,7 @@ impl GuestMemory {
         self.write(gpa, v.as_bytes())
     }
 
-    fn atomic_u32(&self, gpa: u64) -> Result<&AtomicU32, MemError> {
+    fn atomic_u32(&self, gpa: u64) -> Result<(&AtomicU32, &Mapping), MemError> {
         if !gpa.is_multiple_of(4) {
             return Err(MemError::Misaligned { gpa, align: 4 });
         }
@@ -452,12 +469,17 @@ impl GuestMemory {
         // the mapping. AtomicU32 has the layout of u32 and any bit pattern is valid;
         // the guest's concurrent accesses are what atomics exist for.
         // SAFETY: aligned, in bounds, alive as long as the borrow of `self`.
-        Ok(unsafe { &*(ptr as *const AtomicU32) })
+        Ok((unsafe { &*(ptr as *const AtomicU32) }, &r.map))
     }
 
     /// Atomically loads a little-endian u32 with acquire ordering (shadow doorbells).
     pub fn load_u32(&self, gpa: u64) -> Result<u32, MemError> {
-        Ok(u32::from_le(self.atomic_u32(gpa)?.load(Ordering::Acquire)))
+        let (a, map) = self.atomic_u32(gpa)?;
+        let v = u32::from_le(a.load(Ordering::Acquire));
+        if map.lost() {
+            return Err(MemError::Lost { gpa, len: 4 });
+        }
+        Ok(v)
     }
 
     /// Writes `head` at `gpa`, then (release) the little-endian u32 `last` right
@@ -484,6 +506,9 @@ impl GuestMemory {
             std::ptr::write_unaligned(dst as *mut [u8; 12], *head);
             (*(dst.add(12) as *const AtomicU32)).store(last.to_le(), Ordering::Release);
         }
+        if r.map.lost() {
+            return Err(MemError::Lost { gpa, len: 16 });
+        }
         if dirty::logging_after_write() {
             r.map.mark_dirty(off, 16);
         }
@@ -493,7 +518,11 @@ impl GuestMemory {
     /// Atomically stores a little-endian u32 with release ordering (EventIdx, the
     /// completion dword that carries the phase tag).
     pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
-        self.atomic_u32(gpa)?.store(v.to_le(), Ordering::Release);
+        let (a, map) = self.atomic_u32(gpa)?;
+        a.store(v.to_le(), Ordering::Release);
+        if map.lost() {
+            return Err(MemError::Lost { gpa, len: 4 });
+        }
         self.mark_dirty(gpa, 4);
         Ok(())
     }

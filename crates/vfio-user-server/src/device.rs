@@ -76,7 +76,7 @@ impl DeviceError {
             DeviceError::Dma(DmaError::Invalid(..)) => libc::EINVAL,
             DeviceError::Dma(DmaError::TooMany(_)) => libc::ENOSPC,
             DeviceError::Dma(DmaError::BeyondFile { .. }) => libc::EINVAL,
-            DeviceError::Dma(DmaError::UnsealedMemfd | DmaError::UnsealedFile) => libc::EPERM,
+            DeviceError::Dma(DmaError::Unguarded(_)) => libc::EPERM,
             DeviceError::Dma(DmaError::NotMemory(_)) => libc::EINVAL,
             DeviceError::Dma(DmaError::LogBudget(_)) => libc::ENOMEM,
             DeviceError::Unsupported(_) => libc::ENOTSUP,
@@ -95,8 +95,6 @@ pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(4);
 pub struct DeviceOptions {
     pub ids: PciIds,
     pub doorbells: DoorbellMode,
-    /// Map guest memory whose file could shrink under us (see `dma`).
-    pub allow_unsealed_memory: bool,
     /// How long DMA_UNMAP (and a client leaving) waits for requests still using the
     /// memory to end. Past it the unmap is answered EBUSY; the memory stays mapped in
     /// this process until the last of them ends. Keep it below the client's own reply
@@ -117,7 +115,6 @@ impl Default for DeviceOptions {
                 revision: 2,
             },
             doorbells: DoorbellMode::Trapped,
-            allow_unsealed_memory: false,
             release_wait: DEFAULT_RELEASE_WAIT,
         }
     }
@@ -193,7 +190,7 @@ impl Device {
             bar0_len,
             bar4: msix_table_at_power_on(vectors),
             irqs,
-            dma: DmaRegions::with_limit(dma_map_budget()).allow_unsealed(opts.allow_unsealed_memory),
+            dma: DmaRegions::with_limit(dma_map_budget()),
             negotiated: false,
             doorbells: opts.doorbells,
             page,

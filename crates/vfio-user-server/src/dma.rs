@@ -4,13 +4,14 @@
 //! which QEMU serves from its main loop and which would deadlock against a vCPU
 //! waiting on us.
 //!
-//! Memory the client could shrink under our mapping would turn the next access into
-//! SIGBUS and kill the process, so a region's file must be sealed against shrinking
-//! (F_SEAL_SHRINK: QEMU's memory-backend-memfd seals by default). A memfd without the
-//! seal is refused, with a log line naming the fix. Other file-backed guest memory
-//! (memory-backend-file on hugetlbfs or tmpfs) cannot be sealed, so it is refused
-//! unless the operator accepts the risk (`vnvme serve --allow-unsealed-memory`).
-//! Descriptors that are not memory at all (eventfds, sockets, pipes) are refused.
+//! Memory the client could shrink under our mapping (a memfd without F_SEAL_SHRINK,
+//! as SPDK's initiator sends; a regular file, as QEMU's memory-backend-file on
+//! hugetlbfs is) would turn the next access into SIGBUS. Such a region is mapped
+//! fragile (`guest_mem::fragile`): a fault there is survived, the access reads
+//! zeroes or writes nowhere and fails ([`guest_mem::MemError::Lost`]), and the
+//! command that made it ends with the spec's error. Sealed memory (QEMU's
+//! memory-backend-memfd, sealed by default) needs none of this. Descriptors that
+//! are not memory at all (eventfds, sockets, pipes) are refused.
 //!
 //! Read-only regions (QEMU maps ROMs without DMA_MAP_FLAG_WRITE) are not reachable
 //! either: a guest memory map has no per-region permissions, so a controller write
@@ -48,15 +49,10 @@ pub enum DmaError {
     #[error("file range {offset:#x}+{size:#x} extends past the end of the file ({file_len:#x} bytes)")]
     BeyondFile { offset: u64, size: u64, file_len: u64 },
     #[error(
-        "guest memory in a memfd without F_SEAL_SHRINK could shrink under the server (SIGBUS): \
-         seal it (QEMU: memory-backend-memfd with seal=on, the default)"
+        "guest memory that could shrink under the server (no F_SEAL_SHRINK) and no room to guard \
+         another such region ({0} at once): seal it (QEMU: memory-backend-memfd, sealed by default)"
     )]
-    UnsealedMemfd,
-    #[error(
-        "guest memory in a regular file could shrink under the server (SIGBUS): use a sealed \
-         memfd (QEMU: memory-backend-memfd), or accept the risk with --allow-unsealed-memory"
-    )]
-    UnsealedFile,
+    Unguarded(usize),
     #[error("the descriptor is {0}, not memory")]
     NotMemory(String),
     #[error("DMA logging: {0}")]
@@ -88,8 +84,6 @@ pub struct DmaRegions {
     mem: GuestMemory,
     /// Most regions at once (see [`dma_map_budget`]); 0 means [`MAX_DMA_MAPS`].
     limit: usize,
-    /// Accept regular files (and unsealed memfds) that could shrink under us.
-    allow_unsealed: bool,
     /// DMA logging is on (migration): regions mapped meanwhile log too.
     logging: bool,
 }
@@ -156,21 +150,13 @@ impl DmaRegions {
         DmaRegions { limit: limit.clamp(1, MAX_DMA_MAPS), ..Default::default() }
     }
 
-    /// Accept guest memory whose file can shrink (the operator's choice; see the
-    /// module documentation).
-    pub fn allow_unsealed(mut self, allow: bool) -> Self {
-        self.allow_unsealed = allow;
-        self
-    }
-
-    /// Whether a region's descriptor is memory we may map (module documentation).
-    fn check_kind(&self, fd: &OwnedFd) -> Result<(), DmaError> {
+    /// Whether a region's descriptor is memory we may map, and whether it could
+    /// shrink under us (module documentation).
+    fn check_kind(&self, fd: &OwnedFd) -> Result<bool, DmaError> {
         let kind = FdKind::of(fd);
         match kind {
-            _ if kind.cannot_shrink() => Ok(()),
-            FdKind::Memfd { .. } | FdKind::File { .. } if self.allow_unsealed => Ok(()),
-            FdKind::Memfd { .. } => Err(DmaError::UnsealedMemfd),
-            FdKind::File { .. } => Err(DmaError::UnsealedFile),
+            _ if kind.cannot_shrink() => Ok(false),
+            FdKind::Memfd { .. } | FdKind::File { .. } => Ok(true),
             FdKind::EventFd | FdKind::Other(_) => Err(DmaError::NotMemory(kind.to_string())),
         }
     }
@@ -203,9 +189,15 @@ impl DmaRegions {
         let map = match fd {
             Some(_) if !writable => None,
             Some(fd) => {
-                self.check_kind(&fd)?;
+                let may_shrink = self.check_kind(&fd)?;
                 check_file_range(&fd, offset, size)?;
-                Some(Arc::new(Mapping::from_fd(fd.as_fd(), offset, size, true)?))
+                let m = if may_shrink {
+                    Mapping::from_fd_fragile(fd.as_fd(), offset, size, true)
+                        .map_err(|_| DmaError::Unguarded(guest_mem::fragile::SLOTS))?
+                } else {
+                    Mapping::from_fd(fd.as_fd(), offset, size, true)?
+                };
+                Some(Arc::new(m))
             }
             None => None,
         };
@@ -350,7 +342,7 @@ mod tests {
 
     #[test]
     fn mappings_past_the_end_of_the_file_are_refused() {
-        let mut d = DmaRegions::default().allow_unsealed(true);
+        let mut d = DmaRegions::default();
         let e = d.map(0x10000, 0x2000, Some(file("eof1", 0x1000)), 0, true).unwrap_err();
         assert!(matches!(e, DmaError::BeyondFile { file_len: 0x1000, .. }), "{e}");
         let e = d.map(0x10000, 0x1000, Some(file("eof2", 0x1000)), 0x1000, true).unwrap_err();
@@ -359,40 +351,47 @@ mod tests {
         assert_eq!(d.memory().size(), 0x1000);
     }
 
-    /// issue: "DMA_MAP of an unsealed memfd that the client later truncates, then a
-    /// doorbell: the server dies of SIGBUS": only memory that cannot shrink is mapped.
+    /// issue 50: memory that could shrink (an unsealed memfd, as SPDK's initiator
+    /// sends; a regular file) is mapped, guarded: truncated by the client, an
+    /// access to it fails (Lost) instead of killing the server with SIGBUS.
+    /// Descriptors that are not memory are refused.
     #[test]
-    fn only_memory_sealed_against_shrinking_is_mapped_unless_allowed() {
+    fn memory_that_could_shrink_is_mapped_guarded() {
         use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
         let memfd = |seal: bool| -> OwnedFd {
             let fd = memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
-            ftruncate(&fd, 0x1000).unwrap();
+            ftruncate(&fd, 0x2000).unwrap();
             if seal {
                 fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
             }
             fd
         };
         let mut d = DmaRegions::default();
-        assert!(matches!(d.map(0x10000, 0x1000, Some(memfd(false)), 0, true), Err(DmaError::UnsealedMemfd)));
-        assert!(matches!(
-            d.map(0x10000, 0x1000, Some(file("unsealed", 0x1000)), 0, true),
-            Err(DmaError::UnsealedFile)
-        ));
         let ev: OwnedFd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
         assert!(matches!(d.map(0x10000, 0x1000, Some(ev), 0, true), Err(DmaError::NotMemory(_))));
         assert!(d.is_empty(), "refusals keep nothing");
-        d.map(0x10000, 0x1000, Some(memfd(true)), 0, true).unwrap();
-        let why = DmaError::UnsealedFile.to_string();
-        assert!(why.contains("memory-backend-memfd") && why.contains("--allow-unsealed-memory"), "{why}");
-        let mut d = DmaRegions::default().allow_unsealed(true);
-        d.map(0x10000, 0x1000, Some(memfd(false)), 0, true).unwrap();
-        d.map(0x20000, 0x1000, Some(file("allowed", 0x1000)), 0, true).unwrap();
-        assert_eq!(d.memory().size(), 0x2000);
+        d.map(0x10000, 0x2000, Some(memfd(true)), 0, true).unwrap();
+        let unsealed = memfd(false);
+        let client_end = unsealed.try_clone().unwrap();
+        d.map(0x20000, 0x2000, Some(unsealed), 0, true).unwrap();
+        d.map(0x30000, 0x1000, Some(file("guarded", 0x1000)), 0, true).unwrap();
+        assert_eq!(d.memory().size(), 0x5000);
+        let mem = d.memory().clone();
+        mem.write(0x21000, &[7u8; 64]).unwrap();
+        // The client shrinks it under the mapping: the next access fails, the
+        // process lives, and the other regions serve on.
+        ftruncate(&client_end, 0).unwrap();
+        let mut buf = [0u8; 64];
+        assert!(matches!(mem.read(0x21000, &mut buf), Err(guest_mem::MemError::Lost { .. })));
+        assert!(matches!(mem.load_u32(0x20000), Err(guest_mem::MemError::Lost { .. })));
+        mem.write(0x10000, &[1u8; 64]).unwrap();
+        mem.read(0x10000, &mut buf).unwrap();
+        assert_eq!(buf, [1u8; 64]);
     }
 
     #[test]
     fn the_region_budget_is_enforced_and_follows_the_process_limits() {
-        let mut d = DmaRegions::with_limit(2).allow_unsealed(true);
+        let mut d = DmaRegions::with_limit(2);
         d.map(0x10000, 0x1000, Some(file("lim1", 0x1000)), 0, true).unwrap();
         d.map(0x20000, 0x1000, None, 0, true).unwrap();
         assert!(matches!(d.map(0x30000, 0x1000, None, 0, true), Err(DmaError::TooMany(2))));
@@ -406,7 +405,7 @@ mod tests {
 
     #[test]
     fn read_only_regions_are_remembered_but_unreachable() {
-        let mut d = DmaRegions::default().allow_unsealed(true);
+        let mut d = DmaRegions::default();
         d.map(0x10000, 0x1000, Some(file("ro", 0x1000)), 0, false).unwrap();
         assert_eq!(d.len(), 1);
         assert!(d.memory().check_range(0x10000, 1).is_err(), "a controller write there would fault");
@@ -419,7 +418,7 @@ mod tests {
     /// units, whatever its page size, and each report starts from clean.
     #[test]
     fn the_dirty_report_covers_what_was_written_in_the_units_asked() {
-        let mut d = DmaRegions::default().allow_unsealed(true);
+        let mut d = DmaRegions::default();
         d.map(0x100000, 0x10000, Some(file("log1", 0x10000)), 0, true).unwrap();
         let mem = d.memory();
         mem.write(0x100000, &[1; 16]).unwrap();
@@ -456,7 +455,7 @@ mod tests {
     /// `Released` says when nothing does.
     #[test]
     fn released_memory_is_in_use_while_an_older_snapshot_holds_it() {
-        let mut d = DmaRegions::default().allow_unsealed(true);
+        let mut d = DmaRegions::default();
         d.map(0x10000, 0x1000, Some(file("rel1", 0x1000)), 0, true).unwrap();
         d.map(0x20000, 0x1000, Some(file("rel2", 0x1000)), 0, true).unwrap();
         let in_flight = d.memory(); // what a request submitted before the unmap holds

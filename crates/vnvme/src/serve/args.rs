@@ -144,11 +144,12 @@ pub struct ServeArgs {
     /// 500ms).
     #[arg(long, default_value = "5s", value_parser = parse_deadline)]
     pub client_deadline: std::time::Duration,
-    /// Accept guest memory the VMM could shrink under the server (a memfd without
-    /// F_SEAL_SHRINK, or a regular file such as QEMU's memory-backend-file on
-    /// hugetlbfs): a VMM that truncates it kills vnvme with SIGBUS. Without this flag
-    /// such DMA maps are refused (EPERM); QEMU's memory-backend-memfd is sealed.
-    #[arg(long)]
+    /// Accepted and ignored (kept for command lines that give it): guest memory the
+    /// VMM could shrink under the server (a memfd without F_SEAL_SHRINK, as SPDK's
+    /// initiator sends; a regular file, as QEMU's memory-backend-file on hugetlbfs
+    /// is) is served by default now, each such region guarded: a VMM that shrinks
+    /// it fails the commands that touch it, never the server.
+    #[arg(long, hide = true)]
     pub allow_unsealed_memory: bool,
     /// After start-up, confine the process to a seccomp allowlist of the system calls
     /// serving needs (no_new_privs set; anything else fails with EPERM). off: for
@@ -383,7 +384,6 @@ pub(super) fn device_options(a: &ServeArgs) -> DeviceOptions {
     DeviceOptions {
         ids: PciIds { vendor: a.pci_id.0, device: a.pci_id.1, ..DeviceOptions::default().ids },
         doorbells: a.doorbells,
-        allow_unsealed_memory: a.allow_unsealed_memory,
         // Within the client's patience: it must see the reply before its own deadline.
         release_wait: a.client_deadline.mul_f64(0.8),
     }
