@@ -40,6 +40,16 @@ static TABLE: [Entry; SLOTS] = [FREE; SLOTS];
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static INSTALL: Once = Once::new();
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Some fragile mapping was ever lost: the one flag every access reads (a static,
+/// false but for a broken client), so that only then is its own mapping asked.
+static ANY_LOST: AtomicBool = AtomicBool::new(false);
+
+/// Whether any fragile mapping of this process was ever lost (a cheap test before
+/// [`Slot::lost`]).
+#[inline]
+pub fn any_lost() -> bool {
+    ANY_LOST.load(Ordering::Relaxed)
+}
 
 /// A fragile mapping's place in the table, freed on drop.
 #[derive(Debug)]
@@ -129,6 +139,7 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         };
         if p != libc::MAP_FAILED {
             e.lost.store(true, Ordering::Release);
+            ANY_LOST.store(true, Ordering::Release);
             return;
         }
         break;

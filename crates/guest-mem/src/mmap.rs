@@ -93,7 +93,9 @@ impl Mapping {
     /// fragile mapping's can): what was read since may be zeroes.
     #[inline]
     pub fn lost(&self) -> bool {
-        self.fragile.as_ref().is_some_and(|s| s.lost())
+        // One load of a static on every access: only a process some of whose
+        // fragile mappings was lost asks the mapping itself.
+        crate::fragile::any_lost() && self.fragile.as_ref().is_some_and(|s| s.lost())
     }
 
     /// The descriptor this mapping was made from and the file offset of its first
