@@ -16,8 +16,17 @@ Either way: IOPS, server CPU per I/O and client CPU per I/O ratios, each a media
 with an interval and a verdict (table.md, and printed at the end), every pair
 with its disturbance flags (results.json).
 
+- --peer-spdk (runs/peer.tsv is there): vnvme beside SPDK's vfio-user target,
+  paired by repetition as --baseline pairs two builds, once per client (vnvme perf,
+  spdk_nvme_perf); ratios vnvme / SPDK (chart.svg for the first client,
+  chart-client-spdk.svg for spdk_nvme_perf when both ran).
+
 Run by bench-vfio-user.sh; can be re-run on a folder:
   python3 scripts/bench-vfio-user.py --dir results/vfio-user-perf/<stamp> --root . ...
+
+bench-vfio-user.sh also runs SPDK's client through it, to read the CPU clocks over
+the client's own measuring window (run_spdk_perf):
+  python3 scripts/bench-vfio-user.py --run-spdk-perf --json FILE --server-pid PID -- spdk_nvme_perf ...
 """
 
 import argparse
@@ -26,13 +35,18 @@ import datetime
 import json
 import re
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from vnvme_report import (  # noqa: E402
     BOOTSTRAP_MIN_PAIRS, DISTURBED_OTHER_CPUS, DISTURBED_STEAL, bar_panel, bounds, cores_busy, disturbance, legend,
     log, log_panel, machine, machine_line, machine_md, median, other_cpus, ratio_bounds, ratio_summary, ratio_ticks,
-    spread, steal_share, svg_doc, title_block)
+    spread, steal_share, sum_opt, svg_doc, title_block)
 
 # The seed's ablation table (QEMU hw/nvme under KVM, fio randread 4 KiB, Linux 5.15
 # guest, 96-core Xeon Gold 6248R; seed 002, "NVMe Emulation Performance
@@ -91,17 +105,141 @@ RUN_FIGURES = {
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# ---- SPDK's client, run and measured (--run-spdk-perf)
+
+
+def proc_cpu_s(pid):
+    """utime + stime of process pid (all its threads), seconds; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sys_ticks():
+    """/proc/stat's cpu line as (busy, steal, total) ticks, as scripts/lib/host.sh's
+    vn_cpu_ticks reads it."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+    return busy, v[7], busy + v[3] + v[4]
+
+
+# spdk_nvme_perf's summary: "Total : IOPS MiB/s average min max" (latency in µs).
+SPDK_TOTAL = re.compile(r"^Total\s*:\s*([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)")
+
+
+def run_spdk_perf(argv):
+    """Runs spdk_nvme_perf (the command after --), its output line-buffered
+    (stdbuf -oL) and copied to stdout; reads the client's, the server's
+    (--server-pid) and the machine's CPU clocks when it prints "Launching workers"
+    (its I/O starts) and again at its "Total" line (its I/O is over), and writes
+    --json in the shape `vnvme perf --json` has (what SPDK's client does not say,
+    null), with that window. Exits with the client's status, or 1 without a Total
+    line; the JSON then says why ("error")."""
+    ap = argparse.ArgumentParser(prog="bench-vfio-user.py --run-spdk-perf")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--server-pid", type=int, default=0)
+    ap.add_argument("--grace", type=float, default=50, help="seconds past -t before the client is killed")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        ap.error("no spdk_nvme_perf command after --")
+    secs = float(cmd[cmd.index("-t") + 1]) if "-t" in cmd else 0.0
+    if not shutil.which("stdbuf"):
+        # Block-buffered into a pipe, both lines would come at its exit: no window.
+        log("--run-spdk-perf needs stdbuf (coreutils) to read spdk_nvme_perf's lines as they come")
+        return 2
+    cmd = ["stdbuf", "-oL"] + cmd
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def stop(*_):
+        p.kill()
+    signal.signal(signal.SIGTERM, stop)
+    timer = threading.Timer(secs + a.grace, stop)
+    timer.daemon = True
+    timer.start()
+
+    def sample():
+        return {"t": time.monotonic(), "client": proc_cpu_s(p.pid),
+                "server": proc_cpu_s(a.server_pid) if a.server_pid else None, "sys": sys_ticks()}
+
+    start = end = total = None
+    lines = []
+    for raw in p.stdout:
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        if start is None and "Launching workers" in line:
+            start = sample()
+        elif start is not None and end is None and SPDK_TOTAL.match(line):
+            end = sample()
+            total = SPDK_TOTAL.match(line)
+        lines.append(line)
+        print(line, flush=True)
+    rc = p.wait()
+    timer.cancel()
+    out = {"tool": "spdk_nvme_perf", "command": cmd, "exit_status": rc,
+           "transport": "vfio-user (SPDK's NVMe driver, spdk_nvme_perf)",
+           "knobs": {"qd": int(cmd[cmd.index("-q") + 1]) if "-q" in cmd else None,
+                     "bs": int(cmd[cmd.index("-o") + 1]) if "-o" in cmd else None,
+                     "rw": cmd[cmd.index("-w") + 1] if "-w" in cmd else None, "runtime_s": secs,
+                     "queues": 1, "completion": "poll (SPDK's client always polls)", "doorbells": None},
+           "error": None}
+    if total and start and end and start["client"] is not None and end["client"] is not None:
+        iops = float(total.group(1))
+        ios = iops * secs
+        ccpu = end["client"] - start["client"]
+        scpu = (end["server"] - start["server"]) if start["server"] is not None and end["server"] is not None \
+            else None
+        out["results"] = {
+            "iops": iops, "mib_per_s": float(total.group(2)), "ios": round(ios),
+            "ios_note": "IOPS x -t: spdk_nvme_perf gives no count",
+            "elapsed_s": end["t"] - start["t"],
+            "latency_us": {"mean": float(total.group(3)), "min": float(total.group(4)),
+                           "max": float(total.group(5)), "p50": None, "p99": None, "p99_9": None},
+            "client_cpu_s": ccpu, "client_cpu_us_per_io": ccpu * 1e6 / ios if ios else None,
+            "client_cpu_source": f"/proc/PID/stat utime+stime (USER_HZ {CLK_TCK})",
+            "errors": 0, "driver_sq_doorbell_writes_per_io": None, "driver_cq_doorbell_writes_per_io": None,
+            "interrupt_wakeups_per_io": None}
+        out["server"] = ({"cpu_s": scpu, "cpu_us_per_io": scpu * 1e6 / ios if ios else None,
+                          "cpu_source": f"/proc/PID/stat utime+stime (USER_HZ {CLK_TCK})"}
+                         if scpu is not None else {})
+        out["window"] = {"from": "its line \"Initialization complete. Launching workers.\"",
+                         "to": "its \"Total\" line", "wall_s": end["t"] - start["t"],
+                         "sys_busy_ticks": end["sys"][0] - start["sys"][0],
+                         "steal_ticks": end["sys"][1] - start["sys"][1],
+                         "total_ticks": end["sys"][2] - start["sys"][2]}
+        out["total_line"] = total.group(0)
+    if rc != 0 or "results" not in out:
+        why = [ln.strip() for ln in lines if "*ERROR*" in ln or "failed" in ln]
+        out["error"] = (f"spdk_nvme_perf exit {rc}" if rc else "spdk_nvme_perf printed no Total line") + \
+            (": " + " / ".join(re.sub(r"^\[[^]]*\] ", "", w) for w in why[:2]) if why else "")
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    return rc if rc else (0 if "results" in out else 1)
+
+
 def perf_log(json_path):
     """The perf log that goes with a run's JSON (runs/X.json -> logs/perf-X.log)."""
     return "logs/perf-" + os.path.basename(json_path)[: -len(".json")] + ".log"
 
 
-def load(dirpath, matrix, side="new"):
-    """The points of one binary (side "new" or "base"), in matrix order."""
+# Why a run's server did not start, by the manifest's rc.
+NOT_STARTED = {"serve": "vnvme serve did not start", "nvmf_tgt": "nvmf_tgt did not start"}
+
+
+def load(dirpath, matrix, side="new", client=None):
+    """The points of one binary (side "new" or "base"), in matrix order. With
+    --peer-spdk, side is the target (vnvme or spdk) and client who drove it
+    (vnvme or spdk); the runs then also say which client and doorbells they
+    used and their mean latency."""
     rows = []
     with open(os.path.join(dirpath, "runs", "manifest.tsv")) as f:
         for r in csv.DictReader(f, delimiter="\t"):
-            if (r.get("side") or "new") == side:
+            if (r.get("side") or "new") == side and (client is None or (r.get("client") or "vnvme") == client):
                 rows.append(r)
     points = {}
     for r in rows:
@@ -109,7 +247,11 @@ def load(dirpath, matrix, side="new"):
         p = points.setdefault(key, {"runs": [], "errors": [], "serve_cmd": r["serve_cmd"], "perf_cmd": r["perf_cmd"]})
         path = os.path.join(dirpath, r["json"])
         if r["rc"] != "0" or not os.path.exists(path):
-            why = "vnvme serve did not start" if r["rc"] == "serve" else f"exit {r['rc']}"
+            why = NOT_STARTED.get(r["rc"], f"exit {r['rc']}")
+            if client is not None and os.path.exists(path):
+                # SPDK's client, run through --run-spdk-perf, says why it failed.
+                with open(path) as f:
+                    why = json.load(f).get("error") or why
             beside = f" beside {r['beside']}" if r.get("beside") else ""
             p["errors"].append(f"run {r['rep']}{beside}: {why} ({perf_log(r['json'])})")
             continue
@@ -118,6 +260,19 @@ def load(dirpath, matrix, side="new"):
         res, srv = j["results"], j.get("server") or {}
         el = res["elapsed_s"]
         ccpu, scpu = res.get("client_cpu_s"), srv.get("cpu_s")
+        if j.get("window"):
+            # spdk_nvme_perf: the machine's clocks over the window its CPU figures cover,
+            # not over the whole command (its start-up is long and not measured).
+            r = {**r, **{k: str(j["window"][k]) for k in ("sys_busy_ticks", "wall_s", "steal_ticks", "total_ticks")}}
+        if "trapped_doorbells_per_io" not in srv and os.path.exists(path[: -len(".json")] + ".server-stats.json"):
+            # A vnvme server driven by spdk_nvme_perf: its own counters at exit (one
+            # server per run, so they are the run's).
+            with open(path[: -len(".json")] + ".server-stats.json") as f:
+                st = json.load(f)
+            n = st.get("io_commands") or 0
+            srv = {**srv, "trapped_doorbells_per_io": st.get("io_doorbell_writes", 0) / n if n else None,
+                   "interrupts_per_io": st.get("interrupts", 0) / n if n else None,
+                   "eventidx_races": st.get("eventidx_races")}
         other = other_procs = steal = None
         if r.get("sys_busy_ticks") and r.get("wall_s"):
             other = other_cpus(int(r["sys_busy_ticks"]), float(r["wall_s"]), ccpu, scpu, CLK_TCK)
@@ -137,7 +292,8 @@ def load(dirpath, matrix, side="new"):
                 "p99_9_us": res["latency_us"]["p99_9"],
                 "trapped_db_per_io": srv.get("trapped_doorbells_per_io"),
                 "irq_per_io": srv.get("interrupts_per_io"),
-                "driver_db_per_io": res["driver_sq_doorbell_writes_per_io"] + res["driver_cq_doorbell_writes_per_io"],
+                "driver_db_per_io": sum_opt(res["driver_sq_doorbell_writes_per_io"],
+                                            res["driver_cq_doorbell_writes_per_io"]),
                 "driver_sq_db_per_io": res["driver_sq_doorbell_writes_per_io"],
                 "driver_cq_db_per_io": res["driver_cq_doorbell_writes_per_io"],
                 "irq_wakeups_per_io": res["interrupt_wakeups_per_io"],
@@ -150,6 +306,8 @@ def load(dirpath, matrix, side="new"):
                 "ios": res["ios"],
                 "errors": res["errors"],
                 "eventidx_races": srv.get("eventidx_races"),
+                **({"client": j.get("tool"), "client_doorbells": (j.get("knobs") or {}).get("doorbells"),
+                    "mean_us": res["latency_us"].get("mean")} if client is not None else {}),
             }
         )
     out = []
@@ -381,6 +539,7 @@ def pairs_md(comparison, spec, knobs):
     """The paired comparison as Markdown: (summary, every pair). spec: the two
     sides' keys a and b, their column names and the words for the design."""
     a, b, an, bn = spec["a"], spec["b"], spec["a_name"], spec["b_name"]
+    row, head = spec.get("row") or (lambda c: c["config"]), spec.get("row_head", "config")
     npairs = sum(len(c["pairs"]) for c in comparison)
     flagged = sum(c["disturbed_pairs"] for c in comparison)
     S = [f"- {knobs['repeat']} pairs per point, each pair run back to back ({spec['order']}); " + spec["servers"],
@@ -401,14 +560,14 @@ def pairs_md(comparison, spec, knobs):
         S.append(f"- **note: {knobs['repeat']} pairs per point**: the interval is min–max, and all of n pairs fall on "
                  f"one side of 1.0 by chance with probability 2/2^n ({200 / 2 ** knobs['repeat']:.0f} % for "
                  f"n = {knobs['repeat']}) even with no difference; use ≥ {BOOTSTRAP_MIN_PAIRS} for a verdict")
-    S += ["", f"| config | QD | {an} IOPS | {bn} IOPS | IOPS {bn}/{an} | verdict | server CPU/IO {bn}/{an} | verdict "
+    S += ["", f"| {head} | QD | {an} IOPS | {bn} IOPS | IOPS {bn}/{an} | verdict | server CPU/IO {bn}/{an} | verdict "
           f"| client CPU/IO {bn}/{an} | verdict | disturbed pairs |", "|---|--:|--:|--:|--:|---|--:|---|--:|---|---|"]
     for c in comparison:
         ir, sr, cr = c["iops_ratio"], c["server_cpu_ratio"], c["client_cpu_ratio"]
         dist = f"{c['disturbed_pairs']}/{len(c['pairs'])}"
         if c["disturbed_reps"]:
             dist = f"⚠ {dist} (rep {', '.join(map(str, c['disturbed_reps']))})"
-        S.append(f"| {c['config']} | {c['qd']} | {fmt_iops(c[a + '_iops_median'])} | "
+        S.append(f"| {row(c)} | {c['qd']} | {fmt_iops(c[a + '_iops_median'])} | "
                  f"{fmt_iops(c[b + '_iops_median'])} | {fmt_ratio(ir)} | {fmt_verdict(ir)} | "
                  f"{fmt_ratio(sr)} | {fmt_verdict(sr, 'n/a (in-process)' if c.get('server_cpu_ratio_note') else None)}"
                  f" | {fmt_ratio(cr)} | {fmt_verdict(cr)} | {dist} |"
@@ -419,13 +578,13 @@ def pairs_md(comparison, spec, knobs):
         return f(v) if v is not None else "–"
 
     P = ["#### Every pair", "",
-         f"| config | QD | rep | order | {an} IOPS | {bn} IOPS | ratio | {an} server CPU µs/IO | {bn} server CPU µs/IO "
+         f"| {head} | QD | rep | order | {an} IOPS | {bn} IOPS | ratio | {an} server CPU µs/IO | {bn} server CPU µs/IO "
          f"| ratio | {an} client CPU µs/IO | {bn} client CPU µs/IO | ratio | disturbed |",
          "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for c in comparison:
         for p in c["pairs"]:
             flags = "; ".join(f"{c['sides'][side]}: {fmt_flags(p[side])}" for side in (a, b) if p[side]["disturbed"])
-            P.append(f"| {c['config']} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p[a]['iops'])} | "
+            P.append(f"| {row(c)} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p[a]['iops'])} | "
                      f"{fmt_iops(p[b]['iops'])} | {opt(p['iops_ratio'], num(3))} | "
                      f"{opt(p[a]['server_cpu_us_per_io'], num(2))} | {opt(p[b]['server_cpu_us_per_io'], num(2))} | "
                      f"{opt(p['server_cpu_ratio'], num(3))} | {opt(p[a]['client_cpu_us_per_io'], num(2))} | "
@@ -669,7 +828,9 @@ def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
     W, PW, PH, GAP = 1500, 480, 470, 10
     npairs = sum(len(c["pairs"]) for c in comparison)
     flagged = sum(c["disturbed_pairs"] for c in comparison)
-    if knobs.get("baseline"):
+    if spec.get("chart_title"):
+        title, sub = spec["chart_title"], spec["chart_sub"]
+    elif knobs.get("baseline"):
         b, n = binaries["base"], binaries["new"]
         title = (f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
                  f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
@@ -707,6 +868,257 @@ def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
     return svg_doc(W, H, o, background="#f7f7f7")
 
 
+# ---- beside SPDK's vfio-user target (--peer-spdk)
+
+
+CLIENT_NAMES = {"vnvme": "vnvme perf", "spdk": "spdk_nvme_perf"}
+PEER_MODES = {
+    "poll": ("SPDK polling", "nvmf_tgt's default: its reactor polls; BAR0 doorbells mapped into the client, no "
+             "shadow doorbells"),
+    "interrupt": ("SPDK --interrupt-mode", "nvmf_tgt --interrupt-mode, its transport created with -M "
+                  "(--disable-mappable-bar0, which interrupt mode needs): doorbell writes reach it as vfio-user "
+                  "messages, and it offers shadow doorbells with EventIdx"),
+}
+
+
+def read_peer(dirpath):
+    """runs/peer.tsv (what bench-vfio-user.sh --peer-spdk knew of SPDK), plus what
+    nvmf_tgt's logs say: its version line with DPDK's, and every *ERROR* it logged,
+    counted. None without --peer-spdk."""
+    path = os.path.join(dirpath, "runs", "peer.tsv")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        peer = {r["key"]: r["value"] for r in csv.DictReader(f, delimiter="\t")}
+    logs = os.path.join(dirpath, "logs")
+    names = sorted(os.listdir(logs)) if os.path.isdir(logs) else []
+    for name in names:
+        if name.startswith("nvmf_tgt-"):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                m = re.search(r"Starting SPDK (.+?) / DPDK (\S+) initialization", f.read())
+            if m:
+                peer["spdk_log_version"], peer["dpdk_version"] = m.group(1), m.group(2)
+                break
+    peer["errors_logged"] = logged_errors(logs, names)
+    return peer
+
+
+def logged_errors(logs, names):
+    """The *ERROR* lines of nvmf_tgt's logs and of spdk_nvme_perf's, by message
+    (numbers made N to group them), with how many lines and logs, and which runs."""
+    groups = {}
+    for name in names:
+        if name.startswith("nvmf_tgt-"):
+            who, run = "nvmf_tgt", name[len("nvmf_tgt-"):-len(".log")]
+        elif name.startswith("perf-") and "-spdk-" in name:
+            who, run = "spdk_nvme_perf", name[len("perf-"):-len(".log")]
+        else:
+            continue
+        with open(os.path.join(logs, name), errors="replace") as f:
+            for line in f:
+                if "*ERROR*" not in line:
+                    continue
+                msg = re.sub(r"^\[[^]]*\] ", "", line.strip())
+                key = (who, re.sub(r"\d+", "N", msg))
+                g = groups.setdefault(key, {"who": who, "example": msg, "lines": 0, "runs": []})
+                g["lines"] += 1
+                if run not in g["runs"]:
+                    g["runs"].append(run)
+    return sorted(groups.values(), key=lambda g: (g["who"], -len(g["runs"])))
+
+
+def group_errors(side, errors):
+    """A side's failed runs, one line per reason: "SIDE runs 1, 3: reason (logs)"."""
+    by = {}
+    for e in errors:
+        m = re.match(r"run (\d+)(?: beside \S+)?: (.*) \((logs/[^)]*)\)$", e)
+        rep_, why = (m.group(1), m.group(2)) if m else ("?", e)
+        by.setdefault(why, []).append(rep_)
+    return [f"{side} run{'s' if len(r) > 1 else ''} {', '.join(r)}: {why}" for why, r in by.items()]
+
+
+def compare_peer(spdk_points, vnvme_points):
+    """Each point of vnvme paired with SPDK's, run by run (the same client)."""
+    keys = [(p["config"], p["qd"]) for p in vnvme_points]
+    keys += [(p["config"], p["qd"]) for p in spdk_points if (p["config"], p["qd"]) not in keys]
+    out = []
+    for cfg, qd in keys:
+        sp, vp = get(spdk_points, cfg, qd), get(vnvme_points, cfg, qd)
+        errors = (group_errors("SPDK", sp["errors"]) if sp else ["SPDK: not run"]) + \
+            (group_errors("vnvme", vp["errors"]) if vp else ["vnvme: not run"])
+        out.append(pair_point(cfg, qd, "base", "new", sp["runs"] if sp else [], vp["runs"] if vp else [], errors,
+                              names=("SPDK", "vnvme")))
+    return out
+
+
+def peer_mode(peer, cfg):
+    return peer.get(f"mode.{cfg}", "?")
+
+
+def client_doorbells(points, cfg):
+    """The doorbells vnvme perf's runs of a configuration used (auto: what it chose)."""
+    seen = sorted({r.get("client_doorbells") for p in points if p["config"] == cfg for r in p["runs"]
+                   if r.get("client_doorbells")})
+    return ", ".join(seen) or "–"
+
+
+def peer_versions(peer):
+    return (f"SPDK {peer.get('spdk_version', '?').removeprefix('SPDK ')}, DPDK {peer.get('dpdk_version', '?')}")
+
+
+def pair_spec_peer(knobs, peer, client, mach):
+    """The two sides of the pairs beside SPDK, for the report and the chart."""
+    cn = CLIENT_NAMES[client]
+    how = ("`vnvme perf` against vnvme with the configuration's --doorbells and --completion, against SPDK "
+           "--doorbells auto --completion poll" if client == "vnvme" else
+           f"`{peer.get('spdk_nvme_perf', 'spdk_nvme_perf')}` against both (it polls; its \"Total\" line's IOPS; "
+           f"client and server CPU from /proc over its window, \"Launching workers\" to \"Total\")")
+    return {"a": "base", "b": "new", "a_name": "SPDK", "b_name": "vnvme", "ratio": "vnvme / SPDK",
+            "title": f"vnvme beside SPDK's vfio-user target, driven by {cn}",
+            "intro": [f"- client: {how}", f"- SPDK: {peer_versions(peer)}; vnvme: {mach.get('vnvme')}"],
+            "order": "SPDK first on odd repetitions, vnvme first on even ones",
+            "servers": "every run against a fresh target (vnvme serve, or nvmf_tgt set up over RPC) started for "
+                       "it and stopped after it, so the two never ran at once",
+            "row": lambda c: f"{c['config']} / {PEER_MODES.get(peer_mode(peer, c['config']), ('?',))[0]}",
+            "row_head": "vnvme configuration / SPDK mode",
+            "chart_title": (f"vnvme / SPDK's vfio-user target ({peer_versions(peer)}), client {cn}, "
+                            f"{knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}"),
+            "chart_sub": machine_line(mach) + " · pinned: servers CPU 1, clients CPU 0"}
+
+
+def peer_header(mach, knobs, matrix, peer, per):
+    ids = {m["id"]: m for m in matrix}
+    L = [f"## vnvme beside SPDK's vfio-user target: 4 KiB {knobs['rw']}, one queue pair", ""]
+    L += machine_md(mach)
+    L += [
+        f"- peer: {peer_versions(peer)} (`nvmf_tgt --version`: {peer.get('spdk_version', '?')}; DPDK from "
+        f"nvmf_tgt's log), nvmf_tgt sha256 {peer.get('nvmf_tgt_sha256', '?')}"
+        + (f", spdk_nvme_perf sha256 {peer['spdk_nvme_perf_sha256']}" if peer.get("spdk_nvme_perf_sha256") else "")
+        + f"; built by scripts/build-spdk-peer.sh, set up over RPC by its scripts/rpc.py ({peer.get('rpc_python')})",
+        f"- pinning: servers on {peer.get('server_pin')}, clients on {peer.get('client_pin')}",
+        f"- workload: {knobs['rw']}, 4 KiB, one I/O queue pair, one client thread; QD {knobs['qd']}; "
+        f"{knobs['seconds']:g} s per run; {knobs['repeat']} pairs per point and client (a fresh target per run, "
+        f"the two targets never at once)",
+        f"- clients: {', '.join(CLIENT_NAMES[x['client']] for x in per)}"
+        + (" (each repetition runs a pair of each, one after the other)" if len(per) > 1 else ""),
+        f"- vnvme: `vnvme serve --ns {knobs['ns']} --workers {knobs['workers']}` with the configuration's "
+        f"--doorbells and --poll (below)",
+        f"- SPDK: a null bdev (`bdev_null_create null0 65536 4096`: 64 GiB of 4 KiB blocks; reads leave the buffer "
+        f"untouched) in subsystem {peer.get('spdk_nqn')}, one VFIOUSER listener; spdk_nvme_perf names vnvme's "
+        f"subsystem {peer.get('vnvme_nqn')}",
+    ]
+    for m in ("poll", "interrupt"):
+        if any(peer_mode(peer, c) == m for c in ids if any(p["config"] == c for x in per for p in x["vnvme_points"])):
+            L.append(f"- {PEER_MODES[m][0]}: `{peer.get('nvmf_tgt.' + m)}`, then rpc.py `{peer.get('rpc.' + m)}`")
+    L.append(f"- command: `{knobs['command']}`")
+    if mach["cpus_usable"] <= 2:
+        L.append(f"- **note: this machine has {mach['cpus_usable']} usable CPUs**, shared: a polling server or "
+                 f"client takes a whole one, and this host's speed moves by ±25 % within a run, so only the paired "
+                 f"ratios below carry a verdict")
+    L += ["", "### Who meets whom", "",
+          "| vnvme configuration | vnvme serve | vnvme perf against vnvme | SPDK mode | nvmf_tgt | vnvme perf "
+          "against SPDK (doorbells it chose) |", "|---|---|---|---|---|---|"]
+    cfgs = [c for c in ids if any(p["config"] == c for x in per for p in x["vnvme_points"] + x["spdk_points"])]
+    vn = next((x for x in per if x["client"] == "vnvme"), None)
+    for c in cfgs:
+        m, mode = ids[c], peer_mode(peer, c)
+        chose = client_doorbells(vn["spdk_points"], c) if vn else "not run"
+        L.append(f"| {c}: {m['label']} | `--doorbells {m['serve_doorbells']} --poll {m['server_poll']}` | "
+                 f"`--doorbells {m['perf_doorbells']} --completion {m['completion']}` | {PEER_MODES[mode][0]} | "
+                 f"{PEER_MODES[mode][1]} | `--doorbells auto --completion poll` ({chose}) |")
+    return L
+
+
+def peer_points_md(per):
+    L = ["### Every point, each side's own figures", "",
+         "| client | configuration | target | QD | IOPS mean [min–max] | mean latency µs | p50 µs | p99 µs | client "
+         "CPU µs/IO | server CPU µs/IO | trapped db/IO (vnvme) | irq/IO (vnvme) | other load |",
+         "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for x in per:
+        for side, pts in (("SPDK", x["spdk_points"]), ("vnvme", x["vnvme_points"])):
+            for p in pts:
+                mean_us = spread([r.get("mean_us") for r in p["runs"]])
+                L.append(f"| {CLIENT_NAMES[x['client']]} | {p['config']} | {side} | {p['qd']} | "
+                         f"{fmt(p['iops'], fmt_iops)} | {fmt(mean_us, num(1))} | {fmt(p['p50_us'], num(1))} | "
+                         f"{fmt(p['p99_us'], num(1))} | {fmt(p['client_cpu_us_per_io'], num(2))} | "
+                         f"{fmt(p['server_cpu_us_per_io'], num(2))} | {fmt(p['trapped_db_per_io'], num(4))} | "
+                         f"{fmt(p['irq_per_io'], num(4))} | {fmt(p['other_cpus'], num(2))} |"
+                         + (f" ⚠ {len(p['errors'])} run(s) failed" if p["errors"] else ""))
+    L += ["", "Client CPU: vnvme perf's process CPU time over its run; spdk_nvme_perf's /proc utime+stime over its "
+          "window. Server CPU: /proc utime+stime of vnvme serve or nvmf_tgt over the same window. spdk_nvme_perf "
+          "gives no percentiles (–), only its mean; a vnvme server's counters under it are its totals at exit. "
+          "Other load: CPUs kept busy by anything else meanwhile (> 0.2: disturbed)."]
+    return L
+
+
+def peer_errors_md(peer):
+    errs = peer.get("errors_logged") or []
+    L = ["### What SPDK logged as errors", ""]
+    if not errs:
+        return L + ["No *ERROR* line in nvmf_tgt's or spdk_nvme_perf's logs.", ""]
+    L += ["| who | message (first seen) | lines | runs (logs/) |", "|---|---|--:|---|"]
+    for g in errs:
+        runs = ", ".join(g["runs"][:6]) + (f" and {len(g['runs']) - 6} more" if len(g["runs"]) > 6 else "")
+        L.append(f"| {g['who']} | `{g['example']}` | {g['lines']} | {len(g['runs'])}: {runs} |")
+    return L + [""]
+
+
+def main_peer(a, mach, knobs, matrix, peer):
+    """The report of a --peer-spdk run: per client, vnvme / SPDK pairs."""
+    clients = [c for c in ("vnvme", "spdk") if c in peer.get("clients", "vnvme").split(",")]
+    per = []
+    for c in clients:
+        sp, vp = load(a.dir, matrix, "spdk", c), load(a.dir, matrix, "vnvme", c)
+        per.append({"client": c, "spdk_points": sp, "vnvme_points": vp, "comparison": compare_peer(sp, vp),
+                    "spec": pair_spec_peer(knobs, peer, c, mach)})
+    knobs["peer_spdk"] = True
+    L = peer_header(mach, knobs, matrix, peer, per)
+    for x in per:
+        S, P = pairs_md(x["comparison"], x["spec"], knobs)
+        L += ["", f"### {x['spec']['title']}", ""] + x["spec"]["intro"] + S + [""] + P
+    L += [""] + peer_points_md(per) + [""] + peer_errors_md(peer)
+    md = "\n".join(L) + "\n"
+    env_path = os.path.join(a.dir, "runs", "environment.txt")
+    mach["environment"] = open(env_path).read() if os.path.exists(env_path) else None
+    report = {"benchmark": "scripts/bench-vfio-user.sh --peer-spdk", "machine": mach, "knobs": knobs,
+              "configurations": matrix, "metrics": {**METRICS, **RUN_FIGURES}, "peer": peer,
+              "pairs_design": {
+                  "kind": "peer", "ratio": "vnvme / SPDK", "sides": {"base": "SPDK", "new": "vnvme"},
+                  "order": "SPDK first on odd repetitions, vnvme first on even ones",
+                  "servers": per[0]["spec"]["servers"] if per else None,
+                  "modes": {c: peer_mode(peer, c) for c in {p["config"] for x in per for p in x["vnvme_points"]}},
+                  "ratios": {key: f"{what}, vnvme / SPDK, {'higher' if higher else 'lower'} is better"
+                             for key, _, higher, what in RATIOS},
+                  "interval": f"seeded bootstrap 90 % interval of the median with >= {BOOTSTRAP_MIN_PAIRS} pairs, "
+                              f"else min–max of the pairs; one pair: no verdict",
+                  "verdict": "ahead / behind only when the interval excludes 1.0, else level (inside the noise)"},
+              "clients": {x["client"]: {"comparison": x["comparison"], "spdk_points": x["spdk_points"],
+                                        "vnvme_points": x["vnvme_points"]} for x in per},
+              "disturbance": {"steal_above": DISTURBED_STEAL, "other_procs_cpus_above": DISTURBED_OTHER_CPUS,
+                              "pair": "disturbed when either of its runs is"}}
+    with open(os.path.join(a.dir, "results.json"), "w") as f:
+        f.write(scrub(json.dumps(report, indent=2), a.root) + "\n")
+    with open(os.path.join(a.dir, "table.md"), "w") as f:
+        f.write(scrub(md, a.root))
+    # The chart's legend names each configuration with the SPDK mode it met.
+    legend_matrix = [{**m, "label": f"{m['label']} / {PEER_MODES[peer_mode(peer, m['id'])][0]}"}
+                     if peer_mode(peer, m["id"]) in PEER_MODES else m for m in matrix]
+    charts = {}
+    for i, x in enumerate(per):
+        name = "chart.svg" if i == 0 else f"chart-client-{x['client']}.svg"
+        charts[name] = ratio_chart(mach, knobs, legend_matrix, x["comparison"], x["spec"], {})
+    for name, svg in charts.items():
+        with open(os.path.join(a.dir, name), "w") as f:
+            f.write(svg)
+    print(md)
+    print("## Summary (as in table.md)\n")
+    for x in per:
+        print("\n".join([f"### {x['spec']['title']}", ""] + x["spec"]["intro"]
+                        + pairs_md(x["comparison"], x["spec"], knobs)[0]) + "\n")
+    log(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
+    return 0
+
+
 def scrub(text, root):
     """Keeps this machine's paths out of the results: the checkout becomes relative,
     the run's temporary directory becomes <work>."""
@@ -715,6 +1127,8 @@ def scrub(text, root):
 
 
 def main():
+    if sys.argv[1:2] == ["--run-spdk-perf"]:
+        return run_spdk_perf(sys.argv[2:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--root", required=True)
@@ -746,6 +1160,9 @@ def main():
                           "syscalls_per_io": p.get("syscalls_per_io")}
                          for p in json.load(open(cost_path))["points"] if p.get("kind") == "server"]
     matrix = parse_matrix(a.matrix, a.workers)
+    peer = read_peer(a.dir)
+    if peer:
+        return main_peer(a, mach, knobs, matrix, peer)
     points = load(a.dir, matrix)
     tgts = targets(points, matrix)
     binaries = read_binaries(a.dir)

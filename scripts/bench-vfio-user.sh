@@ -10,6 +10,7 @@
 #                              [--workers N] [--pin] [--configs a,b,...] [--out DIR]
 #                              [--reference CONFIG|none]
 #                              [--baseline BIN [--baseline-label TEXT]]
+#                              [--peer-spdk DIR [--client vnvme|spdk|both] [--peer-python PY]]
 #
 #   --seconds N   run time of each point (default 3)
 #   --repeat N    repetitions per point (default 5: on a small shared host single runs
@@ -67,6 +68,50 @@
 #                 build that predates an option of --ns: e.g. --ns
 #                 null:64G:lba=4096:reads=untouched beside an older build's
 #                 null:64G:lba=4096. The report names each side's namespace
+#   --peer-spdk DIR  vnvme beside a peer: SPDK's vfio-user target (nvmf_tgt), from the
+#                 SPDK tree DIR (built with scripts/build-spdk-peer.sh: DIR/build/bin,
+#                 DIR/scripts/rpc.py). The pairs of --baseline, with nvmf_tgt as the
+#                 base side: every point run with both targets side by side (SPDK then
+#                 vnvme on odd repetitions, vnvme then SPDK on even ones), each run
+#                 against a fresh target started for it and stopped after it; the ratios
+#                 vnvme/SPDK of IOPS, server CPU per I/O and client CPU per I/O, with
+#                 the same intervals, verdicts and flags. Each configuration meets the
+#                 SPDK mode that does what it does:
+#                   mapped-poll   nvmf_tgt polling (its default: BAR0 doorbells mapped
+#                                 into the client, no shadow doorbells)
+#                   shadow-cpoll  nvmf_tgt --interrupt-mode (which needs its transport's
+#                                 -M, --disable-mappable-bar0: trapped doorbells, and
+#                                 shadow doorbells with EventIdx)
+#                 (default --configs: both; no other configuration has a partner).
+#                 nvmf_tgt --no-huge -s 1024 --no-pci -m <server CPU> serves a null bdev
+#                 (bdev_null_create null0 65536 4096: 64 GiB of 4 KiB blocks, reads
+#                 leave the buffer untouched: match it with --ns
+#                 null:64G:lba=4096:reads=untouched) in one subsystem with one VFIOUSER
+#                 listener, configured over its RPC socket with DIR/scripts/rpc.py.
+#                 Needs --pin (SPDK pins itself: nvmf_tgt -m 0x2, spdk_nvme_perf -c
+#                 0x1, the CPUs taskset gives vnvme); refuses --baseline, --reference
+#                 (other than none) and --cost (one comparison per run). The report
+#                 names nvmf_tgt's version and DPDK's (from its log); DIR itself is
+#                 written as <spdk>
+#   --client C    who drives both targets with --peer-spdk (default vnvme):
+#                   vnvme  `vnvme perf`, as everywhere else: against vnvme the
+#                          configuration's doorbells and completion mode; against SPDK
+#                          --doorbells auto (SPDK polling offers no shadow doorbells, so
+#                          its mapped doorbell page; in interrupt mode shadow
+#                          doorbells) and --completion poll
+#                   spdk   SPDK's own client, `spdk_nvme_perf --no-huge -s 1024 -c 0x1
+#                          -q QD -o 4096 -w RW -t SECONDS` (whole seconds), which polls;
+#                          its IOPS from its "Total" line, client and server CPU over
+#                          the window from its "Launching workers" line to that line,
+#                          the server's counters (vnvme) from its stats file at exit.
+#                          SPDK's driver needs a mappable BAR0: it attaches to neither
+#                          target of shadow-cpoll, whose runs are then recorded as
+#                          failed, with the reason
+#                   both   both clients' pairs in one run (interleaved: each repetition
+#                          runs a vnvme perf pair, then an spdk_nvme_perf pair), reported
+#                          apart
+#   --peer-python PY  the Python that runs rpc.py (default: the first python3 on PATH
+#                 that can, trying each)
 #
 # Without pairs each configuration starts its own `vnvme serve` (bounded wait for the
 # socket), runs every QD --repeat times, and stops it. Per point: IOPS, p50/p99 latency,
@@ -77,6 +122,9 @@
 # perf JSON, logs/ with every server's stderr) and prints the table, then the summary.
 # With pairs (--reference, --baseline): chart.svg shows the ratios with their
 # intervals; chart-absolute.svg (reference) or chart-new.svg (baseline) the figures.
+# With --peer-spdk: chart.svg the ratios of the first client (vnvme perf unless
+# --client spdk), chart-client-spdk.svg those of spdk_nvme_perf with --client both;
+# logs/ also holds every nvmf_tgt's log and logs/rpc.log what rpc.py said.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -99,6 +147,18 @@ BASELINE_NS=
 COST=0
 REFERENCE=trapped
 REFERENCE_GIVEN=
+PEER_SPDK=
+PEER_SPDK_ARG=
+PEER_PY=
+CLIENT=vnvme
+CLIENT_GIVEN=
+# --peer-spdk: the SPDK mode each configuration is paired with (no other has one).
+declare -A PEER_MODE=([mapped-poll]=poll [shadow-cpoll]=interrupt)
+# The subsystem NQNs the spdk_nvme_perf client names: the one --peer-spdk creates,
+# and the one vnvme serve reports with its default --serial (nqn.2024-01.io.vnvme:
+# followed by the serial; SPDK's vfio-user client does not check it).
+SPDK_NQN=nqn.2019-07.io.spdk:cnode0
+VNVME_NQN=nqn.2024-01.io.vnvme:VNVME0001
 
 # id|label|serve --doorbells|serve --poll|perf --doorbells|perf --completion|in-process workers
 # (serve columns are "-" for in-process configurations; an empty last column: via serve).
@@ -135,6 +195,9 @@ while [ $# -gt 0 ]; do
     --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
     --baseline-label) BASELINE_LABEL=$2; shift 2 ;;
     --baseline-ns) BASELINE_NS=$2; shift 2 ;;
+    --peer-spdk) PEER_SPDK=$2; PEER_SPDK_ARG=$2; shift 2 ;;
+    --client) CLIENT=$2; CLIENT_GIVEN=1; shift 2 ;;
+    --peer-python) PEER_PY=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) log "unknown argument $1"; usage >&2; exit 2 ;;
@@ -156,6 +219,50 @@ if [ -n "$BASELINE" ] && [ -n "$REFERENCE_GIVEN" ] && [ "$REFERENCE" != none ]; 
   bad_usage "--baseline and --reference $REFERENCE: one comparison per run (--baseline pairs each" \
     "configuration with itself built from BIN; drop --reference, or drop --baseline)"
 fi
+case $CLIENT in vnvme|spdk|both) ;; *) bad_usage "--client must be vnvme, spdk or both" ;; esac
+if [ -z "$PEER_SPDK" ]; then
+  [ -z "$CLIENT_GIVEN" ] || bad_usage "--client needs --peer-spdk DIR (it names who drives vnvme and SPDK's target)"
+  [ -z "$PEER_PY" ] || bad_usage "--peer-python needs --peer-spdk"
+else
+  [ -z "$BASELINE" ] || bad_usage "--peer-spdk and --baseline: one comparison per run"
+  if [ -n "$REFERENCE_GIVEN" ] && [ "$REFERENCE" != none ]; then
+    bad_usage "--peer-spdk and --reference $REFERENCE: one comparison per run (--peer-spdk pairs each" \
+      "configuration with SPDK's target; drop --reference)"
+  fi
+  [ "$COST" = 0 ] || bad_usage "--peer-spdk and --cost: one comparison per run (run --cost without --peer-spdk)"
+  [ "$PIN" = 1 ] || bad_usage "--peer-spdk needs --pin: SPDK pins itself (nvmf_tgt -m, spdk_nvme_perf -c), so" \
+    "vnvme is pinned to the same CPUs with taskset"
+  [ -d "$PEER_SPDK" ] || bad_usage "--peer-spdk $PEER_SPDK is not a directory"
+  PEER_SPDK=$(cd "$PEER_SPDK" && pwd)
+  for f in build/bin/nvmf_tgt scripts/rpc.py $([ "$CLIENT" = vnvme ] || echo build/bin/spdk_nvme_perf); do
+    [ -f "$PEER_SPDK/$f" ] || bad_usage "--peer-spdk: no $f in $PEER_SPDK_ARG (scripts/build-spdk-peer.sh builds one)"
+  done
+  "$PEER_SPDK/build/bin/nvmf_tgt" --version >/dev/null 2>&1 || bad_usage "--peer-spdk: build/bin/nvmf_tgt --version failed"
+  if [ "$CLIENT" != vnvme ] && ! [[ $SECONDS_PER_POINT =~ ^[1-9][0-9]*$ ]]; then
+    bad_usage "--client $CLIENT: --seconds must be whole seconds (spdk_nvme_perf -t)"
+  fi
+  if [ "$CONFIGS" = all ]; then
+    CONFIGS=$(for m in "${MATRIX[@]}"; do id=${m%%|*}; [ -z "${PEER_MODE[$id]:-}" ] || echo "$id"; done | paste -sd,)
+  fi
+  for c in ${CONFIGS//,/ }; do
+    [ -n "${PEER_MODE[$c]:-}" ] || bad_usage "--peer-spdk: configuration $c has no SPDK mode to meet (mapped-poll:" \
+      "SPDK polling; shadow-cpoll: SPDK --interrupt-mode)"
+  done
+  # The Python that runs rpc.py: --peer-python, else the first python3 on PATH that can.
+  cands=("$PEER_PY")
+  [ -n "$PEER_PY" ] || mapfile -t cands < <(type -ap python3)
+  asked=$PEER_PY
+  PEER_PY=
+  for py in "${cands[@]}"; do
+    if "$py" "$PEER_SPDK/scripts/rpc.py" --dry-run nvmf_create_transport -t VFIOUSER >/dev/null 2>&1; then
+      PEER_PY=$py
+      break
+    fi
+  done
+  if [ -z "$PEER_PY" ] && [ -n "$asked" ]; then bad_usage "--peer-python $asked cannot run the SPDK tree's scripts/rpc.py"; fi
+  [ -n "$PEER_PY" ] || bad_usage "--peer-spdk: no python3 on PATH runs its scripts/rpc.py; name one with --peer-python"
+  REFERENCE=none
+fi
 [ -z "$BASELINE" ] || REFERENCE=none
 if [ "$REFERENCE" != none ]; then
   known=
@@ -169,14 +276,16 @@ if [ -n "$BASELINE" ]; then
   BASELINE=$(cd "$(dirname "$BASELINE")" && pwd)/$(basename "$BASELINE")
   "$BASELINE" --version >/dev/null 2>&1 || bad_usage "--baseline: $BASELINE --version failed (not a vnvme binary?)"
 fi
-# The baseline is named by its file name in everything written: where it lies is
-# this machine's business.
+# The baseline is named by its file name in everything written, the SPDK tree as
+# <spdk>: where they lie is this machine's business.
 # hide_baseline: stdin to stdout with the baseline's path, as given and resolved,
-# replaced by its file name (literally: no pattern characters).
+# replaced by its file name, and the SPDK tree's by <spdk> (literally: no pattern
+# characters).
 hide_baseline() {
   local t
   t=$(cat)
   if [ -n "$BASELINE" ]; then t=${t//"$BASELINE"/${BASELINE##*/}}; t=${t//"$BASELINE_ARG"/${BASELINE_ARG##*/}}; fi
+  if [ -n "$PEER_SPDK" ]; then t=${t//"$PEER_SPDK"/<spdk>}; t=${t//"$PEER_SPDK_ARG"/<spdk>}; fi
   printf '%s\n' "$t"
 }
 COMMAND_LINE=$(printf '%s' "$COMMAND_LINE" | hide_baseline)
@@ -212,7 +321,7 @@ if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
 VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
-printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\n' >"$MANIFEST"
+printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\tclient\n' >"$MANIFEST"
 
 # The binaries, by side: "new" is the build of this checkout; "base" the --baseline.
 # runs/binaries.tsv names them for the report, by file name, never by path.
@@ -228,6 +337,51 @@ declare -A SIDE_NS=([new]=$NS [base]=${BASELINE_NS:-$NS})
       "$("${BIN[$side]}" --version 2>/dev/null | head -1)" "$(sha256sum "${BIN[$side]}" | cut -c1-16)" \
       "${SIDE_NS[$side]}"
   done; } >"$OUT/runs/binaries.tsv"
+
+# --peer-spdk: SPDK's target, set up over RPC (spdk_rpcs), and its client. SPDK pins
+# itself to the CPUs --pin gives vnvme: servers CPU 1, clients CPU 0.
+SPDK_SERVER_MASK=0x2
+SPDK_CLIENT_MASK=0x1
+CLIENTS=("$CLIENT"); [ "$CLIENT" = both ] && CLIENTS=(vnvme spdk)
+# spdk_rpcs MODE DIR: the RPC calls that make nvmf_tgt serve a null bdev on a
+# vfio-user socket DIR/cntrl, one a line (rpc.py reads them from stdin). Interrupt
+# mode needs BAR0 not mappable (-M): every doorbell write then reaches nvmf_tgt as a
+# message, unless the client takes the shadow doorbells it then offers.
+spdk_rpcs() {
+  printf '%s\n' "nvmf_create_transport -t VFIOUSER$([ "$1" = interrupt ] && echo ' -M')" \
+    "bdev_null_create null0 65536 4096" \
+    "nvmf_create_subsystem $SPDK_NQN -a -s SPDK00000000000001 -m 32" \
+    "nvmf_subsystem_add_ns $SPDK_NQN null0" \
+    "nvmf_subsystem_add_listener $SPDK_NQN -t VFIOUSER -a $2 -s 0"
+}
+# spdk_tgt_args MODE RPC: nvmf_tgt's arguments.
+spdk_tgt_args() {
+  printf '%s\n' --no-huge -s 1024 --no-pci -m "$SPDK_SERVER_MASK" -r "$2"
+  [ "$1" = poll ] || echo --interrupt-mode
+}
+# runs/peer.tsv: what the report says of the peer (key, value), no paths.
+if [ -n "$PEER_SPDK" ]; then
+  { printf 'key\tvalue\n'
+    printf 'spdk_version\t%s\n' "$("$PEER_SPDK/build/bin/nvmf_tgt" --version 2>/dev/null | head -1)"
+    printf 'nvmf_tgt_sha256\t%s\n' "$(sha256sum "$PEER_SPDK/build/bin/nvmf_tgt" | cut -c1-16)"
+    if [ -f "$PEER_SPDK/build/bin/spdk_nvme_perf" ]; then
+      printf 'spdk_nvme_perf_sha256\t%s\n' "$(sha256sum "$PEER_SPDK/build/bin/spdk_nvme_perf" | cut -c1-16)"
+    fi
+    printf 'rpc_python\t%s\n' "$("$PEER_PY" --version 2>&1 | head -1)"
+    printf 'clients\t%s\n' "$(IFS=,; echo "${CLIENTS[*]}")"
+    for c in "${!PEER_MODE[@]}"; do printf 'mode.%s\t%s\n' "$c" "${PEER_MODE[$c]}"; done
+    for m in poll interrupt; do
+      printf 'nvmf_tgt.%s\tnvmf_tgt %s\n' "$m" "$(spdk_tgt_args "$m" '<rpc socket>' | paste -sd' ')"
+      printf 'rpc.%s\t%s\n' "$m" "$(spdk_rpcs "$m" '<dir>' | paste -sd';' | sed 's/;/; /g')"
+    done
+    printf 'spdk_nqn\t%s\n' "$SPDK_NQN"
+    printf 'vnvme_nqn\t%s\n' "$VNVME_NQN"
+    printf 'spdk_nvme_perf\tspdk_nvme_perf --no-huge -s 1024 -c %s -q QD -o 4096 -w %s -t %s -r trtype:VFIOUSER traddr:<dir> subnqn:<nqn>\n' \
+      "$SPDK_CLIENT_MASK" "$RW" "$SECONDS_PER_POINT"
+    printf 'server_pin\tCPU 1 (vnvme serve: taskset -c 1; nvmf_tgt: -m %s)\n' "$SPDK_SERVER_MASK"
+    printf 'client_pin\tCPU 0 (vnvme perf: taskset -c 0; spdk_nvme_perf: -c %s)\n' "$SPDK_CLIENT_MASK"
+  } >"$OUT/runs/peer.tsv"
+fi
 
 now() { date +%s.%N; }
 # What else is running (this machine may be shared): at the start and at the end.
@@ -262,17 +416,29 @@ if [ "$REFERENCE" != none ]; then
   fi
 fi
 npoints=0
-if [ "$REFERENCE" != none ]; then
+# With --peer-spdk: the configurations run beside SPDK (all selected).
+PEER_CFGS=()
+if [ -n "$PEER_SPDK" ]; then
+  for m in "${MATRIX[@]}"; do id=${m%%|*}; selected "$id" && PEER_CFGS+=("$id"); done
+  npoints=$(( ${#PEER_CFGS[@]} * ${#QD_LIST[@]} * REPEAT * 2 * ${#CLIENTS[@]} ))
+elif [ "$REFERENCE" != none ]; then
   npoints=$(( ${#PAIRED[@]} * ${#QD_LIST[@]} * REPEAT * 2 ))
 else
   for m in "${MATRIX[@]}"; do IFS='|' read -r id _ <<<"$m"; selected "$id" && npoints=$((npoints + ${#QD_LIST[@]} * REPEAT * ${#SIDES[@]})); done
 fi
 # A fresh server per run in pairs (--baseline, --reference): about half a second more each.
 per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] || [ "$REFERENCE" != none ] && per_run=$((per_run + 1))
+# nvmf_tgt's start and set-up, and SPDK's client's, take about a second more.
+[ -z "$PEER_SPDK" ] || per_run=$((per_run + 2))
 log "$npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT"
 log "$(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')"
 [ "$REFERENCE" = none ] || log "reference $REFERENCE: ${PAIRED[*]} each measured beside it, $REPEAT pairs per point"
 [ -z "$BASELINE" ] || log "baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point"
+if [ -n "$PEER_SPDK" ]; then
+  log "beside $("$PEER_SPDK/build/bin/nvmf_tgt" --version 2>/dev/null | head -1): $(for c in "${PEER_CFGS[@]}"; do
+    printf '%s with SPDK %s; ' "$c" "$([ "${PEER_MODE[$c]}" = poll ] && echo polling || echo --interrupt-mode)"; done)client(s)" \
+    "${CLIENTS[*]}, $REPEAT pairs per point"
+fi
 
 # start_servers ID SIDE TAG: start configuration ID's server(s) from SIDE's binary
 # (the chain: a back server too). Sets SERVE_PID, BACK_PID, sock, stats, serve_cmd;
@@ -281,6 +447,8 @@ start_servers() {
   local id=$1 side=$2 tag=$3 ns=${SIDE_NS[$2]} back
   VNVME_BIN=${BIN[$side]}
   sock="$TMP/$id$SFX.sock"; stats="$TMP/$id$SFX.stats.json"
+  # Beside SPDK the socket is DIR/cntrl, where SPDK's client looks for it.
+  if [ -n "$PEER_SPDK" ]; then traddr="$TMP/vfu-vnvme"; mkdir -p "$traddr"; sock="$traddr/cntrl"; fi
   if [ "$id" = chain ]; then
     # The back end serves the namespace; the front reaches it through nvme://.
     back="$TMP/back$SFX.sock"
@@ -330,10 +498,10 @@ run_perf() {
   iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
   log "$(printf '[%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s' "$done_runs" "$npoints" "$id" "$qd" \
     "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")")"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
     "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((c1[0] - c0[0]))" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
-    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "$BESIDE" >>"$MANIFEST"
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "$BESIDE" vnvme >>"$MANIFEST"
 }
 
 # config_row ID: configuration ID's matrix row into id, label, sdb, spoll, pdb,
@@ -364,10 +532,125 @@ run_fresh() {
   stop_back
 }
 
+# start_spdk ID TAG: nvmf_tgt in the SPDK mode configuration ID meets, set up over
+# its RPC socket (spdk_rpcs), serving DIR/cntrl. Sets SERVE_PID, traddr (DIR),
+# sock, serve_cmd; its log goes to logs/nvmf_tgt-IDTAG.log, rpc.py's to
+# logs/rpc.log. Returns 1 (nothing left running) on failure.
+start_spdk() {
+  local id=$1 tag=$2 mode=${PEER_MODE[$1]} rpc="$TMP/spdk-rpc.sock" logf i
+  logf="logs/nvmf_tgt-$id$tag.log"
+  traddr="$TMP/vfu-spdk"; sock="$traddr/cntrl"; stats=
+  rm -rf "$traddr" "$rpc"; mkdir -p "$traddr"
+  mapfile -t tgt_args < <(spdk_tgt_args "$mode" "$rpc")
+  serve_cmd="nvmf_tgt ${tgt_args[*]}; rpc.py: $(spdk_rpcs "$mode" "$traddr" | paste -sd';' | sed 's/;/; /g')"
+  "$PEER_SPDK/build/bin/nvmf_tgt" "${tgt_args[@]}" >"$OUT/$logf" 2>&1 &
+  SERVE_PID=$!
+  echo "# $id$tag" >>"$OUT/logs/rpc.log"
+  # -r 50: rpc.py waits up to 10 s for the RPC socket.
+  if ! spdk_rpcs "$mode" "$traddr" | "$PEER_PY" "$PEER_SPDK/scripts/rpc.py" -s "$rpc" -r 50 >>"$OUT/logs/rpc.log" 2>&1; then
+    log "nvmf_tgt: its set-up over RPC failed (logs/rpc.log, $logf)"
+    stop_serve
+    return 1
+  fi
+  for ((i = 0; i < 100; i++)); do
+    [ -S "$sock" ] && return 0
+    vn_alive "$SERVE_PID" || break
+    sleep 0.1
+  done
+  log "nvmf_tgt did not serve its vfio-user socket within 10 s (stopped it; $logf)"
+  stop_serve
+  return 1
+}
+
+# run_peer ID QD REP SIDE CLIENT [SKIP]: one run of CLIENT (vnvme: vnvme perf;
+# spdk: spdk_nvme_perf, through the report script's --run-spdk-perf, which reads
+# the CPU clocks over its measuring window) against SIDE's target (vnvme or
+# spdk), started by start_servers or start_spdk; its manifest row.
+# SKIP: the server that did not start (serve or nvmf_tgt): the run is recorded
+# as failed without running.
+run_peer() {
+  local id=$1 qd=$2 rep=$3 side=$4 client=$5 skip=${6:-} rc=0 c0 c1 w0 w1 iops name json logf nqn cmd
+  name="$id-qd$qd-r$rep-$client-$side"
+  json="runs/$name.json"; logf="logs/perf-$name.log"
+  if [ "$client" = vnvme ]; then
+    cmd=("${CLIENT_PIN[@]}" "$VNVME" perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s")
+    if [ "$side" = vnvme ]; then
+      cmd+=(--doorbells "$pdb" --completion "$compl" --server-stats "$stats")
+    else
+      # What SPDK offers: its mapped doorbell page (polling) or shadow doorbells (interrupt mode).
+      cmd+=(--doorbells auto --completion poll)
+    fi
+    cmd+=(--socket "$sock" --server-pid "${SERVE_PID:-0}" --json "$OUT/$json")
+  else
+    nqn=$SPDK_NQN; [ "$side" = vnvme ] && nqn=$VNVME_NQN
+    cmd=("${CLIENT_PIN[@]}" python3 "$ROOT/scripts/bench-vfio-user.py" --run-spdk-perf --json "$OUT/$json"
+         --server-pid "${SERVE_PID:-0}" -- "$PEER_SPDK/build/bin/spdk_nvme_perf" --no-huge -s 1024
+         -c "$SPDK_CLIENT_MASK" -q "$qd" -o 4096 -w "$RW" -t "$SECONDS_PER_POINT"
+         -r "trtype:VFIOUSER traddr:$traddr subnqn:$nqn")
+  fi
+  read -r -a c0 < <(vn_cpu_ticks); w0=$(now)
+  if [ -n "$skip" ]; then
+    rc=$skip; echo "$skip did not start: see logs/*-$id-qd$qd-r$rep-client-$client.log" >"$OUT/$logf"
+  else
+    timeout --kill-after=5 $(( ${SECONDS_PER_POINT%.*} + 60 )) "${cmd[@]}" >"$OUT/$logf" 2>&1 || rc=$?
+  fi
+  read -r -a c1 < <(vn_cpu_ticks); w1=$(now)
+  done_runs=$((done_runs + 1))
+  if [ "$client" = vnvme ]; then
+    iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
+  else
+    iops=$(awk '$1 == "Total" && $2 == ":" { printf "%d", $3 }' "$OUT/$logf")
+  fi
+  log "$(printf '[%3d/%d] %-14s qd %-3s run %s, %-5s perf -> %-5s: %s IOPS%s' "$done_runs" "$npoints" "$id" "$qd" \
+    "$rep" "$client" "$side" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")")"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+    "$(printf '%s' "${cmd[*]}" | sed "s|$OUT/||g; s|$ROOT/||g" | hide_baseline)" "$((c1[0] - c0[0]))" \
+    "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "" "$client" >>"$MANIFEST"
+}
+
+# peer_fresh ID QD REP SIDE CLIENT: one run of CLIENT against a fresh target of
+# SIDE (vnvme serve in configuration ID, or nvmf_tgt in the SPDK mode ID meets),
+# stopped right after it. spdk_nvme_perf reads no server counters: a vnvme
+# server's stats file, written at its exit, is kept beside the run's JSON.
+peer_fresh() {
+  local id=$1 qd=$2 rep=$3 side=$4 client=$5 skip=
+  config_row "$id"
+  SFX=-$side
+  if [ "$side" = spdk ]; then
+    start_spdk "$id" "-qd$qd-r$rep-client-$client" || skip=nvmf_tgt
+  else
+    start_servers "$id" new "-qd$qd-r$rep-client-$client" || skip=serve
+  fi
+  run_peer "$id" "$qd" "$rep" "$side" "$client" "$skip"
+  stop_serve
+  if [ "$side" = vnvme ] && [ "$client" = spdk ] && [ -z "$skip" ] && [ -s "$stats" ]; then
+    cp "$stats" "$OUT/runs/$id-qd$qd-r$rep-$client-$side.server-stats.json"
+  fi
+  rm -rf "$traddr"
+  SFX=
+}
+
 done_runs=0
 SFX=
 BESIDE=
-if [ "$REFERENCE" != none ]; then
+if [ -n "$PEER_SPDK" ]; then
+  # Pairs with SPDK's target: both runs of a pair back to back, each against a fresh
+  # target (the two never run at once: either may poll a CPU), the order alternating;
+  # with both clients, each repetition runs one pair of each.
+  for cfg in "${PEER_CFGS[@]}"; do
+    for qd in "${QD_LIST[@]}"; do
+      for rep in $(seq "$REPEAT"); do
+        for client in "${CLIENTS[@]}"; do
+          order=(spdk vnvme); [ $((rep % 2)) = 0 ] && order=(vnvme spdk)
+          for side in "${order[@]}"; do
+            peer_fresh "$cfg" "$qd" "$rep" "$side" "$client"
+          done
+        done
+      done
+    done
+  done
+elif [ "$REFERENCE" != none ]; then
   # Pairs with the reference: both runs of a pair back to back, each against a
   # fresh server (the two never run at once), the order alternating.
   for cfg in "${PAIRED[@]}"; do
@@ -423,6 +706,10 @@ snapshot end
 # written as $TMPDIR in the logs and raw files.
 # (Nothing may name it, e.g. in-process runs only: grep then finds nothing.)
 { grep -rlF "$TMP/" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
+# Nor the SPDK tree (nvmf_tgt's log names its sources, the manifest its binaries).
+if [ -n "$PEER_SPDK" ]; then
+  { grep -rlF "$PEER_SPDK" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$PEER_SPDK#<spdk>#g"
+fi
 if [ "$COST" = 1 ]; then
   costed=()
   for m in "${MATRIX[@]}"; do
