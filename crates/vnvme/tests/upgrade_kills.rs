@@ -75,8 +75,21 @@ fn answering(control: &Path) -> Option<u32> {
     v["pid"].as_u64().map(|p| p as u32)
 }
 
+/// Kills every process serving or taking over in its directory when dropped
+/// (the test's end, or its failure: a failed point leaves nothing running).
+struct Reaper(std::path::PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for pid in servers_of(&self.0, 0) {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    }
+}
+
 fn one_kill(point: &str, round: usize) {
     let dir = common::temp_dir(&format!("upgrade-kill-{}", point.replace(':', "-")));
+    let _reaper = Reaper(dir.clone());
     let control = dir.join("c.sock");
     let img = format!("file:{}:16M", dir.join("d.img").display());
     let old_env: Vec<(String, String)> = point
