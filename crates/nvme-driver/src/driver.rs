@@ -365,9 +365,21 @@ impl NvmeDriver {
         Ok(self.admin_raw(GetFeaturesCmd { fid, cdw11, ..Default::default() }.to_sqe(), None)?.dw0)
     }
 
-    /// Normal shutdown (CC.SHN = 01b, wait for CSTS.SHST = complete). Queues taken
-    /// out of the driver must no longer be used afterwards.
-    pub fn shutdown(self) -> Result<()> {
+    /// Normal shutdown as the spec recommends and Linux does it (Base §3.6.1): the
+    /// I/O submission queues deleted, then their completion queues (best effort: a
+    /// controller that refuses still gets the shutdown), then CC.SHN = 01b and a
+    /// wait for CSTS.SHST = complete. A target that kept queues alive through the
+    /// notification saw completions posted to queues the host had stopped reading
+    /// (SPDK's failed its controller on a CQ it found full). Queues taken out of the
+    /// driver must no longer be used afterwards.
+    pub fn shutdown(mut self) -> Result<()> {
+        let n = self.io_queue_count();
+        for qid in 1..=n {
+            let _ = self.admin_raw(nvme_spec::admin::DeleteIoSqCmd { qid }.to_sqe(), None);
+        }
+        for qid in 1..=n {
+            let _ = self.admin_raw(nvme_spec::admin::DeleteIoCqCmd { qid }.to_sqe(), None);
+        }
         let t = self.transport.clone();
         let cc = Cc(lock(&t).read32(offset::CC)?);
         lock(&t).write32(offset::CC, cc.with_shn(ShutdownNotification::Normal).0)?;

@@ -34,7 +34,9 @@ pub(super) fn open(a: &PerfArgs, target: &Target) -> Result<Setup, Box<dyn std::
     if a.doorbells != Doorbells::Auto || first.shadow {
         return Ok(first);
     }
-    drop(first);
+    // Let go of the controller as a host does (queues deleted, shutdown) before
+    // connecting again.
+    let _ = first.driver.shutdown();
     match open_as(a, target, Doorbells::Mapped) {
         Ok(s) => {
             crate::logging::say!(
