@@ -305,11 +305,12 @@ pub trait BackendQueue: Send + Debug {
     fn runs_now(&self) -> bool {
         false
     }
-    /// Runs `req` to its end inside the call and returns its completion, which then
-    /// never goes through `reap`; or hands `req` back untouched (the default), for
-    /// [`BackendQueue::submit`]. Failures are completions, as with `submit`.
-    fn run_now(&mut self, _mem: &GuestMemory, req: Request) -> Result<Completion, Request> {
-        Err(req)
+    /// Runs `req` to its end inside the call and returns its result (Some), which
+    /// then never goes through `reap`; its buffer stays in `req`. Or leaves `req`
+    /// untouched and returns None (the default), for [`BackendQueue::submit`].
+    /// Borrowed, not moved: a request run now is not copied in and out.
+    fn run_now(&mut self, _mem: &GuestMemory, _req: &mut Request) -> Option<Result<(), BackendError>> {
+        None
     }
     /// Hands every request queued by `submit` to the storage. The queue's owner calls
     /// it after each batch of submissions (before it reaps or sleeps), so a backend
@@ -452,8 +453,8 @@ impl<B: SyncExec> BackendQueue for SyncQueue<B> {
     fn runs_now(&self) -> bool {
         true
     }
-    fn run_now(&mut self, mem: &GuestMemory, req: Request) -> Result<Completion, Request> {
-        Ok(self.run(mem, req))
+    fn run_now(&mut self, mem: &GuestMemory, req: &mut Request) -> Option<Result<(), BackendError>> {
+        Some(self.backend.exec(mem, req))
     }
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let n = self.done.len();

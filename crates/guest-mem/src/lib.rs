@@ -279,17 +279,29 @@ impl GuestMemory {
         self.table.iter().map(|r| r.len).sum()
     }
 
+    /// The region holding `gpa`. Inlined: the usual lookup, a one-chunk map whose
+    /// last found region holds `gpa` again, is a few loads and compares on the data
+    /// path, without a call.
+    #[inline]
     fn region_for(&self, gpa: u64) -> Option<&Region> {
         let t = &self.table;
-        // Most maps are one chunk (a VM's handful of regions): no search over chunks,
-        // and first the region the last lookup found.
         if t.chunks.len() == 1 {
-            let c = &t.chunks[0];
-            if let Some(r) = c.get(t.hint.load(Ordering::Relaxed)) {
+            if let Some(r) = t.chunks[0].get(t.hint.load(Ordering::Relaxed)) {
                 if r.gpa <= gpa && gpa < r.end() {
                     return Some(r);
                 }
             }
+        }
+        self.region_search(gpa)
+    }
+
+    /// [`Self::region_for`] when the hint missed: a search.
+    #[inline(never)]
+    fn region_search(&self, gpa: u64) -> Option<&Region> {
+        let t = &self.table;
+        // Most maps are one chunk (a VM's handful of regions): no search over chunks.
+        if t.chunks.len() == 1 {
+            let c = &t.chunks[0];
             let idx = c.partition_point(|r| r.gpa <= gpa).checked_sub(1)?;
             let r = c.get(idx)?;
             if gpa < r.end() {
@@ -380,7 +392,17 @@ impl GuestMemory {
 
     /// Checks that `[gpa, gpa+len)` is entirely mapped.
     pub fn check_range(&self, gpa: u64, len: u64) -> Result<(), MemError> {
-        self.for_each_chunk(gpa, len, |_, _, _| {})
+        let err = || MemError::Unmapped { gpa, len };
+        let end = gpa.checked_add(len).ok_or_else(err)?;
+        // The usual case, one lookup: the whole range lies in one region.
+        if self.region_for(gpa).is_some_and(|r| end <= r.end()) {
+            return Ok(());
+        }
+        let mut cur = gpa;
+        while cur < end {
+            cur = self.region_for(cur).ok_or_else(err)?.end().min(end);
+        }
+        Ok(())
     }
 
     /// Copies guest memory at `gpa` into `buf`.
@@ -423,28 +445,37 @@ impl GuestMemory {
         Ok(v)
     }
 
-    /// Reads a small plain-data object (an SQE) with one lookup and a fixed-size
-    /// copy the compiler inlines, where [`Self::read_obj`]'s general copy calls
-    /// libc. Falls back to it when the object straddles regions.
+    /// Reads a small plain-data object (an SQE) into `out` with one lookup and a
+    /// fixed-size copy the compiler inlines, where [`Self::read`]'s general copy calls
+    /// libc; into the caller's place, so a command is not moved through a `Result`
+    /// on its way. Falls back to the general copy when the object straddles regions.
     #[inline]
-    pub fn read_small<T: FromBytes + IntoBytes>(&self, gpa: u64) -> Result<T, MemError> {
+    pub fn read_small_into<T: FromBytes + IntoBytes>(&self, gpa: u64, out: &mut T) -> Result<(), MemError> {
         let size = std::mem::size_of::<T>() as u64;
         match self.region_for(gpa) {
             Some(r) if gpa.checked_add(size).is_some_and(|end| end <= r.end()) => {
                 let src = r.map.ptr_at(r.map_offset + (gpa - r.gpa));
                 // `src..src+size` lies inside a live mapping kept alive by `self`;
-                // any bit pattern is a valid `T` (FromBytes), and the read is
-                // unaligned-safe. A guest writing meanwhile gives a torn value, as
-                // the general copy would: the caller validates what it reads.
-                // SAFETY: in bounds, alive for the borrow of `self`, T: FromBytes.
-                let v = unsafe { std::ptr::read_unaligned(src as *const T) };
+                // `out` is a distinct Rust object of `size` bytes, any bit pattern of
+                // which is a valid `T` (FromBytes). A guest writing meanwhile gives a
+                // torn value, as the general copy would: the caller validates it.
+                // SAFETY: both ranges in bounds and disjoint, T: FromBytes.
+                unsafe { std::ptr::copy_nonoverlapping(src, (out as *mut T).cast::<u8>(), size as usize) };
                 if r.map.lost() {
                     return Err(MemError::Lost { gpa, len: size });
                 }
-                Ok(v)
+                Ok(())
             }
-            _ => self.read_obj(gpa),
+            _ => self.read(gpa, out.as_mut_bytes()),
         }
+    }
+
+    /// [`Self::read_small_into`], returning the object.
+    #[inline]
+    pub fn read_small<T: FromBytes + IntoBytes>(&self, gpa: u64) -> Result<T, MemError> {
+        let mut v = T::new_zeroed();
+        self.read_small_into(gpa, &mut v)?;
+        Ok(v)
     }
 
     /// Writes a plain-data object.

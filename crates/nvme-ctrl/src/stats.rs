@@ -356,7 +356,7 @@ impl OpStats {
     /// Counts one command that moved `bytes` and took `latency_ns`, adding with
     /// `add` (a shared counter's read-modify-write, or an owned one's load and store).
     #[inline]
-    fn record_with(&self, bytes: u64, latency_ns: u64, ok: bool, add: fn(&AtomicU64, u64)) {
+    fn record_with(&self, bytes: u64, latency_ns: u64, ok: bool, add: impl Fn(&AtomicU64, u64)) {
         add(&self.commands, 1);
         if bytes > 0 {
             add(&self.bytes, bytes);

@@ -71,6 +71,15 @@ impl IoEngine {
         if let Some(q) = self.ctx.queue_stats.get(cqid as usize) {
             QueueStats::bump(&q.completions, 1);
         }
+        // The usual case first: nothing waits and there is room.
+        if cq.overflow.is_empty() && !cq.is_full() {
+            match cq.post(&self.mem, cqe) {
+                Ok(()) if cq.unsignalled == 1 => self.interrupts.note(cqid),
+                Ok(()) => {}
+                Err(e) => self.set_fatal(format!("cannot post to CQ {cqid}: {e}")),
+            }
+            return;
+        }
         if !cq.overflow.is_empty() {
             cq.overflow.push_back(cqe);
             return;

@@ -107,6 +107,8 @@ impl IoEngine {
             // New tails are recorded (above), nothing is fetched.
             return 0;
         }
+        // Each command is read into this one place and run from it by reference.
+        let mut sqe = <Sqe as zerocopy::FromZeros>::new_zeroed();
         loop {
             while done < limit {
                 let sq = self.queues.sq_mut(qid).expect("exists");
@@ -126,13 +128,10 @@ impl IoEngine {
                     self.adopt_memory();
                 }
                 let sq = self.queues.sq_mut(qid).expect("exists");
-                let sqe = match sq.fetch(&self.mem) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.set_fatal(format!("cannot fetch from SQ {qid}: {e}"));
-                        return done;
-                    }
-                };
+                if let Err(e) = sq.fetch_into(&self.mem, &mut sqe) {
+                    self.set_fatal(format!("cannot fetch from SQ {qid}: {e}"));
+                    return done;
+                }
                 sq.in_flight += 1;
                 done += 1;
                 if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
@@ -141,7 +140,7 @@ impl IoEngine {
                 if qid == 0 {
                     self.admin_inbox.push(sqe);
                 } else {
-                    self.execute(qid, sqe);
+                    self.execute(qid, &sqe);
                 }
             }
             // A poller leaves I/O queues unarmed so the host does not ring; the admin
@@ -213,7 +212,7 @@ impl IoEngine {
         );
         let started = !out.is_empty();
         for (sqid, sqe) in out.drain(..) {
-            self.run(sqid, sqe);
+            self.run(sqid, &sqe);
         }
         self.released = out;
         started
@@ -261,19 +260,20 @@ impl IoEngine {
         }
     }
 
-    /// Runs `req` to its end now if namespace `nsid`'s queue is synchronous, with
-    /// the poll's start time (the command's, as [`IoEngine::track`] would set it);
-    /// or hands `req` back, for a tag and [`IoEngine::backend_submit`].
+    /// Runs `req` to its end now if namespace `nsid`'s queue is synchronous: its
+    /// result, with the poll's start time (the command's, as [`IoEngine::track`]
+    /// would set it). None leaves `req` as it was, for a tag and
+    /// [`IoEngine::backend_submit`].
     #[inline]
     pub(crate) fn backend_run_now(
         &mut self,
         nsid: u32,
-        req: block_backend::Request,
-    ) -> Result<(Completion, u64), block_backend::Request> {
-        let Some(q) = self.backends.queue_running_now(nsid) else { return Err(req) };
+        req: &mut block_backend::Request,
+    ) -> Option<(Result<(), block_backend::BackendError>, u64)> {
+        let q = self.backends.queue_running_now(nsid)?;
         let clock = &self.ctx.clock;
         let started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        q.run_now(&self.mem, req).map(|c| (c, started_ns))
+        q.run_now(&self.mem, req).map(|r| (r, started_ns))
     }
 
     /// Moves finished backend requests to their commands; completes commands whose
@@ -403,10 +403,11 @@ impl IoEngine {
         slba: u64,
         op: Op,
         tally: super::Tally,
-        c: Completion,
+        result: &Result<(), block_backend::BackendError>,
+        data: DataBuf,
         zoned: Option<(crate::zoned::ZoneWrite, bool)>,
     ) {
-        let status = match &c.result {
+        let status = match result {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
                 let status = crate::error::backend_status(!matches!(op, Op::Read), e);
@@ -414,7 +415,7 @@ impl IoEngine {
                 status
             }
         };
-        self.release_data(c.data, matches!(op, Op::Read));
+        self.release_data(data, matches!(op, Op::Read));
         // Fetched and done within this poll: one clock read for the poll's starts
         // (set by the caller, as `track` does) and one for its ends.
         let clock = &self.ctx.clock;

@@ -176,18 +176,31 @@ impl IoEngine {
 
     /// Counts a command of `class` on namespace `nsid` that moved `bytes` and took
     /// `latency_ns`, in this engine's shard of the namespace's counters.
+    #[inline]
     pub(crate) fn count_ns(&mut self, nsid: u32, class: OpClass, bytes: u64, latency_ns: u64, ok: bool) {
+        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return };
+        // The usual case: this engine counted for this namespace before.
+        if let Some(Some((w, c))) = self.ns_counts.get(nsid as usize - 1) {
+            if std::ptr::eq(w.as_ptr(), Arc::as_ptr(ns)) {
+                c.record(class, bytes, latency_ns, ok);
+                return;
+            }
+        }
+        self.count_ns_first(nsid, class, bytes, latency_ns, ok);
+    }
+
+    /// [`Self::count_ns`] for a namespace's first command on this engine (or the
+    /// first since its NSID was given to another namespace): takes a shard to count in.
+    #[cold]
+    #[inline(never)]
+    fn count_ns_first(&mut self, nsid: u32, class: OpClass, bytes: u64, latency_ns: u64, ok: bool) {
         let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return };
         let i = nsid as usize - 1;
         if self.ns_counts.len() <= i {
             self.ns_counts.resize_with(i + 1, || None);
         }
-        let slot = &mut self.ns_counts[i];
-        let counts = match slot {
-            Some((w, c)) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(ns)) => c,
-            _ => &slot.insert((Arc::downgrade(ns), ns.stats.engine_counts())).1,
-        };
-        counts.record(class, bytes, latency_ns, ok);
+        let slot = self.ns_counts[i].insert((Arc::downgrade(ns), ns.stats.engine_counts()));
+        slot.1.record(class, bytes, latency_ns, ok);
     }
 
     /// Counts `n` in this engine's shard of the controller's counters.

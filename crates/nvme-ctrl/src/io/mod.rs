@@ -36,25 +36,25 @@ pub(crate) enum Started {
 
 impl IoEngine {
     /// Runs one I/O command fetched from SQ `sqid`.
-    pub(crate) fn execute(&mut self, sqid: u16, sqe: Sqe) {
-        if self.qos_admits(sqid, &sqe) {
+    pub(crate) fn execute(&mut self, sqid: u16, sqe: &Sqe) {
+        if self.qos_admits(sqid, sqe) {
             self.run(sqid, sqe);
         }
     }
 
     /// Runs a command QoS let through.
-    pub(crate) fn run(&mut self, sqid: u16, sqe: Sqe) {
+    pub(crate) fn run(&mut self, sqid: u16, sqe: &Sqe) {
         let cid = sqe.cid();
         let nsid = sqe.nsid.get();
-        let status = match self.start(sqid, &sqe) {
+        let status = match self.start(sqid, sqe) {
             Ok(Started::Pending | Started::Finished) => return,
             Ok(Started::Done(status)) => {
                 self.complete(sqid, cid, status, 0, nsid, 0);
                 status
             }
             Err(e) => {
-                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), &sqe));
-                let slba = error_slba(&sqe);
+                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), sqe));
+                let slba = error_slba(sqe);
                 self.complete(sqid, cid, e.status(), 0, nsid, slba);
                 e.status()
             }
@@ -122,6 +122,7 @@ impl IoEngine {
     }
 
     /// The guest segments of a command's data pointer for a `len`-byte transfer.
+    #[inline]
     pub(crate) fn data_segments(&mut self, sqe: &Sqe, len: u64, dir: Direction) -> CmdResult<Vec<Segment>> {
         let mut segs = self.seg_pool.pop().unwrap_or_default();
         let r = match sqe.psdt() {
@@ -227,7 +228,7 @@ impl IoEngine {
     ) -> Started {
         let class = OpClass::of(sqe.opcode());
         let bytes = if matches!(class, OpClass::Read | OpClass::Write) { len } else { 0 };
-        let req = Request { tag: 0, op, offset, len, data };
+        let mut req = Request { tag: 0, op, offset, len, data };
         // A synchronous backend (null, RAM, a file without io_uring) runs the request
         // here: no tag, no timeout, no reap, the completion posted now. A Compare
         // needs its command's state when the data is back, so it takes the tag path.
@@ -243,13 +244,13 @@ impl IoEngine {
                 return self.submit_tracked(sqid, sqe, nsid, slba, op, bytes, req, owned);
             }
         };
-        match self.backend_run_now(nsid, req) {
-            Ok((c, started_ns)) => {
+        match self.backend_run_now(nsid, &mut req) {
+            Some((result, started_ns)) => {
                 let tally = Tally { class, bytes, started_ns };
-                self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, c, zoned);
+                self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, &result, req.data, zoned);
                 Started::Finished
             }
-            Err(req) => {
+            None => {
                 let finish = match zoned {
                     None => Finish::Plain,
                     Some((write, append)) => Finish::Zoned { write, append },

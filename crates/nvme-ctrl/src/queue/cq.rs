@@ -51,7 +51,13 @@ impl CompletionQueue {
     }
 
     pub fn is_full(&self) -> bool {
-        (self.tail + 1) % self.size == self.head
+        // (tail + 1) % size == head, without a division on every completion.
+        let next = self.tail + 1;
+        if next == self.size {
+            self.head == 0
+        } else {
+            next == self.head
+        }
     }
 
     /// Entries posted and not yet consumed by the host.
@@ -68,6 +74,7 @@ impl CompletionQueue {
     /// Writes one entry at tail: dwords 0-2, then a release fence, then dword 3 with
     /// the phase tag, so a host polling the phase never sees a half-written entry.
     /// The caller checks for room first.
+    #[inline]
     pub fn post(&mut self, mem: &GuestMemory, mut cqe: Cqe) -> Result<(), MemError> {
         debug_assert!(!self.is_full());
         let status = (cqe.status.get() & !1) | self.phase as u16;

@@ -62,14 +62,15 @@ impl SubmissionQueue {
         new_tail < self.size && (new_tail + self.size - self.tail) % self.size <= free
     }
 
-    /// Fetches the entry at head and advances head.
-    pub fn fetch(&mut self, mem: &GuestMemory) -> Result<Sqe, MemError> {
-        let sqe = mem.read_small::<Sqe>(self.base + self.head as u64 * SQE_SIZE as u64)?;
+    /// Fetches the entry at head into `sqe` and advances head.
+    #[inline]
+    pub fn fetch_into(&mut self, mem: &GuestMemory, sqe: &mut Sqe) -> Result<(), MemError> {
+        mem.read_small_into(self.base + self.head as u64 * SQE_SIZE as u64, sqe)?;
         self.head += 1;
         if self.head == self.size {
             self.head = 0;
         }
-        Ok(sqe)
+        Ok(())
     }
 }
 
