@@ -266,13 +266,18 @@ def load(dirpath, matrix, side="new", client=None):
             r = {**r, **{k: str(j["window"][k]) for k in ("sys_busy_ticks", "wall_s", "steal_ticks", "total_ticks")}}
         if "trapped_doorbells_per_io" not in srv and os.path.exists(path[: -len(".json")] + ".server-stats.json"):
             # A vnvme server driven by spdk_nvme_perf: its own counters at exit (one
-            # server per run, so they are the run's).
+            # server per run, so they are the run's), less those of the pass that
+            # wrote a RAM disk before the run (--peer-backend ram), if there was one.
             with open(path[: -len(".json")] + ".server-stats.json") as f:
                 st = json.load(f)
-            n = st.get("io_commands") or 0
-            srv = {**srv, "trapped_doorbells_per_io": st.get("io_doorbell_writes", 0) / n if n else None,
-                   "interrupts_per_io": st.get("interrupts", 0) / n if n else None,
-                   "eventidx_races": st.get("eventidx_races")}
+            pre_path = path[: -len(".json")] + ".prefill-stats.json"
+            pre = json.load(open(pre_path)) if os.path.exists(pre_path) else {}
+            d = {k: (st.get(k) or 0) - (pre.get(k) or 0)
+                 for k in ("io_commands", "io_doorbell_writes", "interrupts", "eventidx_races")}
+            n = d["io_commands"]
+            srv = {**srv, "trapped_doorbells_per_io": d["io_doorbell_writes"] / n if n else None,
+                   "interrupts_per_io": d["interrupts"] / n if n else None,
+                   "eventidx_races": d["eventidx_races"] if st.get("eventidx_races") is not None else None}
         other = other_procs = steal = None
         if r.get("sys_busy_ticks") and r.get("wall_s"):
             other = other_cpus(int(r["sys_busy_ticks"]), float(r["wall_s"]), ccpu, scpu, CLK_TCK)
@@ -307,7 +312,8 @@ def load(dirpath, matrix, side="new", client=None):
                 "errors": res["errors"],
                 "eventidx_races": srv.get("eventidx_races"),
                 **({"client": j.get("tool"), "client_doorbells": (j.get("knobs") or {}).get("doorbells"),
-                    "mean_us": res["latency_us"].get("mean")} if client is not None else {}),
+                    "mean_us": res["latency_us"].get("mean"), "bs": (j.get("knobs") or {}).get("bs"),
+                    "data_fds": r.get("data_fds") or None} if client is not None else {}),
             }
         )
     out = []
@@ -340,6 +346,14 @@ def parse_matrix(text, workers):
             }
         )
     return ms
+
+
+def fmt_bs(n):
+    """An I/O size as people write it: 4 KiB, 128 KiB, 1 MiB, else bytes."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
 
 
 def fmt_iops(v):
@@ -623,8 +637,8 @@ def pair_spec(knobs, binaries):
 
 def header_lines(mach, knobs):
     L = machine_md(mach) + [
-        f"- workload: vnvme perf --rw {knobs['rw']} --bs 4k --queues 1 (one I/O queue pair of 1024 entries, one client "
-        f"thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
+        f"- workload: vnvme perf --rw {knobs['rw']} --bs {knobs['bs']} --queues 1 (one I/O queue pair of 1024 entries, "
+        f"one client thread), QD {knobs['qd']}, {knobs['seconds']} s per run, {knobs['repeat']} run(s) per point "
         f"(mean [min–max] shown)" + (f"; the reference {knobs['reference']}: {knobs['repeat']} runs per point beside "
                                      f"each other configuration, all in its rows" if knobs.get("reference") else ""),
         f"- namespace: {knobs['ns']}" + (" (null backend: no data copied, so this measures the doorbell / interrupt / "
@@ -763,8 +777,8 @@ def chart(mach, knobs, matrix, points):
         notes.append(f"{len(disturbed)} of {len(points)} points disturbed by other load on the machine (up to "
                      f"{max(p['other_cpus']['max'] for p in disturbed):.1f} CPUs; see table.md)")
     head, y = title_block(20, 8, f"vnvme over vfio-user: vnvme perf vs vnvme serve, {knobs['ns'].split(':')[0]} "
-                          f"namespace, 4 KiB {knobs['rw']}", [machine_line(mach), sub2], " · ".join(notes) or None,
-                          size=21)
+                          f"namespace, {fmt_bs(knobs['bs'])} {knobs['rw']}", [machine_line(mach), sub2],
+                          " · ".join(notes) or None, size=21)
     keys, top = legend(30, y, [{"name": f"{m['id']}: {m['label']}", "line": True, "dashed": m["in_process"],
                                 "color": COLORS.get(m["id"], FALLBACK[i % len(FALLBACK)])}
                                for i, m in enumerate(cfgs)], cols=3, col_w=490, row_h=22)
@@ -833,11 +847,11 @@ def ratio_chart(mach, knobs, matrix, comparison, spec, binaries):
     elif knobs.get("baseline"):
         b, n = binaries["base"], binaries["new"]
         title = (f"vnvme over vfio-user, before/after: new ({mach['git_commit'][:12]}) / base "
-                 f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
+                 f"({b['label'] or b['name']}), {knobs['ns'].split(':')[0]} ns, {fmt_bs(knobs['bs'])} {knobs['rw']}")
         sub = f"{machine_line(mach)} · base sha256 {b['sha256']}, new sha256 {n['sha256']}"
     else:
         title = (f"vnvme over vfio-user: each configuration / {an} (the reference, run beside it), "
-                 f"{knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}")
+                 f"{knobs['ns'].split(':')[0]} ns, {fmt_bs(knobs['bs'])} {knobs['rw']}")
         sub = machine_line(mach)
     kind = (f"bootstrap 90 % interval of the median (seeded)" if knobs["repeat"] >= BOOTSTRAP_MIN_PAIRS
             else "min–max of the pairs")
@@ -982,13 +996,13 @@ def pair_spec_peer(knobs, peer, client, mach):
             "row": lambda c: f"{c['config']} / {PEER_MODES.get(peer_mode(peer, c['config']), ('?',))[0]}",
             "row_head": "vnvme configuration / SPDK mode",
             "chart_title": (f"vnvme / SPDK's vfio-user target ({peer_versions(peer)}), client {cn}, "
-                            f"{knobs['ns'].split(':')[0]} ns, 4 KiB {knobs['rw']}"),
+                            f"{knobs['ns'].split(':')[0]} ns, {fmt_bs(knobs['bs'])} {knobs['rw']}"),
             "chart_sub": machine_line(mach) + " · pinned: servers CPU 1, clients CPU 0"}
 
 
 def peer_header(mach, knobs, matrix, peer, per):
     ids = {m["id"]: m for m in matrix}
-    L = [f"## vnvme beside SPDK's vfio-user target: 4 KiB {knobs['rw']}, one queue pair", ""]
+    L = [f"## vnvme beside SPDK's vfio-user target: {fmt_bs(knobs['bs'])} {knobs['rw']}, one queue pair", ""]
     L += machine_md(mach)
     L += [
         f"- peer: {peer_versions(peer)} (`nvmf_tgt --version`: {peer.get('spdk_version', '?')}; DPDK from "
@@ -996,17 +1010,19 @@ def peer_header(mach, knobs, matrix, peer, per):
         + (f", spdk_nvme_perf sha256 {peer['spdk_nvme_perf_sha256']}" if peer.get("spdk_nvme_perf_sha256") else "")
         + f"; built by scripts/build-spdk-peer.sh, set up over RPC by its scripts/rpc.py ({peer.get('rpc_python')})",
         f"- pinning: servers on {peer.get('server_pin')}, clients on {peer.get('client_pin')}",
-        f"- workload: {knobs['rw']}, 4 KiB, one I/O queue pair, one client thread; QD {knobs['qd']}; "
+        f"- workload: {knobs['rw']}, {fmt_bs(knobs['bs'])} ({knobs['bs']} bytes) per I/O, one I/O queue pair, one "
+        f"client thread; QD {knobs['qd']}; "
         f"{knobs['seconds']:g} s per run; {knobs['repeat']} pairs per point and client (a fresh target per run, "
         f"the two targets never at once)",
         f"- clients: {', '.join(CLIENT_NAMES[x['client']] for x in per)}"
         + (" (each repetition runs a pair of each, one after the other)" if len(per) > 1 else ""),
         f"- vnvme: `vnvme serve --ns {knobs['ns']} --workers {knobs['workers']}` with the configuration's "
         f"--doorbells and --poll (below)",
-        f"- SPDK: a null bdev (`bdev_null_create null0 65536 4096`: 64 GiB of 4 KiB blocks; reads leave the buffer "
-        f"untouched) in subsystem {peer.get('spdk_nqn')}, one VFIOUSER listener; spdk_nvme_perf names vnvme's "
-        f"subsystem {peer.get('vnvme_nqn')}",
+        f"- SPDK: `{peer.get('spdk_bdev', 'bdev_null_create null0 65536 4096')}` in subsystem "
+        f"{peer.get('spdk_nqn')}, one VFIOUSER listener; spdk_nvme_perf names vnvme's subsystem "
+        f"{peer.get('vnvme_nqn')}",
     ]
+    L += peer_backend_lines(peer, knobs, per)
     for m in ("poll", "interrupt"):
         if any(peer_mode(peer, c) == m for c in ids if any(p["config"] == c for x in per for p in x["vnvme_points"])):
             L.append(f"- {PEER_MODES[m][0]}: `{peer.get('nvmf_tgt.' + m)}`, then rpc.py `{peer.get('rpc.' + m)}`")
@@ -1046,7 +1062,8 @@ def peer_points_md(per):
                          + (f" ⚠ {len(p['errors'])} run(s) failed" if p["errors"] else ""))
     L += ["", "Client CPU: vnvme perf's process CPU time over its run; spdk_nvme_perf's /proc utime+stime over its "
           "window. Server CPU: /proc utime+stime of vnvme serve or nvmf_tgt over the same window. spdk_nvme_perf "
-          "gives no percentiles (–), only its mean; a vnvme server's counters under it are its totals at exit. "
+          "gives no percentiles (–), only its mean; a vnvme server's counters under it are its totals at exit (less "
+          "those of the pass that wrote a RAM disk before the run). "
           "Other load: CPUs kept busy by anything else meanwhile (> 0.2: disturbed)."]
     return L
 
@@ -1063,6 +1080,132 @@ def peer_errors_md(peer):
     return L + [""]
 
 
+def peer_backend_lines(peer, knobs, per):
+    """What each target serves (--peer-backend), what a read goes through on each
+    side, and, for a file, how each held it open in every run (/proc/PID/fdinfo)."""
+    backend = peer.get("backend", "null")
+    L = [f"- backend: **{backend}** (--peer-backend), the same on both sides"]
+    if backend == "null":
+        if not knobs["ns"].startswith("null:"):
+            return L + [f"  - **vnvme serves `{knobs['ns']}`, not a null namespace: the two sides do not do the same "
+                        f"work** (--peer-backend ram or file gives both the same backend)"]
+        return L + ["  - reads go nowhere: no data is moved on either side (SPDK's null bdev leaves the buffer "
+                    "untouched; vnvme's null namespace too with reads=untouched, else it zero-fills it)"]
+    if backend == "ram":
+        L += [f"  - vnvme: `{knobs['ns']}`, a memfd in 1 MiB chunks: a read is a CPU copy (memcpy) from the chunk "
+              f"into the client's buffer",
+              f"  - SPDK: `{peer.get('spdk_bdev')}` (the same size, 4 KiB blocks), out of nvmf_tgt's memory (its -s "
+              f"grown by the disk's size): a read is a CPU copy by SPDK's accel framework (software module: "
+              f"memcpy on the reactor's core) into the client's buffer",
+              f"  - before every run, on either side: `{peer.get('prefill')}` writes the whole disk (vnvme reads a "
+              f"chunk never written as zeroes, with no copy); not measured, checked to have covered the disk; "
+              f"a vnvme server's counters from that pass are taken off what spdk_nvme_perf's run reports"]
+    elif backend == "file":
+        seen = {}
+        for x in per:
+            for side, pts in (("SPDK", x["spdk_points"]), ("vnvme", x["vnvme_points"])):
+                for p in pts:
+                    for r in p["runs"]:
+                        seen.setdefault(side, set()).add(r.get("data_fds") or "?")
+        held = "; ".join(f"{side}: {', '.join(sorted(v))}" for side, v in sorted(seen.items())) or "no run"
+        L += [f"  - the file (<peer-file> here): {peer.get('peer_file', '?')}",
+              f"  - vnvme: `{knobs['ns']}`: io_uring, O_DIRECT (direct=on: vnvme refuses to serve without it); a read "
+              f"goes from the disk straight into the client's buffer (both clients' buffers are page-aligned; a "
+              f"misaligned one would go through a bounce buffer), bypassing the page cache",
+              f"  - SPDK: `{peer.get('spdk_bdev')}`: opens the file O_DIRECT where the file system allows it (else "
+              f"silently without); a read goes into the client's buffer, bypassing the page cache",
+              f"  - as each run found them (/proc/PID/fdinfo of the target, each descriptor for the file; a run "
+              f"without an O_DIRECT one stops the benchmark): {held}",
+              "  - O_DIRECT on both sides: neither target copies the data with the CPU (the disk's DMA puts it in "
+              "the client's buffer), so the memcpy bandwidth below bounds neither; the disk does"]
+    return L
+
+
+def read_memcpy(dirpath):
+    """runs/memcpy.tsv and the memcpy_bw JSON it names, by (config, qd): the
+    repetitions before and after the point's runs, pooled, and the other load
+    meanwhile (the machine's busy CPUs less the one memcpy_bw keeps busy)."""
+    path = os.path.join(dirpath, "runs", "memcpy.tsv")
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            with open(os.path.join(dirpath, r["json"])) as g:
+                j = json.load(g)
+            wall = float(r["wall_s"])
+            other = max(0.0, int(r["sys_busy_ticks"]) / CLK_TCK / wall - 1) if wall > 0 else None
+            m = out.setdefault((r["config"], int(r["qd"])), {"gb_per_s": [], "when": {}})
+            m["gb_per_s"] += j["gb_per_s"]
+            m["when"][r["when"]] = {"json": r["json"], "median_gb_per_s": j["median_gb_per_s"],
+                                    "min_gb_per_s": j["min_gb_per_s"], "max_gb_per_s": j["max_gb_per_s"],
+                                    "other_cpus": other, "cpus_allowed": j.get("cpus_allowed"),
+                                    "steal": steal_share(int(r["steal_ticks"]), int(r["total_ticks"]))}
+            m["knobs"] = {k: j.get(k) for k in ("copy", "chunk_bytes", "dst_bytes", "src_bytes", "src_pattern",
+                                                "seconds_per_repeat", "repeat", "warm_up_s")}
+    for m in out.values():
+        v = m["gb_per_s"]
+        m.update({"median_gb_per_s": median(v), "min_gb_per_s": min(v), "max_gb_per_s": max(v), "n": len(v)})
+    return out
+
+
+def peer_bandwidth(per, mem, bs):
+    """Per client and point: each target's MB/s (IOPS x bs / 10^6) over its runs
+    and each run's as a ratio to the point's memcpy median."""
+    rows = []
+    for x in per:
+        for c in x["comparison"]:
+            m = mem.get((c["config"], c["qd"]))
+            limit = m["median_gb_per_s"] * 1e3 if m else None
+            row = {"client": x["client"], "config": c["config"], "qd": c["qd"], "memcpy": m}
+            for side, pts in (("spdk", x["spdk_points"]), ("vnvme", x["vnvme_points"])):
+                p = get(pts, c["config"], c["qd"])
+                mbs = [r["iops"] * bs / 1e6 for r in p["runs"]] if p else []
+                row[side] = {"mb_per_s": spread(mbs), "mb_per_s_median": median(mbs) if mbs else None,
+                             "of_memcpy": spread([v / limit for v in mbs]) if limit else None,
+                             "of_memcpy_median": median([v / limit for v in mbs]) if limit and mbs else None}
+            rows.append(row)
+    return rows
+
+
+def peer_bandwidth_md(rows, knobs, peer, row_name):
+    """The bandwidth table: each side's MB/s beside the host's memcpy bandwidth."""
+    cmd = peer.get("memcpy", "memcpy_bw")
+    L = [f"### Bandwidth beside the host's memcpy, {fmt_bs(knobs['bs'])} {knobs['rw']}", "",
+         f"- memcpy: `{cmd}` (crates/guest-mem/examples/memcpy_bw.rs, release build), on the servers' CPU, before and "
+         f"after each point's runs: `<[u8]>::copy_from_slice` of {knobs['bs']}-byte chunks from a source far larger "
+         f"than the caches into a destination set of QD x {knobs['bs']} bytes (the buffers a client keeps in "
+         f"flight), the copy a RAM backend makes per read; GB/s = 10^9 bytes copied per second",
+         "- target MB/s: IOPS x I/O size / 10^6 per run; \"/ memcpy\": each run's MB/s over the point's memcpy "
+         "median, as median [min–max] of the runs", "",
+         "| client | configuration / SPDK mode | QD | memcpy GB/s median [min–max] (n) | before / after | other load "
+         "| SPDK MB/s | SPDK / memcpy | vnvme MB/s | vnvme / memcpy |",
+         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+
+    def mbs(s):
+        return fmt(s, num(0)) if s else "–"
+
+    def share(s):
+        return fmt(s, num(3)) if s else "–"
+    for r in rows:
+        m = r["memcpy"]
+        if m:
+            w = m["when"]
+            mem_cell = f"{m['median_gb_per_s']:.2f} [{m['min_gb_per_s']:.2f}–{m['max_gb_per_s']:.2f}] ({m['n']})"
+            ba = " / ".join(f"{w[k]['median_gb_per_s']:.2f}" if k in w else "–" for k in ("before", "after"))
+            others = [v["other_cpus"] for v in w.values() if v["other_cpus"] is not None]
+            other = f"{max(others):.2f}" if others else "–"
+        else:
+            mem_cell, ba, other = "not measured", "–", "–"
+        L.append(f"| {CLIENT_NAMES[r['client']]} | {row_name(r)} | {r['qd']} | {mem_cell} | {ba} | {other} | "
+                 f"{mbs(r['spdk']['mb_per_s'])} | {share(r['spdk']['of_memcpy'])} | {mbs(r['vnvme']['mb_per_s'])} | "
+                 f"{share(r['vnvme']['of_memcpy'])} |")
+    L += ["", "MB/s: mean [min–max] of each side's runs. Other load: CPUs busy besides memcpy_bw while it ran "
+          "(> 0.2: disturbed). The ratio vnvme / SPDK of MB/s is that of IOPS in the pairs above (the same I/O "
+          "size on both sides)."]
+    return L
+
+
 def main_peer(a, mach, knobs, matrix, peer):
     """The report of a --peer-spdk run: per client, vnvme / SPDK pairs."""
     clients = [c for c in ("vnvme", "spdk") if c in peer.get("clients", "vnvme").split(",")]
@@ -1076,6 +1219,10 @@ def main_peer(a, mach, knobs, matrix, peer):
     for x in per:
         S, P = pairs_md(x["comparison"], x["spec"], knobs)
         L += ["", f"### {x['spec']['title']}", ""] + x["spec"]["intro"] + S + [""] + P
+    mem = read_memcpy(a.dir)
+    bandwidth = peer_bandwidth(per, mem, knobs["bs"]) if mem else None
+    if bandwidth:
+        L += [""] + peer_bandwidth_md(bandwidth, knobs, peer, per[0]["spec"]["row"])
     L += [""] + peer_points_md(per) + [""] + peer_errors_md(peer)
     md = "\n".join(L) + "\n"
     env_path = os.path.join(a.dir, "runs", "environment.txt")
@@ -1094,6 +1241,10 @@ def main_peer(a, mach, knobs, matrix, peer):
                   "verdict": "ahead / behind only when the interval excludes 1.0, else level (inside the noise)"},
               "clients": {x["client"]: {"comparison": x["comparison"], "spdk_points": x["spdk_points"],
                                         "vnvme_points": x["vnvme_points"]} for x in per},
+              "memcpy": ({"command": peer.get("memcpy"),
+                          "points": [{"config": k[0], "qd": k[1], **v} for k, v in sorted(mem.items())]}
+                         if mem else None),
+              "bandwidth": bandwidth,
               "disturbance": {"steal_above": DISTURBED_STEAL, "other_procs_cpus_above": DISTURBED_OTHER_CPUS,
                               "pair": "disturbed when either of its runs is"}}
     with open(os.path.join(a.dir, "results.json"), "w") as f:
@@ -1115,6 +1266,8 @@ def main_peer(a, mach, knobs, matrix, peer):
     for x in per:
         print("\n".join([f"### {x['spec']['title']}", ""] + x["spec"]["intro"]
                         + pairs_md(x["comparison"], x["spec"], knobs)[0]) + "\n")
+    if bandwidth:
+        print("\n".join(peer_bandwidth_md(bandwidth, knobs, peer, per[0]["spec"]["row"])) + "\n")
     log(f"wrote {a.dir}/{{results.json,table.md,{','.join(charts)}}}")
     return 0
 
@@ -1139,6 +1292,7 @@ def main():
     ap.add_argument("--pin", type=int, default=0)
     ap.add_argument("--ns", default="null:64G:lba=4096")
     ap.add_argument("--rw", default="randread")
+    ap.add_argument("--bs", type=int, default=4096, help="bytes per I/O")
     ap.add_argument("--reference", default="none", help="the configuration the others were run beside, or none")
     ap.add_argument("--matrix", required=True)
     ap.add_argument("--command", default="scripts/bench-vfio-user.sh")
@@ -1146,7 +1300,7 @@ def main():
     a = ap.parse_args()
     knobs = {"seconds": float(a.seconds), "repeat": a.repeat, "qd": a.qd,
              "qd_list": [int(q) for q in a.qd.split(",")], "workers": a.workers, "pin": bool(a.pin), "ns": a.ns,
-             "command": a.command, "rw": a.rw, "bs": 4096, "queues": 1,
+             "command": a.command, "rw": a.rw, "bs": a.bs, "queues": 1,
              "queue_entries": "1024 (perf: max(qd + 1, 1024))"}
     started = None
     if a.started:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # vfio-user doorbell benchmark: `vnvme perf` (the userspace NVMe driver) against
-# `vnvme serve` (null namespace), 4 KiB random reads at several queue depths, for each
-# way a doorbell reaches the controller, plus the in-process ceiling (`vnvme perf
-# --in-process`: the driver calling the controller directly, no socket, no server).
+# `vnvme serve` (null namespace), 4 KiB random reads by default, at several queue
+# depths, for each way a doorbell reaches the controller, plus the in-process ceiling
+# (`vnvme perf --in-process`: the driver calling the controller directly, no socket,
+# no server); with --peer-spdk, beside SPDK's vfio-user target on a null, RAM or file
+# backend.
 #
 # Not a test (scripts/test.sh never runs it). Usage:
 #
@@ -10,7 +12,10 @@
 #                              [--workers N] [--pin] [--configs a,b,...] [--out DIR]
 #                              [--reference CONFIG|none]
 #                              [--baseline BIN [--baseline-label TEXT]]
-#                              [--peer-spdk DIR [--client vnvme|spdk|both] [--peer-python PY]]
+#                              [--ns SPEC] [--rw MODE] [--bs SIZE]
+#                              [--peer-spdk DIR [--client vnvme|spdk|both] [--peer-python PY]
+#                               [--peer-backend null|ram|file [--peer-size SIZE]
+#                                [--peer-file PATH] [--peer-file-engine uring|aio]]]
 #
 #   --seconds N   run time of each point (default 3)
 #   --repeat N    repetitions per point (default 5: on a small shared host single runs
@@ -23,7 +28,12 @@
 #   --configs L   which configurations to run (default: all; `--list` shows them)
 #   --ns SPEC     the namespace every server serves (default null:64G:lba=4096), e.g.
 #                 file:/dev/shm/bench.img:1G for the io_uring file backend
-#   --rw MODE     randread (default) or randwrite
+#   --rw MODE     randread (default), randwrite, read or write (read and write are
+#                 sequential: the queue walks the namespace in order, wrapping)
+#   --bs SIZE     bytes per I/O (default 4096; or with a K suffix, e.g. 128K): vnvme perf
+#                 --bs and, with --peer-spdk, spdk_nvme_perf -o (there a multiple of
+#                 4096, the backends' block, up to 128K, the largest I/O SPDK's
+#                 vfio-user transport takes by default); --cost only with 4096
 #   --out DIR     output folder (default results/vfio-user-perf/<UTC timestamp>)
 #   --list        print the configurations and exit
 #   --cost        also the server's instructions per I/O beside the IOPS: after the runs,
@@ -83,16 +93,56 @@
 #                                 -M, --disable-mappable-bar0: trapped doorbells, and
 #                                 shadow doorbells with EventIdx)
 #                 (default --configs: both; no other configuration has a partner).
-#                 nvmf_tgt --no-huge -s 1024 --no-pci -m <server CPU> serves a null bdev
-#                 (bdev_null_create null0 65536 4096: 64 GiB of 4 KiB blocks, reads
-#                 leave the buffer untouched: match it with --ns
-#                 null:64G:lba=4096:reads=untouched) in one subsystem with one VFIOUSER
-#                 listener, configured over its RPC socket with DIR/scripts/rpc.py.
+#                 nvmf_tgt --no-huge -s 1024 --no-pci -m <server CPU> serves the bdev
+#                 of --peer-backend in one subsystem with one VFIOUSER listener,
+#                 configured over its RPC socket with DIR/scripts/rpc.py.
 #                 Needs --pin (SPDK pins itself: nvmf_tgt -m 0x2, spdk_nvme_perf -c
 #                 0x1, the CPUs taskset gives vnvme); refuses --baseline, --reference
 #                 (other than none) and --cost (one comparison per run). The report
 #                 names nvmf_tgt's version and DPDK's (from its log); DIR itself is
-#                 written as <spdk>
+#                 written as <spdk>. A target that does not start or cannot be set up
+#                 (an RPC refused, the file not opened O_DIRECT, the RAM disk not
+#                 written whole) ends the run there, with the reason and no report:
+#                 it would fail every run the same way
+#   --peer-backend B  what both targets serve with --peer-spdk (default null):
+#                   null  nvmf_tgt a null bdev (bdev_null_create null0 65536 4096: 64
+#                         GiB of 4 KiB blocks, reads leave the buffer untouched),
+#                         vnvme --ns (match it with null:64G:lba=4096:reads=untouched)
+#                   ram   a RAM disk of --peer-size, 4 KiB blocks, that each target
+#                         copies every read from and every write into: vnvme --ns
+#                         ram:SIZE:lba=4096, nvmf_tgt bdev_malloc_create -b malloc0
+#                         MIB 4096 (its -s grows by MIB). vnvme reads a RAM chunk never
+#                         written as zeroes, without a copy; so before every run, on
+#                         both sides, `vnvme perf --rw write --bs 128k --qd 16` writes
+#                         the whole disk (1 s per GiB and 1 more, checked to have
+#                         covered it; not measured; a vnvme server's counters from
+#                         that pass are taken off what spdk_nvme_perf's run reports)
+#                   file  a file on a disk file system (--peer-file), read through
+#                         io_uring with O_DIRECT on both sides, so no page cache:
+#                         vnvme --ns file:FILE:lba=4096:engine=uring:direct=on,
+#                         nvmf_tgt bdev_uring_create FILE uring0 4096 (which opens
+#                         O_DIRECT where the file system allows it, else silently
+#                         without: every run reads both targets' /proc/PID/fdinfo
+#                         for the file and stops unless it is open O_DIRECT). Reads
+#                         only (--rw randread or read)
+#                 ram and file set vnvme's --ns themselves (--ns as well is refused)
+#                 and measure the host's memcpy bandwidth on the servers' CPU before
+#                 and after each point's runs: `memcpy_bw` (crates/guest-mem/examples,
+#                 built in release) copying --bs chunks from a 2 GiB source (in order
+#                 for read and write, at random otherwise) into QD x --bs of
+#                 destination, --repeat repetitions of 0.5 s; the report gives each
+#                 target's MB/s as a ratio to its median
+#   --peer-size SIZE  the RAM disk's or the file's size, whole MiB (ram: 1G, file: 4G)
+#   --peer-file PATH  --peer-backend file's file (default target/bench-peer-SIZE.img in
+#                 this checkout; written as <peer-file> in the results): made once,
+#                 filled with a non-zero pattern and synced (no holes, no unwritten
+#                 extents), and used as found by later runs when its size matches and
+#                 every block is allocated; refused on tmpfs and ramfs. The targets
+#                 never run at once: each opens it in turn, and no lock outlives its
+#                 holder
+#   --peer-file-engine E  nvmf_tgt's bdev for the file: uring (default) or aio
+#                 (bdev_aio_create FILE aio0 4096, for a build without CONFIG_URING);
+#                 vnvme reads it through io_uring either way
 #   --client C    who drives both targets with --peer-spdk (default vnvme):
 #                   vnvme  `vnvme perf`, as everywhere else: against vnvme the
 #                          configuration's doorbells and completion mode; against SPDK
@@ -100,7 +150,7 @@
 #                          its mapped doorbell page; in interrupt mode shadow
 #                          doorbells) and --completion poll
 #                   spdk   SPDK's own client, `spdk_nvme_perf --no-huge -s 1024 -c 0x1
-#                          -q QD -o 4096 -w RW -t SECONDS` (whole seconds), which polls;
+#                          -q QD -o BS -w RW -t SECONDS` (whole seconds), which polls;
 #                          its IOPS from its "Total" line, client and server CPU over
 #                          the window from its "Launching workers" line to that line,
 #                          the server's counters (vnvme) from its stats file at exit.
@@ -139,7 +189,9 @@ PIN=0
 CONFIGS=all
 OUT=
 NS=null:64G:lba=4096
+NS_GIVEN=
 RW=randread
+BS=4096
 BASELINE=
 BASELINE_ARG=
 BASELINE_LABEL=
@@ -152,6 +204,17 @@ PEER_SPDK_ARG=
 PEER_PY=
 CLIENT=vnvme
 CLIENT_GIVEN=
+PEER_BACKEND=null
+PEER_BACKEND_GIVEN=
+PEER_SIZE=
+PEER_BYTES=
+PEER_FILE=
+PEER_FILE_ARG=
+PEER_FILE_ENGINE=uring
+# --peer-backend ram|file: the memcpy bandwidth beside each point (memcpy_bw): its
+# source, far larger than the caches, and each repetition's length.
+MEMCPY_SRC=2G
+MEMCPY_SECONDS=0.5
 # --peer-spdk: the SPDK mode each configuration is paired with (no other has one).
 declare -A PEER_MODE=([mapped-poll]=poll [shadow-cpoll]=interrupt)
 # The subsystem NQNs the spdk_nvme_perf client names: the one --peer-spdk creates,
@@ -188,8 +251,9 @@ while [ $# -gt 0 ]; do
     --pin) PIN=1; shift ;;
     --configs) CONFIGS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    --ns) NS=$2; shift 2 ;;
+    --ns) NS=$2; NS_GIVEN=1; shift 2 ;;
     --rw) RW=$2; shift 2 ;;
+    --bs) BS=$2; shift 2 ;;
     --cost) COST=1; shift ;;
     --reference) REFERENCE=$2; REFERENCE_GIVEN=1; shift 2 ;;
     --baseline) BASELINE=$2; BASELINE_ARG=$2; shift 2 ;;
@@ -198,6 +262,10 @@ while [ $# -gt 0 ]; do
     --peer-spdk) PEER_SPDK=$2; PEER_SPDK_ARG=$2; shift 2 ;;
     --client) CLIENT=$2; CLIENT_GIVEN=1; shift 2 ;;
     --peer-python) PEER_PY=$2; shift 2 ;;
+    --peer-backend) PEER_BACKEND=$2; PEER_BACKEND_GIVEN=1; shift 2 ;;
+    --peer-size) PEER_SIZE=$2; shift 2 ;;
+    --peer-file) PEER_FILE=$2; PEER_FILE_ARG=$2; shift 2 ;;
+    --peer-file-engine) PEER_FILE_ENGINE=$2; shift 2 ;;
     --list) for m in "${MATRIX[@]}"; do IFS='|' read -r id label _ <<<"$m"; printf '%-14s %s\n' "$id" "$label"; done; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) log "unknown argument $1"; usage >&2; exit 2 ;;
@@ -208,7 +276,29 @@ if [ -z "$REPEAT" ]; then REPEAT=5; fi
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || bad_usage "--repeat must be at least 1"
 [[ $WORKERS =~ ^[0-9]+$ ]] || bad_usage "--workers must be a number (0: inline)"
 [[ $QDS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || bad_usage "--qd must be a list like 1,4,16,64"
-case $RW in randread|randwrite) ;; *) bad_usage "--rw must be randread or randwrite" ;; esac
+case $RW in randread|randwrite|read|write) ;; *) bad_usage "--rw must be randread, randwrite, read or write" ;; esac
+# size_bytes SIZE: SIZE (a number, or with a K, M, G or T suffix: powers of 1024) in
+# bytes, or nothing when it is not a size.
+size_bytes() {
+  local n=${1%[KkMmGgTt]} m=1
+  [[ $n =~ ^[0-9]+$ ]] || return 0
+  case ${1:${#n}} in K|k) m=$((1 << 10)) ;; M|m) m=$((1 << 20)) ;; G|g) m=$((1 << 30)) ;; T|t) m=$((1 << 40)) ;; esac
+  echo $((10#$n * m))
+}
+# human_size BYTES: the shortest exact form, e.g. 1G, 512M, 131072.
+human_size() {
+  local b=$1 u
+  for u in T:40 G:30 M:20 K:10; do
+    if [ "$b" -ge $((1 << ${u#*:})) ] && [ $((b % (1 << ${u#*:}))) = 0 ]; then echo "$((b >> ${u#*:}))${u%:*}"; return; fi
+  done
+  echo "$b"
+}
+BS_ARG=$BS
+BS=$(size_bytes "$BS")
+if [ -z "$BS" ] || [ "$BS" = 0 ]; then bad_usage "--bs $BS_ARG is not a size (bytes, or e.g. 128K)"; fi
+[ "$COST" = 0 ] || [ "$BS" = 4096 ] || bad_usage "--cost measures 4 KiB I/Os only: drop --bs, or --cost"
+case $PEER_BACKEND in null|ram|file) ;; *) bad_usage "--peer-backend must be null, ram or file" ;; esac
+case $PEER_FILE_ENGINE in uring|aio) ;; *) bad_usage "--peer-file-engine must be uring or aio" ;; esac
 if [ -n "$BASELINE_NS" ] && [ -z "$BASELINE" ]; then
   bad_usage "--baseline-ns needs --baseline"
 fi
@@ -223,7 +313,13 @@ case $CLIENT in vnvme|spdk|both) ;; *) bad_usage "--client must be vnvme, spdk o
 if [ -z "$PEER_SPDK" ]; then
   [ -z "$CLIENT_GIVEN" ] || bad_usage "--client needs --peer-spdk DIR (it names who drives vnvme and SPDK's target)"
   [ -z "$PEER_PY" ] || bad_usage "--peer-python needs --peer-spdk"
+  [ -z "$PEER_BACKEND_GIVEN$PEER_SIZE$PEER_FILE" ] || bad_usage "--peer-backend, --peer-size and --peer-file need --peer-spdk"
 else
+  # SPDK's vfio-user transport takes I/Os up to 128 KiB by default (its max_io_size),
+  # and every backend here has 4 KiB blocks.
+  if [ $((BS % 4096)) != 0 ] || [ "$BS" -gt 131072 ]; then
+    bad_usage "--peer-spdk: --bs must be a multiple of 4096 up to 128K (SPDK's vfio-user transport's largest I/O)"
+  fi
   [ -z "$BASELINE" ] || bad_usage "--peer-spdk and --baseline: one comparison per run"
   if [ -n "$REFERENCE_GIVEN" ] && [ "$REFERENCE" != none ]; then
     bad_usage "--peer-spdk and --reference $REFERENCE: one comparison per run (--peer-spdk pairs each" \
@@ -262,6 +358,38 @@ else
   if [ -z "$PEER_PY" ] && [ -n "$asked" ]; then bad_usage "--peer-python $asked cannot run the SPDK tree's scripts/rpc.py"; fi
   [ -n "$PEER_PY" ] || bad_usage "--peer-spdk: no python3 on PATH runs its scripts/rpc.py; name one with --peer-python"
   REFERENCE=none
+  # What both targets serve (--peer-backend): vnvme's --ns here, SPDK's bdev in spdk_rpcs.
+  if [ "$PEER_BACKEND" = null ]; then
+    [ -z "$PEER_SIZE$PEER_FILE" ] || bad_usage "--peer-size and --peer-file need --peer-backend ram or file"
+  else
+    [ -z "$NS_GIVEN" ] || bad_usage "--peer-backend $PEER_BACKEND sets vnvme's --ns itself: drop --ns"
+    [ -n "$PEER_SIZE" ] || PEER_SIZE=$([ "$PEER_BACKEND" = ram ] && echo 1G || echo 4G)
+    PEER_BYTES=$(size_bytes "$PEER_SIZE")
+    if [ -z "$PEER_BYTES" ] || [ "$PEER_BYTES" = 0 ] || [ $((PEER_BYTES % (1 << 20))) != 0 ]; then
+      bad_usage "--peer-size $PEER_SIZE must be a whole number of MiB (e.g. 1G, 512M)"
+    fi
+    PEER_SIZE=$(human_size "$PEER_BYTES")
+  fi
+  case $PEER_BACKEND in
+    ram) NS="ram:$PEER_SIZE:lba=4096" ;;
+    file)
+      case $RW in randread|read) ;; *) bad_usage "--peer-backend file measures reads only: --rw randread or read" ;; esac
+      if [ -z "$PEER_FILE" ]; then PEER_FILE="$ROOT/target/bench-peer-$PEER_SIZE.img"; mkdir -p "$ROOT/target"; fi
+      # vnvme's --ns splits at ':', rpc.py its lines at blanks and quotes.
+      [[ $PEER_FILE =~ ^[A-Za-z0-9._/+-]+$ ]] || bad_usage "--peer-file $PEER_FILE: letters, digits and ._/+- only"
+      [ -d "$(dirname "$PEER_FILE")" ] || bad_usage "--peer-file $PEER_FILE: no such directory"
+      PEER_FILE="$(cd "$(dirname "$PEER_FILE")" && pwd)/$(basename "$PEER_FILE")"
+      fstype=$(stat -f -c %T "$(dirname "$PEER_FILE")")
+      case $fstype in
+        tmpfs|ramfs) bad_usage "--peer-file $PEER_FILE is on $fstype: O_DIRECT needs a disk's file system" ;;
+      esac
+      if [ -e "$PEER_FILE" ] && { [ ! -f "$PEER_FILE" ] || [ "$(stat -c %s "$PEER_FILE")" != "$PEER_BYTES" ]; }; then
+        bad_usage "--peer-file $PEER_FILE is there, but not a regular file of --peer-size $PEER_SIZE (left alone:" \
+          "remove it, or give its size)"
+      fi
+      NS="file:$PEER_FILE:lba=4096:engine=uring:direct=on"
+      ;;
+  esac
 fi
 [ -z "$BASELINE" ] || REFERENCE=none
 if [ "$REFERENCE" != none ]; then
@@ -277,15 +405,16 @@ if [ -n "$BASELINE" ]; then
   "$BASELINE" --version >/dev/null 2>&1 || bad_usage "--baseline: $BASELINE --version failed (not a vnvme binary?)"
 fi
 # The baseline is named by its file name in everything written, the SPDK tree as
-# <spdk>: where they lie is this machine's business.
+# <spdk>, --peer-file as <peer-file>: where they lie is this machine's business.
 # hide_baseline: stdin to stdout with the baseline's path, as given and resolved,
-# replaced by its file name, and the SPDK tree's by <spdk> (literally: no pattern
-# characters).
+# replaced by its file name, the SPDK tree's by <spdk> and the file's by <peer-file>
+# (literally: no pattern characters).
 hide_baseline() {
   local t
   t=$(cat)
   if [ -n "$BASELINE" ]; then t=${t//"$BASELINE"/${BASELINE##*/}}; t=${t//"$BASELINE_ARG"/${BASELINE_ARG##*/}}; fi
   if [ -n "$PEER_SPDK" ]; then t=${t//"$PEER_SPDK"/<spdk>}; t=${t//"$PEER_SPDK_ARG"/<spdk>}; fi
+  if [ -n "$PEER_FILE" ]; then t=${t//"$PEER_FILE"/<peer-file>}; t=${t//"$PEER_FILE_ARG"/<peer-file>}; fi
   printf '%s\n' "$t"
 }
 COMMAND_LINE=$(printf '%s' "$COMMAND_LINE" | hide_baseline)
@@ -306,7 +435,9 @@ BACK_PID=
 
 stop_back() { vn_serve_stop "$BACK_PID"; BACK_PID=; }
 stop_serve() { vn_serve_stop "$SERVE_PID"; SERVE_PID=; }
-cleanup() { stop_serve; stop_back; rm -rf "$TMP"; }
+# PART: --peer-file while it is being written (removed if the run stops meanwhile).
+PART=
+cleanup() { stop_serve; stop_back; rm -rf "$TMP"; [ -z "$PART" ] || rm -f "$PART"; }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
@@ -315,13 +446,19 @@ log "building vnvme (release)"
 # The binary just built, whatever $VNVME_BIN says.
 VNVME="$ROOT/target/release/vnvme"
 VNVME_BIN=$VNVME
+MEMCPY=
+if [ "$PEER_BACKEND" != null ]; then
+  log "building memcpy_bw (release; the host's memcpy bandwidth beside each point)"
+  (cd "$ROOT" && cargo build --release -p guest-mem --example memcpy_bw --quiet)
+  MEMCPY="$ROOT/target/release/examples/memcpy_bw"
+fi
 
 CLIENT_PIN=(); SERVER_PIN=()
 if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
 VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
-printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\tclient\n' >"$MANIFEST"
+printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\tclient\tdata_fds\n' >"$MANIFEST"
 
 # The binaries, by side: "new" is the build of this checkout; "base" the --baseline.
 # runs/binaries.tsv names them for the report, by file name, never by path.
@@ -343,22 +480,86 @@ declare -A SIDE_NS=([new]=$NS [base]=${BASELINE_NS:-$NS})
 SPDK_SERVER_MASK=0x2
 SPDK_CLIENT_MASK=0x1
 CLIENTS=("$CLIENT"); [ "$CLIENT" = both ] && CLIENTS=(vnvme spdk)
-# spdk_rpcs MODE DIR: the RPC calls that make nvmf_tgt serve a null bdev on a
+# The bdev nvmf_tgt serves (--peer-backend), the RPC that makes it, and its memory
+# (-s, MiB: a malloc bdev's blocks come out of it).
+SPDK_MEM=1024
+case $PEER_BACKEND in
+  null) SPDK_BDEV=null0; SPDK_BDEV_RPC="bdev_null_create null0 65536 4096" ;;
+  ram) SPDK_BDEV=malloc0; SPDK_BDEV_RPC="bdev_malloc_create -b malloc0 $((PEER_BYTES >> 20)) 4096"
+    SPDK_MEM=$((SPDK_MEM + (PEER_BYTES >> 20))) ;;
+  file) SPDK_BDEV=${PEER_FILE_ENGINE}0; SPDK_BDEV_RPC="bdev_${PEER_FILE_ENGINE}_create $PEER_FILE $SPDK_BDEV 4096" ;;
+esac
+# spdk_rpcs MODE DIR: the RPC calls that make nvmf_tgt serve the bdev on a
 # vfio-user socket DIR/cntrl, one a line (rpc.py reads them from stdin). Interrupt
 # mode needs BAR0 not mappable (-M): every doorbell write then reaches nvmf_tgt as a
 # message, unless the client takes the shadow doorbells it then offers.
 spdk_rpcs() {
   printf '%s\n' "nvmf_create_transport -t VFIOUSER$([ "$1" = interrupt ] && echo ' -M')" \
-    "bdev_null_create null0 65536 4096" \
+    "$SPDK_BDEV_RPC" \
     "nvmf_create_subsystem $SPDK_NQN -a -s SPDK00000000000001 -m 32" \
-    "nvmf_subsystem_add_ns $SPDK_NQN null0" \
+    "nvmf_subsystem_add_ns $SPDK_NQN $SPDK_BDEV" \
     "nvmf_subsystem_add_listener $SPDK_NQN -t VFIOUSER -a $2 -s 0"
 }
 # spdk_tgt_args MODE RPC: nvmf_tgt's arguments.
 spdk_tgt_args() {
-  printf '%s\n' --no-huge -s 1024 --no-pci -m "$SPDK_SERVER_MASK" -r "$2"
+  printf '%s\n' --no-huge -s "$SPDK_MEM" --no-pci -m "$SPDK_SERVER_MASK" -r "$2"
   [ "$1" = poll ] || echo --interrupt-mode
 }
+# --peer-backend ram: the pass that writes the whole RAM disk before each run (vnvme
+# reads a chunk never written as zeroes, without a copy), with vnvme perf against
+# either target; a second per GiB and one more (this host writes 5-6 GB/s that way).
+# PREFILL_BS: no larger than SPDK's largest I/O.
+PREFILL_BS=131072
+PREFILL_SECONDS=$((1 + (PEER_BYTES + (1 << 30) - 1) / (1 << 30)))
+PREFILL_ARGS=(perf --rw write --bs "$PREFILL_BS" --qd 16 --queues 1 --runtime "${PREFILL_SECONDS}s" --doorbells auto
+              --completion poll)
+# The O_DIRECT bit of open(2)'s flags on this machine (it differs between architectures).
+O_DIRECT_BIT=$(python3 -c 'import os; print(os.O_DIRECT)')
+# memcpy_random: " --random" when the I/Os land at random offsets (memcpy_bw then
+# copies from random chunks of its source too).
+memcpy_random() { case $RW in rand*) echo " --random" ;; esac; }
+# --peer-backend file: the file, made once: a non-zero pattern, synced, so every
+# block is allocated and written (neither a hole nor an unwritten extent reads from
+# the disk); its pages then leave the page cache (both targets read it O_DIRECT).
+PEER_FILE_NOTE=
+if [ "$PEER_BACKEND" = file ]; then
+  if [ ! -e "$PEER_FILE" ]; then
+    log "writing <peer-file>: $PEER_SIZE of 0xa5 bytes, once (later runs use it as they find it)"
+    PART="$PEER_FILE.part.$$"
+    head -c "$PEER_BYTES" /dev/zero | tr '\000' '\245' >"$PART"
+    sync "$PART"
+    mv "$PART" "$PEER_FILE"
+    PART=
+    made="written by this run with 0xa5 bytes and synced"
+  else
+    made="found there (an earlier run writes 0xa5 bytes)"
+  fi
+  # Blocks past the end do not count: vnvme's io_uring backend probes fallocate
+  # there at open, which can leave one unwritten block beyond EOF.
+  if command -v filefrag >/dev/null; then
+    read -r written unwritten < <(filefrag -v "$PEER_FILE" | awk -v size="$PEER_BYTES" '
+      /blocks of [0-9]+ bytes/ { bs = $(NF - 1) }
+      /^ *[0-9]+: / {
+        line = $0; sub(/^ *[0-9]+: */, "", line); split(line, a, /(\.\.|:) */)
+        n = size / bs; start = a[1] + 0; end = a[2] + 0
+        if (start >= n) next
+        if (end >= n) end = n - 1
+        if ($0 ~ /unwritten/) u += (end - start + 1) * bs; else w += (end - start + 1) * bs
+      }
+      END { printf "%.0f %.0f\n", w, u }')
+    how="filefrag: $written bytes written within the file, $unwritten unwritten"
+  else
+    written=$(( $(stat -c '%b * %B' "$PEER_FILE") )); unwritten=0
+    how="no filefrag: $written bytes allocated (unwritten extents not told apart)"
+  fi
+  if [ "$written" -lt "$PEER_BYTES" ] || [ "$unwritten" != 0 ]; then
+    die "<peer-file> has holes or unwritten extents, which read as zeroes without the disk ($how): remove it," \
+      "and the next run writes it again"
+  fi
+  # Its pages leave the page cache: nothing of it is cached when the runs start.
+  dd if="$PEER_FILE" iflag=nocache count=0 status=none
+  PEER_FILE_NOTE="$PEER_BYTES bytes on $(stat -f -c %T "$PEER_FILE"), $made; $how"
+fi
 # runs/peer.tsv: what the report says of the peer (key, value), no paths.
 if [ -n "$PEER_SPDK" ]; then
   { printf 'key\tvalue\n'
@@ -376,8 +577,18 @@ if [ -n "$PEER_SPDK" ]; then
     done
     printf 'spdk_nqn\t%s\n' "$SPDK_NQN"
     printf 'vnvme_nqn\t%s\n' "$VNVME_NQN"
-    printf 'spdk_nvme_perf\tspdk_nvme_perf --no-huge -s 1024 -c %s -q QD -o 4096 -w %s -t %s -r trtype:VFIOUSER traddr:<dir> subnqn:<nqn>\n' \
-      "$SPDK_CLIENT_MASK" "$RW" "$SECONDS_PER_POINT"
+    printf 'spdk_nvme_perf\tspdk_nvme_perf --no-huge -s 1024 -c %s -q QD -o %s -w %s -t %s -r trtype:VFIOUSER traddr:<dir> subnqn:<nqn>\n' \
+      "$SPDK_CLIENT_MASK" "$BS" "$RW" "$SECONDS_PER_POINT"
+    printf 'backend\t%s\n' "$PEER_BACKEND"
+    printf 'spdk_bdev\t%s\n' "$SPDK_BDEV_RPC"
+    printf 'vnvme_ns\t%s\n' "$NS"
+    if [ "$PEER_BACKEND" = ram ]; then
+      printf 'prefill\t%s\n' "${CLIENT_PIN[*]} vnvme ${PREFILL_ARGS[*]} --socket <target's socket>"
+    fi
+    if [ -n "$MEMCPY" ]; then
+      printf 'memcpy\t%s\n' "${SERVER_PIN[*]} memcpy_bw --chunk $BS --dst <QD x $BS> --src $MEMCPY_SRC --seconds $MEMCPY_SECONDS --repeat $REPEAT$(memcpy_random)"
+    fi
+    [ -z "$PEER_FILE_NOTE" ] || printf 'peer_file\t%s\n' "$PEER_FILE_NOTE"
     printf 'server_pin\tCPU 1 (vnvme serve: taskset -c 1; nvmf_tgt: -m %s)\n' "$SPDK_SERVER_MASK"
     printf 'client_pin\tCPU 0 (vnvme perf: taskset -c 0; spdk_nvme_perf: -c %s)\n' "$SPDK_CLIENT_MASK"
   } >"$OUT/runs/peer.tsv"
@@ -430,7 +641,12 @@ fi
 per_run=$(( ${SECONDS_PER_POINT%.*} + 1 )); [ -n "$BASELINE" ] || [ "$REFERENCE" != none ] && per_run=$((per_run + 1))
 # nvmf_tgt's start and set-up, and SPDK's client's, take about a second more.
 [ -z "$PEER_SPDK" ] || per_run=$((per_run + 2))
-log "$npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + 59) / 60 )) min) -> $OUT"
+# --peer-backend ram: the pass that writes the disk first, and a pause.
+[ "$PEER_BACKEND" != ram ] || per_run=$((per_run + PREFILL_SECONDS + 1))
+extra=0
+# memcpy_bw before and after each point: its repetitions, a warm-up, filling its source.
+[ -z "$MEMCPY" ] || extra=$(( ${#PEER_CFGS[@]} * ${#QD_LIST[@]} * 2 * (REPEAT / 2 + 2) ))
+log "$npoints runs of ${SECONDS_PER_POINT}s (about $(( (npoints * per_run + extra + 59) / 60 )) min) -> $OUT"
 log "$(nproc) CPU(s): client, server main thread and $WORKERS worker thread(s) share them$([ "$PIN" = 1 ] && echo ' (pinned: server CPU 1, client CPU 0)')"
 [ "$REFERENCE" = none ] || log "reference $REFERENCE: ${PAIRED[*]} each measured beside it, $REPEAT pairs per point"
 [ -z "$BASELINE" ] || log "baseline $(basename "$BASELINE")${BASELINE_LABEL:+ ($BASELINE_LABEL)} against this build, $REPEAT pairs per point"
@@ -438,6 +654,8 @@ if [ -n "$PEER_SPDK" ]; then
   log "beside $("$PEER_SPDK/build/bin/nvmf_tgt" --version 2>/dev/null | head -1): $(for c in "${PEER_CFGS[@]}"; do
     printf '%s with SPDK %s; ' "$c" "$([ "${PEER_MODE[$c]}" = poll ] && echo polling || echo --interrupt-mode)"; done)client(s)" \
     "${CLIENTS[*]}, $REPEAT pairs per point"
+  log "backend $PEER_BACKEND: vnvme --ns $(printf '%s' "$NS" | hide_baseline); nvmf_tgt $(printf '%s' "$SPDK_BDEV_RPC" |
+    hide_baseline); $BS-byte $RW"
 fi
 
 # start_servers ID SIDE TAG: start configuration ID's server(s) from SIDE's binary
@@ -475,7 +693,7 @@ run_perf() {
   local id=$1 qd=$2 rep=$3 side=$4 skip=${5:-} rc=0 c0 c1 w0 w1 iops json logf
   json="runs/$id-qd$qd-r$rep$SFX.json"
   logf="logs/perf-$id-qd$qd-r$rep$SFX.log"
-  perf_args=(perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
+  perf_args=(perf --rw "$RW" --bs "$BS" --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s"
              --doorbells "$pdb" --completion "$compl" --json "$OUT/$json")
   if [ -z "$inproc" ]; then
     perf_args+=(--socket "$sock" --server-stats "$stats" --server-pid "${SERVE_PID:-0}")
@@ -498,10 +716,10 @@ run_perf() {
   iops=$(sed -n 's/^  IOPS \([0-9]*\).*/\1/p' "$OUT/$logf")
   log "$(printf '[%3d/%d] %-14s qd %-3s run %s%s: %s IOPS%s' "$done_runs" "$npoints" "$id" "$qd" \
     "$rep" "${SFX:+ ${SFX#-}}" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")")"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
     "$(printf '%s' "${pin[*]} vnvme ${perf_args[*]}" | sed "s|$ROOT/||g")" "$((c1[0] - c0[0]))" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
-    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "$BESIDE" vnvme >>"$MANIFEST"
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "$BESIDE" vnvme "" >>"$MANIFEST"
 }
 
 # config_row ID: configuration ID's matrix row into id, label, sdb, spoll, pdb,
@@ -562,18 +780,16 @@ start_spdk() {
   return 1
 }
 
-# run_peer ID QD REP SIDE CLIENT [SKIP]: one run of CLIENT (vnvme: vnvme perf;
-# spdk: spdk_nvme_perf, through the report script's --run-spdk-perf, which reads
-# the CPU clocks over its measuring window) against SIDE's target (vnvme or
-# spdk), started by start_servers or start_spdk; its manifest row.
-# SKIP: the server that did not start (serve or nvmf_tgt): the run is recorded
-# as failed without running.
+# run_peer ID QD REP SIDE CLIENT: one run of CLIENT (vnvme: vnvme perf; spdk:
+# spdk_nvme_perf, through the report script's --run-spdk-perf, which reads the CPU
+# clocks over its measuring window) against SIDE's target (vnvme or spdk), started
+# by start_servers or start_spdk; its manifest row (with DATA_FDS).
 run_peer() {
-  local id=$1 qd=$2 rep=$3 side=$4 client=$5 skip=${6:-} rc=0 c0 c1 w0 w1 iops name json logf nqn cmd
+  local id=$1 qd=$2 rep=$3 side=$4 client=$5 rc=0 c0 c1 w0 w1 iops name json logf nqn cmd
   name="$id-qd$qd-r$rep-$client-$side"
   json="runs/$name.json"; logf="logs/perf-$name.log"
   if [ "$client" = vnvme ]; then
-    cmd=("${CLIENT_PIN[@]}" "$VNVME" perf --rw "$RW" --bs 4k --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s")
+    cmd=("${CLIENT_PIN[@]}" "$VNVME" perf --rw "$RW" --bs "$BS" --qd "$qd" --queues 1 --runtime "${SECONDS_PER_POINT}s")
     if [ "$side" = vnvme ]; then
       cmd+=(--doorbells "$pdb" --completion "$compl" --server-stats "$stats")
     else
@@ -585,15 +801,11 @@ run_peer() {
     nqn=$SPDK_NQN; [ "$side" = vnvme ] && nqn=$VNVME_NQN
     cmd=("${CLIENT_PIN[@]}" python3 "$ROOT/scripts/bench-vfio-user.py" --run-spdk-perf --json "$OUT/$json"
          --server-pid "${SERVE_PID:-0}" -- "$PEER_SPDK/build/bin/spdk_nvme_perf" --no-huge -s 1024
-         -c "$SPDK_CLIENT_MASK" -q "$qd" -o 4096 -w "$RW" -t "$SECONDS_PER_POINT"
+         -c "$SPDK_CLIENT_MASK" -q "$qd" -o "$BS" -w "$RW" -t "$SECONDS_PER_POINT"
          -r "trtype:VFIOUSER traddr:$traddr subnqn:$nqn")
   fi
   read -r -a c0 < <(vn_cpu_ticks); w0=$(now)
-  if [ -n "$skip" ]; then
-    rc=$skip; echo "$skip did not start: see logs/*-$id-qd$qd-r$rep-client-$client.log" >"$OUT/$logf"
-  else
-    timeout --kill-after=5 $(( ${SECONDS_PER_POINT%.*} + 60 )) "${cmd[@]}" >"$OUT/$logf" 2>&1 || rc=$?
-  fi
+  timeout --kill-after=5 $(( ${SECONDS_PER_POINT%.*} + 60 )) "${cmd[@]}" >"$OUT/$logf" 2>&1 || rc=$?
   read -r -a c1 < <(vn_cpu_ticks); w1=$(now)
   done_runs=$((done_runs + 1))
   if [ "$client" = vnvme ]; then
@@ -603,28 +815,114 @@ run_peer() {
   fi
   log "$(printf '[%3d/%d] %-14s qd %-3s run %s, %-5s perf -> %-5s: %s IOPS%s' "$done_runs" "$npoints" "$id" "$qd" \
     "$rep" "$client" "$side" "${iops:-?}" "$([ "$rc" = 0 ] || echo " (exit $rc, see $logf)")")"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$qd" "$rep" "$json" "$rc" "$serve_cmd" \
     "$(printf '%s' "${cmd[*]}" | sed "s|$OUT/||g; s|$ROOT/||g" | hide_baseline)" "$((c1[0] - c0[0]))" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$side" \
-    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "" "$client" >>"$MANIFEST"
+    "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" "" "$client" "$DATA_FDS" >>"$MANIFEST"
+}
+
+# setup_failed WHAT LOG...: a target that could not be started or set up would fail
+# every run the same way: say why, with the end of each LOG (relative to the
+# output folder), and stop here, with no report.
+setup_failed() {
+  local what=$1 f
+  shift
+  log "$what"
+  for f in "$@"; do
+    [ -s "$OUT/$f" ] || continue
+    log "the end of $f:"
+    tail -n 12 "$OUT/$f" | cut -c1-300 | hide_baseline | sed 's/^/    /' >&2
+  done
+  if grep -q "Method not found" "$OUT/logs/rpc.log" 2>/dev/null; then
+    log "(an RPC this nvmf_tgt does not have: built without CONFIG_URING? --peer-file-engine aio uses bdev_aio_create)"
+  fi
+  die "stopped: a set-up failure, no report (the runs so far are in $OUT)"
+}
+
+# target_name SIDE: the program that is SIDE's target (vnvme serve or nvmf_tgt).
+target_name() { if [ "$1" = spdk ]; then echo nvmf_tgt; else echo "vnvme serve"; fi; }
+
+# check_direct SIDE: how the target just started (SERVE_PID) holds --peer-file
+# open, one word per descriptor into DATA_FDS (ro, wo or rw, +direct for O_DIRECT,
+# from /proc/PID/fdinfo); stops unless one of them is O_DIRECT.
+check_direct() {
+  local fd flags acc fds=()
+  for fd in /proc/"$SERVE_PID"/fd/*; do
+    [ "$(readlink "$fd" 2>/dev/null)" = "$PEER_FILE" ] || continue
+    flags=$(awk '$1 == "flags:" { print $2 }' "/proc/$SERVE_PID/fdinfo/${fd##*/}" 2>/dev/null) || continue
+    [ -n "$flags" ] || continue
+    case $((8#$flags & 3)) in 0) acc=ro ;; 1) acc=wo ;; *) acc=rw ;; esac
+    [ $((8#$flags & O_DIRECT_BIT)) = 0 ] || acc+=+direct
+    fds+=("$acc")
+  done
+  DATA_FDS=${fds[*]:-none}
+  [[ $DATA_FDS == *+direct* ]] ||
+    setup_failed "$(target_name "$1") does not hold <peer-file> open O_DIRECT (its descriptors for it: $DATA_FDS)"
+}
+
+# prefill SIDE NAME: --peer-backend ram: write the whole RAM disk of the target just
+# started (vnvme perf, PREFILL_ARGS), and check that it did; stops otherwise. A
+# vnvme server's stats file after the pass goes to runs/NAME.prefill-stats.json.
+prefill() {
+  local logf="logs/prefill-$2.log" json="$TMP/prefill.json" got
+  rm -f "$json"
+  if ! timeout --kill-after=5 $((PREFILL_SECONDS + 30)) "${CLIENT_PIN[@]}" "$VNVME" "${PREFILL_ARGS[@]}" --socket "$sock" --json "$json" \
+      >"$OUT/$logf" 2>&1; then
+    setup_failed "the pass that writes the RAM disk failed against $(target_name "$1")" "$logf"
+  fi
+  got=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["results"]; print(r["ios"], r["errors"])' "$json")
+  if [ "${got#* }" != 0 ] || [ $((${got% *} * PREFILL_BS)) -lt "$PEER_BYTES" ]; then
+    setup_failed "the pass that writes the RAM disk wrote $((${got% *} * PREFILL_BS)) of $PEER_BYTES bytes to" \
+      "$(target_name "$1"), with ${got#* } error(s)" "$logf"
+  fi
+  # vnvme serve replaces its stats file twice a second: 0.6 s on it holds the whole
+  # pass (and nothing else: the run has not started). Both sides wait alike.
+  sleep 0.6
+  if [ "$1" = vnvme ] && [ -s "$stats" ]; then cp "$stats" "$OUT/runs/$2.prefill-stats.json"; fi
+}
+
+# memcpy_point ID QD WHEN: the host's memcpy bandwidth on the servers' CPU as the
+# point's copies meet it (--bs chunks into QD x --bs of destination), into
+# runs/memcpy-ID-qdQD-WHEN.json, and its row in runs/memcpy.tsv (the machine's
+# CPU ticks over it).
+memcpy_point() {
+  local json="runs/memcpy-$1-qd$2-$3.json" c0 c1 w0 w1 rnd=()
+  [[ $RW == rand* ]] && rnd=(--random)
+  read -r -a c0 < <(vn_cpu_ticks); w0=$(now)
+  "${SERVER_PIN[@]}" "$MEMCPY" --chunk "$BS" --dst $(($2 * BS)) --src "$MEMCPY_SRC" --seconds "$MEMCPY_SECONDS" \
+    --repeat "$REPEAT" "${rnd[@]}" --json "$OUT/$json" 2>>"$OUT/logs/memcpy.log" || die "memcpy_bw failed (logs/memcpy.log)"
+  read -r -a c1 < <(vn_cpu_ticks); w1=$(now)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$json" "$((c1[0] - c0[0]))" \
+    "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$((c1[1] - c0[1]))" "$((c1[2] - c0[2]))" \
+    >>"$OUT/runs/memcpy.tsv"
+  log "$(printf '%-14s qd %-3s %-6s %s' "$1" "$2" "$3" "$(tail -n 1 "$OUT/logs/memcpy.log" | sed 's/^memcpy_bw: //')")"
 }
 
 # peer_fresh ID QD REP SIDE CLIENT: one run of CLIENT against a fresh target of
 # SIDE (vnvme serve in configuration ID, or nvmf_tgt in the SPDK mode ID meets),
-# stopped right after it. spdk_nvme_perf reads no server counters: a vnvme
-# server's stats file, written at its exit, is kept beside the run's JSON.
+# stopped right after it; with --peer-backend file, after checking it reads the
+# file O_DIRECT; with ram, after the pass that writes the disk. A target that does
+# not start or cannot be set up stops the whole run (setup_failed). spdk_nvme_perf
+# reads no server counters: a vnvme server's stats file, written at its exit, is
+# kept beside the run's JSON.
 peer_fresh() {
-  local id=$1 qd=$2 rep=$3 side=$4 client=$5 skip=
+  local id=$1 qd=$2 rep=$3 side=$4 client=$5 tag=-qd$2-r$3-client-$5
   config_row "$id"
   SFX=-$side
   if [ "$side" = spdk ]; then
-    start_spdk "$id" "-qd$qd-r$rep-client-$client" || skip=nvmf_tgt
+    start_spdk "$id" "$tag" || setup_failed "nvmf_tgt did not start or could not be set up" logs/rpc.log \
+      "logs/nvmf_tgt-$id$tag.log"
   else
-    start_servers "$id" new "-qd$qd-r$rep-client-$client" || skip=serve
+    start_servers "$id" new "$tag" || setup_failed "vnvme serve did not start" "logs/serve-$id$tag.log"
   fi
-  run_peer "$id" "$qd" "$rep" "$side" "$client" "$skip"
+  DATA_FDS=
+  case $PEER_BACKEND in
+    file) check_direct "$side" ;;
+    ram) prefill "$side" "$id-qd$qd-r$rep-$client-$side" ;;
+  esac
+  run_peer "$id" "$qd" "$rep" "$side" "$client"
   stop_serve
-  if [ "$side" = vnvme ] && [ "$client" = spdk ] && [ -z "$skip" ] && [ -s "$stats" ]; then
+  if [ "$side" = vnvme ] && [ "$client" = spdk ] && [ -s "$stats" ]; then
     cp "$stats" "$OUT/runs/$id-qd$qd-r$rep-$client-$side.server-stats.json"
   fi
   rm -rf "$traddr"
@@ -638,8 +936,12 @@ if [ -n "$PEER_SPDK" ]; then
   # Pairs with SPDK's target: both runs of a pair back to back, each against a fresh
   # target (the two never run at once: either may poll a CPU), the order alternating;
   # with both clients, each repetition runs one pair of each.
+  # A copying backend (ram, file): the memcpy bandwidth before and after each point.
+  [ -z "$MEMCPY" ] || printf 'config\tqd\twhen\tjson\tsys_busy_ticks\twall_s\tsteal_ticks\ttotal_ticks\n' \
+    >"$OUT/runs/memcpy.tsv"
   for cfg in "${PEER_CFGS[@]}"; do
     for qd in "${QD_LIST[@]}"; do
+      [ -z "$MEMCPY" ] || memcpy_point "$cfg" "$qd" before
       for rep in $(seq "$REPEAT"); do
         for client in "${CLIENTS[@]}"; do
           order=(spdk vnvme); [ $((rep % 2)) = 0 ] && order=(vnvme spdk)
@@ -648,6 +950,7 @@ if [ -n "$PEER_SPDK" ]; then
           done
         done
       done
+      [ -z "$MEMCPY" ] || memcpy_point "$cfg" "$qd" after
     done
   done
 elif [ "$REFERENCE" != none ]; then
@@ -706,9 +1009,13 @@ snapshot end
 # written as $TMPDIR in the logs and raw files.
 # (Nothing may name it, e.g. in-process runs only: grep then finds nothing.)
 { grep -rlF "$TMP/" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$TMP/#\$TMPDIR/#g"
-# Nor the SPDK tree (nvmf_tgt's log names its sources, the manifest its binaries).
+# Nor the SPDK tree (nvmf_tgt's log names its sources, the manifest its binaries),
+# nor --peer-file.
 if [ -n "$PEER_SPDK" ]; then
   { grep -rlF "$PEER_SPDK" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$PEER_SPDK#<spdk>#g"
+fi
+if [ -n "$PEER_FILE" ]; then
+  { grep -rlF "$PEER_FILE" "$OUT" 2>/dev/null || true; } | xargs -r sed -i "s#$PEER_FILE#<peer-file>#g"
 fi
 if [ "$COST" = 1 ]; then
   costed=()
@@ -727,4 +1034,4 @@ if [ "$COST" = 1 ]; then
 fi
 python3 "$ROOT/scripts/bench-vfio-user.py" --dir "$OUT" --root "$ROOT" \
   --seconds "$SECONDS_PER_POINT" --repeat "$REPEAT" --qd "$QDS" --workers "$WORKERS" --pin "$PIN" \
-  --ns "$NS" --rw "$RW" --reference "$REFERENCE" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
+  --ns "$(printf '%s' "$NS" | hide_baseline)" --rw "$RW" --bs "$BS" --reference "$REFERENCE" --started "$STAMP" --matrix "$(printf '%s\n' "${MATRIX[@]}")" --command "$COMMAND_LINE"
