@@ -58,12 +58,49 @@ fn page(cmd: &Command, name: &str, out: &Path, written: &mut Vec<PathBuf>) -> io
     let path = out.join(format!("{name}.1"));
     let mut buf = Vec::new();
     clap_mangen::Man::new(titled).render(&mut buf)?;
-    std::fs::write(&path, buf)?;
+    replace_page(&path, name, &buf)?;
     written.push(path);
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
         page(sub, &format!("{name}-{}", sub.get_name()), out, written)?;
     }
     Ok(())
+}
+
+/// Puts `page` at `path`: a new file, renamed into place, so nothing is ever written
+/// through what is there. What is there may only be an earlier page of this command
+/// (a regular file titled `.TH NAME 1`); anything else (an operator's file, a
+/// symlink, a device) is refused and left as it is.
+fn replace_page(path: &Path, name: &str, page: &[u8]) -> io::Result<()> {
+    use std::io::{Read, Write};
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+        Ok(m) => {
+            let ours = m.file_type().is_file() && {
+                let mut head = Vec::new();
+                std::fs::File::open(path)?.take(4096).read_to_end(&mut head)?;
+                let title = format!(".TH {name} 1");
+                head.windows(title.len()).any(|w| w == title.as_bytes())
+            };
+            if !ours {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} is there and is not a vnvme man page (a regular file titled {name}): left alone; \
+                         remove it or write the pages into another directory",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let tmp = path.with_extension(format!("1.tmp-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    let done = f.write_all(page).and_then(|()| std::fs::rename(&tmp, path));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 #[cfg(test)]
@@ -103,5 +140,35 @@ mod tests {
             );
             assert!(text.contains("takeover"), "{shell}");
         }
+    }
+
+    #[test]
+    fn pages_replace_only_earlier_pages() {
+        let dir = std::env::temp_dir().join(format!("vnvme-man-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // An earlier page is replaced.
+        std::fs::write(dir.join("vnvme.1"), ".TH vnvme 1 \"old\"\n").unwrap();
+        // What is not a page of ours, or not a regular file, is refused and kept.
+        let operators = dir.join("operators.img");
+        std::fs::write(&operators, b"an operator's disk").unwrap();
+        std::os::unix::fs::symlink(&operators, dir.join("vnvme-serve.1")).unwrap();
+        let err = write_pages(cli(), &dir).unwrap_err().to_string();
+        assert!(err.contains("vnvme-serve.1") && err.contains("not a vnvme man page"), "{err}");
+        assert_eq!(std::fs::read(&operators).unwrap(), b"an operator's disk");
+        assert!(std::fs::read_link(dir.join("vnvme-serve.1")).is_ok(), "the link is left as it was");
+        let top = std::fs::read_to_string(dir.join("vnvme.1")).unwrap();
+        assert!(top.contains(".TH vnvme 1") && !top.contains("\"old\""), "the earlier page was replaced");
+        std::fs::remove_file(dir.join("vnvme-serve.1")).unwrap();
+        std::fs::write(dir.join("vnvme-ctl.1"), "my notes").unwrap();
+        let err = write_pages(cli(), &dir).unwrap_err().to_string();
+        assert!(err.contains("vnvme-ctl.1"), "{err}");
+        assert_eq!(std::fs::read_to_string(dir.join("vnvme-ctl.1")).unwrap(), "my notes");
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
