@@ -294,6 +294,7 @@ fn copy_writes_at_the_destination_zone_pointer() {
 #[test]
 fn write_pointers_come_back_from_the_zone_state_file() {
     let file = Arc::new(File::from(test_util::memfd::memfd_unsealed(0)));
+    nvme_ctrl::zoned::state_file_made_new(&file).unwrap();
     let ram = {
         let (mut h, ram) = host(zoned(0, 0, Some(file.clone())));
         write_at(&mut h, WRITE, 0, &pattern(4, 4096));

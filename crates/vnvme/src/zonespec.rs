@@ -112,7 +112,7 @@ impl ZoneSpec {
             }
         };
         if let Some(p) = path {
-            cfg.state_file = Some(Arc::new(open_kept_file(&p, "zone state", lock)?));
+            cfg.state_file = Some(Arc::new(open_zone_state(&p, lock)?));
         }
         Ok(cfg)
     }
@@ -155,6 +155,24 @@ pub fn open_kept_file(p: &Path, what: &str, lock: &file_lock::Request) -> std::i
     let f = f.map_err(|e| ctx(std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))))?;
     block_backend::lock_file(&f, p, Some(lock)).map_err(ctx)?;
     Ok(f)
+}
+
+/// Opens a zone state file, locked as `lock` says: one that exists as it is (an
+/// empty or damaged one is refused when read); where none exists, a new one,
+/// made (O_EXCL) and said to be new, so that its first reader writes it with every
+/// zone empty.
+fn open_zone_state(p: &Path, lock: &file_lock::Request) -> std::io::Result<std::fs::File> {
+    let ctx = |e: std::io::Error| std::io::Error::new(e.kind(), format!("zone state {}: {e}", p.display()));
+    match std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(p) {
+        Ok(f) => {
+            block_backend::lock_file(&f, p, Some(lock)).map_err(ctx)?;
+            nvme_ctrl::zoned::state_file_made_new(&f).map_err(ctx)?;
+            tracing::info!("zone state {}: none was there; made a new one, every zone empty", p.display());
+            Ok(f)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open_kept_file(p, "zone state", lock),
+        Err(e) => Err(ctx(e)),
+    }
 }
 
 /// `DATA.SUFFIX`: where a file kept beside a namespace's data goes by default.

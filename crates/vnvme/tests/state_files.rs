@@ -169,3 +169,32 @@ fn a_pool_state_file_is_made_on_purpose_and_caught_when_it_goes() {
     assert_eq!(data.len(), 1, "the data file is kept: {data:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_zone_state_file_is_made_on_purpose_and_refused_when_emptied_or_cut() {
+    let dir = common::temp_dir("state-zones");
+    let img = dir.join("z.img");
+    let zones = dir.join("z.img.zones");
+    let spec = format!("file:{}:4M:zoned=1M", img.display());
+    let s = Server::start_in(&dir, "s", &["--ns", &spec]);
+    assert!(s.log().contains("none was there; made a new one"), "{}", s.log());
+    let mut d = s.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));
+    d.write(1, 0, &[7u8; 4096]).unwrap();
+    drop(d);
+    stops(s);
+    let kept = std::fs::read(&zones).unwrap();
+    let image = std::fs::read(&img).unwrap();
+    // Cut short, then emptied: refused, neither file touched.
+    for (len, says) in [(kept.len() as u64 - 8, "cut short"), (0, "it is empty, not a new one")] {
+        std::fs::OpenOptions::new().write(true).open(&zones).unwrap().set_len(len).unwrap();
+        refused(&dir, &["--ns", &spec], &["zone state", says]);
+        assert_eq!(std::fs::metadata(&zones).unwrap().len(), len, "{says}: the state file was changed");
+        assert_eq!(std::fs::read(&img).unwrap(), image, "{says}: the image was changed");
+    }
+    // Put back as it was: served, the zone written where it was.
+    std::fs::write(&zones, &kept).unwrap();
+    let s = Server::start_in(&dir, "s2", &["--ns", &spec]);
+    assert!(!s.log().contains("made a new one"), "{}", s.log());
+    stops(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -20,9 +20,16 @@
 //! A zone's record is written (into the page cache: a SIGKILL loses nothing) each
 //! time its state or pointer changes, before the command that changed it completes;
 //! a Flush makes the file durable with the data.
+//!
+//! A zone state file is made on purpose only: the opener that created it (O_EXCL)
+//! says so with [`made_new`], and only then is an empty file written with every
+//! zone empty. An existing file that is empty (emptied, or its maker died before
+//! writing it), cut short or foreign is refused: taken for a new one, it would
+//! report every zone of written data empty and let the guest write over it.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Mutex;
 
 use nvme_spec::zns::ZoneState;
 
@@ -38,6 +45,16 @@ pub enum ZoneFileError {
     Io(#[from] std::io::Error),
     #[error("zone state file: not one (no \"VNVMEZNS\" at its start): give a new path, or remove it")]
     NotOurs,
+    #[error(
+        "zone state file: it is empty, not a new one (one is made where none exists): it was emptied, or the \
+         process making it died. Every zone's write pointer was in it: restore it from a copy; or remove it \
+         to start with every zone empty, knowing the data written in zones is then written over"
+    )]
+    Empty,
+    #[error(
+        "zone state file: it is {have} bytes, cut short ({want} hold {zones} zones): restore it from a copy"
+    )]
+    Short { have: u64, want: u64, zones: u32 },
     #[error("zone state file: version {0}, this vnvme reads version {VERSION}")]
     Version(u32),
     #[error(
@@ -57,13 +74,35 @@ pub(super) struct ZoneFile {
     failed: bool,
 }
 
+/// Files made new by this process and not yet opened (by device and inode).
+static MADE: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// Says `file` was just created (empty, with O_EXCL) to be a zone state file: its
+/// first [`ZoneFile::open`] writes it with every zone empty. An empty file no one
+/// said this of is refused.
+pub fn made_new(file: &File) -> std::io::Result<()> {
+    let m = file.metadata()?;
+    MADE.lock().unwrap_or_else(|p| p.into_inner()).push((m.dev(), m.ino()));
+    Ok(())
+}
+
+/// Whether `m` is a file [`made_new`] was said of and not yet opened (and so
+/// forgets it).
+fn take_made(m: &std::fs::Metadata) -> bool {
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    let before = made.len();
+    made.retain(|&k| k != (m.dev(), m.ino()));
+    made.len() != before
+}
+
 fn layout(zone_size: u64, zone_capacity: u64, zones: u64) -> String {
     format!("{zones} zones of {zone_size} bytes, {zone_capacity} writable")
 }
 
 impl ZoneFile {
-    /// Opens `file` for `count` zones of `cfg`'s layout: a new (empty) file is
-    /// written with every zone empty; an existing one must hold the same layout.
+    /// Opens `file` for `count` zones of `cfg`'s layout: a new file ([`made_new`])
+    /// is written with every zone empty; an existing one must be whole and hold
+    /// the same layout.
     /// Returns each zone's recorded state and bytes written.
     pub(super) fn open(
         file: File,
@@ -71,9 +110,14 @@ impl ZoneFile {
         zone_capacity: u64,
         count: u32,
     ) -> Result<(ZoneFile, Vec<(ZoneState, u64)>), ZoneFileError> {
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        let len = meta.len();
+        let made = take_made(&meta);
         let f = ZoneFile { file, failed: false };
         let want = layout(zone_size, zone_capacity, count as u64);
+        if len == 0 && !made {
+            return Err(ZoneFileError::Empty);
+        }
         if len == 0 {
             let mut h = [0u8; HEADER as usize];
             h[..8].copy_from_slice(MAGIC);
@@ -92,9 +136,13 @@ impl ZoneFile {
             return Ok((f, vec![(ZoneState::Empty, 0); count as usize]));
         }
         let mut h = [0u8; HEADER as usize];
-        f.file.read_exact_at(&mut h, 0).map_err(|_| ZoneFileError::NotOurs)?;
-        if &h[..8] != MAGIC {
+        let got = f.file.read_at(&mut h, 0)?;
+        if got < MAGIC.len() || &h[..8] != MAGIC {
             return Err(ZoneFileError::NotOurs);
+        }
+        if (got as u64) < HEADER {
+            let whole = HEADER + count as u64 * RECORD;
+            return Err(ZoneFileError::Short { have: len, want: whole, zones: count });
         }
         let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
         let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
@@ -104,6 +152,10 @@ impl ZoneFile {
         let have = layout(word(16), word(24), word(32));
         if have != want {
             return Err(ZoneFileError::Layout { have, want });
+        }
+        let whole = HEADER + count as u64 * RECORD;
+        if len < whole {
+            return Err(ZoneFileError::Short { have: len, want: whole, zones: count });
         }
         let mut raw = vec![0u8; (count as u64 * RECORD) as usize];
         f.file.read_exact_at(&mut raw, HEADER)?;

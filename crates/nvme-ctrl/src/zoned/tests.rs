@@ -118,6 +118,11 @@ fn the_state_file_keeps_pointers_and_refuses_another_layout() {
     // leaves.
     let file = File::from(test_util::memfd::memfd_unsealed(0));
     let open = || file.try_clone();
+    // Empty and not said to be new: refused, never written.
+    let e = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap_err();
+    assert!(e.contains("it is empty, not a new one"), "{e}");
+    assert_eq!(file.metadata().unwrap().len(), 0);
+    state_file_made_new(&file).unwrap();
     {
         let z = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap();
         assert!(z.durable());
@@ -135,6 +140,17 @@ fn the_state_file_keeps_pointers_and_refuses_another_layout() {
     z.start_write(Z + 8192, 512, false, false).unwrap();
     let e = Zones::new(&cfg(0, 0), 8 * Z, Some(open().unwrap())).unwrap_err();
     assert!(e.contains("recorded for 4 zones"), "{e}");
+    // Cut short: in its records, then in its header.
+    let whole = file.metadata().unwrap().len();
+    for len in [whole - 1, 40] {
+        file.set_len(len).unwrap();
+        let e = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap_err();
+        assert!(e.contains(&format!("it is {len} bytes, cut short")), "{e}");
+    }
+    // Emptied after it was made: refused too.
+    file.set_len(0).unwrap();
+    let e = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap_err();
+    assert!(e.contains("it is empty"), "{e}");
     file.write_all_at(b"not a zone file at all, no", 0).unwrap();
     let e = Zones::new(&cfg(0, 0), 4 * Z, Some(open().unwrap())).unwrap_err();
     assert!(e.contains("VNVMEZNS"), "{e}");
@@ -182,6 +198,7 @@ fn a_write_finishing_after_its_zone_was_reset_moves_nothing() {
 #[test]
 fn a_zone_filled_by_a_write_still_out_is_full_after_a_reset_and_in_a_saved_state() {
     let file = File::from(test_util::memfd::memfd_unsealed(0));
+    state_file_made_new(&file).unwrap();
     let z = Zones::new(&cfg(0, 0), 2 * Z, Some(file.try_clone().unwrap())).unwrap();
     let _out = z.start_write(0, Z / 2, false, false).unwrap();
     assert_eq!(state(&z, 0).0, ZoneState::Full);
