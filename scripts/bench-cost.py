@@ -234,6 +234,7 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--poll", default="off")
     ap.add_argument("--history")
+    ap.add_argument("--peer", help="the SPDK build measured beside (bench-cost.sh --peer-spdk)")
     a = ap.parse_args()
     raw = os.path.join(a.out, "raw")
     qds = [int(q) for q in a.qd.split(",")]
@@ -271,6 +272,21 @@ def main():
                 "by_crate": by, "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
                 "top": sorted(d["functions"].items(), key=lambda kv: -kv[1])[:15]}
 
+    def spdk_rep(qd, r):
+        """SPDK's nvmf_tgt for the same work: C functions, so no crates or steps;
+        libc's memset/memcpy are its payload as they are vnvme's."""
+        tag = f"spdk-shadow-qd{qd}-r{r}"
+        d = per_io_diff(raw, tag + "-short", tag + "-long")
+        payload = sum(v for k, v in d["functions"].items() if PAYLOAD.search(k))
+        # A dump taken while the target runs lists the functions on its call stack
+        # then (main, the reactor loop) with the whole count as their own: left out
+        # of the top list (the total is callgrind's own sum, unaffected).
+        fns = {k: v for k, v in d["functions"].items() if v < 0.9 * d["instr_per_io"]}
+        return {"instr_per_io": d["instr_per_io"], "payload_per_io": payload,
+                "controller_per_io": d["instr_per_io"] - payload, "by_crate": {},
+                "ios": [d["ios_short"], d["ios_long"]], "ir": [d["ir_short"], d["ir_long"]],
+                "top": sorted(fns.items(), key=lambda kv: -kv[1])[:15]}
+
     def summarize(base, runs):
         """The median repetition (by controller instructions) stands for the point;
         every figure also gets its min and max over the repetitions."""
@@ -291,6 +307,11 @@ def main():
             runs = [server_rep(db, qd, r) for r in range(1, reps + 1)]
             points.append(summarize({"point": f"server {db} qd{qd}{suffix}", "kind": "server", "doorbells": db, "qd": qd},
                                     runs))
+    if a.peer:
+        for qd in qds:
+            runs = [spdk_rep(qd, r) for r in range(1, reps + 1)]
+            points.append(summarize({"point": f"spdk interrupt qd{qd}", "kind": "peer", "doorbells": "shadow",
+                                     "qd": qd, "peer": a.peer}, runs))
     if a.inprocess == "1":
         for qd in qds:
             runs = [inproc_rep(qd, r) for r in range(1, reps + 1)]
@@ -300,6 +321,10 @@ def main():
              "perf": "--completion irq (in-process: --workers 0 --completion poll --doorbells shadow)",
              "qd": qds, "doorbells": dbs, "callgrind_runs_s": [float(a.short), float(a.long)],
              "syscall_run_s": float(a.syscall_run), "reps": reps, "command": a.command}
+    if a.peer:
+        knobs["peer"] = (f"{a.peer}: nvmf_tgt --no-huge -s 1024 --no-pci -m 0x2 --interrupt-mode, transport -M "
+                         "(shadow doorbells), bdev_null_create null0 65536 4096; counters zeroed once it serves, "
+                         "dumped when the client has left (callgrind_control)")
     prev = {}
     if a.history and os.path.exists(a.history):
         with open(a.history) as f:
@@ -316,7 +341,11 @@ def main():
              "Instructions: callgrind, (long - short run) / (I/O difference). "
              "Payload: libc memset/memcpy/memmove. System calls: perf stat, whole server life, full speed.", "",
              f"Median of {reps} repetitions, [min–max] beside it: how many messages or completions one wake-up "
-             "brings, and so the work per I/O, depends on timing.", "",
+             "brings, and so the work per I/O, depends on timing.", ""] + ([
+             f"Beside it, for the same work (points \"spdk interrupt qdN\"): {knobs['peer']}; the same client, "
+             "`vnvme perf --doorbells shadow --completion irq`. Its payload column counts libc's memset/memcpy as "
+             "vnvme's does; the rest is the target's own work, every thread of nvmf_tgt (its reactor, DPDK's).",
+             ""] if a.peer else []) + [
              "| point | instructions/I/O | payload | controller (rest) [min–max] | vs last recorded | "
              "syscalls/I/O [min–max] | per kind (median rep) |",
              "|---|---:|---:|---:|---:|---:|---|"]
@@ -357,6 +386,8 @@ def main():
               "| point | " + " | ".join(CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |",
               "|---|" + "---:|" * (len(CRATES) + 2)]
     for p in points:
+        if p["kind"] == "peer":
+            continue
         lines.append(f"| {p['point']} | " + " | ".join(
             f"{p['by_crate'].get(c, 0):.0f}" for c in CRATES + ["payload (memset/memcpy)", "other (libc, runtime)"]) + " |")
     for p in points:
@@ -391,6 +422,8 @@ def main():
     if a.history:
         with open(a.history, "a") as f:
             for p in points:
+                if p["kind"] == "peer":
+                    continue
                 f.write(json.dumps({
                     "date": m["date_utc"], "commit": m["git_commit"], "namespace": a.ns, "point": p["point"],
                     "instr_per_io": round(p["instr_per_io"], 1), "payload_per_io": round(p["payload_per_io"], 1),

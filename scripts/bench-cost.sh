@@ -30,6 +30,7 @@
 # Usage: scripts/bench-cost.sh [--qd 1,16] [--doorbells trapped,shadow,eventfd]
 #                              [--ns SPEC] [--short S] [--long S] [--reps N] [--out DIR]
 #                              [--poll MODE] [--workers N] [--no-history] [--no-build] [--no-inprocess]
+#                              [--peer-spdk DIR]
 #
 #   --qd LIST         queue depths (default 1,16)
 #   --doorbells LIST  perf --doorbells modes against the server: trapped (every
@@ -52,6 +53,21 @@
 #   --no-history      do not append to results/cost-history.jsonl
 #   --no-build        use target/release/vnvme as it is
 #   --no-inprocess    skip the in-process points
+#   --peer-spdk DIR   also measure SPDK's vfio-user target for the same work, beside
+#                     the server's points: nvmf_tgt (DIR/build/bin, built by
+#                     scripts/build-spdk-peer.sh for an instruction set valgrind runs,
+#                     e.g. `-- ... --target-arch=x86-64-v3`; a -march=native build
+#                     may use AVX-512, which valgrind cannot) in --interrupt-mode (its
+#                     transport -M: shadow doorbells offered; the mode that sleeps,
+#                     as --poll off does), a null bdev of 4 KiB blocks (reads leave
+#                     the buffer untouched, as null:...:reads=untouched), under
+#                     callgrind, driven by the same `vnvme perf --doorbells shadow
+#                     --completion irq`. A fresh nvmf_tgt for every run; its counters
+#                     are zeroed (callgrind_control -z) once it serves and dumped
+#                     (-d) when the client has left, so its start-up is not counted
+#                     and, as for vnvme, the short run's count is taken off the long
+#                     one's. Its points are named "spdk interrupt qdN" and kept out
+#                     of the history. Needs --doorbells to include shadow.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,6 +86,7 @@ OUT=
 HISTORY=1
 BUILD=1
 INPROC=1
+PEER_SPDK=
 # The command as run, the script named from the checkout's root (never where this
 # machine keeps it: bench-vfio-user.sh --cost calls it by its full path).
 COMMAND_LINE="${0#"$ROOT"/} $*"
@@ -91,6 +108,7 @@ while [ $# -gt 0 ]; do
     --no-history) HISTORY=0; shift ;;
     --no-build) BUILD=0; shift ;;
     --no-inprocess) INPROC=0; shift ;;
+    --peer-spdk) PEER_SPDK=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) log "unknown argument $1"; usage >&2; exit 2 ;;
   esac
@@ -106,12 +124,23 @@ done
 [[ $POLL =~ ^(off|adaptive|always)$ ]] || bad_usage "--poll must be off, adaptive or always"
 python3 -c "import sys; sys.exit(0 if float('$LONG') > float('$SHORT') else 1)" \
   || bad_usage "--long must be longer than --short"
+if [ -n "$PEER_SPDK" ]; then
+  # Reports name the build's place as SPDK_DIR, never where this machine keeps it.
+  COMMAND_LINE=${COMMAND_LINE//"$PEER_SPDK"/SPDK_DIR}
+  [[ ,$DOORBELLS, == *,shadow,* ]] || bad_usage "--peer-spdk compares shadow doorbells: give --doorbells with shadow"
+  [ -x "$PEER_SPDK/build/bin/nvmf_tgt" ] && [ -f "$PEER_SPDK/scripts/rpc.py" ] \
+    || bad_usage "--peer-spdk $PEER_SPDK: no build/bin/nvmf_tgt and scripts/rpc.py there (build it with scripts/build-spdk-peer.sh)"
+  PEER_SPDK=$(cd "$PEER_SPDK" && pwd)
+  python3 "$PEER_SPDK/scripts/rpc.py" --dry-run nvmf_create_transport -t VFIOUSER >/dev/null 2>&1 \
+    || bad_usage "--peer-spdk: python3 cannot run $PEER_SPDK/scripts/rpc.py"
+fi
 
 # The tools: valgrind (callgrind) and perf (syscall tracepoints), from Debian's
 # archive when missing.
 # shellcheck source=scripts/lib/packages.sh
 source "$ROOT/scripts/lib/packages.sh"
 need_cmds valgrind:valgrind callgrind_annotate:valgrind perf:linux-perf python3:python3
+[ -z "$PEER_SPDK" ] || need_cmds callgrind_control:valgrind
 
 if [ "$BUILD" = 1 ]; then
   (cd "$ROOT" && cargo build --release -p vnvme >&2)
@@ -136,6 +165,10 @@ log "$COMMAND_LINE"
 log "vnvme: $("$VNVME" --version)   valgrind: $(valgrind --version)   perf: $(perf --version)"
 log "namespace $NS, 4 KiB randread, server --poll $POLL --workers $WORKERS, one queue; qd $QDS; doorbells $DOORBELLS"
 log "callgrind runs ${SHORT} s and ${LONG} s per point; syscall run ${SYSRUN} s; $REPS repetitions; results in $OUT"
+if [ -n "$PEER_SPDK" ]; then
+  PEER_VERSION=$("$PEER_SPDK/build/bin/nvmf_tgt" --version 2>&1 | tail -1)
+  log "peer: $PEER_VERSION (nvmf_tgt --interrupt-mode, null bdev, under callgrind)"
+fi
 
 wait_socket() { # path pid
   local _
@@ -195,6 +228,39 @@ syscall_point() { # tag doorbells qd seconds
   server_point "$@"
 }
 
+# SPDK's target under callgrind for one run of SECONDS (--peer-spdk): a fresh
+# nvmf_tgt in interrupt mode serving a null bdev, its counters zeroed once it
+# serves and dumped when the client has left; the dump is TAG.callgrind.
+SPDK_NQN=nqn.2019-07.io.spdk:cnode0
+spdk_point() { # tag doorbells qd seconds
+  local tag=$1 db=$2 qd=$3 secs=$4 dir=$WORK/$1 rpc=$WORK/$1.rpc i
+  mkdir -p "$dir"
+  (cd "$WORK" && exec valgrind --tool=callgrind --callgrind-out-file="$WORK/$tag.cg" \
+    "$PEER_SPDK/build/bin/nvmf_tgt" --no-huge -s 1024 --no-pci -m 0x2 -r "$rpc" --interrupt-mode) \
+    >"$OUT/raw/$tag.nvmf_tgt.log" 2>&1 &
+  SERVER=$!
+  printf '%s\n' "nvmf_create_transport -t VFIOUSER -M" "bdev_null_create null0 65536 4096" \
+    "nvmf_create_subsystem $SPDK_NQN -a -s SPDK00000000000001 -m 32" "nvmf_subsystem_add_ns $SPDK_NQN null0" \
+    "nvmf_subsystem_add_listener $SPDK_NQN -t VFIOUSER -a $dir -s 0" \
+    | python3 "$PEER_SPDK/scripts/rpc.py" -s "$rpc" -r 600 >>"$OUT/raw/$tag.rpc.log" 2>&1 \
+    || { log "$tag: nvmf_tgt's set-up over RPC failed ($OUT/raw/$tag.rpc.log)"; exit 1; }
+  wait_socket "$dir/cntrl" "$SERVER" || { log "$tag: nvmf_tgt did not serve"; tail "$OUT/raw/$tag.nvmf_tgt.log" >&2; exit 1; }
+  callgrind_control -z "$SERVER" >/dev/null 2>&1
+  "$VNVME" perf --socket "$dir/cntrl" --qd "$qd" --rw randread --runtime "${secs}s" --doorbells "$db" \
+    --completion irq --json "$OUT/raw/$tag.perf.json" >"$OUT/raw/$tag.perf.txt" 2>&1 \
+    || { log "$tag: perf failed"; cat "$OUT/raw/$tag.perf.txt" >&2; exit 1; }
+  callgrind_control -d "$tag" "$SERVER" >/dev/null 2>&1
+  [ -f "$WORK/$tag.cg.1" ] || { log "$tag: callgrind wrote no dump"; exit 1; }
+  mv "$WORK/$tag.cg.1" "$OUT/raw/$tag.callgrind"
+  kill -TERM "$SERVER" 2>/dev/null || true
+  for ((i = 0; i < 300; i++)); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$SERVER" 2>/dev/null || true
+  wait "$SERVER" 2>/dev/null || true
+  SERVER=
+  rm -rf "$dir" "$rpc" "$WORK/$tag".cg* "$WORK"/vgcore.*
+  summarize_callgrind "$tag"
+}
+
 # Driver and controller in one process, inline (no workers, no socket).
 inprocess_point() { # tag qd seconds
   local tag=$1 qd=$2 secs=$3
@@ -241,6 +307,12 @@ for r in $(seq 1 "$REPS"); do
       syscall_point "server-$db-qd$qd-r$r-sys" "$db" "$qd" "$SYSRUN"
     done
   done
+  if [ -n "$PEER_SPDK" ]; then
+    for qd in "${qds[@]}"; do
+      log "rep $r: SPDK nvmf_tgt --interrupt-mode, doorbells shadow, qd $qd"
+      callgrind_pair "spdk-shadow-qd$qd-r$r" spdk_point shadow "$qd"
+    done
+  fi
   if [ "$INPROC" = 1 ]; then
     for qd in "${qds[@]}"; do
       log "rep $r: in-process, qd $qd"
@@ -249,8 +321,10 @@ for r in $(seq 1 "$REPS"); do
   fi
 done
 
+PEER_ARG=()
+[ -z "$PEER_SPDK" ] || PEER_ARG=(--peer "$PEER_VERSION")
 HIST_ARG=()
 [ "$HISTORY" = 1 ] && HIST_ARG=(--history "$ROOT/results/cost-history.jsonl")
 python3 "$ROOT/scripts/bench-cost.py" --root "$ROOT" --out "$OUT" --qd "$QDS" --doorbells "$DOORBELLS" \
   --ns "$NS" --short "$SHORT" --long "$LONG" --syscall-run "$SYSRUN" --inprocess "$INPROC" --reps "$REPS" --workers "$WORKERS" --poll "$POLL" \
-  --command "$COMMAND_LINE" "${HIST_ARG[@]}"
+  --command "$COMMAND_LINE" "${HIST_ARG[@]}" "${PEER_ARG[@]}"
