@@ -740,6 +740,8 @@ impl Inline {
 
     /// Steps the idle loop: runs the controller and spins for at most a slice.
     fn run(&mut self, device: &mut Device) {
+        // The socket was looked at just before this (the wait that led here).
+        let looked = Instant::now();
         let worked = device.take_progress();
         let mut next = self.idle.step(&mut device.ctrl, worked, SPIN_SLICE, || false);
         if next == Next::Run && self.idle.mode() == PollMode::Off {
@@ -758,6 +760,20 @@ impl Inline {
         while next == Next::Run && self.idle.found_work() && runs < BUSY_RUNS {
             next = self.idle.step(&mut device.ctrl, false, Duration::ZERO, || false);
             runs += 1;
+        }
+        // Polling, queues that just ran dry spin on until a slice has passed since the
+        // socket was looked at, rather than go back to it at once: at QD 1 a run
+        // after each command finds nothing (the host has not seen the completion yet),
+        // and an epoll_wait there, one per command, was in the path of the next
+        // doorbell. Messages wait no longer than a spin already lets them.
+        if self.idle.mode() != PollMode::Off {
+            while next == Next::Run {
+                let since = looked.elapsed();
+                if since >= SPIN_SLICE {
+                    break;
+                }
+                next = self.idle.step(&mut device.ctrl, false, SPIN_SLICE - since, || false);
+            }
         }
         self.asleep = next == Next::Sleep;
     }
