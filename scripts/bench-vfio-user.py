@@ -99,7 +99,12 @@ RUN_FIGURES = {
     "steal": "share of all CPU time the hypervisor stole over the perf command's wall time (/proc/stat steal / "
     "all fields)",
     "other_procs_cpus": "other_cpus without steal: CPUs kept busy by processes other than client and server",
+    "c2c_ns": "--pin: a cache line's round trip between the client's CPU and the server's (core_to_core), ns, "
+    "before and after the run's target ran",
 }
+# A pair whose four round trips (two runs, before and after each) differ by more
+# than this factor ran on two placements of the host's vCPUs: flagged disturbed.
+C2C_MOVED = 2.0
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -231,12 +236,36 @@ def perf_log(json_path):
 NOT_STARTED = {"serve": "vnvme serve did not start", "nvmf_tgt": "nvmf_tgt did not start"}
 
 
+def load_c2c(dirpath):
+    """runs/c2c.tsv (--pin), by run JSON: [before, after] ns of the CPUs' round
+    trip, a probe that failed left out (None when both did)."""
+    path = os.path.join(dirpath, "runs", "c2c.tsv")
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            ns = [float(r[k]) for k in ("before_ns", "after_ns") if (r.get(k) or "").strip()]
+            out[r["json"]] = ns or None
+    return out
+
+
+def placement_moved(*runs):
+    """Why a pair's runs did not run on one placement of the vCPUs (a list, empty
+    if they did or nothing was probed): their round trips spread past C2C_MOVED."""
+    ns = [v for r in runs for v in (r.get("c2c_ns") or [])]
+    if len(ns) < 2 or min(ns) <= 0 or max(ns) / min(ns) <= C2C_MOVED:
+        return []
+    return [f"CPUs moved: round trip {min(ns):.0f}–{max(ns):.0f} ns"]
+
+
 def load(dirpath, matrix, side="new", client=None):
     """The points of one binary (side "new" or "base"), in matrix order. With
     --peer-spdk, side is the target (vnvme or spdk) and client who drove it
     (vnvme or spdk); the runs then also say which client and doorbells they
     used and their mean latency."""
     rows = []
+    c2c = load_c2c(dirpath)
     with open(os.path.join(dirpath, "runs", "manifest.tsv")) as f:
         for r in csv.DictReader(f, delimiter="\t"):
             if (r.get("side") or "new") == side and (client is None or (r.get("client") or "vnvme") == client):
@@ -308,6 +337,7 @@ def load(dirpath, matrix, side="new", client=None):
                 "other_cpus": other,
                 "steal": steal,
                 "other_procs_cpus": other_procs,
+                "c2c_ns": c2c.get(r["json"]),
                 "ios": res["ios"],
                 "errors": res["errors"],
                 "eventidx_races": srv.get("eventidx_races"),
@@ -452,8 +482,8 @@ def run_summary(r):
     """What a pair records of each of its runs."""
     return {"json": r["json"], "iops": r["iops"], "server_cpu_us_per_io": r["server_cpu_us_per_io"],
             "client_cpu_us_per_io": r["client_cpu_us_per_io"],
-            "steal": r["steal"], "other_procs_cpus": r["other_procs_cpus"],
-            "disturbed": disturbance(r["steal"], r["other_procs_cpus"])}
+            "steal": r["steal"], "other_procs_cpus": r["other_procs_cpus"], "c2c_ns": r.get("c2c_ns"),
+            "disturbed": disturbance(r["steal"], r["other_procs_cpus"]) + placement_moved(r)}
 
 
 def pair_point(config, qd, a, b, a_runs, b_runs, errors, no_server_cpu=False, names=None):
@@ -474,7 +504,11 @@ def pair_point(config, qd, a, b, a_runs, b_runs, errors, no_server_cpu=False, na
         pair = {"rep": br["rep"], "order": f"{an}, {bn}" if br["rep"] % 2 else f"{bn}, {an}", a: x, b: y}
         for key, fig, _, _ in RATIOS:
             pair[key] = None if (no_server_cpu and key == "server_cpu_ratio") else ratio(y[fig], x[fig])
-        pair["disturbed"] = bool(x["disturbed"] or y["disturbed"])
+        moved = placement_moved(x, y)
+        if moved and not (x["disturbed"] or y["disturbed"]):
+            # Each run on one placement, but not the same one: the pair says so.
+            pair["moved"] = moved
+        pair["disturbed"] = bool(x["disturbed"] or y["disturbed"] or moved)
         pairs.append(pair)
     out = {"config": config, "qd": qd, "sides": {a: an, b: bn},
            f"{a}_iops_median": median([p[a]["iops"] for p in pairs]) if pairs else None,
@@ -562,11 +596,21 @@ def pairs_md(comparison, spec, knobs):
          f"bootstrap 90 % interval of the median (seeded, reproducible), else min–max of the pairs (one pair: no "
          f"verdict). The verdict names a difference only when the interval excludes 1.0, else level (inside the "
          f"noise)"]
+    probed = any(p[side].get("c2c_ns") for c in comparison for p in c["pairs"] for side in (a, b))
+    moved = sum(bool(placement_moved(p[a], p[b])) for c in comparison for p in c["pairs"])
+    placed = (f"; the CPUs' placement moved within {moved} of them (their cache line round trips, before and "
+              f"after each run, differ by more than {C2C_MOVED:g}x)") if probed else ""
     S += [f"- **{flagged} of {npairs} pairs disturbed** (⚠: a run of the pair saw steal > "
-          f"{100 * DISTURBED_STEAL:.0f} % or other processes keeping > {DISTURBED_OTHER_CPUS} CPUs busy); they are "
-          f"in the ratios, listed per row and marked under \"Every pair\"" if flagged else
+          f"{100 * DISTURBED_STEAL:.0f} % or other processes keeping > {DISTURBED_OTHER_CPUS} CPUs busy, or the "
+          f"client's and server's CPUs moved{placed}); they are in the ratios, listed per row and marked under "
+          f"\"Every pair\"" if flagged else
           f"- 0 of {npairs} pairs disturbed (steal ≤ {100 * DISTURBED_STEAL:.0f} %, other processes "
-          f"≤ {DISTURBED_OTHER_CPUS} CPUs in every run)"]
+          f"≤ {DISTURBED_OTHER_CPUS} CPUs in every run"
+          + (f", the CPUs' cache line round trip within {C2C_MOVED:g}x across each pair" if probed else "") + ")"]
+    if knobs.get("moved_runs"):
+        S.append(f"- pairs run again because the client's and server's CPUs moved "
+                 f"under them (cache line round trips more than {C2C_MOVED:g}x apart): {knobs['moved_runs'] // 2}; the "
+                 f"runs set aside are kept in runs/moved/")
     if any(c.get("server_cpu_ratio_note") for c in comparison):
         S.append(f"- server CPU per I/O of an in-process configuration: {NO_SERVER} (its controller runs on worker "
                  f"threads of the client), so no ratio")
@@ -593,17 +637,25 @@ def pairs_md(comparison, spec, knobs):
 
     P = ["#### Every pair", "",
          f"| {head} | QD | rep | order | {an} IOPS | {bn} IOPS | ratio | {an} server CPU µs/IO | {bn} server CPU µs/IO "
-         f"| ratio | {an} client CPU µs/IO | {bn} client CPU µs/IO | ratio | disturbed |",
-         "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+         f"| ratio | {an} client CPU µs/IO | {bn} client CPU µs/IO | ratio |"
+         + (f" CPUs' round trip ns, {an} / {bn} |" if probed else "") + " disturbed |",
+         "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("---|" if probed else "") + "---|"]
+
+    def trips(run):
+        ns = run.get("c2c_ns")
+        return "→".join(f"{v:.0f}" for v in ns) if ns else "–"
+
     for c in comparison:
         for p in c["pairs"]:
-            flags = "; ".join(f"{c['sides'][side]}: {fmt_flags(p[side])}" for side in (a, b) if p[side]["disturbed"])
+            flags = "; ".join([f"{c['sides'][side]}: {fmt_flags(p[side])}" for side in (a, b)
+                               if p[side]["disturbed"]] + p.get("moved", []))
             P.append(f"| {row(c)} | {c['qd']} | {p['rep']} | {p['order']} | {fmt_iops(p[a]['iops'])} | "
                      f"{fmt_iops(p[b]['iops'])} | {opt(p['iops_ratio'], num(3))} | "
                      f"{opt(p[a]['server_cpu_us_per_io'], num(2))} | {opt(p[b]['server_cpu_us_per_io'], num(2))} | "
                      f"{opt(p['server_cpu_ratio'], num(3))} | {opt(p[a]['client_cpu_us_per_io'], num(2))} | "
                      f"{opt(p[b]['client_cpu_us_per_io'], num(2))} | {opt(p['client_cpu_ratio'], num(3))} | "
-                     f"{'⚠ ' + flags if flags else ''} |")
+                     + (f"{trips(p[a])} / {trips(p[b])} | " if probed else "")
+                     + f"{'⚠ ' + flags if flags else ''} |")
     return S, P
 
 
@@ -1302,6 +1354,11 @@ def main():
              "qd_list": [int(q) for q in a.qd.split(",")], "workers": a.workers, "pin": bool(a.pin), "ns": a.ns,
              "command": a.command, "rw": a.rw, "bs": a.bs, "queues": 1,
              "queue_entries": "1024 (perf: max(qd + 1, 1024))"}
+    moved_path = os.path.join(a.dir, "runs", "moved", "moved.tsv")
+    if os.path.exists(moved_path):
+        # Runs set aside because the CPUs moved under their pair (two per pair run again).
+        with open(moved_path) as f:
+            knobs["moved_runs"] = sum(1 for _ in csv.DictReader(f, delimiter="\t"))
     started = None
     if a.started:
         started = datetime.datetime.strptime(a.started, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -24,7 +24,14 @@
 #   --workers N   `vnvme serve --workers` (and --in-process --workers; 0: inline) (default 1)
 #   --pin         taskset: the server on CPU 1, the client on CPU 0 (default: unpinned,
 #                 the scheduler places client, server main thread and workers). In-process
-#                 runs are not pinned (client and workers are one process).
+#                 runs are not pinned (client and workers are one process). With
+#                 fresh targets per run (--baseline, --reference, --peer-spdk), each
+#                 run is bracketed by the round trip of a cache line between CPU 0
+#                 and 1 (core_to_core, crates/guest-mem/examples): a pair whose four
+#                 round trips differ by more than 2x ran on two placements of this
+#                 host's vCPUs (seen here: ~100 ns sharing a cache, ~470 ns not): it
+#                 is run again, up to 3 times (its runs kept in runs/moved/, counted
+#                 in the report), and flagged disturbed if it still moved.
 #   --configs L   which configurations to run (default: all; `--list` shows them)
 #   --ns SPEC     the namespace every server serves (default null:64G:lba=4096), e.g.
 #                 file:/dev/shm/bench.img:1G for the io_uring file backend
@@ -57,7 +64,8 @@
 #                 interval is a seeded bootstrap 90 % interval of the median with >= 5
 #                 pairs, else min–max of the pairs (one pair: no verdict). A pair is
 #                 flagged disturbed when either run saw > 5 % steal or > 0.2 CPUs of
-#                 other load (/proc/stat before and after each run). The reference runs
+#                 other load (/proc/stat before and after each run), or (--pin) when
+#                 the CPUs' placement moved (see --pin). The reference runs
 #                 whether or not --configs names it; its own rows (absolute figures)
 #                 gather all its runs. In-process configurations have no server, so
 #                 their server CPU ratio is n/a. This doubles the number of runs.
@@ -455,9 +463,49 @@ fi
 
 CLIENT_PIN=(); SERVER_PIN=()
 if [ "$PIN" = 1 ]; then CLIENT_PIN=(taskset -c 0); SERVER_PIN=(taskset -c 1); fi
+# --pin: the round trip of a cache line between the client's CPU and the server's,
+# before and after every fresh run (runs/c2c.tsv): on a shared host the two vCPUs
+# move between cores that share a cache and cores that do not (a polled pair then
+# runs at half speed), and a pair of runs either side of such a move is flagged.
+C2C=
+if [ "$PIN" = 1 ]; then
+  log "building core_to_core (release; the CPUs' placement before and after each run)"
+  (cd "$ROOT" && cargo build --release -p guest-mem --example core_to_core --quiet)
+  C2C="$ROOT/target/release/examples/core_to_core"
+fi
 VN_WRAP=("${SERVER_PIN[@]}")
 
 MANIFEST="$OUT/runs/manifest.tsv"
+[ -z "$C2C" ] || printf 'json\tbefore_ns\tafter_ns\n' >"$OUT/runs/c2c.tsv"
+# c2c: the client's and the server's CPUs' round trip in ns, or nothing (not
+# pinned, or the probe failed: logs/c2c.log says why).
+c2c() { [ -z "$C2C" ] || "$C2C" --cpus 0,1 2>>"$OUT/logs/c2c.log" || true; }
+# c2c_row JSON BEFORE: the row of a run whose probe before was BEFORE.
+c2c_row() { [ -z "$C2C" ] || printf '%s\t%s\t%s\n' "$1" "$2" "$(c2c)" >>"$OUT/runs/c2c.tsv"; }
+# moved JSON...: the runs' round trips spread by more than 2x (both measured).
+moved() {
+  [ -n "$C2C" ] || return 1
+  awk -F'\t' -v want="$*" 'BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) keep[w[i]] = 1 }
+    ($1 in keep) { for (i = 2; i <= 3; i++) if ($i != "") { v = $i + 0; if (!lo || v < lo) lo = v; if (v > hi) hi = v } }
+    END { exit !(lo > 0 && hi > 2 * lo) }' "$OUT/runs/c2c.tsv"
+}
+# set_aside JSON...: a pair run again because its CPUs moved: its runs' rows leave
+# the manifest and runs/c2c.tsv for runs/moved/ (their files with them), counted in
+# runs/moved/moved.tsv.
+MOVED_TRIES=3
+set_aside() {
+  local j f
+  mkdir -p "$OUT/runs/moved"
+  [ -e "$OUT/runs/moved/moved.tsv" ] || printf 'json\n' >"$OUT/runs/moved/moved.tsv"
+  for j in "$@"; do
+    grep -F -- "$j" "$OUT/runs/c2c.tsv" >>"$OUT/runs/moved/c2c.tsv" || true
+    grep -F -- "$j" "$MANIFEST" >>"$OUT/runs/moved/manifest.tsv" || true
+    grep -v -F -- "$j" "$OUT/runs/c2c.tsv" >"$TMP/c2c.tsv" || true; cat "$TMP/c2c.tsv" >"$OUT/runs/c2c.tsv"
+    grep -v -F -- "$j" "$MANIFEST" >"$TMP/manifest.tsv" || true; cat "$TMP/manifest.tsv" >"$MANIFEST"
+    for f in "$OUT/${j%.json}".*; do [ -e "$f" ] && mv "$f" "$OUT/runs/moved/"; done
+    printf '%s\n' "$j" >>"$OUT/runs/moved/moved.tsv"
+  done
+}
 printf 'config\tqd\trep\tjson\trc\tserve_cmd\tperf_cmd\tsys_busy_ticks\twall_s\tside\tsteal_ticks\ttotal_ticks\tbeside\tclient\tdata_fds\n' >"$MANIFEST"
 
 # The binaries, by side: "new" is the build of this checkout; "base" the --baseline.
@@ -739,15 +787,17 @@ config_row() {
 # a fresh server of its own (none in-process), stopped right after the run; a
 # server that does not start is recorded as a failed run.
 run_fresh() {
-  local skip=
+  local skip= before
   config_row "$1"
   serve_cmd=-
+  before=$(c2c)
   if [ -z "$inproc" ]; then
     start_servers "$1" "$4" "-qd$2-r$3$SFX" || skip=1
   fi
   run_perf "$1" "$2" "$3" "$4" "$skip"
   stop_serve
   stop_back
+  c2c_row "runs/$1-qd$2-r$3$SFX.json" "$before"
 }
 
 # start_spdk ID TAG: nvmf_tgt in the SPDK mode configuration ID meets, set up over
@@ -906,9 +956,10 @@ memcpy_point() {
 # reads no server counters: a vnvme server's stats file, written at its exit, is
 # kept beside the run's JSON.
 peer_fresh() {
-  local id=$1 qd=$2 rep=$3 side=$4 client=$5 tag=-qd$2-r$3-client-$5
+  local id=$1 qd=$2 rep=$3 side=$4 client=$5 tag=-qd$2-r$3-client-$5 before
   config_row "$id"
   SFX=-$side
+  before=$(c2c)
   if [ "$side" = spdk ]; then
     start_spdk "$id" "$tag" || setup_failed "nvmf_tgt did not start or could not be set up" logs/rpc.log \
       "logs/nvmf_tgt-$id$tag.log"
@@ -922,6 +973,7 @@ peer_fresh() {
   esac
   run_peer "$id" "$qd" "$rep" "$side" "$client"
   stop_serve
+  c2c_row "runs/$id-qd$qd-r$rep-$client-$side.json" "$before"
   if [ "$side" = vnvme ] && [ "$client" = spdk ] && [ -s "$stats" ]; then
     cp "$stats" "$OUT/runs/$id-qd$qd-r$rep-$client-$side.server-stats.json"
   fi
@@ -945,8 +997,14 @@ if [ -n "$PEER_SPDK" ]; then
       for rep in $(seq "$REPEAT"); do
         for client in "${CLIENTS[@]}"; do
           order=(spdk vnvme); [ $((rep % 2)) = 0 ] && order=(vnvme spdk)
-          for side in "${order[@]}"; do
-            peer_fresh "$cfg" "$qd" "$rep" "$side" "$client"
+          for try in $(seq "$MOVED_TRIES"); do
+            for side in "${order[@]}"; do
+              peer_fresh "$cfg" "$qd" "$rep" "$side" "$client"
+            done
+            pair=("runs/$cfg-qd$qd-r$rep-$client-spdk.json" "runs/$cfg-qd$qd-r$rep-$client-vnvme.json")
+            { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
+            log "$cfg qd $qd run $rep, $client perf: the CPUs moved between or within the two runs: again"
+            set_aside "${pair[@]}"
           done
         done
       done
@@ -994,9 +1052,15 @@ else
     for qd in "${QD_LIST[@]}"; do
       for rep in $(seq "$REPEAT"); do
         order=(base new); [ $((rep % 2)) = 0 ] && order=(new base)
-        for side in "${order[@]}"; do
-          SFX=-$side
-          run_fresh "$id" "$qd" "$rep" "$side"
+        for try in $(seq "$MOVED_TRIES"); do
+          for side in "${order[@]}"; do
+            SFX=-$side
+            run_fresh "$id" "$qd" "$rep" "$side"
+          done
+          pair=("runs/$id-qd$qd-r$rep-base.json" "runs/$id-qd$qd-r$rep-new.json")
+          { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
+          log "$id qd $qd run $rep: the CPUs moved between or within the two runs: again"
+          set_aside "${pair[@]}"
         done
       done
     done
