@@ -33,6 +33,7 @@
 mod admin;
 pub mod ana;
 mod backends;
+mod commands;
 mod config;
 mod controller;
 mod copy_pi;

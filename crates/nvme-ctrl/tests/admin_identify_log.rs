@@ -276,6 +276,9 @@ fn spec_5_1_12_1_6_commands_supported_and_effects() {
         iop::DATASET_MANAGEMENT,
         iop::VERIFY,
         iop::COPY,
+        // Answered FDP Disabled without Flexible Data Placement: supported.
+        iop::IO_MGMT_RECV,
+        iop::IO_MGMT_SEND,
     ];
     for op in 0..=255u8 {
         assert_eq!(acs(op) & 1 != 0, admin_impl.contains(&op), "admin opcode {op:#x} CSUPP");

@@ -17,6 +17,29 @@ if nvme id-ctrl /dev/nvme0 >/tmp/idctrl 2>&1; then
     else
         t_fail "id-ctrl oacs $oacs: Format NVM (bit 1) not set"
     fi
+    # Commands Supported and Effects (LID 05h, NVM command set) agrees with OACS
+    # and ONCS: each optional command is in the log exactly when its bit is set
+    # (admin: Namespace Management, Attachment, Doorbell Buffer Config, Format NVM;
+    # I/O: Compare, Write Zeroes, Dataset Management, Verify, the four reservation
+    # commands, Copy), as Linux reads both.
+    oncs=$(field oncs </tmp/idctrl)
+    if nvme get-log /dev/nvme0 -i 5 -l 4096 -b >/tmp/effects 2>/tmp/effects.err; then
+        bad=""
+        for e in a:13:3 a:21:3 a:124:8 a:128:1 i:5:0 i:8:3 i:9:2 i:12:7 i:13:5 i:14:5 i:17:5 i:21:5 i:25:8; do
+            cs=${e%%:*} rest=${e#*:}
+            op=${rest%%:*} bit=${rest#*:}
+            if [ "$cs" = a ]; then off=$((op * 4)) reg=$oacs; else off=$((1024 + op * 4)) reg=$oncs; fi
+            csupp=$(($(od -An -tu4 -j"$off" -N4 /tmp/effects | tr -d ' ') & 1))
+            [ "$csupp" = $(((reg >> bit) & 1)) ] || bad="$bad $cs$op(CSUPP $csupp, bit $bit)"
+        done
+        if [ -z "$bad" ]; then
+            t_pass "effects log agrees with id-ctrl oacs $oacs and oncs $oncs on every optional command"
+        else
+            t_fail "effects log disagrees with id-ctrl oacs $oacs, oncs $oncs:$bad"
+        fi
+    else
+        t_fail "nvme get-log 0x05 (Commands Supported and Effects): $(head -3 /tmp/effects.err)"
+    fi
 else
     t_fail "nvme id-ctrl"
     cat /tmp/idctrl

@@ -6,7 +6,7 @@ use nvme_spec::admin::Identify;
 use nvme_spec::ana::anacap;
 use nvme_spec::identify::{
     active_ns_list, ascii_pad, cmic, cns, cntrltype, ctratt, dlfeat, dpc, elbaf, frmw, lpa, mc, nidt, nmic,
-    ns_descriptor_list, nul_pad, oacs, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
+    ns_descriptor_list, nul_pad, oaes, oncs, sgls, vwc, IdentifyController, IdentifyNamespace,
     IdentifyNamespaceNvm, IoCommandSetNvmController, LbaFormat,
 };
 use nvme_spec::nsmgmt::cns as nsmgmt_cns;
@@ -152,10 +152,9 @@ impl Admin<'_> {
         let ana_notices = if cfg.subsystem.is_some() { oaes::ANA_CHANGE } else { 0 };
         c.oaes = U32::new(oaes::NS_ATTRIBUTE_CHANGED | oaes::ZONE_DESCRIPTOR_CHANGED | ana_notices);
         c.cntrltype = cntrltype::IO;
-        let dbbuf = if cfg.shadow_doorbells { oacs::DOORBELL_BUFFER_CONFIG } else { 0 };
-        // Namespace Management and Attachment where a pool is.
-        let ns_mgmt = if cfg.pool.is_some() { oacs::NS_MGMT } else { 0 };
-        c.oacs = U16::new(oacs::FORMAT | dbbuf | ns_mgmt);
+        // The admin commands offered (crate::commands, as dispatch and the Effects log).
+        let offers = self.offers();
+        c.oacs = U16::new(crate::commands::oacs(&offers));
         // Keep Alive, optional over PCIe: supported (Keep Alive Timer feature,
         // Keep Alive command), off until the host sets a KATO.
         c.kas = U16::new(super::features::KAS_100MS);
@@ -175,14 +174,10 @@ impl Admin<'_> {
         c.sqes = 0x66;
         c.cqes = 0x44;
         c.nn = U32::new(self.namespaces.len() as u32);
-        // Deallocation and Write Zeroes only where a backend does them natively.
-        let dsm = if self.engine.ctx.caps.dsm { oncs::DSM } else { 0 };
-        let wz = if self.engine.ctx.caps.write_zeroes { oncs::WRITE_ZEROES } else { 0 };
-        // Reservations where some namespace has them (a state file).
-        let resv = if self.admin.resv_log.watching() { oncs::RESERVATIONS } else { 0 };
-        c.oncs = U16::new(
-            oncs::COMPARE | dsm | wz | oncs::SAVE_SELECT | resv | oncs::TIMESTAMP | oncs::VERIFY | oncs::COPY,
-        );
+        // The NVM commands offered (crate::commands: Deallocation and Write Zeroes
+        // only where a backend does them natively, reservations where some
+        // namespace keeps a state file), and two features.
+        c.oncs = U16::new(crate::commands::oncs(&offers) | oncs::SAVE_SELECT | oncs::TIMESTAMP);
         // Copy descriptor formats 0h and 1h (the latter for the 64-bit guard).
         c.ocfs = U16::new(0b11);
         c.fna = 0;

@@ -4,13 +4,11 @@
 
 use nvme_spec::admin::GetLogPage;
 use nvme_spec::log::{
-    effects, lid, u128_le, ChangedNamespaceList, CommandsSupportedAndEffects, ErrorInformationEntry,
-    FirmwareSlotLog, SmartHealthLog,
+    lid, u128_le, ChangedNamespaceList, ErrorInformationEntry, FirmwareSlotLog, SmartHealthLog,
 };
-use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
 use nvme_spec::zns::{CSI_NVM, CSI_ZNS};
 use nvme_spec::{Sqe, Status};
-use zerocopy::little_endian::{U16, U32};
+use zerocopy::little_endian::U16;
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::{status, Admin, AdminDone};
@@ -40,8 +38,8 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => command_effects(false, self.offered()).as_bytes().to_vec(),
-                CSI_ZNS => command_effects(true, self.offered()).as_bytes().to_vec(),
+                CSI_NVM => crate::commands::effects_log(false, &self.offers()).as_bytes().to_vec(),
+                CSI_ZNS => crate::commands::effects_log(true, &self.offers()).as_bytes().to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",
@@ -131,89 +129,5 @@ impl Admin<'_> {
         l.media_errors = u128_le(s.media_errors as u128);
         l.num_err_log_entries = u128_le(self.events.error_count() as u128);
         l
-    }
-}
-
-/// Commands Supported and Effects: what each supported opcode may change, so the host
-/// knows to quiesce around Format NVM; with `zoned`, of the Zoned Namespace command
-/// set (the NVM set's commands and its own: a Linux host reads Zone Append's entry
-/// before it lets a zoned namespace be written); and those of what is `offered`.
-fn command_effects(zoned: bool, offered: Offered) -> CommandsSupportedAndEffects {
-    let Offered { fdp, resv, ns_mgmt } = offered;
-    let mut e = CommandsSupportedAndEffects::new_zeroed();
-    let s = effects::CSUPP;
-    for op in [
-        aop::DELETE_IO_SQ,
-        aop::CREATE_IO_SQ,
-        aop::GET_LOG_PAGE,
-        aop::DELETE_IO_CQ,
-        aop::CREATE_IO_CQ,
-        aop::IDENTIFY,
-        aop::ABORT,
-        aop::SET_FEATURES,
-        aop::GET_FEATURES,
-        aop::ASYNC_EVENT_REQUEST,
-        aop::KEEP_ALIVE,
-        aop::DOORBELL_BUFFER_CONFIG,
-    ] {
-        e.acs[op as usize] = U32::new(s);
-    }
-    e.acs[aop::FORMAT_NVM as usize] =
-        U32::new(s | effects::LBCC | effects::NCC | effects::NIC | effects::CSE_ALL);
-    for op in [iop::FLUSH, iop::READ, iop::COMPARE, iop::VERIFY] {
-        e.iocs[op as usize] = U32::new(s);
-    }
-    for op in [iop::WRITE, iop::WRITE_ZEROES, iop::DATASET_MANAGEMENT, iop::COPY] {
-        e.iocs[op as usize] = U32::new(s | effects::LBCC);
-    }
-    if ns_mgmt {
-        // The namespace inventory changes: Linux rescans after either when it
-        // passed the command through (nvme-cli).
-        for op in [aop::NAMESPACE_MANAGEMENT, aop::NAMESPACE_ATTACHMENT] {
-            e.acs[op as usize] = U32::new(s | effects::NCC | effects::NIC);
-        }
-    }
-    if resv {
-        for op in [
-            iop::RESERVATION_REGISTER,
-            iop::RESERVATION_REPORT,
-            iop::RESERVATION_ACQUIRE,
-            iop::RESERVATION_RELEASE,
-        ] {
-            e.iocs[op as usize] = U32::new(s);
-        }
-    }
-    if fdp {
-        e.iocs[iop::IO_MGMT_RECV as usize] = U32::new(s);
-        e.iocs[iop::IO_MGMT_SEND as usize] = U32::new(s);
-    }
-    if zoned {
-        e.iocs[zop::ZONE_MGMT_RECV as usize] = U32::new(s);
-        for op in [zop::ZONE_MGMT_SEND, zop::ZONE_APPEND] {
-            e.iocs[op as usize] = U32::new(s | effects::LBCC);
-        }
-    }
-    e
-}
-
-/// The optional command groups a controller offers, as Commands Supported and
-/// Effects lists them.
-#[derive(Clone, Copy)]
-struct Offered {
-    /// I/O Management (Flexible Data Placement).
-    fdp: bool,
-    /// The reservation commands.
-    resv: bool,
-    /// Namespace Management and Attachment (a namespace pool).
-    ns_mgmt: bool,
-}
-
-impl Admin<'_> {
-    fn offered(&self) -> Offered {
-        Offered {
-            fdp: self.admin.fdp.is_some(),
-            resv: self.admin.resv_log.watching(),
-            ns_mgmt: self.cfg.pool.is_some(),
-        }
     }
 }

@@ -279,7 +279,21 @@ impl Admin<'_> {
         }
     }
 
+    /// What this controller offers of the optional commands now (crate::commands).
+    pub(crate) fn offers(&self) -> crate::commands::Offers {
+        crate::commands::Offers {
+            shadow_doorbells: self.cfg.shadow_doorbells,
+            ns_mgmt: self.cfg.pool.is_some(),
+            dsm: self.engine.ctx.caps.dsm,
+            write_zeroes: self.engine.ctx.caps.write_zeroes,
+            reservations: self.admin.resv_log.watching(),
+        }
+    }
+
     fn dispatch_admin(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
+        if !crate::commands::admin_offered(sqe.opcode(), &self.offers()) {
+            return Err(CommandError::InvalidOpcode(sqe.opcode()));
+        }
         match sqe.opcode() {
             op::DELETE_IO_SQ => self.delete_io_sq(sqe),
             op::CREATE_IO_SQ => self.create_io_sq(sqe),
@@ -296,10 +310,10 @@ impl Admin<'_> {
                 self.admin.features.restart_keep_alive(self.clock.now_ns());
                 done()
             }
-            op::DOORBELL_BUFFER_CONFIG if self.cfg.shadow_doorbells => self.doorbell_buffer_config(sqe),
+            op::DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
             op::FORMAT_NVM => self.format_nvm(sqe),
-            op::NAMESPACE_MANAGEMENT if self.cfg.pool.is_some() => self.namespace_management(sqe),
-            op::NAMESPACE_ATTACHMENT if self.cfg.pool.is_some() => self.namespace_attachment(sqe),
+            op::NAMESPACE_MANAGEMENT => self.namespace_management(sqe),
+            op::NAMESPACE_ATTACHMENT => self.namespace_attachment(sqe),
             other => Err(CommandError::InvalidOpcode(other)),
         }
     }

@@ -1,0 +1,209 @@
+//! Commands as data: one table per command set (admin, NVM, zoned) that says,
+//! for every opcode the controller implements, when it is offered, what it may
+//! change (its Commands Supported and Effects entry) and the Identify Controller
+//! bit (OACS for admin commands, ONCS for NVM ones) that reports it.
+//!
+//! Identify's OACS and ONCS, the Commands Supported and Effects log and the admin
+//! dispatch all read these tables, so they cannot disagree: a command is answered
+//! Invalid Opcode exactly when the log leaves it out and its bit is clear. The
+//! I/O dispatch keeps its match on the hot path and guards its optional commands
+//! with the same [`Offers`] fields the table names; `tests/commands_agree.rs`
+//! walks the configurations and checks all three for every opcode 00h-FFh.
+
+use nvme_spec::identify::{oacs, oncs};
+use nvme_spec::log::{effects, CommandsSupportedAndEffects};
+use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
+use zerocopy::little_endian::U32;
+use zerocopy::FromZeros;
+use Offer::*;
+
+/// What this controller offers of the optional commands, from its configuration
+/// and the namespaces it has now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Offers {
+    /// Doorbell Buffer Config (shadow doorbells; `--no-shadow-doorbells` clears it).
+    pub(crate) shadow_doorbells: bool,
+    /// Namespace Management and Attachment (a namespace pool).
+    pub(crate) ns_mgmt: bool,
+    /// Dataset Management: some namespace's backend deallocates natively.
+    pub(crate) dsm: bool,
+    /// Write Zeroes: some namespace's backend zeroes natively.
+    pub(crate) write_zeroes: bool,
+    /// The reservation commands: some namespace keeps a reservation state file.
+    pub(crate) reservations: bool,
+}
+
+/// When a command is offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Offer {
+    Always,
+    ShadowDoorbells,
+    NsMgmt,
+    Dsm,
+    WriteZeroes,
+    Reservations,
+}
+
+impl Offer {
+    pub(crate) fn holds(self, o: &Offers) -> bool {
+        match self {
+            Offer::Always => true,
+            Offer::ShadowDoorbells => o.shadow_doorbells,
+            Offer::NsMgmt => o.ns_mgmt,
+            Offer::Dsm => o.dsm,
+            Offer::WriteZeroes => o.write_zeroes,
+            Offer::Reservations => o.reservations,
+        }
+    }
+}
+
+/// One command of a command set.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Command {
+    pub(crate) opcode: u8,
+    pub(crate) offer: Offer,
+    /// Its Commands Supported and Effects entry when offered (CSUPP included).
+    pub(crate) effects: u32,
+    /// The OACS (admin) or ONCS (NVM) bit that reports it; 0 for none.
+    pub(crate) bit: u16,
+}
+
+const fn cmd(opcode: u8, offer: Offer, effects: u32, bit: u16) -> Command {
+    Command { opcode, offer, effects: effects | effects::CSUPP, bit }
+}
+
+/// Logical block content changes.
+const LBCC: u32 = effects::LBCC;
+/// The namespace inventory changes: Linux rescans after either when it passed the
+/// command through (nvme-cli).
+const INVENTORY: u32 = effects::NCC | effects::NIC;
+
+/// The admin command set.
+pub(crate) static ADMIN: [Command; 15] = [
+    cmd(aop::DELETE_IO_SQ, Always, 0, 0),
+    cmd(aop::CREATE_IO_SQ, Always, 0, 0),
+    cmd(aop::GET_LOG_PAGE, Always, 0, 0),
+    cmd(aop::DELETE_IO_CQ, Always, 0, 0),
+    cmd(aop::CREATE_IO_CQ, Always, 0, 0),
+    cmd(aop::IDENTIFY, Always, 0, 0),
+    cmd(aop::ABORT, Always, 0, 0),
+    cmd(aop::SET_FEATURES, Always, 0, 0),
+    cmd(aop::GET_FEATURES, Always, 0, 0),
+    cmd(aop::ASYNC_EVENT_REQUEST, Always, 0, 0),
+    cmd(aop::NAMESPACE_MANAGEMENT, NsMgmt, INVENTORY, oacs::NS_MGMT),
+    cmd(aop::KEEP_ALIVE, Always, 0, 0),
+    cmd(aop::NAMESPACE_ATTACHMENT, NsMgmt, INVENTORY, oacs::NS_MGMT),
+    cmd(aop::DOORBELL_BUFFER_CONFIG, ShadowDoorbells, 0, oacs::DOORBELL_BUFFER_CONFIG),
+    cmd(aop::FORMAT_NVM, Always, LBCC | INVENTORY | effects::CSE_ALL, oacs::FORMAT),
+];
+
+/// The NVM command set.
+pub(crate) static NVM: [Command; 14] = [
+    cmd(iop::FLUSH, Always, 0, 0),
+    cmd(iop::WRITE, Always, LBCC, 0),
+    cmd(iop::READ, Always, 0, 0),
+    cmd(iop::COMPARE, Always, 0, oncs::COMPARE),
+    cmd(iop::WRITE_ZEROES, WriteZeroes, LBCC, oncs::WRITE_ZEROES),
+    cmd(iop::DATASET_MANAGEMENT, Dsm, LBCC, oncs::DSM),
+    cmd(iop::VERIFY, Always, 0, oncs::VERIFY),
+    cmd(iop::RESERVATION_REGISTER, Reservations, 0, oncs::RESERVATIONS),
+    cmd(iop::RESERVATION_REPORT, Reservations, 0, oncs::RESERVATIONS),
+    cmd(iop::RESERVATION_ACQUIRE, Reservations, 0, oncs::RESERVATIONS),
+    cmd(iop::RESERVATION_RELEASE, Reservations, 0, oncs::RESERVATIONS),
+    cmd(iop::COPY, Always, LBCC, oncs::COPY),
+    // Without Flexible Data Placement both are answered FDP Disabled, so both are
+    // supported whether or not the controller has it (as QEMU's nvme lists them).
+    cmd(iop::IO_MGMT_RECV, Always, 0, 0),
+    cmd(iop::IO_MGMT_SEND, Always, 0, 0),
+];
+
+/// The Zoned Namespace command set's own commands (it has the NVM set's too).
+pub(crate) static ZONED: [Command; 3] = [
+    cmd(zop::ZONE_MGMT_SEND, Always, LBCC, 0),
+    cmd(zop::ZONE_MGMT_RECV, Always, 0, 0),
+    cmd(zop::ZONE_APPEND, Always, LBCC, 0),
+];
+
+fn find(table: &[Command], opcode: u8) -> Option<&Command> {
+    table.iter().find(|c| c.opcode == opcode)
+}
+
+/// Whether admin `opcode` is a command this controller offers now.
+pub(crate) fn admin_offered(opcode: u8, o: &Offers) -> bool {
+    find(&ADMIN, opcode).is_some_and(|c| c.offer.holds(o))
+}
+
+fn bits(table: &[Command], o: &Offers) -> u16 {
+    table.iter().filter(|c| c.offer.holds(o)).fold(0, |b, c| b | c.bit)
+}
+
+/// Identify Controller OACS: the admin commands' bits.
+pub(crate) fn oacs(o: &Offers) -> u16 {
+    bits(&ADMIN, o)
+}
+
+/// Identify Controller ONCS, its command bits (Save and Select, Timestamp and the
+/// like are features, not commands: the caller adds them).
+pub(crate) fn oncs(o: &Offers) -> u16 {
+    bits(&NVM, o)
+}
+
+/// Commands Supported and Effects (Base §5.1.12.1.6) of the NVM command set, or
+/// with `zoned` of the Zoned Namespace set (the NVM set's commands and its own: a
+/// Linux host reads Zone Append's entry before it lets a zoned namespace be
+/// written).
+pub(crate) fn effects_log(zoned: bool, o: &Offers) -> CommandsSupportedAndEffects {
+    let mut e = CommandsSupportedAndEffects::new_zeroed();
+    for c in ADMIN.iter().filter(|c| c.offer.holds(o)) {
+        e.acs[c.opcode as usize] = U32::new(c.effects);
+    }
+    let own: &[Command] = if zoned { &ZONED } else { &[] };
+    for c in NVM.iter().chain(own).filter(|c| c.offer.holds(o)) {
+        e.iocs[c.opcode as usize] = U32::new(c.effects);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_opcode_appears_twice_in_a_command_set() {
+        for (name, table) in [("admin", &ADMIN[..]), ("NVM and zoned", &[&NVM[..], &ZONED[..]].concat()[..])]
+        {
+            for (i, c) in table.iter().enumerate() {
+                assert!(
+                    table[i + 1..].iter().all(|d| d.opcode != c.opcode),
+                    "{name}: {:#04x} twice",
+                    c.opcode
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_optional_command_has_its_identify_bit_and_an_offer_that_can_clear_it() {
+        let none = Offers::default();
+        let all = Offers {
+            shadow_doorbells: true,
+            ns_mgmt: true,
+            dsm: true,
+            write_zeroes: true,
+            reservations: true,
+        };
+        for c in ADMIN.iter().chain(&NVM) {
+            if c.offer != Always {
+                assert_ne!(c.bit, 0, "{:#04x} is optional and reported by no bit", c.opcode);
+                assert!(!c.offer.holds(&none) && c.offer.holds(&all), "{:#04x}", c.opcode);
+            }
+        }
+        assert_eq!(oacs(&none), oacs::FORMAT);
+        assert_eq!(oncs(&none), oncs::COMPARE | oncs::VERIFY | oncs::COPY);
+        assert_eq!(
+            oacs(&all),
+            oacs::FORMAT | oacs::NS_MGMT | oacs::DOORBELL_BUFFER_CONFIG,
+            "every admin bit, once"
+        );
+    }
+}
