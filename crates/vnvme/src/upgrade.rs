@@ -248,7 +248,7 @@ pub struct UpgradeOptions {
 fn who_serves(o: &UpgradeOptions, old_pid: u64) -> String {
     let deadline = Instant::now() + file_lock::EXITED_WAIT + Duration::from_secs(20);
     loop {
-        match crate::ctl::request(&o.control, "ctrl.info", Value::Null, Duration::from_secs(2)) {
+        match crate::control::client::request(&o.control, "ctrl.info", Value::Null, Duration::from_secs(2)) {
             Ok(i) if i["pid"].as_u64() == Some(old_pid) => {
                 return format!("the running server (pid {old_pid}) serves on")
             }
@@ -273,7 +273,7 @@ fn who_serves(o: &UpgradeOptions, old_pid: u64) -> String {
 /// server's `ctrl.info` is read key by key, not as this build's `reply::CtrlInfo`:
 /// the server being replaced may be an older build that lacks a field.
 pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
-    let info = crate::ctl::request(&o.control, "ctrl.info", Value::Null, o.timeout)?;
+    let info = crate::control::client::request(&o.control, "ctrl.info", Value::Null, o.timeout)?;
     let old_pid = info["pid"].as_u64().unwrap_or(0);
     let binary = match &o.binary {
         Some(b) => b.clone(),
@@ -331,7 +331,7 @@ pub fn ctl_upgrade(o: &UpgradeOptions) -> Result<Value, String> {
     // the new one.
     let deadline = Instant::now() + o.timeout;
     loop {
-        match crate::ctl::request(&o.control, "ctrl.info", Value::Null, o.timeout) {
+        match crate::control::client::request(&o.control, "ctrl.info", Value::Null, o.timeout) {
             Ok(i) if i["pid"].as_u64() == Some(new_pid) => break,
             _ if Instant::now() >= deadline => {
                 return Err(format!(

@@ -16,6 +16,7 @@
 //! [`JOB_LIMIT`].
 
 pub mod api;
+pub mod client;
 pub mod methods;
 pub mod reply;
 pub mod server;
