@@ -46,6 +46,20 @@ cargo clippy -p vnvme --no-default-features --all-targets --locked -- -D warning
 step "structure (the shipped binary links no test crate; import circles and wide structs no worse than scripts/structure-bound.json)"
 python3 scripts/check-structure.py
 
+step "results/ keeps summaries and histories: under 2 MB tracked, no raw profiler output"
+python3 - <<'PY'
+import subprocess, os, sys
+files = subprocess.run(["git", "ls-files", "-z", "results"], capture_output=True, check=True).stdout.split(b"\0")
+files = [f.decode() for f in files if f]
+size = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+raw = [f for f in files if "/raw/" in f or f.endswith((".annotate", ".callgrind", ".gz"))]
+print(f"results/: {len(files)} files tracked, {size:,} bytes")
+if raw:
+    sys.exit(f"results/ tracks raw profiler output: {', '.join(raw[:5])}")
+if size >= 2_000_000:
+    sys.exit(f"results/ tracks {size:,} bytes, the bound is 2,000,000: keep tables and histories, not whole runs")
+PY
+
 step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
 if ! bash scripts/lib/promtool.sh >/dev/null; then
     echo "promtool: could not be fetched; the metrics tests that need it skip" | tee -a "$NOTES"
