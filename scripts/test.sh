@@ -46,7 +46,7 @@ cargo clippy -p vnvme --no-default-features --all-targets --locked -- -D warning
 step "structure (the shipped binary links no test crate; import circles and wide structs no worse than scripts/structure-bound.json)"
 python3 scripts/check-structure.py
 
-step "results/ keeps summaries and histories: under 2 MB tracked, no raw profiler output"
+step "results/ keeps summaries and histories (under 2 MB tracked, no raw profiler output); README.md at most 150 lines"
 python3 - <<'PY'
 import subprocess, os, sys
 files = subprocess.run(["git", "ls-files", "-z", "results"], capture_output=True, check=True).stdout.split(b"\0")
@@ -58,6 +58,10 @@ if raw:
     sys.exit(f"results/ tracks raw profiler output: {', '.join(raw[:5])}")
 if size >= 2_000_000:
     sys.exit(f"results/ tracks {size:,} bytes, the bound is 2,000,000: keep tables and histories, not whole runs")
+lines = sum(1 for _ in open("README.md", encoding="utf-8"))
+print(f"README.md: {lines} lines")
+if lines > 150:
+    sys.exit(f"README.md has {lines} lines, the bound is 150: the detail belongs in docs/")
 PY
 
 step "promtool (Prometheus's checker, for the metrics tests; fetched once, cached)"
