@@ -103,7 +103,14 @@ impl DieOn {
 /// Fault injection for the upgrade tests: with `VNVME_TEST_KILL_AT=NAME` in its
 /// environment, a process SIGKILLs itself when it reaches the point called NAME
 /// (the hand-over's steps: `old:*` in the process handing over, `new:*` in the one
-/// taking over), as a kill from outside landing there would. Says so first.
+/// taking over), as a kill from outside landing there would. Says so first. Only
+/// in a build with the `fault-injection` feature (the tests'); elsewhere nothing.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn kill_point(_name: &str) {}
+
+/// See the other [`kill_point`]: this is the one that acts.
+#[cfg(feature = "fault-injection")]
 pub fn kill_point(name: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT.get_or_init(|| std::env::var("VNVME_TEST_KILL_AT").ok()).as_deref() != Some(name) {

@@ -719,6 +719,13 @@ fn claim_stats_file(
 /// `VNVME_TEST_DIE_ON=id:ID` has every process abort when it reads the message with
 /// that ID (a message that crashes whoever handles it). It leaves no core file
 /// (RLIMIT_CORE 0, set while the sandbox still allows it).
+/// Only in a build with the `fault-injection` feature (the tests').
+#[cfg(not(feature = "fault-injection"))]
+fn die_on() -> Option<server::DieOn> {
+    None
+}
+
+#[cfg(feature = "fault-injection")]
 fn die_on() -> Option<server::DieOn> {
     let v = std::env::var("VNVME_TEST_DIE_ON").ok()?;
     let link = crate::keeper::link()?;
@@ -731,7 +738,7 @@ fn die_on() -> Option<server::DieOn> {
 
 /// [`die_on`]'s process dumps no core.
 fn no_core_if_dying_on_purpose() {
-    if std::env::var_os("VNVME_TEST_DIE_ON").is_some() {
+    if cfg!(feature = "fault-injection") && std::env::var_os("VNVME_TEST_DIE_ON").is_some() {
         let none = rustix::process::Rlimit { current: Some(0), maximum: Some(0) };
         let _ = rustix::process::setrlimit(rustix::process::Resource::Core, none);
     }

@@ -170,8 +170,10 @@ pub fn takeover(
             sockets,
         })
     })();
-    // Fault injection for the tests of the way back: the new process fails, or
-    // dies, after the old one has quiesced and handed everything over.
+    // Fault injection for the tests of the way back (a `fault-injection` build
+    // only): the new process fails, or dies, after the old one has quiesced and
+    // handed everything over.
+    #[cfg(feature = "fault-injection")]
     let built = match std::env::var("VNVME_TEST_TAKEOVER_FAIL").as_deref() {
         Ok("refuse") => Err("injected failure (VNVME_TEST_TAKEOVER_FAIL=refuse)".to_string()),
         Ok("exit") => std::process::exit(70),

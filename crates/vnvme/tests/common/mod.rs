@@ -24,6 +24,22 @@ use zerocopy::IntoBytes;
 /// How long any single wait in these tests may take before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Whether the vnvme under test obeys the tests' fault injection variables
+/// (`VNVME_TEST_*`: built with the `fault-injection` feature, which scripts/test.sh
+/// turns on and no release build has). If not, the calling test is reported
+/// skipped, with the command that runs it.
+pub fn fault_injection() -> bool {
+    let out = Command::new(env!("CARGO_BIN_EXE_vnvme")).arg("--version").output().expect("vnvme --version");
+    if String::from_utf8_lossy(&out.stdout).contains("with fault injection") {
+        return true;
+    }
+    test_util::skip(
+        "vnvme was built without the fault-injection feature, which this test needs: \
+         cargo test -p vnvme --features fault-injection (scripts/test.sh does)",
+    );
+    false
+}
+
 /// A fresh temporary directory for one test.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static SEQ: AtomicU32 = AtomicU32::new(0);
