@@ -110,8 +110,11 @@ fn every_method_through_vnvme_ctl() {
     assert!(!commit.is_empty(), "{info}");
     let v = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme")).arg("--version").output().unwrap();
     let v = String::from_utf8(v.stdout).unwrap();
-    assert_eq!(v.trim(), format!("vnvme {} (commit {commit})", info["vnvme"].as_str().unwrap()));
-    assert!(server.log().contains(&format!("(commit {commit}) (pid ")), "the first log line names the build");
+    let named = format!("vnvme {} (commit {commit}", info["vnvme"].as_str().unwrap());
+    // A test build (the fault-injection feature) says so after the commit.
+    let test_build = ", with fault injection: a test build, not for serving";
+    assert!(v.trim() == format!("{named})") || v.trim() == format!("{named}{test_build})"), "{v}");
+    assert!(server.log().contains(&format!("{} (pid ", v.trim())), "the first log line names the build");
 
     let img = server.dir.join("data.img");
     let added = ctl(&c, &["ns.add", &format!("file:{}:8M", img.display())]).unwrap();
