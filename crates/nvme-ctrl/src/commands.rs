@@ -124,6 +124,13 @@ pub(crate) static ZONED: [Command; 3] = [
     cmd(zop::ZONE_APPEND, Always, LBCC, 0),
 ];
 
+/// Every I/O opcode this controller implements, of the NVM and Zoned Namespace
+/// command sets, whatever a configuration offers: what the fuzzer must be able to
+/// build.
+pub fn io_opcodes() -> impl Iterator<Item = u8> {
+    NVM.iter().chain(&ZONED).map(|c| c.opcode)
+}
+
 fn find(table: &[Command], opcode: u8) -> Option<&Command> {
     table.iter().find(|c| c.opcode == opcode)
 }

@@ -63,6 +63,7 @@ pub mod state;
 mod stats;
 pub mod zoned;
 
+pub use commands::io_opcodes;
 pub use config::{
     Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig,
     DEFAULT_COMMAND_TIMEOUT, MAX_CNTLID, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,

@@ -33,6 +33,30 @@ enum Mutated {
     Field,
 }
 
+/// The I/O commands the fuzzer builds, by `IoCmd::op` (Flush twice). Every opcode
+/// the controller's command tables name is here
+/// (`io_opcodes_cover_the_controllers_tables`).
+const IO_OPCODES: [u8; 18] = [
+    iop::READ,
+    iop::WRITE,
+    iop::COMPARE,
+    iop::VERIFY,
+    iop::WRITE_ZEROES,
+    iop::FLUSH,
+    iop::DATASET_MANAGEMENT,
+    iop::COPY,
+    iop::FLUSH,
+    zop::ZONE_APPEND,
+    zop::ZONE_MGMT_SEND,
+    zop::ZONE_MGMT_RECV,
+    iop::IO_MGMT_RECV,
+    iop::IO_MGMT_SEND,
+    iop::RESERVATION_REGISTER,
+    iop::RESERVATION_ACQUIRE,
+    iop::RESERVATION_RELEASE,
+    iop::RESERVATION_REPORT,
+];
+
 impl Fuzzer<'_> {
     /// An address chosen to be interesting: inside or just outside guest memory,
     /// inside a queue ring, a shadow doorbell page or a PRP list page, or raw.
@@ -218,26 +242,7 @@ impl Fuzzer<'_> {
         let slba = c.slba as u64 % (nsze - nlb + 1);
         let len = nlb << shift;
         let buf = self.areas.data + (c.buf as u64 * 4) % 0x10000;
-        let opcode = [
-            iop::READ,
-            iop::WRITE,
-            iop::COMPARE,
-            iop::VERIFY,
-            iop::WRITE_ZEROES,
-            iop::FLUSH,
-            iop::DATASET_MANAGEMENT,
-            iop::COPY,
-            iop::FLUSH,
-            zop::ZONE_APPEND,
-            zop::ZONE_MGMT_SEND,
-            zop::ZONE_MGMT_RECV,
-            iop::IO_MGMT_RECV,
-            iop::IO_MGMT_SEND,
-            iop::RESERVATION_REGISTER,
-            iop::RESERVATION_ACQUIRE,
-            iop::RESERVATION_RELEASE,
-            iop::RESERVATION_REPORT,
-        ][c.op as usize % 18];
+        let opcode = IO_OPCODES[c.op as usize % IO_OPCODES.len()];
         let mut pages = Vec::new();
         let nsid = if c.op % 12 == 8 { NSID_ALL } else { ns.nsid };
         // On a zoned namespace, zone commands mostly name a zone's start (and Zone
@@ -685,5 +690,19 @@ impl Fuzzer<'_> {
             Some(_) => {}
             None => self.stats.skipped += 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod io_opcode_tests {
+    use super::IO_OPCODES;
+
+    /// A command added to the controller's tables is fuzzed, or this fails; and the
+    /// fuzzer builds nothing the controller does not implement.
+    #[test]
+    fn io_opcodes_cover_the_controllers_tables() {
+        let table: std::collections::BTreeSet<u8> = nvme_ctrl::io_opcodes().collect();
+        let fuzzed: std::collections::BTreeSet<u8> = IO_OPCODES.into_iter().collect();
+        assert_eq!(fuzzed, table, "the fuzzer's I/O opcodes and the controller's tables differ");
     }
 }
