@@ -5,17 +5,19 @@
 //!
 //! Identify's OACS and ONCS, the Commands Supported and Effects log and the admin
 //! dispatch all read these tables, so they cannot disagree: a command is answered
-//! Invalid Opcode exactly when the log leaves it out and its bit is clear. The
-//! I/O dispatch keeps its match on the hot path and guards its optional commands
-//! with the same [`Offers`] fields the table names; `tests/commands_agree.rs`
-//! walks the configurations and checks all three for every opcode 00h-FFh.
+//! Invalid Opcode exactly when the log leaves it out and its bit is clear. An admin
+//! row also names its handler, so a new admin command is its handler, its row and
+//! its test. The I/O dispatch keeps its match on the hot path and guards its
+//! optional commands with the same [`Offers`] fields the table names;
+//! `tests/commands_agree.rs` walks the configurations and checks all three for every
+//! opcode 00h-FFh.
 
-use nvme_spec::identify::{oacs, oncs};
+use nvme_spec::identify::oncs;
 use nvme_spec::log::{effects, CommandsSupportedAndEffects};
-use nvme_spec::opcode::{admin as aop, nvm as iop, zns as zop};
+use nvme_spec::opcode::{nvm as iop, zns as zop};
 use zerocopy::little_endian::U32;
 use zerocopy::FromZeros;
-use Offer::*;
+pub(crate) use Offer::*;
 
 /// What this controller offers of the optional commands, from its configuration
 /// and the namespaces it has now.
@@ -57,45 +59,33 @@ impl Offer {
     }
 }
 
-/// One command of a command set.
+/// One command of a command set; `H`, its handler (admin commands; the I/O ones
+/// are matched on the hot path).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Command {
+pub(crate) struct Command<H = ()> {
     pub(crate) opcode: u8,
     pub(crate) offer: Offer,
     /// Its Commands Supported and Effects entry when offered (CSUPP included).
     pub(crate) effects: u32,
     /// The OACS (admin) or ONCS (NVM) bit that reports it; 0 for none.
     pub(crate) bit: u16,
+    pub(crate) handler: H,
 }
 
 const fn cmd(opcode: u8, offer: Offer, effects: u32, bit: u16) -> Command {
-    Command { opcode, offer, effects: effects | effects::CSUPP, bit }
+    Command { opcode, offer, effects: effects | effects::CSUPP, bit, handler: () }
+}
+
+/// A row with a handler (the admin table's, in `admin/table.rs`).
+pub(crate) const fn row<H>(opcode: u8, offer: Offer, effects: u32, bit: u16, handler: H) -> Command<H> {
+    Command { opcode, offer, effects: effects | effects::CSUPP, bit, handler }
 }
 
 /// Logical block content changes.
-const LBCC: u32 = effects::LBCC;
+pub(crate) const LBCC: u32 = effects::LBCC;
 /// The namespace inventory changes: Linux rescans after either when it passed the
 /// command through (nvme-cli).
-const INVENTORY: u32 = effects::NCC | effects::NIC;
-
-/// The admin command set.
-pub(crate) static ADMIN: [Command; 15] = [
-    cmd(aop::DELETE_IO_SQ, Always, 0, 0),
-    cmd(aop::CREATE_IO_SQ, Always, 0, 0),
-    cmd(aop::GET_LOG_PAGE, Always, 0, 0),
-    cmd(aop::DELETE_IO_CQ, Always, 0, 0),
-    cmd(aop::CREATE_IO_CQ, Always, 0, 0),
-    cmd(aop::IDENTIFY, Always, 0, 0),
-    cmd(aop::ABORT, Always, 0, 0),
-    cmd(aop::SET_FEATURES, Always, 0, 0),
-    cmd(aop::GET_FEATURES, Always, 0, 0),
-    cmd(aop::ASYNC_EVENT_REQUEST, Always, 0, 0),
-    cmd(aop::NAMESPACE_MANAGEMENT, NsMgmt, INVENTORY, oacs::NS_MGMT),
-    cmd(aop::KEEP_ALIVE, Always, 0, 0),
-    cmd(aop::NAMESPACE_ATTACHMENT, NsMgmt, INVENTORY, oacs::NS_MGMT),
-    cmd(aop::DOORBELL_BUFFER_CONFIG, ShadowDoorbells, 0, oacs::DOORBELL_BUFFER_CONFIG),
-    cmd(aop::FORMAT_NVM, Always, LBCC | INVENTORY | effects::CSE_ALL, oacs::FORMAT),
-];
+pub(crate) const INVENTORY: u32 = effects::NCC | effects::NIC;
 
 /// The NVM command set.
 pub(crate) static NVM: [Command; 14] = [
@@ -131,22 +121,13 @@ pub fn io_opcodes() -> impl Iterator<Item = u8> {
     NVM.iter().chain(&ZONED).map(|c| c.opcode)
 }
 
-fn find(table: &[Command], opcode: u8) -> Option<&Command> {
-    table.iter().find(|c| c.opcode == opcode)
-}
-
-/// Whether admin `opcode` is a command this controller offers now.
-pub(crate) fn admin_offered(opcode: u8, o: &Offers) -> bool {
-    find(&ADMIN, opcode).is_some_and(|c| c.offer.holds(o))
-}
-
-fn bits(table: &[Command], o: &Offers) -> u16 {
+fn bits<H>(table: &[Command<H>], o: &Offers) -> u16 {
     table.iter().filter(|c| c.offer.holds(o)).fold(0, |b, c| b | c.bit)
 }
 
-/// Identify Controller OACS: the admin commands' bits.
-pub(crate) fn oacs(o: &Offers) -> u16 {
-    bits(&ADMIN, o)
+/// Identify Controller OACS: the bits of the admin commands of `admin` offered.
+pub(crate) fn oacs<H>(admin: &[Command<H>], o: &Offers) -> u16 {
+    bits(admin, o)
 }
 
 /// Identify Controller ONCS, its command bits (Save and Select, Timestamp and the
@@ -158,10 +139,10 @@ pub(crate) fn oncs(o: &Offers) -> u16 {
 /// Commands Supported and Effects (Base §5.1.12.1.6) of the NVM command set, or
 /// with `zoned` of the Zoned Namespace set (the NVM set's commands and its own: a
 /// Linux host reads Zone Append's entry before it lets a zoned namespace be
-/// written).
-pub(crate) fn effects_log(zoned: bool, o: &Offers) -> CommandsSupportedAndEffects {
+/// written); `admin` is the admin table.
+pub(crate) fn effects_log<H>(admin: &[Command<H>], zoned: bool, o: &Offers) -> CommandsSupportedAndEffects {
     let mut e = CommandsSupportedAndEffects::new_zeroed();
-    for c in ADMIN.iter().filter(|c| c.offer.holds(o)) {
+    for c in admin.iter().filter(|c| c.offer.holds(o)) {
         e.acs[c.opcode as usize] = U32::new(c.effects);
     }
     let own: &[Command] = if zoned { &ZONED } else { &[] };
@@ -176,21 +157,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_opcode_appears_twice_in_a_command_set() {
-        for (name, table) in [("admin", &ADMIN[..]), ("NVM and zoned", &[&NVM[..], &ZONED[..]].concat()[..])]
-        {
-            for (i, c) in table.iter().enumerate() {
-                assert!(
-                    table[i + 1..].iter().all(|d| d.opcode != c.opcode),
-                    "{name}: {:#04x} twice",
-                    c.opcode
-                );
-            }
+    fn no_io_opcode_appears_twice() {
+        let io: Vec<u8> = io_opcodes().collect();
+        for (i, c) in io.iter().enumerate() {
+            assert!(!io[i + 1..].contains(c), "{c:#04x} twice");
         }
     }
 
     #[test]
-    fn every_optional_command_has_its_identify_bit_and_an_offer_that_can_clear_it() {
+    fn every_optional_io_command_has_its_oncs_bit_and_an_offer_that_can_clear_it() {
         let none = Offers::default();
         let all = Offers {
             shadow_doorbells: true,
@@ -199,18 +174,10 @@ mod tests {
             write_zeroes: true,
             reservations: true,
         };
-        for c in ADMIN.iter().chain(&NVM) {
-            if c.offer != Always {
-                assert_ne!(c.bit, 0, "{:#04x} is optional and reported by no bit", c.opcode);
-                assert!(!c.offer.holds(&none) && c.offer.holds(&all), "{:#04x}", c.opcode);
-            }
+        for c in NVM.iter().filter(|c| c.offer != Always) {
+            assert_ne!(c.bit, 0, "{:#04x} is optional and reported by no bit", c.opcode);
+            assert!(!c.offer.holds(&none) && c.offer.holds(&all), "{:#04x}", c.opcode);
         }
-        assert_eq!(oacs(&none), oacs::FORMAT);
         assert_eq!(oncs(&none), oncs::COMPARE | oncs::VERIFY | oncs::COPY);
-        assert_eq!(
-            oacs(&all),
-            oacs::FORMAT | oacs::NS_MGMT | oacs::DOORBELL_BUFFER_CONFIG,
-            "every admin bit, once"
-        );
     }
 }

@@ -154,7 +154,7 @@ impl Admin<'_> {
         c.cntrltype = cntrltype::IO;
         // The admin commands offered (crate::commands, as dispatch and the Effects log).
         let offers = self.offers();
-        c.oacs = U16::new(crate::commands::oacs(&offers));
+        c.oacs = U16::new(crate::commands::oacs(&super::table::ADMIN, &offers));
         // Keep Alive, optional over PCIe: supported (Keep Alive Timer feature,
         // Keep Alive command), off until the host sets a KATO.
         c.kas = U16::new(super::features::KAS_100MS);

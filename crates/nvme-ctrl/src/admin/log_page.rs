@@ -38,8 +38,12 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => crate::commands::effects_log(false, &self.offers()).as_bytes().to_vec(),
-                CSI_ZNS => crate::commands::effects_log(true, &self.offers()).as_bytes().to_vec(),
+                CSI_NVM => crate::commands::effects_log(&super::table::ADMIN, false, &self.offers())
+                    .as_bytes()
+                    .to_vec(),
+                CSI_ZNS => crate::commands::effects_log(&super::table::ADMIN, true, &self.offers())
+                    .as_bytes()
+                    .to_vec(),
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",

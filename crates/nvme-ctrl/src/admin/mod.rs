@@ -11,6 +11,7 @@ mod nsmgmt;
 mod queue_mgmt;
 mod resv;
 mod saved;
+mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use block_backend::{BackendError, BackendQueue, Completion, DataBuf, Op, Request, Segment, SegmentCursor};
 use guest_mem::GuestMemory;
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::{admin as op, AdminOpcode};
+use nvme_spec::opcode::AdminOpcode;
 use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
@@ -276,45 +277,6 @@ impl Admin<'_> {
                 debug!(target: "vnvme::guest", "admin {}: {e}", describe(AdminOpcode(sqe.opcode()), &sqe));
                 self.engine.complete(0, cid, e.status(), 0, sqe.nsid.get(), 0);
             }
-        }
-    }
-
-    /// What this controller offers of the optional commands now (crate::commands).
-    pub(crate) fn offers(&self) -> crate::commands::Offers {
-        crate::commands::Offers {
-            shadow_doorbells: self.cfg.shadow_doorbells,
-            ns_mgmt: self.cfg.pool.is_some(),
-            dsm: self.engine.ctx.caps.dsm,
-            write_zeroes: self.engine.ctx.caps.write_zeroes,
-            reservations: self.admin.resv_log.watching(),
-        }
-    }
-
-    fn dispatch_admin(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
-        if !crate::commands::admin_offered(sqe.opcode(), &self.offers()) {
-            return Err(CommandError::InvalidOpcode(sqe.opcode()));
-        }
-        match sqe.opcode() {
-            op::DELETE_IO_SQ => self.delete_io_sq(sqe),
-            op::CREATE_IO_SQ => self.create_io_sq(sqe),
-            op::GET_LOG_PAGE => self.get_log_page(sqe),
-            op::DELETE_IO_CQ => self.delete_io_cq(sqe),
-            op::CREATE_IO_CQ => self.create_io_cq(sqe),
-            op::IDENTIFY => self.identify(sqe),
-            op::ABORT => self.abort(sqe),
-            op::SET_FEATURES => self.set_features(sqe),
-            op::GET_FEATURES => self.get_features(sqe),
-            op::ASYNC_EVENT_REQUEST => self.async_event_request(sqe),
-            op::KEEP_ALIVE => {
-                // Base §3.9.5: the Keep Alive Timer starts again.
-                self.admin.features.restart_keep_alive(self.clock.now_ns());
-                done()
-            }
-            op::DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(sqe),
-            op::FORMAT_NVM => self.format_nvm(sqe),
-            op::NAMESPACE_MANAGEMENT => self.namespace_management(sqe),
-            op::NAMESPACE_ATTACHMENT => self.namespace_attachment(sqe),
-            other => Err(CommandError::InvalidOpcode(other)),
         }
     }
 
