@@ -18,49 +18,120 @@ pub struct Stats {
     shards: Shards<[AtomicU64; Count::N]>,
 }
 
-/// The counters of [`Stats`].
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Count {
+/// Declares the counters once: each line gives a counter's snapshot field and its
+/// [`Count`]; the macro makes [`Count`], [`StatsSnapshot`], [`StatsSaved`], the
+/// snapshot, the restore, the difference and the look-up by name from it. A new
+/// counter is a line here plus where it is counted (and, for operators, its metric
+/// and its line in `vnvme ctl stats.get`).
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $([$serde:meta])? $field:ident => $count:ident,)*) => {
+        /// The counters of [`Stats`].
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) enum Count {
+            $($(#[doc = $doc])* $count,)*
+        }
+
+        impl Count {
+            const N: usize = [$(stringify!($count)),*].len();
+        }
+
+        /// A plain copy of [`Stats`] at one moment (serialised with the counters'
+        /// names as keys: the stats file and the control socket show it so).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        pub struct StatsSnapshot {
+            $($(#[doc = $doc])* $(#[$serde])? pub $field: u64,)*
+        }
+
+        /// The counters' part of a saved controller state.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct StatsSaved {
+            $($(#[$serde])? pub $field: u64,)*
+        }
+
+        impl StatsSnapshot {
+            /// Every counter's name, as the stats file and the control socket key it.
+            pub const NAMES: [&'static str; Count::N] = [$(stringify!($field)),*];
+
+            /// The counter called `name`, if there is one.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($field) => Some(self.$field),)*
+                    _ => None,
+                }
+            }
+
+            fn from_values(v: &[u64; Count::N]) -> StatsSnapshot {
+                StatsSnapshot { $($field: v[Count::$count as usize],)* }
+            }
+        }
+
+        impl Stats {
+            /// Sets every counter to a saved value (a restored controller).
+            pub(crate) fn restore(&self, s: &StatsSaved) {
+                // The shards keep what they counted (their owners write them): the
+                // base takes the rest, so that a snapshot shows the saved values.
+                let e = self.sharded();
+                $(self.base[Count::$count as usize]
+                    .store(s.$field.wrapping_sub(e[Count::$count as usize]), Ordering::Relaxed);)*
+            }
+        }
+
+        impl std::ops::Sub for StatsSnapshot {
+            type Output = StatsSnapshot;
+            fn sub(self, o: StatsSnapshot) -> StatsSnapshot {
+                StatsSnapshot { $($field: self.$field - o.$field,)* }
+            }
+        }
+
+        impl From<StatsSnapshot> for StatsSaved {
+            fn from(s: StatsSnapshot) -> Self {
+                StatsSaved { $($field: s.$field,)* }
+            }
+        }
+    };
+}
+
+counters! {
     /// Doorbell register writes that reached the controller (trapped MMIO writes).
-    DoorbellWrites,
+    doorbell_writes => DoorbellWrites,
     /// Trapped doorbell writes to I/O queues only.
-    IoDoorbellWrites,
+    io_doorbell_writes => IoDoorbellWrites,
     /// Of those, writes to I/O completion queue head doorbells. With shadow doorbells
     /// the controller keeps CQ EventIdx one entry behind the head, so a host following
     /// the EventIdx rule writes these about once per queue wrap.
-    IoCqDoorbellWrites,
+    io_cq_doorbell_writes => IoCqDoorbellWrites,
     /// Interrupts signalled.
-    Interrupts,
+    interrupts => Interrupts,
     /// Admin commands completed.
-    AdminCommands,
+    admin_commands => AdminCommands,
     /// I/O commands completed.
-    IoCommands,
+    io_commands => IoCommands,
     /// Shadow doorbell reads.
-    ShadowReads,
+    shadow_reads => ShadowReads,
     /// EventIdx re-arms that found new work after the fence (the race the re-read closes).
-    EventidxRaces,
+    eventidx_races => EventidxRaces,
     /// Rounds of the queues that found work after which a polling engine paused before
-    /// reading the doorbells in memory again (doorbell::gap).
-    DoorbellPauses,
+    /// reading the doorbells in memory again (doorbell::gap). Absent from what an older
+    /// build wrote: 0.
+    [serde(default)]
+    doorbell_pauses => DoorbellPauses,
     /// Commands that completed with an error status.
-    Errors,
+    errors => Errors,
     /// Read commands completed.
-    ReadCommands,
+    read_commands => ReadCommands,
     /// Write commands completed.
-    WriteCommands,
+    write_commands => WriteCommands,
     /// Commands that failed with a media error.
-    MediaErrors,
+    media_errors => MediaErrors,
     /// Backend requests that failed (any reason).
-    BackendErrors,
+    backend_errors => BackendErrors,
     /// Commands completed with an error because their backend did not answer in time
     /// (the namespace's timeout, or the bound on a queue's teardown).
-    Timeouts,
-    BytesRead,
-    BytesWritten,
-}
-
-impl Count {
-    const N: usize = Count::BytesWritten as usize + 1;
+    timeouts => Timeouts,
+    /// Bytes read.
+    bytes_read => BytesRead,
+    /// Bytes written.
+    bytes_written => BytesWritten,
 }
 
 /// Counters one owner at a time writes: shards of a set of counters anyone may read.
@@ -142,31 +213,6 @@ impl EngineCounts {
     }
 }
 
-/// A plain copy of [`Stats`] at one moment (serialised with the counters' names as
-/// keys: the stats file and the control socket show it so).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StatsSnapshot {
-    pub doorbell_writes: u64,
-    pub io_doorbell_writes: u64,
-    pub io_cq_doorbell_writes: u64,
-    pub interrupts: u64,
-    pub admin_commands: u64,
-    pub io_commands: u64,
-    pub shadow_reads: u64,
-    pub eventidx_races: u64,
-    /// Absent from what an older build wrote: 0.
-    #[serde(default)]
-    pub doorbell_pauses: u64,
-    pub errors: u64,
-    pub read_commands: u64,
-    pub write_commands: u64,
-    pub media_errors: u64,
-    pub backend_errors: u64,
-    pub timeouts: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-}
-
 impl Stats {
     /// A shard for an engine to count in.
     pub(crate) fn engine_counts(&self) -> EngineCounts {
@@ -201,78 +247,7 @@ impl Stats {
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let v = self.values();
-        let g = |k: Count| v[k as usize];
-        StatsSnapshot {
-            doorbell_writes: g(Count::DoorbellWrites),
-            io_doorbell_writes: g(Count::IoDoorbellWrites),
-            io_cq_doorbell_writes: g(Count::IoCqDoorbellWrites),
-            interrupts: g(Count::Interrupts),
-            admin_commands: g(Count::AdminCommands),
-            io_commands: g(Count::IoCommands),
-            shadow_reads: g(Count::ShadowReads),
-            eventidx_races: g(Count::EventidxRaces),
-            doorbell_pauses: g(Count::DoorbellPauses),
-            errors: g(Count::Errors),
-            read_commands: g(Count::ReadCommands),
-            write_commands: g(Count::WriteCommands),
-            media_errors: g(Count::MediaErrors),
-            backend_errors: g(Count::BackendErrors),
-            timeouts: g(Count::Timeouts),
-            bytes_read: g(Count::BytesRead),
-            bytes_written: g(Count::BytesWritten),
-        }
-    }
-
-    /// Sets every counter to a saved value (a restored controller).
-    pub(crate) fn restore(&self, s: &StatsSaved) {
-        // The shards keep what they counted (their owners write them): the base
-        // takes the rest, so that a snapshot shows the saved values.
-        let e = self.sharded();
-        let set =
-            |k: Count, v: u64| self.base[k as usize].store(v.wrapping_sub(e[k as usize]), Ordering::Relaxed);
-        set(Count::DoorbellWrites, s.doorbell_writes);
-        set(Count::IoDoorbellWrites, s.io_doorbell_writes);
-        set(Count::IoCqDoorbellWrites, s.io_cq_doorbell_writes);
-        set(Count::Interrupts, s.interrupts);
-        set(Count::AdminCommands, s.admin_commands);
-        set(Count::IoCommands, s.io_commands);
-        set(Count::ShadowReads, s.shadow_reads);
-        set(Count::EventidxRaces, s.eventidx_races);
-        set(Count::DoorbellPauses, s.doorbell_pauses);
-        set(Count::Errors, s.errors);
-        set(Count::ReadCommands, s.read_commands);
-        set(Count::WriteCommands, s.write_commands);
-        set(Count::MediaErrors, s.media_errors);
-        set(Count::BackendErrors, s.backend_errors);
-        set(Count::Timeouts, s.timeouts);
-        set(Count::BytesRead, s.bytes_read);
-        set(Count::BytesWritten, s.bytes_written);
-    }
-}
-
-impl std::ops::Sub for StatsSnapshot {
-    type Output = StatsSnapshot;
-    fn sub(self, o: StatsSnapshot) -> StatsSnapshot {
-        StatsSnapshot {
-            doorbell_writes: self.doorbell_writes - o.doorbell_writes,
-            io_doorbell_writes: self.io_doorbell_writes - o.io_doorbell_writes,
-            io_cq_doorbell_writes: self.io_cq_doorbell_writes - o.io_cq_doorbell_writes,
-            interrupts: self.interrupts - o.interrupts,
-            admin_commands: self.admin_commands - o.admin_commands,
-            io_commands: self.io_commands - o.io_commands,
-            shadow_reads: self.shadow_reads - o.shadow_reads,
-            eventidx_races: self.eventidx_races - o.eventidx_races,
-            doorbell_pauses: self.doorbell_pauses - o.doorbell_pauses,
-            errors: self.errors - o.errors,
-            read_commands: self.read_commands - o.read_commands,
-            write_commands: self.write_commands - o.write_commands,
-            media_errors: self.media_errors - o.media_errors,
-            backend_errors: self.backend_errors - o.backend_errors,
-            timeouts: self.timeouts - o.timeouts,
-            bytes_read: self.bytes_read - o.bytes_read,
-            bytes_written: self.bytes_written - o.bytes_written,
-        }
+        StatsSnapshot::from_values(&self.values())
     }
 }
 
@@ -560,57 +535,42 @@ impl QueueStats {
     }
 }
 
-/// The counters' part of a saved controller state.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatsSaved {
-    pub doorbell_writes: u64,
-    pub io_doorbell_writes: u64,
-    pub io_cq_doorbell_writes: u64,
-    pub interrupts: u64,
-    pub admin_commands: u64,
-    pub io_commands: u64,
-    pub shadow_reads: u64,
-    pub eventidx_races: u64,
-    /// Absent from what an older build wrote: 0.
-    #[serde(default)]
-    pub doorbell_pauses: u64,
-    pub errors: u64,
-    pub read_commands: u64,
-    pub write_commands: u64,
-    pub media_errors: u64,
-    pub backend_errors: u64,
-    pub timeouts: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-}
-
-impl From<StatsSnapshot> for StatsSaved {
-    fn from(s: StatsSnapshot) -> Self {
-        StatsSaved {
-            doorbell_writes: s.doorbell_writes,
-            io_doorbell_writes: s.io_doorbell_writes,
-            io_cq_doorbell_writes: s.io_cq_doorbell_writes,
-            interrupts: s.interrupts,
-            admin_commands: s.admin_commands,
-            io_commands: s.io_commands,
-            shadow_reads: s.shadow_reads,
-            eventidx_races: s.eventidx_races,
-            doorbell_pauses: s.doorbell_pauses,
-            errors: s.errors,
-            read_commands: s.read_commands,
-            write_commands: s.write_commands,
-            media_errors: s.media_errors,
-            backend_errors: s.backend_errors,
-            timeouts: s.timeouts,
-            bytes_read: s.bytes_read,
-            bytes_written: s.bytes_written,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_counter_is_named_as_the_stats_file_keys_it_and_saved_and_restored() {
+        let stats = Stats::default();
+        let c = stats.engine_counts();
+        for (i, n) in (0..Count::N).zip(1u64..) {
+            stats.base[i].store(n, Ordering::Relaxed);
+        }
+        c.add(Count::BytesWritten, 100);
+        let snap = stats.snapshot();
+        let json = serde_json::to_value(snap).unwrap();
+        let keys: std::collections::BTreeSet<&str> =
+            json.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, StatsSnapshot::NAMES.into_iter().collect(), "the stats file's keys");
+        for (name, n) in StatsSnapshot::NAMES.iter().zip(1u64..) {
+            let want = if *name == "bytes_written" { n + 100 } else { n };
+            assert_eq!(snap.get(name), Some(want), "{name}");
+            assert_eq!(json[name], want, "{name}");
+        }
+        assert_eq!(snap.get("no_such_counter"), None);
+        // Saved, and restored into a controller whose engine already counted.
+        let again = Stats::default();
+        let other = again.engine_counts();
+        other.add(Count::Interrupts, 7);
+        again.restore(&StatsSaved::from(snap));
+        assert_eq!(again.snapshot(), snap);
+        assert_eq!(snap - snap, StatsSnapshot::default());
+        // What an older build saved, without doorbell_pauses: 0.
+        let mut old = serde_json::to_value(StatsSaved::from(snap)).unwrap();
+        old.as_object_mut().unwrap().remove("doorbell_pauses");
+        let saved: StatsSaved = serde_json::from_value(old).unwrap();
+        assert_eq!(saved.doorbell_pauses, 0);
+    }
 
     #[test]
     fn latency_lands_in_the_bucket_its_bound_names() {

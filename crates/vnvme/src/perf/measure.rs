@@ -221,15 +221,7 @@ impl Counters {
     pub(super) fn delta(&self, ios: u64) -> Option<Value> {
         match self {
             Counters::InProcess { before: b, after: Some(f), .. } => {
-                let field = |s: &StatsSnapshot, k: &str| match k {
-                    "io_commands" => s.io_commands,
-                    "io_doorbell_writes" => s.io_doorbell_writes,
-                    "interrupts" => s.interrupts,
-                    "shadow_reads" => s.shadow_reads,
-                    "eventidx_races" => s.eventidx_races,
-                    "doorbell_pauses" => s.doorbell_pauses,
-                    _ => 0,
-                };
+                let field = |s: &StatsSnapshot, k: &str| s.get(k).unwrap_or(0);
                 Some(counters_json(json!("in-process controller"), &|k| {
                     field(f, k).saturating_sub(field(b, k))
                 }))
