@@ -1005,6 +1005,7 @@ if [ -n "$PEER_SPDK" ]; then
             { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
             log "$cfg qd $qd run $rep, $client perf: the CPUs moved between or within the two runs: again"
             set_aside "${pair[@]}"
+            npoints=$((npoints + 2))
           done
         done
       done
@@ -1061,6 +1062,7 @@ else
           { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
           log "$id qd $qd run $rep: the CPUs moved between or within the two runs: again"
           set_aside "${pair[@]}"
+          npoints=$((npoints + 2))
         done
       done
     done
