@@ -489,6 +489,17 @@ moved() {
     ($1 in keep) { for (i = 2; i <= 3; i++) if ($i != "") { v = $i + 0; if (!lo || v < lo) lo = v; if (v > hi) hi = v } }
     END { exit !(lo > 0 && hi > 2 * lo) }' "$OUT/runs/c2c.tsv"
 }
+# again TRY WHAT JSON JSON: whether the pair of those two runs (try TRY) is to run
+# again: its CPUs moved and tries are left. If so, says so, sets its runs aside and
+# counts the two runs to come.
+again() {
+  local try=$1 what=$2
+  shift 2
+  { [ "$try" -lt "$MOVED_TRIES" ] && moved "$@"; } || return 1
+  log "$what: the CPUs moved between or within the two runs: again"
+  set_aside "$@"
+  npoints=$((npoints + 2))
+}
 # set_aside JSON...: a pair run again because its CPUs moved: its runs' rows leave
 # the manifest and runs/c2c.tsv for runs/moved/ (their files with them), counted in
 # runs/moved/moved.tsv.
@@ -1001,11 +1012,8 @@ if [ -n "$PEER_SPDK" ]; then
             for side in "${order[@]}"; do
               peer_fresh "$cfg" "$qd" "$rep" "$side" "$client"
             done
-            pair=("runs/$cfg-qd$qd-r$rep-$client-spdk.json" "runs/$cfg-qd$qd-r$rep-$client-vnvme.json")
-            { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
-            log "$cfg qd $qd run $rep, $client perf: the CPUs moved between or within the two runs: again"
-            set_aside "${pair[@]}"
-            npoints=$((npoints + 2))
+            again "$try" "$cfg qd $qd run $rep, $client perf" \
+              "runs/$cfg-qd$qd-r$rep-$client-spdk.json" "runs/$cfg-qd$qd-r$rep-$client-vnvme.json" || break
           done
         done
       done
@@ -1058,11 +1066,7 @@ else
             SFX=-$side
             run_fresh "$id" "$qd" "$rep" "$side"
           done
-          pair=("runs/$id-qd$qd-r$rep-base.json" "runs/$id-qd$qd-r$rep-new.json")
-          { [ "$try" -lt "$MOVED_TRIES" ] && moved "${pair[@]}"; } || break
-          log "$id qd $qd run $rep: the CPUs moved between or within the two runs: again"
-          set_aside "${pair[@]}"
-          npoints=$((npoints + 2))
+          again "$try" "$id qd $qd run $rep" "runs/$id-qd$qd-r$rep-base.json" "runs/$id-qd$qd-r$rep-new.json" || break
         done
       done
     done

@@ -77,17 +77,16 @@ fn parse_args() -> Result<Knobs, String> {
 }
 
 fn pin(cpu: usize) -> Result<(), String> {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for
-    // cpu < CPU_SETSIZE, checked first.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(format!("CPU {cpu}: past CPU_SETSIZE"));
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(format!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error()));
-        }
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu}: past CPU_SETSIZE"));
+    }
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu < CPU_SETSIZE (checked above), so the bit is inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is this thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(format!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }

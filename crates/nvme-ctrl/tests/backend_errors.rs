@@ -145,19 +145,6 @@ fn every_failure_gets_an_error_log_entry_and_io_goes_on_under_load() {
     assert_eq!(le64(&smart(&mut h), 160), 3);
 }
 
-/// A RAM backend that claims neither deallocation nor native write zeroes.
-#[derive(Debug)]
-struct Plain(RamBackend);
-
-impl Backend for Plain {
-    fn info(&self) -> BackendInfo {
-        BackendInfo { discard: false, discard_zeroes: false, write_zeroes: false, ..self.0.info() }
-    }
-    fn open_queue(&self) -> std::io::Result<Box<dyn block_backend::BackendQueue>> {
-        self.0.open_queue()
-    }
-}
-
 #[test]
 fn optional_commands_are_advertised_only_when_the_backend_has_them() {
     const ONCS_DSM: u16 = 1 << 2;

@@ -12,13 +12,11 @@ mod io_common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use block_backend::{Backend, BackendInfo, NullBackend, RamBackend};
-use io_common::{opts, MEM};
+use block_backend::{Backend, NullBackend, RamBackend};
+use io_common::{effects_log, opts, Plain, MEM};
 use nvme_ctrl::pool::{LockPolicy, NamespacePool};
 use nvme_ctrl::zoned::ZonedConfig;
 use nvme_ctrl::{ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig};
-use nvme_spec::admin::GetLogPageCmd;
-use nvme_spec::log::lid;
 use nvme_spec::opcode::{admin as aop, nvm as iop};
 use nvme_spec::zns::{CSI_NVM, CSI_ZNS};
 use nvme_spec::{Sqe, Status};
@@ -26,19 +24,6 @@ use test_kit::MockHost;
 use zerocopy::little_endian::U32;
 
 const NS_BYTES: u64 = 8 << 20;
-
-/// A RAM backend that neither deallocates nor zeroes natively.
-#[derive(Debug)]
-struct Plain(RamBackend);
-
-impl Backend for Plain {
-    fn info(&self) -> BackendInfo {
-        BackendInfo { discard: false, discard_zeroes: false, write_zeroes: false, ..self.0.info() }
-    }
-    fn open_queue(&self) -> std::io::Result<Box<dyn block_backend::BackendQueue>> {
-        self.0.open_queue()
-    }
-}
 
 /// Files a configuration uses, removed when it is done.
 struct Scratch(Vec<PathBuf>);
@@ -165,23 +150,6 @@ fn configurations() -> Vec<(&'static str, ControllerConfig, u8, Scratch)> {
     out
 }
 
-/// The Commands Supported and Effects log of command set `csi`.
-fn effects(h: &mut MockHost, csi: u8) -> Vec<u8> {
-    let mut c = GetLogPageCmd {
-        nsid: 0xffff_ffff,
-        lid: lid::COMMANDS_SUPPORTED_AND_EFFECTS,
-        numd_z: 1023,
-        csi,
-        ..Default::default()
-    }
-    .to_sqe();
-    c.set_prps(h.admin_buf, h.admin_buf + 4096);
-    assert!(h.admin_raw(c).status().is_success());
-    let mut v = vec![0u8; 4096];
-    h.mem.read(h.admin_buf, &mut v).unwrap();
-    v
-}
-
 fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
@@ -227,7 +195,8 @@ fn dispatch_identify_and_the_effects_log_agree_on_every_opcode_in_every_configur
         let id = h.identify(0x01, 0).unwrap();
         let oacs = u16::from_le_bytes([id[256], id[257]]);
         let oncs = u16::from_le_bytes([id[520], id[521]]);
-        let log = effects(&mut h, csi);
+        let (st, log) = effects_log(&mut h, csi);
+        assert!(st.is_success(), "{name}: Commands Supported and Effects");
         for op in 0..=255u8 {
             // Admin: nothing valid but the opcode; unaligned pointers, so a command
             // that takes memory (Doorbell Buffer Config) refuses it rather than use it.

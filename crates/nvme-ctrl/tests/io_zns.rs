@@ -18,7 +18,6 @@ use nvme_ctrl::zoned::ZonedConfig;
 use nvme_ctrl::{ControllerConfig, NamespaceConfig};
 use nvme_spec::admin::GetLogPageCmd;
 use nvme_spec::identify::cns;
-use nvme_spec::log::lid;
 use nvme_spec::nvm::{CopyCmd, CopyRange, ReadWriteCmd};
 use nvme_spec::opcode::zns as zop;
 use nvme_spec::zns::{zra, zsa, ZoneMgmtCmd, ZoneState, CSI_ZNS};
@@ -142,30 +141,15 @@ fn identify_tells_a_host_what_the_zoned_namespace_is() {
     let sets = h.identify_raw(0x1c, 0, 0).unwrap();
     assert_eq!(sets[0], 0b101, "combination 0: NVM and Zoned Namespace");
     // Linux forces a zoned namespace read-only unless this says Zone Append is there.
-    let effects = |h: &mut MockHost, csi: u8| {
-        let mut c = GetLogPageCmd {
-            nsid: 0xffff_ffff,
-            lid: lid::COMMANDS_SUPPORTED_AND_EFFECTS,
-            numd_z: 1023,
-            csi,
-            ..Default::default()
-        }
-        .to_sqe();
-        c.set_prps(h.admin_buf, h.admin_buf + 4096);
-        let st = h.admin_raw(c).status();
-        let mut v = vec![0u8; 4096];
-        h.mem.read(h.admin_buf, &mut v).unwrap();
-        (st, v)
-    };
-    let (st, log) = effects(&mut h, CSI_ZNS);
+    let (st, log) = effects_log(&mut h, CSI_ZNS);
     assert_eq!(st, Status::SUCCESS);
     let iocs = |log: &[u8], op: u8| le32(log, 1024 + 4 * op as usize);
     assert_eq!(iocs(&log, zop::ZONE_APPEND) & 3, 3, "Zone Append: supported, changes LBA content");
     assert_eq!(iocs(&log, zop::ZONE_MGMT_RECV) & 1, 1);
-    let (st, log) = effects(&mut h, 0);
+    let (st, log) = effects_log(&mut h, 0);
     assert_eq!(st, Status::SUCCESS);
     assert_eq!(iocs(&log, zop::ZONE_APPEND), 0, "not in the NVM set's log");
-    assert_eq!(effects(&mut h, 1).0.code(), Status::INVALID_FIELD);
+    assert_eq!(effects_log(&mut h, 1).0.code(), Status::INVALID_FIELD);
 }
 
 #[test]

@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use block_backend::{Backend, NullBackend, RamBackend};
+use block_backend::{Backend, BackendInfo, NullBackend, RamBackend};
 use nvme_ctrl::Lifecycle;
 use nvme_ctrl::{ControllerConfig, MetaFile, MetadataConfig, NamespaceConfig};
+use nvme_spec::admin::GetLogPageCmd;
 use nvme_spec::features::{fid, NumberOfQueues};
+use nvme_spec::log::lid;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::{Cqe, Status};
 use test_kit::{InitOptions, MockHost};
@@ -105,4 +107,35 @@ pub fn pi_host(lbaf: u8, dps: u8) -> MockHost {
     let mut h = MockHost::new(cfg, MEM);
     h.init(opts()).expect("bring-up");
     h
+}
+
+/// A RAM backend that claims neither deallocation nor native write zeroes.
+#[derive(Debug)]
+pub struct Plain(pub RamBackend);
+
+impl Backend for Plain {
+    fn info(&self) -> BackendInfo {
+        BackendInfo { discard: false, discard_zeroes: false, write_zeroes: false, ..self.0.info() }
+    }
+    fn open_queue(&self) -> std::io::Result<Box<dyn block_backend::BackendQueue>> {
+        self.0.open_queue()
+    }
+}
+
+/// Get Log Page Commands Supported and Effects of command set `csi`: the status and
+/// the 4 KiB page.
+pub fn effects_log(h: &mut MockHost, csi: u8) -> (Status, Vec<u8>) {
+    let mut c = GetLogPageCmd {
+        nsid: 0xffff_ffff,
+        lid: lid::COMMANDS_SUPPORTED_AND_EFFECTS,
+        numd_z: 1023,
+        csi,
+        ..Default::default()
+    }
+    .to_sqe();
+    c.set_prps(h.admin_buf, h.admin_buf + 4096);
+    let st = h.admin_raw(c).status();
+    let mut v = vec![0u8; 4096];
+    h.mem.read(h.admin_buf, &mut v).unwrap();
+    (st, v)
 }
