@@ -1,11 +1,25 @@
 //! Two opens of one file in this process exclude each other exactly as two
 //! processes do (the locks are the open file's), so most cases need one process;
 //! a Python child that locks as QEMU does stands for a holder that is not vnvme.
+//!
+//! An OFD lock goes when the last descriptor of its open goes, and a child
+//! spawned by another test thread holds a copy of every descriptor from its fork
+//! to its exec. So a test that frees a lock by closing a file holds `SPAWNS` for
+//! reading, and the test that spawns holds it for writing: no child is between
+//! fork and exec while a test counts on a close freeing its lock.
 
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use super::*;
+
+static SPAWNS: RwLock<()> = RwLock::new(());
+
+/// Held by a test that counts on a closed file's lock being gone.
+fn no_spawns() -> RwLockReadGuard<'static, ()> {
+    SPAWNS.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn temp(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("vnvme-file-lock-{}-{name}", std::process::id()));
@@ -34,6 +48,7 @@ fn in_use(r: Result<(), LockError>) -> InUse {
 
 #[test]
 fn a_second_writer_is_refused_and_told_who_holds_the_file() {
+    let _quiet = no_spawns();
     let p = temp("writers");
     let (a, b) = (open(&p), open(&p));
     lock(&a, &req(Mode::Write, 1)).unwrap();
@@ -51,6 +66,7 @@ fn a_second_writer_is_refused_and_told_who_holds_the_file() {
 
 #[test]
 fn readers_share_and_keep_writers_out() {
+    let _quiet = no_spawns();
     let p = temp("readers");
     let (r1, r2, w) = (open(&p), open(&p), open(&p));
     lock(&r1, &req(Mode::Read, 1)).unwrap();
@@ -66,6 +82,7 @@ fn readers_share_and_keep_writers_out() {
 
 #[test]
 fn writers_of_one_group_share_and_no_one_else_does() {
+    let _quiet = no_spawns();
     let p = temp("group");
     let (a, b, c, d, e) = (open(&p), open(&p), open(&p), open(&p), open(&p));
     lock(&a, &req(shared("SN-1"), 1)).unwrap();
@@ -117,6 +134,7 @@ fn holders_are_named_with_pid_role_and_namespace() {
 /// the file open is named.
 #[test]
 fn a_holder_that_is_not_vnvme_is_named_by_its_process() {
+    let _spawning = SPAWNS.write().unwrap_or_else(|e| e.into_inner());
     let p = temp("qemu-like");
     // A writer as QEMU locks one: it has read, write, write-unchanged and resize,
     // and shares neither write nor resize.
