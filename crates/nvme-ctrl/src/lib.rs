@@ -79,6 +79,6 @@ pub use runtime::workers::{Worker, WorkerStats};
 pub use runtime::WorkerConfig;
 pub use state::{ControllerState, StateError, STATE_VERSION};
 pub use stats::{
-    NsStats, NsStatsSnapshot, OpClass, OpSnapshot, QueueSnapshot, QueueStats, Stats, StatsSnapshot,
-    LATENCY_BOUNDS_NS, LATENCY_BUCKETS,
+    Counter, NsStats, NsStatsSnapshot, OpClass, OpSnapshot, QueueSnapshot, QueueStats, Shown, Stats,
+    StatsSnapshot, LATENCY_BOUNDS_NS, LATENCY_BUCKETS,
 };

@@ -18,13 +18,16 @@ pub struct Stats {
     shards: Shards<[AtomicU64; Count::N]>,
 }
 
-/// Declares the counters once: each line gives a counter's snapshot field and its
-/// [`Count`]; the macro makes [`Count`], [`StatsSnapshot`], [`StatsSaved`], the
-/// snapshot, the restore, the difference and the look-up by name from it. A new
-/// counter is a line here plus where it is counted (and, for operators, its metric
-/// and its line in `vnvme ctl stats.get`).
+/// Declares the counters once: each line gives a counter's snapshot field (the key
+/// in the stats file, the control socket's JSON and a saved state), its [`Count`],
+/// its Prometheus name, its label in `vnvme ctl stats.get` and how that shows it;
+/// its doc comment is the metric's help. The macro makes [`Count`],
+/// [`StatsSnapshot`], [`StatsSaved`], the snapshot, the restore, the difference,
+/// the look-up by name and [`StatsSnapshot::COUNTERS`] from it, so a new counter is
+/// a line here plus where it is counted.
 macro_rules! counters {
-    ($($(#[doc = $doc:literal])* $([$serde:meta])? $field:ident => $count:ident,)*) => {
+    ($($(#[doc = $doc:literal])* $([$serde:meta])?
+       $field:ident => $count:ident, $metric:literal, $label:literal, $shown:ident;)*) => {
         /// The counters of [`Stats`].
         #[derive(Clone, Copy, Debug)]
         pub(crate) enum Count {
@@ -51,6 +54,20 @@ macro_rules! counters {
         impl StatsSnapshot {
             /// Every counter's name, as the stats file and the control socket key it.
             pub const NAMES: [&'static str; Count::N] = [$(stringify!($field)),*];
+
+            /// Every counter as operators see it, in the order of [`StatsSnapshot::values`].
+            pub const COUNTERS: [Counter; Count::N] = [$(Counter {
+                key: stringify!($field),
+                metric: $metric,
+                help: concat!($($doc),*),
+                label: $label,
+                shown: Shown::$shown,
+            }),*];
+
+            /// The counters' values, in the order of [`StatsSnapshot::COUNTERS`].
+            pub fn values(&self) -> [u64; Count::N] {
+                [$(self.$field),*]
+            }
 
             /// The counter called `name`, if there is one.
             pub fn get(&self, name: &str) -> Option<u64> {
@@ -91,47 +108,78 @@ macro_rules! counters {
     };
 }
 
+/// One controller counter as operators see it (a row of [`counters!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counter {
+    /// Its key in the stats file, the control socket's JSON and a saved state.
+    pub key: &'static str,
+    /// Its Prometheus name, without the `vnvme_` prefix and the `_total` suffix.
+    pub metric: &'static str,
+    /// The metric's help: the counter's doc comment (each line begins with a space).
+    pub help: &'static str,
+    /// Its label in `vnvme ctl stats.get`.
+    pub label: &'static str,
+    pub shown: Shown,
+}
+
+/// How `vnvme ctl stats.get` shows a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// The count alone.
+    Count,
+    /// The count and how many there were per I/O command.
+    PerIo,
+    /// A number of bytes, in the unit that reads best.
+    Bytes,
+}
+
 counters! {
-    /// Doorbell register writes that reached the controller (trapped MMIO writes).
-    doorbell_writes => DoorbellWrites,
-    /// Trapped doorbell writes to I/O queues only.
-    io_doorbell_writes => IoDoorbellWrites,
-    /// Of those, writes to I/O completion queue head doorbells. With shadow doorbells
-    /// the controller keeps CQ EventIdx one entry behind the head, so a host following
-    /// the EventIdx rule writes these about once per queue wrap.
-    io_cq_doorbell_writes => IoCqDoorbellWrites,
-    /// Interrupts signalled.
-    interrupts => Interrupts,
-    /// Admin commands completed.
-    admin_commands => AdminCommands,
-    /// I/O commands completed.
-    io_commands => IoCommands,
-    /// Shadow doorbell reads.
-    shadow_reads => ShadowReads,
-    /// EventIdx re-arms that found new work after the fence (the race the re-read closes).
-    eventidx_races => EventidxRaces,
-    /// Rounds of the queues that found work after which a polling engine paused before
-    /// reading the doorbells in memory again (doorbell::gap). Absent from what an older
-    /// build wrote: 0.
-    [serde(default)]
-    doorbell_pauses => DoorbellPauses,
-    /// Commands that completed with an error status.
-    errors => Errors,
-    /// Read commands completed.
-    read_commands => ReadCommands,
-    /// Write commands completed.
-    write_commands => WriteCommands,
-    /// Commands that failed with a media error.
-    media_errors => MediaErrors,
-    /// Backend requests that failed (any reason).
-    backend_errors => BackendErrors,
+    /// I/O commands completed, over all namespaces and queues.
+    io_commands => IoCommands, "io_commands", "I/O commands", Count;
+    /// Read commands completed, over all namespaces.
+    read_commands => ReadCommands, "read_commands", "read commands", Count;
+    /// Write commands completed, over all namespaces.
+    write_commands => WriteCommands, "write_commands", "write commands", Count;
+    /// Admin commands completed (Identify, queue creation and deletion, Get Log Page,
+    /// features, ...).
+    admin_commands => AdminCommands, "admin_commands", "admin commands", Count;
+    /// Data bytes Read commands moved to the guest, over all namespaces.
+    bytes_read => BytesRead, "read_bytes", "data read", Bytes;
+    /// Data bytes Write commands moved from the guest, over all namespaces.
+    bytes_written => BytesWritten, "written_bytes", "data written", Bytes;
+    /// Commands, admin and I/O, completed with an error status.
+    errors => Errors, "command_errors", "command errors", Count;
+    /// Requests to the storage backends that failed, for any reason.
+    backend_errors => BackendErrors, "backend_errors", "backend errors", Count;
+    /// Commands failed with a media error: the backend could not read or write the
+    /// data.
+    media_errors => MediaErrors, "media_errors", "media errors", Count;
     /// Commands completed with an error because their backend did not answer in time
-    /// (the namespace's timeout, or the bound on a queue's teardown).
-    timeouts => Timeouts,
-    /// Bytes read.
-    bytes_read => BytesRead,
-    /// Bytes written.
-    bytes_written => BytesWritten,
+    /// (the namespace's timeout, or the bound on deleting a queue).
+    timeouts => Timeouts, "command_timeouts", "command timeouts", Count;
+    /// Doorbell register writes that trapped to the controller (a VM exit each), all
+    /// queues. With shadow doorbells most updates do not trap.
+    doorbell_writes => DoorbellWrites, "doorbell_writes", "doorbell writes", Count;
+    /// Trapped doorbell writes to I/O queues only; divided by vnvme_io_commands_total,
+    /// the traps each I/O costs.
+    io_doorbell_writes => IoDoorbellWrites, "io_doorbell_writes", "I/O doorbell writes", PerIo;
+    /// Of the trapped I/O doorbell writes, those to completion queue heads. With
+    /// shadow doorbells the controller keeps CQ EventIdx one entry behind the head, so
+    /// a host following the EventIdx rule writes these about once per queue wrap.
+    io_cq_doorbell_writes => IoCqDoorbellWrites, "io_cq_doorbell_writes", "  of them CQ heads", PerIo;
+    /// Reads of the shadow doorbell buffer (Doorbell Buffer Config), which tell the
+    /// controller new queue tails and heads without a trap.
+    shadow_reads => ShadowReads, "shadow_doorbell_reads", "shadow doorbell reads", PerIo;
+    /// Times the controller, about to stop polling a queue, found new work the host
+    /// posted meanwhile (the EventIdx re-check caught it; no I/O waits for a trap).
+    eventidx_races => EventidxRaces, "eventidx_races", "EventIdx races", Count;
+    /// Times a polling controller, having found work, paused about 250 ns before
+    /// reading the doorbells in memory again, so a host ringing once per command
+    /// writes a few more meanwhile.
+    [serde(default)]
+    doorbell_pauses => DoorbellPauses, "doorbell_pauses", "doorbell pauses", PerIo;
+    /// Interrupts signalled to the guest, all queues.
+    interrupts => Interrupts, "interrupts", "interrupts", PerIo;
 }
 
 /// Counters one owner at a time writes: shards of a set of counters anyone may read.
@@ -538,6 +586,24 @@ impl QueueStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_counter_has_one_key_one_metric_one_label_and_help() {
+        let c = StatsSnapshot::COUNTERS;
+        assert_eq!(c.map(|c| c.key), StatsSnapshot::NAMES);
+        for (i, a) in c.iter().enumerate() {
+            let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+            assert!(ok(a.metric) && !a.metric.ends_with("_total"), "{a:?}: the encoder adds _total");
+            assert!(a.help.starts_with(' ') && a.help.len() > 30, "{a:?}: its doc comment is its help");
+            for b in &c[i + 1..] {
+                assert!(a.metric != b.metric && a.label != b.label, "{a:?} and {b:?}");
+            }
+        }
+        // The values come in the same order as the rows.
+        let s = StatsSnapshot { doorbell_pauses: 7, ..Default::default() };
+        let at = c.iter().position(|c| c.key == "doorbell_pauses").unwrap();
+        assert_eq!(s.values().iter().position(|&v| v == 7), Some(at));
+    }
 
     #[test]
     fn every_counter_is_named_as_the_stats_file_keys_it_and_saved_and_restored() {

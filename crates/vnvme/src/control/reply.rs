@@ -308,18 +308,9 @@ pub struct StorageStats {
     pub outage_s: f64,
 }
 
-/// One I/O queue pair in `stats.get` (doorbell writes: trapped ones).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct QueueStats {
-    pub qid: u16,
-    /// The worker that runs it; none: the server's own thread (inline).
-    pub worker: Option<usize>,
-    pub commands: u64,
-    pub sq_doorbell_writes: u64,
-    pub cq_doorbell_writes: u64,
-    pub completions: u64,
-    pub interrupts: u64,
-}
+/// One I/O queue pair in `stats.get` (doorbell writes: trapped ones): the
+/// controller's own snapshot of it, serialised as it is.
+pub use nvme_ctrl::QueueSnapshot as QueueStats;
 
 /// One I/O worker thread in `stats.get`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::control::reply;
+use nvme_ctrl::{Shown, StatsSnapshot};
 
 /// The result of `method` for people; an answer this build cannot read as its
 /// type is shown key by key.
@@ -169,29 +170,14 @@ fn stats(r: &reply::Stats) -> String {
         }
     };
     let mut s = String::from("controller\n");
-    let lines = [
-        (
-            "I/O commands",
-            format!("{} (reads {}, writes {})", c.io_commands, c.read_commands, c.write_commands),
-        ),
-        ("admin commands", c.admin_commands.to_string()),
-        ("data", format!("{} read, {} written", bytes(c.bytes_read), bytes(c.bytes_written))),
-        (
-            "errors",
-            format!(
-                "{} completed with an error status (backend {}, media {}, timed out {})",
-                c.errors, c.backend_errors, c.media_errors, c.timeouts
-            ),
-        ),
-        ("doorbell writes", format!("{} trapped, all queues", c.doorbell_writes)),
-        ("  I/O SQ", format!("{}{}", c.io_doorbell_writes, per(c.io_doorbell_writes))),
-        ("  I/O CQ", format!("{}{}", c.io_cq_doorbell_writes, per(c.io_cq_doorbell_writes))),
-        ("shadow reads", format!("{} (EventIdx races {})", c.shadow_reads, c.eventidx_races)),
-        ("doorbell pauses", format!("{}{}", c.doorbell_pauses, per(c.doorbell_pauses))),
-        ("interrupts", format!("{}{}", c.interrupts, per(c.interrupts))),
-    ];
-    for (k, v) in lines {
-        s.push_str(&format!("  {k:<18} {v}\n"));
+    // Each counter as its row in nvme-ctrl's `counters!` labels and shows it.
+    for (k, v) in StatsSnapshot::COUNTERS.iter().zip(c.values()) {
+        let v = match k.shown {
+            Shown::Count => v.to_string(),
+            Shown::PerIo => format!("{v}{}", per(v)),
+            Shown::Bytes => bytes(v),
+        };
+        s.push_str(&format!("  {:<24} {v}\n", k.label));
     }
 
     let mut rows = Vec::new();
@@ -456,9 +442,12 @@ mod tests {
         });
         let s = human("stats.get", &r);
         for want in [
-            "  data               600 KiB read, 50 MiB written\n",
-            "    I/O SQ           50 (0.250 per I/O command)\n",
-            "  interrupts         100 (0.500 per I/O command)\n",
+            "  data read                600 KiB\n",
+            "  data written             50 MiB\n",
+            "  I/O doorbell writes      50 (0.250 per I/O command)\n",
+            "    of them CQ heads       10 (0.050 per I/O command)\n",
+            "  interrupts               100 (0.500 per I/O command)\n",
+            "  EventIdx races           2\n",
             "NSID  KIND   COMMANDS     DATA  ERRORS  AVG LATENCY\n",
             "   1  write        50   50 MiB       0      12.2 us\n",
             "namespace 1: QoS held back 3 commands for 0.500 s in all\n",

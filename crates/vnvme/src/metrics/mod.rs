@@ -200,19 +200,7 @@ pub fn report(s: &Scrape) -> reply::Stats {
                 }),
             })
             .collect(),
-        queues: s
-            .queues
-            .iter()
-            .map(|q| reply::QueueStats {
-                qid: q.qid,
-                worker: q.worker,
-                commands: q.commands,
-                sq_doorbell_writes: q.sq_doorbell_writes,
-                cq_doorbell_writes: q.cq_doorbell_writes,
-                completions: q.completions,
-                interrupts: q.interrupts,
-            })
-            .collect(),
+        queues: s.queues.clone(),
         workers: s
             .workers
             .iter()

@@ -17,7 +17,7 @@
 use std::fmt;
 
 use block_backend::{StorageReport, StorageState, OUTAGE_BOUNDS_S};
-use nvme_ctrl::{NsStatsSnapshot, OpSnapshot, Regime, LATENCY_BOUNDS_NS};
+use nvme_ctrl::{NsStatsSnapshot, OpSnapshot, Regime, StatsSnapshot, LATENCY_BOUNDS_NS};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     prometheus_text, DescriptorEncoder, EncodeCounterValue, EncodeMetric, MetricEncoder, NoLabelSet,
@@ -171,63 +171,9 @@ fn controller(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
     )?;
     single(enc, "uptime_seconds", "Seconds since vnvme serve started.", ConstGauge::new(s.uptime_s))?;
 
-    let c = &s.controller;
-    let counters = [
-        (
-            "admin_commands",
-            "Admin commands completed (Identify, queue creation and deletion, Get Log Page, \
-             features, ...).",
-            c.admin_commands,
-        ),
-        ("io_commands", "I/O commands completed, over all namespaces and queues.", c.io_commands),
-        ("command_errors", "Commands, admin and I/O, completed with an error status.", c.errors),
-        ("backend_errors", "Requests to the storage backends that failed, for any reason.", c.backend_errors),
-        (
-            "media_errors",
-            "Commands failed with a media error: the backend could not read or write the data.",
-            c.media_errors,
-        ),
-        (
-            "command_timeouts",
-            "Commands completed with an error because their backend did not answer in time \
-             (the namespace's timeout, or the bound on deleting a queue).",
-            c.timeouts,
-        ),
-        (
-            "doorbell_writes",
-            "Doorbell register writes that trapped to the controller (a VM exit each), all \
-             queues. With shadow doorbells most updates do not trap.",
-            c.doorbell_writes,
-        ),
-        (
-            "io_doorbell_writes",
-            "Trapped doorbell writes to I/O queues only; divided by vnvme_io_commands_total, \
-             the traps each I/O costs.",
-            c.io_doorbell_writes,
-        ),
-        (
-            "shadow_doorbell_reads",
-            "Reads of the shadow doorbell buffer (Doorbell Buffer Config), which tell the \
-             controller new queue tails and heads without a trap.",
-            c.shadow_reads,
-        ),
-        (
-            "eventidx_races",
-            "Times the controller, about to stop polling a queue, found new work the host \
-             posted meanwhile (the EventIdx re-check caught it; no I/O waits for a trap).",
-            c.eventidx_races,
-        ),
-        (
-            "doorbell_pauses",
-            "Times a polling controller, having found work, paused about 250 ns before \
-             reading the doorbells in memory again, so a host ringing once per command \
-             writes a few more meanwhile.",
-            c.doorbell_pauses,
-        ),
-        ("interrupts", "Interrupts signalled to the guest, all queues.", c.interrupts),
-    ];
-    for (name, help, v) in counters {
-        single(enc, name, help, ConstCounter::new(v))?;
+    // The controller's counters, each as its row in nvme-ctrl's `counters!` names it.
+    for (c, v) in StatsSnapshot::COUNTERS.iter().zip(s.controller.values()) {
+        single(enc, c.metric, c.help.trim_start(), ConstCounter::new(v))?;
     }
     Ok(())
 }

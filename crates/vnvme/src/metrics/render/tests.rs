@@ -247,7 +247,12 @@ fn every_family_has_help_then_type_and_every_sample_a_family() {
             families.push(name.to_owned());
         }
     }
-    assert_eq!(families.len(), 52, "{families:?}");
+    // Every controller counter is its own family (from nvme-ctrl's `counters!`).
+    assert_eq!(families.len(), 40 + StatsSnapshot::COUNTERS.len(), "{families:?}");
+    for c in StatsSnapshot::COUNTERS {
+        let name = format!("vnvme_{}_total", c.metric);
+        assert!(families.contains(&name), "{name} missing: {families:?}");
+    }
     for l in lines.iter().filter(|l| !l.starts_with('#')) {
         let name = l.split(['{', ' ']).next().expect("a name");
         let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
