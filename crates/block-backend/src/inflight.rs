@@ -373,28 +373,30 @@ impl<W> Requests<W> {
         Requests { direct: true, ..Requests::default() }
     }
 
-    /// Takes `req` in and counts it in flight. A request `checked` refused completes
-    /// at once with that error; one with `nothing` to do (an empty range, a flush
-    /// without a cache) completes at once, successfully; any other gets a slot, with
-    /// `wire`. `fua_by_flush`: a FUA write is sent as a plain write and then a flush.
+    /// Takes `req` in and counts it in flight, as the backend `planned` it: a
+    /// request refused completes at once with that error; one with nothing to do
+    /// (`None`: an empty range, a flush without a cache) completes at once,
+    /// successfully; any other gets a slot, with its wire. `fua_by_flush`: a FUA
+    /// write is sent as a plain write and then a flush.
     pub fn admit(
         &mut self,
         mem: &GuestMemory,
         req: Request,
-        checked: Result<(), BackendError>,
-        nothing: bool,
+        planned: Result<Option<W>, BackendError>,
         fua_by_flush: bool,
-        wire: W,
     ) -> Admit {
         self.in_flight += 1;
-        if let Err(e) = checked {
-            self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
-            return Admit::Done;
-        }
-        if nothing {
-            self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
-            return Admit::Done;
-        }
+        let wire = match planned {
+            Ok(Some(wire)) => wire,
+            Ok(None) => {
+                self.done.push(Completion { tag: req.tag, result: Ok(()), data: req.data });
+                return Admit::Done;
+            }
+            Err(e) => {
+                self.done.push(Completion { tag: req.tag, result: Err(e), data: req.data });
+                return Admit::Done;
+            }
+        };
         let moves_data = matches!(req.op, Op::Read | Op::Write { .. });
         // The slot first, so the request is built where it stays (no copy of it).
         let slot = match self.free.pop() {

@@ -197,6 +197,15 @@ enum Target<'a> {
     Guest(SegmentCursor<'a>),
 }
 
+/// One piece of a walk over the chunks: where it starts in its chunk and in the
+/// request's buffer, and its length.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    coff: usize,
+    boff: usize,
+    n: usize,
+}
+
 impl<'a> Target<'a> {
     fn new(data: &'a mut DataBuf, len: u64) -> Result<Self, BackendError> {
         Ok(match data {
@@ -211,11 +220,10 @@ impl<'a> Target<'a> {
         &mut self,
         mem: &GuestMemory,
         slot: &mut Slot<'_>,
-        coff: usize,
-        boff: usize,
-        n: usize,
+        p: Piece,
         to_chunk: bool,
     ) -> Result<(), BackendError> {
+        let Piece { coff, boff, n } = p;
         match self {
             Target::None => {}
             Target::Host(buf) => match (to_chunk, slot.data()) {
@@ -245,7 +253,7 @@ impl SyncExec for RamBackend {
                 self.store.walk(
                     req.offset,
                     req.len,
-                    |c, coff, boff, n| target.copy(mem, c, coff, boff, n, write),
+                    |c, coff, boff, n| target.copy(mem, c, Piece { coff, boff, n }, write),
                     write,
                 )
             }

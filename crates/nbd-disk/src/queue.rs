@@ -598,7 +598,11 @@ impl BackendQueue for NbdQueue {
         // Without FUA on the wire, a FUA write is a write, then a flush (if there is
         // a cache to flush at all).
         let fua_by_flush = !e.has(tflag::SEND_FUA) && e.has(tflag::SEND_FLUSH);
-        let Admit::Slot(r) = self.reqs.admit(mem, req, checked, nothing, fua_by_flush, 0) else { return };
+        let Admit::Slot(r) =
+            self.reqs.admit(mem, req, checked.map(|()| (!nothing).then_some(0)), fua_by_flush)
+        else {
+            return;
+        };
         if let Err(err) = self.start(r) {
             // Nothing of it went out whole: drop its pieces and fail it.
             for c in 0..self.pieces.len() {

@@ -276,7 +276,7 @@ fn run_once(k: &Knobs, w: Workload, qd: u32, shadow: bool) -> Run {
     let (opcode, total) = (w.opcode(), k.commands);
     let mut submit = |h: &mut MockHost, buf_of_cid: &mut [u64], buf: u64| {
         let slba = rng.below(blocks);
-        let sqe = h.rw_sqe(opcode, 1, slba, nlb, buf, k.block_bytes);
+        let sqe = h.rw_sqe(opcode, 1, slba, nlb, (buf, k.block_bytes));
         let cid = h.submit(QID, sqe).expect("the depth is below the queue size");
         buf_of_cid[cid as usize] = buf;
     };

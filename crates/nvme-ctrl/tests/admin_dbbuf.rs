@@ -63,7 +63,7 @@ fn spec_5_2_5_config_on_live_queues_publishes_eventidx_and_stops_trapped_doorbel
     let before = h.ctrl.stats();
     let buf = h.alloc.alloc_pages(1);
     for i in 0..32 {
-        let s = h.rw_sqe(iop::READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, i, 1, (buf, 512));
         h.submit(1, s).unwrap();
     }
     let mut done = 0;
@@ -132,7 +132,7 @@ fn spec_5_2_5_linux_6_1_reset_race_adopts_the_newer_shadow_tail() {
     let buf = h.alloc.alloc_pages(1);
     let mut cids = Vec::new();
     for i in 0..5 {
-        let s = h.rw_sqe(iop::READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, i, 1, (buf, 512));
         cids.push(h.submit(1, s).unwrap());
     }
     let d = h.ctrl.stats() - before;

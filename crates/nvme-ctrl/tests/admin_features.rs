@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use nvme_spec::admin::CreateIoCqCmd;
 use nvme_spec::admin::SetFeaturesCmd;
 use nvme_spec::features::fid;
 use nvme_spec::log::lid;
@@ -187,7 +188,7 @@ fn spec_5_1_25_1_9_admin_vector_reports_coalescing_disabled() {
 fn reads(h: &mut MockHost, qid: u16, n: u32) {
     let buf = h.alloc.alloc_pages(1);
     for i in 0..n {
-        let s = h.rw_sqe(iop::READ, 1, i as u64, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, i as u64, 1, (buf, 512));
         h.submit(qid, s).unwrap();
     }
     h.process();
@@ -265,13 +266,16 @@ fn two_sq_completion_order(ab: u32) -> Vec<u16> {
     let cq = h.alloc.alloc_pages(1);
     let sq1 = h.alloc.alloc_pages(1);
     let sq2 = h.alloc.alloc_pages(1);
-    assert_status(h.create_cq_raw(1, 63, cq, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 63, base: cq, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     assert_status(h.create_sq_raw(1, 15, sq1, true, 1), Status::SUCCESS);
     assert_status(h.create_sq_raw(2, 15, sq2, true, 1), Status::SUCCESS);
     let buf = h.alloc.alloc_pages(1);
     for (qid, base) in [(1u16, sq1), (2, sq2)] {
         for i in 0..4u16 {
-            let mut s = h.rw_sqe(iop::READ, 1, i as u64, 1, buf, 512);
+            let mut s = h.rw_sqe(iop::READ, 1, i as u64, 1, (buf, 512));
             s.set_cid((qid << 8) | i);
             h.mem.write_obj(base + i as u64 * SQE_SIZE as u64, &s).unwrap();
         }

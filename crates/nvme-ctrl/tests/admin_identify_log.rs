@@ -178,7 +178,7 @@ fn spec_5_1_12_1_2_error_log_records_failed_commands_newest_first() {
     let c1 = h.admin_raw(bad);
     assert_cqe(&c1, Status::INVALID_FIELD.with_dnr());
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(iop::READ, 2, NS_BYTES / 512, 1, buf, 512);
+    let s = h.rw_sqe(iop::READ, 2, NS_BYTES / 512, 1, (buf, 512));
     let c2 = h.io_cmd(1, s);
     assert_cqe(&c2, Status::LBA_OUT_OF_RANGE.with_dnr());
     let c3 = h.admin_raw(MockHost::admin_sqe(0xc1));

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use nvme_spec::admin::CreateIoCqCmd;
 use nvme_spec::features::fid;
 use nvme_spec::opcode::nvm as iop;
 use nvme_spec::Status;
@@ -22,7 +23,10 @@ fn ring(h: &mut MockHost, pages: u64) -> u64 {
 fn spec_5_2_1_create_cq_qid_0_is_invalid_queue_identifier() {
     let mut h = enabled();
     let b = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(0, 15, b, true, true, 0), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 0, qsize_z: 15, base: b, pc: true, ien: true, iv: 0 }),
+        Status::INVALID_QUEUE_IDENTIFIER.with_dnr(),
+    );
     assert_alive(&mut h);
 }
 
@@ -32,11 +36,14 @@ fn spec_5_2_1_create_cq_qid_above_maximum_is_invalid_queue_identifier() {
     let b = ring(&mut h, 1);
     for qid in [65, 0x1000, 0xffff] {
         assert_status(
-            h.create_cq_raw(qid, 15, b, true, true, 1),
+            h.create_cq_raw(CreateIoCqCmd { qid, qsize_z: 15, base: b, pc: true, ien: true, iv: 1 }),
             Status::INVALID_QUEUE_IDENTIFIER.with_dnr(),
         );
     }
-    assert_status(h.create_cq_raw(64, 15, b, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 64, qsize_z: 15, base: b, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     assert_alive(&mut h);
 }
 
@@ -52,8 +59,14 @@ fn spec_5_1_25_1_7_create_cq_qid_beyond_allocated_queues_is_invalid_queue_identi
     assert_cqe(&c, Status::SUCCESS);
     assert_eq!(c.dw0.get(), 7 | (7 << 16), "NSQA/NCQA: 8 of each allocated (0's based)");
     let b = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(9, 15, b, true, true, 1), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
-    assert_status(h.create_cq_raw(8, 15, b, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 9, qsize_z: 15, base: b, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_QUEUE_IDENTIFIER.with_dnr(),
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 8, qsize_z: 15, base: b, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     let s = ring(&mut h, 1);
     assert_status(h.create_sq_raw(9, 15, s, true, 8), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
     assert_status(h.create_sq_raw(8, 15, s, true, 8), Status::SUCCESS);
@@ -64,7 +77,10 @@ fn spec_5_1_25_1_7_create_cq_qid_beyond_allocated_queues_is_invalid_queue_identi
 fn spec_5_2_1_create_cq_qid_already_in_use_is_invalid_queue_identifier() {
     let (mut h, _) = ready(2, true);
     let b = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(1, 15, b, true, true, 1), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: b, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_QUEUE_IDENTIFIER.with_dnr(),
+    );
     assert_alive(&mut h);
 }
 
@@ -75,12 +91,27 @@ fn spec_5_2_1_create_cq_qsize_0_or_above_mqes_is_invalid_queue_size() {
     assert_eq!(mqes_z, 1023);
     let b = ring(&mut h, 5);
     // QSIZE is 0's based: 0 means a one-entry queue, which cannot work.
-    assert_status(h.create_cq_raw(1, 0, b, true, true, 1), Status::INVALID_QUEUE_SIZE.with_dnr());
-    assert_status(h.create_cq_raw(1, mqes_z + 1, b, true, true, 1), Status::INVALID_QUEUE_SIZE.with_dnr());
-    assert_status(h.create_cq_raw(1, 0xffff, b, true, true, 1), Status::INVALID_QUEUE_SIZE.with_dnr());
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 0, base: b, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_QUEUE_SIZE.with_dnr(),
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: mqes_z + 1, base: b, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_QUEUE_SIZE.with_dnr(),
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 0xffff, base: b, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_QUEUE_SIZE.with_dnr(),
+    );
     // The limits themselves are fine.
-    assert_status(h.create_cq_raw(1, 1, b, true, true, 1), Status::SUCCESS);
-    assert_status(h.create_cq_raw(2, mqes_z, b, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 1, base: b, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 2, qsize_z: mqes_z, base: b, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     assert_alive(&mut h);
 }
 
@@ -89,7 +120,10 @@ fn spec_5_2_1_create_cq_pc_0_is_invalid_field_when_cap_cqr() {
     let mut h = enabled();
     assert!(h.cap().cqr());
     let b = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(1, 15, b, false, true, 1), Status::INVALID_FIELD.with_dnr());
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: b, pc: false, ien: true, iv: 1 }),
+        Status::INVALID_FIELD.with_dnr(),
+    );
     assert_alive(&mut h);
 }
 
@@ -98,7 +132,10 @@ fn spec_5_2_1_create_cq_base_not_page_aligned_is_prp_offset_invalid() {
     let mut h = enabled();
     let b = ring(&mut h, 2);
     for off in [4, 16, 0x800] {
-        assert_status(h.create_cq_raw(1, 15, b + off, true, true, 1), Status::PRP_OFFSET_INVALID.with_dnr());
+        assert_status(
+            h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: b + off, pc: true, ien: true, iv: 1 }),
+            Status::PRP_OFFSET_INVALID.with_dnr(),
+        );
     }
     assert_alive(&mut h);
 }
@@ -107,9 +144,25 @@ fn spec_5_2_1_create_cq_base_not_page_aligned_is_prp_offset_invalid() {
 fn spec_5_2_1_create_cq_base_outside_guest_memory_is_refused() {
     let mut h = enabled();
     // Wholly outside, and starting inside but running off the end.
-    assert_status(h.create_cq_raw(1, 15, MEM + PAGE, true, true, 1), Status::INVALID_FIELD.with_dnr());
-    assert_status(h.create_cq_raw(1, 1023, MEM - PAGE, true, true, 1), Status::INVALID_FIELD.with_dnr());
-    assert_status(h.create_cq_raw(1, 15, !(PAGE - 1), true, true, 1), Status::INVALID_FIELD.with_dnr());
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: MEM + PAGE, pc: true, ien: true, iv: 1 }),
+        Status::INVALID_FIELD.with_dnr(),
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd {
+            qid: 1,
+            qsize_z: 1023,
+            base: MEM - PAGE,
+            pc: true,
+            ien: true,
+            iv: 1,
+        }),
+        Status::INVALID_FIELD.with_dnr(),
+    );
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: !(PAGE - 1), pc: true, ien: true, iv: 1 }),
+        Status::INVALID_FIELD.with_dnr(),
+    );
     assert_alive(&mut h);
 }
 
@@ -118,12 +171,21 @@ fn spec_5_2_1_create_cq_vector_beyond_msix_is_invalid_interrupt_vector() {
     let mut h = enabled();
     let b = ring(&mut h, 1);
     for iv in [65, 66, 0xffff] {
-        assert_status(h.create_cq_raw(1, 15, b, true, true, iv), Status::INVALID_INTERRUPT_VECTOR.with_dnr());
+        assert_status(
+            h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: b, pc: true, ien: true, iv }),
+            Status::INVALID_INTERRUPT_VECTOR.with_dnr(),
+        );
     }
     // With interrupts disabled the vector is not used, so it is not checked.
-    assert_status(h.create_cq_raw(1, 15, b, true, false, 65), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: b, pc: true, ien: false, iv: 65 }),
+        Status::SUCCESS,
+    );
     let b2 = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(2, 15, b2, true, true, 64), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 2, qsize_z: 15, base: b2, pc: true, ien: true, iv: 64 }),
+        Status::SUCCESS,
+    );
     assert_alive(&mut h);
 }
 
@@ -140,7 +202,10 @@ fn spec_5_2_2_create_sq_cqid_0_or_out_of_range_is_invalid_qid_and_missing_is_cq_
     assert_status(h.create_sq_raw(1, 15, s, true, 1), Status::COMPLETION_QUEUE_INVALID.with_dnr());
     assert_status(h.create_sq_raw(1, 15, s, true, 200), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
     let c = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(1, 15, c, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: c, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     assert_status(h.create_sq_raw(1, 15, s, true, 1), Status::SUCCESS);
     assert_alive(&mut h);
 }
@@ -149,7 +214,10 @@ fn spec_5_2_2_create_sq_cqid_0_or_out_of_range_is_invalid_qid_and_missing_is_cq_
 fn spec_5_2_2_create_sq_bad_qid_size_pc_and_base() {
     let mut h = enabled();
     let c = ring(&mut h, 1);
-    assert_status(h.create_cq_raw(1, 15, c, true, true, 1), Status::SUCCESS);
+    assert_status(
+        h.create_cq_raw(CreateIoCqCmd { qid: 1, qsize_z: 15, base: c, pc: true, ien: true, iv: 1 }),
+        Status::SUCCESS,
+    );
     let s = ring(&mut h, 16);
     assert_status(h.create_sq_raw(0, 15, s, true, 1), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
     assert_status(h.create_sq_raw(65, 15, s, true, 1), Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
@@ -178,7 +246,7 @@ fn spec_5_2_1_all_64_queue_pairs_run_io_and_interrupt_on_their_own_vector() {
     for qid in 1..=64u16 {
         let data = pattern(qid as u64, 512);
         h.mem.write(buf, &data).unwrap();
-        let w = h.rw_sqe(iop::WRITE, 1, qid as u64, 1, buf, 512);
+        let w = h.rw_sqe(iop::WRITE, 1, qid as u64, 1, (buf, 512));
         assert_cqe(&h.io_cmd(qid, w), Status::SUCCESS);
     }
     for qid in 1..=64u16 {
@@ -257,7 +325,7 @@ fn spec_5_2_4_delete_sq_with_commands_submitted_still_completes_them() {
     let buf = h.alloc.alloc_pages(1);
     let mut cids = Vec::new();
     for i in 0..4 {
-        let s = h.rw_sqe(iop::READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, i, 1, (buf, 512));
         cids.push(h.submit(1, s).unwrap());
     }
     h.process();

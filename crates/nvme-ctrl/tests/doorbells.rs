@@ -51,7 +51,7 @@ const INVALID_DOORBELL_WRITE_VALUE: u8 = 0x01;
 
 fn one_read(h: &mut MockHost) -> Sqe {
     let buf = h.alloc.alloc_pages(1);
-    h.rw_sqe(READ, 1, 0, 1, buf, 512)
+    h.rw_sqe(READ, 1, 0, 1, (buf, 512))
 }
 
 #[test]
@@ -251,7 +251,7 @@ fn strict_eventidx_run(seed: u64, size: u32, qd: u32, total: u64) -> Run {
                 }
                 let n = rng.range(1, room.min(left));
                 for _ in 0..n {
-                    let s = h.rw_sqe(READ, 1, submitted % 2048, 1, buf, 512);
+                    let s = h.rw_sqe(READ, 1, submitted % 2048, 1, (buf, 512));
                     let (cid, rang) = h.submit_counted(1, s).expect("host keeps qd below the ring size");
                     assert!(in_flight.insert(cid));
                     wake |= rang;
@@ -315,7 +315,7 @@ fn strict_eventidx_run(seed: u64, size: u32, qd: u32, total: u64) -> Run {
         h.process();
     }
     assert_eq!(h.eventidx_slot(1, SqTail), Some(h.io[0].sq.tail), "SQ EventIdx = consumed tail when idle");
-    let s = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(READ, 1, 0, 1, (buf, 512));
     assert!(h.submit_counted(1, s).unwrap().1, "the first submission after idle rings");
     run
 }
@@ -611,7 +611,7 @@ fn dbbuf_a_rearm_that_races_the_host_is_remembered_at_the_value_it_published() {
     let b = h.dbbuf.expect("shadow doorbells");
     let (sq_base, cq_base) = (h.io[0].sq.base, h.io[0].cq.base);
     let buf = h.alloc.alloc_pages(1);
-    let sqe = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+    let sqe = h.rw_sqe(READ, 1, 0, 1, (buf, 512));
     let sq_off = doorbell_offset(1, SqTail, h.dstrd);
     // The host's half (Linux nvme_dbbuf_update_and_check_event): true if it rang.
     let submit = move |slot: u32, cid: u16| -> bool {

@@ -74,7 +74,7 @@ fn nvm_read_write_random_patterns_at_512_and_4096_byte_lbas() {
             // Buffers start at any dword inside a page: PRP1 with an offset.
             let buf = h.alloc.alloc(data.len() as u64 + PAGE, PAGE) + rng.below(PAGE / 4) * 4;
             h.mem.write(buf, &data).unwrap();
-            let mut s = h.rw_sqe(WRITE, nsid, slba, nlb, buf, data.len() as u64);
+            let mut s = h.rw_sqe(WRITE, nsid, slba, nlb, (buf, data.len() as u64));
             if rng.chance(30) {
                 s.cdw12 = U32::new(s.cdw12.get() | FUA);
             }
@@ -117,7 +117,7 @@ fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
     }
     let buf = h.alloc.alloc_pages(1);
     for (fua, nsid) in [(true, 1u32), (false, 1), (true, 2)] {
-        let mut s = h.rw_sqe(WRITE, nsid, 8, 2, buf, 1024);
+        let mut s = h.rw_sqe(WRITE, nsid, 8, 2, (buf, 1024));
         if fua {
             s.cdw12 = U32::new(s.cdw12.get() | FUA);
         }
@@ -125,7 +125,7 @@ fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
         let want = Seen { op: Op::Write { fua }, offset: 8 * 512, len: 1024, from: None };
         assert_eq!(rec[nsid as usize - 1].take(), [want], "write fua={fua} on namespace {nsid}");
     }
-    let mut s = h.rw_sqe(READ, 1, 8, 2, buf, 1024);
+    let mut s = h.rw_sqe(READ, 1, 8, 2, (buf, 1024));
     s.cdw12 = U32::new(s.cdw12.get() | FUA);
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     assert_eq!(rec[0].take(), [Seen { op: Op::Read, offset: 8 * 512, len: 1024, from: None }]);
@@ -140,7 +140,7 @@ fn nvm_fua_and_flush_reach_a_backend_with_a_volatile_cache() {
     // every write is then durable on completion, a FUA write for the backend.
     let c = h.set_features_raw(nvme_spec::features::fid::VOLATILE_WRITE_CACHE, 0, false);
     assert_status(&c, Status::SUCCESS, false);
-    let s = h.rw_sqe(WRITE, 1, 8, 2, buf, 1024);
+    let s = h.rw_sqe(WRITE, 1, 8, 2, (buf, 1024));
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     assert_eq!(rec[0].take(), [Seen { op: Op::Write { fua: true }, offset: 8 * 512, len: 1024, from: None }]);
 }
@@ -152,7 +152,7 @@ fn nvm_write_with_fua_stores_the_data_and_read_with_fua_is_allowed() {
         let data = Rng::new(2).bytes(lba as usize * 4);
         let buf = h.alloc.alloc_pages(4);
         h.mem.write(buf, &data).unwrap();
-        let mut s = h.rw_sqe(WRITE, i as u32 + 1, 100, 4, buf, data.len() as u64);
+        let mut s = h.rw_sqe(WRITE, i as u32 + 1, 100, 4, (buf, data.len() as u64));
         s.cdw12 = U32::new(s.cdw12.get() | FUA);
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         let mut back = vec![0u8; data.len()];
@@ -160,7 +160,7 @@ fn nvm_write_with_fua_stores_the_data_and_read_with_fua_is_allowed() {
         assert!(back == data);
         // FUA on a Read is allowed too.
         let out = h.alloc.alloc_pages(4);
-        let mut s = h.rw_sqe(READ, i as u32 + 1, 100, 4, out, data.len() as u64);
+        let mut s = h.rw_sqe(READ, i as u32 + 1, 100, 4, (out, data.len() as u64));
         s.cdw12 = U32::new(s.cdw12.get() | FUA);
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     }
@@ -179,7 +179,7 @@ fn nvm_lba_range_beyond_nsze_or_overflowing_is_lba_out_of_range() {
                 let s = if matches!(opcode, iop::VERIFY | iop::WRITE_ZEROES) {
                     MockHost::lba_sqe(opcode, nsid, slba, nlb)
                 } else {
-                    h.rw_sqe(opcode, nsid, slba, nlb, buf, len)
+                    h.rw_sqe(opcode, nsid, slba, nlb, (buf, len))
                 };
                 let c = h.io_cmd(1, s);
                 assert_status(&c, Status::LBA_OUT_OF_RANGE, true);
@@ -201,14 +201,14 @@ fn nvm_transfer_beyond_mdts_is_invalid_field() {
         let nsid = i as u32 + 1;
         let max_nlb = ((1u64 << 20) / lba as u64) as u32;
         for opcode in [READ, WRITE, iop::COMPARE] {
-            let s = h.rw_sqe(opcode, nsid, 0, max_nlb + 1, buf, (max_nlb as u64 + 1) * lba as u64);
+            let s = h.rw_sqe(opcode, nsid, 0, max_nlb + 1, (buf, (max_nlb as u64 + 1) * lba as u64));
             assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
         }
         // Verify is bounded by VSL, which equals MDTS here.
         let s = MockHost::lba_sqe(iop::VERIFY, nsid, 0, max_nlb + 1);
         assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
         // Exactly MDTS is fine.
-        let s = h.rw_sqe(READ, nsid, 0, max_nlb, buf, 1 << 20);
+        let s = h.rw_sqe(READ, nsid, 0, max_nlb, (buf, 1 << 20));
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         // Write Zeroes moves no data: MDTS does not apply (WZSL = 0).
         let s = MockHost::lba_sqe(iop::WRITE_ZEROES, nsid, 0, max_nlb * 4);
@@ -225,7 +225,7 @@ fn nvm_invalid_nsid_is_invalid_namespace_or_format() {
     // is not valid for any of these commands.
     for nsid in [0, 3, 0x1000, NSID_ALL] {
         for opcode in [READ, WRITE, iop::COMPARE] {
-            let s = h.rw_sqe(opcode, nsid, 0, 1, buf, 512);
+            let s = h.rw_sqe(opcode, nsid, 0, 1, (buf, 512));
             assert_status(&h.io_cmd(1, s), Status::INVALID_NAMESPACE, true);
         }
         for opcode in [iop::VERIFY, iop::WRITE_ZEROES] {
@@ -272,7 +272,7 @@ fn spec_4_1_fused_operation_is_invalid_field() {
     // FUSES = 0: neither the first nor the second command of a fused pair is accepted.
     for fuse in [1u32, 2, 3] {
         for opcode in [WRITE, iop::COMPARE] {
-            let mut s = h.rw_sqe(opcode, 1, 7, 1, buf, 512);
+            let mut s = h.rw_sqe(opcode, 1, 7, 1, (buf, 512));
             s.cdw0 = U32::new(s.cdw0.get() | (fuse << 8));
             assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
         }
@@ -294,11 +294,11 @@ fn nvm_compare_match_succeeds_and_mismatch_is_compare_failure() {
         assert_eq!(h.write_blocks(1, nsid, 20, lba, &data), Status::SUCCESS);
         let buf = h.alloc.alloc(data.len() as u64 + PAGE, PAGE) + 0x40;
         h.mem.write(buf, &data).unwrap();
-        let s = h.rw_sqe(iop::COMPARE, nsid, 20, nlb, buf, data.len() as u64);
+        let s = h.rw_sqe(iop::COMPARE, nsid, 20, nlb, (buf, data.len() as u64));
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         for at in [0, data.len() / 2, data.len() - 1] {
             h.mem.write(buf + at as u64, &[data[at] ^ 0x01]).unwrap();
-            let s = h.rw_sqe(iop::COMPARE, nsid, 20, nlb, buf, data.len() as u64);
+            let s = h.rw_sqe(iop::COMPARE, nsid, 20, nlb, (buf, data.len() as u64));
             // Media and Data Integrity Errors (SCT 2h), Compare Failure (85h).
             let c = h.io_cmd(1, s);
             assert_eq!((c.status().sct(), c.status().sc()), (2, 0x85));
@@ -307,7 +307,7 @@ fn nvm_compare_match_succeeds_and_mismatch_is_compare_failure() {
         }
         // Unwritten blocks compare equal to zeroes.
         let zeroes = h.alloc.alloc_pages(1);
-        let s = h.rw_sqe(iop::COMPARE, nsid, 5000 / (lba as u64 / 512), 1, zeroes, lba as u64);
+        let s = h.rw_sqe(iop::COMPARE, nsid, 5000 / (lba as u64 / 512), 1, (zeroes, lba as u64));
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         assert_still_works(&mut h, 2, nsid, lba);
     }
@@ -440,7 +440,7 @@ fn nvm_namespaces_with_different_lba_formats_at_once() {
     for (i, &lba) in lbas.iter().enumerate() {
         let buf = h.alloc.alloc(datas[i].len() as u64, PAGE);
         h.mem.write(buf, &datas[i]).unwrap();
-        let s = h.rw_sqe(WRITE, i as u32 + 1, 10, 3, buf, lba as u64 * 3);
+        let s = h.rw_sqe(WRITE, i as u32 + 1, 10, 3, (buf, lba as u64 * 3));
         cids.push(h.submit(1 + (i % 2) as u16, s).unwrap());
     }
     h.process();
@@ -464,7 +464,7 @@ fn nvm_null_backend_reads_zeroes() {
         assert_eq!(h.write_blocks(1, 1, 0, lba, &data), Status::SUCCESS);
         let buf = h.alloc.alloc_pages(8);
         h.mem.fill(buf, 8 * lba as u64, 0xaa).unwrap();
-        let s = h.rw_sqe(READ, 1, 0, 8, buf, 8 * lba as u64);
+        let s = h.rw_sqe(READ, 1, 0, 8, (buf, 8 * lba as u64));
         let c = h.io_cmd(1, s);
         assert_status(&c, Status::SUCCESS, false);
         let mut back = vec![0xffu8; 8 * lba as usize];
@@ -475,7 +475,7 @@ fn nvm_null_backend_reads_zeroes() {
             let s = MockHost::lba_sqe(opcode, 1, 0, 8);
             assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         }
-        let s = h.rw_sqe(iop::COMPARE, 1, 0, 8, buf, 8 * lba as u64);
+        let s = h.rw_sqe(iop::COMPARE, 1, 0, 8, (buf, 8 * lba as u64));
         assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
         assert_status(&dsm(&mut h, 2, 1, &[(0, 8)], true), Status::SUCCESS, false);
         let s = MockHost::lba_sqe(READ, 1, NS_BYTES / lba as u64, 1);

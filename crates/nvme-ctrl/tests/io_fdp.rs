@@ -92,7 +92,7 @@ fn ruamw(h: &mut MockHost) -> Vec<u64> {
 /// naming `pid` if given.
 fn write(h: &mut MockHost, slba: u64, nlb: u32, pid: Option<u16>) -> Cqe {
     let buf = h.alloc.alloc_pages(nlb as u64);
-    let mut s = h.rw_sqe(iop::WRITE, 1, slba, nlb, buf, nlb as u64 * 4096);
+    let mut s = h.rw_sqe(iop::WRITE, 1, slba, nlb, (buf, nlb as u64 * 4096));
     if let Some(p) = pid {
         s.cdw12 = U32::new(s.cdw12.get() | 2 << 20);
         s.cdw13 = U32::new((p as u32) << 16);
@@ -213,7 +213,7 @@ fn writes_use_up_the_unit_their_directive_names() {
     assert_eq!(ruamw(&mut h)[3], full - 4);
     // Reads charge nothing.
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 4096);
+    let s = h.rw_sqe(iop::READ, 1, 0, 1, (buf, 4096));
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     assert_eq!(host_bytes_written(&mut h), 9 * 4096);
 }

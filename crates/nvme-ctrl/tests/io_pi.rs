@@ -38,9 +38,8 @@ struct Pi {
     mptr: u64,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn cmd(h: &mut MockHost, opcode: u8, nsid: u32, slba: u64, nlb: u32, buf: u64, len: u64, p: Pi) -> Cqe {
-    let mut s = h.rw_sqe(opcode, nsid, slba, nlb, buf, len);
+fn cmd(h: &mut MockHost, opcode: u8, slba: u64, nlb: u32, data: (u64, u64), p: Pi) -> Cqe {
+    let mut s = h.rw_sqe(opcode, 1, slba, nlb, data);
     s.cdw12 = U32::new(s.cdw12.get() | (p.prinfo as u32) << 26);
     s.cdw14 = U32::new(p.ref_tag);
     s.cdw15 = U32::new(p.app_tag as u32 | (p.app_mask as u32) << 16);
@@ -58,18 +57,18 @@ fn write(h: &mut MockHost, slba: u64, data: &[u8], meta: Option<&[u8]>, p: Pi) -
         h.mem.write(p.mptr, m).unwrap();
     }
     let nlb = (data.len() / 512) as u32;
-    cmd(h, iop::WRITE, 1, slba, nlb, buf, data.len() as u64, p)
+    cmd(h, iop::WRITE, slba, nlb, (buf, data.len() as u64), p)
 }
 
 /// Reads `nlb` 512-byte blocks at `slba`: the completion, the data, and the
 /// metadata buffer (`ms` bytes per block; filled with 0xAA before).
-fn read(h: &mut MockHost, nsid: u32, slba: u64, nlb: u32, ms: usize, p: Pi) -> (Cqe, Vec<u8>, Vec<u8>) {
+fn read(h: &mut MockHost, slba: u64, nlb: u32, ms: usize, p: Pi) -> (Cqe, Vec<u8>, Vec<u8>) {
     let len = nlb as u64 * 512;
     let buf = h.alloc.alloc_pages(len.div_ceil(4096));
     let mut p = p;
     p.mptr = h.alloc.alloc_pages(1);
     h.mem.write(p.mptr, &vec![0xaa; 4096]).unwrap();
-    let c = cmd(h, iop::READ, nsid, slba, nlb, buf, len, p);
+    let c = cmd(h, iop::READ, slba, nlb, (buf, len), p);
     let mut data = vec![0u8; len as usize];
     h.mem.read(buf, &mut data).unwrap();
     let mut meta = vec![0u8; nlb as usize * ms];
@@ -113,12 +112,12 @@ fn pract_inserts_and_strips_the_protection_information() {
     let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 40, app_tag: 0x77, app_mask: 0xffff, mptr: 0 };
     assert_status(&write(&mut h, 40, &data, None, p), Status::SUCCESS, false);
     // Read back stripped (the buffer untouched), checked on the way.
-    let (c, got, meta) = read(&mut h, 1, 40, 4, 8, p);
+    let (c, got, meta) = read(&mut h, 40, 4, 8, p);
     assert_status(&c, Status::SUCCESS, false);
     assert!(got == data);
     assert_eq!(meta, vec![0xaa; 32], "PRACT with 8 bytes of metadata strips it");
     // Read with the metadata: what was generated.
-    let (c, _, meta) = read(&mut h, 1, 40, 4, 8, Pi { prinfo: 0, ..p });
+    let (c, _, meta) = read(&mut h, 40, 4, 8, Pi { prinfo: 0, ..p });
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!(meta, type1_pi(&data, 40, 0x77));
 }
@@ -165,7 +164,7 @@ fn a_write_whose_protection_information_is_wrong_is_refused_and_lands_nowhere() 
     );
     // Unchecked, the same wrong guard goes through: the host did not ask.
     // None of the refused writes landed: the old data and metadata are there.
-    let (c, got, meta) = read(&mut h, 1, 8, 2, 8, good);
+    let (c, got, meta) = read(&mut h, 8, 2, 8, good);
     assert_status(&c, Status::SUCCESS, false);
     assert!(got == old);
     assert_eq!(meta, type1_pi(&old, 8, 5));
@@ -181,15 +180,15 @@ fn data_changed_under_the_namespace_fails_the_guard_check_on_read_and_verify() {
     let mut block = data[3 * 512..4 * 512].to_vec();
     block[17] ^= 0x40;
     assert_eq!(h.write_blocks(1, 2, 103, 512, &block), Status::SUCCESS);
-    let (c, _, _) = read(&mut h, 1, 100, 8, 8, p);
+    let (c, _, _) = read(&mut h, 100, 8, 8, p);
     assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
     // The blocks before it are good; without the guard check the read goes through.
-    assert_status(&read(&mut h, 1, 100, 3, 8, p).0, Status::SUCCESS, false);
+    assert_status(&read(&mut h, 100, 3, 8, p).0, Status::SUCCESS, false);
     let unchecked = Pi { prinfo: prinfo::PRACT, ..p };
-    assert_status(&read(&mut h, 1, 100, 8, 8, unchecked).0, Status::SUCCESS, false);
+    assert_status(&read(&mut h, 100, 8, 8, unchecked).0, Status::SUCCESS, false);
     // Verify checks the same way, moving nothing.
     let verify = |h: &mut MockHost, prinfo| {
-        let mut s = h.rw_sqe(iop::VERIFY, 1, 100, 8, 0, 0);
+        let mut s = h.rw_sqe(iop::VERIFY, 1, 100, 8, (0, 0));
         s.cdw12 = U32::new(s.cdw12.get() | (prinfo as u32) << 26);
         s.cdw14 = U32::new(100);
         h.io_cmd(1, s)
@@ -203,20 +202,20 @@ fn blocks_never_written_or_deallocated_read_unchecked_and_write_zeroes_generates
     let mut h = pi_host(2, 1);
     let p = Pi { prinfo: PRCHK_ALL, ref_tag: 7, ..Default::default() };
     // Never written: all ones (checks disabled), so a checked read goes through.
-    let (c, _, meta) = read(&mut h, 1, 7, 2, 8, p);
+    let (c, _, meta) = read(&mut h, 7, 2, 8, p);
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!(meta, vec![0xff; 16]);
     // Write Zeroes with PRACT: zeroes with protection information that checks.
-    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, 0, 0);
+    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, (0, 0));
     s.cdw12 = U32::new(s.cdw12.get() | (prinfo::PRACT as u32) << 26);
     s.cdw14 = U32::new(7);
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
-    let (c, got, meta) = read(&mut h, 1, 7, 2, 8, p);
+    let (c, got, meta) = read(&mut h, 7, 2, 8, p);
     assert_status(&c, Status::SUCCESS, false);
     assert!(got.iter().all(|&b| b == 0));
     assert_eq!(meta, type1_pi(&[0u8; 1024], 7, 0));
     // It checks nothing itself: PRCHK bits are refused.
-    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, 0, 0);
+    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 7, 2, (0, 0));
     s.cdw12 = U32::new(s.cdw12.get() | (prinfo::PRCHK_GUARD as u32) << 26);
     assert_status(&h.io_cmd(1, s), Status::INVALID_PROTECTION_INFORMATION, true);
 }
@@ -230,21 +229,21 @@ fn metadata_without_protection_is_kept_as_given_and_types_2_and_3_count_their_ta
     // PRINFO means nothing without a type.
     let p = Pi { prinfo: PRCHK_ALL, ..Default::default() };
     assert_status(&write(&mut h, 3, &data, Some(&meta), p), Status::SUCCESS, false);
-    assert_eq!(read(&mut h, 1, 3, 2, 8, p).2, meta);
+    assert_eq!(read(&mut h, 3, 2, 8, p).2, meta);
     // Never written, without protection information: zeroes, as deallocated blocks read.
-    assert_eq!(read(&mut h, 1, 500, 1, 8, p).2, vec![0; 8]);
+    assert_eq!(read(&mut h, 500, 1, 8, p).2, vec![0; 8]);
 
     // Type 2: reference tags count up from the command's; type 3 keeps one.
     for (dps, second) in [(2u8, 501u32), (3, 500)] {
         let mut h = pi_host(2, dps);
         let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 500, app_tag: 1, app_mask: 0xffff, mptr: 0 };
         assert_status(&write(&mut h, 60, &data, None, p), Status::SUCCESS, false);
-        let (c, _, m) = read(&mut h, 1, 60, 2, 8, Pi { prinfo: PRCHK_ALL, ..p });
+        let (c, _, m) = read(&mut h, 60, 2, 8, Pi { prinfo: PRCHK_ALL, ..p });
         assert_status(&c, Status::SUCCESS, false);
         assert_eq!(Pi16::from_bytes(m[8..16].try_into().unwrap()).ref_tag, second, "type {dps}");
         // Another expected tag: a reference tag error (type 3 is not checked by it,
         // Linux asks only for the guard there; the controller checks what is asked).
-        let (c, _, _) = read(&mut h, 1, 60, 2, 8, Pi { prinfo: prinfo::PRCHK_REF, ref_tag: 499, ..p });
+        let (c, _, _) = read(&mut h, 60, 2, 8, Pi { prinfo: prinfo::PRCHK_REF, ref_tag: 499, ..p });
         assert_status(&c, Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR, true);
     }
 }
@@ -259,10 +258,10 @@ fn protection_information_first_in_16_bytes_of_metadata_at_4096_byte_blocks() {
     h.mem.write(buf, &data).unwrap();
     let mptr = h.alloc.alloc_pages(1);
     h.mem.write(mptr, &[0x5c; 16]).unwrap();
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 3, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::WRITE, 3, 1, (buf, 4096), Pi { mptr, ..p }), Status::SUCCESS, false);
     let rbuf = h.alloc.alloc_pages(1);
     let rmeta = h.alloc.alloc_pages(1);
-    let c = cmd(&mut h, iop::READ, 1, 3, 1, rbuf, 4096, Pi { mptr: rmeta, prinfo: PRCHK_ALL, ..p });
+    let c = cmd(&mut h, iop::READ, 3, 1, (rbuf, 4096), Pi { mptr: rmeta, prinfo: PRCHK_ALL, ..p });
     assert_status(&c, Status::SUCCESS, false);
     let mut m = [0u8; 16];
     h.mem.read(rmeta, &mut m).unwrap();
@@ -292,8 +291,8 @@ fn format_moves_between_formats_and_refuses_what_cannot_be() {
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &data).unwrap();
     let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 77, ..Default::default() };
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 2, 1, buf, 4096, p), Status::SUCCESS, false);
-    let c = cmd(&mut h, iop::READ, 1, 2, 1, buf, 4096, p);
+    assert_status(&cmd(&mut h, iop::WRITE, 2, 1, (buf, 4096), p), Status::SUCCESS, false);
+    let c = cmd(&mut h, iop::READ, 2, 1, (buf, 4096), p);
     assert_status(&c, Status::SUCCESS, false);
     // Back to no metadata: reads and writes as any namespace.
     assert_eq!(format(&mut h, 1, 0, 0, false, false), Status::SUCCESS);
@@ -308,19 +307,19 @@ fn metadata_sgls_and_misaligned_buffers_are_refused() {
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &data).unwrap();
     let mptr = h.alloc.alloc_pages(1);
-    let c = cmd(&mut h, iop::WRITE, 1, 0, 1, buf, 512, Pi { mptr: mptr + 2, ..Default::default() });
+    let c = cmd(&mut h, iop::WRITE, 0, 1, (buf, 512), Pi { mptr: mptr + 2, ..Default::default() });
     assert_status(&c, Status::INVALID_FIELD, true);
     // MPTR past guest memory: a data transfer error, nothing written.
-    let c = cmd(&mut h, iop::WRITE, 1, 0, 1, buf, 512, Pi { mptr: MEM + 4096, ..Default::default() });
+    let c = cmd(&mut h, iop::WRITE, 0, 1, (buf, 512), Pi { mptr: MEM + 4096, ..Default::default() });
     assert_status(&c, Status::DATA_TRANSFER_ERROR, true);
     // PSDT 10b: MPTR holds the address of an SGL descriptor (qword aligned).
-    let mut s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
+    let mut s = h.rw_sqe(iop::READ, 1, 0, 1, (buf, 512));
     s.set_cdw0(iop::READ, 0, Psdt::SglMptrSgl);
     s.set_sgl1(&SglDescriptor::new(SglType::DataBlock, buf, 512));
     s.mptr = (mptr + 4).into();
     assert_status(&h.io_cmd(1, s), Status::INVALID_FIELD, true);
     // Zone Append exists on zoned namespaces only, metadata or not.
-    let s = h.rw_sqe(nvme_spec::opcode::zns::ZONE_APPEND, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(nvme_spec::opcode::zns::ZONE_APPEND, 1, 0, 1, (buf, 512));
     assert_status(&h.io_cmd(1, s), Status::INVALID_OPCODE, true);
     assert_still_works(&mut h, 1, 2, 512);
 }
@@ -347,7 +346,7 @@ fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
     h.mem.write(buf, &data).unwrap();
     let p = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ref_tag: 0xabc, app_tag: 4, app_mask: 0xffff, mptr: 0 };
     let mptr = h.alloc.alloc_pages(1);
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 5, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::WRITE, 5, 1, (buf, 4096), Pi { mptr, ..p }), Status::SUCCESS, false);
     h.ctrl.quiesce(std::time::Duration::from_secs(5)).expect("quiesce");
     let state = h.ctrl.save_state();
     assert_eq!((state.namespaces[0].lba_format, state.namespaces[0].dps), (4, 3 | 8));
@@ -363,7 +362,7 @@ fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
     assert_eq!(identify_ns(&mut h, 1).dps, 3 | 8);
     let rbuf = h.alloc.alloc_pages(1);
     let rmeta = h.alloc.alloc_pages(1);
-    let c = cmd(&mut h, iop::READ, 1, 5, 1, rbuf, 4096, Pi { prinfo: PRCHK_ALL, mptr: rmeta, ..p });
+    let c = cmd(&mut h, iop::READ, 5, 1, (rbuf, 4096), Pi { prinfo: PRCHK_ALL, mptr: rmeta, ..p });
     assert_status(&c, Status::SUCCESS, false);
     let mut m = [0u8; 8];
     h.mem.read(rmeta, &mut m).unwrap();
@@ -373,7 +372,7 @@ fn a_saved_state_carries_the_format_and_the_store_keeps_the_metadata() {
 /// A Read or Write with PSDT 10b: the data in one SGL Data Block, the metadata
 /// described by the SGL descriptor at MPTR.
 fn sgl_cmd(h: &mut MockHost, opcode: u8, slba: u64, data: u64, len: u32, meta_desc: SglDescriptor) -> Cqe {
-    let mut s = h.rw_sqe(opcode, 1, slba, len / 512, data, len as u64);
+    let mut s = h.rw_sqe(opcode, 1, slba, len / 512, (data, len as u64));
     s.set_cdw0(opcode, 0, Psdt::SglMptrSgl);
     s.set_sgl1(&SglDescriptor::new(SglType::DataBlock, data, len));
     let at = h.alloc.alloc_pages(1);
@@ -407,7 +406,7 @@ fn metadata_described_by_an_sgl_moves_like_a_contiguous_buffer() {
     let mut got = vec![0u8; 32];
     h.mem.read(rmeta, &mut got).unwrap();
     assert_eq!(got, meta);
-    assert_eq!(read(&mut h, 1, 10, 4, 8, Pi::default()).2, meta);
+    assert_eq!(read(&mut h, 10, 4, 8, Pi::default()).2, meta);
     // A descriptor describing less than the metadata: Data SGL Length Invalid.
     let c = sgl_cmd(&mut h, iop::READ, 10, rbuf, 2048, SglDescriptor::new(SglType::DataBlock, rmeta, 24));
     assert_status(&c, Status::DATA_SGL_LENGTH_INVALID, true);
@@ -435,23 +434,23 @@ fn extended_lbas_carry_each_blocks_metadata_after_its_data() {
     h.mem.write(buf, &inter).unwrap();
     let p = Pi { prinfo: PRCHK_ALL, ref_tag: 30, app_tag: 2, app_mask: 0xffff, mptr: 0 };
     let n = inter.len() as u64;
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 30, 3, buf, n, p), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::WRITE, 30, 3, (buf, n), p), Status::SUCCESS, false);
     // A block whose inline guard is wrong is refused.
     let mut bad = inter.clone();
     bad[520 + 512] ^= 1;
     h.mem.write(buf, &bad).unwrap();
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 30, 3, buf, n, p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    assert_status(&cmd(&mut h, iop::WRITE, 30, 3, (buf, n), p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
     // Read back as it was written, checked; Compare takes the same layout.
     let rbuf = h.alloc.alloc_pages(1);
-    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, rbuf, n, p), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::READ, 30, 3, (rbuf, n), p), Status::SUCCESS, false);
     let mut got = vec![0u8; inter.len()];
     h.mem.read(rbuf, &mut got).unwrap();
     assert!(got == inter, "data and metadata interleaved as written");
-    assert_status(&cmd(&mut h, iop::COMPARE, 1, 30, 3, rbuf, n, p), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::COMPARE, 30, 3, (rbuf, n), p), Status::SUCCESS, false);
     // PRACT with 8 bytes of PI: only the data moves.
     let sbuf = h.alloc.alloc_pages(1);
     let strip = Pi { prinfo: prinfo::PRACT | PRCHK_ALL, ..p };
-    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, sbuf, 3 * 512, strip), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::READ, 30, 3, (sbuf, 3 * 512), strip), Status::SUCCESS, false);
     let mut got = vec![0u8; 3 * 512];
     h.mem.read(sbuf, &mut got).unwrap();
     assert!(got == data);
@@ -459,7 +458,7 @@ fn extended_lbas_carry_each_blocks_metadata_after_its_data() {
     let mut block = data[512..1024].to_vec();
     block[3] ^= 0x10;
     assert_eq!(h.write_blocks(1, 2, 31, 512, &block), Status::SUCCESS);
-    assert_status(&cmd(&mut h, iop::READ, 1, 30, 3, rbuf, n, p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
+    assert_status(&cmd(&mut h, iop::READ, 30, 3, (rbuf, n), p), Status::END_TO_END_GUARD_CHECK_ERROR, true);
 }
 
 /// A Copy on namespace 1 of `ranges` (SLBA, NLB, EILBRT) to `sdlba`, with PRINFOR
@@ -503,7 +502,7 @@ fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection()
         copy_pi(&mut h, &[(16, 4, 16), (20, 4, 20)], 200, strip, prinfo::PRACT | PRCHK_ALL, (200, 7, 0xffff));
     assert_status(&c, Status::SUCCESS, false);
     let good = Pi { prinfo: PRCHK_ALL, ref_tag: 200, app_tag: 7, app_mask: 0xffff, mptr: 0 };
-    let (c, got, meta) = read(&mut h, 1, 200, 8, 8, good);
+    let (c, got, meta) = read(&mut h, 200, 8, 8, good);
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!((got, meta), (data.clone(), type1_pi(&data, 200, 7)));
     // Carried from the source without PRACT: the destination's checks see the
@@ -514,14 +513,14 @@ fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection()
     // Carried and checked for the guard only: the blocks keep their tags.
     let c = copy_pi(&mut h, &[(16, 8, 16)], 300, 0, prinfo::PRCHK_GUARD, (300, 0, 0));
     assert_status(&c, Status::SUCCESS, false);
-    let (c, got, meta) = read(&mut h, 1, 300, 8, 8, Pi { prinfo: prinfo::PRCHK_GUARD, ..good });
+    let (c, got, meta) = read(&mut h, 300, 8, 8, Pi { prinfo: prinfo::PRCHK_GUARD, ..good });
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!((got, meta), (data.clone(), type1_pi(&data, 16, 0)));
     // A source block changed under the namespace (NSID 2, the same data without
     // metadata): the second range fails its guard check, the first is copied.
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &[0x55; 512]).unwrap();
-    let s = h.rw_sqe(iop::WRITE, 2, 21, 1, buf, 512);
+    let s = h.rw_sqe(iop::WRITE, 2, 21, 1, (buf, 512));
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     let c = copy_pi(
         &mut h,
@@ -533,8 +532,7 @@ fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection()
     );
     assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
     assert_eq!(c.dw0.get(), 1, "the first range not copied");
-    let (c, got, _) =
-        read(&mut h, 1, 400, 4, 8, Pi { prinfo: PRCHK_ALL, ref_tag: 400, ..Default::default() });
+    let (c, got, _) = read(&mut h, 400, 4, 8, Pi { prinfo: PRCHK_ALL, ref_tag: 400, ..Default::default() });
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!(got, data[..2048]);
     // Type 1 with a reference check against tags that are not the LBAs: refused
@@ -550,7 +548,7 @@ fn copy_checks_its_sources_and_generates_or_checks_its_destinations_protection()
     }
     let c = copy_pi(&mut h, &[(16, 4, 16)], 500, 0, prinfo::PRCHK_REF, (501, 0, 0));
     assert_status(&c, Status::INVALID_PROTECTION_INFORMATION, true);
-    let (_, _, meta) = read(&mut h, 1, 500, 4, 8, Pi::default());
+    let (_, _, meta) = read(&mut h, 500, 4, 8, Pi::default());
     assert!(meta.chunks(8).all(|m| m[..2] == [0xff, 0xff] || m == [0xff; 8]), "never written: {meta:x?}");
 }
 
@@ -562,7 +560,7 @@ fn compare(h: &mut MockHost, slba: u64, data: &[u8], meta: &[u8], p: Pi) -> Cqe 
     let mptr = h.alloc.alloc_pages(1);
     h.mem.write(mptr, meta).unwrap();
     let nlb = (data.len() / 512) as u32;
-    cmd(h, iop::COMPARE, 1, slba, nlb, buf, data.len() as u64, Pi { mptr, ..p })
+    cmd(h, iop::COMPARE, slba, nlb, (buf, data.len() as u64), Pi { mptr, ..p })
 }
 
 #[test]
@@ -592,13 +590,13 @@ fn compare_compares_the_metadata_too_but_not_the_protection_information() {
     h.mem.write(buf, &data).unwrap();
     let mptr = h.alloc.alloc_pages(1);
     h.mem.write(mptr, &meta).unwrap();
-    assert_status(&cmd(&mut h, iop::WRITE, 1, 2, 1, buf, 4096, Pi { mptr, ..p }), Status::SUCCESS, false);
+    assert_status(&cmd(&mut h, iop::WRITE, 2, 1, (buf, 4096), Pi { mptr, ..p }), Status::SUCCESS, false);
     let cmp4k = |h: &mut MockHost, data: &[u8], meta: &[u8], p: Pi| {
         let buf = h.alloc.alloc_pages(1);
         h.mem.write(buf, data).unwrap();
         let mptr = h.alloc.alloc_pages(1);
         h.mem.write(mptr, meta).unwrap();
-        cmd(h, iop::COMPARE, 1, 2, 1, buf, 4096, Pi { mptr, ..p })
+        cmd(h, iop::COMPARE, 2, 1, (buf, 4096), Pi { mptr, ..p })
     };
     let checked = Pi { prinfo: PRCHK_ALL, ref_tag: 2, ..Default::default() };
     // The host's tuple bytes are whatever: not compared.

@@ -25,21 +25,21 @@ const LBAF_512_G64: u8 = 6;
 /// A reference tag above 32 bits: its high 16 bits travel in Dword 3.
 const BIG_REF: u64 = 0x1234_0000_0100;
 
-/// A Read or Write of 512-byte blocks on NSID 1 with PRINFO `pr`, the 48-bit
-/// reference tag `reft` (Dword 14 and Dword 3), application tag `app` (mask all).
-#[allow(clippy::too_many_arguments)]
-fn rw(
-    h: &mut MockHost,
-    opcode: u8,
-    slba: u64,
-    nlb: u32,
-    buf: u64,
-    mptr: u64,
+/// What a command carries for protection information: PRINFO `pr`, the 48-bit
+/// reference tag `reft` (Dword 14 and Dword 3), application tag `app` (mask all),
+/// and its metadata buffer `mptr` (0: none).
+#[derive(Clone, Copy)]
+struct Prot {
     pr: u8,
     reft: u64,
     app: u16,
-) -> Cqe {
-    let mut s = h.rw_sqe(opcode, 1, slba, nlb, buf, nlb as u64 * 512);
+    mptr: u64,
+}
+
+/// A Read or Write of 512-byte blocks on NSID 1 with `p`.
+fn rw(h: &mut MockHost, opcode: u8, slba: u64, nlb: u32, buf: u64, p: Prot) -> Cqe {
+    let Prot { pr, reft, app, mptr } = p;
+    let mut s = h.rw_sqe(opcode, 1, slba, nlb, (buf, nlb as u64 * 512));
     s.cdw12 = U32::new(s.cdw12.get() | (pr as u32) << 26);
     s.cdw14 = U32::new(reft as u32);
     s.cdw3 = U32::new((reft >> 32) as u32);
@@ -52,7 +52,14 @@ fn rw(
 fn write_pract(h: &mut MockHost, slba: u64, data: &[u8], reft: u64, app: u16) -> Cqe {
     let buf = h.alloc.alloc_pages(data.len().div_ceil(4096) as u64);
     h.mem.write(buf, data).unwrap();
-    rw(h, iop::WRITE, slba, (data.len() / 512) as u32, buf, 0, prinfo::PRACT | PRCHK_ALL, reft, app)
+    rw(
+        h,
+        iop::WRITE,
+        slba,
+        (data.len() / 512) as u32,
+        buf,
+        Prot { pr: prinfo::PRACT | PRCHK_ALL, reft, app, mptr: 0 },
+    )
 }
 
 /// Reads `nlb` blocks at `slba` with checks `pr` (no PRACT): completion, data, and
@@ -60,7 +67,7 @@ fn write_pract(h: &mut MockHost, slba: u64, data: &[u8], reft: u64, app: u16) ->
 fn read(h: &mut MockHost, slba: u64, nlb: u32, pr: u8, reft: u64, app: u16) -> (Cqe, Vec<u8>, Vec<u8>) {
     let buf = h.alloc.alloc_pages((nlb as u64 * 512).div_ceil(4096));
     let mptr = h.alloc.alloc_pages(1);
-    let c = rw(h, iop::READ, slba, nlb, buf, mptr, pr, reft, app);
+    let c = rw(h, iop::READ, slba, nlb, buf, Prot { pr, reft, app, mptr });
     let mut data = vec![0u8; nlb as usize * 512];
     h.mem.read(buf, &mut data).unwrap();
     let mut meta = vec![0u8; nlb as usize * 16];
@@ -120,7 +127,7 @@ fn the_tuple_is_crc64_with_a_48_bit_reference_tag_and_is_checked() {
     // A byte changed under the namespace (NSID 2: the same data, no metadata).
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &[0x55; 512]).unwrap();
-    let s = h.rw_sqe(iop::WRITE, 2, 10, 1, buf, 512);
+    let s = h.rw_sqe(iop::WRITE, 2, 10, 1, (buf, 512));
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
     let (c, _, _) = read(&mut h, 8, 4, prinfo::PRCHK_GUARD, BIG_REF, 0x42);
     assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
@@ -130,7 +137,7 @@ fn the_tuple_is_crc64_with_a_48_bit_reference_tag_and_is_checked() {
     bad[16 + 3] ^= 1;
     h.mem.write(mptr, &bad).unwrap();
     h.mem.write(buf, &data).unwrap();
-    let c = rw(&mut h, iop::WRITE, 100, 4, buf, mptr, PRCHK_ALL, BIG_REF, 0x42);
+    let c = rw(&mut h, iop::WRITE, 100, 4, buf, Prot { pr: PRCHK_ALL, reft: BIG_REF, app: 0x42, mptr });
     assert_status(&c, Status::END_TO_END_GUARD_CHECK_ERROR, true);
     // Never written: all-ones tags, every check skipped.
     let (c, _, meta) = read(&mut h, 100, 4, PRCHK_ALL, BIG_REF, 0x42);
@@ -150,7 +157,7 @@ fn type_1_tags_are_the_lbas_low_48_bits_and_write_zeroes_guards_zeroes() {
     assert_status(&c, Status::SUCCESS, false);
     assert_eq!(got, data);
     // Write Zeroes with PRACT: the guard of a block of zeroes (not 0 for CRC-64).
-    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 60, 3, 0, 0);
+    let mut s = h.rw_sqe(iop::WRITE_ZEROES, 1, 60, 3, (0, 0));
     s.cdw12 = U32::new(2 | (prinfo::PRACT as u32) << 26);
     s.cdw14 = U32::new(60);
     assert_status(&h.io_cmd(1, s), Status::SUCCESS, false);
@@ -162,8 +169,9 @@ fn type_1_tags_are_the_lbas_low_48_bits_and_write_zeroes_guards_zeroes() {
 }
 
 /// A Copy on NSID 1 of `ranges` (SLBA, NLB, expected initial tag) in descriptor
-/// format `fmt` to `sdlba`, PRINFOR `r`, PRINFOW `w`, destination tag `dest`.
-fn copy(h: &mut MockHost, fmt: u8, ranges: &[(u64, u32, u64)], sdlba: u64, r: u8, w: u8, dest: u64) -> Cqe {
+/// format `fmt` to `sdlba`, PRINFOR and PRINFOW `rw`, destination tag `dest`.
+fn copy(h: &mut MockHost, fmt: u8, ranges: &[(u64, u32, u64)], sdlba: u64, rw: (u8, u8), dest: u64) -> Cqe {
+    let (r, w) = rw;
     let list = h.alloc.alloc_pages(1);
     let mut raw = Vec::new();
     for &(slba, nlb, eilbrt) in ranges {
@@ -188,17 +196,17 @@ fn copy_takes_format_1h_with_48_bit_tags_and_refuses_format_0h() {
     assert_status(&write_pract(&mut h, 16, &data, BIG_REF, 0), Status::SUCCESS, false);
     let untouched = read(&mut h, 200, 8, 0, 0, 0);
     // Format 0h's 32-bit tags do not go with this format.
-    let c = copy(&mut h, 0, &[(16, 8, 0)], 200, 0, 0, 0);
+    let c = copy(&mut h, 0, &[(16, 8, 0)], 200, (0, 0), 0);
     assert_status(&c, Status::INVALID_FORMAT, true);
     // Checked against each range's 48-bit ELBT: the second range's is off by one.
     let both = prinfo::PRACT | PRCHK_ALL;
-    let c = copy(&mut h, 1, &[(16, 4, BIG_REF), (20, 4, BIG_REF + 5)], 200, both, both, BIG_REF << 1);
+    let c = copy(&mut h, 1, &[(16, 4, BIG_REF), (20, 4, BIG_REF + 5)], 200, (both, both), BIG_REF << 1);
     assert_status(&c, Status::END_TO_END_REFERENCE_TAG_CHECK_ERROR, true);
     assert_eq!(c.dw0.get(), 1, "the first range not copied");
     let (_, got, _) = read(&mut h, 204, 4, 0, 0, 0);
     assert_eq!(got, untouched.1[2048..], "the failed range's destination is untouched");
     // Right tags: stripped at the source, the destination's made from Dwords 14 and 3.
-    let c = copy(&mut h, 1, &[(16, 4, BIG_REF), (20, 4, BIG_REF + 4)], 200, both, both, BIG_REF << 1);
+    let c = copy(&mut h, 1, &[(16, 4, BIG_REF), (20, 4, BIG_REF + 4)], 200, (both, both), BIG_REF << 1);
     assert_status(&c, Status::SUCCESS, false);
     let (c, got, meta) = read(&mut h, 200, 8, PRCHK_ALL, BIG_REF << 1, 0);
     assert_status(&c, Status::SUCCESS, false);

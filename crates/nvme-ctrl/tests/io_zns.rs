@@ -54,7 +54,7 @@ fn write_at(h: &mut MockHost, opcode: u8, slba: u64, data: &[u8]) -> Cqe {
     let buf = h.alloc.alloc(data.len() as u64, 4096);
     h.mem.write(buf, data).unwrap();
     let nlb = (data.len() / 512) as u32;
-    let s = h.rw_sqe(opcode, 1, slba, nlb, buf, data.len() as u64);
+    let s = h.rw_sqe(opcode, 1, slba, nlb, (buf, data.len() as u64));
     h.io_cmd(1, s)
 }
 
@@ -193,7 +193,7 @@ fn writes_follow_the_write_pointer_and_appends_say_where_they_went() {
     assert_status(&send(&mut h, 2, 0, zsa::RESET, false), Status::INVALID_OPCODE, true);
     let c = write_at(&mut h, zop::ZONE_APPEND, 0, &b);
     assert_status(&c, Status::SUCCESS, false);
-    let mut s = h.rw_sqe(zop::ZONE_APPEND, 2, 0, 1, h.admin_buf, 512);
+    let mut s = h.rw_sqe(zop::ZONE_APPEND, 2, 0, 1, (h.admin_buf, 512));
     s.nsid = 2.into();
     assert_status(&h.io_cmd(1, s), Status::INVALID_OPCODE, true);
 }

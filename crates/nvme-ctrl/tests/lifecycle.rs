@@ -97,7 +97,7 @@ fn shutdown(kind: u32) {
     // Submitted and not yet run: shutdown processing completes them.
     let buf = h.alloc.alloc_pages(1);
     for i in 0..6 {
-        let s = h.rw_sqe(iop::READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, i, 1, (buf, 512));
         h.submit(1 + (i % 2) as u16, s).unwrap();
     }
     let cc = h.read32(offset::CC);
@@ -109,7 +109,7 @@ fn shutdown(kind: u32) {
     assert_eq!(done, 6, "commands submitted before the notification completed");
 
     // After shutdown the controller processes nothing.
-    let s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(iop::READ, 1, 0, 1, (buf, 512));
     h.submit(1, s).unwrap();
     let (admin, _) = h.admin_exec(MockHost::admin_sqe(aop::ABORT));
     assert!(admin.is_none(), "admin command not processed after shutdown");
@@ -139,12 +139,12 @@ fn spec_3_7_2_reset_during_outstanding_io() {
     let buf = h.alloc.alloc_pages(4);
     // Some commands run, more are only submitted, when CC.EN goes to 0.
     for i in 0..10 {
-        let s = h.rw_sqe(iop::WRITE, 1, i * 8, 8, buf, 4096);
+        let s = h.rw_sqe(iop::WRITE, 1, i * 8, 8, (buf, 4096));
         h.submit(1, s).unwrap();
     }
     h.process();
     for i in 0..10 {
-        let s = h.rw_sqe(iop::READ, 1, i * 8, 8, buf, 4096);
+        let s = h.rw_sqe(iop::READ, 1, i * 8, 8, (buf, 4096));
         h.submit(2, s).unwrap();
     }
     h.write32(offset::CC, 0);
@@ -270,7 +270,7 @@ fn spec_3_1_4_6_queue_memory_removed_sets_cfs_not_panic() {
         let (gpa, len) = h.mem.regions().next().unwrap();
         h.ctrl.set_memory(h.mem.without_region(gpa, len).expect("the one region"));
         let buf = h.alloc.alloc_pages(1);
-        let s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
+        let s = h.rw_sqe(iop::READ, 1, 0, 1, (buf, 512));
         h.submit(1, s).unwrap();
         // Make sure the controller looks at queue 1 even if the shadow rule skipped the ring.
         h.ring(1, DoorbellKind::SqTail, h.io[0].sq.tail);

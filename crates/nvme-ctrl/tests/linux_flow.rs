@@ -49,7 +49,7 @@ fn random_data_reads_back_identical_at_every_queue_depth() {
             let data = pattern(slba * 31 + qd as u64, (nlb * lba) as usize);
             let buf = h.alloc.alloc(data.len() as u64, 4);
             h.mem.write(buf, &data).unwrap();
-            let s = h.rw_sqe(iop::WRITE, 1, slba, nlb, buf, data.len() as u64);
+            let s = h.rw_sqe(iop::WRITE, 1, slba, nlb, (buf, data.len() as u64));
             cids.push(h.submit(qid, s).unwrap());
             expect.push((slba, data));
         }
@@ -80,7 +80,7 @@ fn large_transfers_use_chained_prp_lists() {
     let data = pattern(7, 1 << 20);
     let buf = h.alloc.alloc((1 << 20) + PAGE, PAGE) + 512;
     h.mem.write(buf, &data).unwrap();
-    let s = h.rw_sqe(iop::WRITE, 1, 10, 256, buf, data.len() as u64);
+    let s = h.rw_sqe(iop::WRITE, 1, 10, 256, (buf, data.len() as u64));
     assert_eq!(h.io_cmd(1, s).status(), Status::SUCCESS);
     let (st, back) = h.read_blocks(2, 1, 10, 256, 4096);
     assert_eq!(st, Status::SUCCESS);
@@ -99,7 +99,7 @@ fn shadow_doorbells_cut_trapped_writes() {
         let mut submitted = 0;
         let mut completed = 0;
         while submitted < qd {
-            let s = h.rw_sqe(iop::READ, 1, submitted as u64, 1, buf, 512);
+            let s = h.rw_sqe(iop::READ, 1, submitted as u64, 1, (buf, 512));
             h.submit(1, s).unwrap();
             submitted += 1;
         }
@@ -112,7 +112,7 @@ fn shadow_doorbells_cut_trapped_writes() {
             completed += got.len() as u32;
             for _ in 0..got.len() {
                 if submitted < total {
-                    let s = h.rw_sqe(iop::READ, 1, (submitted % 1000) as u64, 1, buf, 512);
+                    let s = h.rw_sqe(iop::READ, 1, (submitted % 1000) as u64, 1, (buf, 512));
                     h.submit(1, s).unwrap();
                     submitted += 1;
                 }

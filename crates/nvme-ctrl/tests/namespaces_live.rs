@@ -116,7 +116,7 @@ fn removal_ends_io_in_flight(workers: usize) {
     let nsid = h.ctrl.add_namespace(&cfg, None).unwrap();
     let _ = h.reap_admin();
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(nvme_spec::opcode::nvm::READ, nsid, 0, 1, buf, 512);
+    let s = h.rw_sqe(nvme_spec::opcode::nvm::READ, nsid, 0, 1, (buf, 512));
     let fetched =
         |h: &MockHost| h.ctrl.queue_snapshots().iter().find(|q| q.qid == 1).map_or(0, |q| q.commands);
     let before = fetched(&h);

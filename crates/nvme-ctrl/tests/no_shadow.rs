@@ -30,7 +30,7 @@ fn spec_5_2_5_without_dbbuf_oacs_bit_8_is_clear_and_the_command_is_invalid() {
     let before = h.ctrl.stats();
     let buf = h.alloc.alloc_pages(1);
     for lba in 0..10 {
-        let s = h.rw_sqe(0x02, 1, lba, 1, buf, 512);
+        let s = h.rw_sqe(0x02, 1, lba, 1, (buf, 512));
         assert!(h.io_cmd(1, s).status().is_success());
     }
     let d = h.ctrl.stats() - before;

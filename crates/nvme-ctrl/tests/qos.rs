@@ -33,7 +33,7 @@ fn reads(h: &mut MockHost, qid: u16, nsid: u32, n: usize) -> Vec<u16> {
     (0..n)
         .map(|i| {
             let buf = h.alloc.alloc_pages(1);
-            let s = h.rw_sqe(iop::READ, nsid, i as u64, 1, buf, 512);
+            let s = h.rw_sqe(iop::READ, nsid, i as u64, 1, (buf, 512));
             h.submit(qid, s).expect("room")
         })
         .collect()

@@ -108,7 +108,7 @@ fn strict_full_run(seed: u64, shadow: bool, cq_size: u32, sq_sizes: &[u32], tota
                     if submitted == total {
                         break;
                     }
-                    let s = h.rw_sqe(READ, 1, submitted % 2048, 1, buf, 512);
+                    let s = h.rw_sqe(READ, 1, submitted % 2048, 1, (buf, 512));
                     let Some((cid, rang)) = h.push_sqe(&mut sqs[i].sq, s) else { break };
                     let t = &mut sqs[i];
                     t.order.push_back((cid, t.tail_abs));
@@ -180,7 +180,7 @@ fn spec_3_3_1_overflowing_completions_wait_for_room_with_correct_phase() {
         let buf = h.alloc.alloc_pages(1);
         let mut cids = VecDeque::new();
         for i in 0..60 {
-            let s = h.rw_sqe(READ, 1, i, 1, buf, 512);
+            let s = h.rw_sqe(READ, 1, i, 1, (buf, 512));
             cids.push_back(h.push_sqe(&mut sq, s).unwrap().0);
         }
         let irq_before = h.irq.count(1);
@@ -246,7 +246,7 @@ fn spec_3_3_1_sq_full_host_cannot_submit_more_than_size_minus_one() {
         for round in 0..20 {
             let mut n = 0;
             loop {
-                let s = h.rw_sqe(READ, 1, round, 1, buf, 512);
+                let s = h.rw_sqe(READ, 1, round, 1, (buf, 512));
                 if h.push_sqe(&mut sq, s).is_none() {
                     break;
                 }
@@ -339,7 +339,7 @@ fn spec_5_delete_sq_with_commands_in_flight_completes_them_first() {
     h.mem.write(buf, &data).unwrap();
     let mut cids = Vec::new();
     for i in 0..20 {
-        let s = h.rw_sqe(WRITE, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(WRITE, 1, i, 1, (buf, 512));
         cids.push(h.submit(1, s).unwrap());
     }
     // One pass: everything fetched and handed to the backend, nothing finished yet.
@@ -365,7 +365,7 @@ fn spec_5_delete_sq_with_commands_in_flight_completes_them_first() {
     }
     // The CQ has no users now and can go; the other pair still works.
     assert_status(&h.remove_io_cq(1).unwrap(), Status::SUCCESS, false);
-    let s = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(READ, 1, 0, 1, (buf, 512));
     let cid = h.submit(2, s).unwrap();
     let mut got = None;
     for _ in 0..200 {
@@ -386,7 +386,7 @@ fn spec_5_delete_sq_with_unfetched_entries_drops_them_and_the_qid_is_reusable() 
     h.doorbell_buffer_config().unwrap();
     let buf = h.alloc.alloc_pages(1);
     for i in 0..10 {
-        let s = h.rw_sqe(READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(READ, 1, i, 1, (buf, 512));
         h.push_sqe(&mut sq, s).unwrap();
     }
     let c = h.remove_io_sq(1).unwrap();
@@ -400,7 +400,7 @@ fn spec_5_delete_sq_with_unfetched_entries_drops_them_and_the_qid_is_reusable() 
     // Re-create SQ 1 on the same CQ: it starts from slot 0 and works with EventIdx.
     let mut sq = h.new_io_sq(1, 1, 16).unwrap();
     for i in 0..40 {
-        let s = h.rw_sqe(READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(READ, 1, i, 1, (buf, 512));
         let (_, rang) = h.push_sqe(&mut sq, s).unwrap();
         assert!(rang, "idle device: every single submission rings");
         h.process();
@@ -421,7 +421,7 @@ fn spec_5_completions_waiting_for_room_survive_deleting_their_sq() {
         }
         let buf = h.alloc.alloc_pages(1);
         for i in 0..20 {
-            let s = h.rw_sqe(READ, 1, i, 1, buf, 512);
+            let s = h.rw_sqe(READ, 1, i, 1, (buf, 512));
             h.push_sqe(&mut sq, s).unwrap();
         }
         h.process();
@@ -462,7 +462,7 @@ fn interrupts_one_per_cq_per_processing_pass() {
         let n: Vec<u64> = (0..3).map(|_| rng.below(20)).collect();
         for q in 0..3 {
             for _ in 0..n[q] {
-                let s = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+                let s = h.rw_sqe(READ, 1, 0, 1, (buf, 512));
                 h.push_sqe(&mut sqs[q], s).unwrap();
             }
         }
@@ -499,7 +499,7 @@ fn interrupts_none_for_a_cq_with_ien_clear() {
     // Overflow the quiet CQ too: draining it must not raise interrupts either.
     let mut done = 0;
     for i in 0..30 {
-        let s = h.rw_sqe(READ, 1, i, 1, buf, 512);
+        let s = h.rw_sqe(READ, 1, i, 1, (buf, 512));
         h.push_sqe(&mut sq, s).unwrap();
     }
     while done < 30 {
@@ -511,7 +511,7 @@ fn interrupts_none_for_a_cq_with_ien_clear() {
         done += got.len();
     }
     assert_eq!(h.irq.total(), total_before, "IEN = 0: no interrupt on any vector");
-    let s = h.rw_sqe(READ, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(READ, 1, 0, 1, (buf, 512));
     h.push_sqe(&mut sq2, s).unwrap();
     h.process();
     assert_eq!(h.irq.count(2), 1);

@@ -100,7 +100,7 @@ fn write(h: &mut MockHost) -> Status {
 
 fn read(h: &mut MockHost) -> Status {
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(READ, 1, 0, 8, buf, 4096);
+    let s = h.rw_sqe(READ, 1, 0, 8, (buf, 4096));
     h.io_cmd(1, s).status()
 }
 

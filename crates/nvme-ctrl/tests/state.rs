@@ -132,9 +132,9 @@ fn run(seed: u64, shadow: bool, swaps: &[usize]) -> (Outcome, Caught) {
                     let buf = h.alloc.alloc_pages(1);
                     let sqe = if rng.chance(60) {
                         h.mem.write(buf, &pattern(seed ^ step as u64 ^ lba, 4096)).unwrap();
-                        h.rw_sqe(iop::WRITE, 1, lba, 8, buf, 4096)
+                        h.rw_sqe(iop::WRITE, 1, lba, 8, (buf, 4096))
                     } else {
-                        h.rw_sqe(iop::READ, 1, lba, 8, buf, 4096)
+                        h.rw_sqe(iop::READ, 1, lba, 8, (buf, 4096))
                     };
                     let read = sqe.opcode() == iop::READ;
                     match h.submit(qid, sqe) {
@@ -154,7 +154,7 @@ fn run(seed: u64, shadow: bool, swaps: &[usize]) -> (Outcome, Caught) {
                     let lba = rng.below(BLOCKS) * 8;
                     let buf = h.alloc.alloc_pages(1);
                     h.mem.write(buf, &pattern(seed ^ 0x4444 ^ lba, 4096)).unwrap();
-                    let sqe = h.rw_sqe(iop::WRITE, 1, lba, 8, buf, 4096);
+                    let sqe = h.rw_sqe(iop::WRITE, 1, lba, 8, (buf, 4096));
                     h.push_sqe(&mut big_sq, sqe);
                 }
             }
@@ -392,7 +392,7 @@ fn spec_error_count_goes_on_from_one_past_its_largest_value() {
     h.ctrl.resume();
     // A read of a namespace that does not exist: an error, logged.
     let buf = h.alloc.alloc_pages(1);
-    let sqe = h.rw_sqe(iop::READ, 9, 0, 1, buf, 512);
+    let sqe = h.rw_sqe(iop::READ, 9, 0, 1, (buf, 512));
     h.submit(1, sqe).unwrap();
     h.process();
     let c = h.reap_queue(1);
@@ -432,7 +432,7 @@ fn state_moves_between_controllers_with_different_workers() {
                 let block = rng.below(BLOCKS / 4) * 4 + q as u64 - 1;
                 let buf = h.alloc.alloc_pages(1);
                 h.mem.write(buf, &pattern(round << 32 | block, 4096)).unwrap();
-                let sqe = h.rw_sqe(iop::WRITE, 1, block * 8, 8, buf, 4096);
+                let sqe = h.rw_sqe(iop::WRITE, 1, block * 8, 8, (buf, 4096));
                 h.submit(q, sqe).expect("room");
                 expect.insert(block, round << 32 | block);
             }
@@ -477,7 +477,7 @@ fn a_quiesce_that_cannot_finish_gives_up_and_the_controller_goes_on() {
     let mut h = MockHost::with_clock(cfg, MEM, clock.clone());
     h.init(InitOptions::default()).unwrap();
     let buf = h.alloc.alloc_pages(1);
-    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, (buf, 4096));
     h.submit(1, sqe).unwrap();
     h.process();
     let bound = std::time::Duration::from_millis(300);
@@ -516,12 +516,12 @@ fn a_fatal_controller_quiesces_at_once_whatever_its_backends_hold() {
     let mut h = MockHost::new(cfg, MEM);
     h.init(InitOptions::default()).unwrap();
     let buf = h.alloc.alloc_pages(1);
-    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, (buf, 4096));
     h.submit(1, sqe).unwrap();
     h.process();
     // The guest's memory goes away under its queues: the next fetch is fatal.
     h.ctrl.set_memory(guest_mem::GuestMemory::empty());
-    let sqe = h.rw_sqe(iop::READ, 1, 64, 8, buf, 4096);
+    let sqe = h.rw_sqe(iop::READ, 1, 64, 8, (buf, 4096));
     h.submit(2, sqe).unwrap();
     h.process();
     assert!(h.csts().cfs(), "the controller is fatal");
@@ -542,7 +542,7 @@ fn a_resumed_controller_arms_eventidx_before_its_worker_sleeps() {
         .unwrap();
     for _ in 0..3 {
         let buf = h.alloc.alloc_pages(1);
-        let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+        let sqe = h.rw_sqe(iop::READ, 1, 0, 8, (buf, 4096));
         h.submit(1, sqe).expect("room");
         drain(&mut h, 1);
     }
@@ -559,7 +559,7 @@ fn a_resumed_controller_arms_eventidx_before_its_worker_sleeps() {
     std::mem::forget(old);
     assert_eq!(h.eventidx_slot(1, DoorbellKind::SqTail), Some(tail), "armed at what it has consumed");
     let buf = h.alloc.alloc_pages(1);
-    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, buf, 4096);
+    let sqe = h.rw_sqe(iop::READ, 1, 0, 8, (buf, 4096));
     h.submit(1, sqe).expect("room");
     for (_, c) in drain(&mut h, 1) {
         assert_eq!(c.status(), Status::SUCCESS);

@@ -65,7 +65,7 @@ fn each_controller_of_a_subsystem_has_its_id_and_shares_the_namespace() {
     let data = test_util::pattern(9, 4096);
     assert_eq!(one.write_blocks(1, 1, 8, 512, &data), nvme_spec::Status::SUCCESS);
     let buf = two.alloc.alloc_pages(1);
-    let s = two.rw_sqe(READ, 1, 8, 8, buf, 4096);
+    let s = two.rw_sqe(READ, 1, 8, 8, (buf, 4096));
     assert_status(&two.io_cmd(1, s), nvme_spec::Status::SUCCESS, false);
     let mut got = vec![0u8; 4096];
     two.mem.read(buf, &mut got).unwrap();
@@ -182,7 +182,7 @@ fn a_group_made_inaccessible_refuses_its_commands_with_a_path_error_and_tells_th
     // another controller.
     let buf = h.alloc.alloc_pages(1);
     for opcode in [READ, WRITE] {
-        let s = h.rw_sqe(opcode, 1, 0, 8, buf, 4096);
+        let s = h.rw_sqe(opcode, 1, 0, 8, (buf, 4096));
         let st = h.io_cmd(1, s).status();
         assert_eq!((st.code(), st.sct(), st.dnr()), (Status::ASYMMETRIC_ACCESS_INACCESSIBLE, 3, false));
     }
@@ -204,17 +204,17 @@ fn a_group_made_inaccessible_refuses_its_commands_with_a_path_error_and_tells_th
         (AnaState::Change, Status::ASYMMETRIC_ACCESS_TRANSITION),
     ] {
         h.ctrl.set_ana_state(Some(1), state).unwrap();
-        let s = h.rw_sqe(READ, 1, 0, 8, buf, 4096);
+        let s = h.rw_sqe(READ, 1, 0, 8, (buf, 4096));
         assert_eq!(h.io_cmd(1, s).status().code(), want, "{state:?}");
     }
     // Non-optimized still serves; back to optimized, the data is there.
     assert_eq!(h.ctrl.set_ana_state(None, AnaState::NonOptimized).unwrap(), vec![1, 3]);
-    let s = h.rw_sqe(READ, 1, 0, 8, buf, 4096);
+    let s = h.rw_sqe(READ, 1, 0, 8, (buf, 4096));
     assert_eq!(h.io_cmd(1, s).status(), Status::SUCCESS);
     assert_eq!(h.ctrl.set_ana_state(None, AnaState::Optimized).unwrap(), vec![1, 3]);
     assert_eq!(h.ctrl.set_ana_state(None, AnaState::Optimized).unwrap(), Vec::<u32>::new(), "no change");
     let mut got = vec![0u8; 4096];
-    let s = h.rw_sqe(READ, 1, 0, 8, buf, 4096);
+    let s = h.rw_sqe(READ, 1, 0, 8, (buf, 4096));
     assert_eq!(h.io_cmd(1, s).status(), Status::SUCCESS);
     h.mem.read(buf, &mut got).unwrap();
     assert!(got == data);

@@ -65,7 +65,7 @@ fn host_on(workers: usize, rules: &[&str], timeout: Option<Duration>, clock: Arc
 /// Submits a one-block read of `slba` on queue `qid` without running the device.
 fn submit_read(h: &mut MockHost, qid: u16, slba: u64) -> u16 {
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(READ, 1, slba, 1, buf, LBA as u64);
+    let s = h.rw_sqe(READ, 1, slba, 1, (buf, LBA as u64));
     h.submit(qid, s).expect("room")
 }
 
@@ -136,7 +136,7 @@ fn a_delayed_write_completes_successfully_after_the_delay() {
     let data = test_util::Rng::new(7).bytes(LBA as usize);
     let buf = h.alloc.alloc_pages(1);
     h.mem.write(buf, &data).unwrap();
-    let s = h.rw_sqe(WRITE, 1, 40, 1, buf, LBA as u64);
+    let s = h.rw_sqe(WRITE, 1, 40, 1, (buf, LBA as u64));
     let cid = h.submit(1, s).unwrap();
     h.process();
     assert!(h.reap_queue(1).is_empty(), "the write is held back");
@@ -287,7 +287,7 @@ fn a_queue_never_has_more_than_its_size_in_flight() {
     let mut sq = h.new_io_sq(3, 3, SIZE).unwrap();
     let buf = h.alloc.alloc_pages(1);
     let read = |h: &mut MockHost, cid: u16| {
-        let mut s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+        let mut s = h.rw_sqe(READ, 1, 0, 1, (buf, LBA as u64));
         s.set_cid(cid);
         s
     };
@@ -330,7 +330,7 @@ fn a_timed_out_read_never_writes_the_buffer_afterwards() {
     );
     assert_eq!(h.write_blocks(1, 1, 0, LBA, &[0xaa; LBA as usize]), Status::SUCCESS);
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+    let s = h.rw_sqe(READ, 1, 0, 1, (buf, LBA as u64));
     let cid = h.submit(1, s).unwrap();
     let c = wait_for(&mut h, 1, cid);
     assert_status(&c, Status::INTERNAL_ERROR, false);
@@ -412,7 +412,7 @@ fn a_request_the_backend_cannot_stop_completes_when_it_ends_not_at_the_timeout()
     h.init(InitOptions { io_queues: 2, queue_size: 64, ..Default::default() }).expect("bring-up");
     assert_eq!(h.write_blocks(1, 1, 0, LBA, &[0xcd; LBA as usize]), Status::SUCCESS);
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(READ, 1, 0, 1, buf, LBA as u64);
+    let s = h.rw_sqe(READ, 1, 0, 1, (buf, LBA as u64));
     let cid = h.submit(1, s).unwrap();
     h.process();
     // Far past the timeout: the read could still land, so it is not completed, and

@@ -41,7 +41,7 @@ fn run(mode: PollMode, shadow: bool) {
                 let data = pattern(slba ^ qd as u64, 8 * 512);
                 let buf = h.alloc.alloc(data.len() as u64, 4096);
                 h.mem.write(buf, &data).unwrap();
-                let s = h.rw_sqe(iop::WRITE, 1, slba, 8, buf, data.len() as u64);
+                let s = h.rw_sqe(iop::WRITE, 1, slba, 8, (buf, data.len() as u64));
                 h.submit(qid, s).unwrap();
                 expect.push((slba, data));
             }
@@ -57,7 +57,7 @@ fn run(mode: PollMode, shadow: bool) {
     }
     // Reads through the workers return what was written.
     let buf = h.alloc.alloc_pages(1);
-    let s = h.rw_sqe(iop::READ, 1, 10_000, 8, buf, 4096);
+    let s = h.rw_sqe(iop::READ, 1, 10_000, 8, (buf, 4096));
     h.submit(1, s).unwrap();
     assert!(wait_for(&mut h, 1, 1)[0].status().is_success());
     let mut got = vec![0u8; 4096];
@@ -66,7 +66,7 @@ fn run(mode: PollMode, shadow: bool) {
     // Reset with workers running, then bring up again.
     h.init(InitOptions { io_queues: 2, queue_size: 16, shadow_doorbells: shadow, ..Default::default() })
         .unwrap();
-    let s = h.rw_sqe(iop::READ, 1, 0, 1, buf, 512);
+    let s = h.rw_sqe(iop::READ, 1, 0, 1, (buf, 512));
     h.submit(2, s).unwrap();
     assert!(wait_for(&mut h, 2, 1)[0].status().is_success());
 }

@@ -214,9 +214,10 @@ impl BackendQueue for NvmeQueue {
             Op::Flush => 1,
             _ => req.len,
         };
-        let split = Split { next: 0, end, seg: SegmentMark::default(), pieces: 0 };
+        let planned = checked
+            .map(|()| (end > 0).then(|| Split { next: 0, end, seg: SegmentMark::default(), pieces: 0 }));
         // The wire has FUA (the command's FUA bit): a FUA write is not followed by a flush.
-        let Admit::Slot(r) = self.reqs.admit(mem, req, checked, end == 0, false, split) else { return };
+        let Admit::Slot(r) = self.reqs.admit(mem, req, planned, false) else { return };
         if self.backlog.is_empty() && self.drive(r) {
             return;
         }

@@ -136,18 +136,12 @@ impl Fuzzer<'_> {
         (buf, start)
     }
 
-    /// SGL Descriptor 1 for `len` bytes at `buf`: one data block (form 1), a last
-    /// segment of `pieces` descriptors (form 2) or a segment chaining to a last
-    /// segment (form 3). Reads may turn a piece into a bit bucket.
-    fn sgl(
-        &mut self,
-        buf: u64,
-        len: u64,
-        form: u8,
-        pieces: u8,
-        read: bool,
-        pages: &mut Vec<usize>,
-    ) -> SglDescriptor {
+    /// SGL Descriptor 1 for `len` bytes at `buf`, as the command's `flags` say
+    /// (`IoCmd::flags`): one data block (form 1), a last segment of some pieces
+    /// (form 2) or a segment chaining to a last segment (form 3). Reads may turn a
+    /// piece into a bit bucket.
+    fn sgl(&mut self, buf: u64, len: u64, flags: u8, read: bool, pages: &mut Vec<usize>) -> SglDescriptor {
+        let (form, pieces) = (flags & 3, flags >> 3);
         if form == 1 {
             return SglDescriptor::new(SglType::DataBlock, buf, len as u32);
         }
@@ -263,7 +257,7 @@ impl Fuzzer<'_> {
                     s.set_prps(p1, p2);
                 } else {
                     s.set_cdw0(opcode, 0, Psdt::SglMptrContiguous);
-                    let d = self.sgl(buf, len, form, c.flags >> 3, opcode == iop::READ, &mut pages);
+                    let d = self.sgl(buf, len, c.flags, opcode == iop::READ, &mut pages);
                     s.set_sgl1(&d);
                 }
                 s

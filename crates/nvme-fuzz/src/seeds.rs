@@ -35,9 +35,22 @@ fn setup(io_queues: u8, queue_size: u8, shadow: bool) -> Setup {
     }
 }
 
-fn io(queue: u8, op: u8, nsid: u8, slba: u32, nlb: u16, buf: u16, flags: u8) -> Action {
-    Action::Io(IoCmd { queue, op, nsid, slba, nlb, buf, flags, mutation: Mutation::default() })
+/// I/O command `op` on `queue` at `slba` (`nlb`: `IoCmd::nlb`), its other fields
+/// as `more` has them (`PLAIN`: all zero).
+fn io(queue: u8, op: u8, slba: u32, nlb: u16, more: IoCmd) -> Action {
+    Action::Io(IoCmd { queue, op, slba, nlb, ..more })
 }
+
+const PLAIN: IoCmd = IoCmd {
+    queue: 0,
+    op: 0,
+    nsid: 0,
+    slba: 0,
+    nlb: 0,
+    buf: 0,
+    flags: 0,
+    mutation: Mutation { kind: 0, value: 0 },
+};
 
 fn admin(op: u8, a: u32, b: u32, c: u32) -> Action {
     Action::Admin(AdminCmd { op, a, b, c, mutation: Mutation::default() })
@@ -59,17 +72,17 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
             Program {
                 setup: setup(2, 16, true),
                 actions: vec![
-                    io(0, 1, 0, 100, 7, 0, 0),          // write, PRP, 8 blocks
-                    io(1, 0, 0, 100, 7, 128, 1),        // read, one SGL data block
-                    io(0, 2, 0, 100, 7, 0, 2 | 16),     // compare, SGL last segment of 3
-                    io(1, 0, 1, 3, 40, 1000, 3),        // read 4 KiB LBAs, SGL segment chain
-                    io(0, 1, 1, 9, 62, 77, 8 | 3 << 4), // write, PRP list chaining at page end
+                    io(0, 1, 100, 7, PLAIN),                                 // write, PRP, 8 blocks
+                    io(1, 0, 100, 7, IoCmd { buf: 128, flags: 1, ..PLAIN }), // read, one SGL data block
+                    io(0, 2, 100, 7, IoCmd { flags: 2 | 16, ..PLAIN }),      // compare, SGL last segment of 3
+                    io(1, 0, 3, 40, IoCmd { nsid: 1, buf: 1000, flags: 3, ..PLAIN }), // read 4 KiB LBAs, SGL segment chain
+                    io(0, 1, 9, 62, IoCmd { nsid: 1, buf: 77, flags: 8 | 3 << 4, ..PLAIN }), // write, PRP list chaining at page end
                     process(1),
                     REAP_ALL,
-                    io(1, 3, 0, 0, 31, 0, 0),          // verify
-                    io(0, 4, 0, 5, 3, 0, 8),           // write zeroes, deallocate
-                    io(1, 6, 0, 0x0102_0304, 3, 0, 4), // DSM deallocate
-                    io(0, 7, 0, 0, 0, 0, 0),           // flush all namespaces
+                    io(1, 3, 0, 31, PLAIN),                                // verify
+                    io(0, 4, 5, 3, IoCmd { flags: 8, ..PLAIN }),           // write zeroes, deallocate
+                    io(1, 6, 0x0102_0304, 3, IoCmd { flags: 4, ..PLAIN }), // DSM deallocate
+                    io(0, 7, 0, 0, PLAIN),                                 // flush all namespaces
                     DRAIN,
                 ],
             },
@@ -96,7 +109,7 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
                 setup: setup(2, 8, true),
                 actions: vec![
                     admin(8, 0, 0, 0), // an Asynchronous Event Request to receive errors
-                    io(0, 1, 0, 0, 1, 0, 0),
+                    io(0, 1, 0, 1, PLAIN),
                     Action::Doorbell(Doorbell { qid: 1, kind: 0x10, value: 0 }),
                     Action::Doorbell(Doorbell { qid: 2, kind: 0x11, value: 0 }),
                     process(2),
@@ -139,7 +152,7 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
                     admin(9, 0x0001_0001, 0, 0),
                     admin(12, 1, 1, 0),
                     DRAIN,
-                    io(0, 1, 1, 0, 3, 0, 0),
+                    io(0, 1, 0, 3, IoCmd { nsid: 1, ..PLAIN }),
                     Action::CreatePair(CreatePair { qid: 4, size: 10, ien: 1 }),
                     DRAIN,
                 ],
@@ -151,14 +164,14 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
             Program {
                 setup: setup(2, 10, true),
                 actions: vec![
-                    io(0, 1, 0, 1, 3, 0, 0),
+                    io(0, 1, 1, 3, PLAIN),
                     Action::Cc(CcOp { op: 2, value: 0 }),
                     Action::ReadReg(ReadReg { off: 0x1c, size: 0 }),
                     REAP_ALL,
                     Action::Cc(CcOp { op: 7, value: 0 }),
                     Action::Cc(CcOp { op: 5, value: 0 }),
                     Action::Init(InitSpec { io_queues: 1, queue_size: 20, admin_size: 10, flags: 1 }),
-                    io(1, 0, 0, 1, 3, 0, 0),
+                    io(1, 0, 1, 3, PLAIN),
                     Action::Clock(ClockAdvance { us: 300 }),
                     Action::Cc(CcOp { op: 3, value: 0 }),
                     DRAIN,
@@ -193,14 +206,14 @@ pub fn seeds() -> Vec<(&'static str, Program)> {
                 setup: setup(1, 8, true),
                 actions: vec![
                     Action::Memory(MemoryOp { op: 1, a: 65, b: 200 }),
-                    io(0, 1, 0, 0, 3, 0, 0),
-                    io(0, 0, 0, 0, 3, 0, 0),
+                    io(0, 1, 0, 3, PLAIN),
+                    io(0, 0, 0, 3, PLAIN),
                     DRAIN,
                     Action::Memory(MemoryOp { op: 3, a: 100, b: 0 }),
-                    io(0, 0, 0, 0, 3, 0, 0),
+                    io(0, 0, 0, 3, PLAIN),
                     DRAIN,
                     Action::Memory(MemoryOp { op: 2, a: 900, b: 0 }),
-                    io(0, 0, 0, 0, 3, 0, 0),
+                    io(0, 0, 0, 3, PLAIN),
                     process(1),
                     Action::Memory(MemoryOp { op: 4, a: 0, b: 0 }),
                     DRAIN,

@@ -178,7 +178,8 @@ impl BackendQueue for RbdQueue {
         };
         let nothing = req.op != Op::Flush && req.len == 0;
         // librbd has no FUA: a FUA write is a write, then a flush.
-        if let Admit::Slot(slot) = self.reqs.admit(mem, req, checked, nothing, true, ()) {
+        if let Admit::Slot(slot) = self.reqs.admit(mem, req, checked.map(|()| (!nothing).then_some(())), true)
+        {
             if let Err(e) = self.call(slot, what) {
                 self.finish(slot, Some(e));
             }

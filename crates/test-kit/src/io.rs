@@ -186,10 +186,11 @@ impl MockHost {
         panic!("no completion for cid {cid} on queue {qid}");
     }
 
-    /// A Read or Write SQE for `nlb` blocks at `slba` of `nsid`, data at `buf`
-    /// (contiguous guest memory) described with PRPs (a PRP list built in `list`
-    /// when it spans more than two pages).
-    pub fn rw_sqe(&mut self, opcode: u8, nsid: u32, slba: u64, nlb: u32, buf: u64, len: u64) -> Sqe {
+    /// A Read or Write SQE for `nlb` blocks at `slba` of `nsid`, its data the `len`
+    /// bytes at `buf` (`data`: contiguous guest memory), described with PRPs (a PRP
+    /// list built in `list` when it spans more than two pages).
+    pub fn rw_sqe(&mut self, opcode: u8, nsid: u32, slba: u64, nlb: u32, data: (u64, u64)) -> Sqe {
+        let (buf, len) = data;
         let nlb_z = u16::try_from(nlb - 1).expect("NLB is a 16-bit field");
         let mut s = ReadWriteCmd { nsid, slba, nlb_z, ..Default::default() }.to_sqe(opcode);
         let (prp1, prp2) = self.build_prps(buf, len);
@@ -240,7 +241,7 @@ impl MockHost {
         let buf = self.alloc.alloc(data.len() as u64, PAGE);
         self.mem.write(buf, data).expect("buf");
         let nlb = (data.len() / lba_size as usize) as u32;
-        let s = self.rw_sqe(iop::WRITE, nsid, slba, nlb, buf, data.len() as u64);
+        let s = self.rw_sqe(iop::WRITE, nsid, slba, nlb, (buf, data.len() as u64));
         self.io_cmd(qid, s).status()
     }
 
@@ -255,7 +256,7 @@ impl MockHost {
     ) -> (Status, Vec<u8>) {
         let len = nlb as u64 * lba_size as u64;
         let buf = self.alloc.alloc(len, PAGE);
-        let s = self.rw_sqe(iop::READ, nsid, slba, nlb, buf, len);
+        let s = self.rw_sqe(iop::READ, nsid, slba, nlb, (buf, len));
         let st = self.io_cmd(qid, s).status();
         let mut v = vec![0u8; len as usize];
         self.mem.read(buf, &mut v).expect("buf");

@@ -15,16 +15,8 @@ use crate::{HostDbbuf, MockHost, PAGE};
 
 impl MockHost {
     /// Create I/O Completion Queue with every field given.
-    pub fn create_cq_raw(
-        &mut self,
-        qid: u16,
-        qsize_z: u16,
-        base: u64,
-        pc: bool,
-        ien: bool,
-        iv: u16,
-    ) -> Status {
-        self.admin_status(CreateIoCqCmd { qid, qsize_z, base, pc, ien, iv }.to_sqe())
+    pub fn create_cq_raw(&mut self, cmd: CreateIoCqCmd) -> Status {
+        self.admin_status(cmd.to_sqe())
     }
 
     /// Create I/O Submission Queue with every field given.

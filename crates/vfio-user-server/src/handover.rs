@@ -305,7 +305,20 @@ impl Device {
             return Err(io::Error::other(why));
         }
         crate::server::kill_point("old:quiesced");
-        let sent = self.send_state(&mut conn, quiesced_at_ns, r.extra, r.extra_fds, client, listener);
+        let sent = client.map(Connection::partial).transpose().and_then(|partial| {
+            let parts = Parts {
+                controller: Some(self.ctrl.save_state()),
+                quiesced_at_ns,
+                client: client.map(Connection::stream),
+                partial,
+                client_rx: None,
+                rx_through: 0,
+                listener,
+                extra: r.extra,
+                extra_fds: r.extra_fds,
+            };
+            self.send_state(&mut conn, parts)
+        });
         crate::server::kill_point("old:sent");
         let ready = sent.and_then(|()| {
             await_ready(&mut conn, READY_WAIT, |c| {
@@ -328,27 +341,8 @@ impl Device {
         ready
     }
 
-    fn send_state(
-        &mut self,
-        conn: &mut Connection,
-        quiesced_at_ns: u64,
-        extra: serde_json::Value,
-        extra_fds: Vec<OwnedFd>,
-        client: Option<&Connection>,
-        listener: Option<&UnixListener>,
-    ) -> io::Result<()> {
-        let partial = client.map(Connection::partial).transpose()?;
-        let parts = Parts {
-            controller: Some(self.ctrl.save_state()),
-            quiesced_at_ns,
-            client: client.map(Connection::stream),
-            partial,
-            client_rx: None,
-            rx_through: 0,
-            listener,
-            extra,
-            extra_fds,
-        };
+    /// Sends the device's state, `parts` with it, to the new process.
+    fn send_state(&mut self, conn: &mut Connection, parts: Parts) -> io::Result<()> {
         let (saved, fds) = self.saved(parts)?;
         send_saved(conn, &saved, &fds)?;
         info!(

@@ -27,7 +27,7 @@ fn a_revoked_read_drops_its_data_and_completes_without_it() {
     let mem = memory();
     mem.fill(PAGE, PAGE, 0xee).unwrap();
     let mut r: Requests<()> = Requests::default();
-    let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, ()));
+    let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(Some(())), false));
     assert_eq!(r.revoke(7), Some(true));
     r.get_mut(s).unwrap().copy_in(0, PAGE, Some(&[0x11; PAGE as usize])).unwrap();
     r.finish(s);
@@ -45,7 +45,7 @@ fn a_revoked_read_drops_its_data_and_completes_without_it() {
 fn a_revoked_write_cannot_read_guest_memory_nor_flush() {
     let mem = memory();
     let mut r: Requests<()> = Requests::default();
-    let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 3), Ok(()), false, true, ()));
+    let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 3), Ok(Some(())), true));
     let mut buf = vec![0u8; PAGE as usize];
     r.get(s).unwrap().copy_out(0, &mut buf).expect("before revoke the data is there");
     assert_eq!(r.revoke(3), Some(true));
@@ -60,13 +60,13 @@ fn a_revoked_write_cannot_read_guest_memory_nor_flush() {
 fn fua_by_flush_flushes_once_after_a_good_write_only() {
     let mem = memory();
     let mut r: Requests<()> = Requests::default();
-    let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 1), Ok(()), false, true, ()));
+    let s = slot(r.admit(&mem, guest(Op::Write { fua: true }, 1), Ok(Some(())), true));
     assert!(r.get_mut(s).unwrap().flush_now());
     assert!(!r.get_mut(s).unwrap().flush_now(), "the flush is sent once");
-    let s2 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 2), Ok(()), false, true, ()));
+    let s2 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 2), Ok(Some(())), true));
     r.get_mut(s2).unwrap().fail(BackendError::NoSpace);
     assert!(!r.get_mut(s2).unwrap().flush_now(), "a failed write is not flushed");
-    let s3 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 4), Ok(()), false, false, ()));
+    let s3 = slot(r.admit(&mem, guest(Op::Write { fua: true }, 4), Ok(Some(())), false));
     assert!(!r.get_mut(s3).unwrap().flush_now(), "a wire with FUA sends no flush");
 }
 
@@ -74,15 +74,12 @@ fn fua_by_flush_flushes_once_after_a_good_write_only() {
 fn the_first_error_stands_and_refusals_complete_at_once() {
     let mem = memory();
     let mut r: Requests<()> = Requests::default();
-    let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(()), false, false, ()));
+    let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(Some(())), false));
     r.get_mut(s).unwrap().fail(BackendError::ReadOnly);
     r.get_mut(s).unwrap().fail(BackendError::NoSpace);
     r.finish(s);
-    assert!(matches!(
-        r.admit(&mem, guest(Op::Read, 2), Err(BackendError::ReadOnly), false, false, ()),
-        Admit::Done
-    ));
-    assert!(matches!(r.admit(&mem, guest(Op::Read, 3), Ok(()), true, false, ()), Admit::Done));
+    assert!(matches!(r.admit(&mem, guest(Op::Read, 2), Err(BackendError::ReadOnly), false), Admit::Done));
+    assert!(matches!(r.admit(&mem, guest(Op::Read, 3), Ok(None), false), Admit::Done));
     assert_eq!(r.revoke(2), Some(true), "a completion not yet reaped is revoked trivially");
     assert_eq!(r.revoke(99), None);
     let mut out = Vec::new();
@@ -102,7 +99,7 @@ fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
     let mem = memory();
     let mut r: Requests<u32> = Requests::direct();
     let mut out = Vec::new();
-    let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 70));
+    let s = slot(r.admit(&mem, guest(Op::Read, 7), Ok(Some(70)), false));
     r.get_mut(s).unwrap().sent(false);
     match r.give_up(7) {
         Revoked::Given { slot, freed: None } => assert_eq!(slot, s),
@@ -113,7 +110,7 @@ fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
     assert!(matches!(out[0].data, DataBuf::None));
     assert_eq!(r.in_flight(), 0);
     // The owner reuses the tag at once; the slot the device holds is not reused.
-    let s2 = slot(r.admit(&mem, guest(Op::Read, 7), Ok(()), false, false, 71));
+    let s2 = slot(r.admit(&mem, guest(Op::Read, 7), Ok(Some(71)), false));
     assert_ne!(s2, s, "a slot was handed out while the device held it");
     assert!(r.get(s).is_some_and(|p| p.revoked() && p.wire == 70));
     assert!(
@@ -127,10 +124,10 @@ fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
     assert!(r.get(s).is_none());
     assert!(matches!(r.landed(s2, false), Landed::Unknown), "nothing of s2 was at the device");
     assert_eq!(r.reap(&mut out), 0, "the device's answer reached the caller");
-    assert_eq!(slot(r.admit(&mem, guest(Op::Read, 8), Ok(()), false, false, 80)), s, "reused after it");
+    assert_eq!(slot(r.admit(&mem, guest(Op::Read, 8), Ok(Some(80)), false)), s, "reused after it");
 
     // A piece into guest memory itself: refused until it lands.
-    let z = slot(r.admit(&mem, guest(Op::Write { fua: false }, 9), Ok(()), false, false, 90));
+    let z = slot(r.admit(&mem, guest(Op::Write { fua: false }, 9), Ok(Some(90)), false));
     r.get_mut(z).unwrap().sent(true);
     r.get_mut(z).unwrap().sent(false);
     assert!(matches!(r.give_up(9), Revoked::Refused));
@@ -149,10 +146,10 @@ fn direct_wires_hold_a_revoked_slot_until_the_device_answers() {
 fn a_direct_request_not_at_the_device_is_freed_when_revoked() {
     let mem = memory();
     let mut r: Requests<u32> = Requests::direct();
-    let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(()), false, false, 10));
+    let s = slot(r.admit(&mem, guest(Op::Read, 1), Ok(Some(10)), false));
     assert!(matches!(r.give_up(1), Revoked::Given { freed: Some(10), .. }));
     assert!(r.get(s).is_none());
-    assert_eq!(slot(r.admit(&mem, guest(Op::Read, 2), Ok(()), false, false, 20)), s);
+    assert_eq!(slot(r.admit(&mem, guest(Op::Read, 2), Ok(Some(20)), false)), s);
     let mut out = Vec::new();
     assert_eq!(r.reap(&mut out), 1);
     assert_eq!(out[0].tag, 1);
@@ -169,7 +166,7 @@ fn chunked_copies_walk_the_segments_once_from_any_offset() {
     mem.write(3 * PAGE, &data[700..]).unwrap();
     let req =
         Request { tag: 1, op: Op::Write { fua: false }, offset: 0, len: 2048, data: DataBuf::Guest(segs) };
-    let s = slot(r.admit(&mem, req, Ok(()), false, false, ()));
+    let s = slot(r.admit(&mem, req, Ok(Some(())), false));
     let mut out = Vec::new();
     let mut scratch = [0u8; 300];
     r.get(s)
@@ -189,7 +186,7 @@ fn chunked_copies_walk_the_segments_once_from_any_offset() {
     c.advance(10).unwrap();
     let mark = Some(c.mark());
     let req = Request { tag: 2, op: Op::Read, offset: 0, len: 1048, data: DataBuf::Guest(segs) };
-    let g = slot(r.admit(&mem, req, Ok(()), false, false, ()));
+    let g = slot(r.admit(&mem, req, Ok(Some(())), false));
     let fill = |at: u64, room: &mut [u8]| {
         room.copy_from_slice(&data[at as usize..at as usize + room.len()]);
         Ok(())
@@ -199,7 +196,7 @@ fn chunked_copies_walk_the_segments_once_from_any_offset() {
     mem.read(2 * PAGE + 10, &mut b).unwrap();
     assert!(b == data[..990], "scattered in chunks, the bit bucket's bytes dropped");
     let req = Request { tag: 3, op: Op::Read, offset: 0, len: 1024, data: DataBuf::Host(vec![0; 1024]) };
-    let h = slot(r.admit(&mem, req, Ok(()), false, false, ()));
+    let h = slot(r.admit(&mem, req, Ok(Some(())), false));
     r.get_mut(h).unwrap().copy_in_chunks(24, None, 1000, &mut scratch, fill).unwrap();
     // Revoked while a piece is at the device: when it lands, nothing is asked of
     // the device's buffer and nothing reaches guest memory.
@@ -232,7 +229,7 @@ fn data_moves_at_any_offset_within_the_request() {
     let mut r: Requests<()> = Requests::default();
     let segs = vec![Segment::Guest { gpa: PAGE, len: 512 }, Segment::Guest { gpa: 3 * PAGE, len: 512 }];
     let req = Request { tag: 1, op: Op::Read, offset: 0, len: 1024, data: DataBuf::Guest(segs) };
-    let s = slot(r.admit(&mem, req, Ok(()), false, false, ()));
+    let s = slot(r.admit(&mem, req, Ok(Some(())), false));
     r.get_mut(s).unwrap().copy_in(256, 512, Some(&[0x5a; 512])).unwrap();
     r.get_mut(s).unwrap().copy_in(768, 256, None).unwrap();
     let (mut a, mut b) = (vec![0u8; 512], vec![0u8; 512]);

@@ -7,7 +7,7 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
-use guest_mem::{GuestMemory, HostRange};
+use guest_mem::GuestMemory;
 
 use super::buf::{fill_zero_iov, push_repeated, AlignedBuf, IoVec};
 use super::limits::{FD_BUFFERED, FD_MAIN, IOV_MAX, TRASH_CHUNK, ZERO_CHUNK};
@@ -177,9 +177,7 @@ impl UringQueue {
         };
         let mut run = Run::new(step);
         run.fd = if direct_ok { FD_MAIN } else { FD_BUFFERED };
-        let trash = self.trash.as_ref().map_or(0, |t| t.addr());
-        let straight =
-            straight_iov(mem, &mut req.data, len, write, align, trash, &mut self.ranges, &mut self.iov)?;
+        let straight = self.straight_iov(mem, &mut req.data, len, write, align)?;
         if straight {
             run.zero_copy = matches!(req.data, DataBuf::Guest(_));
         } else {
@@ -191,71 +189,74 @@ impl UringQueue {
         }
         Ok(run)
     }
-}
 
-/// Builds vectors straight onto the request's buffers. Returns `Ok(false)` when a
-/// bounce buffer is needed instead: some piece breaks the direct-I/O alignment
-/// `align` (memory, length), or there are more than IOV_MAX pieces.
-#[allow(clippy::too_many_arguments)]
-fn straight_iov(
-    mem: &GuestMemory,
-    data: &mut DataBuf,
-    len: u64,
-    write: bool,
-    align: Option<(u64, u64)>,
-    trash: usize,
-    ranges: &mut Vec<HostRange>,
-    iov: &mut Vec<IoVec>,
-) -> Result<bool, BackendError> {
-    let (ma, oa) = align.unwrap_or((1, 1));
-    let fits = |base: usize, n: usize| (base as u64).is_multiple_of(ma) && (n as u64).is_multiple_of(oa);
-    let mut straight = true;
-    match data {
-        DataBuf::Host(v) => {
-            if (v.len() as u64) < len {
+    /// Builds vectors straight onto the buffers of a request's `len` bytes.
+    /// Returns `Ok(false)` when a bounce buffer is needed instead: some piece
+    /// breaks the direct-I/O alignment `align` (memory, length), or there are more
+    /// than IOV_MAX pieces.
+    fn straight_iov(
+        &mut self,
+        mem: &GuestMemory,
+        data: &mut DataBuf,
+        len: u64,
+        write: bool,
+        align: Option<(u64, u64)>,
+    ) -> Result<bool, BackendError> {
+        let trash = self.trash.as_ref().map_or(0, |t| t.addr());
+        let (ranges, iov) = (&mut self.ranges, &mut self.iov);
+        let (ma, oa) = align.unwrap_or((1, 1));
+        let fits = |base: usize, n: usize| (base as u64).is_multiple_of(ma) && (n as u64).is_multiple_of(oa);
+        let mut straight = true;
+        match data {
+            DataBuf::Host(v) => {
+                if (v.len() as u64) < len {
+                    if write {
+                        return Err(invalid(format!(
+                            "host buffer of {} bytes for a {len}-byte write",
+                            v.len()
+                        )));
+                    }
+                    v.resize(len as usize, 0);
+                }
+                let base = v.as_mut_ptr() as usize;
+                straight &= fits(base, len as usize);
+                iov.push(IoVec { base, len: len as usize });
+            }
+            DataBuf::Guest(segs) => {
+                let mut total = 0u64;
+                for s in segs.iter() {
+                    match *s {
+                        Segment::Guest { gpa, len } => {
+                            ranges.clear();
+                            mem.host_ranges(gpa, len, ranges)?;
+                            for r in ranges.iter() {
+                                straight &= fits(r.ptr as usize, r.len);
+                                iov.push(IoVec { base: r.ptr as usize, len: r.len });
+                            }
+                        }
+                        Segment::Discard { len } => {
+                            if write {
+                                return Err(invalid("bit bucket in a write".into()));
+                            }
+                            straight &= trash != 0 && len.is_multiple_of(oa);
+                            push_repeated(iov, trash, TRASH_CHUNK, len);
+                        }
+                    }
+                    total += s.len();
+                }
+                if total != len {
+                    return Err(invalid(format!("segments cover {total} bytes of a {len}-byte transfer")));
+                }
+            }
+            DataBuf::None | DataBuf::Within(_) => {
                 if write {
-                    return Err(invalid(format!("host buffer of {} bytes for a {len}-byte write", v.len())));
+                    return Err(BackendError::Short { done: 0, len });
                 }
-                v.resize(len as usize, 0);
-            }
-            let base = v.as_mut_ptr() as usize;
-            straight &= fits(base, len as usize);
-            iov.push(IoVec { base, len: len as usize });
-        }
-        DataBuf::Guest(segs) => {
-            let mut total = 0u64;
-            for s in segs.iter() {
-                match *s {
-                    Segment::Guest { gpa, len } => {
-                        ranges.clear();
-                        mem.host_ranges(gpa, len, ranges)?;
-                        for r in ranges.iter() {
-                            straight &= fits(r.ptr as usize, r.len);
-                            iov.push(IoVec { base: r.ptr as usize, len: r.len });
-                        }
-                    }
-                    Segment::Discard { len } => {
-                        if write {
-                            return Err(invalid("bit bucket in a write".into()));
-                        }
-                        straight &= trash != 0 && len.is_multiple_of(oa);
-                        push_repeated(iov, trash, TRASH_CHUNK, len);
-                    }
-                }
-                total += s.len();
-            }
-            if total != len {
-                return Err(invalid(format!("segments cover {total} bytes of a {len}-byte transfer")));
+                // A read nobody wants the data of (Verify): into the scratch buffer.
+                straight &= trash != 0 && len.is_multiple_of(oa);
+                push_repeated(iov, trash, TRASH_CHUNK, len);
             }
         }
-        DataBuf::None | DataBuf::Within(_) => {
-            if write {
-                return Err(BackendError::Short { done: 0, len });
-            }
-            // A read nobody wants the data of (Verify): into the scratch buffer.
-            straight &= trash != 0 && len.is_multiple_of(oa);
-            push_repeated(iov, trash, TRASH_CHUNK, len);
-        }
+        Ok(straight && iov.len() <= IOV_MAX)
     }
-    Ok(straight && iov.len() <= IOV_MAX)
 }

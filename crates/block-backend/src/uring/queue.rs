@@ -30,7 +30,7 @@ use tracing::{error, warn};
 
 use super::buf::{fill_zero_iov, AlignedBuf, IoVec};
 use super::limits::{BOUNCE_KEEP_MAX, BOUNCE_POOL_MAX, BUF_ALIGN, REMOVAL_CHECK_PERIOD, TRASH_CHUNK};
-use super::request::{Outcome, Run, Step};
+use super::request::{Outcome, Run};
 use super::shared::Shared;
 use super::sys;
 use crate::{Admit, BackendError, BackendQueue, Completion, Landed, Op, Request, Requests, Revoked};
@@ -330,17 +330,11 @@ impl UringQueue {
 impl BackendQueue for UringQueue {
     fn submit(&mut self, mem: &GuestMemory, mut req: Request) {
         self.iov.clear();
-        let (checked, run) = match self.plan(mem, &mut req) {
-            Ok(run) => (Ok(()), run),
-            Err(e) => (Err(e), None),
-        };
-        let nothing = checked.is_ok() && run.is_none();
-        let bounced = run.as_ref().is_some_and(|r| r.bounce.is_some());
+        let planned = self.plan(mem, &mut req);
+        let bounced = matches!(&planned, Ok(Some(r)) if r.bounce.is_some());
         let bounced_write = bounced && req.op != Op::Read;
-        // Unused when the request completes at admission.
-        let run = run.unwrap_or_else(|| Run::new(Step::Fsync));
         // The wire has FUA (RWF_DSYNC): a FUA write is not followed by a flush.
-        match self.reqs.admit(mem, req, checked, nothing, false, run) {
+        match self.reqs.admit(mem, req, planned, false) {
             Admit::Slot(idx) => {
                 self.trade_iov(idx, bounced);
                 if bounced_write {

@@ -28,7 +28,7 @@ use nvme_spec::regs::Cap;
 use crate::backends::BackendSet;
 use crate::config::ControllerConfig;
 use crate::dptr::prp_segments;
-use crate::engine::{describe, Deadline, IoEngine};
+use crate::engine::{describe, Deadline, IoEngine, Origin};
 use crate::error::{CmdResult, CommandError};
 use crate::events::Events;
 use crate::interrupt::Clock;
@@ -259,7 +259,6 @@ impl AdminState {
 impl Admin<'_> {
     /// Executes one admin command fetched from the admin SQ and posts its completion.
     pub(crate) fn execute(&mut self, sqe: Sqe) {
-        let cid = sqe.cid();
         let result = if sqe.psdt() != Psdt::Prp {
             // PCIe transport: admin commands use PRPs only.
             Err(CommandError::InvalidField("admin commands must use PRPs"))
@@ -270,12 +269,12 @@ impl Admin<'_> {
         };
         match result {
             Ok(AdminDone::Complete(dw0)) => {
-                self.engine.complete(0, cid, Status::SUCCESS, dw0, sqe.nsid.get(), 0)
+                self.engine.complete(Origin::of(0, &sqe, 0), Status::SUCCESS, dw0)
             }
             Ok(AdminDone::Deferred) => self.engine.release(0),
             Err(e) => {
                 debug!(target: "vnvme::guest", "admin {}: {e}", describe(AdminOpcode(sqe.opcode()), &sqe));
-                self.engine.complete(0, cid, e.status(), 0, sqe.nsid.get(), 0);
+                self.engine.complete(Origin::of(0, &sqe, 0), e.status(), 0);
             }
         }
     }

@@ -7,6 +7,7 @@ use tracing::debug;
 
 use super::{done, status, Admin, AdminDone};
 use crate::error::{CmdResult, CommandError};
+use crate::queue::CompletionQueue;
 
 impl Admin<'_> {
     /// An I/O queue identifier the controller can allocate: 1..=max, within the number
@@ -44,7 +45,8 @@ impl Admin<'_> {
         if c.ien() && c.iv() >= self.cfg.msix_vectors {
             return status(Status::INVALID_INTERRUPT_VECTOR);
         }
-        self.runtime.create_cq(self.engine, qid, c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
+        let cq = CompletionQueue::new(c.base(), c.qsize_z() as u32 + 1, c.ien(), c.iv());
+        self.runtime.create_cq(self.engine, qid, cq);
         self.admin.io_queues_created = true;
         debug!(qid, size = c.qsize_z() as u32 + 1, iv = c.iv(), ien = c.ien(), "created I/O CQ");
         done()

@@ -14,6 +14,7 @@ use crate::events::Events;
 use crate::interrupt::{Clock, InterruptSink, MonotonicClock};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::namespace::{active, Namespace, NamespaceSlots};
+use crate::queue::CompletionQueue;
 use crate::registers::RegisterFile;
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -366,7 +367,7 @@ impl Controller {
             self.phase = Phase::Fatal;
             return;
         }
-        self.engine.create_cq(0, acq, acqs, true, 0);
+        self.engine.create_cq(0, CompletionQueue::new(acq, acqs, true, 0));
         self.engine.create_sq(0, 0, asq, asqs);
         self.apply_settings();
         self.regs.set_csts(Csts(Csts::RDY));

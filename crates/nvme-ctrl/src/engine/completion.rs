@@ -4,7 +4,7 @@ use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Cqe, Status};
 use zerocopy::little_endian::{U16, U32};
 
-use super::IoEngine;
+use super::{IoEngine, Origin};
 use crate::stats::{Count, QueueStats};
 
 impl IoEngine {
@@ -20,27 +20,20 @@ impl IoEngine {
     pub(crate) fn complete_deferred(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32) {
         if let Some(sq) = self.queues.sq_mut(sqid) {
             sq.in_flight += 1;
-            self.complete(sqid, cid, status, dw0, 0, 0);
+            self.complete(Origin::bare(sqid, cid), status, dw0);
         }
     }
 
-    /// Posts the completion of a command fetched from SQ `sqid`.
+    /// Posts the completion of command `at`.
     #[inline]
-    pub(crate) fn complete(&mut self, sqid: u16, cid: u16, status: Status, dw0: u32, nsid: u32, slba: u64) {
-        self.complete_wide(sqid, cid, status, dw0 as u64, nsid, slba)
+    pub(crate) fn complete(&mut self, at: Origin, status: Status, dw0: u32) {
+        self.complete_wide(at, status, dw0 as u64)
     }
 
     /// [`IoEngine::complete`] with a 64-bit result in Dwords 0 and 1 (Zone Append's
     /// LBA).
-    pub(crate) fn complete_wide(
-        &mut self,
-        sqid: u16,
-        cid: u16,
-        status: Status,
-        result: u64,
-        nsid: u32,
-        slba: u64,
-    ) {
+    pub(crate) fn complete_wide(&mut self, at: Origin, status: Status, result: u64) {
+        let Origin { sqid, cid, nsid, slba } = at;
         // None: the queue is gone (or the command was orphaned by its teardown).
         let status = if status.is_success() { status } else { self.settings().retry_delayed(status) };
         let Some(sq) = self.queues.sq_mut(sqid) else { return };

@@ -1,6 +1,6 @@
 //! The data path: fetch commands round robin, hand them to the backends, reap what
 //! the backends finished.
-use block_backend::{BackendError, Completion, DataBuf, Op, Segment};
+use block_backend::{BackendError, Completion, DataBuf, Op, Request, Segment};
 use guest_mem::GuestMemory;
 use nvme_spec::log::critical_warning;
 use nvme_spec::regs::DoorbellKind;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use nvme_spec::{Sqe, Status};
 use tracing::warn;
 
-use super::{Finish, InFlight, IoEngine, EXPIRY_POLLS, POLL_BUDGET};
+use super::{Finish, InFlight, IoEngine, Origin, EXPIRY_POLLS, POLL_BUDGET};
 use crate::doorbell::Rearm;
 use crate::qos::QosGroup;
 use crate::stats::{Count, QueueStats};
@@ -223,7 +223,7 @@ impl IoEngine {
         let mut out = Vec::new();
         self.throttle.take_where(pick, &mut out);
         for (sqid, sqe) in out {
-            self.complete(sqid, sqe.cid(), status, 0, sqe.nsid.get(), 0);
+            self.complete(Origin::of(sqid, &sqe, 0), status, 0);
         }
     }
 
@@ -240,7 +240,7 @@ impl IoEngine {
 
     /// Allocates a tag for an in-flight command and starts its timeout.
     pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
-        f.deadline_ns = self.command_deadline(f.nsid);
+        f.deadline_ns = self.command_deadline(f.at.nsid);
         let clock = &self.ctx.clock;
         f.tally.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
         self.commands.insert(f)
@@ -312,7 +312,7 @@ impl IoEngine {
         match &c.result {
             Err(e) if f.status.is_success() => {
                 f.status = crate::error::backend_status(!matches!(f.op, Op::Read), e);
-                failed = Some((f.nsid, f.slba, f.op, f.status));
+                failed = Some((f.at.nsid, f.at.slba, f.op, f.status));
             }
             Err(_) => {}
             Ok(()) if f.status.is_success() => match (&f.finish, &c.data) {
@@ -324,8 +324,8 @@ impl IoEngine {
                     };
                 }
                 // A command whose queue went away hands nothing to the host.
-                (Finish::Meta(job), data) if f.sqid != super::timeout::ORPHAN => {
-                    f.status = job.finish(&self.mem, data, f.nsid, f.slba)
+                (Finish::Meta(job), data) if f.at.sqid != super::timeout::ORPHAN => {
+                    f.status = job.finish(&self.mem, data, f.at.nsid, f.at.slba)
                 }
                 _ => {}
             },
@@ -343,7 +343,7 @@ impl IoEngine {
                     Ok(Some(req)) => {
                         f.op = req.op;
                         f.remaining = 1;
-                        next = Some((f.nsid, req));
+                        next = Some((f.at.nsid, req));
                     }
                     Ok(None) => {}
                     Err(status) => f.status = status,
@@ -368,7 +368,7 @@ impl IoEngine {
                 // Dword 0 of a failed Copy: the first source range not copied.
                 Finish::Copy(job) => {
                     if let Some(w) = job.zone {
-                        self.zone_written(f.nsid, w);
+                        self.zone_written(f.at.nsid, w);
                     }
                     if !f.status.is_success() {
                         result = job.first_not_copied() as u64;
@@ -379,14 +379,14 @@ impl IoEngine {
                     self.seg_pool.push(v);
                 }
                 Finish::Zoned { write, append } => {
-                    let shift = self.zone_written(f.nsid, write);
+                    let shift = self.zone_written(f.at.nsid, write);
                     if append && f.status.is_success() {
                         result = write.offset >> shift;
                     }
                 }
                 Finish::Plain | Finish::Meta(_) => {}
             }
-            self.complete_wide(f.sqid, f.cid, f.status, result, f.nsid, f.slba);
+            self.complete_wide(f.at, f.status, result);
         }
     }
 
@@ -394,19 +394,15 @@ impl IoEngine {
     /// `run_now` ([`IoEngine::backend_done`] without the in-flight table): a
     /// `Finish::Plain` one, or with `zoned` (its zone write, and whether a Zone
     /// Append) a `Finish::Zoned` one.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn finished_now(
         &mut self,
-        sqid: u16,
-        cid: u16,
-        nsid: u32,
-        slba: u64,
-        op: Op,
+        at: Origin,
         tally: super::Tally,
+        req: Request,
         result: &Result<(), block_backend::BackendError>,
-        data: DataBuf,
         zoned: Option<(crate::zoned::ZoneWrite, bool)>,
     ) {
+        let (Origin { nsid, slba, .. }, op) = (at, req.op);
         let status = match result {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
@@ -415,7 +411,7 @@ impl IoEngine {
                 status
             }
         };
-        self.release_data(data, matches!(op, Op::Read));
+        self.release_data(req.data, matches!(op, Op::Read));
         // Fetched and done within this poll: one clock read for the poll's starts
         // (set by the caller, as `track` does) and one for its ends.
         let clock = &self.ctx.clock;
@@ -430,7 +426,7 @@ impl IoEngine {
                 result = write.offset >> shift;
             }
         }
-        self.complete_wide(sqid, cid, status, result, nsid, slba);
+        self.complete_wide(at, status, result);
     }
 
     /// A write to zoned namespace `nsid` is back from its backend: its zone's pointer
@@ -463,7 +459,7 @@ impl IoEngine {
         let clock = &self.ctx.clock;
         let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
         let t = f.tally;
-        self.count_ns(f.nsid, t.class, t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
+        self.count_ns(f.at.nsid, t.class, t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
     }
 
     /// Side effects of a failed backend request, besides its status: the log line,

@@ -46,7 +46,7 @@ use crate::queue::{CompletionQueue, SubmissionQueue};
 use crate::stats::{EngineCounts, NsCounts, OpClass, Stats};
 use queues::QueueTable;
 use table::InFlightTable;
-pub(crate) use table::{CopyJob, Finish, InFlight, Tally};
+pub(crate) use table::{CopyJob, Finish, InFlight, Origin, Tally};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]
@@ -227,8 +227,8 @@ impl IoEngine {
         self.queues.cq(qid).is_some()
     }
 
-    pub fn create_cq(&mut self, qid: u16, base: u64, size: u32, ien: bool, iv: u16) {
-        self.queues.insert_cq(qid, CompletionQueue::new(base, size, ien, iv));
+    pub fn create_cq(&mut self, qid: u16, cq: CompletionQueue) {
+        self.queues.insert_cq(qid, cq);
         self.doorbells.clear(qid, DoorbellKind::CqHead);
         self.init_shadow_slots(qid, DoorbellKind::CqHead, 0);
     }
@@ -368,7 +368,7 @@ impl IoEngine {
                 // still move data into guest memory, which the host reuses once it
                 // has a completion. They finish when the backend is done with them
                 // (or time out), with this status.
-                for f in self.commands.running_iter_mut().filter(|f| f.nsid == nsid) {
+                for f in self.commands.running_iter_mut().filter(|f| f.at.nsid == nsid) {
                     f.status = Status::INVALID_NAMESPACE.with_dnr();
                 }
                 self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());

@@ -31,13 +31,35 @@ pub(crate) enum Finish {
     Meta(Box<crate::metadata::MetaRead>),
 }
 
-/// A command whose backend requests have not all completed.
-#[derive(Debug)]
-pub(crate) struct InFlight {
+/// The command a completion answers: the SQ it came from and its identifier, and
+/// the namespace and first LBA it names (the Error Information log's; 0 where it
+/// names none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin {
     pub sqid: u16,
     pub cid: u16,
     pub nsid: u32,
     pub slba: u64,
+}
+
+impl Origin {
+    /// Command `sqe` from SQ `sqid`, naming LBA `slba` of the namespace it names.
+    #[inline]
+    pub(crate) fn of(sqid: u16, sqe: &Sqe, slba: u64) -> Self {
+        Origin { sqid, cid: sqe.cid(), nsid: sqe.nsid.get(), slba }
+    }
+
+    /// A command that names no namespace.
+    #[inline]
+    pub(crate) fn bare(sqid: u16, cid: u16) -> Self {
+        Origin { sqid, cid, nsid: 0, slba: 0 }
+    }
+}
+
+/// A command whose backend requests have not all completed.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub at: Origin,
     /// Backend requests still outstanding.
     pub remaining: u32,
     pub status: Status,
@@ -57,23 +79,12 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// Command `sqe` from SQ `sqid`, about to hand `remaining` requests doing `op` to
-    /// a backend.
-    pub(crate) fn new(
-        sqid: u16,
-        sqe: &Sqe,
-        nsid: u32,
-        slba: u64,
-        op: Op,
-        remaining: u32,
-        finish: Finish,
-    ) -> Self {
+    /// Command `sqe` from SQ `sqid` (naming LBA `slba`), about to hand one request
+    /// doing `op` to a backend (a caller with more sets `remaining`).
+    pub(crate) fn new(sqid: u16, sqe: &Sqe, slba: u64, op: Op, finish: Finish) -> Self {
         InFlight {
-            sqid,
-            cid: sqe.cid(),
-            nsid,
-            slba,
-            remaining,
+            at: Origin::of(sqid, sqe, slba),
+            remaining: 1,
             status: Status::SUCCESS,
             op,
             tally: Tally { class: OpClass::of(sqe.opcode()), bytes: 0, started_ns: 0 },

@@ -97,7 +97,7 @@ impl IoEngine {
                 next = next.min(f.deadline_ns);
                 continue;
             }
-            let ms = crate::namespace::lookup(&self.ctx.namespaces, f.nsid)
+            let ms = crate::namespace::lookup(&self.ctx.namespaces, f.at.nsid)
                 .map_or(0, |n| n.timeout_ns / 1_000_000);
             self.abandon(tag, CommandError::TimedOut { ms }, false);
             any = true;
@@ -122,7 +122,7 @@ impl IoEngine {
             }
         }
         if busy(self) {
-            self.abandon_where(|f| f.sqid == qid, || CommandError::SqDeleted);
+            self.abandon_where(|f| f.at.sqid == qid, || CommandError::SqDeleted);
         }
     }
 
@@ -154,21 +154,21 @@ impl IoEngine {
     /// doing) keeps its command running until it ends; torn-down queues leave it
     /// with nowhere to complete to, and that is logged.
     fn abandon(&mut self, tag: usize, why: CommandError, teardown: bool) {
-        let Some((nsid, op)) = self.commands.running_at(tag).map(|f| (f.nsid, f.op)) else { return };
+        let Some((nsid, op)) = self.commands.running_at(tag).map(|f| (f.at.nsid, f.op)) else { return };
         if !self.revoke(tag, nsid, op) {
             let f = self.commands.running_mut(tag).expect("running above");
-            if teardown && f.sqid != ORPHAN {
+            if teardown && f.at.sqid != ORPHAN {
                 log_limit::limited_warn!(
                     target: "vnvme::backend",
-                    sqid = f.sqid, cid = f.cid, nsid, %op,
+                    sqid = f.at.sqid, cid = f.at.cid, nsid, %op,
                     "queue torn down while its backend still holds a request it cannot stop: that \
                      request may still move data to or from guest memory"
                 );
-                f.sqid = ORPHAN;
+                f.at.sqid = ORPHAN;
             } else if !f.overdue {
                 log_limit::limited_warn!(
                     target: "vnvme::backend",
-                    sqid = f.sqid, cid = f.cid, nsid, %op,
+                    sqid = f.at.sqid, cid = f.at.cid, nsid, %op,
                     "command past its timeout, but its backend cannot stop the request safely: it \
                      completes when the backend does"
                 );
@@ -182,11 +182,11 @@ impl IoEngine {
         // write it): the zone's pointer moves past it, or no write could follow.
         match &f.finish {
             Finish::Zoned { write, .. } => {
-                self.zone_written(f.nsid, *write);
+                self.zone_written(f.at.nsid, *write);
             }
             Finish::Copy(job) => {
                 if let Some(w) = job.zone {
-                    self.zone_written(f.nsid, w);
+                    self.zone_written(f.at.nsid, w);
                 }
             }
             _ => {}
@@ -200,12 +200,12 @@ impl IoEngine {
         // A stuck backend must not flood the log.
         log_limit::limited_warn!(
             target: "vnvme::backend",
-            sqid = f.sqid, cid = f.cid, nsid = f.nsid, slba = f.slba, op = %f.op,
+            sqid = f.at.sqid, cid = f.at.cid, nsid = f.at.nsid, slba = f.at.slba, op = %f.op,
             status = format_args!("{:#x}", status.raw()),
             "command abandoned: {why}"
         );
         let f = InFlight { status, ..f };
         self.count_done(&f);
-        self.complete(f.sqid, f.cid, status, 0, f.nsid, f.slba);
+        self.complete(f.at, status, 0);
     }
 }

@@ -117,7 +117,7 @@ impl IoEngine {
             true => (Op::Copy { fua }, DataBuf::Within(offset)),
             false => (Op::Read, DataBuf::Host(buf)),
         };
-        let mut f = InFlight::new(sqid, sqe, nsid, sdlba, op, 1, Finish::Copy(Box::new(job)));
+        let mut f = InFlight::new(sqid, sqe, sdlba, op, Finish::Copy(Box::new(job)));
         f.host_bytes = if offload { 0 } else { largest };
         let tag = self.track(f);
         let at = if offload { sdlba << shift } else { offset };

@@ -7,7 +7,7 @@ use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
-use crate::engine::{Finish, IoEngine};
+use crate::engine::{Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 
 impl IoEngine {
@@ -43,6 +43,7 @@ impl IoEngine {
                 cleared.map_err(|e| CommandError::Backend { write: true, source: e.into() })?;
             }
         }
-        Ok(self.submit_ranges(sqid, sqe, &ns, ranges[0].slba.get(), Op::Discard, &work, Finish::Plain))
+        let f = InFlight::new(sqid, sqe, ranges[0].slba.get(), Op::Discard, Finish::Plain);
+        Ok(self.submit_ranges(f, &ns, &work))
     }
 }

@@ -35,8 +35,9 @@ impl IoEngine {
         if targets.is_empty() {
             return Ok(Started::Done(Status::SUCCESS));
         }
-        let n = targets.len() as u32;
-        let tag = self.track(InFlight::new(sqid, sqe, nsid, 0, Op::Flush, n, Finish::Plain));
+        let mut f = InFlight::new(sqid, sqe, 0, Op::Flush, Finish::Plain);
+        f.remaining = targets.len() as u32;
+        let tag = self.track(f);
         for n in targets {
             let req = Request { tag, op: Op::Flush, offset: 0, len: 0, data: DataBuf::None };
             self.backend_submit(n, req);

@@ -17,9 +17,9 @@ use nvme_spec::opcode::nvm as op;
 use nvme_spec::pi::{prinfo, Guard, PiLayout, PiTags, PiType};
 use nvme_spec::Sqe;
 
-use super::Started;
+use super::{request, Started};
 use crate::dptr::{sgl_segments, Direction};
-use crate::engine::{Finish, IoEngine};
+use crate::engine::{Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 use crate::metadata::{each_block_crc, CompareWith, Complemented, MetaRead};
 use crate::namespace::{FormatState, Namespace};
@@ -94,10 +94,9 @@ impl IoEngine {
         sqe: &Sqe,
         ns: &Namespace,
         format: FormatState,
-        slba: u64,
-        nlb: u64,
     ) -> CmdResult<Started> {
         let rw = ReadWrite(sqe);
+        let (slba, nlb) = (rw.slba(), rw.nlb() as u64);
         let opcode = sqe.opcode();
         let p = Prot::of(format, &rw, rw.prinfo());
         // The protection information's bytes are kept complemented (metadata.rs).
@@ -108,8 +107,8 @@ impl IoEngine {
         let (moff, mlen) = (slba * ms, (nlb * ms) as usize);
         // Extended LBAs: the data pointer holds each block's data then its metadata
         // (the data alone when PRACT inserts or strips metadata that is only PI).
-        let inline = format.extended && p.moved();
-        let xfer = if inline { nlb * ((1 << shift) + ms) } else { len };
+        let blocks = Blocks { nlb, shift, ms, inline: format.extended && p.moved() };
+        let xfer = blocks.xfer();
         if opcode != op::WRITE_ZEROES && xfer > self.settings().mdts_bytes() {
             return Err(CommandError::TooLarge(xfer));
         }
@@ -125,10 +124,9 @@ impl IoEngine {
         let fua = rw.fua() || !self.settings().write_cache();
         match opcode {
             op::WRITE => {
-                let (data, inline_meta) =
-                    self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
+                let (data, inline_meta) = self.command_data(sqe, Direction::FromHost, blocks)?;
                 let from = inline_meta.as_deref().or(mptr.as_deref());
-                let stored = self.write_metadata(&p, from, &data, len, 1 << shift, mlen).and_then(|meta| {
+                let stored = self.write_metadata(&p, from, &data, blocks).and_then(|meta| {
                     store.write(moff, &meta, flip).map_err(meta_err(true))?;
                     if fua {
                         store.sync().map_err(meta_err(true))?;
@@ -145,12 +143,8 @@ impl IoEngine {
                 Ok(self.submit_one(
                     sqid,
                     sqe,
-                    ns.nsid,
                     slba,
-                    Op::Write { fua },
-                    offset,
-                    len,
-                    data,
+                    request(Op::Write { fua }, offset, len, data),
                     Finish::Plain,
                 ))
             }
@@ -168,8 +162,7 @@ impl IoEngine {
                     compare: None,
                 };
                 let data = if opcode == op::READ {
-                    let (data, inline_meta) =
-                        self.command_data(sqe, xfer, Direction::ToHost, inline, nlb, shift, ms)?;
+                    let (data, inline_meta) = self.command_data(sqe, Direction::ToHost, blocks)?;
                     if inline_meta.is_some() {
                         job.to = inline_meta;
                     }
@@ -180,7 +173,7 @@ impl IoEngine {
                     DataBuf::Host(self.host_buffer(len)?)
                 };
                 let finish = Finish::Meta(Box::new(job));
-                Ok(self.submit_one(sqid, sqe, ns.nsid, slba, Op::Read, offset, len, data, finish))
+                Ok(self.submit_one(sqid, sqe, slba, request(Op::Read, offset, len, data), finish))
             }
             op::COMPARE => {
                 // The stored blocks are checked as PRCHK asks (against the command's
@@ -190,8 +183,7 @@ impl IoEngine {
                 if p.pi.is_some() && p.pract {
                     return Err(CommandError::InvalidProtection("Compare with PRACT"));
                 }
-                let (data, inline_meta) =
-                    self.command_data(sqe, xfer, Direction::FromHost, inline, nlb, shift, ms)?;
+                let (data, inline_meta) = self.command_data(sqe, Direction::FromHost, blocks)?;
                 let DataBuf::Guest(segs) = data else { unreachable!("guest segments") };
                 let host_meta = inline_meta.or(mptr).expect("inline or at MPTR: metadata moves");
                 let mut meta = vec![0u8; mlen];
@@ -220,12 +212,8 @@ impl IoEngine {
                 Ok(self.submit_one(
                     sqid,
                     sqe,
-                    ns.nsid,
                     slba,
-                    Op::Read,
-                    offset,
-                    len,
-                    DataBuf::Host(buf),
+                    request(Op::Read, offset, len, DataBuf::Host(buf)),
                     finish,
                 ))
             }
@@ -252,26 +240,27 @@ impl IoEngine {
                 }
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
                 self.place_write(ns, sqe, nlb);
-                Ok(self.submit_ranges(sqid, sqe, ns, slba, op, &[(offset, len)], Finish::Plain))
+                Ok(self.submit_ranges(
+                    InFlight::new(sqid, sqe, slba, op, Finish::Plain),
+                    ns,
+                    &[(offset, len)],
+                ))
             }
             _ => unreachable!("dispatched by opcode"),
         }
     }
 
-    /// The guest segments of a command's `xfer` bytes of data; with extended LBAs
-    /// (`inline`), split into the blocks' data and their metadata (each block's
+    /// The guest segments of a command's data, as `blocks` lie there; with extended
+    /// LBAs (`inline`), split into the blocks' data and their metadata (each block's
     /// `2^shift` bytes, then its `ms`).
-    #[allow(clippy::too_many_arguments)]
     fn command_data(
         &mut self,
         sqe: &Sqe,
-        xfer: u64,
         dir: Direction,
-        inline: bool,
-        nlb: u64,
-        shift: u32,
-        ms: u64,
+        blocks: Blocks,
     ) -> CmdResult<(DataBuf, Option<Vec<Segment>>)> {
+        let Blocks { nlb, shift, ms, inline } = blocks;
+        let xfer = blocks.xfer();
         let segs = self.data_segments(sqe, xfer, dir)?;
         if !inline {
             return Ok((DataBuf::Guest(segs), None));
@@ -328,10 +317,10 @@ impl IoEngine {
         p: &Prot,
         from: Option<&[Segment]>,
         data: &DataBuf,
-        len: u64,
-        block: usize,
-        mlen: usize,
+        blocks: Blocks,
     ) -> CmdResult<Vec<u8>> {
+        let Blocks { nlb, shift, ms, .. } = blocks;
+        let (len, block, mlen) = (nlb << shift, 1usize << shift, (nlb * ms) as usize);
         let mut meta = vec![0u8; mlen];
         if let Some(segs) = from {
             SegmentCursor::for_transfer(segs, mlen as u64)?.read_into(&self.mem, &mut meta)?;
@@ -350,6 +339,27 @@ impl IoEngine {
             Ok(Ok(())) => Ok(meta),
             Ok(Err(e)) => Err(CommandError::Protection(e)),
             Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// How a command's blocks lie in its data pointer: `nlb` blocks of `2^shift` bytes,
+/// each with `ms` bytes of metadata, which with extended LBAs (`inline`) follow the
+/// block there.
+#[derive(Clone, Copy, Debug)]
+struct Blocks {
+    nlb: u64,
+    shift: u32,
+    ms: u64,
+    inline: bool,
+}
+
+impl Blocks {
+    /// The bytes the data pointer holds.
+    fn xfer(self) -> u64 {
+        match self.inline {
+            true => self.nlb * ((1 << self.shift) + self.ms),
+            false => self.nlb << self.shift,
         }
     }
 }

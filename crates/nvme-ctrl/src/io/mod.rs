@@ -18,7 +18,7 @@ use nvme_spec::{Sqe, Status};
 use tracing::debug;
 
 use crate::dptr::{prp_segments, sgl_segments, Direction};
-use crate::engine::{describe, Finish, InFlight, IoEngine, Tally};
+use crate::engine::{describe, Finish, InFlight, IoEngine, Origin, Tally};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::stats::OpClass;
@@ -44,23 +44,20 @@ impl IoEngine {
 
     /// Runs a command QoS let through.
     pub(crate) fn run(&mut self, sqid: u16, sqe: &Sqe) {
-        let cid = sqe.cid();
-        let nsid = sqe.nsid.get();
         let status = match self.start(sqid, sqe) {
             Ok(Started::Pending | Started::Finished) => return,
             Ok(Started::Done(status)) => {
-                self.complete(sqid, cid, status, 0, nsid, 0);
+                self.complete(Origin::of(sqid, sqe, 0), status, 0);
                 status
             }
             Err(e) => {
                 debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), sqe));
-                let slba = error_slba(sqe);
-                self.complete(sqid, cid, e.status(), 0, nsid, slba);
+                self.complete(Origin::of(sqid, sqe, error_slba(sqe)), e.status(), 0);
                 e.status()
             }
         };
         // Finished without a backend: counted with no latency to speak of.
-        self.count_ns(nsid, OpClass::of(sqe.opcode()), 0, 0, status.is_success());
+        self.count_ns(sqe.nsid.get(), OpClass::of(sqe.opcode()), 0, 0, status.is_success());
     }
 
     fn start(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
@@ -172,20 +169,15 @@ impl IoEngine {
         Ok(raw)
     }
 
-    /// Submits one backend request per `(offset, len)` range for a command that
-    /// moves no data, splitting ranges longer than the backend's limit for `op`;
-    /// the command does `finish` when its last request is back.
-    #[allow(clippy::too_many_arguments)]
+    /// Submits one backend request per `(offset, len)` range for command `f`, which
+    /// moves no data, splitting ranges longer than the backend's limit for its op.
     pub(crate) fn submit_ranges(
         &mut self,
-        sqid: u16,
-        sqe: &Sqe,
+        mut f: InFlight,
         ns: &Namespace,
-        slba: u64,
-        op: Op,
         ranges: &[(u64, u64)],
-        finish: Finish,
     ) -> Started {
+        let op = f.op;
         let max = match op {
             Op::Discard => ns.info.discard_max,
             Op::WriteZeroes { .. } => ns.info.write_zeroes_max,
@@ -203,8 +195,8 @@ impl IoEngine {
         if work.is_empty() {
             return Started::Done(Status::SUCCESS);
         }
-        let n = work.len() as u32;
-        let tag = self.track(InFlight::new(sqid, sqe, ns.nsid, slba, op, n, finish));
+        f.remaining = work.len() as u32;
+        let tag = self.track(f);
         for (offset, len) in work {
             let req = Request { tag, op, offset, len, data: DataBuf::None };
             self.backend_submit(ns.nsid, req);
@@ -212,23 +204,19 @@ impl IoEngine {
         Started::Pending
     }
 
-    /// Submits one backend request for a command and tracks it.
-    #[allow(clippy::too_many_arguments)]
+    /// Submits `req` (its tag unset) for command `sqe` from SQ `sqid`, naming LBA
+    /// `slba` of its namespace, and tracks it.
     pub(crate) fn submit_one(
         &mut self,
         sqid: u16,
         sqe: &Sqe,
-        nsid: u32,
         slba: u64,
-        op: Op,
-        offset: u64,
-        len: u64,
-        data: DataBuf,
+        mut req: Request,
         finish: Finish,
     ) -> Started {
         let class = OpClass::of(sqe.opcode());
-        let bytes = if matches!(class, OpClass::Read | OpClass::Write) { len } else { 0 };
-        let mut req = Request { tag: 0, op, offset, len, data };
+        let bytes = if matches!(class, OpClass::Read | OpClass::Write) { req.len } else { 0 };
+        let nsid = sqe.nsid.get();
         // A synchronous backend (null, RAM, a file without io_uring) runs the request
         // here: no tag, no timeout, no reap, the completion posted now. A Compare
         // needs its command's state when the data is back, so it takes the tag path.
@@ -241,13 +229,13 @@ impl IoEngine {
             Finish::Zoned { write, append } => Some((write, append)),
             _ => {
                 let owned = std::mem::ManuallyDrop::into_inner(finish);
-                return self.submit_tracked(sqid, sqe, nsid, slba, op, bytes, req, owned);
+                return self.submit_tracked(InFlight::new(sqid, sqe, slba, req.op, owned), bytes, req);
             }
         };
         match self.backend_run_now(nsid, &mut req) {
             Some((result, started_ns)) => {
                 let tally = Tally { class, bytes, started_ns };
-                self.finished_now(sqid, sqe.cid(), nsid, slba, op, tally, &result, req.data, zoned);
+                self.finished_now(Origin::of(sqid, sqe, slba), tally, req, &result, zoned);
                 Started::Finished
             }
             None => {
@@ -255,34 +243,30 @@ impl IoEngine {
                     None => Finish::Plain,
                     Some((write, append)) => Finish::Zoned { write, append },
                 };
-                self.submit_tracked(sqid, sqe, nsid, slba, op, bytes, req, finish)
+                self.submit_tracked(InFlight::new(sqid, sqe, slba, req.op, finish), bytes, req)
             }
         }
     }
 
     /// [`IoEngine::submit_one`] through the in-flight table: the request goes to the
-    /// backend with a tag, and the command completes when it comes back.
-    #[allow(clippy::too_many_arguments)]
-    fn submit_tracked(
-        &mut self,
-        sqid: u16,
-        sqe: &Sqe,
-        nsid: u32,
-        slba: u64,
-        op: Op,
-        bytes: u64,
-        mut req: Request,
-        finish: Finish,
-    ) -> Started {
-        let mut f = InFlight::new(sqid, sqe, nsid, slba, op, 1, finish);
+    /// backend with a tag, and the command (`bytes` of data) completes when it
+    /// comes back.
+    fn submit_tracked(&mut self, mut f: InFlight, bytes: u64, mut req: Request) -> Started {
         f.tally.bytes = bytes;
         if let DataBuf::Host(b) = &req.data {
             f.host_bytes = b.len() as u64;
         }
+        let nsid = f.at.nsid;
         req.tag = self.track(f);
         self.backend_submit(nsid, req);
         Started::Pending
     }
+}
+
+/// A backend request for a command, its tag not yet given.
+#[inline]
+pub(crate) fn request(op: Op, offset: u64, len: u64, data: DataBuf) -> Request {
+    Request { tag: 0, op, offset, len, data }
 }
 
 /// Checks every guest segment of a walk lies in guest memory (the walks leave the

@@ -16,7 +16,7 @@ use super::Started;
 use crate::engine::IoEngine;
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
-use crate::reservation::{Access, Reservations, ResvState};
+use crate::reservation::{Access, Ask, Reservations, ResvState};
 
 /// How the reservation rules see a command (None: they do not look at it).
 #[inline]
@@ -74,24 +74,22 @@ impl IoEngine {
         let result = match sqe.opcode() {
             op::RESERVATION_REGISTER => {
                 let d = self.data::<RegisterData>(sqe)?;
-                r.update(|s, me| {
-                    s.register(me, c.action(), c.iekey(), d.crkey.get(), d.nrkey.get(), (c.cptpl(), true))
-                })
+                let ask = Ask { action: c.action(), iekey: c.iekey(), crkey: d.crkey.get() };
+                r.update(|s, me| s.register(me, ask, d.nrkey.get(), (c.cptpl(), true)))
             }
             op::RESERVATION_ACQUIRE => {
                 let d = self.data::<AcquireData>(sqe)?;
                 // Preempt and Abort: the preempted hosts' commands still to come
                 // conflict; those already at the backend finish (they cannot be
                 // called back from storage).
-                r.update(|s, me| {
-                    s.acquire(me, c.action(), c.iekey(), c.rtype(), d.crkey.get(), d.prkey.get())
-                })
-                .map(|_| ())
+                let ask = Ask { action: c.action(), iekey: c.iekey(), crkey: d.crkey.get() };
+                r.update(|s, me| s.acquire(me, ask, c.rtype(), d.prkey.get())).map(|_| ())
             }
             op::RESERVATION_RELEASE => {
                 let raw = self.read_command_data(sqe, 8)?;
                 let crkey = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
-                r.update(|s, me| s.release(me, c.action(), c.iekey(), c.rtype(), crkey))
+                let ask = Ask { action: c.action(), iekey: c.iekey(), crkey };
+                r.update(|s, me| s.release(me, ask, c.rtype()))
             }
             _ => return self.reservation_report(sqe, r),
         };

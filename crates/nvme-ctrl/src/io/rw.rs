@@ -6,9 +6,9 @@ use nvme_spec::nvm::ReadWrite;
 use nvme_spec::opcode::{nvm as op, zns as zop};
 use nvme_spec::Sqe;
 
-use super::Started;
+use super::{request, Started};
 use crate::dptr::Direction;
-use crate::engine::{Finish, IoEngine};
+use crate::engine::{Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 use crate::stats::Count;
 
@@ -41,7 +41,7 @@ impl IoEngine {
             if ms != 0 && opcode != zop::ZONE_APPEND {
                 // Metadata moves beside the data (a Compare compares it too).
                 let ns = self.namespace(nsid)?;
-                return self.read_write_meta(sqid, sqe, &ns, format, slba, nlb);
+                return self.read_write_meta(sqid, sqe, &ns, format);
             } else if zoned || opcode == zop::ZONE_APPEND {
                 // A zoned namespace's writes take their zone's place; its reads go as
                 // any other, but for offline zones. Zone Append exists only there.
@@ -65,12 +65,8 @@ impl IoEngine {
                 self.submit_one(
                     sqid,
                     sqe,
-                    nsid,
                     slba,
-                    Op::Read,
-                    offset,
-                    len,
-                    DataBuf::Guest(segs),
+                    request(Op::Read, offset, len, DataBuf::Guest(segs)),
                     Finish::Plain,
                 )
             }
@@ -85,30 +81,26 @@ impl IoEngine {
                 self.submit_one(
                     sqid,
                     sqe,
-                    nsid,
                     slba,
-                    Op::Write { fua },
-                    offset,
-                    len,
-                    DataBuf::Guest(segs),
+                    request(Op::Write { fua }, offset, len, DataBuf::Guest(segs)),
                     Finish::Plain,
                 )
             }
             op::COMPARE => {
                 let buf = DataBuf::Host(self.host_buffer(len)?);
                 let segs = self.data_segments(sqe, len, Direction::FromHost)?;
-                self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Compare(segs))
+                self.submit_one(sqid, sqe, slba, request(Op::Read, offset, len, buf), Finish::Compare(segs))
             }
             op::VERIFY => {
                 // Verify checks the media can be read; the data goes nowhere.
                 let buf = DataBuf::Host(self.host_buffer(len)?);
-                self.submit_one(sqid, sqe, nsid, slba, Op::Read, offset, len, buf, Finish::Plain)
+                self.submit_one(sqid, sqe, slba, request(Op::Read, offset, len, buf), Finish::Plain)
             }
             op::WRITE_ZEROES => {
                 let op = Op::WriteZeroes { deallocate: rw.deac() };
                 let ns = self.namespace(nsid)?;
                 self.place_write(&ns, sqe, nlb);
-                self.submit_ranges(sqid, sqe, &ns, slba, op, &[(offset, len)], Finish::Plain)
+                self.submit_ranges(InFlight::new(sqid, sqe, slba, op, Finish::Plain), &ns, &[(offset, len)])
             }
             _ => unreachable!("dispatched by opcode"),
         };

@@ -10,9 +10,9 @@ use nvme_spec::{Sqe, Status};
 use zerocopy::little_endian::U64;
 use zerocopy::IntoBytes;
 
-use super::Started;
+use super::{request, Started};
 use crate::dptr::Direction;
-use crate::engine::{Finish, IoEngine};
+use crate::engine::{Finish, InFlight, IoEngine};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::stats::Count;
@@ -77,9 +77,13 @@ impl IoEngine {
         let slba = write.offset >> shift;
         if let Op::WriteZeroes { .. } = op {
             // Split at the backend's Write Zeroes limit, as on any namespace.
-            return Ok(self.submit_ranges(sqid, sqe, &ns, slba, op, &[(write.offset, len)], finish));
+            return Ok(self.submit_ranges(
+                InFlight::new(sqid, sqe, slba, op, finish),
+                &ns,
+                &[(write.offset, len)],
+            ));
         }
-        Ok(self.submit_one(sqid, sqe, nsid, slba, op, write.offset, len, data, finish))
+        Ok(self.submit_one(sqid, sqe, slba, request(op, write.offset, len, data), finish))
     }
 
     /// Zone Management Send (ZNS §3.4.3): open, close, finish, reset or take offline
@@ -116,7 +120,7 @@ impl IoEngine {
         };
         match dealloc {
             Some(op) if !stale.is_empty() => {
-                Ok(self.submit_ranges(sqid, sqe, &ns, slba, op, &stale, Finish::Plain))
+                Ok(self.submit_ranges(InFlight::new(sqid, sqe, slba, op, Finish::Plain), &ns, &stale))
             }
             _ => Ok(Started::Done(Status::SUCCESS)),
         }

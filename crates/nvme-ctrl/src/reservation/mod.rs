@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 
 pub use crate::shared_file::StoreError;
 pub use notices::NotificationLog;
-pub use rules::{Access, HostId, Requester, ResvState};
+pub use rules::{Access, Ask, HostId, Requester, ResvState};
 
 /// A namespace's reservation state file, shared by every controller.
 pub type ResvFile = crate::shared_file::SharedFile<ResvState>;

@@ -68,6 +68,15 @@ pub enum Access {
     Write,
 }
 
+/// What a Register, Acquire or Release asks first: its action, and the key it
+/// holds (CRKEY), which is not checked when IEKEY is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub action: u8,
+    pub iekey: bool,
+    pub crkey: u64,
+}
+
 impl ResvState {
     fn registrant(&self, host: &HostId) -> Option<&Registrant> {
         self.registrants.iter().find(|r| &r.host == host)
@@ -178,15 +187,8 @@ impl ResvState {
     }
 
     /// Reservation Register (NVM §3.2.6).
-    pub fn register(
-        &mut self,
-        me: &Requester,
-        action: u8,
-        iekey: bool,
-        crkey: u64,
-        nrkey: u64,
-        ptpl: (u8, bool),
-    ) -> Result<(), Status> {
+    pub fn register(&mut self, me: &Requester, ask: Ask, nrkey: u64, ptpl: (u8, bool)) -> Result<(), Status> {
+        let Ask { action, iekey, crkey } = ask;
         if ptpl.0 == 1 {
             return Err(Status::INVALID_FIELD);
         }
@@ -257,12 +259,11 @@ impl ResvState {
     pub fn acquire(
         &mut self,
         me: &Requester,
-        action: u8,
-        iekey: bool,
+        ask: Ask,
         rtype: u8,
-        crkey: u64,
         prkey: u64,
     ) -> Result<Vec<HostId>, Status> {
+        let Ask { action, iekey, crkey } = ask;
         let t = ReservationType::from_u8(rtype).ok_or(Status::INVALID_FIELD)?;
         self.checked_key(me, crkey, iekey)?;
         match action {
@@ -345,14 +346,8 @@ impl ResvState {
     }
 
     /// Reservation Release (NVM §3.2.9).
-    pub fn release(
-        &mut self,
-        me: &Requester,
-        action: u8,
-        iekey: bool,
-        rtype: u8,
-        crkey: u64,
-    ) -> Result<(), Status> {
+    pub fn release(&mut self, me: &Requester, ask: Ask, rtype: u8) -> Result<(), Status> {
+        let Ask { action, iekey, crkey } = ask;
         self.checked_key(me, crkey, iekey)?;
         match action {
             rrela::RELEASE => {

@@ -15,7 +15,7 @@ use nvme_spec::regs::DoorbellKind;
 use super::Runtime;
 use crate::doorbell::ShadowBuffers;
 use crate::engine::{Deadline, IoEngine, Settings};
-use crate::queue::{CqState, SqState};
+use crate::queue::{CompletionQueue, CqState, SqState};
 use crate::stats::QueueSnapshot;
 
 /// Which I/O queues exist.
@@ -84,19 +84,11 @@ impl Runtime {
         self.book.cqs.get(&qid).copied().unwrap_or(0)
     }
 
-    pub(crate) fn create_cq(
-        &mut self,
-        local: &mut IoEngine,
-        qid: u16,
-        base: u64,
-        size: u32,
-        ien: bool,
-        iv: u16,
-    ) {
+    pub(crate) fn create_cq(&mut self, local: &mut IoEngine, qid: u16, cq: CompletionQueue) {
         self.book.cqs.insert(qid, 0);
         match self.worker_for_cq(qid) {
-            Some(w) => w.call(move |e| e.create_cq(qid, base, size, ien, iv)),
-            None => local.create_cq(qid, base, size, ien, iv),
+            Some(w) => w.call(move |e| e.create_cq(qid, cq)),
+            None => local.create_cq(qid, cq),
         }
     }
 

@@ -280,7 +280,7 @@ fn drive(
     }
     if let Some(v) = verify.as_mut() {
         if r.errors == 0 && super::interrupt::received().is_none() {
-            read_back(&mut q, a, v, &mut r, nlb, stride, first);
+            read_back(&mut q, a, v, &mut r, |i| (i * stride + first) * nlb as u64);
         }
     }
     r.stats = q.stats();
@@ -299,15 +299,14 @@ fn check(v: &mut Verify, r: &mut ThreadResult, b: &nvme_driver::DmaBuf, slba: u6
     }
 }
 
-/// --verify's last pass: reads every block written this run back and checks it.
+/// --verify's last pass: reads every block written this run back and checks it
+/// (`slba_of`: the first LBA of this queue's `i`-th slot).
 fn read_back(
     q: &mut IoQueue,
     a: &PerfArgs,
     v: &mut Verify,
     r: &mut ThreadResult,
-    nlb: u32,
-    stride: u64,
-    first: u64,
+    slba_of: impl Fn(u64) -> u64,
 ) {
     let mut got = vec![0u8; a.bs as usize];
     for i in 0..v.gens.len() {
@@ -315,7 +314,7 @@ fn read_back(
         if gen == 0 {
             continue;
         }
-        let slba = (i as u64 * stride + first) * nlb as u64;
+        let slba = slba_of(i as u64);
         if let Err(e) = q.read(a.nsid, slba, &mut got) {
             r.errors += 1;
             r.first_error.get_or_insert(format!("verify read-back of LBA {slba}: {e}"));
