@@ -281,25 +281,28 @@ echo "accelerator: $accel"
 # zones_check KERNEL DIR: the zone state file the server kept beside the zoned
 # namespace's data holds, zone by zone, the condition and write pointer the
 # guest last saw (open zones may have been closed by the controller reset at
-# the guest's power-off).
+# the guest's power-off). The file is read by `vnvme inspect zones`, the
+# server's own reader; the comparison is the guest report's.
 zones_check() {
-    local k=$1 d=$2 line out
+    local k=$1 d=$2 line out file
     line=$(grep -a -o '@@VNVME-ZONES [^@]*@@' "$d/guest.log" | tail -1)
     if [[ -z $line ]]; then
         result FAIL "$k" "zone state file check: the guest printed no zone report"
         return
     fi
     line=${line#@@VNVME-ZONES }
-    if out=$(python3 - "$d/zns.img.zones" ${line%@@} <<'PY' 2>&1
-import struct, sys
-raw = open(sys.argv[1], "rb").read()
-magic, version, zsize, zcap, nz = raw[:8], *struct.unpack_from("<I", raw, 8), *struct.unpack_from("<QQQ", raw, 16)
-assert magic == b"VNVMEZNS" and version == 1, f"header {magic!r} v{version}"
+    if ! file=$("$VNVME_BIN" inspect zones "$d/zns.img.zones" 2>&1); then
+        result FAIL "$k" "zone state file: vnvme inspect zones refused it: $file"
+        return
+    fi
+    if out=$(python3 - "$file" ${line%@@} <<'PY' 2>&1
+import json, sys
+f = json.loads(sys.argv[1])
 seen = [tuple(map(int, z.split(":"))) for z in sys.argv[2:]]
-assert len(seen) == nz, f"{len(seen)} zones in the guest's report, {nz} in the file"
+assert len(seen) == len(f["zones"]), f"{len(seen)} zones in the guest's report, {len(f['zones'])} in the file"
 bad = []
-for i, (cond, wp) in enumerate(seen):
-    written, state = struct.unpack_from("<QB", raw, 64 + 16 * i)
+for i, ((cond, wp), z) in enumerate(zip(seen, f["zones"])):
+    state, written = z["state"], z["written"]
     if cond == 14:
         ok = state == 14
     elif cond in (2, 3, 4):
@@ -308,7 +311,7 @@ for i, (cond, wp) in enumerate(seen):
         ok = state == cond and written == wp * 512
     if not ok:
         bad.append(f"zone {i}: guest cond {cond} wp {wp}, file state {state} written {written // 512}")
-print("; ".join(bad) if bad else f"{nz} zones, {sum(1 for c, _ in seen if c != 1)} written")
+print("; ".join(bad) if bad else f"{len(seen)} zones, {sum(1 for c, _ in seen if c != 1)} written")
 sys.exit(1 if bad else 0)
 PY
     ); then
@@ -336,95 +339,39 @@ pi_action() {
     echo "[host] one byte of LBA $lba of pi.img changed under the guest"
 }
 
+# pi_audit KERNEL WHAT SPEC MIN [--app-tag T]: `vnvme inspect pi` (the server's
+# own metadata reader and CRCs) checks every block the guest wrote on namespace
+# SPEC against its protection information; at least MIN blocks must have been
+# written.
+pi_audit() {
+    local k=$1 what=$2 spec=$3 min=$4 out
+    shift 4
+    out=$("$VNVME_BIN" inspect pi --ns "$spec" "$@" 2>&1)
+    local written
+    written=$(sed -n 's/.*"written":\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    if [[ -n $written ]] && ((written >= min)) && [[ $out == *'"bad_count":0'* ]]; then
+        result PASS "$k" "$what: guards and reference tags right on every written block ($out)"
+    else
+        result FAIL "$k" "$what: $out (at least $min blocks written expected)"
+    fi
+}
+
 # pi_check KERNEL DIR: the protected namespace's metadata file holds, for the
 # blocks the guest wrote, the type 1 protection information Linux generated: the
-# CRC-16 T10-DIF of the block's data and the LBA as reference tag (a sample of
-# the written blocks, and every block of the one corrupted and rewritten).
+# CRC-16 T10-DIF of the block's data and the LBA as reference tag (every written
+# block, the one corrupted and rewritten among them; pi.sh's passthrough block
+# has application tag FFFFh, unchecked by choice).
 pi_check() {
-    local k=$1 d=$2 out
-    if out=$(python3 - "$d/pi.img" "$d/pi.img.meta" "$(sed -n 's/^PI_CORRUPT_LBA=//p' "$d/config.sh")" <<'PY' 2>&1
-import struct, sys
-def crc16(data, t=[]):
-    if not t:
-        for i in range(256):
-            c = i << 8
-            for _ in range(8):
-                c = ((c << 1) ^ 0x8BB7) & 0xFFFF if c & 0x8000 else (c << 1) & 0xFFFF
-            t.append(c)
-    c = 0
-    for b in data:
-        c = ((c << 8) & 0xFFFF) ^ t[(c >> 8) ^ b]
-    return c
-data = open(sys.argv[1], "rb")
-meta = bytes(b ^ 0xFF for b in open(sys.argv[2], "rb").read())  # stored complemented
-corrupt = int(sys.argv[3])
-written = [n for n in range(len(meta) // 8) if meta[n * 8:n * 8 + 8] != b"\xff" * 8]
-sample = sorted(set(written[::97]) | set(range(corrupt, corrupt + 8)))
-bad = []
-for n in sample:
-    data.seek(n * 512)
-    guard, app, ref = struct.unpack(">HHI", meta[n * 8:n * 8 + 8])
-    if app == 0xFFFF:
-        continue  # unchecked by choice (pi.sh's passthrough block)
-    want = crc16(data.read(512))
-    if guard != want or ref != n & 0xFFFFFFFF:
-        bad.append(f"LBA {n}: guard {guard:#06x} ref {ref}, data's CRC {want:#06x}")
-assert len(written) >= 4096, f"only {len(written)} blocks with protection information"
-print("; ".join(bad[:5]) if bad else f"{len(written)} blocks written, {len(sample)} checked")
-sys.exit(1 if bad else 0)
-PY
-    ); then
-        result PASS "$k" "metadata file: the guest's type 1 protection information, guard and reference tag right ($out)"
-    else
-        result FAIL "$k" "metadata file: $out"
-    fi
+    pi_audit "$1" "metadata file (type 1, CRC-16)" "file:$2/pi.img:64M:ms=8:pi=1" 4096
 }
 
 # pi64_check KERNEL DIR: the 64-bit guard namespace's metadata file holds, for
 # the blocks the guest wrote through its integrity layer, the tuples Linux
-# generated: the CRC-64/NVME of the block's data (computed here on its own) and
-# the LBA as the 48-bit reference tag. Blocks written through passthrough with
-# other tags (pi64.sh's) are left out by their application tag.
+# generated: the CRC-64/NVME of the block's data and the LBA as the 48-bit
+# reference tag. Blocks written through passthrough with other tags (pi64.sh's)
+# are left out by their application tag.
 pi64_check() {
-    local k=$1 d=$2 out
-    if out=$(python3 - "$d/pi64.img" "$d/pi64.img.meta" <<'PY' 2>&1
-import struct, sys
-T = []
-for i in range(256):
-    c = i
-    for _ in range(8):
-        c = (c >> 1) ^ 0x9A6C9329AC4BC9B5 if c & 1 else c >> 1
-    T.append(c)
-def crc64(data):
-    c = 0xFFFFFFFFFFFFFFFF
-    for b in data:
-        c = (c >> 8) ^ T[(c ^ b) & 0xFF]
-    return c ^ 0xFFFFFFFFFFFFFFFF
-assert crc64(b"123456789") == 0xAE8B14860A799888
-data = open(sys.argv[1], "rb")
-meta = bytes(b ^ 0xFF for b in open(sys.argv[2], "rb").read())  # stored complemented
-written = [n for n in range(len(meta) // 16) if meta[n * 16 + 8:n * 16 + 16] != b"\xff" * 8]
-sample = written[::61]
-bad, checked = [], 0
-for n in sample:
-    guard, app = struct.unpack(">QH", meta[n * 16:n * 16 + 10])
-    ref = int.from_bytes(meta[n * 16 + 10:n * 16 + 16], "big")
-    if app != 0:
-        continue
-    data.seek(n * 512)
-    want = crc64(data.read(512))
-    checked += 1
-    if guard != want or ref != n:
-        bad.append(f"LBA {n}: guard {guard:#018x} ref {ref}, data's CRC-64 {want:#018x}")
-assert len(written) >= 8192, f"only {len(written)} blocks with protection information"
-print("; ".join(bad[:5]) if bad else f"{len(written)} blocks written, {checked} checked")
-sys.exit(1 if bad or checked < 100 else 0)
-PY
-    ); then
-        result PASS "$k" "64-bit guard metadata file: the guest's CRC-64/NVME guards and 48-bit reference tags right ($out)"
-    else
-        result FAIL "$k" "64-bit guard metadata file: $out"
-    fi
+    pi_audit "$1" "64-bit guard metadata file (CRC-64/NVME)" "file:$2/pi64.img:32M:ms=16:pi=1:guard=64" 8192 --app-tag 0
 }
 
 suite_main() {

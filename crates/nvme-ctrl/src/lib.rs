@@ -72,7 +72,7 @@ pub use controller::{AdminQueues, Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
 pub use lifecycle::Lifecycle;
-pub use namespace::{format_index, FormatState, LbaFormatDef, Namespace, LBA_FORMATS};
+pub use namespace::{format_index, FormatState, LbaFormatDef, Namespace, NsIds, LBA_FORMATS};
 pub use runtime::judge::{Regime, SpinJudge, Verdict};
 pub use runtime::poll::{PollMode, SpinPolicy, SpinStats};
 pub use runtime::workers::{Worker, WorkerStats};

@@ -59,6 +59,82 @@ impl Complemented {
     }
 }
 
+/// What [`audit`] found in a namespace's data and metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PiAudit {
+    /// Blocks whose protection information was written (not all ones).
+    pub written: u64,
+    /// Of those, the blocks checked (the others' application tag left them out).
+    pub checked: u64,
+    /// The first blocks found wrong (at most [`AUDIT_KEEPS`]) and how many in all.
+    pub bad: Vec<PiMismatch>,
+    pub bad_count: u64,
+}
+
+/// A block whose protection information does not match its data or its LBA.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PiMismatch {
+    pub lba: u64,
+    /// The guard stored, and the guard its data and metadata give.
+    pub guard: u64,
+    pub data_guard: u64,
+    /// The reference tag stored (type 1 wants the LBA's low bits).
+    pub ref_tag: u64,
+}
+
+/// How many mismatches an [`audit`] lists (it counts them all).
+pub const AUDIT_KEEPS: usize = 16;
+
+/// Checks each block of `data` (`2^shift`-byte blocks, as many as the file holds)
+/// against its protection information in `meta` (laid out as `layout` says): the
+/// guard against the block's data and the metadata bytes before the tuple, and for
+/// type 1 the reference tag against the block's LBA. Blocks never written (their
+/// tuple all ones) are not counted; blocks whose application tag is FFFFh (which
+/// turns checking off) or is not `app_tag`, when one is given, are left out.
+pub fn audit(
+    data: &File,
+    meta: &MetaStore,
+    layout: PiLayout,
+    shift: u32,
+    app_tag: Option<u16>,
+) -> io::Result<PiAudit> {
+    const CHUNK: u64 = 1024;
+    let (block, ms) = (1usize << shift, layout.ms);
+    let blocks = data.metadata()?.len() >> shift;
+    let (mut dbuf, mut mbuf) = (vec![0u8; CHUNK as usize * block], vec![0u8; CHUNK as usize * ms]);
+    let mut out = PiAudit::default();
+    let pi = Complemented::of(layout);
+    let mut first = 0;
+    while first < blocks {
+        let n = CHUNK.min(blocks - first) as usize;
+        data.read_exact_at(&mut dbuf[..n * block], first << shift)?;
+        meta.read(first * ms as u64, &mut mbuf[..n * ms], Some(pi))?;
+        for i in 0..n {
+            let m = &mbuf[i * ms..(i + 1) * ms];
+            if m[pi.at..pi.at + pi.len].iter().all(|&b| b == 0xff) {
+                continue;
+            }
+            out.written += 1;
+            let t = layout.read(m);
+            if t.app_tag == 0xffff || app_tag.is_some_and(|a| a != t.app_tag) {
+                continue;
+            }
+            out.checked += 1;
+            let lba = first + i as u64;
+            let data_guard = layout.guard(layout.data_crc(&dbuf[i * block..(i + 1) * block]), m);
+            let ref_ok = layout.ty != nvme_spec::pi::PiType::Type1 || t.ref_tag == layout.lba_ref_tag(lba);
+            if t.guard != data_guard || !ref_ok {
+                out.bad_count += 1;
+                if out.bad.len() < AUDIT_KEEPS {
+                    out.bad.push(PiMismatch { lba, guard: t.guard, data_guard, ref_tag: t.ref_tag });
+                }
+            }
+        }
+        first += n as u64;
+    }
+    Ok(out)
+}
+
 /// A namespace's metadata store.
 #[derive(Debug)]
 pub struct MetaStore {
@@ -295,6 +371,47 @@ pub(crate) fn each_block_crc<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Six blocks: two right, one never written, one with checking off, one whose
+    /// data changed under its guard, one whose reference tag is another LBA's.
+    #[test]
+    fn an_audit_finds_the_blocks_whose_data_or_lba_left_their_tuple() {
+        use nvme_spec::pi::{PiTuple, PiType};
+        let dir = std::env::temp_dir().join(format!("vnvme-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let layout = PiLayout { ty: PiType::Type1, guard: Guard::Crc16, ms: 8, first: false };
+        let data: Vec<u8> = (0..6 * 512).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(dir.join("d"), &data).unwrap();
+        let rw = || std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).clone();
+        let store = MetaStore::file(rw().open(dir.join("m")).unwrap());
+        let tuple = |lba: u64, app_tag: u16, ref_tag: u64| {
+            let mut m = [0u8; 8];
+            let block = &data[lba as usize * 512..][..512];
+            let guard = layout.guard(layout.data_crc(block), &m);
+            layout.write(PiTuple { guard, app_tag, ref_tag }, &mut m);
+            m
+        };
+        let pi = Some(Complemented::of(layout));
+        for (lba, m) in
+            [(0, tuple(0, 0, 0)), (1, tuple(1, 7, 1)), (3, tuple(3, 0xffff, 99)), (4, tuple(4, 0, 4))]
+        {
+            store.write(lba * 8, &m, pi).unwrap();
+        }
+        store.write(5 * 8, &tuple(5, 0, 4), pi).unwrap();
+        // Block 4's data changes after its tuple was made.
+        let f = rw().open(dir.join("d")).unwrap();
+        f.write_all_at(&[0xaa], 4 * 512 + 100).unwrap();
+        let a = audit(&f, &store, layout, 9, None).unwrap();
+        assert_eq!((a.written, a.checked, a.bad_count), (5, 4, 2), "{a:?}");
+        assert_eq!(a.bad.iter().map(|b| b.lba).collect::<Vec<_>>(), vec![4, 5]);
+        assert_ne!(a.bad[0].guard, a.bad[0].data_guard, "block 4: its guard");
+        assert_eq!(a.bad[1].ref_tag, 4, "block 5: its guard right, its reference tag 4's");
+        assert_eq!(a.bad[1].guard, a.bad[1].data_guard);
+        // Only application tag 7: block 1, which is right.
+        let a = audit(&f, &store, layout, 9, Some(7)).unwrap();
+        assert_eq!((a.written, a.checked, a.bad_count), (5, 1, 0), "{a:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     const PI_LAST_OF_16: Option<Complemented> = Some(Complemented { ms: 16, at: 8, len: 8 });
 

@@ -58,9 +58,8 @@ pub struct Namespace {
     /// metadata travels, in one word ([`FormatState`]) so a command reads all of
     /// them at one instant while a Format NVM may change them (only it does).
     format: AtomicU32,
-    pub nguid: [u8; 16],
-    pub eui64: [u8; 8],
-    pub uuid: [u8; 16],
+    /// Its identifiers (Identify's NGUID, EUI64 and its UUID descriptor).
+    pub ids: NsIds,
     /// Commands not finished by the backend after this many nanoseconds time out
     /// (0: never).
     pub timeout_ns: u64,
@@ -90,7 +89,7 @@ impl Namespace {
         let mut nguid = [0u8; 16];
         nguid[..8].copy_from_slice(&h.to_be_bytes());
         nguid[8..].copy_from_slice(&h2.to_be_bytes());
-        let (uuid, eui64) = identifiers_of(nguid);
+        let ids = NsIds::of(nguid);
         Namespace {
             nsid,
             backend,
@@ -99,9 +98,7 @@ impl Namespace {
             format: AtomicU32::new(
                 FormatState { lbaf: lba_format.min(PLAIN_FORMATS as u8 - 1), dps: 0, extended: false }.pack(),
             ),
-            nguid,
-            eui64,
-            uuid,
+            ids,
             timeout_ns: 0,
             stats: Default::default(),
             zones: None,
@@ -233,15 +230,25 @@ fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-/// The UUID and EUI-64 that go with `nguid`.
-fn identifiers_of(nguid: [u8; 16]) -> ([u8; 16], [u8; 8]) {
-    let mut uuid = nguid;
-    uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4 layout
-    uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
-    let mut eui64 = [0u8; 8];
-    eui64.copy_from_slice(&nguid[8..]);
-    eui64[0] = 0x52; // locally administered OUI space
-    (uuid, eui64)
+/// A namespace's identifiers: its NGUID, and the UUID and EUI-64 made from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsIds {
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    pub uuid: [u8; 16],
+}
+
+impl NsIds {
+    /// The identifiers that go with `nguid`.
+    pub fn of(nguid: [u8; 16]) -> Self {
+        let mut uuid = nguid;
+        uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4 layout
+        uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&nguid[8..]);
+        eui64[0] = 0x52; // locally administered OUI space
+        NsIds { nguid, eui64, uuid }
+    }
 }
 
 /// Namespace `nsid` as `n` describes it, or why it cannot be; with `fdp`, of the
@@ -282,8 +289,7 @@ pub(crate) fn make(
     let mut ns = Namespace::new(nsid, n.backend.clone(), 0, serial).with_timeout(n.timeout);
     ns.ana = group;
     if let Some(nguid) = n.identity {
-        ns.nguid = nguid;
-        (ns.uuid, ns.eui64) = identifiers_of(nguid);
+        ns.ids = NsIds::of(nguid);
     }
     if let Some(f) = &n.reservations {
         let f = f.try_clone().map_err(|e| format!("namespace {nsid}: reservation state file: {e}"))?;

@@ -9,6 +9,7 @@ mod endpoint;
 mod fdpspec;
 mod handed;
 mod identify;
+mod inspect;
 mod keeper;
 mod logging;
 mod metaspec;
@@ -78,6 +79,12 @@ enum Cmd {
     /// capabilities and namespaces. It is a client like a VMM: a server started with
     /// --once exits after it.
     Identify(identify::IdentifyArgs),
+    /// Look into the files a namespace keeps beside its data.
+    ///
+    /// Reads a zone state file, or checks a namespace's protection information
+    /// against its data, with the code the server reads them with. Only reads, and
+    /// refuses files a running server writes.
+    Inspect(inspect::InspectArgs),
     /// Load generator for a vfio-user NVMe device.
     ///
     /// Drives the device with the userspace driver and reports IOPS, bandwidth,
@@ -125,6 +132,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Identify(a) => identify::run(a),
+        Cmd::Inspect(a) => inspect::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Ctl(a) => ctl::run(a),
         Cmd::Takeover(a) => serve::takeover(a, parse_serve),

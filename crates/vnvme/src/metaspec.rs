@@ -144,6 +144,12 @@ impl MetaSpec {
         nvme_ctrl::format_index(shift, self.ms, guard)
     }
 
+    /// The starting format (None: no LBA format has this metadata size and guard).
+    pub fn format(&self, lba_format: Option<u8>) -> Option<nvme_ctrl::FormatState> {
+        let lbaf = self.format_index(lba_format)?;
+        Some(nvme_ctrl::FormatState { lbaf, dps: self.dps(), extended: self.extended })
+    }
+
     /// Identify DPS of the starting format.
     pub fn dps(&self) -> u8 {
         match self.pi {

@@ -69,6 +69,18 @@ fn every_bad_input_names_the_value_and_the_fix_and_changes_nothing() {
     // (arguments, exit status, what the message must contain)
     let cases: &[(&[&str], i32, &[&str])] = &[
         (&["serve", "--socket", "s.sock", "--queues", "0"], 2, &["'0'", "--queues", "1..=511"]),
+        // `vnvme inspect` reads only: a file that is not one is refused, never made.
+        (&["inspect", "zones", "keep.img"], 1, &["keep.img", "not one (no \"VNVMEZNS\""]),
+        (&["inspect", "zones", "empty.resv"], 1, &["empty.resv", "it is empty"]),
+        (&["inspect", "pi", "--ns", "ram:64M:ms=8:pi=1"], 1, &["a file: namespace"]),
+        (&["inspect", "pi", "--ns", "file:keep.img:8M"], 1, &["it has no metadata (ms=)"]),
+        (&["inspect", "pi", "--ns", "file:keep.img:8M:ms=8"], 1, &["no protection information (pi=)"]),
+        (&["inspect", "pi", "--ns", "file:keep.img:8M:ms=8:pi=1"], 1, &["keep.img.meta", "No such file"]),
+        (
+            &["inspect", "pi", "--ns", "file:keep.img:8M:ms=8:pi=1", "--app-tag", "0x10000"],
+            2,
+            &["0 to 65535"],
+        ),
         (&["serve", "--socket", "s.sock", "--workers", "65"], 2, &["'65'", "--workers", "0..=64"]),
         (
             &["serve", "--socket", "s.sock", "--serial", "a-serial-far-too-long-for-nvme"],

@@ -99,6 +99,21 @@ fn write_pointers_survive_a_sigkill_exactly(engine: &str) {
     let acked = sent.clone();
     server.kill_hard();
     drop(d);
+    // `vnvme inspect zones` reads what the killed server left: each zone open,
+    // its pointer where its acknowledged writes end.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vnvme"))
+        .args(["inspect", "zones", &format!("{img}.zones")])
+        .output()
+        .expect("vnvme inspect zones");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["zone_size"], 1 << 20);
+    let zones = v["zones"].as_array().expect("zones");
+    assert_eq!(zones.len() as u64, ZONES);
+    for (z, got) in zones.iter().enumerate() {
+        assert_eq!(got["written"], acked[z] * NLB * LBA, "zone {z}: {v}");
+        assert_eq!(got["state"], 2, "zone {z}: implicitly opened by its writes: {v}");
+    }
 
     let server = Server::start_in(&dir, "b", &["--ns", &format!("file:{img}:zoned=1M{engine}")]);
     let mut d = server.driver(DoorbellMode::Trapped, opts(1, true, CompletionMode::Polling));

@@ -71,7 +71,7 @@ use tracing::warn;
 use self::limits::MAX_QUEUE_DEPTH;
 use self::probe::{probe_discard_cmd, probe_file_caps, queue_attr, Caps};
 use self::queue::UringQueue;
-use self::shared::{Layout, Shared};
+use self::shared::{Layout, Shared, Synced};
 use crate::{Backend, BackendInfo, BackendQueue};
 
 /// Whether to open the backing storage with O_DIRECT.
@@ -272,8 +272,7 @@ impl UringBackend {
                 info,
                 removed: AtomicBool::new(false),
                 zeroes: OnceLock::new(),
-                dsync_writes: AtomicU64::new(0),
-                fsyncs: AtomicU64::new(0),
+                synced: Synced::default(),
             }),
         })
     }
@@ -335,7 +334,8 @@ impl Backend for UringBackend {
 impl UringBackend {
     /// Writes completed with RWF_DSYNC and fdatasyncs completed, by every queue.
     pub fn durability(&self) -> (u64, u64) {
-        (self.sh.dsync_writes.load(Ordering::Relaxed), self.sh.fsyncs.load(Ordering::Relaxed))
+        let s = &self.sh.synced;
+        (s.dsync_writes.load(Ordering::Relaxed), s.fsyncs.load(Ordering::Relaxed))
     }
 }
 

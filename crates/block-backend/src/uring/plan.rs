@@ -78,7 +78,7 @@ impl UringQueue {
                 crate::copy_within(f, src, offset, len)?;
                 if fua {
                     f.sync_data()?;
-                    self.sh.fsyncs.fetch_add(1, Ordering::Relaxed);
+                    self.sh.synced.fsyncs.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(None)
             }

@@ -303,8 +303,8 @@ impl UringQueue {
                         c.fetch_add(1, Ordering::Relaxed);
                     }
                 };
-                count(&self.sh.dsync_writes, dsync);
-                count(&self.sh.fsyncs, fsync);
+                count(&self.sh.synced.dsync_writes, dsync);
+                count(&self.sh.synced.fsyncs, fsync);
             }
             Err(e) => p.fail(e),
         }

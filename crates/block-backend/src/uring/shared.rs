@@ -42,8 +42,13 @@ pub(super) struct Shared {
     pub(super) removed: AtomicBool,
     /// Zeroes that emulated Write Zeroes writes from (allocated on first use).
     pub(super) zeroes: OnceLock<AlignedBuf>,
-    /// Writes the kernel completed with RWF_DSYNC (FUA), and fdatasyncs (Flush):
-    /// what the guest's durability asked for, as it reached the file.
+    /// What the guest's durability asked for, as it reached the file.
+    pub(super) synced: Synced,
+}
+
+/// Writes the kernel completed with RWF_DSYNC (FUA), and fdatasyncs (Flush).
+#[derive(Debug, Default)]
+pub(super) struct Synced {
     pub(super) dsync_writes: AtomicU64,
     pub(super) fsyncs: AtomicU64,
 }

@@ -36,9 +36,9 @@ impl Admin<'_> {
             cns::NS_DESCRIPTOR_LIST => {
                 let ns = self.active_ns(nsid)?;
                 ns_descriptor_list(&[
-                    (nidt::EUI64, &ns.eui64[..]),
-                    (nidt::NGUID, &ns.nguid[..]),
-                    (nidt::UUID, &ns.uuid[..]),
+                    (nidt::EUI64, &ns.ids.eui64[..]),
+                    (nidt::NGUID, &ns.ids.nguid[..]),
+                    (nidt::UUID, &ns.ids.uuid[..]),
                     (nidt::CSI, &[ns.csi()][..]),
                 ])
                 .to_vec()
@@ -271,8 +271,8 @@ pub(crate) fn namespace_data(ns: &Namespace) -> IdentifyNamespace {
     d.mssrl = U16::new(mssrl);
     d.mcl = U32::new(mcl);
     d.msrc = msrc;
-    d.nguid = ns.nguid;
-    d.eui64 = ns.eui64;
+    d.nguid = ns.ids.nguid;
+    d.eui64 = ns.ids.eui64;
     if ns.reservations().is_some() {
         // Every type, kept through power loss (the state file); IEKEY honoured
         // on Acquire and Release too (Linux sets it there), so not the 1.3 bit.

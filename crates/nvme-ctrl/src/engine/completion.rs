@@ -159,7 +159,7 @@ impl IoEngine {
                 // Deleted (or deleted and created again) since: nothing, or nothing new.
                 let cq = queues.cq_mut(qid)?;
                 let n = std::mem::take(&mut cq.unsignalled);
-                (n > 0).then_some((n, cq.ien.then_some(cq.iv)))
+                (n > 0).then_some((n, cq.irq.ien.then_some(cq.irq.iv)))
             },
             |iv, qid| {
                 counts.add(Count::Interrupts, 1);

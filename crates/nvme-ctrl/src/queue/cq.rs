@@ -19,10 +19,8 @@ pub struct CompletionQueue {
     pub tail: u32,
     /// Phase tag of the entries being written in this lap.
     pub phase: bool,
-    /// Interrupts Enabled.
-    pub ien: bool,
-    /// Interrupt vector.
-    pub iv: u16,
+    /// How it interrupts.
+    pub irq: CqIrq,
     /// Completions waiting for room, in order.
     pub overflow: VecDeque<Cqe>,
     /// Entries posted since the last interrupt decision.
@@ -33,6 +31,14 @@ pub struct CompletionQueue {
     pub reported_bad_head: Option<u32>,
 }
 
+/// How a completion queue interrupts: whether at all (Interrupts Enabled), and on
+/// which vector (kept either way: a saved state has it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqIrq {
+    pub ien: bool,
+    pub iv: u16,
+}
+
 impl CompletionQueue {
     pub fn new(base: u64, size: u32, ien: bool, iv: u16) -> Self {
         CompletionQueue {
@@ -41,8 +47,7 @@ impl CompletionQueue {
             head: 0,
             tail: 0,
             phase: true,
-            ien,
-            iv,
+            irq: CqIrq { ien, iv },
             overflow: VecDeque::new(),
             unsignalled: 0,
             waiting_for_space: false,

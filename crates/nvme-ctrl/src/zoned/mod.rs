@@ -24,7 +24,7 @@ use nvme_spec::zns::{ZoneDescriptor, ZoneState};
 use nvme_spec::Status;
 
 use store::ZoneFile;
-pub use store::{made_new as state_file_made_new, ZoneFileError};
+pub use store::{made_new as state_file_made_new, read as read_state_file, ZoneFileError, ZoneFileView};
 
 /// The layout and limits of a zoned namespace, as configured.
 #[derive(Clone, Debug, Default)]

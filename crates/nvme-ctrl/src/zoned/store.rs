@@ -99,6 +99,75 @@ fn layout(zone_size: u64, zone_capacity: u64, zones: u64) -> String {
     format!("{zones} zones of {zone_size} bytes, {zone_capacity} writable")
 }
 
+/// What a zone state file holds: the layout it was made for, and each zone's
+/// state and bytes written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneFileView {
+    pub zone_size: u64,
+    pub zone_capacity: u64,
+    pub zones: Vec<(ZoneState, u64)>,
+}
+
+/// Reads a zone state file whole, for a look at it (`vnvme inspect zones`): what
+/// a server starting on it would refuse (empty, cut short, foreign, a record no
+/// zone can have) is refused the same way.
+pub fn read(file: &File) -> Result<ZoneFileView, ZoneFileError> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Err(ZoneFileError::Empty);
+    }
+    parse(file, len, None)
+}
+
+/// Parses a zone state file of `len` bytes, which must be of the layout `expect`
+/// gives (zone size, capacity, count) if it gives one.
+fn parse(file: &File, len: u64, expect: Option<(u64, u64, u32)>) -> Result<ZoneFileView, ZoneFileError> {
+    let mut h = [0u8; HEADER as usize];
+    let got = file.read_at(&mut h, 0)?;
+    if got < MAGIC.len() || &h[..8] != MAGIC {
+        return Err(ZoneFileError::NotOurs);
+    }
+    let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let (zone_size, zone_capacity, zones) = (word(16), word(24), word(32));
+    // A count no file could hold (a damaged header) is a file cut short.
+    let count = u32::try_from(zones).unwrap_or(u32::MAX);
+    let short =
+        |count: u32| ZoneFileError::Short { have: len, want: HEADER + count as u64 * RECORD, zones: count };
+    if (got as u64) < HEADER {
+        return Err(short(expect.map_or(count, |e| e.2)));
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(ZoneFileError::Version(version));
+    }
+    if let Some((size, cap, n)) = expect {
+        let (have, want) = (layout(zone_size, zone_capacity, zones), layout(size, cap, n as u64));
+        if have != want {
+            return Err(ZoneFileError::Layout { have, want });
+        }
+    }
+    if len < HEADER + zones.saturating_mul(RECORD) {
+        return Err(short(count));
+    }
+    let mut raw = vec![0u8; (zones * RECORD) as usize];
+    file.read_exact_at(&mut raw, HEADER)?;
+    let mut out = Vec::with_capacity(zones as usize);
+    for (zone, r) in raw.chunks_exact(RECORD as usize).enumerate() {
+        let written = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        let state = ZoneState::from_raw(r[8]);
+        let bad = || ZoneFileError::Record { zone: zone as u32, state: r[8], written };
+        let state = state.ok_or_else(bad)?;
+        if written > zone_capacity
+            || !written.is_multiple_of(512)
+            || (state == ZoneState::Empty && written != 0)
+        {
+            return Err(bad());
+        }
+        out.push((state, written));
+    }
+    Ok(ZoneFileView { zone_size, zone_capacity, zones: out })
+}
+
 impl ZoneFile {
     /// Opens `file` for `count` zones of `cfg`'s layout: a new file ([`made_new`])
     /// is written with every zone empty; an existing one must be whole and hold
@@ -114,7 +183,6 @@ impl ZoneFile {
         let len = meta.len();
         let made = take_made(&meta);
         let f = ZoneFile { file, failed: false };
-        let want = layout(zone_size, zone_capacity, count as u64);
         if len == 0 && !made {
             return Err(ZoneFileError::Empty);
         }
@@ -135,45 +203,8 @@ impl ZoneFile {
             f.file.sync_data()?;
             return Ok((f, vec![(ZoneState::Empty, 0); count as usize]));
         }
-        let mut h = [0u8; HEADER as usize];
-        let got = f.file.read_at(&mut h, 0)?;
-        if got < MAGIC.len() || &h[..8] != MAGIC {
-            return Err(ZoneFileError::NotOurs);
-        }
-        if (got as u64) < HEADER {
-            let whole = HEADER + count as u64 * RECORD;
-            return Err(ZoneFileError::Short { have: len, want: whole, zones: count });
-        }
-        let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
-        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(ZoneFileError::Version(version));
-        }
-        let have = layout(word(16), word(24), word(32));
-        if have != want {
-            return Err(ZoneFileError::Layout { have, want });
-        }
-        let whole = HEADER + count as u64 * RECORD;
-        if len < whole {
-            return Err(ZoneFileError::Short { have: len, want: whole, zones: count });
-        }
-        let mut raw = vec![0u8; (count as u64 * RECORD) as usize];
-        f.file.read_exact_at(&mut raw, HEADER)?;
-        let mut zones = Vec::with_capacity(count as usize);
-        for (zone, r) in raw.chunks_exact(RECORD as usize).enumerate() {
-            let written = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let state = ZoneState::from_raw(r[8]);
-            let bad = || ZoneFileError::Record { zone: zone as u32, state: r[8], written };
-            let state = state.ok_or_else(bad)?;
-            if written > zone_capacity
-                || !written.is_multiple_of(512)
-                || (state == ZoneState::Empty && written != 0)
-            {
-                return Err(bad());
-            }
-            zones.push((state, written));
-        }
-        Ok((f, zones))
+        let view = parse(&f.file, len, Some((zone_size, zone_capacity, count)))?;
+        Ok((f, view.zones))
     }
 
     /// Records zone `zi`'s state and pointer.
