@@ -3,18 +3,15 @@
 //! change (its Commands Supported and Effects entry) and the Identify Controller
 //! bit (OACS for admin commands, ONCS for NVM ones) that reports it.
 //!
-//! Identify's OACS and ONCS, the Commands Supported and Effects log and the admin
-//! dispatch all read these tables, so they cannot disagree: a command is answered
-//! Invalid Opcode exactly when the log leaves it out and its bit is clear. An admin
-//! row also names its handler, so a new admin command is its handler, its row and
-//! its test. The I/O dispatch keeps its match on the hot path and guards its
-//! optional commands with the same [`Offers`] fields the table names;
-//! `tests/commands_agree.rs` walks the configurations and checks all three for every
-//! opcode 00h-FFh.
+//! Identify's OACS and ONCS, the Commands Supported and Effects log and both
+//! dispatches read these tables, so they cannot disagree: a command is answered
+//! Invalid Opcode exactly when the log leaves it out and its bit is clear. A row
+//! also names its handler, so a new command is its handler, its row and its test.
+//! The tables live beside their handlers (`admin/table.rs`, `io/table.rs`); this
+//! module has their shape and what is read from them. `tests/commands_agree.rs`
+//! walks the configurations and checks all three for every opcode 00h-FFh.
 
-use nvme_spec::identify::oncs;
 use nvme_spec::log::{effects, CommandsSupportedAndEffects};
-use nvme_spec::opcode::{nvm as iop, zns as zop};
 use zerocopy::little_endian::U32;
 use zerocopy::FromZeros;
 pub(crate) use Offer::*;
@@ -59,8 +56,7 @@ impl Offer {
     }
 }
 
-/// One command of a command set; `H`, its handler (admin commands; the I/O ones
-/// are matched on the hot path).
+/// One command of a command set; `H`, its handler.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Command<H = ()> {
     pub(crate) opcode: u8,
@@ -72,11 +68,7 @@ pub(crate) struct Command<H = ()> {
     pub(crate) handler: H,
 }
 
-const fn cmd(opcode: u8, offer: Offer, effects: u32, bit: u16) -> Command {
-    Command { opcode, offer, effects: effects | effects::CSUPP, bit, handler: () }
-}
-
-/// A row with a handler (the admin table's, in `admin/table.rs`).
+/// A row of a table: its Effects entry gets CSUPP.
 pub(crate) const fn row<H>(opcode: u8, offer: Offer, effects: u32, bit: u16, handler: H) -> Command<H> {
     Command { opcode, offer, effects: effects | effects::CSUPP, bit, handler }
 }
@@ -87,40 +79,6 @@ pub(crate) const LBCC: u32 = effects::LBCC;
 /// command through (nvme-cli).
 pub(crate) const INVENTORY: u32 = effects::NCC | effects::NIC;
 
-/// The NVM command set.
-pub(crate) static NVM: [Command; 14] = [
-    cmd(iop::FLUSH, Always, 0, 0),
-    cmd(iop::WRITE, Always, LBCC, 0),
-    cmd(iop::READ, Always, 0, 0),
-    cmd(iop::COMPARE, Always, 0, oncs::COMPARE),
-    cmd(iop::WRITE_ZEROES, WriteZeroes, LBCC, oncs::WRITE_ZEROES),
-    cmd(iop::DATASET_MANAGEMENT, Dsm, LBCC, oncs::DSM),
-    cmd(iop::VERIFY, Always, 0, oncs::VERIFY),
-    cmd(iop::RESERVATION_REGISTER, Reservations, 0, oncs::RESERVATIONS),
-    cmd(iop::RESERVATION_REPORT, Reservations, 0, oncs::RESERVATIONS),
-    cmd(iop::RESERVATION_ACQUIRE, Reservations, 0, oncs::RESERVATIONS),
-    cmd(iop::RESERVATION_RELEASE, Reservations, 0, oncs::RESERVATIONS),
-    cmd(iop::COPY, Always, LBCC, oncs::COPY),
-    // Without Flexible Data Placement both are answered FDP Disabled, so both are
-    // supported whether or not the controller has it (as QEMU's nvme lists them).
-    cmd(iop::IO_MGMT_RECV, Always, 0, 0),
-    cmd(iop::IO_MGMT_SEND, Always, 0, 0),
-];
-
-/// The Zoned Namespace command set's own commands (it has the NVM set's too).
-pub(crate) static ZONED: [Command; 3] = [
-    cmd(zop::ZONE_MGMT_SEND, Always, LBCC, 0),
-    cmd(zop::ZONE_MGMT_RECV, Always, 0, 0),
-    cmd(zop::ZONE_APPEND, Always, LBCC, 0),
-];
-
-/// Every I/O opcode this controller implements, of the NVM and Zoned Namespace
-/// command sets, whatever a configuration offers: what the fuzzer must be able to
-/// build.
-pub fn io_opcodes() -> impl Iterator<Item = u8> {
-    NVM.iter().chain(&ZONED).map(|c| c.opcode)
-}
-
 fn bits<H>(table: &[Command<H>], o: &Offers) -> u16 {
     table.iter().filter(|c| c.offer.holds(o)).fold(0, |b, c| b | c.bit)
 }
@@ -130,23 +88,27 @@ pub(crate) fn oacs<H>(admin: &[Command<H>], o: &Offers) -> u16 {
     bits(admin, o)
 }
 
-/// Identify Controller ONCS, its command bits (Save and Select, Timestamp and the
-/// like are features, not commands: the caller adds them).
-pub(crate) fn oncs(o: &Offers) -> u16 {
-    bits(&NVM, o)
+/// Identify Controller ONCS, the command bits of the NVM set `nvm` (Save and
+/// Select, Timestamp and the like are features, not commands: the caller adds
+/// them).
+pub(crate) fn oncs<H>(nvm: &[Command<H>], o: &Offers) -> u16 {
+    bits(nvm, o)
 }
 
-/// Commands Supported and Effects (Base §5.1.12.1.6) of the NVM command set, or
-/// with `zoned` of the Zoned Namespace set (the NVM set's commands and its own: a
-/// Linux host reads Zone Append's entry before it lets a zoned namespace be
-/// written); `admin` is the admin table.
-pub(crate) fn effects_log<H>(admin: &[Command<H>], zoned: bool, o: &Offers) -> CommandsSupportedAndEffects {
+/// Commands Supported and Effects (Base §5.1.12.1.6) of the I/O command set whose
+/// tables are `io` (the NVM set's; for the Zoned Namespace set, the NVM set's and
+/// its own: a Linux host reads Zone Append's entry before it lets a zoned
+/// namespace be written); `admin` is the admin table.
+pub(crate) fn effects_log<A, I>(
+    admin: &[Command<A>],
+    io: &[&[Command<I>]],
+    o: &Offers,
+) -> CommandsSupportedAndEffects {
     let mut e = CommandsSupportedAndEffects::new_zeroed();
     for c in admin.iter().filter(|c| c.offer.holds(o)) {
         e.acs[c.opcode as usize] = U32::new(c.effects);
     }
-    let own: &[Command] = if zoned { &ZONED } else { &[] };
-    for c in NVM.iter().chain(own).filter(|c| c.offer.holds(o)) {
+    for c in io.iter().flat_map(|t| t.iter()).filter(|c| c.offer.holds(o)) {
         e.iocs[c.opcode as usize] = U32::new(c.effects);
     }
     e
@@ -167,16 +129,5 @@ pub(crate) fn check_table<H>(rows: &[Command<H>]) {
             assert_ne!(c.bit, 0, "{:#04x} is optional and reported by no bit", c.opcode);
             assert!(!c.offer.holds(&Offers::default()) && c.offer.holds(&ALL), "{:#04x}", c.opcode);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_nvm_and_zoned_tables_are_well_formed() {
-        check_table(&NVM.iter().chain(&ZONED).copied().collect::<Vec<_>>());
-        assert_eq!(oncs(&Offers::default()), oncs::COMPARE | oncs::VERIFY | oncs::COPY);
     }
 }

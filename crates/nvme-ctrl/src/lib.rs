@@ -63,7 +63,7 @@ pub mod state;
 mod stats;
 pub mod zoned;
 
-pub use commands::io_opcodes;
+pub use admin::admin_opcodes;
 pub use config::{
     Capabilities, ControllerConfig, FdpConfig, MetaFile, MetadataConfig, NamespaceConfig, SubsystemConfig,
     DEFAULT_COMMAND_TIMEOUT, MAX_CNTLID, MAX_NAMESPACES, MAX_RUHS, RETRY_DELAYS,
@@ -71,6 +71,7 @@ pub use config::{
 pub use controller::{AdminQueues, Controller, NamespaceError};
 pub use engine::TEARDOWN_BOUND;
 pub use interrupt::{Clock, InterruptSink, MonotonicClock};
+pub use io::io_opcodes;
 pub use lifecycle::Lifecycle;
 pub use namespace::{format_index, FormatState, LbaFormatDef, Namespace, NsIds, LBA_FORMATS};
 pub use runtime::judge::{Regime, SpinJudge, Verdict};

@@ -33,9 +33,10 @@ enum Mutated {
     Field,
 }
 
-/// The I/O commands the fuzzer builds, by `IoCmd::op` (Flush twice). Every opcode
-/// the controller's command tables name is here
-/// (`io_opcodes_cover_the_controllers_tables`).
+/// The I/O commands the fuzzer builds with a builder of their own, by `IoCmd::op`
+/// (Flush twice); one slot more builds a command of the controller's tables that
+/// has none here, generically, so a command added to the tables is fuzzed with no
+/// change here. Each is in the tables (`typed_io_opcodes_are_the_controllers`).
 const IO_OPCODES: [u8; 18] = [
     iop::READ,
     iop::WRITE,
@@ -56,6 +57,43 @@ const IO_OPCODES: [u8; 18] = [
     iop::RESERVATION_RELEASE,
     iop::RESERVATION_REPORT,
 ];
+
+/// The admin commands the fuzzer builds, by `AdminCmd::op % 15`: the opcodes each
+/// builder may make. The one with raw dwords (`RAW_ADMIN`) makes commands of the
+/// controller's table that have no builder here (a command added to the table is
+/// fuzzed with no change here), opcodes the controller lacks, and now and then any
+/// at all. A builder that makes an opcode not listed for it stops the run; each
+/// listed is in the table or meant to be missing from it
+/// (`typed_admin_opcodes_are_the_controllers`).
+const ADMIN_OPS: [&[u8]; 15] = [
+    &[aop::IDENTIFY],
+    &[aop::GET_LOG_PAGE],
+    &[aop::GET_FEATURES],
+    &[aop::SET_FEATURES],
+    &[aop::CREATE_IO_CQ],
+    &[aop::CREATE_IO_SQ],
+    &[aop::DELETE_IO_SQ],
+    &[aop::DELETE_IO_CQ],
+    &[aop::ASYNC_EVENT_REQUEST],
+    &[aop::ABORT],
+    // The host's own buffers (`fresh_dbbuf`), then addresses it will not use.
+    &[aop::DOORBELL_BUFFER_CONFIG],
+    &[aop::DOORBELL_BUFFER_CONFIG],
+    &[aop::FORMAT_NVM],
+    &RAW_ADMIN,
+    &[aop::NAMESPACE_MANAGEMENT, aop::NAMESPACE_ATTACHMENT],
+];
+
+/// The opcodes the controller lacks that the raw admin builder picks from.
+const RAW_ADMIN: [u8; 5] = [aop::FIRMWARE_COMMIT, aop::SANITIZE, aop::DEVICE_SELF_TEST, 0xc0, 0xff];
+
+/// An opcode of a controller table (`table`) that `typed` lacks, the `pick`-th
+/// (any of the table's while `typed` has them all).
+fn table_opcode(table: impl Iterator<Item = u8> + Clone, typed: &[u8], pick: usize) -> u8 {
+    let untyped: Vec<u8> = table.clone().filter(|o| !typed.contains(o)).collect();
+    let pool = if untyped.is_empty() { table.collect() } else { untyped };
+    pool[pick % pool.len()]
+}
 
 impl Fuzzer<'_> {
     /// An address chosen to be interesting: inside or just outside guest memory,
@@ -236,7 +274,14 @@ impl Fuzzer<'_> {
         let slba = c.slba as u64 % (nsze - nlb + 1);
         let len = nlb << shift;
         let buf = self.areas.data + (c.buf as u64 * 4) % 0x10000;
-        let opcode = IO_OPCODES[c.op as usize % IO_OPCODES.len()];
+        let opcode = match IO_OPCODES.get(c.op as usize % (IO_OPCODES.len() + 1)) {
+            Some(&o) => o,
+            None => {
+                // What it does is not known here: the run checks less after it.
+                self.tainted = true;
+                table_opcode(nvme_ctrl::io_opcodes(), &IO_OPCODES, c.slba as usize)
+            }
+        };
         let mut pages = Vec::new();
         let nsid = if c.op % 12 == 8 { NSID_ALL } else { ns.nsid };
         // On a zoned namespace, zone commands mostly name a zone's start (and Zone
@@ -496,7 +541,7 @@ impl Fuzzer<'_> {
         let buf = self.h.admin_buf;
         let mut aer = false;
         let mut deletes_host_queue = false;
-        let op = c.op % 15;
+        let op = c.op % ADMIN_OPS.len() as u8;
         // Queue identifiers stay below max_io_queues + 2 (at most 18): u16 holds them.
         let mut s = match op {
             0 => {
@@ -651,18 +696,15 @@ impl Fuzzer<'_> {
                 s
             }
             _ => {
-                let opc = [
-                    aop::KEEP_ALIVE,
-                    aop::NAMESPACE_MANAGEMENT,
-                    aop::FIRMWARE_COMMIT,
-                    aop::SANITIZE,
-                    aop::DEVICE_SELF_TEST,
-                    0xc0,
-                    0xff,
-                    a as u8,
-                ][b as usize % 8];
-                // A random opcode may be one that changes queues or shadow doorbells.
-                if b % 8 == 7 {
+                let typed: Vec<u8> = ADMIN_OPS.iter().flat_map(|o| o.iter().copied()).collect();
+                let opc = match b % 8 {
+                    0 | 1 => table_opcode(nvme_ctrl::admin_opcodes(), &typed, (a >> 8) as usize),
+                    k @ 2..=6 => RAW_ADMIN[k as usize - 2],
+                    _ => a as u8,
+                };
+                // One of the table's, or a random opcode, may change queues or
+                // shadow doorbells.
+                if !RAW_ADMIN.contains(&opc) {
                     self.tainted = true;
                 }
                 // Raw dwords: the point is opcodes the controller may not know.
@@ -673,6 +715,12 @@ impl Fuzzer<'_> {
                 s
             }
         };
+        let raw = op == 13 && matches!(b % 8, 0 | 1 | 7);
+        assert!(
+            raw || ADMIN_OPS[op as usize].contains(&s.opcode()),
+            "admin builder {op} made {:#04x}",
+            s.opcode()
+        );
         let m = self.mutate(&mut s, c.mutation, &[]);
         if m != Mutated::None || deletes_host_queue {
             self.tainted = true;
@@ -689,14 +737,43 @@ impl Fuzzer<'_> {
 
 #[cfg(test)]
 mod io_opcode_tests {
-    use super::IO_OPCODES;
+    use super::{table_opcode, ADMIN_OPS, IO_OPCODES, RAW_ADMIN};
+    use std::collections::BTreeSet;
 
-    /// A command added to the controller's tables is fuzzed, or this fails; and the
-    /// fuzzer builds nothing the controller does not implement.
+    /// The fuzzer's own I/O builders make commands the controller implements.
     #[test]
-    fn io_opcodes_cover_the_controllers_tables() {
-        let table: std::collections::BTreeSet<u8> = nvme_ctrl::io_opcodes().collect();
-        let fuzzed: std::collections::BTreeSet<u8> = IO_OPCODES.into_iter().collect();
-        assert_eq!(fuzzed, table, "the fuzzer's I/O opcodes and the controller's tables differ");
+    fn typed_io_opcodes_are_the_controllers() {
+        let table: BTreeSet<u8> = nvme_ctrl::io_opcodes().collect();
+        let extra: Vec<u8> = IO_OPCODES.into_iter().filter(|o| !table.contains(o)).collect();
+        assert!(extra.is_empty(), "built, not in the controller's tables: {extra:02x?}");
+    }
+
+    /// The admin builders make the table's commands, or ones meant to be missing.
+    #[test]
+    fn typed_admin_opcodes_are_the_controllers() {
+        let table: BTreeSet<u8> = nvme_ctrl::admin_opcodes().collect();
+        let extra: Vec<u8> = ADMIN_OPS[..13]
+            .iter()
+            .chain(&ADMIN_OPS[14..])
+            .flat_map(|o| o.iter().copied())
+            .filter(|o| !table.contains(o))
+            .collect();
+        assert!(extra.is_empty(), "built, not in the controller's table: {extra:02x?}");
+        assert!(
+            RAW_ADMIN.iter().all(|o| !table.contains(o)),
+            "RAW_ADMIN is for opcodes the controller lacks"
+        );
+    }
+
+    /// A command of the tables with no builder of its own is what the generic
+    /// slot builds; with none, any of the table's.
+    #[test]
+    fn the_generic_slot_takes_what_has_no_builder() {
+        let table = [1u8, 2, 9, 0x80];
+        assert_eq!(
+            (0..8).map(|i| table_opcode(table.into_iter(), &[1, 2], i)).collect::<Vec<_>>(),
+            [9, 0x80, 9, 0x80, 9, 0x80, 9, 0x80]
+        );
+        assert_eq!(table_opcode(table.into_iter(), &table, 2), 9);
     }
 }

@@ -177,7 +177,8 @@ impl Admin<'_> {
         // The NVM commands offered (crate::commands: Deallocation and Write Zeroes
         // only where a backend does them natively, reservations where some
         // namespace keeps a state file), and two features.
-        c.oncs = U16::new(crate::commands::oncs(&offers) | oncs::SAVE_SELECT | oncs::TIMESTAMP);
+        c.oncs =
+            U16::new(crate::commands::oncs(&crate::io::NVM, &offers) | oncs::SAVE_SELECT | oncs::TIMESTAMP);
         // Copy descriptor formats 0h and 1h (the latter for the 64-bit guard).
         c.ocfs = U16::new(0b11);
         c.fna = 0;

@@ -14,6 +14,7 @@ use zerocopy::{FromZeros, IntoBytes};
 use super::{status, Admin, AdminDone};
 use crate::error::{CmdResult, CommandError};
 use crate::events::ERROR_LOG_ENTRIES;
+use crate::io::{NVM, ZONED};
 
 impl Admin<'_> {
     pub(crate) fn get_log_page(&mut self, sqe: &Sqe) -> CmdResult<AdminDone> {
@@ -38,12 +39,14 @@ impl Admin<'_> {
                 ChangedNamespaceList::new(&self.events.changed_namespaces()).as_bytes().to_vec()
             }
             lid::COMMANDS_SUPPORTED_AND_EFFECTS => match g.csi() {
-                CSI_NVM => crate::commands::effects_log(&super::table::ADMIN, false, &self.offers())
+                CSI_NVM => crate::commands::effects_log(&super::table::ADMIN, &[&NVM], &self.offers())
                     .as_bytes()
                     .to_vec(),
-                CSI_ZNS => crate::commands::effects_log(&super::table::ADMIN, true, &self.offers())
-                    .as_bytes()
-                    .to_vec(),
+                CSI_ZNS => {
+                    crate::commands::effects_log(&super::table::ADMIN, &[&NVM, &ZONED], &self.offers())
+                        .as_bytes()
+                        .to_vec()
+                }
                 _ => {
                     return Err(CommandError::InvalidField(
                         "Commands Supported and Effects of an unknown CSI",

@@ -40,6 +40,7 @@ pub(crate) use features::FeatureState;
 pub use features::FeatureValues;
 pub(crate) use saved::AdminBounds;
 pub use saved::AdminSaved;
+pub use table::admin_opcodes;
 
 /// What an admin command works on: the parts of the controller it needs, borrowed
 /// for one command. Registers and the lifecycle are not among them: no admin

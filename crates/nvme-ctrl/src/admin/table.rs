@@ -35,6 +35,12 @@ pub(crate) static ADMIN: [Command<AdminHandler>; 15] = [
     row(aop::FORMAT_NVM, Always, LBCC | INVENTORY | effects::CSE_ALL, oacs::FORMAT, |a, s| a.format_nvm(s)),
 ];
 
+/// Every admin opcode this controller implements, whatever a configuration offers:
+/// what the fuzzer must be able to build.
+pub fn admin_opcodes() -> impl Iterator<Item = u8> + Clone {
+    ADMIN.iter().map(|c| c.opcode)
+}
+
 impl Admin<'_> {
     /// What this controller offers of the optional commands now.
     pub(crate) fn offers(&self) -> Offers {

@@ -7,9 +7,12 @@ mod flush;
 mod meta;
 mod resv;
 mod rw;
+mod table;
 mod zns;
 
 pub(crate) use copy::copy_limits;
+pub use table::io_opcodes;
+pub(crate) use table::{NVM, ZONED};
 
 use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;
@@ -70,25 +73,7 @@ impl IoEngine {
             // Read and Write check their namespace's reservation in `rw.rs`.
             self.reservation_gate(sqe)?;
         }
-        match opcode {
-            op::FLUSH => self.flush(sqid, sqe),
-            op::WRITE | op::READ | op::COMPARE | op::VERIFY => self.read_write(sqid, sqe),
-            // Optional commands exist only where Identify ONCS reports them: some
-            // namespace's backend does them natively.
-            op::WRITE_ZEROES if self.ctx.caps.write_zeroes => self.read_write(sqid, sqe),
-            op::DATASET_MANAGEMENT if self.ctx.caps.dsm => self.dataset_management(sqid, sqe),
-            op::COPY => self.copy(sqid, sqe),
-            zop::ZONE_APPEND => self.read_write(sqid, sqe),
-            zop::ZONE_MGMT_SEND => self.zone_mgmt_send(sqid, sqe),
-            zop::ZONE_MGMT_RECV => self.zone_mgmt_recv(sqe),
-            op::IO_MGMT_RECV => self.io_mgmt_recv(sqe),
-            op::IO_MGMT_SEND => self.io_mgmt_send(sqe),
-            op::RESERVATION_REGISTER
-            | op::RESERVATION_REPORT
-            | op::RESERVATION_ACQUIRE
-            | op::RESERVATION_RELEASE => self.reservation(sqe),
-            other => Err(CommandError::InvalidOpcode(other)),
-        }
+        self.dispatch_io(sqid, sqe)
     }
 
     /// The active namespace `nsid` for a command that accesses it: Invalid
