@@ -23,8 +23,8 @@ impl Admin<'_> {
             return Err(CommandError::InvalidField("shadow doorbell and EventIdx buffers are the same page"));
         }
         let need = ShadowBuffers::required_len(self.cfg.max_io_queues, self.cfg.dstrd);
-        if self.engine.mem.check_range(shadow, need).is_err()
-            || self.engine.mem.check_range(eventidx, need).is_err()
+        if self.engine.io.mem.check_range(shadow, need).is_err()
+            || self.engine.io.mem.check_range(eventidx, need).is_err()
         {
             return Err(CommandError::InvalidField(
                 "Doorbell Buffer Config buffers are outside guest memory",

@@ -175,7 +175,7 @@ impl Admin<'_> {
                 m => m.min(PIECE_MAX),
             };
             let len = ns.size().saturating_sub(job.done).min(max);
-            let mem = self.engine.mem.clone();
+            let mem = self.engine.io.mem.clone();
             let tag = match self.admin.submit(&ns, &mem, Op::WriteZeroes { deallocate: true }, job.done, len)
             {
                 Ok(t) => t,

@@ -283,7 +283,7 @@ impl Admin<'_> {
     /// Copies `data` to the host buffer of an admin command (PRP1/PRP2).
     pub(crate) fn copy_to_host(&mut self, sqe: &Sqe, data: &[u8]) -> CmdResult {
         let segs = self.data_segments(sqe, data.len() as u64)?;
-        SegmentCursor::for_transfer(&segs, data.len() as u64)?.write_from(&self.engine.mem, data)?;
+        SegmentCursor::for_transfer(&segs, data.len() as u64)?.write_from(&self.engine.io.mem, data)?;
         Ok(())
     }
 
@@ -291,7 +291,7 @@ impl Admin<'_> {
     pub(crate) fn copy_from_host(&mut self, sqe: &Sqe, len: usize) -> CmdResult<Vec<u8>> {
         let segs = self.data_segments(sqe, len as u64)?;
         let mut buf = vec![0u8; len];
-        SegmentCursor::for_transfer(&segs, len as u64)?.read_into(&self.engine.mem, &mut buf)?;
+        SegmentCursor::for_transfer(&segs, len as u64)?.read_into(&self.engine.io.mem, &mut buf)?;
         Ok(buf)
     }
 
@@ -301,7 +301,7 @@ impl Admin<'_> {
             return Err(CommandError::TooLarge(len));
         }
         let mut segs = Vec::new();
-        prp_segments(&self.engine.mem, sqe.prp1(), sqe.prp2(), len, self.page_size(), &mut segs)?;
+        prp_segments(&self.engine.io.mem, sqe.prp1(), sqe.prp2(), len, self.page_size(), &mut segs)?;
         Ok(segs)
     }
 

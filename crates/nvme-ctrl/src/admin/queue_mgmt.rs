@@ -29,7 +29,7 @@ impl Admin<'_> {
             return status(Status::PRP_OFFSET_INVALID);
         }
         let len = (qsize_z as u64 + 1) * entry;
-        if self.engine.mem.check_range(base, len).is_err() {
+        if self.engine.io.mem.check_range(base, len).is_err() {
             return Err(CommandError::InvalidField("queue memory is not in guest memory"));
         }
         Ok(())

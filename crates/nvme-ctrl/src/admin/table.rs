@@ -47,8 +47,8 @@ impl Admin<'_> {
         Offers {
             shadow_doorbells: self.cfg.shadow_doorbells,
             ns_mgmt: self.cfg.pool.is_some(),
-            dsm: self.engine.ctx.caps.dsm,
-            write_zeroes: self.engine.ctx.caps.write_zeroes,
+            dsm: self.engine.io.ctx.caps.dsm,
+            write_zeroes: self.engine.io.ctx.caps.write_zeroes,
             reservations: self.admin.resv_log.watching(),
         }
     }

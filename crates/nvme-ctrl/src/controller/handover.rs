@@ -300,7 +300,7 @@ impl Controller {
         self.regs.restore(&s.regs);
         self.phase = c.phase;
         if c.phase == Phase::Fatal {
-            self.engine.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
+            self.engine.io.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
         }
         self.apply_settings();
     }

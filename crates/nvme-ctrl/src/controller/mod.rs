@@ -159,7 +159,7 @@ impl Controller {
 
     /// What the controller told its host it can do (fixed at creation).
     pub fn capabilities(&self) -> crate::Capabilities {
-        self.engine.ctx.caps
+        self.engine.io.ctx.caps
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
@@ -202,7 +202,7 @@ impl Controller {
     /// Replaces the guest memory map on every engine, waiting until each worker has
     /// it: after this returns, no new command uses the old map (unmaps, resets).
     pub fn set_memory(&mut self, mem: GuestMemory) {
-        self.engine.ctx.memory.publish(mem);
+        self.engine.io.ctx.memory.publish(mem);
         self.on_all_engines(|e| e.adopt_memory());
     }
 
@@ -210,12 +210,12 @@ impl Controller {
     /// without waiting for any worker: each adopts it before it next fetches a
     /// command (`engine::memory` says why that is soon enough).
     pub fn grow_memory(&mut self, mem: GuestMemory) {
-        self.engine.ctx.memory.publish(mem);
+        self.engine.io.ctx.memory.publish(mem);
         self.engine.adopt_memory();
     }
 
     pub fn memory(&self) -> &GuestMemory {
-        &self.engine.mem
+        &self.engine.io.mem
     }
 
     pub fn cap(&self) -> Cap {
@@ -242,7 +242,8 @@ impl Controller {
     // ---- register access
 
     fn reg64(&self, off: u64) -> Option<u64> {
-        let fatal = off == offset::CSTS && self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire);
+        let fatal =
+            off == offset::CSTS && self.engine.io.ctx.fatal.load(std::sync::atomic::Ordering::Acquire);
         self.regs.read(off, fatal)
     }
 
@@ -390,7 +391,7 @@ impl Controller {
         self.engine.admin_inbox.clear();
         self.admin.reset(self.clock.now_ns());
         self.apply_settings();
-        self.engine.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
+        self.engine.io.ctx.fatal.store(false, std::sync::atomic::Ordering::Release);
         self.events.reset();
         // Open zones close (ZNS: a Controller Level Reset).
         for ns in crate::namespace::active(&self.namespaces) {
@@ -429,7 +430,7 @@ impl Controller {
         }
         for ns in active(&self.namespaces.clone()) {
             if ns.info.volatile_cache {
-                self.admin.flush_namespace(ns, &self.engine.mem, deadline, &*self.clock);
+                self.admin.flush_namespace(ns, &self.engine.io.mem, deadline, &*self.clock);
             }
             // The zones' state is made durable with the data.
             if let Some(Err(e)) = ns.zones.as_ref().map(|z| z.sync()) {
@@ -485,7 +486,7 @@ impl Controller {
                 // here before the host's next command.
                 progress |= self.sync_pool();
             }
-            if self.engine.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
+            if self.engine.io.ctx.fatal.load(std::sync::atomic::Ordering::Acquire) {
                 let why = self.engine.fatal().map_or("fault in an I/O worker".to_string(), |f| f.0.clone());
                 warn!(target: "vnvme::guest", "controller fatal status: {why}");
                 self.regs.set_fatal();

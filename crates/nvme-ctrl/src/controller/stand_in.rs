@@ -158,7 +158,7 @@ impl Controller {
         if sqs < 2 || cqs < 2 || !q.asq.is_multiple_of(4096) || !q.acq.is_multiple_of(4096) {
             return None;
         }
-        let mem = self.engine.mem.clone();
+        let mem = self.engine.io.mem.clone();
         let mut phases = Vec::with_capacity(cqs as usize);
         for i in 0..cqs as u64 {
             let c: Cqe = mem.read_obj(q.acq + i * 16).ok()?;
@@ -182,7 +182,7 @@ impl Controller {
         mem.write(slot, &head).ok()?;
         let dw3 = cid as u32 | ((at.phase as u32) << 16);
         mem.write(slot + 12, &dw3.to_le_bytes()).ok()?;
-        self.engine.ctx.irq.signal(0);
+        self.engine.io.ctx.irq.signal(0);
         Some(cid)
     }
 }

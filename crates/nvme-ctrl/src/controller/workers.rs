@@ -27,7 +27,7 @@ impl Controller {
             // keeps the admin queue only and needs no backend queues.
             self.engine.close_backends();
         }
-        let (ctx, settings) = (self.engine.ctx.clone(), self.settings());
+        let (ctx, settings) = (self.engine.io.ctx.clone(), self.settings());
         self.runtime.start(n, mode, &self.stats, || {
             let mut e = IoEngine::new(ctx.clone())?;
             e.apply_settings(settings);

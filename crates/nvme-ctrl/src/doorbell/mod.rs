@@ -56,7 +56,6 @@ pub(crate) mod gap;
 #[cfg(test)]
 mod model;
 mod page;
-mod policy;
 mod source;
 
 pub(crate) use page::MappedPage;

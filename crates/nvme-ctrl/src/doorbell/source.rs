@@ -1,7 +1,7 @@
 //! Where an engine's doorbell values come from besides trapped register writes:
 //! the two buffers of a Doorbell Buffer Config (shadow doorbells and EventIdx) and a
 //! doorbell page mapped into the guest. What the engine does with them is
-//! `policy.rs`; this part owns them.
+//! `engine/doorbells.rs`; this part owns them.
 
 use guest_mem::GuestMemory;
 use nvme_spec::regs::DoorbellKind;

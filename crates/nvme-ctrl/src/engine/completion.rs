@@ -35,7 +35,7 @@ impl IoEngine {
     pub(crate) fn complete_wide(&mut self, at: Origin, status: Status, result: u64) {
         let Origin { sqid, cid, nsid, slba } = at;
         // None: the queue is gone (or the command was orphaned by its teardown).
-        let status = if status.is_success() { status } else { self.settings().retry_delayed(status) };
+        let status = if status.is_success() { status } else { self.io.settings().retry_delayed(status) };
         let Some(sq) = self.queues.sq_mut(sqid) else { return };
         sq.in_flight = sq.in_flight.saturating_sub(1);
         let cqe = Cqe {
@@ -48,25 +48,25 @@ impl IoEngine {
         };
         let cqid = sq.cqid;
         if sqid == 0 {
-            self.counts.add(Count::AdminCommands, 1);
+            self.io.work.counts.add(Count::AdminCommands, 1);
         } else {
-            self.counts.add(Count::IoCommands, 1);
+            self.io.work.counts.add(Count::IoCommands, 1);
         }
         if !status.is_success() {
-            self.counts.add(Count::Errors, 1);
-            self.ctx.events.record_error(sqid, cid, status, nsid, slba);
+            self.io.work.counts.add(Count::Errors, 1);
+            self.io.ctx.events.record_error(sqid, cid, status, nsid, slba);
         }
         self.post(cqid, cqe);
     }
 
     pub(crate) fn post(&mut self, cqid: u16, cqe: Cqe) {
         let Some(cq) = self.queues.cq_mut(cqid) else { return };
-        if let Some(q) = self.ctx.queue_stats.get(cqid as usize) {
+        if let Some(q) = self.io.ctx.queue_stats.get(cqid as usize) {
             QueueStats::bump(&q.completions, 1);
         }
         // The usual case first: nothing waits and there is room.
         if cq.overflow.is_empty() && !cq.is_full() {
-            match cq.post(&self.mem, cqe) {
+            match cq.post(&self.io.mem, cqe) {
                 Ok(()) if cq.unsignalled == 1 => self.interrupts.note(cqid),
                 Ok(()) => {}
                 Err(e) => self.set_fatal(format!("cannot post to CQ {cqid}: {e}")),
@@ -86,7 +86,7 @@ impl IoEngine {
             self.drain_overflow(cqid);
             return;
         }
-        if let Err(e) = cq.post(&self.mem, cqe) {
+        if let Err(e) = cq.post(&self.io.mem, cqe) {
             self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
         } else if cq.unsignalled == 1 {
             self.interrupts.note(cqid);
@@ -108,7 +108,7 @@ impl IoEngine {
             let Some(cq) = self.queues.cq_mut(cqid) else { return };
             while !cq.is_full() {
                 let Some(cqe) = cq.overflow.pop_front() else { break };
-                if let Err(e) = cq.post(&self.mem, cqe) {
+                if let Err(e) = cq.post(&self.io.mem, cqe) {
                     self.set_fatal(format!("cannot post to CQ {cqid}: {e}"));
                     return;
                 }
@@ -121,7 +121,8 @@ impl IoEngine {
             if cq.overflow.is_empty() {
                 if cq.waiting_for_space {
                     cq.waiting_for_space = false;
-                    if let Err(e) = b.publish(&self.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size)
+                    if let Err(e) =
+                        b.publish(&self.io.mem, cqid, DoorbellKind::CqHead, (head + size - 1) % size)
                     {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                     }
@@ -129,9 +130,9 @@ impl IoEngine {
                 return;
             }
             cq.waiting_for_space = true;
-            match b.rearm(&self.mem, cqid, DoorbellKind::CqHead, head) {
+            match b.rearm(&self.io.mem, cqid, DoorbellKind::CqHead, head) {
                 Ok(h) if h != head && cq.valid_head(h) => {
-                    self.counts.add(Count::EventidxRaces, 1);
+                    self.io.work.counts.add(Count::EventidxRaces, 1);
                 }
                 // Unchanged (the host will ring), or invalid (reported by the refresh).
                 Ok(_) => return,
@@ -148,10 +149,10 @@ impl IoEngine {
         if !self.interrupts.owed() {
             return;
         }
-        let coalescing = self.settings.coalescing();
+        let coalescing = self.io.settings.coalescing();
         // The time only matters to coalescing (when the oldest completion waits from).
-        let now = if coalescing.time != 0 { self.ctx.clock.now_ns() } else { 0 };
-        let (queues, ctx, counts) = (&mut self.queues, &self.ctx, &self.counts);
+        let now = if coalescing.time != 0 { self.io.ctx.clock.now_ns() } else { 0 };
+        let (queues, ctx, counts) = (&mut self.queues, &self.io.ctx, &self.io.work.counts);
         self.interrupts.decide(
             coalescing,
             now,
@@ -182,9 +183,9 @@ impl IoEngine {
         if !self.interrupts.waiting() {
             return;
         }
-        let now = self.ctx.clock.now_ns();
-        let (ctx, counts) = (&self.ctx, &self.counts);
-        self.interrupts.fire_due(self.settings.coalescing(), now, |iv| {
+        let now = self.io.ctx.clock.now_ns();
+        let (ctx, counts) = (&self.io.ctx, &self.io.work.counts);
+        self.interrupts.fire_due(self.io.settings.coalescing(), now, |iv| {
             counts.add(Count::Interrupts, 1);
             ctx.irq.signal(iv);
         });
@@ -193,7 +194,7 @@ impl IoEngine {
     /// Signals every coalesced interrupt now (a quiesce leaves none pending).
     pub(crate) fn flush_interrupts(&mut self) {
         self.signal_interrupts();
-        let (ctx, counts) = (&self.ctx, &self.counts);
+        let (ctx, counts) = (&self.io.ctx, &self.io.work.counts);
         self.interrupts.flush(|iv| {
             counts.add(Count::Interrupts, 1);
             ctx.irq.signal(iv);
@@ -203,8 +204,13 @@ impl IoEngine {
     /// The earliest time (clock ns) a coalesced interrupt must fire, a command may
     /// time out or a command QoS held back may start: a sleeping owner wakes then.
     pub fn next_deadline(&self) -> Option<u64> {
-        let expiry = self.commands.next_expiry();
+        let expiry = self.io.work.commands.next_expiry();
         let held = self.throttle.next_release();
-        self.interrupts.next_deadline(self.settings.coalescing()).into_iter().chain(expiry).chain(held).min()
+        self.interrupts
+            .next_deadline(self.io.settings.coalescing())
+            .into_iter()
+            .chain(expiry)
+            .chain(held)
+            .min()
     }
 }

@@ -1,8 +1,7 @@
 //! The data path: fetch commands round robin, hand them to the backends, reap what
 //! the backends finished.
-use block_backend::{BackendError, Completion, DataBuf, Op, Request, Segment};
+use block_backend::{Completion, DataBuf, Op, Segment};
 use guest_mem::GuestMemory;
-use nvme_spec::log::critical_warning;
 use nvme_spec::regs::DoorbellKind;
 use std::sync::Arc;
 
@@ -25,8 +24,8 @@ impl IoEngine {
             return false;
         }
         self.adopt_memory();
-        self.poll_now_ns = None;
-        self.done_now_ns = None;
+        self.io.work.poll_now_ns = None;
+        self.io.work.done_now_ns = None;
         let mut progress = self.reap();
         progress |= self.release_held();
         let mut budget = POLL_BUDGET;
@@ -38,7 +37,7 @@ impl IoEngine {
         let (mut round_left, mut round_found) = (self.queues.active_sqs().len(), false);
         while budget > 0 && idle_turns < self.queues.active_sqs().len() {
             let Some(qid) = self.queues.next_in_turn() else { break };
-            let limit = self.settings.burst().unwrap_or(u32::MAX).min(budget);
+            let limit = self.io.settings.burst().unwrap_or(u32::MAX).min(budget);
             let n = self.service_sq(qid, limit);
             if n == 0 {
                 idle_turns += 1;
@@ -56,7 +55,7 @@ impl IoEngine {
                 if gap && round_found && budget > 0 {
                     // What the host may be waiting for goes out first.
                     self.signal_interrupts();
-                    self.counts.add(Count::DoorbellPauses, 1);
+                    self.io.work.counts.add(Count::DoorbellPauses, 1);
                     crate::doorbell::gap::pause();
                 }
                 (round_left, round_found) = (self.queues.active_sqs().len(), false);
@@ -93,7 +92,7 @@ impl IoEngine {
         if let Some(b) = self.doorbells.shadow() {
             // The admin SQ is always armed once empty (below), so a host that follows
             // EventIdx rings for its next command, and the trapped value is the tail
-            // (policy.rs): an empty admin SQ armed at its head has nothing to read.
+            // (doorbells.rs): an empty admin SQ armed at its head has nothing to read.
             let sq = self.queues.sq(qid).expect("exists");
             if qid == 0 && sq.is_empty() && sq.arm.is_at(sq.head) {
                 return 0;
@@ -119,22 +118,22 @@ impl IoEngine {
                 // its size in fetched, unfinished commands, an engine MAX_IN_FLIGHT
                 // tags; past either the entries wait in the ring until completions
                 // (or timeouts) free room, and the next run fetches them.
-                if sq.in_flight >= sq.size || self.commands.held() >= MAX_IN_FLIGHT {
+                if sq.in_flight >= sq.size || self.io.work.commands.held() >= MAX_IN_FLIGHT {
                     return done;
                 }
                 // A host may have just been told of new memory and used it: look
                 // for a newer map before reading the command (engine::memory).
-                if self.ctx.memory.generation() != self.mem_generation {
+                if self.io.ctx.memory.generation() != self.mem_generation {
                     self.adopt_memory();
                 }
                 let sq = self.queues.sq_mut(qid).expect("exists");
-                if let Err(e) = sq.fetch_into(&self.mem, &mut sqe) {
+                if let Err(e) = sq.fetch_into(&self.io.mem, &mut sqe) {
                     self.set_fatal(format!("cannot fetch from SQ {qid}: {e}"));
                     return done;
                 }
                 sq.in_flight += 1;
                 done += 1;
-                if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
+                if let Some(q) = self.io.ctx.queue_stats.get(qid as usize) {
                     QueueStats::bump(&q.commands, 1);
                 }
                 if qid == 0 {
@@ -152,22 +151,22 @@ impl IoEngine {
             let Some(b) = self.doorbells.shadow() else { return done };
             let sq = self.queues.sq_mut(qid).expect("exists");
             let head = sq.head;
-            match sq.arm.rearm(&mut b.slots(&self.mem, qid, DoorbellKind::SqTail), head) {
+            match sq.arm.rearm(&mut b.slots(&self.io.mem, qid, DoorbellKind::SqTail), head) {
                 // Armed at this head already (and fenced then): the tail was read
                 // again at the top of this call.
                 Ok(Rearm::Unchanged) => return done,
                 Ok(Rearm::Armed) => {
-                    self.counts.add(Count::ShadowReads, 1);
+                    self.io.work.counts.add(Count::ShadowReads, 1);
                     return done;
                 }
                 Ok(Rearm::Moved(t)) if sq.valid_tail(t) => {
-                    self.counts.add(Count::ShadowReads, 1);
-                    self.counts.add(Count::EventidxRaces, 1);
+                    self.io.work.counts.add(Count::ShadowReads, 1);
+                    self.io.work.counts.add(Count::EventidxRaces, 1);
                     sq.tail = t;
                     sq.reported_bad_tail = None;
                 }
                 Ok(Rearm::Moved(t)) => {
-                    self.counts.add(Count::ShadowReads, 1);
+                    self.io.work.counts.add(Count::ShadowReads, 1);
                     self.bad_shadow_tail(qid, t);
                     return done;
                 }
@@ -189,8 +188,8 @@ impl IoEngine {
     /// Lets a command just fetched start now (true), or holds it back (false).
     #[inline]
     pub(crate) fn qos_admits(&mut self, sqid: u16, sqe: &Sqe) -> bool {
-        let ns = crate::namespace::lookup(&self.ctx.namespaces, sqe.nsid.get()).map(|n| &**n);
-        let (clock, poll_now) = (&self.ctx.clock, &mut self.poll_now_ns);
+        let ns = crate::namespace::lookup(&self.io.ctx.namespaces, sqe.nsid.get()).map(|n| &**n);
+        let (clock, poll_now) = (&self.io.ctx.clock, &mut self.io.work.poll_now_ns);
         self.throttle.admit(sqid, sqe, ns, || *poll_now.get_or_insert_with(|| clock.now_ns()))
     }
 
@@ -200,10 +199,10 @@ impl IoEngine {
         if self.throttle.held() == 0 {
             return false;
         }
-        let clock = &self.ctx.clock;
-        let now = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
+        let clock = &self.io.ctx.clock;
+        let now = *self.io.work.poll_now_ns.get_or_insert_with(|| clock.now_ns());
         let mut out = std::mem::take(&mut self.released);
-        let namespaces = &self.ctx.namespaces;
+        let namespaces = &self.io.ctx.namespaces;
         self.throttle.release(
             now,
             self.quiesced,
@@ -232,66 +231,25 @@ impl IoEngine {
         self.throttle.held()
     }
 
-    /// Bytes of host buffers the commands at the backends hold (see
-    /// [`HOST_BUFFER_BUDGET`]).
-    pub(crate) fn host_bytes_held(&self) -> u64 {
-        self.commands.host_bytes()
-    }
-
-    /// Allocates a tag for an in-flight command and starts its timeout.
-    pub(crate) fn track(&mut self, mut f: InFlight) -> u64 {
-        f.deadline_ns = self.command_deadline(f.at.nsid);
-        let clock = &self.ctx.clock;
-        f.tally.started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        self.commands.insert(f)
-    }
-
-    /// Hands `req` to namespace `nsid`'s backend queue on this engine. An engine
-    /// without backend queues (the controller's own, once workers own the I/O
-    /// queues) never gets I/O; if it did, the request fails instead of panicking.
-    pub(crate) fn backend_submit(&mut self, nsid: u32, req: block_backend::Request) {
-        match self.backends.queue(nsid) {
-            Some(q) => q.submit(&self.mem, req),
-            None => self.reaped.push(block_backend::Completion {
-                tag: req.tag,
-                result: Err(block_backend::BackendError::NotReady("no backend queue on this engine".into())),
-                data: req.data,
-            }),
-        }
-    }
-
-    /// Runs `req` to its end now if namespace `nsid`'s queue is synchronous: its
-    /// result, with the poll's start time (the command's, as [`IoEngine::track`]
-    /// would set it). None leaves `req` as it was, for a tag and
-    /// [`IoEngine::backend_submit`].
-    #[inline]
-    pub(crate) fn backend_run_now(
-        &mut self,
-        nsid: u32,
-        req: &mut block_backend::Request,
-    ) -> Option<(Result<(), block_backend::BackendError>, u64)> {
-        let q = self.backends.queue_running_now(nsid)?;
-        let clock = &self.ctx.clock;
-        let started_ns = *self.poll_now_ns.get_or_insert_with(|| clock.now_ns());
-        q.run_now(&self.mem, req).map(|r| (r, started_ns))
-    }
-
     /// Moves finished backend requests to their commands; completes commands whose
     /// requests are all done.
     pub(crate) fn reap(&mut self) -> bool {
         // Nothing at any backend: nothing to look for (the common case between
         // commands, which an idle engine polls several times per wake-up).
-        if self.commands.empty() && self.reaped.is_empty() && !self.backends.retiring() {
+        if self.io.work.commands.empty()
+            && self.io.work.reaped.is_empty()
+            && !self.io.work.backends.retiring()
+        {
             return false;
         }
-        self.done_now_ns = None;
-        let mut any = !self.reaped.is_empty();
-        any |= self.backends.reap(&mut self.reaped);
-        let mut reaped = std::mem::take(&mut self.reaped);
+        self.io.work.done_now_ns = None;
+        let mut any = !self.io.work.reaped.is_empty();
+        any |= self.io.work.backends.reap(&mut self.io.work.reaped);
+        let mut reaped = std::mem::take(&mut self.io.work.reaped);
         for c in reaped.drain(..) {
             self.backend_done(c);
         }
-        self.reaped = reaped;
+        self.io.work.reaped = reaped;
         any
     }
 
@@ -299,11 +257,11 @@ impl IoEngine {
         let tag = c.tag as usize;
         // Already completed to the host: the late request only hands its tag back.
         // What it wrote into guest memory still counts for a migration's log.
-        if self.commands.late(tag) {
-            mark_written(&self.mem, &c.data);
+        if self.io.work.commands.late(tag) {
+            mark_written(&self.io.mem, &c.data);
             return;
         }
-        let Some(f) = self.commands.running_mut(tag) else {
+        let Some(f) = self.io.work.commands.running_mut(tag) else {
             warn!("backend completion for unknown tag {tag}");
             return;
         };
@@ -317,7 +275,7 @@ impl IoEngine {
             Err(_) => {}
             Ok(()) if f.status.is_success() => match (&f.finish, &c.data) {
                 (Finish::Compare(segs), DataBuf::Host(buf)) => {
-                    f.status = match crate::dptr::guest_equals(&self.mem, segs, buf) {
+                    f.status = match crate::dptr::guest_equals(&self.io.mem, segs, buf) {
                         Ok(true) => Status::SUCCESS,
                         Ok(false) => Status::COMPARE_FAILURE.with_dnr(),
                         Err(_) => Status::DATA_TRANSFER_ERROR.with_dnr(),
@@ -325,7 +283,7 @@ impl IoEngine {
                 }
                 // A command whose queue went away hands nothing to the host.
                 (Finish::Meta(job), data) if f.at.sqid != super::timeout::ORPHAN => {
-                    f.status = job.finish(&self.mem, data, f.at.nsid, f.at.slba)
+                    f.status = job.finish(&self.io.mem, data, f.at.nsid, f.at.slba)
                 }
                 _ => {}
             },
@@ -351,24 +309,24 @@ impl IoEngine {
             }
         }
         if let (Some((nsid, slba, op, status)), Err(e)) = (failed, &c.result) {
-            self.backend_failed(nsid, slba, op, status, e);
+            self.io.backend_failed(nsid, slba, op, status, e);
         }
         if let Some((nsid, req)) = next {
-            self.backend_submit(nsid, req);
+            self.io.backend_submit(nsid, req);
             return;
         }
         if let Some(data) = data {
-            self.release_data(data, into_guest);
+            self.io.release_data(data, into_guest);
         }
         if done {
-            let f = self.commands.finish(tag).expect("running above");
+            let f = self.io.work.commands.finish(tag).expect("running above");
             self.count_done(&f);
             let mut result = 0;
             match f.finish {
                 // Dword 0 of a failed Copy: the first source range not copied.
                 Finish::Copy(job) => {
                     if let Some(w) = job.zone {
-                        self.zone_written(f.at.nsid, w);
+                        self.io.zone_written(f.at.nsid, w);
                     }
                     if !f.status.is_success() {
                         result = job.first_not_copied() as u64;
@@ -376,10 +334,10 @@ impl IoEngine {
                 }
                 Finish::Compare(mut v) => {
                     v.clear();
-                    self.seg_pool.push(v);
+                    self.io.work.seg_pool.push(v);
                 }
                 Finish::Zoned { write, append } => {
-                    let shift = self.zone_written(f.at.nsid, write);
+                    let shift = self.io.zone_written(f.at.nsid, write);
                     if append && f.status.is_success() {
                         result = write.offset >> shift;
                     }
@@ -390,103 +348,19 @@ impl IoEngine {
         }
     }
 
-    /// Completes a command whose one backend request ran to its end inside
-    /// `run_now` ([`IoEngine::backend_done`] without the in-flight table): a
-    /// `Finish::Plain` one, or with `zoned` (its zone write, and whether a Zone
-    /// Append) a `Finish::Zoned` one.
-    pub(crate) fn finished_now(
-        &mut self,
-        at: Origin,
-        tally: super::Tally,
-        req: Request,
-        result: &Result<(), block_backend::BackendError>,
-        zoned: Option<(crate::zoned::ZoneWrite, bool)>,
-    ) {
-        let (Origin { nsid, slba, .. }, op) = (at, req.op);
-        let status = match result {
-            Ok(()) => Status::SUCCESS,
-            Err(e) => {
-                let status = crate::error::backend_status(!matches!(op, Op::Read), e);
-                self.backend_failed(nsid, slba, op, status, e);
-                status
-            }
-        };
-        self.release_data(req.data, matches!(op, Op::Read));
-        // Fetched and done within this poll: one clock read for the poll's starts
-        // (set by the caller, as `track` does) and one for its ends.
-        let clock = &self.ctx.clock;
-        let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
-        let latency = now.saturating_sub(tally.started_ns);
-        self.count_ns(nsid, tally.class, tally.bytes, latency, status.is_success());
-        let mut result = 0;
-        if let Some((write, append)) = zoned {
-            // The zone's pointer moves (and is recorded) before the host hears of it.
-            let shift = self.zone_written(nsid, write);
-            if append && status.is_success() {
-                result = write.offset >> shift;
-            }
-        }
-        self.complete_wide(at, status, result);
-    }
-
-    /// A write to zoned namespace `nsid` is back from its backend: its zone's pointer
-    /// moves past it. Returns the namespace's LBA shift.
-    pub(crate) fn zone_written(&self, nsid: u32, w: crate::zoned::ZoneWrite) -> u32 {
-        let ns = crate::namespace::lookup(&self.ctx.namespaces, nsid);
-        let Some(ns) = ns else { return 0 };
-        if let Some(z) = &ns.zones {
-            z.finish_write(w);
-        }
-        ns.lba_shift()
-    }
-
-    /// A finished request's buffer handed back: what it read into guest memory marked
-    /// for a migration's log, its segment list kept for the next command.
-    #[inline]
-    pub(crate) fn release_data(&mut self, data: DataBuf, into_guest: bool) {
-        if into_guest {
-            mark_written(&self.mem, &data);
-        }
-        if let DataBuf::Guest(mut v) = data {
-            v.clear();
-            self.seg_pool.push(v);
-        }
-    }
-
     /// Counts a command that ran at a backend on its namespace: kind, bytes, status,
     /// and the latency from its fetch to now (one clock read per reap).
     pub(crate) fn count_done(&mut self, f: &InFlight) {
-        let clock = &self.ctx.clock;
-        let now = *self.done_now_ns.get_or_insert_with(|| clock.now_ns());
+        let clock = &self.io.ctx.clock;
+        let now = *self.io.work.done_now_ns.get_or_insert_with(|| clock.now_ns());
         let t = f.tally;
-        self.count_ns(f.at.nsid, t.class, t.bytes, now.saturating_sub(t.started_ns), f.status.is_success());
-    }
-
-    /// Side effects of a failed backend request, besides its status: the log line,
-    /// the SMART media error count and critical warnings (Base SMART / Health log:
-    /// bit 2 for media and internal errors that degrade reliability, bit 3 when the
-    /// storage became read-only), which raise a SMART / Health event when the host
-    /// enabled it.
-    pub(crate) fn backend_failed(&mut self, nsid: u32, slba: u64, op: Op, status: Status, e: &BackendError) {
-        self.counts.add(Count::BackendErrors, 1);
-        // A dying disk must not flood the log.
-        log_limit::limited_warn!(
-            target: "vnvme::backend",
-            nsid, slba, %op, status = format_args!("{:#x}", status.raw()),
-            "backend request failed: {e}"
+        self.io.count_ns(
+            f.at.nsid,
+            t.class,
+            t.bytes,
+            now.saturating_sub(t.started_ns),
+            f.status.is_success(),
         );
-        let warning = match e {
-            BackendError::Io(_) | BackendError::Short { .. } => {
-                self.counts.add(Count::MediaErrors, 1);
-                critical_warning::RELIABILITY
-            }
-            BackendError::NotReady(_) => critical_warning::RELIABILITY,
-            BackendError::ReadOnly => critical_warning::READ_ONLY,
-            _ => 0,
-        };
-        if warning != 0 {
-            self.ctx.events.raise_critical_warning(warning);
-        }
     }
 }
 
@@ -504,7 +378,7 @@ pub(crate) const HOST_BUFFER_BUDGET: u64 = 64 << 20;
 /// backend moved it: our copy, the kernel's io_uring read, a downstream device) for
 /// a migration's DMA log, now that the write is over. Free unless logging is on.
 #[inline]
-fn mark_written(mem: &GuestMemory, data: &DataBuf) {
+pub(super) fn mark_written(mem: &GuestMemory, data: &DataBuf) {
     if !GuestMemory::logging_writes() {
         return;
     }

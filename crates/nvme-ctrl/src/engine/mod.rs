@@ -8,19 +8,24 @@
 //!
 //! - this file: the engine's state, queue creation and deletion, what it is busy with;
 //! - `data`: fetching commands and handing them to the backends, reaping;
+//! - `run`: a fetched I/O command through QoS, run on its [`Io`] (`work`: the parts
+//!   the engine lends it; the commands themselves are `crate::io`), completed;
 //! - `completion`: posting completions and signalling interrupts;
 //! - `timeout`: commands a backend does not answer, and bounded teardown;
-//! - `crate::doorbell::policy`: doorbell writes, shadow buffers and the mapped page.
+//! - `doorbells`: doorbell writes, shadow buffers and the mapped page.
 
 mod completion;
 mod data;
+mod doorbells;
 mod memory;
 mod queues;
+mod run;
 mod saved;
 mod settings;
 mod table;
 mod throttle;
 mod timeout;
+mod work;
 
 pub(crate) use data::HOST_BUFFER_BUDGET;
 pub use memory::SharedMemory;
@@ -29,10 +34,8 @@ pub(crate) use timeout::Deadline;
 pub(crate) use timeout::EXPIRY_POLLS;
 pub use timeout::TEARDOWN_BOUND;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use block_backend::{Completion, Segment};
-use guest_mem::GuestMemory;
 use nvme_spec::regs::DoorbellKind;
 use nvme_spec::{Sqe, Status};
 use tracing::warn;
@@ -43,10 +46,10 @@ use crate::events::Events;
 use crate::interrupt::{Clock, Coalescing, InterruptSink, Interrupts};
 use crate::namespace::NamespaceSlots;
 use crate::queue::{CompletionQueue, SubmissionQueue};
-use crate::stats::{EngineCounts, NsCounts, OpClass, Stats};
+use crate::stats::Stats;
 use queues::QueueTable;
-use table::InFlightTable;
 pub(crate) use table::{CopyJob, Finish, InFlight, Origin, Tally};
+pub(crate) use work::{Io, Work};
 
 /// Shared, read-mostly context an engine is built with.
 #[derive(Clone, Debug)]
@@ -80,51 +83,32 @@ pub struct Fatal(pub String);
 /// The I/O side of a controller.
 #[derive(Debug)]
 pub struct IoEngine {
-    pub(crate) ctx: EngineContext,
-    pub(crate) mem: GuestMemory,
-    /// The generation of `ctx.memory` that `mem` is.
+    /// The part commands run on: the context, guest memory, the settings and the
+    /// in-flight work ([`Io`]).
+    pub(crate) io: Io,
+    /// The generation of `io.ctx.memory` that `io.mem` is.
     mem_generation: u64,
     /// The SQs and CQs, the lists of those that exist, the round-robin turn.
     pub(crate) queues: QueueTable,
-    /// A backend queue per active namespace (none once workers own the I/O queues
-    /// of the controller's own engine).
-    backends: BackendSet,
     /// Fetch nothing (a state hand-over is under way, `crate::state`).
     pub(crate) quiesced: bool,
-    /// Commands at the backends, by tag.
-    commands: InFlightTable,
-    /// The clock read once for the commands one `poll` starts (their timeouts run
-    /// from it): one clock read per batch, not per command.
-    poll_now_ns: Option<u64>,
     /// Busy polls since the last expiry check.
     polls_since_expiry: u32,
-    /// The clock read once for the commands one `poll` completes (their latency
-    /// ends there).
-    done_now_ns: Option<u64>,
     /// QoS: the limits each namespace draws from, and the commands held back.
     throttle: throttle::Throttle,
     /// Held commands the throttle let go this poll, about to run (kept for its
     /// allocation).
     released: Vec<(u16, Sqe)>,
-    pub(crate) reaped: Vec<Completion>,
-    pub(crate) seg_pool: Vec<Vec<Segment>>,
     /// Shadow doorbell buffers and a doorbell page mapped into the guest.
     pub(crate) doorbells: DoorbellSource,
     /// Admin commands fetched from SQ 0, for the admin side to execute.
     pub(crate) admin_inbox: Vec<Sqe>,
     /// Vectors, coalescing state, and the CQs owed an interrupt decision.
     interrupts: Interrupts,
-    /// What the admin side last set (page size, MDTS, burst, coalescing, cache).
-    settings: Settings,
     /// When false, a poller is spinning and EventIdx is left stale so the host does
     /// not ring; when true, emptied SQs re-arm EventIdx.
     pub arm_eventidx: bool,
     pub(crate) fatal: Option<Fatal>,
-    /// This engine's shard of the controller's counters.
-    counts: EngineCounts,
-    /// This engine's shard of each namespace's counters (by NSID - 1), taken when
-    /// it first counts a command there; the Weak tells a namespace replaced since.
-    ns_counts: Vec<Option<(Weak<crate::namespace::Namespace>, NsCounts)>>,
 }
 
 /// How many commands one `poll` takes at most, so a busy guest cannot starve the
@@ -137,35 +121,30 @@ impl IoEngine {
         let backends = BackendSet::open(ctx.namespaces.iter().map(|s| s.as_ref().map(|n| &*n.backend)))?;
         Ok(IoEngine {
             queues: QueueTable::new(ctx.max_qid),
-            backends,
             quiesced: false,
-            commands: InFlightTable::default(),
-            poll_now_ns: None,
             polls_since_expiry: 0,
-            done_now_ns: None,
             throttle: Default::default(),
             released: Vec::new(),
-            reaped: Vec::new(),
-            seg_pool: Vec::new(),
             admin_inbox: Vec::new(),
             doorbells: DoorbellSource::new(ctx.max_qid, ctx.dstrd),
             interrupts: Interrupts::new(ctx.vectors),
-            settings: Settings::default(),
             arm_eventidx: true,
             fatal: None,
-            counts: ctx.stats.engine_counts(),
-            ns_counts: Vec::new(),
-            mem,
             mem_generation,
-            ctx,
+            io: Io {
+                work: Work::new(backends, ctx.stats.engine_counts()),
+                settings: Settings::default(),
+                mem,
+                ctx,
+            },
         })
     }
 
     /// Adopts the newest published memory map, if it changed since the last look.
     pub(crate) fn adopt_memory(&mut self) {
-        if self.ctx.memory.generation() != self.mem_generation {
-            (self.mem_generation, self.mem) = self.ctx.memory.latest();
-            self.backends.memory_changed(&self.mem);
+        if self.io.ctx.memory.generation() != self.mem_generation {
+            (self.mem_generation, self.io.mem) = self.io.ctx.memory.latest();
+            self.io.work.backends.memory_changed(&self.io.mem);
         }
     }
 
@@ -174,47 +153,12 @@ impl IoEngine {
         self.fatal.as_ref()
     }
 
-    /// Counts a command of `class` on namespace `nsid` that moved `bytes` and took
-    /// `latency_ns`, in this engine's shard of the namespace's counters.
-    #[inline]
-    pub(crate) fn count_ns(&mut self, nsid: u32, class: OpClass, bytes: u64, latency_ns: u64, ok: bool) {
-        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return };
-        // The usual case: this engine counted for this namespace before.
-        if let Some(Some((w, c))) = self.ns_counts.get(nsid as usize - 1) {
-            if std::ptr::eq(w.as_ptr(), Arc::as_ptr(ns)) {
-                c.record(class, bytes, latency_ns, ok);
-                return;
-            }
-        }
-        self.count_ns_first(nsid, class, bytes, latency_ns, ok);
-    }
-
-    /// [`Self::count_ns`] for a namespace's first command on this engine (or the
-    /// first since its NSID was given to another namespace): takes a shard to count in.
-    #[cold]
-    #[inline(never)]
-    fn count_ns_first(&mut self, nsid: u32, class: OpClass, bytes: u64, latency_ns: u64, ok: bool) {
-        let Some(ns) = crate::namespace::lookup(&self.ctx.namespaces, nsid) else { return };
-        let i = nsid as usize - 1;
-        if self.ns_counts.len() <= i {
-            self.ns_counts.resize_with(i + 1, || None);
-        }
-        let slot = self.ns_counts[i].insert((Arc::downgrade(ns), ns.stats.engine_counts()));
-        slot.1.record(class, bytes, latency_ns, ok);
-    }
-
-    /// Counts `n` in this engine's shard of the controller's counters.
-    #[inline]
-    pub(crate) fn count(&self, c: crate::stats::Count, n: u64) {
-        self.counts.add(c, n);
-    }
-
     pub(crate) fn set_fatal(&mut self, why: String) {
         warn!(target: "vnvme::guest", "controller fatal: {why}");
         if self.fatal.is_none() {
             self.fatal = Some(Fatal(why));
         }
-        self.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
+        self.io.ctx.fatal.store(true, std::sync::atomic::Ordering::Release);
     }
 
     // ---- queue management (called by the admin side after it validated the command)
@@ -244,7 +188,7 @@ impl IoEngine {
     /// are completed or aborted). Commands a backend still holds after
     /// [`TEARDOWN_BOUND`] are aborted (Command Aborted due to SQ Deletion).
     pub fn delete_sq(&mut self, qid: u16) {
-        self.delete_sq_by(qid, Deadline::teardown(&*self.ctx.clock));
+        self.delete_sq_by(qid, Deadline::teardown(&*self.io.ctx.clock));
     }
 
     fn delete_sq_by(&mut self, qid: u16, deadline: Deadline) {
@@ -264,7 +208,7 @@ impl IoEngine {
     /// Drops every I/O queue (controller reset), letting in-flight requests finish
     /// for at most [`TEARDOWN_BOUND`] in all.
     pub fn reset(&mut self) {
-        self.reset_by(Deadline::teardown(&*self.ctx.clock));
+        self.reset_by(Deadline::teardown(&*self.io.ctx.clock));
     }
 
     /// As [`IoEngine::reset`], abandoning what is still in flight at `deadline`.
@@ -273,7 +217,7 @@ impl IoEngine {
             self.delete_sq_by(qid, deadline);
         }
         if self.doorbells.page_mapped() {
-            for qid in 0..=self.ctx.max_qid {
+            for qid in 0..=self.io.ctx.max_qid {
                 self.doorbells.clear(qid, DoorbellKind::SqTail);
                 self.doorbells.clear(qid, DoorbellKind::CqHead);
             }
@@ -281,9 +225,9 @@ impl IoEngine {
         self.queues.clear_cqs();
         self.doorbells.set_shadow(None);
         self.interrupts.reset();
-        self.settings =
-            Settings::from_features(None, Coalescing::default(), self.settings.write_cache(), false)
-                .paged(self.settings.page_size(), self.settings.mdts_bytes());
+        self.io.settings =
+            Settings::from_features(None, Coalescing::default(), self.io.settings.write_cache(), false)
+                .paged(self.io.settings.page_size(), self.io.settings.mdts_bytes());
         self.arm_eventidx = true;
         self.fatal = None;
     }
@@ -300,14 +244,9 @@ impl IoEngine {
         !self.backend_busy() && self.held() == 0 && self.admin_inbox.is_empty()
     }
 
-    /// The data-path settings this engine honours.
-    pub(crate) fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// Adopts what the admin side set.
     pub(crate) fn apply_settings(&mut self, s: Settings) {
-        self.settings = s;
+        self.io.settings = s;
     }
 
     pub fn set_vector_coalescing_disabled(&mut self, iv: u16, disabled: bool) {
@@ -320,32 +259,32 @@ impl IoEngine {
 
     /// True if commands fetched from a queue are still with a backend.
     pub fn backend_busy(&self) -> bool {
-        self.commands.running() > 0
+        self.io.work.commands.running() > 0
     }
 
     /// Closes this engine's backend queues: the controller's own engine, once workers
     /// own every I/O queue, so a backend with a limited number of queues (nvme://)
     /// or a cost per queue (an io_uring ring) spends them on the workers only.
     pub(crate) fn close_backends(&mut self) {
-        self.backends.close();
+        self.io.work.backends.close();
     }
 
     /// The descriptors of backend queues that complete asynchronously: the owner
     /// sleeps on them (level triggered) alongside its doorbells.
     pub fn backend_notifiers(&self) -> Vec<std::os::fd::RawFd> {
-        self.backends.notifiers()
+        self.io.work.backends.notifiers()
     }
 
     /// Changes whenever [`IoEngine::backend_notifiers`] may have changed (a namespace
     /// added or removed, a removed namespace's queue finally closed).
     pub fn notifier_generation(&self) -> u64 {
-        self.backends.generation()
+        self.io.work.backends.generation()
     }
 
     /// True if a backend queue with requests in flight has no notifier, so only
     /// polling finds its completions: the owner must not sleep for long.
     pub fn backend_needs_polling(&self) -> bool {
-        self.backends.needs_polling()
+        self.io.work.backends.needs_polling()
     }
 
     /// Adopts a new namespace table: opens a backend queue for each namespace
@@ -354,7 +293,7 @@ impl IoEngine {
     /// kept until then), and those held by QoS complete so at once. Runs on the
     /// engine's own thread.
     pub(crate) fn set_namespaces(&mut self, slots: NamespaceSlots) {
-        let old = std::mem::replace(&mut self.ctx.namespaces, slots.clone());
+        let old = std::mem::replace(&mut self.io.ctx.namespaces, slots.clone());
         for i in 0..slots.len().max(old.len()) {
             let before = old.get(i).and_then(Option::as_ref);
             let after = slots.get(i).and_then(Option::as_ref);
@@ -368,15 +307,15 @@ impl IoEngine {
                 // still move data into guest memory, which the host reuses once it
                 // has a completion. They finish when the backend is done with them
                 // (or time out), with this status.
-                for f in self.commands.running_iter_mut().filter(|f| f.at.nsid == nsid) {
+                for f in self.io.work.commands.running_iter_mut().filter(|f| f.at.nsid == nsid) {
                     f.status = Status::INVALID_NAMESPACE.with_dnr();
                 }
                 self.drop_held(|_, n| n == nsid, Status::INVALID_NAMESPACE.with_dnr());
                 self.set_qos(nsid, None);
-                self.backends.detach(nsid);
+                self.io.work.backends.detach(nsid);
             }
             if let Some(new) = after {
-                if let Err(e) = self.backends.attach(new.nsid, &*new.backend) {
+                if let Err(e) = self.io.work.backends.attach(new.nsid, &*new.backend) {
                     warn!(
                         nsid = new.nsid,
                         "cannot open a backend queue for the new namespace ({e}): its I/O on this engine fails"

@@ -49,7 +49,8 @@ impl IoEngine {
 
     /// Each queue's counters that moved (the counters are shared by every engine).
     pub(crate) fn save_queue_stats(&self) -> Vec<QueueSnapshot> {
-        self.ctx
+        self.io
+            .ctx
             .queue_stats
             .iter()
             .enumerate()
@@ -61,7 +62,7 @@ impl IoEngine {
     /// Saved queue counters put back (checked: no queue beyond this controller's).
     pub(crate) fn restore_queue_stats(&self, saved: &[QueueSnapshot]) {
         for q in saved {
-            if let Some(c) = self.ctx.queue_stats.get(q.qid as usize) {
+            if let Some(c) = self.io.ctx.queue_stats.get(q.qid as usize) {
                 c.restore(q);
             }
         }

@@ -63,46 +63,29 @@ pub(crate) const ORPHAN: u16 = u16::MAX;
 pub(crate) const EXPIRY_POLLS: u32 = 1024;
 
 impl IoEngine {
-    /// The deadline (clock ns) for a command on `nsid` starting now; u64::MAX when
-    /// its namespace has no timeout. A broadcast (Flush of every namespace) takes
-    /// the longest timeout of them.
-    pub(crate) fn command_deadline(&mut self, nsid: u32) -> u64 {
-        let ns = &self.ctx.namespaces;
-        let t = match crate::namespace::lookup(ns, nsid) {
-            Some(n) => n.timeout_ns,
-            None if crate::namespace::active(ns).any(|n| n.timeout_ns == 0) => 0,
-            None => crate::namespace::active(ns).map(|n| n.timeout_ns).max().unwrap_or(0),
-        };
-        if t == 0 {
-            return u64::MAX;
-        }
-        let clock = &self.ctx.clock;
-        self.poll_now_ns.get_or_insert_with(|| clock.now_ns()).saturating_add(t)
-    }
-
     /// Completes every command past its deadline with the timeout status, if the
     /// earliest deadline has passed. True if it completed any.
     pub(crate) fn expire_overdue(&mut self) -> bool {
         self.polls_since_expiry = 0;
-        let Some(due) = self.commands.next_expiry() else { return false };
-        let now = self.ctx.clock.now_ns();
+        let Some(due) = self.io.work.commands.next_expiry() else { return false };
+        let now = self.io.ctx.clock.now_ns();
         if now < due {
             return false;
         }
         let mut next = u64::MAX;
         let mut any = false;
-        for tag in self.commands.tags() {
-            let Some(f) = self.commands.running_at(tag) else { continue };
+        for tag in self.io.work.commands.tags() {
+            let Some(f) = self.io.work.commands.running_at(tag) else { continue };
             if f.deadline_ns > now {
                 next = next.min(f.deadline_ns);
                 continue;
             }
-            let ms = crate::namespace::lookup(&self.ctx.namespaces, f.at.nsid)
+            let ms = crate::namespace::lookup(&self.io.ctx.namespaces, f.at.nsid)
                 .map_or(0, |n| n.timeout_ns / 1_000_000);
             self.abandon(tag, CommandError::TimedOut { ms }, false);
             any = true;
         }
-        self.commands.set_next_expiry(next);
+        self.io.work.commands.set_next_expiry(next);
         any
     }
 
@@ -113,7 +96,7 @@ impl IoEngine {
         self.drop_held(|sqid, _| sqid == qid, Status::ABORT_SQ_DELETION);
         let busy = |e: &Self| e.queues.sq(qid).is_some_and(|q| q.in_flight > 0);
         let mut spins = 0u32;
-        while busy(self) && !deadline.passed(&*self.ctx.clock) {
+        while busy(self) && !deadline.passed(&*self.io.ctx.clock) {
             self.reap();
             self.expire_overdue();
             spins += 1;
@@ -129,8 +112,8 @@ impl IoEngine {
     /// Abandons every running command `pick` chooses (a queue or the controller is
     /// being torn down), completing it with `why`'s status.
     pub(crate) fn abandon_where(&mut self, pick: impl Fn(&InFlight) -> bool, why: impl Fn() -> CommandError) {
-        for tag in self.commands.tags() {
-            if self.commands.running_at(tag).is_some_and(&pick) {
+        for tag in self.io.work.commands.tags() {
+            if self.io.work.commands.running_at(tag).is_some_and(&pick) {
                 self.abandon(tag, why(), true);
             }
         }
@@ -143,7 +126,7 @@ impl IoEngine {
         if matches!(op, Op::Flush | Op::Discard | Op::WriteZeroes { .. } | Op::Copy { .. }) {
             return true;
         }
-        self.backends.revoke(nsid, tag as u64)
+        self.io.work.backends.revoke(nsid, tag as u64)
     }
 
     /// Completes the running command at `tag` to the host with `why`'s status and
@@ -154,9 +137,11 @@ impl IoEngine {
     /// doing) keeps its command running until it ends; torn-down queues leave it
     /// with nowhere to complete to, and that is logged.
     fn abandon(&mut self, tag: usize, why: CommandError, teardown: bool) {
-        let Some((nsid, op)) = self.commands.running_at(tag).map(|f| (f.at.nsid, f.op)) else { return };
+        let Some((nsid, op)) = self.io.work.commands.running_at(tag).map(|f| (f.at.nsid, f.op)) else {
+            return;
+        };
         if !self.revoke(tag, nsid, op) {
-            let f = self.commands.running_mut(tag).expect("running above");
+            let f = self.io.work.commands.running_mut(tag).expect("running above");
             if teardown && f.at.sqid != ORPHAN {
                 log_limit::limited_warn!(
                     target: "vnvme::backend",
@@ -177,22 +162,22 @@ impl IoEngine {
             f.deadline_ns = u64::MAX;
             return;
         }
-        let Some(f) = self.commands.abandon(tag) else { return };
+        let Some(f) = self.io.work.commands.abandon(tag) else { return };
         // A write given up on keeps its place in its zone (the backend may still
         // write it): the zone's pointer moves past it, or no write could follow.
         match &f.finish {
             Finish::Zoned { write, .. } => {
-                self.zone_written(f.at.nsid, *write);
+                self.io.zone_written(f.at.nsid, *write);
             }
             Finish::Copy(job) => {
                 if let Some(w) = job.zone {
-                    self.zone_written(f.at.nsid, w);
+                    self.io.zone_written(f.at.nsid, w);
                 }
             }
             _ => {}
         }
         if matches!(why, CommandError::TimedOut { .. } | CommandError::SqDeleted) {
-            self.counts.add(Count::Timeouts, 1);
+            self.io.work.counts.add(Count::Timeouts, 1);
         }
         // A status decided earlier (its namespace was removed, a request failed)
         // stands; otherwise the reason it is given up on.

@@ -20,7 +20,7 @@ use zerocopy::FromBytes;
 
 use super::Started;
 use crate::copy_pi::{initial_ref_fits, CopyProtection};
-use crate::engine::{CopyJob, Finish, InFlight, IoEngine};
+use crate::engine::{CopyJob, Finish, InFlight, Io};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 
@@ -40,7 +40,7 @@ pub(crate) fn copy_limits(shift: u32) -> (u16, u32, u8) {
     (mssrl, mcl, (COPY_MAX_RANGES - 1) as u8)
 }
 
-impl IoEngine {
+impl Io {
     pub(crate) fn copy(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         let ns = self.namespace(nsid)?;

@@ -7,10 +7,10 @@ use nvme_spec::Sqe;
 use zerocopy::FromBytes;
 
 use super::Started;
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::{Finish, InFlight, Io};
 use crate::error::{CmdResult, CommandError};
 
-impl IoEngine {
+impl Io {
     pub(crate) fn dataset_management(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let ns = self.namespace(sqe.nsid.get())?;
         let dsm = DatasetManagement(sqe);

@@ -7,7 +7,7 @@ use nvme_spec::nvm::ReadWrite;
 use nvme_spec::{Sqe, Status};
 
 use super::Started;
-use crate::engine::IoEngine;
+use crate::engine::Io;
 use crate::error::{CmdResult, CommandError};
 use crate::fdp::Placement;
 use crate::namespace::Namespace;
@@ -15,7 +15,7 @@ use crate::namespace::Namespace;
 /// The most placement identifiers one update names: every handle once.
 const MAX_UPDATE_PIDS: usize = crate::config::MAX_RUHS as usize;
 
-impl IoEngine {
+impl Io {
     /// I/O Management Receive: with MO 1, a descriptor per placement handle of the
     /// namespace (none for one without, a zoned namespace's); MO 0 transfers nothing.
     pub(crate) fn io_mgmt_recv(&mut self, sqe: &Sqe) -> CmdResult<Started> {

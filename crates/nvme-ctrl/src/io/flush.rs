@@ -5,10 +5,10 @@ use block_backend::{DataBuf, Op, Request};
 use nvme_spec::{Sqe, Status, NSID_ALL};
 
 use super::Started;
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::{Finish, InFlight, Io};
 use crate::error::CmdResult;
 
-impl IoEngine {
+impl Io {
     pub(crate) fn flush(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         let targets: Vec<u32> = if nsid == NSID_ALL {

@@ -19,7 +19,7 @@ use nvme_spec::Sqe;
 
 use super::{request, Started};
 use crate::dptr::{sgl_segments, Direction};
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::{Finish, InFlight, Io};
 use crate::error::{CmdResult, CommandError};
 use crate::metadata::{each_block_crc, CompareWith, Complemented, MetaRead};
 use crate::namespace::{FormatState, Namespace};
@@ -84,7 +84,7 @@ pub(crate) fn command_tags(pi: Option<PiLayout>, rw: &ReadWrite<'_>) -> PiTags {
     }
 }
 
-impl IoEngine {
+impl Io {
     /// Read, Write, Verify, Write Zeroes (or with extended LBAs Compare) of `nlb`
     /// blocks at `slba` of namespace `ns` in `format` (read once for the command,
     /// which the range was checked in), a format with metadata.
@@ -265,7 +265,7 @@ impl IoEngine {
         if !inline {
             return Ok((DataBuf::Guest(segs), None));
         }
-        let mut data = self.seg_pool.pop().unwrap_or_default();
+        let mut data = self.work.seg_pool.pop().unwrap_or_default();
         let mut meta = Vec::new();
         let split = (|| {
             let mut cur = SegmentCursor::for_transfer(&segs, xfer)?;

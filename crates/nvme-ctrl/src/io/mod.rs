@@ -1,4 +1,7 @@
-//! NVM command set I/O commands (NVM §3): one file per command family.
+//! NVM command set I/O commands (NVM §3): one file per command family, each a
+//! method of [`Io`], the engine's parts lent for one command (`engine/work.rs`). A
+//! command starts here and says how it goes on ([`Started`]); fetching it and
+//! posting its completion are the engine's (`engine/run.rs`).
 
 mod copy;
 mod dsm;
@@ -16,12 +19,11 @@ pub(crate) use table::{NVM, ZONED};
 
 use block_backend::{DataBuf, Op, Request, Segment, SegmentCursor};
 use nvme_spec::command::Psdt;
-use nvme_spec::opcode::{nvm as op, zns as zop, NvmOpcode};
+use nvme_spec::opcode::{nvm as op, zns as zop};
 use nvme_spec::{Sqe, Status};
-use tracing::debug;
 
 use crate::dptr::{prp_segments, sgl_segments, Direction};
-use crate::engine::{describe, Finish, InFlight, IoEngine, Origin, Tally};
+use crate::engine::{Finish, InFlight, Io, Origin, Tally};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::stats::OpClass;
@@ -33,37 +35,16 @@ pub(crate) enum Started {
     Pending,
     /// Done already (nothing to transfer), with this status.
     Done(Status),
-    /// Run to its end at the backend already: completed and counted.
-    Finished,
+    /// Run to its end at a synchronous backend already, finished and counted: the
+    /// engine posts its completion, with this status and result, naming `slba`.
+    Ran { status: Status, result: u64, slba: u64 },
 }
 
-impl IoEngine {
-    /// Runs one I/O command fetched from SQ `sqid`.
-    pub(crate) fn execute(&mut self, sqid: u16, sqe: &Sqe) {
-        if self.qos_admits(sqid, sqe) {
-            self.run(sqid, sqe);
-        }
-    }
-
-    /// Runs a command QoS let through.
-    pub(crate) fn run(&mut self, sqid: u16, sqe: &Sqe) {
-        let status = match self.start(sqid, sqe) {
-            Ok(Started::Pending | Started::Finished) => return,
-            Ok(Started::Done(status)) => {
-                self.complete(Origin::of(sqid, sqe, 0), status, 0);
-                status
-            }
-            Err(e) => {
-                debug!(target: "vnvme::guest", sqid, "{}: {e}", describe(NvmOpcode(sqe.opcode()), sqe));
-                self.complete(Origin::of(sqid, sqe, error_slba(sqe)), e.status(), 0);
-                e.status()
-            }
-        };
-        // Finished without a backend: counted with no latency to speak of.
-        self.count_ns(sqe.nsid.get(), OpClass::of(sqe.opcode()), 0, 0, status.is_success());
-    }
-
-    fn start(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
+impl Io {
+    /// Starts an I/O command fetched from SQ `sqid` (inlined into the engine's one
+    /// caller, as the dispatch is into it).
+    #[inline(always)]
+    pub(crate) fn start(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         if sqe.fuse() != 0 {
             // FUSES = 0: fused operations are not supported.
             return Err(CommandError::InvalidField("fused operation"));
@@ -106,7 +87,7 @@ impl IoEngine {
     /// The guest segments of a command's data pointer for a `len`-byte transfer.
     #[inline]
     pub(crate) fn data_segments(&mut self, sqe: &Sqe, len: u64, dir: Direction) -> CmdResult<Vec<Segment>> {
-        let mut segs = self.seg_pool.pop().unwrap_or_default();
+        let mut segs = self.work.seg_pool.pop().unwrap_or_default();
         let r = match sqe.psdt() {
             Psdt::Prp => {
                 prp_segments(&self.mem, sqe.prp1(), sqe.prp2(), len, self.settings().page_size(), &mut segs)
@@ -126,7 +107,7 @@ impl IoEngine {
             Ok(()) => Ok(segs),
             Err(e) => {
                 segs.clear();
-                self.seg_pool.push(segs);
+                self.work.seg_pool.push(segs);
                 Err(e)
             }
         }
@@ -149,7 +130,7 @@ impl IoEngine {
         let mut raw = vec![0u8; len as usize];
         let read = SegmentCursor::for_transfer(&segs, len).and_then(|mut c| c.read_into(&self.mem, &mut raw));
         segs.clear();
-        self.seg_pool.push(segs);
+        self.work.seg_pool.push(segs);
         read?;
         Ok(raw)
     }
@@ -220,8 +201,9 @@ impl IoEngine {
         match self.backend_run_now(nsid, &mut req) {
             Some((result, started_ns)) => {
                 let tally = Tally { class, bytes, started_ns };
-                self.finished_now(Origin::of(sqid, sqe, slba), tally, req, &result, zoned);
-                Started::Finished
+                let (status, result) =
+                    self.finish_now(Origin::of(sqid, sqe, slba), tally, req, &result, zoned);
+                Started::Ran { status, result, slba }
             }
             None => {
                 let finish = match zoned {
@@ -233,7 +215,7 @@ impl IoEngine {
         }
     }
 
-    /// [`IoEngine::submit_one`] through the in-flight table: the request goes to the
+    /// [`Io::submit_one`] through the in-flight table: the request goes to the
     /// backend with a tag, and the command (`bytes` of data) completes when it
     /// comes back.
     fn submit_tracked(&mut self, mut f: InFlight, bytes: u64, mut req: Request) -> Started {
@@ -275,7 +257,7 @@ fn reachable(ns: &Namespace) -> CmdResult<()> {
 }
 
 /// The SLBA of commands that carry one (for the Error Information log).
-fn error_slba(sqe: &Sqe) -> u64 {
+pub(crate) fn error_slba(sqe: &Sqe) -> u64 {
     match sqe.opcode() {
         // Copy's SDLBA has the same place.
         op::WRITE | op::READ | op::COMPARE | op::VERIFY | op::WRITE_ZEROES | op::COPY | zop::ZONE_APPEND => {

@@ -13,7 +13,7 @@ use zerocopy::little_endian::{U16, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::Started;
-use crate::engine::IoEngine;
+use crate::engine::Io;
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::reservation::{Access, Ask, Reservations, ResvState};
@@ -46,7 +46,7 @@ pub(crate) fn check(ns: &Namespace, opcode: u8) -> CmdResult<()> {
     }
 }
 
-impl IoEngine {
+impl Io {
     /// The reservation check of a command that is not a plain Read or Write
     /// (those check it in `rw.rs`, where they read the namespace anyway).
     pub(crate) fn reservation_gate(&self, sqe: &Sqe) -> CmdResult<()> {

@@ -8,11 +8,11 @@ use nvme_spec::Sqe;
 
 use super::{request, Started};
 use crate::dptr::Direction;
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::{Finish, InFlight, Io};
 use crate::error::{CmdResult, CommandError};
 use crate::stats::Count;
 
-impl IoEngine {
+impl Io {
     pub(crate) fn read_write(&mut self, sqid: u16, sqe: &Sqe) -> CmdResult<Started> {
         let nsid = sqe.nsid.get();
         // Its size and format, read in place (no reference taken per command), and

@@ -10,11 +10,11 @@ use nvme_spec::Sqe;
 
 use super::Started;
 use crate::commands::{row, Always, Command, Dsm, Offer, Reservations, WriteZeroes, LBCC};
-use crate::engine::IoEngine;
+use crate::engine::Io;
 use crate::error::{CmdResult, CommandError};
 
-/// An I/O command's handler: the engine, the SQ it was fetched from, the entry.
-pub(crate) type IoHandler = fn(&mut IoEngine, u16, &Sqe) -> CmdResult<Started>;
+/// An I/O command's handler: the parts it runs on, the SQ it was fetched from, the entry.
+pub(crate) type IoHandler = for<'a, 'c> fn(&'a mut Io, u16, &'c Sqe) -> CmdResult<Started>;
 
 /// The NVM command set.
 pub(crate) static NVM: [Command<IoHandler>; 14] = [
@@ -50,7 +50,7 @@ pub fn io_opcodes() -> impl Iterator<Item = u8> + Clone {
     NVM.iter().chain(&ZONED).map(|c| c.opcode)
 }
 
-impl IoEngine {
+impl Io {
     /// Runs an I/O command through its row: Invalid Opcode where the controller
     /// does not offer it. Read and Write are looked for first.
     #[inline]

@@ -12,7 +12,7 @@ use zerocopy::IntoBytes;
 
 use super::{request, Started};
 use crate::dptr::Direction;
-use crate::engine::{Finish, InFlight, IoEngine};
+use crate::engine::{Finish, InFlight, Io};
 use crate::error::{CmdResult, CommandError};
 use crate::namespace::Namespace;
 use crate::stats::Count;
@@ -30,7 +30,7 @@ fn zones_of(ns: &Namespace, opcode: u8) -> CmdResult<&Zones> {
     ns.zones.as_ref().ok_or(CommandError::InvalidOpcode(opcode))
 }
 
-impl IoEngine {
+impl Io {
     /// A Write, Write Zeroes or Zone Append on a zoned namespace (already within its
     /// size): at its zone's write pointer.
     pub(crate) fn zoned_write(&mut self, sqid: u16, sqe: &Sqe, shift: u32) -> CmdResult<Started> {

@@ -152,7 +152,7 @@ pub(crate) fn drain_engine(e: &mut IoEngine, deadline: Deadline) {
         }
     }
     let busy = |e: &IoEngine| e.backend_busy() || e.held() > 0;
-    while busy(e) && e.fatal().is_none() && !deadline.passed(&*e.ctx.clock) {
+    while busy(e) && e.fatal().is_none() && !deadline.passed(&*e.io.ctx.clock) {
         if !e.poll() {
             std::thread::yield_now();
         }

@@ -43,7 +43,7 @@ impl Runtime {
     /// The counters of every queue that exists now (the admin queue first if `ready`),
     /// each with the worker that owns its CQ.
     pub(crate) fn queue_snapshots(&self, local: &IoEngine, ready: bool) -> Vec<QueueSnapshot> {
-        let stats = &local.ctx.queue_stats;
+        let stats = &local.io.ctx.queue_stats;
         let mut qids: Vec<u16> = self.book.cqs.keys().chain(self.book.sqs.keys()).copied().collect();
         qids.sort_unstable();
         qids.dedup();

@@ -299,7 +299,7 @@ fn run(
         {
             warn!("worker cannot watch a backend's notifier ({e}): its completions are seen only when something else wakes this thread");
         }
-        sleeper.timer.arm(engine.next_deadline(), engine.ctx.clock.now_ns());
+        sleeper.timer.arm(engine.next_deadline(), engine.io.ctx.clock.now_ns());
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
         let n = match sleeper.epoll.wait(sleep_timeout_ms(engine.backend_needs_polling()), &mut events) {
             Ok(n) => n,

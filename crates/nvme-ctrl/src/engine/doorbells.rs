@@ -1,13 +1,13 @@
 //! What an engine does with doorbells: trapped writes and mapped-page values
 //! validated and applied, Doorbell Buffer Config attached to live queues, shadow
-//! tails and heads read. The memory-ordering protocol itself is in the parent module.
+//! tails and heads read. The memory-ordering protocol itself is in crate::doorbell.
 use guest_mem::GuestMemory;
 use nvme_spec::aer::{error_info, AsyncEvent, EventType};
 use nvme_spec::log::lid;
 use nvme_spec::regs::DoorbellKind;
 
-use super::ShadowBuffers;
-use crate::engine::IoEngine;
+use super::IoEngine;
+use crate::doorbell::ShadowBuffers;
 use crate::stats::Count;
 
 impl IoEngine {
@@ -30,13 +30,13 @@ impl IoEngine {
             for qid in self.queues.active_sqs().to_vec() {
                 self.refresh_sq_tail(qid, old);
             }
-            for qid in 0..=self.ctx.max_qid {
+            for qid in 0..=self.io.ctx.max_qid {
                 if self.queues.cq(qid).is_some() {
                     self.refresh_cq_head(qid);
                 }
             }
             self.doorbells.set_shadow(Some(buffers));
-            for qid in 0..=self.ctx.max_qid {
+            for qid in 0..=self.io.ctx.max_qid {
                 if let Some(t) = self.queues.sq(qid).map(|q| q.tail) {
                     self.init_shadow_slots(qid, DoorbellKind::SqTail, t);
                 }
@@ -47,10 +47,10 @@ impl IoEngine {
             return;
         }
         self.doorbells.set_shadow(Some(buffers));
-        for qid in 0..=self.ctx.max_qid {
+        for qid in 0..=self.io.ctx.max_qid {
             if let Some(sq) = self.queues.sq(qid) {
                 let (tail, size, rung) = (sq.tail, sq.size, sq.rung && qid != 0);
-                let adopt = match buffers.load(&self.mem, qid, DoorbellKind::SqTail) {
+                let adopt = match buffers.load(&self.io.mem, qid, DoorbellKind::SqTail) {
                     // Never adopt a value behind our own tail: that is a stale or zeroed
                     // slot, and adopting it would fetch old entries as new commands.
                     Ok(v) => rung && v < size && v >= tail,
@@ -60,7 +60,7 @@ impl IoEngine {
                 self.queues.sq_mut(qid).expect("exists").arm.forget();
                 if adopt {
                     // Leave the host's value; EventIdx = what we consumed.
-                    if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::SqTail, head) {
+                    if let Err(e) = buffers.publish(&self.io.mem, qid, DoorbellKind::SqTail, head) {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                     }
                 } else {
@@ -69,7 +69,7 @@ impl IoEngine {
             }
             if let Some(cq) = self.queues.cq(qid) {
                 let head = cq.head;
-                let adopt = match buffers.load(&self.mem, qid, DoorbellKind::CqHead) {
+                let adopt = match buffers.load(&self.io.mem, qid, DoorbellKind::CqHead) {
                     Ok(v) => qid != 0 && cq.valid_head(v),
                     Err(_) => false,
                 };
@@ -77,7 +77,7 @@ impl IoEngine {
                     self.refresh_cq_head(qid);
                     let h = self.queues.cq(qid).expect("exists").head;
                     let ei = self.cq_idle_eventidx(qid, h);
-                    if let Err(e) = buffers.publish(&self.mem, qid, DoorbellKind::CqHead, ei) {
+                    if let Err(e) = buffers.publish(&self.io.mem, qid, DoorbellKind::CqHead, ei) {
                         self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                     }
                 } else {
@@ -108,7 +108,8 @@ impl IoEngine {
                 sq.arm.forget();
             }
         }
-        let r = b.store_shadow(&self.mem, qid, kind, v).and_then(|_| b.publish(&self.mem, qid, kind, ei));
+        let r =
+            b.store_shadow(&self.io.mem, qid, kind, v).and_then(|_| b.publish(&self.io.mem, qid, kind, ei));
         if let Err(e) = r {
             self.set_fatal(format!("shadow doorbell buffer became inaccessible: {e}"));
         }
@@ -124,14 +125,14 @@ impl IoEngine {
 
     /// A trapped doorbell register write for I/O queue `qid`.
     pub fn doorbell(&mut self, qid: u16, kind: DoorbellKind, value: u32) {
-        self.count(Count::DoorbellWrites, 1);
+        self.io.work.counts.add(Count::DoorbellWrites, 1);
         if qid != 0 {
-            self.count(Count::IoDoorbellWrites, 1);
+            self.io.work.counts.add(Count::IoDoorbellWrites, 1);
             if kind == DoorbellKind::CqHead {
-                self.count(Count::IoCqDoorbellWrites, 1);
+                self.io.work.counts.add(Count::IoCqDoorbellWrites, 1);
             }
         }
-        if let Some(q) = self.ctx.queue_stats.get(qid as usize) {
+        if let Some(q) = self.io.ctx.queue_stats.get(qid as usize) {
             let c = if kind == DoorbellKind::SqTail { &q.sq_doorbell_writes } else { &q.cq_doorbell_writes };
             crate::stats::QueueStats::bump(c, 1);
         }
@@ -186,7 +187,7 @@ impl IoEngine {
         // Hosts never write the admin queue's shadow slots: copy the trapped value there
         // so the shadow is right for every queue (see doorbell.rs).
         if let (0, Some(b)) = (qid, self.doorbells.shadow()) {
-            if let Err(e) = b.store_shadow(&self.mem, 0, kind, value) {
+            if let Err(e) = b.store_shadow(&self.io.mem, 0, kind, value) {
                 self.set_fatal(format!("shadow doorbell buffer inaccessible: {e}"));
                 return;
             }
@@ -221,7 +222,7 @@ impl IoEngine {
 
     pub(crate) fn doorbell_error(&mut self, info: u8, qid: u16, kind: DoorbellKind, value: u32) {
         log_limit::limited_warn!(target: "vnvme::guest", %kind, qid, value, "invalid doorbell write (event info {info:#x})");
-        self.ctx.events.raise(AsyncEvent {
+        self.io.ctx.events.raise(AsyncEvent {
             kind: EventType::ErrorStatus,
             info,
             log_page: lid::ERROR_INFORMATION,
@@ -231,8 +232,8 @@ impl IoEngine {
     /// Reads SQ `qid`'s shadow tail. False if it is invalid (the event is raised and
     /// the queue is left alone until the host writes a valid value).
     pub(crate) fn refresh_sq_tail(&mut self, qid: u16, b: ShadowBuffers) -> bool {
-        self.count(Count::ShadowReads, 1);
-        match b.load(&self.mem, qid, DoorbellKind::SqTail) {
+        self.io.work.counts.add(Count::ShadowReads, 1);
+        match b.load(&self.io.mem, qid, DoorbellKind::SqTail) {
             Ok(t) => {
                 let sq = self.queues.sq_mut(qid).expect("exists");
                 if sq.valid_tail(t) {
@@ -264,8 +265,8 @@ impl IoEngine {
     pub(crate) fn refresh_cq_head(&mut self, qid: u16) {
         self.sync_page(qid, DoorbellKind::CqHead);
         let Some(b) = self.doorbells.shadow() else { return };
-        self.count(Count::ShadowReads, 1);
-        match b.load(&self.mem, qid, DoorbellKind::CqHead) {
+        self.io.work.counts.add(Count::ShadowReads, 1);
+        match b.load(&self.io.mem, qid, DoorbellKind::CqHead) {
             Ok(h) => {
                 let cq = self.queues.cq_mut(qid).expect("exists");
                 if cq.valid_head(h) {
