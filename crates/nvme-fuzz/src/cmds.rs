@@ -87,12 +87,15 @@ const ADMIN_OPS: [&[u8]; 15] = [
 /// The opcodes the controller lacks that the raw admin builder picks from.
 const RAW_ADMIN: [u8; 5] = [aop::FIRMWARE_COMMIT, aop::SANITIZE, aop::DEVICE_SELF_TEST, 0xc0, 0xff];
 
-/// An opcode of a controller table (`table`) that `typed` lacks, the `pick`-th
-/// (any of the table's while `typed` has them all).
-fn table_opcode(table: impl Iterator<Item = u8> + Clone, typed: &[u8], pick: usize) -> u8 {
-    let untyped: Vec<u8> = table.clone().filter(|o| !typed.contains(o)).collect();
-    let pool = if untyped.is_empty() { table.collect() } else { untyped };
-    pool[pick % pool.len()]
+/// An opcode of a controller table (`table`) that has no builder of its own
+/// (`typed` says which do), the `pick`-th (any of the table's while every one has).
+fn table_opcode(mut table: impl Iterator<Item = u8> + Clone, typed: impl Fn(u8) -> bool, pick: usize) -> u8 {
+    let untyped = table.clone().filter(|&o| !typed(o)).count();
+    if untyped > 0 {
+        return table.filter(|&o| !typed(o)).nth(pick % untyped).expect("counted");
+    }
+    let all = table.clone().count();
+    table.nth(pick % all).expect("a table has rows")
 }
 
 impl Fuzzer<'_> {
@@ -279,7 +282,7 @@ impl Fuzzer<'_> {
             None => {
                 // What it does is not known here: the run checks less after it.
                 self.tainted = true;
-                table_opcode(nvme_ctrl::io_opcodes(), &IO_OPCODES, c.slba as usize)
+                table_opcode(nvme_ctrl::io_opcodes(), |o| IO_OPCODES.contains(&o), c.slba as usize)
             }
         };
         let mut pages = Vec::new();
@@ -696,9 +699,9 @@ impl Fuzzer<'_> {
                 s
             }
             _ => {
-                let typed: Vec<u8> = ADMIN_OPS.iter().flat_map(|o| o.iter().copied()).collect();
+                let typed = |o: u8| ADMIN_OPS.iter().any(|l| l.contains(&o));
                 let opc = match b % 8 {
-                    0 | 1 => table_opcode(nvme_ctrl::admin_opcodes(), &typed, (a >> 8) as usize),
+                    0 | 1 => table_opcode(nvme_ctrl::admin_opcodes(), typed, (a >> 8) as usize),
                     k @ 2..=6 => RAW_ADMIN[k as usize - 2],
                     _ => a as u8,
                 };
@@ -771,9 +774,9 @@ mod io_opcode_tests {
     fn the_generic_slot_takes_what_has_no_builder() {
         let table = [1u8, 2, 9, 0x80];
         assert_eq!(
-            (0..8).map(|i| table_opcode(table.into_iter(), &[1, 2], i)).collect::<Vec<_>>(),
+            (0..8).map(|i| table_opcode(table.into_iter(), |o| [1, 2].contains(&o), i)).collect::<Vec<_>>(),
             [9, 0x80, 9, 0x80, 9, 0x80, 9, 0x80]
         );
-        assert_eq!(table_opcode(table.into_iter(), &table, 2), 9);
+        assert_eq!(table_opcode(table.into_iter(), |_| true, 2), 9);
     }
 }
